@@ -1,0 +1,323 @@
+//! The aggregate: every registry behind one view, merged by an explicit policy.
+//!
+//! For each `(hostname, namespace)`:
+//! 1. Kubernetes services from several clusters are one service: the base attributes
+//!    come from the primary (config) cluster if it has the service, else from the oldest
+//!    one; every cluster's VIPs are kept under its cluster id and service accounts are
+//!    unioned. Port lists are not merged; a mismatch is reported as a conflict.
+//! 2. A Kubernetes service beats any other provider's service (anti hostname squatting).
+//! 3. Otherwise the oldest service (creation time) wins; equal times are broken by
+//!    provider and then cluster id, so the outcome never depends on registration order.
+//!
+//! Every decision that drops or overrides a service is returned as a [`Conflict`] for
+//! `/debug/registryz` and the conflict metric. Endpoints are not part of this: they live
+//! in the endpoint index, one shard per registry, and EDS merges all shards of a key.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+
+use crate::model::{ClusterId, ProviderId, Service, ServiceKey, ShardKey};
+use crate::registry::{NetworkGateway, ServiceRegistry};
+
+/// Why a service lost to another with the same `(hostname, namespace)`.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize)]
+pub enum ConflictReason {
+    /// A Kubernetes service always beats other providers.
+    KubernetesPrecedence,
+    /// The older service wins.
+    OldestWins,
+    /// Kubernetes clusters disagree on the port list; the base cluster's list is used.
+    PortMismatch,
+}
+
+/// One merge decision worth showing to an operator.
+#[derive(Clone, PartialEq, Debug, Serialize)]
+pub struct Conflict {
+    /// The contested key.
+    pub service: ServiceKey,
+    /// The registry whose service is served.
+    pub winner: ShardKey,
+    /// The registry whose service was dropped (or whose ports were ignored).
+    pub loser: ShardKey,
+    /// Why.
+    pub reason: ConflictReason,
+}
+
+/// The merged view at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct MergedServices {
+    /// One service per `(hostname, namespace)`, sorted by key.
+    pub services: Vec<Arc<Service>>,
+    /// Every contributing registry per key (for debug output), in merge order.
+    pub sources: BTreeMap<ServiceKey, Vec<ShardKey>>,
+    /// Merge decisions, sorted.
+    pub conflicts: Vec<Conflict>,
+}
+
+/// The set of registries behind one view.
+#[derive(Debug)]
+pub struct Aggregate {
+    /// The cluster meshfed itself runs in; its Kubernetes services supply defaults.
+    primary_cluster: ClusterId,
+    registries: RwLock<Vec<Arc<dyn ServiceRegistry>>>,
+}
+
+impl Aggregate {
+    /// An empty aggregate whose primary (config) cluster is `primary_cluster`.
+    pub fn new(primary_cluster: impl Into<ClusterId>) -> Self {
+        Aggregate { primary_cluster: primary_cluster.into(), registries: RwLock::new(Vec::new()) }
+    }
+
+    /// Adds a registry. A registry with the same shard key replaces the old one (used to
+    /// swap in a registry with rotated credentials once it has synced).
+    pub fn add_registry(&self, registry: Arc<dyn ServiceRegistry>) {
+        let mut registries = self.registries.write().expect("aggregate poisoned");
+        let shard = registry.shard_key();
+        registries.retain(|r| r.shard_key() != shard);
+        registries.push(registry);
+        registries.sort_by_key(|r| r.shard_key());
+    }
+
+    /// Removes the registry for `shard`; returns whether one was there.
+    pub fn remove_registry(&self, shard: &ShardKey) -> bool {
+        let mut registries = self.registries.write().expect("aggregate poisoned");
+        let before = registries.len();
+        registries.retain(|r| &r.shard_key() != shard);
+        registries.len() != before
+    }
+
+    /// The registries, sorted by shard key.
+    pub fn registries(&self) -> Vec<Arc<dyn ServiceRegistry>> {
+        self.registries.read().expect("aggregate poisoned").clone()
+    }
+
+    /// True when every registry has synced.
+    pub fn has_synced(&self) -> bool {
+        self.registries().iter().all(|r| r.has_synced())
+    }
+
+    /// Union of all registries' network gateways, sorted and de-duplicated.
+    pub fn network_gateways(&self) -> Vec<NetworkGateway> {
+        let mut all: Vec<NetworkGateway> =
+            self.registries().iter().flat_map(|r| r.network_gateways()).collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    /// Merges every registry's services by the policy in the module docs.
+    pub fn merged(&self) -> MergedServices {
+        let mut groups: BTreeMap<ServiceKey, Vec<Arc<Service>>> = BTreeMap::new();
+        for registry in self.registries() {
+            for service in registry.services() {
+                groups.entry(service.key()).or_default().push(service);
+            }
+        }
+        let mut merged = MergedServices::default();
+        for (key, mut candidates) in groups {
+            candidates.sort_by(|a, b| self.precedence(a).cmp(&self.precedence(b)));
+            let winner = self.merge_group(&key, &candidates, &mut merged.conflicts);
+            merged
+                .sources
+                .insert(key, candidates.iter().map(|s| ShardKey::new(s.provider, s.cluster_id.clone())).collect());
+            merged.services.push(winner);
+        }
+        merged.conflicts.sort_by(|a, b| {
+            (&a.service, &a.winner, &a.loser, a.reason).cmp(&(&b.service, &b.winner, &b.loser, b.reason))
+        });
+        merged
+    }
+
+    /// Sort key: Kubernetes first, the primary cluster first among those, then oldest,
+    /// then provider and cluster id as deterministic tie-breakers.
+    fn precedence<'a>(&self, s: &'a Service) -> (bool, bool, std::time::SystemTime, ProviderId, &'a ClusterId) {
+        (
+            s.provider != ProviderId::Kubernetes,
+            s.cluster_id != self.primary_cluster,
+            s.creation_time,
+            s.provider,
+            &s.cluster_id,
+        )
+    }
+
+    fn merge_group(&self, key: &ServiceKey, sorted: &[Arc<Service>], conflicts: &mut Vec<Conflict>) -> Arc<Service> {
+        let base = &sorted[0];
+        let base_shard = ShardKey::new(base.provider, base.cluster_id.clone());
+        if sorted.len() == 1 {
+            return base.clone();
+        }
+        let mut merged: Option<Service> = None;
+        for other in &sorted[1..] {
+            let other_shard = ShardKey::new(other.provider, other.cluster_id.clone());
+            let both_kube = base.provider == ProviderId::Kubernetes && other.provider == ProviderId::Kubernetes;
+            if both_kube && base.cluster_id != other.cluster_id {
+                let m = merged.get_or_insert_with(|| (**base).clone());
+                for (cluster, vips) in &other.cluster_vips {
+                    m.cluster_vips.entry(cluster.clone()).or_insert_with(|| vips.clone());
+                }
+                m.service_accounts.extend(other.service_accounts.iter().cloned());
+                if other.ports != base.ports {
+                    conflicts.push(Conflict {
+                        service: key.clone(),
+                        winner: base_shard.clone(),
+                        loser: other_shard,
+                        reason: ConflictReason::PortMismatch,
+                    });
+                }
+                continue;
+            }
+            let reason = if base.provider == ProviderId::Kubernetes && other.provider != ProviderId::Kubernetes {
+                ConflictReason::KubernetesPrecedence
+            } else {
+                ConflictReason::OldestWins
+            };
+            conflicts.push(Conflict { service: key.clone(), winner: base_shard.clone(), loser: other_shard, reason });
+        }
+        merged.map(Arc::new).unwrap_or_else(|| base.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::model::{Port, Protocol};
+
+    #[derive(Debug)]
+    struct Fixed {
+        provider: ProviderId,
+        cluster: ClusterId,
+        services: Vec<Arc<Service>>,
+    }
+
+    impl ServiceRegistry for Fixed {
+        fn provider(&self) -> ProviderId {
+            self.provider
+        }
+        fn cluster_id(&self) -> &ClusterId {
+            &self.cluster
+        }
+        fn services(&self) -> Vec<Arc<Service>> {
+            self.services.clone()
+        }
+        fn has_synced(&self) -> bool {
+            true
+        }
+    }
+
+    fn svc(provider: ProviderId, cluster: &str, vip: Option<&str>, age_secs: u64) -> Service {
+        let mut s = Service::new("foo.ns.svc.cluster.local", "ns", provider, cluster);
+        s.ports.push(Port::new("http", 80, Protocol::Http).unwrap());
+        if let Some(vip) = vip {
+            s.cluster_vips.insert(cluster.into(), vec![vip.parse().unwrap()]);
+        }
+        s.creation_time = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 - age_secs);
+        s
+    }
+
+    fn registry(provider: ProviderId, cluster: &str, services: Vec<Service>) -> Arc<dyn ServiceRegistry> {
+        Arc::new(Fixed { provider, cluster: cluster.into(), services: services.into_iter().map(Arc::new).collect() })
+    }
+
+    #[test]
+    fn kubernetes_clusters_merge_with_per_cluster_vips() {
+        let agg = Aggregate::new("c1");
+        let mut a = svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1);
+        a.service_accounts.insert("sa-a".into());
+        let mut b = svc(ProviderId::Kubernetes, "c2", Some("10.1.0.1"), 100);
+        b.service_accounts.insert("sa-b".into());
+        agg.add_registry(registry(ProviderId::Kubernetes, "c2", vec![b]));
+        agg.add_registry(registry(ProviderId::Kubernetes, "c1", vec![a]));
+        let merged = agg.merged();
+        assert_eq!(merged.services.len(), 1);
+        let s = &merged.services[0];
+        assert_eq!(s.cluster_id.as_str(), "c1", "the primary cluster supplies the base even though c2 is older");
+        assert_eq!(s.cluster_vips.len(), 2);
+        assert_eq!(s.address_for(Some(&"c2".into())).unwrap().to_string(), "10.1.0.1");
+        assert_eq!(s.address_for(None).unwrap().to_string(), "10.0.0.1");
+        assert_eq!(s.service_accounts.len(), 2);
+        assert!(merged.conflicts.is_empty());
+    }
+
+    #[test]
+    fn without_the_primary_cluster_the_oldest_kubernetes_service_is_the_base() {
+        let agg = Aggregate::new("local");
+        agg.add_registry(registry(ProviderId::Kubernetes, "c1", vec![svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1)]));
+        agg.add_registry(registry(ProviderId::Kubernetes, "c2", vec![svc(ProviderId::Kubernetes, "c2", Some("10.1.0.1"), 50)]));
+        assert_eq!(agg.merged().services[0].cluster_id.as_str(), "c2");
+    }
+
+    #[test]
+    fn kubernetes_beats_other_providers_even_when_younger() {
+        let agg = Aggregate::new("c1");
+        agg.add_registry(registry(ProviderId::External, "c1", vec![svc(ProviderId::External, "c1", None, 1000)]));
+        agg.add_registry(registry(ProviderId::Kubernetes, "c1", vec![svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1)]));
+        let merged = agg.merged();
+        assert_eq!(merged.services[0].provider, ProviderId::Kubernetes);
+        assert_eq!(merged.conflicts.len(), 1);
+        assert_eq!(merged.conflicts[0].reason, ConflictReason::KubernetesPrecedence);
+        assert_eq!(merged.conflicts[0].loser.to_string(), "External/c1");
+    }
+
+    #[test]
+    fn otherwise_the_oldest_wins_regardless_of_registration_order() {
+        for order in [[0, 1], [1, 0]] {
+            let agg = Aggregate::new("c1");
+            let regs = [
+                registry(ProviderId::Mock, "m1", vec![svc(ProviderId::Mock, "m1", None, 10)]),
+                registry(ProviderId::Consul, "dc1", vec![svc(ProviderId::Consul, "dc1", None, 20)]),
+            ];
+            for i in order {
+                agg.add_registry(regs[i].clone());
+            }
+            let merged = agg.merged();
+            assert_eq!(merged.services[0].provider, ProviderId::Consul);
+            assert_eq!(merged.conflicts[0].reason, ConflictReason::OldestWins);
+        }
+    }
+
+    #[test]
+    fn equal_ages_break_ties_by_provider_then_cluster() {
+        let agg = Aggregate::new("x");
+        agg.add_registry(registry(ProviderId::Mock, "b", vec![svc(ProviderId::Mock, "b", None, 5)]));
+        agg.add_registry(registry(ProviderId::Mock, "a", vec![svc(ProviderId::Mock, "a", None, 5)]));
+        assert_eq!(agg.merged().services[0].cluster_id.as_str(), "a");
+    }
+
+    #[test]
+    fn same_hostname_in_different_namespaces_stays_separate() {
+        let agg = Aggregate::new("c1");
+        let a = svc(ProviderId::External, "c1", None, 1);
+        let mut b = a.clone();
+        b.namespace = "other".into();
+        agg.add_registry(registry(ProviderId::External, "c1", vec![a, b]));
+        assert_eq!(agg.merged().services.len(), 2);
+    }
+
+    #[test]
+    fn port_mismatch_across_clusters_is_reported() {
+        let agg = Aggregate::new("c1");
+        let a = svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1);
+        let mut b = svc(ProviderId::Kubernetes, "c2", Some("10.1.0.1"), 1);
+        b.ports.push(Port::new("grpc", 90, Protocol::Grpc).unwrap());
+        agg.add_registry(registry(ProviderId::Kubernetes, "c1", vec![a]));
+        agg.add_registry(registry(ProviderId::Kubernetes, "c2", vec![b]));
+        let merged = agg.merged();
+        assert_eq!(merged.services[0].ports.len(), 1);
+        assert_eq!(merged.conflicts[0].reason, ConflictReason::PortMismatch);
+    }
+
+    #[test]
+    fn replacing_and_removing_registries() {
+        let agg = Aggregate::new("c1");
+        agg.add_registry(registry(ProviderId::Mock, "m", vec![svc(ProviderId::Mock, "m", None, 1)]));
+        agg.add_registry(registry(ProviderId::Mock, "m", vec![]));
+        assert_eq!(agg.registries().len(), 1);
+        assert!(agg.merged().services.is_empty());
+        assert!(agg.remove_registry(&ShardKey::new(ProviderId::Mock, "m")));
+        assert!(agg.registries().is_empty());
+    }
+}

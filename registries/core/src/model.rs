@@ -1,0 +1,596 @@
+//! The mesh model every registry converts into: services, ports, endpoints and the
+//! identifiers that tie them to the registry and cluster they came from.
+//!
+//! Everything here is plain data. Strings that are keys (hostnames, cluster ids, networks)
+//! are `Arc<str>` newtypes so that the same name held by thousands of endpoints and
+//! snapshots costs one allocation, and comparisons are typed (a `ClusterId` is never
+//! confused with a `NetworkId`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::IpAddr;
+use std::num::NonZeroU16;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            /// Wraps a name.
+            pub fn new(name: impl AsRef<str>) -> Self {
+                Self(Arc::from(name.as_ref()))
+            }
+
+            /// The name as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// True for the empty name (e.g. "no network").
+            pub fn is_empty(&self) -> bool {
+                self.0.is_empty()
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "{:?}", &*self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self::new(s)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(Arc::from(s))
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self::new("")
+            }
+        }
+    };
+}
+
+name_type!(
+    /// A service's fully qualified host name, the primary key of a service in the mesh
+    /// (`reviews.default.svc.cluster.local`, `api.example.com`, `*.example.com`).
+    Hostname
+);
+name_type!(
+    /// The id of a cluster a registry reads from (`Kubernetes`, `cluster-2`, a Consul
+    /// datacenter). Also the `CLUSTER_ID` a proxy announces.
+    ClusterId
+);
+name_type!(
+    /// A network in the meshNetworks sense: endpoints in one network reach each other
+    /// directly; other networks are reached through their gateways. Empty = unknown.
+    NetworkId
+);
+name_type!(
+    /// A namespace name. Every service and config object lives in one.
+    Namespace
+);
+
+impl Hostname {
+    /// True for a wildcard host such as `*.example.com` or `*`.
+    pub fn is_wildcard(&self) -> bool {
+        self.0.starts_with('*')
+    }
+}
+
+/// Which kind of registry produced a service or an endpoint shard. The names are
+/// Istio's provider ids (`External` is the ServiceEntry registry).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+pub enum ProviderId {
+    /// A Kubernetes cluster (local or remote).
+    Kubernetes,
+    /// Istio ServiceEntry / WorkloadEntry configuration.
+    External,
+    /// A Consul catalog.
+    Consul,
+    /// The in-memory mock registry (tests, demos, the mock-registry file).
+    Mock,
+}
+
+impl ProviderId {
+    /// The provider name as Istio spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderId::Kubernetes => "Kubernetes",
+            ProviderId::External => "External",
+            ProviderId::Consul => "Consul",
+            ProviderId::Mock => "Mock",
+        }
+    }
+}
+
+impl fmt::Display for ProviderId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Identifies one registry's contribution of endpoints for a service: Istio's
+/// `ShardKey`, rendered `Provider/Cluster` (e.g. `Kubernetes/cluster-1`).
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct ShardKey {
+    /// Cluster the registry reads from.
+    pub cluster: ClusterId,
+    /// Kind of registry.
+    pub provider: ProviderId,
+}
+
+impl ShardKey {
+    /// Builds a shard key.
+    pub fn new(provider: ProviderId, cluster: impl Into<ClusterId>) -> Self {
+        Self { cluster: cluster.into(), provider }
+    }
+}
+
+impl fmt::Display for ShardKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.provider, self.cluster)
+    }
+}
+
+impl Serialize for ShardKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A service is identified by hostname within a namespace: the same hostname may exist
+/// in several namespaces (ServiceEntries) and is then several services.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+pub struct ServiceKey {
+    /// Fully qualified hostname.
+    pub hostname: Hostname,
+    /// Namespace the service is declared in.
+    pub namespace: Namespace,
+}
+
+impl ServiceKey {
+    /// Builds a key.
+    pub fn new(hostname: impl Into<Hostname>, namespace: impl Into<Namespace>) -> Self {
+        Self { hostname: hostname.into(), namespace: namespace.into() }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.hostname)
+    }
+}
+
+/// Application protocol of a service port (Istio's protocol names). Anything Istio's
+/// parser does not know becomes [`Protocol::Unsupported`], which means "sniff".
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default)]
+pub enum Protocol {
+    Grpc,
+    GrpcWeb,
+    Http,
+    HttpProxy,
+    Http2,
+    Https,
+    Tcp,
+    Tls,
+    Udp,
+    Mongo,
+    Redis,
+    Mysql,
+    /// Unknown: auto-detected by the proxy.
+    #[default]
+    Unsupported,
+}
+
+impl Protocol {
+    /// Istio's case-insensitive parse; unknown names give `Unsupported`.
+    pub fn parse(s: &str) -> Protocol {
+        match s.to_ascii_lowercase().as_str() {
+            "grpc" => Protocol::Grpc,
+            "grpc-web" => Protocol::GrpcWeb,
+            "http" => Protocol::Http,
+            "http_proxy" => Protocol::HttpProxy,
+            "http2" => Protocol::Http2,
+            "https" => Protocol::Https,
+            "tcp" => Protocol::Tcp,
+            "tls" => Protocol::Tls,
+            "udp" => Protocol::Udp,
+            "mongo" => Protocol::Mongo,
+            "redis" => Protocol::Redis,
+            "mysql" => Protocol::Mysql,
+            _ => Protocol::Unsupported,
+        }
+    }
+
+    /// Strict parse: `None` for names Istio does not know (used where a typo should be
+    /// an error rather than silently sniffed).
+    pub fn parse_known(s: &str) -> Option<Protocol> {
+        match Protocol::parse(s) {
+            Protocol::Unsupported if !s.eq_ignore_ascii_case("unsupported") => None,
+            p => Some(p),
+        }
+    }
+
+    /// The canonical Istio spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "GRPC",
+            Protocol::GrpcWeb => "GRPC-Web",
+            Protocol::Http => "HTTP",
+            Protocol::HttpProxy => "HTTP_PROXY",
+            Protocol::Http2 => "HTTP2",
+            Protocol::Https => "HTTPS",
+            Protocol::Tcp => "TCP",
+            Protocol::Tls => "TLS",
+            Protocol::Udp => "UDP",
+            Protocol::Mongo => "Mongo",
+            Protocol::Redis => "Redis",
+            Protocol::Mysql => "MySQL",
+            Protocol::Unsupported => "UnsupportedProtocol",
+        }
+    }
+
+    /// HTTP family: routed through an HTTP connection manager.
+    pub fn is_http(self) -> bool {
+        matches!(
+            self,
+            Protocol::Http | Protocol::Http2 | Protocol::HttpProxy | Protocol::Grpc | Protocol::GrpcWeb
+        )
+    }
+
+    /// Needs HTTP/2 to the upstream.
+    pub fn is_http2(self) -> bool {
+        matches!(self, Protocol::Http2 | Protocol::Grpc | Protocol::GrpcWeb)
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for Protocol {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+/// A named service port.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+pub struct Port {
+    /// Port name; endpoints refer to service ports by this name.
+    pub name: Arc<str>,
+    /// Port number the service listens on (never 0).
+    pub port: NonZeroU16,
+    /// Application protocol.
+    pub protocol: Protocol,
+}
+
+impl Port {
+    /// Builds a port; `None` for port number 0.
+    pub fn new(name: &str, port: u16, protocol: Protocol) -> Option<Port> {
+        Some(Port { name: Arc::from(name), port: NonZeroU16::new(port)?, protocol })
+    }
+}
+
+/// How clients find the endpoints of a service (decides the Envoy cluster type).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize)]
+pub enum Resolution {
+    /// Endpoints served by EDS, load balanced by the client.
+    #[default]
+    ClientSideLb,
+    /// DNS resolution of the endpoints' host names (STRICT_DNS).
+    DnsLb,
+    /// DNS, one connection target at a time (LOGICAL_DNS).
+    DnsRoundRobinLb,
+    /// Forward to the original destination (ORIGINAL_DST).
+    Passthrough,
+}
+
+/// Whether a service is part of the mesh (its workloads run proxies) or outside it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize)]
+pub enum MeshLocation {
+    /// Inside the mesh: Istio mTLS may be used.
+    #[default]
+    MeshInternal,
+    /// Outside the mesh.
+    MeshExternal,
+}
+
+/// Namespace visibility of a service (`exportTo`). An empty set means "the default"
+/// which resolves to public unless the mesh config says otherwise.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize)]
+pub struct ExportTo(pub BTreeSet<String>);
+
+impl ExportTo {
+    /// Visible everywhere (`*`).
+    pub fn public() -> Self {
+        ExportTo(BTreeSet::from(["*".to_string()]))
+    }
+
+    /// Whether a proxy in `client_ns` may see a service declared in `service_ns`.
+    pub fn visible_to(&self, service_ns: &str, client_ns: &str) -> bool {
+        if self.0.is_empty() || self.0.contains("*") {
+            return true;
+        }
+        if self.0.contains("~") {
+            return false;
+        }
+        (self.0.contains(".") && service_ns == client_ns) || self.0.contains(client_ns)
+    }
+}
+
+/// One service as a registry sees it.
+#[derive(Clone, PartialEq, Debug, Serialize)]
+pub struct Service {
+    /// Fully qualified host name.
+    pub hostname: Hostname,
+    /// Declaring namespace.
+    pub namespace: Namespace,
+    /// Ports, in declaration order.
+    pub ports: Vec<Port>,
+    /// Virtual IPs per cluster (dual stack gives several); merged across clusters by the
+    /// aggregate. Empty for headless/external services.
+    pub cluster_vips: BTreeMap<ClusterId, Vec<IpAddr>>,
+    /// How endpoints are resolved.
+    pub resolution: Resolution,
+    /// Mesh internal or external.
+    pub location: MeshLocation,
+    /// Service labels.
+    pub labels: BTreeMap<String, String>,
+    /// Namespace visibility.
+    pub export_to: ExportTo,
+    /// SPIFFE identities the service's workloads may present.
+    pub service_accounts: BTreeSet<String>,
+    /// When the source object was created; the older service wins hostname conflicts.
+    pub creation_time: SystemTime,
+    /// Registry kind that produced the service.
+    pub provider: ProviderId,
+    /// Cluster of the registry that produced the service.
+    pub cluster_id: ClusterId,
+}
+
+impl Service {
+    /// A service with the given hostname and namespace and every other field at its
+    /// default: no ports, client-side LB, mesh internal, created "now".
+    pub fn new(
+        hostname: impl Into<Hostname>,
+        namespace: impl Into<Namespace>,
+        provider: ProviderId,
+        cluster_id: impl Into<ClusterId>,
+    ) -> Service {
+        Service {
+            hostname: hostname.into(),
+            namespace: namespace.into(),
+            ports: Vec::new(),
+            cluster_vips: BTreeMap::new(),
+            resolution: Resolution::ClientSideLb,
+            location: MeshLocation::MeshInternal,
+            labels: BTreeMap::new(),
+            export_to: ExportTo::default(),
+            service_accounts: BTreeSet::new(),
+            creation_time: SystemTime::UNIX_EPOCH,
+            provider,
+            cluster_id: cluster_id.into(),
+        }
+    }
+
+    /// The `(hostname, namespace)` key.
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey { hostname: self.hostname.clone(), namespace: self.namespace.clone() }
+    }
+
+    /// The port with the given number.
+    pub fn port(&self, number: u16) -> Option<&Port> {
+        self.ports.iter().find(|p| p.port.get() == number)
+    }
+
+    /// The port with the given name.
+    pub fn port_by_name(&self, name: &str) -> Option<&Port> {
+        self.ports.iter().find(|p| &*p.name == name)
+    }
+
+    /// The address a proxy in `cluster` should use: that cluster's VIP if it has one,
+    /// else the first VIP of the lowest cluster id, else none (headless/external).
+    pub fn address_for(&self, cluster: Option<&ClusterId>) -> Option<IpAddr> {
+        if let Some(ip) = cluster.and_then(|c| self.cluster_vips.get(c)).and_then(|v| v.first()) {
+            return Some(*ip);
+        }
+        self.cluster_vips.values().find_map(|v| v.first().copied())
+    }
+}
+
+/// A `region/zone/subzone` locality; empty parts are allowed.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Default, Serialize)]
+pub struct Locality {
+    pub region: String,
+    pub zone: String,
+    pub subzone: String,
+}
+
+impl Locality {
+    /// Parses `region/zone/subzone` (missing trailing parts are empty).
+    pub fn parse(label: &str) -> Locality {
+        let mut parts = label.splitn(3, '/');
+        Locality {
+            region: parts.next().unwrap_or("").to_string(),
+            zone: parts.next().unwrap_or("").to_string(),
+            subzone: parts.next().unwrap_or("").to_string(),
+        }
+    }
+
+    /// True when no part is set.
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty() && self.zone.is_empty() && self.subzone.is_empty()
+    }
+}
+
+impl fmt::Display for Locality {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.is_empty() {
+            return Ok(());
+        }
+        write!(f, "{}/{}/{}", self.region, self.zone, self.subzone)
+    }
+}
+
+/// Health of an endpoint (Istio's values).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub enum HealthStatus {
+    #[default]
+    Healthy,
+    Unhealthy,
+    Draining,
+    Terminating,
+}
+
+/// Whether the workload can take Istio mutual TLS (a sidecar or a mesh-aware client).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub enum TlsMode {
+    /// Plain text only.
+    #[default]
+    Disabled,
+    /// Accepts Istio mTLS.
+    Istio,
+}
+
+impl TlsMode {
+    /// The label value (`security.istio.io/tlsMode`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TlsMode::Disabled => "disabled",
+            TlsMode::Istio => "istio",
+        }
+    }
+}
+
+/// One workload instance backing a service. An endpoint serves one or more service
+/// ports, each on its own target port.
+#[derive(Clone, PartialEq, Debug, Serialize)]
+pub struct Endpoint {
+    /// Workload IP.
+    pub address: IpAddr,
+    /// Service port name -> the port the workload listens on.
+    pub ports: BTreeMap<Arc<str>, u16>,
+    /// Workload labels.
+    pub labels: BTreeMap<String, String>,
+    /// Where the workload runs.
+    pub locality: Locality,
+    /// Network the workload is on (empty = unknown).
+    pub network: NetworkId,
+    /// Cluster the workload runs in.
+    pub cluster_id: ClusterId,
+    /// Health.
+    pub health: HealthStatus,
+    /// Load balancing weight; 0 means 1.
+    pub weight: u32,
+    /// Whether it takes Istio mTLS.
+    pub tls_mode: TlsMode,
+    /// SPIFFE identity, if known.
+    pub service_account: Option<String>,
+}
+
+impl Endpoint {
+    /// A healthy, weight-1 endpoint at `address` with no ports yet.
+    pub fn new(address: IpAddr) -> Endpoint {
+        Endpoint {
+            address,
+            ports: BTreeMap::new(),
+            labels: BTreeMap::new(),
+            locality: Locality::default(),
+            network: NetworkId::default(),
+            cluster_id: ClusterId::default(),
+            health: HealthStatus::Healthy,
+            weight: 1,
+            tls_mode: TlsMode::Disabled,
+            service_account: None,
+        }
+    }
+
+    /// Adds a `service port name -> target port` mapping.
+    pub fn with_port(mut self, name: &str, target: u16) -> Endpoint {
+        self.ports.insert(Arc::from(name), target);
+        self
+    }
+
+    /// The effective weight (0 counts as 1).
+    pub fn effective_weight(&self) -> u32 {
+        self.weight.max(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn protocol_parse_is_case_insensitive_and_unknown_sniffs() {
+        assert_eq!(Protocol::parse("gRPC"), Protocol::Grpc);
+        assert_eq!(Protocol::parse("HTTP2"), Protocol::Http2);
+        assert_eq!(Protocol::parse("grpc-web"), Protocol::GrpcWeb);
+        assert_eq!(Protocol::parse("httpfoo"), Protocol::Unsupported);
+        assert_eq!(Protocol::parse_known("httpfoo"), None);
+        assert_eq!(Protocol::parse_known("tcp"), Some(Protocol::Tcp));
+    }
+
+    #[test]
+    fn export_to_rules() {
+        assert!(ExportTo::default().visible_to("a", "b"));
+        assert!(ExportTo::public().visible_to("a", "b"));
+        let private = ExportTo(BTreeSet::from([".".to_string()]));
+        assert!(private.visible_to("a", "a"));
+        assert!(!private.visible_to("a", "b"));
+        let none = ExportTo(BTreeSet::from(["~".to_string()]));
+        assert!(!none.visible_to("a", "a"));
+        let named = ExportTo(BTreeSet::from(["b".to_string()]));
+        assert!(named.visible_to("a", "b"));
+        assert!(!named.visible_to("a", "c"));
+    }
+
+    #[test]
+    fn locality_round_trips() {
+        let l = Locality::parse("r1/z1");
+        assert_eq!(l.zone, "z1");
+        assert_eq!(l.subzone, "");
+        assert_eq!(l.to_string(), "r1/z1/");
+        assert_eq!(Locality::parse("").to_string(), "");
+    }
+
+    #[test]
+    fn address_for_prefers_the_proxy_cluster() {
+        let mut s = Service::new("a.ns.svc.cluster.local", "ns", ProviderId::Kubernetes, "c1");
+        s.cluster_vips.insert("c1".into(), vec!["10.0.0.1".parse().unwrap()]);
+        s.cluster_vips.insert("c2".into(), vec!["10.1.0.1".parse().unwrap()]);
+        assert_eq!(s.address_for(Some(&"c2".into())), Some("10.1.0.1".parse().unwrap()));
+        assert_eq!(s.address_for(Some(&"c9".into())), Some("10.0.0.1".parse().unwrap()));
+        assert_eq!(s.address_for(None), Some("10.0.0.1".parse().unwrap()));
+    }
+}

@@ -1,0 +1,56 @@
+//! The read side every registry adapter offers the aggregate.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use crate::model::{ClusterId, NetworkId, ProviderId, Service, ShardKey};
+
+/// A gateway through which endpoints of `network` are reached from other networks.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+pub struct NetworkGateway {
+    /// The network behind the gateway.
+    pub network: NetworkId,
+    /// Cluster the gateway belongs to (empty for meshNetworks `address` gateways).
+    pub cluster: ClusterId,
+    /// Gateway address.
+    pub address: IpAddr,
+    /// mTLS port (15443 by default).
+    pub port: u16,
+    /// Where this gateway was learned from (for `/debug/networkz`).
+    pub source: String,
+}
+
+/// One service registry as the aggregate sees it: synchronous reads of the adapter's
+/// in-memory view. The adapter's own writer task keeps that view current and reports
+/// changes through its [`crate::UpdateSink`]; reads never wait on that task.
+pub trait ServiceRegistry: Send + Sync + fmt::Debug {
+    /// The kind of registry.
+    fn provider(&self) -> ProviderId;
+
+    /// The cluster this registry reads.
+    fn cluster_id(&self) -> &ClusterId;
+
+    /// The shard this registry writes endpoints into.
+    fn shard_key(&self) -> ShardKey {
+        ShardKey::new(self.provider(), self.cluster_id().clone())
+    }
+
+    /// All services, in any order (the aggregate sorts).
+    fn services(&self) -> Vec<Arc<Service>>;
+
+    /// True once the initial listing is complete.
+    fn has_synced(&self) -> bool;
+
+    /// True while the source cannot be reached and the last known view is served.
+    fn is_stale(&self) -> bool {
+        false
+    }
+
+    /// Gateways this registry knows for multi-network routing.
+    fn network_gateways(&self) -> Vec<NetworkGateway> {
+        Vec::new()
+    }
+}
