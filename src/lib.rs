@@ -1,1 +1,15 @@
+//! meshfed: a multi-registry service-mesh control plane serving Istio-compatible xDS.
+//!
+//! The serving side lives here: the push pipeline ([`push`]), generators
+//! ([`generate`]), the ADS server ([`ads`]), the admin HTTP surface ([`admin`]) and the
+//! wiring ([`app`]). Registries and the mesh model are in `meshfed-registry`.
+//! [`testing`] runs the whole control plane in-process for integration tests.
 
+pub mod admin;
+pub mod ads;
+pub mod app;
+pub mod drain;
+pub mod generate;
+pub mod metrics;
+pub mod push;
+pub mod resource;

@@ -1,1 +1,165 @@
-fn main() {}
+//! `meshfed`: the command line.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use meshfed::app::{DiscoveryConfig, MockSource, Server};
+use meshfed::generate::GeneratorOptions;
+use meshfed::generate::cds::ClusterOptions;
+use meshfed::generate::eds::EdsOptions;
+use meshfed::push::debounce::DebounceConfig;
+use tracing_subscriber::EnvFilter;
+
+/// A multi-registry service-mesh control plane serving Istio-compatible xDS.
+#[derive(Parser, Debug)]
+#[command(name = "meshfed", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the xDS server (pilot-discovery's `discovery`).
+    Discovery(DiscoveryArgs),
+}
+
+/// Flags keep pilot-discovery's names where they mean the same thing.
+#[derive(Args, Debug)]
+struct DiscoveryArgs {
+    /// Comma separated registries to read services from. Supported: Mock.
+    #[arg(long = "registries", value_delimiter = ',', default_value = "Mock")]
+    registries: Vec<String>,
+    /// YAML file for the Mock registry (watched; edits apply live). Without it the
+    /// bundled example is served.
+    #[arg(long = "mockRegistryFile")]
+    mock_registry_file: Option<PathBuf>,
+    /// This control plane's cluster id.
+    #[arg(long = "clusterID", default_value = "Kubernetes")]
+    cluster_id: String,
+    /// Plaintext xDS (ADS) address. `:PORT` listens on every interface, as in Istio.
+    #[arg(long = "grpcAddr", default_value = "127.0.0.1:15010", value_parser = parse_addr)]
+    grpc_addr: SocketAddr,
+    /// HTTP address for /ready and the debug endpoints.
+    #[arg(long = "httpAddr", default_value = "127.0.0.1:8080", value_parser = parse_addr)]
+    http_addr: SocketAddr,
+    /// Address for /metrics, /version and the debug endpoints.
+    #[arg(long = "monitoringAddr", default_value = "127.0.0.1:15014", value_parser = parse_addr)]
+    monitoring_addr: SocketAddr,
+    /// Quiet period before a push (Istio's PILOT_DEBOUNCE_AFTER).
+    #[arg(long = "debounceAfter", default_value = "100ms", value_parser = parse_duration)]
+    debounce_after: Duration,
+    /// Longest a push waits for quiet (Istio's PILOT_DEBOUNCE_MAX).
+    #[arg(long = "debounceMax", default_value = "10s", value_parser = parse_duration)]
+    debounce_max: Duration,
+    /// Debounce endpoint-only updates too (Istio's PILOT_ENABLE_EDS_DEBOUNCE); with
+    /// `false` they are pushed at once.
+    #[arg(long = "edsDebounce", default_value_t = true, action = clap::ArgAction::Set)]
+    eds_debounce: bool,
+    /// Pushes generated concurrently (Istio's PILOT_PUSH_THROTTLE).
+    #[arg(long = "pushThrottle", default_value_t = 100)]
+    push_throttle: usize,
+    /// Send unhealthy endpoints marked UNHEALTHY instead of dropping them (Istio's
+    /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
+    #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
+    send_unhealthy: bool,
+    /// Upstream connect timeout of generated clusters.
+    #[arg(long = "connectTimeout", default_value = "10s", value_parser = parse_duration)]
+    connect_timeout: Duration,
+    /// Answer debug endpoints for non-loopback callers too.
+    #[arg(long = "debugAllowRemote", default_value_t = false)]
+    debug_allow_remote: bool,
+    /// Log filter (tracing EnvFilter syntax, e.g. `info,meshfed::ads=debug`); RUST_LOG
+    /// overrides it.
+    #[arg(long = "log_level", default_value = "info")]
+    log_level: String,
+}
+
+fn parse_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Some(port) = s.strip_prefix(':') {
+        let port: u16 = port.parse().map_err(|_| format!("{s:?}: bad port"))?;
+        return Ok(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), port));
+    }
+    s.parse()
+        .map_err(|_| format!("{s:?}: expected HOST:PORT, [V6]:PORT or :PORT"))
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d: meshfed_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
+    Duration::try_from(d).map_err(|_| format!("{s:?}: must not be negative"))
+}
+
+impl DiscoveryArgs {
+    fn into_config(self) -> anyhow::Result<DiscoveryConfig> {
+        let mut mock = MockSource::None;
+        for registry in &self.registries {
+            match registry.trim() {
+                "Mock" | "mock" => {
+                    mock = match &self.mock_registry_file {
+                        Some(path) => MockSource::File(path.clone()),
+                        None => MockSource::Embedded,
+                    }
+                }
+                "" => {}
+                other => bail!(
+                    "--registries: unknown or not yet supported registry {other:?} (supported: Mock)"
+                ),
+            }
+        }
+        if matches!(mock, MockSource::None) && self.mock_registry_file.is_some() {
+            bail!("--mockRegistryFile needs the Mock registry in --registries");
+        }
+        if self.debounce_max < self.debounce_after {
+            bail!(
+                "--debounceMax ({:?}) must not be shorter than --debounceAfter ({:?})",
+                self.debounce_max,
+                self.debounce_after
+            );
+        }
+        Ok(DiscoveryConfig {
+            grpc_addr: self.grpc_addr,
+            http_addr: self.http_addr,
+            monitoring_addr: self.monitoring_addr,
+            cluster_id: self.cluster_id.as_str().into(),
+            mock,
+            debounce: DebounceConfig {
+                quiet: self.debounce_after,
+                max: self.debounce_max,
+                eds_debounce: self.eds_debounce,
+            },
+            push_throttle: self.push_throttle,
+            generator: GeneratorOptions {
+                cluster: ClusterOptions {
+                    connect_timeout: self.connect_timeout,
+                },
+                eds: EdsOptions {
+                    send_unhealthy: self.send_unhealthy,
+                },
+            },
+            debug_open: self.debug_allow_remote,
+            ..DiscoveryConfig::default()
+        })
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Discovery(args) => {
+            let filter = EnvFilter::try_from_default_env()
+                .or_else(|_| EnvFilter::try_new(&args.log_level))
+                .context("--log_level")?;
+            tracing_subscriber::fmt().with_env_filter(filter).init();
+            let config = args.into_config()?;
+            let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+            runtime.block_on(async {
+                let server = Server::start(config).await?;
+                server.run_until_signal().await;
+                anyhow::Ok(())
+            })
+        }
+    }
+}

@@ -67,7 +67,10 @@ pub struct Aggregate {
 impl Aggregate {
     /// An empty aggregate whose primary (config) cluster is `primary_cluster`.
     pub fn new(primary_cluster: impl Into<ClusterId>) -> Self {
-        Aggregate { primary_cluster: primary_cluster.into(), registries: RwLock::new(Vec::new()) }
+        Aggregate {
+            primary_cluster: primary_cluster.into(),
+            registries: RwLock::new(Vec::new()),
+        }
     }
 
     /// Adds a registry. A registry with the same shard key replaces the old one (used to
@@ -100,8 +103,11 @@ impl Aggregate {
 
     /// Union of all registries' network gateways, sorted and de-duplicated.
     pub fn network_gateways(&self) -> Vec<NetworkGateway> {
-        let mut all: Vec<NetworkGateway> =
-            self.registries().iter().flat_map(|r| r.network_gateways()).collect();
+        let mut all: Vec<NetworkGateway> = self
+            .registries()
+            .iter()
+            .flat_map(|r| r.network_gateways())
+            .collect();
         all.sort();
         all.dedup();
         all
@@ -119,20 +125,28 @@ impl Aggregate {
         for (key, mut candidates) in groups {
             candidates.sort_by(|a, b| self.precedence(a).cmp(&self.precedence(b)));
             let winner = self.merge_group(&key, &candidates, &mut merged.conflicts);
-            merged
-                .sources
-                .insert(key, candidates.iter().map(|s| ShardKey::new(s.provider, s.cluster_id.clone())).collect());
+            merged.sources.insert(
+                key,
+                candidates
+                    .iter()
+                    .map(|s| ShardKey::new(s.provider, s.cluster_id.clone()))
+                    .collect(),
+            );
             merged.services.push(winner);
         }
         merged.conflicts.sort_by(|a, b| {
-            (&a.service, &a.winner, &a.loser, a.reason).cmp(&(&b.service, &b.winner, &b.loser, b.reason))
+            (&a.service, &a.winner, &a.loser, a.reason)
+                .cmp(&(&b.service, &b.winner, &b.loser, b.reason))
         });
         merged
     }
 
     /// Sort key: Kubernetes first, the primary cluster first among those, then oldest,
     /// then provider and cluster id as deterministic tie-breakers.
-    fn precedence<'a>(&self, s: &'a Service) -> (bool, bool, std::time::SystemTime, ProviderId, &'a ClusterId) {
+    fn precedence<'a>(
+        &self,
+        s: &'a Service,
+    ) -> (bool, bool, std::time::SystemTime, ProviderId, &'a ClusterId) {
         (
             s.provider != ProviderId::Kubernetes,
             s.cluster_id != self.primary_cluster,
@@ -142,7 +156,12 @@ impl Aggregate {
         )
     }
 
-    fn merge_group(&self, key: &ServiceKey, sorted: &[Arc<Service>], conflicts: &mut Vec<Conflict>) -> Arc<Service> {
+    fn merge_group(
+        &self,
+        key: &ServiceKey,
+        sorted: &[Arc<Service>],
+        conflicts: &mut Vec<Conflict>,
+    ) -> Arc<Service> {
         let base = &sorted[0];
         let base_shard = ShardKey::new(base.provider, base.cluster_id.clone());
         if sorted.len() == 1 {
@@ -151,13 +170,17 @@ impl Aggregate {
         let mut merged: Option<Service> = None;
         for other in &sorted[1..] {
             let other_shard = ShardKey::new(other.provider, other.cluster_id.clone());
-            let both_kube = base.provider == ProviderId::Kubernetes && other.provider == ProviderId::Kubernetes;
+            let both_kube =
+                base.provider == ProviderId::Kubernetes && other.provider == ProviderId::Kubernetes;
             if both_kube && base.cluster_id != other.cluster_id {
                 let m = merged.get_or_insert_with(|| (**base).clone());
                 for (cluster, vips) in &other.cluster_vips {
-                    m.cluster_vips.entry(cluster.clone()).or_insert_with(|| vips.clone());
+                    m.cluster_vips
+                        .entry(cluster.clone())
+                        .or_insert_with(|| vips.clone());
                 }
-                m.service_accounts.extend(other.service_accounts.iter().cloned());
+                m.service_accounts
+                    .extend(other.service_accounts.iter().cloned());
                 if other.ports != base.ports {
                     conflicts.push(Conflict {
                         service: key.clone(),
@@ -168,12 +191,19 @@ impl Aggregate {
                 }
                 continue;
             }
-            let reason = if base.provider == ProviderId::Kubernetes && other.provider != ProviderId::Kubernetes {
+            let reason = if base.provider == ProviderId::Kubernetes
+                && other.provider != ProviderId::Kubernetes
+            {
                 ConflictReason::KubernetesPrecedence
             } else {
                 ConflictReason::OldestWins
             };
-            conflicts.push(Conflict { service: key.clone(), winner: base_shard.clone(), loser: other_shard, reason });
+            conflicts.push(Conflict {
+                service: key.clone(),
+                winner: base_shard.clone(),
+                loser: other_shard,
+                reason,
+            });
         }
         merged.map(Arc::new).unwrap_or_else(|| base.clone())
     }
@@ -212,14 +242,23 @@ mod tests {
         let mut s = Service::new("foo.ns.svc.cluster.local", "ns", provider, cluster);
         s.ports.push(Port::new("http", 80, Protocol::Http).unwrap());
         if let Some(vip) = vip {
-            s.cluster_vips.insert(cluster.into(), vec![vip.parse().unwrap()]);
+            s.cluster_vips
+                .insert(cluster.into(), vec![vip.parse().unwrap()]);
         }
         s.creation_time = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000 - age_secs);
         s
     }
 
-    fn registry(provider: ProviderId, cluster: &str, services: Vec<Service>) -> Arc<dyn ServiceRegistry> {
-        Arc::new(Fixed { provider, cluster: cluster.into(), services: services.into_iter().map(Arc::new).collect() })
+    fn registry(
+        provider: ProviderId,
+        cluster: &str,
+        services: Vec<Service>,
+    ) -> Arc<dyn ServiceRegistry> {
+        Arc::new(Fixed {
+            provider,
+            cluster: cluster.into(),
+            services: services.into_iter().map(Arc::new).collect(),
+        })
     }
 
     #[test]
@@ -234,9 +273,16 @@ mod tests {
         let merged = agg.merged();
         assert_eq!(merged.services.len(), 1);
         let s = &merged.services[0];
-        assert_eq!(s.cluster_id.as_str(), "c1", "the primary cluster supplies the base even though c2 is older");
+        assert_eq!(
+            s.cluster_id.as_str(),
+            "c1",
+            "the primary cluster supplies the base even though c2 is older"
+        );
         assert_eq!(s.cluster_vips.len(), 2);
-        assert_eq!(s.address_for(Some(&"c2".into())).unwrap().to_string(), "10.1.0.1");
+        assert_eq!(
+            s.address_for(Some(&"c2".into())).unwrap().to_string(),
+            "10.1.0.1"
+        );
         assert_eq!(s.address_for(None).unwrap().to_string(), "10.0.0.1");
         assert_eq!(s.service_accounts.len(), 2);
         assert!(merged.conflicts.is_empty());
@@ -245,20 +291,39 @@ mod tests {
     #[test]
     fn without_the_primary_cluster_the_oldest_kubernetes_service_is_the_base() {
         let agg = Aggregate::new("local");
-        agg.add_registry(registry(ProviderId::Kubernetes, "c1", vec![svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1)]));
-        agg.add_registry(registry(ProviderId::Kubernetes, "c2", vec![svc(ProviderId::Kubernetes, "c2", Some("10.1.0.1"), 50)]));
+        agg.add_registry(registry(
+            ProviderId::Kubernetes,
+            "c1",
+            vec![svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1)],
+        ));
+        agg.add_registry(registry(
+            ProviderId::Kubernetes,
+            "c2",
+            vec![svc(ProviderId::Kubernetes, "c2", Some("10.1.0.1"), 50)],
+        ));
         assert_eq!(agg.merged().services[0].cluster_id.as_str(), "c2");
     }
 
     #[test]
     fn kubernetes_beats_other_providers_even_when_younger() {
         let agg = Aggregate::new("c1");
-        agg.add_registry(registry(ProviderId::External, "c1", vec![svc(ProviderId::External, "c1", None, 1000)]));
-        agg.add_registry(registry(ProviderId::Kubernetes, "c1", vec![svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1)]));
+        agg.add_registry(registry(
+            ProviderId::External,
+            "c1",
+            vec![svc(ProviderId::External, "c1", None, 1000)],
+        ));
+        agg.add_registry(registry(
+            ProviderId::Kubernetes,
+            "c1",
+            vec![svc(ProviderId::Kubernetes, "c1", Some("10.0.0.1"), 1)],
+        ));
         let merged = agg.merged();
         assert_eq!(merged.services[0].provider, ProviderId::Kubernetes);
         assert_eq!(merged.conflicts.len(), 1);
-        assert_eq!(merged.conflicts[0].reason, ConflictReason::KubernetesPrecedence);
+        assert_eq!(
+            merged.conflicts[0].reason,
+            ConflictReason::KubernetesPrecedence
+        );
         assert_eq!(merged.conflicts[0].loser.to_string(), "External/c1");
     }
 
@@ -267,8 +332,16 @@ mod tests {
         for order in [[0, 1], [1, 0]] {
             let agg = Aggregate::new("c1");
             let regs = [
-                registry(ProviderId::Mock, "m1", vec![svc(ProviderId::Mock, "m1", None, 10)]),
-                registry(ProviderId::Consul, "dc1", vec![svc(ProviderId::Consul, "dc1", None, 20)]),
+                registry(
+                    ProviderId::Mock,
+                    "m1",
+                    vec![svc(ProviderId::Mock, "m1", None, 10)],
+                ),
+                registry(
+                    ProviderId::Consul,
+                    "dc1",
+                    vec![svc(ProviderId::Consul, "dc1", None, 20)],
+                ),
             ];
             for i in order {
                 agg.add_registry(regs[i].clone());
@@ -282,8 +355,16 @@ mod tests {
     #[test]
     fn equal_ages_break_ties_by_provider_then_cluster() {
         let agg = Aggregate::new("x");
-        agg.add_registry(registry(ProviderId::Mock, "b", vec![svc(ProviderId::Mock, "b", None, 5)]));
-        agg.add_registry(registry(ProviderId::Mock, "a", vec![svc(ProviderId::Mock, "a", None, 5)]));
+        agg.add_registry(registry(
+            ProviderId::Mock,
+            "b",
+            vec![svc(ProviderId::Mock, "b", None, 5)],
+        ));
+        agg.add_registry(registry(
+            ProviderId::Mock,
+            "a",
+            vec![svc(ProviderId::Mock, "a", None, 5)],
+        ));
         assert_eq!(agg.merged().services[0].cluster_id.as_str(), "a");
     }
 
@@ -313,7 +394,11 @@ mod tests {
     #[test]
     fn replacing_and_removing_registries() {
         let agg = Aggregate::new("c1");
-        agg.add_registry(registry(ProviderId::Mock, "m", vec![svc(ProviderId::Mock, "m", None, 1)]));
+        agg.add_registry(registry(
+            ProviderId::Mock,
+            "m",
+            vec![svc(ProviderId::Mock, "m", None, 1)],
+        ));
         agg.add_registry(registry(ProviderId::Mock, "m", vec![]));
         assert_eq!(agg.registries().len(), 1);
         assert!(agg.merged().services.is_empty());

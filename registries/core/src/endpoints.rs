@@ -27,7 +27,9 @@ pub struct EndpointShards {
 impl EndpointShards {
     /// Every endpoint of every shard, shards in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&ShardKey, &Endpoint)> {
-        self.shards.iter().flat_map(|(k, eps)| eps.iter().map(move |e| (k, e)))
+        self.shards
+            .iter()
+            .flat_map(|(k, eps)| eps.iter().map(move |e| (k, e)))
     }
 
     /// Number of endpoints over all shards.
@@ -73,13 +75,22 @@ impl EndpointIndex {
     }
 
     /// Replaces `shard`'s endpoints for `key` and says what push that needs.
-    pub fn update(&self, shard: &ShardKey, key: &ServiceKey, endpoints: Vec<Endpoint>) -> EndpointPush {
+    pub fn update(
+        &self,
+        shard: &ShardKey,
+        key: &ServiceKey,
+        endpoints: Vec<Endpoint>,
+    ) -> EndpointPush {
         let mut entries = self.entries.lock().expect("endpoint index poisoned");
         let created = !entries.contains_key(key);
         let current = entries.entry(key.clone()).or_default();
         if endpoints.is_empty() {
             if !current.shards.contains_key(shard) {
-                return if created { EndpointPush::Full } else { EndpointPush::None };
+                return if created {
+                    EndpointPush::Full
+                } else {
+                    EndpointPush::None
+                };
             }
             let mut next = (**current).clone();
             next.shards.remove(shard);
@@ -87,8 +98,16 @@ impl EndpointIndex {
             *current = Arc::new(next);
             return EndpointPush::Incremental;
         }
-        if current.shards.get(shard).is_some_and(|old| **old == *endpoints) {
-            return if created { EndpointPush::Full } else { EndpointPush::None };
+        if current
+            .shards
+            .get(shard)
+            .is_some_and(|old| **old == *endpoints)
+        {
+            return if created {
+                EndpointPush::Full
+            } else {
+                EndpointPush::None
+            };
         }
         let mut next = (**current).clone();
         let old_accounts = std::mem::take(&mut next.service_accounts);
@@ -96,14 +115,20 @@ impl EndpointIndex {
         next.recompute_service_accounts();
         let accounts_changed = old_accounts != next.service_accounts;
         *current = Arc::new(next);
-        if created || accounts_changed { EndpointPush::Full } else { EndpointPush::Incremental }
+        if created || accounts_changed {
+            EndpointPush::Full
+        } else {
+            EndpointPush::Incremental
+        }
     }
 
     /// Drops `shard`'s endpoints for `key` (the registry deleted the service). The key
     /// itself goes when no shard is left.
     pub fn delete_service_shard(&self, shard: &ShardKey, key: &ServiceKey) {
         let mut entries = self.entries.lock().expect("endpoint index poisoned");
-        let Some(current) = entries.get_mut(key) else { return };
+        let Some(current) = entries.get_mut(key) else {
+            return;
+        };
         if current.shards.contains_key(shard) {
             let mut next = (**current).clone();
             next.shards.remove(shard);
@@ -139,17 +164,27 @@ impl EndpointIndex {
 
     /// The shards of one service.
     pub fn get(&self, key: &ServiceKey) -> Option<Arc<EndpointShards>> {
-        self.entries.lock().expect("endpoint index poisoned").get(key).cloned()
+        self.entries
+            .lock()
+            .expect("endpoint index poisoned")
+            .get(key)
+            .cloned()
     }
 
     /// Whether the index has an entry (possibly with no endpoints) for `key`.
     pub fn contains(&self, key: &ServiceKey) -> bool {
-        self.entries.lock().expect("endpoint index poisoned").contains_key(key)
+        self.entries
+            .lock()
+            .expect("endpoint index poisoned")
+            .contains_key(key)
     }
 
     /// A point-in-time copy of the whole index for a snapshot.
     pub fn snapshot(&self) -> HashMap<ServiceKey, Arc<EndpointShards>> {
-        self.entries.lock().expect("endpoint index poisoned").clone()
+        self.entries
+            .lock()
+            .expect("endpoint index poisoned")
+            .clone()
     }
 }
 
@@ -170,7 +205,10 @@ mod tests {
     fn first_update_is_full_then_incremental_then_none() {
         let index = EndpointIndex::new();
         let shard = ShardKey::new(ProviderId::Mock, "c1");
-        assert_eq!(index.update(&shard, &key(), vec![ep("10.0.0.1")]), EndpointPush::Full);
+        assert_eq!(
+            index.update(&shard, &key(), vec![ep("10.0.0.1")]),
+            EndpointPush::Full
+        );
         assert_eq!(
             index.update(&shard, &key(), vec![ep("10.0.0.1"), ep("10.0.0.2")]),
             EndpointPush::Incremental
@@ -186,10 +224,16 @@ mod tests {
         let index = EndpointIndex::new();
         let shard = ShardKey::new(ProviderId::Mock, "c1");
         index.update(&shard, &key(), vec![ep("10.0.0.1")]);
-        assert_eq!(index.update(&shard, &key(), vec![]), EndpointPush::Incremental);
+        assert_eq!(
+            index.update(&shard, &key(), vec![]),
+            EndpointPush::Incremental
+        );
         assert!(index.contains(&key()));
         assert!(index.get(&key()).unwrap().is_empty());
-        assert_eq!(index.update(&shard, &key(), vec![ep("10.0.0.1")]), EndpointPush::Incremental);
+        assert_eq!(
+            index.update(&shard, &key(), vec![ep("10.0.0.1")]),
+            EndpointPush::Incremental
+        );
     }
 
     #[test]
@@ -199,7 +243,10 @@ mod tests {
         index.update(&shard, &key(), vec![ep("10.0.0.1")]);
         let mut with_sa = ep("10.0.0.1");
         with_sa.service_account = Some("spiffe://cluster.local/ns/ns/sa/a".into());
-        assert_eq!(index.update(&shard, &key(), vec![with_sa]), EndpointPush::Full);
+        assert_eq!(
+            index.update(&shard, &key(), vec![with_sa]),
+            EndpointPush::Full
+        );
     }
 
     #[test]
@@ -208,7 +255,10 @@ mod tests {
         let c1 = ShardKey::new(ProviderId::Kubernetes, "c1");
         let c2 = ShardKey::new(ProviderId::Kubernetes, "c2");
         index.update(&c1, &key(), vec![ep("10.0.0.1")]);
-        assert_eq!(index.update(&c2, &key(), vec![ep("10.1.0.1")]), EndpointPush::Incremental);
+        assert_eq!(
+            index.update(&c2, &key(), vec![ep("10.1.0.1")]),
+            EndpointPush::Incremental
+        );
         assert_eq!(index.get(&key()).unwrap().len(), 2);
         assert_eq!(index.remove_shard(&c2), vec![key()]);
         let left = index.get(&key()).unwrap();
@@ -225,6 +275,9 @@ mod tests {
         let snap = index.snapshot();
         index.update(&shard, &key(), vec![ep("10.0.0.2")]);
         let held = &snap[&key()];
-        assert_eq!(held.iter().next().unwrap().1.address.to_string(), "10.0.0.1");
+        assert_eq!(
+            held.iter().next().unwrap().1.address.to_string(),
+            "10.0.0.1"
+        );
     }
 }

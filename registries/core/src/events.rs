@@ -49,17 +49,29 @@ pub struct ConfigKey {
 impl ConfigKey {
     /// Builds a key.
     pub fn new(kind: ConfigKind, name: &str, namespace: &str) -> Self {
-        Self { kind, name: Arc::from(name), namespace: Arc::from(namespace) }
+        Self {
+            kind,
+            name: Arc::from(name),
+            namespace: Arc::from(namespace),
+        }
     }
 
     /// The key for "this service changed".
     pub fn service(key: &ServiceKey) -> Self {
-        Self::new(ConfigKind::ServiceEntry, key.hostname.as_str(), key.namespace.as_str())
+        Self::new(
+            ConfigKind::ServiceEntry,
+            key.hostname.as_str(),
+            key.namespace.as_str(),
+        )
     }
 
     /// The key for "this service's endpoints changed".
     pub fn endpoints(key: &ServiceKey) -> Self {
-        Self::new(ConfigKind::Endpoints, key.hostname.as_str(), key.namespace.as_str())
+        Self::new(
+            ConfigKind::Endpoints,
+            key.hostname.as_str(),
+            key.namespace.as_str(),
+        )
     }
 }
 
@@ -131,7 +143,10 @@ impl PushRequest {
 
     /// A forced full push (regenerate everything for everyone).
     pub fn forced(reason: TriggerReason) -> Self {
-        PushRequest { forced: true, ..PushRequest::full(reason, []) }
+        PushRequest {
+            forced: true,
+            ..PushRequest::full(reason, [])
+        }
     }
 
     /// An endpoint-only push for one service.
@@ -214,7 +229,10 @@ impl UpdateSink {
     /// follows.
     pub fn service_deleted(&self, shard: &ShardKey, key: &ServiceKey) {
         self.index.delete_service_shard(shard, key);
-        self.send(PushRequest::full(TriggerReason::Service, [ConfigKey::service(key)]));
+        self.send(PushRequest::full(
+            TriggerReason::Service,
+            [ConfigKey::service(key)],
+        ));
     }
 
     /// Replaces `shard`'s endpoints for `key`, pushing only what the change needs.
@@ -268,13 +286,20 @@ mod tests {
         let key = ServiceKey::new("a.ns.svc.cluster.local", "ns");
         let ep = Endpoint::new("10.0.0.1".parse().unwrap()).with_port("http", 80);
         sink.update_endpoints(&shard, &key, vec![ep.clone()]);
-        let RegistryEvent::Push(first) = rx.recv().await.unwrap() else { panic!() };
+        let RegistryEvent::Push(first) = rx.recv().await.unwrap() else {
+            panic!()
+        };
         assert!(first.full);
         sink.update_endpoints(&shard, &key, vec![ep.clone()]);
         sink.update_endpoints(&shard, &key, vec![]);
-        let RegistryEvent::Push(second) = rx.recv().await.unwrap() else { panic!() };
+        let RegistryEvent::Push(second) = rx.recv().await.unwrap() else {
+            panic!()
+        };
         assert!(second.is_endpoints_only());
-        assert_eq!(second.updated_hostnames().collect::<Vec<_>>(), vec!["a.ns.svc.cluster.local"]);
+        assert_eq!(
+            second.updated_hostnames().collect::<Vec<_>>(),
+            vec!["a.ns.svc.cluster.local"]
+        );
         assert!(rx.try_recv().is_err(), "an unchanged write must not push");
     }
 
@@ -282,7 +307,10 @@ mod tests {
     fn merge_unions_and_keeps_the_earliest_start() {
         let key = ServiceKey::new("a", "ns");
         let mut a = PushRequest::endpoints(&key);
-        let mut b = PushRequest::full(TriggerReason::Config, [ConfigKey::new(ConfigKind::VirtualService, "vs", "ns")]);
+        let mut b = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::VirtualService, "vs", "ns")],
+        );
         b.start = a.start + std::time::Duration::from_secs(1);
         a.merge(b);
         assert!(a.full);

@@ -9,17 +9,25 @@
 //!   behind one view with an explicit merge policy.
 //! - [`memory`]: the in-memory (mock) registry; [`mock_file`]: the same, fed from a
 //!   watched YAML file.
+//! - [`watch`]: watching config files and directories so that every kind of writer
+//!   (in place, atomic rename, ConfigMap symlink swap) is noticed.
 
 pub mod aggregate;
 pub mod endpoints;
 pub mod events;
 pub mod memory;
+pub mod mock_file;
 pub mod model;
 pub mod registry;
+pub mod watch;
 
 pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices};
 pub use endpoints::{EndpointIndex, EndpointPush, EndpointShards};
 pub use events::{ConfigKey, ConfigKind, PushRequest, RegistryEvent, TriggerReason, UpdateSink};
 pub use memory::{MemoryRegistry, ServiceWithEndpoints};
+pub use mock_file::{
+    MockFileError, MockFileStatus, load_mock_registry, parse_mock_registry, run_mock_file,
+};
 pub use model::*;
 pub use registry::{NetworkGateway, ServiceRegistry};
+pub use watch::{PathWatcher, WatchError};

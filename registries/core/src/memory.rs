@@ -22,6 +22,9 @@ pub struct ServiceWithEndpoints {
     pub endpoints: Vec<Endpoint>,
 }
 
+/// A registry's content: each service with its endpoints.
+type Content = BTreeMap<ServiceKey, (Arc<Service>, Vec<Endpoint>)>;
+
 #[derive(Debug)]
 struct Inner {
     provider: ProviderId,
@@ -29,7 +32,7 @@ struct Inner {
     sink: UpdateSink,
     synced: AtomicBool,
     stale: AtomicBool,
-    state: RwLock<BTreeMap<ServiceKey, (Arc<Service>, Vec<Endpoint>)>>,
+    state: RwLock<Content>,
 }
 
 /// An in-memory registry handle.
@@ -54,7 +57,11 @@ impl MemoryRegistry {
 
     /// A registry posing as another provider (for tests of the merge policy with
     /// simulated Kubernetes or Consul sources). Starts unsynced.
-    pub fn with_provider(provider: ProviderId, cluster: impl Into<ClusterId>, sink: UpdateSink) -> Self {
+    pub fn with_provider(
+        provider: ProviderId,
+        cluster: impl Into<ClusterId>,
+        sink: UpdateSink,
+    ) -> Self {
         MemoryRegistry {
             inner: Arc::new(Inner {
                 provider,
@@ -106,7 +113,13 @@ impl MemoryRegistry {
 
     /// Removes a service and its endpoints; returns whether it existed.
     pub fn remove_service(&self, key: &ServiceKey) -> bool {
-        let existed = self.inner.state.write().expect("memory registry poisoned").remove(key).is_some();
+        let existed = self
+            .inner
+            .state
+            .write()
+            .expect("memory registry poisoned")
+            .remove(key)
+            .is_some();
         if existed {
             self.inner.sink.service_deleted(&self.shard_key(), key);
         }
@@ -122,19 +135,35 @@ impl MemoryRegistry {
                 e.cluster_id = self.inner.cluster.clone();
             }
         }
-        if let Some(entry) = self.inner.state.write().expect("memory registry poisoned").get_mut(key) {
+        if let Some(entry) = self
+            .inner
+            .state
+            .write()
+            .expect("memory registry poisoned")
+            .get_mut(key)
+        {
             entry.1 = endpoints.clone();
         }
-        self.inner.sink.update_endpoints(&self.shard_key(), key, endpoints);
+        self.inner
+            .sink
+            .update_endpoints(&self.shard_key(), key, endpoints);
     }
 
     /// Replaces the whole content, reporting only what differs from the current one:
-    /// removed services, added or changed services, changed endpoints.
+    /// removed services, added or changed services, changed endpoints. VIPs filed
+    /// under the empty cluster id are moved to this registry's cluster.
     pub fn replace_all(&self, next: Vec<ServiceWithEndpoints>) {
         let mut wanted: BTreeMap<ServiceKey, ServiceWithEndpoints> = BTreeMap::new();
         for mut entry in next {
             entry.service.provider = self.inner.provider;
             entry.service.cluster_id = self.inner.cluster.clone();
+            // VIPs given without a cluster (as the mock file does) belong to this one.
+            if let Some(vips) = entry.service.cluster_vips.remove(&ClusterId::default()) {
+                entry
+                    .service
+                    .cluster_vips
+                    .insert(self.inner.cluster.clone(), vips);
+            }
             for e in &mut entry.endpoints {
                 if e.cluster_id.is_empty() {
                     e.cluster_id = self.inner.cluster.clone();
@@ -142,8 +171,14 @@ impl MemoryRegistry {
             }
             wanted.insert(entry.service.key(), entry);
         }
-        let current: Vec<ServiceKey> =
-            self.inner.state.read().expect("memory registry poisoned").keys().cloned().collect();
+        let current: Vec<ServiceKey> = self
+            .inner
+            .state
+            .read()
+            .expect("memory registry poisoned")
+            .keys()
+            .cloned()
+            .collect();
         for key in current.iter().filter(|k| !wanted.contains_key(*k)) {
             self.remove_service(key);
         }
@@ -164,7 +199,13 @@ impl MemoryRegistry {
 
     /// The endpoints currently set for a service.
     pub fn endpoints(&self, key: &ServiceKey) -> Vec<Endpoint> {
-        self.inner.state.read().expect("memory registry poisoned").get(key).map(|e| e.1.clone()).unwrap_or_default()
+        self.inner
+            .state
+            .read()
+            .expect("memory registry poisoned")
+            .get(key)
+            .map(|e| e.1.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -182,7 +223,13 @@ impl ServiceRegistry for MemoryRegistry {
     }
 
     fn services(&self) -> Vec<Arc<Service>> {
-        self.inner.state.read().expect("memory registry poisoned").values().map(|(s, _)| s.clone()).collect()
+        self.inner
+            .state
+            .read()
+            .expect("memory registry poisoned")
+            .values()
+            .map(|(s, _)| s.clone())
+            .collect()
     }
 
     fn has_synced(&self) -> bool {
@@ -219,7 +266,10 @@ mod tests {
         assert!(reg.has_synced());
         let key = ServiceKey::new("a.default.svc.cluster.local", "default");
         reg.add_service(service("a.default.svc.cluster.local"));
-        reg.set_endpoints(&key, vec![Endpoint::new("10.0.0.1".parse().unwrap()).with_port("http", 8080)]);
+        reg.set_endpoints(
+            &key,
+            vec![Endpoint::new("10.0.0.1".parse().unwrap()).with_port("http", 8080)],
+        );
         assert_eq!(reg.services().len(), 1);
         let shards = index.get(&key).unwrap();
         assert_eq!(shards.iter().next().unwrap().1.cluster_id.as_str(), "c1");
@@ -245,13 +295,35 @@ mod tests {
         reg.replace_all(vec![entry("a.x", "10.0.0.1"), entry("b.x", "10.0.0.3")]);
         let events = drain(&mut rx);
         assert_eq!(events.len(), 1, "only b's endpoints changed: {events:?}");
-        let RegistryEvent::Push(req) = &events[0] else { panic!() };
+        let RegistryEvent::Push(req) = &events[0] else {
+            panic!()
+        };
         assert!(req.is_endpoints_only());
         reg.replace_all(vec![entry("a.x", "10.0.0.1")]);
         let events = drain(&mut rx);
         assert_eq!(events.len(), 1);
-        let RegistryEvent::Push(req) = &events[0] else { panic!() };
+        let RegistryEvent::Push(req) = &events[0] else {
+            panic!()
+        };
         assert!(req.full);
         assert_eq!(reg.services().len(), 1);
+    }
+
+    #[test]
+    fn replace_all_files_unclustered_vips_under_this_cluster() {
+        let (sink, _rx) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let reg = MemoryRegistry::new("c1", sink);
+        let mut s = service("a.x");
+        s.cluster_vips
+            .insert(ClusterId::default(), vec!["10.0.0.1".parse().unwrap()]);
+        reg.replace_all(vec![ServiceWithEndpoints {
+            service: s,
+            endpoints: vec![],
+        }]);
+        let vips = &reg.services()[0].cluster_vips;
+        assert_eq!(
+            vips.keys().map(|c| c.as_str()).collect::<Vec<_>>(),
+            vec!["c1"]
+        );
     }
 }

@@ -149,7 +149,10 @@ pub struct ShardKey {
 impl ShardKey {
     /// Builds a shard key.
     pub fn new(provider: ProviderId, cluster: impl Into<ClusterId>) -> Self {
-        Self { cluster: cluster.into(), provider }
+        Self {
+            cluster: cluster.into(),
+            provider,
+        }
     }
 }
 
@@ -178,7 +181,10 @@ pub struct ServiceKey {
 impl ServiceKey {
     /// Builds a key.
     pub fn new(hostname: impl Into<Hostname>, namespace: impl Into<Namespace>) -> Self {
-        Self { hostname: hostname.into(), namespace: namespace.into() }
+        Self {
+            hostname: hostname.into(),
+            namespace: namespace.into(),
+        }
     }
 }
 
@@ -261,7 +267,11 @@ impl Protocol {
     pub fn is_http(self) -> bool {
         matches!(
             self,
-            Protocol::Http | Protocol::Http2 | Protocol::HttpProxy | Protocol::Grpc | Protocol::GrpcWeb
+            Protocol::Http
+                | Protocol::Http2
+                | Protocol::HttpProxy
+                | Protocol::Grpc
+                | Protocol::GrpcWeb
         )
     }
 
@@ -297,7 +307,11 @@ pub struct Port {
 impl Port {
     /// Builds a port; `None` for port number 0.
     pub fn new(name: &str, port: u16, protocol: Protocol) -> Option<Port> {
-        Some(Port { name: Arc::from(name), port: NonZeroU16::new(port)?, protocol })
+        Some(Port {
+            name: Arc::from(name),
+            port: NonZeroU16::new(port)?,
+            protocol,
+        })
     }
 }
 
@@ -405,7 +419,10 @@ impl Service {
 
     /// The `(hostname, namespace)` key.
     pub fn key(&self) -> ServiceKey {
-        ServiceKey { hostname: self.hostname.clone(), namespace: self.namespace.clone() }
+        ServiceKey {
+            hostname: self.hostname.clone(),
+            namespace: self.namespace.clone(),
+        }
     }
 
     /// The port with the given number.
@@ -421,7 +438,10 @@ impl Service {
     /// The address a proxy in `cluster` should use: that cluster's VIP if it has one,
     /// else the first VIP of the lowest cluster id, else none (headless/external).
     pub fn address_for(&self, cluster: Option<&ClusterId>) -> Option<IpAddr> {
-        if let Some(ip) = cluster.and_then(|c| self.cluster_vips.get(c)).and_then(|v| v.first()) {
+        if let Some(ip) = cluster
+            .and_then(|c| self.cluster_vips.get(c))
+            .and_then(|v| v.first())
+        {
             return Some(*ip);
         }
         self.cluster_vips.values().find_map(|v| v.first().copied())
@@ -587,10 +607,18 @@ mod tests {
     #[test]
     fn address_for_prefers_the_proxy_cluster() {
         let mut s = Service::new("a.ns.svc.cluster.local", "ns", ProviderId::Kubernetes, "c1");
-        s.cluster_vips.insert("c1".into(), vec!["10.0.0.1".parse().unwrap()]);
-        s.cluster_vips.insert("c2".into(), vec!["10.1.0.1".parse().unwrap()]);
-        assert_eq!(s.address_for(Some(&"c2".into())), Some("10.1.0.1".parse().unwrap()));
-        assert_eq!(s.address_for(Some(&"c9".into())), Some("10.0.0.1".parse().unwrap()));
+        s.cluster_vips
+            .insert("c1".into(), vec!["10.0.0.1".parse().unwrap()]);
+        s.cluster_vips
+            .insert("c2".into(), vec!["10.1.0.1".parse().unwrap()]);
+        assert_eq!(
+            s.address_for(Some(&"c2".into())),
+            Some("10.1.0.1".parse().unwrap())
+        );
+        assert_eq!(
+            s.address_for(Some(&"c9".into())),
+            Some("10.0.0.1".parse().unwrap())
+        );
         assert_eq!(s.address_for(None), Some("10.0.0.1".parse().unwrap()));
     }
 }

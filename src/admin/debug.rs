@@ -1,0 +1,232 @@
+//! The debug endpoints: one table of path, description and handler.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::AdminState;
+
+/// A debug handler: state and query parameters in, JSON or an HTTP error out.
+type Handler = fn(&AdminState, &BTreeMap<String, String>) -> Answer;
+
+/// One debug endpoint.
+pub struct DebugEndpoint {
+    /// Path below `/debug/`.
+    pub path: &'static str,
+    /// What it shows.
+    pub description: &'static str,
+    handler: Handler,
+}
+
+/// Every debug endpoint. `/debug/list` and `/debug` are generated from this table.
+pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
+    DebugEndpoint {
+        path: "adsz",
+        description: "Connected xDS clients: node, peer, metadata, subscriptions per type, connected since",
+        handler: adsz,
+    },
+    DebugEndpoint {
+        path: "syncz",
+        description: "Per proxy and type: last sent and acknowledged nonce and version, last NACK error",
+        handler: syncz,
+    },
+    DebugEndpoint {
+        path: "registryz",
+        description: "Every merged service with the registries it came from, merge conflicts and who won, registry state",
+        handler: registryz,
+    },
+    DebugEndpoint {
+        path: "endpointShardz",
+        description: "Endpoint index: per service, per registry shard, the endpoints",
+        handler: endpoint_shardz,
+    },
+    DebugEndpoint {
+        path: "push_status",
+        description: "The last pushes: version, reasons, changes, build time, connections",
+        handler: push_status,
+    },
+    DebugEndpoint {
+        path: "cachez",
+        description: "Resource cache of the current snapshot: hits, misses, size",
+        handler: cachez,
+    },
+];
+
+/// `/debug/list`.
+pub fn list() -> Value {
+    Value::Array(
+        DEBUG_ENDPOINTS
+            .iter()
+            .map(|e| json!({"path": format!("/debug/{}", e.path), "description": e.description}))
+            .collect(),
+    )
+}
+
+/// Routes `/debug/<path>` to its handler; `?pretty` indents the JSON.
+pub async fn dispatch(
+    State(state): State<AdminState>,
+    uri: Uri,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let path = uri.path().trim_start_matches("/debug/");
+    let Some(endpoint) = DEBUG_ENDPOINTS.iter().find(|e| e.path == path) else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no such debug endpoint; see /debug/list\n",
+        )
+            .into_response();
+    };
+    match (endpoint.handler)(&state, &query) {
+        Ok(value) => {
+            let body = if query.contains_key("pretty") {
+                serde_json::to_string_pretty(&value)
+            } else {
+                serde_json::to_string(&value)
+            }
+            .unwrap_or_default();
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+        }
+        Err((status, message)) => (status, message).into_response(),
+    }
+}
+
+type Answer = Result<Value, (StatusCode, String)>;
+
+fn to_json<T: Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let clients: Vec<Value> = state
+        .connections
+        .all()
+        .iter()
+        .map(|c| {
+            let st = c.state.lock().expect("state poisoned");
+            let watches: BTreeMap<&str, Value> = st
+                .watches
+                .iter()
+                .map(|(t, w)| (t.short(), json!({"wildcard": w.wildcard, "names": w.names, "lastError": w.last_error})))
+                .collect();
+            json!({
+                "connectionId": c.id,
+                "node": c.proxy.node_id,
+                "peer": c.peer.map(|p| p.to_string()),
+                "flavour": c.flavour,
+                "connectedAt": humantime(c.connected_at),
+                "proxy": {
+                    "type": c.proxy.node_type, "ips": c.proxy.ip_addresses, "namespace": c.proxy.namespace,
+                    "clusterId": c.proxy.cluster_id, "network": c.proxy.network, "labels": c.proxy.labels,
+                    "generator": c.proxy.generator, "userAgent": c.proxy.user_agent,
+                },
+                "metadata": c.proxy.metadata,
+                "watches": watches,
+            })
+        })
+        .collect();
+    Ok(json!({"totalClients": clients.len(), "clients": clients}))
+}
+
+fn syncz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let rows: Vec<Value> = state
+        .connections
+        .all()
+        .iter()
+        .map(|c| {
+            let st = c.state.lock().expect("state poisoned");
+            let types: BTreeMap<&str, Value> = st
+                .watches
+                .iter()
+                .map(|(t, w)| {
+                    (t.short(), json!({
+                        "nonceSent": w.nonce_sent, "versionSent": w.version_sent,
+                        "nonceAcked": w.nonce_acked, "versionAcked": w.version_acked,
+                        "lastSent": w.last_sent.map(humantime),
+                        "lastError": w.last_error, "nonceNacked": w.nonce_nacked,
+                        "synced": w.nonce_sent.is_some() && w.nonce_sent == w.nonce_acked,
+                    }))
+                })
+                .collect();
+            json!({"connectionId": c.id, "proxyId": c.proxy.id, "clusterId": c.proxy.cluster_id, "types": types})
+        })
+        .collect();
+    Ok(Value::Array(rows))
+}
+
+fn registryz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let snapshot = state.pipeline.snapshot().load();
+    let sources = snapshot.services.sources();
+    let services: Vec<Value> = snapshot
+        .services
+        .all()
+        .iter()
+        .map(|s| {
+            let mut v = to_json(&**s);
+            v["sources"] = to_json(&sources.get(&s.key()).cloned().unwrap_or_default());
+            v["creation_time"] = json!(humantime(s.creation_time));
+            v
+        })
+        .collect();
+    let registries: Vec<Value> = state
+        .aggregate
+        .registries()
+        .iter()
+        .map(|r| {
+            json!({"registry": r.shard_key().to_string(), "provider": r.provider(), "cluster": r.cluster_id(),
+                   "synced": r.has_synced(), "stale": r.is_stale(), "services": r.services().len()})
+        })
+        .collect();
+    Ok(json!({
+        "version": &*snapshot.version,
+        "registries": registries,
+        "services": services,
+        "conflicts": to_json(&snapshot.services.conflicts()),
+    }))
+}
+
+fn endpoint_shardz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let snapshot = state.pipeline.snapshot().load();
+    let mut by_key: BTreeMap<String, Value> = BTreeMap::new();
+    for (key, shards) in snapshot.endpoints.iter() {
+        let per_shard: BTreeMap<String, Value> = shards
+            .shards
+            .iter()
+            .map(|(k, eps)| (k.to_string(), to_json(&eps)))
+            .collect();
+        by_key.insert(
+            key.to_string(),
+            json!({"shards": per_shard, "serviceAccounts": shards.service_accounts}),
+        );
+    }
+    Ok(to_json(&by_key))
+}
+
+fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let history: Vec<Value> = state
+        .pipeline
+        .history()
+        .iter()
+        .map(|r| {
+            let mut v = to_json(r);
+            v["at"] = json!(humantime(r.at));
+            v
+        })
+        .collect();
+    Ok(json!({"connections": state.connections.len(), "pushes": history}))
+}
+
+fn cachez(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let snapshot = state.pipeline.snapshot().load();
+    Ok(json!({"version": &*snapshot.version, "cache": to_json(&snapshot.cache.stats())}))
+}
+
+/// Seconds since the epoch with millisecond precision (sortable, diffable).
+fn humantime(t: std::time::SystemTime) -> f64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_millis() as f64) / 1000.0)
+        .unwrap_or(0.0)
+}

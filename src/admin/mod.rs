@@ -1,0 +1,149 @@
+//! The admin HTTP surface: `/ready`, `/metrics`, `/version` and the debug endpoints.
+//!
+//! Debug endpoints come from one table ([`DEBUG_ENDPOINTS`]) that also drives
+//! `/debug/list` (JSON) and `/debug` (HTML index). They answer loopback callers only,
+//! unless the server was started with debug access opened. Every dump is sorted so two
+//! dumps can be diffed.
+
+mod debug;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use meshfed_registry::Aggregate;
+use prometheus_client::registry::Registry;
+
+use crate::ads::Connections;
+use crate::push::Pipeline;
+
+pub use debug::DEBUG_ENDPOINTS;
+
+/// What the admin handlers read.
+#[derive(Clone)]
+pub struct AdminState {
+    pub aggregate: Arc<Aggregate>,
+    pub pipeline: Arc<Pipeline>,
+    pub connections: Arc<Connections>,
+    pub metrics: Arc<Registry>,
+    /// Answer debug requests from non-loopback callers too.
+    pub debug_open: bool,
+}
+
+impl std::fmt::Debug for AdminState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminState")
+            .field("debug_open", &self.debug_open)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Build information for `/version`.
+pub fn version_info() -> serde_json::Value {
+    serde_json::json!({
+        "name": "meshfed",
+        "version": env!("CARGO_PKG_VERSION"),
+        "rustc_target": std::env::consts::ARCH,
+        "os": std::env::consts::OS,
+    })
+}
+
+/// The `--httpAddr` router: `/ready` and the debug endpoints.
+pub fn http_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/ready", get(ready))
+        .merge(debug_router(state.clone()))
+        .with_state(state)
+}
+
+/// The `--monitoringAddr` router: `/metrics`, `/version` and the debug endpoints.
+pub fn monitoring_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/version", get(|| async { axum::Json(version_info()) }))
+        .merge(debug_router(state.clone()))
+        .with_state(state)
+}
+
+fn debug_router(state: AdminState) -> Router<AdminState> {
+    let mut router = Router::new()
+        .route("/debug", get(debug_index))
+        .route("/debug/list", get(|| async { axum::Json(debug::list()) }));
+    for endpoint in DEBUG_ENDPOINTS {
+        router = router.route(&format!("/debug/{}", endpoint.path), get(debug::dispatch));
+    }
+    router.layer(middleware::from_fn_with_state(state, loopback_only))
+}
+
+async fn loopback_only(
+    State(state): State<AdminState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if state.debug_open || peer.ip().is_loopback() {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::FORBIDDEN,
+        "debug endpoints answer loopback callers only (see --debugAllowRemote)\n",
+    )
+        .into_response()
+}
+
+async fn ready(State(state): State<AdminState>) -> Response {
+    let pending: Vec<String> = state
+        .aggregate
+        .registries()
+        .iter()
+        .filter(|r| !r.has_synced())
+        .map(|r| r.shard_key().to_string())
+        .collect();
+    if pending.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("registries not synced: {}\n", pending.join(", ")),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    let mut body = String::new();
+    if let Err(err) = prometheus_client::encoding::text::encode(&mut body, &state.metrics) {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("encoding metrics: {err}"),
+        )
+            .into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+async fn debug_index() -> Html<String> {
+    let mut html = String::from(
+        "<!DOCTYPE html><html><head><title>meshfed debug</title></head><body><h1>meshfed debug endpoints</h1><table>",
+    );
+    for e in DEBUG_ENDPOINTS {
+        html.push_str(&format!(
+            "<tr><td><a href=\"/debug/{0}\">/debug/{0}</a></td><td>{1}</td></tr>",
+            e.path, e.description
+        ));
+    }
+    html.push_str("</table></body></html>");
+    Html(html)
+}

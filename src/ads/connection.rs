@@ -1,0 +1,473 @@
+//! The xDS protocol state of one connection, as plain data: what the proxy watches per
+//! type, what was sent and acknowledged, and what each request asks the server to do.
+//! No IO here; the stream shell feeds requests in and sends what this decides.
+//!
+//! State of the world (Istio's rules):
+//! - a request with `error_detail` is a NACK: recorded, never answered;
+//! - empty names on a non-wildcard type (EDS, RDS) unsubscribe;
+//! - the first request for a type, or one with an empty nonce, gets the full state;
+//! - a nonce other than the last one sent is stale and ignored;
+//! - an ACK replaces the names; wildcard types answer any change of names, others only
+//!   answer when names were added.
+//!
+//! Delta: subscriptions are changed by every request (even one with an old nonce, since
+//! a dropped change would never be repeated); `*` toggles wildcard; an initial request
+//! with no names on CDS/LDS is a wildcard; only new subscriptions are answered; the
+//! server remembers what the client holds (name -> version) and sends differences.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::SystemTime;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use serde::Serialize;
+
+use crate::resource::{Resource, TypeUrl};
+
+/// What a connection watches for one type and where the conversation stands.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Watch {
+    /// Explicitly subscribed names.
+    pub names: BTreeSet<String>,
+    /// Subscribed to everything of the type.
+    pub wildcard: bool,
+    /// Nonce of the last response sent.
+    pub nonce_sent: Option<String>,
+    /// Version of the last response sent.
+    pub version_sent: Option<String>,
+    /// When the last response was sent.
+    pub last_sent: Option<SystemTime>,
+    /// Nonce of the last response the proxy accepted.
+    pub nonce_acked: Option<String>,
+    /// Version the proxy last accepted.
+    pub version_acked: Option<String>,
+    /// Error of the last rejected response, cleared by the next ACK.
+    pub last_error: Option<String>,
+    /// Nonce of the last rejected response.
+    pub nonce_nacked: Option<String>,
+    /// Delta only: what the proxy holds, name -> version.
+    #[serde(skip)]
+    pub held: BTreeMap<String, std::sync::Arc<str>>,
+}
+
+/// What to do with a request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Send the full subscribed state of this type.
+    Respond(TypeUrl),
+    /// Accepted; nothing to send.
+    Ack(TypeUrl),
+    /// Rejected by the proxy with this error; nothing to send.
+    Nack(TypeUrl, String),
+    /// Answers an older response; ignored.
+    Stale(TypeUrl),
+    /// The type is no longer watched.
+    Unsubscribed(TypeUrl),
+    /// A type this server does not serve.
+    UnknownType(String),
+}
+
+/// The protocol state of one connection (either flavour).
+#[derive(Debug, Default, Serialize)]
+pub struct ConnectionState {
+    /// Watches by type.
+    pub watches: BTreeMap<TypeUrl, Watch>,
+    /// Responses sent so far (for nonces).
+    pub responses: u64,
+}
+
+impl ConnectionState {
+    /// Applies a state-of-the-world request.
+    pub fn on_sotw_request(&mut self, req: &DiscoveryRequest) -> Action {
+        let Some(type_url) = TypeUrl::parse(&req.type_url) else {
+            return Action::UnknownType(req.type_url.clone());
+        };
+        if let Some(status) = &req.error_detail {
+            let watch = self.watches.entry(type_url).or_default();
+            watch.last_error = Some(status.message.clone());
+            watch.nonce_nacked = Some(req.response_nonce.clone());
+            return Action::Nack(type_url, status.message.clone());
+        }
+        let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
+        if names.is_empty() && !type_url.is_wildcard() {
+            // Nothing asked: the watch (if any) goes.
+            self.watches.remove(&type_url);
+            return Action::Unsubscribed(type_url);
+        }
+        let Some(watch) = self.watches.get_mut(&type_url) else {
+            let wildcard = names.is_empty();
+            self.watches.insert(
+                type_url,
+                Watch {
+                    names,
+                    wildcard,
+                    ..Default::default()
+                },
+            );
+            return Action::Respond(type_url);
+        };
+        if req.response_nonce.is_empty() {
+            watch.wildcard = names.is_empty();
+            watch.names = names;
+            return Action::Respond(type_url);
+        }
+        if watch.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
+            return Action::Stale(type_url);
+        }
+        watch.nonce_acked = Some(req.response_nonce.clone());
+        watch.version_acked = Some(req.version_info.clone());
+        watch.last_error = None;
+        let added = names.iter().any(|n| !watch.names.contains(n));
+        let changed = added || names.len() != watch.names.len();
+        watch.wildcard = type_url.is_wildcard() && names.is_empty();
+        watch.names = names;
+        if (type_url.is_wildcard() && changed) || added {
+            Action::Respond(type_url)
+        } else {
+            Action::Ack(type_url)
+        }
+    }
+
+    /// Applies a Delta request.
+    pub fn on_delta_request(&mut self, req: &DeltaDiscoveryRequest) -> Action {
+        let Some(type_url) = TypeUrl::parse(&req.type_url) else {
+            return Action::UnknownType(req.type_url.clone());
+        };
+        if let Some(status) = &req.error_detail {
+            let watch = self.watches.entry(type_url).or_default();
+            watch.last_error = Some(status.message.clone());
+            watch.nonce_nacked = Some(req.response_nonce.clone());
+            return Action::Nack(type_url, status.message.clone());
+        }
+        let first = !self.watches.contains_key(&type_url);
+        let watch = self.watches.entry(type_url).or_default();
+        let mut added = false;
+        for name in &req.resource_names_subscribe {
+            if name == "*" {
+                added |= !watch.wildcard;
+                watch.wildcard = true;
+            } else {
+                added |= watch.names.insert(name.clone());
+            }
+        }
+        for name in &req.resource_names_unsubscribe {
+            if name == "*" {
+                watch.wildcard = false;
+            } else {
+                watch.names.remove(name);
+                watch.held.remove(name);
+            }
+        }
+        if first {
+            if req.resource_names_subscribe.is_empty() && type_url.is_wildcard() {
+                watch.wildcard = true;
+            }
+            watch.held = req
+                .initial_resource_versions
+                .iter()
+                .map(|(k, v)| (k.clone(), std::sync::Arc::from(v.as_str())))
+                .collect();
+            return Action::Respond(type_url);
+        }
+        if !req.response_nonce.is_empty() {
+            if watch.nonce_sent.as_deref() == Some(req.response_nonce.as_str()) {
+                watch.nonce_acked = Some(req.response_nonce.clone());
+                watch.version_acked = watch.version_sent.clone();
+                watch.last_error = None;
+            } else if !added {
+                return Action::Stale(type_url);
+            }
+        }
+        if added {
+            Action::Respond(type_url)
+        } else {
+            Action::Ack(type_url)
+        }
+    }
+
+    /// The subscription of a type, if watched.
+    pub fn watch(&self, type_url: TypeUrl) -> Option<&Watch> {
+        self.watches.get(&type_url)
+    }
+
+    /// Records a state-of-the-world response and returns its nonce.
+    pub fn record_sent(&mut self, type_url: TypeUrl, version: &str, connection_id: &str) -> String {
+        self.responses += 1;
+        let nonce = format!("{version}/{connection_id}/{}", self.responses);
+        let watch = self.watches.entry(type_url).or_default();
+        watch.nonce_sent = Some(nonce.clone());
+        watch.version_sent = Some(version.to_string());
+        watch.last_sent = Some(SystemTime::now());
+        nonce
+    }
+
+    /// Works out a Delta response from the full set of subscribed resources that
+    /// exist now (`current`), or from a partial set when `partial` (incremental EDS:
+    /// nothing is removed). Returns what to send and what to remove, and records
+    /// both as held by the client.
+    pub fn delta_diff(
+        &mut self,
+        type_url: TypeUrl,
+        current: Vec<Resource>,
+        partial: bool,
+    ) -> (Vec<Resource>, Vec<String>) {
+        let Some(watch) = self.watches.get_mut(&type_url) else {
+            return (Vec::new(), Vec::new());
+        };
+        let mut removed = Vec::new();
+        if !partial {
+            let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
+            // Names the client holds or explicitly asked for that no longer exist.
+            let candidates: BTreeSet<&String> =
+                watch.held.keys().chain(watch.names.iter()).collect();
+            for name in candidates {
+                if !present.contains(name.as_str())
+                    && (watch.held.contains_key(name) || !watch.wildcard)
+                {
+                    removed.push(name.clone());
+                }
+            }
+            for name in &removed {
+                watch.held.remove(name);
+            }
+        }
+        let changed: Vec<Resource> = current
+            .into_iter()
+            .filter(|r| watch.held.get(&*r.name).is_none_or(|v| *v != r.version))
+            .collect();
+        for r in &changed {
+            watch.held.insert(r.name.to_string(), r.version.clone());
+        }
+        (changed, removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::google::rpc::Status;
+
+    use super::*;
+    use crate::resource::EncodedResource;
+
+    const CDS: &str = TypeUrl::Cluster.as_str();
+    const EDS: &str = TypeUrl::Endpoint.as_str();
+
+    fn req(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            type_url: type_url.into(),
+            resource_names: names.iter().map(|s| s.to_string()).collect(),
+            version_info: version.into(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    fn sent(state: &mut ConnectionState, t: TypeUrl) -> String {
+        state.record_sent(t, "v1", "c-1")
+    }
+
+    #[test]
+    fn initial_ack_and_wildcard_change() {
+        let mut s = ConnectionState::default();
+        assert_eq!(
+            s.on_sotw_request(&req(CDS, &[], "", "")),
+            Action::Respond(TypeUrl::Cluster)
+        );
+        assert!(s.watch(TypeUrl::Cluster).unwrap().wildcard);
+        let nonce = sent(&mut s, TypeUrl::Cluster);
+        assert_eq!(
+            s.on_sotw_request(&req(CDS, &[], "v1", &nonce)),
+            Action::Ack(TypeUrl::Cluster)
+        );
+        let w = s.watch(TypeUrl::Cluster).unwrap();
+        assert_eq!(w.nonce_acked.as_deref(), Some(nonce.as_str()));
+        assert_eq!(w.version_acked.as_deref(), Some("v1"));
+        // A wildcard type answers any change of names, even a removal.
+        assert_eq!(
+            s.on_sotw_request(&req(CDS, &["a"], "v1", &nonce)),
+            Action::Respond(TypeUrl::Cluster)
+        );
+        assert_eq!(
+            s.on_sotw_request(&req(CDS, &[], "v1", &nonce)),
+            Action::Respond(TypeUrl::Cluster)
+        );
+    }
+
+    #[test]
+    fn nack_is_recorded_and_not_answered_then_cleared_by_ack() {
+        let mut s = ConnectionState::default();
+        s.on_sotw_request(&req(CDS, &[], "", ""));
+        let nonce = sent(&mut s, TypeUrl::Cluster);
+        let mut nack = req(CDS, &[], "", &nonce);
+        nack.error_detail = Some(Status {
+            code: 3,
+            message: "bad cluster".into(),
+            details: vec![],
+        });
+        assert_eq!(
+            s.on_sotw_request(&nack),
+            Action::Nack(TypeUrl::Cluster, "bad cluster".into())
+        );
+        assert_eq!(
+            s.watch(TypeUrl::Cluster).unwrap().last_error.as_deref(),
+            Some("bad cluster")
+        );
+        let nonce2 = sent(&mut s, TypeUrl::Cluster);
+        assert_eq!(
+            s.on_sotw_request(&req(CDS, &[], "v1", &nonce2)),
+            Action::Ack(TypeUrl::Cluster)
+        );
+        assert!(s.watch(TypeUrl::Cluster).unwrap().last_error.is_none());
+    }
+
+    #[test]
+    fn stale_nonce_is_ignored() {
+        let mut s = ConnectionState::default();
+        s.on_sotw_request(&req(EDS, &["a"], "", ""));
+        let old = sent(&mut s, TypeUrl::Endpoint);
+        let _new = sent(&mut s, TypeUrl::Endpoint);
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &["a", "b"], "v1", &old)),
+            Action::Stale(TypeUrl::Endpoint)
+        );
+        assert_eq!(
+            s.watch(TypeUrl::Endpoint).unwrap().names.len(),
+            1,
+            "a stale request changes nothing"
+        );
+    }
+
+    #[test]
+    fn eds_answers_added_names_only_and_unsubscribes_on_empty() {
+        let mut s = ConnectionState::default();
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &["a", "b"], "", "")),
+            Action::Respond(TypeUrl::Endpoint)
+        );
+        assert!(!s.watch(TypeUrl::Endpoint).unwrap().wildcard);
+        let n = sent(&mut s, TypeUrl::Endpoint);
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &["a"], "v1", &n)),
+            Action::Ack(TypeUrl::Endpoint)
+        );
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &["a", "c"], "v1", &n)),
+            Action::Respond(TypeUrl::Endpoint)
+        );
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &[], "v1", &n)),
+            Action::Unsubscribed(TypeUrl::Endpoint)
+        );
+        assert!(s.watch(TypeUrl::Endpoint).is_none());
+    }
+
+    #[test]
+    fn empty_nonce_on_existing_watch_is_a_fresh_request() {
+        let mut s = ConnectionState::default();
+        s.on_sotw_request(&req(EDS, &["a"], "", ""));
+        sent(&mut s, TypeUrl::Endpoint);
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &["b"], "", "")),
+            Action::Respond(TypeUrl::Endpoint)
+        );
+        assert_eq!(
+            s.watch(TypeUrl::Endpoint).unwrap().names,
+            BTreeSet::from(["b".to_string()])
+        );
+    }
+
+    #[test]
+    fn unknown_types_are_reported() {
+        let mut s = ConnectionState::default();
+        let t = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+        assert_eq!(
+            s.on_sotw_request(&req(t, &["x"], "", "")),
+            Action::UnknownType(t.into())
+        );
+    }
+
+    fn dreq(t: &str, sub: &[&str], unsub: &[&str], nonce: &str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest {
+            type_url: t.into(),
+            resource_names_subscribe: sub.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsub.iter().map(|s| s.to_string()).collect(),
+            response_nonce: nonce.into(),
+            ..Default::default()
+        }
+    }
+
+    fn res(name: &str, payload: &str) -> Resource {
+        EncodedResource::encode(
+            TypeUrl::Endpoint,
+            name,
+            &envoy_types::pb::google::protobuf::StringValue {
+                value: payload.into(),
+            },
+        )
+    }
+
+    #[test]
+    fn delta_subscribe_unsubscribe_and_diff() {
+        let mut s = ConnectionState::default();
+        assert_eq!(
+            s.on_delta_request(&dreq(EDS, &["a", "b"], &[], "")),
+            Action::Respond(TypeUrl::Endpoint)
+        );
+        let (send, removed) =
+            s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1"), res("b", "1")], false);
+        assert_eq!(send.len(), 2);
+        assert!(removed.is_empty());
+        let n = s.record_sent(TypeUrl::Endpoint, "v1", "c");
+        // ACK: nothing new.
+        assert_eq!(
+            s.on_delta_request(&dreq(EDS, &[], &[], &n)),
+            Action::Ack(TypeUrl::Endpoint)
+        );
+        // Unchanged content is not re-sent; a changed one is.
+        let (send, _) = s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1"), res("b", "2")], false);
+        assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), vec!["b"]);
+        // b disappears -> removed.
+        let (send, removed) = s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1")], false);
+        assert!(send.is_empty());
+        assert_eq!(removed, vec!["b".to_string()]);
+        // Subscribing c (even with an old nonce) answers; unsubscribing alone does not.
+        assert_eq!(
+            s.on_delta_request(&dreq(EDS, &["c"], &[], "old")),
+            Action::Respond(TypeUrl::Endpoint)
+        );
+        assert_eq!(
+            s.on_delta_request(&dreq(EDS, &[], &["a"], "old")),
+            Action::Stale(TypeUrl::Endpoint)
+        );
+        assert!(
+            !s.watch(TypeUrl::Endpoint).unwrap().names.contains("a"),
+            "the unsubscribe still applies"
+        );
+    }
+
+    #[test]
+    fn delta_wildcard_and_initial_versions() {
+        let mut s = ConnectionState::default();
+        let mut first = dreq(CDS, &[], &[], "");
+        first
+            .initial_resource_versions
+            .insert("a".into(), res("a", "1").version.to_string());
+        assert_eq!(
+            s.on_delta_request(&first),
+            Action::Respond(TypeUrl::Cluster)
+        );
+        assert!(s.watch(TypeUrl::Cluster).unwrap().wildcard);
+        let (send, removed) =
+            s.delta_diff(TypeUrl::Cluster, vec![res("a", "1"), res("b", "1")], false);
+        assert_eq!(
+            send.iter().map(|r| &*r.name).collect::<Vec<_>>(),
+            vec!["b"],
+            "a is already held at that version"
+        );
+        assert!(removed.is_empty());
+        let (_, removed) = s.delta_diff(TypeUrl::Cluster, vec![res("b", "1")], false);
+        assert_eq!(removed, vec!["a".to_string()]);
+        // Partial (incremental) pushes never remove.
+        let (send, removed) = s.delta_diff(TypeUrl::Cluster, vec![res("b", "2")], true);
+        assert_eq!((send.len(), removed.len()), (1, 0));
+    }
+}

@@ -1,0 +1,138 @@
+//! Metrics recorded by the ADS server.
+
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::metrics::{
+    CounterByType, HistogramByType, IstioCounter, convergence_buckets, duration_buckets,
+    size_buckets, type_label,
+};
+use crate::resource::TypeUrl;
+
+/// ADS metrics (Istio names).
+#[derive(Debug)]
+pub struct XdsMetrics {
+    /// `pilot_xds`: connected xDS clients.
+    pub connected: Gauge,
+    /// `pilot_xds_pushes{type}`: responses sent, and send errors as `<type>_senderr`.
+    pub pushes: CounterByType,
+    /// `pilot_xds_push_time{type}`: generate + send time per response.
+    pub push_time: HistogramByType,
+    /// `pilot_xds_config_size_bytes{type}`: response sizes.
+    pub config_size: HistogramByType,
+    /// `pilot_proxy_convergence_time`: change -> pushed to this proxy.
+    pub convergence: Histogram,
+    /// `pilot_proxy_queue_time`: waiting for a push slot.
+    pub queue_time: Histogram,
+    /// `pilot_total_xds_rejects`: NACKs of any type.
+    pub total_rejects: IstioCounter,
+    /// `pilot_xds_{cds,eds,lds,rds}_reject`.
+    pub rejects: [IstioCounter; 4],
+    /// `pilot_xds_expired_nonce{type}`: stale requests ignored.
+    pub expired_nonce: CounterByType,
+    /// `pilot_total_xds_internal_errors`: streams ended by a server-side error.
+    pub internal_errors: IstioCounter,
+}
+
+impl XdsMetrics {
+    /// Creates and registers the metrics.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = XdsMetrics {
+            connected: Gauge::default(),
+            pushes: Family::default(),
+            push_time: Family::new_with_constructor(duration_buckets as fn() -> Histogram),
+            config_size: Family::new_with_constructor(size_buckets as fn() -> Histogram),
+            convergence: convergence_buckets(),
+            queue_time: duration_buckets(),
+            total_rejects: IstioCounter::default(),
+            rejects: Default::default(),
+            expired_nonce: Family::default(),
+            internal_errors: IstioCounter::default(),
+        };
+        registry.register(
+            "pilot_xds",
+            "Number of endpoints connected to this pilot using XDS",
+            m.connected.clone(),
+        );
+        registry.register(
+            "pilot_xds_pushes",
+            "Pilot build and send errors for lds, rds, cds and eds",
+            m.pushes.clone(),
+        );
+        registry.register(
+            "pilot_xds_push_time",
+            "Total time in seconds Pilot takes to push lds, rds, cds and eds",
+            m.push_time.clone(),
+        );
+        registry.register(
+            "pilot_xds_config_size_bytes",
+            "Distribution of configuration sizes pushed to clients",
+            m.config_size.clone(),
+        );
+        registry.register("pilot_proxy_convergence_time", "Delay in seconds between config change and a proxy receiving all required configuration", m.convergence.clone());
+        registry.register(
+            "pilot_proxy_queue_time",
+            "Time in seconds a proxy is in the push queue before being dequeued",
+            m.queue_time.clone(),
+        );
+        registry.register(
+            "pilot_total_xds_rejects",
+            "Total number of XDS responses from pilot rejected by proxy",
+            m.total_rejects.clone(),
+        );
+        for (t, metric) in TypeUrl::ALL.iter().zip(&m.rejects) {
+            registry.register(
+                format!("pilot_xds_{}_reject", t.short()),
+                format!("Pilot rejected {} configs", t.short().to_uppercase()),
+                metric.clone(),
+            );
+        }
+        registry.register(
+            "pilot_xds_expired_nonce",
+            "Total number of XDS requests with an expired nonce",
+            m.expired_nonce.clone(),
+        );
+        registry.register(
+            "pilot_total_xds_internal_errors",
+            "Total number of internal XDS errors in pilot",
+            m.internal_errors.clone(),
+        );
+        m
+    }
+
+    /// Records a NACK of `type_url`.
+    pub fn record_reject(&self, type_url: TypeUrl) {
+        self.total_rejects.inc();
+        self.rejects[TypeUrl::ALL
+            .iter()
+            .position(|t| *t == type_url)
+            .unwrap_or(0)]
+        .inc();
+    }
+
+    /// Records one response sent.
+    pub fn record_push(&self, type_url: TypeUrl, bytes: usize, seconds: f64) {
+        self.pushes
+            .get_or_create(&type_label(type_url.short()))
+            .inc();
+        self.push_time
+            .get_or_create(&type_label(type_url.short()))
+            .observe(seconds);
+        self.config_size
+            .get_or_create(&type_label(type_url.short()))
+            .observe(bytes as f64);
+    }
+
+    /// Records a failed send.
+    pub fn record_send_error(&self, type_url: TypeUrl) {
+        let label = match type_url {
+            TypeUrl::Cluster => "cds_senderr",
+            TypeUrl::Endpoint => "eds_senderr",
+            TypeUrl::Listener => "lds_senderr",
+            TypeUrl::Route => "rds_senderr",
+        };
+        self.pushes.get_or_create(&type_label(label)).inc();
+    }
+}

@@ -1,0 +1,323 @@
+//! The proxy behind a connection: Istio's node id `Type~IP~ID~Domain` and the node
+//! metadata keys (`CLUSTER_ID`, `NETWORK`, `NAMESPACE`, `LABELS`, `GENERATOR`,
+//! `INSTANCE_IPS`, ...).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use meshfed_registry::{ClusterId, Locality, NetworkId};
+use serde::Serialize;
+
+/// The first field of the node id.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeType {
+    /// An application sidecar (or a proxyless gRPC client).
+    Sidecar,
+    /// A gateway.
+    Router,
+    /// An ambient waypoint.
+    Waypoint,
+    /// An ambient node proxy.
+    Ztunnel,
+}
+
+impl NodeType {
+    fn parse(s: &str) -> Option<NodeType> {
+        Some(match s {
+            "sidecar" => NodeType::Sidecar,
+            "router" => NodeType::Router,
+            "waypoint" => NodeType::Waypoint,
+            "ztunnel" => NodeType::Ztunnel,
+            _ => return None,
+        })
+    }
+}
+
+/// Which generator family serves the proxy (metadata `GENERATOR`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Generator {
+    /// Envoy sidecars and gateways.
+    Envoy,
+    /// Proxyless gRPC clients.
+    Grpc,
+}
+
+/// Why a node was refused.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum NodeError {
+    /// The first request carried no node.
+    #[error("the first request on a stream must carry a node")]
+    Missing,
+    /// The id does not have four `~`-separated parts.
+    #[error(
+        "node id {0:?} must have the form Type~IP~ID~Domain (4 parts separated by '~'), found {1} part(s)"
+    )]
+    Parts(String, usize),
+    /// Unknown first field.
+    #[error(
+        "node id {0:?}: unknown node type {1:?} (expected sidecar, router, waypoint or ztunnel)"
+    )]
+    Type(String, String),
+    /// No usable IP in the id nor in `INSTANCE_IPS`.
+    #[error("node id {0:?}: {1:?} is not an IP address and metadata INSTANCE_IPS has no valid IP")]
+    Ip(String, String),
+    /// A metadata key has the wrong shape.
+    #[error("node metadata {0}: {1}")]
+    Metadata(&'static str, String),
+}
+
+/// Everything the control plane knows about the proxy on a connection.
+#[derive(Clone, Debug, Serialize)]
+pub struct Proxy {
+    /// The full node id.
+    pub node_id: String,
+    /// Node type.
+    pub node_type: NodeType,
+    /// Proxy IPs: `INSTANCE_IPS` when valid, else the id's IP field.
+    pub ip_addresses: Vec<IpAddr>,
+    /// The id field: `<pod>.<namespace>` on Kubernetes.
+    pub id: String,
+    /// DNS domain, `<namespace>.svc.<suffix>`, used for short-name expansion.
+    pub dns_domain: String,
+    /// Config namespace: metadata `NAMESPACE`, else the first label of the domain.
+    pub namespace: String,
+    /// Metadata `CLUSTER_ID`.
+    pub cluster_id: Option<ClusterId>,
+    /// Metadata `NETWORK` (empty when unset).
+    pub network: NetworkId,
+    /// Metadata `LABELS`.
+    pub labels: BTreeMap<String, String>,
+    /// Node locality (a fallback: registry topology wins).
+    pub locality: Locality,
+    /// Generator selected by `GENERATOR`.
+    pub generator: Generator,
+    /// Metadata `ISTIO_VERSION`, if set.
+    pub istio_version: Option<String>,
+    /// Node `user_agent_name` (e.g. "envoy", "gRPC C-core linux Python").
+    pub user_agent: String,
+    /// The raw metadata, for debug output.
+    pub metadata: serde_json::Value,
+}
+
+impl Proxy {
+    /// Parses and validates the node of a stream's first request.
+    pub fn from_node(node: Option<&Node>) -> Result<Proxy, NodeError> {
+        let node = node.ok_or(NodeError::Missing)?;
+        let metadata = node
+            .metadata
+            .as_ref()
+            .map(struct_to_json)
+            .unwrap_or(serde_json::Value::Null);
+        let parts: Vec<&str> = node.id.split('~').collect();
+        if parts.len() != 4 {
+            return Err(NodeError::Parts(node.id.clone(), parts.len()));
+        }
+        let node_type = NodeType::parse(parts[0])
+            .ok_or_else(|| NodeError::Type(node.id.clone(), parts[0].to_string()))?;
+        let str_meta = |key: &str| {
+            metadata
+                .get(key)
+                .and_then(|v| v.as_str())
+                .filter(|s| !s.is_empty())
+        };
+        let mut ip_addresses: Vec<IpAddr> = str_meta("INSTANCE_IPS")
+            .map(|ips| {
+                ips.split(',')
+                    .filter_map(|ip| ip.trim().parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if ip_addresses.is_empty() {
+            let ip = parts[1]
+                .parse()
+                .map_err(|_| NodeError::Ip(node.id.clone(), parts[1].to_string()))?;
+            ip_addresses.push(ip);
+        }
+        let dns_domain = parts[3].to_string();
+        let namespace = str_meta("NAMESPACE")
+            .map(str::to_string)
+            .unwrap_or_else(|| dns_domain.split('.').next().unwrap_or_default().to_string());
+        let labels = match metadata.get("LABELS") {
+            None | Some(serde_json::Value::Null) => BTreeMap::new(),
+            Some(serde_json::Value::Object(map)) => map
+                .iter()
+                .map(|(k, v)| match v {
+                    serde_json::Value::String(s) => Ok((k.clone(), s.clone())),
+                    other => Err(NodeError::Metadata(
+                        "LABELS",
+                        format!("label {k:?} must be a string, got {other}"),
+                    )),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(other) => {
+                return Err(NodeError::Metadata(
+                    "LABELS",
+                    format!("must be an object, got {other}"),
+                ));
+            }
+        };
+        let generator = match str_meta("GENERATOR") {
+            None => Generator::Envoy,
+            Some("grpc") => Generator::Grpc,
+            Some(other) => {
+                return Err(NodeError::Metadata(
+                    "GENERATOR",
+                    format!("unknown generator {other:?} (known: grpc)"),
+                ));
+            }
+        };
+        let locality = node
+            .locality
+            .as_ref()
+            .map(|l| Locality {
+                region: l.region.clone(),
+                zone: l.zone.clone(),
+                subzone: l.sub_zone.clone(),
+            })
+            .unwrap_or_default();
+        Ok(Proxy {
+            node_id: node.id.clone(),
+            node_type,
+            ip_addresses,
+            id: parts[2].to_string(),
+            dns_domain,
+            namespace,
+            cluster_id: str_meta("CLUSTER_ID").map(ClusterId::new),
+            network: str_meta("NETWORK").map(NetworkId::new).unwrap_or_default(),
+            labels,
+            locality,
+            generator,
+            istio_version: str_meta("ISTIO_VERSION").map(str::to_string),
+            user_agent: node.user_agent_name.clone(),
+            metadata,
+        })
+    }
+}
+
+/// Converts a protobuf `Struct` into JSON.
+pub fn struct_to_json(s: &Struct) -> serde_json::Value {
+    serde_json::Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_to_json(v)))
+            .collect(),
+    )
+}
+
+fn value_to_json(v: &Value) -> serde_json::Value {
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+        Some(Kind::NumberValue(n)) => {
+            serde_json::Number::from_f64(*n).map_or(serde_json::Value::Null, Into::into)
+        }
+        Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
+        Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
+        Some(Kind::StructValue(s)) => struct_to_json(s),
+        Some(Kind::ListValue(l)) => {
+            serde_json::Value::Array(l.values.iter().map(value_to_json).collect())
+        }
+    }
+}
+
+/// Converts JSON into a protobuf `Struct` (test clients and the load tool use it to
+/// build node metadata). Non-object input gives an empty struct.
+pub fn json_to_struct(v: &serde_json::Value) -> Struct {
+    let mut out = Struct::default();
+    if let serde_json::Value::Object(map) = v {
+        out.fields = map
+            .iter()
+            .map(|(k, v)| (k.clone(), json_to_value(v)))
+            .collect();
+    }
+    out
+}
+
+fn json_to_value(v: &serde_json::Value) -> Value {
+    use envoy_types::pb::google::protobuf::ListValue;
+    let kind = match v {
+        serde_json::Value::Null => Kind::NullValue(0),
+        serde_json::Value::Bool(b) => Kind::BoolValue(*b),
+        serde_json::Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        serde_json::Value::String(s) => Kind::StringValue(s.clone()),
+        serde_json::Value::Array(a) => Kind::ListValue(ListValue {
+            values: a.iter().map(json_to_value).collect(),
+        }),
+        serde_json::Value::Object(_) => Kind::StructValue(json_to_struct(v)),
+    };
+    Value { kind: Some(kind) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: &str, meta: serde_json::Value) -> Node {
+        Node {
+            id: id.into(),
+            metadata: Some(json_to_struct(&meta)),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn parses_istio_node_ids_and_metadata() {
+        let n = node(
+            "sidecar~10.1.2.3~reviews-v1-abc.bookinfo~bookinfo.svc.cluster.local",
+            serde_json::json!({"CLUSTER_ID": "c2", "NETWORK": "n2", "LABELS": {"app": "reviews"},
+                               "INSTANCE_IPS": "10.1.2.3,fd00::3"}),
+        );
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.node_type, NodeType::Sidecar);
+        assert_eq!(p.id, "reviews-v1-abc.bookinfo");
+        assert_eq!(
+            p.namespace, "bookinfo",
+            "namespace falls back to the domain's first label"
+        );
+        assert_eq!(p.cluster_id.unwrap().as_str(), "c2");
+        assert_eq!(p.network.as_str(), "n2");
+        assert_eq!(p.labels["app"], "reviews");
+        assert_eq!(p.ip_addresses.len(), 2);
+        assert_eq!(p.generator, Generator::Envoy);
+    }
+
+    #[test]
+    fn bad_node_ids_say_what_is_wrong() {
+        let err =
+            Proxy::from_node(Some(&node("sidecar~10.0.0.1~x", serde_json::json!({})))).unwrap_err();
+        assert!(err.to_string().contains("Type~IP~ID~Domain"), "{err}");
+        assert!(err.to_string().contains("3 part(s)"), "{err}");
+        let err =
+            Proxy::from_node(Some(&node("envoy~10.0.0.1~x~d", serde_json::json!({})))).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown node type \"envoy\""),
+            "{err}"
+        );
+        let err =
+            Proxy::from_node(Some(&node("sidecar~nope~x~d", serde_json::json!({})))).unwrap_err();
+        assert!(matches!(err, NodeError::Ip(..)), "{err}");
+        let err = Proxy::from_node(None).unwrap_err();
+        assert_eq!(err, NodeError::Missing);
+        let err = Proxy::from_node(Some(&node(
+            "sidecar~1.1.1.1~x~d",
+            serde_json::json!({"GENERATOR": "foo"}),
+        )))
+        .unwrap_err();
+        assert!(err.to_string().contains("GENERATOR"), "{err}");
+    }
+
+    #[test]
+    fn instance_ips_replace_a_bad_id_ip_and_grpc_generator_is_selected() {
+        let n = node(
+            "sidecar~x~c.default~default.svc.cluster.local",
+            serde_json::json!({"INSTANCE_IPS": "127.0.0.5", "GENERATOR": "grpc", "NAMESPACE": "other"}),
+        );
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        assert_eq!(p.ip_addresses[0].to_string(), "127.0.0.5");
+        assert_eq!(p.generator, Generator::Grpc);
+        assert_eq!(p.namespace, "other");
+    }
+}

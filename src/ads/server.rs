@@ -1,0 +1,444 @@
+//! The tonic shell around the protocol state: accepts ADS streams (SotW and Delta),
+//! parses the node, registers the connection, then runs one loop per stream that
+//! answers requests and pushes, one at a time.
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use meshfed_registry::{ConfigKind, PushRequest};
+use prost::Message;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::{Body, BoxFuture, Context, Poll, Service, StdError, http};
+use tonic::server::{Grpc, NamedService, StreamingService};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, info, warn};
+
+use super::connection::{Action, ConnectionState};
+use super::metrics::XdsMetrics;
+use super::node::Proxy;
+use super::wire::{DeltaResource, DeltaResponse, SotwResponse};
+use super::{ConnectionHandle, Connections, Flavour};
+use crate::drain::Shutdown;
+use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
+use crate::push::snapshot::Snapshot;
+use crate::resource::{Resource, TypeUrl};
+
+const SOTW_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+const DELTA_PATH: &str =
+    "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+
+/// Everything a stream needs from the rest of the server.
+pub struct XdsContext {
+    /// The current snapshot.
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
+    /// Live connections.
+    pub connections: Arc<Connections>,
+    /// Bounds concurrent pushes (Istio's `PILOT_PUSH_THROTTLE`).
+    pub push_slots: Arc<Semaphore>,
+    /// Metrics.
+    pub metrics: Arc<XdsMetrics>,
+    /// Generator settings.
+    pub options: GeneratorOptions,
+    /// Whether streams may be accepted (registries synced).
+    pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
+    /// Stops every stream.
+    pub shutdown: Shutdown,
+}
+
+impl std::fmt::Debug for XdsContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("XdsContext")
+            .field("connections", &self.connections.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The ADS gRPC service, mounted on a tonic server.
+#[derive(Clone, Debug)]
+pub struct AdsService {
+    ctx: Arc<XdsContext>,
+}
+
+impl AdsService {
+    /// Wraps a context.
+    pub fn new(ctx: Arc<XdsContext>) -> Self {
+        AdsService { ctx }
+    }
+}
+
+impl NamedService for AdsService {
+    const NAME: &'static str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
+}
+
+impl<B> Service<http::Request<B>> for AdsService
+where
+    B: Body + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        let ctx = self.ctx.clone();
+        match req.uri().path() {
+            SOTW_PATH => Box::pin(async move {
+                let mut grpc =
+                    Grpc::new(tonic_prost::ProstCodec::<SotwResponse, DiscoveryRequest>::default());
+                Ok(grpc
+                    .streaming(StreamSvc::<Sotw>(ctx, Default::default()), req)
+                    .await)
+            }),
+            DELTA_PATH => Box::pin(async move {
+                let mut grpc = Grpc::new(tonic_prost::ProstCodec::<
+                    DeltaResponse,
+                    DeltaDiscoveryRequest,
+                >::default());
+                Ok(grpc
+                    .streaming(StreamSvc::<Delta>(ctx, Default::default()), req)
+                    .await)
+            }),
+            _ => Box::pin(async move { Ok(Status::unimplemented("unknown method").into_http()) }),
+        }
+    }
+}
+
+/// The two ADS flavours differ only in message shapes and in how a response is
+/// formed from generated resources.
+trait FlavourIo: Send + Sync + 'static {
+    type Req: Message + Default + Send + 'static;
+    type Resp: Message + Send + 'static;
+    const FLAVOUR: Flavour;
+    fn node(req: &Self::Req) -> Option<&Node>;
+    fn apply(state: &mut ConnectionState, req: &Self::Req) -> Action;
+    /// Forms the response, or `None` when there is nothing to send.
+    fn respond(
+        state: &mut ConnectionState,
+        conn_id: &str,
+        type_url: TypeUrl,
+        version: &str,
+        resources: Vec<Resource>,
+        partial: bool,
+        answer: bool,
+    ) -> Option<Self::Resp>;
+}
+
+#[derive(Default)]
+struct Sotw;
+
+impl FlavourIo for Sotw {
+    type Req = DiscoveryRequest;
+    type Resp = SotwResponse;
+    const FLAVOUR: Flavour = Flavour::Sotw;
+
+    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+
+    fn apply(state: &mut ConnectionState, req: &DiscoveryRequest) -> Action {
+        state.on_sotw_request(req)
+    }
+
+    fn respond(
+        state: &mut ConnectionState,
+        conn_id: &str,
+        type_url: TypeUrl,
+        version: &str,
+        resources: Vec<Resource>,
+        partial: bool,
+        _answer: bool,
+    ) -> Option<SotwResponse> {
+        if partial && resources.is_empty() {
+            return None;
+        }
+        let nonce = state.record_sent(type_url, version, conn_id);
+        Some(SotwResponse {
+            version_info: version.to_string(),
+            resources: resources.iter().map(|r| r.body.clone()).collect(),
+            type_url: type_url.as_str().to_string(),
+            nonce,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Delta;
+
+impl FlavourIo for Delta {
+    type Req = DeltaDiscoveryRequest;
+    type Resp = DeltaResponse;
+    const FLAVOUR: Flavour = Flavour::Delta;
+
+    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
+        req.node.as_ref()
+    }
+
+    fn apply(state: &mut ConnectionState, req: &DeltaDiscoveryRequest) -> Action {
+        state.on_delta_request(req)
+    }
+
+    fn respond(
+        state: &mut ConnectionState,
+        conn_id: &str,
+        type_url: TypeUrl,
+        version: &str,
+        resources: Vec<Resource>,
+        partial: bool,
+        answer: bool,
+    ) -> Option<DeltaResponse> {
+        let (changed, removed) = state.delta_diff(type_url, resources, partial);
+        if changed.is_empty() && removed.is_empty() && !answer {
+            return None;
+        }
+        let nonce = state.record_sent(type_url, version, conn_id);
+        Some(DeltaResponse {
+            system_version_info: version.to_string(),
+            resources: changed
+                .iter()
+                .map(|r| DeltaResource {
+                    version: r.version.to_string(),
+                    resource: Some(r.body.clone()),
+                    name: r.name.to_string(),
+                })
+                .collect(),
+            type_url: type_url.as_str().to_string(),
+            nonce,
+            removed_resources: removed,
+        })
+    }
+}
+
+struct StreamSvc<F>(Arc<XdsContext>, std::marker::PhantomData<F>);
+
+impl<F: FlavourIo> StreamingService<F::Req> for StreamSvc<F> {
+    type Response = F::Resp;
+    type ResponseStream = ReceiverStream<Result<F::Resp, Status>>;
+    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
+
+    fn call(&mut self, request: Request<Streaming<F::Req>>) -> Self::Future {
+        let ctx = self.0.clone();
+        Box::pin(async move {
+            if !(ctx.ready)() {
+                return Err(Status::unavailable(
+                    "meshfed is starting: service registries have not synced yet",
+                ));
+            }
+            let peer = request.remote_addr();
+            let (tx, rx) = mpsc::channel(4);
+            tokio::spawn(run_stream::<F>(ctx, request.into_inner(), tx, peer));
+            Ok(Response::new(ReceiverStream::new(rx)))
+        })
+    }
+}
+
+type Tx<F> = mpsc::Sender<Result<<F as FlavourIo>::Resp, Status>>;
+
+/// The stream ended; why, for the log.
+struct Closed;
+
+async fn run_stream<F: FlavourIo>(
+    ctx: Arc<XdsContext>,
+    mut inbound: Streaming<F::Req>,
+    tx: Tx<F>,
+    peer: Option<SocketAddr>,
+) {
+    let first = match inbound.message().await {
+        Ok(Some(first)) => first,
+        Ok(None) | Err(_) => return,
+    };
+    let proxy = match Proxy::from_node(F::node(&first)) {
+        Ok(proxy) => proxy,
+        Err(err) => {
+            warn!(peer = ?peer, error = %err, "rejecting xDS stream: bad node");
+            let _ = tx
+                .send(Err(Status::invalid_argument(err.to_string())))
+                .await;
+            return;
+        }
+    };
+    let handle = ctx.connections.register(proxy, F::FLAVOUR, peer);
+    ctx.metrics.connected.inc();
+    info!(connection = %handle.id, node = %handle.proxy.node_id, flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
+    let mut shutdown = ctx.shutdown.clone();
+    let mut next = Some(first);
+    let reason = loop {
+        if let Some(request) = next.take() {
+            if process_request::<F>(&ctx, &handle, &tx, request)
+                .await
+                .is_err()
+            {
+                break "client went away";
+            }
+            continue;
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.wait() => {
+                let _ = tx.send(Err(Status::unavailable("meshfed is shutting down"))).await;
+                break "server shutdown";
+            }
+            message = inbound.message() => match message {
+                Ok(Some(request)) => next = Some(request),
+                Ok(None) => break "stream closed by client",
+                Err(status) => {
+                    // A client that exits mid-stream shows up as a transport error;
+                    // that is an ordinary disconnect.
+                    debug!(connection = %handle.id, %status, "stream receive error");
+                    break "stream reset by client";
+                }
+            },
+            () = handle.woken() => {
+                if let Some(request) = handle.take_pending()
+                    && push::<F>(&ctx, &handle, &tx, request).await.is_err()
+                {
+                    break "client went away";
+                }
+            }
+        }
+    };
+    ctx.connections.deregister(&handle.id);
+    ctx.metrics.connected.dec();
+    info!(connection = %handle.id, reason, "ADS connection closed");
+}
+
+async fn process_request<F: FlavourIo>(
+    ctx: &XdsContext,
+    handle: &ConnectionHandle,
+    tx: &Tx<F>,
+    request: F::Req,
+) -> Result<(), Closed> {
+    let action = F::apply(&mut handle.state.lock().expect("state poisoned"), &request);
+    match action {
+        Action::Respond(type_url) => {
+            send_type::<F>(ctx, handle, tx, type_url, Scope::All, true).await?
+        }
+        Action::Nack(type_url, error) => {
+            ctx.metrics.record_reject(type_url);
+            warn!(connection = %handle.id, node = %handle.proxy.node_id, r#type = type_url.short(), %error, "proxy rejected config (NACK)");
+        }
+        Action::Stale(type_url) => {
+            ctx.metrics
+                .expired_nonce
+                .get_or_create(&crate::metrics::type_label(type_url.short()))
+                .inc();
+            debug!(connection = %handle.id, r#type = type_url.short(), "ignoring request with stale nonce");
+        }
+        Action::Ack(type_url) => debug!(connection = %handle.id, r#type = type_url.short(), "ACK"),
+        Action::Unsubscribed(type_url) => {
+            debug!(connection = %handle.id, r#type = type_url.short(), "unsubscribed")
+        }
+        Action::UnknownType(url) => {
+            debug!(connection = %handle.id, %url, "ignoring request for an unserved type")
+        }
+    }
+    Ok(())
+}
+
+/// Sends one push to one connection: every watched type the request touches, in
+/// CDS, EDS, LDS, RDS order.
+async fn push<F: FlavourIo>(
+    ctx: &XdsContext,
+    handle: &ConnectionHandle,
+    tx: &Tx<F>,
+    request: PushRequest,
+) -> Result<(), Closed> {
+    let queued = Instant::now();
+    let _slot = ctx.push_slots.acquire().await.map_err(|_| Closed)?;
+    ctx.metrics
+        .queue_time
+        .observe(queued.elapsed().as_secs_f64());
+    let watched: Vec<TypeUrl> = handle
+        .state
+        .lock()
+        .expect("state poisoned")
+        .watches
+        .keys()
+        .copied()
+        .collect();
+    let hosts: HashSet<&str> = request.updated_hostnames().collect();
+    let eds_partial = !request.forced
+        && !hosts.is_empty()
+        && request
+            .configs_updated
+            .iter()
+            .all(|k| matches!(k.kind, ConfigKind::Endpoints | ConfigKind::ServiceEntry));
+    for type_url in watched {
+        let scope = match type_url {
+            TypeUrl::Endpoint if request.is_endpoints_only() || eds_partial => {
+                Scope::Hostnames(&hosts)
+            }
+            _ if request.is_endpoints_only() => continue,
+            _ => Scope::All,
+        };
+        send_type::<F>(ctx, handle, tx, type_url, scope, false).await?;
+    }
+    ctx.metrics
+        .convergence
+        .observe(request.start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Generates and sends one type. `answer` forces a response even when nothing changed
+/// (a direct answer to a request).
+async fn send_type<F: FlavourIo>(
+    ctx: &XdsContext,
+    handle: &ConnectionHandle,
+    tx: &Tx<F>,
+    type_url: TypeUrl,
+    scope: Scope<'_>,
+    answer: bool,
+) -> Result<(), Closed> {
+    let started = Instant::now();
+    let snapshot = ctx.snapshot.load_full();
+    let response = {
+        let mut state = handle.state.lock().expect("state poisoned");
+        let Some(watch) = state.watch(type_url) else {
+            return Ok(());
+        };
+        let subscription = Subscription {
+            wildcard: watch.wildcard,
+            names: &watch.names,
+        };
+        let resources = generate(
+            type_url,
+            &snapshot,
+            &handle.proxy,
+            subscription,
+            scope,
+            &ctx.options,
+        );
+        let partial = matches!(scope, Scope::Hostnames(_));
+        F::respond(
+            &mut state,
+            &handle.id,
+            type_url,
+            &snapshot.version,
+            resources,
+            partial,
+            answer,
+        )
+    };
+    let Some(response) = response else {
+        return Ok(());
+    };
+    let size = response.encoded_len();
+    if tx.send(Ok(response)).await.is_err() {
+        ctx.metrics.record_send_error(type_url);
+        return Err(Closed);
+    }
+    ctx.metrics
+        .record_push(type_url, size, started.elapsed().as_secs_f64());
+    Ok(())
+}

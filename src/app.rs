@@ -1,0 +1,378 @@
+//! Wiring: build every part from a [`DiscoveryConfig`], bind the listeners, run, and
+//! drain on shutdown.
+//!
+//! [`Server::start`] binds first and returns the real addresses ([`Bound`]), so tests
+//! start the whole control plane on port 0 and connect at once.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use arc_swap::ArcSwap;
+use meshfed_registry::mock_file::{self, MockFileStatus};
+use meshfed_registry::{
+    Aggregate, ClusterId, EndpointIndex, MemoryRegistry, ServiceRegistry, UpdateSink,
+};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::{error, info, warn};
+
+use crate::admin::{self, AdminState};
+use crate::ads::Connections;
+use crate::ads::metrics::XdsMetrics;
+use crate::ads::server::{AdsService, XdsContext};
+use crate::drain::{self, Shutdown, ShutdownTrigger};
+use crate::generate::GeneratorOptions;
+use crate::push::debounce::DebounceConfig;
+use crate::push::snapshot::Snapshot;
+use crate::push::{Pipeline, PushMetrics};
+
+/// The mock registry served when no file is given: a small echo service, so a
+/// newcomer sees `meshfed discovery` serve at once.
+pub const EMBEDDED_MOCK_REGISTRY: &str = include_str!("../examples/mock-registry.yaml");
+
+/// Where the mock registry comes from.
+#[derive(Clone, Debug)]
+pub enum MockSource {
+    /// No mock registry.
+    None,
+    /// The bundled example ([`EMBEDDED_MOCK_REGISTRY`]).
+    Embedded,
+    /// A watched YAML file.
+    File(PathBuf),
+}
+
+/// Everything `meshfed discovery` is configured with.
+#[derive(Clone, Debug)]
+pub struct DiscoveryConfig {
+    /// Plaintext ADS address.
+    pub grpc_addr: SocketAddr,
+    /// `/ready` and debug address.
+    pub http_addr: SocketAddr,
+    /// `/metrics`, `/version` and debug address.
+    pub monitoring_addr: SocketAddr,
+    /// meshfed's own cluster id.
+    pub cluster_id: ClusterId,
+    /// Mock registry source.
+    pub mock: MockSource,
+    /// Debounce timings.
+    pub debounce: DebounceConfig,
+    /// Concurrent pushes.
+    pub push_throttle: usize,
+    /// Generator settings.
+    pub generator: GeneratorOptions,
+    /// Let non-loopback callers use the debug endpoints.
+    pub debug_open: bool,
+    /// How long shutdown waits for tasks before aborting them.
+    pub drain_deadline: Duration,
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
+        DiscoveryConfig {
+            grpc_addr: local(15010),
+            http_addr: local(8080),
+            monitoring_addr: local(15014),
+            cluster_id: ClusterId::new("Kubernetes"),
+            mock: MockSource::Embedded,
+            debounce: DebounceConfig::default(),
+            push_throttle: 100,
+            generator: GeneratorOptions::default(),
+            debug_open: false,
+            drain_deadline: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The addresses the server actually listens on.
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub grpc: SocketAddr,
+    pub http: SocketAddr,
+    pub monitoring: SocketAddr,
+}
+
+/// A running control plane.
+#[derive(Debug)]
+pub struct Server {
+    bound: Bound,
+    trigger: ShutdownTrigger,
+    tasks: JoinSet<()>,
+    drain_deadline: Duration,
+    aggregate: Arc<Aggregate>,
+    sink: UpdateSink,
+    pipeline: Arc<Pipeline>,
+    connections: Arc<Connections>,
+    mock_status: Option<MockFileStatus>,
+}
+
+impl Server {
+    /// Binds every listener, starts every task and returns.
+    pub async fn start(config: DiscoveryConfig) -> anyhow::Result<Server> {
+        let (trigger, shutdown) = drain::channel();
+        let mut metrics_registry = Registry::default();
+        let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
+        let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
+
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, events) = UpdateSink::new(index.clone());
+        let aggregate = Arc::new(Aggregate::new(config.cluster_id.clone()));
+        let connections = Arc::new(Connections::default());
+        let pipeline = Arc::new(Pipeline::new(
+            aggregate.clone(),
+            index,
+            connections.clone(),
+            push_metrics,
+        ));
+
+        let mut tasks = JoinSet::new();
+        let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
+
+        // The first snapshot reflects whatever the registries already hold.
+        pipeline.apply(
+            meshfed_registry::PushRequest::forced(meshfed_registry::TriggerReason::Global),
+            0,
+        );
+        tasks.spawn(
+            pipeline
+                .clone()
+                .run(events, config.debounce, shutdown.clone()),
+        );
+
+        let grpc = TcpListener::bind(config.grpc_addr).await.with_context(|| {
+            format!("binding the xDS address {} (--grpcAddr)", config.grpc_addr)
+        })?;
+        let http = TcpListener::bind(config.http_addr).await.with_context(|| {
+            format!("binding the HTTP address {} (--httpAddr)", config.http_addr)
+        })?;
+        let monitoring = TcpListener::bind(config.monitoring_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "binding the monitoring address {} (--monitoringAddr)",
+                    config.monitoring_addr
+                )
+            })?;
+        let bound = Bound {
+            grpc: grpc.local_addr()?,
+            http: http.local_addr()?,
+            monitoring: monitoring.local_addr()?,
+        };
+
+        let ready_aggregate = aggregate.clone();
+        let ctx = Arc::new(XdsContext {
+            snapshot: pipeline.snapshot().clone(),
+            connections: connections.clone(),
+            push_slots: Arc::new(Semaphore::new(config.push_throttle.max(1))),
+            metrics: xds_metrics,
+            options: config.generator,
+            ready: Arc::new(move || ready_aggregate.has_synced()),
+            shutdown: shutdown.clone(),
+        });
+        tasks.spawn(serve_grpc(grpc, AdsService::new(ctx), shutdown.clone()));
+
+        let admin_state = AdminState {
+            aggregate: aggregate.clone(),
+            pipeline: pipeline.clone(),
+            connections: connections.clone(),
+            metrics: Arc::new(metrics_registry),
+            debug_open: config.debug_open,
+        };
+        tasks.spawn(serve_http(
+            http,
+            admin::http_router(admin_state.clone()),
+            shutdown.clone(),
+        ));
+        tasks.spawn(serve_http(
+            monitoring,
+            admin::monitoring_router(admin_state),
+            shutdown.clone(),
+        ));
+
+        info!(
+            grpc = %bound.grpc, http = %bound.http, monitoring = %bound.monitoring,
+            registries = ?aggregate.registries().iter().map(|r| r.shard_key().to_string()).collect::<Vec<_>>(),
+            "meshfed discovery serving"
+        );
+        Ok(Server {
+            bound,
+            trigger,
+            tasks,
+            drain_deadline: config.drain_deadline,
+            aggregate,
+            sink,
+            pipeline,
+            connections,
+            mock_status,
+        })
+    }
+
+    /// The bound addresses.
+    pub fn bound(&self) -> Bound {
+        self.bound
+    }
+
+    /// The aggregate of registries.
+    pub fn aggregate(&self) -> &Arc<Aggregate> {
+        &self.aggregate
+    }
+
+    /// The sink new registries report through.
+    pub fn sink(&self) -> &UpdateSink {
+        &self.sink
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> &Arc<ArcSwap<Snapshot>> {
+        self.pipeline.snapshot()
+    }
+
+    /// The push pipeline.
+    pub fn pipeline(&self) -> &Arc<Pipeline> {
+        &self.pipeline
+    }
+
+    /// The live connections.
+    pub fn connections(&self) -> &Arc<Connections> {
+        &self.connections
+    }
+
+    /// Load counters of the mock-registry file, when one is followed.
+    pub fn mock_status(&self) -> Option<&MockFileStatus> {
+        self.mock_status.as_ref()
+    }
+
+    /// Adds an in-memory registry for `cluster` (synced at once) and returns its
+    /// handle.
+    pub fn add_memory_registry(&self, cluster: impl Into<ClusterId>) -> MemoryRegistry {
+        let registry = MemoryRegistry::new(cluster, self.sink.clone());
+        self.aggregate.add_registry(Arc::new(registry.clone()));
+        self.sink.push(meshfed_registry::PushRequest::forced(
+            meshfed_registry::TriggerReason::Cluster,
+        ));
+        registry
+    }
+
+    /// Adds any registry.
+    pub fn add_registry(&self, registry: Arc<dyn ServiceRegistry>) {
+        self.aggregate.add_registry(registry);
+        self.sink.push(meshfed_registry::PushRequest::forced(
+            meshfed_registry::TriggerReason::Cluster,
+        ));
+    }
+
+    /// Waits for Ctrl-C or SIGTERM, then shuts down.
+    pub async fn run_until_signal(self) {
+        wait_for_signal().await;
+        info!("shutdown signal received, draining");
+        self.shutdown().await;
+    }
+
+    /// Stops every task: graceful first, then aborted after the drain deadline.
+    pub async fn shutdown(mut self) {
+        self.trigger.trigger();
+        let drained = tokio::time::timeout(self.drain_deadline, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(deadline = ?self.drain_deadline, "tasks still running after the drain deadline; aborting them");
+            self.tasks.abort_all();
+            while self.tasks.join_next().await.is_some() {}
+        }
+        info!("meshfed stopped");
+    }
+}
+
+fn start_mock_registry(
+    config: &DiscoveryConfig,
+    aggregate: &Arc<Aggregate>,
+    sink: &UpdateSink,
+    shutdown: &Shutdown,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<Option<MockFileStatus>> {
+    match &config.mock {
+        MockSource::None => Ok(None),
+        MockSource::Embedded => {
+            let registry = MemoryRegistry::new(config.cluster_id.clone(), sink.clone());
+            let services = mock_file::parse_mock_registry(
+                std::path::Path::new("<embedded mock-registry.yaml>"),
+                EMBEDDED_MOCK_REGISTRY,
+            )
+            .context("the embedded mock registry is invalid")?;
+            registry.replace_all(services);
+            aggregate.add_registry(Arc::new(registry));
+            info!("mock registry: embedded example (use --mockRegistryFile to serve your own)");
+            Ok(None)
+        }
+        MockSource::File(path) => {
+            let registry = MemoryRegistry::new_unsynced(config.cluster_id.clone(), sink.clone());
+            aggregate.add_registry(Arc::new(registry.clone()));
+            let status = MockFileStatus::new();
+            let mut stop = shutdown.clone();
+            let task_status = status.clone();
+            let path = path.clone();
+            info!(file = %path.display(), "mock registry: following file");
+            tasks.spawn(async move {
+                if let Err(err) =
+                    mock_file::run_mock_file(path, registry, task_status, async move {
+                        stop.wait().await
+                    })
+                    .await
+                {
+                    error!("mock registry file: {err}");
+                }
+            });
+            Ok(Some(status))
+        }
+    }
+}
+
+async fn serve_grpc(listener: TcpListener, ads: AdsService, mut shutdown: Shutdown) {
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let result = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(ads)
+        .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
+        .await;
+    if let Err(err) = result {
+        error!("xDS server failed: {err}");
+    }
+}
+
+async fn serve_http(listener: TcpListener, router: axum::Router, mut shutdown: Shutdown) {
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(err) = axum::serve(listener, service)
+        .with_graceful_shutdown(async move { shutdown.wait().await })
+        .await
+    {
+        error!("admin HTTP server failed: {err}");
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

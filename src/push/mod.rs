@@ -1,0 +1,239 @@
+//! The push pipeline: registry events -> debounce -> a new immutable [`Snapshot`] ->
+//! every connection's push queue.
+
+pub mod debounce;
+pub mod snapshot;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Instant, SystemTime};
+
+use arc_swap::ArcSwap;
+use futures::StreamExt;
+use meshfed_registry::{Aggregate, EndpointIndex, PushRequest, RegistryEvent, TriggerReason};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tracing::{debug, info};
+
+use crate::ads::Connections;
+use crate::drain::Shutdown;
+use crate::metrics::{CounterByType, convergence_buckets, duration_buckets, type_label};
+use debounce::{DebounceConfig, debounce};
+use snapshot::Snapshot;
+
+/// Push pipeline metrics (Istio names).
+#[derive(Debug)]
+pub struct PushMetrics {
+    /// `pilot_debounce_time`: first event -> snapshot ready.
+    pub debounce_time: Histogram,
+    /// `pilot_pushcontext_init_seconds`: snapshot build time.
+    pub init_time: Histogram,
+    /// `pilot_services`: services in the merged view.
+    pub services: Gauge,
+    /// `pilot_push_triggers{type}`: pushes by reason.
+    pub triggers: CounterByType,
+    /// `pilot_inbound_updates{type}`: updates received (`eds`, `svc`, `config`).
+    pub inbound_updates: CounterByType,
+    /// `meshfed_registry_conflicts`: services shadowed or merged with a mismatch.
+    pub conflicts: Gauge,
+}
+
+impl PushMetrics {
+    /// Creates and registers the metrics.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = PushMetrics {
+            debounce_time: convergence_buckets(),
+            init_time: duration_buckets(),
+            services: Gauge::default(),
+            triggers: CounterByType::default(),
+            inbound_updates: CounterByType::default(),
+            conflicts: Gauge::default(),
+        };
+        registry.register("pilot_debounce_time", "Delay in seconds between the first config enters debouncing and the merged push request is pushed into the push queue (includes snapshot build)", m.debounce_time.clone());
+        registry.register(
+            "pilot_pushcontext_init_seconds",
+            "Total time in seconds to build a snapshot",
+            m.init_time.clone(),
+        );
+        registry.register(
+            "pilot_services",
+            "Total services known to pilot",
+            m.services.clone(),
+        );
+        registry.register(
+            "pilot_push_triggers",
+            "Total number of times a push was triggered, labeled by reason for the push",
+            m.triggers.clone(),
+        );
+        registry.register(
+            "pilot_inbound_updates",
+            "Total number of updates received by pilot",
+            m.inbound_updates.clone(),
+        );
+        registry.register("meshfed_registry_conflicts", "Services with the same hostname and namespace from several registries that were resolved by the merge policy", m.conflicts.clone());
+        m
+    }
+}
+
+/// One entry of the push history (`/debug/push_status`).
+#[derive(Clone, Debug, Serialize)]
+pub struct PushRecord {
+    pub version: String,
+    pub at: SystemTime,
+    pub full: bool,
+    pub forced: bool,
+    pub reasons: Vec<(TriggerReason, u32)>,
+    pub changes: Vec<String>,
+    pub merged_events: u32,
+    pub build_seconds: f64,
+    pub connections: usize,
+}
+
+/// Builds snapshots and fans pushes out to connections.
+#[derive(Debug)]
+pub struct Pipeline {
+    aggregate: Arc<Aggregate>,
+    endpoints: Arc<EndpointIndex>,
+    snapshot: Arc<ArcSwap<Snapshot>>,
+    connections: Arc<Connections>,
+    metrics: Arc<PushMetrics>,
+    counter: AtomicU64,
+    history: Mutex<VecDeque<PushRecord>>,
+}
+
+const HISTORY: usize = 50;
+
+impl Pipeline {
+    /// A pipeline over these sources; the snapshot starts empty.
+    pub fn new(
+        aggregate: Arc<Aggregate>,
+        endpoints: Arc<EndpointIndex>,
+        connections: Arc<Connections>,
+        metrics: Arc<PushMetrics>,
+    ) -> Self {
+        Pipeline {
+            aggregate,
+            endpoints,
+            snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::empty())),
+            connections,
+            metrics,
+            counter: AtomicU64::new(0),
+            history: Mutex::default(),
+        }
+    }
+
+    /// The current snapshot handle (shared with the ADS server).
+    pub fn snapshot(&self) -> &Arc<ArcSwap<Snapshot>> {
+        &self.snapshot
+    }
+
+    /// The last pushes, newest first.
+    pub fn history(&self) -> Vec<PushRecord> {
+        self.history
+            .lock()
+            .expect("history poisoned")
+            .iter()
+            .rev()
+            .cloned()
+            .collect()
+    }
+
+    /// Builds a new snapshot for `request`, swaps it in and queues the push on every
+    /// connection.
+    pub fn apply(&self, request: PushRequest, merged_events: u32) {
+        let started = Instant::now();
+        let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let next = Snapshot::build(
+            &self.snapshot.load(),
+            &request,
+            &self.aggregate,
+            &self.endpoints,
+            n,
+        );
+        let build_seconds = started.elapsed().as_secs_f64();
+        self.metrics.init_time.observe(build_seconds);
+        self.metrics
+            .debounce_time
+            .observe(request.start.elapsed().as_secs_f64());
+        self.metrics.services.set(next.services.all().len() as i64);
+        self.metrics
+            .conflicts
+            .set(next.services.conflicts().len() as i64);
+        for reason in request.reasons.keys() {
+            self.metrics
+                .triggers
+                .get_or_create(&type_label(reason.as_str()))
+                .inc();
+        }
+        let version = next.version.to_string();
+        self.snapshot.store(Arc::new(next));
+        let connections = self.connections.enqueue_all(&request);
+        debug!(%version, full = request.full, changes = request.configs_updated.len(), connections, "push");
+        let record = PushRecord {
+            version,
+            at: SystemTime::now(),
+            full: request.full,
+            forced: request.forced,
+            reasons: request.reasons.iter().map(|(r, n)| (*r, *n)).collect(),
+            changes: request
+                .configs_updated
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            merged_events,
+            build_seconds,
+            connections,
+        };
+        let mut history = self.history.lock().expect("history poisoned");
+        if history.len() == HISTORY {
+            history.pop_front();
+        }
+        history.push_back(record);
+    }
+
+    /// Runs until `events` closes or `shutdown` fires.
+    pub async fn run(
+        self: Arc<Self>,
+        events: mpsc::UnboundedReceiver<RegistryEvent>,
+        config: DebounceConfig,
+        mut shutdown: Shutdown,
+    ) {
+        let metrics = self.metrics.clone();
+        let requests = UnboundedReceiverStream::new(events)
+            .filter_map(move |event| {
+                let request = match event {
+                    RegistryEvent::Push(request) => {
+                        let kind = if request.is_endpoints_only() {
+                            "eds"
+                        } else if request.reasons.contains_key(&TriggerReason::Config) {
+                            "config"
+                        } else {
+                            "svc"
+                        };
+                        metrics
+                            .inbound_updates
+                            .get_or_create(&type_label(kind))
+                            .inc();
+                        Some(request)
+                    }
+                    RegistryEvent::Synced(shard) => {
+                        info!(registry = %shard, "registry synced");
+                        None
+                    }
+                };
+                std::future::ready(request)
+            })
+            .take_until(Box::pin(async move { shutdown.wait().await }));
+        let pipeline = self.clone();
+        debounce(requests, config, move |request, n| {
+            pipeline.apply(request, n);
+            std::future::ready(())
+        })
+        .await;
+    }
+}

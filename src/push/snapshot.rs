@@ -1,0 +1,238 @@
+//! The immutable view every push is generated from.
+//!
+//! A [`Snapshot`] is built after each debounced change and swapped in atomically;
+//! connections load the current one when they generate and never see a half-applied
+//! change. It holds typed indexes, not a bag of public maps: generators ask it narrow
+//! questions ("services visible to this proxy", "the service for this hostname as this
+//! proxy resolves it", "the endpoint shards of this service").
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use meshfed_registry::{
+    Aggregate, Conflict, EndpointIndex, EndpointShards, Hostname, MergedServices, NetworkGateway,
+    PushRequest, Service, ServiceKey, ShardKey,
+};
+
+use crate::resource::ResourceCache;
+
+/// Services after the aggregate's merge, indexed by hostname.
+#[derive(Debug, Default)]
+pub struct ServiceIndex {
+    services: Vec<Arc<Service>>,
+    by_hostname: HashMap<Hostname, Vec<usize>>,
+    sources: BTreeMap<ServiceKey, Vec<ShardKey>>,
+    conflicts: Vec<Conflict>,
+}
+
+impl ServiceIndex {
+    /// Indexes a merged view.
+    pub fn new(merged: MergedServices) -> Self {
+        let mut by_hostname: HashMap<Hostname, Vec<usize>> = HashMap::new();
+        for (i, s) in merged.services.iter().enumerate() {
+            by_hostname.entry(s.hostname.clone()).or_default().push(i);
+        }
+        ServiceIndex {
+            services: merged.services,
+            by_hostname,
+            sources: merged.sources,
+            conflicts: merged.conflicts,
+        }
+    }
+
+    /// Every service, sorted by `(hostname, namespace)`.
+    pub fn all(&self) -> &[Arc<Service>] {
+        &self.services
+    }
+
+    /// Services a proxy in `namespace` may see (exportTo).
+    pub fn visible_to<'a>(
+        &'a self,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        self.services
+            .iter()
+            .filter(move |s| s.export_to.visible_to(s.namespace.as_str(), namespace))
+    }
+
+    /// The service a proxy in `namespace` reaches under `hostname`: its own namespace's
+    /// service if there is one, else the first visible one by namespace order.
+    pub fn resolve(&self, hostname: &str, namespace: &str) -> Option<&Arc<Service>> {
+        let candidates = self.by_hostname.get(hostname)?;
+        let visible = candidates
+            .iter()
+            .map(|&i| &self.services[i])
+            .filter(|s| s.export_to.visible_to(s.namespace.as_str(), namespace));
+        let mut first = None;
+        for s in visible {
+            if s.namespace.as_str() == namespace {
+                return Some(s);
+            }
+            first.get_or_insert(s);
+        }
+        first
+    }
+
+    /// Registries that contributed each key.
+    pub fn sources(&self) -> &BTreeMap<ServiceKey, Vec<ShardKey>> {
+        &self.sources
+    }
+
+    /// Merge conflicts.
+    pub fn conflicts(&self) -> &[Conflict] {
+        &self.conflicts
+    }
+}
+
+/// One immutable version of the mesh.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Push version, `"<RFC3339 time>/<counter>"` as Istio formats it.
+    pub version: Arc<str>,
+    /// Merged services.
+    pub services: Arc<ServiceIndex>,
+    /// Endpoint shards per service at snapshot time.
+    pub endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    /// Gateways of every network.
+    pub gateways: Arc<Vec<NetworkGateway>>,
+    /// Encoded resources of this snapshot.
+    pub cache: ResourceCache,
+    /// When it was built.
+    pub built_at: SystemTime,
+}
+
+impl Snapshot {
+    /// An empty snapshot (before the first build).
+    pub fn empty() -> Self {
+        Snapshot {
+            version: Arc::from(format_version(SystemTime::now(), 0)),
+            services: Arc::default(),
+            endpoints: Arc::default(),
+            gateways: Arc::default(),
+            cache: ResourceCache::default(),
+            built_at: SystemTime::now(),
+        }
+    }
+
+    /// Builds the snapshot that follows `previous` for `request`. An endpoint-only
+    /// request reuses the previous service index; anything else re-merges.
+    pub fn build(
+        previous: &Snapshot,
+        request: &PushRequest,
+        aggregate: &Aggregate,
+        endpoints: &EndpointIndex,
+        counter: u64,
+    ) -> Snapshot {
+        let (services, gateways) = if request.full || request.forced {
+            (
+                Arc::new(ServiceIndex::new(aggregate.merged())),
+                Arc::new(aggregate.network_gateways()),
+            )
+        } else {
+            (previous.services.clone(), previous.gateways.clone())
+        };
+        let now = SystemTime::now();
+        Snapshot {
+            version: Arc::from(format_version(now, counter)),
+            services,
+            endpoints: Arc::new(endpoints.snapshot()),
+            gateways,
+            cache: previous.cache.carry_over(request),
+            built_at: now,
+        }
+    }
+
+    /// The endpoint shards of a service.
+    pub fn shards(&self, key: &ServiceKey) -> Option<&Arc<EndpointShards>> {
+        self.endpoints.get(key)
+    }
+}
+
+/// Istio's push version: RFC 3339 time (UTC, seconds) and a counter.
+pub fn format_version(t: SystemTime, counter: u64) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z/{counter}",
+        rem / 3600,
+        (rem % 3600) / 60,
+        rem % 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use meshfed_registry::{ExportTo, ProviderId};
+
+    use super::*;
+
+    #[test]
+    fn version_is_rfc3339_and_counter() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_763_769_600 + 3_723);
+        assert_eq!(format_version(t, 7), "2025-11-22T01:02:03Z/7");
+        assert_eq!(
+            format_version(SystemTime::UNIX_EPOCH, 0),
+            "1970-01-01T00:00:00Z/0"
+        );
+    }
+
+    #[test]
+    fn resolve_prefers_own_namespace_and_honours_export_to() {
+        let mk = |ns: &str, export: &[&str]| {
+            let mut s = Service::new("api.example.com", ns, ProviderId::External, "c");
+            s.export_to = ExportTo(export.iter().map(|s| s.to_string()).collect());
+            Arc::new(s)
+        };
+        let merged = MergedServices {
+            services: vec![mk("a", &[]), mk("b", &["."]), mk("c", &[])],
+            ..Default::default()
+        };
+        let index = ServiceIndex::new(merged);
+        assert_eq!(
+            index
+                .resolve("api.example.com", "b")
+                .unwrap()
+                .namespace
+                .as_str(),
+            "b"
+        );
+        assert_eq!(
+            index
+                .resolve("api.example.com", "c")
+                .unwrap()
+                .namespace
+                .as_str(),
+            "c"
+        );
+        assert_eq!(
+            index
+                .resolve("api.example.com", "z")
+                .unwrap()
+                .namespace
+                .as_str(),
+            "a"
+        );
+        assert_eq!(index.visible_to("z").count(), 2);
+        assert!(index.resolve("nope", "a").is_none());
+    }
+}
