@@ -13,3 +13,4 @@ pub mod generate;
 pub mod metrics;
 pub mod push;
 pub mod resource;
+pub mod testing;

@@ -83,6 +83,10 @@ pub struct EncodedResource {
     pub body: SharedAny,
     /// Content version: a digest of the bytes (used as the Delta resource version).
     pub version: Arc<str>,
+    /// Stands in for a subscribed resource that does not exist (an empty load
+    /// assignment for a service that is gone): State of the world sends it so a client
+    /// never waits; Delta reports the name as removed instead.
+    pub placeholder: bool,
 }
 
 /// A shared encoded resource.
@@ -105,7 +109,20 @@ impl EncodedResource {
                 value: bytes,
             },
             version: Arc::from(format!("{:016x}", h.finish())),
+            placeholder: false,
         })
+    }
+
+    /// Encodes a placeholder (see [`EncodedResource::placeholder`]).
+    pub fn encode_placeholder<M: prost::Message>(
+        type_url: TypeUrl,
+        name: impl Into<Arc<str>>,
+        message: &M,
+    ) -> Resource {
+        let mut resource =
+            Arc::try_unwrap(Self::encode(type_url, name, message)).expect("fresh resource");
+        resource.placeholder = true;
+        Arc::new(resource)
     }
 }
 

@@ -213,22 +213,25 @@ impl ConnectionState {
         let Some(watch) = self.watches.get_mut(&type_url) else {
             return (Vec::new(), Vec::new());
         };
-        let mut removed = Vec::new();
+        // Placeholders stand for resources that do not exist: in Delta they are removals.
+        let (gone, current): (Vec<Resource>, Vec<Resource>) =
+            current.into_iter().partition(|r| r.placeholder);
+        let mut removed: BTreeSet<String> = gone
+            .iter()
+            .filter(|r| watch.held.contains_key(&*r.name) || watch.names.contains(&*r.name))
+            .map(|r| r.name.to_string())
+            .collect();
         if !partial {
             let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
-            // Names the client holds or explicitly asked for that no longer exist.
-            let candidates: BTreeSet<&String> =
-                watch.held.keys().chain(watch.names.iter()).collect();
-            for name in candidates {
-                if !present.contains(name.as_str())
-                    && (watch.held.contains_key(name) || !watch.wildcard)
-                {
-                    removed.push(name.clone());
+            // Names the client holds, or asked for by name, that no longer exist.
+            for name in watch.held.keys().chain(watch.names.iter()) {
+                if !present.contains(name.as_str()) {
+                    removed.insert(name.clone());
                 }
             }
-            for name in &removed {
-                watch.held.remove(name);
-            }
+        }
+        for name in &removed {
+            watch.held.remove(name);
         }
         let changed: Vec<Resource> = current
             .into_iter()
@@ -237,7 +240,7 @@ impl ConnectionState {
         for r in &changed {
             watch.held.insert(r.name.to_string(), r.version.clone());
         }
-        (changed, removed)
+        (changed, removed.into_iter().collect())
     }
 }
 

@@ -198,19 +198,24 @@ fn load_assignment(
     snapshot
         .cache
         .get_or_insert(key, Some(&hostname), || {
-            // A watched cluster whose service or port is gone gets an empty assignment,
-            // so a client never waits on it.
-            let cla = match service.and_then(|s| Some((s, s.port(parsed.port)?))) {
-                Some((service, port)) => {
-                    let shards = snapshot.shards(&service.key()).map(|s| &**s);
-                    eds::load_assignment(name, port, shards, options.eds)
-                }
-                None => ClusterLoadAssignment {
-                    cluster_name: name.to_string(),
-                    ..Default::default()
+            // A watched cluster whose service or port is gone gets an empty assignment
+            // (a placeholder, see EncodedResource), so a SotW client never waits on it.
+            Some(
+                match service.and_then(|s| Some((s, s.port(parsed.port)?))) {
+                    Some((service, port)) => {
+                        let shards = snapshot.shards(&service.key()).map(|s| &**s);
+                        let cla = eds::load_assignment(name, port, shards, options.eds);
+                        EncodedResource::encode(TypeUrl::Endpoint, name, &cla)
+                    }
+                    None => {
+                        let empty = ClusterLoadAssignment {
+                            cluster_name: name.to_string(),
+                            ..Default::default()
+                        };
+                        EncodedResource::encode_placeholder(TypeUrl::Endpoint, name, &empty)
+                    }
                 },
-            };
-            Some(EncodedResource::encode(TypeUrl::Endpoint, name, &cla))
+            )
         })
         .expect("load assignments always generate")
 }

@@ -16,7 +16,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{debug, info};
 
@@ -104,6 +104,8 @@ pub struct Pipeline {
     metrics: Arc<PushMetrics>,
     counter: AtomicU64,
     history: Mutex<VecDeque<PushRecord>>,
+    /// Registry events fully applied (pushed or, for sync events, noted).
+    applied: watch::Sender<u64>,
 }
 
 const HISTORY: usize = 50;
@@ -124,6 +126,7 @@ impl Pipeline {
             metrics,
             counter: AtomicU64::new(0),
             history: Mutex::default(),
+            applied: watch::Sender::new(0),
         }
     }
 
@@ -141,6 +144,13 @@ impl Pipeline {
             .rev()
             .cloned()
             .collect()
+    }
+
+    /// Waits until at least `events` registry events have been applied (see
+    /// [`meshfed_registry::UpdateSink::sent_events`]): a sync point for tests and tools.
+    pub async fn wait_applied(&self, events: u64) {
+        let mut rx = self.applied.subscribe();
+        let _ = rx.wait_for(|applied| *applied >= events).await;
     }
 
     /// Builds a new snapshot for `request`, swaps it in and queues the push on every
@@ -194,6 +204,8 @@ impl Pipeline {
             history.pop_front();
         }
         history.push_back(record);
+        drop(history);
+        self.applied.send_modify(|n| *n += u64::from(merged_events));
     }
 
     /// Runs until `events` closes or `shutdown` fires.
@@ -204,6 +216,7 @@ impl Pipeline {
         mut shutdown: Shutdown,
     ) {
         let metrics = self.metrics.clone();
+        let pipeline = self.clone();
         let requests = UnboundedReceiverStream::new(events)
             .filter_map(move |event| {
                 let request = match event {
@@ -223,6 +236,7 @@ impl Pipeline {
                     }
                     RegistryEvent::Synced(shard) => {
                         info!(registry = %shard, "registry synced");
+                        pipeline.applied.send_modify(|n| *n += 1);
                         None
                     }
                 };

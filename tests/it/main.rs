@@ -1,1 +1,9 @@
+//! meshfed's integration tests: the whole control plane in-process, real sockets, real
+//! ADS clients.
 
+mod support;
+
+mod admin;
+mod delta;
+mod mock_file;
+mod sotw;

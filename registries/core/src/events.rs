@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -202,6 +203,8 @@ pub enum RegistryEvent {
 pub struct UpdateSink {
     index: Arc<EndpointIndex>,
     tx: mpsc::UnboundedSender<RegistryEvent>,
+    /// Events sent so far, so a caller can wait until the pipeline has applied them.
+    sent: Arc<AtomicU64>,
 }
 
 impl UpdateSink {
@@ -209,7 +212,19 @@ impl UpdateSink {
     /// returned for the push pipeline.
     pub fn new(index: Arc<EndpointIndex>) -> (UpdateSink, mpsc::UnboundedReceiver<RegistryEvent>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (UpdateSink { index, tx }, rx)
+        (
+            UpdateSink {
+                index,
+                tx,
+                sent: Arc::default(),
+            },
+            rx,
+        )
+    }
+
+    /// How many events this sink (and its clones) has sent.
+    pub fn sent_events(&self) -> u64 {
+        self.sent.load(Ordering::SeqCst)
     }
 
     /// The endpoint index this sink writes to.
@@ -266,11 +281,15 @@ impl UpdateSink {
     /// The registry behind `shard` finished its initial sync.
     pub fn synced(&self, shard: &ShardKey) {
         // A closed channel means the server is shutting down; nothing to tell.
-        let _ = self.tx.send(RegistryEvent::Synced(shard.clone()));
+        if self.tx.send(RegistryEvent::Synced(shard.clone())).is_ok() {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
     fn send(&self, request: PushRequest) {
-        let _ = self.tx.send(RegistryEvent::Push(request));
+        if self.tx.send(RegistryEvent::Push(request)).is_ok() {
+            self.sent.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 

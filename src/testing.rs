@@ -1,0 +1,453 @@
+//! An in-process control plane and ADS test clients for integration tests.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! use meshfed::testing::{AdsClient, FakeServer, node};
+//! use meshfed_registry::{Endpoint, Port, Protocol, ProviderId, Service, ServiceKey};
+//!
+//! let server = FakeServer::builder().start().await?;
+//! let registry = server.mock_registry("cluster-1");
+//! let mut svc = Service::new("echo.default.svc.cluster.local", "default", ProviderId::Mock, "");
+//! svc.ports.push(Port::new("grpc", 7070, Protocol::Grpc).unwrap());
+//! registry.add_service(svc);
+//! registry.set_endpoints(
+//!     &ServiceKey::new("echo.default.svc.cluster.local", "default"),
+//!     vec![Endpoint::new("127.0.0.1".parse()?).with_port("grpc", 17070)],
+//! );
+//!
+//! let mut client = AdsClient::connect(server.grpc_addr(), node("sidecar~10.0.0.1~app.default~default.svc.cluster.local")).await?;
+//! client.subscribe(meshfed::ads::TypeUrl::Cluster, &[]).await?;
+//! let clusters = client.recv_clusters().await?;
+//! assert!(clusters.iter().any(|c| c.name == "outbound|7070||echo.default.svc.cluster.local"));
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+//!
+//! The server binds 127.0.0.1 port 0 for every listener and debounces with a short
+//! quiet period (10 ms) so tests converge quickly; both can be changed on the builder.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow, bail};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use meshfed_registry::{ClusterId, MemoryRegistry};
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use crate::ads::node::json_to_struct;
+use crate::app::{Bound, DiscoveryConfig, MockSource, Server};
+use crate::push::debounce::DebounceConfig;
+use crate::resource::TypeUrl;
+
+/// How long a test client waits for a response before failing.
+pub const RECV_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Builds a [`FakeServer`].
+#[derive(Debug)]
+pub struct FakeServerBuilder {
+    config: DiscoveryConfig,
+}
+
+impl FakeServerBuilder {
+    /// Debounce timings (default: 10 ms quiet, 1 s max).
+    pub fn debounce(mut self, debounce: DebounceConfig) -> Self {
+        self.config.debounce = debounce;
+        self
+    }
+
+    /// Serves a mock registry from this watched YAML file.
+    pub fn mock_registry_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.mock = MockSource::File(path.into());
+        self
+    }
+
+    /// Serves the bundled example mock registry.
+    pub fn embedded_mock_registry(mut self) -> Self {
+        self.config.mock = MockSource::Embedded;
+        self
+    }
+
+    /// meshfed's own cluster id (default `Kubernetes`).
+    pub fn cluster_id(mut self, id: impl Into<ClusterId>) -> Self {
+        self.config.cluster_id = id.into();
+        self
+    }
+
+    /// Changes any other setting.
+    pub fn configure(mut self, f: impl FnOnce(&mut DiscoveryConfig)) -> Self {
+        f(&mut self.config);
+        self
+    }
+
+    /// Starts the server.
+    pub async fn start(self) -> anyhow::Result<FakeServer> {
+        Ok(FakeServer {
+            server: Server::start(self.config).await?,
+        })
+    }
+}
+
+/// A whole control plane running in this process.
+#[derive(Debug)]
+pub struct FakeServer {
+    server: Server,
+}
+
+impl FakeServer {
+    /// A builder with test defaults.
+    pub fn builder() -> FakeServerBuilder {
+        let local = SocketAddr::from(([127, 0, 0, 1], 0));
+        FakeServerBuilder {
+            config: DiscoveryConfig {
+                grpc_addr: local,
+                http_addr: local,
+                monitoring_addr: local,
+                mock: MockSource::None,
+                debounce: DebounceConfig {
+                    quiet: Duration::from_millis(10),
+                    max: Duration::from_secs(1),
+                    eds_debounce: true,
+                },
+                drain_deadline: Duration::from_secs(2),
+                ..DiscoveryConfig::default()
+            },
+        }
+    }
+
+    /// Every bound address.
+    pub fn bound(&self) -> Bound {
+        self.server.bound()
+    }
+
+    /// The ADS address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.server.bound().grpc
+    }
+
+    /// `http://` base URL of the `/ready` + debug listener.
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.server.bound().http)
+    }
+
+    /// `http://` base URL of the `/metrics` + debug listener.
+    pub fn monitoring_url(&self) -> String {
+        format!("http://{}", self.server.bound().monitoring)
+    }
+
+    /// Waits until every registry change made so far has been applied to the
+    /// snapshot and queued on the connections. Call it after setting up registries
+    /// and before asserting what a new client receives.
+    pub async fn sync(&self) {
+        self.server
+            .pipeline()
+            .wait_applied(self.server.sink().sent_events())
+            .await;
+    }
+
+    /// Adds an in-memory registry for `cluster`.
+    pub fn mock_registry(&self, cluster: impl Into<ClusterId>) -> MemoryRegistry {
+        self.server.add_memory_registry(cluster)
+    }
+
+    /// The server itself.
+    pub fn server(&self) -> &Server {
+        &self.server
+    }
+
+    /// Stops the server and waits for it.
+    pub async fn shutdown(self) {
+        self.server.shutdown().await;
+    }
+}
+
+/// A node with Istio metadata: `NAMESPACE` from the id's domain plus `extra`.
+pub fn node_with(id: &str, extra: serde_json::Value) -> Node {
+    let mut metadata = serde_json::json!({});
+    if let Some(ns) = id.split('~').nth(3).and_then(|d| d.split('.').next()) {
+        metadata["NAMESPACE"] = ns.into();
+    }
+    if let serde_json::Value::Object(map) = extra {
+        for (k, v) in map {
+            metadata[k] = v;
+        }
+    }
+    Node {
+        id: id.to_string(),
+        metadata: Some(json_to_struct(&metadata)),
+        user_agent_name: "meshfed-test-client".into(),
+        ..Default::default()
+    }
+}
+
+/// A node with default metadata.
+pub fn node(id: &str) -> Node {
+    node_with(id, serde_json::json!({}))
+}
+
+/// A state-of-the-world ADS client that keeps track of versions and nonces per type
+/// like Envoy does, so tests read as protocol conversations.
+#[derive(Debug)]
+pub struct AdsClient {
+    tx: mpsc::Sender<DiscoveryRequest>,
+    rx: Streaming<DiscoveryResponse>,
+    node: Option<Node>,
+    /// Per type: (last accepted version, last received nonce, subscribed names).
+    state: HashMap<&'static str, (String, String, Vec<String>)>,
+}
+
+impl AdsClient {
+    /// Opens a stream to `addr` for `node`.
+    pub async fn connect(addr: SocketAddr, node: Node) -> anyhow::Result<AdsClient> {
+        let mut client =
+            AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let rx = client
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(AdsClient {
+            tx,
+            rx,
+            node: Some(node),
+            state: HashMap::new(),
+        })
+    }
+
+    /// Sends a raw request (the node is attached to the first one).
+    pub async fn send(&mut self, mut request: DiscoveryRequest) -> anyhow::Result<()> {
+        if let Some(node) = self.node.take() {
+            request.node = Some(node);
+        }
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| anyhow!("stream closed"))
+    }
+
+    /// Subscribes `type_url` to `names` (empty = wildcard for CDS/LDS), carrying the
+    /// last accepted version and nonce as Envoy does.
+    pub async fn subscribe(&mut self, type_url: TypeUrl, names: &[&str]) -> anyhow::Result<()> {
+        let entry = self.state.entry(type_url.as_str()).or_default();
+        entry.2 = names.iter().map(|s| s.to_string()).collect();
+        let request = DiscoveryRequest {
+            type_url: type_url.as_str().into(),
+            resource_names: entry.2.clone(),
+            version_info: entry.0.clone(),
+            response_nonce: entry.1.clone(),
+            ..Default::default()
+        };
+        self.send(request).await
+    }
+
+    /// The next response, failing after [`RECV_TIMEOUT`].
+    pub async fn recv(&mut self) -> anyhow::Result<DiscoveryResponse> {
+        let response = tokio::time::timeout(RECV_TIMEOUT, self.rx.message())
+            .await
+            .context("no xDS response within the timeout")??
+            .ok_or_else(|| anyhow!("stream ended"))?;
+        Ok(response)
+    }
+
+    /// The stream's closing status (for tests of refused streams).
+    pub async fn recv_error(&mut self) -> anyhow::Result<tonic::Status> {
+        match tokio::time::timeout(RECV_TIMEOUT, self.rx.message())
+            .await
+            .context("timeout")?
+        {
+            Err(status) => Ok(status),
+            Ok(other) => bail!("expected an error status, got {other:?}"),
+        }
+    }
+
+    /// Accepts a response: records its version and nonce and sends the ACK.
+    pub async fn ack(&mut self, response: &DiscoveryResponse) -> anyhow::Result<()> {
+        let type_url = static_type(&response.type_url)?;
+        let entry = self.state.entry(type_url).or_default();
+        entry.0 = response.version_info.clone();
+        entry.1 = response.nonce.clone();
+        let request = DiscoveryRequest {
+            type_url: response.type_url.clone(),
+            resource_names: entry.2.clone(),
+            version_info: entry.0.clone(),
+            response_nonce: entry.1.clone(),
+            ..Default::default()
+        };
+        self.send(request).await
+    }
+
+    /// Rejects a response with `message`, keeping the last accepted version.
+    pub async fn nack(
+        &mut self,
+        response: &DiscoveryResponse,
+        message: &str,
+    ) -> anyhow::Result<()> {
+        let type_url = static_type(&response.type_url)?;
+        let entry = self.state.entry(type_url).or_default();
+        entry.1 = response.nonce.clone();
+        let request = DiscoveryRequest {
+            type_url: response.type_url.clone(),
+            resource_names: entry.2.clone(),
+            version_info: entry.0.clone(),
+            response_nonce: entry.1.clone(),
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: message.to_string(),
+                details: vec![],
+            }),
+            ..Default::default()
+        };
+        self.send(request).await
+    }
+
+    /// Receives, checks the type, ACKs and decodes a CDS response.
+    pub async fn recv_clusters(&mut self) -> anyhow::Result<Vec<Cluster>> {
+        let response = self.recv_type(TypeUrl::Cluster).await?;
+        decode_all(&response)
+    }
+
+    /// Receives, checks the type, ACKs and decodes an EDS response.
+    pub async fn recv_load_assignments(&mut self) -> anyhow::Result<Vec<ClusterLoadAssignment>> {
+        let response = self.recv_type(TypeUrl::Endpoint).await?;
+        decode_all(&response)
+    }
+
+    /// Receives a response, fails unless it is of `type_url`, and ACKs it.
+    pub async fn recv_type(&mut self, type_url: TypeUrl) -> anyhow::Result<DiscoveryResponse> {
+        let response = self.recv().await?;
+        if response.type_url != type_url.as_str() {
+            bail!(
+                "expected a {} response, got {}",
+                type_url.short(),
+                response.type_url
+            );
+        }
+        self.ack(&response).await?;
+        Ok(response)
+    }
+}
+
+/// A Delta ADS client.
+#[derive(Debug)]
+pub struct DeltaClient {
+    tx: mpsc::Sender<DeltaDiscoveryRequest>,
+    rx: Streaming<DeltaDiscoveryResponse>,
+    node: Option<Node>,
+}
+
+impl DeltaClient {
+    /// Opens a Delta stream to `addr` for `node`.
+    pub async fn connect(addr: SocketAddr, node: Node) -> anyhow::Result<DeltaClient> {
+        let mut client =
+            AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?;
+        let (tx, rx) = mpsc::channel(16);
+        let rx = client
+            .delta_aggregated_resources(ReceiverStream::new(rx))
+            .await?
+            .into_inner();
+        Ok(DeltaClient {
+            tx,
+            rx,
+            node: Some(node),
+        })
+    }
+
+    /// Changes the subscription of `type_url`.
+    pub async fn subscribe(
+        &mut self,
+        type_url: TypeUrl,
+        subscribe: &[&str],
+        unsubscribe: &[&str],
+    ) -> anyhow::Result<()> {
+        let request = DeltaDiscoveryRequest {
+            type_url: type_url.as_str().into(),
+            resource_names_subscribe: subscribe.iter().map(|s| s.to_string()).collect(),
+            resource_names_unsubscribe: unsubscribe.iter().map(|s| s.to_string()).collect(),
+            node: self.node.take(),
+            ..Default::default()
+        };
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| anyhow!("stream closed"))
+    }
+
+    /// The next response, failing after [`RECV_TIMEOUT`].
+    pub async fn recv(&mut self) -> anyhow::Result<DeltaDiscoveryResponse> {
+        tokio::time::timeout(RECV_TIMEOUT, self.rx.message())
+            .await
+            .context("no delta xDS response within the timeout")??
+            .ok_or_else(|| anyhow!("stream ended"))
+    }
+
+    /// ACKs a response.
+    pub async fn ack(&mut self, response: &DeltaDiscoveryResponse) -> anyhow::Result<()> {
+        let request = DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            node: self.node.take(),
+            ..Default::default()
+        };
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| anyhow!("stream closed"))
+    }
+
+    /// Receives a response of `type_url` and ACKs it.
+    pub async fn recv_type(&mut self, type_url: TypeUrl) -> anyhow::Result<DeltaDiscoveryResponse> {
+        let response = self.recv().await?;
+        if response.type_url != type_url.as_str() {
+            bail!(
+                "expected a {} response, got {}",
+                type_url.short(),
+                response.type_url
+            );
+        }
+        self.ack(&response).await?;
+        Ok(response)
+    }
+}
+
+/// Decodes every resource of a SotW response as `M`.
+pub fn decode_all<M: Message + Default>(response: &DiscoveryResponse) -> anyhow::Result<Vec<M>> {
+    response
+        .resources
+        .iter()
+        .map(|any| M::decode(any.value.as_slice()).context("decoding a resource"))
+        .collect()
+}
+
+/// Decodes every resource of a Delta response as `M`.
+pub fn decode_delta<M: Message + Default>(
+    response: &DeltaDiscoveryResponse,
+) -> anyhow::Result<Vec<M>> {
+    response
+        .resources
+        .iter()
+        .map(|r| {
+            let any = r
+                .resource
+                .as_ref()
+                .ok_or_else(|| anyhow!("resource {} has no body", r.name))?;
+            M::decode(any.value.as_slice()).context("decoding a resource")
+        })
+        .collect()
+}
+
+fn static_type(url: &str) -> anyhow::Result<&'static str> {
+    TypeUrl::parse(url)
+        .map(TypeUrl::as_str)
+        .ok_or_else(|| anyhow!("unknown type {url}"))
+}

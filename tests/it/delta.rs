@@ -1,0 +1,142 @@
+//! Delta ADS conversations.
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use meshfed::ads::TypeUrl;
+use meshfed::testing::{DeltaClient, FakeServer, decode_delta, node};
+
+use crate::support::*;
+
+const SIDECAR: &str = "sidecar~10.0.0.1~app-1.default~default.svc.cluster.local";
+const A: &str = "outbound|80||a.default.svc.cluster.local";
+const B: &str = "outbound|80||b.default.svc.cluster.local";
+
+fn names(
+    response: &envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse,
+) -> Vec<&str> {
+    let mut n: Vec<&str> = response.resources.iter().map(|r| r.name.as_str()).collect();
+    n.sort();
+    n
+}
+
+#[tokio::test]
+async fn wildcard_cds_subscribe_eds_and_incremental_updates() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    let a = add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.0.1"],
+    );
+    add_http_service(
+        &reg,
+        "b.default.svc.cluster.local",
+        "default",
+        &["10.0.1.1"],
+    );
+
+    server.sync().await;
+    let mut client = DeltaClient::connect(server.grpc_addr(), node(SIDECAR))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[], &[]).await.unwrap();
+    let cds = client.recv_type(TypeUrl::Cluster).await.unwrap();
+    assert_eq!(
+        names(&cds),
+        vec!["BlackHoleCluster", "PassthroughCluster", A, B]
+    );
+    assert!(
+        cds.resources.iter().all(|r| !r.version.is_empty()),
+        "every delta resource carries a version"
+    );
+    let decoded: Vec<Cluster> = decode_delta(&cds).unwrap();
+    assert_eq!(decoded.len(), 4);
+
+    client
+        .subscribe(TypeUrl::Endpoint, &[A], &[])
+        .await
+        .unwrap();
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    assert_eq!(names(&eds), vec![A]);
+
+    // Subscribing B adds only B.
+    client
+        .subscribe(TypeUrl::Endpoint, &[B], &[])
+        .await
+        .unwrap();
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    assert_eq!(names(&eds), vec![B]);
+
+    // An endpoint change of A sends only A's assignment.
+    reg.set_endpoints(&a, vec![endpoint("10.0.0.2", "http", 8080, "r1/z1")]);
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    assert_eq!(names(&eds), vec![A]);
+    assert!(eds.removed_resources.is_empty());
+    let cla: Vec<ClusterLoadAssignment> = decode_delta(&eds).unwrap();
+    assert_eq!(cla[0].endpoints[0].lb_endpoints.len(), 1);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn unsubscribe_is_silent_and_removed_services_are_reported() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    let a = add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.0.1"],
+    );
+    let b = add_http_service(
+        &reg,
+        "b.default.svc.cluster.local",
+        "default",
+        &["10.0.1.1"],
+    );
+
+    server.sync().await;
+    let mut client = DeltaClient::connect(server.grpc_addr(), node(SIDECAR))
+        .await
+        .unwrap();
+    client
+        .subscribe(TypeUrl::Cluster, &["*"], &[])
+        .await
+        .unwrap();
+    client.recv_type(TypeUrl::Cluster).await.unwrap();
+    client
+        .subscribe(TypeUrl::Endpoint, &[A, B], &[])
+        .await
+        .unwrap();
+    client.recv_type(TypeUrl::Endpoint).await.unwrap();
+
+    // Unsubscribing A gets no answer, and later changes of A are not sent: the next
+    // response is for B's change.
+    client
+        .subscribe(TypeUrl::Endpoint, &[], &[A])
+        .await
+        .unwrap();
+    reg.set_endpoints(&a, vec![endpoint("10.0.0.9", "http", 8080, "r1/z1")]);
+    reg.set_endpoints(&b, vec![endpoint("10.0.1.9", "http", 8080, "r1/z1")]);
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    assert_eq!(names(&eds), vec![B]);
+
+    // Removing service B: CDS says the cluster is removed, EDS removes the assignment.
+    reg.remove_service(&b);
+    let cds = client.recv_type(TypeUrl::Cluster).await.unwrap();
+    assert_eq!(
+        cds.removed_resources,
+        vec![B.to_string()],
+        "{:?}",
+        names(&cds)
+    );
+    assert!(
+        cds.resources.is_empty(),
+        "unchanged clusters are not re-sent: {:?}",
+        names(&cds)
+    );
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    assert_eq!(eds.removed_resources, vec![B.to_string()]);
+    assert!(eds.resources.is_empty(), "{:?}", names(&eds));
+    server.shutdown().await;
+}

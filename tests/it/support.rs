@@ -1,0 +1,120 @@
+//! Shared test helpers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use meshfed_registry::{
+    Endpoint, Locality, MemoryRegistry, Port, Protocol, ProviderId, Service, ServiceKey,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `name.ns.svc.cluster.local` with the given ports, as a mock service.
+pub fn service(host: &str, ns: &str, ports: &[(&str, u16, Protocol)]) -> Service {
+    let mut s = Service::new(host, ns, ProviderId::Mock, "");
+    for (name, port, protocol) in ports {
+        s.ports.push(Port::new(name, *port, *protocol).unwrap());
+    }
+    s
+}
+
+/// An endpoint serving `port_name` on `target`.
+pub fn endpoint(ip: &str, port_name: &str, target: u16, locality: &str) -> Endpoint {
+    let mut e = Endpoint::new(ip.parse().unwrap()).with_port(port_name, target);
+    e.locality = Locality::parse(locality);
+    e
+}
+
+/// Adds an HTTP service on port 80 with the given endpoint IPs (target 8080).
+pub fn add_http_service(reg: &MemoryRegistry, host: &str, ns: &str, ips: &[&str]) -> ServiceKey {
+    reg.add_service(service(host, ns, &[("http", 80, Protocol::Http)]));
+    let key = ServiceKey::new(host, ns);
+    reg.set_endpoints(
+        &key,
+        ips.iter()
+            .map(|ip| endpoint(ip, "http", 8080, "r1/z1"))
+            .collect(),
+    );
+    key
+}
+
+/// A plain HTTP/1.1 GET; returns (status, body).
+pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("connect to admin");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    let body = if text
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(&body)
+    } else {
+        body
+    };
+    (status, body)
+}
+
+fn dechunk(body: &str) -> String {
+    let mut out = String::new();
+    let mut rest = body;
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = &after[n + 2..];
+    }
+    out
+}
+
+/// GET returning parsed JSON.
+pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let (status, body) = http_get(addr, path).await;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: not JSON ({e}): {body}"))
+}
+
+/// Polls `check` until it returns `Some`, failing after 10 s. For conditions that have
+/// no event to wait on (a counter moving, a file reload being noticed).
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The value of a metric sample line `name{labels} value` in Prometheus text.
+pub fn metric(text: &str, sample: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
