@@ -405,6 +405,43 @@ impl DeltaClient {
             .map_err(|_| anyhow!("stream closed"))
     }
 
+    /// Sends a request for `type_url` carrying `nonce` and no subscription change.
+    pub async fn ack_nonce(&mut self, type_url: TypeUrl, nonce: &str) -> anyhow::Result<()> {
+        let request = DeltaDiscoveryRequest {
+            type_url: type_url.as_str().into(),
+            response_nonce: nonce.to_string(),
+            node: self.node.take(),
+            ..Default::default()
+        };
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| anyhow!("stream closed"))
+    }
+
+    /// Rejects a response with `message`.
+    pub async fn nack(
+        &mut self,
+        response: &DeltaDiscoveryResponse,
+        message: &str,
+    ) -> anyhow::Result<()> {
+        let request = DeltaDiscoveryRequest {
+            type_url: response.type_url.clone(),
+            response_nonce: response.nonce.clone(),
+            error_detail: Some(RpcStatus {
+                code: 3,
+                message: message.to_string(),
+                details: vec![],
+            }),
+            node: self.node.take(),
+            ..Default::default()
+        };
+        self.tx
+            .send(request)
+            .await
+            .map_err(|_| anyhow!("stream closed"))
+    }
+
     /// Receives a response of `type_url` and ACKs it.
     pub async fn recv_type(&mut self, type_url: TypeUrl) -> anyhow::Result<DeltaDiscoveryResponse> {
         let response = self.recv().await?;

@@ -140,3 +140,59 @@ async fn unsubscribe_is_silent_and_removed_services_are_reported() {
     assert!(eds.resources.is_empty(), "{:?}", names(&eds));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn new_service_nack_and_stale_nonce() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.0.1"],
+    );
+    server.sync().await;
+    let mut client = DeltaClient::connect(server.grpc_addr(), node(SIDECAR))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[], &[]).await.unwrap();
+    let first = client.recv().await.unwrap();
+
+    // NACK the first CDS response: recorded, not answered.
+    client.nack(&first, "rejected by test").await.unwrap();
+    let http = server.bound().http;
+    eventually("the NACK in /debug/adsz", || async move {
+        let adsz = get_json(http, "/debug/adsz").await;
+        (adsz["clients"][0]["watches"]["cds"]["lastError"] == "rejected by test").then_some(())
+    })
+    .await;
+
+    // A stale nonce with no new subscription is ignored.
+    client
+        .ack_nonce(TypeUrl::Cluster, "never-sent")
+        .await
+        .unwrap();
+
+    // A new service: only its cluster is sent (the others are unchanged).
+    add_http_service(
+        &reg,
+        "b.default.svc.cluster.local",
+        "default",
+        &["10.0.1.1"],
+    );
+    let cds = client.recv_type(TypeUrl::Cluster).await.unwrap();
+    assert_eq!(names(&cds), vec![B]);
+    assert_ne!(cds.nonce, first.nonce);
+    let (_, metrics) = http_get(server.bound().monitoring, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "pilot_xds_cds_reject"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "pilot_xds_expired_nonce{type=\"cds\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}

@@ -409,3 +409,27 @@ async fn grpc_style_named_cds_gets_only_what_it_asked_for() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn shutdown_ends_streams_with_unavailable_and_stops_every_task() {
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .start()
+        .await
+        .unwrap();
+    let mut client = AdsClient::connect(server.grpc_addr(), node(SIDECAR))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+    let addr = server.grpc_addr();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server.shutdown())
+        .await
+        .expect("shutdown drains in time");
+    let status = client.recv_error().await.unwrap();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+}
