@@ -27,6 +27,7 @@ use crate::ads::metrics::XdsMetrics;
 use crate::ads::server::{AdsService, XdsContext};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
+use crate::mesh::{self, MeshFile};
 use crate::push::debounce::DebounceConfig;
 use crate::push::snapshot::Snapshot;
 use crate::push::{Pipeline, PushMetrics};
@@ -59,6 +60,10 @@ pub struct DiscoveryConfig {
     pub cluster_id: ClusterId,
     /// Mock registry source.
     pub mock: MockSource,
+    /// `--meshConfig`: MeshConfig YAML (Istio defaults when absent).
+    pub mesh_config: Option<PathBuf>,
+    /// `--networksConfig`: meshNetworks YAML.
+    pub networks_config: Option<PathBuf>,
     /// Debounce timings.
     pub debounce: DebounceConfig,
     /// Concurrent pushes.
@@ -80,6 +85,8 @@ impl Default for DiscoveryConfig {
             monitoring_addr: local(15014),
             cluster_id: ClusterId::new("Kubernetes"),
             mock: MockSource::Embedded,
+            mesh_config: None,
+            networks_config: None,
             debounce: DebounceConfig::default(),
             push_throttle: 100,
             generator: GeneratorOptions::default(),
@@ -119,6 +126,12 @@ impl Server {
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
 
+        let mesh_settings = mesh::load_initial(
+            config.mesh_config.as_deref(),
+            config.networks_config.as_deref(),
+        )
+        .context("loading the mesh configuration")?;
+        let mesh_settings = Arc::new(ArcSwap::from_pointee(mesh_settings));
         let index = Arc::new(EndpointIndex::new());
         let (sink, events) = UpdateSink::new(index.clone());
         let aggregate = Arc::new(Aggregate::new(config.cluster_id.clone()));
@@ -128,9 +141,27 @@ impl Server {
             index,
             connections.clone(),
             push_metrics,
+            mesh_settings.clone(),
         ));
 
         let mut tasks = JoinSet::new();
+        for (path, which) in [
+            (&config.mesh_config, MeshFile::Config),
+            (&config.networks_config, MeshFile::Networks),
+        ] {
+            if let Some(path) = path {
+                let mut stop = shutdown.clone();
+                let follower = mesh::follow(
+                    path.clone(),
+                    which,
+                    mesh_settings.clone(),
+                    sink.clone(),
+                    async move { stop.wait().await },
+                )?;
+                info!(file = %path.display(), kind = ?which, "following mesh file");
+                tasks.spawn(follower);
+            }
+        }
         let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
 
         // The first snapshot reflects whatever the registries already hold.

@@ -8,7 +8,6 @@ use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
 use meshfed::app::{DiscoveryConfig, MockSource, Server};
 use meshfed::generate::GeneratorOptions;
-use meshfed::generate::cds::ClusterOptions;
 use meshfed::generate::eds::EdsOptions;
 use meshfed::push::debounce::DebounceConfig;
 use tracing_subscriber::EnvFilter;
@@ -66,9 +65,13 @@ struct DiscoveryArgs {
     /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
     #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
     send_unhealthy: bool,
-    /// Upstream connect timeout of generated clusters.
-    #[arg(long = "connectTimeout", default_value = "10s", value_parser = parse_duration)]
-    connect_timeout: Duration,
+    /// MeshConfig YAML (the `mesh` key of Istio's ConfigMap); Istio's defaults when
+    /// absent. Watched: a change reloads and pushes to every proxy.
+    #[arg(long = "meshConfig")]
+    mesh_config: Option<PathBuf>,
+    /// meshNetworks YAML (`networks: {...}`). Watched like --meshConfig.
+    #[arg(long = "networksConfig")]
+    networks_config: Option<PathBuf>,
     /// Answer debug endpoints for non-loopback callers too.
     #[arg(long = "debugAllowRemote", default_value_t = false)]
     debug_allow_remote: bool,
@@ -131,10 +134,9 @@ impl DiscoveryArgs {
                 eds_debounce: self.eds_debounce,
             },
             push_throttle: self.push_throttle,
+            mesh_config: self.mesh_config,
+            networks_config: self.networks_config,
             generator: GeneratorOptions {
-                cluster: ClusterOptions {
-                    connect_timeout: self.connect_timeout,
-                },
                 eds: EdsOptions {
                     send_unhealthy: self.send_unhealthy,
                 },

@@ -20,8 +20,14 @@ use eds::EdsOptions;
 /// Generator settings that come from flags and the mesh config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GeneratorOptions {
-    pub cluster: ClusterOptions,
     pub eds: EdsOptions,
+}
+
+/// Cluster settings from the snapshot's mesh config.
+fn cluster_options(snapshot: &Snapshot) -> ClusterOptions {
+    ClusterOptions {
+        connect_timeout: snapshot.connect_timeout(),
+    }
 }
 
 /// What a connection subscribed to for one type.
@@ -52,7 +58,7 @@ pub fn generate(
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
     match type_url {
-        TypeUrl::Cluster => clusters(snapshot, proxy, subscription, options),
+        TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Endpoint => load_assignments(snapshot, proxy, subscription, scope, options),
         // Listeners and routes need the Istio config API; until then there are none,
         // and an empty answer lets clients finish their initial fetch.
@@ -60,27 +66,22 @@ pub fn generate(
     }
 }
 
-fn clusters(
-    snapshot: &Snapshot,
-    proxy: &Proxy,
-    sub: Subscription<'_>,
-    options: &GeneratorOptions,
-) -> Vec<Resource> {
+fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     if sub.wildcard {
         let mut out = Vec::new();
         for service in snapshot.services.visible_to(&proxy.namespace) {
             for port in &service.ports {
-                out.extend(outbound_cluster(snapshot, service, port, options));
+                out.extend(outbound_cluster(snapshot, service, port));
             }
         }
-        out.push(special_cluster(snapshot, cds::BLACK_HOLE, options));
-        out.push(special_cluster(snapshot, cds::PASSTHROUGH, options));
+        out.push(special_cluster(snapshot, cds::BLACK_HOLE));
+        out.push(special_cluster(snapshot, cds::PASSTHROUGH));
         return out;
     }
     sub.names
         .iter()
         .filter_map(|name| match name.as_str() {
-            cds::BLACK_HOLE | cds::PASSTHROUGH => Some(special_cluster(snapshot, name, options)),
+            cds::BLACK_HOLE | cds::PASSTHROUGH => Some(special_cluster(snapshot, name)),
             _ => {
                 let parsed = ClusterName::parse(name)?;
                 if parsed.direction != Direction::Outbound || !parsed.subset.is_empty() {
@@ -90,18 +91,13 @@ fn clusters(
                     .services
                     .resolve(parsed.hostname, &proxy.namespace)?;
                 let port = service.port(parsed.port)?;
-                outbound_cluster(snapshot, service, port, options)
+                outbound_cluster(snapshot, service, port)
             }
         })
         .collect()
 }
 
-fn outbound_cluster(
-    snapshot: &Snapshot,
-    service: &Arc<Service>,
-    port: &Port,
-    options: &GeneratorOptions,
-) -> Option<Resource> {
+fn outbound_cluster(snapshot: &Snapshot, service: &Arc<Service>, port: &Port) -> Option<Resource> {
     let name: Arc<str> = Arc::from(cds::outbound_name(
         port.port.get(),
         "",
@@ -116,7 +112,7 @@ fn outbound_cluster(
         .cache
         .get_or_insert(key, Some(&service.hostname), || {
             let shards = snapshot.shards(&service.key()).map(|s| &**s);
-            let cluster = cds::outbound_cluster(service, port, shards, options.cluster);
+            let cluster = cds::outbound_cluster(service, port, shards, cluster_options(snapshot));
             Some(EncodedResource::encode(
                 TypeUrl::Cluster,
                 name.clone(),
@@ -125,7 +121,7 @@ fn outbound_cluster(
         })
 }
 
-fn special_cluster(snapshot: &Snapshot, name: &str, options: &GeneratorOptions) -> Resource {
+fn special_cluster(snapshot: &Snapshot, name: &str) -> Resource {
     let key = CacheKey {
         type_url: TypeUrl::Cluster,
         name: Arc::from(name),
@@ -135,9 +131,9 @@ fn special_cluster(snapshot: &Snapshot, name: &str, options: &GeneratorOptions) 
         .cache
         .get_or_insert(key, None, || {
             let cluster = if name == cds::BLACK_HOLE {
-                cds::black_hole(options.cluster)
+                cds::black_hole(cluster_options(snapshot))
             } else {
-                cds::passthrough(options.cluster)
+                cds::passthrough(cluster_options(snapshot))
             };
             Some(EncodedResource::encode(TypeUrl::Cluster, name, &cluster))
         })

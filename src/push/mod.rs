@@ -22,6 +22,7 @@ use tracing::{debug, info};
 
 use crate::ads::Connections;
 use crate::drain::Shutdown;
+use crate::mesh::MeshSettings;
 use crate::metrics::{CounterByType, convergence_buckets, duration_buckets, type_label};
 use debounce::{DebounceConfig, debounce};
 use snapshot::Snapshot;
@@ -102,6 +103,7 @@ pub struct Pipeline {
     snapshot: Arc<ArcSwap<Snapshot>>,
     connections: Arc<Connections>,
     metrics: Arc<PushMetrics>,
+    mesh: Arc<ArcSwap<MeshSettings>>,
     counter: AtomicU64,
     history: Mutex<VecDeque<PushRecord>>,
     /// Registry events fully applied (pushed or, for sync events, noted).
@@ -117,6 +119,7 @@ impl Pipeline {
         endpoints: Arc<EndpointIndex>,
         connections: Arc<Connections>,
         metrics: Arc<PushMetrics>,
+        mesh: Arc<ArcSwap<MeshSettings>>,
     ) -> Self {
         Pipeline {
             aggregate,
@@ -124,6 +127,7 @@ impl Pipeline {
             snapshot: Arc::new(ArcSwap::from_pointee(Snapshot::empty())),
             connections,
             metrics,
+            mesh,
             counter: AtomicU64::new(0),
             history: Mutex::default(),
             applied: watch::Sender::new(0),
@@ -163,6 +167,7 @@ impl Pipeline {
             &request,
             &self.aggregate,
             &self.endpoints,
+            self.mesh.load_full(),
             n,
         );
         let build_seconds = started.elapsed().as_secs_f64();

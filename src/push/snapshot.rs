@@ -15,6 +15,7 @@ use meshfed_registry::{
     PushRequest, Service, ServiceKey, ShardKey,
 };
 
+use crate::mesh::{MeshSettings, default_mesh_config};
 use crate::resource::ResourceCache;
 
 /// Services after the aggregate's merge, indexed by hostname.
@@ -96,6 +97,8 @@ pub struct Snapshot {
     pub endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
     /// Gateways of every network.
     pub gateways: Arc<Vec<NetworkGateway>>,
+    /// MeshConfig and meshNetworks in force.
+    pub mesh: Arc<MeshSettings>,
     /// Encoded resources of this snapshot.
     pub cache: ResourceCache,
     /// When it was built.
@@ -110,6 +113,10 @@ impl Snapshot {
             services: Arc::default(),
             endpoints: Arc::default(),
             gateways: Arc::default(),
+            mesh: Arc::new(MeshSettings {
+                config: default_mesh_config(),
+                ..Default::default()
+            }),
             cache: ResourceCache::default(),
             built_at: SystemTime::now(),
         }
@@ -122,6 +129,7 @@ impl Snapshot {
         request: &PushRequest,
         aggregate: &Aggregate,
         endpoints: &EndpointIndex,
+        mesh: Arc<MeshSettings>,
         counter: u64,
     ) -> Snapshot {
         let (services, gateways) = if request.full || request.forced {
@@ -138,9 +146,19 @@ impl Snapshot {
             services,
             endpoints: Arc::new(endpoints.snapshot()),
             gateways,
+            mesh,
             cache: previous.cache.carry_over(request),
             built_at: now,
         }
+    }
+
+    /// Upstream connect timeout (meshConfig `connectTimeout`).
+    pub fn connect_timeout(&self) -> std::time::Duration {
+        self.mesh
+            .config
+            .connect_timeout
+            .and_then(|d| std::time::Duration::try_from(d).ok())
+            .unwrap_or(std::time::Duration::from_secs(10))
     }
 
     /// The endpoint shards of a service.

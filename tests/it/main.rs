@@ -5,5 +5,6 @@ mod support;
 
 mod admin;
 mod delta;
+mod mesh;
 mod mock_file;
 mod sotw;

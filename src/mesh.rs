@@ -1,0 +1,468 @@
+//! MeshConfig and MeshNetworks: Istio's defaults, loading from files, and following
+//! those files.
+//!
+//! A mesh config file is what Istio keeps under the `mesh` key of its `istio` ConfigMap:
+//! a MeshConfig document in YAML. Fields the file sets replace Istio's defaults; the
+//! rest keep them. A meshNetworks file is a MeshNetworks document (`networks: {...}`).
+//! A change reloads the file and forces a full push; an invalid file keeps the
+//! previous content and says why in the log.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use meshfed_api::mesh::v1alpha1::{MeshConfig, MeshNetworks, mesh_config};
+use meshfed_registry::watch::PathWatcher;
+use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
+use tracing::{error, info, warn};
+
+/// Why a mesh file was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum MeshError {
+    /// The file could not be read.
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// Not YAML, or not a MeshConfig/MeshNetworks document.
+    #[error("{path}: {reason}")]
+    Invalid { path: String, reason: String },
+}
+
+/// The mesh-wide settings every snapshot is built with.
+#[derive(Clone, Debug, Default)]
+pub struct MeshSettings {
+    /// MeshConfig with Istio's defaults for unset fields.
+    pub config: MeshConfig,
+    /// meshNetworks (empty: one flat network).
+    pub networks: MeshNetworks,
+}
+
+/// Istio's default MeshConfig (the fields meshfed uses).
+pub fn default_mesh_config() -> MeshConfig {
+    let mut m = MeshConfig {
+        proxy_listen_port: 15001,
+        proxy_inbound_listen_port: 15006,
+        proxy_http_port: 0,
+        connect_timeout: Some(
+            std::time::Duration::from_secs(10)
+                .try_into()
+                .expect("10s fits"),
+        ),
+        ingress_class: "istio".into(),
+        ingress_service: "istio-ingressgateway".into(),
+        trust_domain: "cluster.local".into(),
+        root_namespace: "istio-system".into(),
+        default_service_export_to: vec!["*".into()],
+        default_virtual_service_export_to: vec!["*".into()],
+        default_destination_rule_export_to: vec!["*".into()],
+        enable_auto_mtls: Some(true.into()),
+        enable_prometheus_merge: Some(true.into()),
+        dns_refresh_rate: Some(
+            std::time::Duration::from_secs(60)
+                .try_into()
+                .expect("60s fits"),
+        ),
+        ..Default::default()
+    };
+    m.outbound_traffic_policy = Some(mesh_config::OutboundTrafficPolicy {
+        mode: mesh_config::outbound_traffic_policy::Mode::AllowAny as i32,
+    });
+    m
+}
+
+/// Parses a mesh config document onto Istio's defaults.
+pub fn parse_mesh_config(path: &Path, text: &str) -> Result<MeshConfig, MeshError> {
+    let invalid = |reason: String| MeshError::Invalid {
+        path: path.display().to_string(),
+        reason,
+    };
+    let file: serde_json::Value = if text.trim().is_empty() {
+        serde_json::Value::Object(Default::default())
+    } else {
+        serde_norway::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?
+    };
+    if !file.is_object() {
+        return Err(invalid(
+            "a mesh config must be a YAML mapping of MeshConfig fields".into(),
+        ));
+    }
+    let mut merged = serde_json::to_value(default_mesh_config()).expect("MeshConfig serialises");
+    merge(&mut merged, file);
+    let config: MeshConfig =
+        serde_json::from_value(merged).map_err(|e| invalid(format!("MeshConfig: {e}")))?;
+    validate_mesh_config(&config).map_err(invalid)?;
+    Ok(config)
+}
+
+/// Parses a meshNetworks document.
+pub fn parse_mesh_networks(path: &Path, text: &str) -> Result<MeshNetworks, MeshError> {
+    let invalid = |reason: String| MeshError::Invalid {
+        path: path.display().to_string(),
+        reason,
+    };
+    if text.trim().is_empty() {
+        return Ok(MeshNetworks::default());
+    }
+    let value: serde_json::Value =
+        serde_norway::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
+    let networks: MeshNetworks =
+        serde_json::from_value(value).map_err(|e| invalid(format!("MeshNetworks: {e}")))?;
+    validate_mesh_networks(&networks).map_err(invalid)?;
+    Ok(networks)
+}
+
+fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
+    if let Some(t) = &m.connect_timeout {
+        let d: Result<std::time::Duration, _> = (*t).try_into();
+        if !matches!(d, Ok(d) if d > std::time::Duration::ZERO) {
+            return Err("connectTimeout: must be a positive duration".into());
+        }
+    }
+    if m.root_namespace.is_empty() {
+        return Err("rootNamespace: must not be empty".into());
+    }
+    for (field, values) in [
+        ("defaultServiceExportTo", &m.default_service_export_to),
+        (
+            "defaultVirtualServiceExportTo",
+            &m.default_virtual_service_export_to,
+        ),
+        (
+            "defaultDestinationRuleExportTo",
+            &m.default_destination_rule_export_to,
+        ),
+    ] {
+        if values.iter().any(|v| v.is_empty()) {
+            return Err(format!("{field}: entries must not be empty"));
+        }
+    }
+    Ok(())
+}
+
+fn validate_mesh_networks(n: &MeshNetworks) -> Result<(), String> {
+    use meshfed_api::mesh::v1alpha1::network::{istio_network_gateway::Gw, network_endpoints::Ne};
+    for (name, network) in &n.networks {
+        for (i, e) in network.endpoints.iter().enumerate() {
+            match &e.ne {
+                Some(Ne::FromCidr(cidr)) if parse_cidr(cidr).is_none() => {
+                    return Err(format!(
+                        "networks.{name}.endpoints[{i}].fromCidr: {cidr:?} is not a CIDR"
+                    ));
+                }
+                Some(Ne::FromRegistry(r)) if r.is_empty() => {
+                    return Err(format!(
+                        "networks.{name}.endpoints[{i}].fromRegistry: must not be empty"
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "networks.{name}.endpoints[{i}]: needs fromCidr or fromRegistry"
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for (i, g) in network.gateways.iter().enumerate() {
+            if g.port == 0 || g.port > 65535 {
+                return Err(format!(
+                    "networks.{name}.gateways[{i}].port: {} is not a port",
+                    g.port
+                ));
+            }
+            match &g.gw {
+                Some(Gw::Address(a)) if a.is_empty() => {
+                    return Err(format!(
+                        "networks.{name}.gateways[{i}].address: must not be empty"
+                    ));
+                }
+                Some(Gw::RegistryServiceName(s)) if s.is_empty() => {
+                    return Err(format!(
+                        "networks.{name}.gateways[{i}].registryServiceName: must not be empty"
+                    ));
+                }
+                None => {
+                    return Err(format!(
+                        "networks.{name}.gateways[{i}]: needs address or registryServiceName"
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parses `addr/len`.
+pub fn parse_cidr(s: &str) -> Option<(std::net::IpAddr, u8)> {
+    let (addr, len) = s.split_once('/')?;
+    let addr: std::net::IpAddr = addr.parse().ok()?;
+    let len: u8 = len.parse().ok()?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    (len <= max).then_some((addr, len))
+}
+
+/// Deep-merges `overlay` onto `base` (objects merge, everything else replaces).
+fn merge(base: &mut serde_json::Value, overlay: serde_json::Value) {
+    match (base, overlay) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                // The file may use snake_case; the defaults are camelCase.
+                let key = camel_case(&k);
+                match b.get_mut(&key) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        b.insert(key, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+fn camel_case(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut upper = false;
+    for c in s.chars() {
+        if c == '_' {
+            upper = true;
+        } else if upper {
+            out.extend(c.to_uppercase());
+            upper = false;
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Which mesh file a follower reads.
+#[derive(Clone, Copy, Debug)]
+pub enum MeshFile {
+    /// `--meshConfig`.
+    Config,
+    /// `--networksConfig`.
+    Networks,
+}
+
+/// Loads the mesh files once, at start-up. A missing or invalid file is an error here
+/// (the operator asked for it), unlike later reloads, which keep the last good one.
+pub fn load_initial(
+    config: Option<&Path>,
+    networks: Option<&Path>,
+) -> Result<MeshSettings, MeshError> {
+    let read = |p: &Path| {
+        std::fs::read_to_string(p).map_err(|source| MeshError::Read {
+            path: p.display().to_string(),
+            source,
+        })
+    };
+    Ok(MeshSettings {
+        config: match config {
+            Some(p) => parse_mesh_config(p, &read(p)?)?,
+            None => default_mesh_config(),
+        },
+        networks: match networks {
+            Some(p) => parse_mesh_networks(p, &read(p)?)?,
+            None => MeshNetworks::default(),
+        },
+    })
+}
+
+/// Starts following one mesh file: the watch is set up before this returns, so no
+/// later change is missed. The returned future runs until `shutdown`, swapping good
+/// content into `settings` and forcing a full push whenever the content changes.
+pub fn follow(
+    path: PathBuf,
+    which: MeshFile,
+    settings: Arc<ArcSwap<MeshSettings>>,
+    sink: UpdateSink,
+    shutdown: impl Future<Output = ()>,
+) -> Result<impl Future<Output = ()>, MeshError> {
+    let mut watcher = PathWatcher::watch(&path, false).map_err(|e| MeshError::Invalid {
+        path: path.display().to_string(),
+        reason: format!("cannot watch: {e}"),
+    })?;
+    Ok(async move {
+        let mut last: Option<Vec<u8>> = None;
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => return,
+                tick = watcher.changed() => {
+                    if tick.is_none() {
+                        error!("{}: watcher stopped; changes will need a restart", path.display());
+                        return;
+                    }
+                }
+            }
+            let bytes = match std::fs::read(&path) {
+                Ok(b) => b,
+                Err(err) => {
+                    if last.is_some() {
+                        warn!(
+                            "{}: cannot read ({err}); keeping the last good content",
+                            path.display()
+                        );
+                    }
+                    last = None;
+                    continue;
+                }
+            };
+            if last.as_deref() == Some(bytes.as_slice()) {
+                continue;
+            }
+            last = Some(bytes.clone());
+            let text = String::from_utf8_lossy(&bytes);
+            let current = settings.load_full();
+            let mut next = (*current).clone();
+            let applied = match which {
+                MeshFile::Config => parse_mesh_config(&path, &text).map(|c| next.config = c),
+                MeshFile::Networks => parse_mesh_networks(&path, &text).map(|n| next.networks = n),
+            };
+            match applied {
+                Ok(()) if next.config == current.config && next.networks == current.networks => {}
+                Ok(()) => {
+                    settings.store(Arc::new(next));
+                    info!(file = %path.display(), "mesh file reloaded; pushing to every proxy");
+                    let (kind, reason) = match which {
+                        MeshFile::Config => (ConfigKind::MeshConfig, TriggerReason::Global),
+                        MeshFile::Networks => (ConfigKind::MeshNetworks, TriggerReason::Networks),
+                    };
+                    let mut request = PushRequest::forced(reason);
+                    request
+                        .configs_updated
+                        .insert(ConfigKey::new(kind, "mesh", ""));
+                    sink.push(request);
+                }
+                Err(err) => error!("{err}; keeping the previous content"),
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p() -> &'static Path {
+        Path::new("mesh.yaml")
+    }
+
+    #[test]
+    fn file_fields_override_defaults_and_the_rest_stay() {
+        let m = parse_mesh_config(
+            p(),
+            "rootNamespace: mesh-root\nconnect_timeout: 2s\noutboundTrafficPolicy: {mode: REGISTRY_ONLY}\n",
+        )
+        .unwrap();
+        assert_eq!(m.root_namespace, "mesh-root");
+        assert_eq!(
+            std::time::Duration::try_from(m.connect_timeout.unwrap())
+                .unwrap()
+                .as_secs(),
+            2
+        );
+        assert_eq!(
+            m.outbound_traffic_policy.unwrap().mode,
+            mesh_config::outbound_traffic_policy::Mode::RegistryOnly as i32
+        );
+        assert_eq!(m.trust_domain, "cluster.local");
+        assert_eq!(m.default_service_export_to, vec!["*".to_string()]);
+        assert_eq!(m.enable_auto_mtls.map(|b| b.value), Some(true));
+        assert_eq!(parse_mesh_config(p(), "").unwrap(), default_mesh_config());
+    }
+
+    #[test]
+    fn bad_mesh_config_says_why() {
+        let err = parse_mesh_config(p(), "connectTimeout: ten seconds\n").unwrap_err();
+        assert!(
+            err.to_string().starts_with("mesh.yaml: MeshConfig:"),
+            "{err}"
+        );
+        let err = parse_mesh_config(p(), "- a list\n").unwrap_err();
+        assert!(err.to_string().contains("mapping"), "{err}");
+        let err =
+            parse_mesh_config(p(), "outboundTrafficPolicy: {mode: ALLOW_SOME}\n").unwrap_err();
+        assert!(err.to_string().contains("ALLOW_SOME"), "{err}");
+        let err = parse_mesh_config(p(), "connectTimeout: 0s\n").unwrap_err();
+        assert!(err.to_string().contains("connectTimeout"), "{err}");
+    }
+
+    #[test]
+    fn mesh_networks_parse_and_validate() {
+        let n = parse_mesh_networks(
+            p(),
+            "networks:\n  n1:\n    endpoints: [{fromRegistry: c1}, {fromCidr: 10.0.0.0/8}]\n    gateways: [{address: 1.2.3.4, port: 15443}]\n",
+        )
+        .unwrap();
+        assert_eq!(n.networks["n1"].endpoints.len(), 2);
+        let err = parse_mesh_networks(
+            p(),
+            "networks:\n  n1:\n    endpoints: [{fromCidr: 10.0.0.0/99}]\n",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("networks.n1.endpoints[0].fromCidr"),
+            "{err}"
+        );
+        let err = parse_mesh_networks(
+            p(),
+            "networks:\n  n1:\n    gateways: [{address: 1.2.3.4, port: 0}]\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("gateways[0].port"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn follow_applies_good_edits_and_keeps_the_last_good_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mesh.yaml");
+        std::fs::write(&path, "rootNamespace: one\n").unwrap();
+        let settings = Arc::new(ArcSwap::from_pointee(
+            load_initial(Some(&path), None).unwrap(),
+        ));
+        let (sink, mut rx) = UpdateSink::new(Arc::default());
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let follower = follow(
+            path.clone(),
+            MeshFile::Config,
+            settings.clone(),
+            sink,
+            async move {
+                let _ = stop_rx.await;
+            },
+        )
+        .unwrap();
+        let task = tokio::spawn(follower);
+        let tmp = dir.path().join("mesh.tmp");
+        std::fs::write(&tmp, "rootNamespace: two\n").unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(event, meshfed_registry::RegistryEvent::Push(ref r) if r.forced),
+            "{event:?}"
+        );
+        assert_eq!(settings.load().config.root_namespace, "two");
+
+        // A bad edit: no push, content kept; the next good edit applies.
+        std::fs::write(&path, "rootNamespace: [not, a, string]\n").unwrap();
+        std::fs::write(&tmp, "rootNamespace: three\n").unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        let event = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(matches!(event, meshfed_registry::RegistryEvent::Push(_)));
+        assert_eq!(settings.load().config.root_namespace, "three");
+        stop_tx.send(()).unwrap();
+        task.await.unwrap();
+    }
+}
