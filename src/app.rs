@@ -28,9 +28,10 @@ use crate::ads::server::{AdsService, XdsContext};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
 use crate::mesh::{self, MeshFile};
+use crate::push::config_index::{ConfigIndex, ConfigSet};
 use crate::push::debounce::DebounceConfig;
 use crate::push::snapshot::Snapshot;
-use crate::push::{Pipeline, PushMetrics};
+use crate::push::{ConfigSourceFn, Pipeline, PushMetrics};
 
 /// The mock registry served when no file is given: a small echo service, so a
 /// newcomer sees `meshfed discovery` serve at once.
@@ -58,6 +59,8 @@ pub struct DiscoveryConfig {
     pub monitoring_addr: SocketAddr,
     /// meshfed's own cluster id.
     pub cluster_id: ClusterId,
+    /// DNS domain suffix (`--domain`, default `cluster.local`).
+    pub domain: String,
     /// Mock registry source.
     pub mock: MockSource,
     /// `--meshConfig`: MeshConfig YAML (Istio defaults when absent).
@@ -84,6 +87,7 @@ impl Default for DiscoveryConfig {
             http_addr: local(8080),
             monitoring_addr: local(15014),
             cluster_id: ClusterId::new("Kubernetes"),
+            domain: "cluster.local".into(),
             mock: MockSource::Embedded,
             mesh_config: None,
             networks_config: None,
@@ -142,6 +146,7 @@ impl Server {
             connections.clone(),
             push_metrics,
             mesh_settings.clone(),
+            config_source(&config),
         ));
 
         let mut tasks = JoinSet::new();
@@ -318,6 +323,12 @@ impl Server {
         }
         info!("meshfed stopped");
     }
+}
+
+/// Where the snapshot's Istio config comes from.
+fn config_source(config: &DiscoveryConfig) -> ConfigSourceFn {
+    let domain = config.domain.clone();
+    Arc::new(move |mesh| ConfigIndex::new(ConfigSet::default(), &domain, mesh))
 }
 
 fn start_mock_registry(

@@ -32,6 +32,9 @@ struct DiscoveryArgs {
     /// Comma separated registries to read services from. Supported: Mock.
     #[arg(long = "registries", value_delimiter = ',', default_value = "Mock")]
     registries: Vec<String>,
+    /// DNS domain suffix of the cluster.
+    #[arg(long = "domain", default_value = "cluster.local")]
+    domain: String,
     /// YAML file for the Mock registry (watched; edits apply live). Without it the
     /// bundled example is served.
     #[arg(long = "mockRegistryFile")]
@@ -134,6 +137,7 @@ impl DiscoveryArgs {
                 eds_debounce: self.eds_debounce,
             },
             push_throttle: self.push_throttle,
+            domain: self.domain,
             mesh_config: self.mesh_config,
             networks_config: self.networks_config,
             generator: GeneratorOptions {

@@ -1,6 +1,7 @@
 //! The push pipeline: registry events -> debounce -> a new immutable [`Snapshot`] ->
 //! every connection's push queue.
 
+pub mod config_index;
 pub mod debounce;
 pub mod snapshot;
 
@@ -81,6 +82,10 @@ impl PushMetrics {
     }
 }
 
+/// Builds the config index from the current config stores (called on pushes that
+/// touch config).
+pub type ConfigSourceFn = Arc<dyn Fn(&MeshSettings) -> config_index::ConfigIndex + Send + Sync>;
+
 /// One entry of the push history (`/debug/push_status`).
 #[derive(Clone, Debug, Serialize)]
 pub struct PushRecord {
@@ -96,7 +101,6 @@ pub struct PushRecord {
 }
 
 /// Builds snapshots and fans pushes out to connections.
-#[derive(Debug)]
 pub struct Pipeline {
     aggregate: Arc<Aggregate>,
     endpoints: Arc<EndpointIndex>,
@@ -104,6 +108,7 @@ pub struct Pipeline {
     connections: Arc<Connections>,
     metrics: Arc<PushMetrics>,
     mesh: Arc<ArcSwap<MeshSettings>>,
+    config: ConfigSourceFn,
     counter: AtomicU64,
     history: Mutex<VecDeque<PushRecord>>,
     /// Registry events fully applied (pushed or, for sync events, noted).
@@ -111,6 +116,14 @@ pub struct Pipeline {
 }
 
 const HISTORY: usize = 50;
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("version", &self.snapshot.load().version)
+            .finish_non_exhaustive()
+    }
+}
 
 impl Pipeline {
     /// A pipeline over these sources; the snapshot starts empty.
@@ -120,6 +133,7 @@ impl Pipeline {
         connections: Arc<Connections>,
         metrics: Arc<PushMetrics>,
         mesh: Arc<ArcSwap<MeshSettings>>,
+        config: ConfigSourceFn,
     ) -> Self {
         Pipeline {
             aggregate,
@@ -128,6 +142,7 @@ impl Pipeline {
             connections,
             metrics,
             mesh,
+            config,
             counter: AtomicU64::new(0),
             history: Mutex::default(),
             applied: watch::Sender::new(0),
@@ -168,6 +183,7 @@ impl Pipeline {
             &self.aggregate,
             &self.endpoints,
             self.mesh.load_full(),
+            &*self.config,
             n,
         );
         let build_seconds = started.elapsed().as_secs_f64();

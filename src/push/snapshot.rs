@@ -11,11 +11,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use meshfed_registry::{
-    Aggregate, Conflict, EndpointIndex, EndpointShards, Hostname, MergedServices, NetworkGateway,
-    PushRequest, Service, ServiceKey, ShardKey,
+    Aggregate, ConfigKind, Conflict, EndpointIndex, EndpointShards, Hostname, MergedServices,
+    NetworkGateway, PushRequest, Service, ServiceKey, ShardKey,
 };
 
 use crate::mesh::{MeshSettings, default_mesh_config};
+use crate::push::config_index::ConfigIndex;
 use crate::resource::ResourceCache;
 
 /// Services after the aggregate's merge, indexed by hostname.
@@ -99,6 +100,8 @@ pub struct Snapshot {
     pub gateways: Arc<Vec<NetworkGateway>>,
     /// MeshConfig and meshNetworks in force.
     pub mesh: Arc<MeshSettings>,
+    /// Istio config (VirtualService, DestinationRule, Gateway, Sidecar).
+    pub config: Arc<ConfigIndex>,
     /// Encoded resources of this snapshot.
     pub cache: ResourceCache,
     /// When it was built.
@@ -117,6 +120,7 @@ impl Snapshot {
                 config: default_mesh_config(),
                 ..Default::default()
             }),
+            config: Arc::default(),
             cache: ResourceCache::default(),
             built_at: SystemTime::now(),
         }
@@ -130,8 +134,19 @@ impl Snapshot {
         aggregate: &Aggregate,
         endpoints: &EndpointIndex,
         mesh: Arc<MeshSettings>,
+        config: &dyn Fn(&MeshSettings) -> ConfigIndex,
         counter: u64,
     ) -> Snapshot {
+        let config_changed = request.forced
+            || request
+                .configs_updated
+                .iter()
+                .any(|k| !matches!(k.kind, ConfigKind::Endpoints | ConfigKind::ServiceEntry));
+        let config = if config_changed {
+            Arc::new(config(&mesh))
+        } else {
+            previous.config.clone()
+        };
         let (services, gateways) = if request.full || request.forced {
             (
                 Arc::new(ServiceIndex::new(aggregate.merged())),
@@ -147,6 +162,7 @@ impl Snapshot {
             endpoints: Arc::new(endpoints.snapshot()),
             gateways,
             mesh,
+            config,
             cache: previous.cache.carry_over(request),
             built_at: now,
         }

@@ -1,0 +1,485 @@
+//! The Istio config of one snapshot, indexed for the questions generators ask:
+//! which VirtualServices apply to a proxy (and gateway), which DestinationRule applies to
+//! a service for a proxy, which Gateways select a router, which Sidecar scopes a proxy.
+//!
+//! Hosts are normalised to FQDNs when the index is built (`reviews` in namespace
+//! `bookinfo` becomes `reviews.bookinfo.svc.<domain>`), so generators compare FQDNs only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use meshfed_api::networking::v1alpha3::{DestinationRule, Gateway, Sidecar, VirtualService};
+
+use crate::mesh::MeshSettings;
+
+/// One config object of a kind, with the metadata generators need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config<T> {
+    pub name: String,
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub creation_time: SystemTime,
+    pub spec: T,
+}
+
+/// The `gateways` value that means "sidecars".
+pub const MESH_GATEWAY: &str = "mesh";
+
+/// Config indexes of a snapshot.
+#[derive(Debug, Default)]
+pub struct ConfigIndex {
+    /// Cluster domain suffix (`cluster.local`).
+    pub domain: String,
+    /// Root namespace (mesh-wide defaults).
+    pub root_namespace: String,
+    virtual_services: Vec<Arc<Config<VirtualService>>>,
+    destination_rules: Vec<Arc<Config<DestinationRule>>>,
+    gateways: Vec<Arc<Config<Gateway>>>,
+    sidecars: Vec<Arc<Config<Sidecar>>>,
+    default_vs_export: Vec<String>,
+    default_dr_export: Vec<String>,
+}
+
+/// Inputs to [`ConfigIndex::new`].
+#[derive(Clone, Debug, Default)]
+pub struct ConfigSet {
+    pub virtual_services: Vec<Config<VirtualService>>,
+    pub destination_rules: Vec<Config<DestinationRule>>,
+    pub gateways: Vec<Config<Gateway>>,
+    pub sidecars: Vec<Config<Sidecar>>,
+}
+
+impl ConfigIndex {
+    /// Indexes `set`: hosts become FQDNs, objects are ordered oldest first (then by
+    /// namespace and name), which is the order Istio applies them in.
+    pub fn new(mut set: ConfigSet, domain: &str, mesh: &MeshSettings) -> ConfigIndex {
+        for vs in &mut set.virtual_services {
+            let ns = vs.namespace.clone();
+            for h in &mut vs.spec.hosts {
+                *h = fqdn(h, &ns, domain);
+            }
+            for route in &mut vs.spec.http {
+                for d in route
+                    .route
+                    .iter_mut()
+                    .filter_map(|r| r.destination.as_mut())
+                {
+                    d.host = fqdn(&d.host, &ns, domain);
+                }
+                if let Some(m) = route.mirror.as_mut() {
+                    m.host = fqdn(&m.host, &ns, domain);
+                }
+            }
+            for route in &mut vs.spec.tcp {
+                for d in route
+                    .route
+                    .iter_mut()
+                    .filter_map(|r| r.destination.as_mut())
+                {
+                    d.host = fqdn(&d.host, &ns, domain);
+                }
+            }
+            for route in &mut vs.spec.tls {
+                for d in route
+                    .route
+                    .iter_mut()
+                    .filter_map(|r| r.destination.as_mut())
+                {
+                    d.host = fqdn(&d.host, &ns, domain);
+                }
+            }
+            for g in &mut vs.spec.gateways {
+                if g != MESH_GATEWAY && !g.contains('/') {
+                    *g = format!("{ns}/{g}");
+                }
+            }
+        }
+        for dr in &mut set.destination_rules {
+            dr.spec.host = fqdn(&dr.spec.host, &dr.namespace.clone(), domain);
+        }
+        fn order<T>(v: Vec<Config<T>>) -> Vec<Arc<Config<T>>> {
+            let mut v: Vec<Arc<Config<T>>> = v.into_iter().map(Arc::new).collect();
+            v.sort_by(|a, b| {
+                (a.creation_time, &a.namespace, &a.name).cmp(&(
+                    b.creation_time,
+                    &b.namespace,
+                    &b.name,
+                ))
+            });
+            v
+        }
+        ConfigIndex {
+            domain: domain.to_string(),
+            root_namespace: mesh.config.root_namespace.clone(),
+            virtual_services: order(set.virtual_services),
+            destination_rules: order(set.destination_rules),
+            gateways: order(set.gateways),
+            sidecars: order(set.sidecars),
+            default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
+            default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
+        }
+    }
+
+    /// VirtualServices bound to `gateway` (`mesh` for sidecars, `ns/name` for a
+    /// Gateway) and visible from `proxy_ns`, oldest first.
+    pub fn virtual_services<'a>(
+        &'a self,
+        proxy_ns: &'a str,
+        gateway: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<Config<VirtualService>>> + 'a {
+        self.virtual_services.iter().filter(move |vs| {
+            let bound = if vs.spec.gateways.is_empty() {
+                gateway == MESH_GATEWAY
+            } else {
+                vs.spec.gateways.iter().any(|g| g == gateway)
+            };
+            // Gateways see every VirtualService bound to them; exportTo scopes sidecars.
+            bound
+                && (gateway != MESH_GATEWAY
+                    || exported(
+                        &vs.spec.export_to,
+                        &self.default_vs_export,
+                        &vs.namespace,
+                        proxy_ns,
+                    ))
+        })
+    }
+
+    /// The VirtualServices for `host` as seen by a sidecar in `proxy_ns`: the first
+    /// (oldest) one whose hosts match `host` most specifically wins, as in Istio.
+    pub fn virtual_service_for_host<'a>(
+        &'a self,
+        proxy_ns: &'a str,
+        host: &str,
+    ) -> Option<&'a Arc<Config<VirtualService>>> {
+        let mut best: Option<(&Arc<Config<VirtualService>>, usize)> = None;
+        for vs in self.virtual_services(proxy_ns, MESH_GATEWAY) {
+            for pattern in &vs.spec.hosts {
+                if host_matches(pattern, host) {
+                    let specificity = if pattern.starts_with('*') {
+                        pattern.len()
+                    } else {
+                        usize::MAX
+                    };
+                    if best.is_none_or(|(_, s)| specificity > s) {
+                        best = Some((vs, specificity));
+                    }
+                }
+            }
+        }
+        best.map(|(vs, _)| vs)
+    }
+
+    /// The DestinationRule for `host` (declared in `service_ns`) as seen from
+    /// `proxy_ns`: the proxy's namespace first, then the service's, then the root
+    /// namespace; within one namespace the most specific host match wins, then the
+    /// oldest rule.
+    pub fn destination_rule(
+        &self,
+        proxy_ns: &str,
+        service_ns: &str,
+        host: &str,
+    ) -> Option<&Arc<Config<DestinationRule>>> {
+        let in_ns = |ns: &str, require_export: bool| {
+            let mut best: Option<(&Arc<Config<DestinationRule>>, usize)> = None;
+            for dr in self
+                .destination_rules
+                .iter()
+                .filter(|dr| dr.namespace == ns)
+            {
+                if require_export
+                    && !exported(
+                        &dr.spec.export_to,
+                        &self.default_dr_export,
+                        &dr.namespace,
+                        proxy_ns,
+                    )
+                {
+                    continue;
+                }
+                if host_matches(&dr.spec.host, host) {
+                    let specificity = if dr.spec.host.starts_with('*') {
+                        dr.spec.host.len()
+                    } else {
+                        usize::MAX
+                    };
+                    if best.is_none_or(|(_, s)| specificity > s) {
+                        best = Some((dr, specificity));
+                    }
+                }
+            }
+            best.map(|(dr, _)| dr)
+        };
+        in_ns(proxy_ns, false)
+            .or_else(|| in_ns(service_ns, true))
+            .or_else(|| in_ns(&self.root_namespace, true))
+    }
+
+    /// Gateways whose selector matches a router's labels, oldest first.
+    pub fn gateways_for<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a Arc<Config<Gateway>>> + 'a {
+        self.gateways.iter().filter(move |g| {
+            !g.spec.selector.is_empty()
+                && g.spec
+                    .selector
+                    .iter()
+                    .all(|(k, v)| labels.get(k) == Some(v))
+        })
+    }
+
+    /// The Sidecar scoping a proxy: one in its namespace selecting it, else its
+    /// namespace's selector-less one, else the root namespace's selector-less one.
+    pub fn sidecar_for(
+        &self,
+        proxy_ns: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Option<&Arc<Config<Sidecar>>> {
+        let selects = |s: &Config<Sidecar>| {
+            s.spec.workload_selector.as_ref().is_some_and(|ws| {
+                !ws.labels.is_empty() && ws.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+            })
+        };
+        let default_of = |ns: &str| {
+            self.sidecars.iter().find(|s| {
+                s.namespace == ns
+                    && s.spec
+                        .workload_selector
+                        .as_ref()
+                        .is_none_or(|ws| ws.labels.is_empty())
+            })
+        };
+        self.sidecars
+            .iter()
+            .find(|s| s.namespace == proxy_ns && selects(s))
+            .or_else(|| default_of(proxy_ns))
+            .or_else(|| default_of(&self.root_namespace))
+    }
+
+    /// Every VirtualService (for debug output).
+    pub fn all_virtual_services(&self) -> &[Arc<Config<VirtualService>>] {
+        &self.virtual_services
+    }
+
+    /// Every DestinationRule (for debug output).
+    pub fn all_destination_rules(&self) -> &[Arc<Config<DestinationRule>>] {
+        &self.destination_rules
+    }
+}
+
+/// Whether an object with `export_to` (or the mesh default when empty) declared in
+/// `ns` is visible from `proxy_ns`.
+pub fn exported(export_to: &[String], default: &[String], ns: &str, proxy_ns: &str) -> bool {
+    let list = if export_to.is_empty() {
+        default
+    } else {
+        export_to
+    };
+    if list.is_empty() {
+        return true;
+    }
+    list.iter()
+        .any(|e| e == "*" || (e == "." && ns == proxy_ns) || e == proxy_ns)
+}
+
+/// Expands a short host name the way Istio does for config in namespace `ns`:
+/// `reviews` -> `reviews.ns.svc.<domain>`; names with a dot, wildcards and `*` stay.
+pub fn fqdn(host: &str, ns: &str, domain: &str) -> String {
+    if host.contains('.') || host.starts_with('*') || host.is_empty() {
+        host.to_string()
+    } else {
+        format!("{host}.{ns}.svc.{domain}")
+    }
+}
+
+/// Istio host matching: exact, or a wildcard pattern `*.example.com` matching any host
+/// ending in `.example.com` (and `*` matching everything).
+pub fn host_matches(pattern: &str, host: &str) -> bool {
+    if pattern == "*" || pattern == host {
+        return true;
+    }
+    match pattern.strip_prefix('*') {
+        Some(suffix) => host.ends_with(suffix) && host.len() > suffix.len(),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use meshfed_api::networking::v1alpha3::WorkloadSelector;
+
+    use super::*;
+    use crate::mesh::default_mesh_config;
+
+    fn cfg<T>(ns: &str, name: &str, age: u64, spec: T) -> Config<T> {
+        Config {
+            name: name.into(),
+            namespace: ns.into(),
+            labels: BTreeMap::new(),
+            creation_time: SystemTime::UNIX_EPOCH + Duration::from_secs(1000 - age),
+            spec,
+        }
+    }
+
+    fn mesh() -> MeshSettings {
+        MeshSettings {
+            config: default_mesh_config(),
+            ..Default::default()
+        }
+    }
+
+    fn dr(host: &str) -> DestinationRule {
+        DestinationRule {
+            host: host.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn host_matching_and_fqdn() {
+        assert!(host_matches("*.example.com", "a.example.com"));
+        assert!(!host_matches("*.example.com", "example.com"));
+        assert!(host_matches("*", "x"));
+        assert_eq!(
+            fqdn("reviews", "bookinfo", "cluster.local"),
+            "reviews.bookinfo.svc.cluster.local"
+        );
+        assert_eq!(
+            fqdn("api.example.com", "x", "cluster.local"),
+            "api.example.com"
+        );
+    }
+
+    #[test]
+    fn destination_rule_lookup_order() {
+        let host = "reviews.bookinfo.svc.cluster.local";
+        let mut private = dr("reviews.bookinfo.svc.cluster.local");
+        private.export_to = vec![".".into()];
+        let set = ConfigSet {
+            destination_rules: vec![
+                cfg("istio-system", "root", 1, dr("*.svc.cluster.local")),
+                cfg("bookinfo", "svc-ns", 1, private),
+                cfg("client", "client-ns", 1, dr("reviews")),
+            ],
+            ..Default::default()
+        };
+        let index = ConfigIndex::new(set, "cluster.local", &mesh());
+        // The client namespace's rule (short host resolved in *its* namespace) does not
+        // match bookinfo's reviews...
+        assert_eq!(
+            index
+                .destination_rule("client", "bookinfo", host)
+                .unwrap()
+                .name,
+            "root"
+        );
+        // ...the service namespace's private rule applies inside bookinfo only...
+        assert_eq!(
+            index
+                .destination_rule("bookinfo", "bookinfo", host)
+                .unwrap()
+                .name,
+            "svc-ns"
+        );
+        // ...and the root rule covers the rest.
+        assert_eq!(
+            index
+                .destination_rule("other", "bookinfo", host)
+                .unwrap()
+                .name,
+            "root"
+        );
+    }
+
+    #[test]
+    fn virtual_services_by_gateway_export_and_specificity() {
+        let vs = |hosts: &[&str], gateways: &[&str], export: &[&str]| VirtualService {
+            hosts: hosts.iter().map(|s| s.to_string()).collect(),
+            gateways: gateways.iter().map(|s| s.to_string()).collect(),
+            export_to: export.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        let set = ConfigSet {
+            virtual_services: vec![
+                cfg("a", "wild", 10, vs(&["*.example.com"], &[], &[])),
+                cfg("a", "exact", 1, vs(&["api.example.com"], &[], &[])),
+                cfg("a", "private", 5, vs(&["x.example.com"], &[], &["."])),
+                cfg("a", "gw", 5, vs(&["api.example.com"], &["ingress"], &[])),
+            ],
+            ..Default::default()
+        };
+        let index = ConfigIndex::new(set, "cluster.local", &mesh());
+        assert_eq!(
+            index
+                .virtual_service_for_host("b", "api.example.com")
+                .unwrap()
+                .name,
+            "exact"
+        );
+        assert_eq!(
+            index
+                .virtual_service_for_host("b", "y.example.com")
+                .unwrap()
+                .name,
+            "wild"
+        );
+        assert_eq!(
+            index
+                .virtual_service_for_host("b", "x.example.com")
+                .unwrap()
+                .name,
+            "wild"
+        );
+        assert_eq!(
+            index
+                .virtual_service_for_host("a", "x.example.com")
+                .unwrap()
+                .name,
+            "private"
+        );
+        let gw: Vec<_> = index
+            .virtual_services("a", "a/ingress")
+            .map(|v| v.name.as_str())
+            .collect();
+        assert_eq!(gw, vec!["gw"]);
+    }
+
+    #[test]
+    fn sidecar_scope_selection() {
+        let sc = |labels: &[(&str, &str)]| Sidecar {
+            workload_selector: (!labels.is_empty()).then(|| WorkloadSelector {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            }),
+            ..Default::default()
+        };
+        let set = ConfigSet {
+            sidecars: vec![
+                cfg("istio-system", "mesh-default", 1, sc(&[])),
+                cfg("a", "ns-default", 1, sc(&[])),
+                cfg("a", "for-app", 1, sc(&[("app", "x")])),
+            ],
+            ..Default::default()
+        };
+        let index = ConfigIndex::new(set, "cluster.local", &mesh());
+        let labels = |app: &str| BTreeMap::from([("app".to_string(), app.to_string())]);
+        assert_eq!(
+            index.sidecar_for("a", &labels("x")).unwrap().name,
+            "for-app"
+        );
+        assert_eq!(
+            index.sidecar_for("a", &labels("y")).unwrap().name,
+            "ns-default"
+        );
+        assert_eq!(
+            index.sidecar_for("b", &labels("x")).unwrap().name,
+            "mesh-default"
+        );
+    }
+}
