@@ -104,6 +104,11 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// True for gateways (`router` nodes).
+    pub fn is_router(&self) -> bool {
+        self.node_type == NodeType::Router
+    }
+
     /// Parses and validates the node of a stream's first request.
     pub fn from_node(node: Option<&Node>) -> Result<Proxy, NodeError> {
         let node = node.ok_or(NodeError::Missing)?;

@@ -15,6 +15,7 @@ use meshfed_registry::{
     NetworkGateway, PushRequest, Service, ServiceKey, ShardKey,
 };
 
+use crate::ads::node::Proxy;
 use crate::mesh::{MeshSettings, default_mesh_config};
 use crate::push::config_index::ConfigIndex;
 use crate::resource::ResourceCache;
@@ -177,10 +178,50 @@ impl Snapshot {
             .unwrap_or(std::time::Duration::from_secs(10))
     }
 
+    /// Services a proxy may reach: exported to its namespace and, when a Sidecar scopes
+    /// the proxy, matched by one of its egress hosts (`ns/dnsName` with `.`, `*` and
+    /// `~` namespaces and `*` / `*.suffix` names).
+    pub fn visible_services<'a>(
+        &'a self,
+        proxy: &'a Proxy,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        let egress: Option<Vec<&str>> = self
+            .config
+            .sidecar_for(&proxy.namespace, &proxy.labels)
+            .map(|sc| {
+                sc.spec
+                    .egress
+                    .iter()
+                    .flat_map(|e| e.hosts.iter().map(String::as_str))
+                    .collect()
+            });
+        self.services
+            .visible_to(&proxy.namespace)
+            .filter(move |s| match &egress {
+                None => true,
+                Some(hosts) => hosts
+                    .iter()
+                    .any(|h| egress_host_matches(h, &proxy.namespace, s)),
+            })
+    }
+
     /// The endpoint shards of a service.
     pub fn shards(&self, key: &ServiceKey) -> Option<&Arc<EndpointShards>> {
         self.endpoints.get(key)
     }
+}
+
+/// Whether a Sidecar egress host `ns/dnsName` admits `service` for a proxy in
+/// `proxy_ns`.
+pub fn egress_host_matches(entry: &str, proxy_ns: &str, service: &Service) -> bool {
+    let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
+    let ns_ok = match ns {
+        "*" => true,
+        "~" => false,
+        "." => service.namespace.as_str() == proxy_ns,
+        other => service.namespace.as_str() == other,
+    };
+    ns_ok && crate::push::config_index::host_matches(host, service.hostname.as_str())
 }
 
 /// Istio's push version: RFC 3339 time (UTC, seconds) and a counter.

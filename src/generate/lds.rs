@@ -1,0 +1,728 @@
+//! LDS for Envoy sidecars and gateways, with Istio's listener names.
+//!
+//! Sidecar:
+//! - `virtualOutbound` (15001): receives redirected outbound traffic and hands it to the
+//!   listener matching the original destination; unknown destinations go to
+//!   `PassthroughCluster` (ALLOW_ANY) or `BlackHoleCluster` (REGISTRY_ONLY).
+//! - one outbound listener per service port, not bound: `0.0.0.0_<port>` with an HTTP
+//!   connection manager using RDS route `<port>` for HTTP ports, `<VIP>_<port>` with a
+//!   TCP proxy to `outbound|<port>||<host>` for TCP ports.
+//! - `virtualInbound` (15006): one filter chain per port of the proxy's own services
+//!   (HTTP -> `inbound|<port>||` through an inline route, TCP -> TCP proxy), then a
+//!   catch-all to `InboundPassthroughCluster`.
+//!
+//! Gateway (router): one bound listener per Gateway server port, `0.0.0.0_<port>`, HTTP
+//! servers through RDS `http.<port>`, HTTPS servers terminated with the certificate
+//! named by `credentialName` (SDS) and routed through the same route table.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::core::v3::{
+    AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, TrafficDirection,
+    TransportSocket, address, config_source, socket_address, transport_socket,
+};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
+use envoy_types::pb::envoy::config::route::v3::{
+    Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
+    route_match,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
+};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
+use meshfed_api::mesh::v1alpha1::mesh_config::outbound_traffic_policy::Mode as MeshOutboundMode;
+use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
+use prost::{Message, Name};
+
+use super::cds;
+use crate::ads::node::Proxy;
+use crate::push::snapshot::Snapshot;
+
+/// The outbound capture listener.
+pub const VIRTUAL_OUTBOUND: &str = "virtualOutbound";
+/// The inbound capture listener.
+pub const VIRTUAL_INBOUND: &str = "virtualInbound";
+/// Inbound traffic to ports no service claims.
+pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
+
+/// A port the proxy serves for one of its services (from the registries).
+#[derive(Clone, Debug, PartialEq)]
+pub struct InboundPort {
+    /// Port the workload listens on.
+    pub target_port: u16,
+    /// Whether traffic is HTTP.
+    pub http: bool,
+}
+
+/// Every listener of a sidecar. `inbound` lists the proxy's own ports.
+pub fn sidecar_listeners(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    inbound: &[InboundPort],
+) -> Vec<Listener> {
+    let mut out = vec![
+        virtual_outbound(snapshot, proxy),
+        virtual_inbound(snapshot, inbound),
+    ];
+    out.extend(outbound_listeners(snapshot, proxy));
+    out
+}
+
+fn mesh_allows_any(snapshot: &Snapshot, proxy: &Proxy) -> bool {
+    let sidecar_mode = snapshot
+        .config
+        .sidecar_for(&proxy.namespace, &proxy.labels)
+        .and_then(|s| s.spec.outbound_traffic_policy.as_ref())
+        .map(|p| p.mode == 1);
+    if let Some(registry_only) = sidecar_mode {
+        return !registry_only;
+    }
+    snapshot
+        .mesh
+        .config
+        .outbound_traffic_policy
+        .as_ref()
+        .is_none_or(|p| p.mode != MeshOutboundMode::RegistryOnly as i32)
+}
+
+fn virtual_outbound(snapshot: &Snapshot, proxy: &Proxy) -> Listener {
+    let port = u16::try_from(snapshot.mesh.config.proxy_listen_port).unwrap_or(15001);
+    let fallback = if mesh_allows_any(snapshot, proxy) {
+        cds::PASSTHROUGH
+    } else {
+        cds::BLACK_HOLE
+    };
+    Listener {
+        name: VIRTUAL_OUTBOUND.into(),
+        address: Some(socket("0.0.0.0", port)),
+        use_original_dst: Some(BoolValue { value: true }),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        filter_chains: vec![FilterChain {
+            name: "virtualOutbound-catchall-tcp".into(),
+            filters: vec![tcp_proxy_filter(fallback)],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+fn virtual_inbound(snapshot: &Snapshot, inbound: &[InboundPort]) -> Listener {
+    let port = u16::try_from(snapshot.mesh.config.proxy_inbound_listen_port).unwrap_or(15006);
+    let mut chains: Vec<FilterChain> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for p in inbound {
+        if !seen.insert(p.target_port) {
+            continue;
+        }
+        let cluster = format!("inbound|{}||", p.target_port);
+        let filter = if p.http {
+            hcm_filter(
+                &format!("inbound_0.0.0.0_{}", p.target_port),
+                http_connection_manager::RouteSpecifier::RouteConfig(inbound_route(
+                    &cluster,
+                    p.target_port,
+                )),
+                false,
+            )
+        } else {
+            tcp_proxy_filter(&cluster)
+        };
+        chains.push(FilterChain {
+            name: cluster.clone(),
+            filter_chain_match: Some(FilterChainMatch {
+                destination_port: Some(UInt32Value {
+                    value: u32::from(p.target_port),
+                }),
+                ..Default::default()
+            }),
+            filters: vec![filter],
+            ..Default::default()
+        });
+    }
+    chains.push(FilterChain {
+        name: "virtualInbound-catchall-tcp".into(),
+        filters: vec![tcp_proxy_filter(INBOUND_PASSTHROUGH)],
+        ..Default::default()
+    });
+    Listener {
+        name: VIRTUAL_INBOUND.into(),
+        address: Some(socket("0.0.0.0", port)),
+        traffic_direction: TrafficDirection::Inbound as i32,
+        listener_filters: vec![ListenerFilter {
+            name: "envoy.filters.listener.original_dst".into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+                &OriginalDst::default(),
+            ))),
+            ..Default::default()
+        }],
+        filter_chains: chains,
+        ..Default::default()
+    }
+}
+
+fn inbound_route(cluster: &str, port: u16) -> RouteConfiguration {
+    RouteConfiguration {
+        name: cluster.to_string(),
+        virtual_hosts: vec![VirtualHost {
+            name: format!("inbound|http|{port}"),
+            domains: vec!["*".into()],
+            routes: vec![Route {
+                name: "default".into(),
+                r#match: Some(RouteMatch {
+                    path_specifier: Some(route_match::PathSpecifier::Prefix("/".into())),
+                    ..Default::default()
+                }),
+                action: Some(route::Action::Route(RouteAction {
+                    cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+                        cluster.to_string(),
+                    )),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+        validate_clusters: Some(BoolValue { value: false }),
+        ..Default::default()
+    }
+}
+
+/// Outbound listeners: HTTP ports share `0.0.0.0_<port>`; TCP ports get
+/// `<VIP>_<port>` (or `0.0.0.0_<port>` without a VIP, unless an HTTP listener already
+/// owns that port: HTTP wins, as in Istio).
+fn outbound_listeners(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Listener> {
+    let mut by_name: BTreeMap<String, Listener> = BTreeMap::new();
+    let mut tcp: Vec<(String, IpAddr, u16, String)> = Vec::new();
+    for service in snapshot.visible_services(proxy) {
+        for port in &service.ports {
+            let p = port.port.get();
+            if port.protocol.is_http() {
+                let name = format!("0.0.0.0_{p}");
+                by_name.entry(name.clone()).or_insert_with(|| Listener {
+                    name: name.clone(),
+                    address: Some(socket("0.0.0.0", p)),
+                    bind_to_port: Some(BoolValue { value: false }),
+                    traffic_direction: TrafficDirection::Outbound as i32,
+                    filter_chains: vec![FilterChain {
+                        filters: vec![hcm_filter(
+                            &format!("outbound_0.0.0.0_{p}"),
+                            http_connection_manager::RouteSpecifier::Rds(rds(&p.to_string())),
+                            false,
+                        )],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                });
+            } else {
+                let ip = service
+                    .address_for(proxy.cluster_id.as_ref())
+                    .unwrap_or(IpAddr::from([0, 0, 0, 0]));
+                let cluster = cds::outbound_name(p, "", service.hostname.as_str());
+                tcp.push((format!("{ip}_{p}"), ip, p, cluster));
+            }
+        }
+    }
+    for (name, ip, port, cluster) in tcp {
+        by_name.entry(name.clone()).or_insert_with(|| Listener {
+            name,
+            address: Some(socket(&ip.to_string(), port)),
+            bind_to_port: Some(BoolValue { value: false }),
+            traffic_direction: TrafficDirection::Outbound as i32,
+            filter_chains: vec![FilterChain {
+                filters: vec![tcp_proxy_filter(&cluster)],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+    }
+    by_name.into_values().collect()
+}
+
+/// Listeners of a gateway: one per port of the Gateway servers selecting it.
+pub fn gateway_listeners(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Listener> {
+    let mut by_port: BTreeMap<u16, Listener> = BTreeMap::new();
+    for gateway in snapshot.config.gateways_for(&proxy.labels) {
+        for server in &gateway.spec.servers {
+            let Some(port) = server.port.as_ref() else {
+                continue;
+            };
+            let Ok(number) = u16::try_from(port.number) else {
+                continue;
+            };
+            let listener = by_port.entry(number).or_insert_with(|| Listener {
+                name: format!("0.0.0.0_{number}"),
+                address: Some(socket("0.0.0.0", number)),
+                traffic_direction: TrafficDirection::Outbound as i32,
+                ..Default::default()
+            });
+            let route = format!("http.{number}");
+            let protocol = port.protocol.to_ascii_uppercase();
+            let hosts: Vec<String> = server
+                .hosts
+                .iter()
+                .map(|h| h.split_once('/').map_or(h.as_str(), |(_, h)| h).to_string())
+                .collect();
+            let tls = server.tls.as_ref();
+            let terminated = matches!(protocol.as_str(), "HTTPS")
+                && tls.is_some_and(|t| matches!(t.mode(), TlSmode::Simple | TlSmode::Mutual));
+            if protocol == "HTTP" || protocol == "HTTP2" || protocol == "GRPC" {
+                if !listener
+                    .filter_chains
+                    .iter()
+                    .any(|c| c.filter_chain_match.is_none())
+                {
+                    listener.filter_chains.push(FilterChain {
+                        filters: vec![hcm_filter(
+                            &format!("outbound_0.0.0.0_{number}"),
+                            http_connection_manager::RouteSpecifier::Rds(rds(&route)),
+                            true,
+                        )],
+                        ..Default::default()
+                    });
+                }
+            } else if terminated {
+                let credential = tls.map(|t| t.credential_name.clone()).unwrap_or_default();
+                listener.filter_chains.push(FilterChain {
+                    filter_chain_match: Some(FilterChainMatch {
+                        server_names: hosts
+                            .iter()
+                            .filter(|h| h.as_str() != "*")
+                            .cloned()
+                            .collect(),
+                        ..Default::default()
+                    }),
+                    filters: vec![hcm_filter(
+                        &format!("outbound_0.0.0.0_{number}"),
+                        http_connection_manager::RouteSpecifier::Rds(rds(&route)),
+                        true,
+                    )],
+                    transport_socket: Some(downstream_tls(&credential)),
+                    ..Default::default()
+                });
+                if !listener
+                    .listener_filters
+                    .iter()
+                    .any(|f| f.name == "envoy.filters.listener.tls_inspector")
+                {
+                    listener.listener_filters.push(ListenerFilter {
+                        name: "envoy.filters.listener.tls_inspector".into(),
+                        config_type: Some(listener_filter::ConfigType::TypedConfig(Any {
+                            type_url: "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"
+                                .into(),
+                            value: Vec::new(),
+                        })),
+                        ..Default::default()
+                    });
+                }
+            }
+        }
+    }
+    by_port
+        .into_values()
+        .filter(|l| !l.filter_chains.is_empty())
+        .collect()
+}
+
+fn downstream_tls(credential: &str) -> TransportSocket {
+    let context = DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
+                name: format!("kubernetes://{credential}"),
+                sds_config: Some(ads_config()),
+            }],
+            alpn_protocols: vec!["h2".into(), "http/1.1".into()],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    TransportSocket {
+        name: "envoy.transport_sockets.tls".into(),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(pack(&context))),
+    }
+}
+
+fn rds(name: &str) -> Rds {
+    Rds {
+        config_source: Some(ads_config()),
+        route_config_name: name.to_string(),
+    }
+}
+
+fn ads_config() -> ConfigSource {
+    ConfigSource {
+        config_source_specifier: Some(config_source::ConfigSourceSpecifier::Ads(
+            AggregatedConfigSource {},
+        )),
+        resource_api_version: ApiVersion::V3 as i32,
+        ..Default::default()
+    }
+}
+
+/// An HTTP connection manager with the router filter.
+pub fn hcm_filter(
+    stat_prefix: &str,
+    routes: http_connection_manager::RouteSpecifier,
+    edge: bool,
+) -> Filter {
+    let hcm = HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        codec_type: http_connection_manager::CodecType::Auto as i32,
+        route_specifier: Some(routes),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
+                &Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        use_remote_address: Some(BoolValue { value: edge }),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
+    }
+}
+
+fn tcp_proxy_filter(cluster: &str) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: cluster.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
+    }
+}
+
+fn socket(address: &str, port: u16) -> envoy_types::pb::envoy::config::core::v3::Address {
+    envoy_types::pb::envoy::config::core::v3::Address {
+        address: Some(address::Address::SocketAddress(SocketAddress {
+            address: address.to_string(),
+            port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
+            ..Default::default()
+        })),
+    }
+}
+
+fn pack<M: Message + Name>(m: &M) -> Any {
+    Any {
+        type_url: M::type_url(),
+        value: m.encode_to_vec(),
+    }
+}
+
+/// The clusters a listener sends traffic to and the route tables it asks for (for
+/// consistency checks).
+pub fn references(listener: &Listener) -> (Vec<String>, Vec<String>) {
+    let mut clusters = Vec::new();
+    let mut routes = Vec::new();
+    for chain in &listener.filter_chains {
+        for f in &chain.filters {
+            let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type else {
+                continue;
+            };
+            if any.type_url == TcpProxy::type_url() {
+                if let Ok(tp) = TcpProxy::decode(any.value.as_slice())
+                    && let Some(tcp_proxy::ClusterSpecifier::Cluster(c)) = tp.cluster_specifier
+                {
+                    clusters.push(c);
+                }
+            } else if any.type_url == HttpConnectionManager::type_url()
+                && let Ok(hcm) = HttpConnectionManager::decode(any.value.as_slice())
+            {
+                match hcm.route_specifier {
+                    Some(http_connection_manager::RouteSpecifier::Rds(r)) => {
+                        routes.push(r.route_config_name)
+                    }
+                    Some(http_connection_manager::RouteSpecifier::RouteConfig(rc)) => {
+                        for vh in rc.virtual_hosts {
+                            for r in vh.routes {
+                                if let Some(route::Action::Route(RouteAction {
+                                    cluster_specifier:
+                                        Some(route_action::ClusterSpecifier::Cluster(c)),
+                                    ..
+                                })) = r.action
+                                {
+                                    clusters.push(c);
+                                }
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    (clusters, routes)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use meshfed_api::networking::v1alpha3::{
+        Gateway, IstioEgressListener, Port as GwPort, Server, ServerTlsSettings, Sidecar,
+    };
+    use meshfed_registry::{
+        Aggregate, EndpointIndex, MemoryRegistry, Port, Protocol, ProviderId, PushRequest, Service,
+        TriggerReason, UpdateSink,
+    };
+
+    use super::*;
+    use crate::ads::node::{Proxy, json_to_struct};
+    use crate::mesh::MeshSettings;
+    use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
+
+    fn service(host: &str, ns: &str, vip: &str, ports: &[(&str, u16, Protocol)]) -> Service {
+        let mut s = Service::new(host, ns, ProviderId::Mock, "c1");
+        s.cluster_vips
+            .insert("c1".into(), vec![vip.parse().unwrap()]);
+        for (n, p, proto) in ports {
+            s.ports.push(Port::new(n, *p, *proto).unwrap());
+        }
+        s
+    }
+
+    fn snapshot(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Snapshot {
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _rx) = UpdateSink::new(index.clone());
+        let aggregate = Aggregate::new("c1");
+        let reg = MemoryRegistry::new("c1", sink);
+        for s in services {
+            reg.add_service(s);
+        }
+        aggregate.add_registry(Arc::new(reg));
+        Snapshot::build(
+            &Snapshot::empty(),
+            &PushRequest::forced(TriggerReason::Global),
+            &aggregate,
+            &index,
+            Arc::new(mesh),
+            &|m| ConfigIndex::new(set.clone(), "cluster.local", m),
+            1,
+        )
+    }
+
+    fn proxy(id: &str, labels: serde_json::Value) -> Proxy {
+        let node = envoy_types::pb::envoy::config::core::v3::Node {
+            id: id.into(),
+            metadata: Some(json_to_struct(
+                &serde_json::json!({"LABELS": labels, "CLUSTER_ID": "c1"}),
+            )),
+            ..Default::default()
+        };
+        Proxy::from_node(Some(&node)).unwrap()
+    }
+
+    fn default_mesh() -> MeshSettings {
+        MeshSettings {
+            config: crate::mesh::default_mesh_config(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sidecar_listeners_have_istio_names_and_references() {
+        let snap = snapshot(
+            vec![
+                service(
+                    "a.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http)],
+                ),
+                service(
+                    "db.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.2",
+                    &[("tcp", 5432, Protocol::Tcp)],
+                ),
+                service(
+                    "b.other.svc.cluster.local",
+                    "other",
+                    "10.96.0.3",
+                    &[("http", 80, Protocol::Http)],
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let p = proxy(
+            "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let inbound = [
+            InboundPort {
+                target_port: 8080,
+                http: true,
+            },
+            InboundPort {
+                target_port: 9000,
+                http: false,
+            },
+        ];
+        let listeners = sidecar_listeners(&snap, &p, &inbound);
+        let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "virtualOutbound",
+                "virtualInbound",
+                "0.0.0.0_80",
+                "10.96.0.2_5432"
+            ]
+        );
+        let (clusters, routes) = references(&listeners[2]);
+        assert!(clusters.is_empty());
+        assert_eq!(routes, vec!["80"]);
+        assert_eq!(
+            references(&listeners[3]).0,
+            vec!["outbound|5432||db.default.svc.cluster.local"]
+        );
+        assert_eq!(references(&listeners[0]).0, vec!["PassthroughCluster"]);
+        let (inbound_clusters, _) = references(&listeners[1]);
+        assert_eq!(
+            inbound_clusters,
+            vec![
+                "inbound|8080||",
+                "inbound|9000||",
+                "InboundPassthroughCluster"
+            ]
+        );
+        assert_eq!(listeners[2].bind_to_port, Some(BoolValue { value: false }));
+    }
+
+    #[test]
+    fn registry_only_blackholes_and_sidecar_egress_scopes() {
+        let mut mesh = default_mesh();
+        mesh.config.outbound_traffic_policy.as_mut().unwrap().mode =
+            MeshOutboundMode::RegistryOnly as i32;
+        let sidecar = Sidecar {
+            egress: vec![IstioEgressListener {
+                hosts: vec!["./*".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let set = ConfigSet {
+            sidecars: vec![Config {
+                name: "default".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: sidecar,
+            }],
+            ..Default::default()
+        };
+        let snap = snapshot(
+            vec![
+                service(
+                    "a.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http)],
+                ),
+                service(
+                    "db.other.svc.cluster.local",
+                    "other",
+                    "10.96.0.2",
+                    &[("tcp", 5432, Protocol::Tcp)],
+                ),
+            ],
+            set,
+            mesh,
+        );
+        let p = proxy(
+            "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let listeners = sidecar_listeners(&snap, &p, &[]);
+        let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["virtualOutbound", "virtualInbound", "0.0.0.0_80"],
+            "other/db is out of scope"
+        );
+        assert_eq!(references(&listeners[0]).0, vec!["BlackHoleCluster"]);
+    }
+
+    #[test]
+    fn gateway_listeners_from_selected_gateways() {
+        let gw = Gateway {
+            selector: [("istio".to_string(), "ingressgateway".to_string())].into(),
+            servers: vec![
+                Server {
+                    port: Some(GwPort {
+                        number: 80,
+                        protocol: "HTTP".into(),
+                        name: "http".into(),
+                        ..Default::default()
+                    }),
+                    hosts: vec!["*/bookinfo.example.com".into()],
+                    ..Default::default()
+                },
+                Server {
+                    port: Some(GwPort {
+                        number: 443,
+                        protocol: "HTTPS".into(),
+                        name: "https".into(),
+                        ..Default::default()
+                    }),
+                    hosts: vec!["bookinfo.example.com".into()],
+                    tls: Some(ServerTlsSettings {
+                        mode: TlSmode::Simple as i32,
+                        credential_name: "bookinfo-cert".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
+        };
+        let set = ConfigSet {
+            gateways: vec![Config {
+                name: "bookinfo".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: gw,
+            }],
+            ..Default::default()
+        };
+        let snap = snapshot(vec![], set, default_mesh());
+        let router = proxy(
+            "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
+            serde_json::json!({"istio": "ingressgateway"}),
+        );
+        let listeners = gateway_listeners(&snap, &router);
+        assert_eq!(
+            listeners
+                .iter()
+                .map(|l| l.name.as_str())
+                .collect::<Vec<_>>(),
+            vec!["0.0.0.0_80", "0.0.0.0_443"]
+        );
+        assert_eq!(references(&listeners[0]).1, vec!["http.80"]);
+        let https = &listeners[1].filter_chains[0];
+        assert_eq!(
+            https.filter_chain_match.as_ref().unwrap().server_names,
+            vec!["bookinfo.example.com"]
+        );
+        assert!(https.transport_socket.is_some());
+        let other = proxy(
+            "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
+            serde_json::json!({"istio": "egress"}),
+        );
+        assert!(gateway_listeners(&snap, &other).is_empty());
+    }
+}
