@@ -77,6 +77,8 @@ pub struct DiscoveryConfig {
     pub debug_open: bool,
     /// How long shutdown waits for tasks before aborting them.
     pub drain_deadline: Duration,
+    /// Run-time log level control for `/logging` (set by the binary).
+    pub log_control: Option<crate::logging::LogControl>,
 }
 
 impl Default for DiscoveryConfig {
@@ -96,6 +98,7 @@ impl Default for DiscoveryConfig {
             generator: GeneratorOptions::default(),
             debug_open: false,
             drain_deadline: Duration::from_secs(5),
+            log_control: None,
         }
     }
 }
@@ -218,6 +221,7 @@ impl Server {
             connections: connections.clone(),
             metrics: Arc::new(metrics_registry),
             debug_open: config.debug_open,
+            log_control: config.log_control.clone(),
         };
         tasks.spawn(serve_http(
             http,

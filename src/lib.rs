@@ -10,6 +10,7 @@ pub mod ads;
 pub mod app;
 pub mod drain;
 pub mod generate;
+pub mod logging;
 pub mod mesh;
 pub mod metrics;
 pub mod push;

@@ -10,7 +10,6 @@ use meshfed::app::{DiscoveryConfig, MockSource, Server};
 use meshfed::generate::GeneratorOptions;
 use meshfed::generate::eds::EdsOptions;
 use meshfed::push::debounce::DebounceConfig;
-use tracing_subscriber::EnvFilter;
 
 /// A multi-registry service-mesh control plane serving Istio-compatible xDS.
 #[derive(Parser, Debug)]
@@ -78,10 +77,14 @@ struct DiscoveryArgs {
     /// Answer debug endpoints for non-loopback callers too.
     #[arg(long = "debugAllowRemote", default_value_t = false)]
     debug_allow_remote: bool,
-    /// Log filter (tracing EnvFilter syntax, e.g. `info,meshfed::ads=debug`); RUST_LOG
-    /// overrides it.
-    #[arg(long = "log_level", default_value = "info")]
-    log_level: String,
+    /// Log levels in Istio's form `scope:level,...` (e.g. `default:info,ads:debug`);
+    /// scopes: default, ads, push, model, registry, kube, consul, mesh, admin, app.
+    /// RUST_LOG (tracing syntax) overrides it. Changeable at run time via /logging.
+    #[arg(long = "log_output_level", default_value = "default:info")]
+    log_output_level: String,
+    /// Log as JSON lines.
+    #[arg(long = "log_as_json", default_value_t = false)]
+    log_as_json: bool,
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {
@@ -155,11 +158,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Discovery(args) => {
-            let filter = EnvFilter::try_from_default_env()
-                .or_else(|_| EnvFilter::try_new(&args.log_level))
-                .context("--log_level")?;
-            tracing_subscriber::fmt().with_env_filter(filter).init();
-            let config = args.into_config()?;
+            let logs = meshfed::logging::init(&args.log_output_level, args.log_as_json)
+                .map_err(|e| anyhow::anyhow!("--log_output_level: {e}"))?;
+            let mut config = args.into_config()?;
+            config.log_control = Some(logs);
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(async {
                 let server = Server::start(config).await?;

@@ -33,6 +33,8 @@ pub struct AdminState {
     pub metrics: Arc<Registry>,
     /// Answer debug requests from non-loopback callers too.
     pub debug_open: bool,
+    /// Log level control for `/logging` (absent in embedded use).
+    pub log_control: Option<crate::logging::LogControl>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -72,6 +74,7 @@ pub fn monitoring_router(state: AdminState) -> Router {
 
 fn debug_router(state: AdminState) -> Router<AdminState> {
     let mut router = Router::new()
+        .route("/logging", get(logging).put(logging).post(logging))
         .route("/debug", get(debug_index))
         .route("/debug/list", get(|| async { axum::Json(debug::list()) }));
     for endpoint in DEBUG_ENDPOINTS {
@@ -94,6 +97,32 @@ async fn loopback_only(
         "debug endpoints answer loopback callers only (see --debugAllowRemote)\n",
     )
         .into_response()
+}
+
+/// `GET /logging` shows the levels; `PUT|POST /logging?level=scope:level,...` sets them.
+async fn logging(
+    State(state): State<AdminState>,
+    method: axum::http::Method,
+    axum::extract::Query(query): axum::extract::Query<std::collections::BTreeMap<String, String>>,
+) -> Response {
+    let Some(control) = &state.log_control else {
+        return (
+            StatusCode::NOT_FOUND,
+            "log levels are managed by the embedding application\n",
+        )
+            .into_response();
+    };
+    if method != axum::http::Method::GET {
+        let Some(level) = query.get("level") else {
+            return (StatusCode::BAD_REQUEST, "missing ?level=scope:level,...\n").into_response();
+        };
+        if let Err(err) = control.set(level) {
+            return (StatusCode::BAD_REQUEST, format!("{err}\n")).into_response();
+        }
+        tracing::info!(level = %level, "log levels changed");
+    }
+    let scopes: Vec<&str> = crate::logging::SCOPES.iter().map(|(s, _)| *s).collect();
+    axum::Json(serde_json::json!({"level": control.current(), "scopes": scopes})).into_response()
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {
