@@ -61,6 +61,13 @@ pub struct FakeServerBuilder {
 }
 
 impl FakeServerBuilder {
+    /// Serves ADS on this address instead of 127.0.0.1 port 0 (to restart a control
+    /// plane where its clients expect it).
+    pub fn grpc_addr(mut self, addr: SocketAddr) -> Self {
+        self.config.grpc_addr = addr;
+        self
+    }
+
     /// Debounce timings (default: 10 ms quiet, 1 s max).
     pub fn debounce(mut self, debounce: DebounceConfig) -> Self {
         self.config.debounce = debounce;

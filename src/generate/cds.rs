@@ -1,24 +1,52 @@
-//! CDS: an outbound cluster per service port, plus Istio's special clusters.
+//! CDS: an outbound cluster per service port and per DestinationRule subset, with the
+//! rule's traffic policy (see [`super::policy`]); a sidecar's inbound clusters for its
+//! own service ports; and Istio's special clusters.
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, Http2ProtocolOptions, config_source,
+    AggregatedConfigSource, ApiVersion, BindConfig, ConfigSource, ExtraSourceAddress,
+    Http2ProtocolOptions, HttpProtocolOptions as CommonHttpProtocolOptions, Metadata,
+    SocketAddress, config_source, socket_address,
+};
+use envoy_types::pb::envoy::config::endpoint::v3::{
+    ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
     HttpProtocolOptions, http_protocol_options,
 };
-use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
-use meshfed_registry::{EndpointShards, Port, Resolution, Service};
+use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Value, value};
+use meshfed_api::mesh::v1alpha1::MeshConfig;
+use meshfed_api::mesh::v1alpha1::mesh_config::inbound_traffic_policy::Mode as InboundMode;
+use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
+use meshfed_registry::{
+    EndpointShards, MeshLocation, Port, Protocol, ProviderId, Resolution, Service, TlsMode,
+};
 use prost::{Message, Name};
 
-use super::eds::{self, EdsOptions};
+use super::eds::{self, EdsOptions, EndpointSelection};
+use super::instances::{self, ProxyInstance};
+use super::policy::{self, ClusterBuild, PolicyContext};
+use crate::ads::node::{NodeType, Proxy};
+use crate::push::config_index::Config;
+use crate::push::snapshot::Snapshot;
+use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
 
 /// Drops traffic to unknown destinations (outboundTrafficPolicy REGISTRY_ONLY).
 pub const BLACK_HOLE: &str = "BlackHoleCluster";
 /// Forwards traffic to unknown destinations as addressed (ALLOW_ANY).
 pub const PASSTHROUGH: &str = "PassthroughCluster";
+/// Inbound traffic to ports no service claims, forwarded to the original destination.
+pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
+/// Source address of a sidecar's own connections to its workload, which iptables lets
+/// through instead of capturing them again.
+pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
+/// IPv6 form of [`INBOUND_PASSTHROUGH_BIND_V4`].
+pub const INBOUND_PASSTHROUGH_BIND_V6: &str = "::6";
 
 /// Which way a cluster name points.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -65,6 +93,17 @@ pub fn outbound_name(port: u16, subset: &str, hostname: &str) -> String {
     format!("outbound|{port}|{subset}|{hostname}")
 }
 
+/// `inbound|<targetPort>||`.
+pub fn inbound_name(target_port: u16) -> String {
+    format!("inbound|{target_port}||")
+}
+
+/// The SNI (and DNS SRV) form `outbound_.<port>_.<subset>_.<hostname>`, sent with Istio
+/// mTLS so that east-west gateways can route by it.
+pub fn sni_name(port: u16, subset: &str, hostname: &str) -> String {
+    format!("outbound_.{port}_.{subset}_.{hostname}")
+}
+
 /// Cluster-wide settings from the mesh config.
 #[derive(Clone, Copy, Debug)]
 pub struct ClusterOptions {
@@ -80,8 +119,9 @@ impl Default for ClusterOptions {
     }
 }
 
-/// The outbound cluster for one service port. Endpoints are only needed for DNS
-/// clusters, whose endpoints are inline.
+/// The policy-free outbound cluster of one service port: EDS (or DNS with inline
+/// endpoints, or ORIGINAL_DST), round robin, no TLS. Proxyless gRPC clients share it;
+/// Envoy proxies get [`outbound_cluster_for`].
 pub fn outbound_cluster(
     service: &Service,
     port: &Port,
@@ -122,31 +162,589 @@ pub fn outbound_cluster(
         }
     }
     if port.protocol.is_http2() {
-        c.typed_extension_protocol_options.insert(
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions".to_string(),
-            http2_options(),
-        );
+        c.typed_extension_protocol_options
+            .insert(policy::HTTP_PROTOCOL_OPTIONS.to_string(), http2_options());
     }
     c
 }
 
-/// `BlackHoleCluster`: a static cluster with no endpoints.
-pub fn black_hole(options: ClusterOptions) -> Cluster {
-    let mut c = base_cluster(BLACK_HOLE.to_string(), options);
-    c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-        cluster::DiscoveryType::Static as i32,
-    ));
+/// Everything an Envoy outbound cluster depends on. The proxy matters through its node
+/// type (gateways get EDS for passthrough services, sidecars sniff unnamed ports and
+/// cannot use `credentialName`), its IP families (DNS lookup family) and, for DNS
+/// clusters only, its locality and labels (locality load balancing of inline
+/// endpoints).
+#[derive(Clone, Copy, Debug)]
+pub struct OutboundRequest<'a> {
+    pub service: &'a Service,
+    pub port: &'a Port,
+    /// The service's endpoints: inline for DNS clusters; their identities back mTLS.
+    pub shards: Option<&'a EndpointShards>,
+    /// The DestinationRule that applies for the client.
+    pub rule: Option<&'a Config<DestinationRule>>,
+    /// The subset; empty for the service-wide cluster.
+    pub subset: &'a str,
+    pub mesh: &'a MeshConfig,
+    pub proxy: &'a Proxy,
+}
+
+/// The Envoy cluster `outbound|<port>|<subset>|<host>`, as istiod builds it: the
+/// cluster type from the resolution (or ORIGINAL_DST for a PASSTHROUGH policy), HTTP/2
+/// for HTTP/2 ports, then the rule's policy for the port (merged with the subset's),
+/// with Istio's defaults (LEAST_REQUEST, circuit breakers at their maximum, auto mTLS)
+/// where it says nothing. `None` for a subset the rule does not define.
+pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
+    let (service, port) = (req.service, req.port);
+    let host = service.hostname.as_str();
+    let number = port.port.get();
+    let rule = req.rule.map(|r| &r.spec);
+    let subset = match (rule, req.subset) {
+        (_, "") => None,
+        (Some(rule), name) => Some(policy::subset(rule, name)?),
+        (None, _) => return None,
+    };
+    let traffic_policy: Option<TrafficPolicy> =
+        rule.and_then(|r| policy::destination_policy(r, number, req.subset));
+    let name = outbound_name(number, req.subset, host);
+    let sni = sni_name(number, req.subset, host);
+
+    let kind = match service.resolution {
+        Resolution::ClientSideLb => cluster::DiscoveryType::Eds,
+        Resolution::DnsLb => cluster::DiscoveryType::StrictDns,
+        Resolution::DnsRoundRobinLb => cluster::DiscoveryType::LogicalDns,
+        // Gateways have no original destination to forward to.
+        Resolution::Passthrough if req.proxy.node_type == NodeType::Router => {
+            cluster::DiscoveryType::Eds
+        }
+        Resolution::Passthrough => cluster::DiscoveryType::OriginalDst,
+    };
+    let mut c = Cluster {
+        name: name.clone(),
+        alt_stat_name: format!("{name};"),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(kind as i32)),
+        common_lb_config: Some(Default::default()),
+        ..Default::default()
+    };
+    if matches!(
+        kind,
+        cluster::DiscoveryType::StrictDns | cluster::DiscoveryType::LogicalDns
+    ) {
+        c.dns_lookup_family = dns_lookup_family(&req.proxy.ip_addresses) as i32;
+        // Deprecated in favour of typed DNS cluster configs, still what istiod sends.
+        #[allow(deprecated)]
+        {
+            c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(policy::pb_duration);
+            c.respect_dns_ttl = true;
+        }
+        c.load_assignment = Some(eds::load_assignment_for(
+            &name,
+            port,
+            req.shards,
+            &EndpointSelection {
+                subset: subset.map(|s| &s.labels),
+                ..Default::default()
+            },
+        ));
+    }
+    let mut build = ClusterBuild::new(c);
+    set_upstream_protocol(&mut build, port, req.proxy.node_type);
+
+    let service_accounts = service_accounts(service, req.shards, req.mesh);
+    let proxy_labels = eds::augment_labels(
+        &req.proxy.labels,
+        req.proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
+        &req.proxy.locality,
+        req.proxy.network.as_str(),
+    );
+    let ctx = PolicyContext {
+        direction: Direction::Outbound,
+        port,
+        mesh: req.mesh,
+        node_type: req.proxy.node_type,
+        service_accounts: &service_accounts,
+        istio_sni: &sni,
+        mesh_external: service.location == MeshLocation::MeshExternal,
+        service_entry: service.provider == ProviderId::External,
+        passthrough_resolution: service.resolution == Resolution::Passthrough,
+        all_endpoints_istio_mtls: all_endpoints_istio_mtls(req.shards, port),
+        rule_has_selector: rule.is_some_and(|r| r.workload_selector.is_some()),
+        proxy_locality: &req.proxy.locality,
+        proxy_labels: &proxy_labels,
+    };
+    policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
+    let mut c = build.build();
+    if c.cluster_discovery_type
+        == Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        ))
+    {
+        c.eds_cluster_config = Some(cluster::EdsClusterConfig {
+            eds_config: Some(eds_source()),
+            service_name: name,
+        });
+    }
+    c.metadata = istio_metadata(req.rule, req.subset, ctx.mesh_external);
+    Some(c)
+}
+
+/// Istio's setUpstreamProtocol: HTTP/2 ports get HTTP/2; a sidecar's unnamed
+/// (sniffed) ports use whatever protocol the downstream spoke.
+fn set_upstream_protocol(c: &mut ClusterBuild, port: &Port, node_type: NodeType) {
+    if port.protocol.is_http2() {
+        c.set_h2();
+    } else if node_type == NodeType::Sidecar && port.protocol == Protocol::Unsupported {
+        c.set_use_downstream_protocol();
+    }
+}
+
+/// V4_ONLY for IPv4 proxies (and dual-stack ones, as Istio without dual stack
+/// enabled), V6_ONLY for IPv6-only proxies.
+fn dns_lookup_family(ips: &[IpAddr]) -> cluster::DnsLookupFamily {
+    if !ips.is_empty() && ips.iter().all(IpAddr::is_ipv6) {
+        cluster::DnsLookupFamily::V6Only
+    } else {
+        cluster::DnsLookupFamily::V4Only
+    }
+}
+
+/// The identities a service's workloads present: the service's own and its endpoints',
+/// with every SPIFFE id of the mesh trust domain repeated under each trust domain alias.
+pub fn service_accounts(
+    service: &Service,
+    shards: Option<&EndpointShards>,
+    mesh: &MeshConfig,
+) -> Vec<String> {
+    let mut out: BTreeSet<String> = service.service_accounts.clone();
+    if let Some(shards) = shards {
+        out.extend(shards.service_accounts.iter().cloned());
+    }
+    if !mesh.trust_domain_aliases.is_empty() {
+        let expanded: Vec<String> = out
+            .iter()
+            .filter_map(|sa| sa.strip_prefix("spiffe://"))
+            .filter_map(|rest| rest.split_once('/'))
+            .flat_map(|(domain, path)| {
+                mesh.trust_domain_aliases
+                    .iter()
+                    .chain(std::iter::once(&mesh.trust_domain))
+                    .filter(move |alias| alias.as_str() != domain)
+                    .map(move |alias| format!("spiffe://{alias}/{path}"))
+            })
+            .collect();
+        out.extend(expanded);
+    }
+    out.into_iter().collect()
+}
+
+/// Whether the port has endpoints and every one takes Istio mTLS.
+fn all_endpoints_istio_mtls(shards: Option<&EndpointShards>, port: &Port) -> bool {
+    let mut serving = shards
+        .into_iter()
+        .flat_map(|s| s.iter())
+        .filter(|(_, ep)| ep.ports.contains_key(&port.name))
+        .peekable();
+    serving.peek().is_some() && serving.all(|(_, ep)| ep.tls_mode == TlsMode::Istio)
+}
+
+/// `filter_metadata.istio`: the DestinationRule (`config`), the subset, and whether the
+/// destination is outside the mesh, as istioctl reads them.
+fn istio_metadata(
+    rule: Option<&Config<DestinationRule>>,
+    subset: &str,
+    external: bool,
+) -> Option<Metadata> {
+    let mut fields = BTreeMap::new();
+    let string = |s: String| Value {
+        kind: Some(value::Kind::StringValue(s)),
+    };
+    if let Some(r) = rule {
+        fields.insert(
+            "config".to_string(),
+            string(format!(
+                "/apis/networking.istio.io/v1alpha3/namespaces/{}/destination-rule/{}",
+                r.namespace, r.name
+            )),
+        );
+        if !subset.is_empty() {
+            fields.insert("subset".to_string(), string(subset.to_string()));
+        }
+    }
+    if external {
+        fields.insert(
+            "external".to_string(),
+            Value {
+                kind: Some(value::Kind::BoolValue(true)),
+            },
+        );
+    }
+    (!fields.is_empty()).then(|| Metadata {
+        filter_metadata: [(
+            "istio".to_string(),
+            Struct {
+                fields: fields.into_iter().collect(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    })
+}
+
+/// Everything an inbound cluster depends on.
+#[derive(Clone, Copy, Debug)]
+pub struct InboundRequest<'a> {
+    /// The port the workload listens on.
+    pub target_port: u16,
+    /// The service port it backs (the first service's, when several share the target
+    /// port): its protocol decides the upstream protocol.
+    pub port: &'a Port,
+    /// The DestinationRule policy for that port (only its connection pool applies),
+    /// with a Sidecar `inboundConnectionPool` already substituted.
+    pub policy: Option<&'a TrafficPolicy>,
+    pub mesh: &'a MeshConfig,
+    /// The proxy's IPs (IPv6-only proxies bind `::6`).
+    pub proxy_ips: &'a [IpAddr],
+}
+
+/// `inbound|<targetPort>||`: with the mesh default inboundTrafficPolicy PASSTHROUGH an
+/// ORIGINAL_DST cluster whose connections come from 127.0.0.6 (so iptables does not
+/// capture them again) and never expire; with LOCALHOST a STATIC cluster to
+/// 127.0.0.1:<targetPort>.
+pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
+    let name = inbound_name(req.target_port);
+    let v6_only = !req.proxy_ips.is_empty() && req.proxy_ips.iter().all(IpAddr::is_ipv6);
+    let localhost = req
+        .mesh
+        .inbound_traffic_policy
+        .is_some_and(|p| p.mode == InboundMode::Localhost as i32);
+    let mut c = Cluster {
+        name: name.clone(),
+        alt_stat_name: format!("{name};"),
+        common_lb_config: Some(Default::default()),
+        ..Default::default()
+    };
+    if localhost {
+        let loopback = if v6_only { "::1" } else { "127.0.0.1" };
+        c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Static as i32,
+        ));
+        c.load_assignment = Some(ClusterLoadAssignment {
+            cluster_name: name,
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints: vec![LbEndpoint {
+                    host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
+                        address: Some(eds::socket(loopback.to_string(), req.target_port)),
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+    } else {
+        c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::OriginalDst as i32,
+        ));
+        // Istio's "never": the largest duration Go can express.
+        c.cleanup_interval = Some(PbDuration {
+            seconds: 9_223_372_035,
+            nanos: 0,
+        });
+    }
+    let mut build = ClusterBuild::new(c);
+    set_upstream_protocol(&mut build, req.port, NodeType::Sidecar);
+    let no_labels = Default::default();
+    let no_locality = Default::default();
+    let ctx = PolicyContext {
+        direction: Direction::Inbound,
+        port: req.port,
+        mesh: req.mesh,
+        node_type: NodeType::Sidecar,
+        service_accounts: &[],
+        istio_sni: "",
+        mesh_external: false,
+        service_entry: false,
+        passthrough_resolution: false,
+        all_endpoints_istio_mtls: false,
+        rule_has_selector: false,
+        proxy_locality: &no_locality,
+        proxy_labels: &no_labels,
+    };
+    policy::apply_traffic_policy(&mut build, req.policy, &ctx);
+    let mut c = build.build();
+    if !localhost {
+        let bind = if v6_only {
+            INBOUND_PASSTHROUGH_BIND_V6
+        } else {
+            INBOUND_PASSTHROUGH_BIND_V4
+        };
+        c.upstream_bind_config = Some(BindConfig {
+            source_address: Some(bind_address(bind)),
+            ..Default::default()
+        });
+    }
     c
 }
 
-/// `PassthroughCluster`: original destination.
-pub fn passthrough(options: ClusterOptions) -> Cluster {
-    let mut c = base_cluster(PASSTHROUGH.to_string(), options);
-    c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
-        cluster::DiscoveryType::OriginalDst as i32,
-    ));
-    c.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
+fn bind_address(ip: &str) -> SocketAddress {
+    SocketAddress {
+        address: ip.to_string(),
+        port_specifier: Some(socket_address::PortSpecifier::PortValue(0)),
+        ..Default::default()
+    }
+}
+
+/// `BlackHoleCluster`: a static cluster with no endpoints.
+pub fn black_hole(mesh: &MeshConfig) -> Cluster {
+    Cluster {
+        name: BLACK_HOLE.to_string(),
+        alt_stat_name: format!("{BLACK_HOLE};"),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Static as i32,
+        )),
+        connect_timeout: Some(connect_timeout(mesh)),
+        lb_policy: cluster::LbPolicy::RoundRobin as i32,
+        ..Default::default()
+    }
+}
+
+/// `PassthroughCluster`: original destination, the downstream's HTTP protocol, a 5
+/// minute idle timeout and the default (maximum) circuit breakers.
+pub fn passthrough(mesh: &MeshConfig) -> Cluster {
+    let options = HttpProtocolOptions {
+        common_http_protocol_options: Some(CommonHttpProtocolOptions {
+            idle_timeout: Some(PbDuration {
+                seconds: 300,
+                nanos: 0,
+            }),
+            ..Default::default()
+        }),
+        upstream_protocol_options: Some(policy::use_downstream_protocol()),
+        ..Default::default()
+    };
+    let c = Cluster {
+        name: PASSTHROUGH.to_string(),
+        alt_stat_name: format!("{PASSTHROUGH};"),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::OriginalDst as i32,
+        )),
+        lb_policy: cluster::LbPolicy::ClusterProvided as i32,
+        typed_extension_protocol_options: [(
+            policy::HTTP_PROTOCOL_OPTIONS.to_string(),
+            policy::pack(&options),
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let mut build = ClusterBuild::new(c);
+    policy::apply_connection_pool(&mut build, mesh, &Default::default());
+    build.build()
+}
+
+/// `InboundPassthroughCluster`: [`passthrough`] for inbound traffic to ports no service
+/// claims, bound to 127.0.0.6 (and ::6 for dual-stack proxies).
+pub fn inbound_passthrough(mesh: &MeshConfig, proxy_ips: &[IpAddr]) -> Cluster {
+    let v4 = proxy_ips.is_empty() || proxy_ips.iter().any(IpAddr::is_ipv4);
+    let v6 = proxy_ips.iter().any(IpAddr::is_ipv6);
+    let mut c = passthrough(mesh);
+    c.name = INBOUND_PASSTHROUGH.to_string();
+    c.alt_stat_name = format!("{INBOUND_PASSTHROUGH};");
+    c.upstream_bind_config = Some(BindConfig {
+        source_address: Some(bind_address(if v4 {
+            INBOUND_PASSTHROUGH_BIND_V4
+        } else {
+            INBOUND_PASSTHROUGH_BIND_V6
+        })),
+        extra_source_addresses: if v4 && v6 {
+            vec![ExtraSourceAddress {
+                address: Some(bind_address(INBOUND_PASSTHROUGH_BIND_V6)),
+                ..Default::default()
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    });
     c
+}
+
+// ---------------------------------------------------------------------------------
+// Per snapshot, through the resource cache
+
+/// The Envoy cluster `outbound|<port>|<subset>|<host>` for `proxy`, from the snapshot's
+/// cache. The key holds everything besides the service that the cluster depends on:
+/// the DestinationRule that applies for the proxy's namespace, the node type and, for
+/// DNS clusters, the proxy's IP family and locality. `None` when `subset` is not a
+/// subset of the rule that applies.
+pub fn cached_outbound(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    port: &Port,
+    subset: &str,
+) -> Option<Resource> {
+    let host = service.hostname.as_str();
+    let rule = snapshot
+        .config
+        .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
+    if !subset.is_empty() && rule.is_none_or(|r| policy::subset(&r.spec, subset).is_none()) {
+        return None;
+    }
+    let name: Arc<str> = Arc::from(outbound_name(port.port.get(), subset, host));
+    let node = format!("{:?}", proxy.node_type);
+    let family = format!("{:?}", dns_lookup_family(&proxy.ip_addresses));
+    let locality = proxy.locality.to_string();
+    let mut parts = vec![
+        "envoy",
+        service.namespace.as_str(),
+        rule.map_or("", |r| r.namespace.as_str()),
+        rule.map_or("", |r| r.name.as_str()),
+        node.as_str(),
+    ];
+    if matches!(
+        service.resolution,
+        Resolution::DnsLb | Resolution::DnsRoundRobinLb
+    ) {
+        parts.extend([family.as_str(), locality.as_str()]);
+    }
+    let key = CacheKey {
+        type_url: TypeUrl::Cluster,
+        name: name.clone(),
+        view: view_digest(&parts),
+    };
+    snapshot
+        .cache
+        .get_or_insert(key, Some(&service.hostname), || {
+            let cluster = outbound_cluster_for(&OutboundRequest {
+                service,
+                port,
+                shards: snapshot.shards(&service.key()).map(|s| &**s),
+                rule: rule.map(|r| &**r),
+                subset,
+                mesh: &snapshot.mesh.config,
+                proxy,
+            })?;
+            Some(EncodedResource::encode(
+                TypeUrl::Cluster,
+                name.clone(),
+                &cluster,
+            ))
+        })
+}
+
+/// A service port's clusters for `proxy`: the service-wide one, then one per subset of
+/// the DestinationRule that applies, in the rule's order.
+pub fn cached_service_clusters(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    port: &Port,
+) -> Vec<Resource> {
+    let mut out: Vec<Resource> = cached_outbound(snapshot, proxy, service, port, "")
+        .into_iter()
+        .collect();
+    if let Some(rule) = snapshot.config.destination_rule(
+        &proxy.namespace,
+        service.namespace.as_str(),
+        service.hostname.as_str(),
+    ) {
+        for subset in &rule.spec.subsets {
+            out.extend(cached_outbound(
+                snapshot,
+                proxy,
+                service,
+                port,
+                &subset.name,
+            ));
+        }
+    }
+    out
+}
+
+/// A sidecar's inbound clusters: one `inbound|<targetPort>||` per target port of its
+/// own service instances (the first service claiming a port decides its protocol and
+/// DestinationRule connection pool; a Sidecar `inboundConnectionPool` overrides the
+/// rule's), then `InboundPassthroughCluster`.
+pub fn cached_inbound(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    let instances = instances::proxy_instances(snapshot, proxy);
+    let mut by_target: BTreeMap<u16, &ProxyInstance> = BTreeMap::new();
+    for instance in &instances {
+        by_target.entry(instance.target_port).or_insert(instance);
+    }
+    let sidecar = snapshot.config.sidecar_for(&proxy.namespace, &proxy.labels);
+    let sidecar_pool = sidecar.and_then(|s| s.spec.inbound_connection_pool);
+    let v6_only = !proxy.ip_addresses.is_empty() && proxy.ip_addresses.iter().all(IpAddr::is_ipv6);
+    let mut out = Vec::new();
+    for (target, instance) in by_target {
+        let service = &instance.service;
+        let rule = snapshot.config.destination_rule(
+            &proxy.namespace,
+            service.namespace.as_str(),
+            service.hostname.as_str(),
+        );
+        let mut traffic_policy = rule
+            .and_then(|r| r.spec.traffic_policy.as_ref())
+            .map(|p| policy::port_level_policy(p, instance.port.port.get()).0);
+        if let Some(pool) = sidecar_pool {
+            traffic_policy
+                .get_or_insert_with(Default::default)
+                .connection_pool = Some(pool);
+        }
+        let name: Arc<str> = Arc::from(inbound_name(target));
+        let number = instance.port.port.get().to_string();
+        let parts = [
+            "inbound",
+            service.hostname.as_str(),
+            service.namespace.as_str(),
+            number.as_str(),
+            instance.port.protocol.as_str(),
+            rule.map_or("", |r| r.namespace.as_str()),
+            rule.map_or("", |r| r.name.as_str()),
+            sidecar.map_or("", |s| s.namespace.as_str()),
+            sidecar.map_or("", |s| s.name.as_str()),
+            if v6_only { "v6" } else { "v4" },
+        ];
+        let key = CacheKey {
+            type_url: TypeUrl::Cluster,
+            name: name.clone(),
+            view: view_digest(&parts),
+        };
+        out.extend(snapshot.cache.get_or_insert(key, None, || {
+            let cluster = inbound_cluster(&InboundRequest {
+                target_port: target,
+                port: &instance.port,
+                policy: traffic_policy.as_ref(),
+                mesh: &snapshot.mesh.config,
+                proxy_ips: &proxy.ip_addresses,
+            });
+            Some(EncodedResource::encode(
+                TypeUrl::Cluster,
+                name.clone(),
+                &cluster,
+            ))
+        }));
+    }
+    let v4 = proxy.ip_addresses.is_empty() || proxy.ip_addresses.iter().any(IpAddr::is_ipv4);
+    let v6 = proxy.ip_addresses.iter().any(IpAddr::is_ipv6);
+    let key = CacheKey {
+        type_url: TypeUrl::Cluster,
+        name: Arc::from(INBOUND_PASSTHROUGH),
+        view: view_digest(&[if v4 { "v4" } else { "" }, if v6 { "v6" } else { "" }]),
+    };
+    out.extend(snapshot.cache.get_or_insert(key, None, || {
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            INBOUND_PASSTHROUGH,
+            &inbound_passthrough(&snapshot.mesh.config, &proxy.ip_addresses),
+        ))
+    }));
+    out
+}
+
+fn connect_timeout(mesh: &MeshConfig) -> PbDuration {
+    policy::pb_duration(
+        mesh.connect_timeout
+            .unwrap_or(meshfed_api::Duration::new(10, 0)),
+    )
 }
 
 fn base_cluster(name: String, options: ClusterOptions) -> Cluster {
@@ -168,6 +766,15 @@ pub fn ads_source() -> ConfigSource {
         )),
         resource_api_version: ApiVersion::V3 as i32,
         ..Default::default()
+    }
+}
+
+/// Istio's EDS source: ADS, and clusters do not wait for their endpoints to warm
+/// (`initial_fetch_timeout: 0s`).
+pub fn eds_source() -> ConfigSource {
+    ConfigSource {
+        initial_fetch_timeout: Some(PbDuration::default()),
+        ..ads_source()
     }
 }
 
@@ -193,21 +800,144 @@ fn http2_options() -> Any {
 
 #[cfg(test)]
 mod tests {
-    use meshfed_registry::{Protocol, ProviderId};
+    use std::collections::BTreeMap;
+
+    use envoy_types::pb::envoy::config::core::v3::{Node, transport_socket};
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        UpstreamTlsContext, common_tls_context, subject_alt_name_matcher,
+    };
+    use meshfed_api::mesh::v1alpha1::mesh_config::InboundTrafficPolicy;
+    use meshfed_api::networking::v1alpha3::client_tls_settings::TlSmode;
+    use meshfed_api::networking::v1alpha3::connection_pool_settings::{
+        HttpSettings, TcpSettings, http_settings::H2UpgradePolicy, tcp_settings::TcpKeepalive,
+    };
+    use meshfed_api::networking::v1alpha3::load_balancer_settings::{
+        ConsistentHashLb, LbPolicy, SimpleLb, consistent_hash_lb,
+    };
+    use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
+    use meshfed_api::networking::v1alpha3::{
+        ClientTlsSettings, ConnectionPoolSettings, LoadBalancerSettings,
+        LocalityLoadBalancerSetting, OutlierDetection, PortSelector, Subset,
+        traffic_policy::PortTrafficPolicy,
+    };
+    use meshfed_registry::{Endpoint, ShardKey};
 
     use super::*;
+    use crate::ads::node::json_to_struct;
+    use crate::mesh::default_mesh_config;
+
+    const HOST: &str = "reviews.default.svc.cluster.local";
 
     fn service(resolution: Resolution) -> Service {
-        let mut s = Service::new(
-            "reviews.default.svc.cluster.local",
-            "default",
-            ProviderId::Mock,
-            "c1",
-        );
+        let mut s = Service::new(HOST, "default", ProviderId::Mock, "c1");
         s.resolution = resolution;
         s.ports
             .push(Port::new("grpc", 9080, Protocol::Grpc).unwrap());
+        s.ports
+            .push(Port::new("http", 8080, Protocol::Http).unwrap());
+        s.ports.push(Port::new("tcp", 3306, Protocol::Tcp).unwrap());
+        s.service_accounts
+            .insert("spiffe://cluster.local/ns/default/sa/reviews".into());
         s
+    }
+
+    pub(super) fn proxy_in(ns: &str, ip: &str, kind: &str) -> Proxy {
+        let node = Node {
+            id: format!("{kind}~{ip}~app.{ns}~{ns}.svc.cluster.local"),
+            metadata: Some(json_to_struct(&serde_json::json!({"NAMESPACE": ns}))),
+            ..Default::default()
+        };
+        Proxy::from_node(Some(&node)).unwrap()
+    }
+
+    fn rule(policy: Option<TrafficPolicy>, subsets: Vec<Subset>) -> Config<DestinationRule> {
+        Config {
+            name: "reviews".into(),
+            namespace: "default".into(),
+            labels: BTreeMap::new(),
+            creation_time: std::time::SystemTime::UNIX_EPOCH,
+            spec: DestinationRule {
+                host: HOST.into(),
+                traffic_policy: policy,
+                subsets,
+                ..Default::default()
+            },
+        }
+    }
+
+    fn subset(name: &str, policy: Option<TrafficPolicy>) -> Subset {
+        Subset {
+            name: name.into(),
+            labels: [("version".to_string(), name.to_string())].into(),
+            traffic_policy: policy,
+        }
+    }
+
+    fn ep(ip: &str, version: &str, tls: TlsMode) -> Endpoint {
+        let mut e = Endpoint::new(ip.parse().unwrap())
+            .with_port("grpc", 19080)
+            .with_port("http", 18080)
+            .with_port("tcp", 13306);
+        e.labels.insert("version".into(), version.into());
+        e.tls_mode = tls;
+        e
+    }
+
+    fn shards(eps: Vec<Endpoint>) -> EndpointShards {
+        let mut s = EndpointShards::default();
+        s.shards
+            .insert(ShardKey::new(ProviderId::Mock, "c1"), eps.into());
+        s
+    }
+
+    struct Case {
+        service: Service,
+        port: u16,
+        shards: Option<EndpointShards>,
+        rule: Option<Config<DestinationRule>>,
+        subset: &'static str,
+        mesh: MeshConfig,
+        proxy: Proxy,
+    }
+
+    impl Case {
+        fn new(policy: Option<TrafficPolicy>) -> Case {
+            Case {
+                service: service(Resolution::ClientSideLb),
+                port: 8080,
+                shards: None,
+                rule: Some(rule(policy, vec![])),
+                subset: "",
+                mesh: default_mesh_config(),
+                proxy: proxy_in("default", "10.0.0.1", "sidecar"),
+            }
+        }
+
+        fn build(&self) -> Option<Cluster> {
+            outbound_cluster_for(&OutboundRequest {
+                service: &self.service,
+                port: self.service.port(self.port).unwrap(),
+                shards: self.shards.as_ref(),
+                rule: self.rule.as_ref(),
+                subset: self.subset,
+                mesh: &self.mesh,
+                proxy: &self.proxy,
+            })
+        }
+
+        fn cluster(&self) -> Cluster {
+            self.build().unwrap()
+        }
+    }
+
+    fn lb(policy: LbPolicy) -> TrafficPolicy {
+        TrafficPolicy {
+            load_balancer: Some(LoadBalancerSettings {
+                lb_policy: Some(policy),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
     }
 
     fn discovery(c: &Cluster) -> i32 {
@@ -217,8 +947,67 @@ mod tests {
         }
     }
 
+    fn http_options(c: &Cluster) -> HttpProtocolOptions {
+        let any = &c.typed_extension_protocol_options[policy::HTTP_PROTOCOL_OPTIONS];
+        HttpProtocolOptions::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn is_h2(c: &Cluster) -> bool {
+        use http_protocol_options::explicit_http_config::ProtocolConfig;
+        matches!(
+            http_options(c).upstream_protocol_options,
+            Some(
+                http_protocol_options::UpstreamProtocolOptions::ExplicitHttpConfig(
+                    http_protocol_options::ExplicitHttpConfig {
+                        protocol_config: Some(ProtocolConfig::Http2ProtocolOptions(_))
+                    }
+                )
+            )
+        )
+    }
+
+    fn tls_of(
+        socket: &envoy_types::pb::envoy::config::core::v3::TransportSocket,
+    ) -> UpstreamTlsContext {
+        assert_eq!(socket.name, "envoy.transport_sockets.tls");
+        let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+            panic!("no typed config");
+        };
+        UpstreamTlsContext::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn combined(
+        ctx: &UpstreamTlsContext,
+    ) -> &common_tls_context::CombinedCertificateValidationContext {
+        match ctx
+            .common_tls_context
+            .as_ref()
+            .unwrap()
+            .validation_context_type
+            .as_ref()
+        {
+            Some(common_tls_context::ValidationContextType::CombinedValidationContext(c)) => c,
+            other => panic!("not a combined validation context: {other:?}"),
+        }
+    }
+
+    fn sans(ctx: &UpstreamTlsContext) -> Vec<(i32, String)> {
+        use envoy_types::pb::envoy::r#type::matcher::v3::string_matcher::MatchPattern;
+        combined(ctx)
+            .default_validation_context
+            .as_ref()
+            .unwrap()
+            .match_typed_subject_alt_names
+            .iter()
+            .map(|m| match &m.matcher.as_ref().unwrap().match_pattern {
+                Some(MatchPattern::Exact(s)) => (m.san_type, s.clone()),
+                other => panic!("{other:?}"),
+            })
+            .collect()
+    }
+
     #[test]
-    fn eds_cluster_uses_istio_naming_and_ads() {
+    fn plain_cluster_uses_istio_naming_and_ads() {
         let s = service(Resolution::ClientSideLb);
         let c = outbound_cluster(&s, &s.ports[0], None, ClusterOptions::default());
         assert_eq!(c.name, "outbound|9080||reviews.default.svc.cluster.local");
@@ -238,13 +1027,33 @@ mod tests {
 
     #[test]
     fn resolution_picks_the_cluster_type() {
-        for (resolution, want) in [
-            (Resolution::DnsLb, cluster::DiscoveryType::StrictDns),
+        for (resolution, kind, want) in [
+            (
+                Resolution::ClientSideLb,
+                "sidecar",
+                cluster::DiscoveryType::Eds,
+            ),
+            (
+                Resolution::DnsLb,
+                "sidecar",
+                cluster::DiscoveryType::StrictDns,
+            ),
             (
                 Resolution::DnsRoundRobinLb,
+                "sidecar",
                 cluster::DiscoveryType::LogicalDns,
             ),
-            (Resolution::Passthrough, cluster::DiscoveryType::OriginalDst),
+            (
+                Resolution::Passthrough,
+                "sidecar",
+                cluster::DiscoveryType::OriginalDst,
+            ),
+            // Gateways cannot forward to an original destination.
+            (
+                Resolution::Passthrough,
+                "router",
+                cluster::DiscoveryType::Eds,
+            ),
         ] {
             let s = service(resolution);
             assert_eq!(
@@ -254,17 +1063,41 @@ mod tests {
                     None,
                     ClusterOptions::default()
                 )),
-                want as i32
+                if kind == "router" {
+                    cluster::DiscoveryType::OriginalDst as i32
+                } else {
+                    want as i32
+                },
+                "the plain (gRPC) cluster ignores the node type"
             );
+            let mut case = Case::new(None);
+            case.service = s;
+            case.proxy = proxy_in("default", "10.0.0.1", kind);
+            let c = case.cluster();
+            assert_eq!(discovery(&c), want as i32, "{resolution:?} {kind}");
+            if want == cluster::DiscoveryType::OriginalDst {
+                assert_eq!(c.lb_policy, cluster::LbPolicy::ClusterProvided as i32);
+                assert!(c.eds_cluster_config.is_none());
+            }
+            if want == cluster::DiscoveryType::Eds {
+                let eds = c.eds_cluster_config.unwrap();
+                assert_eq!(eds.service_name, c.name);
+                assert_eq!(
+                    eds.eds_config.unwrap().initial_fetch_timeout,
+                    Some(PbDuration::default())
+                );
+            }
+            if want == cluster::DiscoveryType::StrictDns {
+                assert_eq!(c.dns_lookup_family, cluster::DnsLookupFamily::V4Only as i32);
+                assert!(c.load_assignment.is_some());
+            }
         }
+        let mesh = default_mesh_config();
         assert_eq!(
-            passthrough(ClusterOptions::default()).lb_policy,
+            passthrough(&mesh).lb_policy,
             cluster::LbPolicy::ClusterProvided as i32
         );
-        assert_eq!(
-            black_hole(ClusterOptions::default()).name,
-            "BlackHoleCluster"
-        );
+        assert_eq!(black_hole(&mesh).name, "BlackHoleCluster");
     }
 
     #[test]
@@ -282,5 +1115,1029 @@ mod tests {
         assert!(ClusterName::parse("outbound|x||h").is_none());
         assert!(ClusterName::parse("BlackHoleCluster").is_none());
         assert!(ClusterName::parse("outbound|80||h|extra").is_none());
+        let n = ClusterName::parse("inbound|8080||").unwrap();
+        assert_eq!(
+            (n.direction, n.port, n.hostname),
+            (Direction::Inbound, 8080, "")
+        );
+        assert_eq!(
+            sni_name(80, "v1", "a.b"),
+            "outbound_.80_.v1_.a.b",
+            "Istio's SNI form"
+        );
+    }
+
+    #[test]
+    fn defaults_without_a_rule() {
+        let mut case = Case::new(None);
+        case.rule = None;
+        let c = case.cluster();
+        assert_eq!(c.name, "outbound|8080||reviews.default.svc.cluster.local");
+        assert_eq!(
+            c.alt_stat_name,
+            "outbound|8080||reviews.default.svc.cluster.local;"
+        );
+        assert_eq!(c.lb_policy, cluster::LbPolicy::LeastRequest as i32);
+        assert_eq!(c.connect_timeout.unwrap().seconds, 10);
+        let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+        for v in [
+            t.max_connections,
+            t.max_pending_requests,
+            t.max_requests,
+            t.max_retries,
+        ] {
+            assert_eq!(v.unwrap().value, u32::MAX);
+        }
+        assert!(t.track_remaining);
+        assert!(c.metadata.is_none());
+        // A subset needs a rule that defines it.
+        case.subset = "v1";
+        assert!(case.build().is_none());
+    }
+
+    #[test]
+    fn each_load_balancer() {
+        use cluster::LbPolicy as Envoy;
+        let simple = |s: SimpleLb| LbPolicy::Simple(s as i32);
+        for (policy, want) in [
+            (simple(SimpleLb::RoundRobin), Envoy::RoundRobin),
+            (simple(SimpleLb::LeastRequest), Envoy::LeastRequest),
+            (simple(SimpleLb::LeastConn), Envoy::LeastRequest),
+            (simple(SimpleLb::Random), Envoy::Random),
+            (simple(SimpleLb::Unspecified), Envoy::LeastRequest),
+        ] {
+            let c = Case::new(Some(lb(policy.clone()))).cluster();
+            assert_eq!(c.lb_policy, want as i32, "{policy:?}");
+            assert_eq!(discovery(&c), cluster::DiscoveryType::Eds as i32);
+        }
+        let c = Case::new(Some(lb(simple(SimpleLb::Passthrough)))).cluster();
+        assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
+        assert_eq!(c.lb_policy, Envoy::ClusterProvided as i32);
+        assert!(c.eds_cluster_config.is_none() && c.load_assignment.is_none());
+
+        let hash = |algorithm, minimum_ring_size| {
+            lb(LbPolicy::ConsistentHash(ConsistentHashLb {
+                minimum_ring_size,
+                hash_key: Some(consistent_hash_lb::HashKey::HttpHeaderName("x-user".into())),
+                hash_algorithm: algorithm,
+            }))
+        };
+        let ring = |c: &Cluster| match &c.lb_config {
+            Some(cluster::LbConfig::RingHashLbConfig(r)) => r.minimum_ring_size.unwrap().value,
+            other => panic!("{other:?}"),
+        };
+        let c = Case::new(Some(hash(None, 0))).cluster();
+        assert_eq!(c.lb_policy, Envoy::RingHash as i32);
+        assert_eq!(ring(&c), 1024, "Envoy's default ring size, set explicitly");
+        let c = Case::new(Some(hash(None, 2048))).cluster();
+        assert_eq!(ring(&c), 2048, "the deprecated top-level size still counts");
+        let c = Case::new(Some(hash(
+            Some(consistent_hash_lb::HashAlgorithm::RingHash(
+                consistent_hash_lb::RingHash {
+                    minimum_ring_size: 4096,
+                },
+            )),
+            0,
+        )))
+        .cluster();
+        assert_eq!((c.lb_policy, ring(&c)), (Envoy::RingHash as i32, 4096));
+        let c = Case::new(Some(hash(
+            Some(consistent_hash_lb::HashAlgorithm::Maglev(
+                consistent_hash_lb::MagLev { table_size: 65537 },
+            )),
+            0,
+        )))
+        .cluster();
+        assert_eq!(c.lb_policy, Envoy::Maglev as i32);
+        assert!(matches!(
+            c.lb_config,
+            Some(cluster::LbConfig::MaglevLbConfig(cluster::MaglevLbConfig {
+                table_size: Some(t)
+            })) if t.value == 65537
+        ));
+        // Warmup becomes slow start.
+        let mut p = lb(simple(SimpleLb::RoundRobin));
+        p.load_balancer.as_mut().unwrap().warmup_duration_secs =
+            Some(meshfed_api::Duration::new(30, 0));
+        let c = Case::new(Some(p)).cluster();
+        assert!(matches!(
+            c.lb_config,
+            Some(cluster::LbConfig::RoundRobinLbConfig(cluster::RoundRobinLbConfig {
+                slow_start_config: Some(ref s), ..
+            })) if s.slow_start_window.unwrap().seconds == 30
+        ));
+    }
+
+    #[test]
+    fn connection_pool_becomes_thresholds_timeouts_and_options() {
+        let pool = ConnectionPoolSettings {
+            tcp: Some(TcpSettings {
+                max_connections: 100,
+                connect_timeout: Some(meshfed_api::Duration::new(0, 250_000_000)),
+                tcp_keepalive: Some(TcpKeepalive {
+                    probes: 3,
+                    time: Some(meshfed_api::Duration::new(7200, 0)),
+                    interval: Some(meshfed_api::Duration::new(75, 0)),
+                }),
+                ..Default::default()
+            }),
+            http: Some(HttpSettings {
+                http1_max_pending_requests: 10,
+                http2_max_requests: 1000,
+                max_requests_per_connection: 1,
+                max_retries: 3,
+                idle_timeout: Some(meshfed_api::Duration::new(60, 0)),
+                h2_upgrade_policy: H2UpgradePolicy::Upgrade as i32,
+                ..Default::default()
+            }),
+        };
+        let c = Case::new(Some(TrafficPolicy {
+            connection_pool: Some(pool),
+            ..Default::default()
+        }))
+        .cluster();
+        let t = &c.circuit_breakers.as_ref().unwrap().thresholds[0];
+        assert_eq!(t.max_connections.unwrap().value, 100);
+        assert_eq!(t.max_pending_requests.unwrap().value, 10);
+        assert_eq!(t.max_requests.unwrap().value, 1000);
+        assert_eq!(t.max_retries.unwrap().value, 3);
+        assert_eq!(
+            c.connect_timeout.unwrap(),
+            PbDuration {
+                seconds: 0,
+                nanos: 250_000_000
+            }
+        );
+        let keepalive = c
+            .upstream_connection_options
+            .as_ref()
+            .unwrap()
+            .tcp_keepalive
+            .unwrap();
+        assert_eq!(keepalive.keepalive_probes.unwrap().value, 3);
+        assert_eq!(keepalive.keepalive_time.unwrap().value, 7200);
+        assert_eq!(keepalive.keepalive_interval.unwrap().value, 75);
+        let options = http_options(&c);
+        let common = options.common_http_protocol_options.unwrap();
+        assert_eq!(common.max_requests_per_connection.unwrap().value, 1);
+        assert_eq!(common.idle_timeout.unwrap().seconds, 60);
+        assert!(is_h2(&c), "h2UpgradePolicy UPGRADE on an HTTP/1.1 port");
+
+        // DO_NOT_UPGRADE on a port the mesh would upgrade; a gRPC port is HTTP/2 anyway.
+        let mut case = Case::new(Some(TrafficPolicy {
+            connection_pool: Some(ConnectionPoolSettings {
+                http: Some(HttpSettings {
+                    h2_upgrade_policy: H2UpgradePolicy::DoNotUpgrade as i32,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }));
+        case.mesh.h2_upgrade_policy = MeshConfigH2::Upgrade as i32;
+        assert!(
+            !case
+                .cluster()
+                .typed_extension_protocol_options
+                .contains_key(policy::HTTP_PROTOCOL_OPTIONS)
+        );
+        case.rule = None;
+        assert!(
+            is_h2(&case.cluster()),
+            "the mesh-wide policy upgrades HTTP ports"
+        );
+        case.port = 3306;
+        assert!(
+            !case
+                .cluster()
+                .typed_extension_protocol_options
+                .contains_key(policy::HTTP_PROTOCOL_OPTIONS),
+            "but not TCP ports"
+        );
+        case.port = 9080;
+        assert!(is_h2(&case.cluster()));
+    }
+
+    use meshfed_api::mesh::v1alpha1::mesh_config::H2UpgradePolicy as MeshConfigH2;
+
+    #[test]
+    fn outlier_detection_fields() {
+        let outlier = OutlierDetection {
+            consecutive_5xx_errors: Some(7.into()),
+            consecutive_gateway_errors: Some(0.into()),
+            split_external_local_origin_errors: true,
+            consecutive_local_origin_failures: Some(4.into()),
+            interval: Some(meshfed_api::Duration::new(5, 0)),
+            base_ejection_time: Some(meshfed_api::Duration::new(60, 0)),
+            max_ejection_percent: 50,
+            min_health_percent: 20,
+            ..Default::default()
+        };
+        let c = Case::new(Some(TrafficPolicy {
+            outlier_detection: Some(outlier),
+            ..Default::default()
+        }))
+        .cluster();
+        let o = c.outlier_detection.unwrap();
+        assert_eq!(o.consecutive_5xx.unwrap().value, 7);
+        assert_eq!(o.enforcing_consecutive_5xx.unwrap().value, 100);
+        assert_eq!(o.consecutive_gateway_failure.unwrap().value, 0);
+        assert_eq!(o.enforcing_consecutive_gateway_failure.unwrap().value, 0);
+        assert!(o.split_external_local_origin_errors);
+        assert_eq!(o.consecutive_local_origin_failure.unwrap().value, 4);
+        assert_eq!(
+            o.enforcing_consecutive_local_origin_failure.unwrap().value,
+            100
+        );
+        assert_eq!(o.enforcing_local_origin_success_rate.unwrap().value, 0);
+        assert_eq!(o.enforcing_success_rate.unwrap().value, 0);
+        assert_eq!(o.interval.unwrap().seconds, 5);
+        assert_eq!(o.base_ejection_time.unwrap().seconds, 60);
+        assert_eq!(o.max_ejection_percent.unwrap().value, 50);
+        let common = c.common_lb_config.unwrap();
+        assert_eq!(common.healthy_panic_threshold.unwrap().value, 20.0);
+        assert!(
+            common.locality_config_specifier.is_none(),
+            "the default locality setting has no failover rules"
+        );
+    }
+
+    #[test]
+    fn locality_settings_switch_on_locality_weighted_balancing() {
+        let weighted = |c: &Cluster| {
+            c.common_lb_config
+                .as_ref()
+                .unwrap()
+                .locality_config_specifier
+                .is_some()
+        };
+        let with = |setting: LocalityLoadBalancerSetting, outlier: bool| TrafficPolicy {
+            load_balancer: Some(LoadBalancerSettings {
+                locality_lb_setting: Some(setting),
+                ..Default::default()
+            }),
+            outlier_detection: outlier.then(OutlierDetection::default),
+            ..Default::default()
+        };
+        let distribute = LocalityLoadBalancerSetting {
+            distribute: vec![Distribute {
+                from: "r1/*".into(),
+                to: [("r1/*".to_string(), 80), ("r2/*".to_string(), 20)].into(),
+            }],
+            ..Default::default()
+        };
+        let failover = LocalityLoadBalancerSetting {
+            failover: vec![Failover {
+                from: "r1".into(),
+                to: "r2".into(),
+            }],
+            ..Default::default()
+        };
+        assert!(weighted(
+            &Case::new(Some(with(distribute.clone(), false))).cluster()
+        ));
+        assert!(
+            !weighted(&Case::new(Some(with(failover.clone(), false))).cluster()),
+            "failover needs outlier detection"
+        );
+        assert!(weighted(
+            &Case::new(Some(with(failover.clone(), true))).cluster()
+        ));
+        let disabled = LocalityLoadBalancerSetting {
+            enabled: Some(false.into()),
+            ..distribute
+        };
+        assert!(!weighted(&Case::new(Some(with(disabled, false))).cluster()));
+        // The mesh-wide setting applies when the rule has none.
+        let mut case = Case::new(Some(TrafficPolicy {
+            outlier_detection: Some(OutlierDetection::default()),
+            ..Default::default()
+        }));
+        case.mesh.locality_lb_setting = Some(failover);
+        assert!(weighted(&case.cluster()));
+    }
+
+    #[test]
+    fn port_level_and_subset_policies_merge_as_istio() {
+        let top = TrafficPolicy {
+            load_balancer: Some(LoadBalancerSettings {
+                lb_policy: Some(LbPolicy::Simple(SimpleLb::Random as i32)),
+                ..Default::default()
+            }),
+            connection_pool: Some(ConnectionPoolSettings {
+                tcp: Some(TcpSettings {
+                    max_connections: 10,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            port_level_settings: vec![PortTrafficPolicy {
+                port: Some(PortSelector { number: 9080 }),
+                load_balancer: Some(LoadBalancerSettings {
+                    lb_policy: Some(LbPolicy::Simple(SimpleLb::RoundRobin as i32)),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let v2_policy = TrafficPolicy {
+            outlier_detection: Some(OutlierDetection {
+                consecutive_5xx_errors: Some(3.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut case = Case::new(None);
+        case.rule = Some(rule(
+            Some(top),
+            vec![subset("v1", None), subset("v2", Some(v2_policy))],
+        ));
+        let max_conns = |c: &Cluster| {
+            c.circuit_breakers.as_ref().unwrap().thresholds[0]
+                .max_connections
+                .unwrap()
+                .value
+        };
+        // Port 8080: the top-level policy.
+        let c = case.cluster();
+        assert_eq!(c.lb_policy, cluster::LbPolicy::Random as i32);
+        assert_eq!(max_conns(&c), 10);
+        // Port 9080: the port-level policy replaces the top level (no inheritance).
+        case.port = 9080;
+        let c = case.cluster();
+        assert_eq!(c.lb_policy, cluster::LbPolicy::RoundRobin as i32);
+        assert_eq!(max_conns(&c), u32::MAX);
+        // Subset v2 on 8080: its outlier detection over the top-level policy.
+        case.port = 8080;
+        case.subset = "v2";
+        let c = case.cluster();
+        assert_eq!(c.name, "outbound|8080|v2|reviews.default.svc.cluster.local");
+        assert_eq!(c.lb_policy, cluster::LbPolicy::Random as i32);
+        assert_eq!(max_conns(&c), 10);
+        assert_eq!(
+            c.outlier_detection.unwrap().consecutive_5xx.unwrap().value,
+            3
+        );
+        let eds = c.eds_cluster_config.unwrap();
+        assert_eq!(
+            eds.service_name, c.name,
+            "subset clusters are their own EDS resource"
+        );
+        let istio = &c.metadata.unwrap().filter_metadata["istio"];
+        assert_eq!(
+            istio.fields["config"].kind,
+            Some(value::Kind::StringValue(
+                "/apis/networking.istio.io/v1alpha3/namespaces/default/destination-rule/reviews"
+                    .into()
+            ))
+        );
+        assert_eq!(
+            istio.fields["subset"].kind,
+            Some(value::Kind::StringValue("v2".into()))
+        );
+        case.subset = "v3";
+        assert!(case.build().is_none(), "no such subset");
+    }
+
+    #[test]
+    fn dns_subset_clusters_carry_only_the_subset_endpoints() {
+        let mut case = Case::new(None);
+        case.service = service(Resolution::DnsLb);
+        case.rule = Some(rule(None, vec![subset("v1", None)]));
+        case.shards = Some(shards(vec![
+            ep("10.1.0.1", "v1", TlsMode::Disabled),
+            ep("10.1.0.2", "v2", TlsMode::Disabled),
+        ]));
+        case.subset = "v1";
+        let c = case.cluster();
+        let cla = c.load_assignment.unwrap();
+        assert_eq!(cla.endpoints.len(), 1);
+        assert_eq!(cla.endpoints[0].lb_endpoints.len(), 1);
+        assert!(
+            c.transport_socket_matches.len() == 2,
+            "auto mTLS on DNS clusters too"
+        );
+    }
+
+    #[test]
+    fn tls_disable_simple_mutual_and_istio_mutual() {
+        let tls = |t: ClientTlsSettings| {
+            Some(TrafficPolicy {
+                tls: Some(t),
+                ..Default::default()
+            })
+        };
+        // DISABLE: plaintext, and no auto mTLS either.
+        let c = Case::new(tls(ClientTlsSettings {
+            mode: TlSmode::Disable as i32,
+            ..Default::default()
+        }))
+        .cluster();
+        assert!(c.transport_socket.is_none() && c.transport_socket_matches.is_empty());
+
+        // SIMPLE with a CA file and SANs: SDS from the agent reading the file.
+        let c = Case::new(tls(ClientTlsSettings {
+            mode: TlSmode::Simple as i32,
+            ca_certificates: "/etc/certs/ca.pem".into(),
+            subject_alt_names: vec!["api.example.com".into()],
+            sni: "api.example.com".into(),
+            ..Default::default()
+        }))
+        .cluster();
+        assert!(c.transport_socket_matches.is_empty());
+        let ctx = tls_of(c.transport_socket.as_ref().unwrap());
+        assert_eq!(ctx.sni, "api.example.com");
+        let common = ctx.common_tls_context.as_ref().unwrap();
+        assert!(common.tls_certificate_sds_secret_configs.is_empty());
+        let root = combined(&ctx)
+            .validation_context_sds_secret_config
+            .as_ref()
+            .unwrap();
+        assert_eq!(root.name, "file-root:/etc/certs/ca.pem");
+        assert_eq!(
+            sans(&ctx),
+            vec![(
+                subject_alt_name_matcher::SanType::Dns as i32,
+                "api.example.com".to_string()
+            )]
+        );
+        assert!(
+            !c.typed_extension_protocol_options
+                .contains_key(policy::HTTP_PROTOCOL_OPTIONS),
+            "SNI and SANs given: no auto SNI"
+        );
+
+        // SIMPLE without SNI/SANs: the system CA, auto SNI and SAN validation.
+        let c = Case::new(tls(ClientTlsSettings {
+            mode: TlSmode::Simple as i32,
+            ..Default::default()
+        }))
+        .cluster();
+        let ctx = tls_of(c.transport_socket.as_ref().unwrap());
+        assert_eq!(
+            combined(&ctx)
+                .validation_context_sds_secret_config
+                .as_ref()
+                .unwrap()
+                .name,
+            "file-root:system"
+        );
+        let upstream = http_options(&c).upstream_http_protocol_options.unwrap();
+        assert!(upstream.auto_sni && upstream.auto_san_validation);
+
+        // MUTUAL with files: the client certificate too.
+        let mutual = ClientTlsSettings {
+            mode: TlSmode::Mutual as i32,
+            client_certificate: "/etc/certs/cert.pem".into(),
+            private_key: "/etc/certs/key.pem".into(),
+            ca_certificates: "/etc/certs/ca.pem".into(),
+            ..Default::default()
+        };
+        let c = Case::new(tls(mutual.clone())).cluster();
+        let ctx = tls_of(c.transport_socket.as_ref().unwrap());
+        let certs = &ctx
+            .common_tls_context
+            .as_ref()
+            .unwrap()
+            .tls_certificate_sds_secret_configs;
+        assert_eq!(
+            certs[0].name,
+            "file-cert:/etc/certs/cert.pem~/etc/certs/key.pem"
+        );
+        assert!(matches!(
+            certs[0].sds_config.as_ref().unwrap().config_source_specifier,
+            Some(config_source::ConfigSourceSpecifier::ApiConfigSource(ref a))
+                if a.grpc_services.len() == 1
+        ));
+        // MUTUAL without a key cannot work: no TLS at all (as istiod).
+        let c = Case::new(tls(ClientTlsSettings {
+            private_key: String::new(),
+            ..mutual
+        }))
+        .cluster();
+        assert!(c.transport_socket.is_none());
+
+        // credentialName: a gateway fetches the secret over ADS; a sidecar does not get
+        // it unless the rule selects workloads.
+        let credential = ClientTlsSettings {
+            mode: TlSmode::Mutual as i32,
+            credential_name: "client-cert".into(),
+            ..Default::default()
+        };
+        let mut case = Case::new(tls(credential.clone()));
+        case.proxy = proxy_in("default", "10.0.0.1", "router");
+        let ctx = tls_of(case.cluster().transport_socket.as_ref().unwrap());
+        let common = ctx.common_tls_context.as_ref().unwrap();
+        assert_eq!(
+            common.tls_certificate_sds_secret_configs[0].name,
+            "kubernetes://client-cert"
+        );
+        let ca = combined(&ctx)
+            .validation_context_sds_secret_config
+            .as_ref()
+            .unwrap();
+        assert_eq!(ca.name, "kubernetes://client-cert-cacert");
+        assert!(matches!(
+            ca.sds_config.as_ref().unwrap().config_source_specifier,
+            Some(config_source::ConfigSourceSpecifier::Ads(_))
+        ));
+        let c = Case::new(tls(credential)).cluster();
+        assert!(c.transport_socket.is_none() && c.transport_socket_matches.is_empty());
+
+        // ISTIO_MUTUAL: the agent's workload certificate and root, Istio's ALPN and SNI,
+        // and the service accounts as SANs.
+        let mut case = Case::new(tls(ClientTlsSettings {
+            mode: TlSmode::IstioMutual as i32,
+            ..Default::default()
+        }));
+        case.mesh.trust_domain_aliases = vec!["old.local".into()];
+        let c = case.cluster();
+        assert!(
+            c.transport_socket_matches.is_empty(),
+            "explicit, not auto-detected"
+        );
+        let ctx = tls_of(c.transport_socket.as_ref().unwrap());
+        assert_eq!(
+            ctx.sni,
+            "outbound_.8080_._.reviews.default.svc.cluster.local"
+        );
+        let common = ctx.common_tls_context.as_ref().unwrap();
+        assert_eq!(common.alpn_protocols, vec!["istio-peer-exchange", "istio"]);
+        assert_eq!(common.tls_certificate_sds_secret_configs[0].name, "default");
+        let root = combined(&ctx)
+            .validation_context_sds_secret_config
+            .as_ref()
+            .unwrap();
+        assert_eq!(root.name, "ROOTCA");
+        let Some(config_source::ConfigSourceSpecifier::ApiConfigSource(api)) =
+            &root.sds_config.as_ref().unwrap().config_source_specifier
+        else {
+            panic!("SDS from the agent");
+        };
+        assert!(matches!(
+            &api.grpc_services[0].target_specifier,
+            Some(envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier::EnvoyGrpc(g))
+                if g.cluster_name == "sds-grpc"
+        ));
+        let uri = subject_alt_name_matcher::SanType::Uri as i32;
+        assert_eq!(
+            sans(&ctx),
+            vec![
+                (
+                    uri,
+                    "spiffe://cluster.local/ns/default/sa/reviews".to_string()
+                ),
+                (uri, "spiffe://old.local/ns/default/sa/reviews".to_string()),
+            ]
+        );
+        // ... HTTP/2 ports add h2.
+        case.port = 9080;
+        let ctx = tls_of(case.cluster().transport_socket.as_ref().unwrap());
+        assert_eq!(
+            ctx.common_tls_context.unwrap().alpn_protocols,
+            vec!["istio-peer-exchange", "istio", "h2"]
+        );
+    }
+
+    #[test]
+    fn auto_mtls_uses_socket_matches_on_the_tls_mode_label() {
+        let mut case = Case::new(None);
+        case.rule = None;
+        let c = case.cluster();
+        assert!(c.transport_socket.is_none());
+        let names: Vec<&str> = c
+            .transport_socket_matches
+            .iter()
+            .map(|m| m.name.as_str())
+            .collect();
+        assert_eq!(names, vec!["tlsMode-istio", "tlsMode-disabled"]);
+        let istio = &c.transport_socket_matches[0];
+        assert_eq!(
+            istio.r#match.as_ref().unwrap().fields["tlsMode"].kind,
+            Some(value::Kind::StringValue("istio".into()))
+        );
+        let ctx = tls_of(istio.transport_socket.as_ref().unwrap());
+        assert_eq!(
+            ctx.sni,
+            "outbound_.8080_._.reviews.default.svc.cluster.local"
+        );
+        let plain = &c.transport_socket_matches[1];
+        assert_eq!(plain.r#match, Some(Struct::default()));
+        assert_eq!(
+            plain.transport_socket.as_ref().unwrap().name,
+            "envoy.transport_sockets.raw_buffer"
+        );
+
+        // Not for destinations outside the mesh, nor when the mesh turns it off.
+        case.service.location = MeshLocation::MeshExternal;
+        assert!(case.cluster().transport_socket_matches.is_empty());
+        case.service.location = MeshLocation::MeshInternal;
+        case.mesh.enable_auto_mtls = Some(false.into());
+        assert!(case.cluster().transport_socket_matches.is_empty());
+        case.mesh.enable_auto_mtls = Some(true.into());
+
+        // Passthrough destinations: plain mTLS only when every endpoint takes it.
+        case.service.resolution = Resolution::Passthrough;
+        case.shards = Some(shards(vec![ep("10.1.0.1", "v1", TlsMode::Istio)]));
+        let c = case.cluster();
+        assert!(c.transport_socket_matches.is_empty());
+        assert!(c.transport_socket.is_some());
+        case.shards = Some(shards(vec![
+            ep("10.1.0.1", "v1", TlsMode::Istio),
+            ep("10.1.0.2", "v1", TlsMode::Disabled),
+        ]));
+        let c = case.cluster();
+        assert!(c.transport_socket.is_none() && c.transport_socket_matches.is_empty());
+    }
+
+    #[test]
+    fn inbound_clusters_forward_to_the_workload() {
+        let mesh = default_mesh_config();
+        let port = Port::new("grpc", 9080, Protocol::Grpc).unwrap();
+        let pool = TrafficPolicy {
+            connection_pool: Some(ConnectionPoolSettings {
+                tcp: Some(TcpSettings {
+                    max_connections: 5,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            outlier_detection: Some(OutlierDetection::default()),
+            ..Default::default()
+        };
+        let ips = ["10.0.0.1".parse().unwrap()];
+        let c = inbound_cluster(&InboundRequest {
+            target_port: 19080,
+            port: &port,
+            policy: Some(&pool),
+            mesh: &mesh,
+            proxy_ips: &ips,
+        });
+        assert_eq!(c.name, "inbound|19080||");
+        assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
+        assert_eq!(c.lb_policy, cluster::LbPolicy::ClusterProvided as i32);
+        let bind = c
+            .upstream_bind_config
+            .as_ref()
+            .unwrap()
+            .source_address
+            .as_ref()
+            .unwrap();
+        assert_eq!(bind.address, "127.0.0.6");
+        assert!(is_h2(&c));
+        assert_eq!(
+            c.circuit_breakers.unwrap().thresholds[0]
+                .max_connections
+                .unwrap()
+                .value,
+            5
+        );
+        assert!(
+            c.outlier_detection.is_none(),
+            "inbound takes the connection pool only"
+        );
+        assert!(c.transport_socket.is_none() && c.transport_socket_matches.is_empty());
+
+        let mut localhost = mesh.clone();
+        localhost.inbound_traffic_policy = Some(InboundTrafficPolicy {
+            mode: InboundMode::Localhost as i32,
+        });
+        let c = inbound_cluster(&InboundRequest {
+            target_port: 19080,
+            port: &port,
+            policy: None,
+            mesh: &localhost,
+            proxy_ips: &ips,
+        });
+        assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
+        assert!(c.upstream_bind_config.is_none());
+        let cla = c.load_assignment.unwrap();
+        let Some(lb_endpoint::HostIdentifier::Endpoint(e)) =
+            &cla.endpoints[0].lb_endpoints[0].host_identifier
+        else {
+            panic!()
+        };
+        assert_eq!(e.address, Some(eds::socket("127.0.0.1".into(), 19080)));
+
+        let dual: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        let c = inbound_passthrough(&mesh, &dual);
+        assert_eq!(c.name, "InboundPassthroughCluster");
+        let bind = c.upstream_bind_config.unwrap();
+        assert_eq!(bind.source_address.unwrap().address, "127.0.0.6");
+        assert_eq!(
+            bind.extra_source_addresses[0]
+                .address
+                .as_ref()
+                .unwrap()
+                .address,
+            "::6"
+        );
+    }
+}
+
+/// CDS and EDS through the snapshot: which clusters a proxy gets, with which rule.
+#[cfg(test)]
+mod snapshot_tests {
+    use std::collections::BTreeSet;
+
+    use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+    use meshfed_api::networking::v1alpha3::ConnectionPoolSettings;
+    use meshfed_api::networking::v1alpha3::connection_pool_settings::TcpSettings;
+    use meshfed_api::networking::v1alpha3::load_balancer_settings::{LbPolicy, SimpleLb};
+    use meshfed_api::networking::v1alpha3::{
+        IstioEgressListener, LoadBalancerSettings, Sidecar, Subset,
+    };
+    use meshfed_registry::{
+        Aggregate, Endpoint, EndpointIndex, MemoryRegistry, PushRequest, TriggerReason, UpdateSink,
+    };
+
+    use super::tests::proxy_in;
+    use super::*;
+    use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
+    use crate::mesh::MeshSettings;
+    use crate::push::config_index::{ConfigIndex, ConfigSet};
+
+    const REVIEWS: &str = "reviews.default.svc.cluster.local";
+
+    fn cfg<T>(ns: &str, name: &str, spec: T) -> Config<T> {
+        Config {
+            name: name.into(),
+            namespace: ns.into(),
+            labels: Default::default(),
+            creation_time: std::time::SystemTime::UNIX_EPOCH,
+            spec,
+        }
+    }
+
+    fn lb(simple: SimpleLb) -> Option<TrafficPolicy> {
+        Some(TrafficPolicy {
+            load_balancer: Some(LoadBalancerSettings {
+                lb_policy: Some(LbPolicy::Simple(simple as i32)),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+    }
+
+    fn snapshot(set: ConfigSet) -> Snapshot {
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _rx) = UpdateSink::new(index.clone());
+        let aggregate = Aggregate::new("c1");
+        let reg = MemoryRegistry::new("c1", sink);
+        let mut reviews = Service::new(REVIEWS, "default", ProviderId::Mock, "c1");
+        reviews
+            .ports
+            .push(Port::new("http", 9080, Protocol::Http).unwrap());
+        reviews
+            .ports
+            .push(Port::new("metrics", 9090, Protocol::Tcp).unwrap());
+        reviews
+            .ports
+            .push(Port::new("dns", 53, Protocol::Udp).unwrap());
+        let endpoint = |ip: &str, version: &str| {
+            let mut e = Endpoint::new(ip.parse().unwrap())
+                .with_port("http", 19080)
+                .with_port("metrics", 19090);
+            e.labels.insert("version".into(), version.into());
+            e
+        };
+        let key = reviews.key();
+        reg.add_service(reviews);
+        reg.set_endpoints(
+            &key,
+            vec![
+                endpoint("10.0.0.1", "v1"),
+                endpoint("10.0.0.2", "v2"),
+                endpoint("10.0.0.3", "v3"),
+            ],
+        );
+        aggregate.add_registry(Arc::new(reg));
+        let mesh = MeshSettings {
+            config: crate::mesh::default_mesh_config(),
+            ..Default::default()
+        };
+        Snapshot::build(
+            &Snapshot::empty(),
+            &PushRequest::forced(TriggerReason::Global),
+            &aggregate,
+            &index,
+            Arc::new(mesh),
+            &|m| ConfigIndex::new(set.clone(), "cluster.local", m),
+            1,
+        )
+    }
+
+    fn rules() -> ConfigSet {
+        let subset = |name: &str| Subset {
+            name: name.into(),
+            labels: [("version".to_string(), name.to_string())].into(),
+            traffic_policy: None,
+        };
+        ConfigSet {
+            destination_rules: vec![
+                cfg(
+                    "default",
+                    "reviews",
+                    DestinationRule {
+                        host: "reviews".into(),
+                        traffic_policy: lb(SimpleLb::RoundRobin),
+                        subsets: vec![subset("v1"), subset("v2")],
+                        ..Default::default()
+                    },
+                ),
+                cfg(
+                    "client",
+                    "reviews-from-client",
+                    DestinationRule {
+                        host: REVIEWS.into(),
+                        traffic_policy: lb(SimpleLb::Random),
+                        ..Default::default()
+                    },
+                ),
+            ],
+            sidecars: vec![cfg(
+                "default",
+                "default",
+                Sidecar {
+                    egress: vec![IstioEgressListener {
+                        hosts: vec!["*/*".into()],
+                        ..Default::default()
+                    }],
+                    inbound_connection_pool: Some(ConnectionPoolSettings {
+                        tcp: Some(TcpSettings {
+                            max_connections: 42,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        }
+    }
+
+    fn fetch(
+        snapshot: &Snapshot,
+        proxy: &Proxy,
+        type_url: TypeUrl,
+        wanted: &[&str],
+    ) -> Vec<Resource> {
+        let names: BTreeSet<String> = wanted.iter().map(|s| s.to_string()).collect();
+        generate(
+            type_url,
+            snapshot,
+            proxy,
+            Subscription {
+                wildcard: names.is_empty(),
+                names: &names,
+            },
+            Scope::All,
+            &GeneratorOptions::default(),
+        )
+    }
+
+    fn clusters(snapshot: &Snapshot, proxy: &Proxy, wanted: &[&str]) -> Vec<Cluster> {
+        fetch(snapshot, proxy, TypeUrl::Cluster, wanted)
+            .iter()
+            .map(|r| Cluster::decode(r.body.value.clone()).unwrap())
+            .collect()
+    }
+
+    fn names(clusters: &[Cluster]) -> Vec<&str> {
+        clusters.iter().map(|c| c.name.as_str()).collect()
+    }
+
+    #[test]
+    fn sidecars_get_subset_and_inbound_clusters() {
+        let snap = snapshot(rules());
+        // A sidecar of the reviews v1 pod.
+        let proxy = proxy_in("default", "10.0.0.1", "sidecar");
+        let all = clusters(&snap, &proxy, &[]);
+        assert_eq!(
+            names(&all),
+            vec![
+                "outbound|9080||reviews.default.svc.cluster.local",
+                "outbound|9080|v1|reviews.default.svc.cluster.local",
+                "outbound|9080|v2|reviews.default.svc.cluster.local",
+                "outbound|9090||reviews.default.svc.cluster.local",
+                "outbound|9090|v1|reviews.default.svc.cluster.local",
+                "outbound|9090|v2|reviews.default.svc.cluster.local",
+                "BlackHoleCluster",
+                "PassthroughCluster",
+                "inbound|19080||",
+                "inbound|19090||",
+                "InboundPassthroughCluster",
+            ],
+            "UDP ports get no cluster"
+        );
+        let inbound = &all[8];
+        assert_eq!(
+            inbound.circuit_breakers.as_ref().unwrap().thresholds[0]
+                .max_connections
+                .unwrap()
+                .value,
+            42,
+            "the Sidecar's inboundConnectionPool"
+        );
+        // Named requests, including subsets and inbound clusters.
+        let named = clusters(
+            &snap,
+            &proxy,
+            &[
+                "outbound|9080|v2|reviews.default.svc.cluster.local",
+                "outbound|9080|v9|reviews.default.svc.cluster.local",
+                "inbound|19090||",
+                "InboundPassthroughCluster",
+            ],
+        );
+        assert_eq!(
+            names(&named),
+            vec![
+                "InboundPassthroughCluster",
+                "inbound|19090||",
+                "outbound|9080|v2|reviews.default.svc.cluster.local",
+            ]
+        );
+        // Another workload's sidecar has no inbound clusters of reviews.
+        let other = proxy_in("default", "10.9.9.9", "sidecar");
+        let all = clusters(&snap, &other, &[]);
+        assert_eq!(
+            names(&all)
+                .iter()
+                .filter(|n| n.starts_with("inbound|"))
+                .count(),
+            0
+        );
+        assert!(names(&all).contains(&"InboundPassthroughCluster"));
+        // Gateways: no passthrough, no inbound.
+        let gateway = proxy_in("default", "10.0.0.1", "router");
+        let all = clusters(&snap, &gateway, &[]);
+        assert_eq!(all.len(), 7);
+        assert_eq!(names(&all)[6], "BlackHoleCluster");
+    }
+
+    #[test]
+    fn the_rule_depends_on_the_proxy_namespace() {
+        let snap = snapshot(rules());
+        let host_cluster = "outbound|9080||reviews.default.svc.cluster.local";
+        let lb_of = |ns: &str| {
+            let c = clusters(&snap, &proxy_in(ns, "10.8.0.1", "sidecar"), &[host_cluster]);
+            assert_eq!(c.len(), 1);
+            (c[0].lb_policy, c[0].metadata.clone())
+        };
+        // The client namespace has its own rule ...
+        assert_eq!(lb_of("client").0, cluster::LbPolicy::Random as i32);
+        // ... others use the service namespace's, and both coexist in the cache.
+        let (policy, metadata) = lb_of("other");
+        assert_eq!(policy, cluster::LbPolicy::RoundRobin as i32);
+        assert!(format!("{metadata:?}").contains("destination-rule/reviews"));
+        assert_eq!(lb_of("default").0, cluster::LbPolicy::RoundRobin as i32);
+        assert_eq!(lb_of("client").0, cluster::LbPolicy::Random as i32);
+        // The client namespace's rule defines no subsets.
+        let subset = clusters(
+            &snap,
+            &proxy_in("client", "10.8.0.1", "sidecar"),
+            &["outbound|9080|v1|reviews.default.svc.cluster.local"],
+        );
+        assert!(subset.is_empty());
+    }
+
+    #[test]
+    fn subset_load_assignments_filter_by_labels() {
+        let snap = snapshot(rules());
+        let proxy = proxy_in("default", "10.8.0.1", "sidecar");
+        let wanted = [
+            "outbound|9080||reviews.default.svc.cluster.local",
+            "outbound|9080|v1|reviews.default.svc.cluster.local",
+            "outbound|9080|v9|reviews.default.svc.cluster.local",
+        ];
+        let resources = fetch(&snap, &proxy, TypeUrl::Endpoint, &wanted);
+        let addresses: Vec<(String, usize, bool)> = resources
+            .iter()
+            .map(|r| {
+                let cla = ClusterLoadAssignment::decode(r.body.value.clone()).unwrap();
+                let n = cla.endpoints.iter().map(|l| l.lb_endpoints.len()).sum();
+                (cla.cluster_name, n, r.placeholder)
+            })
+            .collect();
+        assert_eq!(
+            addresses,
+            vec![
+                (wanted[1].to_string(), 1, false),
+                (wanted[2].to_string(), 0, true),
+                (wanted[0].to_string(), 3, false),
+            ],
+            "only v1 endpoints in the v1 subset; an unknown subset is a placeholder"
+        );
+        // From the client namespace the subsets do not exist.
+        let client = proxy_in("client", "10.8.0.1", "sidecar");
+        let resources = fetch(&snap, &client, TypeUrl::Endpoint, &wanted[1..2]);
+        assert!(resources[0].placeholder);
+        // A wildcard EDS subscription names the subset clusters too.
+        let all = fetch(&snap, &proxy, TypeUrl::Endpoint, &[]);
+        let names: Vec<&str> = all.iter().map(|r| &*r.name).collect();
+        assert!(names.contains(&"outbound|9090|v2|reviews.default.svc.cluster.local"));
     }
 }

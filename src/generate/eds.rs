@@ -1,7 +1,8 @@
-//! EDS: one `ClusterLoadAssignment` per outbound cluster, endpoints from every shard of
-//! the service, grouped by locality.
+//! EDS: one `ClusterLoadAssignment` per outbound cluster (and DestinationRule subset),
+//! endpoints from every shard of the service, grouped by locality, with Istio's locality
+//! load balancing (distribute weights, failover priorities) for the requesting proxy.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use envoy_types::pb::envoy::config::core::v3::{
     Address, HealthStatus as EnvoyHealth, Locality as EnvoyLocality, Metadata, SocketAddress,
@@ -11,7 +12,13 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use envoy_types::pb::google::protobuf::{Struct, UInt32Value, Value, value};
-use meshfed_registry::{Endpoint, EndpointShards, HealthStatus, Locality, Port};
+use meshfed_api::networking::v1alpha3::LocalityLoadBalancerSetting;
+use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
+use meshfed_registry::{Endpoint, EndpointShards, HealthStatus, Locality, Port, Service, ShardKey};
+
+use super::policy;
+use crate::ads::node::Proxy;
+use crate::push::snapshot::Snapshot;
 
 /// Options that change which endpoints are sent.
 #[derive(Clone, Copy, Debug, Default)]
@@ -21,6 +28,31 @@ pub struct EdsOptions {
     pub send_unhealthy: bool,
 }
 
+/// Locality load balancing for one client (Istio's ApplyLocalityLoadBalancer inputs).
+#[derive(Clone, Copy, Debug)]
+pub struct LocalityLb<'a> {
+    /// The setting in force (see `policy::locality_lb_setting`).
+    pub setting: &'a LocalityLoadBalancerSetting,
+    /// The client's locality.
+    pub proxy_locality: &'a Locality,
+    /// The client's labels (failoverPriority compares them with the endpoints').
+    pub proxy_labels: &'a BTreeMap<String, String>,
+    /// Outlier detection is configured: failover only works then, so it is only
+    /// applied then.
+    pub failover: bool,
+}
+
+/// Which endpoints a load assignment carries and how they are prioritised.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EndpointSelection<'a> {
+    /// Flags.
+    pub options: EdsOptions,
+    /// A DestinationRule subset's labels, which every endpoint must carry.
+    pub subset: Option<&'a BTreeMap<String, String>>,
+    /// Locality load balancing for the requesting client.
+    pub locality_lb: Option<LocalityLb<'a>>,
+}
+
 /// The load assignment for `cluster_name` of `service` port `port`.
 pub fn load_assignment(
     cluster_name: &str,
@@ -28,42 +60,414 @@ pub fn load_assignment(
     shards: Option<&EndpointShards>,
     options: EdsOptions,
 ) -> ClusterLoadAssignment {
-    let mut by_locality: BTreeMap<&Locality, Vec<LbEndpoint>> = BTreeMap::new();
+    load_assignment_for(
+        cluster_name,
+        port,
+        shards,
+        &EndpointSelection {
+            options,
+            ..Default::default()
+        },
+    )
+}
+
+/// The load assignment for `cluster_name` of port `port`, restricted to a subset and
+/// prioritised for a client as `selection` says.
+pub fn load_assignment_for(
+    cluster_name: &str,
+    port: &Port,
+    shards: Option<&EndpointShards>,
+    selection: &EndpointSelection<'_>,
+) -> ClusterLoadAssignment {
+    let mut by_locality: BTreeMap<&Locality, Vec<(LbEndpoint, &ShardKey, &Endpoint)>> =
+        BTreeMap::new();
     let mut weights: BTreeMap<&Locality, u32> = BTreeMap::new();
-    for (_, ep) in shards.into_iter().flat_map(|s| s.iter()) {
+    for (shard, ep) in shards.into_iter().flat_map(|s| s.iter()) {
         let Some(&target) = ep.ports.get(&port.name) else {
             continue;
         };
-        let Some(health) = health_for(ep, options) else {
+        if selection
+            .subset
+            .is_some_and(|labels| !labels.iter().all(|(k, v)| ep.labels.get(k) == Some(v)))
+        {
+            continue;
+        }
+        let Some(health) = health_for(ep, selection.options) else {
             continue;
         };
         let weight = ep.effective_weight();
-        by_locality
-            .entry(&ep.locality)
-            .or_default()
-            .push(lb_endpoint(ep, target, health, weight));
+        by_locality.entry(&ep.locality).or_default().push((
+            lb_endpoint(ep, target, health, weight),
+            shard,
+            ep,
+        ));
         let w = weights.entry(&ep.locality).or_default();
         *w = w.saturating_add(weight);
     }
-    ClusterLoadAssignment {
-        cluster_name: cluster_name.to_string(),
-        endpoints: by_locality
-            .into_iter()
-            .map(|(locality, lb_endpoints)| LocalityLbEndpoints {
+    let mut labels: Vec<Vec<BTreeMap<String, String>>> = Vec::new();
+    let endpoints = by_locality
+        .into_iter()
+        .map(|(locality, eps)| {
+            if selection.locality_lb.is_some() {
+                labels.push(
+                    eps.iter()
+                        .map(|(_, shard, ep)| endpoint_labels(ep, shard))
+                        .collect(),
+                );
+            }
+            LocalityLbEndpoints {
                 locality: (!locality.is_empty()).then(|| EnvoyLocality {
                     region: locality.region.clone(),
                     zone: locality.zone.clone(),
                     sub_zone: locality.subzone.clone(),
                 }),
-                lb_endpoints,
+                lb_endpoints: eps.into_iter().map(|(lb, _, _)| lb).collect(),
                 // gRPC clients ignore a locality without a weight; Envoy accepts it.
                 load_balancing_weight: Some(UInt32Value {
                     value: weights[locality].max(1),
                 }),
                 ..Default::default()
-            })
-            .collect(),
+            }
+        })
+        .collect();
+    let mut cla = ClusterLoadAssignment {
+        cluster_name: cluster_name.to_string(),
+        endpoints,
         ..Default::default()
+    };
+    if let Some(lb) = &selection.locality_lb {
+        apply_locality_lb(&mut cla, Some(&labels), lb);
+    }
+    cla
+}
+
+/// What one proxy's load assignment for a cluster depends on besides the endpoints: the
+/// DestinationRule that applies for the proxy (its subset labels, its locality load
+/// balancing) and, only when a locality setting changes anything, the proxy's locality
+/// and the labels failoverPriority names. [`AssignmentView::digest_parts`] lists them
+/// for the cache key.
+#[derive(Clone, Debug)]
+pub struct AssignmentView {
+    rule: Option<(String, String)>,
+    subset_labels: Option<BTreeMap<String, String>>,
+    locality_lb: Option<(LocalityLoadBalancerSetting, bool)>,
+    proxy_locality: Locality,
+    proxy_labels: BTreeMap<String, String>,
+}
+
+impl AssignmentView {
+    /// The view of `proxy` on `service` port `port`, subset `subset` (empty for the
+    /// whole service). `None` when the rule that applies has no such subset.
+    pub fn new(
+        snapshot: &Snapshot,
+        proxy: &Proxy,
+        service: &Service,
+        port: &Port,
+        subset: &str,
+    ) -> Option<AssignmentView> {
+        let rule = snapshot.config.destination_rule(
+            &proxy.namespace,
+            service.namespace.as_str(),
+            service.hostname.as_str(),
+        );
+        let subset_labels = if subset.is_empty() {
+            None
+        } else {
+            Some(policy::subset(&rule?.spec, subset)?.labels.clone())
+        };
+        let traffic_policy =
+            rule.and_then(|r| policy::destination_policy(&r.spec, port.port.get(), subset));
+        let failover = traffic_policy
+            .as_ref()
+            .is_some_and(|p| p.outlier_detection.is_some());
+        let locality_lb = policy::locality_lb_setting(
+            &snapshot.mesh.config,
+            traffic_policy
+                .as_ref()
+                .and_then(|p| p.load_balancer.as_ref()),
+        )
+        .filter(|s| !s.distribute.is_empty() || failover)
+        .map(|s| (s, failover));
+        let proxy_labels = match &locality_lb {
+            Some((s, true)) if s.distribute.is_empty() && !s.failover_priority.is_empty() => {
+                augment_labels(
+                    &proxy.labels,
+                    proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
+                    &proxy.locality,
+                    proxy.network.as_str(),
+                )
+            }
+            _ => BTreeMap::new(),
+        };
+        Some(AssignmentView {
+            rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
+            subset_labels,
+            proxy_locality: if locality_lb.is_some() {
+                proxy.locality.clone()
+            } else {
+                Locality::default()
+            },
+            locality_lb,
+            proxy_labels,
+        })
+    }
+
+    /// The parts of the cache key: the rule, and the client facts in use.
+    pub fn digest_parts(&self) -> Vec<String> {
+        let mut parts = match &self.rule {
+            Some((ns, name)) => vec![ns.clone(), name.clone()],
+            None => vec![String::new(), String::new()],
+        };
+        if self.locality_lb.is_some() {
+            parts.push(self.proxy_locality.to_string());
+            parts.extend(self.proxy_labels.iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        parts
+    }
+
+    /// The selection to build the assignment with.
+    pub fn selection(&self, options: EdsOptions) -> EndpointSelection<'_> {
+        EndpointSelection {
+            options,
+            subset: self.subset_labels.as_ref(),
+            locality_lb: self
+                .locality_lb
+                .as_ref()
+                .map(|(setting, failover)| LocalityLb {
+                    setting,
+                    proxy_locality: &self.proxy_locality,
+                    proxy_labels: &self.proxy_labels,
+                    failover: *failover,
+                }),
+        }
+    }
+}
+
+/// Istio's topology labels, which failoverPriority may name.
+pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
+/// Zone label.
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Subzone label.
+pub const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
+/// Network label.
+pub const LABEL_NETWORK: &str = "topology.istio.io/network";
+/// Cluster label.
+pub const LABEL_CLUSTER: &str = "topology.istio.io/cluster";
+
+/// Labels with Istio's topology labels added where missing (AugmentLabels): cluster,
+/// region, zone, subzone, network.
+pub fn augment_labels(
+    labels: &BTreeMap<String, String>,
+    cluster: &str,
+    locality: &Locality,
+    network: &str,
+) -> BTreeMap<String, String> {
+    let mut out = labels.clone();
+    for (key, value) in [
+        (LABEL_CLUSTER, cluster),
+        (LABEL_REGION, locality.region.as_str()),
+        (LABEL_ZONE, locality.zone.as_str()),
+        (LABEL_SUBZONE, locality.subzone.as_str()),
+        (LABEL_NETWORK, network),
+    ] {
+        if !value.is_empty() {
+            out.entry(key.to_string())
+                .or_insert_with(|| value.to_string());
+        }
+    }
+    out
+}
+
+fn endpoint_labels(ep: &Endpoint, shard: &ShardKey) -> BTreeMap<String, String> {
+    let cluster = if ep.cluster_id.is_empty() {
+        shard.cluster.as_str()
+    } else {
+        ep.cluster_id.as_str()
+    };
+    augment_labels(&ep.labels, cluster, &ep.locality, ep.network.as_str())
+}
+
+/// Applies a locality setting to a load assignment for one client (Istio's
+/// ApplyLocalityLoadBalancer): `distribute` reweights (and empties) locality groups;
+/// otherwise, when failover is on, groups get priorities by failoverPriority labels
+/// (which needs `endpoint_labels`, the labels of each group's endpoints in order) and
+/// by region/zone/subzone proximity and the `failover` rules.
+pub fn apply_locality_lb(
+    cla: &mut ClusterLoadAssignment,
+    endpoint_labels: Option<&[Vec<BTreeMap<String, String>>]>,
+    lb: &LocalityLb<'_>,
+) {
+    let s = lb.setting;
+    if !s.distribute.is_empty() {
+        apply_locality_weights(cla, lb.proxy_locality, &s.distribute);
+    } else if lb.failover {
+        if !s.failover_priority.is_empty() {
+            if let Some(labels) = endpoint_labels {
+                apply_failover_priorities(cla, labels, lb.proxy_labels, &s.failover_priority);
+            }
+            if !s.failover.is_empty() {
+                apply_locality_failover(cla, lb.proxy_locality, &s.failover);
+            }
+        } else {
+            apply_locality_failover(cla, lb.proxy_locality, &s.failover);
+        }
+    }
+}
+
+fn split_locality(rule: &str) -> (&str, &str, &str) {
+    let mut parts = rule.split('/');
+    let region = parts.next().unwrap_or("");
+    let zone = parts.next().unwrap_or("");
+    let subzone = parts.next().unwrap_or("");
+    (region, zone, subzone)
+}
+
+/// Istio's LocalityMatch: `*` matches anything, a missing zone/subzone too.
+fn locality_match(region: &str, zone: &str, subzone: &str, rule: &str) -> bool {
+    let (r, z, s) = split_locality(rule);
+    (r == "*" || r == region)
+        && (z == "*" || z.is_empty() || z == zone)
+        && (s == "*" || s.is_empty() || s == subzone)
+}
+
+fn parts(l: Option<&EnvoyLocality>) -> (&str, &str, &str) {
+    l.map(|l| (l.region.as_str(), l.zone.as_str(), l.sub_zone.as_str()))
+        .unwrap_or(("", "", ""))
+}
+
+/// `distribute`: the first rule whose `from` matches the client reweights every
+/// locality group matched by one of its `to` entries (a `to` matching several groups
+/// shares its weight in proportion to theirs, rounded up) and empties the others.
+fn apply_locality_weights(
+    cla: &mut ClusterLoadAssignment,
+    proxy: &Locality,
+    distribute: &[Distribute],
+) {
+    let Some(rule) = distribute
+        .iter()
+        .find(|d| locality_match(&proxy.region, &proxy.zone, &proxy.subzone, &d.from))
+    else {
+        return;
+    };
+    let mut unmatched: BTreeSet<usize> = (0..cla.endpoints.len()).collect();
+    for (to, weight) in &rule.to {
+        let mut matched: Vec<(usize, u32)> = Vec::new();
+        let mut total = 0u64;
+        for (i, group) in cla.endpoints.iter().enumerate() {
+            if !unmatched.contains(&i) {
+                continue;
+            }
+            let (r, z, s) = parts(group.locality.as_ref());
+            if locality_match(r, z, s, to) {
+                let original = group.load_balancing_weight.map_or(1, |w| w.value);
+                matched.push((i, original));
+                total += u64::from(original);
+            }
+        }
+        for (i, original) in matched {
+            unmatched.remove(&i);
+            let share = (u64::from(original) * u64::from(*weight)) as f64 / total as f64;
+            if share > 0.0 {
+                cla.endpoints[i].load_balancing_weight = Some(UInt32Value {
+                    value: share.ceil() as u32,
+                });
+            }
+        }
+    }
+    for i in unmatched {
+        cla.endpoints[i].lb_endpoints.clear();
+    }
+}
+
+/// Proximity priorities: 0 same subzone, 1 same zone, 2 same region, 3 elsewhere, 4 a
+/// region other than the `failover` target of the client's region. Combined with
+/// priorities already set (times 5), then renumbered 0..N without gaps.
+fn apply_locality_failover(
+    cla: &mut ClusterLoadAssignment,
+    proxy: &Locality,
+    failover: &[Failover],
+) {
+    for group in &mut cla.endpoints {
+        let (r, z, s) = parts(group.locality.as_ref());
+        let mut priority = if proxy.region != r {
+            3
+        } else if proxy.zone != z {
+            2
+        } else if proxy.subzone != s {
+            1
+        } else {
+            0
+        };
+        if priority == 3
+            && let Some(rule) = failover.iter().find(|f| f.from == proxy.region)
+            && r != rule.to
+        {
+            priority = 4;
+        }
+        group.priority = group.priority * 5 + priority;
+    }
+    compact_priorities(&mut cla.endpoints);
+}
+
+/// failoverPriority: within each locality group, an endpoint's priority is 0 when it
+/// agrees with the client on every listed label, else `n - i` where label `i` is the
+/// first that differs (`key=value` entries compare with the given value instead of the
+/// client's). Groups split by priority; priorities renumbered without gaps.
+fn apply_failover_priorities(
+    cla: &mut ClusterLoadAssignment,
+    labels: &[Vec<BTreeMap<String, String>>],
+    proxy_labels: &BTreeMap<String, String>,
+    failover_priority: &[String],
+) {
+    if proxy_labels.is_empty() || labels.is_empty() {
+        return;
+    }
+    let lowest = failover_priority.len() as u32;
+    let rules: Vec<(&str, Option<&str>)> = failover_priority
+        .iter()
+        .map(|l| match l.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (l.as_str(), None),
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (group, group_labels) in cla.endpoints.drain(..).zip(labels) {
+        let mut by_priority: BTreeMap<u32, Vec<LbEndpoint>> = BTreeMap::new();
+        for (ep, ep_labels) in group.lb_endpoints.iter().zip(group_labels) {
+            let mut priority = 0;
+            for (j, (key, value)) in rules.iter().enumerate() {
+                let wanted = value.or_else(|| proxy_labels.get(*key).map(String::as_str));
+                if wanted != ep_labels.get(*key).map(String::as_str) {
+                    priority = lowest - j as u32;
+                    break;
+                }
+            }
+            by_priority.entry(priority).or_default().push(ep.clone());
+        }
+        for (priority, lb_endpoints) in by_priority {
+            let weight = lb_endpoints
+                .iter()
+                .map(|e| e.load_balancing_weight.map_or(0, |w| w.value))
+                .fold(0u32, u32::saturating_add);
+            out.push(LocalityLbEndpoints {
+                locality: group.locality.clone(),
+                lb_endpoints,
+                priority,
+                load_balancing_weight: Some(UInt32Value { value: weight }),
+                ..Default::default()
+            });
+        }
+    }
+    cla.endpoints = out;
+    compact_priorities(&mut cla.endpoints);
+}
+
+/// Priorities must run 0..N without gaps.
+fn compact_priorities(groups: &mut [LocalityLbEndpoints]) {
+    let used: BTreeSet<u32> = groups.iter().map(|g| g.priority).collect();
+    let rank: BTreeMap<u32, u32> = used.into_iter().zip(0..).collect();
+    for g in groups {
+        g.priority = rank[&g.priority];
     }
 }
 
@@ -197,6 +601,222 @@ mod tests {
             load_assignment("x", &port, None, EdsOptions::default())
                 .endpoints
                 .is_empty()
+        );
+    }
+
+    fn localities(cla: &ClusterLoadAssignment) -> Vec<(String, u32, u32, usize)> {
+        cla.endpoints
+            .iter()
+            .map(|g| {
+                let l = g.locality.clone().unwrap_or_default();
+                (
+                    format!("{}/{}/{}", l.region, l.zone, l.sub_zone),
+                    g.priority,
+                    g.load_balancing_weight.map_or(0, |w| w.value),
+                    g.lb_endpoints.len(),
+                )
+            })
+            .collect()
+    }
+
+    fn spread() -> EndpointShards {
+        shards(
+            vec![
+                ep("10.0.0.1", "r1/z1/s1", 1),
+                ep("10.0.0.2", "r1/z1/s2", 1),
+                ep("10.0.0.3", "r1/z2", 1),
+                ep("10.0.0.4", "r2/z1", 1),
+            ],
+            vec![ep("10.0.0.5", "r3/z1", 1)],
+        )
+    }
+
+    #[test]
+    fn subsets_keep_only_endpoints_with_their_labels() {
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let mut v1 = ep("10.0.0.1", "r1/z1", 1);
+        v1.labels.insert("version".into(), "v1".into());
+        v1.labels.insert("app".into(), "reviews".into());
+        let mut v2 = ep("10.0.0.2", "r1/z1", 1);
+        v2.labels.insert("version".into(), "v2".into());
+        let s = shards(vec![v1, v2], vec![]);
+        let labels = BTreeMap::from([("version".to_string(), "v1".to_string())]);
+        let cla = load_assignment_for(
+            "outbound|80|v1|a",
+            &port,
+            Some(&s),
+            &EndpointSelection {
+                subset: Some(&labels),
+                ..Default::default()
+            },
+        );
+        assert_eq!(cla.cluster_name, "outbound|80|v1|a");
+        assert_eq!(localities(&cla), vec![("r1/z1/".into(), 0, 1, 1)]);
+    }
+
+    #[test]
+    fn locality_failover_priorities_by_proximity() {
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let s = spread();
+        let setting = LocalityLoadBalancerSetting::default();
+        let client = Locality::parse("r1/z1/s1");
+        let no_labels = BTreeMap::new();
+        let lb = |failover: bool| EndpointSelection {
+            locality_lb: Some(LocalityLb {
+                setting: &setting,
+                proxy_locality: &client,
+                proxy_labels: &no_labels,
+                failover,
+            }),
+            ..Default::default()
+        };
+        let cla = load_assignment_for("c", &port, Some(&s), &lb(true));
+        assert_eq!(
+            localities(&cla),
+            vec![
+                ("r1/z1/s1".into(), 0, 1, 1),
+                ("r1/z1/s2".into(), 1, 1, 1),
+                ("r1/z2/".into(), 2, 1, 1),
+                ("r2/z1/".into(), 3, 1, 1),
+                ("r3/z1/".into(), 3, 1, 1),
+            ]
+        );
+        let cla = load_assignment_for("c", &port, Some(&s), &lb(false));
+        assert!(
+            cla.endpoints.iter().all(|g| g.priority == 0),
+            "no outlier detection, no failover"
+        );
+        // failover r1 -> r3: other regions drop below r3 (and priorities stay dense).
+        let setting = LocalityLoadBalancerSetting {
+            failover: vec![Failover {
+                from: "r1".into(),
+                to: "r3".into(),
+            }],
+            ..Default::default()
+        };
+        let sel = EndpointSelection {
+            locality_lb: Some(LocalityLb {
+                setting: &setting,
+                proxy_locality: &client,
+                proxy_labels: &no_labels,
+                failover: true,
+            }),
+            ..Default::default()
+        };
+        let cla = load_assignment_for("c", &port, Some(&s), &sel);
+        let prio: Vec<(String, u32)> = localities(&cla).into_iter().map(|l| (l.0, l.1)).collect();
+        assert_eq!(
+            prio,
+            vec![
+                ("r1/z1/s1".into(), 0),
+                ("r1/z1/s2".into(), 1),
+                ("r1/z2/".into(), 2),
+                ("r2/z1/".into(), 4),
+                ("r3/z1/".into(), 3),
+            ]
+        );
+    }
+
+    #[test]
+    fn locality_distribute_reweights_and_drops_the_rest() {
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let s = spread();
+        let setting = LocalityLoadBalancerSetting {
+            distribute: vec![
+                Distribute {
+                    from: "r9/*".into(),
+                    to: BTreeMap::from([("r9/*".to_string(), 100)]),
+                },
+                Distribute {
+                    from: "r1/z1/*".into(),
+                    to: BTreeMap::from([("r1/z1/*".to_string(), 80), ("r2/*".to_string(), 20)]),
+                },
+            ],
+            ..Default::default()
+        };
+        let client = Locality::parse("r1/z1/s2");
+        let no_labels = BTreeMap::new();
+        let sel = EndpointSelection {
+            locality_lb: Some(LocalityLb {
+                setting: &setting,
+                proxy_locality: &client,
+                proxy_labels: &no_labels,
+                failover: false,
+            }),
+            ..Default::default()
+        };
+        let cla = load_assignment_for("c", &port, Some(&s), &sel);
+        assert_eq!(
+            localities(&cla),
+            vec![
+                ("r1/z1/s1".into(), 0, 40, 1),
+                ("r1/z1/s2".into(), 0, 40, 1),
+                ("r1/z2/".into(), 0, 1, 0),
+                ("r2/z1/".into(), 0, 20, 1),
+                ("r3/z1/".into(), 0, 1, 0),
+            ],
+            "80 shared by the two r1/z1 subzones, 20 for r2, nothing elsewhere"
+        );
+    }
+
+    #[test]
+    fn failover_priority_labels_split_localities() {
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let mut same = ep("10.0.0.1", "r1/z1", 1);
+        same.network = "n1".into();
+        same.labels.insert("tier".into(), "gold".into());
+        let mut other_network = ep("10.0.0.2", "r1/z1", 1);
+        other_network.network = "n2".into();
+        other_network.labels.insert("tier".into(), "gold".into());
+        let mut other_tier = ep("10.0.0.3", "r1/z1", 1);
+        other_tier.network = "n1".into();
+        other_tier.labels.insert("tier".into(), "silver".into());
+        let s = shards(vec![same, other_network, other_tier], vec![]);
+        let setting = LocalityLoadBalancerSetting {
+            failover_priority: vec![LABEL_NETWORK.into(), "tier=gold".into()],
+            ..Default::default()
+        };
+        let client = Locality::parse("r1/z1");
+        let client_labels = augment_labels(&BTreeMap::new(), "c1", &client, "n1");
+        let sel = EndpointSelection {
+            locality_lb: Some(LocalityLb {
+                setting: &setting,
+                proxy_locality: &client,
+                proxy_labels: &client_labels,
+                failover: true,
+            }),
+            ..Default::default()
+        };
+        let cla = load_assignment_for("c", &port, Some(&s), &sel);
+        let groups: Vec<(u32, Vec<String>)> = cla
+            .endpoints
+            .iter()
+            .map(|g| {
+                (
+                    g.priority,
+                    g.lb_endpoints
+                        .iter()
+                        .map(|e| match &e.host_identifier {
+                            Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                                match &ep.address.as_ref().unwrap().address {
+                                    Some(address::Address::SocketAddress(a)) => a.address.clone(),
+                                    _ => unreachable!(),
+                                }
+                            }
+                            _ => unreachable!(),
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            groups,
+            vec![
+                (0, vec!["10.0.0.1".to_string()]),
+                (1, vec!["10.0.0.3".to_string()]),
+                (2, vec!["10.0.0.2".to_string()]),
+            ],
+            "same network and tier first, then same network, then the rest"
         );
     }
 }

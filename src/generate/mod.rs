@@ -4,6 +4,12 @@
 
 pub mod cds;
 pub mod eds;
+pub mod grpc;
+pub mod instances;
+pub mod lds;
+pub mod policy;
+pub mod rds;
+pub mod simulate;
 
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
@@ -11,7 +17,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use meshfed_registry::{Port, Service};
 
-use crate::ads::node::Proxy;
+use crate::ads::node::{Generator, Proxy};
 use crate::push::snapshot::Snapshot;
 use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
 use cds::{ClusterName, ClusterOptions, Direction};
@@ -57,46 +63,70 @@ pub fn generate(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
+    // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.
+    if proxy.generator == Generator::Grpc && type_url != TypeUrl::Endpoint {
+        return grpc::generate(type_url, snapshot, proxy, subscription);
+    }
     match type_url {
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Endpoint => load_assignments(snapshot, proxy, subscription, scope, options),
-        // Listeners and routes need the Istio config API; until then there are none,
-        // and an empty answer lets clients finish their initial fetch.
-        TypeUrl::Listener | TypeUrl::Route => Vec::new(),
+        TypeUrl::Listener => listeners(snapshot, proxy, subscription),
+        TypeUrl::Route => routes(snapshot, proxy, subscription),
     }
 }
 
 fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    // As istiod: gateways get no passthrough cluster; sidecars also get their inbound
+    // clusters and InboundPassthroughCluster.
+    let sidecar = proxy.node_type == crate::ads::node::NodeType::Sidecar;
     if sub.wildcard {
         let mut out = Vec::new();
-        for service in snapshot.services.visible_to(&proxy.namespace) {
+        for service in snapshot.visible_services(proxy) {
             for port in &service.ports {
-                out.extend(outbound_cluster(snapshot, service, port));
+                if port.protocol != meshfed_registry::Protocol::Udp {
+                    out.extend(cds::cached_service_clusters(snapshot, proxy, service, port));
+                }
             }
         }
         out.push(special_cluster(snapshot, cds::BLACK_HOLE));
-        out.push(special_cluster(snapshot, cds::PASSTHROUGH));
+        if !proxy.is_router() {
+            out.push(special_cluster(snapshot, cds::PASSTHROUGH));
+        }
+        if sidecar {
+            out.extend(cds::cached_inbound(snapshot, proxy));
+        }
         return out;
     }
+    let mut inbound: Option<Vec<Resource>> = None;
     sub.names
         .iter()
         .filter_map(|name| match name.as_str() {
             cds::BLACK_HOLE | cds::PASSTHROUGH => Some(special_cluster(snapshot, name)),
             _ => {
-                let parsed = ClusterName::parse(name)?;
-                if parsed.direction != Direction::Outbound || !parsed.subset.is_empty() {
-                    return None;
+                let parsed = ClusterName::parse(name).map(|p| p.direction);
+                if name == cds::INBOUND_PASSTHROUGH || parsed == Some(Direction::Inbound) {
+                    if !sidecar {
+                        return None;
+                    }
+                    return inbound
+                        .get_or_insert_with(|| cds::cached_inbound(snapshot, proxy))
+                        .iter()
+                        .find(|r| &*r.name == name.as_str())
+                        .cloned();
                 }
+                let parsed = ClusterName::parse(name)?;
                 let service = snapshot
                     .services
                     .resolve(parsed.hostname, &proxy.namespace)?;
                 let port = service.port(parsed.port)?;
-                outbound_cluster(snapshot, service, port)
+                cds::cached_outbound(snapshot, proxy, service, port, parsed.subset)
             }
         })
         .collect()
 }
 
+/// The policy-free cluster of a service port (no DestinationRule, no mTLS), which
+/// proxyless gRPC clients share; Envoy proxies get `cds::cached_outbound`.
 fn outbound_cluster(snapshot: &Snapshot, service: &Arc<Service>, port: &Port) -> Option<Resource> {
     let name: Arc<str> = Arc::from(cds::outbound_name(
         port.port.get(),
@@ -131,9 +161,9 @@ fn special_cluster(snapshot: &Snapshot, name: &str) -> Resource {
         .cache
         .get_or_insert(key, None, || {
             let cluster = if name == cds::BLACK_HOLE {
-                cds::black_hole(cluster_options(snapshot))
+                cds::black_hole(&snapshot.mesh.config)
             } else {
-                cds::passthrough(cluster_options(snapshot))
+                cds::passthrough(&snapshot.mesh.config)
             };
             Some(EncodedResource::encode(TypeUrl::Cluster, name, &cluster))
         })
@@ -149,13 +179,27 @@ fn load_assignments(
 ) -> Vec<Resource> {
     let wildcard_names: BTreeSet<String>;
     let names = if sub.wildcard {
+        // Every EDS cluster: each service port, and each subset of the rule in force.
         wildcard_names = snapshot
             .services
             .visible_to(&proxy.namespace)
             .flat_map(|s| {
-                s.ports
-                    .iter()
-                    .map(|p| cds::outbound_name(p.port.get(), "", s.hostname.as_str()))
+                let rule = snapshot.config.destination_rule(
+                    &proxy.namespace,
+                    s.namespace.as_str(),
+                    s.hostname.as_str(),
+                );
+                let subsets: Vec<&str> = std::iter::once("")
+                    .chain(
+                        rule.iter()
+                            .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
+                    )
+                    .collect();
+                s.ports.iter().flat_map(move |p| {
+                    subsets.clone().into_iter().map(move |subset| {
+                        cds::outbound_name(p.port.get(), subset, s.hostname.as_str())
+                    })
+                })
             })
             .collect();
         &wildcard_names
@@ -184,34 +228,150 @@ fn load_assignment(
     options: &GeneratorOptions,
 ) -> Resource {
     let service = snapshot.services.resolve(parsed.hostname, &proxy.namespace);
-    let namespace = service.map(|s| s.namespace.as_str()).unwrap_or("");
+    // The service, its port, and how this proxy sees them (subset labels, locality
+    // load balancing of the DestinationRule in force); none for a gone service, port
+    // or subset.
+    let found = service.and_then(|s| {
+        let port = s.port(parsed.port)?;
+        let view = eds::AssignmentView::new(snapshot, proxy, s, port, parsed.subset)?;
+        Some((s, port, view))
+    });
+    let mut parts: Vec<String> = vec![
+        service
+            .map(|s| s.namespace.as_str())
+            .unwrap_or("")
+            .to_string(),
+    ];
+    if let Some((_, _, view)) = &found {
+        parts.extend(view.digest_parts());
+    }
+    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
     let key = CacheKey {
         type_url: TypeUrl::Endpoint,
         name: Arc::from(name),
-        view: view_digest(&[namespace]),
+        view: view_digest(&parts),
     };
     let hostname = meshfed_registry::Hostname::new(parsed.hostname);
     snapshot
         .cache
         .get_or_insert(key, Some(&hostname), || {
-            // A watched cluster whose service or port is gone gets an empty assignment
-            // (a placeholder, see EncodedResource), so a SotW client never waits on it.
-            Some(
-                match service.and_then(|s| Some((s, s.port(parsed.port)?))) {
-                    Some((service, port)) => {
-                        let shards = snapshot.shards(&service.key()).map(|s| &**s);
-                        let cla = eds::load_assignment(name, port, shards, options.eds);
-                        EncodedResource::encode(TypeUrl::Endpoint, name, &cla)
-                    }
-                    None => {
-                        let empty = ClusterLoadAssignment {
-                            cluster_name: name.to_string(),
-                            ..Default::default()
-                        };
-                        EncodedResource::encode_placeholder(TypeUrl::Endpoint, name, &empty)
-                    }
-                },
-            )
+            // A watched cluster whose service, port or subset is gone gets an empty
+            // assignment (a placeholder, see EncodedResource), so a SotW client never
+            // waits on it.
+            Some(match &found {
+                Some((service, port, view)) => {
+                    let shards = snapshot.shards(&service.key()).map(|s| &**s);
+                    let cla =
+                        eds::load_assignment_for(name, port, shards, &view.selection(options.eds));
+                    EncodedResource::encode(TypeUrl::Endpoint, name, &cla)
+                }
+                None => {
+                    let empty = ClusterLoadAssignment {
+                        cluster_name: name.to_string(),
+                        ..Default::default()
+                    };
+                    EncodedResource::encode_placeholder(TypeUrl::Endpoint, name, &empty)
+                }
+            })
         })
         .expect("load assignments always generate")
+}
+
+/// LDS for Envoy: a gateway's listeners, or a sidecar's capture, outbound and inbound
+/// listeners. Cached per snapshot under the proxy properties they depend on.
+fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    let labels: Vec<String> = proxy
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let cluster = proxy.cluster_id.as_ref().map(|c| c.as_str()).unwrap_or("");
+    let ips: Vec<String> = proxy.ip_addresses.iter().map(ToString::to_string).collect();
+    let mut parts = vec![
+        proxy.namespace.as_str(),
+        cluster,
+        if proxy.is_router() {
+            "router"
+        } else {
+            "sidecar"
+        },
+    ];
+    parts.extend(labels.iter().map(String::as_str));
+    parts.extend(ips.iter().map(String::as_str));
+    let view = view_digest(&parts);
+    let built = if proxy.is_router() {
+        lds::gateway_listeners(snapshot, proxy)
+    } else {
+        lds::sidecar_listeners(snapshot, proxy, &inbound_ports(snapshot, proxy))
+    };
+    built
+        .into_iter()
+        .filter(|l| sub.wildcard || sub.names.contains(&l.name))
+        .filter_map(|listener| {
+            let name: Arc<str> = Arc::from(listener.name.as_str());
+            let key = CacheKey {
+                type_url: TypeUrl::Listener,
+                name: name.clone(),
+                view,
+            };
+            snapshot.cache.get_or_insert(key, None, || {
+                Some(EncodedResource::encode(TypeUrl::Listener, name, &listener))
+            })
+        })
+        .collect()
+}
+
+/// The ports a sidecar serves for its own services.
+fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::InboundPort> {
+    let mut out: Vec<lds::InboundPort> = instances::proxy_instances(snapshot, proxy)
+        .into_iter()
+        .map(|i| lds::InboundPort {
+            target_port: i.target_port,
+            http: i.port.protocol.is_http(),
+        })
+        .collect();
+    out.sort_by_key(|p| p.target_port);
+    out.dedup_by_key(|p| p.target_port);
+    out
+}
+
+/// RDS for Envoy: a sidecar's per-port tables (`"80"`) or a gateway's (`http.80`).
+/// Only requested names are answered (RDS is never wildcard).
+fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    let labels: Vec<String> = proxy
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let cluster = proxy.cluster_id.as_ref().map(|c| c.as_str()).unwrap_or("");
+    let kind = if proxy.is_router() {
+        "router"
+    } else {
+        "sidecar"
+    };
+    let mut parts = vec![proxy.namespace.as_str(), cluster, kind];
+    parts.extend(labels.iter().map(String::as_str));
+    let view = view_digest(&parts);
+    sub.names
+        .iter()
+        .filter_map(|name| {
+            let key = CacheKey {
+                type_url: TypeUrl::Route,
+                name: Arc::from(name.as_str()),
+                view,
+            };
+            snapshot.cache.get_or_insert(key, None, || {
+                let config = if proxy.is_router() {
+                    rds::gateway_route_config(snapshot, proxy, name)?
+                } else {
+                    rds::sidecar_route_config(snapshot, proxy, name.parse().ok()?)
+                };
+                Some(EncodedResource::encode(
+                    TypeUrl::Route,
+                    name.as_str(),
+                    &config,
+                ))
+            })
+        })
+        .collect()
 }

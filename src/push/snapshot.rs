@@ -185,9 +185,11 @@ impl Snapshot {
         &'a self,
         proxy: &'a Proxy,
     ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        // A Sidecar without egress listeners imports everything (`*/*`), as in Istio.
         let egress: Option<Vec<&str>> = self
             .config
             .sidecar_for(&proxy.namespace, &proxy.labels)
+            .filter(|sc| !sc.spec.egress.is_empty())
             .map(|sc| {
                 sc.spec
                     .egress

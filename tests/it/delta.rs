@@ -42,16 +42,24 @@ async fn wildcard_cds_subscribe_eds_and_incremental_updates() {
         .unwrap();
     client.subscribe(TypeUrl::Cluster, &[], &[]).await.unwrap();
     let cds = client.recv_type(TypeUrl::Cluster).await.unwrap();
+    // The sidecar (10.0.0.1) is an endpoint of a: it also gets its inbound clusters.
     assert_eq!(
         names(&cds),
-        vec!["BlackHoleCluster", "PassthroughCluster", A, B]
+        vec![
+            "BlackHoleCluster",
+            "InboundPassthroughCluster",
+            "PassthroughCluster",
+            "inbound|8080||",
+            A,
+            B
+        ]
     );
     assert!(
         cds.resources.iter().all(|r| !r.version.is_empty()),
         "every delta resource carries a version"
     );
     let decoded: Vec<Cluster> = decode_delta(&cds).unwrap();
-    assert_eq!(decoded.len(), 4);
+    assert_eq!(decoded.len(), 6);
 
     client
         .subscribe(TypeUrl::Endpoint, &[A], &[])
@@ -122,11 +130,15 @@ async fn unsubscribe_is_silent_and_removed_services_are_reported() {
     assert_eq!(names(&eds), vec![B]);
 
     // Removing service B: CDS says the cluster is removed, EDS removes the assignment.
+    // The sidecar (10.0.0.1) stopped being an endpoint of a above, so its inbound
+    // cluster goes with this push too.
     reg.remove_service(&b);
     let cds = client.recv_type(TypeUrl::Cluster).await.unwrap();
+    let mut removed = cds.removed_resources.clone();
+    removed.sort();
     assert_eq!(
-        cds.removed_resources,
-        vec![B.to_string()],
+        removed,
+        vec!["inbound|8080||".to_string(), B.to_string()],
         "{:?}",
         names(&cds)
     );

@@ -5,6 +5,7 @@ mod support;
 
 mod admin;
 mod delta;
+mod interop;
 mod mesh;
 mod mock_file;
 mod sotw;

@@ -70,11 +70,15 @@ async fn initial_cds_then_eds_with_istio_names_and_localities() {
     let clusters = client.recv_clusters().await.unwrap();
     let mut names: Vec<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
     names.sort();
+    // The sidecar (10.0.0.1) is an endpoint of echo: it also gets its inbound clusters.
     assert_eq!(
         names,
         vec![
             "BlackHoleCluster",
+            "InboundPassthroughCluster",
             "PassthroughCluster",
+            "inbound|17070||",
+            "inbound|18080||",
             "outbound|7070||echo.default.svc.cluster.local",
             "outbound|8080||echo.default.svc.cluster.local",
         ]

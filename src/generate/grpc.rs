@@ -1,0 +1,825 @@
+//! Proxyless gRPC (`GENERATOR=grpc`): what gRPC's own xDS client (`xds:///host:port`
+//! targets) is served instead of the Envoy sidecar config, the way Istio's grpc
+//! generator does it.
+//!
+//! - **LDS**: a requested name is `host[:port]`. Short hosts are expanded with the
+//!   proxy's DNS domain (`foo` -> `foo.<ns>.svc.cluster.local`, `foo.bar` and
+//!   `foo.bar.svc` -> `foo.bar.svc.cluster.local`); the literal host wins when it names a
+//!   service itself. For each matching service port the answer is an *API listener*
+//!   named exactly as requested: an HTTP connection manager with the router filter and
+//!   RDS `outbound|<port>||<fqdn>` over ADS. A name without a port matches every port
+//!   of the service, each listener named `<requested host>:<port>` (as Istio does, so
+//!   gRPC clients in practice always name the port). Unknown names are left out.
+//! - **RDS**: for `outbound|<port>||<fqdn>`, one virtual host for that service (gRPC
+//!   rejects configs whose domains belong to other services), whose domains are the
+//!   names a client may dial, and one default route to the cluster of the same name.
+//! - **CDS**: requested names only (gRPC never asks for a wildcard), always EDS clusters
+//!   over ADS with round-robin balancing. gRPC accepts only EDS, LOGICAL_DNS and
+//!   aggregate clusters, so a DNS or passthrough service is served in the EDS form too,
+//!   and `BlackHoleCluster`/`PassthroughCluster` (STATIC, ORIGINAL_DST) never are. A
+//!   well-formed outbound name with no service behind it still gets its EDS cluster
+//!   (with empty endpoints), so RPCs fail at once instead of after gRPC's 15 s
+//!   does-not-exist timer.
+//! - **EDS** is the normal generator.
+//!
+//! Every resource is cached in the snapshot's resource cache under a view digest that
+//! starts with `"grpc"`, so it never collides with an Envoy resource of the same name.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::google::protobuf::Any;
+use meshfed_registry::{Hostname, Port, Resolution, Service};
+use prost::Message;
+
+use super::Subscription;
+use super::cds::{self, ClusterName, Direction};
+use crate::ads::node::Proxy;
+use crate::push::snapshot::Snapshot;
+use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
+
+/// Name of Envoy's (and gRPC's) terminal HTTP filter.
+pub const ROUTER_FILTER: &str = "envoy.filters.http.router";
+/// Name of the fault-injection HTTP filter.
+pub const FAULT_FILTER: &str = "envoy.filters.http.fault";
+const ROUTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router";
+const FAULT_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault";
+const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+
+/// Generates listeners, routes or clusters for a proxyless gRPC client. Endpoints are
+/// served by the normal EDS generator.
+pub(super) fn generate(
+    type_url: TypeUrl,
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    subscription: Subscription<'_>,
+) -> Vec<Resource> {
+    match type_url {
+        TypeUrl::Listener => listeners(snapshot, proxy, subscription),
+        TypeUrl::Route => routes(snapshot, proxy, subscription),
+        TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
+        TypeUrl::Endpoint => Vec::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// LDS
+
+/// The port part of a requested listener name.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum RequestedPort {
+    /// `host` alone: every port of the service.
+    Any,
+    /// `host:port`.
+    Port(u16),
+    /// `host:<not a port number>`: matches nothing.
+    Invalid,
+}
+
+/// Splits a requested listener name into host and port (`[v6]:port` is understood; a
+/// bare IPv6 address has no port).
+pub fn split_listener_name(name: &str) -> (&str, RequestedPort) {
+    if let Some(rest) = name.strip_prefix('[')
+        && let Some((host, after)) = rest.split_once(']')
+    {
+        return match after.strip_prefix(':') {
+            Some(port) => (host, parse_port(port)),
+            None => (host, RequestedPort::Any),
+        };
+    }
+    match name.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => (host, parse_port(port)),
+        _ => (name, RequestedPort::Any),
+    }
+}
+
+fn parse_port(port: &str) -> RequestedPort {
+    port.parse()
+        .map_or(RequestedPort::Invalid, RequestedPort::Port)
+}
+
+/// The fully qualified form of a short host as the proxy would resolve it, or `None`
+/// when `host` is not a short name: `foo` -> `foo.<dns domain>`; `foo.ns` and
+/// `foo.ns.svc` -> `foo.ns.svc.<suffix>` where the proxy's domain is
+/// `<its ns>.svc.<suffix>`.
+pub fn expand_short_host(host: &str, dns_domain: &str) -> Option<String> {
+    if host.is_empty() {
+        return None;
+    }
+    if !host.contains('.') {
+        return (!dns_domain.is_empty()).then(|| format!("{host}.{dns_domain}"));
+    }
+    let suffix = kube_suffix(dns_domain)?;
+    let labels = host.split('.').count();
+    if labels == 2 {
+        Some(format!("{host}.svc.{suffix}"))
+    } else if labels == 3 && host.ends_with(".svc") {
+        Some(format!("{host}.{suffix}"))
+    } else {
+        None
+    }
+}
+
+/// `cluster.local` for a domain `<ns>.svc.cluster.local`.
+fn kube_suffix(dns_domain: &str) -> Option<&str> {
+    let (_, suffix) = dns_domain.split_once(".svc.")?;
+    (!suffix.is_empty()).then_some(suffix)
+}
+
+/// The service (and port) a requested `host[:port]` names for this proxy: the host
+/// itself if it is a service hostname with that port, else its expansion.
+fn resolve_requested<'s>(
+    snapshot: &'s Snapshot,
+    proxy: &Proxy,
+    host: &str,
+    port: RequestedPort,
+) -> Option<&'s Arc<Service>> {
+    let expanded = expand_short_host(host, &proxy.dns_domain);
+    [Some(host), expanded.as_deref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|h| snapshot.services.resolve(h, &proxy.namespace))
+        .find(|service| match port {
+            RequestedPort::Any => true,
+            RequestedPort::Port(n) => service.port(n).is_some(),
+            RequestedPort::Invalid => false,
+        })
+}
+
+fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    // Keyed by listener name: a name asked for twice (`foo` and `foo:80`) is sent once.
+    let mut out: BTreeMap<String, Resource> = BTreeMap::new();
+    if sub.wildcard {
+        for service in snapshot.services.visible_to(&proxy.namespace) {
+            for port in &service.ports {
+                let name = join_host_port(service.hostname.as_str(), port.port.get());
+                let listener = cached_listener(snapshot, proxy, &name, service, port);
+                out.insert(name, listener);
+            }
+        }
+    }
+    for requested in sub.names {
+        let (host, wanted) = split_listener_name(requested);
+        let Some(service) = resolve_requested(snapshot, proxy, host, wanted) else {
+            continue;
+        };
+        match wanted {
+            RequestedPort::Port(number) => {
+                if let Some(port) = service.port(number) {
+                    let listener = cached_listener(snapshot, proxy, requested, service, port);
+                    out.insert(requested.clone(), listener);
+                }
+            }
+            RequestedPort::Any => {
+                for port in &service.ports {
+                    let name = join_host_port(host, port.port.get());
+                    let listener = cached_listener(snapshot, proxy, &name, service, port);
+                    out.insert(name, listener);
+                }
+            }
+            RequestedPort::Invalid => {}
+        }
+    }
+    out.into_values().collect()
+}
+
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+fn cached_listener(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    name: &str,
+    service: &Service,
+    port: &Port,
+) -> Resource {
+    let fault = routes_inject_faults(snapshot, proxy, service);
+    let key = CacheKey {
+        type_url: TypeUrl::Listener,
+        name: Arc::from(name),
+        view: view_digest(&[
+            "grpc",
+            service.hostname.as_str(),
+            &port.port.to_string(),
+            if fault { "fault" } else { "" },
+        ]),
+    };
+    snapshot
+        .cache
+        .get_or_insert(key, Some(&service.hostname), || {
+            let listener = api_listener(name, service.hostname.as_str(), port.port.get(), fault);
+            Some(EncodedResource::encode(TypeUrl::Listener, name, &listener))
+        })
+        .expect("listeners always generate")
+}
+
+/// Whether any route of `service` port `port` injects faults, which needs the fault
+/// filter in front of the router. Fault injection comes from VirtualServices; without
+/// them no route does.
+fn routes_inject_faults(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> bool {
+    snapshot
+        .config
+        .virtual_service_for_host(&proxy.namespace, service.hostname.as_str())
+        .is_some_and(|vs| vs.spec.http.iter().any(|r| r.fault.is_some()))
+}
+
+/// The API listener `name` for `hostname` port `port`: an HTTP connection manager that
+/// loads route `outbound|<port>||<hostname>` over ADS.
+pub fn api_listener(name: &str, hostname: &str, port: u16, fault: bool) -> Listener {
+    let hcm = HttpConnectionManager {
+        http_filters: http_filters(fault),
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(cds::ads_source()),
+            route_config_name: cds::outbound_name(port, "", hostname),
+        })),
+        ..Default::default()
+    };
+    Listener {
+        name: name.to_string(),
+        api_listener: Some(ApiListener {
+            api_listener: Some(any(HCM_TYPE, &hcm)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The HTTP filters of an API listener: the router (gRPC requires it, last), preceded
+/// by the fault filter when routes inject faults.
+pub fn http_filters(fault: bool) -> Vec<HttpFilter> {
+    let mut filters = Vec::with_capacity(2);
+    if fault {
+        filters.push(HttpFilter {
+            name: FAULT_FILTER.to_string(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(any(
+                FAULT_TYPE,
+                &HttpFault::default(),
+            ))),
+            ..Default::default()
+        });
+    }
+    filters.push(HttpFilter {
+        name: ROUTER_FILTER.to_string(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(any(
+            ROUTER_TYPE,
+            &Router::default(),
+        ))),
+        ..Default::default()
+    });
+    filters
+}
+
+fn any<M: Message>(type_url: &str, message: &M) -> Any {
+    Any {
+        type_url: type_url.to_string(),
+        value: message.encode_to_vec(),
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// RDS
+
+fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    sub.names
+        .iter()
+        .filter_map(|name| {
+            let parsed = ClusterName::parse(name)?;
+            if parsed.direction != Direction::Outbound || !parsed.subset.is_empty() {
+                return None;
+            }
+            let service = snapshot.services.resolve(parsed.hostname, &proxy.namespace);
+            Some(cached_route(snapshot, proxy, name, &parsed, service))
+        })
+        .collect()
+}
+
+fn cached_route(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    name: &str,
+    parsed: &ClusterName<'_>,
+    service: Option<&Arc<Service>>,
+) -> Resource {
+    let found = service.and_then(|s| Some((s, s.port(parsed.port)?)));
+    let vip = found
+        .and_then(|(s, _)| s.address_for(proxy.cluster_id.as_ref()))
+        .map(|ip| ip.to_string())
+        .unwrap_or_default();
+    let namespace = found.map(|(s, _)| s.namespace.as_str()).unwrap_or("");
+    let key = CacheKey {
+        type_url: TypeUrl::Route,
+        name: Arc::from(name),
+        view: view_digest(&["grpc", namespace, &proxy.dns_domain, &vip]),
+    };
+    let hostname = Hostname::new(parsed.hostname);
+    snapshot
+        .cache
+        .get_or_insert(key, Some(&hostname), || {
+            Some(match found {
+                Some((service, port)) => EncodedResource::encode(
+                    TypeUrl::Route,
+                    name,
+                    &route_configuration(name, snapshot, service, port, proxy),
+                ),
+                // The service or port is gone: an empty route table tells the client at
+                // once (SotW); Delta reports the name as removed.
+                None => EncodedResource::encode_placeholder(
+                    TypeUrl::Route,
+                    name,
+                    &RouteConfiguration {
+                        name: name.to_string(),
+                        ..Default::default()
+                    },
+                ),
+            })
+        })
+        .expect("routes always generate")
+}
+
+/// The route table `name` (`outbound|<port>||<hostname>`) for one service port: the
+/// service's single virtual host as the sidecar route tables build it (VirtualService
+/// routes, or the default route).
+pub fn route_configuration(
+    name: &str,
+    snapshot: &Snapshot,
+    service: &Service,
+    port: &Port,
+    proxy: &Proxy,
+) -> RouteConfiguration {
+    RouteConfiguration {
+        name: name.to_string(),
+        virtual_hosts: vec![super::rds::service_virtual_host(
+            snapshot, proxy, service, port,
+        )],
+        ..Default::default()
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// CDS
+
+fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    // gRPC always names its clusters; like Istio, a wildcard gets nothing.
+    sub.names
+        .iter()
+        .filter_map(|name| {
+            let parsed = ClusterName::parse(name)?;
+            // Subset clusters come from DestinationRules.
+            if parsed.direction != Direction::Outbound || !parsed.subset.is_empty() {
+                return None;
+            }
+            let found = snapshot
+                .services
+                .resolve(parsed.hostname, &proxy.namespace)
+                .and_then(|s| Some((s, s.port(parsed.port)?)));
+            match found {
+                // The Envoy cluster of an EDS service is exactly what gRPC takes: share it.
+                Some((service, port)) if service.resolution == Resolution::ClientSideLb => {
+                    super::outbound_cluster(snapshot, service, port)
+                }
+                _ => Some(cached_eds_cluster(snapshot, name, parsed.hostname)),
+            }
+        })
+        .collect()
+}
+
+fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str) -> Resource {
+    let key = CacheKey {
+        type_url: TypeUrl::Cluster,
+        name: Arc::from(name),
+        view: view_digest(&["grpc", "eds"]),
+    };
+    snapshot
+        .cache
+        .get_or_insert(key, Some(&Hostname::new(hostname)), || {
+            Some(EncodedResource::encode(
+                TypeUrl::Cluster,
+                name,
+                &eds_cluster(name),
+            ))
+        })
+        .expect("clusters always generate")
+}
+
+/// A bare EDS cluster over ADS with round-robin balancing.
+pub fn eds_cluster(name: &str) -> Cluster {
+    Cluster {
+        name: name.to_string(),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        )),
+        eds_cluster_config: Some(cluster::EdsClusterConfig {
+            eds_config: Some(cds::ads_source()),
+            service_name: name.to_string(),
+        }),
+        lb_policy: cluster::LbPolicy::RoundRobin as i32,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use envoy_types::pb::envoy::config::core::v3::Node;
+    use envoy_types::pb::envoy::config::route::v3::{RouteAction, route, route_action};
+    use meshfed_registry::{
+        Aggregate, EndpointIndex, MemoryRegistry, Protocol, ProviderId, PushRequest, TriggerReason,
+        UpdateSink,
+    };
+
+    use super::*;
+    use crate::ads::node::{Generator, json_to_struct};
+    use crate::generate::{GeneratorOptions, Scope, generate as generate_any};
+
+    const DOMAIN: &str = "default.svc.cluster.local";
+
+    fn proxy() -> Proxy {
+        let node = Node {
+            id: format!("sidecar~127.0.0.1~client.default~{DOMAIN}"),
+            metadata: Some(json_to_struct(
+                &serde_json::json!({"GENERATOR": "grpc", "NAMESPACE": "default"}),
+            )),
+            ..Default::default()
+        };
+        let p = Proxy::from_node(Some(&node)).unwrap();
+        assert_eq!(p.generator, Generator::Grpc);
+        p
+    }
+
+    fn service(host: &str, ns: &str, ports: &[u16], resolution: Resolution) -> Service {
+        let mut s = Service::new(host, ns, ProviderId::Mock, "c1");
+        for (i, p) in ports.iter().enumerate() {
+            s.ports
+                .push(Port::new(&format!("grpc-{i}"), *p, Protocol::Grpc).unwrap());
+        }
+        s.resolution = resolution;
+        s
+    }
+
+    fn snapshot(services: Vec<Service>) -> Snapshot {
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _events) = UpdateSink::new(index.clone());
+        let aggregate = Aggregate::new("c1");
+        let registry = MemoryRegistry::new("c1", sink);
+        for s in services {
+            registry.add_service(s);
+        }
+        aggregate.add_registry(Arc::new(registry));
+        Snapshot::build(
+            &Snapshot::empty(),
+            &PushRequest::forced(TriggerReason::Global),
+            &aggregate,
+            &index,
+            Snapshot::empty().mesh.clone(),
+            &|_| crate::push::config_index::ConfigIndex::default(),
+            1,
+        )
+    }
+
+    fn names(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn run(snapshot: &Snapshot, type_url: TypeUrl, wanted: &[&str]) -> Vec<Resource> {
+        let wanted = names(wanted);
+        generate_any(
+            type_url,
+            snapshot,
+            &proxy(),
+            Subscription {
+                wildcard: wanted.is_empty(),
+                names: &wanted,
+            },
+            Scope::All,
+            &GeneratorOptions::default(),
+        )
+    }
+
+    fn decode<M: Message + Default>(r: &Resource) -> M {
+        M::decode(r.body.value.clone()).unwrap()
+    }
+
+    fn hcm(l: &Listener) -> HttpConnectionManager {
+        let any = l
+            .api_listener
+            .as_ref()
+            .unwrap()
+            .api_listener
+            .as_ref()
+            .unwrap();
+        assert_eq!(any.type_url, HCM_TYPE);
+        HttpConnectionManager::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn rds_name(h: &HttpConnectionManager) -> &str {
+        match &h.route_specifier {
+            Some(http_connection_manager::RouteSpecifier::Rds(rds)) => &rds.route_config_name,
+            other => panic!("expected RDS, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn listener_names_split_into_host_and_port() {
+        assert_eq!(
+            split_listener_name("foo.ns:7070"),
+            ("foo.ns", RequestedPort::Port(7070))
+        );
+        assert_eq!(split_listener_name("foo"), ("foo", RequestedPort::Any));
+        assert_eq!(
+            split_listener_name("foo:http"),
+            ("foo", RequestedPort::Invalid)
+        );
+        assert_eq!(
+            split_listener_name("[fd00::1]:80"),
+            ("fd00::1", RequestedPort::Port(80))
+        );
+        assert_eq!(
+            split_listener_name("fd00::1"),
+            ("fd00::1", RequestedPort::Any)
+        );
+    }
+
+    #[test]
+    fn short_hosts_expand_with_the_proxy_domain() {
+        assert_eq!(
+            expand_short_host("foo", DOMAIN).as_deref(),
+            Some("foo.default.svc.cluster.local")
+        );
+        assert_eq!(
+            expand_short_host("foo.other", DOMAIN).as_deref(),
+            Some("foo.other.svc.cluster.local")
+        );
+        assert_eq!(
+            expand_short_host("foo.other.svc", DOMAIN).as_deref(),
+            Some("foo.other.svc.cluster.local")
+        );
+        assert_eq!(expand_short_host("foo.example.com", DOMAIN), None);
+        assert_eq!(expand_short_host("foo.bar", "corp.example"), None);
+        assert_eq!(
+            expand_short_host("foo", "corp.example").as_deref(),
+            Some("foo.corp.example")
+        );
+    }
+
+    #[test]
+    fn lds_answers_requested_names_with_api_listeners() {
+        let snap = snapshot(vec![
+            service(
+                "echo.default.svc.cluster.local",
+                "default",
+                &[7070, 7071],
+                Resolution::ClientSideLb,
+            ),
+            service(
+                "echo.other.svc.cluster.local",
+                "other",
+                &[9090],
+                Resolution::ClientSideLb,
+            ),
+            service("echo.other", "external", &[80], Resolution::DnsLb),
+        ]);
+        let out = run(
+            &snap,
+            TypeUrl::Listener,
+            &[
+                "echo.default.svc.cluster.local:7070",
+                "echo:7071",
+                "echo.other:9090",
+                "echo.other:80",
+                "missing:80",
+                "echo:1",
+                "echo:x",
+            ],
+        );
+        let got: BTreeMap<String, String> = out
+            .iter()
+            .map(|r| {
+                let l: Listener = decode(r);
+                assert_eq!(&*r.name, l.name);
+                let h = hcm(&l);
+                let filters: Vec<&str> = h.http_filters.iter().map(|f| f.name.as_str()).collect();
+                assert_eq!(filters, vec![ROUTER_FILTER]);
+                match &h.http_filters[0].config_type {
+                    Some(http_filter::ConfigType::TypedConfig(any)) => {
+                        assert_eq!(any.type_url, ROUTER_TYPE)
+                    }
+                    other => panic!("router without typed config: {other:?}"),
+                }
+                assert!(l.address.is_none(), "API listeners carry no address");
+                (l.name.clone(), rds_name(&h).to_string())
+            })
+            .collect();
+        let want: BTreeMap<String, String> = [
+            (
+                "echo.default.svc.cluster.local:7070",
+                "outbound|7070||echo.default.svc.cluster.local",
+            ),
+            ("echo:7071", "outbound|7071||echo.default.svc.cluster.local"),
+            (
+                "echo.other:9090",
+                "outbound|9090||echo.other.svc.cluster.local",
+            ),
+            // The literal hostname wins over the expansion when it has the port.
+            ("echo.other:80", "outbound|80||echo.other"),
+        ]
+        .into_iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn lds_name_without_port_gets_every_port_and_duplicates_are_sent_once() {
+        let snap = snapshot(vec![service(
+            "echo.default.svc.cluster.local",
+            "default",
+            &[7070, 7071],
+            Resolution::ClientSideLb,
+        )]);
+        let out = run(&snap, TypeUrl::Listener, &["echo", "echo:7070"]);
+        let names: Vec<&str> = out.iter().map(|r| &*r.name).collect();
+        assert_eq!(names, vec!["echo:7070", "echo:7071"]);
+
+        let all = run(&snap, TypeUrl::Listener, &[]);
+        let names: Vec<&str> = all.iter().map(|r| &*r.name).collect();
+        assert_eq!(
+            names,
+            vec![
+                "echo.default.svc.cluster.local:7070",
+                "echo.default.svc.cluster.local:7071"
+            ]
+        );
+    }
+
+    #[test]
+    fn fault_filter_goes_before_the_router() {
+        let filters: Vec<String> = http_filters(true).into_iter().map(|f| f.name).collect();
+        assert_eq!(filters, vec![FAULT_FILTER, ROUTER_FILTER]);
+    }
+
+    #[test]
+    fn rds_has_one_virtual_host_with_the_dialable_names() {
+        let mut echo = service(
+            "echo.default.svc.cluster.local",
+            "default",
+            &[7070],
+            Resolution::ClientSideLb,
+        );
+        echo.cluster_vips
+            .insert("c1".into(), vec!["10.96.0.10".parse().unwrap()]);
+        let snap = snapshot(vec![
+            echo,
+            service(
+                "other.default.svc.cluster.local",
+                "default",
+                &[7070],
+                Resolution::ClientSideLb,
+            ),
+        ]);
+        let name = "outbound|7070||echo.default.svc.cluster.local";
+        let out = run(
+            &snap,
+            TypeUrl::Route,
+            &[name, "outbound|1||echo.default.svc.cluster.local", "bogus"],
+        );
+        assert_eq!(out.len(), 2, "the bogus name is skipped");
+        let rc: RouteConfiguration = decode(&out[1]);
+        assert_eq!(rc.name, name);
+        assert_eq!(rc.virtual_hosts.len(), 1);
+        let vh = &rc.virtual_hosts[0];
+        assert_eq!(vh.name, "echo.default.svc.cluster.local:7070");
+        assert_eq!(
+            vh.domains,
+            vec![
+                "echo.default.svc.cluster.local",
+                "echo.default.svc.cluster.local:7070",
+                "echo.default.svc.cluster.local.",
+                "echo.default.svc.cluster.local.:7070",
+                "echo",
+                "echo:7070",
+                "echo.default",
+                "echo.default:7070",
+                "echo.default.svc",
+                "echo.default.svc:7070",
+                "10.96.0.10",
+                "10.96.0.10:7070",
+            ]
+        );
+        assert_eq!(vh.routes.len(), 1);
+        match &vh.routes[0].action {
+            Some(route::Action::Route(RouteAction {
+                cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(c)),
+                ..
+            })) => assert_eq!(c, name),
+            other => panic!("unexpected action {other:?}"),
+        }
+        // A port the service lacks: an empty table, marked as standing for nothing.
+        let missing: RouteConfiguration = decode(&out[0]);
+        assert!(missing.virtual_hosts.is_empty());
+        assert!(out[0].placeholder);
+    }
+
+    #[test]
+    fn cds_serves_only_named_eds_clusters() {
+        let snap = snapshot(vec![
+            service(
+                "echo.default.svc.cluster.local",
+                "default",
+                &[7070],
+                Resolution::ClientSideLb,
+            ),
+            service("dns.example.com", "default", &[443], Resolution::DnsLb),
+            service(
+                "pass.example.com",
+                "default",
+                &[443],
+                Resolution::Passthrough,
+            ),
+        ]);
+        assert!(
+            run(&snap, TypeUrl::Cluster, &[]).is_empty(),
+            "no wildcard CDS"
+        );
+        let wanted = [
+            "outbound|7070||echo.default.svc.cluster.local",
+            "outbound|443||dns.example.com",
+            "outbound|443||pass.example.com",
+            "outbound|80||gone.default.svc.cluster.local",
+            "outbound|7070|v1|echo.default.svc.cluster.local",
+            "BlackHoleCluster",
+            "PassthroughCluster",
+        ];
+        let out = run(&snap, TypeUrl::Cluster, &wanted);
+        let mut got: Vec<&str> = out.iter().map(|r| &*r.name).collect();
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                "outbound|443||dns.example.com",
+                "outbound|443||pass.example.com",
+                "outbound|7070||echo.default.svc.cluster.local",
+                "outbound|80||gone.default.svc.cluster.local",
+            ]
+        );
+        for r in &out {
+            let c: Cluster = decode(r);
+            assert_eq!(
+                c.cluster_discovery_type,
+                Some(cluster::ClusterDiscoveryType::Type(
+                    cluster::DiscoveryType::Eds as i32
+                )),
+                "{}",
+                c.name
+            );
+            assert_eq!(c.lb_policy, cluster::LbPolicy::RoundRobin as i32);
+            assert_eq!(c.eds_cluster_config.unwrap().service_name, c.name);
+        }
+    }
+
+    #[test]
+    fn envoy_proxies_are_not_affected() {
+        let snap = snapshot(vec![service(
+            "dns.example.com",
+            "default",
+            &[443],
+            Resolution::DnsLb,
+        )]);
+        let grpc = run(&snap, TypeUrl::Cluster, &["outbound|443||dns.example.com"]);
+        let wanted = names(&["outbound|443||dns.example.com"]);
+        let mut envoy = proxy();
+        envoy.generator = Generator::Envoy;
+        let sidecar = generate_any(
+            TypeUrl::Cluster,
+            &snap,
+            &envoy,
+            Subscription {
+                wildcard: false,
+                names: &wanted,
+            },
+            Scope::All,
+            &GeneratorOptions::default(),
+        );
+        let c: Cluster = decode(&sidecar[0]);
+        assert_eq!(
+            c.cluster_discovery_type,
+            Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::StrictDns as i32
+            )),
+            "the sidecar's cached cluster is not the gRPC one"
+        );
+        assert_ne!(grpc[0].body, sidecar[0].body);
+    }
+}
