@@ -1,0 +1,312 @@
+//! The HTTP side of the fake API server: path parsing, LIST, WATCH and error
+//! statuses in the API server's JSON shapes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::selector::Selector;
+use super::{ApiState, RecordedRequest, Shared, WatchMsg, WatchSub, event_line};
+
+/// A request path split into its parts.
+pub(super) struct ApiPath {
+    /// `/api/v1/pods`.
+    pub(super) collection: String,
+    /// `v1` or `group/version`.
+    api_version: String,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+pub(super) fn collection_path(path: &str) -> Option<ApiPath> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (prefix, api_version, rest) = match segments.as_slice() {
+        ["api", version, rest @ ..] => (format!("/api/{version}"), version.to_string(), rest),
+        ["apis", group, version, rest @ ..] => (
+            format!("/apis/{group}/{version}"),
+            format!("{group}/{version}"),
+            rest,
+        ),
+        _ => return None,
+    };
+    let (namespace, plural, name) = match rest {
+        [plural] => (None, *plural, None),
+        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural, None),
+        ["namespaces", ns, plural, name] => (Some(ns.to_string()), *plural, Some(name.to_string())),
+        [plural, name] => (None, *plural, Some(name.to_string())),
+        _ => return None,
+    };
+    Some(ApiPath {
+        collection: format!("{prefix}/{plural}"),
+        api_version,
+        namespace,
+        name,
+    })
+}
+
+fn status(code: StatusCode, reason: &str, message: String) -> Response {
+    let body = json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code.as_u16(),
+    });
+    json_response(code, &body)
+}
+
+fn json_response(code: StatusCode, body: &Value) -> Response {
+    Response::builder()
+        .status(code)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(
+            serde_json::to_vec(body).expect("JSON values serialise"),
+        ))
+        .expect("static response parts are valid")
+}
+
+pub(super) async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> Response {
+    let mut state = shared.state.lock().expect("fake API state poisoned");
+    let request = RecordedRequest {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+        query,
+    };
+    state.requests.push(request.clone());
+    if method != Method::GET {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            format!("the fake API server only serves GET, not {method}"),
+        );
+    }
+    let Some(path) = collection_path(&request.path) else {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("no resource at {}", request.path),
+        );
+    };
+    let selector = match Selector::parse(&request.query) {
+        Ok(selector) => selector,
+        Err(message) => return status(StatusCode::BAD_REQUEST, "BadRequest", message),
+    };
+    if let Some(name) = &path.name {
+        let key = (path.namespace.clone().unwrap_or_default(), name.clone());
+        return match state
+            .collections
+            .get(&path.collection)
+            .and_then(|c| c.objects.get(&key))
+        {
+            Some(obj) => json_response(StatusCode::OK, obj),
+            None => status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{} {name:?} not found", path.collection),
+            ),
+        };
+    }
+    if request.is_watch() {
+        watch(&mut state, path, selector, &request.query)
+    } else {
+        list(&state, &path, &selector, &request.query)
+    }
+}
+
+fn list(
+    state: &ApiState,
+    path: &ApiPath,
+    selector: &Selector,
+    query: &BTreeMap<String, String>,
+) -> Response {
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let (rv, after) = match query.get("continue") {
+        Some(token) => {
+            let mut parts = token.splitn(3, '/');
+            let rv = parts.next().and_then(|rv| rv.parse::<u64>().ok());
+            match (rv, parts.next(), parts.next()) {
+                (Some(rv), Some(ns), Some(name)) if rv >= state.oldest => {
+                    (rv, Some((ns.to_string(), name.to_string())))
+                }
+                (Some(_), Some(_), Some(_)) => {
+                    return status(
+                        StatusCode::GONE,
+                        "Expired",
+                        "the provided continue parameter is too old".into(),
+                    );
+                }
+                _ => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        format!("invalid continue token {token:?}"),
+                    );
+                }
+            }
+        }
+        None => (state.rv, None),
+    };
+    let collection = state.collections.get(&path.collection);
+    let objects = collection.into_iter().flat_map(|c| c.objects.iter());
+    let mut items = Vec::new();
+    let mut more = None;
+    for ((ns, name), obj) in objects {
+        if after
+            .as_ref()
+            .is_some_and(|a| (ns.as_str(), name.as_str()) <= (a.0.as_str(), a.1.as_str()))
+            || path.namespace.as_ref().is_some_and(|want| want != ns)
+            || !selector.matches(obj)
+        {
+            continue;
+        }
+        if limit.is_some_and(|l| items.len() == l) {
+            let ((last_ns, last_name), _) = items.last().expect("a full page is not empty");
+            more = Some(format!("{rv}/{last_ns}/{last_name}"));
+            break;
+        }
+        items.push(((ns.clone(), name.clone()), obj.clone()));
+    }
+    let kind = collection.map(|c| c.kind.as_str()).unwrap_or("");
+    let mut metadata = json!({ "resourceVersion": rv.to_string() });
+    if let Some(token) = more {
+        metadata["continue"] = json!(token);
+    }
+    let body = json!({
+        "apiVersion": path.api_version,
+        "kind": format!("{kind}List"),
+        "metadata": metadata,
+        "items": items.into_iter().map(|(_, o)| o).collect::<Vec<_>>(),
+    });
+    json_response(StatusCode::OK, &body)
+}
+
+fn watch(
+    state: &mut ApiState,
+    path: ApiPath,
+    selector: Selector,
+    query: &BTreeMap<String, String>,
+) -> Response {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let collection = state.collections.get(&path.collection);
+    let (api_version, kind) = collection
+        .map(|c| (c.api_version.clone(), c.kind.clone()))
+        .unwrap_or_else(|| (path.api_version.clone(), String::new()));
+    let sub = WatchSub {
+        collection: path.collection.clone(),
+        namespace: path.namespace.clone(),
+        selector,
+        bookmarks: query.get("allowWatchBookmarks").map(String::as_str) == Some("true"),
+        api_version,
+        kind,
+        tx,
+    };
+    let from = query
+        .get("resourceVersion")
+        .map(String::as_str)
+        .unwrap_or("");
+    match from {
+        // "Any version": a synthetic ADDED for every object, then live changes.
+        "" | "0" => {
+            for ((ns, _), obj) in collection.into_iter().flat_map(|c| c.objects.iter()) {
+                if sub.namespace.as_ref().is_none_or(|want| want == ns) && sub.selector.matches(obj)
+                {
+                    let _ = sub.tx.send(WatchMsg::Line(event_line("ADDED", obj)));
+                }
+            }
+        }
+        from => {
+            let Ok(from) = from.parse::<u64>() else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    format!("invalid resourceVersion {from:?}"),
+                );
+            };
+            if from < state.oldest {
+                // What the API server does for a compacted version: 200, then one
+                // ERROR event with a 410 Status, then the end of the stream.
+                let gone = json!({
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "metadata": {},
+                    "status": "Failure",
+                    "message": format!("too old resource version: {from} ({})", state.oldest),
+                    "reason": "Expired",
+                    "code": 410,
+                });
+                let _ = sub.tx.send(WatchMsg::Line(event_line("ERROR", &gone)));
+                let _ = sub.tx.send(WatchMsg::End);
+                return stream_response(rx, None);
+            }
+            for change in state.history.iter().filter(|c| c.rv > from) {
+                if let Some(line) = sub.event_for(change) {
+                    let _ = sub.tx.send(WatchMsg::Line(line));
+                }
+            }
+        }
+    }
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map(Duration::from_secs);
+    state.watches.push(sub);
+    stream_response(rx, timeout)
+}
+
+fn stream_response(rx: mpsc::UnboundedReceiver<WatchMsg>, timeout: Option<Duration>) -> Response {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let lines = futures::stream::unfold(Some(rx), move |rx| async move {
+        let mut rx = rx?;
+        let msg = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .unwrap_or(Some(WatchMsg::End)),
+            None => rx.recv().await,
+        };
+        match msg {
+            Some(WatchMsg::Line(line)) => Some((Ok(line), Some(rx))),
+            Some(WatchMsg::Abort) => Some((Err(std::io::Error::other("watch dropped")), None)),
+            Some(WatchMsg::End) | None => None,
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(lines))
+        .expect("static response parts are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_name_collections() {
+        let p = collection_path("/api/v1/namespaces/default/pods").unwrap();
+        assert_eq!(p.collection, "/api/v1/pods");
+        assert_eq!(p.namespace.as_deref(), Some("default"));
+        let p = collection_path("/apis/discovery.k8s.io/v1/endpointslices").unwrap();
+        assert_eq!(p.collection, "/apis/discovery.k8s.io/v1/endpointslices");
+        assert_eq!(p.api_version, "discovery.k8s.io/v1");
+        let p = collection_path("/api/v1/namespaces/istio-system").unwrap();
+        assert_eq!(p.collection, "/api/v1/namespaces");
+        assert_eq!(p.name.as_deref(), Some("istio-system"));
+    }
+}

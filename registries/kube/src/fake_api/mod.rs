@@ -1,0 +1,470 @@
+//! A fake Kubernetes API server for tests (feature `test-support`).
+//!
+//! A real HTTP/1.1 server on `127.0.0.1:<port 0>` that speaks the wire format
+//! kube-rs (and client-go) expect: objects are k8s-openapi types serialised as JSON;
+//! LIST returns `{kind: <Kind>List, metadata: {resourceVersion, continue}, items}` with
+//! `limit`/`continue` paging; WATCH (`?watch=true&resourceVersion=N`) is a chunked
+//! stream of `{"type": "ADDED|MODIFIED|DELETED|BOOKMARK|ERROR", "object": ...}` lines
+//! replaying every change after `N`, then following live ones. A watch from a version
+//! older than the retained history gets the API server's answer: an `ERROR` event
+//! carrying a `Status` with code 410 (`Expired`), after which clients relist.
+//! `fieldSelector`/`labelSelector` support `=`, `==`, `!=` (and label existence), with
+//! the API server's rule that an object leaving the selection is a `DELETED` event.
+//!
+//! The test drives it directly: [`FakeApiServer::apply`] / [`FakeApiServer::delete`]
+//! change objects (bumping one global resourceVersion, as etcd does),
+//! [`FakeApiServer::drop_watches`] cuts every watch connection,
+//! [`FakeApiServer::compact`] forgets history so resumed watches get 410, and
+//! [`FakeApiServer::requests`] tells what the client asked.
+//!
+//! Simplifications: a continued LIST page reflects the current objects rather than a
+//! snapshot at the list's version (clients replay the watch from that version, so they
+//! converge all the same); writes go through the Rust API, not HTTP.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use axum::Router;
+use axum::body::Bytes;
+use kube::Resource;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot};
+
+use self::selector::Selector;
+
+mod http;
+pub mod objects;
+mod selector;
+
+/// One request the server received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordedRequest {
+    /// HTTP method.
+    pub method: String,
+    /// URL path (`/api/v1/pods`).
+    pub path: String,
+    /// Decoded query parameters.
+    pub query: BTreeMap<String, String>,
+}
+
+impl RecordedRequest {
+    /// A WATCH (as opposed to a LIST or GET).
+    pub fn is_watch(&self) -> bool {
+        matches!(
+            self.query.get("watch").map(String::as_str),
+            Some("true" | "1")
+        )
+    }
+
+    /// The `resourceVersion` parameter.
+    pub fn resource_version(&self) -> Option<&str> {
+        self.query.get("resourceVersion").map(String::as_str)
+    }
+}
+
+/// The fake API server. Dropping it stops the server and ends every watch.
+#[derive(Debug)]
+pub struct FakeApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<ApiState>,
+}
+
+#[derive(Debug)]
+struct ApiState {
+    /// The last resourceVersion handed out (global, like etcd's revision).
+    rv: u64,
+    /// History holds every change after this version; older watches get 410.
+    oldest: u64,
+    collections: HashMap<String, Collection>,
+    history: VecDeque<Arc<Change>>,
+    watches: Vec<WatchSub>,
+    requests: Vec<RecordedRequest>,
+}
+
+impl Default for ApiState {
+    fn default() -> Self {
+        ApiState {
+            rv: 1,
+            oldest: 1,
+            collections: HashMap::new(),
+            history: VecDeque::new(),
+            watches: Vec::new(),
+            requests: Vec::new(),
+        }
+    }
+}
+
+/// All objects of one resource, keyed by (namespace, name); cluster-scoped objects
+/// have an empty namespace.
+#[derive(Debug, Default)]
+struct Collection {
+    api_version: String,
+    kind: String,
+    objects: BTreeMap<(String, String), Value>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+#[derive(Debug)]
+struct Change {
+    rv: u64,
+    collection: String,
+    namespace: String,
+    kind: ChangeType,
+    /// The object before the change (for selector transitions and deletions).
+    old: Option<Value>,
+    /// The object after the change (for a deletion: the last state, new version).
+    new: Value,
+}
+
+#[derive(Debug)]
+enum WatchMsg {
+    Line(Bytes),
+    /// End the response cleanly (as when `timeoutSeconds` expires).
+    End,
+    /// Break the connection mid-stream.
+    Abort,
+}
+
+#[derive(Debug)]
+struct WatchSub {
+    collection: String,
+    namespace: Option<String>,
+    selector: Selector,
+    bookmarks: bool,
+    api_version: String,
+    kind: String,
+    tx: mpsc::UnboundedSender<WatchMsg>,
+}
+
+/// The collection path of a resource type: `/api/v1/pods`, `/apis/<g>/<v>/<plural>`.
+fn collection_of<K: Resource<DynamicType = ()>>() -> String {
+    let (group, version, plural) = (K::group(&()), K::version(&()), K::plural(&()));
+    if group.is_empty() {
+        format!("/api/{version}/{plural}")
+    } else {
+        format!("/apis/{group}/{version}/{plural}")
+    }
+}
+
+impl FakeApiServer {
+    /// Binds `127.0.0.1:0` and serves until dropped.
+    pub async fn start() -> std::io::Result<FakeApiServer> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let app = Router::new()
+            .fallback(http::handle)
+            .with_state(shared.clone());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Ok(FakeApiServer {
+            addr,
+            shared,
+            stop: Some(stop),
+        })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kube client pointed at this server.
+    pub fn client(&self) -> kube::Client {
+        let config = kube::Config::new(self.url().parse().expect("the server URL is valid"));
+        kube::Client::try_from(config).expect("a plain-HTTP kube client builds")
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ApiState> {
+        self.shared.state.lock().expect("fake API state poisoned")
+    }
+
+    /// Creates or replaces an object (ADDED or MODIFIED), setting its
+    /// `resourceVersion` (and `uid` / `creationTimestamp` when absent, as the API
+    /// server does on create). Returns the new resourceVersion.
+    ///
+    /// Panics on an object without `metadata.name` (a test bug).
+    pub fn apply<K: Resource<DynamicType = ()> + Serialize>(&self, obj: &K) -> u64 {
+        let meta = obj.meta();
+        let name = meta.name.clone().expect("objects need metadata.name");
+        let namespace = meta.namespace.clone().unwrap_or_default();
+        let mut value = serde_json::to_value(obj).expect("k8s objects serialise");
+        value["apiVersion"] = json!(K::api_version(&()));
+        value["kind"] = json!(K::kind(&()));
+        let collection = collection_of::<K>();
+        let mut state = self.lock();
+        state.rv += 1;
+        let rv = state.rv;
+        let entry = state.collections.entry(collection.clone()).or_default();
+        entry.api_version = K::api_version(&()).to_string();
+        entry.kind = K::kind(&()).to_string();
+        let key = (namespace.clone(), name);
+        let old = entry.objects.get(&key).cloned();
+        let metadata = &mut value["metadata"];
+        metadata["resourceVersion"] = json!(rv.to_string());
+        if metadata.get("uid").is_none_or(Value::is_null) {
+            let uid = old
+                .as_ref()
+                .and_then(|o| o["metadata"]["uid"].as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("uid-{rv}"));
+            metadata["uid"] = json!(uid);
+        }
+        if metadata.get("creationTimestamp").is_none_or(Value::is_null) {
+            let created = old
+                .as_ref()
+                .map(|o| o["metadata"]["creationTimestamp"].clone())
+                .filter(|t| !t.is_null())
+                .unwrap_or_else(|| json!(now_rfc3339()));
+            metadata["creationTimestamp"] = created;
+        }
+        entry.objects.insert(key, value.clone());
+        let kind = if old.is_some() {
+            ChangeType::Modified
+        } else {
+            ChangeType::Added
+        };
+        state.record(Change {
+            rv,
+            collection,
+            namespace,
+            kind,
+            old,
+            new: value,
+        });
+        rv
+    }
+
+    /// Deletes an object (DELETED, carrying its last state at a new resourceVersion).
+    /// Returns the new resourceVersion, or `None` if there was no such object.
+    pub fn delete<K: Resource<DynamicType = ()>>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<u64> {
+        let collection = collection_of::<K>();
+        let mut state = self.lock();
+        let key = (namespace.unwrap_or("").to_string(), name.to_string());
+        let old = state
+            .collections
+            .get_mut(&collection)?
+            .objects
+            .remove(&key)?;
+        state.rv += 1;
+        let rv = state.rv;
+        let mut last = old.clone();
+        last["metadata"]["resourceVersion"] = json!(rv.to_string());
+        state.record(Change {
+            rv,
+            collection,
+            namespace: key.0,
+            kind: ChangeType::Deleted,
+            old: Some(old),
+            new: last,
+        });
+        Some(rv)
+    }
+
+    /// The stored object, as a client would read it.
+    pub fn get<K: Resource<DynamicType = ()> + DeserializeOwned>(
+        &self,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Option<K> {
+        let state = self.lock();
+        let key = (namespace.unwrap_or("").to_string(), name.to_string());
+        let value = state
+            .collections
+            .get(&collection_of::<K>())?
+            .objects
+            .get(&key)?
+            .clone();
+        Some(serde_json::from_value(value).expect("stored objects deserialise"))
+    }
+
+    /// The current (last handed out) resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Breaks every open watch connection mid-stream, as a network failure or an API
+    /// server restart does. Returns how many there were.
+    pub fn drop_watches(&self) -> usize {
+        self.close_watches(|| WatchMsg::Abort)
+    }
+
+    /// Ends every open watch cleanly, as the API server does when `timeoutSeconds`
+    /// expires. Returns how many there were.
+    pub fn end_watches(&self) -> usize {
+        self.close_watches(|| WatchMsg::End)
+    }
+
+    fn close_watches(&self, msg: fn() -> WatchMsg) -> usize {
+        let mut state = self.lock();
+        let watches = std::mem::take(&mut state.watches);
+        watches
+            .into_iter()
+            .filter(|w| w.tx.send(msg()).is_ok())
+            .count()
+    }
+
+    /// Open watch connections.
+    pub fn active_watches(&self) -> usize {
+        let mut state = self.lock();
+        state.watches.retain(|w| !w.tx.is_closed());
+        state.watches.len()
+    }
+
+    /// Forgets all history (etcd compaction): a watch resumed from any version before
+    /// the current one gets `410 Gone`.
+    pub fn compact(&self) {
+        let mut state = self.lock();
+        state.history.clear();
+        state.oldest = state.rv;
+    }
+
+    /// Sends a BOOKMARK at the current resourceVersion on every watch that allows
+    /// them. Returns how many were sent.
+    pub fn bookmark(&self) -> usize {
+        let mut state = self.lock();
+        let rv = state.rv;
+        state.watches.retain(|w| !w.tx.is_closed());
+        state
+            .watches
+            .iter()
+            .filter(|w| w.bookmarks)
+            .filter(|w| {
+                w.tx.send(WatchMsg::Line(bookmark_line(&w.api_version, &w.kind, rv)))
+                    .is_ok()
+            })
+            .count()
+    }
+
+    /// Every request received so far, oldest first.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        self.lock().requests.clone()
+    }
+
+    /// Requests for `K`'s collection: `(lists, watches)`.
+    pub fn request_counts<K: Resource<DynamicType = ()>>(&self) -> (usize, usize) {
+        let collection = collection_of::<K>();
+        let state = self.lock();
+        let mine = state
+            .requests
+            .iter()
+            .filter(|r| http::collection_path(&r.path).is_some_and(|p| p.collection == collection));
+        mine.fold(
+            (0, 0),
+            |(l, w), r| {
+                if r.is_watch() { (l, w + 1) } else { (l + 1, w) }
+            },
+        )
+    }
+}
+
+impl Drop for FakeApiServer {
+    fn drop(&mut self) {
+        self.end_watches();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+impl ApiState {
+    fn record(&mut self, change: Change) {
+        let change = Arc::new(change);
+        self.watches.retain(|w| match w.event_for(&change) {
+            Some(line) => w.tx.send(WatchMsg::Line(line)).is_ok(),
+            None => !w.tx.is_closed(),
+        });
+        self.history.push_back(change);
+    }
+}
+
+impl WatchSub {
+    fn sees(&self, change: &Change) -> bool {
+        change.collection == self.collection
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == change.namespace)
+    }
+
+    /// The line this watch gets for a change, if any (selector transitions turn into
+    /// ADDED / DELETED, as the API server's watch cache does).
+    fn event_for(&self, change: &Change) -> Option<Bytes> {
+        if !self.sees(change) {
+            return None;
+        }
+        let was = change
+            .old
+            .as_ref()
+            .is_some_and(|o| self.selector.matches(o));
+        let is = self.selector.matches(&change.new);
+        let (kind, object) = match (change.kind, was, is) {
+            (ChangeType::Deleted, true, _) => ("DELETED", change.new.clone()),
+            (ChangeType::Deleted, false, _) => return None,
+            (_, true, true) => ("MODIFIED", change.new.clone()),
+            (_, false, true) => ("ADDED", change.new.clone()),
+            (_, true, false) => {
+                let mut last = change.old.clone().expect("was matching, so existed");
+                last["metadata"]["resourceVersion"] = json!(change.rv.to_string());
+                ("DELETED", last)
+            }
+            (_, false, false) => return None,
+        };
+        Some(event_line(kind, &object))
+    }
+}
+
+fn event_line(kind: &str, object: &Value) -> Bytes {
+    let mut line = serde_json::to_vec(&json!({ "type": kind, "object": object }))
+        .expect("JSON values serialise");
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+fn bookmark_line(api_version: &str, kind: &str, rv: u64) -> Bytes {
+    event_line(
+        "BOOKMARK",
+        &json!({
+            "apiVersion": api_version,
+            "kind": kind,
+            "metadata": { "resourceVersion": rv.to_string() },
+        }),
+    )
+}
+
+fn now_rfc3339() -> String {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+        .unwrap_or(now)
+        .to_string()
+}

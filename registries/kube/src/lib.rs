@@ -1,0 +1,27 @@
+//! meshfed's Kubernetes registry: the only crate that talks to a Kubernetes API server.
+//!
+//! [`KubeRegistry::start`] watches Services, EndpointSlices, Pods, Nodes and Namespaces
+//! of one cluster with kube-runtime watchers (list, then watch from the listed
+//! resourceVersion; resume after a dropped connection; relist after `410 Gone`; retry
+//! with backoff) and turns them into the mesh model as Istio's Kubernetes registry
+//! does (reference §2). One writer task owns the watchers and all state; the returned
+//! [`KubeRegistry`] is the read side the aggregate holds, a snapshot swapped in
+//! atomically.
+//!
+//! - [`config`]: [`KubeRegistryConfig`], the namespace filter, [`client_from`].
+//! - [`convert`]: the pure object conversions (protocol detection, health, ...).
+//! - [`registry`]: the read handle and its counters ([`KubeStats`]).
+//! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
+//!   format, for tests here and in the crates that use this one.
+
+pub mod config;
+pub mod convert;
+#[cfg(feature = "test-support")]
+pub mod fake_api;
+pub mod registry;
+mod state;
+mod writer;
+
+pub use config::{Error, KubeRegistryConfig, NamespaceFilter, Result, client_from};
+pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
+pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind};

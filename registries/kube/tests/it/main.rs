@@ -1,0 +1,5 @@
+//! The Kubernetes registry against a fake API server over real sockets.
+
+mod model;
+mod resilience;
+mod support;
