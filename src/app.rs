@@ -27,7 +27,7 @@ use crate::ads::metrics::XdsMetrics;
 use crate::ads::server::{AdsService, XdsContext};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
-use crate::mesh::{self, MeshFile};
+use crate::mesh::{self, MeshFile, MeshSettings};
 use crate::push::config_index::{ConfigIndex, ConfigSet};
 use crate::push::debounce::DebounceConfig;
 use crate::push::snapshot::Snapshot;
@@ -48,6 +48,35 @@ pub enum MockSource {
     File(PathBuf),
 }
 
+/// How to reach a Kubernetes API server for the Kubernetes registry.
+#[derive(Clone)]
+pub enum KubeSource {
+    /// `--kubeconfig FILE`, else `KUBECONFIG`, else in-cluster config.
+    Kubeconfig(Option<PathBuf>),
+    /// A ready client (tests and embedding applications).
+    Client(meshfed_kube::Client),
+}
+
+impl std::fmt::Debug for KubeSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KubeSource::Kubeconfig(p) => f.debug_tuple("Kubeconfig").field(p).finish(),
+            KubeSource::Client(_) => f.write_str("Client(..)"),
+        }
+    }
+}
+
+/// The Kubernetes registry's settings.
+#[derive(Clone, Debug)]
+pub struct KubeSettings {
+    /// Where the API server is.
+    pub source: KubeSource,
+    /// Which namespaces to publish (`--appNamespace`; all by default).
+    pub namespaces: meshfed_kube::NamespaceFilter,
+    /// Istio's system namespace (network label, remote secrets).
+    pub system_namespace: String,
+}
+
 /// Everything `meshfed discovery` is configured with.
 #[derive(Clone, Debug)]
 pub struct DiscoveryConfig {
@@ -63,6 +92,8 @@ pub struct DiscoveryConfig {
     pub domain: String,
     /// Mock registry source.
     pub mock: MockSource,
+    /// The Kubernetes registry, when enabled.
+    pub kubernetes: Option<KubeSettings>,
     /// `--meshConfig`: MeshConfig YAML (Istio defaults when absent).
     pub mesh_config: Option<PathBuf>,
     /// `--networksConfig`: meshNetworks YAML.
@@ -91,6 +122,7 @@ impl Default for DiscoveryConfig {
             cluster_id: ClusterId::new("Kubernetes"),
             domain: "cluster.local".into(),
             mock: MockSource::Embedded,
+            kubernetes: None,
             mesh_config: None,
             networks_config: None,
             debounce: DebounceConfig::default(),
@@ -171,6 +203,18 @@ impl Server {
             }
         }
         let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
+        if let Some(kube) = &config.kubernetes {
+            start_kube_registry(
+                &config,
+                kube,
+                &mesh_settings.load(),
+                &aggregate,
+                &sink,
+                &shutdown,
+                &mut tasks,
+            )
+            .await?;
+        }
 
         // The first snapshot reflects whatever the registries already hold.
         pipeline.apply(
@@ -333,6 +377,43 @@ impl Server {
 fn config_source(config: &DiscoveryConfig) -> ConfigSourceFn {
     let domain = config.domain.clone();
     Arc::new(move |mesh| ConfigIndex::new(ConfigSet::default(), &domain, mesh))
+}
+
+async fn start_kube_registry(
+    config: &DiscoveryConfig,
+    kube: &KubeSettings,
+    mesh: &MeshSettings,
+    aggregate: &Arc<Aggregate>,
+    sink: &UpdateSink,
+    shutdown: &Shutdown,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<()> {
+    let client = match &kube.source {
+        KubeSource::Client(client) => client.clone(),
+        KubeSource::Kubeconfig(path) => meshfed_kube::client_from(path.as_deref())
+            .await
+            .context("connecting to Kubernetes (--kubeconfig, KUBECONFIG or in-cluster config)")?,
+    };
+    let registry_config = meshfed_kube::KubeRegistryConfig {
+        cluster_id: config.cluster_id.clone(),
+        domain: config.domain.clone(),
+        trust_domain: mesh.config.trust_domain.clone(),
+        system_namespace: kube.system_namespace.clone(),
+        namespaces: kube.namespaces.clone(),
+    };
+    let mut stop = shutdown.clone();
+    let (registry, writer) =
+        meshfed_kube::KubeRegistry::start(client, registry_config, sink.clone(), async move {
+            stop.wait().await
+        })
+        .await
+        .context("starting the Kubernetes registry")?;
+    aggregate.add_registry(registry);
+    tasks.spawn(async move {
+        let _ = writer.await;
+    });
+    info!(cluster = %config.cluster_id, "Kubernetes registry started; /ready waits for its initial sync");
+    Ok(())
 }
 
 fn start_mock_registry(

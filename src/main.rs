@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use meshfed::app::{DiscoveryConfig, MockSource, Server};
+use meshfed::app::{DiscoveryConfig, KubeSettings, KubeSource, MockSource, Server};
 use meshfed::generate::GeneratorOptions;
 use meshfed::generate::eds::EdsOptions;
 use meshfed::push::debounce::DebounceConfig;
@@ -28,9 +28,21 @@ enum Command {
 /// Flags keep pilot-discovery's names where they mean the same thing.
 #[derive(Args, Debug)]
 struct DiscoveryArgs {
-    /// Comma separated registries to read services from. Supported: Mock.
-    #[arg(long = "registries", value_delimiter = ',', default_value = "Mock")]
-    registries: Vec<String>,
+    /// Comma separated registries to read services from: Kubernetes, Mock. Default:
+    /// Kubernetes when a kubeconfig (--kubeconfig, KUBECONFIG) or in-cluster config is
+    /// present, else Mock (the bundled example).
+    #[arg(long = "registries", value_delimiter = ',')]
+    registries: Option<Vec<String>>,
+    /// Kubeconfig for the local cluster (else KUBECONFIG, else in-cluster config).
+    #[arg(long = "kubeconfig")]
+    kubeconfig: Option<PathBuf>,
+    /// Only publish services of these namespaces (comma separated; default all).
+    #[arg(long = "appNamespace", value_delimiter = ',')]
+    app_namespace: Vec<String>,
+    /// Istio's system namespace (its `topology.istio.io/network` label is the
+    /// cluster's default network).
+    #[arg(long = "systemNamespace", default_value = "istio-system")]
+    system_namespace: String,
     /// DNS domain suffix of the cluster.
     #[arg(long = "domain", default_value = "cluster.local")]
     domain: String,
@@ -104,8 +116,28 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 impl DiscoveryArgs {
     fn into_config(self) -> anyhow::Result<DiscoveryConfig> {
         let mut mock = MockSource::None;
-        for registry in &self.registries {
+        let mut kubernetes = None;
+        let registries = self.registries.clone().unwrap_or_else(|| {
+            let kube_present = self.kubeconfig.is_some()
+                || std::env::var_os("KUBECONFIG").is_some()
+                || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+            vec![if kube_present { "Kubernetes" } else { "Mock" }.to_string()]
+        });
+        for registry in &registries {
             match registry.trim() {
+                "Kubernetes" | "kubernetes" => {
+                    kubernetes = Some(KubeSettings {
+                        source: KubeSource::Kubeconfig(self.kubeconfig.clone()),
+                        namespaces: if self.app_namespace.is_empty() {
+                            meshfed_kube::NamespaceFilter::All
+                        } else {
+                            meshfed_kube::NamespaceFilter::Names(
+                                self.app_namespace.iter().cloned().collect(),
+                            )
+                        },
+                        system_namespace: self.system_namespace.clone(),
+                    });
+                }
                 "Mock" | "mock" => {
                     mock = match &self.mock_registry_file {
                         Some(path) => MockSource::File(path.clone()),
@@ -114,9 +146,12 @@ impl DiscoveryArgs {
                 }
                 "" => {}
                 other => bail!(
-                    "--registries: unknown or not yet supported registry {other:?} (supported: Mock)"
+                    "--registries: unknown or not yet supported registry {other:?} (supported: Kubernetes, Mock)"
                 ),
             }
+        }
+        if kubernetes.is_none() && self.kubeconfig.is_some() {
+            bail!("--kubeconfig needs the Kubernetes registry in --registries");
         }
         if matches!(mock, MockSource::None) && self.mock_registry_file.is_some() {
             bail!("--mockRegistryFile needs the Mock registry in --registries");
@@ -134,6 +169,7 @@ impl DiscoveryArgs {
             monitoring_addr: self.monitoring_addr,
             cluster_id: self.cluster_id.as_str().into(),
             mock,
+            kubernetes,
             debounce: DebounceConfig {
                 quiet: self.debounce_after,
                 max: self.debounce_max,

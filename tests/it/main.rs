@@ -6,6 +6,7 @@ mod support;
 mod admin;
 mod delta;
 mod interop;
+mod kube;
 mod mesh;
 mod mock_file;
 mod sotw;

@@ -24,4 +24,6 @@ mod writer;
 
 pub use config::{Error, KubeRegistryConfig, NamespaceFilter, Result, client_from};
 pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
+/// The Kubernetes client type, re-exported so other crates need no kube dependency.
+pub use kube::Client;
 pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind};

@@ -14,6 +14,13 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use crate::convert::{LABEL_REGION, LABEL_SERVICE_NAME, LABEL_ZONE};
 
+/// The Kubernetes object types, so tests outside this crate need no k8s-openapi
+/// dependency of their own.
+pub mod types {
+    pub use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Secret, Service};
+    pub use k8s_openapi::api::discovery::v1::EndpointSlice;
+}
+
 /// Metadata with a namespace (empty for cluster-scoped objects), a name and labels.
 pub fn meta(namespace: &str, name: &str, labels: &[(&str, &str)]) -> ObjectMeta {
     ObjectMeta {
