@@ -11,8 +11,11 @@
 //!   watched YAML file.
 //! - [`watch`]: watching config files and directories so that every kind of writer
 //!   (in place, atomic rename, ConfigMap symlink swap) is noticed.
+//! - [`config`]: Istio config objects (VirtualService, DestinationRule, ...): model,
+//!   validation, the [`ConfigStore`] trait, the memory and config-directory stores.
 
 pub mod aggregate;
+pub mod config;
 pub mod endpoints;
 pub mod events;
 pub mod memory;
@@ -22,6 +25,7 @@ pub mod registry;
 pub mod watch;
 
 pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices};
+pub use config::{ConfigStore, FileConfigStore, MemoryConfigStore, RejectedConfig};
 pub use endpoints::{EndpointIndex, EndpointPush, EndpointShards};
 pub use events::{ConfigKey, ConfigKind, PushRequest, RegistryEvent, TriggerReason, UpdateSink};
 pub use memory::{MemoryRegistry, ServiceWithEndpoints};

@@ -1,0 +1,817 @@
+//! The config directory store (`--configDir`): every `*.yaml`, `*.yml` and `*.json`
+//! below a directory, watched and applied live.
+//!
+//! [`run_config_dir`] reads the directory (recursive, sorted by path, hidden entries
+//! skipped — see [`crate::config::source`] for the file format), marks the store synced
+//! and then re-reads everything whenever something below the directory changes
+//! (created, edited in place, replaced by rename, deleted, ConfigMap symlink swap; see
+//! [`crate::watch`]). Each re-read is diffed against what the store holds and pushed as
+//! one `config_changed` with exactly the keys that were added, changed (spec, labels
+//! or annotations) or deleted.
+//!
+//! Bad config is rejected per object, not per file — unlike Istio's file source,
+//! which fails a whole file:
+//! - an invalid object is rejected alone, with `file:line`, kind, namespace/name,
+//!   field and reason (logged once as a warning, listed by
+//!   [`ConfigStore::rejected`]); if an earlier version of it was valid, that version
+//!   stays in force;
+//! - a document with a YAML syntax error is rejected alone; while a file has such a
+//!   document, objects loaded earlier from that file are not deleted (the broken
+//!   document may be one of them);
+//! - a file that cannot be read or split at all (permissions, not UTF-8, a JSON syntax
+//!   error) keeps every object loaded earlier from it;
+//! - an object defined twice (same kind, namespace and name) is taken from the first
+//!   file by sorted path; the other definition is rejected, naming the first;
+//! - the rest of the file and of the directory applies as usual.
+//!
+//! [`ConfigDirStatus`] counts reloads and rejections for metrics.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use crate::config::assembly::{Placed, assemble};
+use crate::config::model::{ConfigObject, Kind, ObjectId};
+use crate::config::source::{ParsedFile, config_files, parse_bytes};
+use crate::config::store::{ConfigStore, Objects, RejectedConfig, changed_keys, list_kind};
+use crate::events::UpdateSink;
+use crate::watch::{PathWatcher, WatchError};
+
+/// Reload counters of a config directory, for metrics and debug pages. Cheap to clone;
+/// clones share the counters.
+#[derive(Clone, Debug, Default)]
+pub struct ConfigDirStatus {
+    /// Reloads after which everything in the directory was in force.
+    pub reloads_ok: Arc<AtomicU64>,
+    /// Reloads that rejected something (an object, a document, a file) or could not
+    /// read the directory; everything else still applied.
+    pub reloads_failed: Arc<AtomicU64>,
+    /// How many rejections are current (a gauge: objects, documents and files).
+    pub rejected: Arc<AtomicU64>,
+}
+
+impl ConfigDirStatus {
+    /// Fresh counters.
+    pub fn new() -> ConfigDirStatus {
+        ConfigDirStatus::default()
+    }
+
+    fn record(&self, rejected: usize) {
+        if rejected == 0 {
+            self.reloads_ok.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.reloads_failed.fetch_add(1, Ordering::Relaxed);
+        }
+        self.rejected.store(rejected as u64, Ordering::Relaxed);
+    }
+}
+
+#[derive(Debug, Default)]
+struct FileState {
+    /// The objects in force.
+    objects: Objects,
+    /// The same objects with the file each came from (what the next reload may keep).
+    placed: BTreeMap<ObjectId, Placed>,
+    rejected: Vec<RejectedConfig>,
+}
+
+#[derive(Debug)]
+struct FileInner {
+    sink: UpdateSink,
+    synced: AtomicBool,
+    status: ConfigDirStatus,
+    state: RwLock<FileState>,
+}
+
+/// The read handle of a config directory store; [`run_config_dir`] is its writer.
+/// Cheap to clone; clones share one store.
+#[derive(Clone, Debug)]
+pub struct FileConfigStore {
+    inner: Arc<FileInner>,
+}
+
+impl FileConfigStore {
+    /// An empty, unsynced store that reports changes through `sink`.
+    pub fn new(sink: UpdateSink) -> FileConfigStore {
+        FileConfigStore {
+            inner: Arc::new(FileInner {
+                sink,
+                synced: AtomicBool::new(false),
+                status: ConfigDirStatus::new(),
+                state: RwLock::new(FileState::default()),
+            }),
+        }
+    }
+
+    /// The store's reload counters.
+    pub fn status(&self) -> &ConfigDirStatus {
+        &self.inner.status
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, FileState> {
+        self.inner.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, FileState> {
+        self.inner.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ConfigStore for FileConfigStore {
+    fn list(&self, kind: Kind) -> Vec<Arc<ConfigObject>> {
+        list_kind(&self.read().objects, kind)
+    }
+
+    fn all(&self) -> Vec<Arc<ConfigObject>> {
+        self.read().objects.values().cloned().collect()
+    }
+
+    fn rejected(&self) -> Vec<RejectedConfig> {
+        self.read().rejected.clone()
+    }
+
+    fn has_synced(&self) -> bool {
+        self.inner.synced.load(Ordering::SeqCst)
+    }
+}
+
+/// Feeds `store` from the config files below `dir` until `shutdown` completes.
+///
+/// The watch starts first, then the directory is read and the store marked synced —
+/// whatever the outcome, so that a bad file cannot keep the control plane from
+/// becoming ready (what was rejected is logged and listed). Every change below the
+/// directory re-reads it (see the module docs for what is kept when something is
+/// bad).
+///
+/// Returns an error, without touching the store, if the watch cannot start (the
+/// directory does not exist or is not a directory), and if the watcher stops later.
+pub async fn run_config_dir(
+    dir: PathBuf,
+    store: FileConfigStore,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WatchError> {
+    // Watch before the first read, so that a change in between is not lost.
+    let mut watcher = PathWatcher::watch(&dir, true)?;
+    let mut reloader = Reloader::new(dir, store);
+    reloader.reload().await;
+    reloader.store.inner.synced.store(true, Ordering::SeqCst);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            tick = watcher.changed() => match tick {
+                Some(()) => reloader.reload().await,
+                None => {
+                    let err = WatchError::Stopped { path: reloader.dir };
+                    tracing::error!("{err}; the config store keeps its current content");
+                    return Err(err);
+                }
+            },
+        }
+    }
+}
+
+/// What one read of the directory saw: each file's bytes (or read error).
+type Snapshot = BTreeMap<PathBuf, Result<Vec<u8>, String>>;
+
+/// Parsed files by path, with the bytes they were parsed from.
+type Cache = BTreeMap<PathBuf, (Vec<u8>, ParsedFile)>;
+
+/// The reload step of [`run_config_dir`], apart from the watching.
+struct Reloader {
+    dir: PathBuf,
+    store: FileConfigStore,
+    /// The last read, to skip re-reads that see nothing new.
+    seen: Option<Snapshot>,
+    /// Parsed files, reused while their bytes stay the same.
+    cache: Cache,
+    /// Rejections already logged, so a persisting problem is logged once.
+    logged: BTreeSet<String>,
+}
+
+impl Reloader {
+    fn new(dir: PathBuf, store: FileConfigStore) -> Reloader {
+        Reloader {
+            dir,
+            store,
+            seen: None,
+            cache: BTreeMap::new(),
+            logged: BTreeSet::new(),
+        }
+    }
+
+    async fn reload(&mut self) {
+        let dir = self.dir.clone();
+        let cache = std::mem::take(&mut self.cache);
+        let seen = self.seen.take();
+        let read = tokio::task::spawn_blocking(move || read_dir(&dir, seen, cache)).await;
+        let outcome = match read {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                tracing::error!(dir = %self.dir.display(), "config directory read failed: {e}");
+                self.store.status().record(1);
+                return;
+            }
+        };
+        let (snapshot, cache, parsed) = match outcome {
+            ReadOutcome::Unchanged(snapshot, cache) => {
+                self.seen = Some(snapshot);
+                self.cache = cache;
+                return;
+            }
+            ReadOutcome::Failed(message, seen, cache) => {
+                tracing::error!(
+                    dir = %self.dir.display(),
+                    "cannot read the config directory: {message}; keeping the current config"
+                );
+                self.seen = seen;
+                self.cache = cache;
+                self.store.status().record(1);
+                return;
+            }
+            ReadOutcome::Read(snapshot, cache, parsed) => (snapshot, cache, parsed),
+        };
+        self.seen = Some(snapshot);
+        self.cache = cache;
+        self.apply(&parsed);
+    }
+
+    fn apply(&mut self, parsed: &[ParsedFile]) {
+        let previous = self.store.read().placed.clone();
+        let assembly = assemble(parsed, &previous);
+        let rejected: Vec<RejectedConfig> = assembly
+            .rejected
+            .iter()
+            .map(|r| r.to_rejected_config())
+            .collect();
+        let objects: Objects = assembly
+            .objects
+            .iter()
+            .map(|(id, placed)| (id.clone(), placed.obj.clone()))
+            .collect();
+        let keys = {
+            let mut state = self.store.write();
+            let keys = changed_keys(&state.objects, &objects);
+            state.objects = objects;
+            state.placed = assembly.objects;
+            state.rejected = rejected.clone();
+            keys
+        };
+
+        let mut logged = BTreeSet::new();
+        for (rejection, record) in assembly.rejected.iter().zip(&rejected) {
+            let line = record.to_string();
+            if !self.logged.contains(&line) {
+                let kept = rejection
+                    .id
+                    .as_ref()
+                    .is_some_and(|id| assembly.retained.contains(id));
+                if kept {
+                    tracing::warn!(
+                        "config rejected: {line} (the last valid version stays in force)"
+                    );
+                } else {
+                    tracing::warn!("config rejected: {line}");
+                }
+            }
+            logged.insert(line);
+        }
+        self.logged = logged;
+        for warning in &assembly.warnings {
+            tracing::debug!("config warning: {warning}");
+        }
+        for skipped in &assembly.skipped {
+            tracing::debug!("{skipped}");
+        }
+        let total = self.store.read().objects.len();
+        tracing::info!(
+            dir = %self.dir.display(),
+            "config reloaded: {total} objects, {} rejected, {} changed",
+            rejected.len(),
+            keys.len()
+        );
+        self.store.status().record(rejected.len());
+        if !keys.is_empty() {
+            self.store.inner.sink.config_changed(keys);
+        }
+    }
+}
+
+enum ReadOutcome {
+    /// Every file has the bytes of the last read.
+    Unchanged(Snapshot, Cache),
+    /// The directory could not be listed: the last read stays.
+    Failed(String, Option<Snapshot>, Cache),
+    /// Something changed: the new read, the cache and every file parsed.
+    Read(Snapshot, Cache, Vec<ParsedFile>),
+}
+
+/// Lists and reads the directory (blocking), parsing only files whose bytes changed.
+fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache) -> ReadOutcome {
+    // A file renamed or deleted between listing and reading would look deleted for one
+    // round; list again so the snapshot is consistent.
+    let mut attempts = 0;
+    let snapshot = loop {
+        attempts += 1;
+        let files = match config_files(dir) {
+            Ok(files) => files,
+            Err(e) => return ReadOutcome::Failed(e.to_string(), seen, cache),
+        };
+        let mut snapshot = Snapshot::new();
+        let mut vanished = false;
+        for path in files {
+            match std::fs::read(&path) {
+                Ok(bytes) => {
+                    snapshot.insert(path, Ok(bytes));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => vanished = true,
+                Err(e) => {
+                    snapshot.insert(path, Err(format!("cannot read the file: {e}")));
+                }
+            }
+        }
+        if !vanished || attempts >= 3 {
+            break snapshot;
+        }
+    };
+    if seen.as_ref() == Some(&snapshot) {
+        return ReadOutcome::Unchanged(snapshot, cache);
+    }
+    let mut parsed = Vec::with_capacity(snapshot.len());
+    let mut next_cache = Cache::new();
+    for (path, read) in &snapshot {
+        match read {
+            Ok(bytes) => {
+                let file = match cache.remove(path) {
+                    Some((cached, file)) if cached == *bytes => file,
+                    _ => parse_bytes(path, bytes),
+                };
+                next_cache.insert(path.clone(), (bytes.clone(), file.clone()));
+                parsed.push(file);
+            }
+            Err(message) => parsed.push(ParsedFile::unusable(path, message.clone())),
+        }
+    }
+    ReadOutcome::Read(snapshot, next_cache, parsed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::store::test_support::{key, pushed, sink};
+    use crate::events::{ConfigKind, RegistryEvent};
+    use std::time::Duration;
+    use tokio::sync::mpsc::UnboundedReceiver;
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    fn vs(name: &str, host: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  hosts: [{host}]\n  http:\n  - route:\n    - destination: {{host: {host}}}\n"
+        )
+    }
+
+    fn dr(name: &str, host: &str) -> String {
+        format!(
+            "apiVersion: networking.istio.io/v1beta1\nkind: DestinationRule\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  host: {host}\n  subsets: [{{name: v1, labels: {{version: v1}}}}]\n"
+        )
+    }
+
+    fn docs(parts: &[String]) -> String {
+        parts.join("---\n")
+    }
+
+    /// Replaces a file atomically, the way editors and config tools do. The temp file
+    /// is hidden, so the store never reads it.
+    fn replace(path: &Path, text: &str) {
+        let tmp = path.with_file_name(format!(
+            ".{}.tmp",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    /// Waits for the next push and returns its keys, sorted.
+    async fn next_push(rx: &mut UnboundedReceiver<RegistryEvent>, what: &str) -> Vec<String> {
+        loop {
+            match tokio::time::timeout(WAIT, rx.recv()).await {
+                Ok(Some(RegistryEvent::Push(request))) => {
+                    let mut keys: Vec<String> = request
+                        .configs_updated
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect();
+                    keys.sort();
+                    return keys;
+                }
+                Ok(Some(RegistryEvent::Synced(_))) => {}
+                Ok(None) => panic!("{what}: the sink closed"),
+                Err(_) => panic!("{what}: no push within {WAIT:?}"),
+            }
+        }
+    }
+
+    fn keys(list: &[(ConfigKind, &str)]) -> Vec<String> {
+        let mut out: Vec<String> = list.iter().map(|(k, name)| key(*k, "ns", name)).collect();
+        out.sort();
+        out
+    }
+
+    fn names(store: &FileConfigStore) -> Vec<String> {
+        store
+            .all()
+            .iter()
+            .map(|o| format!("{} {}", o.kind, o.name))
+            .collect()
+    }
+
+    fn counts(store: &FileConfigStore) -> (u64, u64, u64) {
+        let s = store.status();
+        (
+            s.reloads_ok.load(Ordering::Relaxed),
+            s.reloads_failed.load(Ordering::Relaxed),
+            s.rejected.load(Ordering::Relaxed),
+        )
+    }
+
+    /// A running `run_config_dir` task and what a test needs to drive it.
+    struct Running {
+        store: FileConfigStore,
+        rx: UnboundedReceiver<RegistryEvent>,
+        task: tokio::task::JoinHandle<Result<(), WatchError>>,
+        stop: tokio::sync::oneshot::Sender<()>,
+    }
+
+    fn start(dir: &Path) -> Running {
+        let (sink, rx) = sink();
+        let store = FileConfigStore::new(sink);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run_config_dir(dir.to_path_buf(), store.clone(), async {
+            let _ = stopped.await;
+        }));
+        Running {
+            store,
+            rx,
+            task,
+            stop,
+        }
+    }
+
+    #[tokio::test]
+    async fn follows_creates_edits_renames_and_deletes_with_exact_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("sub")).unwrap();
+        std::fs::write(root.join("a.yaml"), docs(&[vs("a", "a"), dr("a", "a")])).unwrap();
+        std::fs::write(root.join("sub/b.yml"), vs("b", "b")).unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop,
+        } = start(root);
+
+        let first = next_push(&mut rx, "initial load").await;
+        assert_eq!(
+            first,
+            keys(&[
+                (ConfigKind::VirtualService, "a"),
+                (ConfigKind::DestinationRule, "a"),
+                (ConfigKind::VirtualService, "b")
+            ])
+        );
+        assert!(store.has_synced());
+        assert_eq!(
+            names(&store),
+            ["VirtualService a", "VirtualService b", "DestinationRule a"]
+        );
+        assert_eq!(
+            store.list(Kind::VirtualService)[0].source,
+            format!("{}:1", root.join("a.yaml").display())
+        );
+        assert_eq!(counts(&store), (1, 0, 0));
+
+        // A new file (JSON), created atomically.
+        replace(
+            &root.join("c.json"),
+            r#"{"apiVersion": "networking.istio.io/v1", "kind": "Gateway", "metadata": {"name": "gw", "namespace": "ns"},
+                "spec": {"servers": [{"port": {"number": 80, "name": "http", "protocol": "HTTP"}, "hosts": ["*"]}]}}"#,
+        );
+        assert_eq!(
+            next_push(&mut rx, "created").await,
+            keys(&[(ConfigKind::Gateway, "gw")])
+        );
+
+        // Editing one of two objects of a file pushes that one only.
+        replace(&root.join("a.yaml"), &docs(&[vs("a", "a"), dr("a", "a2")]));
+        assert_eq!(
+            next_push(&mut rx, "edited").await,
+            keys(&[(ConfigKind::DestinationRule, "a")])
+        );
+
+        // An in-place append of a new document.
+        {
+            use std::io::Write;
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(root.join("sub/b.yml"))
+                .unwrap();
+            f.write_all(format!("---\n{}", vs("b2", "b2")).as_bytes())
+                .unwrap();
+        }
+        assert_eq!(
+            next_push(&mut rx, "appended").await,
+            keys(&[(ConfigKind::VirtualService, "b2")])
+        );
+
+        // Renaming a file without changing what it says changes nothing; the next push
+        // carries only the next change.
+        std::fs::rename(root.join("sub/b.yml"), root.join("sub/renamed.yaml")).unwrap();
+        std::fs::remove_file(root.join("c.json")).unwrap();
+        assert_eq!(
+            next_push(&mut rx, "deleted").await,
+            keys(&[(ConfigKind::Gateway, "gw")])
+        );
+        assert_eq!(
+            store
+                .list(Kind::VirtualService)
+                .iter()
+                .find(|o| o.name == "b")
+                .unwrap()
+                .source,
+            format!("{}:1", root.join("sub/renamed.yaml").display())
+        );
+
+        // Deleting a file deletes its objects.
+        std::fs::remove_file(root.join("a.yaml")).unwrap();
+        assert_eq!(
+            next_push(&mut rx, "file deleted").await,
+            keys(&[
+                (ConfigKind::VirtualService, "a"),
+                (ConfigKind::DestinationRule, "a")
+            ])
+        );
+        assert_eq!(names(&store), ["VirtualService b", "VirtualService b2"]);
+        assert_eq!(counts(&store).1, 0, "nothing was rejected");
+
+        stop.send(()).unwrap();
+        tokio::time::timeout(WAIT, task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn an_invalid_object_is_rejected_alone_with_file_and_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mixed.yaml");
+        let bad = vs("bad", "\"*\"");
+        std::fs::write(&file, docs(&[vs("good", "good"), bad.clone()])).unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop: _stop,
+        } = start(dir.path());
+
+        assert_eq!(
+            next_push(&mut rx, "initial").await,
+            keys(&[(ConfigKind::VirtualService, "good")])
+        );
+        let rejected = store.rejected();
+        assert_eq!(rejected.len(), 1, "{rejected:?}");
+        let r = &rejected[0];
+        assert_eq!(r.source, format!("{}:10", file.display()));
+        assert_eq!(
+            (r.kind.as_str(), r.namespace.as_str(), r.name.as_str()),
+            ("VirtualService", "ns", "bad")
+        );
+        assert_eq!(
+            r.errors,
+            [
+                format!(
+                    "{}:14: spec.hosts[0]: wildcard host * is not allowed for virtual services bound to the mesh gateway",
+                    file.display()
+                ),
+                format!(
+                    "{}:17: spec.http[0].route[0].destination.host: invalid destination host *",
+                    file.display()
+                )
+            ]
+        );
+        assert_eq!(counts(&store), (0, 1, 1));
+
+        // Fixing it applies it and clears the rejection.
+        replace(&file, &docs(&[vs("good", "good"), vs("bad", "fixed")]));
+        assert_eq!(
+            next_push(&mut rx, "fixed").await,
+            keys(&[(ConfigKind::VirtualService, "bad")])
+        );
+        assert!(store.rejected().is_empty());
+        assert_eq!(counts(&store), (1, 1, 0));
+
+        // Breaking it again keeps the last valid version in force: no push for it.
+        replace(&file, &docs(&[vs("good", "good2"), bad]));
+        assert_eq!(
+            next_push(&mut rx, "broken again").await,
+            keys(&[(ConfigKind::VirtualService, "good")])
+        );
+        let kept = store.list(Kind::VirtualService);
+        assert_eq!(
+            kept.iter()
+                .find(|o| o.name == "bad")
+                .unwrap()
+                .spec
+                .as_virtual_service()
+                .unwrap()
+                .hosts,
+            ["fixed"]
+        );
+        assert_eq!(store.rejected().len(), 1);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_yaml_syntax_error_keeps_the_files_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vs.yaml");
+        std::fs::write(&file, docs(&[vs("a", "a"), vs("b", "b")])).unwrap();
+        std::fs::write(dir.path().join("other.yaml"), vs("c", "c")).unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop: _stop,
+        } = start(dir.path());
+        assert_eq!(next_push(&mut rx, "initial").await.len(), 3);
+
+        // b's document breaks while a changes: a applies, b stays as it was.
+        replace(
+            &file,
+            &docs(&[vs("a", "a2"), "kind: [unclosed\n".to_string()]),
+        );
+        assert_eq!(
+            next_push(&mut rx, "a changed").await,
+            keys(&[(ConfigKind::VirtualService, "a")])
+        );
+        assert_eq!(
+            names(&store),
+            ["VirtualService a", "VirtualService b", "VirtualService c"]
+        );
+        let rejected = store.rejected();
+        assert_eq!(rejected.len(), 1);
+        assert!(
+            rejected[0].errors[0].contains("YAML syntax error"),
+            "{rejected:?}"
+        );
+        assert!(rejected[0].source.ends_with("vs.yaml:10"), "{rejected:?}");
+
+        // Repaired without b: now b is deleted.
+        replace(&file, &vs("a", "a2"));
+        assert_eq!(
+            next_push(&mut rx, "repaired").await,
+            keys(&[(ConfigKind::VirtualService, "b")])
+        );
+        assert!(store.rejected().is_empty());
+
+        // Not UTF-8: the whole file is unusable and keeps a. (The next push, for
+        // other.yaml, comes from a read that saw the broken file too.)
+        std::fs::write(dir.path().join(".x.tmp"), b"kind: \xff\n").unwrap();
+        std::fs::rename(dir.path().join(".x.tmp"), &file).unwrap();
+        replace(&dir.path().join("other.yaml"), &vs("c", "c2"));
+        assert_eq!(
+            next_push(&mut rx, "other changed").await,
+            keys(&[(ConfigKind::VirtualService, "c")])
+        );
+        assert_eq!(names(&store), ["VirtualService a", "VirtualService c"]);
+        let rejected = store.rejected();
+        assert!(
+            rejected[0].errors[0].ends_with("vs.yaml:1: the file is not valid UTF-8"),
+            "{rejected:?}"
+        );
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn duplicates_take_the_first_file_by_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("m.yaml"), vs("x", "from-m")).unwrap();
+        std::fs::write(root.join("z.yaml"), vs("x", "from-z")).unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop: _stop,
+        } = start(root);
+        assert_eq!(
+            next_push(&mut rx, "initial").await,
+            keys(&[(ConfigKind::VirtualService, "x")])
+        );
+        let host = |store: &FileConfigStore| {
+            store.list(Kind::VirtualService)[0]
+                .spec
+                .as_virtual_service()
+                .unwrap()
+                .hosts[0]
+                .clone()
+        };
+        assert_eq!(host(&store), "from-m");
+        let rejected = store.rejected();
+        assert_eq!(rejected.len(), 1);
+        assert!(rejected[0].source.ends_with("z.yaml:1"));
+        assert!(
+            rejected[0].errors[0].contains(&format!(
+                "is already defined at {}:1",
+                root.join("m.yaml").display()
+            )),
+            "{rejected:?}"
+        );
+
+        // Renaming m.yaml after z.yaml hands the object to z.yaml.
+        std::fs::rename(root.join("m.yaml"), root.join("zz.yaml")).unwrap();
+        assert_eq!(
+            next_push(&mut rx, "renamed").await,
+            keys(&[(ConfigKind::VirtualService, "x")])
+        );
+        assert_eq!(host(&store), "from-z");
+        assert!(store.rejected()[0].source.ends_with("zz.yaml:1"));
+        task.abort();
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn follows_a_configmap_symlink_swap() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir(root.join("..2026_01")).unwrap();
+        std::fs::write(
+            root.join("..2026_01/config.yaml"),
+            docs(&[vs("a", "a"), dr("a", "a")]),
+        )
+        .unwrap();
+        symlink("..2026_01", root.join("..data")).unwrap();
+        symlink("..data/config.yaml", root.join("config.yaml")).unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop: _stop,
+        } = start(root);
+        assert_eq!(
+            next_push(&mut rx, "initial").await.len(),
+            2,
+            "read once, through the top-level link"
+        );
+        assert!(store.rejected().is_empty(), "{:?}", store.rejected());
+
+        std::fs::create_dir(root.join("..2026_02")).unwrap();
+        std::fs::write(root.join("..2026_02/config.yaml"), docs(&[vs("a", "a")])).unwrap();
+        symlink("..2026_02", root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        std::fs::remove_dir_all(root.join("..2026_01")).unwrap();
+        assert_eq!(
+            next_push(&mut rx, "swapped").await,
+            keys(&[(ConfigKind::DestinationRule, "a")])
+        );
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn an_empty_directory_is_synced_and_a_missing_one_fails_fast() {
+        let dir = tempfile::tempdir().unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop,
+        } = start(dir.path());
+        // Synced with nothing to push: the first file then arrives as a push.
+        replace(&dir.path().join("late.yaml"), &vs("late", "late"));
+        assert_eq!(
+            next_push(&mut rx, "late file").await,
+            keys(&[(ConfigKind::VirtualService, "late")])
+        );
+        assert!(store.has_synced());
+        stop.send(()).unwrap();
+        tokio::time::timeout(WAIT, task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(pushed(&mut rx).is_none());
+
+        let (sink, _rx) = sink();
+        let store = FileConfigStore::new(sink);
+        let err = run_config_dir(dir.path().join("nope"), store.clone(), async {})
+            .await
+            .unwrap_err();
+        assert!(matches!(err, WatchError::DirMissing { .. }), "{err}");
+        assert!(!store.has_synced());
+    }
+}

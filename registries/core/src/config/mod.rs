@@ -1,0 +1,40 @@
+//! Istio configuration objects (`networking.istio.io`): the typed model, Istio-style
+//! validation, and the stores that hold them.
+//!
+//! - [`model`]: [`ConfigObject`] (Kubernetes metadata + a typed [`Spec`]).
+//! - [`decode()`]: reading Kubernetes-style objects into config objects.
+//! - [`mod@validate`]: per-kind validation after Istio's `pkg/config/validation`, reporting
+//!   every problem with its field path ([`FieldError`]) plus non-fatal [`Warning`]s.
+//! - [`source`]: reading config files (multi-document YAML, JSON, `kind: List`) with
+//!   `file:line` for every problem ([`Diagnostic`]).
+//! - [`report`]: [`validate_files`], the offline check behind `meshfed validate -f`.
+//! - [`store`]: the [`ConfigStore`] read trait and the in-memory [`MemoryConfigStore`].
+//! - [`file_store`]: [`FileConfigStore`], fed from a watched directory by
+//!   [`run_config_dir`] (`--configDir`).
+//!
+//! The rule every store keeps: **a bad object is rejected alone**. It never reaches the
+//! store (an earlier valid version of the same object stays), it is listed by
+//! [`ConfigStore::rejected`] with the reason, and everything else still applies.
+
+pub mod decode;
+pub mod file_store;
+pub mod model;
+pub mod report;
+pub mod source;
+pub mod store;
+pub mod validate;
+
+mod assembly;
+mod locate;
+mod time;
+
+pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
+pub use file_store::{ConfigDirStatus, FileConfigStore, run_config_dir};
+pub use model::{ConfigObject, Kind, ObjectId, Spec, supported_api_version};
+pub use report::{Report, validate_files, validate_text};
+pub use source::{Diagnostic, Severity};
+pub use store::{ConfigStore, MemoryConfigStore, RejectedConfig};
+pub use validate::{
+    FieldError, FieldPath, Segment, Validation, Warning, validate, validate_mesh_config,
+    validate_mesh_networks,
+};

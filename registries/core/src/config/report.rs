@@ -1,0 +1,188 @@
+//! `meshfed validate -f FILE...`: checking config files offline, the way the config
+//! directory store reads them, with every problem located (`file:line`, object, field,
+//! reason).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::config::assembly::assemble;
+use crate::config::model::ObjectId;
+use crate::config::source::{Diagnostic, Entry, ParsedFile, config_files, parse_bytes, parse_text};
+
+/// The outcome of checking one file with [`validate_files`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// The file.
+    pub file: PathBuf,
+    /// The valid objects found in it (kind, namespace, name), in file order.
+    pub objects: Vec<ObjectId>,
+    /// Everything rejected: syntax errors, unreadable objects, validation errors,
+    /// duplicates.
+    pub errors: Vec<Diagnostic>,
+    /// Warnings about valid objects.
+    pub warnings: Vec<Diagnostic>,
+    /// Documents skipped because they are not a kind meshfed reads.
+    pub skipped: Vec<Diagnostic>,
+}
+
+impl Report {
+    /// True when nothing was rejected.
+    pub fn is_ok(&self) -> bool {
+        self.errors.is_empty()
+    }
+}
+
+/// Checks config files offline, as the config directory store would read them: every
+/// error with file:line, kind, namespace/name, field and reason. Directories are
+/// walked like `--configDir` (recursive, sorted, `*.yaml`, `*.yml`, `*.json`, hidden
+/// entries skipped); files are read whatever their extension (`.json` is JSON, the
+/// rest YAML). Objects defined twice across the files are errors (the first one
+/// wins). One report per file; the caller decides the exit code (non-zero when any
+/// report is not [`Report::is_ok`]).
+pub fn validate_files(paths: &[PathBuf]) -> Vec<Report> {
+    let mut files = Vec::new();
+    let mut problems = Vec::new();
+    for path in paths {
+        if path.is_dir() {
+            match config_files(path) {
+                Ok(found) => files.extend(found),
+                Err(e) => problems.push(ParsedFile::unusable(
+                    path,
+                    format!("cannot read the directory: {e}"),
+                )),
+            }
+        } else {
+            files.push(path.clone());
+        }
+    }
+    // A file named twice (or found again in a named directory) is read once.
+    let mut seen = std::collections::BTreeSet::new();
+    files.retain(|f| seen.insert(f.clone()));
+    let mut parsed: Vec<ParsedFile> = problems;
+    for file in files {
+        match std::fs::read(&file) {
+            Ok(bytes) => parsed.push(parse_bytes(&file, &bytes)),
+            Err(e) => parsed.push(ParsedFile::unusable(
+                &file,
+                format!("cannot read the file: {e}"),
+            )),
+        }
+    }
+    reports(&parsed)
+}
+
+/// Checks the text of one file (e.g. read from stdin); `path` names it in messages and
+/// decides JSON (`.json`) or YAML.
+pub fn validate_text(path: &Path, text: &str) -> Report {
+    let parsed = [parse_text(path, text)];
+    reports(&parsed).remove(0)
+}
+
+fn reports(parsed: &[ParsedFile]) -> Vec<Report> {
+    let assembly = assemble(parsed, &BTreeMap::new());
+    parsed
+        .iter()
+        .map(|file| {
+            let mine = |d: &&Diagnostic| d.file == file.path;
+            let mut errors: Vec<Diagnostic> = assembly
+                .rejected
+                .iter()
+                .flat_map(|r| &r.diagnostics)
+                .filter(mine)
+                .cloned()
+                .collect();
+            errors.sort_by_key(|d| d.line);
+            Report {
+                file: file.path.clone(),
+                objects: file
+                    .entries
+                    .iter()
+                    .filter_map(|e| match e {
+                        Entry::Object { obj, .. } => Some(obj.id()),
+                        _ => None,
+                    })
+                    .filter(|id| {
+                        assembly
+                            .objects
+                            .get(id)
+                            .is_some_and(|p| p.file == file.path)
+                    })
+                    .collect(),
+                errors,
+                warnings: assembly.warnings.iter().filter(mine).cloned().collect(),
+                skipped: assembly.skipped.iter().filter(mine).cloned().collect(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::source::tests::VALID_VS;
+
+    #[test]
+    fn validate_files_reports_per_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("a.yaml"), VALID_VS).unwrap();
+        std::fs::write(
+            dir.path().join("sub/b.yml"),
+            format!(
+                "{VALID_VS}---\n{}",
+                VALID_VS
+                    .replace("name: reviews", "name: r2")
+                    .replace("[reviews]", "[\"*\"]")
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "not config").unwrap();
+        std::fs::write(dir.path().join(".hidden.yaml"), "kind: [").unwrap();
+        let reports = validate_files(&[
+            dir.path().to_path_buf(),
+            dir.path().join("a.yaml"),
+            dir.path().join("missing.yaml"),
+        ]);
+        let names: Vec<String> = reports
+            .iter()
+            .map(|r| {
+                r.file
+                    .strip_prefix(dir.path())
+                    .unwrap_or(&r.file)
+                    .display()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(names, ["a.yaml", "sub/b.yml", "missing.yaml"]);
+        assert!(reports[0].is_ok());
+        assert_eq!(reports[0].objects.len(), 1);
+        let b = &reports[1];
+        assert!(!b.is_ok());
+        assert!(b.objects.is_empty());
+        let messages: Vec<String> = b
+            .errors
+            .iter()
+            .map(|d| format!("{}:{}", d.line.unwrap(), d.message))
+            .collect();
+        assert!(
+            messages[0]
+                .starts_with("1:duplicate: VirtualService bookinfo/reviews is already defined at"),
+            "{messages:?}"
+        );
+        assert!(
+            messages[1].starts_with("14:wildcard host * is not allowed"),
+            "{messages:?}"
+        );
+        assert_eq!(b.errors[1].field, "spec.hosts[0]");
+        assert!(
+            reports[2].errors[0]
+                .message
+                .contains("cannot read the file")
+        );
+
+        let report = validate_text(Path::new("stdin.yaml"), VALID_VS);
+        assert!(report.is_ok());
+    }
+}

@@ -1,0 +1,418 @@
+//! Validation of config objects, after Istio's `pkg/config/validation`.
+//!
+//! [`validate`] checks one [`ConfigObject`]: its metadata and its spec, with the rules of
+//! its kind (one submodule per kind). The answer is either the list of warnings (the
+//! object is usable) or the list of every error found, each naming the field
+//! ([`FieldPath`], e.g. `spec.http[0].route[1].weight`) and the reason. Warnings are
+//! Istio's warnings: legal but probably not what was meant (a deprecated field, a
+//! duplicate host), never a reason to reject.
+//!
+//! Where Istio's rules and this module differ, the module doc of the kind says so.
+
+mod common;
+mod destination_rule;
+mod gateway;
+mod http_route;
+mod mesh;
+mod service_entry;
+mod sidecar;
+mod virtual_service;
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::config::model::{ConfigObject, Kind, Spec};
+
+pub use destination_rule::validate_destination_rule;
+pub use gateway::validate_gateway;
+pub use mesh::{validate_mesh_config, validate_mesh_networks};
+pub use service_entry::{validate_service_entry, validate_workload_entry};
+pub use sidecar::validate_sidecar;
+pub use virtual_service::validate_virtual_service;
+
+/// The outcome of a validation: warnings when the object may be used, every error
+/// otherwise.
+pub type Validation = Result<Vec<Warning>, Vec<FieldError>>;
+
+/// One step of a [`FieldPath`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Segment {
+    /// A field of a message (camelCase, as written in YAML): `.http`.
+    Field(String),
+    /// An element of a list: `[0]`.
+    Index(usize),
+    /// An entry of a map (labels, headers, ports): `[app]`.
+    Key(String),
+}
+
+/// Where in an object a problem is: `spec.http[0].route[1].weight`,
+/// `metadata.labels[app]`. Field names are the camelCase names of the YAML form.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FieldPath(Vec<Segment>);
+
+impl FieldPath {
+    /// The empty path (the object itself).
+    pub fn root() -> FieldPath {
+        FieldPath(Vec::new())
+    }
+
+    /// `spec`, where every spec rule starts.
+    pub fn spec() -> FieldPath {
+        FieldPath::root().field("spec")
+    }
+
+    /// This path followed by a field.
+    pub fn field(&self, name: &str) -> FieldPath {
+        self.with(Segment::Field(name.to_string()))
+    }
+
+    /// This path followed by a list index.
+    pub fn index(&self, i: usize) -> FieldPath {
+        self.with(Segment::Index(i))
+    }
+
+    /// This path followed by a map key.
+    pub fn key(&self, k: &str) -> FieldPath {
+        self.with(Segment::Key(k.to_string()))
+    }
+
+    /// The steps of the path.
+    pub fn segments(&self) -> &[Segment] {
+        &self.0
+    }
+
+    /// True for the empty path.
+    pub fn is_root(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub(crate) fn from_segments(segments: Vec<Segment>) -> FieldPath {
+        FieldPath(segments)
+    }
+
+    fn with(&self, segment: Segment) -> FieldPath {
+        let mut segments = Vec::with_capacity(self.0.len() + 1);
+        segments.extend_from_slice(&self.0);
+        segments.push(segment);
+        FieldPath(segments)
+    }
+}
+
+impl fmt::Display for FieldPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, segment) in self.0.iter().enumerate() {
+            match segment {
+                Segment::Field(name) if i == 0 => f.write_str(name)?,
+                Segment::Field(name) => write!(f, ".{name}")?,
+                Segment::Index(n) => write!(f, "[{n}]")?,
+                Segment::Key(k) => write!(f, "[{k}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for FieldPath {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// A reason to reject an object: which field and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FieldError {
+    /// The field at fault (the nearest enclosing one when a field is missing).
+    pub field: FieldPath,
+    /// Why, in words an operator can act on.
+    pub reason: String,
+}
+
+impl FieldError {
+    /// Builds an error.
+    pub fn new(field: FieldPath, reason: impl Into<String>) -> FieldError {
+        FieldError {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_root() {
+            f.write_str(&self.reason)
+        } else {
+            write!(f, "{}: {}", self.field, self.reason)
+        }
+    }
+}
+
+/// Something legal but probably unintended; the object is still used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    /// The field concerned.
+    pub field: FieldPath,
+    /// What looks wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_root() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// Collects the findings of one validation run.
+#[derive(Debug, Default)]
+pub(crate) struct Findings {
+    errors: Vec<FieldError>,
+    warnings: Vec<Warning>,
+}
+
+impl Findings {
+    pub(crate) fn new() -> Findings {
+        Findings::default()
+    }
+
+    /// Records an error at `at`.
+    pub(crate) fn error(&mut self, at: &FieldPath, reason: impl Into<String>) {
+        self.errors.push(FieldError::new(at.clone(), reason));
+    }
+
+    /// Records a warning at `at`.
+    pub(crate) fn warn(&mut self, at: &FieldPath, message: impl Into<String>) {
+        self.warnings.push(Warning {
+            field: at.clone(),
+            message: message.into(),
+        });
+    }
+
+    /// Records `check`'s error, if any, at `at`.
+    pub(crate) fn check(&mut self, at: &FieldPath, check: Result<(), String>) {
+        if let Err(reason) = check {
+            self.error(at, reason);
+        }
+    }
+
+    pub(crate) fn finish(self) -> Validation {
+        if self.errors.is_empty() {
+            Ok(self.warnings)
+        } else {
+            Err(self.errors)
+        }
+    }
+}
+
+/// Validates a config object: metadata (name, namespace, labels) and the spec with the
+/// rules of its kind.
+pub fn validate(obj: &ConfigObject) -> Validation {
+    let mut findings = Findings::new();
+    validate_metadata(obj, &mut findings);
+    if obj.kind != obj.spec.kind() {
+        findings.error(
+            &FieldPath::root().field("kind"),
+            format!(
+                "kind {} does not match the spec, which is a {}",
+                obj.kind,
+                obj.spec.kind()
+            ),
+        );
+    }
+    let spec = match &obj.spec {
+        Spec::VirtualService(s) => validate_virtual_service(&obj.namespace, s),
+        Spec::DestinationRule(s) => validate_destination_rule(&obj.namespace, s),
+        Spec::Gateway(s) => validate_gateway(s),
+        Spec::ServiceEntry(s) => validate_service_entry(&obj.namespace, s),
+        Spec::WorkloadEntry(s) => validate_workload_entry(s),
+        Spec::Sidecar(s) => validate_sidecar(&obj.namespace, s),
+    };
+    match spec {
+        Ok(warnings) => findings.warnings.extend(warnings),
+        Err(errors) => findings.errors.extend(errors),
+    }
+    findings.finish()
+}
+
+fn validate_metadata(obj: &ConfigObject, findings: &mut Findings) {
+    let metadata = FieldPath::root().field("metadata");
+    let name = metadata.field("name");
+    if obj.name.is_empty() {
+        findings.error(&name, "name is required");
+    } else if !common::is_dns1123_subdomain(&obj.name) {
+        findings.error(
+            &name,
+            format!(
+                "{:?} is not a valid name (lower case letters, digits, '-' and '.', starting and ending with \
+                 a letter or digit, at most 253 characters)",
+                obj.name
+            ),
+        );
+    } else if obj.kind == Kind::Gateway && !common::is_dns1123_label(&obj.name) {
+        // Istio: a Gateway name is referenced as `namespace/name`, so no dots.
+        findings.error(
+            &name,
+            format!(
+                "invalid gateway name {:?}: must be a DNS label (no dots)",
+                obj.name
+            ),
+        );
+    }
+    let namespace = metadata.field("namespace");
+    if !common::is_dns1123_label(&obj.namespace)
+        || obj.namespace.bytes().any(|b| b.is_ascii_uppercase())
+    {
+        findings.error(
+            &namespace,
+            format!(
+                "{:?} is not a valid namespace (a lower case DNS label: letters, digits and '-', at most 63 characters)",
+                obj.namespace
+            ),
+        );
+    }
+    common::validate_labels(findings, &metadata.field("labels"), &obj.labels);
+    for key in obj.annotations.keys() {
+        if let Err(reason) = common::validate_label_key(key) {
+            findings.error(&metadata.field("annotations").key(key), reason);
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    //! Helpers for the per-kind tests: build a spec from YAML and assert on findings.
+
+    use super::*;
+
+    /// Parses a spec from YAML (as it would appear under `spec:`).
+    pub(crate) fn spec<T: serde::de::DeserializeOwned>(yaml: &str) -> T {
+        let value: serde_json::Value = serde_norway::from_str(yaml).expect("test YAML");
+        serde_json::from_value(value).unwrap_or_else(|e| panic!("test spec should parse: {e}"))
+    }
+
+    /// Asserts that validation fails with an error at `field` whose reason contains
+    /// `reason`.
+    #[track_caller]
+    pub(crate) fn assert_error(result: &Validation, field: &str, reason: &str) {
+        match result {
+            Ok(warnings) => panic!("expected an error at {field} ({reason}), got Ok({warnings:?})"),
+            Err(errors) => {
+                assert!(
+                    errors
+                        .iter()
+                        .any(|e| e.field.to_string() == field && e.reason.contains(reason)),
+                    "expected an error at {field} containing {reason:?}; got:\n{}",
+                    errors
+                        .iter()
+                        .map(|e| format!("  {e}"))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                );
+            }
+        }
+    }
+
+    /// Asserts that validation passes; returns the warnings.
+    #[track_caller]
+    pub(crate) fn assert_ok(result: &Validation) -> Vec<Warning> {
+        match result {
+            Ok(w) => w.clone(),
+            Err(errors) => panic!(
+                "expected no errors, got:\n{}",
+                errors
+                    .iter()
+                    .map(|e| format!("  {e}"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            ),
+        }
+    }
+
+    /// Asserts a warning at `field` containing `message`.
+    #[track_caller]
+    pub(crate) fn assert_warning(result: &Validation, field: &str, message: &str) {
+        let warnings = match result {
+            Ok(w) => w,
+            Err(errors) => panic!("expected a warning, got errors {errors:?}"),
+        };
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.field.to_string() == field && w.message.contains(message)),
+            "expected a warning at {field} containing {message:?}; got {warnings:?}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+    use meshfed_api::networking::v1alpha3 as net;
+
+    fn gateway(name: &str, namespace: &str) -> ConfigObject {
+        let gw: net::Gateway =
+            spec("servers: [{port: {number: 80, name: http, protocol: HTTP}, hosts: ['*']}]");
+        ConfigObject::new(namespace, name, gw)
+    }
+
+    #[test]
+    fn field_paths_render_like_kubernetes() {
+        let p = FieldPath::spec()
+            .field("http")
+            .index(0)
+            .field("route")
+            .index(1)
+            .field("weight");
+        assert_eq!(p.to_string(), "spec.http[0].route[1].weight");
+        let labels = FieldPath::root()
+            .field("metadata")
+            .field("labels")
+            .key("app");
+        assert_eq!(labels.to_string(), "metadata.labels[app]");
+        assert_eq!(FieldPath::root().to_string(), "");
+    }
+
+    #[test]
+    fn metadata_is_checked() {
+        assert_ok(&validate(&gateway("public", "istio-system")));
+        assert_error(
+            &validate(&gateway("", "default")),
+            "metadata.name",
+            "required",
+        );
+        assert_error(
+            &validate(&gateway("Public_GW", "default")),
+            "metadata.name",
+            "not a valid name",
+        );
+        assert_error(
+            &validate(&gateway("gw.v1", "default")),
+            "metadata.name",
+            "invalid gateway name",
+        );
+        assert_error(
+            &validate(&gateway("gw", "Default")),
+            "metadata.namespace",
+            "not a valid namespace",
+        );
+        let mut labelled = gateway("gw", "default");
+        labelled.labels.insert("app".into(), "bad value!".into());
+        assert_error(
+            &validate(&labelled),
+            "metadata.labels[app]",
+            "invalid label value",
+        );
+    }
+
+    #[test]
+    fn kind_must_match_the_spec() {
+        let mut obj = gateway("gw", "default");
+        obj.kind = Kind::Sidecar;
+        assert_error(&validate(&obj), "kind", "does not match");
+    }
+}
