@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
+use meshfed_registry::config::{
+    ConfigObject, ConfigStore, FileConfigStore, MemoryConfigStore, Spec, run_config_dir,
+};
 use meshfed_registry::mock_file::{self, MockFileStatus};
 use meshfed_registry::{
     Aggregate, ClusterId, EndpointIndex, MemoryRegistry, ServiceRegistry, UpdateSink,
@@ -28,7 +31,7 @@ use crate::ads::server::{AdsService, XdsContext};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
 use crate::mesh::{self, MeshFile, MeshSettings};
-use crate::push::config_index::{ConfigIndex, ConfigSet};
+use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
 use crate::push::debounce::DebounceConfig;
 use crate::push::snapshot::Snapshot;
 use crate::push::{ConfigSourceFn, Pipeline, PushMetrics};
@@ -94,6 +97,8 @@ pub struct DiscoveryConfig {
     pub mock: MockSource,
     /// The Kubernetes registry, when enabled.
     pub kubernetes: Option<KubeSettings>,
+    /// `--configDir`: Istio config files, watched.
+    pub config_dir: Option<PathBuf>,
     /// `--meshConfig`: MeshConfig YAML (Istio defaults when absent).
     pub mesh_config: Option<PathBuf>,
     /// `--networksConfig`: meshNetworks YAML.
@@ -123,6 +128,7 @@ impl Default for DiscoveryConfig {
             domain: "cluster.local".into(),
             mock: MockSource::Embedded,
             kubernetes: None,
+            config_dir: None,
             mesh_config: None,
             networks_config: None,
             debounce: DebounceConfig::default(),
@@ -155,6 +161,97 @@ pub struct Server {
     pipeline: Arc<Pipeline>,
     connections: Arc<Connections>,
     mock_status: Option<MockFileStatus>,
+    config_stores: ConfigStores,
+}
+
+/// The Istio config stores: one in memory (for the Rust API) and, with `--configDir`,
+/// one fed from files.
+#[derive(Clone, Debug)]
+struct ConfigStores {
+    memory: MemoryConfigStore,
+    files: Option<FileConfigStore>,
+}
+
+impl ConfigStores {
+    fn start(
+        config: &DiscoveryConfig,
+        sink: &UpdateSink,
+        shutdown: &Shutdown,
+        tasks: &mut JoinSet<()>,
+    ) -> anyhow::Result<ConfigStores> {
+        let memory = MemoryConfigStore::new(sink.clone());
+        let files = match &config.config_dir {
+            None => None,
+            Some(dir) => {
+                if !dir.is_dir() {
+                    anyhow::bail!("--configDir {}: not a directory", dir.display());
+                }
+                let store = FileConfigStore::new(sink.clone());
+                let task_store = store.clone();
+                let dir = dir.clone();
+                let mut stop = shutdown.clone();
+                info!(dir = %dir.display(), "config: following directory");
+                tasks.spawn(async move {
+                    if let Err(err) =
+                        run_config_dir(dir, task_store, async move { stop.wait().await }).await
+                    {
+                        error!("config directory: {err}");
+                    }
+                });
+                Some(store)
+            }
+        };
+        Ok(ConfigStores { memory, files })
+    }
+
+    fn all(&self) -> Vec<Arc<dyn ConfigStore>> {
+        let mut all: Vec<Arc<dyn ConfigStore>> = vec![Arc::new(self.memory.clone())];
+        if let Some(files) = &self.files {
+            all.push(Arc::new(files.clone()));
+        }
+        all
+    }
+
+    fn has_synced(&self) -> bool {
+        self.all().iter().all(|s| s.has_synced())
+    }
+
+    /// Builds the snapshot's config index from every store.
+    fn source(&self, domain: &str, metrics: Arc<PushMetrics>) -> ConfigSourceFn {
+        let stores = self.all();
+        let domain = domain.to_string();
+        Arc::new(move |mesh| {
+            let mut set = ConfigSet::default();
+            let rejected: usize = stores.iter().map(|s| s.rejected().len()).sum();
+            metrics.config_rejected.set(rejected as i64);
+            for store in &stores {
+                for object in store.all() {
+                    add_to_set(&mut set, &object);
+                }
+            }
+            ConfigIndex::new(set, &domain, mesh)
+        })
+    }
+}
+
+fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
+    fn wrap<T: Clone>(o: &ConfigObject, spec: &T) -> Config<T> {
+        Config {
+            name: o.name.clone(),
+            namespace: o.namespace.clone(),
+            labels: o.labels.clone(),
+            creation_time: o.creation_time,
+            spec: spec.clone(),
+        }
+    }
+    match &object.spec {
+        Spec::VirtualService(vs) => set.virtual_services.push(wrap(object, vs)),
+        Spec::DestinationRule(dr) => set.destination_rules.push(wrap(object, dr)),
+        Spec::Gateway(g) => set.gateways.push(wrap(object, g)),
+        Spec::Sidecar(sc) => set.sidecars.push(wrap(object, sc)),
+        // ServiceEntry and WorkloadEntry feed the service registry, not the indexes.
+        Spec::ServiceEntry(_) | Spec::WorkloadEntry(_) => {}
+    }
 }
 
 impl Server {
@@ -175,16 +272,17 @@ impl Server {
         let (sink, events) = UpdateSink::new(index.clone());
         let aggregate = Arc::new(Aggregate::new(config.cluster_id.clone()));
         let connections = Arc::new(Connections::default());
+        let mut tasks = JoinSet::new();
+        let config_stores = ConfigStores::start(&config, &sink, &shutdown, &mut tasks)?;
         let pipeline = Arc::new(Pipeline::new(
             aggregate.clone(),
             index,
             connections.clone(),
-            push_metrics,
+            push_metrics.clone(),
             mesh_settings.clone(),
-            config_source(&config),
+            config_stores.source(&config.domain, push_metrics),
         ));
 
-        let mut tasks = JoinSet::new();
         for (path, which) in [
             (&config.mesh_config, MeshFile::Config),
             (&config.networks_config, MeshFile::Networks),
@@ -248,13 +346,14 @@ impl Server {
         };
 
         let ready_aggregate = aggregate.clone();
+        let ready_stores = config_stores.clone();
         let ctx = Arc::new(XdsContext {
             snapshot: pipeline.snapshot().clone(),
             connections: connections.clone(),
             push_slots: Arc::new(Semaphore::new(config.push_throttle.max(1))),
             metrics: xds_metrics,
             options: config.generator,
-            ready: Arc::new(move || ready_aggregate.has_synced()),
+            ready: Arc::new(move || ready_aggregate.has_synced() && ready_stores.has_synced()),
             shutdown: shutdown.clone(),
         });
         tasks.spawn(serve_grpc(grpc, AdsService::new(ctx), shutdown.clone()));
@@ -266,6 +365,7 @@ impl Server {
             metrics: Arc::new(metrics_registry),
             debug_open: config.debug_open,
             log_control: config.log_control.clone(),
+            config_stores: config_stores.all(),
         };
         tasks.spawn(serve_http(
             http,
@@ -293,6 +393,7 @@ impl Server {
             pipeline,
             connections,
             mock_status,
+            config_stores,
         })
     }
 
@@ -329,6 +430,16 @@ impl Server {
     /// Load counters of the mock-registry file, when one is followed.
     pub fn mock_status(&self) -> Option<&MockFileStatus> {
         self.mock_status.as_ref()
+    }
+
+    /// The in-memory Istio config store (apply/delete objects from Rust).
+    pub fn config_store(&self) -> &MemoryConfigStore {
+        &self.config_stores.memory
+    }
+
+    /// The config-directory store, with `--configDir`.
+    pub fn config_dir_store(&self) -> Option<&FileConfigStore> {
+        self.config_stores.files.as_ref()
     }
 
     /// Adds an in-memory registry for `cluster` (synced at once) and returns its
@@ -371,12 +482,6 @@ impl Server {
         }
         info!("meshfed stopped");
     }
-}
-
-/// Where the snapshot's Istio config comes from.
-fn config_source(config: &DiscoveryConfig) -> ConfigSourceFn {
-    let domain = config.domain.clone();
-    Arc::new(move |mesh| ConfigIndex::new(ConfigSet::default(), &domain, mesh))
 }
 
 async fn start_kube_registry(

@@ -80,6 +80,12 @@ impl FakeServerBuilder {
         self
     }
 
+    /// Reads Istio config from this watched directory (`--configDir`).
+    pub fn config_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.config.config_dir = Some(dir.into());
+        self
+    }
+
     /// Serves the bundled example mock registry.
     pub fn embedded_mock_registry(mut self) -> Self {
         self.config.mock = MockSource::Embedded;
@@ -166,6 +172,12 @@ impl FakeServer {
     /// Adds an in-memory registry for `cluster`.
     pub fn mock_registry(&self, cluster: impl Into<ClusterId>) -> MemoryRegistry {
         self.server.add_memory_registry(cluster)
+    }
+
+    /// The in-memory Istio config store: `apply` VirtualServices, DestinationRules, ...
+    /// from Rust (invalid objects are rejected with their errors).
+    pub fn config_store(&self) -> &meshfed_registry::config::MemoryConfigStore {
+        self.server.config_store()
     }
 
     /// The server itself.

@@ -45,6 +45,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: endpoint_shardz,
     },
     DebugEndpoint {
+        path: "configz",
+        description: "Every Istio config object in force (sorted), and every rejected one with its errors",
+        handler: configz,
+    },
+    DebugEndpoint {
         path: "push_status",
         description: "The last pushes: version, reasons, changes, build time, connections",
         handler: push_status,
@@ -203,6 +208,30 @@ fn endpoint_shardz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         );
     }
     Ok(to_json(&by_key))
+}
+
+fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let mut objects: Vec<Value> = Vec::new();
+    let mut rejected: Vec<Value> = Vec::new();
+    for store in &state.config_stores {
+        for o in store.all() {
+            objects.push(json!({
+                "kind": o.kind.as_str(), "namespace": o.namespace, "name": o.name, "source": o.source,
+                "spec": to_json(&o.spec),
+            }));
+        }
+        rejected.extend(store.rejected().iter().map(to_json));
+    }
+    let key = |v: &Value| {
+        (
+            v["kind"].as_str().unwrap_or("").to_string(),
+            v["namespace"].as_str().unwrap_or("").to_string(),
+            v["name"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    objects.sort_by_key(key);
+    rejected.sort_by_key(key);
+    Ok(json!({"objects": objects, "rejected": rejected}))
 }
 
 fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

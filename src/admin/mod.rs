@@ -35,6 +35,8 @@ pub struct AdminState {
     pub debug_open: bool,
     /// Log level control for `/logging` (absent in embedded use).
     pub log_control: Option<crate::logging::LogControl>,
+    /// The Istio config stores (for `/debug/configz` and readiness).
+    pub config_stores: Vec<Arc<dyn meshfed_registry::config::ConfigStore>>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -126,13 +128,16 @@ async fn logging(
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {
-    let pending: Vec<String> = state
+    let mut pending: Vec<String> = state
         .aggregate
         .registries()
         .iter()
         .filter(|r| !r.has_synced())
         .map(|r| r.shard_key().to_string())
         .collect();
+    if state.config_stores.iter().any(|s| !s.has_synced()) {
+        pending.push("config".to_string());
+    }
     if pending.is_empty() {
         (StatusCode::OK, "ready\n").into_response()
     } else {

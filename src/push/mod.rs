@@ -43,6 +43,10 @@ pub struct PushMetrics {
     pub inbound_updates: CounterByType,
     /// `meshfed_registry_conflicts`: services shadowed or merged with a mismatch.
     pub conflicts: Gauge,
+    /// `pilot_virt_services`: VirtualServices in force.
+    pub virtual_services: Gauge,
+    /// `meshfed_config_rejected`: config objects rejected (invalid) right now.
+    pub config_rejected: Gauge,
 }
 
 impl PushMetrics {
@@ -55,6 +59,8 @@ impl PushMetrics {
             triggers: CounterByType::default(),
             inbound_updates: CounterByType::default(),
             conflicts: Gauge::default(),
+            virtual_services: Gauge::default(),
+            config_rejected: Gauge::default(),
         };
         registry.register("pilot_debounce_time", "Delay in seconds between the first config enters debouncing and the merged push request is pushed into the push queue (includes snapshot build)", m.debounce_time.clone());
         registry.register(
@@ -78,6 +84,16 @@ impl PushMetrics {
             m.inbound_updates.clone(),
         );
         registry.register("meshfed_registry_conflicts", "Services with the same hostname and namespace from several registries that were resolved by the merge policy", m.conflicts.clone());
+        registry.register(
+            "pilot_virt_services",
+            "Total virtual services known to pilot",
+            m.virtual_services.clone(),
+        );
+        registry.register(
+            "meshfed_config_rejected",
+            "Istio config objects rejected as invalid (see /debug/configz)",
+            m.config_rejected.clone(),
+        );
         m
     }
 }
@@ -195,6 +211,9 @@ impl Pipeline {
         self.metrics
             .conflicts
             .set(next.services.conflicts().len() as i64);
+        self.metrics
+            .virtual_services
+            .set(next.config.all_virtual_services().len() as i64);
         for reason in request.reasons.keys() {
             self.metrics
                 .triggers

@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod config;
 mod delta;
 mod interop;
 mod kube;

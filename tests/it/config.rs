@@ -1,0 +1,274 @@
+//! Istio config from a watched directory to what a sidecar receives: clusters, listeners
+//! and routes, checked for consistency and by where a simulated request lands.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use meshfed::ads::TypeUrl;
+use meshfed::generate::simulate::{self, Request, RouteOutcome};
+use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
+use meshfed_registry::{Protocol, ServiceKey};
+
+use crate::support::*;
+
+const REVIEWS: &str = "reviews.default.svc.cluster.local";
+
+const DESTINATION_RULE: &str = "apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews
+  trafficPolicy:
+    connectionPool: {tcp: {maxConnections: 7}}
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+";
+
+const VIRTUAL_SERVICE: &str = "apiVersion: networking.istio.io/v1beta1
+kind: VirtualService
+metadata: {name: reviews, namespace: default}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{headers: {end-user: {exact: jason}}}]
+    route: [{destination: {host: reviews, subset: v2}}]
+  - match: [{uri: {prefix: /v1}}]
+    route: [{destination: {host: reviews, subset: v1}}]
+  - route:
+    - {destination: {host: reviews, subset: v1}, weight: 80}
+    - {destination: {host: reviews, subset: v2}, weight: 20}
+";
+
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+async fn setup(dir: &Path) -> FakeServer {
+    let server = FakeServer::builder().config_dir(dir).start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    reg.add_service(service(
+        REVIEWS,
+        "default",
+        &[("http", 9080, Protocol::Http)],
+    ));
+    let mut v1 = endpoint("10.0.0.1", "http", 9080, "r1/z1");
+    v1.labels.insert("version".into(), "v1".into());
+    let mut v2 = endpoint("10.0.0.2", "http", 9080, "r1/z1");
+    v2.labels.insert("version".into(), "v2".into());
+    reg.set_endpoints(&ServiceKey::new(REVIEWS, "default"), vec![v1, v2]);
+    let http = server.bound().http;
+    eventually("the config directory to load", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    server.sync().await;
+    server
+}
+
+/// Fetches CDS, EDS, LDS and RDS like Envoy and returns them.
+async fn full_config(
+    client: &mut AdsClient,
+) -> (
+    Vec<Cluster>,
+    Vec<Listener>,
+    Vec<RouteConfiguration>,
+    BTreeSet<String>,
+) {
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let clusters = client.recv_clusters().await.unwrap();
+    let eds: Vec<String> = clusters
+        .iter()
+        .filter(|c| c.eds_cluster_config.is_some())
+        .map(|c| c.name.clone())
+        .collect();
+    let eds_refs: Vec<&str> = eds.iter().map(String::as_str).collect();
+    client
+        .subscribe(TypeUrl::Endpoint, &eds_refs)
+        .await
+        .unwrap();
+    let clas = client.recv_load_assignments().await.unwrap();
+    let served: BTreeSet<String> = clas.iter().map(|c| c.cluster_name.clone()).collect();
+    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    let listeners: Vec<Listener> =
+        decode_all(&client.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
+    let route_names: BTreeSet<String> = listeners
+        .iter()
+        .flat_map(|l| meshfed::generate::lds::references(l).1)
+        .collect();
+    let names: Vec<&str> = route_names.iter().map(String::as_str).collect();
+    client.subscribe(TypeUrl::Route, &names).await.unwrap();
+    let routes: Vec<RouteConfiguration> =
+        decode_all(&client.recv_type(TypeUrl::Route).await.unwrap()).unwrap();
+    (clusters, listeners, routes, served)
+}
+
+fn route_for<'a>(routes: &'a [RouteConfiguration], name: &str) -> &'a RouteConfiguration {
+    routes
+        .iter()
+        .find(|r| r.name == name)
+        .unwrap_or_else(|| panic!("no route table {name}"))
+}
+
+#[tokio::test]
+async fn config_dir_drives_clusters_routes_and_listeners_consistently() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("dr.yaml"), DESTINATION_RULE).unwrap();
+    std::fs::write(dir.path().join("vs.yaml"), VIRTUAL_SERVICE).unwrap();
+    let server = setup(dir.path()).await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "sidecar~10.9.0.1~productpage.default~default.svc.cluster.local",
+            serde_json::json!({"LABELS": {"app": "productpage"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let (clusters, listeners, routes, served) = full_config(&mut client).await;
+
+    let names: BTreeSet<&str> = clusters.iter().map(|c| c.name.as_str()).collect();
+    for want in [
+        "outbound|9080||reviews.default.svc.cluster.local",
+        "outbound|9080|v1|reviews.default.svc.cluster.local",
+        "outbound|9080|v2|reviews.default.svc.cluster.local",
+    ] {
+        assert!(names.contains(want), "{want} missing from {names:?}");
+    }
+    let v1 = clusters.iter().find(|c| c.name.contains("|v1|")).unwrap();
+    let thresholds = &v1.circuit_breakers.as_ref().unwrap().thresholds[0];
+    assert_eq!(
+        thresholds.max_connections.unwrap().value,
+        7,
+        "the DestinationRule's connection pool applies"
+    );
+    assert!(listeners.iter().any(|l| l.name == "0.0.0.0_9080"));
+    let problems = simulate::check_consistency(&clusters, &listeners, &routes, &served);
+    assert!(problems.is_empty(), "inconsistent config: {problems:#?}");
+
+    let table = route_for(&routes, "9080");
+    let jason = Request::new("reviews", 9080, "/reviews/1").header("end-user", "jason");
+    assert_eq!(
+        simulate::route(table, &jason).unwrap(),
+        RouteOutcome::Cluster(format!("outbound|9080|v2|{REVIEWS}"))
+    );
+    let prefix = Request::new(REVIEWS, 9080, "/v1/x");
+    assert_eq!(
+        simulate::route(table, &prefix).unwrap(),
+        RouteOutcome::Cluster(format!("outbound|9080|v1|{REVIEWS}"))
+    );
+    let other = Request::new("reviews.default", 9080, "/");
+    assert_eq!(
+        simulate::route(table, &other).unwrap(),
+        RouteOutcome::WeightedClusters(vec![
+            (format!("outbound|9080|v1|{REVIEWS}"), 80),
+            (format!("outbound|9080|v2|{REVIEWS}"), 20)
+        ])
+    );
+
+    // A live edit of the VirtualService reaches the proxy.
+    write_atomically(
+        &dir.path().join("vs.yaml"),
+        &VIRTUAL_SERVICE.replace("jason", "alice"),
+    );
+    let changed = loop {
+        let response = client.recv().await.unwrap();
+        client.ack(&response).await.unwrap();
+        if response.type_url == TypeUrl::Route.as_str() {
+            break decode_all::<RouteConfiguration>(&response).unwrap();
+        }
+    };
+    let alice = Request::new("reviews", 9080, "/").header("end-user", "alice");
+    assert_eq!(
+        simulate::route(route_for(&changed, "9080"), &alice).unwrap(),
+        RouteOutcome::Cluster(format!("outbound|9080|v2|{REVIEWS}"))
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_invalid_object_is_rejected_alone_and_shown_in_configz() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad_vs = VIRTUAL_SERVICE.replace("weight: 20", "weight: 30");
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        format!("{DESTINATION_RULE}---\n{bad_vs}"),
+    )
+    .unwrap();
+    let server = setup(dir.path()).await;
+    let http = server.bound().http;
+    let configz = get_json(http, "/debug/configz").await;
+    let objects: Vec<&str> = configz["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(objects, vec!["DestinationRule"], "the valid object applies");
+    let rejected = configz["rejected"].to_string();
+    assert!(rejected.contains("all.yaml:"), "file and line: {rejected}");
+    assert!(rejected.contains("weight"), "the field: {rejected}");
+
+    // Without a VirtualService the default route goes to the service's cluster, and the
+    // DestinationRule's subsets still exist.
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "sidecar~10.9.0.1~pp.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    let (clusters, _, routes, _) = full_config(&mut client).await;
+    assert!(clusters.iter().any(|c| c.name.contains("|v2|")));
+    let outcome = simulate::route(
+        route_for(&routes, "9080"),
+        &Request::new("reviews", 9080, "/"),
+    )
+    .unwrap();
+    assert_eq!(
+        outcome,
+        RouteOutcome::Cluster(format!("outbound|9080||{REVIEWS}"))
+    );
+    let (_, metrics) = http_get(server.bound().monitoring, "/metrics").await;
+    assert!(metrics.contains("meshfed_config_rejected 1"), "{metrics}");
+    server.shutdown().await;
+}
+
+#[test]
+fn validate_command_reports_file_line_field_and_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.yaml");
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&good, DESTINATION_RULE).unwrap();
+    std::fs::write(&bad, VIRTUAL_SERVICE.replace("weight: 20", "weight: 30")).unwrap();
+    let bin = env!("CARGO_BIN_EXE_meshfed");
+    let ok = std::process::Command::new(bin)
+        .args(["validate", "-f"])
+        .arg(&good)
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    let failed = std::process::Command::new(bin)
+        .args(["validate", "-f"])
+        .arg(&good)
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&failed.stdout);
+    assert!(!failed.status.success());
+    assert!(
+        out.contains("bad.yaml:") && out.contains("VirtualService") && out.contains("weight"),
+        "{out}"
+    );
+}
