@@ -22,7 +22,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the xDS server (pilot-discovery's `discovery`).
-    Discovery(DiscoveryArgs),
+    Discovery(Box<DiscoveryArgs>),
     /// Check Istio config files offline: every error with file:line, object, field and
     /// reason; exits non-zero when anything is invalid.
     Validate(ValidateArgs),
