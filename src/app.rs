@@ -358,6 +358,11 @@ impl Server {
         });
         tasks.spawn(serve_grpc(grpc, AdsService::new(ctx), shutdown.clone()));
 
+        metrics_registry.register_collector(Box::new(crate::admin::collector::StateCollector {
+            aggregate: aggregate.clone(),
+            mock_file: mock_status.clone(),
+            config_dir: config_stores.files.as_ref().map(|f| f.status().clone()),
+        }));
         let admin_state = AdminState {
             aggregate: aggregate.clone(),
             pipeline: pipeline.clone(),

@@ -50,6 +50,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: configz,
     },
     DebugEndpoint {
+        path: "endpointz",
+        description: "Alias of endpointShardz (Istio's older name)",
+        handler: endpoint_shardz,
+    },
+    DebugEndpoint {
         path: "push_status",
         description: "The last pushes: version, reasons, changes, build time, connections",
         handler: push_status,

@@ -5,6 +5,7 @@
 //! unless the server was started with debug access opened. Every dump is sorted so two
 //! dumps can be diffed.
 
+pub mod collector;
 mod debug;
 
 use std::net::SocketAddr;
@@ -180,4 +181,81 @@ async fn debug_index() -> Html<String> {
     }
     html.push_str("</table></body></html>");
     Html(html)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use axum::body::Body;
+    use axum::http::Request as HttpRequest;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::push::PushMetrics;
+    use crate::push::config_index::ConfigIndex;
+
+    fn state(debug_open: bool) -> AdminState {
+        let mut registry = Registry::default();
+        let aggregate = Arc::new(Aggregate::new("c1"));
+        let connections = Arc::new(Connections::default());
+        let pipeline = Arc::new(Pipeline::new(
+            aggregate.clone(),
+            Arc::default(),
+            connections.clone(),
+            Arc::new(PushMetrics::new(&mut registry)),
+            Arc::default(),
+            Arc::new(|_| ConfigIndex::default()),
+        ));
+        AdminState {
+            aggregate,
+            pipeline,
+            connections,
+            metrics: Arc::new(registry),
+            debug_open,
+            log_control: None,
+            config_stores: Vec::new(),
+        }
+    }
+
+    async fn status(router: Router, peer: &str, path: &str) -> StatusCode {
+        let peer: SocketAddr = peer.parse().unwrap();
+        let request = HttpRequest::builder()
+            .uri(path)
+            .extension(ConnectInfo(peer))
+            .body(Body::empty())
+            .unwrap();
+        router.oneshot(request).await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn debug_endpoints_answer_loopback_only_unless_opened() {
+        let closed = http_router(state(false));
+        assert_eq!(
+            status(closed.clone(), "127.0.0.1:40000", "/debug/adsz").await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(closed.clone(), "[::1]:40000", "/debug/list").await,
+            StatusCode::OK
+        );
+        assert_eq!(
+            status(closed.clone(), "10.1.2.3:40000", "/debug/adsz").await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status(closed.clone(), "10.1.2.3:40000", "/debug/list").await,
+            StatusCode::FORBIDDEN
+        );
+        assert_eq!(
+            status(closed, "10.1.2.3:40000", "/ready").await,
+            StatusCode::OK,
+            "/ready is not a debug endpoint"
+        );
+        let open = http_router(state(true));
+        assert_eq!(
+            status(open, "10.1.2.3:40000", "/debug/adsz").await,
+            StatusCode::OK
+        );
+    }
 }

@@ -41,6 +41,22 @@ async fn metrics_version_and_debug_endpoints() {
         );
     }
 
+    assert_eq!(
+        metric(
+            &metrics,
+            "meshfed_registry_synced{registry=\"Mock/Kubernetes\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "meshfed_registry_services{registry=\"Mock/Kubernetes\"}"
+        ),
+        Some(2.0)
+    );
+
     let version = get_json(monitoring, "/version").await;
     assert_eq!(version["name"], "meshfed");
 

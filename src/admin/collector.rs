@@ -1,0 +1,101 @@
+//! Metrics read at scrape time from the registries and file followers: per-registry
+//! sync state, staleness and size, and file reload outcomes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use meshfed_registry::Aggregate;
+use meshfed_registry::config::ConfigDirStatus;
+use meshfed_registry::mock_file::MockFileStatus;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+/// Reads registry and file-follower state on every scrape.
+#[derive(Debug)]
+pub struct StateCollector {
+    pub aggregate: Arc<Aggregate>,
+    pub mock_file: Option<MockFileStatus>,
+    pub config_dir: Option<ConfigDirStatus>,
+}
+
+fn gauge_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: &[(&'static str, String, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (key, value, v) in rows {
+        let labels = [(*key, value.clone())];
+        ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let registries = self.aggregate.registries();
+        let rows = |f: &dyn Fn(&dyn meshfed_registry::ServiceRegistry) -> i64| -> Vec<(&'static str, String, i64)> {
+            registries.iter().map(|r| ("registry", r.shard_key().to_string(), f(r.as_ref()))).collect()
+        };
+        gauge_family(
+            &mut encoder,
+            "meshfed_registry_synced",
+            "1 once the registry finished its initial sync",
+            &rows(&|r| i64::from(r.has_synced())),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "meshfed_registry_stale",
+            "1 while the registry's source is unreachable and its last known view is served",
+            &rows(&|r| i64::from(r.is_stale())),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "meshfed_registry_services",
+            "Services the registry holds (before merging)",
+            &rows(&|r| r.services().len() as i64),
+        )?;
+        if let Some(status) = &self.mock_file {
+            gauge_family(
+                &mut encoder,
+                "meshfed_mock_file_reloads",
+                "Mock registry file loads by result (failed loads keep the last good content)",
+                &[
+                    (
+                        "result",
+                        "ok".into(),
+                        status.reloads_ok.load(Ordering::Relaxed) as i64,
+                    ),
+                    (
+                        "result",
+                        "failed".into(),
+                        status.reloads_failed.load(Ordering::Relaxed) as i64,
+                    ),
+                ],
+            )?;
+        }
+        if let Some(status) = &self.config_dir {
+            gauge_family(
+                &mut encoder,
+                "meshfed_config_dir_reloads",
+                "Config directory reloads by result (failed = something was rejected)",
+                &[
+                    (
+                        "result",
+                        "ok".into(),
+                        status.reloads_ok.load(Ordering::Relaxed) as i64,
+                    ),
+                    (
+                        "result",
+                        "failed".into(),
+                        status.reloads_failed.load(Ordering::Relaxed) as i64,
+                    ),
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
