@@ -15,6 +15,7 @@ use meshfed_registry::config::{
     ConfigObject, ConfigStore, FileConfigStore, MemoryConfigStore, Spec, run_config_dir,
 };
 use meshfed_registry::mock_file::{self, MockFileStatus};
+use meshfed_registry::serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
 use meshfed_registry::{
     Aggregate, ClusterId, EndpointIndex, MemoryRegistry, ServiceRegistry, UpdateSink,
 };
@@ -78,7 +79,34 @@ pub struct KubeSettings {
     pub namespaces: meshfed_kube::NamespaceFilter,
     /// Istio's system namespace (network label, remote secrets).
     pub system_namespace: String,
+    /// Remote clusters from kubeconfig Secrets in the local cluster.
+    pub remote_secrets: RemoteSecretSettings,
 }
+
+/// The remote-cluster secret controller (reference §3): Secrets labelled
+/// `istio/multiCluster=true`, each data key a cluster id and its kubeconfig.
+#[derive(Clone, Debug)]
+pub struct RemoteSecretSettings {
+    /// `--clusterRegistriesNamespace`: the namespace whose Secrets are read (default
+    /// `istio-system`); `None` turns the controller off.
+    pub namespace: Option<String>,
+    /// `--allowInsecureKubeconfig`: kubeconfig options allowed although they run a
+    /// command or read local files (`exec`, `tokenFile`, `clientCertificate`,
+    /// `clientKey`, `certificateAuthority`, an auth provider name, or `all`).
+    pub allow_insecure: Vec<String>,
+}
+
+impl Default for RemoteSecretSettings {
+    fn default() -> Self {
+        RemoteSecretSettings {
+            namespace: Some("istio-system".into()),
+            allow_insecure: Vec::new(),
+        }
+    }
+}
+
+/// The Consul registry's settings (`--registries Consul`, `--consulserverURL`, ...).
+pub use meshfed_consul::ConsulConfig as ConsulSettings;
 
 /// Everything `meshfed discovery` is configured with.
 #[derive(Clone, Debug)]
@@ -97,6 +125,8 @@ pub struct DiscoveryConfig {
     pub mock: MockSource,
     /// The Kubernetes registry, when enabled.
     pub kubernetes: Option<KubeSettings>,
+    /// The Consul registry, when enabled.
+    pub consul: Option<ConsulSettings>,
     /// `--configDir`: Istio config files, watched.
     pub config_dir: Option<PathBuf>,
     /// `--meshConfig`: MeshConfig YAML (Istio defaults when absent).
@@ -128,6 +158,7 @@ impl Default for DiscoveryConfig {
             domain: "cluster.local".into(),
             mock: MockSource::Embedded,
             kubernetes: None,
+            consul: None,
             config_dir: None,
             mesh_config: None,
             networks_config: None,
@@ -216,6 +247,26 @@ impl ConfigStores {
         self.all().iter().all(|s| s.has_synced())
     }
 
+    /// Starts the ServiceEntry / WorkloadEntry registry over every store (provider
+    /// `External`, meshfed's own cluster id) and returns it for the aggregate.
+    fn start_service_entries(
+        &self,
+        cluster_id: &ClusterId,
+        trust_domain: &str,
+        sink: &UpdateSink,
+        shutdown: &Shutdown,
+        tasks: &mut JoinSet<()>,
+    ) -> ServiceEntryRegistry {
+        let config = ServiceEntryConfig {
+            cluster_id: cluster_id.clone(),
+            trust_domain: trust_domain.to_string(),
+        };
+        let registry = ServiceEntryRegistry::new(config, self.all(), sink.clone());
+        let mut stop = shutdown.clone();
+        tasks.spawn(registry.clone().run(async move { stop.wait().await }));
+        registry
+    }
+
     /// Builds the snapshot's config index from every store.
     fn source(&self, domain: &str, metrics: Arc<PushMetrics>) -> ConfigSourceFn {
         let stores = self.all();
@@ -274,6 +325,13 @@ impl Server {
         let connections = Arc::new(Connections::default());
         let mut tasks = JoinSet::new();
         let config_stores = ConfigStores::start(&config, &sink, &shutdown, &mut tasks)?;
+        aggregate.add_registry(Arc::new(config_stores.start_service_entries(
+            &config.cluster_id,
+            &mesh_settings.load().config.trust_domain,
+            &sink,
+            &shutdown,
+            &mut tasks,
+        )));
         let pipeline = Arc::new(Pipeline::new(
             aggregate.clone(),
             index,
@@ -305,13 +363,16 @@ impl Server {
             start_kube_registry(
                 &config,
                 kube,
-                &mesh_settings.load(),
+                &mesh_settings,
                 &aggregate,
                 &sink,
                 &shutdown,
                 &mut tasks,
             )
             .await?;
+        }
+        if let Some(consul) = &config.consul {
+            start_consul_registry(consul, &aggregate, &sink, &shutdown, &mut tasks).await?;
         }
 
         // The first snapshot reflects whatever the registries already hold.
@@ -489,40 +550,96 @@ impl Server {
     }
 }
 
+/// Starts the local cluster's registry and, unless turned off, the remote-cluster
+/// secret controller, whose handle (counters, managed clusters) is returned.
 async fn start_kube_registry(
     config: &DiscoveryConfig,
     kube: &KubeSettings,
-    mesh: &MeshSettings,
+    mesh: &Arc<ArcSwap<MeshSettings>>,
     aggregate: &Arc<Aggregate>,
     sink: &UpdateSink,
     shutdown: &Shutdown,
     tasks: &mut JoinSet<()>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<Arc<meshfed_kube::SecretController>>> {
     let client = match &kube.source {
         KubeSource::Client(client) => client.clone(),
         KubeSource::Kubeconfig(path) => meshfed_kube::client_from(path.as_deref())
             .await
             .context("connecting to Kubernetes (--kubeconfig, KUBECONFIG or in-cluster config)")?,
     };
+    // meshNetworks `registryServiceName` gateways, read live so reloads apply.
+    let live = mesh.clone();
+    let mesh_gateways = meshfed_kube::MeshGateways::new(move |cluster| {
+        crate::networks::registry_service_gateways(&live.load().networks, cluster)
+    });
     let registry_config = meshfed_kube::KubeRegistryConfig {
         cluster_id: config.cluster_id.clone(),
         domain: config.domain.clone(),
-        trust_domain: mesh.config.trust_domain.clone(),
+        trust_domain: mesh.load().config.trust_domain.clone(),
         system_namespace: kube.system_namespace.clone(),
         namespaces: kube.namespaces.clone(),
+        mesh_gateways,
     };
     let mut stop = shutdown.clone();
-    let (registry, writer) =
-        meshfed_kube::KubeRegistry::start(client, registry_config, sink.clone(), async move {
-            stop.wait().await
-        })
-        .await
-        .context("starting the Kubernetes registry")?;
+    let (registry, writer) = meshfed_kube::KubeRegistry::start(
+        client.clone(),
+        registry_config.clone(),
+        sink.clone(),
+        async move { stop.wait().await },
+    )
+    .await
+    .context("starting the Kubernetes registry")?;
     aggregate.add_registry(registry);
     tasks.spawn(async move {
         let _ = writer.await;
     });
     info!(cluster = %config.cluster_id, "Kubernetes registry started; /ready waits for its initial sync");
+
+    let Some(namespace) = &kube.remote_secrets.namespace else {
+        return Ok(None);
+    };
+    let multicluster = meshfed_kube::MulticlusterConfig {
+        namespace: namespace.clone(),
+        policy: meshfed_kube::KubeconfigPolicy::allowing(&kube.remote_secrets.allow_insecure),
+        ..meshfed_kube::MulticlusterConfig::new(config.cluster_id.clone(), registry_config)
+    };
+    let mut stop = shutdown.clone();
+    let (controller, task) = meshfed_kube::SecretController::start(
+        client,
+        multicluster,
+        aggregate.clone(),
+        sink.clone(),
+        async move { stop.wait().await },
+    );
+    tasks.spawn(async move {
+        let _ = task.await;
+    });
+    info!(%namespace, "remote cluster secret controller started (Secrets labelled istio/multiCluster=true)");
+    Ok(Some(controller))
+}
+
+async fn start_consul_registry(
+    consul: &ConsulSettings,
+    aggregate: &Arc<Aggregate>,
+    sink: &UpdateSink,
+    shutdown: &Shutdown,
+    tasks: &mut JoinSet<()>,
+) -> anyhow::Result<()> {
+    let mut stop = shutdown.clone();
+    let (registry, writer) =
+        meshfed_consul::ConsulRegistry::start(consul.clone(), sink.clone(), async move {
+            stop.wait().await
+        })
+        .await
+        .with_context(|| format!("starting the Consul registry ({})", consul.url))?;
+    info!(
+        url = %consul.url, datacenter = registry.datacenter(),
+        "Consul registry started; /ready waits for its initial sync"
+    );
+    aggregate.add_registry(registry);
+    tasks.spawn(async move {
+        let _ = writer.await;
+    });
     Ok(())
 }
 

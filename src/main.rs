@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
-use meshfed::app::{DiscoveryConfig, KubeSettings, KubeSource, MockSource, Server};
+use meshfed::app::{
+    ConsulSettings, DiscoveryConfig, KubeSettings, KubeSource, MockSource, RemoteSecretSettings,
+    Server,
+};
 use meshfed::generate::GeneratorOptions;
 use meshfed::generate::eds::EdsOptions;
 use meshfed::push::debounce::DebounceConfig;
@@ -26,6 +29,9 @@ enum Command {
     /// Check Istio config files offline: every error with file:line, object, field and
     /// reason; exits non-zero when anything is invalid.
     Validate(ValidateArgs),
+    /// Load a server with simulated proxies and registry churn (see the README's
+    /// "Load testing").
+    Load(Box<meshfed::load::LoadArgs>),
 }
 
 /// `meshfed validate -f FILE...` (directories are walked like --configDir; `-` reads
@@ -70,7 +76,7 @@ fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
 /// Flags keep pilot-discovery's names where they mean the same thing.
 #[derive(Args, Debug)]
 struct DiscoveryArgs {
-    /// Comma separated registries to read services from: Kubernetes, Mock. Default:
+    /// Comma separated registries to read services from: Kubernetes, Consul, Mock. Default:
     /// Kubernetes when a kubeconfig (--kubeconfig, KUBECONFIG) or in-cluster config is
     /// present, else Mock (the bundled example).
     #[arg(long = "registries", value_delimiter = ',')]
@@ -85,6 +91,17 @@ struct DiscoveryArgs {
     /// cluster's default network).
     #[arg(long = "systemNamespace", default_value = "istio-system")]
     system_namespace: String,
+    /// Namespace of the remote-cluster Secrets (labelled `istio/multiCluster=true`, one
+    /// data key per cluster id holding its kubeconfig) in the local cluster. Empty
+    /// turns remote clusters off.
+    #[arg(long = "clusterRegistriesNamespace", default_value = "istio-system")]
+    cluster_registries_namespace: String,
+    /// Kubeconfig options remote-cluster Secrets may use although they run a command or
+    /// read the control plane's files (comma separated): exec, tokenFile,
+    /// clientCertificate, clientKey, certificateAuthority, an auth provider name, or
+    /// all. Refused by default.
+    #[arg(long = "allowInsecureKubeconfig", value_delimiter = ',')]
+    allow_insecure_kubeconfig: Vec<String>,
     /// DNS domain suffix of the cluster.
     #[arg(long = "domain", default_value = "cluster.local")]
     domain: String,
@@ -136,6 +153,33 @@ struct DiscoveryArgs {
     /// Answer debug endpoints for non-loopback callers too.
     #[arg(long = "debugAllowRemote", default_value_t = false)]
     debug_allow_remote: bool,
+    /// Consul HTTP API address (with `--registries Consul`).
+    #[arg(long = "consulserverURL", default_value = "http://127.0.0.1:8500")]
+    consul_url: String,
+    /// Consul: delay before retrying a failed query, doubled per further failure up to
+    /// 30s. Changes are followed with blocking queries, not polled.
+    #[arg(long = "consulserverInterval", default_value = "2s", value_parser = parse_duration)]
+    consul_interval: Duration,
+    /// Consul ACL token, sent as X-Consul-Token (else --consulTokenFile, else the
+    /// CONSUL_HTTP_TOKEN environment variable).
+    #[arg(long = "consulToken")]
+    consul_token: Option<String>,
+    /// File holding the Consul ACL token.
+    #[arg(long = "consulTokenFile")]
+    consul_token_file: Option<PathBuf>,
+    /// PEM CA certificate(s) to trust for an https Consul URL.
+    #[arg(long = "consulCACert")]
+    consul_ca_cert: Option<PathBuf>,
+    /// Consul datacenter to read; also the registry's cluster id. Default: the agent's.
+    #[arg(long = "consulDatacenter")]
+    consul_datacenter: Option<String>,
+    /// Consul services become `<name>.<suffix>`; `{dc}` in the suffix is replaced by the
+    /// datacenter (`service.{dc}.consul`).
+    #[arg(long = "consulDomainSuffix", default_value = "service.consul")]
+    consul_domain_suffix: String,
+    /// Mesh namespace of the Consul services.
+    #[arg(long = "consulNamespace", default_value = "default")]
+    consul_namespace: String,
     /// Log levels in Istio's form `scope:level,...` (e.g. `default:info,ads:debug`);
     /// scopes: default, ads, push, model, registry, kube, consul, mesh, admin, app.
     /// RUST_LOG (tracing syntax) overrides it. Changeable at run time via /logging.
@@ -161,9 +205,33 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl DiscoveryArgs {
+    fn consul_settings(&self) -> anyhow::Result<ConsulSettings> {
+        let token = match (&self.consul_token, &self.consul_token_file) {
+            (Some(token), _) => Some(token.clone()),
+            (None, Some(file)) => Some(
+                std::fs::read_to_string(file)
+                    .with_context(|| format!("--consulTokenFile {}", file.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None) => std::env::var("CONSUL_HTTP_TOKEN").ok(),
+        };
+        Ok(ConsulSettings {
+            token: token.filter(|t| !t.is_empty()),
+            ca_cert: self.consul_ca_cert.clone(),
+            datacenter: self.consul_datacenter.clone(),
+            domain_suffix: self.consul_domain_suffix.clone(),
+            namespace: self.consul_namespace.as_str().into(),
+            retry_interval: self.consul_interval,
+            max_retry_interval: self.consul_interval.max(Duration::from_secs(30)),
+            ..ConsulSettings::new(&self.consul_url)
+        })
+    }
+
     fn into_config(self) -> anyhow::Result<DiscoveryConfig> {
         let mut mock = MockSource::None;
         let mut kubernetes = None;
+        let mut consul = None;
         let registries = self.registries.clone().unwrap_or_else(|| {
             let kube_present = self.kubeconfig.is_some()
                 || std::env::var_os("KUBECONFIG").is_some()
@@ -183,6 +251,11 @@ impl DiscoveryArgs {
                             )
                         },
                         system_namespace: self.system_namespace.clone(),
+                        remote_secrets: RemoteSecretSettings {
+                            namespace: Some(self.cluster_registries_namespace.clone())
+                                .filter(|ns| !ns.is_empty()),
+                            allow_insecure: self.allow_insecure_kubeconfig.clone(),
+                        },
                     });
                 }
                 "Mock" | "mock" => {
@@ -191,9 +264,10 @@ impl DiscoveryArgs {
                         None => MockSource::Embedded,
                     }
                 }
+                "Consul" | "consul" => consul = Some(self.consul_settings()?),
                 "" => {}
                 other => bail!(
-                    "--registries: unknown or not yet supported registry {other:?} (supported: Kubernetes, Mock)"
+                    "--registries: unknown or not yet supported registry {other:?} (supported: Kubernetes, Consul, Mock)"
                 ),
             }
         }
@@ -217,6 +291,7 @@ impl DiscoveryArgs {
             cluster_id: self.cluster_id.as_str().into(),
             mock,
             kubernetes,
+            consul,
             config_dir: self.config_dir,
             debounce: DebounceConfig {
                 quiet: self.debounce_after,
@@ -254,5 +329,6 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 anyhow::Ok(std::process::ExitCode::SUCCESS)
             })
         }
+        Command::Load(args) => meshfed::load::run(*args).map(|()| std::process::ExitCode::SUCCESS),
     }
 }

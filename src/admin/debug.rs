@@ -60,6 +60,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: push_status,
     },
     DebugEndpoint {
+        path: "networkz",
+        description: "Networks (meshNetworks and gateway labels), how endpoints are placed in them, and each network's gateways with where each came from",
+        handler: networkz,
+    },
+    DebugEndpoint {
         path: "cachez",
         description: "Resource cache of the current snapshot: hits, misses, size",
         handler: cachez,
@@ -251,6 +256,15 @@ fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         })
         .collect();
     Ok(json!({"connections": state.connections.len(), "pushes": history}))
+}
+
+fn networkz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let snapshot = state.pipeline.snapshot().load();
+    let networks = &snapshot.mesh.networks;
+    let view = crate::networks::NetworkView::new(networks, &snapshot.gateways);
+    let mut value = crate::networks::networkz(networks, &view);
+    value["version"] = json!(&*snapshot.version);
+    Ok(value)
 }
 
 fn cachez(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

@@ -1,8 +1,11 @@
 //! EDS: one `ClusterLoadAssignment` per outbound cluster (and DestinationRule subset),
-//! endpoints from every shard of the service, grouped by locality, with Istio's locality
-//! load balancing (distribute weights, failover priorities) for the requesting proxy.
+//! endpoints from every shard of the service, grouped by locality, with split-horizon
+//! for multi-network meshes (remote networks' endpoints replaced by their gateways) and
+//! Istio's locality load balancing (distribute weights, failover priorities) for the
+//! requesting proxy.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{
     Address, HealthStatus as EnvoyHealth, Locality as EnvoyLocality, Metadata, SocketAddress,
@@ -14,10 +17,13 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::{Struct, UInt32Value, Value, value};
 use meshfed_api::networking::v1alpha3::LocalityLoadBalancerSetting;
 use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
-use meshfed_registry::{Endpoint, EndpointShards, HealthStatus, Locality, Port, Service, ShardKey};
+use meshfed_registry::{
+    Endpoint, EndpointShards, HealthStatus, Locality, NetworkId, Port, Service, ShardKey, TlsMode,
+};
 
 use super::policy;
 use crate::ads::node::Proxy;
+use crate::networks::{Gateway, NetworkView};
 use crate::push::snapshot::Snapshot;
 
 /// Options that change which endpoints are sent.
@@ -51,6 +57,45 @@ pub struct EndpointSelection<'a> {
     pub subset: Option<&'a BTreeMap<String, String>>,
     /// Locality load balancing for the requesting client.
     pub locality_lb: Option<LocalityLb<'a>>,
+    /// Split horizon for the requesting client's network (none: one flat network).
+    pub network: Option<NetworkFilter<'a>>,
+}
+
+/// Split-horizon EDS for one client (reference §6.4): the client's network and IP
+/// families, and the mesh's networks and gateways.
+#[derive(Clone, Copy, Debug)]
+pub struct NetworkFilter<'a> {
+    /// Every network's gateways and the meshNetworks endpoint rules.
+    pub view: &'a NetworkView,
+    /// The client's network (metadata `NETWORK`; empty when unset).
+    pub proxy_network: &'a NetworkId,
+    /// The client has an IPv4 address (can reach IPv4 gateways).
+    pub ipv4: bool,
+    /// The client has an IPv6 address.
+    pub ipv6: bool,
+}
+
+impl<'a> NetworkFilter<'a> {
+    /// The filter for `proxy` (a client without any IP reaches both families).
+    pub fn for_proxy(view: &'a NetworkView, proxy: &'a Proxy) -> Self {
+        let ipv4 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv4());
+        let ipv6 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv6());
+        let none = !ipv4 && !ipv6;
+        NetworkFilter {
+            view,
+            proxy_network: &proxy.network,
+            ipv4: ipv4 || none,
+            ipv6: ipv6 || none,
+        }
+    }
+
+    fn reaches(&self, gateway: &Gateway) -> bool {
+        if gateway.address.is_ipv4() {
+            self.ipv4
+        } else {
+            self.ipv6
+        }
+    }
 }
 
 /// The load assignment for `cluster_name` of `service` port `port`.
@@ -79,9 +124,7 @@ pub fn load_assignment_for(
     shards: Option<&EndpointShards>,
     selection: &EndpointSelection<'_>,
 ) -> ClusterLoadAssignment {
-    let mut by_locality: BTreeMap<&Locality, Vec<(LbEndpoint, &ShardKey, &Endpoint)>> =
-        BTreeMap::new();
-    let mut weights: BTreeMap<&Locality, u32> = BTreeMap::new();
+    let mut by_locality: BTreeMap<&Locality, Vec<Entry<'_>>> = BTreeMap::new();
     for (shard, ep) in shards.into_iter().flat_map(|s| s.iter()) {
         let Some(&target) = ep.ports.get(&port.name) else {
             continue;
@@ -96,35 +139,46 @@ pub fn load_assignment_for(
             continue;
         };
         let weight = ep.effective_weight();
-        by_locality.entry(&ep.locality).or_default().push((
-            lb_endpoint(ep, target, health, weight),
-            shard,
-            ep,
-        ));
-        let w = weights.entry(&ep.locality).or_default();
-        *w = w.saturating_add(weight);
+        by_locality.entry(&ep.locality).or_default().push(Entry {
+            lb: lb_endpoint(ep, target, health, weight),
+            weight,
+            origin: Origin::Endpoint { shard, ep },
+        });
+    }
+    if let Some(filter) = selection.network.filter(|f| f.view.has_gateways()) {
+        for entries in by_locality.values_mut() {
+            *entries = split_horizon(std::mem::take(entries), &filter);
+        }
+        by_locality.retain(|_, entries| !entries.is_empty());
     }
     let mut labels: Vec<Vec<BTreeMap<String, String>>> = Vec::new();
     let endpoints = by_locality
         .into_iter()
-        .map(|(locality, eps)| {
+        .map(|(locality, entries)| {
             if selection.locality_lb.is_some() {
                 labels.push(
-                    eps.iter()
-                        .map(|(_, shard, ep)| endpoint_labels(ep, shard))
+                    entries
+                        .iter()
+                        .map(|e| e.labels(selection.network.as_ref()))
                         .collect(),
                 );
             }
+            let weight = entries
+                .iter()
+                .map(|e| e.weight)
+                .fold(0u32, u32::saturating_add);
             LocalityLbEndpoints {
-                locality: (!locality.is_empty()).then(|| EnvoyLocality {
+                // Always present, empty when unknown (as Istio sends it): gRPC clients
+                // reject a locality group without one.
+                locality: Some(EnvoyLocality {
                     region: locality.region.clone(),
                     zone: locality.zone.clone(),
                     sub_zone: locality.subzone.clone(),
                 }),
-                lb_endpoints: eps.into_iter().map(|(lb, _, _)| lb).collect(),
+                lb_endpoints: entries.into_iter().map(|e| e.lb).collect(),
                 // gRPC clients ignore a locality without a weight; Envoy accepts it.
                 load_balancing_weight: Some(UInt32Value {
-                    value: weights[locality].max(1),
+                    value: weight.max(1),
                 }),
                 ..Default::default()
             }
@@ -141,11 +195,152 @@ pub fn load_assignment_for(
     cla
 }
 
+/// One endpoint of a locality group, before encoding.
+struct Entry<'a> {
+    lb: LbEndpoint,
+    /// Its load balancing weight (also set in `lb`).
+    weight: u32,
+    origin: Origin<'a>,
+}
+
+/// What an [`Entry`] stands for.
+enum Origin<'a> {
+    /// A workload.
+    Endpoint {
+        shard: &'a ShardKey,
+        ep: &'a Endpoint,
+    },
+    /// A network gateway standing in for a remote network's workloads.
+    Gateway(&'a Gateway),
+}
+
+impl Entry<'_> {
+    /// The labels failoverPriority compares: the workload's (with its network placed
+    /// by meshNetworks when it has none), or a gateway's cluster and network.
+    fn labels(&self, network: Option<&NetworkFilter<'_>>) -> BTreeMap<String, String> {
+        match &self.origin {
+            Origin::Endpoint { shard, ep } => {
+                let cluster = if ep.cluster_id.is_empty() {
+                    shard.cluster.as_str()
+                } else {
+                    ep.cluster_id.as_str()
+                };
+                let placed = network.map(|f| f.view.endpoint_network(ep, shard));
+                let net = placed.as_ref().unwrap_or(&ep.network);
+                augment_labels(&ep.labels, cluster, &ep.locality, net.as_str())
+            }
+            Origin::Gateway(g) => augment_labels(
+                &BTreeMap::new(),
+                g.cluster.as_str(),
+                &Locality::default(),
+                g.network.as_str(),
+            ),
+        }
+    }
+}
+
+/// Split horizon over one locality group (reference §6.4, Istio's
+/// `EndpointsByNetworkFilter`). Every weight is scaled by the gateway lcm. An endpoint
+/// is sent directly when it is on the client's network, has no network, or its
+/// network has no gateway (a client without a network still goes through the gateway
+/// of a network that has one). Otherwise its weight is split evenly among the gateways
+/// of its (network, cluster), or of its network, that the client's IP family reaches;
+/// it is dropped when none does or when it does not take Istio mTLS (the gateway
+/// passes TLS through by SNI), or when it is not healthy. Each gateway with a share
+/// becomes one endpoint (sorted by address and port) carrying the sum, at least 1,
+/// marked `tlsMode: istio`.
+fn split_horizon<'a>(entries: Vec<Entry<'a>>, filter: &NetworkFilter<'a>) -> Vec<Entry<'a>> {
+    let scale = filter.view.lcm();
+    let mut out = Vec::with_capacity(entries.len());
+    let mut totals: BTreeMap<
+        (
+            std::net::IpAddr,
+            u16,
+            &NetworkId,
+            &meshfed_registry::ClusterId,
+        ),
+        (&'a Gateway, u32),
+    > = BTreeMap::new();
+    for mut entry in entries {
+        let Origin::Endpoint { shard, ep } = entry.origin else {
+            out.push(entry);
+            continue;
+        };
+        let network = filter.view.endpoint_network(ep, shard);
+        let cluster = if ep.cluster_id.is_empty() {
+            &shard.cluster
+        } else {
+            &ep.cluster_id
+        };
+        let weight = entry.weight.saturating_mul(scale);
+        let gateways = filter.view.gateways_for(&network, cluster);
+        if network.is_empty() || network == *filter.proxy_network || gateways.is_empty() {
+            entry.weight = weight;
+            entry.lb.load_balancing_weight = Some(UInt32Value { value: weight });
+            out.push(entry);
+            continue;
+        }
+        let reachable: Vec<&'a Gateway> = gateways.iter().filter(|g| filter.reaches(g)).collect();
+        if reachable.is_empty()
+            || ep.tls_mode != TlsMode::Istio
+            || ep.health != HealthStatus::Healthy
+        {
+            continue;
+        }
+        let share = weight / reachable.len() as u32;
+        for g in reachable {
+            let total = totals
+                .entry((g.address, g.port, &g.network, &g.cluster))
+                .or_insert((g, 0));
+            total.1 = total.1.saturating_add(share);
+        }
+    }
+    for (gateway, total) in totals.into_values() {
+        let weight = total.max(1);
+        out.push(Entry {
+            lb: gateway_lb_endpoint(gateway, weight),
+            weight,
+            origin: Origin::Gateway(gateway),
+        });
+    }
+    out
+}
+
+/// A gateway as an endpoint: its address and mTLS port, `tlsMode: istio` (the client
+/// must originate Istio mTLS, whose SNI routes through the gateway) and Istio's
+/// `network` / `cluster` metadata.
+fn gateway_lb_endpoint(gateway: &Gateway, weight: u32) -> LbEndpoint {
+    let mut metadata = tls_mode_metadata(TlsMode::Istio.as_str());
+    let string = |s: &str| Value {
+        kind: Some(value::Kind::StringValue(s.to_string())),
+    };
+    metadata.filter_metadata.insert(
+        "istio".to_string(),
+        Struct {
+            fields: [
+                ("network".to_string(), string(gateway.network.as_str())),
+                ("cluster".to_string(), string(gateway.cluster.as_str())),
+            ]
+            .into(),
+        },
+    );
+    LbEndpoint {
+        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
+            address: Some(socket(gateway.address.to_string(), gateway.port)),
+            ..Default::default()
+        })),
+        health_status: EnvoyHealth::Healthy as i32,
+        load_balancing_weight: Some(UInt32Value { value: weight }),
+        metadata: Some(metadata),
+    }
+}
+
 /// What one proxy's load assignment for a cluster depends on besides the endpoints: the
 /// DestinationRule that applies for the proxy (its subset labels, its locality load
-/// balancing) and, only when a locality setting changes anything, the proxy's locality
-/// and the labels failoverPriority names. [`AssignmentView::digest_parts`] lists them
-/// for the cache key.
+/// balancing), only when a locality setting changes anything, the proxy's locality
+/// and the labels failoverPriority names, and, only when some network has a gateway,
+/// the proxy's network and IP families (split horizon).
+/// [`AssignmentView::digest_parts`] lists them for the cache key.
 #[derive(Clone, Debug)]
 pub struct AssignmentView {
     rule: Option<(String, String)>,
@@ -153,6 +348,8 @@ pub struct AssignmentView {
     locality_lb: Option<(LocalityLoadBalancerSetting, bool)>,
     proxy_locality: Locality,
     proxy_labels: BTreeMap<String, String>,
+    /// Split horizon: the networks, the proxy's network and IP families (v4, v6).
+    network: Option<(Arc<NetworkView>, NetworkId, bool, bool)>,
 }
 
 impl AssignmentView {
@@ -160,6 +357,7 @@ impl AssignmentView {
     /// whole service). `None` when the rule that applies has no such subset.
     pub fn new(
         snapshot: &Snapshot,
+        networks: &Arc<NetworkView>,
         proxy: &Proxy,
         service: &Service,
         port: &Port,
@@ -199,6 +397,10 @@ impl AssignmentView {
             }
             _ => BTreeMap::new(),
         };
+        let network = networks.has_gateways().then(|| {
+            let f = NetworkFilter::for_proxy(networks, proxy);
+            (networks.clone(), proxy.network.clone(), f.ipv4, f.ipv6)
+        });
         Some(AssignmentView {
             rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
             subset_labels,
@@ -209,6 +411,7 @@ impl AssignmentView {
             },
             locality_lb,
             proxy_labels,
+            network,
         })
     }
 
@@ -221,6 +424,10 @@ impl AssignmentView {
         if self.locality_lb.is_some() {
             parts.push(self.proxy_locality.to_string());
             parts.extend(self.proxy_labels.iter().map(|(k, v)| format!("{k}={v}")));
+        }
+        if let Some((_, network, ipv4, ipv6)) = &self.network {
+            parts.push(format!("network={network}"));
+            parts.push(format!("families={}{}", u8::from(*ipv4), u8::from(*ipv6)));
         }
         parts
     }
@@ -238,6 +445,15 @@ impl AssignmentView {
                     proxy_locality: &self.proxy_locality,
                     proxy_labels: &self.proxy_labels,
                     failover: *failover,
+                }),
+            network: self
+                .network
+                .as_ref()
+                .map(|(view, proxy_network, ipv4, ipv6)| NetworkFilter {
+                    view,
+                    proxy_network,
+                    ipv4: *ipv4,
+                    ipv6: *ipv6,
                 }),
         }
     }
@@ -276,15 +492,6 @@ pub fn augment_labels(
         }
     }
     out
-}
-
-fn endpoint_labels(ep: &Endpoint, shard: &ShardKey) -> BTreeMap<String, String> {
-    let cluster = if ep.cluster_id.is_empty() {
-        shard.cluster.as_str()
-    } else {
-        ep.cluster_id.as_str()
-    };
-    augment_labels(&ep.labels, cluster, &ep.locality, ep.network.as_str())
 }
 
 /// Applies a locality setting to a load assignment for one client (Istio's
@@ -484,7 +691,8 @@ fn health_for(ep: &Endpoint, options: EdsOptions) -> Option<EnvoyHealth> {
 fn lb_endpoint(ep: &Endpoint, port: u16, health: EnvoyHealth, weight: u32) -> LbEndpoint {
     LbEndpoint {
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
-            address: Some(socket(ep.address.to_string(), port)),
+            // DNS endpoints carry a hostname for Envoy to resolve.
+            address: Some(socket(ep.connect_address(), port)),
             ..Default::default()
         })),
         health_status: health as i32,
@@ -817,6 +1025,342 @@ mod tests {
                 (2, vec!["10.0.0.2".to_string()]),
             ],
             "same network and tier first, then same network, then the rest"
+        );
+    }
+
+    // ---- split horizon (reference §6.4; test vectors of §6.5) ----
+
+    use meshfed_registry::{NetworkGateway, NetworkId};
+
+    /// A gateway `ip:15443` into `network`, in `cluster`.
+    fn gateway(network: &str, cluster: &str, ip: &str) -> NetworkGateway {
+        NetworkGateway {
+            network: network.into(),
+            cluster: cluster.into(),
+            address: ip.parse().unwrap(),
+            port: 15443,
+            source: "test".into(),
+        }
+    }
+
+    fn view(gateways: &[NetworkGateway]) -> NetworkView {
+        NetworkView::new(&Default::default(), gateways)
+    }
+
+    /// An endpoint on `network` in cluster `cluster`, taking Istio mTLS or not.
+    fn net_ep(ip: &str, network: &str, cluster: &str, tls: TlsMode) -> Endpoint {
+        let mut e = ep(ip, "r1/z1", 1);
+        e.network = network.into();
+        e.cluster_id = cluster.into();
+        e.tls_mode = tls;
+        e
+    }
+
+    /// The test setup of §6.5: 2 endpoints in N1, 3 in N2 (one locality).
+    fn two_networks(n2_tls: TlsMode) -> EndpointShards {
+        shards(
+            vec![
+                net_ep("10.0.0.1", "N1", "c1", TlsMode::Istio),
+                net_ep("10.0.0.2", "N1", "c1", TlsMode::Istio),
+            ],
+            vec![
+                net_ep("10.1.0.1", "N2", "c2", n2_tls),
+                net_ep("10.1.0.2", "N2", "c2", n2_tls),
+                net_ep("10.1.0.3", "N2", "c2", n2_tls),
+            ],
+        )
+    }
+
+    /// `(address:port, weight, tlsMode)` of every endpoint, and every locality weight.
+    fn split(
+        shards: &EndpointShards,
+        view: &NetworkView,
+        proxy_network: &str,
+        ips: &[&str],
+    ) -> (Vec<(String, u32, String)>, Vec<u32>) {
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let proxy_network = NetworkId::new(proxy_network);
+        let filter = NetworkFilter {
+            view,
+            proxy_network: &proxy_network,
+            ipv4: ips.iter().any(|ip| ip.contains('.')),
+            ipv6: ips.iter().any(|ip| ip.contains(':')),
+        };
+        let cla = load_assignment_for(
+            "outbound|80||a.ns.svc.cluster.local",
+            &port,
+            Some(shards),
+            &EndpointSelection {
+                network: Some(filter),
+                ..Default::default()
+            },
+        );
+        let endpoints = cla
+            .endpoints
+            .iter()
+            .flat_map(|g| &g.lb_endpoints)
+            .map(|e| {
+                let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                    unreachable!()
+                };
+                let Some(address::Address::SocketAddress(a)) =
+                    &ep.address.as_ref().unwrap().address
+                else {
+                    unreachable!()
+                };
+                let Some(socket_address::PortSpecifier::PortValue(port)) = a.port_specifier else {
+                    unreachable!()
+                };
+                let tls =
+                    e.metadata.as_ref().unwrap().filter_metadata["envoy.transport_socket_match"]
+                        .fields["tlsMode"]
+                        .kind
+                        .clone();
+                let Some(value::Kind::StringValue(tls)) = tls else {
+                    unreachable!()
+                };
+                (
+                    format!("{}:{port}", a.address),
+                    e.load_balancing_weight.unwrap().value,
+                    tls,
+                )
+            })
+            .collect();
+        let localities = cla
+            .endpoints
+            .iter()
+            .map(|g| g.load_balancing_weight.unwrap().value)
+            .collect();
+        (endpoints, localities)
+    }
+
+    fn row(address: &str, weight: u32, tls: &str) -> (String, u32, String) {
+        (address.to_string(), weight, tls.to_string())
+    }
+
+    #[test]
+    fn vector_one_gateway_carries_the_remote_endpoints() {
+        // Proxy in N1; 2 endpoints in N1, 3 in N2 (tlsMode istio); N2 has one gateway
+        // G(1.1.1.1:15443), lcm=1 -> EDS = [ep1 w1, ep2 w1, G w3].
+        let v = view(&[gateway("N2", "c2", "1.1.1.1")]);
+        assert_eq!(v.lcm(), 1);
+        let (eps, localities) = split(&two_networks(TlsMode::Istio), &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 1, "istio"),
+                row("10.0.0.2:8080", 1, "istio"),
+                row("1.1.1.1:15443", 3, "istio"),
+            ]
+        );
+        assert_eq!(localities, vec![5], "locality weight = sum");
+    }
+
+    #[test]
+    fn vector_two_gateways_scale_by_the_lcm() {
+        // Same with N2 having gateways G1, G2 (lcm=2) -> [ep1 w2, ep2 w2, G1 w3, G2 w3].
+        let v = view(&[
+            gateway("N2", "c2", "1.1.1.1"),
+            gateway("N2", "c2", "1.1.1.2"),
+        ]);
+        assert_eq!(v.lcm(), 2);
+        let (eps, localities) = split(&two_networks(TlsMode::Istio), &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 2, "istio"),
+                row("10.0.0.2:8080", 2, "istio"),
+                row("1.1.1.1:15443", 3, "istio"),
+                row("1.1.1.2:15443", 3, "istio"),
+            ]
+        );
+        assert_eq!(localities, vec![10]);
+    }
+
+    #[test]
+    fn vector_remote_endpoints_without_mtls_are_dropped() {
+        // Same but N2 endpoints tlsMode=disabled -> [ep1, ep2] only.
+        let v = view(&[gateway("N2", "c2", "1.1.1.1")]);
+        let (eps, _) = split(&two_networks(TlsMode::Disabled), &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 1, "istio"),
+                row("10.0.0.2:8080", 1, "istio")
+            ]
+        );
+    }
+
+    #[test]
+    fn vector_without_gateways_every_endpoint_is_direct() {
+        // Same but no gateways anywhere -> all 5 endpoints direct.
+        let (eps, localities) = split(
+            &two_networks(TlsMode::Istio),
+            &view(&[]),
+            "N1",
+            &["10.0.0.9"],
+        );
+        let addresses: Vec<&str> = eps.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(
+            addresses,
+            [
+                "10.0.0.1:8080",
+                "10.0.0.2:8080",
+                "10.1.0.1:8080",
+                "10.1.0.2:8080",
+                "10.1.0.3:8080"
+            ]
+        );
+        assert!(eps.iter().all(|e| e.1 == 1));
+        assert_eq!(localities, vec![5]);
+    }
+
+    #[test]
+    fn vector_a_proxy_without_network_uses_the_gateway() {
+        // Proxy with empty NETWORK and endpoints in N2 with gateway -> gateway used.
+        let v = view(&[gateway("N2", "c2", "1.1.1.1")]);
+        let (eps, _) = split(&two_networks(TlsMode::Istio), &v, "", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 1, "istio"),
+                row("10.0.0.2:8080", 1, "istio"),
+                row("1.1.1.1:15443", 3, "istio"),
+            ],
+            "N1 has no gateway, so its endpoints stay direct"
+        );
+    }
+
+    #[test]
+    fn the_mirror_view_from_the_other_network() {
+        // A proxy in N2 with gateways in both networks: N1's endpoints go through N1's
+        // gateway; N2's own are direct. lcm = 2 (N1 has two gateways).
+        let v = view(&[
+            gateway("N1", "c1", "2.2.2.1"),
+            gateway("N1", "c1", "2.2.2.2"),
+            gateway("N2", "c2", "1.1.1.1"),
+        ]);
+        let (eps, localities) = split(&two_networks(TlsMode::Istio), &v, "N2", &["10.1.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.1.0.1:8080", 2, "istio"),
+                row("10.1.0.2:8080", 2, "istio"),
+                row("10.1.0.3:8080", 2, "istio"),
+                row("2.2.2.1:15443", 2, "istio"),
+                row("2.2.2.2:15443", 2, "istio"),
+            ]
+        );
+        assert_eq!(localities, vec![10]);
+    }
+
+    #[test]
+    fn a_remote_network_without_gateway_is_sent_direct() {
+        // N3 has no gateway (only N2 does): its endpoints are sent as if flat.
+        let s = shards(
+            vec![net_ep("10.0.0.1", "N1", "c1", TlsMode::Istio)],
+            vec![net_ep("10.3.0.1", "N3", "c3", TlsMode::Disabled)],
+        );
+        let v = view(&[gateway("N2", "c2", "1.1.1.1")]);
+        let (eps, _) = split(&s, &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 1, "istio"),
+                row("10.3.0.1:8080", 1, "disabled")
+            ]
+        );
+    }
+
+    #[test]
+    fn endpoint_weights_split_among_gateways_and_scale() {
+        // Weighted endpoints: 3 and 1 in N2 behind two gateways (lcm 2): 2*(3+1)/2 = 4
+        // each; the local endpoint of weight 5 becomes 10.
+        let mut local = net_ep("10.0.0.1", "N1", "c1", TlsMode::Istio);
+        local.weight = 5;
+        let mut heavy = net_ep("10.1.0.1", "N2", "c2", TlsMode::Istio);
+        heavy.weight = 3;
+        let light = net_ep("10.1.0.2", "N2", "c2", TlsMode::Istio);
+        let s = shards(vec![local], vec![heavy, light]);
+        let v = view(&[
+            gateway("N2", "c2", "1.1.1.2"),
+            gateway("N2", "c2", "1.1.1.1"),
+        ]);
+        let (eps, localities) = split(&s, &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 10, "istio"),
+                row("1.1.1.1:15443", 4, "istio"),
+                row("1.1.1.2:15443", 4, "istio"),
+            ],
+            "gateways sorted by address"
+        );
+        assert_eq!(localities, vec![18]);
+    }
+
+    #[test]
+    fn gateways_of_the_endpoint_cluster_come_first_and_families_filter() {
+        // N2 spans c2 (IPv4 gateway) and c3 (IPv6 gateway). c2's endpoints use c2's
+        // gateway only; an IPv6-only proxy cannot reach it, so they are dropped.
+        let s = shards(
+            vec![net_ep("10.0.0.1", "N1", "c1", TlsMode::Istio)],
+            vec![
+                net_ep("10.1.0.1", "N2", "c2", TlsMode::Istio),
+                net_ep("10.1.0.2", "N2", "c3", TlsMode::Istio),
+            ],
+        );
+        let v = view(&[
+            gateway("N2", "c2", "1.1.1.1"),
+            gateway("N2", "c3", "fd00::1"),
+        ]);
+        // (N2): 2, (N2,c2): 1, (N2,c3): 1 -> lcm 2.
+        assert_eq!(v.lcm(), 2);
+        let (v4, _) = split(&s, &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            v4,
+            vec![
+                row("10.0.0.1:8080", 2, "istio"),
+                row("1.1.1.1:15443", 2, "istio")
+            ],
+            "c3's endpoint needs an IPv6 gateway: dropped for an IPv4-only proxy"
+        );
+        let (v6, _) = split(&s, &v, "N1", &["fd00::9"]);
+        assert_eq!(
+            v6,
+            vec![
+                row("10.0.0.1:8080", 2, "istio"),
+                row("fd00::1:15443", 2, "istio")
+            ]
+        );
+        let (dual, localities) = split(&s, &v, "N1", &["10.0.0.9", "fd00::9"]);
+        assert_eq!(dual.len(), 3);
+        assert_eq!(localities, vec![6]);
+    }
+
+    #[test]
+    fn endpoints_without_a_network_and_mesh_networks_placement() {
+        use meshfed_api::mesh::v1alpha1::MeshNetworks;
+        // An endpoint with no network label is placed by meshNetworks fromRegistry.
+        let networks: MeshNetworks = serde_json::from_value(serde_json::json!({
+            "networks": {
+                "N2": {"endpoints": [{"fromRegistry": "c2"}], "gateways": [{"address": "1.1.1.1", "port": 15443}]},
+            }
+        }))
+        .unwrap();
+        let v = NetworkView::new(&networks, &[]);
+        let s = shards(
+            vec![net_ep("10.0.0.1", "", "c1", TlsMode::Istio)],
+            vec![net_ep("10.1.0.1", "", "c2", TlsMode::Istio)],
+        );
+        let (eps, _) = split(&s, &v, "N1", &["10.0.0.9"]);
+        assert_eq!(
+            eps,
+            vec![
+                row("10.0.0.1:8080", 1, "istio"),
+                row("1.1.1.1:15443", 1, "istio")
+            ],
+            "c1's endpoint has no network: direct; c2's is in N2 by fromRegistry"
         );
     }
 }

@@ -19,7 +19,10 @@
 //!   and `BlackHoleCluster`/`PassthroughCluster` (STATIC, ORIGINAL_DST) never are. A
 //!   well-formed outbound name with no service behind it still gets its EDS cluster
 //!   (with empty endpoints), so RPCs fail at once instead of after gRPC's 15 s
-//!   does-not-exist timer.
+//!   does-not-exist timer. Subset clusters `outbound|<port>|<subset>|<host>` (the
+//!   destinations of VirtualService routes to DestinationRule subsets) are EDS
+//!   clusters of the same form; EDS selects their endpoints by the subset's labels
+//!   (none for a subset the rule in force does not define).
 //! - **EDS** is the normal generator.
 //!
 //! Every resource is cached in the snapshot's resource cache under a view digest that
@@ -376,9 +379,16 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
         .iter()
         .filter_map(|name| {
             let parsed = ClusterName::parse(name)?;
-            // Subset clusters come from DestinationRules.
-            if parsed.direction != Direction::Outbound || !parsed.subset.is_empty() {
+            if parsed.direction != Direction::Outbound {
                 return None;
+            }
+            // A DestinationRule subset (what VirtualService routes to subsets name): a
+            // bare EDS cluster, round robin like the service-wide one, whose endpoints
+            // the EDS generator selects by the subset's labels. Envoy's subset cluster
+            // (`cds::cached_outbound`) is not shared: it is built for Envoy (Istio's
+            // LEAST_REQUEST default, mTLS with SDS secrets under ISTIO_MUTUAL).
+            if !parsed.subset.is_empty() {
+                return Some(cached_eds_cluster(snapshot, name, parsed.hostname));
             }
             let found = snapshot
                 .services
@@ -759,6 +769,7 @@ mod tests {
             "outbound|443||pass.example.com",
             "outbound|80||gone.default.svc.cluster.local",
             "outbound|7070|v1|echo.default.svc.cluster.local",
+            "inbound|7070||",
             "BlackHoleCluster",
             "PassthroughCluster",
         ];
@@ -770,6 +781,7 @@ mod tests {
             vec![
                 "outbound|443||dns.example.com",
                 "outbound|443||pass.example.com",
+                "outbound|7070|v1|echo.default.svc.cluster.local",
                 "outbound|7070||echo.default.svc.cluster.local",
                 "outbound|80||gone.default.svc.cluster.local",
             ]

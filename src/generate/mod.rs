@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use meshfed_registry::{Port, Service};
 
 use crate::ads::node::{Generator, Proxy};
+use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
 use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
 use cds::{ClusterName, ClusterOptions, Direction};
@@ -177,6 +178,11 @@ fn load_assignments(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
+    // Networks and gateways for split horizon: small, built once per push.
+    let networks = Arc::new(NetworkView::new(
+        &snapshot.mesh.networks,
+        &snapshot.gateways,
+    ));
     let wildcard_names: BTreeSet<String>;
     let names = if sub.wildcard {
         // Every EDS cluster: each service port, and each subset of the rule in force.
@@ -215,13 +221,16 @@ fn load_assignments(
             {
                 return None;
             }
-            Some(load_assignment(snapshot, proxy, name, &parsed, options))
+            Some(load_assignment(
+                snapshot, &networks, proxy, name, &parsed, options,
+            ))
         })
         .collect()
 }
 
 fn load_assignment(
     snapshot: &Snapshot,
+    networks: &Arc<NetworkView>,
     proxy: &Proxy,
     name: &str,
     parsed: &ClusterName<'_>,
@@ -229,11 +238,11 @@ fn load_assignment(
 ) -> Resource {
     let service = snapshot.services.resolve(parsed.hostname, &proxy.namespace);
     // The service, its port, and how this proxy sees them (subset labels, locality
-    // load balancing of the DestinationRule in force); none for a gone service, port
-    // or subset.
+    // load balancing of the DestinationRule in force, its network when split horizon
+    // applies); none for a gone service, port or subset.
     let found = service.and_then(|s| {
         let port = s.port(parsed.port)?;
-        let view = eds::AssignmentView::new(snapshot, proxy, s, port, parsed.subset)?;
+        let view = eds::AssignmentView::new(snapshot, networks, proxy, s, port, parsed.subset)?;
         Some((s, port, view))
     });
     let mut parts: Vec<String> = vec![

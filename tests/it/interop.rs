@@ -2,9 +2,11 @@
 //! client (C-core's xDS resolver), which validates what it receives strictly.
 //!
 //! Each test runs the control plane in-process (127.0.0.1, port 0), spawns real gRPC
-//! backends (`tests/interop/upstream.py`: `served-by:<name>:<payload>`) and a real
-//! proxyless client (`tests/interop/client.py`, driven line by line over stdin so a
-//! test can change registries between calls), and asserts on what the *client*
+//! backends (`tests/interop/upstream.py`: `served-by:<name>:<payload>`, and the
+//! backend's name in the trailing metadata of every answer, Health/Check included)
+//! and a real proxyless client (`tests/interop/client.py`, driven line by line over
+//! stdin so a test can change registries and config between calls; each command picks
+//! the target, the method and the request metadata), and asserts on what the *client*
 //! printed. After each test, every response a client rejected fails the test with the
 //! client's own error text ([`Interop::finish`]).
 //!
@@ -17,6 +19,7 @@
 //! covered by the Rust Delta client (`tests/it/delta.rs`, and
 //! [`grpc_generator_over_delta`] below for the gRPC generator).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -26,8 +29,10 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use meshfed::ads::TypeUrl;
-use meshfed::testing::{DeltaClient, FakeServer, decode_delta, node_with};
+use meshfed::testing::{DeltaClient, FakeServer, FakeServerBuilder, decode_delta, node_with};
+use meshfed_registry::config::{Decoded, decode};
 use meshfed_registry::{Endpoint, MemoryRegistry, Protocol, ServiceKey};
+use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::TcpSocket;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -192,6 +197,232 @@ async fn grpcio_reconnects_when_meshfed_restarts() {
     t.finish(vec![client]).await;
 }
 
+#[tokio::test]
+async fn grpcio_splits_80_20_between_subsets() {
+    // gRPC picks a weighted cluster at random per RPC, so the number of calls to v2 is
+    // binomial(N, 0.2): mean 0.2 N, SD sqrt(N * 0.2 * 0.8). N = 1000: mean 200, SD 12.65;
+    // the tolerance of 5 SD (±63, i.e. 13.7 % to 26.3 %) fails a correct split with
+    // probability below 1e-6, and still fails 90/10 (mean 100) and 70/30 (mean 300).
+    const CALLS: usize = 1000;
+    const V2_SHARE: f64 = 0.2;
+    let expected = CALLS as f64 * V2_SHARE;
+    let sd = (CALLS as f64 * V2_SHARE * (1.0 - V2_SHARE)).sqrt();
+    let tolerance = 5.0 * sd;
+
+    let Some(t) = Interop::start().await else {
+        return;
+    };
+    let (v1, v2) = tokio::join!(t.upstream("v1"), t.upstream("v2"));
+    t.add_versioned_echo(&v1, &v2);
+    t.apply(ECHO_SUBSETS);
+    t.apply(
+        "apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: default}
+spec:
+  hosts: [echo]
+  http:
+  - route:
+    - {destination: {host: echo, subset: v1}, weight: 80}
+    - {destination: {host: echo, subset: v2}, weight: 20}
+",
+    );
+    // The client's first fetch already has the VirtualService: every call counts.
+    t.sync().await;
+    let mut client = t.client().await;
+    let started = Instant::now();
+    let replies = client.call("echo:7070", CALLS).await;
+    let elapsed = started.elapsed();
+    let counts = match count_backends(&replies) {
+        Ok(counts) => counts,
+        Err(message) => t.fail(&client, message).await,
+    };
+    let (n1, n2) = (
+        counts.get("v1").copied().unwrap_or(0),
+        counts.get("v2").copied().unwrap_or(0),
+    );
+    eprintln!("80/20 split over {CALLS} calls in {elapsed:?}: v1 {n1}, v2 {n2}");
+    assert_eq!(n1 + n2, CALLS, "only v1 and v2 answer: {counts:?}");
+    if (n2 as f64 - expected).abs() > tolerance {
+        t.fail(
+            &client,
+            format!(
+                "v2 answered {n2} of {CALLS} calls; expected {expected} ± {tolerance:.0} \
+                 (5 SD of binomial({CALLS}, {V2_SHARE})); v1 answered {n1}"
+            ),
+        )
+        .await;
+    }
+    t.finish(vec![client]).await;
+}
+
+#[tokio::test]
+async fn grpcio_routes_by_header_and_path_prefix() {
+    let Some(t) = Interop::start().await else {
+        return;
+    };
+    let (v1, v2) = tokio::join!(t.upstream("v1"), t.upstream("v2"));
+    t.add_versioned_echo(&v1, &v2);
+    t.apply(ECHO_SUBSETS);
+    t.apply(
+        "apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: echo, namespace: default}
+spec:
+  hosts: [echo]
+  http:
+  - name: jason
+    match: [{headers: {x-user: {exact: jason}}}]
+    route: [{destination: {host: echo, subset: v2}}]
+  - name: health
+    match: [{uri: {prefix: /grpc.health.v1.Health/}}]
+    route: [{destination: {host: echo, subset: v2}}]
+  - name: echo
+    match: [{uri: {prefix: /harness.Echo/}}]
+    route: [{destination: {host: echo, subset: v1}}]
+",
+    );
+    t.sync().await;
+    let mut client = t.client().await;
+    // Either backend could answer any call without the routes (round robin over both):
+    // ten calls each make landing on the routed one by chance unlikely (2^-10).
+    let cases = [
+        // Path prefix /harness.Echo/.
+        ("echo:7070", "v1"),
+        ("echo:7070 say", "v1"),
+        // The header wins over the path (first match), and must match exactly.
+        ("echo:7070 say x-user=jason", "v2"),
+        ("echo:7070 say x-user=jasonx", "v1"),
+        ("echo:7070 say x-other=jason", "v1"),
+        // Path prefix /grpc.health.v1.Health/.
+        ("echo:7070 health", "v2"),
+        ("echo:7070 health x-user=alice", "v2"),
+        ("echo:7070 health x-user=jason", "v2"),
+    ];
+    for (rpc, backend) in cases {
+        t.expect_served_by(&mut client, rpc, 10, backend).await;
+    }
+    t.finish(vec![client]).await;
+}
+
+#[tokio::test]
+async fn grpcio_keeps_the_previous_routes_when_a_virtual_service_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let vs = dir.path().join("vs.yaml");
+    write_atomically(&dir.path().join("dr.yaml"), ECHO_SUBSETS);
+    write_atomically(&vs, &weighted_echo(100, 0));
+    let Some(t) = Interop::start_with(|b| b.config_dir(dir.path())).await else {
+        return;
+    };
+    let (v1, v2) = tokio::join!(t.upstream("v1"), t.upstream("v2"));
+    t.add_versioned_echo(&v1, &v2);
+    t.configz_until("the config directory to load", |c| {
+        c["objects"].as_array().is_some_and(|o| o.len() == 2)
+    })
+    .await;
+    t.sync().await;
+    let mut client = t.client().await;
+    let target = "echo:7070";
+    t.expect_served_by(&mut client, target, 10, "v1").await;
+
+    // Weights summing to 110, which would send nearly every call to v2 if applied:
+    // rejected, and the VirtualService in force stays the previous one.
+    write_atomically(&vs, &weighted_echo(10, 100));
+    t.configz_until("the invalid VirtualService to be rejected", |c| {
+        c["rejected"].as_array().is_some_and(|r| {
+            r.iter()
+                .any(|r| r.to_string().contains("vs.yaml") && r.to_string().contains("weight"))
+        })
+    })
+    .await;
+    t.sync().await;
+    let configz = get_json(t.server().bound().http, "/debug/configz").await;
+    let in_force = configz["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["kind"] == "VirtualService")
+        .unwrap_or_else(|| panic!("the previous VirtualService stays: {configz:#}"));
+    assert_eq!(
+        in_force["spec"]["http"][0]["route"][0]["weight"], 100,
+        "{configz:#}"
+    );
+    // What the client does: every call still lands on v1 (with the rejected weights,
+    // 20 calls all on v1 would have probability (10/110)^20).
+    t.expect_served_by(&mut client, target, 20, "v1").await;
+
+    // The client was following all along: a valid edit does move it.
+    write_atomically(&vs, &weighted_echo(0, 100));
+    t.converge(&mut client, target, "the valid edit (all to v2)", 10, |r| {
+        r.starts_with("OK served-by:v2:")
+    })
+    .await;
+    t.configz_until("the rejection to clear", |c| {
+        c["rejected"].as_array().is_some_and(Vec::is_empty)
+    })
+    .await;
+    t.finish(vec![client]).await;
+}
+
+/// A `STATIC` ServiceEntry's host is a listener name like any service's. (Its
+/// endpoints name a locality only because gRPC rejects endpoints without one, see
+/// [`grpcio_accepts_endpoints_without_a_locality`].)
+#[tokio::test]
+async fn grpcio_resolves_and_calls_a_service_entry_service() {
+    let Some(t) = Interop::start().await else {
+        return;
+    };
+    let (b1, b2) = tokio::join!(t.upstream("b1"), t.upstream("b2"));
+    // `ext.example.com` port 7070, its one endpoint on 127.0.0.1:`port`.
+    let ext = |port: u16| {
+        format!(
+            "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: ext, namespace: default}}
+spec:
+  hosts: [ext.example.com]
+  ports: [{{number: 7070, name: grpc, protocol: GRPC}}]
+  resolution: STATIC
+  endpoints:
+  - {{address: 127.0.0.1, locality: r1/z1, ports: {{grpc: {}}}}}
+",
+            port
+        )
+    };
+    t.apply(&ext(b1.port));
+    t.sync().await;
+    let mut client = t.client().await;
+    let target = "ext.example.com:7070";
+    t.expect_served_by(&mut client, target, 3, "b1").await;
+
+    // An edit of the ServiceEntry's endpoints reaches the client.
+    t.apply(&ext(b2.port));
+    t.converge(&mut client, target, "the edited endpoint (b2)", 3, |r| {
+        r.starts_with("OK served-by:b2:")
+    })
+    .await;
+    t.finish(vec![client]).await;
+}
+
+/// Endpoints without a locality (most ServiceEntry endpoints, registries without
+/// zones): gRPC requires every `LocalityLbEndpoints` to carry a `locality`, empty or
+/// not, and NACKs the assignment otherwise (`endpoints[0].locality error:field not
+/// present`). Istio always sends one (empty when unknown).
+#[tokio::test]
+async fn grpcio_accepts_endpoints_without_a_locality() {
+    let Some(t) = Interop::start().await else {
+        return;
+    };
+    let b1 = t.upstream("b1").await;
+    let key = t.add_echo(&[]);
+    t.registry
+        .set_endpoints(&key, vec![endpoint("127.0.0.1", "grpc", b1.port, "")]);
+    t.sync().await;
+    let mut client = t.client().await;
+    t.expect_served_by(&mut client, "echo:7070", 3, "b1").await;
+    t.finish(vec![client]).await;
+}
+
 /// The gRPC generator over Delta, with the Rust client (grpcio has no Delta): the same
 /// listener, route and cluster names, and removals when the service goes.
 #[tokio::test]
@@ -279,8 +510,15 @@ struct Interop {
 impl Interop {
     /// Starts the control plane, or returns `None` when interop tests are skipped.
     async fn start() -> Option<Interop> {
+        Interop::start_with(|b| b).await
+    }
+
+    /// [`Interop::start`] with more settings (a config directory).
+    async fn start_with(
+        configure: impl FnOnce(FakeServerBuilder) -> FakeServerBuilder,
+    ) -> Option<Interop> {
         let python = python()?;
-        let server = FakeServer::builder().start().await.unwrap();
+        let server = configure(FakeServer::builder()).start().await.unwrap();
         let registry = server.mock_registry("c1");
         Some(Interop {
             python,
@@ -310,6 +548,23 @@ impl Interop {
         GrpcClient::start(&self.python, self.ads).await
     }
 
+    /// Applies Istio config objects (YAML, `---` between objects) through the
+    /// in-memory store, failing on any the store rejects.
+    fn apply(&self, yaml: &str) {
+        for document in serde_norway::Deserializer::from_str(yaml) {
+            let value = serde_json::Value::deserialize(document).expect("YAML");
+            match decode(&value, "memory") {
+                Decoded::Object(object) => {
+                    let id = object.id();
+                    if let Err(errors) = self.server().config_store().apply(object) {
+                        panic!("{id} rejected: {errors:?}");
+                    }
+                }
+                other => panic!("not a config object: {other:?}"),
+            }
+        }
+    }
+
     /// `echo.default.svc.cluster.local` port 7070 (`grpc`) served by `backends`.
     fn add_echo(&self, backends: &[&Upstream]) -> ServiceKey {
         self.registry
@@ -320,7 +575,28 @@ impl Interop {
         key
     }
 
-    /// `n` calls to `target`, which must all be answered by `backend`.
+    /// `echo` port 7070 served by `v1` and `v2`, labelled `version: v1` / `v2`, with the
+    /// subsets of [`ECHO_SUBSETS`].
+    fn add_versioned_echo(&self, v1: &Upstream, v2: &Upstream) -> ServiceKey {
+        let key = self.add_echo(&[]);
+        self.registry
+            .set_endpoints(&key, vec![v1.versioned("v1"), v2.versioned("v2")]);
+        key
+    }
+
+    /// Waits until `/debug/configz` satisfies `check`.
+    async fn configz_until(&self, what: &str, check: impl Fn(&serde_json::Value) -> bool) {
+        let http = self.server().bound().http;
+        let check = &check;
+        eventually(what, || async move {
+            let configz = get_json(http, "/debug/configz").await;
+            check(&configz).then_some(())
+        })
+        .await;
+    }
+
+    /// `n` calls as `target` says (see [`GrpcClient::call`]), which must all be
+    /// answered by `backend`.
     async fn expect_served_by(
         &self,
         client: &mut GrpcClient,
@@ -410,6 +686,54 @@ impl Interop {
         }
         server.shutdown().await;
     }
+}
+
+/// The DestinationRule every routing case uses: subsets `v1`/`v2` by endpoint label.
+const ECHO_SUBSETS: &str = "apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: echo, namespace: default}
+spec:
+  host: echo
+  subsets:
+  - {name: v1, labels: {version: v1}}
+  - {name: v2, labels: {version: v2}}
+";
+
+/// `echo` routed entirely by weight: `v1_weight` to v1, `v2_weight` to v2.
+fn weighted_echo(v1_weight: u32, v2_weight: u32) -> String {
+    format!(
+        "apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {{name: echo, namespace: default}}
+spec:
+  hosts: [echo]
+  http:
+  - route:
+    - {{destination: {{host: echo, subset: v1}}, weight: {v1_weight}}}
+    - {{destination: {{host: echo, subset: v2}}, weight: {v2_weight}}}
+"
+    )
+}
+
+/// Writes `text` to `path` as one change (a reader never sees half a file).
+fn write_atomically(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// How many of `replies` each backend answered, or the first failed call.
+fn count_backends(replies: &[String]) -> Result<BTreeMap<String, usize>, String> {
+    let mut counts = BTreeMap::new();
+    for reply in replies {
+        let backend = reply
+            .strip_prefix("OK served-by:")
+            .and_then(|r| r.split_once(':'))
+            .map(|(backend, _)| backend)
+            .ok_or_else(|| format!("a call failed: {reply}"))?;
+        *counts.entry(backend.to_string()).or_default() += 1;
+    }
+    Ok(counts)
 }
 
 /// Binds `addr` without listening (connections to it are refused); SO_REUSEADDR lets a
@@ -543,6 +867,13 @@ impl Upstream {
     fn endpoint(&self, port_name: &str) -> Endpoint {
         endpoint("127.0.0.1", port_name, self.port, "r1/z1")
     }
+
+    /// This backend as an endpoint of service port `grpc`, labelled `version`.
+    fn versioned(&self, version: &str) -> Endpoint {
+        let mut e = self.endpoint("grpc");
+        e.labels.insert("version".into(), version.into());
+        e
+    }
 }
 
 /// A proxyless gRPC client (`tests/interop/client.py`) bootstrapped to an ADS address.
@@ -579,10 +910,12 @@ impl GrpcClient {
         let _ = self.child.kill().await;
     }
 
-    /// `n` RPCs to `xds:///target`; one `OK <reply>` / `ERR <code> <details>` each.
-    async fn call(&mut self, target: &str, n: usize) -> Vec<String> {
+    /// `n` RPCs as `rpc` says (`TARGET [say|health] [KEY=VALUE ...]`: `xds:///TARGET`,
+    /// the method, request metadata); one `OK served-by:<backend>:<reply>` /
+    /// `ERR <code> <details>` each.
+    async fn call(&mut self, rpc: &str, n: usize) -> Vec<String> {
         self.stdin
-            .write_all(format!("call {target} {n}\n").as_bytes())
+            .write_all(format!("call {n} {rpc}\n").as_bytes())
             .await
             .unwrap_or_else(|e| panic!("client.py stdin: {e}; stderr:\n{}", self.stderr.text()));
         let timeout = Duration::from_secs(10 + RPC_DEADLINE_S * 2 * n as u64);
@@ -598,8 +931,8 @@ impl GrpcClient {
         out
     }
 
-    /// Calls `target` once at a time until the last `run` replies all satisfy `done`;
-    /// after [`CONVERGE`], an error quoting every reply.
+    /// Calls `rpc` (see [`GrpcClient::call`]) once at a time until the last `run`
+    /// replies all satisfy `done`; after [`CONVERGE`], an error quoting every reply.
     async fn call_until(
         &mut self,
         target: &str,

@@ -20,6 +20,7 @@ async fn start(api: &FakeApiServer) -> FakeServer {
                 source: KubeSource::Client(client),
                 namespaces: meshfed_kube::NamespaceFilter::All,
                 system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
             });
         })
         .start()

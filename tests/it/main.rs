@@ -5,9 +5,12 @@ mod support;
 
 mod admin;
 mod config;
+mod consul;
 mod delta;
 mod interop;
 mod kube;
 mod mesh;
 mod mock_file;
+mod multicluster;
+mod serviceentry;
 mod sotw;

@@ -13,6 +13,8 @@
 //!   (in place, atomic rename, ConfigMap symlink swap) is noticed.
 //! - [`config`]: Istio config objects (VirtualService, DestinationRule, ...): model,
 //!   validation, the [`ConfigStore`] trait, the memory and config-directory stores.
+//! - [`serviceentry`]: the ServiceEntry / WorkloadEntry registry (provider `External`),
+//!   fed from config stores.
 
 pub mod aggregate;
 pub mod config;
@@ -22,6 +24,7 @@ pub mod memory;
 pub mod mock_file;
 pub mod model;
 pub mod registry;
+pub mod serviceentry;
 pub mod watch;
 
 pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices};
@@ -34,4 +37,5 @@ pub use mock_file::{
 };
 pub use model::*;
 pub use registry::{NetworkGateway, ServiceRegistry};
+pub use serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
 pub use watch::{PathWatcher, WatchError};

@@ -516,8 +516,13 @@ impl TlsMode {
 /// ports, each on its own target port.
 #[derive(Clone, PartialEq, Debug, Serialize)]
 pub struct Endpoint {
-    /// Workload IP.
+    /// Workload IP (unspecified for a [`Endpoint::hostname`] endpoint).
     pub address: IpAddr,
+    /// A DNS name to connect to instead of `address`: the endpoints of DNS
+    /// ServiceEntries (Envoy STRICT_DNS / LOGICAL_DNS clusters resolve it). Only DNS
+    /// clusters can carry such endpoints; EDS needs IPs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<Hostname>,
     /// Service port name -> the port the workload listens on.
     pub ports: BTreeMap<Arc<str>, u16>,
     /// Workload labels.
@@ -543,6 +548,7 @@ impl Endpoint {
     pub fn new(address: IpAddr) -> Endpoint {
         Endpoint {
             address,
+            hostname: None,
             ports: BTreeMap::new(),
             labels: BTreeMap::new(),
             locality: Locality::default(),
@@ -552,6 +558,23 @@ impl Endpoint {
             weight: 1,
             tls_mode: TlsMode::Disabled,
             service_account: None,
+        }
+    }
+
+    /// A healthy, weight-1 endpoint reached by resolving `hostname` (DNS
+    /// ServiceEntries); its `address` is the unspecified IPv4 address.
+    pub fn for_hostname(hostname: impl Into<Hostname>) -> Endpoint {
+        Endpoint {
+            hostname: Some(hostname.into()),
+            ..Endpoint::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+        }
+    }
+
+    /// What a client connects to: the hostname of a DNS endpoint, else the IP.
+    pub fn connect_address(&self) -> String {
+        match &self.hostname {
+            Some(host) => host.to_string(),
+            None => self.address.to_string(),
         }
     }
 

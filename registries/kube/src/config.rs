@@ -2,10 +2,12 @@
 //! errors of both.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use meshfed_registry::ClusterId;
+use meshfed_registry::{ClusterId, NetworkId};
 
 /// Errors starting a Kubernetes registry or building its client.
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +145,9 @@ pub struct KubeRegistryConfig {
     pub system_namespace: String,
     /// Which namespaces are part of the mesh.
     pub namespaces: NamespaceFilter,
+    /// The meshNetworks `registryServiceName` gateways this cluster resolves (read at
+    /// every use, so a meshNetworks reload applies without a restart).
+    pub mesh_gateways: MeshGateways,
 }
 
 impl Default for KubeRegistryConfig {
@@ -153,6 +158,79 @@ impl Default for KubeRegistryConfig {
             trust_domain: "cluster.local".to_string(),
             system_namespace: "istio-system".to_string(),
             namespaces: NamespaceFilter::All,
+            mesh_gateways: MeshGateways::none(),
+        }
+    }
+}
+
+/// A meshNetworks gateway given by `registryServiceName`: the service whose external
+/// addresses (LoadBalancer ingress, `externalIPs`) lead into `network`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub struct GatewayServiceRef {
+    /// The network behind the gateway.
+    pub network: NetworkId,
+    /// The gateway service's hostname (`istio-eastwestgateway.istio-system.svc.cluster.local`).
+    pub hostname: String,
+    /// The gateway's mTLS port (meshNetworks `port`).
+    pub port: u16,
+}
+
+type MeshGatewaysFn = dyn Fn(&ClusterId) -> Vec<GatewayServiceRef> + Send + Sync;
+
+/// Where a registry reads the meshNetworks `registryServiceName` gateways that apply to
+/// its cluster: Istio honours such an entry only in the registries of the clusters the
+/// network lists under `fromRegistry`. A function, so that the caller (which follows the
+/// meshNetworks file) answers with the current content.
+#[derive(Clone)]
+pub struct MeshGateways(Option<Arc<MeshGatewaysFn>>);
+
+impl MeshGateways {
+    /// No meshNetworks gateways.
+    pub fn none() -> Self {
+        MeshGateways(None)
+    }
+
+    /// Gateways from `lookup(cluster id)`.
+    pub fn new(
+        lookup: impl Fn(&ClusterId) -> Vec<GatewayServiceRef> + Send + Sync + 'static,
+    ) -> Self {
+        MeshGateways(Some(Arc::new(lookup)))
+    }
+
+    /// A fixed list, whatever the cluster (tests).
+    pub fn fixed(gateways: Vec<GatewayServiceRef>) -> Self {
+        MeshGateways::new(move |_| gateways.clone())
+    }
+
+    /// The gateways `cluster` must resolve.
+    pub fn for_cluster(&self, cluster: &ClusterId) -> Vec<GatewayServiceRef> {
+        self.0.as_ref().map(|f| f(cluster)).unwrap_or_default()
+    }
+}
+
+impl Default for MeshGateways {
+    fn default() -> Self {
+        MeshGateways::none()
+    }
+}
+
+impl fmt::Debug for MeshGateways {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "MeshGateways(..)"
+        } else {
+            "MeshGateways(none)"
+        })
+    }
+}
+
+/// Two sources are equal when they are the same function (or both absent).
+impl PartialEq for MeshGateways {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
         }
     }
 }

@@ -11,6 +11,8 @@
 //! - [`config`]: [`KubeRegistryConfig`], the namespace filter, [`client_from`].
 //! - [`convert`]: the pure object conversions (protocol detection, health, ...).
 //! - [`registry`]: the read handle and its counters ([`KubeStats`]).
+//! - [`multicluster`]: the remote-cluster secret controller ([`SecretController`]),
+//!   one more registry per kubeconfig Secret.
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
 //!   format, for tests here and in the crates that use this one.
 
@@ -18,12 +20,19 @@ pub mod config;
 pub mod convert;
 #[cfg(feature = "test-support")]
 pub mod fake_api;
+pub mod multicluster;
 pub mod registry;
 mod state;
 mod writer;
 
-pub use config::{Error, KubeRegistryConfig, NamespaceFilter, Result, client_from};
+pub use config::{
+    Error, GatewayServiceRef, KubeRegistryConfig, MeshGateways, NamespaceFilter, Result,
+    client_from,
+};
 pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
 /// The Kubernetes client type, re-exported so other crates need no kube dependency.
 pub use kube::Client;
-pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind};
+pub use multicluster::{
+    KubeconfigPolicy, MulticlusterConfig, MulticlusterStats, RemoteClusterStatus, SecretController,
+};
+pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind, SyncPhase};

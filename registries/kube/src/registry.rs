@@ -9,13 +9,33 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use meshfed_registry::{
-    ClusterId, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink,
+    ClusterId, NetworkGateway, NetworkId, ProviderId, Service, ServiceKey, ServiceRegistry,
+    ShardKey, UpdateSink,
 };
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{KubeRegistryConfig, Result};
-use crate::convert::{ExternalAddress, KubeAttributes};
+use crate::convert::{ExternalAddress, KubeAttributes, LABEL_NETWORK};
 use crate::state::View;
+
+/// Service label naming the mTLS port of a gateway labelled with
+/// `topology.istio.io/network` (default [`DEFAULT_GATEWAY_PORT`]).
+pub const LABEL_GATEWAY_PORT: &str = "networking.istio.io/gatewayPort";
+/// The east-west gateways' mTLS (auto-passthrough) port.
+pub const DEFAULT_GATEWAY_PORT: u16 = 15443;
+
+/// Where a registry is in its start-up.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+pub enum SyncPhase {
+    /// Some kind has not been listed yet; nothing was told.
+    Listing,
+    /// Every kind has been listed, but the registry was started paused
+    /// ([`KubeRegistry::start_paused`]) and tells nothing until [`KubeRegistry::resume`].
+    Listed,
+    /// Its view is published, its shard written and `synced` sent.
+    Synced,
+}
 
 /// How long after a watcher's last error the registry counts as stale (see
 /// [`KubeRegistry`]'s `is_stale`): twice the longest retry backoff, plus margin.
@@ -185,6 +205,10 @@ pub struct KubeRegistry {
     stale: [AtomicU64; 5],
     epoch: Instant,
     pub(crate) stats: Arc<KubeStats>,
+    /// Start-up progress, for [`KubeRegistry::wait_for`].
+    phase: watch::Sender<SyncPhase>,
+    /// True while the registry holds back its initial sync.
+    pub(crate) hold: watch::Sender<bool>,
 }
 
 impl fmt::Debug for KubeRegistry {
@@ -217,6 +241,31 @@ impl KubeRegistry {
         sink: UpdateSink,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
+        Self::spawn(client, config, sink, shutdown, false)
+    }
+
+    /// Like [`KubeRegistry::start`], but the initial sync is held back: the registry
+    /// lists and watches everything (phase [`SyncPhase::Listed`] once every kind is
+    /// listed) and keeps applying changes, yet publishes no view and writes nothing to
+    /// `sink` until [`KubeRegistry::resume`]. Used to replace a running registry of the
+    /// same cluster (rotated credentials) without a window in which its shard is
+    /// written by both or by neither.
+    pub async fn start_paused(
+        client: kube::Client,
+        config: KubeRegistryConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
+        Self::spawn(client, config, sink, shutdown, true)
+    }
+
+    fn spawn(
+        client: kube::Client,
+        config: KubeRegistryConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        paused: bool,
+    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
         config.validate()?;
         let shard = ShardKey::new(ProviderId::Kubernetes, config.cluster_id.clone());
         let registry = Arc::new(KubeRegistry {
@@ -227,9 +276,42 @@ impl KubeRegistry {
             stale: Default::default(),
             epoch: Instant::now(),
             stats: Arc::default(),
+            phase: watch::Sender::new(SyncPhase::Listing),
+            hold: watch::Sender::new(paused),
         });
         let task = tokio::spawn(crate::writer::run(client, registry.clone(), sink, shutdown));
         Ok((registry, task))
+    }
+
+    /// Start-up progress.
+    pub fn phase(&self) -> SyncPhase {
+        *self.phase.borrow()
+    }
+
+    /// Waits until the registry has reached `phase` (or a later one).
+    pub async fn wait_for(&self, phase: SyncPhase) {
+        let mut rx = self.phase.subscribe();
+        // The sender lives as long as `self`, so this cannot fail.
+        let _ = rx.wait_for(|p| *p >= phase).await;
+    }
+
+    /// Lets a registry started with [`KubeRegistry::start_paused`] publish its view,
+    /// write its shard and report synced (at once if it has listed everything, else
+    /// when it has). No effect on a running registry.
+    pub fn resume(&self) {
+        self.hold.send_replace(false);
+    }
+
+    pub(crate) fn is_held(&self) -> bool {
+        *self.hold.borrow()
+    }
+
+    pub(crate) fn set_phase(&self, phase: SyncPhase) {
+        self.phase.send_if_modified(|p| {
+            let changed = *p != phase;
+            *p = phase;
+            changed
+        });
     }
 
     /// The configuration the registry runs with.
@@ -305,6 +387,78 @@ impl ServiceRegistry for KubeRegistry {
         self.synced.load(Ordering::SeqCst)
     }
 
+    /// Gateways into the networks behind this cluster (reference §6.3):
+    /// - services labelled `topology.istio.io/network=<net>` that listen on their mTLS
+    ///   port ([`LABEL_GATEWAY_PORT`], default 15443): one gateway per external address;
+    /// - the meshNetworks `registryServiceName` entries of the networks listing this
+    ///   cluster under `fromRegistry` ([`KubeRegistryConfig::mesh_gateways`]): that
+    ///   service's external addresses, with the port meshNetworks gives.
+    ///
+    /// External addresses are LoadBalancer ingress IPs and `spec.externalIPs`; ingress
+    /// hostnames are not resolved, so they give no gateway.
+    fn network_gateways(&self) -> Vec<NetworkGateway> {
+        let view = self.view.load();
+        let cluster = &self.config.cluster_id;
+        let mut out = Vec::new();
+        let mut push = |network: &NetworkId, addresses: &[ExternalAddress], port, source: &str| {
+            for address in addresses {
+                if let ExternalAddress::Ip(ip) = address {
+                    out.push(NetworkGateway {
+                        network: network.clone(),
+                        cluster: cluster.clone(),
+                        address: *ip,
+                        port,
+                        source: source.to_string(),
+                    });
+                }
+            }
+        };
+        for converted in view.services.values() {
+            let service = &converted.service;
+            let Some(network) = service.labels.get(LABEL_NETWORK).filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let port = match service.labels.get(LABEL_GATEWAY_PORT) {
+                Some(p) => match p.parse::<u16>() {
+                    Ok(p) if p != 0 => p,
+                    _ => continue,
+                },
+                None => DEFAULT_GATEWAY_PORT,
+            };
+            if service.port(port).is_none() {
+                continue; // Istio ignores a labelled service without its mTLS port
+            }
+            let source = format!(
+                "label {LABEL_NETWORK} on service {}/{}@{cluster}",
+                service.namespace, converted.attributes.name
+            );
+            push(
+                &NetworkId::new(network),
+                &converted.attributes.external_addresses,
+                port,
+                &source,
+            );
+        }
+        for wanted in self.config.mesh_gateways.for_cluster(cluster) {
+            let found = view
+                .services
+                .iter()
+                .find(|(key, _)| key.hostname.as_str() == wanted.hostname);
+            if let Some((_, converted)) = found {
+                let source = format!("registryServiceName {}@{cluster}", wanted.hostname);
+                push(
+                    &wanted.network,
+                    &converted.attributes.external_addresses,
+                    wanted.port,
+                    &source,
+                );
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// True while a watcher's last word was an error less than [`STALE_WINDOW`] ago. A
     /// watcher that keeps failing reports an error at every retry (at least every 30 s,
     /// the longest backoff); one that reconnected says nothing until its next event, so
@@ -316,5 +470,199 @@ impl ServiceRegistry for KubeRegistry {
             let since = s.load(Ordering::Relaxed);
             since != 0 && now.saturating_sub(since) < window
         })
+    }
+}
+
+#[cfg(all(test, feature = "test-support"))]
+mod tests {
+    use std::time::Duration;
+
+    use meshfed_registry::{EndpointIndex, RegistryEvent, TriggerReason};
+
+    use super::*;
+    use crate::config::{GatewayServiceRef, MeshGateways};
+    use crate::fake_api::FakeApiServer;
+    use crate::fake_api::objects;
+
+    fn gateway_service(
+        name: &str,
+        labels: &[(&str, &str)],
+        port: i32,
+        ip: &str,
+    ) -> k8s_openapi::api::core::v1::Service {
+        let mut svc =
+            objects::load_balancer("istio-system", name, "10.96.0.99", &[("tls", port)], ip);
+        for (k, v) in labels {
+            svc.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert(k.to_string(), v.to_string());
+        }
+        svc
+    }
+
+    async fn until(what: &str, check: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !check() {
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn gateways_come_from_labelled_services_and_mesh_networks() {
+        let api = FakeApiServer::start().await.unwrap();
+        api.apply(&gateway_service(
+            "eastwest",
+            &[("topology.istio.io/network", "n2")],
+            15443,
+            "192.0.2.10",
+        ));
+        api.apply(&gateway_service(
+            "custom-port",
+            &[
+                ("topology.istio.io/network", "n2"),
+                ("networking.istio.io/gatewayPort", "16443"),
+            ],
+            16443,
+            "192.0.2.11",
+        ));
+        // Labelled but not listening on its mTLS port: ignored.
+        api.apply(&gateway_service(
+            "wrong-port",
+            &[("topology.istio.io/network", "n2")],
+            8443,
+            "192.0.2.12",
+        ));
+        api.apply(&gateway_service("by-name", &[], 15443, "192.0.2.13"));
+        let config = KubeRegistryConfig {
+            mesh_gateways: MeshGateways::fixed(vec![GatewayServiceRef {
+                network: "n3".into(),
+                hostname: "by-name.istio-system.svc.cluster.local".into(),
+                port: 15443,
+            }]),
+            ..KubeRegistryConfig::new("c2")
+        };
+        let (sink, mut events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let (registry, task) =
+            KubeRegistry::start(api.client(), config, sink, std::future::pending())
+                .await
+                .unwrap();
+        registry.wait_for(SyncPhase::Synced).await;
+        let gateways: Vec<(String, String, u16, String)> = registry
+            .network_gateways()
+            .into_iter()
+            .map(|g| {
+                (
+                    g.network.to_string(),
+                    g.address.to_string(),
+                    g.port,
+                    g.source,
+                )
+            })
+            .collect();
+        assert_eq!(
+            gateways,
+            vec![
+                (
+                    "n2".into(),
+                    "192.0.2.10".into(),
+                    15443,
+                    "label topology.istio.io/network on service istio-system/eastwest@c2".into()
+                ),
+                (
+                    "n2".into(),
+                    "192.0.2.11".into(),
+                    16443,
+                    "label topology.istio.io/network on service istio-system/custom-port@c2".into()
+                ),
+                (
+                    "n3".into(),
+                    "192.0.2.13".into(),
+                    15443,
+                    "registryServiceName by-name.istio-system.svc.cluster.local@c2".into()
+                ),
+            ]
+        );
+        let mut forced = 0;
+        while let Ok(event) = events.try_recv() {
+            if let RegistryEvent::Push(r) = event
+                && r.forced
+                && r.reasons.contains_key(&TriggerReason::Networks)
+            {
+                forced += 1;
+            }
+        }
+        assert_eq!(forced, 1, "the gateways found at sync force one push");
+
+        // The gateway's address changes: another forced push.
+        api.apply(&gateway_service(
+            "eastwest",
+            &[("topology.istio.io/network", "n2")],
+            15443,
+            "192.0.2.20",
+        ));
+        until("the new address", || {
+            registry
+                .network_gateways()
+                .iter()
+                .any(|g| g.address.to_string() == "192.0.2.20")
+        })
+        .await;
+        let event = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(RegistryEvent::Push(r)) = events.recv().await
+                    && r.forced
+                {
+                    return r;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(event.reasons.contains_key(&TriggerReason::Networks));
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_paused_registry_lists_but_tells_nothing_until_resumed() {
+        let api = FakeApiServer::start().await.unwrap();
+        api.apply(&objects::service(
+            "default",
+            "a",
+            "10.96.0.1",
+            &[("http", 80)],
+        ));
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, mut events) = UpdateSink::new(index.clone());
+        let (registry, task) = KubeRegistry::start_paused(
+            api.client(),
+            KubeRegistryConfig::new("c1"),
+            sink,
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        registry.wait_for(SyncPhase::Listed).await;
+        // A change while paused is applied but not told.
+        api.apply(&objects::service(
+            "default",
+            "b",
+            "10.96.0.2",
+            &[("http", 80)],
+        ));
+        until("b applied", || {
+            registry.stats().objects(ResourceKind::Service) == 2
+        })
+        .await;
+        assert!(!registry.has_synced());
+        assert!(registry.services().is_empty());
+        assert!(events.try_recv().is_err(), "nothing reached the sink");
+        registry.resume();
+        registry.wait_for(SyncPhase::Synced).await;
+        assert_eq!(registry.services().len(), 2);
+        assert!(registry.has_synced());
+        assert!(events.try_recv().is_ok());
+        task.abort();
     }
 }

@@ -15,7 +15,10 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use meshfed_registry::{ServiceRegistry, ShardKey, UpdateSink};
+use meshfed_registry::{
+    ConfigKey, ConfigKind, NetworkGateway, PushRequest, ServiceRegistry, ShardKey, TriggerReason,
+    UpdateSink,
+};
 use serde::de::DeserializeOwned;
 use tracing::{debug, info, warn};
 
@@ -24,7 +27,7 @@ use crate::convert::{
     ConversionError, ObjectKey, convert_namespace, convert_node, convert_pod, convert_service,
     convert_slice,
 };
-use crate::registry::{EventType, KubeRegistry, ResourceKind};
+use crate::registry::{EventType, KubeRegistry, ResourceKind, SyncPhase};
 use crate::state::{ClusterState, Update};
 
 /// A watched kind: how its objects become [`Update`]s.
@@ -121,12 +124,20 @@ pub(crate) async fn run(
         watch(&client, config.clone(), Incoming::Node),
         watch(&client, config, Incoming::Namespace),
     ]);
+    let mut hold = registry.hold.subscribe();
     let mut writer = Writer::new(registry, sink);
     info!(shard = %writer.shard, "kubernetes registry: listing");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            // A paused registry was resumed: do the initial sync if everything is listed.
+            changed = hold.changed(), if !writer.synced => {
+                if changed.is_err() {
+                    break;
+                }
+                writer.changed();
+            }
             item = incoming.next() => match item {
                 Some(Incoming::Service(e)) => writer.on_event(*e),
                 Some(Incoming::Slice(e)) => writer.on_event(*e),
@@ -155,6 +166,8 @@ struct Writer {
     /// Per kind: the first list completed.
     listed: [bool; 5],
     synced: bool,
+    /// The network gateways last announced; a change forces a full push.
+    gateways: Vec<NetworkGateway>,
 }
 
 impl Writer {
@@ -167,6 +180,7 @@ impl Writer {
             listing: Default::default(),
             listed: [false; 5],
             synced: false,
+            gateways: Vec::new(),
         }
     }
 
@@ -287,11 +301,18 @@ impl Writer {
             self.update_gauges();
             return;
         }
+        if !self.synced && self.registry.is_held() {
+            // Started paused: keep applying changes, tell nobody until resumed.
+            self.registry.set_phase(SyncPhase::Listed);
+            self.update_gauges();
+            return;
+        }
         let first = !self.synced;
         self.synced = true;
         self.flush();
         if first {
             self.registry.synced.store(true, Ordering::SeqCst);
+            self.registry.set_phase(SyncPhase::Synced);
             self.sink.synced(&self.shard);
             info!(
                 shard = %self.shard,
@@ -306,6 +327,7 @@ impl Writer {
         let flush = self.state.flush();
         self.update_gauges();
         // Readers first, so whoever reacts to the push sees the new state.
+        let view_changed = flush.view.is_some();
         if let Some(view) = flush.view {
             self.registry.view.store(view);
         }
@@ -316,6 +338,26 @@ impl Writer {
         for (key, endpoints) in flush.endpoints {
             self.sink.update_endpoints(&self.shard, &key, endpoints);
         }
+        if view_changed {
+            self.announce_gateways();
+        }
+    }
+
+    /// Gateways come from services (labels, external addresses): when the set changes,
+    /// every proxy's split-horizon EDS may change (weights scale with the gateway
+    /// counts), so a forced full push follows (reason `networks`).
+    fn announce_gateways(&mut self) {
+        let gateways = self.registry.network_gateways();
+        if gateways == self.gateways {
+            return;
+        }
+        info!(shard = %self.shard, gateways = gateways.len(), "network gateways changed");
+        self.gateways = gateways;
+        let mut request = PushRequest::forced(TriggerReason::Networks);
+        request
+            .configs_updated
+            .insert(ConfigKey::new(ConfigKind::MeshNetworks, "gateways", ""));
+        self.sink.push(request);
     }
 
     fn update_gauges(&self) {

@@ -7,7 +7,9 @@
 //! (created, edited in place, replaced by rename, deleted, ConfigMap symlink swap; see
 //! [`crate::watch`]). Each re-read is diffed against what the store holds and pushed as
 //! one `config_changed` with exactly the keys that were added, changed (spec, labels
-//! or annotations) or deleted.
+//! or annotations) or deleted (ServiceEntries and WorkloadEntries are left to the
+//! ServiceEntry registry, which follows [`ConfigStore::changes`]; see
+//! [`crate::config::store`]).
 //!
 //! Bad config is rejected per object, not per file — unlike Istio's file source,
 //! which fails a whole file:
@@ -35,7 +37,9 @@ use std::sync::{Arc, RwLock};
 use crate::config::assembly::{Placed, assemble};
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::source::{ParsedFile, config_files, parse_bytes};
-use crate::config::store::{ConfigStore, Objects, RejectedConfig, changed_keys, list_kind};
+use crate::config::store::{
+    ConfigStore, Objects, RejectedConfig, announce, changed_keys, list_kind,
+};
 use crate::events::UpdateSink;
 use crate::watch::{PathWatcher, WatchError};
 
@@ -81,6 +85,8 @@ struct FileState {
 struct FileInner {
     sink: UpdateSink,
     synced: AtomicBool,
+    /// Generation counter for [`ConfigStore::changes`].
+    changes: tokio::sync::watch::Sender<u64>,
     status: ConfigDirStatus,
     state: RwLock<FileState>,
 }
@@ -99,6 +105,7 @@ impl FileConfigStore {
             inner: Arc::new(FileInner {
                 sink,
                 synced: AtomicBool::new(false),
+                changes: tokio::sync::watch::Sender::new(0),
                 status: ConfigDirStatus::new(),
                 state: RwLock::new(FileState::default()),
             }),
@@ -135,6 +142,10 @@ impl ConfigStore for FileConfigStore {
     fn has_synced(&self) -> bool {
         self.inner.synced.load(Ordering::SeqCst)
     }
+
+    fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.inner.changes.subscribe())
+    }
 }
 
 /// Feeds `store` from the config files below `dir` until `shutdown` completes.
@@ -157,6 +168,11 @@ pub async fn run_config_dir(
     let mut reloader = Reloader::new(dir, store);
     reloader.reload().await;
     reloader.store.inner.synced.store(true, Ordering::SeqCst);
+    reloader
+        .store
+        .inner
+        .changes
+        .send_modify(|generation| *generation += 1);
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
@@ -294,7 +310,7 @@ impl Reloader {
         );
         self.store.status().record(rejected.len());
         if !keys.is_empty() {
-            self.store.inner.sink.config_changed(keys);
+            announce(&self.store.inner.sink, &self.store.inner.changes, keys);
         }
     }
 }
@@ -813,5 +829,49 @@ mod tests {
             .unwrap_err();
         assert!(matches!(err, WatchError::DirMissing { .. }), "{err}");
         assert!(!store.has_synced());
+    }
+
+    #[tokio::test]
+    async fn changes_announce_every_reload_and_entries_are_not_pushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let se = "apiVersion: networking.istio.io/v1\nkind: ServiceEntry\nmetadata: {name: se, namespace: ns}\nspec:\n  hosts: [a.example.com]\n  ports: [{number: 80, name: http, protocol: HTTP}]\n  resolution: DNS\n";
+        std::fs::write(dir.path().join("se.yaml"), se).unwrap();
+        let (sink, mut rx) = sink();
+        let store = FileConfigStore::new(sink);
+        let mut changes = store.changes().expect("the file store notifies");
+        let task = tokio::spawn(run_config_dir(
+            dir.path().to_path_buf(),
+            store.clone(),
+            std::future::pending(),
+        ));
+        tokio::time::timeout(WAIT, changes.wait_for(|&g| g >= 2))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(store.has_synced());
+        assert_eq!(names(&store), ["ServiceEntry se"]);
+        assert_eq!(
+            pushed(&mut rx),
+            None,
+            "the ServiceEntry is not pushed as config"
+        );
+        let seen = *changes.borrow_and_update();
+
+        replace(
+            &dir.path().join("we.yaml"),
+            "apiVersion: networking.istio.io/v1\nkind: WorkloadEntry\nmetadata: {name: we, namespace: ns}\nspec: {address: 10.0.0.1}\n",
+        );
+        tokio::time::timeout(WAIT, changes.wait_for(|&g| g > seen))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(store.list(Kind::WorkloadEntry).len(), 1);
+        replace(&dir.path().join("vs.yaml"), &vs("a", "a"));
+        assert_eq!(
+            next_push(&mut rx, "virtual service").await,
+            keys(&[(ConfigKind::VirtualService, "a")]),
+            "only the VirtualService is pushed"
+        );
+        task.abort();
     }
 }

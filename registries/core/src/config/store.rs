@@ -5,7 +5,10 @@
 //! replaces what the store had: an earlier valid version of the same object stays.
 //! Every change is announced through the store's [`UpdateSink`] as
 //! `config_changed(keys)` with exactly the keys of the objects whose spec, labels or
-//! annotations changed (added, updated or deleted).
+//! annotations changed (added, updated or deleted) — except ServiceEntries and
+//! WorkloadEntries, which feed the ServiceEntry registry (as in Istio, whose config
+//! controller registers no push handler for them): that registry follows
+//! [`ConfigStore::changes`] and pushes the services and endpoints they change.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -13,10 +16,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
+use tokio::sync::watch;
 
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::validate::{FieldError, Warning, validate};
-use crate::events::{ConfigKey, UpdateSink};
+use crate::events::{ConfigKey, ConfigKind, UpdateSink};
 
 /// Read access to a config store. Reads are synchronous and never wait for the
 /// store's writer.
@@ -32,6 +36,36 @@ pub trait ConfigStore: Send + Sync + fmt::Debug {
 
     /// True once the initial load is complete.
     fn has_synced(&self) -> bool;
+
+    /// A generation counter that moves after every change the store applies and when
+    /// it becomes synced: how consumers of the objects (the ServiceEntry registry)
+    /// wait for changes. `None` for a store that cannot notify; it is then polled.
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+}
+
+/// Whether a change to an object with this key is pushed as config. ServiceEntries
+/// and WorkloadEntries are not: the ServiceEntry registry pushes what they change.
+fn pushed_as_config(key: &ConfigKey) -> bool {
+    !matches!(
+        key.kind,
+        ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry
+    )
+}
+
+/// Announces applied changes: moves the generation counter, then pushes the keys
+/// that are pushed as config (if any).
+pub(crate) fn announce(
+    sink: &UpdateSink,
+    changes: &watch::Sender<u64>,
+    keys: impl IntoIterator<Item = ConfigKey>,
+) {
+    changes.send_modify(|generation| *generation += 1);
+    let pushed: Vec<ConfigKey> = keys.into_iter().filter(pushed_as_config).collect();
+    if !pushed.is_empty() {
+        sink.config_changed(pushed);
+    }
 }
 
 /// An object (or a document or file) the store did not take.
@@ -112,6 +146,8 @@ struct MemoryState {
 struct MemoryInner {
     sink: UpdateSink,
     synced: AtomicBool,
+    /// Generation counter for [`ConfigStore::changes`].
+    changes: watch::Sender<u64>,
     state: RwLock<MemoryState>,
 }
 
@@ -136,6 +172,7 @@ impl MemoryConfigStore {
             inner: Arc::new(MemoryInner {
                 sink,
                 synced: AtomicBool::new(false),
+                changes: watch::Sender::new(0),
                 state: RwLock::new(MemoryState::default()),
             }),
         }
@@ -143,7 +180,11 @@ impl MemoryConfigStore {
 
     /// Marks the initial load done.
     pub fn mark_synced(&self) {
-        self.inner.synced.store(true, Ordering::SeqCst);
+        if !self.inner.synced.swap(true, Ordering::SeqCst) {
+            self.inner
+                .changes
+                .send_modify(|generation| *generation += 1);
+        }
     }
 
     /// Adds or replaces an object. An invalid object is not stored (an earlier
@@ -177,7 +218,7 @@ impl MemoryConfigStore {
             changed
         };
         if changed {
-            self.inner.sink.config_changed([id.key()]);
+            announce(&self.inner.sink, &self.inner.changes, [id.key()]);
         }
         Ok(warnings)
     }
@@ -191,7 +232,7 @@ impl MemoryConfigStore {
             state.objects.remove(&id).is_some()
         };
         if existed {
-            self.inner.sink.config_changed([id.key()]);
+            announce(&self.inner.sink, &self.inner.changes, [id.key()]);
         }
         existed
     }
@@ -245,7 +286,7 @@ impl MemoryConfigStore {
             tracing::warn!("config rejected: {r}");
         }
         if !keys.is_empty() {
-            self.inner.sink.config_changed(keys);
+            announce(&self.inner.sink, &self.inner.changes, keys);
         }
         rejected.into_values().collect()
     }
@@ -282,6 +323,10 @@ impl ConfigStore for MemoryConfigStore {
 
     fn has_synced(&self) -> bool {
         self.inner.synced.load(Ordering::SeqCst)
+    }
+
+    fn changes(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.inner.changes.subscribe())
     }
 }
 
@@ -503,5 +548,78 @@ mod tests {
             all,
             ["VirtualService a", "VirtualService b", "VirtualService c"]
         );
+    }
+
+    #[tokio::test]
+    async fn changes_move_after_every_applied_change_and_on_sync() {
+        let (sink, mut rx) = sink();
+        let store = MemoryConfigStore::new_unsynced(sink);
+        let mut changes = store.changes().expect("the memory store notifies");
+        let generation = |rx: &mut watch::Receiver<u64>| *rx.borrow_and_update();
+        assert_eq!(generation(&mut changes), 0);
+
+        store.mark_synced();
+        assert!(
+            changes.has_changed().unwrap(),
+            "becoming synced is a change"
+        );
+        let synced = generation(&mut changes);
+        store.mark_synced();
+        assert!(!changes.has_changed().unwrap(), "only once");
+
+        store.apply(vs("ns", "a", "a")).unwrap();
+        assert!(generation(&mut changes) > synced);
+        store.apply(vs("ns", "a", "a")).unwrap();
+        assert!(!changes.has_changed().unwrap(), "no change, no move");
+        store.apply(vs("ns", "a", "*")).unwrap_err();
+        assert!(
+            !changes.has_changed().unwrap(),
+            "a rejection changes nothing"
+        );
+        store.delete(Kind::VirtualService, "ns", "a");
+        assert!(changes.has_changed().unwrap());
+        generation(&mut changes);
+        store.replace_all(vec![vs("ns", "b", "b")]);
+        assert!(changes.has_changed().unwrap());
+        pushed(&mut rx);
+    }
+
+    #[tokio::test]
+    async fn service_and_workload_entries_are_left_to_their_registry() {
+        use meshfed_api::networking::v1alpha3 as net;
+        let (sink, mut rx) = sink();
+        let store = MemoryConfigStore::new(sink);
+        let mut changes = store.changes().unwrap();
+        changes.borrow_and_update();
+        let se = net::ServiceEntry {
+            hosts: vec!["a.example.com".into()],
+            ports: vec![net::ServicePort {
+                number: 80,
+                protocol: "HTTP".into(),
+                name: "http".into(),
+                target_port: 0,
+            }],
+            resolution: net::service_entry::Resolution::Dns as i32,
+            ..Default::default()
+        };
+        store.apply(ConfigObject::new("ns", "se", se)).unwrap();
+        let we = net::WorkloadEntry {
+            address: "10.0.0.1".into(),
+            ..Default::default()
+        };
+        store.apply(ConfigObject::new("ns", "we", we)).unwrap();
+        assert_eq!(pushed(&mut rx), None, "no config push");
+        assert!(
+            changes.has_changed().unwrap(),
+            "but the registry hears of it"
+        );
+
+        // Mixed with other kinds, only the other kinds are pushed.
+        store.replace_all(vec![vs("ns", "a", "a")]);
+        assert_eq!(
+            pushed(&mut rx),
+            Some(vec![key(ConfigKind::VirtualService, "ns", "a")])
+        );
+        assert_eq!(store.all().len(), 1);
     }
 }

@@ -196,6 +196,39 @@ impl FakeApiServer {
         format!("http://{}", self.addr)
     }
 
+    /// A kubeconfig (YAML) for this server, as a remote-cluster secret holds it: the
+    /// plain-HTTP server URL and a user without credentials.
+    pub fn kubeconfig(&self) -> String {
+        self.render_kubeconfig("{}")
+    }
+
+    /// The same kubeconfig with a bearer token (the server accepts any): another text
+    /// for the same server, as a credential rotation produces.
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
+        self.render_kubeconfig(&format!("{{token: {token:?}}}"))
+    }
+
+    fn render_kubeconfig(&self, user: &str) -> String {
+        format!(
+            "apiVersion: v1\n\
+             kind: Config\n\
+             clusters:\n\
+             - name: fake\n  \
+               cluster:\n    \
+                 server: {url}\n\
+             users:\n\
+             - name: fake\n  \
+               user: {user}\n\
+             contexts:\n\
+             - name: fake\n  \
+               context:\n    \
+                 cluster: fake\n    \
+                 user: fake\n\
+             current-context: fake\n",
+            url = self.url()
+        )
+    }
+
     /// A kube client pointed at this server.
     pub fn client(&self) -> kube::Client {
         let config = kube::Config::new(self.url().parse().expect("the server URL is valid"));

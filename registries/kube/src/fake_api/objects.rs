@@ -4,9 +4,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, Namespace, Node, NodeAddress, NodeStatus, ObjectReference, Pod, PodIP, PodSpec,
-    PodStatus, Service, ServicePort, ServiceSpec,
+    Container, LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, NodeAddress, NodeStatus,
+    ObjectReference, Pod, PodIP, PodSpec, PodStatus, Secret, Service, ServicePort, ServiceSpec,
+    ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -59,6 +61,23 @@ pub fn node(name: &str, region: &str, zone: &str) -> Node {
     }
 }
 
+/// A remote-cluster secret as `istioctl create-remote-secret` writes it: labelled
+/// `istio/multiCluster=true`, one data key per cluster id holding its kubeconfig.
+pub fn remote_secret(namespace: &str, name: &str, clusters: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: meta(namespace, name, &[("istio/multiCluster", "true")]),
+        data: Some(
+            clusters
+                .iter()
+                .map(|(id, kubeconfig)| {
+                    (id.to_string(), ByteString(kubeconfig.as_bytes().to_vec()))
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
 /// A ClusterIP Service selecting `app=<name>`, each port targeting the same number.
 pub fn service(namespace: &str, name: &str, cluster_ip: &str, ports: &[(&str, i32)]) -> Service {
     Service {
@@ -84,6 +103,31 @@ pub fn service(namespace: &str, name: &str, cluster_ip: &str, ports: &[(&str, i3
         }),
         status: None,
     }
+}
+
+/// A LoadBalancer Service (like [`service`]) whose load balancer has the ingress IP
+/// `ingress_ip`: an east-west gateway's shape.
+pub fn load_balancer(
+    namespace: &str,
+    name: &str,
+    cluster_ip: &str,
+    ports: &[(&str, i32)],
+    ingress_ip: &str,
+) -> Service {
+    let mut svc = service(namespace, name, cluster_ip, ports);
+    if let Some(spec) = svc.spec.as_mut() {
+        spec.type_ = Some("LoadBalancer".into());
+    }
+    svc.status = Some(ServiceStatus {
+        load_balancer: Some(LoadBalancerStatus {
+            ingress: Some(vec![LoadBalancerIngress {
+                ip: Some(ingress_ip.to_string()),
+                ..Default::default()
+            }]),
+        }),
+        ..Default::default()
+    });
+    svc
 }
 
 /// A Running pod at `ip` on `node`, labelled `app=<app>`, with service account

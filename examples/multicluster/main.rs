@@ -1,0 +1,249 @@
+//! Two clusters on two networks, one control plane: what a proxy in each network gets.
+//!
+//! ```text
+//! cargo run --example multicluster
+//! ```
+//!
+//! Two simulated Kubernetes clusters (fake API servers speaking the real list/watch
+//! wire format): `c1` on network `n1` and `c2` on network `n2`, both running
+//! `reviews`. meshfed runs in-process with the Kubernetes registry for `c1`; `c2` is
+//! found the way Istio finds remote clusters, through a Secret in `c1`'s
+//! `istio-system` labelled `istio/multiCluster=true` whose key `c2` holds a kubeconfig
+//! for `c2`. Networks come from the `topology.istio.io/network` label on each cluster's
+//! `istio-system` namespace; `n2`'s gateway from the same label on `c2`'s east-west
+//! gateway service (a LoadBalancer with an ingress IP), `n1`'s from the meshNetworks
+//! file. Then an ADS client in each network asks for the endpoints of
+//! `outbound|80||reviews.default.svc.cluster.local` and the answers are printed: local
+//! endpoints direct, the other network's behind its gateway with their weight. See
+//! README.md beside this file for the same against real clusters.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use envoy_types::pb::envoy::config::core::v3::{address, socket_address};
+use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use meshfed::ads::TypeUrl;
+use meshfed::app::{KubeSettings, KubeSource, RemoteSecretSettings};
+use meshfed::networks::NetworkView;
+use meshfed::testing::{AdsClient, FakeServer, node_with};
+use meshfed_kube::fake_api::{FakeApiServer, objects};
+use meshfed_registry::{ProviderId, ShardKey};
+
+const CLUSTER: &str = "outbound|80||reviews.default.svc.cluster.local";
+const SYSTEM: &str = "istio-system";
+
+/// meshNetworks: which clusters are in which network, and `n1`'s gateway by address
+/// (`n2`'s comes from the label on `c2`'s east-west gateway service).
+const MESH_NETWORKS: &str = "networks:
+  n1:
+    endpoints: [{fromRegistry: c1}]
+    gateways: [{address: 192.0.2.10, port: 15443}]
+  n2:
+    endpoints: [{fromRegistry: c2}]
+";
+
+/// One cluster: its network label, `reviews` with a pod per IP, and (when given) an
+/// east-west gateway labelled with the network.
+fn populate(api: &FakeApiServer, network: &str, vip: &str, ips: &[&str], gateway: Option<&str>) {
+    api.apply(&objects::namespace(
+        SYSTEM,
+        &[("topology.istio.io/network", network)],
+    ));
+    api.apply(&objects::node("node-1", "us-east", "us-east-1a"));
+    api.apply(&objects::service(
+        "default",
+        "reviews",
+        vip,
+        &[("http", 80)],
+    ));
+    let pods: Vec<(String, String)> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| (ip.to_string(), format!("reviews-{i}")))
+        .collect();
+    for (ip, pod) in &pods {
+        api.apply(&objects::pod("default", pod, "reviews", ip, "node-1"));
+    }
+    let endpoints: Vec<(&str, &str)> = pods.iter().map(|(a, p)| (a.as_str(), p.as_str())).collect();
+    api.apply(&objects::slice(
+        "default",
+        "reviews-abc",
+        "reviews",
+        &[("http", 9080)],
+        &endpoints,
+    ));
+    if let Some(ip) = gateway {
+        let mut gw = objects::load_balancer(
+            SYSTEM,
+            "istio-eastwestgateway",
+            "10.97.9.9",
+            &[("tls", 15443)],
+            ip,
+        );
+        gw.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("topology.istio.io/network".into(), network.into());
+        api.apply(&gw);
+    }
+}
+
+/// One printed line per endpoint: address, weight, and whether it is a gateway.
+fn describe(cla: &ClusterLoadAssignment) -> Vec<String> {
+    cla.endpoints
+        .iter()
+        .flat_map(|g| &g.lb_endpoints)
+        .map(|e| {
+            let Some(lb_endpoint::HostIdentifier::Endpoint(ep)) = &e.host_identifier else {
+                return "?".to_string();
+            };
+            let Some(address::Address::SocketAddress(a)) =
+                ep.address.as_ref().and_then(|a| a.address.as_ref())
+            else {
+                return "?".to_string();
+            };
+            let port = match a.port_specifier {
+                Some(socket_address::PortSpecifier::PortValue(p)) => p,
+                _ => 0,
+            };
+            let weight = e.load_balancing_weight.map_or(1, |w| w.value);
+            let gateway_network = e
+                .metadata
+                .as_ref()
+                .and_then(|m| m.filter_metadata.get("istio"))
+                .and_then(|s| s.fields.get("network"))
+                .and_then(|v| match &v.kind {
+                    Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(s)) => {
+                        Some(s.clone())
+                    }
+                    _ => None,
+                });
+            let how = match gateway_network {
+                Some(network) => {
+                    format!(
+                        "via the {network} gateway (Istio mTLS; weight = its endpoints' weights)"
+                    )
+                }
+                None => "direct".to_string(),
+            };
+            format!(
+                "{:<22} weight {weight:<3} {how}",
+                format!("{}:{port}", a.address)
+            )
+        })
+        .collect()
+}
+
+async fn show(server: &FakeServer, network: &str, ip: &str) -> anyhow::Result<()> {
+    let metadata = serde_json::json!({"NETWORK": network, "CLUSTER_ID": "c1"});
+    let id = format!("sidecar~{ip}~productpage.default~default.svc.cluster.local");
+    let mut client = AdsClient::connect(server.grpc_addr(), node_with(&id, metadata)).await?;
+    client.subscribe(TypeUrl::Endpoint, &[CLUSTER]).await?;
+    let cla = client.recv_load_assignments().await?;
+    let cla = cla.first().context("no load assignment")?;
+    println!("  a proxy in {network} ({ip}) receives:");
+    for line in describe(cla) {
+        println!("    {line}");
+    }
+    let total: u32 = cla
+        .endpoints
+        .iter()
+        .map(|g| g.load_balancing_weight.map_or(0, |w| w.value))
+        .sum();
+    println!("    (locality weight {total})");
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let c1 = FakeApiServer::start().await?;
+    let c2 = FakeApiServer::start().await?;
+    populate(&c1, "n1", "10.96.0.7", &["10.1.0.1", "10.1.0.2"], None);
+    populate(
+        &c2,
+        "n2",
+        "10.97.0.7",
+        &["10.2.0.1", "10.2.0.2", "10.2.0.3"],
+        Some("192.0.2.20"),
+    );
+    println!("cluster c1 (network n1): API server {}", c1.url());
+    println!("  reviews: 10.1.0.1, 10.1.0.2");
+    println!("cluster c2 (network n2): API server {}", c2.url());
+    println!("  reviews: 10.2.0.1, 10.2.0.2, 10.2.0.3");
+    println!("  istio-eastwestgateway: LoadBalancer 192.0.2.20:15443");
+
+    let dir = tempfile::tempdir()?;
+    let networks = dir.path().join("meshNetworks.yaml");
+    std::fs::write(&networks, MESH_NETWORKS)?;
+    let client = c1.client();
+    let server = FakeServer::builder()
+        .cluster_id("c1")
+        .configure(move |c| {
+            c.networks_config = Some(networks);
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: SYSTEM.into(),
+                remote_secrets: RemoteSecretSettings::default(),
+            });
+        })
+        .start()
+        .await?;
+
+    // The remote secret, as `istioctl create-remote-secret --name c2` writes it.
+    c1.apply(&objects::remote_secret(
+        SYSTEM,
+        "istio-remote-secret-c2",
+        &[("c2", &c2.kubeconfig())],
+    ));
+    println!(
+        "\nsecret {SYSTEM}/istio-remote-secret-c2 (label istio/multiCluster=true, key c2) created in c1"
+    );
+
+    // Wait (bounded) until c2's registry has synced and its gateway is in a snapshot.
+    let remote = ShardKey::new(ProviderId::Kubernetes, "c2");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let synced = server
+            .server()
+            .aggregate()
+            .registries()
+            .iter()
+            .any(|r| r.shard_key() == remote && r.has_synced());
+        server.sync().await;
+        let snapshot = server.server().snapshot().load();
+        if synced && snapshot.gateways.iter().any(|g| g.network.as_str() == "n2") {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("cluster c2 did not sync within 20 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!("registry {remote} synced; endpoints of both clusters merged under one service");
+
+    let snapshot = server.server().snapshot().load();
+    let view = NetworkView::new(&snapshot.mesh.networks, &snapshot.gateways);
+    println!("\nnetwork gateways (/debug/networkz):");
+    for entry in view.entries() {
+        let g = &entry.gateway;
+        println!(
+            "  {}: {}:{}  from {}",
+            g.network,
+            g.address,
+            g.port,
+            entry.sources.join(", ")
+        );
+    }
+
+    println!("\nEDS for {CLUSTER}:");
+    show(&server, "n1", "10.1.0.9").await?;
+    show(&server, "n2", "10.2.0.9").await?;
+    println!(
+        "\nLocal endpoints are sent directly; the other network's endpoints are replaced by\n\
+         its gateway, weighted by how many endpoints stand behind it, so traffic splits\n\
+         2:3 between c1 and c2 from either side."
+    );
+    server.shutdown().await;
+    Ok(())
+}

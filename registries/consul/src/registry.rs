@@ -1,0 +1,243 @@
+//! The read side of a Consul registry: [`ConsulRegistry`] (what the aggregate and the
+//! debug code read, never waiting on the writer) and its counters ([`ConsulStats`]).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use meshfed_registry::{
+    ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink,
+};
+use tokio::task::JoinHandle;
+use tracing::info;
+
+use crate::api::ConsulClient;
+use crate::config::{ConsulConfig, Error, Result};
+
+/// What readers see: the published services and their endpoints.
+#[derive(Debug, Default)]
+pub(crate) struct View {
+    pub(crate) services: BTreeMap<ServiceKey, Arc<Service>>,
+    pub(crate) endpoints: BTreeMap<ServiceKey, Arc<[Endpoint]>>,
+}
+
+/// Counters the registry keeps, for metrics, debug output and tests. Monotonic unless
+/// named a gauge.
+#[derive(Debug, Default)]
+pub struct ConsulStats {
+    answers: AtomicU64,
+    errors: AtomicU64,
+    skipped_entries: AtomicU64,
+    skipped_services: AtomicU64,
+    index_resets: AtomicU64,
+    watched: AtomicU64,
+    last_error: Mutex<Option<String>>,
+}
+
+impl ConsulStats {
+    /// Successful answers to queries (blocking or not).
+    pub fn answers(&self) -> u64 {
+        self.answers.load(Ordering::Relaxed)
+    }
+
+    /// Failed queries (unreachable, error status, undecodable body); each is retried.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Health entries skipped because they could not be converted (counted every time
+    /// an answer carrying them is applied).
+    pub fn skipped_entries(&self) -> u64 {
+        self.skipped_entries.load(Ordering::Relaxed)
+    }
+
+    /// Catalog services skipped because their name cannot be a hostname label.
+    pub fn skipped_services(&self) -> u64 {
+        self.skipped_services.load(Ordering::Relaxed)
+    }
+
+    /// Times an `X-Consul-Index` went backwards and the watch restarted from 0.
+    pub fn index_resets(&self) -> u64 {
+        self.index_resets.load(Ordering::Relaxed)
+    }
+
+    /// Gauge: catalog services watched (one blocking health query each).
+    pub fn watched_services(&self) -> u64 {
+        self.watched.load(Ordering::Relaxed)
+    }
+
+    /// The last query error, if any.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().expect("stats poisoned").clone()
+    }
+
+    pub(crate) fn count_answer(&self) {
+        self.answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_error(&self, err: &str) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        *self.last_error.lock().expect("stats poisoned") = Some(err.to_string());
+    }
+
+    pub(crate) fn count_skipped_entries(&self, n: usize) {
+        self.skipped_entries.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_skipped_service(&self) {
+        self.skipped_services.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_index_reset(&self) {
+        self.index_resets.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_watched(&self, n: usize) {
+        self.watched.store(n as u64, Ordering::Relaxed);
+    }
+}
+
+/// A Consul catalog as a service registry. Cheap synchronous reads of the last view
+/// the writer task published; the writer owns every watch and all state.
+pub struct ConsulRegistry {
+    pub(crate) config: Arc<ConsulConfig>,
+    pub(crate) datacenter: String,
+    cluster: ClusterId,
+    shard: ShardKey,
+    pub(crate) view: ArcSwap<View>,
+    pub(crate) synced: AtomicBool,
+    pub(crate) stale: AtomicBool,
+    pub(crate) stats: Arc<ConsulStats>,
+}
+
+impl fmt::Debug for ConsulRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConsulRegistry")
+            .field("shard", &self.shard)
+            .field("url", &self.config.url)
+            .field("services", &self.view.load().services.len())
+            .field("synced", &self.has_synced())
+            .field("stale", &self.is_stale())
+            .finish()
+    }
+}
+
+impl ConsulRegistry {
+    /// Starts following the Consul catalog at `config.url` and returns the registry
+    /// handle and the writer task, which runs until `shutdown` resolves.
+    ///
+    /// The cluster id is the datacenter: `config.datacenter`, else the agent's own,
+    /// asked once here. Then `/v1/catalog/services` and, per catalog service,
+    /// `/v1/health/service/<name>` are followed with blocking queries, each with its
+    /// own `X-Consul-Index`. Nothing reaches `sink` until the catalog and every
+    /// service in it have answered once; then every service is announced, every
+    /// endpoint shard written and `sink.synced(Consul/<dc>)` sent, and from then on
+    /// only changes are: a new, changed or removed service is a full push, an
+    /// instance or health change an incremental one for that hostname.
+    ///
+    /// Fails for invalid settings, and when no datacenter is configured and Consul
+    /// cannot be asked for it. Once started, failures are retried with backoff: the
+    /// registry keeps its last view and reports itself stale until every watch
+    /// answers again.
+    pub async fn start(
+        config: ConsulConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(Arc<ConsulRegistry>, JoinHandle<()>)> {
+        config.validate()?;
+        let client = ConsulClient::new(&config)?;
+        let datacenter = match &config.datacenter {
+            Some(dc) => dc.clone(),
+            None => {
+                let dc = client
+                    .local_datacenter()
+                    .await
+                    .map_err(|e| Error::Datacenter(e.to_string()))?;
+                info!(url = %config.url, datacenter = %dc, "consul: the agent's datacenter");
+                dc
+            }
+        };
+        let cluster = ClusterId::new(&datacenter);
+        let registry = Arc::new(ConsulRegistry {
+            config: Arc::new(config),
+            datacenter,
+            shard: ShardKey::new(ProviderId::Consul, cluster.clone()),
+            cluster,
+            view: ArcSwap::default(),
+            synced: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            stats: Arc::default(),
+        });
+        let task = tokio::spawn(crate::writer::run(client, registry.clone(), sink, shutdown));
+        Ok((registry, task))
+    }
+
+    /// The settings the registry runs with.
+    pub fn config(&self) -> &ConsulConfig {
+        &self.config
+    }
+
+    /// The datacenter read (also the cluster id).
+    pub fn datacenter(&self) -> &str {
+        &self.datacenter
+    }
+
+    /// The writer's counters.
+    pub fn stats(&self) -> &Arc<ConsulStats> {
+        &self.stats
+    }
+
+    /// One published service.
+    pub fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
+        self.view.load().services.get(key).cloned()
+    }
+
+    /// The published endpoints of a service (kept through outages).
+    pub fn endpoints(&self, key: &ServiceKey) -> Vec<Endpoint> {
+        self.view
+            .load()
+            .endpoints
+            .get(key)
+            .map(|e| e.to_vec())
+            .unwrap_or_default()
+    }
+
+    /// The key of Consul service `name` in the mesh.
+    pub fn key_of(&self, name: &str) -> ServiceKey {
+        ServiceKey::new(
+            self.config.hostname(name, &self.datacenter),
+            self.config.namespace.clone(),
+        )
+    }
+}
+
+impl ServiceRegistry for ConsulRegistry {
+    fn provider(&self) -> ProviderId {
+        ProviderId::Consul
+    }
+
+    fn cluster_id(&self) -> &ClusterId {
+        &self.cluster
+    }
+
+    fn shard_key(&self) -> ShardKey {
+        self.shard.clone()
+    }
+
+    fn services(&self) -> Vec<Arc<Service>> {
+        self.view.load().services.values().cloned().collect()
+    }
+
+    fn has_synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// True while the last answer of any watch (the catalog or a service) was an
+    /// error: the view is the last one Consul gave.
+    fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::SeqCst)
+    }
+}

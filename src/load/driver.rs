@@ -1,0 +1,622 @@
+//! A run from start to report: write the registry, start (or attach to) the server,
+//! ramp the proxies up and wait for their initial configs, make the changes and wait
+//! for every watcher to ACK them, then sum up.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio::time::sleep_until;
+
+use super::client::{self, Connection, ProxyConfig};
+use super::plan::Plan;
+use super::procfs::{self, Machine, ProcessSample};
+use super::record::{Percentiles, Recorder};
+use super::registry::{ChangeKind, Registry, VIRTUAL_SERVICE_FILE, write_atomically};
+use super::report::{
+    Changes, Convergence, KindFigures, Received, ServerInfo, ServerUsage, Summary,
+};
+use super::scenario::{Mode, Scenario};
+use super::server::{self, ServerUnderLoad};
+use crate::resource::TypeUrl;
+
+/// Which server the run loads.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Start `binary discovery` on a mock-registry file in a scratch directory.
+    Spawn {
+        /// The meshfed binary.
+        binary: PathBuf,
+        /// More flags for `discovery` (e.g. `--debounceAfter=50ms`).
+        extra_args: Vec<String>,
+    },
+    /// A server already running that follows `mock_file`.
+    Attach {
+        /// Its ADS address.
+        grpc: SocketAddr,
+        /// The mock-registry file it follows (the tool rewrites it).
+        mock_file: PathBuf,
+        /// The config directory it reads (`--configDir`), for config changes.
+        config_dir: Option<PathBuf>,
+        /// Its process, for memory and CPU.
+        pid: Option<u32>,
+    },
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// The server.
+    pub target: Target,
+    /// The server's cluster id (node metadata `CLUSTER_ID`).
+    pub cluster_id: String,
+    /// Print a progress line on stderr every second.
+    pub progress: bool,
+}
+
+/// How often the driver looks at the recorder while it waits.
+const POLL: Duration = Duration::from_millis(5);
+
+/// Runs the scenario and returns what was measured.
+pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
+    let scenario = &options.scenario;
+    scenario.validate()?;
+    let connections = match scenario.connections {
+        0 => scenario.proxies,
+        k => k.min(scenario.proxies),
+    };
+    // Here one socket per connection; a spawned server inherits the limit and needs
+    // one per proxy.
+    let needed = match options.target {
+        Target::Spawn { .. } => scenario.proxies.max(connections),
+        Target::Attach { .. } => connections,
+    };
+    procfs::ensure_open_files(needed as u64 + 256)?;
+
+    let config_changes = scenario.churn.config_changes > 0;
+    let (files, scratch) = match &options.target {
+        Target::Spawn { .. } => {
+            let dir = server::scratch_dir()?;
+            let config_dir = dir.join("config");
+            if config_changes {
+                std::fs::create_dir_all(&config_dir)
+                    .with_context(|| format!("creating {}", config_dir.display()))?;
+            }
+            let files = Files {
+                mock_file: dir.join("registry.yaml"),
+                config_dir: config_changes.then_some(config_dir),
+            };
+            (files, Some(dir))
+        }
+        Target::Attach {
+            mock_file,
+            config_dir,
+            ..
+        } => {
+            if config_changes && config_dir.is_none() {
+                eprintln!(
+                    "warning: the scenario's {} config changes are skipped: give the server's \
+                     --configDir with --config-dir",
+                    scenario.churn.config_changes
+                );
+            }
+            let files = Files {
+                mock_file: mock_file.clone(),
+                config_dir: config_dir.clone().filter(|_| config_changes),
+            };
+            (files, None)
+        }
+    };
+    let _scratch = scratch.map(Scratch);
+    run_with_files(&options, &files).await
+}
+
+/// The scratch directory of a spawned server, removed when the run ends (also when
+/// it is interrupted).
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The files the tool writes and the server follows.
+#[derive(Clone, Debug)]
+struct Files {
+    /// The mock registry.
+    mock_file: PathBuf,
+    /// The config directory, when config changes are made.
+    config_dir: Option<PathBuf>,
+}
+
+impl Files {
+    fn virtual_service(&self) -> Option<PathBuf> {
+        Some(self.config_dir.as_ref()?.join(VIRTUAL_SERVICE_FILE))
+    }
+}
+
+async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<Summary> {
+    let scenario = &options.scenario;
+    let mut registry = Registry::new(scenario);
+    let kinds = registry.plan(scenario);
+    let plan = Arc::new(Plan::new(scenario, &registry, &kinds));
+    registry
+        .write(&files.mock_file, &scenario.name)
+        .context("writing the initial mock registry")?;
+    if let Some(path) = files.virtual_service() {
+        write_atomically(&path, registry.virtual_service(None).as_bytes())
+            .context("writing the initial VirtualService")?;
+    }
+
+    let server = match &options.target {
+        Target::Spawn { binary, extra_args } => {
+            ServerUnderLoad::spawn(
+                binary,
+                &files.mock_file,
+                files.config_dir.as_deref(),
+                extra_args,
+            )
+            .await?
+        }
+        Target::Attach { grpc, pid, .. } => {
+            if let Some(pid) = pid
+                && let Ok((soft, _)) = procfs::open_files_limit(Some(*pid))
+                && soft < scenario.proxies as u64 + 64
+            {
+                eprintln!(
+                    "warning: the server (pid {pid}) may open only {soft} files, fewer than the {} proxies need",
+                    scenario.proxies
+                );
+            }
+            ServerUnderLoad::attach(*grpc, *pid)?
+        }
+    };
+    let result = load(options, &plan, registry, &kinds, &server, files).await;
+    server.stop().await;
+    result
+}
+
+/// What the progress line shows besides the recorder.
+struct Progress {
+    recorder: Arc<Recorder>,
+    pid: Option<u32>,
+    proxies: usize,
+    changes: usize,
+    started: Instant,
+}
+
+impl Progress {
+    async fn run(self) {
+        let tty = std::io::stderr().is_terminal();
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.tick().await;
+        let mut last: Option<(Instant, ProcessSample)> = None;
+        loop {
+            tick.tick().await;
+            let r = &self.recorder;
+            let mut line = format!(
+                "[{:>6.1}s] proxies {} started, {} connected, {} converged of {}",
+                self.started.elapsed().as_secs_f64(),
+                r.started.load(Ordering::Relaxed),
+                r.connected.load(Ordering::Relaxed),
+                r.converged.load(Ordering::Relaxed),
+                self.proxies
+            );
+            if self.changes > 0 {
+                let (written, done) = r.change_progress();
+                line += &format!(
+                    " | changes {written} written, {done} done of {}",
+                    self.changes
+                );
+            }
+            if let Some(pid) = self.pid
+                && let Ok(sample) = procfs::sample(Some(pid))
+            {
+                let now = Instant::now();
+                let cpu = last
+                    .map(|(at, prev)| procfs::cpu_share(&prev, &sample, now - at) * 100.0)
+                    .unwrap_or(0.0);
+                line += &format!(
+                    " | server RSS {}, CPU {cpu:.0}%",
+                    super::report::bytes(sample.rss_bytes)
+                );
+                last = Some((now, sample));
+            }
+            if tty {
+                eprint!("\r\x1b[2K{line}");
+            } else {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+async fn load(
+    options: &RunOptions,
+    plan: &Arc<Plan>,
+    mut registry: Registry,
+    kinds: &[ChangeKind],
+    server: &ServerUnderLoad,
+    files: &Files,
+) -> anyhow::Result<Summary> {
+    let scenario = &options.scenario;
+    let recorder = Arc::new(Recorder::new(kinds.len(), plan.service_count()));
+    let sample = |when: &str| -> Option<ProcessSample> {
+        let pid = server.pid?;
+        match procfs::sample(Some(pid)) {
+            Ok(s) => Some(s),
+            Err(err) => {
+                eprintln!("warning: sampling the server {when}: {err:#}");
+                None
+            }
+        }
+    };
+    let before_ramp = sample("before the ramp");
+    let progress = options.progress.then(|| {
+        tokio::spawn(
+            Progress {
+                recorder: recorder.clone(),
+                pid: server.pid,
+                proxies: scenario.proxies,
+                changes: kinds.len(),
+                started: Instant::now(),
+            }
+            .run(),
+        )
+    });
+
+    // --- Ramp and initial convergence.
+    let shared: Vec<tonic::transport::Channel> = if scenario.connections > 0 {
+        let mut channels = Vec::new();
+        for _ in 0..scenario.connections.min(scenario.proxies) {
+            channels.push(
+                client::endpoint(server.grpc)?
+                    .connect()
+                    .await
+                    .with_context(|| format!("connecting to {}", server.grpc))?,
+            );
+        }
+        channels
+    } else {
+        Vec::new()
+    };
+    let (report_tx, report_rx) = watch::channel(0u64);
+    let mut proxies = JoinSet::new();
+    let ramp_start = Instant::now();
+    let deadline = ramp_start + scenario.settle_timeout;
+    for index in 0..scenario.proxies {
+        if scenario.ramp > 0.0 {
+            sleep_until(
+                (ramp_start + Duration::from_secs_f64(index as f64 / scenario.ramp)).into(),
+            )
+            .await;
+        }
+        let connection = match shared.len() {
+            0 => Connection::Own(server.grpc),
+            k => Connection::Shared(shared[index % k].clone()),
+        };
+        proxies.spawn(client::run_proxy(ProxyConfig {
+            index,
+            plan: plan.clone(),
+            flavour: scenario.flavour,
+            connection,
+            cluster_id: options.cluster_id.clone(),
+            recorder: recorder.clone(),
+            report: report_rx.clone(),
+        }));
+        recorder.started.fetch_add(1, Ordering::Relaxed);
+    }
+    let ramp_seconds = ramp_start.elapsed().as_secs_f64();
+    while recorder.converged.load(Ordering::SeqCst) < scenario.proxies && Instant::now() < deadline
+    {
+        tokio::time::sleep(POLL).await;
+    }
+    let converged = recorder.converged.load(Ordering::SeqCst);
+    let all_converged_seconds = (converged >= scenario.proxies)
+        .then(|| (recorder.last_converged() - ramp_start).as_secs_f64());
+    let after_convergence = sample("after convergence");
+
+    // --- Churn.
+    let churn_start = Instant::now();
+    let mut last_write = churn_start;
+    for (index, kind) in kinds.iter().enumerate() {
+        if scenario.churn.rate > 0.0 {
+            let at = churn_start + Duration::from_secs_f64(index as f64 / scenario.churn.rate);
+            sleep_until(at.into()).await;
+        } else if index > 0 {
+            let until = last_write + scenario.change_timeout;
+            while !recorder.change_done(index - 1) && Instant::now() < until {
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        let applied = registry.apply(index, *kind);
+        debug_assert_eq!(applied, plan.changes[index], "the plan is the run");
+        let (path, text) = if *kind == ChangeKind::Config {
+            let Some(path) = files.virtual_service() else {
+                recorder.change_skipped(index);
+                continue;
+            };
+            (path, registry.virtual_service(Some(index)))
+        } else {
+            (files.mock_file.clone(), registry.render(&scenario.name))
+        };
+        let watchers = match (plan.mode, kind, applied.service) {
+            (Mode::Sidecar, _, _) => recorder.live_converged.load(Ordering::SeqCst),
+            // Proxyless clients watch no added or removed service.
+            (Mode::Grpc, ChangeKind::ServiceAdd | ChangeKind::ServiceRemove, _) => 0,
+            (Mode::Grpc, _, Some(s)) => recorder.service_watchers[s].load(Ordering::SeqCst),
+            (Mode::Grpc, _, None) => 0,
+        };
+        last_write = Instant::now();
+        recorder.change_written(index, watchers, last_write);
+        write_atomically(&path, text.as_bytes())
+            .with_context(|| format!("writing change {index}"))?;
+    }
+    let until = last_write + scenario.change_timeout;
+    while !(0..kinds.len()).all(|i| recorder.change_done(i)) && Instant::now() < until {
+        tokio::time::sleep(POLL).await;
+    }
+    let at_end = sample("at the end");
+
+    // Proxies without a complete config say what they miss.
+    if converged < scenario.proxies {
+        let _ = report_tx.send(1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    if let Some(progress) = progress {
+        progress.abort();
+        if std::io::stderr().is_terminal() {
+            eprintln!();
+        }
+    }
+    proxies.shutdown().await;
+
+    let per_proxy = Percentiles::of(&recorder.convergence_times());
+    let summary = Summary {
+        scenario: scenario.clone(),
+        machine: Machine::detect(),
+        server: ServerInfo {
+            address: server.grpc.to_string(),
+            pid: server.pid,
+            spawned: server.spawned,
+        },
+        convergence: Convergence {
+            proxies: scenario.proxies,
+            converged,
+            ramp_seconds,
+            all_converged_seconds,
+            per_proxy,
+        },
+        changes: changes(&recorder, plan, kinds),
+        received: received(&recorder),
+        server_usage: match (before_ramp, after_convergence, at_end) {
+            (Some(before_ramp), Some(after_convergence), Some(at_end)) => Some(ServerUsage {
+                before_ramp,
+                after_convergence,
+                at_end,
+            }),
+            _ => None,
+        },
+        load_tool: procfs::sample(None).ok(),
+        unserved: recorder.unserved_names(),
+        missing: recorder.missing_reports(),
+        stream_failures: recorder.stream_failures.load(Ordering::Relaxed),
+        nacks: recorder.nacks.load(Ordering::Relaxed),
+        errors: recorder.errors(),
+        passed: false,
+    };
+    let passed = summary.convergence.converged == summary.convergence.proxies
+        && summary.changes.complete + summary.changes.unwatched == summary.changes.written;
+    Ok(Summary { passed, ..summary })
+}
+
+fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {
+    let mut out = Changes {
+        planned: kinds.len(),
+        ..Changes::default()
+    };
+    // Per kind: figures, last-ACK latencies, every-ACK latencies, total watchers.
+    #[derive(Default)]
+    struct Acc {
+        figures: KindFigures,
+        last: Vec<Duration>,
+        every: Vec<Duration>,
+        watchers: usize,
+    }
+    let mut per_kind: BTreeMap<&'static str, Acc> = BTreeMap::new();
+    for (index, kind) in kinds.iter().enumerate() {
+        let outcome = recorder.change_outcome(index);
+        if outcome.skipped {
+            out.skipped += 1;
+            continue;
+        }
+        if !outcome.written {
+            continue;
+        }
+        out.written += 1;
+        if outcome.watchers == 0 {
+            out.unwatched += 1;
+        } else if outcome.complete() {
+            out.complete += 1;
+        }
+        debug_assert_eq!(plan.changes[index].kind, *kind);
+        let key = match kind {
+            ChangeKind::Endpoint => "endpoint",
+            ChangeKind::ServiceAdd => "service_add",
+            ChangeKind::ServiceRemove => "service_remove",
+            ChangeKind::Config => "config",
+        };
+        let entry = per_kind.entry(key).or_default();
+        entry.figures.written += 1;
+        if outcome.watchers > 0 && outcome.complete() {
+            entry.figures.complete += 1;
+        }
+        entry.watchers += outcome.watchers;
+        if let Some(last) = outcome.last_ack() {
+            entry.last.push(last);
+        }
+        entry.every.extend(outcome.latencies.iter().copied());
+    }
+    out.by_kind = per_kind
+        .into_iter()
+        .map(|(key, acc)| {
+            let mut figures = acc.figures;
+            figures.mean_watchers = acc.watchers as f64 / figures.written.max(1) as f64;
+            figures.last_ack = Percentiles::of(&acc.last);
+            figures.every_ack = Percentiles::of(&acc.every);
+            (key, figures)
+        })
+        .collect();
+    out
+}
+
+fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
+    let mut out = BTreeMap::new();
+    let mut total = Received::default();
+    for type_url in TypeUrl::ALL {
+        let t = &recorder.types[type_url as usize];
+        let r = Received {
+            responses: t.responses.load(Ordering::Relaxed),
+            resources: t.resources.load(Ordering::Relaxed),
+            bytes: t.bytes.load(Ordering::Relaxed),
+        };
+        total.responses += r.responses;
+        total.resources += r.resources;
+        total.bytes += r.bytes;
+        out.insert(type_url.short(), r);
+    }
+    out.insert("total", total);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::scenario::{Churn, Flavour};
+    use crate::testing::FakeServer;
+
+    /// A tiny scenario against an in-process server following a mock-registry file
+    /// (and a config directory, with `config`).
+    async fn tiny(mode: Mode, flavour: Flavour, config: bool) -> Summary {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry.yaml");
+        std::fs::write(&file, "services: []\n").unwrap();
+        let config_dir = dir.path().join("config");
+        std::fs::create_dir(&config_dir).unwrap();
+        let server_config_dir = config.then(|| config_dir.clone());
+        let server = FakeServer::builder()
+            .mock_registry_file(&file)
+            .configure(|c| c.config_dir = server_config_dir)
+            .start()
+            .await
+            .unwrap();
+        let scenario = Scenario {
+            name: "tiny".into(),
+            services: 4,
+            endpoints_per_service: 2,
+            namespaces: 2,
+            proxies: 6,
+            mode,
+            grpc_services_per_client: 2,
+            flavour,
+            ramp: 0.0,
+            connections: if flavour == Flavour::Delta { 2 } else { 0 },
+            churn: Churn {
+                rate: 0.0,
+                endpoint_changes: 4,
+                service_adds: 1,
+                service_removes: 1,
+                config_changes: 1,
+            },
+            settle_timeout: Duration::from_secs(10),
+            change_timeout: Duration::from_secs(5),
+            seed: 7,
+        };
+        let summary = execute(RunOptions {
+            scenario,
+            target: Target::Attach {
+                grpc: server.grpc_addr(),
+                mock_file: file,
+                config_dir: config.then_some(config_dir),
+                pid: None,
+            },
+            cluster_id: "Kubernetes".into(),
+            progress: false,
+        })
+        .await
+        .unwrap();
+        server.shutdown().await;
+        summary
+    }
+
+    fn check(summary: &Summary) {
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert_eq!(summary.convergence.converged, 6, "{report}");
+        assert!(summary.convergence.all_converged_seconds.is_some());
+        let changes = &summary.changes;
+        assert_eq!(
+            (changes.planned, changes.written, changes.skipped),
+            (7, 6, 1),
+            "{report}"
+        );
+        assert_eq!(changes.complete + changes.unwatched, 6, "{report}");
+        let endpoint = &changes.by_kind["endpoint"];
+        assert_eq!((endpoint.written, endpoint.complete), (4, 4), "{report}");
+        assert_eq!(endpoint.last_ack.count, 4);
+        for t in ["cds", "eds", "lds"] {
+            assert!(summary.received[t].bytes > 0, "{t}: {report}");
+        }
+        assert_eq!(summary.nacks, 0, "{report}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sidecars_sotw_converge_and_observe_every_change() {
+        let summary = tiny(Mode::Sidecar, Flavour::Sotw, false).await;
+        check(&summary);
+        let changes = &summary.changes;
+        assert_eq!(changes.unwatched, 0, "sidecars watch every change");
+        for kind in ["service_add", "service_remove"] {
+            let k = &changes.by_kind[kind];
+            assert_eq!((k.written, k.complete), (1, 1), "{kind}");
+            assert_eq!(k.mean_watchers, 6.0);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sidecars_delta_over_shared_connections() {
+        check(&tiny(Mode::Sidecar, Flavour::Delta, false).await);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn proxyless_clients_converge_and_observe_their_services() {
+        let summary = tiny(Mode::Grpc, Flavour::Sotw, false).await;
+        check(&summary);
+        assert_eq!(
+            summary.changes.unwatched, 2,
+            "no client watches added/removed services"
+        );
+        assert!(summary.received["rds"].resources > 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn virtual_service_changes_reach_every_sidecar() {
+        let summary = tiny(Mode::Sidecar, Flavour::Sotw, true).await;
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert_eq!(summary.changes.skipped, 0, "{report}");
+        let config = &summary.changes.by_kind["config"];
+        assert_eq!((config.written, config.complete), (1, 1), "{report}");
+        assert_eq!(config.mean_watchers, 6.0);
+    }
+}

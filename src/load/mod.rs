@@ -1,0 +1,249 @@
+//! `meshfed load`: simulated proxies against a real server, with changes made through
+//! a registry the server really reads, measured on the client side.
+//!
+//! ```text
+//! meshfed load --scenario examples/scenarios/smoke.yaml [--proxies N] [--flavour sotw|delta]
+//!              [--server ADDR --mock-file PATH [--server-pid PID]] [--json FILE]
+//! ```
+//!
+//! # What a run does
+//!
+//! 1. Writes the scenario's services to a mock-registry YAML file and starts
+//!    `meshfed discovery --mockRegistryFile FILE` on it (this same binary, every port
+//!    0, addresses read from its `meshfed discovery serving` log line), or uses a
+//!    running server that follows the file given with `--mock-file`.
+//! 2. Connects N simulated proxies at the ramp rate, each with its own ADS stream over
+//!    its own HTTP/2 connection (or over `connections` shared ones), node id
+//!    `sidecar~10.x.y.z~load-<i>.<ns>~<ns>.svc.cluster.local` and metadata `NAMESPACE`,
+//!    `CLUSTER_ID` (plus `GENERATOR=grpc` for proxyless clients). A sidecar subscribes
+//!    like Envoy: CDS wildcard, EDS for every EDS cluster, then LDS wildcard and RDS for
+//!    every route name of its listeners; a proxyless client asks LDS for `host:port` of
+//!    its services, then the RDS, CDS and EDS names it learns. Every response is ACKed;
+//!    subscriptions follow what CDS and LDS add and remove ([`proxy`]).
+//! 3. Waits until every proxy has a complete, consistent config: every subscribed name
+//!    received, every service's cluster present (sidecars) and every load assignment
+//!    with all of the service's endpoints.
+//! 4. Makes the churn by rewriting the file atomically (temporary file + rename): an
+//!    endpoint change gives one endpoint of a random service a port of its own
+//!    (`20000 + change number`), so a proxy recognises the change in the load
+//!    assignment; a service add or remove shows as a cluster appearing or leaving CDS.
+//!    A config change rewrites a VirtualService of `svc-0` (in a config directory the
+//!    server reads with `--configDir`) whose one HTTP route is named
+//!    `load-change-<change number>`, which every proxy seeing `svc-0` finds in its
+//!    routes: a change that touches every sidecar. A change counts as observed by a
+//!    proxy when the proxy has sent the ACK of the response that carried it. Sidecars
+//!    watch every change; a proxyless client watches the endpoint and config changes
+//!    of its services (and no added or removed service).
+//! 5. Reports (a table on stdout, `--json FILE` for the same as JSON): time until every
+//!    proxy had its config, per proxy start -> complete; per kind of change, write ->
+//!    last watcher's ACK (p50/p90/p99/max over the changes) and write -> each
+//!    watcher's ACK; responses, resources and bytes per type; the server's RSS and CPU
+//!    seconds from `/proc/<pid>` (a spawned server, or `--server-pid`). A progress line
+//!    goes to stderr every second. The exit status is non-zero when a proxy never
+//!    converged or a change did not reach every watcher in time.
+//!
+//! # Scenario file
+//!
+//! ```yaml
+//! name: smoke                # shown in reports
+//! services: 10               # services in the mock registry (svc-<j>.load-<ns>.svc.cluster.local)
+//! endpointsPerService: 3     # endpoints per service
+//! namespaces: 2              # services and proxies spread over load-0, load-1, ...
+//! proxies: 20                # simulated proxies
+//! mode: sidecar              # sidecar (Envoy) | grpc (proxyless, GENERATOR=grpc)
+//! grpcServicesPerClient: 10  # grpc mode: services each client watches
+//! flavour: sotw              # sotw | delta
+//! ramp: 100                  # proxies connected per second (0 = all at once)
+//! connections: 0             # shared HTTP/2 connections (0 = one per proxy)
+//! churn:
+//!   rate: 4                  # changes per second (0 = one at a time, each once the previous is ACKed by all)
+//!   endpointChanges: 20      # one endpoint of a random service gets a new port
+//!   serviceAdds: 1
+//!   serviceRemoves: 1        # added services first, then services set aside for it
+//!   configChanges: 0         # a VirtualService route of svc-0 renamed (needs --configDir)
+//! settleTimeout: 60s         # ramp start -> every proxy complete
+//! changeTimeout: 30s         # a change's write -> every watcher ACKed
+//! seed: 1                    # which services and endpoints change
+//! ```
+//!
+//! Every field is optional (defaults as above; `services: 10`, `proxies: 10`,
+//! `endpointsPerService: 3`, `namespaces: 1`, `grpcServicesPerClient: 10`, `ramp: 0`,
+//! no churn). Durations are `90s`, `1m30s` or a number of seconds. Bundled scenarios
+//! are in `examples/scenarios/`. The rate should leave each change time to be pushed
+//! (debounce 100 ms + file watch 50 ms by default) or changes merge into one push;
+//! every merged change still counts as observed when its result arrives.
+//!
+//! Each connection is a socket here and in a spawned server: the tool raises its
+//! soft open-files limit to the hard limit when needed (the server inherits it), and
+//! otherwise says how to raise it (`ulimit -n`).
+
+pub mod client;
+pub mod driver;
+pub mod lite;
+pub mod plan;
+pub mod procfs;
+pub mod proxy;
+pub mod record;
+pub mod registry;
+pub mod report;
+pub mod scenario;
+pub mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use driver::{RunOptions, Target};
+use scenario::{Flavour, Mode, Scenario};
+
+/// `meshfed load` flags; the scenario file holds the rest (see the module docs).
+#[derive(Args, Debug, Clone)]
+pub struct LoadArgs {
+    /// Scenario YAML (examples/scenarios/*.yaml).
+    #[arg(long)]
+    pub scenario: PathBuf,
+    /// Overrides the scenario's number of proxies.
+    #[arg(long)]
+    pub proxies: Option<usize>,
+    /// Overrides the scenario's ADS flavour.
+    #[arg(long, value_enum)]
+    pub flavour: Option<Flavour>,
+    /// Overrides the scenario's proxy kind.
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// Overrides the connect ramp (proxies per second, 0 = all at once).
+    #[arg(long)]
+    pub ramp: Option<f64>,
+    /// Overrides the number of shared HTTP/2 connections (0 = one per proxy).
+    #[arg(long)]
+    pub connections: Option<usize>,
+    /// Load a running server at this ADS address instead of starting one (needs
+    /// --mock-file: the mock-registry file that server follows).
+    #[arg(long)]
+    pub server: Option<SocketAddr>,
+    /// With --server: the file the server follows (`--mockRegistryFile`); the tool
+    /// overwrites it.
+    #[arg(long = "mock-file")]
+    pub mock_file: Option<PathBuf>,
+    /// With --server: the config directory the server reads (`--configDir`); the
+    /// tool writes a VirtualService there for the scenario's config changes.
+    #[arg(long = "config-dir")]
+    pub config_dir: Option<PathBuf>,
+    /// With --server: the server's process id, for its memory and CPU.
+    #[arg(long = "server-pid")]
+    pub server_pid: Option<u32>,
+    /// An extra flag for the server the tool starts (repeatable), e.g.
+    /// `--server-arg=--debounceAfter=50ms`.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// The server's cluster id, sent as node metadata CLUSTER_ID.
+    #[arg(long = "cluster-id", default_value = "Kubernetes")]
+    pub cluster_id: String,
+    /// Also write the summary as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// No progress line on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+impl LoadArgs {
+    /// The run these flags ask for.
+    pub fn options(&self) -> anyhow::Result<RunOptions> {
+        let mut scenario = Scenario::load(&self.scenario)?;
+        if let Some(n) = self.proxies {
+            scenario.proxies = n;
+        }
+        if let Some(f) = self.flavour {
+            scenario.flavour = f;
+        }
+        if let Some(m) = self.mode {
+            scenario.mode = m;
+        }
+        if let Some(r) = self.ramp {
+            scenario.ramp = r;
+        }
+        if let Some(k) = self.connections {
+            scenario.connections = k;
+        }
+        scenario
+            .validate()
+            .with_context(|| format!("{} with the flags given", self.scenario.display()))?;
+        let target = match (self.server, &self.mock_file) {
+            (Some(grpc), Some(mock_file)) => Target::Attach {
+                grpc,
+                mock_file: mock_file.clone(),
+                config_dir: self.config_dir.clone(),
+                pid: self.server_pid,
+            },
+            (None, None) => {
+                if self.server_pid.is_some() || self.config_dir.is_some() {
+                    bail!(
+                        "--server-pid and --config-dir go with --server (the tool knows those \
+                         of a server it starts)"
+                    );
+                }
+                Target::Spawn {
+                    binary: std::env::current_exe().context("finding the meshfed binary")?,
+                    extra_args: self.server_args.clone(),
+                }
+            }
+            (Some(_), None) => bail!(
+                "--server needs --mock-file: the mock-registry file that server follows \
+                 (--mockRegistryFile), which the tool rewrites to make changes"
+            ),
+            (None, Some(_)) => bail!("--mock-file goes with --server"),
+        };
+        if !self.server_args.is_empty() && matches!(target, Target::Attach { .. }) {
+            bail!("--server-arg is for a server the tool starts, not one given with --server");
+        }
+        Ok(RunOptions {
+            scenario,
+            target,
+            cluster_id: self.cluster_id.clone(),
+            progress: !self.quiet,
+        })
+    }
+}
+
+/// Waits for Ctrl-C or SIGTERM and names it.
+async fn interrupted() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => return "Ctrl-C",
+                _ = term.recv() => return "SIGTERM",
+            }
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    "Ctrl-C"
+}
+
+/// `meshfed load`: runs the scenario, prints the report, writes `--json`, and fails
+/// when a proxy never converged or a change did not reach every watcher.
+pub fn run(args: LoadArgs) -> anyhow::Result<()> {
+    let options = args.options()?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    // On Ctrl-C or SIGTERM the run is dropped, which stops a server it started and
+    // removes its scratch directory.
+    let summary = runtime.block_on(async {
+        tokio::select! {
+            summary = driver::execute(options) => summary,
+            signal = interrupted() => bail!("interrupted by {signal}"),
+        }
+    })?;
+    print!("{}", summary.render());
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&summary)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !summary.passed {
+        bail!("{}", summary.verdict());
+    }
+    Ok(())
+}

@@ -1,0 +1,1011 @@
+//! One simulated proxy's side of the ADS conversation, as plain data: what it
+//! subscribes to, what it holds, which changes a response carries, and when its config
+//! is complete. No IO; [`super::client`] feeds responses in and sends what this returns.
+//!
+//! It follows resources the way Envoy does:
+//! - **sidecar**: CDS wildcard; EDS for every EDS cluster received; once the clusters
+//!   are warm (every EDS name answered), LDS wildcard; RDS for every route name the
+//!   listeners' HTTP connection managers use.
+//! - **proxyless gRPC**: LDS for `host:port` of each watched service; RDS for the route
+//!   names of the API listeners; CDS for the clusters the routes use; EDS for those.
+//!
+//! Subscriptions follow changes (a new cluster subscribes its EDS name, a removed one
+//! unsubscribes it), every response is ACKed (after the subscription changes it caused,
+//! as Envoy does), and a response that does not decode is NACKed.
+//!
+//! State of the world: CDS and LDS responses are the full set (what is left out is
+//! gone); EDS and RDS responses update only the resources they carry. Delta: resources
+//! are added or replaced one by one and `removed_resources` removes them.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+
+use super::lite::{
+    ClaLite, ClusterLite, DeltaResponseLite, ListenerLite, RouteConfigurationLite, RouteNameLite,
+    SotwResponseLite,
+};
+use super::plan::Plan;
+use super::scenario::{Flavour, Mode};
+use crate::resource::TypeUrl;
+
+/// A request to send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outgoing {
+    /// On a state-of-the-world stream.
+    Sotw(DiscoveryRequest),
+    /// On a Delta stream.
+    Delta(DeltaDiscoveryRequest),
+}
+
+/// What handling one response produced.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// The type and resource count of the response, when it had a known type.
+    pub received: Option<(TypeUrl, usize)>,
+    /// Requests to send, in order: subscription changes first, the ACK (or NACK) last.
+    pub requests: Vec<Outgoing>,
+    /// Changes this response carried that the proxy had not seen before; they count
+    /// as observed once `requests` are sent.
+    pub observed: Vec<u32>,
+    /// Why the response was NACKed.
+    pub rejected: Option<String>,
+}
+
+/// One type's subscription and where its conversation stands.
+#[derive(Debug, Default)]
+struct Subscription {
+    /// The first request was made.
+    started: bool,
+    /// Subscribed to everything of the type.
+    wildcard: bool,
+    /// Subscribed names.
+    names: BTreeSet<Arc<str>>,
+    /// `names` as sent in every SotW request of the type.
+    list: Vec<String>,
+    /// Last accepted SotW version.
+    version: String,
+    /// Nonce of the last response.
+    nonce: String,
+    /// Responses received.
+    responses: u64,
+    /// A response arrived since names were last added.
+    answered: bool,
+    /// Delta: subscribed names the server reported as removed (they do not exist).
+    gone: HashSet<Arc<str>>,
+}
+
+/// A decoded resource: what the proxy keeps of it.
+enum Decoded {
+    /// A cluster and its EDS name, when it is an EDS cluster.
+    Cluster(Option<Arc<str>>),
+    /// A load assignment: its endpoint count and the newest change marker it carries.
+    Assignment(usize, Option<u32>),
+    /// A listener and the route names it uses.
+    Listener(Vec<Arc<str>>),
+    /// A route configuration, the clusters it sends to (proxyless only) and the newest
+    /// config change its route names show.
+    Route(Vec<Arc<str>>, Option<u32>),
+}
+
+/// A simulated proxy's protocol state (see the module docs).
+#[derive(Debug)]
+pub struct ProxyState {
+    plan: Arc<Plan>,
+    flavour: Flavour,
+    /// Proxyless: the services watched.
+    watched: Vec<usize>,
+    clusters: HashMap<Arc<str>, Option<Arc<str>>>,
+    assignments: HashMap<Arc<str>, usize>,
+    listeners: HashMap<Arc<str>, Vec<Arc<str>>>,
+    routes: HashMap<Arc<str>, Vec<Arc<str>>>,
+    subs: [Subscription; 4],
+    /// Per service: the newest endpoint change seen in its assignment.
+    marker_seen: HashMap<usize, u32>,
+    /// The newest config change seen in a route name.
+    config_seen: Option<u32>,
+    /// Changes observed already (kept across reconnects, so none counts twice).
+    observed: Vec<u64>,
+}
+
+impl ProxyState {
+    /// Proxy number `index` of the run.
+    pub fn new(plan: Arc<Plan>, flavour: Flavour, index: usize) -> ProxyState {
+        let watched = match plan.mode {
+            Mode::Sidecar => Vec::new(),
+            Mode::Grpc => plan.grpc_watch(index),
+        };
+        let words = plan.changes.len().div_ceil(64);
+        ProxyState {
+            plan,
+            flavour,
+            watched,
+            clusters: HashMap::new(),
+            assignments: HashMap::new(),
+            listeners: HashMap::new(),
+            routes: HashMap::new(),
+            subs: Default::default(),
+            marker_seen: HashMap::new(),
+            config_seen: None,
+            observed: vec![0; words],
+        }
+    }
+
+    /// The services a proxyless client watches (empty for sidecars).
+    pub fn watched(&self) -> &[usize] {
+        &self.watched
+    }
+
+    /// Starts (or restarts, on a new stream) the conversation: forgets what it held
+    /// and returns the first requests.
+    pub fn start(&mut self) -> Vec<Outgoing> {
+        self.clusters.clear();
+        self.assignments.clear();
+        self.listeners.clear();
+        self.routes.clear();
+        self.subs = Default::default();
+        let mut step = Step::default();
+        match self.plan.mode {
+            Mode::Sidecar => self.subscribe_wildcard(TypeUrl::Cluster, &mut step),
+            Mode::Grpc => {
+                let names = self
+                    .watched
+                    .iter()
+                    .map(|s| self.plan.listener_name(*s).clone())
+                    .collect();
+                self.resubscribe(TypeUrl::Listener, names, &mut step);
+            }
+        }
+        step.requests
+    }
+
+    /// Handles a state-of-the-world response.
+    pub fn on_sotw(&mut self, response: SotwResponseLite) -> Step {
+        let mut step = Step::default();
+        let Some(type_url) = TypeUrl::parse(&response.type_url) else {
+            return step;
+        };
+        step.received = Some((type_url, response.resources.len()));
+        let decoded: Result<Vec<(Arc<str>, Decoded)>, prost::DecodeError> = response
+            .resources
+            .iter()
+            .map(|r| self.decode(type_url, &r.value))
+            .collect();
+        let decoded = match decoded {
+            Ok(decoded) => decoded,
+            Err(err) => {
+                self.reject(type_url, &response.nonce, err, &mut step);
+                return step;
+            }
+        };
+        // CDS and LDS responses are complete sets; EDS and RDS ones update.
+        let removed: Vec<Arc<str>> = if type_url.is_wildcard() {
+            let present: HashSet<&Arc<str>> = decoded.iter().map(|(n, _)| n).collect();
+            self.held_names(type_url)
+                .filter(|n| !present.contains(n))
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        self.apply(type_url, decoded, removed, &mut step);
+        let sub = &mut self.subs[type_url as usize];
+        sub.version = response.version_info;
+        sub.nonce = response.nonce;
+        self.follow(&mut step);
+        let sub = &self.subs[type_url as usize];
+        step.requests.push(Outgoing::Sotw(DiscoveryRequest {
+            type_url: type_url.as_str().into(),
+            version_info: sub.version.clone(),
+            response_nonce: sub.nonce.clone(),
+            resource_names: sub.list.clone(),
+            ..Default::default()
+        }));
+        step
+    }
+
+    /// Handles a Delta response.
+    pub fn on_delta(&mut self, response: DeltaResponseLite) -> Step {
+        let mut step = Step::default();
+        let Some(type_url) = TypeUrl::parse(&response.type_url) else {
+            return step;
+        };
+        step.received = Some((type_url, response.resources.len()));
+        let decoded: Result<Vec<(Arc<str>, Decoded)>, prost::DecodeError> = response
+            .resources
+            .iter()
+            .filter_map(|r| r.resource.as_ref())
+            .map(|any| self.decode(type_url, &any.value))
+            .collect();
+        let decoded = match decoded {
+            Ok(decoded) => decoded,
+            Err(err) => {
+                self.reject(type_url, &response.nonce, err, &mut step);
+                return step;
+            }
+        };
+        let removed: Vec<Arc<str>> = response
+            .removed_resources
+            .iter()
+            .map(|n| self.plan.intern(n))
+            .collect();
+        let sub = &mut self.subs[type_url as usize];
+        for (name, _) in &decoded {
+            sub.gone.remove(name);
+        }
+        for name in &removed {
+            if sub.names.contains(name) {
+                sub.gone.insert(name.clone());
+            }
+        }
+        self.apply(type_url, decoded, removed, &mut step);
+        self.follow(&mut step);
+        step.requests.push(Outgoing::Delta(DeltaDiscoveryRequest {
+            type_url: type_url.as_str().into(),
+            response_nonce: response.nonce,
+            ..Default::default()
+        }));
+        step
+    }
+
+    fn reject(&mut self, type_url: TypeUrl, nonce: &str, err: prost::DecodeError, step: &mut Step) {
+        let message = format!("cannot decode a {} resource: {err}", type_url.short());
+        let error_detail = Some(RpcStatus {
+            code: 3,
+            message: message.clone(),
+            details: vec![],
+        });
+        let sub = &mut self.subs[type_url as usize];
+        sub.nonce = nonce.to_string();
+        step.requests.push(match self.flavour {
+            Flavour::Sotw => Outgoing::Sotw(DiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                version_info: sub.version.clone(),
+                response_nonce: nonce.to_string(),
+                resource_names: sub.list.clone(),
+                error_detail,
+                ..Default::default()
+            }),
+            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                response_nonce: nonce.to_string(),
+                error_detail,
+                ..Default::default()
+            }),
+        });
+        step.rejected = Some(message);
+    }
+
+    fn decode(
+        &self,
+        type_url: TypeUrl,
+        bytes: &[u8],
+    ) -> Result<(Arc<str>, Decoded), prost::DecodeError> {
+        let intern = |n: &str| self.plan.intern(n);
+        Ok(match type_url {
+            TypeUrl::Cluster => {
+                let c = ClusterLite::decode(bytes)?;
+                let eds = c.eds_name().map(intern);
+                (intern(&c.name), Decoded::Cluster(eds))
+            }
+            TypeUrl::Endpoint => {
+                let cla = ClaLite::decode(bytes)?;
+                let marker = cla.markers().max();
+                (
+                    intern(&cla.cluster_name),
+                    Decoded::Assignment(cla.endpoint_count(), marker),
+                )
+            }
+            TypeUrl::Listener => {
+                let l = ListenerLite::decode(bytes)?;
+                let routes = l.route_names()?.iter().map(|n| intern(n)).collect();
+                (intern(&l.name), Decoded::Listener(routes))
+            }
+            TypeUrl::Route => match self.plan.mode {
+                // Sidecars follow no name out of routes: without config changes to
+                // look for, only the name is decoded.
+                Mode::Sidecar if !self.plan.has_config_changes() => (
+                    intern(&RouteNameLite::decode(bytes)?.name),
+                    Decoded::Route(Vec::new(), None),
+                ),
+                Mode::Sidecar => {
+                    let r = RouteConfigurationLite::decode(bytes)?;
+                    (
+                        intern(&r.name),
+                        Decoded::Route(Vec::new(), r.newest_marker()),
+                    )
+                }
+                Mode::Grpc => {
+                    let r = RouteConfigurationLite::decode(bytes)?;
+                    let clusters = r.cluster_names().iter().map(|n| intern(n)).collect();
+                    (intern(&r.name), Decoded::Route(clusters, r.newest_marker()))
+                }
+            },
+        })
+    }
+
+    fn held_names(&self, type_url: TypeUrl) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
+        match type_url {
+            TypeUrl::Cluster => Box::new(self.clusters.keys()),
+            TypeUrl::Endpoint => Box::new(self.assignments.keys()),
+            TypeUrl::Listener => Box::new(self.listeners.keys()),
+            TypeUrl::Route => Box::new(self.routes.keys()),
+        }
+    }
+
+    fn holds(&self, type_url: TypeUrl, name: &str) -> bool {
+        match type_url {
+            TypeUrl::Cluster => self.clusters.contains_key(name),
+            TypeUrl::Endpoint => self.assignments.contains_key(name),
+            TypeUrl::Listener => self.listeners.contains_key(name),
+            TypeUrl::Route => self.routes.contains_key(name),
+        }
+    }
+
+    /// Stores what a response carried and notes the changes it shows.
+    fn apply(
+        &mut self,
+        type_url: TypeUrl,
+        decoded: Vec<(Arc<str>, Decoded)>,
+        removed: Vec<Arc<str>>,
+        step: &mut Step,
+    ) {
+        for (name, resource) in decoded {
+            match resource {
+                Decoded::Cluster(eds) => {
+                    if self.clusters.insert(name.clone(), eds).is_none()
+                        && let Some(change) = self
+                            .plan
+                            .service_of_cluster(&name)
+                            .and_then(|s| self.plan.added_by(s))
+                    {
+                        self.note(change, step);
+                    }
+                }
+                Decoded::Assignment(endpoints, marker) => {
+                    if let (Some(marker), Some(service)) =
+                        (marker, self.plan.service_of_cluster(&name))
+                    {
+                        let seen = self.marker_seen.get(&service).copied();
+                        if seen.is_none_or(|s| marker > s) {
+                            self.marker_seen.insert(service, marker);
+                            let plan = self.plan.clone();
+                            for change in plan.endpoint_changes_between(service, seen, marker) {
+                                self.note(change, step);
+                            }
+                        }
+                    }
+                    self.assignments.insert(name, endpoints);
+                }
+                Decoded::Listener(routes) => {
+                    self.listeners.insert(name, routes);
+                }
+                Decoded::Route(clusters, marker) => {
+                    if let Some(marker) = marker
+                        && self.config_seen.is_none_or(|s| marker > s)
+                    {
+                        let seen = self.config_seen.replace(marker);
+                        let plan = self.plan.clone();
+                        for change in plan.config_changes_between(seen, marker) {
+                            self.note(change, step);
+                        }
+                    }
+                    self.routes.insert(name, clusters);
+                }
+            }
+        }
+        for name in removed {
+            match type_url {
+                TypeUrl::Cluster => {
+                    if self.clusters.remove(&name).is_some()
+                        && let Some(change) = self
+                            .plan
+                            .service_of_cluster(&name)
+                            .and_then(|s| self.plan.removed_by(s))
+                    {
+                        self.note(change, step);
+                    }
+                }
+                TypeUrl::Endpoint => {
+                    self.assignments.remove(&name);
+                }
+                TypeUrl::Listener => {
+                    self.listeners.remove(&name);
+                }
+                TypeUrl::Route => {
+                    self.routes.remove(&name);
+                }
+            }
+        }
+        let sub = &mut self.subs[type_url as usize];
+        sub.responses += 1;
+        sub.answered = true;
+    }
+
+    fn note(&mut self, change: u32, step: &mut Step) {
+        let (word, bit) = ((change / 64) as usize, change % 64);
+        if let Some(w) = self.observed.get_mut(word)
+            && *w & (1 << bit) == 0
+        {
+            *w |= 1 << bit;
+            step.observed.push(change);
+        }
+    }
+
+    /// Moves the subscriptions that depend on what is held now.
+    fn follow(&mut self, step: &mut Step) {
+        let responded = |s: &Self, t: TypeUrl| s.subs[t as usize].responses > 0;
+        match self.plan.mode {
+            Mode::Sidecar => {
+                if responded(self, TypeUrl::Cluster) {
+                    let eds = self.clusters.values().flatten().cloned().collect();
+                    self.resubscribe(TypeUrl::Endpoint, eds, step);
+                    // Listeners once the clusters are warm, as Envoy does.
+                    if !self.subs[TypeUrl::Listener as usize].started
+                        && self.resolved(TypeUrl::Endpoint)
+                    {
+                        self.subscribe_wildcard(TypeUrl::Listener, step);
+                    }
+                }
+                if responded(self, TypeUrl::Listener) {
+                    let routes = self.listeners.values().flatten().cloned().collect();
+                    self.resubscribe(TypeUrl::Route, routes, step);
+                }
+            }
+            Mode::Grpc => {
+                if responded(self, TypeUrl::Listener) {
+                    let routes = self.listeners.values().flatten().cloned().collect();
+                    self.resubscribe(TypeUrl::Route, routes, step);
+                }
+                if responded(self, TypeUrl::Route) {
+                    let sub = &self.subs[TypeUrl::Route as usize];
+                    let clusters = sub
+                        .names
+                        .iter()
+                        .filter_map(|n| self.routes.get(n))
+                        .flatten()
+                        .cloned()
+                        .collect();
+                    self.resubscribe(TypeUrl::Cluster, clusters, step);
+                }
+                if responded(self, TypeUrl::Cluster) {
+                    let eds = self.clusters.values().flatten().cloned().collect();
+                    self.resubscribe(TypeUrl::Endpoint, eds, step);
+                }
+            }
+        }
+    }
+
+    fn subscribe_wildcard(&mut self, type_url: TypeUrl, step: &mut Step) {
+        let sub = &mut self.subs[type_url as usize];
+        sub.started = true;
+        sub.wildcard = true;
+        step.requests.push(match self.flavour {
+            Flavour::Sotw => Outgoing::Sotw(DiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                ..Default::default()
+            }),
+            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                ..Default::default()
+            }),
+        });
+    }
+
+    /// Subscribes `type_url` to exactly `names`, sending a request when they changed.
+    fn resubscribe(&mut self, type_url: TypeUrl, names: BTreeSet<Arc<str>>, step: &mut Step) {
+        let sub = &mut self.subs[type_url as usize];
+        if sub.started && sub.names == names {
+            return;
+        }
+        let first = !sub.started;
+        let added: Vec<String> = names
+            .iter()
+            .filter(|n| !sub.names.contains(*n))
+            .map(|n| n.to_string())
+            .collect();
+        let dropped: Vec<String> = sub
+            .names
+            .iter()
+            .filter(|n| !names.contains(*n))
+            .map(|n| n.to_string())
+            .collect();
+        sub.started = true;
+        if !added.is_empty() {
+            sub.answered = false;
+        }
+        sub.gone.retain(|n| names.contains(n));
+        sub.list = names.iter().map(|n| n.to_string()).collect();
+        sub.names = names;
+        // What is no longer subscribed is dropped (EDS and RDS hold by name).
+        match type_url {
+            TypeUrl::Endpoint => self.assignments.retain(|n, _| sub.names.contains(n)),
+            TypeUrl::Route => self.routes.retain(|n, _| sub.names.contains(n)),
+            _ => {}
+        }
+        if first && sub.names.is_empty() {
+            // Nothing to ask for yet; an empty non-wildcard request means nothing.
+            return;
+        }
+        step.requests.push(match self.flavour {
+            Flavour::Sotw => Outgoing::Sotw(DiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                version_info: sub.version.clone(),
+                response_nonce: sub.nonce.clone(),
+                resource_names: sub.list.clone(),
+                ..Default::default()
+            }),
+            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                resource_names_subscribe: added,
+                resource_names_unsubscribe: dropped,
+                ..Default::default()
+            }),
+        });
+    }
+
+    /// Every subscribed name of `type_url` is held or known not to exist. A sidecar's
+    /// RDS is also resolved once the server answered its latest subscription, even
+    /// without every name: a server that does not serve sidecar routes (yet) is a gap
+    /// to report ([`ProxyState::unserved`]), not a proxy that never converges.
+    fn resolved(&self, type_url: TypeUrl) -> bool {
+        self.unresolved(type_url).is_none()
+    }
+
+    fn unresolved(&self, type_url: TypeUrl) -> Option<String> {
+        let sub = &self.subs[type_url as usize];
+        if !sub.started {
+            return Some(format!("{} not requested yet", type_url.short()));
+        }
+        if sub.wildcard || sub.names.is_empty() {
+            return (sub.wildcard && sub.responses == 0)
+                .then(|| format!("no {} response yet", type_url.short()));
+        }
+        if self.plan.mode == Mode::Sidecar && type_url == TypeUrl::Route && sub.answered {
+            return None;
+        }
+        let missing: Vec<&Arc<str>> = sub
+            .names
+            .iter()
+            .filter(|n| !self.holds(type_url, n) && !sub.gone.contains(*n))
+            .collect();
+        missing.first().map(|first| {
+            format!(
+                "{} of {} {} names not received (e.g. {first:?})",
+                missing.len(),
+                sub.names.len(),
+                type_url.short()
+            )
+        })
+    }
+
+    /// Why the config is not complete yet; `None` once it is. With `consistent`, the
+    /// config must also match the registry the run started with: every service's
+    /// cluster (sidecars) and every endpoint of each watched service's assignment.
+    pub fn gap(&self, consistent: bool) -> Option<String> {
+        for type_url in TypeUrl::ALL {
+            if let Some(gap) = self.unresolved(type_url) {
+                return Some(gap);
+            }
+        }
+        if !consistent {
+            return None;
+        }
+        let eps = self.plan.endpoints_per_service;
+        let short_assignment = |service: usize| {
+            let name = self.plan.cluster_name(service);
+            let eds = match self.plan.mode {
+                Mode::Sidecar => self.clusters.get(name).cloned().flatten(),
+                Mode::Grpc => Some(name.clone()),
+            };
+            let have = eds.and_then(|n| self.assignments.get(&n).copied());
+            (have != Some(eps))
+                .then(|| format!("{name}: {have:?} endpoints, the registry has {eps}"))
+        };
+        match self.plan.mode {
+            Mode::Sidecar => {
+                let services: Vec<usize> = self
+                    .clusters
+                    .keys()
+                    .filter_map(|n| self.plan.service_of_cluster(n))
+                    .filter(|s| self.plan.initially_present(*s))
+                    .collect();
+                if services.len() != self.plan.initial_services {
+                    return Some(format!(
+                        "cds has {} of the {} services' clusters",
+                        services.len(),
+                        self.plan.initial_services
+                    ));
+                }
+                services.into_iter().find_map(short_assignment)
+            }
+            Mode::Grpc => self.watched.iter().copied().find_map(short_assignment),
+        }
+    }
+
+    /// Whether the config is complete (see [`ProxyState::gap`]).
+    pub fn is_complete(&self, consistent: bool) -> bool {
+        self.gap(consistent).is_none()
+    }
+
+    /// Names subscribed and never sent, by type (see [`ProxyState::resolved`]).
+    pub fn unserved(&self) -> Vec<(TypeUrl, Arc<str>)> {
+        TypeUrl::ALL
+            .into_iter()
+            .flat_map(|t| {
+                let sub = &self.subs[t as usize];
+                sub.names
+                    .iter()
+                    .filter(move |n| !self.holds(t, n) && !sub.gone.contains(*n))
+                    .map(move |n| (t, n.clone()))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+    use envoy_types::pb::envoy::config::core::v3::{
+        Address, SocketAddress, address, socket_address,
+    };
+    use envoy_types::pb::envoy::config::endpoint::v3::{
+        ClusterLoadAssignment, Endpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
+    };
+    use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, Listener, filter};
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+        HttpConnectionManager, Rds, http_connection_manager,
+    };
+    use envoy_types::pb::google::protobuf::Any;
+
+    use super::*;
+    use crate::load::lite::{DeltaResourceLite, ResourceAny};
+    use crate::load::registry::{Registry, marker_port};
+    use crate::load::scenario::{Churn, Scenario};
+
+    fn plan(mode: Mode) -> Arc<Plan> {
+        let scenario = Scenario {
+            services: 2,
+            endpoints_per_service: 2,
+            mode,
+            grpc_services_per_client: 1,
+            churn: Churn {
+                endpoint_changes: 2,
+                service_adds: 1,
+                ..Churn::default()
+            },
+            ..Scenario::default()
+        };
+        let mut registry = Registry::new(&scenario);
+        let kinds = registry.plan(&scenario);
+        Arc::new(Plan::new(&scenario, &registry, &kinds))
+    }
+
+    fn cluster(name: &str) -> ResourceAny {
+        let c = Cluster {
+            name: name.into(),
+            cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::Eds as i32,
+            )),
+            ..Default::default()
+        };
+        ResourceAny {
+            value: c.encode_to_vec().into(),
+        }
+    }
+
+    fn assignment(name: &str, ports: &[u32]) -> ResourceAny {
+        let lb_endpoints = ports
+            .iter()
+            .map(|port| LbEndpoint {
+                host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {
+                    address: Some(Address {
+                        address: Some(address::Address::SocketAddress(SocketAddress {
+                            address: "172.16.0.1".into(),
+                            port_specifier: Some(socket_address::PortSpecifier::PortValue(*port)),
+                            ..Default::default()
+                        })),
+                    }),
+                    ..Default::default()
+                })),
+                ..Default::default()
+            })
+            .collect();
+        let cla = ClusterLoadAssignment {
+            cluster_name: name.into(),
+            endpoints: vec![LocalityLbEndpoints {
+                lb_endpoints,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        ResourceAny {
+            value: cla.encode_to_vec().into(),
+        }
+    }
+
+    fn listener(name: &str, route: &str) -> ResourceAny {
+        let hcm = HttpConnectionManager {
+            route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+                route_config_name: route.into(),
+                ..Default::default()
+            })),
+            ..Default::default()
+        };
+        let l = Listener {
+            name: name.into(),
+            filter_chains: vec![FilterChain {
+                filters: vec![Filter {
+                    name: "hcm".into(),
+                    config_type: Some(filter::ConfigType::TypedConfig(Any {
+                        type_url: "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager".into(),
+                        value: hcm.encode_to_vec(),
+                    })),
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        ResourceAny {
+            value: l.encode_to_vec().into(),
+        }
+    }
+
+    fn sotw(t: TypeUrl, nonce: &str, resources: Vec<ResourceAny>) -> SotwResponseLite {
+        SotwResponseLite {
+            version_info: format!("v-{nonce}"),
+            resources,
+            type_url: t.as_str().into(),
+            nonce: nonce.into(),
+        }
+    }
+
+    fn sotw_requests(step: &Step) -> Vec<(&str, Vec<String>, &str)> {
+        step.requests
+            .iter()
+            .map(|r| match r {
+                Outgoing::Sotw(r) => (
+                    TypeUrl::parse(&r.type_url).unwrap().short(),
+                    r.resource_names.clone(),
+                    r.response_nonce.as_str(),
+                ),
+                Outgoing::Delta(_) => panic!("delta request on a sotw stream"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sidecar_sotw_follows_cds_eds_lds_rds_and_sees_changes() {
+        let plan = plan(Mode::Sidecar);
+        let mut p = ProxyState::new(plan.clone(), Flavour::Sotw, 0);
+        let first = p.start();
+        assert_eq!(first.len(), 1, "CDS wildcard");
+        let c0 = plan.cluster_name(0).to_string();
+        let c1 = plan.cluster_name(1).to_string();
+        let step = p.on_sotw(sotw(
+            TypeUrl::Cluster,
+            "1",
+            vec![cluster(&c0), cluster(&c1)],
+        ));
+        assert_eq!(
+            sotw_requests(&step),
+            vec![
+                ("eds", vec![c0.clone(), c1.clone()], ""),
+                ("cds", vec![], "1")
+            ],
+            "EDS subscription first, then the CDS ACK"
+        );
+        assert!(!p.is_complete(true));
+        let step = p.on_sotw(sotw(
+            TypeUrl::Endpoint,
+            "2",
+            vec![assignment(&c0, &[9080, 9080])],
+        ));
+        assert_eq!(
+            sotw_requests(&step).len(),
+            1,
+            "no LDS until every cluster is warm"
+        );
+        let step = p.on_sotw(sotw(
+            TypeUrl::Endpoint,
+            "3",
+            vec![assignment(&c1, &[9080, 9080])],
+        ));
+        assert_eq!(
+            sotw_requests(&step),
+            vec![
+                ("lds", vec![], ""),
+                ("eds", vec![c0.clone(), c1.clone()], "3")
+            ]
+        );
+        let step = p.on_sotw(sotw(
+            TypeUrl::Listener,
+            "4",
+            vec![listener("0.0.0.0_8080", "8080")],
+        ));
+        assert_eq!(
+            sotw_requests(&step),
+            vec![("rds", vec!["8080".into()], ""), ("lds", vec![], "4")]
+        );
+        assert!(!p.is_complete(true), "RDS not answered yet");
+        // A server that answers RDS without the route: resolved, reported as unserved.
+        p.on_sotw(sotw(TypeUrl::Route, "5", vec![]));
+        assert!(p.is_complete(true), "{:?}", p.gap(true));
+        assert_eq!(p.unserved().len(), 1);
+        let step = p.on_sotw(sotw(
+            TypeUrl::Route,
+            "6",
+            vec![ResourceAny {
+                value: RouteConfiguration {
+                    name: "8080".into(),
+                    ..Default::default()
+                }
+                .encode_to_vec()
+                .into(),
+            }],
+        ));
+        assert_eq!(
+            sotw_requests(&step),
+            vec![("rds", vec!["8080".into()], "6")]
+        );
+        assert!(p.unserved().is_empty());
+
+        // Endpoint changes: the newest marker also shows the earlier changes of the
+        // same service.
+        let endpoint_changes: Vec<u32> = (0..plan.changes.len() as u32)
+            .filter(|c| {
+                plan.changes[*c as usize].kind == super::super::registry::ChangeKind::Endpoint
+            })
+            .collect();
+        let last = *endpoint_changes.last().unwrap();
+        let service = plan.changes[last as usize].service.unwrap();
+        let name = plan.cluster_name(service).to_string();
+        let step = p.on_sotw(sotw(
+            TypeUrl::Endpoint,
+            "7",
+            vec![assignment(
+                &name,
+                &[9080, u32::from(marker_port(last as usize))],
+            )],
+        ));
+        let expected: Vec<u32> = plan.endpoint_changes_between(service, None, last).collect();
+        assert_eq!(step.observed, expected);
+        let step = p.on_sotw(sotw(
+            TypeUrl::Endpoint,
+            "8",
+            vec![assignment(
+                &name,
+                &[9080, u32::from(marker_port(last as usize))],
+            )],
+        ));
+        assert!(step.observed.is_empty(), "each change is observed once");
+
+        // The added service: its cluster appears in CDS; EDS is subscribed for it.
+        let added = plan.service_count() - 1;
+        let c2 = plan.cluster_name(added).to_string();
+        let step = p.on_sotw(sotw(
+            TypeUrl::Cluster,
+            "9",
+            vec![cluster(&c0), cluster(&c1), cluster(&c2)],
+        ));
+        assert_eq!(step.observed, vec![plan.added_by(added).unwrap()]);
+        assert_eq!(sotw_requests(&step)[0].0, "eds");
+        assert_eq!(sotw_requests(&step)[0].1.len(), 3);
+    }
+
+    #[test]
+    fn grpc_delta_follows_lds_rds_cds_eds() {
+        let plan = plan(Mode::Grpc);
+        let mut p = ProxyState::new(plan.clone(), Flavour::Delta, 1);
+        let service = p.watched()[0];
+        let first = p.start();
+        let Outgoing::Delta(lds) = &first[0] else {
+            panic!()
+        };
+        assert_eq!(
+            lds.resource_names_subscribe,
+            vec![plan.listener_name(service).to_string()]
+        );
+        let cluster_name = plan.cluster_name(service).to_string();
+        let delta =
+            |t: TypeUrl, nonce: &str, resources: Vec<(&str, ResourceAny)>| DeltaResponseLite {
+                system_version_info: "v".into(),
+                resources: resources
+                    .into_iter()
+                    .map(|(name, r)| DeltaResourceLite {
+                        version: "1".into(),
+                        resource: Some(r),
+                        name: name.into(),
+                    })
+                    .collect(),
+                type_url: t.as_str().into(),
+                nonce: nonce.into(),
+                removed_resources: vec![],
+            };
+        let lname = plan.listener_name(service).to_string();
+        let step = p.on_delta(delta(
+            TypeUrl::Listener,
+            "1",
+            vec![(&lname, listener(&lname, &cluster_name))],
+        ));
+        let subscribed: Vec<Vec<String>> = step
+            .requests
+            .iter()
+            .map(|r| match r {
+                Outgoing::Delta(r) => r.resource_names_subscribe.clone(),
+                Outgoing::Sotw(_) => panic!(),
+            })
+            .collect();
+        assert_eq!(subscribed, vec![vec![cluster_name.clone()], vec![]]);
+        let route = ResourceAny {
+            value: RouteConfiguration {
+                name: cluster_name.clone(),
+                virtual_hosts: vec![envoy_types::pb::envoy::config::route::v3::VirtualHost {
+                    routes: vec![envoy_types::pb::envoy::config::route::v3::Route {
+                        action: Some(envoy_types::pb::envoy::config::route::v3::route::Action::Route(
+                            envoy_types::pb::envoy::config::route::v3::RouteAction {
+                                cluster_specifier: Some(envoy_types::pb::envoy::config::route::v3::route_action::ClusterSpecifier::Cluster(cluster_name.clone())),
+                                ..Default::default()
+                            },
+                        )),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }
+            .encode_to_vec()
+            .into(),
+        };
+        let step = p.on_delta(delta(TypeUrl::Route, "2", vec![(&cluster_name, route)]));
+        assert_eq!(step.requests.len(), 2, "CDS subscription + RDS ACK");
+        let step = p.on_delta(delta(
+            TypeUrl::Cluster,
+            "3",
+            vec![(&cluster_name, cluster(&cluster_name))],
+        ));
+        assert_eq!(step.requests.len(), 2, "EDS subscription + CDS ACK");
+        assert!(!p.is_complete(true));
+        p.on_delta(delta(
+            TypeUrl::Endpoint,
+            "4",
+            vec![(&cluster_name, assignment(&cluster_name, &[9080]))],
+        ));
+        assert!(p.is_complete(false));
+        assert!(
+            p.gap(true).unwrap().contains("Some(1) endpoints"),
+            "{:?}",
+            p.gap(true)
+        );
+        p.on_delta(delta(
+            TypeUrl::Endpoint,
+            "5",
+            vec![(&cluster_name, assignment(&cluster_name, &[9080, 9080]))],
+        ));
+        assert!(p.is_complete(true));
+    }
+
+    #[test]
+    fn undecodable_responses_are_nacked() {
+        let plan = plan(Mode::Sidecar);
+        let mut p = ProxyState::new(plan, Flavour::Sotw, 0);
+        p.start();
+        let step = p.on_sotw(sotw(
+            TypeUrl::Cluster,
+            "1",
+            vec![ResourceAny {
+                value: vec![0xff, 0xff].into(),
+            }],
+        ));
+        assert!(step.rejected.is_some());
+        let Outgoing::Sotw(nack) = &step.requests[0] else {
+            panic!()
+        };
+        assert!(nack.error_detail.is_some());
+        assert_eq!(nack.version_info, "", "the last accepted version stays");
+    }
+}

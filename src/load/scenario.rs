@@ -1,0 +1,362 @@
+//! The scenario file: what to simulate (see the [module docs](super) for the format).
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The highest number of changes one run may make: every endpoint change gets its own
+/// marker port in `MARKER_BASE..=65535`.
+pub const MAX_CHANGES: usize = (u16::MAX - super::registry::MARKER_BASE) as usize;
+
+/// What kind of xDS client each simulated proxy is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// An Envoy sidecar: CDS and LDS wildcards, EDS and RDS for what they name.
+    #[default]
+    Sidecar,
+    /// A proxyless gRPC client (`GENERATOR=grpc`): LDS for `host:port` names, then the
+    /// RDS, CDS and EDS names it learns.
+    Grpc,
+}
+
+/// Which ADS flavour the proxies speak.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Flavour {
+    /// `StreamAggregatedResources` (state of the world).
+    #[default]
+    Sotw,
+    /// `DeltaAggregatedResources`.
+    Delta,
+}
+
+/// Changes made after every proxy has its initial config.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Churn {
+    /// Changes per second, all kinds together. 0 = one at a time: each change is
+    /// written once every watching proxy has ACKed the previous one (or its
+    /// `changeTimeout` ran out), so each is measured alone.
+    pub rate: f64,
+    /// Endpoint changes: one endpoint of a random service gets a new port.
+    pub endpoint_changes: usize,
+    /// Services added (each with `endpointsPerService` endpoints).
+    pub service_adds: usize,
+    /// Services removed (services added by the churn first, then reserved ones).
+    pub service_removes: usize,
+    /// VirtualService changes (a full push that touches every sidecar): the route of
+    /// a VirtualService for the first service is renamed. They need a server that
+    /// reads a config directory (`--configDir`); without one they are skipped.
+    pub config_changes: usize,
+}
+
+impl Churn {
+    /// Every change of the run.
+    pub fn total(&self) -> usize {
+        self.endpoint_changes + self.service_adds + self.service_removes + self.config_changes
+    }
+}
+
+/// One load scenario.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct Scenario {
+    /// Name shown in reports.
+    pub name: String,
+    /// Services in the mock registry.
+    pub services: usize,
+    /// Endpoints of each service.
+    pub endpoints_per_service: usize,
+    /// Namespaces services and proxies are spread over (`load-0`, `load-1`, ...).
+    pub namespaces: usize,
+    /// Simulated proxies.
+    pub proxies: usize,
+    /// `sidecar` or `grpc` (proxyless).
+    pub mode: Mode,
+    /// Services each proxyless client watches.
+    pub grpc_services_per_client: usize,
+    /// `sotw` or `delta`.
+    pub flavour: Flavour,
+    /// Proxies connected per second (0 = all at once).
+    pub ramp: f64,
+    /// HTTP/2 connections shared by the proxies (0 = one connection per proxy).
+    pub connections: usize,
+    /// Changes after the initial convergence.
+    pub churn: Churn,
+    /// How long to wait for every proxy to have its complete initial config, from the
+    /// start of the ramp.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub settle_timeout: Duration,
+    /// How long a change may take, from its write, to be ACKed by every proxy watching
+    /// it; past that it counts as not observed.
+    #[serde(deserialize_with = "de_duration", serialize_with = "ser_duration")]
+    pub change_timeout: Duration,
+    /// Seed of the choice of changed services and endpoints.
+    pub seed: u64,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            name: "unnamed".into(),
+            services: 10,
+            endpoints_per_service: 3,
+            namespaces: 1,
+            proxies: 10,
+            mode: Mode::Sidecar,
+            grpc_services_per_client: 10,
+            flavour: Flavour::Sotw,
+            ramp: 0.0,
+            connections: 0,
+            churn: Churn::default(),
+            settle_timeout: Duration::from_secs(60),
+            change_timeout: Duration::from_secs(30),
+            seed: 1,
+        }
+    }
+}
+
+impl Scenario {
+    /// Parses and checks a scenario; `origin` names the file in errors.
+    pub fn parse(origin: &str, text: &str) -> anyhow::Result<Scenario> {
+        let scenario: Scenario = if text.trim().is_empty() {
+            Scenario::default()
+        } else {
+            serde_norway::from_str(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?
+        };
+        scenario
+            .validate()
+            .with_context(|| format!("{origin}: invalid scenario"))?;
+        Ok(scenario)
+    }
+
+    /// Reads and parses a scenario file.
+    pub fn load(path: &Path) -> anyhow::Result<Scenario> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the scenario {}", path.display()))?;
+        Scenario::parse(&path.display().to_string(), &text)
+    }
+
+    /// Checks the numbers fit together.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.services == 0 {
+            bail!("services must be at least 1");
+        }
+        if self.namespaces == 0 {
+            bail!("namespaces must be at least 1");
+        }
+        if self.proxies == 0 {
+            bail!("proxies must be at least 1");
+        }
+        if !(self.ramp.is_finite() && self.ramp >= 0.0) {
+            bail!("ramp must be a number of proxies per second >= 0 (0 = all at once)");
+        }
+        if !(self.churn.rate.is_finite() && self.churn.rate >= 0.0) {
+            bail!("churn.rate must be a number of changes per second >= 0");
+        }
+        if self.churn.total() > MAX_CHANGES {
+            bail!(
+                "at most {MAX_CHANGES} changes per run (each endpoint change needs its own marker port); this scenario has {}",
+                self.churn.total()
+            );
+        }
+        let removable = self.churn.service_adds + self.reserved_services();
+        if self.churn.service_removes > removable {
+            bail!(
+                "churn.serviceRemoves ({}) is more than the services that can be removed ({removable})",
+                self.churn.service_removes
+            );
+        }
+        if self.reserved_services() >= self.services {
+            bail!(
+                "churn.serviceRemoves needs {} of the {} services set aside for removal, leaving none to watch and change",
+                self.reserved_services(),
+                self.services
+            );
+        }
+        if self.churn.endpoint_changes > 0 && self.endpoints_per_service == 0 {
+            bail!("churn.endpointChanges needs endpointsPerService >= 1");
+        }
+        if self.mode == Mode::Grpc {
+            if self.grpc_services_per_client == 0 {
+                bail!("grpcServicesPerClient must be at least 1 in grpc mode");
+            }
+            if self.grpc_services_per_client > self.watchable_services() {
+                bail!(
+                    "grpcServicesPerClient ({}) is more than the services clients can watch ({})",
+                    self.grpc_services_per_client,
+                    self.watchable_services()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Original services set aside so that removals that outnumber additions have
+    /// something to remove; they are never watched by proxyless clients nor changed by
+    /// endpoint churn.
+    pub fn reserved_services(&self) -> usize {
+        self.churn
+            .service_removes
+            .saturating_sub(self.churn.service_adds)
+    }
+
+    /// Services that are watched and changed (the original ones minus the reserved).
+    pub fn watchable_services(&self) -> usize {
+        self.services - self.reserved_services().min(self.services)
+    }
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Seconds(f64),
+        Text(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Seconds(s) if s.is_finite() && s >= 0.0 => Ok(Duration::from_secs_f64(s)),
+        Raw::Seconds(s) => Err(serde::de::Error::custom(format!(
+            "{s}: a duration must not be negative"
+        ))),
+        Raw::Text(text) => {
+            let d: meshfed_api::Duration = text
+                .parse()
+                .map_err(|e| serde::de::Error::custom(format!("{text:?}: {e}")))?;
+            Duration::try_from(d).map_err(|_| {
+                serde::de::Error::custom(format!("{text:?}: a duration must not be negative"))
+            })
+        }
+    }
+}
+
+fn ser_duration<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format!("{}s", d.as_secs_f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_field() {
+        let text = "name: t\nservices: 5\nendpointsPerService: 2\nnamespaces: 3\nproxies: 7\nmode: grpc\n\
+                    grpcServicesPerClient: 4\nflavour: delta\nramp: 50\nconnections: 2\n\
+                    churn: {rate: 5, endpointChanges: 10, serviceAdds: 2, serviceRemoves: 3, configChanges: 1}\n\
+                    settleTimeout: 1m30s\nchangeTimeout: 5s\nseed: 9\n";
+        let s = Scenario::parse("t.yaml", text).unwrap();
+        assert_eq!(
+            s,
+            Scenario {
+                name: "t".into(),
+                services: 5,
+                endpoints_per_service: 2,
+                namespaces: 3,
+                proxies: 7,
+                mode: Mode::Grpc,
+                grpc_services_per_client: 4,
+                flavour: Flavour::Delta,
+                ramp: 50.0,
+                connections: 2,
+                churn: Churn {
+                    rate: 5.0,
+                    endpoint_changes: 10,
+                    service_adds: 2,
+                    service_removes: 3,
+                    config_changes: 1,
+                },
+                settle_timeout: Duration::from_secs(90),
+                change_timeout: Duration::from_secs(5),
+                seed: 9,
+            }
+        );
+        assert_eq!(s.reserved_services(), 1);
+        assert_eq!(s.watchable_services(), 4);
+        assert_eq!(s.churn.total(), 16);
+    }
+
+    #[test]
+    fn defaults_and_numeric_durations() {
+        let s = Scenario::parse("t.yaml", "").unwrap();
+        assert_eq!(s, Scenario::default());
+        let s = Scenario::parse("t.yaml", "proxies: 3\nsettleTimeout: 2.5\n").unwrap();
+        assert_eq!(s.proxies, 3);
+        assert_eq!(s.settle_timeout, Duration::from_millis(2500));
+        assert_eq!(s.services, 10, "unset fields keep their defaults");
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_field() {
+        let err = Scenario::parse("t.yaml", "proxy: 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("t.yaml: ") && err.contains("unknown field `proxy`"),
+            "{err}"
+        );
+        let err = Scenario::parse("t.yaml", "mode: envoy\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown variant `envoy`"), "{err}");
+        let err = Scenario::parse("t.yaml", "settleTimeout: soon\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"soon\""), "{err}");
+        let err = format!(
+            "{:#}",
+            Scenario::parse("t.yaml", "services: 2\nchurn: {serviceRemoves: 2}\n").unwrap_err()
+        );
+        assert!(err.contains("set aside for removal"), "{err}");
+        let err = format!(
+            "{:#}",
+            Scenario::parse(
+                "t.yaml",
+                "mode: grpc\nservices: 3\ngrpcServicesPerClient: 4\n"
+            )
+            .unwrap_err()
+        );
+        assert!(err.contains("grpcServicesPerClient (4)"), "{err}");
+        let err = format!(
+            "{:#}",
+            Scenario::parse("t.yaml", "churn: {endpointChanges: 50000}\n").unwrap_err()
+        );
+        assert!(err.contains("marker port"), "{err}");
+    }
+
+    #[test]
+    fn bundled_scenarios_parse() {
+        for (name, text) in [
+            (
+                "smoke.yaml",
+                include_str!("../../examples/scenarios/smoke.yaml"),
+            ),
+            (
+                "istio-reference.yaml",
+                include_str!("../../examples/scenarios/istio-reference.yaml"),
+            ),
+            (
+                "proxyless-10k.yaml",
+                include_str!("../../examples/scenarios/proxyless-10k.yaml"),
+            ),
+        ] {
+            Scenario::parse(name, text).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        }
+        let smoke = Scenario::parse(
+            "smoke.yaml",
+            include_str!("../../examples/scenarios/smoke.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                smoke.services,
+                smoke.endpoints_per_service,
+                smoke.proxies,
+                smoke.churn.endpoint_changes
+            ),
+            (10, 3, 20, 20)
+        );
+    }
+}
