@@ -40,7 +40,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
 use envoy_types::pb::google::protobuf::Any;
-use meshfed_registry::{Hostname, Port, Resolution, Service};
+use meshfed_registry::{Hostname, Port, Service};
 use prost::Message;
 
 use super::Subscription;
@@ -374,7 +374,11 @@ pub fn route_configuration(
 // CDS
 
 fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
-    // gRPC always names its clusters; like Istio, a wildcard gets nothing.
+    // gRPC always names its clusters; like Istio, a wildcard gets nothing. Every
+    // cluster, service-wide or a DestinationRule subset (what VirtualService routes to
+    // subsets name), is a bare EDS cluster whose endpoints the EDS generator selects;
+    // the DestinationRule only picks the load balancer. Envoy's clusters are not
+    // shared: they carry Envoy-only settings (mTLS through SDS secrets, ...).
     sub.names
         .iter()
         .filter_map(|name| {
@@ -382,43 +386,86 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
             if parsed.direction != Direction::Outbound {
                 return None;
             }
-            // A DestinationRule subset (what VirtualService routes to subsets name): a
-            // bare EDS cluster, round robin like the service-wide one, whose endpoints
-            // the EDS generator selects by the subset's labels. Envoy's subset cluster
-            // (`cds::cached_outbound`) is not shared: it is built for Envoy (Istio's
-            // LEAST_REQUEST default, mTLS with SDS secrets under ISTIO_MUTUAL).
-            if !parsed.subset.is_empty() {
-                return Some(cached_eds_cluster(snapshot, name, parsed.hostname));
-            }
-            let found = snapshot
-                .services
-                .resolve(parsed.hostname, &proxy.namespace)
-                .and_then(|s| Some((s, s.port(parsed.port)?)));
-            match found {
-                // The Envoy cluster of an EDS service is exactly what gRPC takes: share it.
-                Some((service, port)) if service.resolution == Resolution::ClientSideLb => {
-                    super::outbound_cluster(snapshot, service, port)
-                }
-                _ => Some(cached_eds_cluster(snapshot, name, parsed.hostname)),
-            }
+            let lb = grpc_lb(snapshot, proxy, &parsed);
+            Some(cached_eds_cluster(snapshot, name, parsed.hostname, lb))
         })
         .collect()
 }
 
-fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str) -> Resource {
+/// The load balancer a proxyless client uses for a cluster, from the DestinationRule
+/// (subset and port-level settings merged): round robin (the default), least request,
+/// or ring hash for consistent hashing. Other policies fall back to round robin, which
+/// is what gRPC supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcLb {
+    RoundRobin,
+    LeastRequest,
+    RingHash { minimum_ring_size: u64 },
+}
+
+fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> GrpcLb {
+    use meshfed_api::networking::v1alpha3::load_balancer_settings::{LbPolicy, SimpleLb};
+    let Some(service) = snapshot
+        .services
+        .resolve(cluster.hostname, &proxy.namespace)
+    else {
+        return GrpcLb::RoundRobin;
+    };
+    let Some(rule) = snapshot.config.destination_rule(
+        &proxy.namespace,
+        service.namespace.as_str(),
+        service.hostname.as_str(),
+    ) else {
+        return GrpcLb::RoundRobin;
+    };
+    let policy = super::policy::destination_policy(&rule.spec, cluster.port, cluster.subset);
+    match policy
+        .and_then(|p| p.load_balancer)
+        .and_then(|lb| lb.lb_policy)
+    {
+        Some(LbPolicy::Simple(s))
+            if s == SimpleLb::LeastRequest as i32 || s == SimpleLb::LeastConn as i32 =>
+        {
+            GrpcLb::LeastRequest
+        }
+        Some(LbPolicy::ConsistentHash(h)) => GrpcLb::RingHash {
+            minimum_ring_size: h.minimum_ring_size,
+        },
+        _ => GrpcLb::RoundRobin,
+    }
+}
+
+fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str, lb: GrpcLb) -> Resource {
+    let lb_key = format!("{lb:?}");
     let key = CacheKey {
         type_url: TypeUrl::Cluster,
         name: Arc::from(name),
-        view: view_digest(&["grpc", "eds"]),
+        view: view_digest(&["grpc", "eds", &lb_key]),
     };
     snapshot
         .cache
         .get_or_insert(key, Some(&Hostname::new(hostname)), || {
-            Some(EncodedResource::encode(
-                TypeUrl::Cluster,
-                name,
-                &eds_cluster(name),
-            ))
+            let mut cluster = eds_cluster(name);
+            match lb {
+                GrpcLb::RoundRobin => {}
+                GrpcLb::LeastRequest => cluster.lb_policy = cluster::LbPolicy::LeastRequest as i32,
+                GrpcLb::RingHash { minimum_ring_size } => {
+                    cluster.lb_policy = cluster::LbPolicy::RingHash as i32;
+                    if minimum_ring_size > 0 {
+                        cluster.lb_config = Some(cluster::LbConfig::RingHashLbConfig(
+                            cluster::RingHashLbConfig {
+                                minimum_ring_size: Some(
+                                    envoy_types::pb::google::protobuf::UInt64Value {
+                                        value: minimum_ring_size,
+                                    },
+                                ),
+                                ..Default::default()
+                            },
+                        ));
+                    }
+                }
+            }
+            Some(EncodedResource::encode(TypeUrl::Cluster, name, &cluster))
         })
         .expect("clusters always generate")
 }
@@ -446,8 +493,8 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::config::route::v3::{RouteAction, route, route_action};
     use meshfed_registry::{
-        Aggregate, EndpointIndex, MemoryRegistry, Protocol, ProviderId, PushRequest, TriggerReason,
-        UpdateSink,
+        Aggregate, EndpointIndex, MemoryRegistry, Protocol, ProviderId, PushRequest, Resolution,
+        TriggerReason, UpdateSink,
     };
 
     use super::*;
@@ -480,6 +527,13 @@ mod tests {
     }
 
     fn snapshot(services: Vec<Service>) -> Snapshot {
+        snapshot_with(services, crate::push::config_index::ConfigSet::default())
+    }
+
+    fn snapshot_with(
+        services: Vec<Service>,
+        set: crate::push::config_index::ConfigSet,
+    ) -> Snapshot {
         let index = Arc::new(EndpointIndex::new());
         let (sink, _events) = UpdateSink::new(index.clone());
         let aggregate = Aggregate::new("c1");
@@ -494,9 +548,86 @@ mod tests {
             &aggregate,
             &index,
             Snapshot::empty().mesh.clone(),
-            &|_| crate::push::config_index::ConfigIndex::default(),
+            &|m| crate::push::config_index::ConfigIndex::new(set.clone(), "cluster.local", m),
             1,
         )
+    }
+
+    #[test]
+    fn cds_load_balancer_follows_the_destination_rule() {
+        use meshfed_api::networking::v1alpha3::load_balancer_settings::{
+            ConsistentHashLb, LbPolicy, SimpleLb,
+        };
+        use meshfed_api::networking::v1alpha3::{
+            DestinationRule, LoadBalancerSettings, Subset, TrafficPolicy,
+        };
+        let lb = |p: LbPolicy| TrafficPolicy {
+            load_balancer: Some(LoadBalancerSettings {
+                lb_policy: Some(p),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let rule = DestinationRule {
+            host: "echo".into(),
+            traffic_policy: Some(lb(LbPolicy::Simple(SimpleLb::LeastRequest as i32))),
+            subsets: vec![Subset {
+                name: "sticky".into(),
+                labels: [("version".to_string(), "v1".to_string())].into(),
+                traffic_policy: Some(lb(LbPolicy::ConsistentHash(ConsistentHashLb {
+                    minimum_ring_size: 2048,
+                    ..Default::default()
+                }))),
+            }],
+            ..Default::default()
+        };
+        let set = crate::push::config_index::ConfigSet {
+            destination_rules: vec![crate::push::config_index::Config {
+                name: "echo".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: rule,
+            }],
+            ..Default::default()
+        };
+        let snap = snapshot_with(
+            vec![service(
+                "echo.default.svc.cluster.local",
+                "default",
+                &[7070],
+                Resolution::ClientSideLb,
+            )],
+            set,
+        );
+        let out = run(
+            &snap,
+            TypeUrl::Cluster,
+            &[
+                "outbound|7070||echo.default.svc.cluster.local",
+                "outbound|7070|sticky|echo.default.svc.cluster.local",
+            ],
+        );
+        let clusters: Vec<Cluster> = out.iter().map(decode).collect();
+        let by_name = |n: &str| {
+            clusters
+                .iter()
+                .find(|c| c.name.contains(n))
+                .unwrap()
+                .clone()
+        };
+        assert_eq!(
+            by_name("||").lb_policy,
+            cluster::LbPolicy::LeastRequest as i32
+        );
+        let sticky = by_name("|sticky|");
+        assert_eq!(sticky.lb_policy, cluster::LbPolicy::RingHash as i32);
+        match sticky.lb_config {
+            Some(cluster::LbConfig::RingHashLbConfig(c)) => {
+                assert_eq!(c.minimum_ring_size.unwrap().value, 2048)
+            }
+            other => panic!("no ring hash config: {other:?}"),
+        }
     }
 
     fn names(names: &[&str]) -> BTreeSet<String> {

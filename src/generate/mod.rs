@@ -15,26 +15,18 @@ use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
-use meshfed_registry::{Port, Service};
 
 use crate::ads::node::{Generator, Proxy};
 use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
 use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
-use cds::{ClusterName, ClusterOptions, Direction};
+use cds::{ClusterName, Direction};
 use eds::EdsOptions;
 
 /// Generator settings that come from flags and the mesh config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GeneratorOptions {
     pub eds: EdsOptions,
-}
-
-/// Cluster settings from the snapshot's mesh config.
-fn cluster_options(snapshot: &Snapshot) -> ClusterOptions {
-    ClusterOptions {
-        connect_timeout: snapshot.connect_timeout(),
-    }
 }
 
 /// What a connection subscribed to for one type.
@@ -124,32 +116,6 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
             }
         })
         .collect()
-}
-
-/// The policy-free cluster of a service port (no DestinationRule, no mTLS), which
-/// proxyless gRPC clients share; Envoy proxies get `cds::cached_outbound`.
-fn outbound_cluster(snapshot: &Snapshot, service: &Arc<Service>, port: &Port) -> Option<Resource> {
-    let name: Arc<str> = Arc::from(cds::outbound_name(
-        port.port.get(),
-        "",
-        service.hostname.as_str(),
-    ));
-    let key = CacheKey {
-        type_url: TypeUrl::Cluster,
-        name: name.clone(),
-        view: view_digest(&[service.namespace.as_str()]),
-    };
-    snapshot
-        .cache
-        .get_or_insert(key, Some(&service.hostname), || {
-            let shards = snapshot.shards(&service.key()).map(|s| &**s);
-            let cluster = cds::outbound_cluster(service, port, shards, cluster_options(snapshot));
-            Some(EncodedResource::encode(
-                TypeUrl::Cluster,
-                name.clone(),
-                &cluster,
-            ))
-        })
 }
 
 fn special_cluster(snapshot: &Snapshot, name: &str) -> Resource {
