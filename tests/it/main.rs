@@ -14,3 +14,4 @@ mod mock_file;
 mod multicluster;
 mod serviceentry;
 mod sotw;
+mod vm_bridge;
