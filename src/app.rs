@@ -359,8 +359,9 @@ impl Server {
             }
         }
         let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
+        let mut secret_controller = None;
         if let Some(kube) = &config.kubernetes {
-            start_kube_registry(
+            secret_controller = start_kube_registry(
                 &config,
                 kube,
                 &mesh_settings,
@@ -423,6 +424,7 @@ impl Server {
             aggregate: aggregate.clone(),
             mock_file: mock_status.clone(),
             config_dir: config_stores.files.as_ref().map(|f| f.status().clone()),
+            multicluster: secret_controller.clone(),
         }));
         let admin_state = AdminState {
             aggregate: aggregate.clone(),
@@ -432,6 +434,7 @@ impl Server {
             debug_open: config.debug_open,
             log_control: config.log_control.clone(),
             config_stores: config_stores.all(),
+            multicluster: secret_controller,
         };
         tasks.spawn(serve_http(
             http,

@@ -18,6 +18,8 @@ pub struct StateCollector {
     pub aggregate: Arc<Aggregate>,
     pub mock_file: Option<MockFileStatus>,
     pub config_dir: Option<ConfigDirStatus>,
+    /// The remote-cluster secret controller, when multicluster is on.
+    pub multicluster: Option<Arc<meshfed_kube::SecretController>>,
 }
 
 fn gauge_family(
@@ -94,6 +96,58 @@ impl Collector for StateCollector {
                         status.reloads_failed.load(Ordering::Relaxed) as i64,
                     ),
                 ],
+            )?;
+        }
+        if let Some(controller) = &self.multicluster {
+            let stats = controller.stats();
+            gauge_family(
+                &mut encoder,
+                "istiod_managed_clusters",
+                "Clusters managed by this control plane, by type",
+                &[
+                    ("cluster_type", "local".into(), 1),
+                    ("cluster_type", "remote".into(), stats.clusters() as i64),
+                ],
+            )?;
+            use meshfed_kube::EventType;
+            gauge_family(
+                &mut encoder,
+                "remote_cluster_secret_events_total",
+                "Remote cluster secret events, by type",
+                &[
+                    (
+                        "event",
+                        "add".into(),
+                        stats.secret_events(EventType::Add) as i64,
+                    ),
+                    (
+                        "event",
+                        "update".into(),
+                        stats.secret_events(EventType::Update) as i64,
+                    ),
+                    (
+                        "event",
+                        "delete".into(),
+                        stats.secret_events(EventType::Delete) as i64,
+                    ),
+                ],
+            )?;
+            let rows: Vec<(&'static str, String, i64)> = controller
+                .clusters()
+                .into_iter()
+                .map(|c| ("cluster", c.cluster.to_string(), i64::from(c.synced)))
+                .collect();
+            gauge_family(
+                &mut encoder,
+                "istiod_remote_cluster_sync_status",
+                "1 once a remote cluster's registry has synced",
+                &rows,
+            )?;
+            gauge_family(
+                &mut encoder,
+                "meshfed_kubeconfig_rejected",
+                "Remote cluster kubeconfigs refused (untrusted options, parse or client errors)",
+                &[("reason", "any".into(), stats.kubeconfig_rejected() as i64)],
             )?;
         }
         Ok(())

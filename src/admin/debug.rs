@@ -55,6 +55,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: endpoint_shardz,
     },
     DebugEndpoint {
+        path: "clusterz",
+        description: "Remote clusters from multicluster Secrets: secret, kubeconfig hash, state, synced, stale",
+        handler: clusterz,
+    },
+    DebugEndpoint {
         path: "push_status",
         description: "The last pushes: version, reasons, changes, build time, connections",
         handler: push_status,
@@ -242,6 +247,17 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     objects.sort_by_key(key);
     rejected.sort_by_key(key);
     Ok(json!({"objects": objects, "rejected": rejected}))
+}
+
+fn clusterz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let Some(controller) = &state.multicluster else {
+        return Ok(json!({"clusters": [], "note": "multicluster is off (no Kubernetes registry)"}));
+    };
+    let mut clusters: Vec<Value> = controller.clusters().iter().map(to_json).collect();
+    clusters.sort_by_key(|c| c["cluster"].as_str().unwrap_or("").to_string());
+    Ok(
+        json!({"namespace": controller.namespace(), "synced": controller.has_synced(), "clusters": clusters}),
+    )
 }
 
 fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

@@ -38,6 +38,8 @@ pub struct AdminState {
     pub log_control: Option<crate::logging::LogControl>,
     /// The Istio config stores (for `/debug/configz` and readiness).
     pub config_stores: Vec<Arc<dyn meshfed_registry::config::ConfigStore>>,
+    /// The remote-cluster secret controller, when multicluster is on.
+    pub multicluster: Option<Arc<meshfed_kube::SecretController>>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -215,6 +217,7 @@ mod tests {
             debug_open,
             log_control: None,
             config_stores: Vec::new(),
+            multicluster: None,
         }
     }
 

@@ -3,8 +3,9 @@
 //! PATH`, with `--server-pid PID` for its memory and CPU).
 //!
 //! A spawned server listens on port 0 everywhere and logs JSON; the tool reads the
-//! addresses from its `meshfed discovery serving` line, forwards its warnings and
-//! errors to stderr, and kills it when the run ends.
+//! addresses from its `meshfed discovery serving` line, waits until its `/ready`
+//! answers 200 (registries synced: before that, streams are refused), forwards its
+//! warnings and errors to stderr, and kills it when the run ends.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -87,7 +88,7 @@ impl ServerUnderLoad {
         let stdout = child.stdout.take().context("the server's stdout")?;
         let (tx, rx) = oneshot::channel();
         tokio::spawn(follow_log(stdout, tx));
-        let grpc = tokio::select! {
+        let (grpc, http) = tokio::select! {
             addr = rx => addr.context(
                 "the server exited before it listened (see its log above; config changes need \
                  a server with --configDir)",
@@ -97,6 +98,10 @@ impl ServerUnderLoad {
                 bail!("the server did not log `meshfed discovery serving` within {START_TIMEOUT:?}")
             }
         };
+        tokio::select! {
+            ready = wait_ready(http) => ready?,
+            status = child.wait() => bail!("the server exited before it was ready: {}", status?),
+        }
         Ok(ServerUnderLoad {
             grpc,
             pid,
@@ -115,7 +120,10 @@ impl ServerUnderLoad {
 
 /// Reads the server's JSON log: sends the ADS address of the serving line, forwards
 /// warnings and errors, and keeps draining so the server never blocks on a full pipe.
-async fn follow_log(stdout: tokio::process::ChildStdout, tx: oneshot::Sender<SocketAddr>) {
+async fn follow_log(
+    stdout: tokio::process::ChildStdout,
+    tx: oneshot::Sender<(SocketAddr, SocketAddr)>,
+) {
     let mut lines = BufReader::new(stdout).lines();
     let mut tx = Some(tx);
     let mut forwarded = 0usize;
@@ -124,11 +132,12 @@ async fn follow_log(stdout: tokio::process::ChildStdout, tx: oneshot::Sender<Soc
             continue;
         };
         let fields = &entry["fields"];
+        let addr = |key: &str| fields[key].as_str().and_then(|a| a.parse().ok());
         if fields["message"] == "meshfed discovery serving"
-            && let Some(addr) = fields["grpc"].as_str().and_then(|a| a.parse().ok())
+            && let (Some(grpc), Some(http)) = (addr("grpc"), addr("http"))
             && let Some(tx) = tx.take()
         {
-            let _ = tx.send(addr);
+            let _ = tx.send((grpc, http));
             continue;
         }
         let level = entry["level"].as_str().unwrap_or("");
@@ -141,6 +150,37 @@ async fn follow_log(stdout: tokio::process::ChildStdout, tx: oneshot::Sender<Soc
             }
         }
     }
+}
+
+/// Waits until `GET http://<http>/ready` answers 200.
+async fn wait_ready(http: SocketAddr) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    let mut last = String::from("no answer");
+    while tokio::time::Instant::now() < deadline {
+        match ready_status(http).await {
+            Ok(200) => return Ok(()),
+            Ok(code) => last = format!("HTTP {code}"),
+            Err(err) => last = err.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!("the server's /ready did not answer 200 within {START_TIMEOUT:?} (last: {last})")
+}
+
+/// The status code of `GET /ready` (HTTP/1.0, so the server closes the connection).
+async fn ready_status(http: SocketAddr) -> std::io::Result<u16> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(http).await?;
+    stream
+        .write_all(b"GET /ready HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await?;
+    let mut head = Vec::new();
+    stream.take(64).read_to_end(&mut head).await?;
+    let line = String::from_utf8_lossy(&head);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {line:?}")))
 }
 
 /// A fresh directory for the mock-registry file of a spawned server.

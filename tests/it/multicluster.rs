@@ -310,6 +310,23 @@ async fn a_remote_secret_adds_the_cluster_and_each_network_sees_the_other_throug
     mesh.wait_c2().await;
     let http = mesh.http();
 
+    let clusterz = get_json(http, "/debug/clusterz").await;
+    assert_eq!(clusterz["clusters"][0]["cluster"], "c2", "{clusterz:#}");
+    assert_eq!(clusterz["clusters"][0]["synced"], true);
+    let (_, metrics) = http_get(mesh.server.bound().monitoring, "/metrics").await;
+    assert_eq!(
+        metric(&metrics, "istiod_managed_clusters{cluster_type=\"remote\"}"),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(
+            &metrics,
+            "istiod_remote_cluster_sync_status{cluster=\"c2\"}"
+        ),
+        Some(1.0)
+    );
+
     let shardz = get_json(http, "/debug/endpointShardz").await;
     assert_eq!(shard_of(&shardz, "Kubernetes/c1"), ["10.1.0.1", "10.1.0.2"]);
     assert_eq!(
