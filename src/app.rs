@@ -372,8 +372,11 @@ impl Server {
             )
             .await?;
         }
+        let mut consul_stats = None;
         if let Some(consul) = &config.consul {
-            start_consul_registry(consul, &aggregate, &sink, &shutdown, &mut tasks).await?;
+            consul_stats = Some(
+                start_consul_registry(consul, &aggregate, &sink, &shutdown, &mut tasks).await?,
+            );
         }
 
         // The first snapshot reflects whatever the registries already hold.
@@ -425,6 +428,7 @@ impl Server {
             mock_file: mock_status.clone(),
             config_dir: config_stores.files.as_ref().map(|f| f.status().clone()),
             multicluster: secret_controller.clone(),
+            consul: consul_stats,
         }));
         let admin_state = AdminState {
             aggregate: aggregate.clone(),
@@ -627,7 +631,7 @@ async fn start_consul_registry(
     sink: &UpdateSink,
     shutdown: &Shutdown,
     tasks: &mut JoinSet<()>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Arc<meshfed_consul::ConsulStats>> {
     let mut stop = shutdown.clone();
     let (registry, writer) =
         meshfed_consul::ConsulRegistry::start(consul.clone(), sink.clone(), async move {
@@ -639,11 +643,12 @@ async fn start_consul_registry(
         url = %consul.url, datacenter = registry.datacenter(),
         "Consul registry started; /ready waits for its initial sync"
     );
+    let stats = registry.stats().clone();
     aggregate.add_registry(registry);
     tasks.spawn(async move {
         let _ = writer.await;
     });
-    Ok(())
+    Ok(stats)
 }
 
 fn start_mock_registry(

@@ -20,6 +20,8 @@ pub struct StateCollector {
     pub config_dir: Option<ConfigDirStatus>,
     /// The remote-cluster secret controller, when multicluster is on.
     pub multicluster: Option<Arc<meshfed_kube::SecretController>>,
+    /// The Consul registry's counters, when Consul is on.
+    pub consul: Option<Arc<meshfed_consul::ConsulStats>>,
 }
 
 fn gauge_family(
@@ -96,6 +98,32 @@ impl Collector for StateCollector {
                         status.reloads_failed.load(Ordering::Relaxed) as i64,
                     ),
                 ],
+            )?;
+        }
+        if let Some(stats) = &self.consul {
+            gauge_family(
+                &mut encoder,
+                "meshfed_consul_requests",
+                "Consul HTTP answers and errors (errors back off; the last endpoints stay served)",
+                &[
+                    ("result", "ok".into(), stats.answers() as i64),
+                    ("result", "error".into(), stats.errors() as i64),
+                ],
+            )?;
+            gauge_family(
+                &mut encoder,
+                "meshfed_consul_skipped",
+                "Malformed Consul catalog entries skipped, by kind",
+                &[
+                    ("kind", "entry".into(), stats.skipped_entries() as i64),
+                    ("kind", "service".into(), stats.skipped_services() as i64),
+                ],
+            )?;
+            gauge_family(
+                &mut encoder,
+                "meshfed_consul_index_resets",
+                "Blocking-query indexes that went backwards and were reset",
+                &[("registry", "consul".into(), stats.index_resets() as i64)],
             )?;
         }
         if let Some(controller) = &self.multicluster {

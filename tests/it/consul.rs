@@ -117,6 +117,15 @@ async fn a_consul_catalog_reaches_proxies_and_follows_changes_and_outages() {
         (consul_registry(http).await["stale"] == true).then_some(())
     })
     .await;
+    let (_, metrics) = http_get(server.bound().monitoring, "/metrics").await;
+    assert!(
+        metric(&metrics, "meshfed_consul_requests{result=\"error\"}").is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("meshfed_registry_stale{registry=\"Consul/"),
+        "{metrics}"
+    );
     let mut late = AdsClient::connect(server.grpc_addr(), node(PROXY))
         .await
         .unwrap();
