@@ -25,10 +25,10 @@ async fn metrics_version_and_debug_endpoints() {
     let (status, metrics) = http_get(monitoring, "/metrics").await;
     assert_eq!(status, 200);
     assert_eq!(metric(&metrics, "pilot_xds"), Some(1.0), "{metrics}");
-    assert_eq!(
-        metric(&metrics, "pilot_xds_pushes{type=\"cds\"}"),
-        Some(1.0)
-    );
+    // At least the response this client ACKed; a registry finishing its start-up in
+    // the background may add a push.
+    let cds_pushes = metric(&metrics, "pilot_xds_pushes{type=\"cds\"}").unwrap_or(0.0);
+    assert!(cds_pushes >= 1.0, "{metrics}");
     assert_eq!(metric(&metrics, "pilot_services"), Some(2.0));
     for name in [
         "pilot_debounce_time",
