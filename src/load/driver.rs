@@ -21,7 +21,7 @@ use super::procfs::{self, Machine, ProcessSample};
 use super::record::{Percentiles, Recorder};
 use super::registry::{ChangeKind, Registry, VIRTUAL_SERVICE_FILE, write_atomically};
 use super::report::{
-    Changes, Convergence, KindFigures, Received, ServerInfo, ServerUsage, Summary,
+    Changes, Convergence, KindFigures, ProcessUsage, Received, ServerInfo, Summary,
 };
 use super::scenario::{Mode, Scenario};
 use super::server::{self, ServerUnderLoad};
@@ -262,6 +262,7 @@ async fn load(
         }
     };
     let before_ramp = sample("before the ramp");
+    let tool_before_ramp = procfs::sample(None).ok();
     let progress = options.progress.then(|| {
         tokio::spawn(
             Progress {
@@ -325,6 +326,7 @@ async fn load(
     let all_converged_seconds = (converged >= scenario.proxies)
         .then(|| (recorder.last_converged() - ramp_start).as_secs_f64());
     let after_convergence = sample("after convergence");
+    let tool_after_convergence = procfs::sample(None).ok();
 
     // --- Churn.
     let churn_start = Instant::now();
@@ -367,6 +369,7 @@ async fn load(
         tokio::time::sleep(POLL).await;
     }
     let at_end = sample("at the end");
+    let tool_at_end = procfs::sample(None).ok();
 
     // Proxies without a complete config say what they miss.
     if converged < scenario.proxies {
@@ -399,15 +402,8 @@ async fn load(
         },
         changes: changes(&recorder, plan, kinds),
         received: received(&recorder),
-        server_usage: match (before_ramp, after_convergence, at_end) {
-            (Some(before_ramp), Some(after_convergence), Some(at_end)) => Some(ServerUsage {
-                before_ramp,
-                after_convergence,
-                at_end,
-            }),
-            _ => None,
-        },
-        load_tool: procfs::sample(None).ok(),
+        server_usage: usage(before_ramp, after_convergence, at_end),
+        load_tool: usage(tool_before_ramp, tool_after_convergence, tool_at_end),
         unserved: recorder.unserved_names(),
         missing: recorder.missing_reports(),
         stream_failures: recorder.stream_failures.load(Ordering::Relaxed),
@@ -418,6 +414,18 @@ async fn load(
     let passed = summary.convergence.converged == summary.convergence.proxies
         && summary.changes.complete + summary.changes.unwatched == summary.changes.written;
     Ok(Summary { passed, ..summary })
+}
+
+fn usage(
+    before_ramp: Option<ProcessSample>,
+    after_convergence: Option<ProcessSample>,
+    at_end: Option<ProcessSample>,
+) -> Option<ProcessUsage> {
+    Some(ProcessUsage {
+        before_ramp: before_ramp?,
+        after_convergence: after_convergence?,
+        at_end: at_end?,
+    })
 }
 
 fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {

@@ -26,9 +26,9 @@ pub struct Summary {
     /// Responses received by all proxies, by type (`cds`, `eds`, `lds`, `rds`, `total`).
     pub received: BTreeMap<&'static str, Received>,
     /// The server's memory and CPU, when it is a local process.
-    pub server_usage: Option<ServerUsage>,
-    /// The load tool's own memory and CPU at the end.
-    pub load_tool: Option<ProcessSample>,
+    pub server_usage: Option<ProcessUsage>,
+    /// The load tool's own memory and CPU (it shares the machine with a local server).
+    pub load_tool: Option<ProcessUsage>,
     /// Names proxies subscribed to that the server never sent, by type.
     pub unserved: BTreeMap<&'static str, BTreeSet<String>>,
     /// What proxies without a complete config were missing at the deadline (a few).
@@ -112,9 +112,9 @@ pub struct Received {
     pub bytes: u64,
 }
 
-/// The server's resource use.
+/// A process's resource use through the run.
 #[derive(Clone, Copy, Debug, Serialize)]
-pub struct ServerUsage {
+pub struct ProcessUsage {
     /// Before the first proxy connected.
     pub before_ramp: ProcessSample,
     /// When every proxy had converged (or at the convergence deadline).
@@ -265,8 +265,12 @@ impl Summary {
             );
         }
 
-        if let Some(u) = &self.server_usage {
-            let _ = writeln!(out, "\nserver process");
+        for (what, usage) in [
+            ("server process", &self.server_usage),
+            ("load tool process", &self.load_tool),
+        ] {
+            let Some(u) = usage else { continue };
+            let _ = writeln!(out, "\n{what}");
             let _ = writeln!(
                 out,
                 "  RSS       {} before the ramp, {} with every proxy connected, {} at the end (peak {})",
@@ -281,15 +285,6 @@ impl Summary {
                 u.after_convergence.cpu_seconds - u.before_ramp.cpu_seconds,
                 u.at_end.cpu_seconds - u.after_convergence.cpu_seconds,
                 u.at_end.cpu_seconds
-            );
-        }
-        if let Some(t) = &self.load_tool {
-            let _ = writeln!(
-                out,
-                "load tool: RSS {} (peak {}), CPU {:.2} s",
-                bytes(t.rss_bytes),
-                bytes(t.peak_rss_bytes),
-                t.cpu_seconds
             );
         }
         if self.stream_failures > 0 || self.nacks > 0 {
