@@ -114,6 +114,8 @@ pub struct PushRecord {
     pub merged_events: u32,
     pub build_seconds: f64,
     pub connections: usize,
+    /// The connections the push was queued on (the first [`PUSHED_IDS`], sorted).
+    pub proxies: Vec<String>,
 }
 
 /// Builds snapshots and fans pushes out to connections.
@@ -132,6 +134,9 @@ pub struct Pipeline {
 }
 
 const HISTORY: usize = 50;
+
+/// How many connection ids a push record lists (the count is always complete).
+pub const PUSHED_IDS: usize = 100;
 
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -222,7 +227,16 @@ impl Pipeline {
         }
         let version = next.version.to_string();
         self.snapshot.store(Arc::new(next));
-        let connections = self.connections.enqueue_all(&request);
+        let queued = self.connections.all();
+        for c in &queued {
+            c.enqueue(request.clone());
+        }
+        let connections = queued.len();
+        let proxies: Vec<String> = queued
+            .iter()
+            .take(PUSHED_IDS)
+            .map(|c| c.id.clone())
+            .collect();
         debug!(%version, full = request.full, changes = request.configs_updated.len(), connections, "push");
         let record = PushRecord {
             version,
@@ -238,6 +252,7 @@ impl Pipeline {
             merged_events,
             build_seconds,
             connections,
+            proxies,
         };
         let mut history = self.history.lock().expect("history poisoned");
         if history.len() == HISTORY {

@@ -122,3 +122,43 @@ async fn merge_conflicts_show_in_registryz() {
     assert_eq!(registryz["services"][0]["cluster_id"], "older");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn push_status_lists_reasons_changes_and_the_proxies_pushed() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    server.sync().await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.0.0.1~app-1.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+    add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.0.9"],
+    );
+    client.recv_clusters().await.unwrap();
+    let status = get_json(server.bound().http, "/debug/push_status").await;
+    let last = &status["pushes"][0];
+    assert_eq!(last["full"], true, "{status:#}");
+    assert!(
+        last["changes"]
+            .to_string()
+            .contains("a.default.svc.cluster.local"),
+        "{status:#}"
+    );
+    assert_eq!(last["connections"], 1);
+    assert!(
+        last["proxies"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("app-1.default-"),
+        "{status:#}"
+    );
+    server.shutdown().await;
+}
