@@ -87,27 +87,27 @@ impl ConnectionState {
             watch.nonce_nacked = Some(req.response_nonce.clone());
             return Action::Nack(type_url, status.message.clone());
         }
-        let names: BTreeSet<String> = req.resource_names.iter().cloned().collect();
-        if names.is_empty() && !type_url.is_wildcard() {
+        let requested = &req.resource_names;
+        if requested.is_empty() && !type_url.is_wildcard() {
             // Nothing asked: the watch (if any) goes.
             self.watches.remove(&type_url);
             return Action::Unsubscribed(type_url);
         }
+        let collect = || -> BTreeSet<String> { requested.iter().cloned().collect() };
         let Some(watch) = self.watches.get_mut(&type_url) else {
-            let wildcard = names.is_empty();
             self.watches.insert(
                 type_url,
                 Watch {
-                    names,
-                    wildcard,
+                    names: collect(),
+                    wildcard: requested.is_empty(),
                     ..Default::default()
                 },
             );
             return Action::Respond(type_url);
         };
         if req.response_nonce.is_empty() {
-            watch.wildcard = names.is_empty();
-            watch.names = names;
+            watch.wildcard = requested.is_empty();
+            watch.names = collect();
             return Action::Respond(type_url);
         }
         if watch.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
@@ -116,10 +116,19 @@ impl ConnectionState {
         watch.nonce_acked = Some(req.response_nonce.clone());
         watch.version_acked = Some(req.version_info.clone());
         watch.last_error = None;
-        let added = names.iter().any(|n| !watch.names.contains(n));
-        let changed = added || names.len() != watch.names.len();
-        watch.wildcard = type_url.is_wildcard() && names.is_empty();
-        watch.names = names;
+        // The common ACK repeats the same names: compare without building a new set
+        // (an EDS ACK of a large mesh carries thousands of names).
+        let added = requested.iter().any(|n| !watch.names.contains(n));
+        let changed = added || {
+            requested.len() != watch.names.len() && {
+                let names = collect();
+                names.len() != watch.names.len()
+            }
+        };
+        if changed {
+            watch.names = collect();
+        }
+        watch.wildcard = type_url.is_wildcard() && requested.is_empty();
         if (type_url.is_wildcard() && changed) || added {
             Action::Respond(type_url)
         } else {
@@ -352,6 +361,17 @@ mod tests {
             s.on_sotw_request(&req(EDS, &["a"], "v1", &n)),
             Action::Ack(TypeUrl::Endpoint)
         );
+        assert_eq!(
+            s.watch(TypeUrl::Endpoint).unwrap().names,
+            BTreeSet::from(["a".to_string()]),
+            "a removal is recorded without a response"
+        );
+        // Repeated names are the same subscription.
+        assert_eq!(
+            s.on_sotw_request(&req(EDS, &["a", "a"], "v1", &n)),
+            Action::Ack(TypeUrl::Endpoint)
+        );
+        assert_eq!(s.watch(TypeUrl::Endpoint).unwrap().names.len(), 1);
         assert_eq!(
             s.on_sotw_request(&req(EDS, &["a", "c"], "v1", &n)),
             Action::Respond(TypeUrl::Endpoint)

@@ -16,6 +16,8 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
+use meshfed_registry::Service;
+
 use crate::ads::node::{Generator, Proxy};
 use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
@@ -155,41 +157,73 @@ fn load_assignments(
         wildcard_names = snapshot
             .services
             .visible_to(&proxy.namespace)
-            .flat_map(|s| {
-                let rule = snapshot.config.destination_rule(
-                    &proxy.namespace,
-                    s.namespace.as_str(),
-                    s.hostname.as_str(),
-                );
-                let subsets: Vec<&str> = std::iter::once("")
-                    .chain(
-                        rule.iter()
-                            .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
-                    )
-                    .collect();
-                s.ports.iter().flat_map(move |p| {
-                    subsets.clone().into_iter().map(move |subset| {
-                        cds::outbound_name(p.port.get(), subset, s.hostname.as_str())
-                    })
-                })
-            })
+            .flat_map(|s| cluster_names(snapshot, proxy, s))
             .collect();
         &wildcard_names
     } else {
         sub.names
     };
-    names
-        .iter()
+    let in_scope: Vec<&String> = match scope {
+        // An incremental push names a few hostnames; a proxy may watch thousands of
+        // clusters. Look up the clusters those hostnames can have instead of scanning
+        // every watched name.
+        Scope::Hostnames(hosts) if !sub.wildcard => {
+            let mut found = Vec::new();
+            for host in hosts.iter() {
+                match snapshot.services.resolve(host, &proxy.namespace) {
+                    Some(service) => {
+                        found.extend(
+                            cluster_names(snapshot, proxy, service)
+                                .iter()
+                                .filter_map(|candidate| names.get(candidate)),
+                        );
+                    }
+                    // The service is gone: whatever the proxy still watches for it.
+                    None => {
+                        found.extend(names.iter().filter(|n| n.rsplit('|').next() == Some(*host)))
+                    }
+                }
+            }
+            found
+        }
+        Scope::Hostnames(hosts) => names
+            .iter()
+            .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
+            .collect(),
+        Scope::All => names.iter().collect(),
+    };
+    in_scope
+        .into_iter()
         .filter_map(|name| {
             let parsed = ClusterName::parse(name)?;
-            if let Scope::Hostnames(hosts) = scope
-                && !hosts.contains(parsed.hostname)
-            {
-                return None;
-            }
             Some(load_assignment(
                 snapshot, &networks, proxy, name, &parsed, options,
             ))
+        })
+        .collect()
+}
+
+/// Every EDS cluster name `service` can have for `proxy`: each port, plain and for
+/// each subset of the DestinationRule in force.
+fn cluster_names(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> Vec<String> {
+    let rule = snapshot.config.destination_rule(
+        &proxy.namespace,
+        service.namespace.as_str(),
+        service.hostname.as_str(),
+    );
+    let subsets: Vec<&str> = std::iter::once("")
+        .chain(
+            rule.iter()
+                .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
+        )
+        .collect();
+    service
+        .ports
+        .iter()
+        .flat_map(|p| {
+            subsets.iter().map(move |subset| {
+                cds::outbound_name(p.port.get(), subset, service.hostname.as_str())
+            })
         })
         .collect()
 }
