@@ -61,9 +61,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer};
 
+use crate::config::validate::Segment;
 use crate::memory::{MemoryRegistry, ServiceWithEndpoints};
 use crate::model::{
     ClusterId, Endpoint, ExportTo, HealthStatus, Locality, MeshLocation, NetworkId, Port, Protocol,
@@ -374,7 +375,7 @@ pub fn parse_mock_registry(
     for (i, spec) in specs.into_iter().enumerate() {
         let item = format!("services[{i}] ({})", spec.hostname);
         let entry = convert_service(spec).map_err(|(mut at, reason)| {
-            let mut path = vec![Seg::key("services"), Seg::Index(i)];
+            let mut path = vec![field("services"), Segment::Index(i)];
             path.append(&mut at);
             invalid(&path, format!("{item}: {reason}"))
         })?;
@@ -382,18 +383,14 @@ pub fn parse_mock_registry(
         if let Some(first) = seen.insert(key.clone(), i) {
             let first_line = locate(
                 text,
-                &[
-                    Seg::key("services"),
-                    Seg::Index(first),
-                    Seg::key("hostname"),
-                ],
+                &[field("services"), Segment::Index(first), field("hostname")],
             );
             let where_first = match first_line {
                 Some(l) => format!("services[{first}] (line {l})"),
                 None => format!("services[{first}]"),
             };
             return Err(invalid(
-                &[Seg::key("services"), Seg::Index(i), Seg::key("hostname")],
+                &[field("services"), Segment::Index(i), field("hostname")],
                 format!(
                     "{item}: hostname is already declared in namespace {:?} by {where_first}",
                     key.namespace.as_str()
@@ -405,17 +402,11 @@ pub fn parse_mock_registry(
     Ok(out)
 }
 
-/// One step of a path into the YAML document.
-#[derive(Clone, Debug)]
-enum Seg {
-    Key(String),
-    Index(usize),
-}
+/// One step of a path into the YAML document (keys match exactly).
+type Seg = Segment;
 
-impl Seg {
-    fn key(k: &str) -> Seg {
-        Seg::Key(k.to_string())
-    }
+fn field(k: &str) -> Seg {
+    Segment::Key(k.to_string())
 }
 
 /// A semantic error: where in the service it is (relative path) and why.
@@ -425,20 +416,20 @@ fn convert_service(spec: ServiceSpec) -> Result<ServiceWithEndpoints, Fault> {
     let hostname = spec.hostname.as_str();
     if hostname.is_empty() || hostname.contains(char::is_whitespace) {
         return Err((
-            vec![Seg::key("hostname")],
+            vec![field("hostname")],
             format!("hostname {:?} is not a host name", spec.hostname),
         ));
     }
     let namespace = spec.namespace.unwrap_or_else(|| "default".to_string());
     if namespace.is_empty() {
         return Err((
-            vec![Seg::key("namespace")],
+            vec![field("namespace")],
             "namespace must not be empty".to_string(),
         ));
     }
     let mut service = Service::new(hostname, namespace.as_str(), ProviderId::Mock, "");
     for (p, port) in spec.ports.iter().enumerate() {
-        let at = || vec![Seg::key("ports"), Seg::Index(p)];
+        let at = || vec![field("ports"), Segment::Index(p)];
         if port.name.is_empty() {
             return Err((at(), format!("ports[{p}]: the port name must not be empty")));
         }
@@ -500,10 +491,10 @@ fn convert_service(spec: ServiceSpec) -> Result<ServiceWithEndpoints, Fault> {
                 };
                 return Err((
                     vec![
-                        Seg::key("endpoints"),
-                        Seg::Index(e),
-                        Seg::key("ports"),
-                        Seg::key(name),
+                        field("endpoints"),
+                        Segment::Index(e),
+                        field("ports"),
+                        field(name),
                     ],
                     format!(
                         "endpoints[{e}] ({}): port {name:?} is not a port of the service (its ports: {known})",
@@ -583,85 +574,10 @@ fn hostname_of(text: &str, index: usize) -> Option<String> {
     )
 }
 
-/// The marker [`locate`] plants in the error it provokes at the node it looks for.
-const LOCATED: &str = "\u{1}meshfed-mock-file-located\u{1}";
-
-/// The 1-based line of the node at `path` in the YAML text.
-///
-/// serde_norway records positions only in errors, so this walks the document to the
-/// node and fails there on purpose; the error's location is the node's position.
+/// The 1-based line of the node at `path` in the YAML text (or of its nearest
+/// existing ancestor): the config files' locator, shared.
 fn locate(text: &str, path: &[Seg]) -> Option<usize> {
-    match Walk(path).deserialize(serde_norway::Deserializer::from_str(text)) {
-        Err(e) if e.to_string().contains(LOCATED) => e.location().map(|l| l.line()),
-        _ => None,
-    }
-}
-
-struct Walk<'a>(&'a [Seg]);
-
-impl<'de> DeserializeSeed<'de> for Walk<'_> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        if self.0.is_empty() {
-            d.deserialize_any(Here)
-        } else {
-            d.deserialize_any(self)
-        }
-    }
-}
-
-impl<'de> Visitor<'de> for Walk<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a mapping or sequence")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let (want, rest) = match self.0.split_first() {
-            Some((Seg::Key(k), rest)) => (Some(k.as_str()), rest),
-            _ => (None, &[][..]),
-        };
-        while let Some(key) = map.next_key::<serde_norway::Value>()? {
-            if want.is_some() && key.as_str() == want {
-                map.next_value_seed(Walk(rest))?;
-            } else {
-                map.next_value::<IgnoredAny>()?;
-            }
-        }
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let (want, rest) = match self.0.split_first() {
-            Some((Seg::Index(i), rest)) => (Some(*i), rest),
-            _ => (None, &[][..]),
-        };
-        let mut i = 0;
-        loop {
-            let more = if want == Some(i) {
-                seq.next_element_seed(Walk(rest))?.is_some()
-            } else {
-                seq.next_element::<IgnoredAny>()?.is_some()
-            };
-            if !more {
-                return Ok(());
-            }
-            i += 1;
-        }
-    }
-}
-
-/// Rejects whatever it is given, with [`LOCATED`] in the message.
-struct Here;
-
-impl Visitor<'_> for Here {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(LOCATED)
-    }
+    crate::config::locate::line_of(text, path)
 }
 
 // ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ pub mod store;
 pub mod validate;
 
 mod assembly;
-mod locate;
+pub(crate) mod locate;
 mod time;
 
 pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
