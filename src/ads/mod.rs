@@ -134,12 +134,12 @@ impl Connections {
         self.len() == 0
     }
 
-    /// Queues `request` on every connection.
-    pub fn enqueue_all(&self, request: &PushRequest) -> usize {
+    /// Queues `request` on every connection; returns them (sorted by id).
+    pub fn enqueue_all(&self, request: &PushRequest) -> Vec<Arc<ConnectionHandle>> {
         let all = self.all();
         for c in &all {
             c.enqueue(request.clone());
         }
-        all.len()
+        all
     }
 }

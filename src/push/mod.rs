@@ -227,10 +227,7 @@ impl Pipeline {
         }
         let version = next.version.to_string();
         self.snapshot.store(Arc::new(next));
-        let queued = self.connections.all();
-        for c in &queued {
-            c.enqueue(request.clone());
-        }
+        let queued = self.connections.enqueue_all(&request);
         let connections = queued.len();
         let proxies: Vec<String> = queued
             .iter()
