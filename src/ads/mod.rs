@@ -6,6 +6,7 @@
 //! busy, so each connection has at most one push in flight and never misses a change.
 
 pub mod connection;
+pub mod frames;
 pub mod metrics;
 pub mod node;
 pub mod server;

@@ -14,13 +14,16 @@ use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, Disc
 use meshfed_registry::{ConfigKind, PushRequest};
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
-use tonic::codegen::{Body, BoxFuture, Context, Poll, Service, StdError, http};
-use tonic::server::{Grpc, NamedService, StreamingService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::Status;
+use tonic::codec::{Codec, Streaming};
+use tonic::codegen::{Body, BoxFuture, Bytes, Context, Poll, Service, StdError, http};
+use tonic::server::NamedService;
+use tonic::transport::server::TcpConnectInfo;
+use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
 use super::connection::{Action, ConnectionState};
+use super::frames::{FrameEncode, Outbound, ResponseBody};
 use super::metrics::XdsMetrics;
 use super::node::Proxy;
 use super::wire::{DeltaResource, DeltaResponse, SotwResponse};
@@ -80,7 +83,7 @@ impl NamedService for AdsService {
 
 impl<B> Service<http::Request<B>> for AdsService
 where
-    B: Body + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
     type Response = http::Response<tonic::body::Body>;
@@ -93,33 +96,51 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let ctx = self.ctx.clone();
-        match req.uri().path() {
-            SOTW_PATH => Box::pin(async move {
-                let mut grpc =
-                    Grpc::new(tonic_prost::ProstCodec::<SotwResponse, DiscoveryRequest>::default());
-                Ok(grpc
-                    .streaming(StreamSvc::<Sotw>(ctx, Default::default()), req)
-                    .await)
-            }),
-            DELTA_PATH => Box::pin(async move {
-                let mut grpc = Grpc::new(tonic_prost::ProstCodec::<
-                    DeltaResponse,
-                    DeltaDiscoveryRequest,
-                >::default());
-                Ok(grpc
-                    .streaming(StreamSvc::<Delta>(ctx, Default::default()), req)
-                    .await)
-            }),
-            _ => Box::pin(async move { Ok(Status::unimplemented("unknown method").into_http()) }),
-        }
+        let response = match req.uri().path() {
+            SOTW_PATH => start_stream::<Sotw, B>(ctx, req),
+            DELTA_PATH => start_stream::<Delta, B>(ctx, req),
+            _ => Status::unimplemented("unknown method").into_http(),
+        };
+        Box::pin(async move { Ok(response) })
     }
+}
+
+/// Accepts one ADS stream: requests are decoded by tonic's streaming decoder, and
+/// responses go out through [`ResponseBody`] (see [`super::frames`] for why tonic's
+/// encoder is not used).
+fn start_stream<F: FlavourIo, B>(
+    ctx: Arc<XdsContext>,
+    req: http::Request<B>,
+) -> http::Response<tonic::body::Body>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<StdError> + Send + 'static,
+{
+    if !(ctx.ready)() {
+        return Status::unavailable("meshfed is starting: service registries have not synced yet")
+            .into_http();
+    }
+    let peer = req
+        .extensions()
+        .get::<TcpConnectInfo>()
+        .and_then(|info| info.remote_addr());
+    let decoder = ProstCodec::<F::Resp, F::Req>::default().decoder();
+    let inbound = Streaming::new_request(decoder, req.into_body(), None, None);
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(run_stream::<F>(ctx, inbound, tx, peer));
+    let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/grpc"),
+    );
+    response
 }
 
 /// The two ADS flavours differ only in message shapes and in how a response is
 /// formed from generated resources.
 trait FlavourIo: Send + Sync + 'static {
     type Req: Message + Default + Send + 'static;
-    type Resp: Message + Send + 'static;
+    type Resp: Message + Default + FrameEncode + Send + 'static;
     const FLAVOUR: Flavour;
     fn node(req: &Self::Req) -> Option<&Node>;
     fn apply(state: &mut ConnectionState, req: &Self::Req) -> Action;
@@ -220,30 +241,7 @@ impl FlavourIo for Delta {
     }
 }
 
-struct StreamSvc<F>(Arc<XdsContext>, std::marker::PhantomData<F>);
-
-impl<F: FlavourIo> StreamingService<F::Req> for StreamSvc<F> {
-    type Response = F::Resp;
-    type ResponseStream = ReceiverStream<Result<F::Resp, Status>>;
-    type Future = BoxFuture<Response<Self::ResponseStream>, Status>;
-
-    fn call(&mut self, request: Request<Streaming<F::Req>>) -> Self::Future {
-        let ctx = self.0.clone();
-        Box::pin(async move {
-            if !(ctx.ready)() {
-                return Err(Status::unavailable(
-                    "meshfed is starting: service registries have not synced yet",
-                ));
-            }
-            let peer = request.remote_addr();
-            let (tx, rx) = mpsc::channel(4);
-            tokio::spawn(run_stream::<F>(ctx, request.into_inner(), tx, peer));
-            Ok(Response::new(ReceiverStream::new(rx)))
-        })
-    }
-}
-
-type Tx<F> = mpsc::Sender<Result<<F as FlavourIo>::Resp, Status>>;
+type Tx = mpsc::Sender<Outbound>;
 
 /// The stream ended; why, for the log.
 struct Closed;
@@ -251,7 +249,7 @@ struct Closed;
 async fn run_stream<F: FlavourIo>(
     ctx: Arc<XdsContext>,
     mut inbound: Streaming<F::Req>,
-    tx: Tx<F>,
+    tx: Tx,
     peer: Option<SocketAddr>,
 ) {
     let first = match inbound.message().await {
@@ -263,7 +261,7 @@ async fn run_stream<F: FlavourIo>(
         Err(err) => {
             warn!(peer = ?peer, error = %err, "rejecting xDS stream: bad node");
             let _ = tx
-                .send(Err(Status::invalid_argument(err.to_string())))
+                .send(Outbound::Close(Status::invalid_argument(err.to_string())))
                 .await;
             return;
         }
@@ -286,7 +284,7 @@ async fn run_stream<F: FlavourIo>(
         tokio::select! {
             biased;
             () = shutdown.wait() => {
-                let _ = tx.send(Err(Status::unavailable("meshfed is shutting down"))).await;
+                let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is shutting down"))).await;
                 break "server shutdown";
             }
             message = inbound.message() => match message {
@@ -316,7 +314,7 @@ async fn run_stream<F: FlavourIo>(
 async fn process_request<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx<F>,
+    tx: &Tx,
     request: F::Req,
 ) -> Result<(), Closed> {
     let action = F::apply(&mut handle.state.lock().expect("state poisoned"), &request);
@@ -351,7 +349,7 @@ async fn process_request<F: FlavourIo>(
 async fn push<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx<F>,
+    tx: &Tx,
     request: PushRequest,
 ) -> Result<(), Closed> {
     let queued = Instant::now();
@@ -395,7 +393,7 @@ async fn push<F: FlavourIo>(
 async fn send_type<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx<F>,
+    tx: &Tx,
     type_url: TypeUrl,
     scope: Scope<'_>,
     answer: bool,
@@ -433,8 +431,10 @@ async fn send_type<F: FlavourIo>(
     let Some(response) = response else {
         return Ok(());
     };
-    let size = response.encoded_len();
-    if tx.send(Ok(response)).await.is_err() {
+    let message = response.frame();
+    drop(response);
+    let size = message.len;
+    if tx.send(Outbound::Message(message)).await.is_err() {
         ctx.metrics.record_send_error(type_url);
         return Err(Closed);
     }

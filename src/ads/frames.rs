@@ -1,0 +1,395 @@
+//! gRPC response framing that keeps nothing per stream once a response is written.
+//!
+//! tonic's server-side encoder writes each response into one buffer owned by the
+//! stream, and that buffer keeps the capacity of the largest response the stream ever
+//! carried. A sidecar's route table in a 1,000-service mesh is ~650 KB, so 2,000 idle
+//! sidecar streams would pin more than a gigabyte of buffers that hold nothing.
+//!
+//! Here a response becomes a list of chunks instead: the protobuf framing and small
+//! resources are copied into fresh chunks of at most [`CHUNK_MAX`] bytes, and resource
+//! bodies of [`SPLICE_MIN`] bytes or more are not copied at all: the chunk list holds
+//! the snapshot's shared bytes. The HTTP/2 layer frees each chunk once written, so an
+//! idle stream holds no response memory. [`ResponseBody`] is the HTTP body that feeds
+//! these chunks to the transport and ends the stream with gRPC trailers.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body::Frame;
+use prost::Message;
+use prost::encoding::{self, WireType};
+use tokio::sync::mpsc;
+use tonic::codegen::http::HeaderMap;
+use tonic::{Code, Status};
+
+use super::wire::{DeltaResource, DeltaResponse, SharedAny, SotwResponse};
+
+/// Resource bodies at least this long are spliced in by reference instead of copied.
+pub const SPLICE_MIN: usize = 1024;
+/// The largest chunk of copied bytes.
+pub const CHUNK_MAX: usize = 32 * 1024;
+/// gRPC's length prefix: a compression flag and a big-endian u32 length.
+const PREFIX_LEN: usize = 5;
+
+/// One gRPC message, length-prefixed, as the chunks to write in order.
+#[derive(Debug, Default)]
+pub struct EncodedMessage {
+    /// The chunks; their concatenation is the framed message.
+    pub chunks: Vec<Bytes>,
+    /// The protobuf message's length (without the gRPC prefix).
+    pub len: usize,
+}
+
+/// A message that can be framed as chunks.
+pub trait FrameEncode {
+    /// The protobuf-encoded length.
+    fn message_len(&self) -> usize;
+    /// Bytes that [`ChunkWriter::shared`] will splice rather than copy.
+    fn spliced_len(&self) -> usize;
+    /// Writes the protobuf encoding (fields in tag order, as prost does).
+    fn write(&self, out: &mut ChunkWriter);
+
+    /// Frames the message for a gRPC stream.
+    fn frame(&self) -> EncodedMessage {
+        let len = self.message_len();
+        let copied = PREFIX_LEN + len - self.spliced_len();
+        let mut out = ChunkWriter::new(copied);
+        let prefix = out.small(PREFIX_LEN);
+        prefix.put_u8(0);
+        prefix.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+        self.write(&mut out);
+        EncodedMessage {
+            chunks: out.finish(),
+            len,
+        }
+    }
+}
+
+/// Collects a message as chunks: copied bytes in bounded chunks sized to what is left
+/// to copy, large shared bodies as they are.
+#[derive(Debug)]
+pub struct ChunkWriter {
+    chunks: Vec<Bytes>,
+    current: BytesMut,
+    /// Copied bytes not yet written: bounds the next chunk's allocation.
+    copy_left: usize,
+}
+
+impl ChunkWriter {
+    fn new(copy_total: usize) -> Self {
+        ChunkWriter {
+            chunks: Vec::new(),
+            current: BytesMut::new(),
+            copy_left: copy_total,
+        }
+    }
+
+    /// A buffer with room for `n` contiguous copied bytes.
+    fn small(&mut self, n: usize) -> &mut BytesMut {
+        if self.current.capacity() - self.current.len() < n {
+            self.flush();
+            let size = self.copy_left.clamp(n, CHUNK_MAX.max(n));
+            self.current = BytesMut::with_capacity(size);
+        }
+        self.copy_left = self.copy_left.saturating_sub(n);
+        &mut self.current
+    }
+
+    fn flush(&mut self) {
+        if !self.current.is_empty() {
+            self.chunks.push(std::mem::take(&mut self.current).freeze());
+        }
+    }
+
+    fn key(&mut self, tag: u32, len: usize) {
+        let n = encoding::key_len(tag) + encoding::encoded_len_varint(len as u64);
+        let buf = self.small(n);
+        encoding::encode_key(tag, WireType::LengthDelimited, buf);
+        encoding::encode_varint(len as u64, buf);
+    }
+
+    /// A string field (skipped when empty, as proto3 does).
+    fn string(&mut self, tag: u32, value: &str) {
+        if value.is_empty() {
+            return;
+        }
+        self.key(tag, value.len());
+        self.small(value.len()).put_slice(value.as_bytes());
+    }
+
+    /// A bytes field whose value is shared: spliced when large, copied when small.
+    fn shared(&mut self, tag: u32, value: &Bytes) {
+        if value.is_empty() {
+            return;
+        }
+        self.key(tag, value.len());
+        if value.len() >= SPLICE_MIN {
+            self.flush();
+            self.chunks.push(value.clone());
+        } else {
+            self.small(value.len()).put_slice(value);
+        }
+    }
+
+    fn finish(mut self) -> Vec<Bytes> {
+        self.flush();
+        self.chunks
+    }
+}
+
+fn spliced(any: &SharedAny) -> usize {
+    if any.value.len() >= SPLICE_MIN {
+        any.value.len()
+    } else {
+        0
+    }
+}
+
+fn write_any(out: &mut ChunkWriter, tag: u32, any: &SharedAny) {
+    out.key(tag, any.encoded_len());
+    out.string(1, any.type_url);
+    out.shared(2, &any.value);
+}
+
+impl FrameEncode for SotwResponse {
+    fn message_len(&self) -> usize {
+        self.encoded_len()
+    }
+
+    fn spliced_len(&self) -> usize {
+        self.resources.iter().map(spliced).sum()
+    }
+
+    fn write(&self, out: &mut ChunkWriter) {
+        out.string(1, &self.version_info);
+        for any in &self.resources {
+            write_any(out, 2, any);
+        }
+        out.string(4, &self.type_url);
+        out.string(5, &self.nonce);
+    }
+}
+
+impl FrameEncode for DeltaResponse {
+    fn message_len(&self) -> usize {
+        self.encoded_len()
+    }
+
+    fn spliced_len(&self) -> usize {
+        self.resources
+            .iter()
+            .filter_map(|r| r.resource.as_ref())
+            .map(spliced)
+            .sum()
+    }
+
+    fn write(&self, out: &mut ChunkWriter) {
+        out.string(1, &self.system_version_info);
+        for resource in &self.resources {
+            write_delta_resource(out, resource);
+        }
+        out.string(4, &self.type_url);
+        out.string(5, &self.nonce);
+        for name in &self.removed_resources {
+            // Repeated strings are written even when empty.
+            out.key(6, name.len());
+            out.small(name.len()).put_slice(name.as_bytes());
+        }
+    }
+}
+
+fn write_delta_resource(out: &mut ChunkWriter, resource: &DeltaResource) {
+    out.key(2, resource.encoded_len());
+    out.string(1, &resource.version);
+    if let Some(any) = &resource.resource {
+        write_any(out, 2, any);
+    }
+    out.string(3, &resource.name);
+}
+
+/// What a stream task hands to its response body.
+#[derive(Debug)]
+pub enum Outbound {
+    /// One framed message.
+    Message(EncodedMessage),
+    /// End the stream with this status (in the trailers).
+    Close(Status),
+}
+
+/// The HTTP body of one ADS response stream: the chunks of each message as they come
+/// from the stream task, then gRPC trailers. When the task drops its sender, the
+/// stream ends with status OK.
+#[derive(Debug)]
+pub struct ResponseBody {
+    rx: mpsc::Receiver<Outbound>,
+    pending: std::vec::IntoIter<Bytes>,
+    done: bool,
+}
+
+impl ResponseBody {
+    /// A body reading from `rx`.
+    pub fn new(rx: mpsc::Receiver<Outbound>) -> Self {
+        ResponseBody {
+            rx,
+            pending: Vec::new().into_iter(),
+            done: false,
+        }
+    }
+}
+
+fn trailers(status: &Status) -> HeaderMap {
+    let mut map = HeaderMap::with_capacity(2);
+    if status.add_header(&mut map).is_err() {
+        // The message could not be a header value; keep the code alone.
+        let _ = Status::new(status.code(), "").add_header(&mut map);
+    }
+    map
+}
+
+impl http_body::Body for ResponseBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(chunk) = this.pending.next() {
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match ready!(this.rx.poll_recv(cx)) {
+                Some(Outbound::Message(message)) => this.pending = message.chunks.into_iter(),
+                Some(Outbound::Close(status)) => {
+                    this.done = true;
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
+                }
+                None => {
+                    this.done = true;
+                    let ok = Status::new(Code::Ok, "");
+                    return Poll::Ready(Some(Ok(Frame::trailers(trailers(&ok)))));
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.pending.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::resource::TypeUrl;
+
+    fn any(len: usize, fill: u8) -> SharedAny {
+        SharedAny {
+            type_url: TypeUrl::Cluster.as_str(),
+            value: Bytes::from(vec![fill; len]),
+        }
+    }
+
+    fn framed<M: Message>(message: &M) -> Vec<u8> {
+        let body = message.encode_to_vec();
+        let mut out = vec![0];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn concat(message: &EncodedMessage) -> Vec<u8> {
+        message
+            .chunks
+            .iter()
+            .flat_map(|c| c.iter().copied())
+            .collect()
+    }
+
+    #[test]
+    fn sotw_chunks_are_the_prost_encoding() {
+        // Sizes around the splice threshold, small ones enough to span several chunks.
+        let mut resources: Vec<SharedAny> = (0..200).map(|i| any(300 + i, i as u8)).collect();
+        resources.push(any(SPLICE_MIN - 1, 1));
+        resources.push(any(SPLICE_MIN, 2));
+        resources.push(any(200_000, 3));
+        resources.push(any(0, 0));
+        let response = SotwResponse {
+            version_info: "2026-11-22T00:00:00Z/7".into(),
+            resources,
+            type_url: TypeUrl::Cluster.as_str().into(),
+            nonce: "n-1".into(),
+        };
+        let encoded = response.frame();
+        assert_eq!(concat(&encoded), framed(&response));
+        assert_eq!(encoded.len, response.encoded_len());
+        // Copied chunks stay bounded; the big body is the snapshot's own allocation.
+        assert!(
+            encoded
+                .chunks
+                .iter()
+                .all(|c| c.len() <= CHUNK_MAX || c.len() == 200_000)
+        );
+        let big = &response.resources[202].value;
+        assert!(
+            encoded.chunks.iter().any(|c| c.as_ptr() == big.as_ptr()),
+            "large body was copied"
+        );
+    }
+
+    #[test]
+    fn empty_and_delta_messages_match_prost() {
+        let empty = SotwResponse::default();
+        assert_eq!(concat(&empty.frame()), framed(&empty));
+        let delta = DeltaResponse {
+            system_version_info: "v".into(),
+            resources: vec![
+                DeltaResource {
+                    version: "h1".into(),
+                    resource: Some(any(5000, 9)),
+                    name: "outbound|80||a.ns.svc.cluster.local".into(),
+                },
+                DeltaResource {
+                    version: String::new(),
+                    resource: None,
+                    name: "b".into(),
+                },
+            ],
+            type_url: TypeUrl::Endpoint.as_str().into(),
+            nonce: "n".into(),
+            removed_resources: vec!["gone".into(), String::new()],
+        };
+        assert_eq!(concat(&delta.frame()), framed(&delta));
+    }
+
+    #[tokio::test]
+    async fn body_yields_chunks_then_trailers() {
+        let (tx, rx) = mpsc::channel(2);
+        let response = SotwResponse {
+            nonce: "n".into(),
+            resources: vec![any(4096, 7)],
+            ..Default::default()
+        };
+        tx.send(Outbound::Message(response.frame())).await.unwrap();
+        tx.send(Outbound::Close(Status::unavailable("bye")))
+            .await
+            .unwrap();
+        let collected = ResponseBody::new(rx).collect().await.unwrap();
+        let trailers = collected.trailers().cloned().unwrap();
+        assert_eq!(trailers["grpc-status"], "14");
+        assert_eq!(trailers["grpc-message"], "bye");
+        assert_eq!(collected.to_bytes().as_ref(), framed(&response).as_slice());
+
+        let (tx, rx) = mpsc::channel(1);
+        drop(tx);
+        let collected = ResponseBody::new(rx).collect().await.unwrap();
+        assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
+    }
+}
