@@ -35,6 +35,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: syncz,
     },
     DebugEndpoint {
+        path: "config_dump",
+        description: "?proxyID=<id>: what that proxy was sent (its subscriptions, current snapshot), as Envoy admin ConfigDump JSON; &types=cds,lds,rds,eds limits it",
+        handler: super::config_dump::config_dump,
+    },
+    DebugEndpoint {
         path: "registryz",
         description: "Every merged service with the registries it came from, merge conflicts and who won, registry state",
         handler: registryz,

@@ -6,6 +6,7 @@
 //! dumps can be diffed.
 
 pub mod collector;
+mod config_dump;
 mod debug;
 
 use std::net::SocketAddr;

@@ -15,19 +15,34 @@
 //! with no names on CDS/LDS is a wildcard; only new subscriptions are answered; the
 //! server remembers what the client holds (name -> version) and sends differences.
 
+use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
 use serde::Serialize;
 
+use super::intern::Interner;
 use crate::resource::{Resource, TypeUrl};
+
+/// What a Delta client holds of one type: name -> content version.
+pub type HeldMap = BTreeMap<String, Arc<str>>;
+
+static NAME_SETS: LazyLock<Interner<BTreeSet<String>>> = LazyLock::new(Interner::default);
+static HELD_MAPS: LazyLock<Interner<HeldMap>> = LazyLock::new(Interner::default);
+
+fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
+    NAME_SETS.intern(names)
+}
 
 /// What a connection watches for one type and where the conversation stands.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Watch {
-    /// Explicitly subscribed names.
-    pub names: BTreeSet<String>,
+    /// Explicitly subscribed names, shared with every connection subscribed to the
+    /// same set (see [`super::intern`]).
+    pub names: Arc<BTreeSet<String>>,
     /// Subscribed to everything of the type.
     pub wildcard: bool,
     /// Nonce of the last response sent.
@@ -46,7 +61,13 @@ pub struct Watch {
     pub nonce_nacked: Option<String>,
     /// Delta only: what the proxy holds, name -> version.
     #[serde(skip)]
-    pub held: BTreeMap<String, std::sync::Arc<str>>,
+    pub held: Arc<HeldMap>,
+    /// State of the world only: a digest of the names and versions of the last full
+    /// response, so a push that would resend exactly that is skipped. Cleared by a
+    /// partial (incremental EDS) response, after which the client's state is no
+    /// longer one whole response.
+    #[serde(skip)]
+    pub sent_digest: Option<u64>,
 }
 
 /// What to do with a request.
@@ -94,11 +115,12 @@ impl ConnectionState {
             return Action::Unsubscribed(type_url);
         }
         let collect = || -> BTreeSet<String> { requested.iter().cloned().collect() };
+        let shared = |names: BTreeSet<String>| shared_names(names);
         let Some(watch) = self.watches.get_mut(&type_url) else {
             self.watches.insert(
                 type_url,
                 Watch {
-                    names: collect(),
+                    names: shared(collect()),
                     wildcard: requested.is_empty(),
                     ..Default::default()
                 },
@@ -107,7 +129,7 @@ impl ConnectionState {
         };
         if req.response_nonce.is_empty() {
             watch.wildcard = requested.is_empty();
-            watch.names = collect();
+            watch.names = shared(collect());
             return Action::Respond(type_url);
         }
         if watch.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
@@ -126,7 +148,7 @@ impl ConnectionState {
             }
         };
         if changed {
-            watch.names = collect();
+            watch.names = shared(collect());
         }
         watch.wildcard = type_url.is_wildcard() && requested.is_empty();
         if (type_url.is_wildcard() && changed) || added {
@@ -150,31 +172,47 @@ impl ConnectionState {
         let first = !self.watches.contains_key(&type_url);
         let watch = self.watches.entry(type_url).or_default();
         let mut added = false;
+        let mut names: Option<BTreeSet<String>> = None;
+        let mut held: Option<HeldMap> = None;
         for name in &req.resource_names_subscribe {
             if name == "*" {
                 added |= !watch.wildcard;
                 watch.wildcard = true;
-            } else {
-                added |= watch.names.insert(name.clone());
+            } else if !watch.names.contains(name) {
+                added = true;
+                names
+                    .get_or_insert_with(|| (*watch.names).clone())
+                    .insert(name.clone());
             }
         }
         for name in &req.resource_names_unsubscribe {
             if name == "*" {
                 watch.wildcard = false;
-            } else {
-                watch.names.remove(name);
-                watch.held.remove(name);
+                continue;
             }
+            let names = names.get_or_insert_with(|| (*watch.names).clone());
+            names.remove(name);
+            if watch.held.contains_key(name) {
+                held.get_or_insert_with(|| (*watch.held).clone())
+                    .remove(name);
+            }
+        }
+        if let Some(names) = names {
+            watch.names = shared_names(names);
+        }
+        if let Some(held) = held {
+            watch.held = HELD_MAPS.intern(held);
         }
         if first {
             if req.resource_names_subscribe.is_empty() && type_url.is_wildcard() {
                 watch.wildcard = true;
             }
-            watch.held = req
-                .initial_resource_versions
-                .iter()
-                .map(|(k, v)| (k.clone(), std::sync::Arc::from(v.as_str())))
-                .collect();
+            watch.held = HELD_MAPS.intern(
+                req.initial_resource_versions
+                    .iter()
+                    .map(|(k, v)| (k.clone(), Arc::from(v.as_str())))
+                    .collect(),
+            );
             return Action::Respond(type_url);
         }
         if !req.response_nonce.is_empty() {
@@ -209,6 +247,35 @@ impl ConnectionState {
         nonce
     }
 
+    /// State of the world: whether a push of `resources` would repeat the last full
+    /// response of this type exactly (same names, same content versions) and can be
+    /// skipped. A direct answer to a request is never skipped. Records the new
+    /// digest (or clears it for a partial response) when the response will be sent.
+    pub fn sotw_unchanged(
+        &mut self,
+        type_url: TypeUrl,
+        resources: &[Resource],
+        partial: bool,
+        answer: bool,
+    ) -> bool {
+        let Some(watch) = self.watches.get_mut(&type_url) else {
+            return false;
+        };
+        let digest = (!partial).then(|| {
+            let mut h = DefaultHasher::new();
+            for r in resources {
+                r.name.hash(&mut h);
+                r.version.hash(&mut h);
+            }
+            h.finish()
+        });
+        if !answer && digest.is_some() && watch.sent_digest == digest {
+            return true;
+        }
+        watch.sent_digest = digest;
+        false
+    }
+
     /// Works out a Delta response from the full set of subscribed resources that
     /// exist now (`current`), or from a partial set when `partial` (incremental EDS:
     /// nothing is removed). Returns what to send and what to remove, and records
@@ -239,15 +306,19 @@ impl ConnectionState {
                 }
             }
         }
-        for name in &removed {
-            watch.held.remove(name);
-        }
         let changed: Vec<Resource> = current
             .into_iter()
             .filter(|r| watch.held.get(&*r.name).is_none_or(|v| *v != r.version))
             .collect();
-        for r in &changed {
-            watch.held.insert(r.name.to_string(), r.version.clone());
+        if !removed.is_empty() || !changed.is_empty() {
+            let mut held = (*watch.held).clone();
+            for name in &removed {
+                held.remove(name);
+            }
+            for r in &changed {
+                held.insert(r.name.to_string(), r.version.clone());
+            }
+            watch.held = HELD_MAPS.intern(held);
         }
         (changed, removed.into_iter().collect())
     }
@@ -275,6 +346,59 @@ mod tests {
 
     fn sent(state: &mut ConnectionState, t: TypeUrl) -> String {
         state.record_sent(t, "v1", "c-1")
+    }
+
+    #[test]
+    fn a_push_that_repeats_the_last_full_response_is_skipped() {
+        let mut s = ConnectionState::default();
+        s.on_sotw_request(&req(EDS, &["a", "b"], "", ""));
+        let a1 = EncodedResource::encode(TypeUrl::Endpoint, "a", &"1".to_string());
+        let b1 = EncodedResource::encode(TypeUrl::Endpoint, "b", &"1".to_string());
+        let a2 = EncodedResource::encode(TypeUrl::Endpoint, "a", &"2".to_string());
+        let full = vec![a1.clone(), b1.clone()];
+        let t = TypeUrl::Endpoint;
+        // The first answer is sent and remembered; the same push is then skipped...
+        assert!(!s.sotw_unchanged(t, &full, false, true));
+        assert!(s.sotw_unchanged(t, &full, false, false));
+        // ...but never a direct answer to a request.
+        assert!(!s.sotw_unchanged(t, &full, false, true));
+        // Changed content is sent.
+        let changed = vec![a2.clone(), b1.clone()];
+        assert!(!s.sotw_unchanged(t, &changed, false, false));
+        assert!(s.sotw_unchanged(t, &changed, false, false));
+        // After a partial response the next full one is always sent.
+        assert!(!s.sotw_unchanged(t, std::slice::from_ref(&a1), true, false));
+        assert!(!s.sotw_unchanged(t, &changed, false, false));
+        // An unwatched type never counts as unchanged.
+        assert!(!s.sotw_unchanged(TypeUrl::Route, &[], false, false));
+    }
+
+    #[test]
+    fn connections_with_equal_subscriptions_share_one_copy() {
+        let (mut a, mut b) = (ConnectionState::default(), ConnectionState::default());
+        a.on_sotw_request(&req(EDS, &["share-x", "share-y"], "", ""));
+        b.on_sotw_request(&req(EDS, &["share-y", "share-x", "share-x"], "", ""));
+        let names = |s: &ConnectionState| s.watch(TypeUrl::Endpoint).unwrap().names.clone();
+        assert!(Arc::ptr_eq(&names(&a), &names(&b)));
+
+        // Delta: what each client holds after the same response is one map.
+        let resources = vec![EncodedResource::encode(
+            TypeUrl::Cluster,
+            "share-c",
+            &"1".to_string(),
+        )];
+        let (mut a, mut b) = (ConnectionState::default(), ConnectionState::default());
+        for s in [&mut a, &mut b] {
+            s.on_delta_request(&DeltaDiscoveryRequest {
+                type_url: CDS.into(),
+                ..Default::default()
+            });
+            let (changed, _) = s.delta_diff(TypeUrl::Cluster, resources.clone(), false);
+            assert_eq!(changed.len(), 1);
+        }
+        let held = |s: &ConnectionState| s.watch(TypeUrl::Cluster).unwrap().held.clone();
+        assert!(Arc::ptr_eq(&held(&a), &held(&b)));
+        assert_eq!(held(&a).len(), 1);
     }
 
     #[test]
@@ -362,8 +486,8 @@ mod tests {
             Action::Ack(TypeUrl::Endpoint)
         );
         assert_eq!(
-            s.watch(TypeUrl::Endpoint).unwrap().names,
-            BTreeSet::from(["a".to_string()]),
+            s.watch(TypeUrl::Endpoint).unwrap().names.as_ref(),
+            &BTreeSet::from(["a".to_string()]),
             "a removal is recorded without a response"
         );
         // Repeated names are the same subscription.
@@ -393,8 +517,8 @@ mod tests {
             Action::Respond(TypeUrl::Endpoint)
         );
         assert_eq!(
-            s.watch(TypeUrl::Endpoint).unwrap().names,
-            BTreeSet::from(["b".to_string()])
+            s.watch(TypeUrl::Endpoint).unwrap().names.as_ref(),
+            &BTreeSet::from(["b".to_string()])
         );
     }
 

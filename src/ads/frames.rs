@@ -32,37 +32,78 @@ pub const CHUNK_MAX: usize = 32 * 1024;
 /// gRPC's length prefix: a compression flag and a big-endian u32 length.
 const PREFIX_LEN: usize = 5;
 
-/// One gRPC message, length-prefixed, as the chunks to write in order.
-#[derive(Debug, Default)]
-pub struct EncodedMessage {
-    /// The chunks; their concatenation is the framed message.
-    pub chunks: Vec<Bytes>,
-    /// The protobuf message's length (without the gRPC prefix).
-    pub len: usize,
-}
-
-/// A message that can be framed as chunks.
+/// A message that can be framed as chunks, a part at a time: the head (leading
+/// fields), one part per resource, then the tail (trailing fields).
 pub trait FrameEncode {
     /// The protobuf-encoded length.
     fn message_len(&self) -> usize;
     /// Bytes that [`ChunkWriter::shared`] will splice rather than copy.
     fn spliced_len(&self) -> usize;
-    /// Writes the protobuf encoding (fields in tag order, as prost does).
-    fn write(&self, out: &mut ChunkWriter);
+    /// How many resource parts there are.
+    fn parts(&self) -> usize;
+    /// Writes the fields before the resources.
+    fn write_head(&self, out: &mut ChunkWriter);
+    /// Writes resource `index`.
+    fn write_part(&self, index: usize, out: &mut ChunkWriter);
+    /// Writes the fields after the resources.
+    fn write_tail(&self, out: &mut ChunkWriter);
+}
 
-    /// Frames the message for a gRPC stream.
-    fn frame(&self) -> EncodedMessage {
-        let len = self.message_len();
-        let copied = PREFIX_LEN + len - self.spliced_len();
+/// Writes one message out as gRPC-framed chunks, only as far as the reader asks:
+/// at most about one chunk of copied bytes exists at a time, however large the
+/// message.
+#[derive(Debug)]
+pub struct FrameCursor<M> {
+    message: M,
+    out: ChunkWriter,
+    /// 0 = prefix and head, 1..=parts = resources, parts + 1 = tail, then done.
+    next: usize,
+}
+
+impl<M: FrameEncode> FrameCursor<M> {
+    /// A cursor at the start of `message`.
+    pub fn new(message: M) -> Self {
+        let len = message.message_len();
+        let copied = PREFIX_LEN + len - message.spliced_len();
         let mut out = ChunkWriter::new(copied);
         let prefix = out.small(PREFIX_LEN);
         prefix.put_u8(0);
         prefix.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
-        self.write(&mut out);
-        EncodedMessage {
-            chunks: out.finish(),
-            len,
+        FrameCursor {
+            message,
+            out,
+            next: 0,
         }
+    }
+
+    /// The next chunks in order (at least one), or `None` once all are out.
+    pub fn next_chunks(&mut self) -> Option<std::vec::IntoIter<Bytes>> {
+        let parts = self.message.parts();
+        while self.out.chunks.is_empty() && self.next <= parts + 1 {
+            match self.next {
+                0 => self.message.write_head(&mut self.out),
+                n if n <= parts => self.message.write_part(n - 1, &mut self.out),
+                _ => {
+                    self.message.write_tail(&mut self.out);
+                    self.out.flush();
+                }
+            }
+            self.next += 1;
+        }
+        if self.out.chunks.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut self.out.chunks).into_iter())
+    }
+
+    /// The whole framed message at once (tests, small messages).
+    pub fn collect(message: M) -> Vec<Bytes> {
+        let mut cursor = FrameCursor::new(message);
+        let mut all = Vec::new();
+        while let Some(chunks) = cursor.next_chunks() {
+            all.extend(chunks);
+        }
+        all
     }
 }
 
@@ -131,11 +172,6 @@ impl ChunkWriter {
             self.small(value.len()).put_slice(value);
         }
     }
-
-    fn finish(mut self) -> Vec<Bytes> {
-        self.flush();
-        self.chunks
-    }
 }
 
 fn spliced(any: &SharedAny) -> usize {
@@ -161,11 +197,19 @@ impl FrameEncode for SotwResponse {
         self.resources.iter().map(spliced).sum()
     }
 
-    fn write(&self, out: &mut ChunkWriter) {
+    fn parts(&self) -> usize {
+        self.resources.len()
+    }
+
+    fn write_head(&self, out: &mut ChunkWriter) {
         out.string(1, &self.version_info);
-        for any in &self.resources {
-            write_any(out, 2, any);
-        }
+    }
+
+    fn write_part(&self, index: usize, out: &mut ChunkWriter) {
+        write_any(out, 2, &self.resources[index]);
+    }
+
+    fn write_tail(&self, out: &mut ChunkWriter) {
         out.string(4, &self.type_url);
         out.string(5, &self.nonce);
     }
@@ -184,11 +228,19 @@ impl FrameEncode for DeltaResponse {
             .sum()
     }
 
-    fn write(&self, out: &mut ChunkWriter) {
+    fn parts(&self) -> usize {
+        self.resources.len()
+    }
+
+    fn write_head(&self, out: &mut ChunkWriter) {
         out.string(1, &self.system_version_info);
-        for resource in &self.resources {
-            write_delta_resource(out, resource);
-        }
+    }
+
+    fn write_part(&self, index: usize, out: &mut ChunkWriter) {
+        write_delta_resource(out, &self.resources[index]);
+    }
+
+    fn write_tail(&self, out: &mut ChunkWriter) {
         out.string(4, &self.type_url);
         out.string(5, &self.nonce);
         for name in &self.removed_resources {
@@ -210,28 +262,30 @@ fn write_delta_resource(out: &mut ChunkWriter, resource: &DeltaResource) {
 
 /// What a stream task hands to its response body.
 #[derive(Debug)]
-pub enum Outbound {
-    /// One framed message.
-    Message(EncodedMessage),
+pub enum Outbound<M> {
+    /// One message, framed by the body as the transport takes it.
+    Message(M),
     /// End the stream with this status (in the trailers).
     Close(Status),
 }
 
-/// The HTTP body of one ADS response stream: the chunks of each message as they come
-/// from the stream task, then gRPC trailers. When the task drops its sender, the
-/// stream ends with status OK.
+/// The HTTP body of one ADS response stream: each message from the stream task,
+/// framed chunk by chunk only when the transport asks for more data, then gRPC
+/// trailers. When the task drops its sender, the stream ends with status OK.
 #[derive(Debug)]
-pub struct ResponseBody {
-    rx: mpsc::Receiver<Outbound>,
+pub struct ResponseBody<M> {
+    rx: mpsc::Receiver<Outbound<M>>,
+    current: Option<FrameCursor<M>>,
     pending: std::vec::IntoIter<Bytes>,
     done: bool,
 }
 
-impl ResponseBody {
+impl<M> ResponseBody<M> {
     /// A body reading from `rx`.
-    pub fn new(rx: mpsc::Receiver<Outbound>) -> Self {
+    pub fn new(rx: mpsc::Receiver<Outbound<M>>) -> Self {
         ResponseBody {
             rx,
+            current: None,
             pending: Vec::new().into_iter(),
             done: false,
         }
@@ -247,7 +301,7 @@ fn trailers(status: &Status) -> HeaderMap {
     map
 }
 
-impl http_body::Body for ResponseBody {
+impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
     type Data = Bytes;
     type Error = Status;
 
@@ -260,11 +314,22 @@ impl http_body::Body for ResponseBody {
             if let Some(chunk) = this.pending.next() {
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
+            if let Some(cursor) = &mut this.current {
+                match cursor.next_chunks() {
+                    Some(chunks) => {
+                        this.pending = chunks;
+                        continue;
+                    }
+                    None => this.current = None,
+                }
+            }
             if this.done {
                 return Poll::Ready(None);
             }
             match ready!(this.rx.poll_recv(cx)) {
-                Some(Outbound::Message(message)) => this.pending = message.chunks.into_iter(),
+                Some(Outbound::Message(message)) => {
+                    this.current = Some(FrameCursor::new(message));
+                }
                 Some(Outbound::Close(status)) => {
                     this.done = true;
                     return Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))));
@@ -279,7 +344,7 @@ impl http_body::Body for ResponseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done && self.pending.len() == 0
+        self.done && self.current.is_none() && self.pending.len() == 0
     }
 }
 
@@ -305,12 +370,8 @@ mod tests {
         out
     }
 
-    fn concat(message: &EncodedMessage) -> Vec<u8> {
-        message
-            .chunks
-            .iter()
-            .flat_map(|c| c.iter().copied())
-            .collect()
+    fn concat(chunks: &[Bytes]) -> Vec<u8> {
+        chunks.iter().flat_map(|c| c.iter().copied()).collect()
     }
 
     #[test]
@@ -327,19 +388,17 @@ mod tests {
             type_url: TypeUrl::Cluster.as_str().into(),
             nonce: "n-1".into(),
         };
-        let encoded = response.frame();
+        let encoded = FrameCursor::collect(response.clone());
         assert_eq!(concat(&encoded), framed(&response));
-        assert_eq!(encoded.len, response.encoded_len());
         // Copied chunks stay bounded; the big body is the snapshot's own allocation.
         assert!(
             encoded
-                .chunks
                 .iter()
                 .all(|c| c.len() <= CHUNK_MAX || c.len() == 200_000)
         );
         let big = &response.resources[202].value;
         assert!(
-            encoded.chunks.iter().any(|c| c.as_ptr() == big.as_ptr()),
+            encoded.iter().any(|c| c.as_ptr() == big.as_ptr()),
             "large body was copied"
         );
     }
@@ -347,7 +406,7 @@ mod tests {
     #[test]
     fn empty_and_delta_messages_match_prost() {
         let empty = SotwResponse::default();
-        assert_eq!(concat(&empty.frame()), framed(&empty));
+        assert_eq!(concat(&FrameCursor::collect(empty.clone())), framed(&empty));
         let delta = DeltaResponse {
             system_version_info: "v".into(),
             resources: vec![
@@ -366,7 +425,7 @@ mod tests {
             nonce: "n".into(),
             removed_resources: vec!["gone".into(), String::new()],
         };
-        assert_eq!(concat(&delta.frame()), framed(&delta));
+        assert_eq!(concat(&FrameCursor::collect(delta.clone())), framed(&delta));
     }
 
     #[tokio::test]
@@ -377,7 +436,7 @@ mod tests {
             resources: vec![any(4096, 7)],
             ..Default::default()
         };
-        tx.send(Outbound::Message(response.frame())).await.unwrap();
+        tx.send(Outbound::Message(response.clone())).await.unwrap();
         tx.send(Outbound::Close(Status::unavailable("bye")))
             .await
             .unwrap();
@@ -389,7 +448,10 @@ mod tests {
 
         let (tx, rx) = mpsc::channel(1);
         drop(tx);
-        let collected = ResponseBody::new(rx).collect().await.unwrap();
+        let collected = ResponseBody::<SotwResponse>::new(rx)
+            .collect()
+            .await
+            .unwrap();
         assert_eq!(collected.trailers().unwrap()["grpc-status"], "0");
     }
 }

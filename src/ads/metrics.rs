@@ -34,6 +34,9 @@ pub struct XdsMetrics {
     pub expired_nonce: CounterByType,
     /// `pilot_total_xds_internal_errors`: streams ended by a server-side error.
     pub internal_errors: IstioCounter,
+    /// `meshfed_xds_pushes_unchanged{type}`: pushes not sent because the proxy
+    /// already holds exactly that config.
+    pub unchanged: CounterByType,
 }
 
 impl XdsMetrics {
@@ -50,6 +53,7 @@ impl XdsMetrics {
             rejects: Default::default(),
             expired_nonce: Family::default(),
             internal_errors: IstioCounter::default(),
+            unchanged: Family::default(),
         };
         registry.register(
             "pilot_xds",
@@ -99,7 +103,19 @@ impl XdsMetrics {
             "Total number of internal XDS errors in pilot",
             m.internal_errors.clone(),
         );
+        registry.register(
+            "meshfed_xds_pushes_unchanged",
+            "Pushes of a type not sent because the proxy already held exactly that config",
+            m.unchanged.clone(),
+        );
         m
+    }
+
+    /// Records a push skipped because nothing changed for the proxy.
+    pub fn record_unchanged(&self, type_url: TypeUrl) {
+        self.unchanged
+            .get_or_create(&type_label(type_url.short()))
+            .inc();
     }
 
     /// Records a NACK of `type_url`.

@@ -7,6 +7,7 @@
 
 pub mod connection;
 pub mod frames;
+pub mod intern;
 pub mod metrics;
 pub mod node;
 pub mod server;

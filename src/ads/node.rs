@@ -4,10 +4,11 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use meshfed_registry::{ClusterId, Locality, NetworkId};
+use meshfed_registry::{ClusterId, Locality, NetworkId, WorkloadInstance, WorkloadQuery};
 use serde::Serialize;
 
 /// The first field of the node id.
@@ -89,7 +90,8 @@ pub struct Proxy {
     pub cluster_id: Option<ClusterId>,
     /// Metadata `NETWORK` (empty when unset).
     pub network: NetworkId,
-    /// Metadata `LABELS`.
+    /// Workload labels: metadata `LABELS` as sent; generators see the registry's
+    /// labels instead when it knows the workload ([`Proxy::with_workload`]).
     pub labels: BTreeMap<String, String>,
     /// Node locality (a fallback: registry topology wins).
     pub locality: Locality,
@@ -99,14 +101,39 @@ pub struct Proxy {
     pub istio_version: Option<String>,
     /// Node `user_agent_name` (e.g. "envoy", "gRPC C-core linux Python").
     pub user_agent: String,
-    /// The raw metadata, for debug output.
-    pub metadata: serde_json::Value,
+    /// The raw metadata, for debug output (shared: proxies are copied per push when
+    /// their workload's labels apply).
+    pub metadata: Arc<serde_json::Value>,
 }
 
 impl Proxy {
     /// True for gateways (`router` nodes).
     pub fn is_router(&self) -> bool {
         self.node_type == NodeType::Router
+    }
+
+    /// What a registry needs to find the workload this proxy runs as.
+    pub fn workload_query(&self) -> WorkloadQuery<'_> {
+        WorkloadQuery {
+            ips: &self.ip_addresses,
+            id: &self.id,
+            namespace: &self.namespace,
+            cluster: self.cluster_id.as_ref(),
+        }
+    }
+
+    /// This proxy as the registry that knows its workload sees it (Istio sets a
+    /// proxy's labels from its registry on every push): the workload's labels (its
+    /// pod's plus topology labels) replace the metadata `LABELS`, which only count
+    /// when no registry knows the workload; the workload's locality, when known,
+    /// replaces the node's.
+    pub fn with_workload(&self, workload: &WorkloadInstance) -> Proxy {
+        let mut proxy = self.clone();
+        proxy.labels = workload.labels.clone();
+        if !workload.locality.is_empty() {
+            proxy.locality = workload.locality.clone();
+        }
+        proxy
     }
 
     /// Parses and validates the node of a stream's first request.
@@ -198,7 +225,7 @@ impl Proxy {
             generator,
             istio_version: str_meta("ISTIO_VERSION").map(str::to_string),
             user_agent: node.user_agent_name.clone(),
-            metadata,
+            metadata: Arc::new(metadata),
         })
     }
 }
@@ -324,5 +351,43 @@ mod tests {
         assert_eq!(p.ip_addresses[0].to_string(), "127.0.0.5");
         assert_eq!(p.generator, Generator::Grpc);
         assert_eq!(p.namespace, "other");
+    }
+
+    #[test]
+    fn the_workload_s_labels_and_locality_replace_the_metadata() {
+        let n = Node {
+            locality: Some(envoy_types::pb::envoy::config::core::v3::Locality {
+                region: "node-region".into(),
+                ..Default::default()
+            }),
+            ..node(
+                "sidecar~10.1.2.3~reviews-1.bookinfo~bookinfo.svc.cluster.local",
+                serde_json::json!({"LABELS": {"app": "reviews", "stale": "yes"}}),
+            )
+        };
+        let p = Proxy::from_node(Some(&n)).unwrap();
+        let q = p.workload_query();
+        assert_eq!((q.id, q.namespace), ("reviews-1.bookinfo", "bookinfo"));
+        let workload = WorkloadInstance {
+            name: "reviews-1".into(),
+            namespace: "bookinfo".into(),
+            cluster_id: "c1".into(),
+            labels: [("app".to_string(), "reviews".to_string())].into(),
+            locality: Locality::parse("r1/z1"),
+            service_account: None,
+            targets: Vec::new(),
+        };
+        let seen = p.with_workload(&workload);
+        assert_eq!(
+            seen.labels, workload.labels,
+            "metadata-only labels are gone"
+        );
+        assert_eq!(seen.locality.to_string(), "r1/z1/");
+        assert_eq!(seen.node_id, p.node_id);
+        let unplaced = WorkloadInstance {
+            locality: Locality::default(),
+            ..workload
+        };
+        assert_eq!(p.with_workload(&unplaced).locality.region, "node-region");
     }
 }

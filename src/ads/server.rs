@@ -140,11 +140,11 @@ where
 /// formed from generated resources.
 trait FlavourIo: Send + Sync + 'static {
     type Req: Message + Default + Send + 'static;
-    type Resp: Message + Default + FrameEncode + Send + 'static;
+    type Resp: Message + Default + FrameEncode + Unpin + Send + 'static;
     const FLAVOUR: Flavour;
     fn node(req: &Self::Req) -> Option<&Node>;
     fn apply(state: &mut ConnectionState, req: &Self::Req) -> Action;
-    /// Forms the response, or `None` when there is nothing to send.
+    /// Forms the response, if there is something to send.
     fn respond(
         state: &mut ConnectionState,
         conn_id: &str,
@@ -152,8 +152,29 @@ trait FlavourIo: Send + Sync + 'static {
         version: &str,
         resources: Vec<Resource>,
         partial: bool,
-        answer: bool,
-    ) -> Option<Self::Resp>;
+        why: Why,
+    ) -> Reply<Self::Resp>;
+}
+
+/// Why one type is being sent.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Why {
+    /// A direct answer to a request: always sent.
+    Answer,
+    /// A forced push: sent even when the proxy holds exactly that config (SotW).
+    ForcedPush,
+    /// A push: skipped when nothing changed for the proxy.
+    Push,
+}
+
+/// What a push of one type comes to for one connection.
+enum Reply<R> {
+    /// A response to send.
+    Send(R),
+    /// The proxy already holds exactly this config.
+    Unchanged,
+    /// Nothing to send (an incremental push that touches none of its names).
+    Nothing,
 }
 
 #[derive(Default)]
@@ -179,13 +200,17 @@ impl FlavourIo for Sotw {
         version: &str,
         resources: Vec<Resource>,
         partial: bool,
-        _answer: bool,
-    ) -> Option<SotwResponse> {
+        why: Why,
+    ) -> Reply<SotwResponse> {
         if partial && resources.is_empty() {
-            return None;
+            return Reply::Nothing;
+        }
+        // A forced push goes out whatever the proxy holds, as in Istio.
+        if state.sotw_unchanged(type_url, &resources, partial, why != Why::Push) {
+            return Reply::Unchanged;
         }
         let nonce = state.record_sent(type_url, version, conn_id);
-        Some(SotwResponse {
+        Reply::Send(SotwResponse {
             version_info: version.to_string(),
             resources: resources.iter().map(|r| r.body.clone()).collect(),
             type_url: type_url.as_str().to_string(),
@@ -217,14 +242,14 @@ impl FlavourIo for Delta {
         version: &str,
         resources: Vec<Resource>,
         partial: bool,
-        answer: bool,
-    ) -> Option<DeltaResponse> {
+        why: Why,
+    ) -> Reply<DeltaResponse> {
         let (changed, removed) = state.delta_diff(type_url, resources, partial);
-        if changed.is_empty() && removed.is_empty() && !answer {
-            return None;
+        if changed.is_empty() && removed.is_empty() && why != Why::Answer {
+            return Reply::Unchanged;
         }
         let nonce = state.record_sent(type_url, version, conn_id);
-        Some(DeltaResponse {
+        Reply::Send(DeltaResponse {
             system_version_info: version.to_string(),
             resources: changed
                 .iter()
@@ -241,7 +266,7 @@ impl FlavourIo for Delta {
     }
 }
 
-type Tx = mpsc::Sender<Outbound>;
+type Tx<F> = mpsc::Sender<Outbound<<F as FlavourIo>::Resp>>;
 
 /// The stream ended; why, for the log.
 struct Closed;
@@ -249,7 +274,7 @@ struct Closed;
 async fn run_stream<F: FlavourIo>(
     ctx: Arc<XdsContext>,
     mut inbound: Streaming<F::Req>,
-    tx: Tx,
+    tx: Tx<F>,
     peer: Option<SocketAddr>,
 ) {
     let first = match inbound.message().await {
@@ -314,13 +339,13 @@ async fn run_stream<F: FlavourIo>(
 async fn process_request<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx,
+    tx: &Tx<F>,
     request: F::Req,
 ) -> Result<(), Closed> {
     let action = F::apply(&mut handle.state.lock().expect("state poisoned"), &request);
     match action {
         Action::Respond(type_url) => {
-            send_type::<F>(ctx, handle, tx, type_url, Scope::All, true).await?
+            send_type::<F>(ctx, handle, tx, type_url, Scope::All, Why::Answer).await?
         }
         Action::Nack(type_url, error) => {
             ctx.metrics.record_reject(type_url);
@@ -349,7 +374,7 @@ async fn process_request<F: FlavourIo>(
 async fn push<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx,
+    tx: &Tx<F>,
     request: PushRequest,
 ) -> Result<(), Closed> {
     let queued = Instant::now();
@@ -380,7 +405,12 @@ async fn push<F: FlavourIo>(
             _ if request.is_endpoints_only() => continue,
             _ => Scope::All,
         };
-        send_type::<F>(ctx, handle, tx, type_url, scope, false).await?;
+        let why = if request.forced {
+            Why::ForcedPush
+        } else {
+            Why::Push
+        };
+        send_type::<F>(ctx, handle, tx, type_url, scope, why).await?;
     }
     ctx.metrics
         .convergence
@@ -388,15 +418,14 @@ async fn push<F: FlavourIo>(
     Ok(())
 }
 
-/// Generates and sends one type. `answer` forces a response even when nothing changed
-/// (a direct answer to a request).
+/// Generates and sends one type; `why` decides whether an unchanged config is sent.
 async fn send_type<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx,
+    tx: &Tx<F>,
     type_url: TypeUrl,
     scope: Scope<'_>,
-    answer: bool,
+    why: Why,
 ) -> Result<(), Closed> {
     let started = Instant::now();
     let snapshot = ctx.snapshot.load_full();
@@ -425,16 +454,19 @@ async fn send_type<F: FlavourIo>(
             &snapshot.version,
             resources,
             partial,
-            answer,
+            why,
         )
     };
-    let Some(response) = response else {
-        return Ok(());
+    let response = match response {
+        Reply::Send(response) => response,
+        Reply::Unchanged => {
+            ctx.metrics.record_unchanged(type_url);
+            return Ok(());
+        }
+        Reply::Nothing => return Ok(()),
     };
-    let message = response.frame();
-    drop(response);
-    let size = message.len;
-    if tx.send(Outbound::Message(message)).await.is_err() {
+    let size = response.encoded_len();
+    if tx.send(Outbound::Message(response)).await.is_err() {
         ctx.metrics.record_send_error(type_url);
         return Err(Closed);
     }

@@ -1,6 +1,13 @@
-//! The proxy's own service instances: which service ports its workload backs, found by
-//! matching the proxy's IPs against the endpoints in the snapshot (Istio's
+//! The proxy's own service instances: which service ports its workload backs (Istio's
 //! GetProxyServiceTargets). Inbound clusters and listeners are built from them.
+//!
+//! The registry that knows the proxy's workload answers first: on Kubernetes, the pod
+//! at the proxy's IP and the services selecting it, so a pod that no EndpointSlice
+//! lists yet (not ready, or the slice not yet updated) still serves its ports.
+//! Everything else is found by matching the proxy's IPs against endpoints: the
+//! registries without workloads (ServiceEntry/WorkloadEntry, Consul, mock), other
+//! clusters' endpoints for a proxy naming no cluster, and a pod no service selects
+//! (selector-less services with hand-written slices).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -21,27 +28,46 @@ pub struct ProxyInstance {
     pub target_port: u16,
 }
 
-/// The service ports whose endpoints carry one of the proxy's IPs, in service order
-/// (hostname, namespace) then port order, each once. As in Istio, every service counts,
-/// whatever its exportTo; when the proxy names its cluster (`CLUSTER_ID`), the endpoints
-/// of other Kubernetes clusters (which may reuse pod IPs) are not the proxy.
+/// The service ports the proxy's workload serves, in service order (hostname,
+/// namespace) then port order, each once: the targets of its workload when a registry
+/// knows it and some service selects it (that registry's cluster is then not matched
+/// by endpoints), plus the service ports whose endpoints carry one of the proxy's IPs.
+/// As in Istio, every service counts, whatever its exportTo; when the proxy names its
+/// cluster (`CLUSTER_ID`), the endpoints of other Kubernetes clusters (which may reuse
+/// pod IPs) are not the proxy.
 pub fn proxy_instances(snapshot: &Snapshot, proxy: &Proxy) -> Vec<ProxyInstance> {
     let proxy_cluster = proxy.cluster_id.as_ref().map(|c| c.as_str());
+    let workload = snapshot.workload(proxy).filter(|w| !w.targets.is_empty());
+    let answered_cluster = workload.as_ref().map(|w| w.cluster_id.as_str());
     let mut out = Vec::new();
     for service in snapshot.services.all() {
-        let Some(shards) = snapshot.shards(&service.key()) else {
-            continue;
-        };
+        let key = service.key();
         let mut seen: BTreeSet<u16> = BTreeSet::new();
-        for (shard, ep) in shards.iter() {
+        let targets = workload
+            .iter()
+            .flat_map(|w| &w.targets)
+            .filter(|t| t.service == key);
+        for target in targets {
+            if let Some(port) = service.port(target.port)
+                && seen.insert(target.port)
+            {
+                out.push(ProxyInstance {
+                    service: service.clone(),
+                    port: port.clone(),
+                    target_port: target.target_port,
+                });
+            }
+        }
+        for (shard, ep) in snapshot.shards(&key).iter().flat_map(|s| s.iter()) {
             if !proxy.ip_addresses.contains(&ep.address) {
                 continue;
             }
-            if let Some(c) = proxy_cluster
-                && shard.provider == ProviderId::Kubernetes
-                && shard.cluster.as_str() != c
-            {
-                continue;
+            if shard.provider == ProviderId::Kubernetes {
+                let cluster = Some(shard.cluster.as_str());
+                if cluster == answered_cluster || proxy_cluster.is_some_and(|c| Some(c) != cluster)
+                {
+                    continue;
+                }
             }
             for port in &service.ports {
                 if let Some(&target) = ep.ports.get(&port.name)
@@ -55,7 +81,8 @@ pub fn proxy_instances(snapshot: &Snapshot, proxy: &Proxy) -> Vec<ProxyInstance>
                 }
             }
         }
-        // Keep the service's port order whatever order the endpoints came in.
+        // Keep the service's port order whatever order the targets and endpoints
+        // came in.
         if seen.len() > 1 {
             let start = out.len() - seen.len();
             let order =
@@ -157,5 +184,135 @@ mod tests {
             proxy_instances(&snap, &proxy("fd00::1,10.0.0.2", Some("other"))).len(),
             3
         );
+    }
+
+    /// A Kubernetes-like registry of cluster `c1`: one service selecting one pod that
+    /// no endpoint lists yet, and an endpoint of a second service at the pod's IP that
+    /// only endpoint matching could find.
+    #[derive(Debug)]
+    struct PodRegistry {
+        cluster: meshfed_registry::ClusterId,
+        services: Vec<Arc<Service>>,
+        labels: std::collections::BTreeMap<String, String>,
+    }
+
+    impl meshfed_registry::ServiceRegistry for PodRegistry {
+        fn provider(&self) -> ProviderId {
+            ProviderId::Kubernetes
+        }
+        fn cluster_id(&self) -> &meshfed_registry::ClusterId {
+            &self.cluster
+        }
+        fn services(&self) -> Vec<Arc<Service>> {
+            self.services.clone()
+        }
+        fn has_synced(&self) -> bool {
+            true
+        }
+        fn workload(
+            &self,
+            query: &meshfed_registry::WorkloadQuery<'_>,
+        ) -> Option<meshfed_registry::WorkloadInstance> {
+            let pod_ip: std::net::IpAddr = "10.1.0.5".parse().unwrap();
+            if query.cluster.is_some_and(|c| *c != self.cluster) || !query.ips.contains(&pod_ip) {
+                return None;
+            }
+            Some(meshfed_registry::WorkloadInstance {
+                name: "reviews-1".into(),
+                namespace: "ns".into(),
+                cluster_id: self.cluster.clone(),
+                labels: self.labels.clone(),
+                locality: meshfed_registry::Locality::parse("r1/z1"),
+                service_account: None,
+                targets: vec![meshfed_registry::ServiceTarget {
+                    service: meshfed_registry::ServiceKey::new(
+                        "reviews.ns.svc.cluster.local",
+                        "ns",
+                    ),
+                    port: 9080,
+                    target_port: 9081,
+                }],
+            })
+        }
+    }
+
+    fn pod_snapshot() -> Snapshot {
+        let index = Arc::new(EndpointIndex::new());
+        let aggregate = Aggregate::new("c1");
+        let mut services = Vec::new();
+        for (host, port) in [("reviews", 9080), ("legacy", 7000)] {
+            let mut s = Service::new(
+                format!("{host}.ns.svc.cluster.local"),
+                "ns",
+                ProviderId::Kubernetes,
+                "c1",
+            );
+            s.ports
+                .push(Port::new("http", port, Protocol::Http).unwrap());
+            services.push(Arc::new(s));
+        }
+        // The pod's IP in `legacy`'s shard (a hand-written slice): with the pod known
+        // and selected, its own cluster's endpoints are not consulted.
+        let shard = meshfed_registry::ShardKey::new(ProviderId::Kubernetes, "c1");
+        index.update(
+            &shard,
+            &services[1].key(),
+            vec![Endpoint::new("10.1.0.5".parse().unwrap()).with_port("http", 7000)],
+        );
+        aggregate.add_registry(Arc::new(PodRegistry {
+            cluster: "c1".into(),
+            services,
+            labels: [("app".to_string(), "reviews".to_string())].into(),
+        }));
+        Snapshot::build(
+            &Snapshot::empty(),
+            &PushRequest::forced(TriggerReason::Global),
+            &aggregate,
+            &index,
+            Snapshot::empty().mesh.clone(),
+            &|_| ConfigIndex::default(),
+            1,
+        )
+    }
+
+    #[test]
+    fn a_pod_no_endpoint_lists_gets_the_inbound_cluster_of_the_service_selecting_it() {
+        let snap = pod_snapshot();
+        // No LABELS in the metadata: the pod's labels are the proxy's.
+        let sidecar = proxy("10.1.0.5", None);
+        assert!(sidecar.labels.is_empty());
+        let found: Vec<(String, u16, u16)> = proxy_instances(&snap, &sidecar)
+            .into_iter()
+            .map(|i| {
+                (
+                    i.service.hostname.to_string(),
+                    i.port.port.get(),
+                    i.target_port,
+                )
+            })
+            .collect();
+        assert_eq!(
+            found,
+            vec![("reviews.ns.svc.cluster.local".to_string(), 9080, 9081)]
+        );
+        let inbound: Vec<String> = crate::generate::cds::cached_inbound(&snap, &sidecar)
+            .iter()
+            .map(|r| r.name.to_string())
+            .collect();
+        assert!(
+            inbound.contains(&"inbound|9081||".to_string()),
+            "{inbound:?}"
+        );
+        let seen = snap.proxy_view(&sidecar);
+        assert_eq!(seen.labels["app"], "reviews");
+        assert_eq!(seen.locality.zone, "z1");
+
+        // A proxy of another cluster at the same IP is not this pod: only endpoint
+        // matching applies, and other clusters' endpoints are not it either.
+        let elsewhere = proxy("10.1.0.5", Some("c2"));
+        assert!(proxy_instances(&snap, &elsewhere).is_empty());
+        assert!(snap.proxy_view(&elsewhere).labels.is_empty());
+        // No CLUSTER_ID and no pod at the IP: endpoints as before.
+        assert!(proxy_instances(&snap, &proxy("10.1.0.6", None)).is_empty());
     }
 }

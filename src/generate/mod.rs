@@ -49,7 +49,9 @@ pub enum Scope<'a> {
     Hostnames(&'a HashSet<&'a str>),
 }
 
-/// Generates the resources of `type_url` that `proxy` subscribed to.
+/// Generates the resources of `type_url` that `proxy` subscribed to. Generators see
+/// the proxy as the snapshot knows it: with its workload's labels and locality when a
+/// registry knows the workload ([`Snapshot::proxy_view`]).
 pub fn generate(
     type_url: TypeUrl,
     snapshot: &Snapshot,
@@ -58,15 +60,21 @@ pub fn generate(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
+    if type_url == TypeUrl::Endpoint {
+        // Incremental EDS reaches every connection, most of which watch none of the
+        // changed hostnames: the proxy is resolved only when something is in scope.
+        return load_assignments(snapshot, proxy, subscription, scope, options);
+    }
+    let proxy = &*snapshot.proxy_view(proxy);
     // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.
-    if proxy.generator == Generator::Grpc && type_url != TypeUrl::Endpoint {
+    if proxy.generator == Generator::Grpc {
         return grpc::generate(type_url, snapshot, proxy, subscription);
     }
     match type_url {
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
-        TypeUrl::Endpoint => load_assignments(snapshot, proxy, subscription, scope, options),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
+        TypeUrl::Endpoint => Vec::new(), // answered above
     }
 }
 
@@ -192,6 +200,10 @@ fn load_assignments(
             .collect(),
         Scope::All => names.iter().collect(),
     };
+    if in_scope.is_empty() {
+        return Vec::new();
+    }
+    let proxy = &*snapshot.proxy_view(proxy);
     in_scope
         .into_iter()
         .filter_map(|name| {

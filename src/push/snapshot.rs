@@ -4,15 +4,19 @@
 //! connections load the current one when they generate and never see a half-applied
 //! change. It holds typed indexes, not a bag of public maps: generators ask it narrow
 //! questions ("services visible to this proxy", "the service for this hostname as this
-//! proxy resolves it", "the endpoint shards of this service").
+//! proxy resolves it", "the endpoint shards of this service", "the workload this proxy
+//! runs as").
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use meshfed_registry::{
-    Aggregate, ConfigKind, Conflict, EndpointIndex, EndpointShards, Hostname, MergedServices,
-    NetworkGateway, PushRequest, Service, ServiceKey, ShardKey,
+    Aggregate, ClusterId, ConfigKind, Conflict, EndpointIndex, EndpointShards, Hostname,
+    MergedServices, NetworkGateway, PushRequest, Service, ServiceKey, ShardKey, WorkloadInstance,
+    WorkloadSources,
 };
 
 use crate::ads::node::Proxy;
@@ -88,6 +92,83 @@ impl ServiceIndex {
     }
 }
 
+/// Proxies' own workloads as snapshots see them. A proxy is looked up in the
+/// registries the first time a generator asks, and the answer is kept so that every
+/// resource of one push agrees. Endpoint-only snapshots share their predecessor's
+/// answers (endpoints do not change a proxy's pod); every other snapshot asks again,
+/// which is how a changed pod (its labels, the services selecting it) reaches its
+/// proxy: the registry pushes when a pod a proxy was looked up by changes.
+#[derive(Debug, Default)]
+pub struct ProxyWorkloads {
+    sources: WorkloadSources,
+    /// Node id -> the answer and the rest of the query it answered; shared with the
+    /// endpoint-only snapshots that follow.
+    seen: Arc<Mutex<HashMap<String, SeenWorkload>>>,
+}
+
+#[derive(Debug)]
+struct SeenWorkload {
+    ips: Vec<IpAddr>,
+    namespace: String,
+    cluster: Option<ClusterId>,
+    workload: Option<Arc<WorkloadInstance>>,
+}
+
+impl SeenWorkload {
+    fn answers(&self, proxy: &Proxy) -> bool {
+        self.ips == proxy.ip_addresses
+            && self.namespace == proxy.namespace
+            && self.cluster == proxy.cluster_id
+    }
+}
+
+impl ProxyWorkloads {
+    /// Looks workloads up in `sources`, afresh.
+    pub fn new(sources: WorkloadSources) -> Self {
+        ProxyWorkloads {
+            sources,
+            seen: Arc::default(),
+        }
+    }
+
+    /// Looks workloads up in `sources`, keeping the answers found so far.
+    pub fn keeping_answers(&self, sources: WorkloadSources) -> Self {
+        ProxyWorkloads {
+            sources,
+            seen: self.seen.clone(),
+        }
+    }
+
+    /// The workload `proxy` runs as, if a registry knows it.
+    pub fn get(&self, proxy: &Proxy) -> Option<Arc<WorkloadInstance>> {
+        let seen = |map: &HashMap<String, SeenWorkload>| {
+            map.get(&proxy.node_id)
+                .filter(|s| s.answers(proxy))
+                .map(|s| s.workload.clone())
+        };
+        if let Some(found) = seen(&self.seen.lock().expect("workloads poisoned")) {
+            return found;
+        }
+        // Not under the lock: a registry look-up must not hold up other proxies.
+        let workload = self.sources.find(&proxy.workload_query()).map(Arc::new);
+        let mut map = self.seen.lock().expect("workloads poisoned");
+        // Another generator of this proxy may have answered meanwhile: its answer stands.
+        if let Some(found) = seen(&map) {
+            return found;
+        }
+        map.insert(
+            proxy.node_id.clone(),
+            SeenWorkload {
+                ips: proxy.ip_addresses.clone(),
+                namespace: proxy.namespace.clone(),
+                cluster: proxy.cluster_id.clone(),
+                workload: workload.clone(),
+            },
+        );
+        workload
+    }
+}
+
 /// One immutable version of the mesh.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -105,6 +186,8 @@ pub struct Snapshot {
     pub config: Arc<ConfigIndex>,
     /// Encoded resources of this snapshot.
     pub cache: ResourceCache,
+    /// Proxies' own workloads, looked up once per full push.
+    pub workloads: ProxyWorkloads,
     /// When it was built.
     pub built_at: SystemTime,
 }
@@ -123,12 +206,14 @@ impl Snapshot {
             }),
             config: Arc::default(),
             cache: ResourceCache::default(),
+            workloads: ProxyWorkloads::default(),
             built_at: SystemTime::now(),
         }
     }
 
     /// Builds the snapshot that follows `previous` for `request`. An endpoint-only
-    /// request reuses the previous service index; anything else re-merges.
+    /// request, or one that only names proxies' workloads (pods), reuses the previous
+    /// service index; anything else re-merges.
     pub fn build(
         previous: &Snapshot,
         request: &PushRequest,
@@ -139,22 +224,36 @@ impl Snapshot {
         counter: u64,
     ) -> Snapshot {
         let config_changed = request.forced
-            || request
+            || request.configs_updated.iter().any(|k| {
+                !matches!(
+                    k.kind,
+                    ConfigKind::Endpoints | ConfigKind::ServiceEntry | ConfigKind::Workload
+                )
+            });
+        let only_workloads = !request.configs_updated.is_empty()
+            && request
                 .configs_updated
                 .iter()
-                .any(|k| !matches!(k.kind, ConfigKind::Endpoints | ConfigKind::ServiceEntry));
+                .all(|k| k.kind == ConfigKind::Workload);
         let config = if config_changed {
             Arc::new(config(&mesh))
         } else {
             previous.config.clone()
         };
-        let (services, gateways) = if request.full || request.forced {
+        let (services, gateways) = if request.forced || (request.full && !only_workloads) {
             (
                 Arc::new(ServiceIndex::new(aggregate.merged())),
                 Arc::new(aggregate.network_gateways()),
             )
         } else {
             (previous.services.clone(), previous.gateways.clone())
+        };
+        let workloads = if request.is_endpoints_only() {
+            previous
+                .workloads
+                .keeping_answers(aggregate.workload_sources())
+        } else {
+            ProxyWorkloads::new(aggregate.workload_sources())
         };
         let now = SystemTime::now();
         Snapshot {
@@ -165,6 +264,7 @@ impl Snapshot {
             mesh,
             config,
             cache: previous.cache.carry_over(request),
+            workloads,
             built_at: now,
         }
     }
@@ -210,6 +310,26 @@ impl Snapshot {
     /// The endpoint shards of a service.
     pub fn shards(&self, key: &ServiceKey) -> Option<&Arc<EndpointShards>> {
         self.endpoints.get(key)
+    }
+
+    /// The workload `proxy` runs as, if a registry knows it (its pod on Kubernetes).
+    pub fn workload(&self, proxy: &Proxy) -> Option<Arc<WorkloadInstance>> {
+        self.workloads.get(proxy)
+    }
+
+    /// `proxy` as generators see it in this snapshot: with its workload's labels and
+    /// locality when a registry knows the workload ([`Proxy::with_workload`]), else as
+    /// it connected.
+    pub fn proxy_view<'a>(&self, proxy: &'a Proxy) -> Cow<'a, Proxy> {
+        match self.workload(proxy) {
+            Some(w)
+                if proxy.labels != w.labels
+                    || (!w.locality.is_empty() && proxy.locality != w.locality) =>
+            {
+                Cow::Owned(proxy.with_workload(&w))
+            }
+            _ => Cow::Borrowed(proxy),
+        }
     }
 }
 

@@ -1,7 +1,14 @@
 //! The admin surface: readiness, metrics, version and the debug table.
 
+use std::collections::BTreeSet;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use meshfed::ads::TypeUrl;
-use meshfed::testing::{AdsClient, FakeServer, node};
+use meshfed::testing::{AdsClient, DeltaClient, FakeServer, decode_all, node};
+use serde_json::Value;
 
 use crate::support::*;
 
@@ -72,6 +79,12 @@ async fn metrics_version_and_debug_endpoints() {
         assert!(paths.contains(&required), "{paths:?}");
     }
     for path in &paths {
+        if *path == "/debug/config_dump" {
+            // Needs ?proxyID=; see config_dump_shows_what_a_proxy_was_sent_as_envoy_json.
+            assert_eq!(http_get(server.bound().http, path).await.0, 400);
+            assert_eq!(http_get(monitoring, path).await.0, 400);
+            continue;
+        }
         get_json(server.bound().http, path).await;
         get_json(monitoring, path).await;
     }
@@ -159,6 +172,289 @@ async fn push_status_lists_reasons_changes_and_the_proxies_pushed() {
             .unwrap()
             .starts_with("app-1.default-"),
         "{status:#}"
+    );
+    server.shutdown().await;
+}
+
+const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+
+/// The config of `@type` `admin.v3.<kind>` in a config dump.
+fn dump_of<'a>(dump: &'a Value, kind: &str) -> &'a Value {
+    let wanted = format!("type.googleapis.com/envoy.admin.v3.{kind}");
+    dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["@type"] == wanted.as_str())
+        .unwrap_or_else(|| panic!("no {kind} in {dump:#}"))
+}
+
+/// `field` of every entry of `list` in `config`, as strings.
+fn strings(config: &Value, list: &str, field: &[&str]) -> BTreeSet<String> {
+    config[list]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|entry| {
+            let value = field.iter().fold(entry, |v, key| &v[*key]);
+            value
+                .as_str()
+                .unwrap_or_else(|| panic!("{field:?} in {entry:#}"))
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn config_dump_shows_what_a_proxy_was_sent_as_envoy_json() {
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .start()
+        .await
+        .unwrap();
+    server.sync().await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.0.0.1~app.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    // What Envoy does: CDS, EDS for the EDS clusters, LDS, RDS for the named routes.
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let cds = client.recv_type(TypeUrl::Cluster).await.unwrap();
+    let clusters: Vec<Cluster> = decode_all(&cds).unwrap();
+    let eds_names: Vec<&str> = clusters
+        .iter()
+        .filter(|c| c.eds_cluster_config.is_some())
+        .map(|c| c.name.as_str())
+        .collect();
+    client
+        .subscribe(TypeUrl::Endpoint, &eds_names)
+        .await
+        .unwrap();
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    let assignments: Vec<ClusterLoadAssignment> = decode_all(&eds).unwrap();
+    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    let lds = client.recv_type(TypeUrl::Listener).await.unwrap();
+    let listeners: Vec<Listener> = decode_all(&lds).unwrap();
+    let route_names: BTreeSet<String> = listeners
+        .iter()
+        .flat_map(|l| meshfed::generate::lds::references(l).1)
+        .collect();
+    let route_refs: Vec<&str> = route_names.iter().map(String::as_str).collect();
+    client.subscribe(TypeUrl::Route, &route_refs).await.unwrap();
+    let rds = client.recv_type(TypeUrl::Route).await.unwrap();
+    let routes: Vec<RouteConfiguration> = decode_all(&rds).unwrap();
+
+    let http = server.bound().http;
+    // The ACKs travel on their own; wait for the server to have seen the last one so
+    // every dump below shows the same state.
+    eventually("the proxy to ACK every type", || async move {
+        let syncz = get_json(http, "/debug/syncz").await;
+        let types = &syncz[0]["types"];
+        ["cds", "eds", "lds", "rds"]
+            .iter()
+            .all(|t| types[*t]["synced"] == true)
+            .then_some(())
+    })
+    .await;
+    let dump = get_json(http, "/debug/config_dump?proxyID=app.default").await;
+    let types: Vec<&str> = dump["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["@type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.ListenersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
+            "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
+        ]
+    );
+
+    // Clusters: the same names and version the proxy got.
+    let cds_dump = dump_of(&dump, "ClustersConfigDump");
+    assert_eq!(cds_dump["version_info"], cds.version_info.as_str());
+    let dumped = strings(cds_dump, "dynamic_active_clusters", &["cluster", "name"]);
+    let sent: BTreeSet<String> = clusters.iter().map(|c| c.name.clone()).collect();
+    assert_eq!(dumped, sent);
+    assert!(dumped.contains("outbound|8080||echo.default.svc.cluster.local"));
+    assert_eq!(
+        strings(cds_dump, "dynamic_active_clusters", &["version_info"]),
+        BTreeSet::from([cds.version_info.clone()])
+    );
+    assert_eq!(
+        cds_dump["dynamic_active_clusters"][0]["cluster"]["@type"],
+        TypeUrl::Cluster.as_str()
+    );
+    assert_eq!(
+        cds_dump["dynamic_active_clusters"][0]["client_status"],
+        "ACKED"
+    );
+
+    // Listeners: nested Anys are expanded, the connection manager with its "@type".
+    let lds_dump = dump_of(&dump, "ListenersConfigDump");
+    assert_eq!(lds_dump["version_info"], lds.version_info.as_str());
+    let dumped = strings(lds_dump, "dynamic_listeners", &["name"]);
+    let sent: BTreeSet<String> = listeners.iter().map(|l| l.name.clone()).collect();
+    assert_eq!(dumped, sent);
+    let hcm = lds_dump["dynamic_listeners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| {
+            l["active_state"]["listener"]["filter_chains"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .flat_map(|chain| chain["filters"].as_array().cloned().unwrap_or_default())
+        .map(|f| f["typed_config"].clone())
+        .find(|config| config["@type"] == HCM_TYPE && config["rds"].is_object())
+        .unwrap_or_else(|| panic!("no expanded connection manager using RDS in {lds_dump:#}"));
+    assert!(route_names.contains(hcm["rds"]["route_config_name"].as_str().unwrap()));
+    assert_eq!(
+        hcm["http_filters"][0]["typed_config"]["@type"],
+        "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
+        "{hcm:#}"
+    );
+    assert!(
+        !lds_dump.to_string().contains("\"value\":"),
+        "every Any in the listeners has a descriptor: {lds_dump:#}"
+    );
+
+    // Routes: the tables and virtual hosts the proxy got.
+    let rds_dump = dump_of(&dump, "RoutesConfigDump");
+    assert_eq!(
+        strings(rds_dump, "dynamic_route_configs", &["route_config", "name"]),
+        route_names
+    );
+    assert_eq!(
+        strings(rds_dump, "dynamic_route_configs", &["version_info"]),
+        BTreeSet::from([rds.version_info.clone()])
+    );
+    let vhosts: BTreeSet<String> = rds_dump["dynamic_route_configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| strings(&r["route_config"], "virtual_hosts", &["name"]))
+        .collect();
+    let sent: BTreeSet<String> = routes
+        .iter()
+        .flat_map(|r| r.virtual_hosts.iter().map(|v| v.name.clone()))
+        .collect();
+    assert_eq!(vhosts, sent);
+    assert!(
+        vhosts.contains("echo.default.svc.cluster.local:8080"),
+        "{vhosts:?}"
+    );
+
+    // Endpoints.
+    let eds_dump = dump_of(&dump, "EndpointsConfigDump");
+    assert_eq!(
+        strings(
+            eds_dump,
+            "dynamic_endpoint_configs",
+            &["endpoint_config", "cluster_name"]
+        ),
+        assignments.iter().map(|a| a.cluster_name.clone()).collect()
+    );
+    assert_eq!(
+        strings(eds_dump, "dynamic_endpoint_configs", &["version_info"]),
+        BTreeSet::from([eds.version_info.clone()])
+    );
+
+    // ?pretty indents the same document; the full node id finds the proxy too, and
+    // ?types= limits the dump.
+    let (status, pretty) = http_get(http, "/debug/config_dump?proxyID=app.default&pretty").await;
+    assert_eq!(status, 200);
+    assert!(
+        pretty.starts_with("{\n  \"configs\": ["),
+        "{}",
+        &pretty[..40]
+    );
+    assert_eq!(serde_json::from_str::<Value>(&pretty).unwrap(), dump);
+    let only = get_json(
+        http,
+        "/debug/config_dump?proxyID=sidecar~10.0.0.1~app.default~default.svc.cluster.local&types=rds,cds",
+    )
+    .await;
+    let kinds: Vec<&str> = only["configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["@type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "type.googleapis.com/envoy.admin.v3.ClustersConfigDump",
+            "type.googleapis.com/envoy.admin.v3.RoutesConfigDump"
+        ]
+    );
+
+    // An unknown proxy is a 404 naming it; no proxyID is a 400.
+    let (status, body) = http_get(http, "/debug/config_dump?proxyID=ghost.default").await;
+    assert_eq!(status, 404, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["proxyID"], "ghost.default");
+    assert!(error["error"].as_str().unwrap().contains("ghost.default"));
+    let (status, body) = http_get(http, "/debug/config_dump").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("proxyID"), "{body}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn config_dump_of_a_delta_proxy_shows_what_it_holds() {
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .start()
+        .await
+        .unwrap();
+    server.sync().await;
+    let mut client = DeltaClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.0.0.2~delta.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    let echo = "outbound|8080||echo.default.svc.cluster.local";
+    client
+        .subscribe(
+            TypeUrl::Endpoint,
+            &[echo, "outbound|80||gone.default.svc.cluster.local"],
+            &[],
+        )
+        .await
+        .unwrap();
+    let eds = client.recv_type(TypeUrl::Endpoint).await.unwrap();
+    let sent: Vec<&str> = eds.resources.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(sent, [echo]);
+    let http = server.bound().http;
+    eventually("the proxy to ACK", || async move {
+        let syncz = get_json(http, "/debug/syncz").await;
+        (syncz[0]["types"]["eds"]["synced"] == true).then_some(())
+    })
+    .await;
+    let dump = get_json(http, "/debug/config_dump?proxyID=delta.default&types=eds").await;
+    let eds_dump = dump_of(&dump, "EndpointsConfigDump");
+    assert_eq!(
+        strings(
+            eds_dump,
+            "dynamic_endpoint_configs",
+            &["endpoint_config", "cluster_name"]
+        ),
+        BTreeSet::from([echo.to_string()]),
+        "the name that does not exist is not held: {dump:#}"
+    );
+    assert_eq!(
+        eds_dump["dynamic_endpoint_configs"][0]["version_info"],
+        eds.system_version_info.as_str()
     );
     server.shutdown().await;
 }

@@ -9,6 +9,7 @@ mod consul;
 mod delta;
 mod interop;
 mod kube;
+mod kube_instances;
 mod mesh;
 mod mock_file;
 mod multicluster;

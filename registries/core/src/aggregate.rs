@@ -12,14 +12,17 @@
 //! Every decision that drops or overrides a service is returned as a [`Conflict`] for
 //! `/debug/registryz` and the conflict metric. Endpoints are not part of this: they live
 //! in the endpoint index, one shard per registry, and EDS merges all shards of a key.
+//!
+//! A proxy's own workload (its pod) is looked up through [`WorkloadSources`]: the first
+//! registry that knows it answers, Kubernetes registries first.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use serde::Serialize;
 
-use crate::model::{ClusterId, ProviderId, Service, ServiceKey, ShardKey};
-use crate::registry::{NetworkGateway, ServiceRegistry};
+use crate::model::{ClusterId, ProviderId, Service, ServiceKey, ShardKey, WorkloadInstance};
+use crate::registry::{NetworkGateway, ServiceRegistry, WorkloadQuery};
 
 /// Why a service lost to another with the same `(hostname, namespace)`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize)]
@@ -111,6 +114,19 @@ impl Aggregate {
         all.sort();
         all.dedup();
         all
+    }
+
+    /// The registries as they are now, for looking up proxies' own workloads.
+    pub fn workload_sources(&self) -> WorkloadSources {
+        let mut registries = self.registries();
+        registries.sort_by_key(|r| {
+            (
+                r.provider() != ProviderId::Kubernetes,
+                r.cluster_id() != &self.primary_cluster,
+                r.shard_key(),
+            )
+        });
+        WorkloadSources { registries }
     }
 
     /// Merges every registry's services by the policy in the module docs.
@@ -206,6 +222,22 @@ impl Aggregate {
             });
         }
         merged.map(Arc::new).unwrap_or_else(|| base.clone())
+    }
+}
+
+/// Where a proxy's own workload is looked up: the registries in Istio's order
+/// (Kubernetes first, the primary cluster first among those). Each registry decides
+/// whether a proxy is its own (a Kubernetes registry answers only proxies of its
+/// cluster, or proxies that name no cluster); the first answer wins.
+#[derive(Clone, Debug, Default)]
+pub struct WorkloadSources {
+    registries: Vec<Arc<dyn ServiceRegistry>>,
+}
+
+impl WorkloadSources {
+    /// The workload the proxy described by `query` runs as, if any registry knows it.
+    pub fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+        self.registries.iter().find_map(|r| r.workload(query))
     }
 }
 
@@ -389,6 +421,71 @@ mod tests {
         let merged = agg.merged();
         assert_eq!(merged.services[0].ports.len(), 1);
         assert_eq!(merged.conflicts[0].reason, ConflictReason::PortMismatch);
+    }
+
+    /// A Kubernetes-like registry that knows one pod and answers only proxies of its
+    /// cluster (or proxies naming none).
+    #[derive(Debug)]
+    struct OnePod {
+        cluster: ClusterId,
+        ip: std::net::IpAddr,
+    }
+
+    impl ServiceRegistry for OnePod {
+        fn provider(&self) -> ProviderId {
+            ProviderId::Kubernetes
+        }
+        fn cluster_id(&self) -> &ClusterId {
+            &self.cluster
+        }
+        fn services(&self) -> Vec<Arc<Service>> {
+            Vec::new()
+        }
+        fn has_synced(&self) -> bool {
+            true
+        }
+        fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+            if query.cluster.is_some_and(|c| *c != self.cluster) || !query.ips.contains(&self.ip) {
+                return None;
+            }
+            Some(WorkloadInstance {
+                name: format!("pod-in-{}", self.cluster),
+                namespace: "ns".into(),
+                cluster_id: self.cluster.clone(),
+                labels: Default::default(),
+                locality: Default::default(),
+                service_account: None,
+                targets: Vec::new(),
+            })
+        }
+    }
+
+    #[test]
+    fn workloads_come_from_the_proxy_cluster_else_the_primary_first() {
+        let agg = Aggregate::new("c2");
+        let ip = "10.0.0.1".parse().unwrap();
+        agg.add_registry(registry(ProviderId::Mock, "a", vec![]));
+        for cluster in ["c1", "c2", "c3"] {
+            agg.add_registry(Arc::new(OnePod {
+                cluster: cluster.into(),
+                ip,
+            }));
+        }
+        let sources = agg.workload_sources();
+        let find = |cluster: Option<&str>| {
+            let cluster = cluster.map(ClusterId::new);
+            sources
+                .find(&WorkloadQuery {
+                    ips: &[ip],
+                    id: "pod.ns",
+                    namespace: "ns",
+                    cluster: cluster.as_ref(),
+                })
+                .map(|w| w.name)
+        };
+        assert_eq!(find(None).as_deref(), Some("pod-in-c2"), "primary first");
+        assert_eq!(find(Some("c3")).as_deref(), Some("pod-in-c3"));
+        assert_eq!(find(Some("elsewhere")), None);
     }
 
     #[test]

@@ -34,6 +34,9 @@ pub enum ConfigKind {
     MeshConfig,
     /// meshNetworks or network gateways.
     MeshNetworks,
+    /// A proxy's own workload changed (a pod's labels or addresses): the proxies
+    /// running as it get new labels and inbound config. Name = the workload (pod) name.
+    Workload,
 }
 
 /// Names one changed object: for services and endpoints the name is the hostname.

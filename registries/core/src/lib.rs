@@ -27,7 +27,7 @@ pub mod registry;
 pub mod serviceentry;
 pub mod watch;
 
-pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices};
+pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices, WorkloadSources};
 pub use config::{ConfigStore, FileConfigStore, MemoryConfigStore, RejectedConfig};
 pub use endpoints::{EndpointIndex, EndpointPush, EndpointShards};
 pub use events::{ConfigKey, ConfigKind, PushRequest, RegistryEvent, TriggerReason, UpdateSink};
@@ -36,6 +36,6 @@ pub use mock_file::{
     MockFileError, MockFileStatus, load_mock_registry, parse_mock_registry, run_mock_file,
 };
 pub use model::*;
-pub use registry::{NetworkGateway, ServiceRegistry};
+pub use registry::{NetworkGateway, ServiceRegistry, WorkloadQuery};
 pub use serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
 pub use watch::{PathWatcher, WatchError};

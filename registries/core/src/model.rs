@@ -590,6 +590,40 @@ impl Endpoint {
     }
 }
 
+/// The workload a proxy runs as, as a registry knows it (on Kubernetes: the proxy's
+/// pod). It gives the proxy its labels and locality, and the service ports it serves
+/// (its inbound clusters and listeners) even before any endpoint lists it.
+#[derive(Clone, PartialEq, Debug, Serialize)]
+pub struct WorkloadInstance {
+    /// Workload name (the pod name).
+    pub name: String,
+    /// Namespace the workload runs in.
+    pub namespace: Namespace,
+    /// Cluster of the registry that knows it.
+    pub cluster_id: ClusterId,
+    /// Workload labels plus the topology labels every workload carries (region, zone,
+    /// subzone, cluster, node, network): what the proxy's labels become.
+    pub labels: BTreeMap<String, String>,
+    /// Where it runs (empty when unknown).
+    pub locality: Locality,
+    /// SPIFFE identity, if known.
+    pub service_account: Option<String>,
+    /// The service ports it serves: services in key order, each service's ports in
+    /// declaration order, one per (target port, protocol) of a service.
+    pub targets: Vec<ServiceTarget>,
+}
+
+/// One service port a workload serves and the port it listens on for it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize)]
+pub struct ServiceTarget {
+    /// The service.
+    pub service: ServiceKey,
+    /// The service port number.
+    pub port: u16,
+    /// The workload port (the service's target port, a named one resolved).
+    pub target_port: u16,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

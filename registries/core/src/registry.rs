@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::model::{ClusterId, NetworkId, ProviderId, Service, ShardKey};
+use crate::model::{ClusterId, NetworkId, ProviderId, Service, ShardKey, WorkloadInstance};
 
 /// A gateway through which endpoints of `network` are reached from other networks.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
@@ -21,6 +21,22 @@ pub struct NetworkGateway {
     pub port: u16,
     /// Where this gateway was learned from (for `/debug/networkz`).
     pub source: String,
+}
+
+/// Who a proxy says it is, for finding the workload it runs as
+/// ([`ServiceRegistry::workload`]).
+#[derive(Clone, Copy, Debug)]
+pub struct WorkloadQuery<'a> {
+    /// The proxy's IPs (`INSTANCE_IPS`, else the node id's IP field).
+    pub ips: &'a [IpAddr],
+    /// The node id's third field, `<pod>.<namespace>` on Kubernetes: picks the proxy's
+    /// own pod when several share its IP (host-network pods).
+    pub id: &'a str,
+    /// The proxy's config namespace (metadata `NAMESPACE`).
+    pub namespace: &'a str,
+    /// The proxy's `CLUSTER_ID`, when it sends one: a Kubernetes registry of another
+    /// cluster does not answer (pod IPs are reused across clusters).
+    pub cluster: Option<&'a ClusterId>,
 }
 
 /// One service registry as the aggregate sees it: synchronous reads of the adapter's
@@ -52,5 +68,13 @@ pub trait ServiceRegistry: Send + Sync + fmt::Debug {
     /// Gateways this registry knows for multi-network routing.
     fn network_gateways(&self) -> Vec<NetworkGateway> {
         Vec::new()
+    }
+
+    /// The workload a proxy runs as, when this registry knows it (Istio's pod lookup
+    /// behind `GetProxyServiceTargets` and `GetProxyWorkloadLabels`). `None` means
+    /// "not mine": the caller falls back to matching the proxy's IPs against
+    /// endpoints, which is all registries without workloads of their own offer.
+    fn workload(&self, _query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+        None
     }
 }

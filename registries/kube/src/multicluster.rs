@@ -40,7 +40,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use meshfed_registry::{
     Aggregate, ClusterId, NetworkGateway, ProviderId, PushRequest, Service, ServiceRegistry,
-    ShardKey, TriggerReason, UpdateSink,
+    ShardKey, TriggerReason, UpdateSink, WorkloadInstance, WorkloadQuery,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -442,6 +442,10 @@ impl ServiceRegistry for RemoteRegistry {
 
     fn network_gateways(&self) -> Vec<NetworkGateway> {
         self.inner.network_gateways()
+    }
+
+    fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+        self.inner.workload(query)
     }
 }
 

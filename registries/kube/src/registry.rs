@@ -1,23 +1,25 @@
 //! The read side of a Kubernetes registry: [`KubeRegistry`] (what the aggregate and the
 //! debug/metrics code read, never waiting on the writer) and its counters.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use meshfed_registry::{
-    ClusterId, NetworkGateway, NetworkId, ProviderId, Service, ServiceKey, ServiceRegistry,
-    ShardKey, UpdateSink,
+    ClusterId, ConfigKey, ConfigKind, NetworkGateway, NetworkId, ProviderId, Service, ServiceKey,
+    ServiceRegistry, ShardKey, UpdateSink, WorkloadInstance, WorkloadQuery,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{KubeRegistryConfig, Result};
 use crate::convert::{ExternalAddress, KubeAttributes, LABEL_NETWORK};
-use crate::state::View;
+use crate::state::{PodChange, PodView, View, find_workload};
 
 /// Service label naming the mTLS port of a gateway labelled with
 /// `topology.istio.io/network` (default [`DEFAULT_GATEWAY_PORT`]).
@@ -199,6 +201,12 @@ pub struct KubeRegistry {
     pub(crate) config: Arc<KubeRegistryConfig>,
     shard: ShardKey,
     pub(crate) view: ArcSwap<View>,
+    /// Pods by IP and their topology, for proxies' own workloads.
+    pub(crate) pods: ArcSwap<PodView>,
+    /// IPs proxies have been looked up by: a later change to a pod at one of them is
+    /// pushed, since a proxy there runs as that pod (or will, once its pod is seen).
+    /// One entry per proxy IP; an IP is forgotten when the last pod holding it goes.
+    proxy_ips: Mutex<HashSet<IpAddr>>,
     pub(crate) synced: AtomicBool,
     /// Per kind: when its watcher last reported an error (milliseconds since `epoch`,
     /// plus one), or 0 when its last word was an event.
@@ -272,6 +280,8 @@ impl KubeRegistry {
             config: Arc::new(config),
             shard,
             view: ArcSwap::default(),
+            pods: ArcSwap::default(),
+            proxy_ips: Mutex::default(),
             synced: AtomicBool::new(false),
             stale: Default::default(),
             epoch: Instant::now(),
@@ -349,6 +359,34 @@ impl KubeRegistry {
         self.attributes(key)
             .map(|a| a.external_addresses.clone())
             .unwrap_or_default()
+    }
+
+    /// The config keys of the pods in `changes` a proxy may run as (one was looked up
+    /// at their IPs), for a push; forgets the IPs no pod holds any more. Called by the
+    /// writer after it published the pod view: a proxy looked up before that is in
+    /// the set, one looked up after sees the new pods.
+    pub(crate) fn pods_changed(&self, changes: &[PodChange]) -> Vec<ConfigKey> {
+        if changes.is_empty() {
+            return Vec::new();
+        }
+        let pods = self.pods.load();
+        let mut proxy_ips = self.proxy_ips.lock().expect("proxy ips poisoned");
+        let mut keys = Vec::new();
+        for change in changes {
+            if change.now.iter().any(|ip| proxy_ips.contains(ip)) {
+                keys.push(ConfigKey::new(
+                    ConfigKind::Workload,
+                    &change.key.name,
+                    change.key.namespace.as_str(),
+                ));
+            }
+            for ip in &change.before {
+                if pods.pods.get(ip).is_empty() {
+                    proxy_ips.remove(ip);
+                }
+            }
+        }
+        keys
     }
 
     fn now_millis(&self) -> u64 {
@@ -457,6 +495,21 @@ impl ServiceRegistry for KubeRegistry {
         out.sort();
         out.dedup();
         out
+    }
+
+    /// The proxy's pod, found by IP among this cluster's pods (reference §2.8; see
+    /// `find_workload` for the rules). A proxy that names another cluster is not
+    /// this registry's. The proxy's IPs are remembered first, so that a pod change
+    /// racing with this look-up is pushed (see `proxy_ips`).
+    fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+        if query.cluster.is_some_and(|c| *c != self.config.cluster_id) {
+            return None;
+        }
+        self.proxy_ips
+            .lock()
+            .expect("proxy ips poisoned")
+            .extend(query.ips.iter().copied());
+        find_workload(&self.config, &self.view.load(), &self.pods.load(), query)
     }
 
     /// True while a watcher's last word was an error less than [`STALE_WINDOW`] ago. A
@@ -663,6 +716,144 @@ mod tests {
         assert_eq!(registry.services().len(), 2);
         assert!(registry.has_synced());
         assert!(events.try_recv().is_ok());
+        task.abort();
+    }
+
+    fn query<'a>(
+        ips: &'a [IpAddr],
+        id: &'a str,
+        cluster: Option<&'a ClusterId>,
+    ) -> WorkloadQuery<'a> {
+        WorkloadQuery {
+            ips,
+            id,
+            namespace: "default",
+            cluster,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pod_ip_reused_across_clusters_is_the_named_cluster_s_pod() {
+        let ip: IpAddr = "10.1.0.5".parse().unwrap();
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _events) = UpdateSink::new(index);
+        let aggregate = meshfed_registry::Aggregate::new("c1");
+        let mut apis = Vec::new();
+        let mut tasks = Vec::new();
+        for (cluster, app) in [("c1", "reviews"), ("c2", "ratings")] {
+            let api = FakeApiServer::start().await.unwrap();
+            api.apply(&objects::service(
+                "default",
+                app,
+                "10.96.0.1",
+                &[("http", 9080)],
+            ));
+            api.apply(&objects::pod(
+                "default",
+                &format!("{app}-1"),
+                app,
+                "10.1.0.5",
+                "n1",
+            ));
+            let (registry, task) = KubeRegistry::start(
+                api.client(),
+                KubeRegistryConfig::new(cluster),
+                sink.clone(),
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+            registry.wait_for(SyncPhase::Synced).await;
+            aggregate.add_registry(registry);
+            apis.push(api);
+            tasks.push(task);
+        }
+        let sources = aggregate.workload_sources();
+        let find = |cluster: Option<&str>| {
+            let cluster = cluster.map(ClusterId::new);
+            sources
+                .find(&query(&[ip], "x.default", cluster.as_ref()))
+                .map(|w| {
+                    (
+                        w.cluster_id.to_string(),
+                        w.name,
+                        w.targets[0].service.hostname.to_string(),
+                    )
+                })
+        };
+        assert_eq!(
+            find(Some("c2")),
+            Some((
+                "c2".into(),
+                "ratings-1".into(),
+                "ratings.default.svc.cluster.local".into()
+            ))
+        );
+        assert_eq!(find(Some("c1")).unwrap().1, "reviews-1");
+        assert_eq!(
+            find(None).unwrap().1,
+            "reviews-1",
+            "no CLUSTER_ID: the primary first"
+        );
+        assert_eq!(find(Some("c3")), None);
+        for task in tasks {
+            task.abort();
+        }
+    }
+
+    #[tokio::test]
+    async fn a_change_to_a_pod_a_proxy_runs_as_is_pushed() {
+        let api = FakeApiServer::start().await.unwrap();
+        api.apply(&objects::pod("default", "watched", "a", "10.1.0.5", "n1"));
+        api.apply(&objects::pod("default", "unwatched", "a", "10.1.0.6", "n1"));
+        let (sink, mut events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let (registry, task) = KubeRegistry::start(
+            api.client(),
+            KubeRegistryConfig::new("c1"),
+            sink,
+            std::future::pending(),
+        )
+        .await
+        .unwrap();
+        registry.wait_for(SyncPhase::Synced).await;
+        let watched: IpAddr = "10.1.0.5".parse().unwrap();
+        let w = registry
+            .workload(&query(&[watched], "watched.default", None))
+            .unwrap();
+        assert_eq!(w.labels["app"], "a");
+        assert!(
+            registry
+                .workload(&query(&[watched], "watched.default", Some(&"c2".into())))
+                .is_none(),
+            "a proxy of another cluster is not this registry's"
+        );
+
+        // Relabel the pod nobody runs as, then the one a proxy was looked up by: only
+        // the second is pushed.
+        api.apply(&objects::pod("default", "unwatched", "b", "10.1.0.6", "n1"));
+        api.apply(&objects::pod("default", "watched", "b", "10.1.0.5", "n1"));
+        let request = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                if let Some(RegistryEvent::Push(r)) = events.recv().await
+                    && r.configs_updated
+                        .iter()
+                        .any(|k| k.kind == ConfigKind::Workload)
+                {
+                    return r;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(request.full && request.reasons.contains_key(&TriggerReason::Proxy));
+        assert_eq!(
+            request.configs_updated.iter().collect::<Vec<_>>(),
+            vec![&ConfigKey::new(ConfigKind::Workload, "watched", "default")]
+        );
+        let w = registry
+            .workload(&query(&[watched], "watched.default", None))
+            .unwrap();
+        assert_eq!(w.labels["app"], "b", "the look-up sees the pushed change");
         task.abort();
     }
 }

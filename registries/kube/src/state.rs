@@ -7,19 +7,27 @@
 //! Nothing is pushed for an object whose compact form did not change (a pod status
 //! heartbeat, a node condition), and an endpoint recomputation is scheduled only for
 //! the services whose slices, pods, nodes or namespace settings actually changed.
+//!
+//! Two views are published to readers: [`View`] (the services) and [`PodView`] (pods by
+//! IP plus the topology their labels are completed with), from which
+//! [`find_workload`] answers "which pod is this proxy" without the writer.
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use meshfed_registry::{Endpoint, Namespace, NetworkId, ServiceKey, TlsMode};
+use meshfed_registry::{
+    ClusterId, Endpoint, Locality, Namespace, NetworkId, Protocol, ServiceKey, ServiceTarget,
+    TlsMode, WorkloadInstance, WorkloadQuery,
+};
 
 use crate::config::KubeRegistryConfig;
 use crate::convert::{
     ConvertedService, LABEL_CLUSTER, LABEL_HOSTNAME, LABEL_NETWORK, LABEL_REGION, LABEL_SUBZONE,
     LABEL_TLS_MODE, LABEL_ZONE, NamespaceInfo, NodeInfo, ObjectKey, PodInfo, SliceEndpoint,
-    SliceInfo, health, pod_locality, service_hostname, spiffe_id,
+    SliceInfo, TargetPort, health, pod_locality, service_hostname, spiffe_id,
 };
 use crate::registry::ResourceKind;
 
@@ -51,6 +59,116 @@ impl Update {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct View {
     pub(crate) services: BTreeMap<ServiceKey, ConvertedService>,
+    /// Namespace -> its services' keys (a proxy's pod is matched against the services
+    /// of its own namespace only).
+    by_namespace: HashMap<Namespace, BTreeSet<ServiceKey>>,
+}
+
+impl View {
+    fn insert(&mut self, key: ServiceKey, service: ConvertedService) {
+        self.by_namespace
+            .entry(key.namespace.clone())
+            .or_default()
+            .insert(key.clone());
+        self.services.insert(key, service);
+    }
+
+    fn remove(&mut self, key: &ServiceKey) {
+        self.services.remove(key);
+        remove_from(&mut self.by_namespace, &key.namespace, key);
+    }
+
+    /// The services of one namespace, in key order.
+    fn in_namespace<'a>(
+        &'a self,
+        namespace: &str,
+    ) -> impl Iterator<Item = (&'a ServiceKey, &'a ConvertedService)> + 'a {
+        self.by_namespace
+            .get(namespace)
+            .into_iter()
+            .flatten()
+            .filter_map(|key| self.services.get(key).map(|s| (key, s)))
+    }
+}
+
+/// How many shards [`PodsByIp`] splits the pods into.
+const POD_SHARDS: usize = 64;
+
+/// One pod as the IP index holds it.
+pub(crate) type PodRef = (ObjectKey, Arc<PodInfo>);
+
+/// Pods by IP (host-network pods share their node's IP), in shards that are copied on
+/// write. Publishing the index to readers clones the shard pointers only; the writer's
+/// next change to a shard then copies that shard alone (about 1/64 of the pods), so a
+/// pod event never copies the whole index.
+#[derive(Clone, Debug)]
+pub(crate) struct PodsByIp {
+    shards: Vec<Arc<HashMap<IpAddr, Vec<PodRef>>>>,
+}
+
+impl Default for PodsByIp {
+    fn default() -> Self {
+        PodsByIp {
+            shards: (0..POD_SHARDS).map(|_| Arc::default()).collect(),
+        }
+    }
+}
+
+impl PodsByIp {
+    fn shard(ip: &IpAddr) -> usize {
+        let mut hasher = std::hash::DefaultHasher::new();
+        ip.hash(&mut hasher);
+        (hasher.finish() % POD_SHARDS as u64) as usize
+    }
+
+    /// The pods at `ip`.
+    pub(crate) fn get(&self, ip: &IpAddr) -> &[PodRef] {
+        self.shards[Self::shard(ip)]
+            .get(ip)
+            .map_or(&[], Vec::as_slice)
+    }
+
+    fn insert(&mut self, ip: IpAddr, pod: PodRef) {
+        let shard = Arc::make_mut(&mut self.shards[Self::shard(&ip)]);
+        shard.entry(ip).or_default().push(pod);
+    }
+
+    fn remove(&mut self, ip: &IpAddr, key: &ObjectKey) {
+        let i = Self::shard(ip);
+        if !self.shards[i].contains_key(ip) {
+            return; // nothing to remove: do not copy a shared shard for it
+        }
+        let shard = Arc::make_mut(&mut self.shards[i]);
+        if let Some(pods) = shard.get_mut(ip) {
+            pods.retain(|(k, _)| k != key);
+            if pods.is_empty() {
+                shard.remove(ip);
+            }
+        }
+    }
+}
+
+/// What readers need to find a proxy's own pod ([`find_workload`]): the pods by IP and
+/// the topology their labels are completed with. Published apart from [`View`] since
+/// pods change far more often than services.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PodView {
+    pub(crate) pods: PodsByIp,
+    /// Nodes, for the locality of pods without a locality label.
+    pub(crate) nodes: Arc<HashMap<Arc<str>, NodeInfo>>,
+    /// The `topology.istio.io/network` label of the system namespace: the network of
+    /// pods without a network label.
+    pub(crate) default_network: Option<String>,
+}
+
+/// A pod whose compact form changed since the last flush.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PodChange {
+    pub(crate) key: ObjectKey,
+    /// Its IPs before the change.
+    pub(crate) before: Vec<IpAddr>,
+    /// Its IPs now; empty when it is gone.
+    pub(crate) now: Vec<IpAddr>,
 }
 
 /// What the writer must tell the push pipeline after a batch of updates, in this order:
@@ -65,6 +183,11 @@ pub(crate) struct Flush {
     pub(crate) changed: Vec<ServiceKey>,
     /// Full endpoint lists of the services whose endpoints may have changed.
     pub(crate) endpoints: Vec<(ServiceKey, Vec<Endpoint>)>,
+    /// The new pod view, when pods or their topology changed (published before the
+    /// services view is told about).
+    pub(crate) pods: Option<Arc<PodView>>,
+    /// Pods that changed, sorted by key: a proxy running as one needs a push.
+    pub(crate) changed_pods: Vec<PodChange>,
 }
 
 /// Everything the watchers delivered, in compact form, plus the indexes.
@@ -75,17 +198,18 @@ pub(crate) struct ClusterState {
     slices: HashMap<ObjectKey, SliceInfo>,
     /// Service (namespace, name) -> names of its slices, sorted so merging is stable.
     slices_by_service: HashMap<ObjectKey, BTreeSet<Arc<str>>>,
-    pods: HashMap<ObjectKey, PodInfo>,
-    /// Pod IP -> pods (host-network pods share their node's IP). Also what a proxy's
-    /// own pod will be found by.
-    pods_by_ip: HashMap<IpAddr, Vec<ObjectKey>>,
+    /// Pods, shared with the IP index and the published [`PodView`].
+    pods: HashMap<ObjectKey, Arc<PodInfo>>,
+    /// Pod IP -> pods: endpoints without a `targetRef` and proxies find pods by it.
+    pods_by_ip: PodsByIp,
     /// Pod -> slices naming it in a `targetRef`, present or not: a pod that arrives after
     /// its slice re-evaluates exactly these.
     slices_by_pod: HashMap<ObjectKey, Vec<ObjectKey>>,
     /// (namespace, IP) -> slices with an endpoint at that IP but no pod `targetRef`
     /// (host-network or hand-written slices, matched to pods by IP).
     slices_by_ip: HashMap<(Namespace, IpAddr), Vec<ObjectKey>>,
-    nodes: HashMap<Arc<str>, NodeInfo>,
+    /// Copied on write, since the published [`PodView`] shares it.
+    nodes: Arc<HashMap<Arc<str>, NodeInfo>>,
     namespaces: HashMap<Arc<str>, NamespaceInfo>,
     /// What readers see; only services in selected namespaces.
     published: Arc<View>,
@@ -96,6 +220,10 @@ pub(crate) struct ClusterState {
     /// Endpoint addresses skipped because their pod is not known yet, per service.
     pending: HashMap<ObjectKey, usize>,
     pending_total: usize,
+    /// The pod view must be republished.
+    pods_dirty: bool,
+    /// Pods changed since the last flush -> their IPs before the first change.
+    changed_pods: HashMap<ObjectKey, Vec<IpAddr>>,
 }
 
 impl ClusterState {
@@ -106,16 +234,18 @@ impl ClusterState {
             slices: HashMap::new(),
             slices_by_service: HashMap::new(),
             pods: HashMap::new(),
-            pods_by_ip: HashMap::new(),
+            pods_by_ip: PodsByIp::default(),
             slices_by_pod: HashMap::new(),
             slices_by_ip: HashMap::new(),
-            nodes: HashMap::new(),
+            nodes: Arc::default(),
             namespaces: HashMap::new(),
             published: Arc::default(),
             dirty_services: BTreeSet::new(),
             dirty_endpoints: BTreeSet::new(),
             pending: HashMap::new(),
             pending_total: 0,
+            pods_dirty: true,
+            changed_pods: HashMap::new(),
         }
     }
 
@@ -160,14 +290,9 @@ impl ClusterState {
         }
     }
 
-    /// The pods at an IP (for a proxy's own pod, and endpoints without a `targetRef`).
-    #[allow(dead_code)] // proxy service targets will read it
+    /// The pods at an IP (for endpoints without a `targetRef`).
     pub(crate) fn pods_at(&self, ip: IpAddr) -> impl Iterator<Item = (&ObjectKey, &PodInfo)> {
-        self.pods_by_ip
-            .get(&ip)
-            .into_iter()
-            .flatten()
-            .filter_map(|k| self.pods.get(k).map(|p| (k, p)))
+        self.pods_by_ip.get(&ip).iter().map(|(k, p)| (k, &**p))
     }
 
     /// Applies one update; records what must be re-derived at the next flush.
@@ -261,23 +386,28 @@ impl ClusterState {
     }
 
     fn apply_pod(&mut self, key: ObjectKey, next: Option<PodInfo>) {
-        if self.pods.get(&key) == next.as_ref() {
+        if self.pods.get(&key).map(|p| &**p) == next.as_ref() {
             return;
         }
+        let next = next.map(Arc::new);
         let old = match &next {
             Some(next) => self.pods.insert(key.clone(), next.clone()),
             None => self.pods.remove(&key),
         };
+        self.pods_dirty = true;
+        self.changed_pods
+            .entry(key.clone())
+            .or_insert_with(|| old.as_ref().map(|o| o.ips.clone()).unwrap_or_default());
         let mut ips: BTreeSet<IpAddr> = BTreeSet::new();
         if let Some(old) = &old {
             for ip in &old.ips {
-                remove_from_vec(&mut self.pods_by_ip, ip, &key);
+                self.pods_by_ip.remove(ip, &key);
                 ips.insert(*ip);
             }
         }
         if let Some(next) = &next {
             for ip in &next.ips {
-                self.pods_by_ip.entry(*ip).or_default().push(key.clone());
+                self.pods_by_ip.insert(*ip, (key.clone(), next.clone()));
                 ips.insert(*ip);
             }
         }
@@ -311,17 +441,16 @@ impl ClusterState {
         if self.nodes.get(&name) == next.as_ref() {
             return;
         }
+        let nodes = Arc::make_mut(&mut self.nodes);
         let old_locality = match next {
-            Some(next) => self
-                .nodes
-                .insert(name.clone(), next.clone())
-                .map(|o| o.locality),
-            None => self.nodes.remove(&name).map(|o| o.locality),
+            Some(next) => nodes.insert(name.clone(), next.clone()).map(|o| o.locality),
+            None => nodes.remove(&name).map(|o| o.locality),
         };
         let new_locality = self.nodes.get(&name).map(|n| n.locality.clone());
         if old_locality == new_locality {
-            return; // only external IPs changed: no endpoint depends on them
+            return; // only external IPs changed: no endpoint or pod depends on them
         }
+        self.pods_dirty = true;
         // Rare (node labels seldom change): scan for endpoints placed on the node.
         let on_node: Vec<ObjectKey> = self
             .slices
@@ -357,6 +486,7 @@ impl ClusterState {
         if *name == *self.config.system_namespace && network(old.as_ref()) != network(new) {
             // The cluster's default network changed: every endpoint may change.
             self.dirty_endpoints.extend(self.services.keys().cloned());
+            self.pods_dirty = true;
         }
         // Selection may have changed: re-derive the namespace's services.
         // (Published services are a subset of `services` plus those already dirty.)
@@ -404,14 +534,14 @@ impl ClusterState {
             let view = view.get_or_insert_with(|| (*self.published).clone());
             match desired {
                 Some(desired) => {
-                    view.services.insert(mesh_key.clone(), desired.clone());
+                    view.insert(mesh_key.clone(), desired.clone());
                     if !silent {
                         out.changed.push(mesh_key);
                     }
                     self.dirty_endpoints.insert(key);
                 }
                 None => {
-                    view.services.remove(&mesh_key);
+                    view.remove(&mesh_key);
                     out.deleted.push(mesh_key);
                     self.set_pending(&key, 0);
                 }
@@ -422,6 +552,28 @@ impl ClusterState {
             self.published = view.clone();
             out.view = Some(view);
         }
+        if std::mem::take(&mut self.pods_dirty) {
+            out.pods = Some(Arc::new(PodView {
+                pods: self.pods_by_ip.clone(),
+                nodes: self.nodes.clone(),
+                default_network: self.default_network().cloned(),
+            }));
+        }
+        // Taken, not drained: the initial sync fills it with every pod once.
+        let mut changed_pods: Vec<PodChange> = std::mem::take(&mut self.changed_pods)
+            .into_iter()
+            .map(|(key, before)| PodChange {
+                now: self
+                    .pods
+                    .get(&key)
+                    .map(|p| p.ips.clone())
+                    .unwrap_or_default(),
+                key,
+                before,
+            })
+            .collect();
+        changed_pods.sort_by(|a, b| a.key.cmp(&b.key));
+        out.changed_pods = changed_pods;
         for key in std::mem::take(&mut self.dirty_endpoints) {
             let mesh_key = self.service_key(&key);
             let Some(service) = self.published.services.get(&mesh_key) else {
@@ -473,7 +625,7 @@ impl ClusterState {
                             name: name.clone(),
                         };
                         match self.pods.get(&pod_key) {
-                            Some(pod) => Some(pod),
+                            Some(pod) => Some(&**pod),
                             None => {
                                 // Istio skips it until the pod arrives; the pod's
                                 // arrival re-evaluates this service.
@@ -536,11 +688,10 @@ impl ClusterState {
                     .map(|n| n.locality.clone())
             })
             .unwrap_or_default();
-        let network = labels.get(LABEL_NETWORK).cloned().or_else(|| {
-            self.namespaces
-                .get(config.system_namespace.as_str())
-                .and_then(|ns| ns.labels.get(LABEL_NETWORK).cloned())
-        });
+        let network = labels
+            .get(LABEL_NETWORK)
+            .or_else(|| self.default_network())
+            .cloned();
         endpoint.network = network.map(NetworkId::from).unwrap_or_default();
         endpoint.tls_mode = match labels.get(LABEL_TLS_MODE).map(String::as_str) {
             Some("istio") => TlsMode::Istio,
@@ -549,28 +700,154 @@ impl ClusterState {
         endpoint.service_account = pod
             .and_then(|p| p.service_account.as_deref())
             .map(|sa| spiffe_id(&config.trust_domain, service.namespace.as_str(), sa));
-        let locality = &endpoint.locality;
-        for (label, value) in [
-            (LABEL_REGION, &locality.region),
-            (LABEL_ZONE, &locality.zone),
-            (LABEL_SUBZONE, &locality.subzone),
-        ] {
-            if !value.is_empty() {
-                labels.insert(label.to_string(), value.clone());
-            }
-        }
-        labels.insert(LABEL_CLUSTER.to_string(), config.cluster_id.to_string());
-        if let Some(node) = node_name {
-            labels.insert(LABEL_HOSTNAME.to_string(), node.to_string());
-        }
-        if !endpoint.network.is_empty() {
-            labels
-                .entry(LABEL_NETWORK.to_string())
-                .or_insert_with(|| endpoint.network.to_string());
-        }
+        add_topology_labels(
+            &mut labels,
+            &endpoint.locality,
+            &config.cluster_id,
+            node_name.map(|n| &**n),
+            &endpoint.network,
+        );
         endpoint.labels = labels;
         endpoint
     }
+
+    /// The system namespace's network label: the network of workloads without one.
+    fn default_network(&self) -> Option<&String> {
+        self.namespaces
+            .get(self.config.system_namespace.as_str())
+            .and_then(|ns| ns.labels.get(LABEL_NETWORK))
+    }
+}
+
+/// Adds the topology labels Istio gives every workload and proxy (reference §2.6):
+/// region, zone and subzone when set, the cluster, the node, and the network unless
+/// the workload names one itself.
+fn add_topology_labels(
+    labels: &mut BTreeMap<String, String>,
+    locality: &Locality,
+    cluster: &ClusterId,
+    node: Option<&str>,
+    network: &NetworkId,
+) {
+    for (label, value) in [
+        (LABEL_REGION, &locality.region),
+        (LABEL_ZONE, &locality.zone),
+        (LABEL_SUBZONE, &locality.subzone),
+    ] {
+        if !value.is_empty() {
+            labels.insert(label.to_string(), value.clone());
+        }
+    }
+    labels.insert(LABEL_CLUSTER.to_string(), cluster.to_string());
+    if let Some(node) = node {
+        labels.insert(LABEL_HOSTNAME.to_string(), node.to_string());
+    }
+    if !network.is_empty() {
+        labels
+            .entry(LABEL_NETWORK.to_string())
+            .or_insert_with(|| network.to_string());
+    }
+}
+
+/// The workload a proxy runs as (reference §2.8), from the published views:
+/// - its pod: the pod at one of the proxy's IPs; when several pods share them
+///   (host-network pods), the one the proxy id `<pod>.<namespace>` names, in the
+///   proxy's namespace; none if that leaves it ambiguous;
+/// - its labels: the pod's, plus the topology labels (locality from the pod's label,
+///   else its node; network from the pod's label, else the system namespace's);
+/// - its targets: every service of the pod's namespace whose (non-empty) selector
+///   matches the pod's labels, each port with its target port (a named one resolved
+///   among the pod's container ports; a port whose name the pod lacks is skipped),
+///   once per (target port, protocol) within a service.
+///
+/// The caller checks the proxy's cluster; this only looks.
+pub(crate) fn find_workload(
+    config: &KubeRegistryConfig,
+    view: &View,
+    pods: &PodView,
+    query: &WorkloadQuery<'_>,
+) -> Option<WorkloadInstance> {
+    let mut candidates: Vec<&PodRef> = Vec::new();
+    for ip in query.ips {
+        for pod in pods.pods.get(ip) {
+            if !candidates.iter().any(|c| c.0 == pod.0) {
+                candidates.push(pod);
+            }
+        }
+    }
+    let named = candidates
+        .iter()
+        .find(|(key, _)| key.namespace.as_str() == query.namespace && names_pod(query.id, key));
+    let (key, pod) = match (named, candidates.as_slice()) {
+        (Some(pod), _) => *pod,
+        (None, [only]) => *only,
+        _ => return None,
+    };
+
+    let mut targets = Vec::new();
+    for (service_key, service) in view.in_namespace(key.namespace.as_str()) {
+        let selector = &service.attributes.selector;
+        if selector.is_empty() || !selector.iter().all(|(k, v)| pod.labels.get(k) == Some(v)) {
+            continue;
+        }
+        let mut seen: Vec<(u16, Protocol)> = Vec::new();
+        let ports = service.attributes.target_ports.iter();
+        for (target, port) in ports.zip(&service.service.ports) {
+            let number = match &target.target {
+                TargetPort::Number(n) => *n,
+                TargetPort::Name(name) => {
+                    match pod.named_ports.iter().find(|(n, _)| **n == **name) {
+                        Some((_, number)) => *number,
+                        None => continue,
+                    }
+                }
+            };
+            if seen.contains(&(number, port.protocol)) {
+                continue;
+            }
+            seen.push((number, port.protocol));
+            targets.push(ServiceTarget {
+                service: service_key.clone(),
+                port: target.port,
+                target_port: number,
+            });
+        }
+    }
+
+    let node = pod.node_name.as_deref();
+    let locality = pod_locality(&pod.labels)
+        .or_else(|| {
+            node.and_then(|n| pods.nodes.get(n))
+                .map(|n| n.locality.clone())
+        })
+        .unwrap_or_default();
+    let network = pod
+        .labels
+        .get(LABEL_NETWORK)
+        .or(pods.default_network.as_ref())
+        .map(NetworkId::new)
+        .unwrap_or_default();
+    let mut labels = pod.labels.clone();
+    add_topology_labels(&mut labels, &locality, &config.cluster_id, node, &network);
+    Some(WorkloadInstance {
+        name: key.name.to_string(),
+        namespace: key.namespace.clone(),
+        cluster_id: config.cluster_id.clone(),
+        labels,
+        locality,
+        service_account: pod
+            .service_account
+            .as_deref()
+            .map(|sa| spiffe_id(&config.trust_domain, key.namespace.as_str(), sa)),
+        targets,
+    })
+}
+
+/// Whether a proxy id `<pod>.<namespace>` names this pod.
+fn names_pod(id: &str, pod: &ObjectKey) -> bool {
+    id.strip_suffix(pod.namespace.as_str())
+        .and_then(|rest| rest.strip_suffix('.'))
+        == Some(&*pod.name)
 }
 
 /// What a slice endpoint points at, for the reverse indexes.
@@ -764,5 +1041,221 @@ mod tests {
         assert!(flush.changed.is_empty() && flush.endpoints.is_empty());
         s.apply(Update::Service(k("ns", "hidden"), None));
         assert_eq!(s.flush().deleted.len(), 1);
+    }
+
+    /// A pod `name` in `ns` at `ip` with `labels` and a container port `web` = 9081.
+    fn workload_pod(ns: &str, name: &str, ip: &str, labels: &[(&str, &str)]) -> PodInfo {
+        let mut p = pod(ns, name, "unused", ip, "n1");
+        p.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        p.spec.as_mut().unwrap().containers[0].ports =
+            Some(vec![k8s_openapi::api::core::v1::ContainerPort {
+                name: Some("web".into()),
+                container_port: 9081,
+                ..Default::default()
+            }]);
+        // Not ready: what matters is that it exists, not that a slice lists it.
+        p.status.as_mut().unwrap().conditions =
+            Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                ..Default::default()
+            }]);
+        convert_pod(&p).unwrap().unwrap()
+    }
+
+    /// Service `name` in `ns` selecting `app=<app>`, with (port name, port, targetPort)
+    /// ports; a target that does not parse as a number is a named port.
+    fn selecting_service(
+        s: &mut ClusterState,
+        ns: &str,
+        name: &str,
+        app: &str,
+        ports: &[(&str, i32, &str)],
+    ) {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let plain: Vec<(&str, i32)> = ports.iter().map(|(n, p, _)| (*n, *p)).collect();
+        let mut svc = service(ns, name, "10.0.0.1", &plain);
+        let spec = svc.spec.as_mut().unwrap();
+        spec.selector = Some([("app".to_string(), app.to_string())].into());
+        for (port, (_, _, target)) in spec.ports.as_mut().unwrap().iter_mut().zip(ports) {
+            port.target_port = Some(match target.parse::<i32>() {
+                Ok(n) => IntOrString::Int(n),
+                Err(_) => IntOrString::String(target.to_string()),
+            });
+        }
+        let converted = convert_service(&svc, &s.config).unwrap();
+        s.apply(Update::Service(k(ns, name), Some(converted)));
+    }
+
+    fn find(s: &ClusterState, ips: &[&str], id: &str, ns: &str) -> Option<WorkloadInstance> {
+        let ips: Vec<IpAddr> = ips.iter().map(|ip| ip.parse().unwrap()).collect();
+        let pods = PodView {
+            pods: s.pods_by_ip.clone(),
+            nodes: s.nodes.clone(),
+            default_network: s.default_network().cloned(),
+        };
+        find_workload(
+            &s.config,
+            &s.published,
+            &pods,
+            &WorkloadQuery {
+                ips: &ips,
+                id,
+                namespace: ns,
+                cluster: None,
+            },
+        )
+    }
+
+    fn targets(w: &WorkloadInstance) -> Vec<(String, u16, u16)> {
+        w.targets
+            .iter()
+            .map(|t| (t.service.hostname.to_string(), t.port, t.target_port))
+            .collect()
+    }
+
+    #[test]
+    fn a_pod_is_served_by_the_services_selecting_it_with_target_ports_resolved() {
+        let mut s = state();
+        s.apply(Update::Node(
+            k("", "n1"),
+            Some(convert_node(&node("n1", "r1", "z1"))),
+        ));
+        selecting_service(
+            &mut s,
+            "ns",
+            "reviews",
+            "reviews",
+            // A named target, a numeric one, a name the pod lacks, and a port landing
+            // on the same target port and protocol as the first (kept once).
+            &[
+                ("http", 9080, "web"),
+                ("grpc", 7070, "7071"),
+                ("http-admin", 15000, "admin"),
+                ("http-alt", 8080, "9081"),
+            ],
+        );
+        selecting_service(&mut s, "ns", "other", "other", &[("http", 80, "80")]);
+        // The same selector in another namespace does not select the pod.
+        selecting_service(
+            &mut s,
+            "elsewhere",
+            "reviews",
+            "reviews",
+            &[("http", 80, "80")],
+        );
+        s.apply(Update::Pod(
+            k("ns", "reviews-1"),
+            Some(workload_pod(
+                "ns",
+                "reviews-1",
+                "10.1.0.5",
+                &[("app", "reviews")],
+            )),
+        ));
+        s.flush();
+
+        let w = find(&s, &["10.1.0.5"], "reviews-1.ns", "ns").expect("the pod");
+        assert_eq!(
+            targets(&w),
+            vec![
+                ("reviews.ns.svc.cluster.local".to_string(), 9080, 9081),
+                ("reviews.ns.svc.cluster.local".to_string(), 7070, 7071),
+            ]
+        );
+        assert_eq!((w.name.as_str(), w.namespace.as_str()), ("reviews-1", "ns"));
+        assert_eq!(w.cluster_id.as_str(), "c1");
+        assert_eq!(w.labels["app"], "reviews");
+        assert_eq!(w.labels[LABEL_ZONE], "z1", "topology from the node");
+        assert_eq!(w.labels[LABEL_CLUSTER], "c1");
+        assert_eq!(w.labels[LABEL_HOSTNAME], "n1");
+        assert_eq!(w.locality.to_string(), "r1/z1/");
+        assert_eq!(
+            w.service_account.as_deref(),
+            Some("spiffe://cluster.local/ns/ns/sa/unused")
+        );
+        // Found by IP whatever the id says; unknown IPs find nothing.
+        assert!(find(&s, &["10.1.0.5"], "whatever", "ns").is_some());
+        assert!(find(&s, &["10.9.9.9"], "reviews-1.ns", "ns").is_none());
+    }
+
+    #[test]
+    fn a_pod_whose_labels_no_service_selects_has_no_targets() {
+        let mut s = state();
+        selecting_service(&mut s, "ns", "reviews", "reviews", &[("http", 80, "80")]);
+        s.apply(Update::Pod(
+            k("ns", "lonely"),
+            Some(workload_pod(
+                "ns",
+                "lonely",
+                "10.1.0.6",
+                &[("app", "lonely")],
+            )),
+        ));
+        s.flush();
+        let w = find(&s, &["10.1.0.6"], "lonely.ns", "ns").unwrap();
+        assert!(w.targets.is_empty());
+        assert_eq!(w.labels["app"], "lonely");
+    }
+
+    #[test]
+    fn pods_sharing_an_ip_are_told_apart_by_the_proxy_id() {
+        let mut s = state();
+        for name in ["a", "b"] {
+            s.apply(Update::Pod(
+                k("ns", name),
+                Some(workload_pod("ns", name, "10.1.0.7", &[("app", name)])),
+            ));
+        }
+        s.flush();
+        let found = |id: &str, ns: &str| find(&s, &["10.1.0.7"], id, ns).map(|w| w.name);
+        assert_eq!(found("b.ns", "ns").as_deref(), Some("b"));
+        assert_eq!(found("a.ns", "ns").as_deref(), Some("a"));
+        assert_eq!(
+            found("b.ns", "other"),
+            None,
+            "the id must match the namespace"
+        );
+        assert_eq!(found("c.ns", "ns"), None, "ambiguous: no pod");
+    }
+
+    #[test]
+    fn pod_changes_publish_the_pod_view_and_name_the_pod() {
+        let mut s = state();
+        s.flush();
+        let p = |labels: &[(&str, &str)]| workload_pod("ns", "p", "10.1.0.8", labels);
+        s.apply(Update::Pod(k("ns", "p"), Some(p(&[("app", "a")]))));
+        let flush = s.flush();
+        assert!(flush.pods.is_some());
+        let ip: IpAddr = "10.1.0.8".parse().unwrap();
+        assert_eq!(
+            flush.changed_pods,
+            vec![PodChange {
+                key: k("ns", "p"),
+                before: vec![],
+                now: vec![ip],
+            }]
+        );
+        // The same pod again: nothing.
+        s.apply(Update::Pod(k("ns", "p"), Some(p(&[("app", "a")]))));
+        let idle = s.flush();
+        assert!(idle.pods.is_none() && idle.changed_pods.is_empty());
+        // A label change, then deletion.
+        s.apply(Update::Pod(k("ns", "p"), Some(p(&[("app", "b")]))));
+        let flush = s.flush();
+        let published = flush.pods.unwrap();
+        assert_eq!(published.pods.get(&ip)[0].1.labels["app"], "b");
+        assert_eq!(flush.changed_pods[0].before, vec![ip]);
+        s.apply(Update::Pod(k("ns", "p"), None));
+        let flush = s.flush();
+        assert!(flush.pods.unwrap().pods.get(&ip).is_empty());
+        assert_eq!(flush.changed_pods[0].now, Vec::<IpAddr>::new());
+        // The earlier published view is untouched (copy on write).
+        assert_eq!(published.pods.get(&ip).len(), 1);
     }
 }

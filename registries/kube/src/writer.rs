@@ -331,6 +331,9 @@ impl Writer {
         if let Some(view) = flush.view {
             self.registry.view.store(view);
         }
+        if let Some(pods) = flush.pods {
+            self.registry.pods.store(pods);
+        }
         for key in &flush.deleted {
             self.sink.service_deleted(&self.shard, key);
         }
@@ -340,6 +343,14 @@ impl Writer {
         }
         if view_changed {
             self.announce_gateways();
+        }
+        // A proxy running as a changed pod gets new labels and inbound config (Istio
+        // pushes to that proxy; the request names the pods).
+        let pods = self.registry.pods_changed(&flush.changed_pods);
+        if !pods.is_empty() {
+            debug!(shard = %self.shard, pods = pods.len(), "proxies' pods changed");
+            self.sink
+                .push(PushRequest::full(TriggerReason::Proxy, pods));
         }
     }
 

@@ -1,0 +1,235 @@
+//! Compiles the protobuf descriptors that `/debug/config_dump` renders with.
+//!
+//! The config dump shows what a proxy was sent as Envoy's admin `ConfigDump` in proto3
+//! JSON, and nested `Any`s (the connection manager inside a listener's filter chain, TLS
+//! transport sockets, ...) can only be expanded with the descriptors of their types.
+//! envoy-types ships its `.proto` sources but exposes no descriptor set, so this script
+//! finds those sources and compiles only the files the generators can emit (imports
+//! follow transitively) with protox, a pure-Rust compiler: no system `protoc`.
+//!
+//! Where the sources are looked for, first hit wins:
+//! 1. `$MESHFED_ENVOY_PROTO_DIR` (the `proto/` directory of an envoy-types checkout);
+//! 2. `vendor/envoy-types/proto` or `vendor/envoy-types-<version>/proto` (`cargo vendor`);
+//! 3. the cargo registry sources (`$CARGO_HOME`, else `~/.cargo`) of the envoy-types
+//!    version locked in `Cargo.lock`.
+//!
+//! Cargo is deliberately not asked (`cargo metadata`): a build script that calls cargo
+//! can wait forever on the lock the outer build holds.
+//!
+//! When nothing is found the build still succeeds with a warning: the descriptor file is
+//! left empty and `/debug/config_dump` answers 503 with the reason.
+
+use std::path::{Path, PathBuf};
+use std::{env, fs};
+
+/// Files compiled, relative to envoy-types' `proto/data-plane-api`: the admin dump
+/// envelopes, the four resource types, and every extension type the generators pack
+/// into an `Any` (grep `src/generate` for `pack(`, `any(` and `type_url`).
+const ENTRY_FILES: &[&str] = &[
+    "envoy/admin/v3/config_dump_shared.proto",
+    "envoy/config/cluster/v3/cluster.proto",
+    "envoy/config/endpoint/v3/endpoint.proto",
+    "envoy/config/listener/v3/listener.proto",
+    "envoy/config/route/v3/route.proto",
+    "envoy/extensions/filters/http/cors/v3/cors.proto",
+    "envoy/extensions/filters/http/fault/v3/fault.proto",
+    "envoy/extensions/filters/http/router/v3/router.proto",
+    "envoy/extensions/filters/listener/original_dst/v3/original_dst.proto",
+    "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
+    "envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto",
+    "envoy/extensions/filters/network/tcp_proxy/v3/tcp_proxy.proto",
+    "envoy/extensions/retry/host/previous_hosts/v3/previous_hosts.proto",
+    "envoy/extensions/retry/priority/previous_priorities/v3/previous_priorities_config.proto",
+    "envoy/extensions/transport_sockets/raw_buffer/v3/raw_buffer.proto",
+    "envoy/extensions/transport_sockets/tls/v3/secret.proto",
+    "envoy/extensions/transport_sockets/tls/v3/tls.proto",
+    "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
+];
+
+/// Import roots inside envoy-types' `proto/` directory.
+const INCLUDE_ROOTS: &[&str] = &[
+    "data-plane-api",
+    "xds",
+    "protoc-gen-validate",
+    "googleapis",
+    "cel-spec/proto",
+    "opentelemetry-proto",
+    "client_model",
+];
+
+/// A stand-in message for an `Any` whose type has no descriptor here. The renderer
+/// swaps such an `Any` for this one, then rewrites the JSON to `{"@type", "value"}`.
+/// Kept in sync with `src/admin/config_dump.rs`.
+const OPAQUE_ANY_PROTO: &str = r#"syntax = "proto3";
+package meshfed.admin.v1;
+message OpaqueAny {
+  string type_url = 1;
+  bytes value = 2;
+}
+"#;
+
+const OUTPUT: &str = "config_dump_descriptors.bin";
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=Cargo.lock");
+    println!("cargo:rerun-if-env-changed=MESHFED_ENVOY_PROTO_DIR");
+    println!("cargo:rerun-if-env-changed=CARGO_HOME");
+
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR"));
+    let started = std::time::Instant::now();
+    let descriptors = find_proto_dir(&manifest_dir)
+        .and_then(|dir| compile(&dir, &out_dir).map(|bytes| (dir, bytes)));
+    let bytes = match descriptors {
+        Ok((dir, bytes)) => {
+            if env::var_os("MESHFED_BUILD_TIMING").is_some() {
+                println!(
+                    "cargo:warning=config_dump descriptors: {} bytes from {} in {:?}",
+                    bytes.len(),
+                    dir.display(),
+                    started.elapsed()
+                );
+            }
+            bytes
+        }
+        Err(reason) => {
+            let reason = reason.replace(['\n', '\r'], " ");
+            println!(
+                "cargo:warning=/debug/config_dump will answer 503: {reason} (set MESHFED_ENVOY_PROTO_DIR to envoy-types' proto/ directory)"
+            );
+            println!("cargo:rustc-env=MESHFED_CONFIG_DUMP_UNAVAILABLE={reason}");
+            Vec::new()
+        }
+    };
+    fs::write(out_dir.join(OUTPUT), bytes).expect("write the descriptor set to OUT_DIR");
+}
+
+/// The envoy-types `proto/` directory to compile from.
+fn find_proto_dir(manifest_dir: &Path) -> Result<PathBuf, String> {
+    if let Some(dir) = env::var_os("MESHFED_ENVOY_PROTO_DIR") {
+        let dir = PathBuf::from(dir);
+        return if has_sources(&dir) {
+            Ok(dir)
+        } else {
+            Err(format!(
+                "MESHFED_ENVOY_PROTO_DIR={} holds no data-plane-api/{}",
+                dir.display(),
+                ENTRY_FILES[0]
+            ))
+        };
+    }
+    let version = locked_version(&manifest_dir.join("Cargo.lock"));
+    let mut candidates = vec![manifest_dir.join("vendor/envoy-types/proto")];
+    if let Some(v) = &version {
+        candidates.push(manifest_dir.join(format!("vendor/envoy-types-{v}/proto")));
+    }
+    let cargo_home = env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    let mut registry_dirs: Vec<PathBuf> = Vec::new();
+    if let Some(home) = &cargo_home {
+        // One directory per registry index (crates.io's is `index.crates.io-<hash>`).
+        if let Ok(entries) = fs::read_dir(home.join("registry/src")) {
+            registry_dirs.extend(entries.flatten().map(|e| e.path()));
+        }
+    }
+    registry_dirs.sort();
+    match &version {
+        Some(v) => candidates.extend(
+            registry_dirs
+                .iter()
+                .map(|r| r.join(format!("envoy-types-{v}/proto"))),
+        ),
+        // No lock file (e.g. built as a dependency): the newest unpacked envoy-types.
+        None => candidates.extend(newest_unpacked(&registry_dirs)),
+    }
+    if let Some(found) = candidates.iter().find(|c| has_sources(c)) {
+        return Ok(found.clone());
+    }
+    Err(format!(
+        "envoy-types {} .proto sources not found (looked in vendor/ and {})",
+        version.as_deref().unwrap_or("(version not locked)"),
+        cargo_home
+            .map(|h| h.join("registry/src").display().to_string())
+            .unwrap_or_else(|| "no CARGO_HOME or HOME".to_string()),
+    ))
+}
+
+fn has_sources(proto_dir: &Path) -> bool {
+    proto_dir
+        .join("data-plane-api")
+        .join(ENTRY_FILES[0])
+        .is_file()
+}
+
+/// The envoy-types version in `Cargo.lock`, if the lock file names exactly one.
+fn locked_version(lock: &Path) -> Option<String> {
+    let text = fs::read_to_string(lock).ok()?;
+    let mut versions = text.split("[[package]]").filter_map(|block| {
+        let mut lines = block.lines().map(str::trim);
+        lines.find(|l| *l == "name = \"envoy-types\"")?;
+        block
+            .lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix("version = \""))
+            .and_then(|v| v.strip_suffix('"'))
+            .map(str::to_string)
+    });
+    let first = versions.next()?;
+    versions.next().is_none().then_some(first)
+}
+
+/// `envoy-types-<x.y.z>/proto` directories in the registries, newest version first.
+fn newest_unpacked(registry_dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut found: Vec<(Vec<u64>, PathBuf)> = Vec::new();
+    for registry in registry_dirs {
+        let Ok(entries) = fs::read_dir(registry) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(version) = name.strip_prefix("envoy-types-") else {
+                continue;
+            };
+            let Ok(parts) = version
+                .split('.')
+                .map(str::parse)
+                .collect::<Result<Vec<u64>, _>>()
+            else {
+                continue; // a pre-release or something else; skip
+            };
+            found.push((parts, entry.path().join("proto")));
+        }
+    }
+    found.sort_by(|a, b| b.0.cmp(&a.0));
+    found.into_iter().map(|(_, dir)| dir).collect()
+}
+
+/// Compiles [`ENTRY_FILES`] and their imports into an encoded `FileDescriptorSet`.
+fn compile(proto_dir: &Path, out_dir: &Path) -> Result<Vec<u8>, String> {
+    let local = out_dir.join("config_dump_proto");
+    let opaque = local.join("meshfed/admin/v1/opaque_any.proto");
+    fs::create_dir_all(opaque.parent().expect("has a parent"))
+        .and_then(|()| fs::write(&opaque, OPAQUE_ANY_PROTO))
+        .map_err(|e| format!("writing {}: {e}", opaque.display()))?;
+
+    let mut includes: Vec<PathBuf> = INCLUDE_ROOTS
+        .iter()
+        .map(|r| proto_dir.join(r))
+        .filter(|d| d.is_dir())
+        .collect();
+    includes.push(local);
+    let mut compiler = protox::Compiler::new(&includes).map_err(|e| format!("protox: {e}"))?;
+    compiler.include_imports(true).include_source_info(false);
+    compiler
+        .open_files(
+            ENTRY_FILES
+                .iter()
+                .copied()
+                .chain(["meshfed/admin/v1/opaque_any.proto"]),
+        )
+        .map_err(|e| format!("compiling envoy protos from {}: {e}", proto_dir.display()))?;
+    Ok(compiler.encode_file_descriptor_set())
+}
