@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use arc_swap::ArcSwap;
+use meshfed_kube::{KubeConfigStore, KubeConfigStoreConfig};
 use meshfed_registry::config::{
     ConfigObject, ConfigStore, FileConfigStore, MemoryConfigStore, Spec, run_config_dir,
 };
@@ -125,6 +126,9 @@ pub struct DiscoveryConfig {
     pub mock: MockSource,
     /// The Kubernetes registry, when enabled.
     pub kubernetes: Option<KubeSettings>,
+    /// With the Kubernetes registry: also read Istio config (the `networking.istio.io`
+    /// CRDs) from its API server (`--kubeConfigStore`, default on).
+    pub kube_config_store: bool,
     /// The Consul registry, when enabled.
     pub consul: Option<ConsulSettings>,
     /// `--configDir`: Istio config files, watched.
@@ -158,6 +162,7 @@ impl Default for DiscoveryConfig {
             domain: "cluster.local".into(),
             mock: MockSource::Embedded,
             kubernetes: None,
+            kube_config_store: true,
             consul: None,
             config_dir: None,
             mesh_config: None,
@@ -195,12 +200,14 @@ pub struct Server {
     config_stores: ConfigStores,
 }
 
-/// The Istio config stores: one in memory (for the Rust API) and, with `--configDir`,
-/// one fed from files.
+/// The Istio config stores: one in memory (for the Rust API), with `--configDir` one
+/// fed from files, and with the Kubernetes registry one fed from its API server's CRDs
+/// (its writer starts with the registry, once there is a client).
 #[derive(Clone, Debug)]
 struct ConfigStores {
     memory: MemoryConfigStore,
     files: Option<FileConfigStore>,
+    kube: Option<KubeConfigStore>,
 }
 
 impl ConfigStores {
@@ -232,13 +239,33 @@ impl ConfigStores {
                 Some(store)
             }
         };
-        Ok(ConfigStores { memory, files })
+        let kube = match &config.kubernetes {
+            Some(kube) if config.kube_config_store => {
+                let store_config = KubeConfigStoreConfig {
+                    namespaces: kube.namespaces.clone(),
+                    ..KubeConfigStoreConfig::new(config.cluster_id.clone())
+                };
+                Some(
+                    KubeConfigStore::new(store_config, sink.clone())
+                        .context("the Kubernetes config store")?,
+                )
+            }
+            _ => None,
+        };
+        Ok(ConfigStores {
+            memory,
+            files,
+            kube,
+        })
     }
 
     fn all(&self) -> Vec<Arc<dyn ConfigStore>> {
         let mut all: Vec<Arc<dyn ConfigStore>> = vec![Arc::new(self.memory.clone())];
         if let Some(files) = &self.files {
             all.push(Arc::new(files.clone()));
+        }
+        if let Some(kube) = &self.kube {
+            all.push(Arc::new(kube.clone()));
         }
         all
     }
@@ -364,6 +391,7 @@ impl Server {
             secret_controller = start_kube_registry(
                 &config,
                 kube,
+                config_stores.kube.as_ref(),
                 &mesh_settings,
                 &aggregate,
                 &sink,
@@ -515,6 +543,12 @@ impl Server {
         self.config_stores.files.as_ref()
     }
 
+    /// The Kubernetes CRD config store, with the Kubernetes registry (unless turned
+    /// off with `--kubeConfigStore=false`).
+    pub fn kube_config_store(&self) -> Option<&KubeConfigStore> {
+        self.config_stores.kube.as_ref()
+    }
+
     /// Adds an in-memory registry for `cluster` (synced at once) and returns its
     /// handle.
     pub fn add_memory_registry(&self, cluster: impl Into<ClusterId>) -> MemoryRegistry {
@@ -557,11 +591,14 @@ impl Server {
     }
 }
 
-/// Starts the local cluster's registry and, unless turned off, the remote-cluster
-/// secret controller, whose handle (counters, managed clusters) is returned.
+/// Starts the local cluster's registry, the writer of its CRD config store (when there
+/// is one) and, unless turned off, the remote-cluster secret controller, whose handle
+/// (counters, managed clusters) is returned.
+#[allow(clippy::too_many_arguments)]
 async fn start_kube_registry(
     config: &DiscoveryConfig,
     kube: &KubeSettings,
+    config_store: Option<&KubeConfigStore>,
     mesh: &Arc<ArcSwap<MeshSettings>>,
     aggregate: &Arc<Aggregate>,
     sink: &UpdateSink,
@@ -601,6 +638,15 @@ async fn start_kube_registry(
         let _ = writer.await;
     });
     info!(cluster = %config.cluster_id, "Kubernetes registry started; /ready waits for its initial sync");
+    if let Some(store) = config_store {
+        let mut stop = shutdown.clone();
+        tasks.spawn(meshfed_kube::run_kube_config(
+            client.clone(),
+            store.clone(),
+            async move { stop.wait().await },
+        ));
+        info!(cluster = %config.cluster_id, "Kubernetes config store started (networking.istio.io CRDs); /ready waits for its initial lists");
+    }
 
     let Some(namespace) = &kube.remote_secrets.namespace else {
         return Ok(None);

@@ -102,6 +102,11 @@ struct DiscoveryArgs {
     /// all. Refused by default.
     #[arg(long = "allowInsecureKubeconfig", value_delimiter = ',')]
     allow_insecure_kubeconfig: Vec<String>,
+    /// With the Kubernetes registry: also read Istio config (the VirtualService,
+    /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry and Sidecar CRDs of
+    /// networking.istio.io) from its API server. `false` leaves config to --configDir.
+    #[arg(long = "kubeConfigStore", default_value_t = true, action = clap::ArgAction::Set)]
+    kube_config_store: bool,
     /// DNS domain suffix of the cluster.
     #[arg(long = "domain", default_value = "cluster.local")]
     domain: String,
@@ -291,6 +296,7 @@ impl DiscoveryArgs {
             cluster_id: self.cluster_id.as_str().into(),
             mock,
             kubernetes,
+            kube_config_store: self.kube_config_store,
             consul,
             config_dir: self.config_dir,
             debounce: DebounceConfig {

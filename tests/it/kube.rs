@@ -3,10 +3,14 @@
 
 use std::net::SocketAddr;
 
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use meshfed::ads::TypeUrl;
 use meshfed::app::{KubeSettings, KubeSource};
-use meshfed::testing::{AdsClient, FakeServer, node};
-use meshfed_kube::fake_api::{FakeApiServer, objects};
+use meshfed::generate::simulate::{self, Request, RouteOutcome};
+use meshfed::testing::{AdsClient, FakeServer, decode_all, node};
+use meshfed_kube::fake_api::{CustomResource, FakeApiServer, objects};
 
 use crate::support::*;
 
@@ -130,5 +134,177 @@ async fn services_and_endpoint_slices_reach_proxies_and_changes_are_incremental(
     api.delete::<objects::types::Service>(Some("default"), "reviews");
     let clusters = client.recv_clusters().await.unwrap();
     assert!(clusters.iter().all(|c| c.name != CLUSTER));
+    server.shutdown().await;
+}
+
+/// The first route table named `name` in an RDS response, if any.
+fn route_table(routes: &[RouteConfiguration], name: &str) -> Option<RouteConfiguration> {
+    routes.iter().find(|r| r.name == name).cloned()
+}
+
+/// Reads (and ACKs) responses until one of `type_url` satisfies `check`.
+async fn recv_until<M: prost::Message + Default, T>(
+    client: &mut AdsClient,
+    type_url: TypeUrl,
+    mut check: impl FnMut(&[M]) -> Option<T>,
+) -> T {
+    loop {
+        let response = client.recv().await.unwrap();
+        client.ack(&response).await.unwrap();
+        if response.type_url == type_url.as_str()
+            && let Some(found) = check(&decode_all::<M>(&response).unwrap())
+        {
+            return found;
+        }
+    }
+}
+
+#[tokio::test]
+async fn istio_config_from_the_api_server_reaches_proxies_and_rejections_show_in_configz() {
+    const REVIEWS: &str = "reviews.default.svc.cluster.local";
+    const RATINGS: &str = "ratings.default.svc.cluster.local";
+    let api = FakeApiServer::start().await.unwrap();
+    api.install_crds(CustomResource::istio_networking(&[
+        "v1", "v1beta1", "v1alpha3",
+    ]));
+    api.apply(&objects::node("node-1", "r1", "z1"));
+    for (name, vip, ip) in [
+        ("reviews", "10.96.0.7", "10.1.0.1"),
+        ("ratings", "10.96.0.8", "10.1.0.2"),
+    ] {
+        let pod = format!("{name}-1");
+        api.apply(&objects::service("default", name, vip, &[("http", 9080)]));
+        api.apply(&objects::pod("default", &pod, name, ip, "node-1"));
+        api.apply(&objects::slice(
+            "default",
+            &format!("{name}-abc"),
+            name,
+            &[("http", 9080)],
+            &[(ip, &pod)],
+        ));
+    }
+    let server = start(&api).await;
+    let http = server.bound().http;
+    wait_ready(http).await;
+    assert!(
+        server.server().kube_config_store().is_some(),
+        "on by default with Kubernetes"
+    );
+    server.sync().await;
+
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.2.0.1~app.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    let listeners: Vec<Listener> =
+        decode_all(&client.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
+    let route_names: Vec<String> = listeners
+        .iter()
+        .flat_map(|l| meshfed::generate::lds::references(l).1)
+        .collect();
+    assert!(route_names.iter().any(|r| r == "9080"), "{route_names:?}");
+    client.subscribe(TypeUrl::Route, &["9080"]).await.unwrap();
+    let routes: Vec<RouteConfiguration> =
+        decode_all(&client.recv_type(TypeUrl::Route).await.unwrap()).unwrap();
+    let to_reviews = Request::new("reviews", 9080, "/");
+    assert_eq!(
+        simulate::route(&route_table(&routes, "9080").unwrap(), &to_reviews).unwrap(),
+        RouteOutcome::Cluster(format!("outbound|9080||{REVIEWS}"))
+    );
+
+    // A VirtualService written to the API server (in v1beta1) sends reviews' traffic to
+    // ratings.
+    api.apply_custom(&objects::istio(
+        "v1beta1",
+        "VirtualService",
+        "default",
+        "reviews",
+        serde_json::json!({"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "ratings"}}]}]}),
+    ));
+    let want = RouteOutcome::Cluster(format!("outbound|9080||{RATINGS}"));
+    recv_until(
+        &mut client,
+        TypeUrl::Route,
+        |routes: &[RouteConfiguration]| {
+            let table = route_table(routes, "9080")?;
+            (simulate::route(&table, &to_reviews).ok()? == want).then_some(())
+        },
+    )
+    .await;
+
+    // A ServiceEntry from the API server reaches the ServiceEntry registry: a cluster.
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    api.apply_custom(&objects::istio(
+        "v1",
+        "ServiceEntry",
+        "default",
+        "external",
+        serde_json::json!({
+            "hosts": ["api.example.com"],
+            "ports": [{"number": 443, "name": "tls", "protocol": "TLS"}],
+            "resolution": "DNS",
+            "location": "MESH_EXTERNAL",
+        }),
+    ));
+    recv_until(&mut client, TypeUrl::Cluster, |clusters: &[Cluster]| {
+        clusters
+            .iter()
+            .any(|c| c.name == "outbound|443||api.example.com")
+            .then_some(())
+    })
+    .await;
+
+    // An invalid DestinationRule is rejected alone and shows in configz with its
+    // namespace, name and field; the VirtualService stays.
+    api.apply_custom(&objects::istio(
+        "v1",
+        "DestinationRule",
+        "default",
+        "reviews-bad",
+        serde_json::json!({"host": "reviews", "subsets": [{"name": ""}]}),
+    ));
+    let rejected = eventually("the rejection in configz", || async move {
+        let configz = get_json(http, "/debug/configz").await;
+        configz["rejected"]
+            .as_array()?
+            .iter()
+            .find(|r| r["name"] == "reviews-bad")
+            .cloned()
+    })
+    .await;
+    assert_eq!(rejected["namespace"], "default");
+    assert_eq!(rejected["kind"], "DestinationRule");
+    assert_eq!(
+        rejected["source"],
+        "kubernetes:Kubernetes/default/reviews-bad"
+    );
+    assert!(
+        rejected["errors"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("spec.subsets[0].name: "),
+        "{rejected}"
+    );
+    let configz = get_json(http, "/debug/configz").await;
+    let objects: Vec<String> = configz["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            format!(
+                "{} {}",
+                o["kind"].as_str().unwrap(),
+                o["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        objects,
+        ["ServiceEntry external", "VirtualService reviews"],
+        "the valid objects apply"
+    );
     server.shutdown().await;
 }

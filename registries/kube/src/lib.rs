@@ -36,3 +36,5 @@ pub use multicluster::{
     KubeconfigPolicy, MulticlusterConfig, MulticlusterStats, RemoteClusterStatus, SecretController,
 };
 pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind, SyncPhase};
+pub mod crd;
+pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};

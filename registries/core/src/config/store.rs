@@ -55,8 +55,9 @@ fn pushed_as_config(key: &ConfigKey) -> bool {
 }
 
 /// Announces applied changes: moves the generation counter, then pushes the keys
-/// that are pushed as config (if any).
-pub(crate) fn announce(
+/// that are pushed as config (if any). Public for stores kept in other crates (the
+/// Kubernetes CRD store), which must announce the same way.
+pub fn announce(
     sink: &UpdateSink,
     changes: &watch::Sender<u64>,
     keys: impl IntoIterator<Item = ConfigKey>,
@@ -94,10 +95,10 @@ impl fmt::Display for RejectedConfig {
 }
 
 /// The objects of a store by id, as a snapshot.
-pub(crate) type Objects = BTreeMap<ObjectId, Arc<ConfigObject>>;
+pub type Objects = BTreeMap<ObjectId, Arc<ConfigObject>>;
 
 /// Lists one kind of a snapshot (already sorted by the map order).
-pub(crate) fn list_kind(objects: &Objects, kind: Kind) -> Vec<Arc<ConfigObject>> {
+pub fn list_kind(objects: &Objects, kind: Kind) -> Vec<Arc<ConfigObject>> {
     objects
         .range(ObjectId::new(kind, "", "")..)
         .take_while(|(id, _)| id.kind == kind)

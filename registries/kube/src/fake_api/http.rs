@@ -12,6 +12,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::custom::{CustomView, NotServed, not_found};
 use super::selector::Selector;
 use super::{ApiState, RecordedRequest, Shared, WatchMsg, WatchSub, event_line};
 
@@ -20,9 +21,11 @@ pub(super) struct ApiPath {
     /// `/api/v1/pods`.
     pub(super) collection: String,
     /// `v1` or `group/version`.
-    api_version: String,
-    namespace: Option<String>,
-    name: Option<String>,
+    pub(super) api_version: String,
+    /// The resource's plural name (`pods`).
+    pub(super) plural: String,
+    pub(super) namespace: Option<String>,
+    pub(super) name: Option<String>,
 }
 
 pub(super) fn collection_path(path: &str) -> Option<ApiPath> {
@@ -46,12 +49,13 @@ pub(super) fn collection_path(path: &str) -> Option<ApiPath> {
     Some(ApiPath {
         collection: format!("{prefix}/{plural}"),
         api_version,
+        plural: plural.to_string(),
         namespace,
         name,
     })
 }
 
-fn status(code: StatusCode, reason: &str, message: String) -> Response {
+pub(super) fn status(code: StatusCode, reason: &str, message: String) -> Response {
     let body = json!({
         "kind": "Status",
         "apiVersion": "v1",
@@ -64,7 +68,7 @@ fn status(code: StatusCode, reason: &str, message: String) -> Response {
     json_response(code, &body)
 }
 
-fn json_response(code: StatusCode, body: &Value) -> Response {
+pub(super) fn json_response(code: StatusCode, body: &Value) -> Response {
     Response::builder()
         .status(code)
         .header(header::CONTENT_TYPE, "application/json")
@@ -94,12 +98,19 @@ pub(super) async fn handle(
             format!("the fake API server only serves GET, not {method}"),
         );
     }
-    let Some(path) = collection_path(&request.path) else {
+    if let Some(document) = state.discovery(&request.path) {
+        return document;
+    }
+    let Some(mut path) = collection_path(&request.path) else {
         return status(
             StatusCode::NOT_FOUND,
             "NotFound",
             format!("no resource at {}", request.path),
         );
+    };
+    let custom = match state.resolve_custom(&mut path) {
+        Ok(custom) => custom,
+        Err(NotServed) => return not_found(),
     };
     let selector = match Selector::parse(&request.query) {
         Ok(selector) => selector,
@@ -112,7 +123,10 @@ pub(super) async fn handle(
             .get(&path.collection)
             .and_then(|c| c.objects.get(&key))
         {
-            Some(obj) => json_response(StatusCode::OK, obj),
+            Some(obj) => match &custom {
+                Some(view) => json_response(StatusCode::OK, &view.present(obj)),
+                None => json_response(StatusCode::OK, obj),
+            },
             None => status(
                 StatusCode::NOT_FOUND,
                 "NotFound",
@@ -121,15 +135,16 @@ pub(super) async fn handle(
         };
     }
     if request.is_watch() {
-        watch(&mut state, path, selector, &request.query)
+        watch(&mut state, path, custom, selector, &request.query)
     } else {
-        list(&state, &path, &selector, &request.query)
+        list(&state, &path, custom.as_ref(), &selector, &request.query)
     }
 }
 
 fn list(
     state: &ApiState,
     path: &ApiPath,
+    custom: Option<&CustomView>,
     selector: &Selector,
     query: &BTreeMap<String, String>,
 ) -> Response {
@@ -181,9 +196,16 @@ fn list(
             more = Some(format!("{rv}/{last_ns}/{last_name}"));
             break;
         }
-        items.push(((ns.clone(), name.clone()), obj.clone()));
+        let obj = match custom {
+            Some(view) => view.present(obj),
+            None => obj.clone(),
+        };
+        items.push(((ns.clone(), name.clone()), obj));
     }
-    let kind = collection.map(|c| c.kind.as_str()).unwrap_or("");
+    let kind = match custom {
+        Some(view) => view.kind.as_str(),
+        None => collection.map(|c| c.kind.as_str()).unwrap_or(""),
+    };
     let mut metadata = json!({ "resourceVersion": rv.to_string() });
     if let Some(token) = more {
         metadata["continue"] = json!(token);
@@ -200,14 +222,18 @@ fn list(
 fn watch(
     state: &mut ApiState,
     path: ApiPath,
+    custom: Option<CustomView>,
     selector: Selector,
     query: &BTreeMap<String, String>,
 ) -> Response {
     let (tx, rx) = mpsc::unbounded_channel();
     let collection = state.collections.get(&path.collection);
-    let (api_version, kind) = collection
-        .map(|c| (c.api_version.clone(), c.kind.clone()))
-        .unwrap_or_else(|| (path.api_version.clone(), String::new()));
+    let (api_version, kind) = match &custom {
+        Some(view) => (view.api_version.clone(), view.kind.clone()),
+        None => collection
+            .map(|c| (c.api_version.clone(), c.kind.clone()))
+            .unwrap_or_else(|| (path.api_version.clone(), String::new())),
+    };
     let sub = WatchSub {
         collection: path.collection.clone(),
         namespace: path.namespace.clone(),
@@ -215,6 +241,7 @@ fn watch(
         bookmarks: query.get("allowWatchBookmarks").map(String::as_str) == Some("true"),
         api_version,
         kind,
+        custom,
         tx,
     };
     let from = query
@@ -227,7 +254,7 @@ fn watch(
             for ((ns, _), obj) in collection.into_iter().flat_map(|c| c.objects.iter()) {
                 if sub.namespace.as_ref().is_none_or(|want| want == ns) && sub.selector.matches(obj)
                 {
-                    let _ = sub.tx.send(WatchMsg::Line(event_line("ADDED", obj)));
+                    let _ = sub.tx.send(WatchMsg::Line(sub.line("ADDED", obj)));
                 }
             }
         }

@@ -11,6 +11,13 @@
 //! `fieldSelector`/`labelSelector` support `=`, `==`, `!=` (and label existence), with
 //! the API server's rule that an object leaving the selection is a `DELETED` event.
 //!
+//! Custom resources (Istio's CRDs) are served as plain JSON once a test installs their
+//! type with [`FakeApiServer::install_crd`]: the same LIST/WATCH semantics under every
+//! served version, plus the discovery documents `/apis/<group>` (APIGroup, with the
+//! preferred version) and `/apis/<group>/<version>` (APIResourceList); see
+//! [`CustomResource`]. Their objects are written with [`FakeApiServer::apply_custom`]
+//! and [`FakeApiServer::delete_custom`].
+//!
 //! The test drives it directly: [`FakeApiServer::apply`] / [`FakeApiServer::delete`]
 //! change objects (bumping one global resourceVersion, as etcd does),
 //! [`FakeApiServer::drop_watches`] cuts every watch connection,
@@ -34,11 +41,15 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot};
 
+use self::custom::CustomView;
 use self::selector::Selector;
 
+mod custom;
 mod http;
 pub mod objects;
 mod selector;
+
+pub use custom::CustomResource;
 
 /// One request the server received.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -89,6 +100,8 @@ struct ApiState {
     history: VecDeque<Arc<Change>>,
     watches: Vec<WatchSub>,
     requests: Vec<RecordedRequest>,
+    /// Installed custom resource types.
+    crds: Vec<CustomResource>,
 }
 
 impl Default for ApiState {
@@ -100,6 +113,7 @@ impl Default for ApiState {
             history: VecDeque::new(),
             watches: Vec::new(),
             requests: Vec::new(),
+            crds: Vec::new(),
         }
     }
 }
@@ -149,6 +163,8 @@ struct WatchSub {
     bookmarks: bool,
     api_version: String,
     kind: String,
+    /// For a custom resource: the version its objects are shown in.
+    custom: Option<CustomView>,
     tx: mpsc::UnboundedSender<WatchMsg>,
 }
 
@@ -251,47 +267,13 @@ impl FakeApiServer {
         let mut value = serde_json::to_value(obj).expect("k8s objects serialise");
         value["apiVersion"] = json!(K::api_version(&()));
         value["kind"] = json!(K::kind(&()));
-        let collection = collection_of::<K>();
         let mut state = self.lock();
-        state.rv += 1;
-        let rv = state.rv;
-        let entry = state.collections.entry(collection.clone()).or_default();
-        entry.api_version = K::api_version(&()).to_string();
-        entry.kind = K::kind(&()).to_string();
-        let key = (namespace.clone(), name);
-        let old = entry.objects.get(&key).cloned();
-        let metadata = &mut value["metadata"];
-        metadata["resourceVersion"] = json!(rv.to_string());
-        if metadata.get("uid").is_none_or(Value::is_null) {
-            let uid = old
-                .as_ref()
-                .and_then(|o| o["metadata"]["uid"].as_str().map(str::to_string))
-                .unwrap_or_else(|| format!("uid-{rv}"));
-            metadata["uid"] = json!(uid);
-        }
-        if metadata.get("creationTimestamp").is_none_or(Value::is_null) {
-            let created = old
-                .as_ref()
-                .map(|o| o["metadata"]["creationTimestamp"].clone())
-                .filter(|t| !t.is_null())
-                .unwrap_or_else(|| json!(now_rfc3339()));
-            metadata["creationTimestamp"] = created;
-        }
-        entry.objects.insert(key, value.clone());
-        let kind = if old.is_some() {
-            ChangeType::Modified
-        } else {
-            ChangeType::Added
-        };
-        state.record(Change {
-            rv,
-            collection,
-            namespace,
-            kind,
-            old,
-            new: value,
-        });
-        rv
+        state.store(
+            collection_of::<K>(),
+            (K::api_version(&()).to_string(), K::kind(&()).to_string()),
+            (namespace, name),
+            value,
+        )
     }
 
     /// Deletes an object (DELETED, carrying its last state at a new resourceVersion).
@@ -301,27 +283,101 @@ impl FakeApiServer {
         namespace: Option<&str>,
         name: &str,
     ) -> Option<u64> {
-        let collection = collection_of::<K>();
-        let mut state = self.lock();
         let key = (namespace.unwrap_or("").to_string(), name.to_string());
-        let old = state
-            .collections
-            .get_mut(&collection)?
-            .objects
-            .remove(&key)?;
-        state.rv += 1;
-        let rv = state.rv;
-        let mut last = old.clone();
-        last["metadata"]["resourceVersion"] = json!(rv.to_string());
-        state.record(Change {
-            rv,
+        self.lock().remove(&collection_of::<K>(), key)
+    }
+
+    /// Installs a custom resource type (as creating its CRD does), or replaces the
+    /// served versions of an installed one. Objects already stored stay.
+    pub fn install_crd(&self, crd: CustomResource) {
+        let mut state = self.lock();
+        state
+            .crds
+            .retain(|c| !(c.group == crd.group && c.plural == crd.plural));
+        state.crds.push(crd);
+    }
+
+    /// Installs every resource of `crds` ([`CustomResource::istio_networking`]).
+    pub fn install_crds(&self, crds: impl IntoIterator<Item = CustomResource>) {
+        for crd in crds {
+            self.install_crd(crd);
+        }
+    }
+
+    /// Creates or replaces a custom object given as JSON (`apiVersion`, `kind`,
+    /// `metadata`, ...), like [`FakeApiServer::apply`]; it is served in every version
+    /// of its type. Returns the new resourceVersion.
+    ///
+    /// Panics when its type is not installed in the object's version, or on an object
+    /// without `metadata.name` (test bugs; the API server would refuse both).
+    pub fn apply_custom(&self, obj: &Value) -> u64 {
+        let api_version = obj["apiVersion"].as_str().unwrap_or_default();
+        let kind = obj["kind"].as_str().unwrap_or_default();
+        let (group, version) = api_version
+            .split_once('/')
+            .expect("custom objects have apiVersion group/version");
+        let name = obj["metadata"]["name"]
+            .as_str()
+            .expect("objects need metadata.name")
+            .to_string();
+        let mut state = self.lock();
+        let crd = state
+            .custom_by_kind(group, kind)
+            .filter(|crd| crd.versions.iter().any(|v| v == version))
+            .unwrap_or_else(|| panic!("{kind} {api_version} is not installed"));
+        let namespace = if crd.namespaced {
+            obj["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default")
+                .to_string()
+        } else {
+            String::new()
+        };
+        let collection = crd.collection();
+        let mut value = obj.clone();
+        if crd.namespaced {
+            value["metadata"]["namespace"] = json!(namespace);
+        }
+        state.store(
             collection,
-            namespace: key.0,
-            kind: ChangeType::Deleted,
-            old: Some(old),
-            new: last,
-        });
-        Some(rv)
+            (api_version.to_string(), kind.to_string()),
+            (namespace, name),
+            value,
+        )
+    }
+
+    /// Deletes a custom object of `kind` in `group` (an empty namespace for a
+    /// cluster-scoped one). Returns the new resourceVersion, or `None` if there was no
+    /// such object (or type).
+    pub fn delete_custom(
+        &self,
+        group: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<u64> {
+        let mut state = self.lock();
+        let collection = state.custom_by_kind(group, kind)?.collection();
+        state.remove(&collection, (namespace.to_string(), name.to_string()))
+    }
+
+    /// The stored custom object of `kind` in `group`, with the `apiVersion` it was
+    /// last written with.
+    pub fn get_custom(
+        &self,
+        group: &str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Value> {
+        let state = self.lock();
+        let collection = state.custom_by_kind(group, kind)?.collection();
+        state
+            .collections
+            .get(&collection)?
+            .objects
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
     }
 
     /// The stored object, as a client would read it.
@@ -431,6 +487,74 @@ impl Drop for FakeApiServer {
 }
 
 impl ApiState {
+    /// Stores `value` under `key` in `collection` at a new resourceVersion (setting
+    /// `uid` and `creationTimestamp` on create) and records the change.
+    fn store(
+        &mut self,
+        collection: String,
+        (api_version, kind): (String, String),
+        key: (String, String),
+        mut value: Value,
+    ) -> u64 {
+        self.rv += 1;
+        let rv = self.rv;
+        let entry = self.collections.entry(collection.clone()).or_default();
+        entry.api_version = api_version;
+        entry.kind = kind;
+        let old = entry.objects.get(&key).cloned();
+        let metadata = &mut value["metadata"];
+        metadata["resourceVersion"] = json!(rv.to_string());
+        if metadata.get("uid").is_none_or(Value::is_null) {
+            let uid = old
+                .as_ref()
+                .and_then(|o| o["metadata"]["uid"].as_str().map(str::to_string))
+                .unwrap_or_else(|| format!("uid-{rv}"));
+            metadata["uid"] = json!(uid);
+        }
+        if metadata.get("creationTimestamp").is_none_or(Value::is_null) {
+            let created = old
+                .as_ref()
+                .map(|o| o["metadata"]["creationTimestamp"].clone())
+                .filter(|t| !t.is_null())
+                .unwrap_or_else(|| json!(now_rfc3339()));
+            metadata["creationTimestamp"] = created;
+        }
+        let namespace = key.0.clone();
+        entry.objects.insert(key, value.clone());
+        let kind = if old.is_some() {
+            ChangeType::Modified
+        } else {
+            ChangeType::Added
+        };
+        self.record(Change {
+            rv,
+            collection,
+            namespace,
+            kind,
+            old,
+            new: value,
+        });
+        rv
+    }
+
+    /// Removes the object under `key` from `collection` at a new resourceVersion.
+    fn remove(&mut self, collection: &str, key: (String, String)) -> Option<u64> {
+        let old = self.collections.get_mut(collection)?.objects.remove(&key)?;
+        self.rv += 1;
+        let rv = self.rv;
+        let mut last = old.clone();
+        last["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.record(Change {
+            rv,
+            collection: collection.to_string(),
+            namespace: key.0,
+            kind: ChangeType::Deleted,
+            old: Some(old),
+            new: last,
+        });
+        Some(rv)
+    }
+
     fn record(&mut self, change: Change) {
         let change = Arc::new(change);
         self.watches.retain(|w| match w.event_for(&change) {
@@ -473,7 +597,16 @@ impl WatchSub {
             }
             (_, false, false) => return None,
         };
-        Some(event_line(kind, &object))
+        Some(self.line(kind, &object))
+    }
+
+    /// The event line for `object`, shown in this watch's version for a custom
+    /// resource.
+    fn line(&self, kind: &str, object: &Value) -> Bytes {
+        match &self.custom {
+            Some(view) => event_line(kind, &view.present(object)),
+            None => event_line(kind, object),
+        }
     }
 }
 

@@ -205,3 +205,20 @@ pub fn slice(
             .collect(),
     }
 }
+
+/// A `networking.istio.io/<version>` object of `kind` (VirtualService, ...) as JSON, for
+/// [`FakeApiServer::apply_custom`](super::FakeApiServer::apply_custom).
+pub fn istio(
+    version: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    spec: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": format!("networking.istio.io/{version}"),
+        "kind": kind,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    })
+}

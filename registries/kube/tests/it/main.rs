@@ -1,5 +1,6 @@
 //! The Kubernetes registry against a fake API server over real sockets.
 
+mod crd;
 mod model;
 mod resilience;
 mod support;

@@ -1,0 +1,566 @@
+//! The writer of a [`KubeConfigStore`]: discovery, one watcher per served kind (and
+//! Namespaces for label selectors), conversion, and what gets published and announced.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use futures::stream::{BoxStream, SelectAll, StreamExt};
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use meshfed_registry::config::model::{GROUP, VERSIONS};
+use meshfed_registry::config::store::{Objects, announce};
+use meshfed_registry::config::{
+    ConfigObject, Decoded, FieldError, FieldPath, Kind, ObjectId, RejectedConfig, decode, validate,
+};
+use meshfed_registry::{ClusterId, ConfigKey};
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+use super::{KubeConfigStore, Served, discover, index, plural};
+use crate::registry::EventType;
+
+/// One item from any watcher (boxed: objects can be large).
+enum Incoming {
+    Config(Kind, Box<watcher::Result<Event<DynamicObject>>>),
+    Namespace(Box<watcher::Result<Event<Namespace>>>),
+}
+
+fn watch_kind(client: &kube::Client, kind: Kind, version: &str) -> BoxStream<'static, Incoming> {
+    let resource = ApiResource {
+        group: GROUP.to_string(),
+        version: version.to_string(),
+        api_version: format!("{GROUP}/{version}"),
+        kind: kind.as_str().to_string(),
+        plural: plural(kind).to_string(),
+    };
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .map(move |event| Incoming::Config(kind, Box::new(event)))
+        .boxed()
+}
+
+fn watch_namespaces(client: &kube::Client) -> BoxStream<'static, Incoming> {
+    watcher::watcher(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(|event| Incoming::Namespace(Box::new(event)))
+    .boxed()
+}
+
+/// Delay before the next discovery attempt after `failures` failures in a row: one
+/// second, doubling, at most 30 seconds.
+fn discovery_backoff(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.min(5)).min(Duration::from_secs(30))
+}
+
+/// Feeds `store` from the cluster behind `client` until `shutdown` resolves (what it
+/// does is described in [`crate::crd`]). The store keeps its last content afterwards.
+pub async fn run_kube_config(
+    client: kube::Client,
+    store: KubeConfigStore,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let cluster = store.inner.config.cluster_id.clone();
+    let mut failures = 0;
+    let served = loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            result = discover(&client) => match result {
+                Ok(served) => break served,
+                Err(err) => {
+                    warn!(%cluster, "config store: discovering {GROUP} failed, retrying: {err}");
+                    let delay = discovery_backoff(failures);
+                    failures += 1;
+                    tokio::select! {
+                        () = &mut shutdown => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+            },
+        }
+    };
+
+    let mut incoming: SelectAll<BoxStream<'static, Incoming>> = SelectAll::new();
+    let mut writer = Writer::new(store.clone());
+    writer.start_watches(&client, served, &mut incoming, true);
+    if store.inner.config.needs_namespace_labels() {
+        writer.namespaces_listed = false;
+        incoming.push(watch_namespaces(&client));
+    }
+    writer.flush();
+
+    let mut rediscover = tokio::time::interval(store.inner.config.rediscover_every);
+    rediscover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    rediscover.reset();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = rediscover.tick(), if !writer.missing.is_empty() => {
+                match discover(&client).await {
+                    Ok(served) => writer.start_watches(&client, served, &mut incoming, false),
+                    Err(err) => debug!(%cluster, "config store: rediscovery failed: {err}"),
+                }
+            }
+            item = incoming.next(), if !incoming.is_empty() => match item {
+                Some(Incoming::Config(kind, event)) => writer.on_config_event(kind, *event),
+                Some(Incoming::Namespace(event)) => writer.on_namespace_event(*event),
+                None => {}
+            },
+        }
+    }
+    debug!(%cluster, "config store: stopped");
+}
+
+/// An object as converted during a (re)list or from a watch event.
+struct Converted {
+    id: ObjectId,
+    outcome: std::result::Result<ConfigObject, Rejection>,
+}
+
+/// Why an object was not taken.
+struct Rejection {
+    /// What [`ConfigStore::rejected`](meshfed_registry::config::ConfigStore::rejected) lists.
+    record: RejectedConfig,
+    /// The field of the first error (`spec.hosts[0]`), for structured logs.
+    field: String,
+}
+
+struct Writer {
+    store: KubeConfigStore,
+    /// The last valid version of every object seen, in every namespace.
+    held: Objects,
+    /// Every current rejection, in every namespace.
+    invalid: BTreeMap<ObjectId, RejectedConfig>,
+    /// Namespace labels, when label selectors decide which namespaces count.
+    namespace_labels: HashMap<String, BTreeMap<String, String>>,
+    /// Per kind: objects converted since `Init`, applied at `InitDone` so that a relist
+    /// replaces the kind as a whole (and deletes what it no longer lists).
+    listing: [Option<Vec<Converted>>; 6],
+    /// Namespaces seen since the namespace watcher's `Init`.
+    listing_namespaces: Option<HashMap<String, BTreeMap<String, String>>>,
+    /// Per kind: the first list is in (or the kind is not served), for the sync.
+    listed: [bool; 6],
+    /// Per kind: its watcher completed a list, so the next one is a relist.
+    watcher_listed: [bool; 6],
+    namespaces_listed: bool,
+    /// Kinds the API server did not serve at the last discovery.
+    missing: BTreeSet<Kind>,
+    /// Keys changed and not yet announced (held back until synced).
+    pending: BTreeSet<ConfigKey>,
+    synced: bool,
+}
+
+impl Writer {
+    fn new(store: KubeConfigStore) -> Writer {
+        Writer {
+            store,
+            held: Objects::new(),
+            invalid: BTreeMap::new(),
+            namespace_labels: HashMap::new(),
+            listing: Default::default(),
+            listing_namespaces: None,
+            listed: [false; 6],
+            watcher_listed: [false; 6],
+            namespaces_listed: true,
+            missing: BTreeSet::new(),
+            pending: BTreeSet::new(),
+            synced: false,
+        }
+    }
+
+    fn cluster(&self) -> &ClusterId {
+        &self.store.inner.config.cluster_id
+    }
+
+    /// Starts a watcher for every served kind not watched yet. At the first discovery,
+    /// kinds not served are logged and count as listed.
+    fn start_watches(
+        &mut self,
+        client: &kube::Client,
+        served: Served,
+        incoming: &mut SelectAll<BoxStream<'static, Incoming>>,
+        first: bool,
+    ) {
+        for kind in Kind::ALL {
+            match served[index(kind)] {
+                Some(version) if first || self.missing.contains(&kind) => {
+                    if !first {
+                        info!(cluster = %self.cluster(), %kind, version, "config store: {GROUP} {kind} is now served; watching it");
+                    }
+                    self.missing.remove(&kind);
+                    self.store.write().versions[index(kind)] = Some(version);
+                    incoming.push(watch_kind(client, kind, version));
+                }
+                Some(_) => {}
+                None if first => {
+                    warn!(
+                        cluster = %self.cluster(), %kind,
+                        "config store: the API server does not serve {GROUP} {kind} (CRD not installed?); \
+                         counting it as synced with no objects and checking again every {:?}",
+                        self.store.inner.config.rediscover_every
+                    );
+                    self.missing.insert(kind);
+                    self.listed[index(kind)] = true;
+                }
+                None => {}
+            }
+        }
+        if first {
+            let versions: Vec<String> = Kind::ALL
+                .iter()
+                .filter_map(|k| served[index(*k)].map(|v| format!("{k}={v}")))
+                .collect();
+            info!(cluster = %self.cluster(), "config store: watching {GROUP} {}", versions.join(" "));
+        }
+    }
+
+    fn on_config_event(&mut self, kind: Kind, event: watcher::Result<Event<DynamicObject>>) {
+        let stats = &self.store.inner.stats;
+        let event = match event {
+            Ok(event) => event,
+            Err(err) => {
+                // The watcher retries by itself (resume, or relist after 410 Gone).
+                stats.watch_errors[index(kind)].fetch_add(1, Ordering::Relaxed);
+                warn!(cluster = %self.cluster(), %kind, "config store: watch: {err}");
+                return;
+            }
+        };
+        match event {
+            Event::Init => {
+                if self.watcher_listed[index(kind)] {
+                    stats.relists[index(kind)].fetch_add(1, Ordering::Relaxed);
+                    info!(cluster = %self.cluster(), %kind, "config store: relisting");
+                }
+                self.listing[index(kind)] = Some(Vec::new());
+            }
+            Event::InitApply(obj) => {
+                if let Some(converted) = self.convert(kind, &obj) {
+                    self.listing[index(kind)]
+                        .get_or_insert_with(Vec::new)
+                        .push(converted);
+                }
+            }
+            Event::InitDone => {
+                let listed = self.listing[index(kind)].take().unwrap_or_default();
+                let seen: BTreeSet<&ObjectId> = listed.iter().map(|c| &c.id).collect();
+                let gone: Vec<ObjectId> = self
+                    .ids_of(kind)
+                    .into_iter()
+                    .filter(|id| !seen.contains(id))
+                    .collect();
+                let mut touched = Vec::with_capacity(gone.len() + listed.len());
+                for id in gone {
+                    self.remove(&id);
+                    touched.push(id);
+                }
+                for converted in listed {
+                    touched.push(converted.id.clone());
+                    self.apply(converted);
+                }
+                self.listed[index(kind)] = true;
+                self.watcher_listed[index(kind)] = true;
+                self.publish(touched);
+                self.flush();
+            }
+            Event::Apply(obj) => {
+                if let Some(converted) = self.convert(kind, &obj) {
+                    let id = converted.id.clone();
+                    self.apply(converted);
+                    self.publish([id]);
+                    self.flush();
+                }
+            }
+            Event::Delete(obj) => {
+                if let Some(id) = object_id(kind, &obj.metadata) {
+                    self.remove(&id);
+                    self.publish([id]);
+                    self.flush();
+                }
+            }
+        }
+    }
+
+    fn on_namespace_event(&mut self, event: watcher::Result<Event<Namespace>>) {
+        let event = match event {
+            Ok(event) => event,
+            Err(err) => {
+                warn!(cluster = %self.cluster(), "config store: namespace watch: {err}");
+                return;
+            }
+        };
+        let labels = |ns: &Namespace| ns.metadata.labels.clone().unwrap_or_default();
+        let changed: Vec<String> = match event {
+            Event::Init => {
+                self.listing_namespaces = Some(HashMap::new());
+                return;
+            }
+            Event::InitApply(ns) => {
+                if let Some(name) = ns.metadata.name.clone() {
+                    self.listing_namespaces
+                        .get_or_insert_with(HashMap::new)
+                        .insert(name, labels(&ns));
+                }
+                return;
+            }
+            Event::InitDone => {
+                let listed = self.listing_namespaces.take().unwrap_or_default();
+                let old = std::mem::replace(&mut self.namespace_labels, listed);
+                self.namespaces_listed = true;
+                let mut changed: BTreeSet<String> = old.keys().cloned().collect();
+                changed.extend(self.namespace_labels.keys().cloned());
+                changed
+                    .into_iter()
+                    .filter(|n| old.get(n) != self.namespace_labels.get(n))
+                    .collect()
+            }
+            Event::Apply(ns) => {
+                let Some(name) = ns.metadata.name.clone() else {
+                    return;
+                };
+                let new = labels(&ns);
+                if self.namespace_labels.get(&name) == Some(&new) {
+                    return;
+                }
+                self.namespace_labels.insert(name.clone(), new);
+                vec![name]
+            }
+            Event::Delete(ns) => match ns.metadata.name.as_ref() {
+                Some(name) if self.namespace_labels.remove(name).is_some() => vec![name.clone()],
+                _ => return,
+            },
+        };
+        let changed: BTreeSet<&str> = changed.iter().map(String::as_str).collect();
+        let touched: BTreeSet<ObjectId> = self
+            .held
+            .keys()
+            .chain(self.invalid.keys())
+            .filter(|id| changed.contains(&*id.namespace))
+            .cloned()
+            .collect();
+        self.publish(touched);
+        self.flush();
+    }
+
+    /// Every id of `kind` the writer holds, valid or rejected.
+    fn ids_of(&self, kind: Kind) -> BTreeSet<ObjectId> {
+        let of_kind = |id: &&ObjectId| id.kind == kind;
+        self.held
+            .keys()
+            .filter(of_kind)
+            .chain(self.invalid.keys().filter(of_kind))
+            .cloned()
+            .collect()
+    }
+
+    /// Decodes and validates one object. `None` only when it has no name.
+    fn convert(&self, kind: Kind, obj: &DynamicObject) -> Option<Converted> {
+        let Some(id) = object_id(kind, &obj.metadata) else {
+            warn!(cluster = %self.cluster(), %kind, "config store: skipping an object without a name");
+            return None;
+        };
+        let source = format!("kubernetes:{}/{}/{}", self.cluster(), id.namespace, id.name);
+        let mut value = serde_json::to_value(obj).unwrap_or(Value::Null);
+        // List items and watch events carry apiVersion and kind, but nothing depends on
+        // it: the collection says what they are.
+        if value.get("kind").is_none_or(Value::is_null) {
+            value["kind"] = json!(kind.as_str());
+        }
+        if value.get("apiVersion").is_none_or(Value::is_null) {
+            let version = self.store.read().versions[index(kind)].unwrap_or(VERSIONS[0]);
+            value["apiVersion"] = json!(format!("{GROUP}/{version}"));
+        }
+        let rejection = |errors: &[FieldError]| Rejection {
+            record: RejectedConfig {
+                source: source.clone(),
+                kind: kind.as_str().to_string(),
+                namespace: id.namespace.to_string(),
+                name: id.name.to_string(),
+                errors: errors.iter().map(ToString::to_string).collect(),
+            },
+            field: errors
+                .first()
+                .map(|e| e.field.to_string())
+                .unwrap_or_default(),
+        };
+        let outcome = match decode(&value, &source) {
+            Decoded::Object(object) if object.kind == kind => match validate(&object) {
+                Ok(_warnings) => Ok(object),
+                Err(errors) => Err(rejection(&errors)),
+            },
+            Decoded::Object(object) => {
+                Err(rejection(&[unexpected_kind(kind, object.kind.as_str())]))
+            }
+            Decoded::Invalid(invalid) => Err(rejection(&invalid.errors)),
+            Decoded::Skipped(skipped) => Err(rejection(&[unexpected_kind(kind, &skipped.kind)])),
+        };
+        Some(Converted { id, outcome })
+    }
+
+    /// Takes a converted object into the held state: a valid one replaces the last
+    /// valid version and clears a rejection; an invalid one is recorded (and logged
+    /// when new) and leaves the last valid version in force.
+    fn apply(&mut self, converted: Converted) {
+        let Converted { id, outcome } = converted;
+        let stats = &self.store.inner.stats;
+        match outcome {
+            Ok(object) => {
+                let event = if self.held.contains_key(&id) {
+                    EventType::Update
+                } else {
+                    EventType::Add
+                };
+                stats.events[index(id.kind)][event as usize].fetch_add(1, Ordering::Relaxed);
+                self.invalid.remove(&id);
+                self.held.insert(id, Arc::new(object));
+            }
+            Err(Rejection { record, field }) => {
+                if self.invalid.get(&id) != Some(&record) {
+                    stats.rejections.fetch_add(1, Ordering::Relaxed);
+                    let kept = if self.held.contains_key(&id) {
+                        " (the last valid version stays in force)"
+                    } else {
+                        ""
+                    };
+                    warn!(
+                        cluster = %self.cluster(),
+                        kind = %id.kind,
+                        namespace = %id.namespace,
+                        name = %id.name,
+                        field,
+                        "config rejected: {record}{kept}"
+                    );
+                }
+                self.invalid.insert(id, record);
+            }
+        }
+    }
+
+    /// Forgets an object: its valid version and its rejection.
+    fn remove(&mut self, id: &ObjectId) {
+        if self.held.remove(id).is_some() {
+            self.store.inner.stats.events[index(id.kind)][EventType::Delete as usize]
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.invalid.remove(id);
+    }
+
+    fn selects(&self, namespace: &str) -> bool {
+        self.store
+            .inner
+            .config
+            .namespaces
+            .selects(namespace, self.namespace_labels.get(namespace))
+    }
+
+    /// Brings the published state of `ids` in line with the held state and the
+    /// namespace filter, remembering the keys whose content changed.
+    fn publish(&mut self, ids: impl IntoIterator<Item = ObjectId>) {
+        let mut changed = Vec::new();
+        {
+            let stats = &self.store.inner.stats;
+            let mut state = self.store.write();
+            for id in ids {
+                let selected = self.selects(&id.namespace);
+                let want = self.held.get(&id).filter(|_| selected).cloned();
+                let differs = match (state.objects.get(&id), &want) {
+                    (None, None) => false,
+                    (Some(before), Some(after)) => !before.same_content(after),
+                    (None, Some(_)) => {
+                        stats.objects[index(id.kind)].fetch_add(1, Ordering::Relaxed);
+                        true
+                    }
+                    (Some(_), None) => {
+                        stats.objects[index(id.kind)].fetch_sub(1, Ordering::Relaxed);
+                        true
+                    }
+                };
+                if differs {
+                    changed.push(id.key());
+                }
+                match want {
+                    Some(object) => state.objects.insert(id.clone(), object),
+                    None => state.objects.remove(&id),
+                };
+                match self.invalid.get(&id).filter(|_| selected) {
+                    Some(record) => state.rejected.insert(id, record.clone()),
+                    None => state.rejected.remove(&id),
+                };
+            }
+            stats
+                .rejected
+                .store(state.rejected.len() as u64, Ordering::Relaxed);
+        }
+        self.pending.extend(changed);
+    }
+
+    /// Announces what changed: nothing before every initial list is in; at that point
+    /// the store becomes synced and everything is announced; afterwards each change.
+    fn flush(&mut self) {
+        if !self.synced {
+            if !(self.namespaces_listed && self.listed.iter().all(|l| *l)) {
+                return;
+            }
+            self.synced = true;
+            self.store.inner.synced.store(true, Ordering::SeqCst);
+            let (objects, rejected) = {
+                let state = self.store.read();
+                (state.objects.len(), state.rejected.len())
+            };
+            info!(cluster = %self.cluster(), objects, rejected, "config store synced");
+            if self.pending.is_empty() {
+                // Becoming synced is a change consumers wait for.
+                self.store.inner.changes.send_modify(|g| *g += 1);
+                return;
+            }
+        }
+        if !self.pending.is_empty() {
+            let keys = std::mem::take(&mut self.pending);
+            announce(&self.store.inner.sink, &self.store.inner.changes, keys);
+        }
+    }
+}
+
+/// The id of an object from its metadata (a missing namespace is `default`, as
+/// [`decode()`] reads it).
+fn object_id(kind: Kind, meta: &ObjectMeta) -> Option<ObjectId> {
+    let name = meta.name.as_deref().filter(|n| !n.is_empty())?;
+    let namespace = meta
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default");
+    Some(ObjectId::new(kind, namespace, name))
+}
+
+fn unexpected_kind(want: Kind, found: &str) -> FieldError {
+    FieldError::new(
+        FieldPath::root().field("kind"),
+        format!(
+            "the {} collection returned an object of kind {found:?}",
+            plural(want)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_backs_off_up_to_thirty_seconds() {
+        assert_eq!(discovery_backoff(0), Duration::from_secs(1));
+        assert_eq!(discovery_backoff(3), Duration::from_secs(8));
+        assert_eq!(discovery_backoff(40), Duration::from_secs(30));
+    }
+}
