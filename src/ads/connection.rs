@@ -59,15 +59,11 @@ pub struct Watch {
     pub last_error: Option<String>,
     /// Nonce of the last rejected response.
     pub nonce_nacked: Option<String>,
-    /// Delta only: what the proxy holds, name -> version.
+    /// What the proxy holds, name -> content version, shared with every connection
+    /// holding the same (see [`super::intern`]). Delta sends differences from it;
+    /// state of the world skips a push that would resend exactly it.
     #[serde(skip)]
     pub held: Arc<HeldMap>,
-    /// State of the world only: a digest of the names and versions of the last full
-    /// response, so a push that would resend exactly that is skipped. Cleared by a
-    /// partial (incremental EDS) response, after which the client's state is no
-    /// longer one whole response.
-    #[serde(skip)]
-    pub sent_digest: Option<u64>,
 }
 
 /// What to do with a request.
@@ -247,32 +243,58 @@ impl ConnectionState {
         nonce
     }
 
-    /// State of the world: whether a push of `resources` would repeat the last full
-    /// response of this type exactly (same names, same content versions) and can be
-    /// skipped. A direct answer to a request is never skipped. Records the new
-    /// digest (or clears it for a partial response) when the response will be sent.
+    /// State of the world: whether a push of `resources` would repeat exactly what
+    /// the proxy holds (same names, same content versions) and can be skipped. A
+    /// direct answer to a request (`always`) is never skipped. When the response will
+    /// be sent, records what the proxy then holds: all of `resources`, or for a
+    /// partial (incremental EDS) response, those on top of what it held.
     pub fn sotw_unchanged(
         &mut self,
         type_url: TypeUrl,
         resources: &[Resource],
         partial: bool,
-        answer: bool,
+        always: bool,
     ) -> bool {
         let Some(watch) = self.watches.get_mut(&type_url) else {
             return false;
         };
-        let digest = (!partial).then(|| {
-            let mut h = DefaultHasher::new();
-            for r in resources {
-                r.name.hash(&mut h);
-                r.version.hash(&mut h);
-            }
-            h.finish()
-        });
-        if !answer && digest.is_some() && watch.sent_digest == digest {
+        let same = |held: &HeldMap| {
+            held.len() == resources.len()
+                && resources
+                    .iter()
+                    .all(|r| held.get(&*r.name).is_some_and(|v| *v == r.version))
+        };
+        if !always && !partial && same(&watch.held) {
             return true;
         }
-        watch.sent_digest = digest;
+        if partial {
+            if resources
+                .iter()
+                .all(|r| watch.held.get(&*r.name).is_some_and(|v| *v == r.version))
+            {
+                return false;
+            }
+            // Every proxy holding the same map gets the same incremental change:
+            // derive the new map once.
+            let mut h = DefaultHasher::new();
+            for r in resources {
+                (&*r.name, &*r.version).hash(&mut h);
+            }
+            watch.held = HELD_MAPS.derive(&watch.held, h.finish(), |held| {
+                let mut held = held.clone();
+                for r in resources {
+                    held.insert(r.name.to_string(), r.version.clone());
+                }
+                held
+            });
+        } else if !same(&watch.held) {
+            watch.held = HELD_MAPS.intern(
+                resources
+                    .iter()
+                    .map(|r| (r.name.to_string(), r.version.clone()))
+                    .collect(),
+            );
+        }
         false
     }
 
@@ -311,14 +333,21 @@ impl ConnectionState {
             .filter(|r| watch.held.get(&*r.name).is_none_or(|v| *v != r.version))
             .collect();
         if !removed.is_empty() || !changed.is_empty() {
-            let mut held = (*watch.held).clone();
-            for name in &removed {
-                held.remove(name);
-            }
+            let mut h = DefaultHasher::new();
+            removed.hash(&mut h);
             for r in &changed {
-                held.insert(r.name.to_string(), r.version.clone());
+                (&*r.name, &*r.version).hash(&mut h);
             }
-            watch.held = HELD_MAPS.intern(held);
+            watch.held = HELD_MAPS.derive(&watch.held, h.finish(), |held| {
+                let mut held = held.clone();
+                for name in &removed {
+                    held.remove(name);
+                }
+                for r in &changed {
+                    held.insert(r.name.to_string(), r.version.clone());
+                }
+                held
+            });
         }
         (changed, removed.into_iter().collect())
     }
@@ -366,9 +395,17 @@ mod tests {
         let changed = vec![a2.clone(), b1.clone()];
         assert!(!s.sotw_unchanged(t, &changed, false, false));
         assert!(s.sotw_unchanged(t, &changed, false, false));
-        // After a partial response the next full one is always sent.
+        // After a partial response that changes what the proxy holds, the full
+        // set differs again.
         assert!(!s.sotw_unchanged(t, std::slice::from_ref(&a1), true, false));
         assert!(!s.sotw_unchanged(t, &changed, false, false));
+        // A partial response is added to what the proxy holds: a full push of
+        // exactly that is then skipped.
+        assert!(!s.sotw_unchanged(t, std::slice::from_ref(&a2), true, false));
+        assert!(s.sotw_unchanged(t, &changed, false, false));
+        // A name dropped from the subscription makes the full set differ.
+        assert!(!s.sotw_unchanged(t, std::slice::from_ref(&b1), false, false));
+        assert!(s.sotw_unchanged(t, std::slice::from_ref(&b1), false, false));
         // An unwatched type never counts as unchanged.
         assert!(!s.sotw_unchanged(TypeUrl::Route, &[], false, false));
     }

@@ -16,7 +16,14 @@ use std::sync::{Arc, Mutex, Weak};
 #[derive(Debug)]
 pub struct Interner<T> {
     inner: Mutex<Table<T>>,
+    /// Memo of [`Interner::derive`]: (source allocation, change key) -> result. The
+    /// weak handle on the source keeps its allocation, so its address cannot be
+    /// reused by another value while the entry exists.
+    derived: Mutex<HashMap<(usize, u64), Derived<T>>>,
 }
+
+/// A memoised derivation: its source and its result.
+type Derived<T> = (Weak<T>, Weak<T>);
 
 #[derive(Debug)]
 struct Table<T> {
@@ -34,6 +41,7 @@ impl<T: Hash + Eq> Default for Interner<T> {
                 swept_len: 0,
                 len: 0,
             }),
+            derived: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -82,6 +90,32 @@ impl<T: Hash + Eq> Interner<T> {
         T: Clone,
     {
         self.intern(Arc::unwrap_or_clone(value))
+    }
+
+    /// The shared result of applying a change to a shared value: `change` identifies
+    /// the change (equal keys must mean equal changes) and `apply` makes the result
+    /// the first time. When 2,000 connections holding the same set apply the same
+    /// change, it is computed once and the rest look it up.
+    pub fn derive(&self, from: &Arc<T>, change: u64, apply: impl FnOnce(&T) -> T) -> Arc<T> {
+        let key = (Arc::as_ptr(from) as usize, change);
+        {
+            let memo = self.derived.lock().expect("interner poisoned");
+            if let Some((source, result)) = memo.get(&key)
+                && source.upgrade().is_some_and(|s| Arc::ptr_eq(&s, from))
+                && let Some(result) = result.upgrade()
+            {
+                return result;
+            }
+        }
+        let result = self.intern(apply(from));
+        let mut memo = self.derived.lock().expect("interner poisoned");
+        if memo.len() >= 1024 {
+            memo.retain(|_, (source, result)| {
+                source.strong_count() > 0 && result.strong_count() > 0
+            });
+        }
+        memo.insert(key, (Arc::downgrade(from), Arc::downgrade(&result)));
+        result
     }
 
     /// Distinct values some connection still holds (for tests and debug output).
@@ -142,6 +176,36 @@ mod tests {
         }
         let table = interner.inner.lock().unwrap();
         assert!(table.by_hash.len() <= 200, "{}", table.by_hash.len());
+    }
+
+    #[test]
+    fn a_change_derived_once_is_shared_by_every_holder_of_the_source() {
+        let interner = Interner::default();
+        let from = interner.intern(set(&["a"]));
+        let calls = std::cell::Cell::new(0);
+        let add_b = |s: &BTreeSet<String>| {
+            calls.set(calls.get() + 1);
+            let mut s = s.clone();
+            s.insert("b".into());
+            s
+        };
+        let first = interner.derive(&from, 7, add_b);
+        let second = interner.derive(&from, 7, add_b);
+        assert!(Arc::ptr_eq(&first, &second));
+        assert_eq!(*first, set(&["a", "b"]));
+        assert_eq!(calls.get(), 1);
+        // Another change key is another change.
+        let other = interner.derive(&from, 8, |s| {
+            let mut s = s.clone();
+            s.insert("c".into());
+            s
+        });
+        assert_eq!(*other, set(&["a", "c"]));
+        // A result nobody holds any more is made again.
+        drop((first, second));
+        let again = interner.derive(&from, 7, add_b);
+        assert_eq!(*again, set(&["a", "b"]));
+        assert_eq!(calls.get(), 2);
     }
 
     #[test]
