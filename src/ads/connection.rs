@@ -21,10 +21,11 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, LazyLock};
 use std::time::SystemTime;
 
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use serde::Serialize;
 
 use super::intern::Interner;
+use super::wire::SotwRequest;
 use crate::resource::{Resource, TypeUrl};
 
 /// What a Delta client holds of one type: name -> content version.
@@ -32,6 +33,12 @@ pub type HeldMap = BTreeMap<String, Arc<str>>;
 
 static NAME_SETS: LazyLock<Interner<BTreeSet<String>>> = LazyLock::new(Interner::default);
 static HELD_MAPS: LazyLock<Interner<HeldMap>> = LazyLock::new(Interner::default);
+
+fn names_digest(names: &[bytes::Bytes]) -> u64 {
+    let mut h = DefaultHasher::new();
+    names.hash(&mut h);
+    h.finish()
+}
 
 fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
     NAME_SETS.intern(names)
@@ -43,6 +50,10 @@ pub struct Watch {
     /// Explicitly subscribed names, shared with every connection subscribed to the
     /// same set (see [`super::intern`]).
     pub names: Arc<BTreeSet<String>>,
+    /// State of the world: a digest of the names as last requested, in order, so
+    /// an ACK that repeats them is recognised without reading them.
+    #[serde(skip)]
+    pub names_digest: u64,
     /// Subscribed to everything of the type.
     pub wildcard: bool,
     /// Nonce of the last response sent.
@@ -94,7 +105,7 @@ pub struct ConnectionState {
 
 impl ConnectionState {
     /// Applies a state-of-the-world request.
-    pub fn on_sotw_request(&mut self, req: &DiscoveryRequest) -> Action {
+    pub fn on_sotw_request(&mut self, req: &SotwRequest) -> Action {
         let Some(type_url) = TypeUrl::parse(&req.type_url) else {
             return Action::UnknownType(req.type_url.clone());
         };
@@ -110,13 +121,20 @@ impl ConnectionState {
             self.watches.remove(&type_url);
             return Action::Unsubscribed(type_url);
         }
-        let collect = || -> BTreeSet<String> { requested.iter().cloned().collect() };
+        let collect = || -> BTreeSet<String> {
+            requested
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .collect()
+        };
+        let digest = names_digest(requested);
         let shared = |names: BTreeSet<String>| shared_names(names);
         let Some(watch) = self.watches.get_mut(&type_url) else {
             self.watches.insert(
                 type_url,
                 Watch {
                     names: shared(collect()),
+                    names_digest: digest,
                     wildcard: requested.is_empty(),
                     ..Default::default()
                 },
@@ -126,6 +144,7 @@ impl ConnectionState {
         if req.response_nonce.is_empty() {
             watch.wildcard = requested.is_empty();
             watch.names = shared(collect());
+            watch.names_digest = digest;
             return Action::Respond(type_url);
         }
         if watch.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
@@ -134,18 +153,20 @@ impl ConnectionState {
         watch.nonce_acked = Some(req.response_nonce.clone());
         watch.version_acked = Some(req.version_info.clone());
         watch.last_error = None;
-        // The common ACK repeats the same names: compare without building a new set
-        // (an EDS ACK of a large mesh carries thousands of names).
-        let added = requested.iter().any(|n| !watch.names.contains(n));
-        let changed = added || {
-            requested.len() != watch.names.len() && {
-                let names = collect();
-                names.len() != watch.names.len()
+        // The common ACK repeats the same names in the same order (an EDS ACK of a
+        // large mesh carries thousands): the digest says so without a lookup.
+        let (added, changed) = if digest == watch.names_digest {
+            (false, false)
+        } else {
+            let names = collect();
+            let added = names.iter().any(|n| !watch.names.contains(n));
+            let changed = added || names.len() != watch.names.len();
+            if changed {
+                watch.names = shared(names);
             }
+            watch.names_digest = digest;
+            (added, changed)
         };
-        if changed {
-            watch.names = shared(collect());
-        }
         watch.wildcard = type_url.is_wildcard() && requested.is_empty();
         if (type_url.is_wildcard() && changed) || added {
             Action::Respond(type_url)
@@ -355,6 +376,7 @@ impl ConnectionState {
 
 #[cfg(test)]
 mod tests {
+    use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
     use envoy_types::pb::google::rpc::Status;
 
     use super::*;
@@ -363,14 +385,14 @@ mod tests {
     const CDS: &str = TypeUrl::Cluster.as_str();
     const EDS: &str = TypeUrl::Endpoint.as_str();
 
-    fn req(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
-        DiscoveryRequest {
+    fn req(type_url: &str, names: &[&str], version: &str, nonce: &str) -> SotwRequest {
+        SotwRequest::from(DiscoveryRequest {
             type_url: type_url.into(),
             resource_names: names.iter().map(|s| s.to_string()).collect(),
             version_info: version.into(),
             response_nonce: nonce.into(),
             ..Default::default()
-        }
+        })
     }
 
     fn sent(state: &mut ConnectionState, t: TypeUrl) -> String {

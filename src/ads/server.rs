@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use meshfed_registry::{ConfigKind, PushRequest};
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
@@ -26,7 +26,7 @@ use super::connection::{Action, ConnectionState};
 use super::frames::{FrameEncode, Outbound, ResponseBody};
 use super::metrics::XdsMetrics;
 use super::node::Proxy;
-use super::wire::{DeltaResource, DeltaResponse, SotwResponse};
+use super::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
 use super::{ConnectionHandle, Connections, Flavour};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
@@ -181,15 +181,15 @@ enum Reply<R> {
 struct Sotw;
 
 impl FlavourIo for Sotw {
-    type Req = DiscoveryRequest;
+    type Req = SotwRequest;
     type Resp = SotwResponse;
     const FLAVOUR: Flavour = Flavour::Sotw;
 
-    fn node(req: &DiscoveryRequest) -> Option<&Node> {
+    fn node(req: &SotwRequest) -> Option<&Node> {
         req.node.as_ref()
     }
 
-    fn apply(state: &mut ConnectionState, req: &DiscoveryRequest) -> Action {
+    fn apply(state: &mut ConnectionState, req: &SotwRequest) -> Action {
         state.on_sotw_request(req)
     }
 

@@ -79,6 +79,43 @@ pub struct SotwResponse {
     pub nonce: String,
 }
 
+/// `envoy.service.discovery.v3.DiscoveryRequest` as the server reads it: resource
+/// names stay slices of the received bytes (a string and a bytes field are the same
+/// on the wire), so the common ACK that repeats a thousand names costs no allocation
+/// per name and no UTF-8 check; names are only turned into strings when they changed.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SotwRequest {
+    #[prost(string, tag = "1")]
+    pub version_info: String,
+    #[prost(message, optional, tag = "2")]
+    pub node: Option<envoy_types::pb::envoy::config::core::v3::Node>,
+    #[prost(bytes = "bytes", repeated, tag = "3")]
+    pub resource_names: Vec<Bytes>,
+    #[prost(string, tag = "4")]
+    pub type_url: String,
+    #[prost(string, tag = "5")]
+    pub response_nonce: String,
+    #[prost(message, optional, tag = "6")]
+    pub error_detail: Option<envoy_types::pb::google::rpc::Status>,
+}
+
+impl From<envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest> for SotwRequest {
+    fn from(req: envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest) -> Self {
+        SotwRequest {
+            version_info: req.version_info,
+            node: req.node,
+            resource_names: req
+                .resource_names
+                .into_iter()
+                .map(|n| Bytes::from(n.into_bytes()))
+                .collect(),
+            type_url: req.type_url,
+            response_nonce: req.response_nonce,
+            error_detail: req.error_detail,
+        }
+    }
+}
+
 /// `envoy.service.discovery.v3.Resource` with a shared body.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct DeltaResource {
@@ -108,9 +145,37 @@ pub struct DeltaResponse {
 #[cfg(test)]
 mod tests {
     use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::service::discovery::v3::{
-        DeltaDiscoveryResponse, DiscoveryResponse,
+        DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
     };
+
+    #[test]
+    fn reads_envoy_requests_with_names_as_slices() {
+        let request = DiscoveryRequest {
+            version_info: "v1".into(),
+            node: Some(Node {
+                id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local".into(),
+                ..Default::default()
+            }),
+            resource_names: vec!["outbound|80||a.ns.svc.cluster.local".into(), "b".into()],
+            type_url: crate::ads::TypeUrl::Endpoint.as_str().into(),
+            response_nonce: "n1".into(),
+            error_detail: Some(envoy_types::pb::google::rpc::Status {
+                code: 3,
+                message: "bad".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        };
+        let wire = Bytes::from(request.encode_to_vec());
+        let read = SotwRequest::decode(wire.clone()).unwrap();
+        assert_eq!(read, SotwRequest::from(request));
+        // Decoding from Bytes shares the received buffer instead of copying names.
+        let name = &read.resource_names[0];
+        let start = wire.as_ptr() as usize;
+        assert!((start..start + wire.len()).contains(&(name.as_ptr() as usize)));
+    }
 
     use super::*;
 
