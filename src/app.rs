@@ -457,6 +457,7 @@ impl Server {
             config_dir: config_stores.files.as_ref().map(|f| f.status().clone()),
             multicluster: secret_controller.clone(),
             consul: consul_stats,
+            kube_config: config_stores.kube.clone(),
         }));
         let admin_state = AdminState {
             aggregate: aggregate.clone(),
@@ -467,6 +468,7 @@ impl Server {
             log_control: config.log_control.clone(),
             config_stores: config_stores.all(),
             multicluster: secret_controller,
+            generator: config.generator,
         };
         tasks.spawn(serve_http(
             http,

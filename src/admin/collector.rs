@@ -22,6 +22,8 @@ pub struct StateCollector {
     pub multicluster: Option<Arc<meshfed_kube::SecretController>>,
     /// The Consul registry's counters, when Consul is on.
     pub consul: Option<Arc<meshfed_consul::ConsulStats>>,
+    /// The Istio config store fed from the Kubernetes API server, when on.
+    pub kube_config: Option<meshfed_kube::KubeConfigStore>,
 }
 
 fn gauge_family(
@@ -124,6 +126,40 @@ impl Collector for StateCollector {
                 "meshfed_consul_index_resets",
                 "Blocking-query indexes that went backwards and were reset",
                 &[("registry", "consul".into(), stats.index_resets() as i64)],
+            )?;
+        }
+        if let Some(store) = &self.kube_config {
+            use meshfed_registry::config::Kind;
+            let stats = store.stats();
+            let per_kind = |f: &dyn Fn(Kind) -> u64| -> Vec<(&'static str, String, i64)> {
+                Kind::ALL
+                    .iter()
+                    .map(|k| ("kind", k.as_str().to_string(), f(*k) as i64))
+                    .collect()
+            };
+            gauge_family(
+                &mut encoder,
+                "meshfed_kube_config_objects",
+                "Valid Istio config objects read from the Kubernetes API server, by kind",
+                &per_kind(&|k| stats.objects(k)),
+            )?;
+            gauge_family(
+                &mut encoder,
+                "meshfed_kube_config_watch_errors",
+                "Failed lists and watches of Istio config on the Kubernetes API server (retried with backoff), by kind",
+                &per_kind(&|k| stats.watch_errors(k)),
+            )?;
+            gauge_family(
+                &mut encoder,
+                "meshfed_kube_config_relists",
+                "Relists of Istio config after the API server expired a watch (410 Gone), by kind",
+                &per_kind(&|k| stats.relists(k)),
+            )?;
+            gauge_family(
+                &mut encoder,
+                "meshfed_kube_config_rejections",
+                "Invalid Istio config objects from the Kubernetes API server logged and rejected",
+                &[("registry", "kubernetes".into(), stats.rejections() as i64)],
             )?;
         }
         if let Some(controller) = &self.multicluster {

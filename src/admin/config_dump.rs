@@ -33,7 +33,7 @@ use serde_json::{Value, json};
 
 use super::AdminState;
 use crate::ads::{ConnectionHandle, Connections, Flavour};
-use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
+use crate::generate::{Scope, Subscription, generate};
 use crate::resource::TypeUrl;
 
 /// The encoded `FileDescriptorSet` from `build.rs`; empty when the build found no
@@ -95,15 +95,13 @@ pub(super) fn config_dump(state: &AdminState, query: &BTreeMap<String, String>) 
                         wildcard: sent.wildcard,
                         names: &sent.names,
                     };
-                    // The admin state carries no generator options; resources the
-                    // stream already built come from the snapshot cache unchanged.
                     generate(
                         type_url,
                         &snapshot,
                         &connection.proxy,
                         subscription,
                         Scope::All,
-                        &GeneratorOptions::default(),
+                        &state.generator,
                     )
                     .into_iter()
                     .filter(|r| match &sent.held {

@@ -115,7 +115,15 @@ pub async fn dispatch(
             .unwrap_or_default();
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
-        Err((status, message)) => (status, message).into_response(),
+        Err((status, message)) => {
+            // Handlers that answer errors as JSON say so; others are plain text.
+            let kind = if message.starts_with('{') {
+                "application/json"
+            } else {
+                "text/plain; charset=utf-8"
+            };
+            (status, [(header::CONTENT_TYPE, kind)], message).into_response()
+        }
     }
 }
 

@@ -41,6 +41,9 @@ pub struct AdminState {
     pub config_stores: Vec<Arc<dyn meshfed_registry::config::ConfigStore>>,
     /// The remote-cluster secret controller, when multicluster is on.
     pub multicluster: Option<Arc<meshfed_kube::SecretController>>,
+    /// The generator settings the ADS server uses (`/debug/config_dump` regenerates
+    /// with them).
+    pub generator: crate::generate::GeneratorOptions,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -219,6 +222,7 @@ mod tests {
             log_control: None,
             config_stores: Vec::new(),
             multicluster: None,
+            generator: Default::default(),
         }
     }
 

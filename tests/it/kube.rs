@@ -288,6 +288,18 @@ async fn istio_config_from_the_api_server_reaches_proxies_and_rejections_show_in
             .starts_with("spec.subsets[0].name: "),
         "{rejected}"
     );
+    // The store's state is on /metrics for alerts.
+    let (_, metrics) = http_get(server.bound().monitoring, "/metrics").await;
+    for line in [
+        "meshfed_kube_config_objects{kind=\"VirtualService\"} 1",
+        "meshfed_kube_config_objects{kind=\"ServiceEntry\"} 1",
+        "meshfed_kube_config_rejections{registry=\"kubernetes\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in:\n{metrics}"
+        );
+    }
     let configz = get_json(http, "/debug/configz").await;
     let objects: Vec<String> = configz["objects"]
         .as_array()
