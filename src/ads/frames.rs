@@ -11,11 +11,16 @@
 //! the snapshot's shared bytes. The HTTP/2 layer frees each chunk once written, so an
 //! idle stream holds no response memory. [`ResponseBody`] is the HTTP body that feeds
 //! these chunks to the transport and ends the stream with gRPC trailers.
+//!
+//! Requests are read by [`RequestStream`] for the same reason: tonic's decoder keeps a
+//! buffer per stream as large as the largest request (an EDS ACK naming 1,000 clusters
+//! is ~50 KB). Here a message is assembled in a buffer of exactly its size, decoded
+//! from it (names stay slices of it), and nothing is kept between messages.
 
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Frame;
 use prost::Message;
 use prost::encoding::{self, WireType};
@@ -348,6 +353,92 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
     }
 }
 
+/// The largest request message accepted (tonic's default limit).
+pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
+
+/// The request messages of one gRPC stream, read from its HTTP body.
+#[derive(Debug)]
+pub struct RequestStream<M> {
+    body: tonic::body::Body,
+    /// Bytes of the message being assembled; empty (no allocation) between messages.
+    buf: BytesMut,
+    done: bool,
+    _message: std::marker::PhantomData<fn() -> M>,
+}
+
+impl<M: Message + Default> RequestStream<M> {
+    /// Reads messages of type `M` from `body`.
+    pub fn new(body: tonic::body::Body) -> Self {
+        RequestStream {
+            body,
+            buf: BytesMut::new(),
+            done: false,
+            _message: std::marker::PhantomData,
+        }
+    }
+
+    /// The next message; `None` when the client ended the stream.
+    pub async fn message(&mut self) -> Result<Option<M>, Status> {
+        loop {
+            if let Some(message) = self.take_message()? {
+                return Ok(Some(message));
+            }
+            if self.done {
+                return if self.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(Status::internal("request stream ended inside a message"))
+                };
+            }
+            let frame = std::future::poll_fn(|cx| {
+                http_body::Body::poll_frame(Pin::new(&mut self.body), cx)
+            })
+            .await;
+            match frame {
+                None => self.done = true,
+                Some(Err(status)) => return Err(status),
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        self.buf.extend_from_slice(data);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes the next message if all of it has arrived.
+    fn take_message(&mut self) -> Result<Option<M>, Status> {
+        if self.buf.len() < PREFIX_LEN {
+            return Ok(None);
+        }
+        if self.buf[0] != 0 {
+            return Err(Status::unimplemented(
+                "compressed request messages are not supported",
+            ));
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if len > MAX_REQUEST {
+            return Err(Status::resource_exhausted(format!(
+                "request message of {len} bytes is larger than the limit of {MAX_REQUEST}"
+            )));
+        }
+        let whole = PREFIX_LEN + len;
+        if self.buf.len() < whole {
+            // Room for exactly the rest of this message.
+            self.buf.reserve(whole - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(PREFIX_LEN);
+        let body = self.buf.split_to(len).freeze();
+        // Let go of the message's allocation: an idle stream holds no buffer, and the
+        // start of the next message (if any) moves to a buffer of its own size.
+        self.buf = BytesMut::from(&self.buf[..]);
+        M::decode(body)
+            .map(Some)
+            .map_err(|e| Status::internal(format!("malformed request message: {e}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use http_body_util::BodyExt;
@@ -426,6 +517,70 @@ mod tests {
             removed_resources: vec!["gone".into(), String::new()],
         };
         assert_eq!(concat(&FrameCursor::collect(delta.clone())), framed(&delta));
+    }
+
+    #[tokio::test]
+    async fn requests_are_read_across_frames_and_nothing_is_kept_between() {
+        use crate::ads::wire::SotwRequest;
+        let one = SotwRequest {
+            type_url: TypeUrl::Endpoint.as_str().into(),
+            resource_names: (0..2000)
+                .map(|i| Bytes::from(format!("outbound|80||svc-{i}.ns.svc.cluster.local")))
+                .collect(),
+            ..Default::default()
+        };
+        let two = SotwRequest {
+            response_nonce: "n".into(),
+            ..Default::default()
+        };
+        let mut wire = framed(&one);
+        wire.extend(framed(&two));
+        // Split where HTTP/2 might: mid-prefix, mid-message, two messages in one frame.
+        let cuts = [3, 16_384, 40_000, wire.len() - 20];
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Status>>(8);
+        let mut last = 0;
+        for cut in cuts.into_iter().chain([wire.len()]) {
+            tx.send(Ok(Frame::data(Bytes::copy_from_slice(&wire[last..cut]))))
+                .await
+                .unwrap();
+            last = cut;
+        }
+        drop(tx);
+        let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut requests = RequestStream::<SotwRequest>::new(tonic::body::Body::new(body));
+        assert_eq!(requests.message().await.unwrap(), Some(one));
+        assert_eq!(
+            requests.buf.capacity(),
+            requests.buf.len(),
+            "no spare buffer kept"
+        );
+        assert_eq!(requests.message().await.unwrap(), Some(two));
+        assert_eq!(requests.buf.capacity(), 0);
+        assert_eq!(requests.message().await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn truncated_compressed_and_oversized_requests_are_errors() {
+        async fn first_error(bytes: Vec<u8>) -> Status {
+            let body = http_body_util::Full::new(Bytes::from(bytes));
+            let mut requests =
+                RequestStream::<crate::ads::wire::SotwRequest>::new(tonic::body::Body::new(body));
+            requests.message().await.unwrap_err()
+        }
+        let mut truncated = framed(&crate::ads::wire::SotwRequest {
+            version_info: "v1".into(),
+            ..Default::default()
+        });
+        truncated.pop();
+        assert_eq!(first_error(truncated).await.code(), Code::Internal);
+        assert_eq!(
+            first_error(vec![1, 0, 0, 0, 0]).await.code(),
+            Code::Unimplemented
+        );
+        assert_eq!(
+            first_error(vec![0, 0xff, 0, 0, 0]).await.code(),
+            Code::ResourceExhausted
+        );
     }
 
     #[tokio::test]

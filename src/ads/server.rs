@@ -15,15 +15,13 @@ use meshfed_registry::{ConfigKind, PushRequest};
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 use tonic::Status;
-use tonic::codec::{Codec, Streaming};
 use tonic::codegen::{Body, BoxFuture, Bytes, Context, Poll, Service, StdError, http};
 use tonic::server::NamedService;
 use tonic::transport::server::TcpConnectInfo;
-use tonic_prost::ProstCodec;
 use tracing::{debug, info, warn};
 
 use super::connection::{Action, ConnectionState};
-use super::frames::{FrameEncode, Outbound, ResponseBody};
+use super::frames::{FrameEncode, Outbound, RequestStream, ResponseBody};
 use super::metrics::XdsMetrics;
 use super::node::Proxy;
 use super::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
@@ -105,9 +103,8 @@ where
     }
 }
 
-/// Accepts one ADS stream: requests are decoded by tonic's streaming decoder, and
-/// responses go out through [`ResponseBody`] (see [`super::frames`] for why tonic's
-/// encoder is not used).
+/// Accepts one ADS stream: requests are read by [`RequestStream`] and responses go out
+/// through [`ResponseBody`] (see [`super::frames`] for why tonic's codec is not used).
 fn start_stream<F: FlavourIo, B>(
     ctx: Arc<XdsContext>,
     req: http::Request<B>,
@@ -124,8 +121,7 @@ where
         .extensions()
         .get::<TcpConnectInfo>()
         .and_then(|info| info.remote_addr());
-    let decoder = ProstCodec::<F::Resp, F::Req>::default().decoder();
-    let inbound = Streaming::new_request(decoder, req.into_body(), None, None);
+    let inbound = RequestStream::<F::Req>::new(tonic::body::Body::new(req.into_body()));
     let (tx, rx) = mpsc::channel(4);
     tokio::spawn(run_stream::<F>(ctx, inbound, tx, peer));
     let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
@@ -273,7 +269,7 @@ struct Closed;
 
 async fn run_stream<F: FlavourIo>(
     ctx: Arc<XdsContext>,
-    mut inbound: Streaming<F::Req>,
+    mut inbound: RequestStream<F::Req>,
     tx: Tx<F>,
     peer: Option<SocketAddr>,
 ) {
