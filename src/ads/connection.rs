@@ -60,6 +60,27 @@ fn names_digest(names: &[bytes::Bytes]) -> u64 {
     h
 }
 
+/// Applies a change (names removed, resources sent) to a shared held map. Every
+/// proxy holding the same map gets the same change on an incremental push, so the new
+/// map is derived once and shared.
+fn update_held(held: &mut Arc<HeldMap>, removed: &BTreeSet<String>, sent: &[Resource]) {
+    let mut h = DefaultHasher::new();
+    removed.hash(&mut h);
+    for r in sent {
+        (&*r.name, &*r.version).hash(&mut h);
+    }
+    *held = HELD_MAPS.derive(held, h.finish(), |held| {
+        let mut held = held.clone();
+        for name in removed {
+            held.remove(name);
+        }
+        for r in sent {
+            held.insert(r.name.to_string(), r.version.clone());
+        }
+        held
+    });
+}
+
 fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
     NAME_SETS.intern(names)
 }
@@ -299,43 +320,25 @@ impl ConnectionState {
         let Some(watch) = self.watches.get_mut(&type_url) else {
             return false;
         };
+        let holds = |held: &HeldMap, r: &Resource| held.get(&*r.name) == Some(&r.version);
         let same = |held: &HeldMap| {
-            held.len() == resources.len()
-                && resources
-                    .iter()
-                    .all(|r| held.get(&*r.name).is_some_and(|v| *v == r.version))
+            held.len() == resources.len() && resources.iter().all(|r| holds(held, r))
         };
-        if !always && !partial && same(&watch.held) {
-            return true;
-        }
         if partial {
-            if resources
-                .iter()
-                .all(|r| watch.held.get(&*r.name).is_some_and(|v| *v == r.version))
-            {
-                return false;
+            if !resources.iter().all(|r| holds(&watch.held, r)) {
+                update_held(&mut watch.held, &BTreeSet::new(), resources);
             }
-            // Every proxy holding the same map gets the same incremental change:
-            // derive the new map once.
-            let mut h = DefaultHasher::new();
-            for r in resources {
-                (&*r.name, &*r.version).hash(&mut h);
-            }
-            watch.held = HELD_MAPS.derive(&watch.held, h.finish(), |held| {
-                let mut held = held.clone();
-                for r in resources {
-                    held.insert(r.name.to_string(), r.version.clone());
-                }
-                held
-            });
-        } else if !same(&watch.held) {
-            watch.held = HELD_MAPS.intern(
-                resources
-                    .iter()
-                    .map(|r| (r.name.to_string(), r.version.clone()))
-                    .collect(),
-            );
+            return false;
         }
+        if same(&watch.held) {
+            return !always;
+        }
+        watch.held = HELD_MAPS.intern(
+            resources
+                .iter()
+                .map(|r| (r.name.to_string(), r.version.clone()))
+                .collect(),
+        );
         false
     }
 
@@ -374,21 +377,7 @@ impl ConnectionState {
             .filter(|r| watch.held.get(&*r.name).is_none_or(|v| *v != r.version))
             .collect();
         if !removed.is_empty() || !changed.is_empty() {
-            let mut h = DefaultHasher::new();
-            removed.hash(&mut h);
-            for r in &changed {
-                (&*r.name, &*r.version).hash(&mut h);
-            }
-            watch.held = HELD_MAPS.derive(&watch.held, h.finish(), |held| {
-                let mut held = held.clone();
-                for name in &removed {
-                    held.remove(name);
-                }
-                for r in &changed {
-                    held.insert(r.name.to_string(), r.version.clone());
-                }
-                held
-            });
+            update_held(&mut watch.held, &removed, &changed);
         }
         (changed, removed.into_iter().collect())
     }

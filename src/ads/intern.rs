@@ -83,15 +83,6 @@ impl<T: Hash + Eq> Interner<T> {
         shared
     }
 
-    /// Interns a value that may already be shared: a no-op when `value` is the only
-    /// handle on a value equal to the interned one.
-    pub fn reintern(&self, value: Arc<T>) -> Arc<T>
-    where
-        T: Clone,
-    {
-        self.intern(Arc::unwrap_or_clone(value))
-    }
-
     /// The shared result of applying a change to a shared value: `change` identifies
     /// the change (equal keys must mean equal changes) and `apply` makes the result
     /// the first time. When 2,000 connections holding the same set apply the same
@@ -118,8 +109,9 @@ impl<T: Hash + Eq> Interner<T> {
         result
     }
 
-    /// Distinct values some connection still holds (for tests and debug output).
-    pub fn live(&self) -> usize {
+    /// Distinct values some connection still holds.
+    #[cfg(test)]
+    fn live(&self) -> usize {
         let table = self.inner.lock().expect("interner poisoned");
         table
             .by_hash
@@ -206,15 +198,5 @@ mod tests {
         let again = interner.derive(&from, 7, add_b);
         assert_eq!(*again, set(&["a", "b"]));
         assert_eq!(calls.get(), 2);
-    }
-
-    #[test]
-    fn reintern_of_a_modified_copy_finds_the_shared_one() {
-        let interner = Interner::default();
-        let shared = interner.intern(set(&["a", "b"]));
-        let mut mine = interner.intern(set(&["a"]));
-        Arc::make_mut(&mut mine).insert("b".into());
-        let mine = interner.reintern(mine);
-        assert!(Arc::ptr_eq(&mine, &shared));
     }
 }
