@@ -157,10 +157,9 @@ mod tests {
         Proxy::from_node(Some(&node)).unwrap()
     }
 
-    #[test]
-    fn instances_are_the_service_ports_of_the_proxy_ips() {
-        let snap = snapshot();
-        let found: Vec<(String, u16, u16)> = proxy_instances(&snap, &proxy("10.0.0.1", None))
+    /// (hostname, service port, target port) of each instance.
+    fn found(snap: &Snapshot, proxy: &Proxy) -> Vec<(String, u16, u16)> {
+        proxy_instances(snap, proxy)
             .into_iter()
             .map(|i| {
                 (
@@ -169,7 +168,13 @@ mod tests {
                     i.target_port,
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn instances_are_the_service_ports_of_the_proxy_ips() {
+        let snap = snapshot();
+        let found = found(&snap, &proxy("10.0.0.1", None));
         assert_eq!(
             found,
             vec![
@@ -281,16 +286,7 @@ mod tests {
         // No LABELS in the metadata: the pod's labels are the proxy's.
         let sidecar = proxy("10.1.0.5", None);
         assert!(sidecar.labels.is_empty());
-        let found: Vec<(String, u16, u16)> = proxy_instances(&snap, &sidecar)
-            .into_iter()
-            .map(|i| {
-                (
-                    i.service.hostname.to_string(),
-                    i.port.port.get(),
-                    i.target_port,
-                )
-            })
-            .collect();
+        let found = found(&snap, &sidecar);
         assert_eq!(
             found,
             vec![("reviews.ns.svc.cluster.local".to_string(), 9080, 9081)]
