@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::lite::{DeltaResponseLite, SotwResponseLite};
 use super::plan::Plan;
-use super::proxy::{Outgoing, ProxyState, Step};
+use super::proxy::{Outgoing, ProxyState, SotwOut, Step};
 use super::record::Recorder;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
@@ -161,20 +161,20 @@ trait Flow {
 struct Sotw;
 
 impl Flow for Sotw {
-    type Req = DiscoveryRequest;
+    type Req = SotwOut;
     type Resp = SotwResponseLite;
     const PATH: &'static str =
         "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
 
-    fn request(outgoing: Outgoing) -> Option<DiscoveryRequest> {
+    fn request(outgoing: Outgoing) -> Option<SotwOut> {
         match outgoing {
             Outgoing::Sotw(r) => Some(r),
             Outgoing::Delta(_) => None,
         }
     }
 
-    fn set_node(request: &mut DiscoveryRequest, node: Node) {
-        request.node = Some(node);
+    fn set_node(request: &mut SotwOut, node: Node) {
+        request.request.node = Some(node);
     }
 
     fn handle(state: &mut ProxyState, response: SotwResponseLite) -> Step {
