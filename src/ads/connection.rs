@@ -34,32 +34,6 @@ pub type HeldMap = BTreeMap<String, Arc<str>>;
 static NAME_SETS: LazyLock<Interner<BTreeSet<String>>> = LazyLock::new(Interner::default);
 static HELD_MAPS: LazyLock<Interner<HeldMap>> = LazyLock::new(Interner::default);
 
-/// A digest of the requested names in order, computed a word at a time: every EDS
-/// ACK of a large mesh carries ~50 KB of names, and SipHash over them was the largest
-/// single cost of an endpoint change. Each step (rotate, xor a word, multiply by an odd
-/// constant) is a bijection of the state, so two lists that differ in a single word
-/// never share a digest. It is not built to resist crafted collisions; a crafted list
-/// could only confuse the subscription of the proxy that sent it.
-fn names_digest(names: &[bytes::Bytes]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let mut h = names.len() as u64;
-    let mut mix = |word: u64| h = (h.rotate_left(5) ^ word).wrapping_mul(K);
-    for name in names {
-        mix(name.len() as u64);
-        let mut words = name.chunks_exact(8);
-        for word in &mut words {
-            mix(u64::from_le_bytes(word.try_into().expect("8 bytes")));
-        }
-        let rest = words.remainder();
-        if !rest.is_empty() {
-            let mut last = [0u8; 8];
-            last[..rest.len()].copy_from_slice(rest);
-            mix(u64::from_le_bytes(last));
-        }
-    }
-    h
-}
-
 /// Applies a change (names removed, resources sent) to a shared held map. Every
 /// proxy holding the same map gets the same change on an incremental push, so the new
 /// map is derived once and shared.
@@ -168,7 +142,7 @@ impl ConnectionState {
                 .map(|n| String::from_utf8_lossy(n).into_owned())
                 .collect()
         };
-        let digest = names_digest(requested);
+        let digest = requested.digest();
         let shared = |names: BTreeSet<String>| shared_names(names);
         let Some(watch) = self.watches.get_mut(&type_url) else {
             self.watches.insert(
@@ -443,13 +417,7 @@ mod tests {
 
     #[test]
     fn the_names_digest_tells_lists_apart() {
-        let list = |names: &[&str]| -> Vec<bytes::Bytes> {
-            names
-                .iter()
-                .map(|n| bytes::Bytes::from(n.to_string()))
-                .collect()
-        };
-        let d = |names: &[&str]| names_digest(&list(names));
+        let d = |names: &[&str]| req(EDS, names, "", "").resource_names.digest();
         let base = d(&["outbound|80||a.ns.svc.cluster.local", "b"]);
         assert_eq!(base, d(&["outbound|80||a.ns.svc.cluster.local", "b"]));
         for other in [

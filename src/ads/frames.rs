@@ -522,13 +522,14 @@ mod tests {
     #[tokio::test]
     async fn requests_are_read_across_frames_and_nothing_is_kept_between() {
         use crate::ads::wire::SotwRequest;
-        let one = SotwRequest {
+        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
+        let one = SotwRequest::from(DiscoveryRequest {
             type_url: TypeUrl::Endpoint.as_str().into(),
             resource_names: (0..2000)
-                .map(|i| Bytes::from(format!("outbound|80||svc-{i}.ns.svc.cluster.local")))
+                .map(|i| format!("outbound|80||svc-{i}.ns.svc.cluster.local"))
                 .collect(),
             ..Default::default()
-        };
+        });
         let two = SotwRequest {
             response_nonce: "n".into(),
             ..Default::default()

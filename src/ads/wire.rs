@@ -4,7 +4,8 @@
 //! `Vec<u8>`, so sending one encoded cluster to 2,000 proxies would copy it 2,000 times
 //! before encoding. These types are wire-identical (same field numbers) but hold the
 //! encoded resource as [`Bytes`], so every connection shares the bytes the snapshot's
-//! resource cache produced once. Requests still use envoy-types' messages.
+//! resource cache produced once. A SotW request is read by [`SotwRequest`], which keeps
+//! the resource names as the bytes they arrived in; Delta requests use envoy-types'.
 
 use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
@@ -79,40 +80,242 @@ pub struct SotwResponse {
     pub nonce: String,
 }
 
-/// `envoy.service.discovery.v3.DiscoveryRequest` as the server reads it: resource
-/// names stay slices of the received bytes (a string and a bytes field are the same
-/// on the wire), so the common ACK that repeats a thousand names costs no allocation
-/// per name and no UTF-8 check; names are only turned into strings when they changed.
-#[derive(Clone, PartialEq, prost::Message)]
+/// `envoy.service.discovery.v3.DiscoveryRequest` as the server reads it: the resource
+/// names stay as the bytes they arrived in ([`ResourceNames`]), so the common ACK that
+/// repeats a thousand names costs no allocation per name, no UTF-8 check and no
+/// reference count per name; names are only turned into strings when they changed.
+#[derive(Clone, PartialEq, Default, Debug)]
 pub struct SotwRequest {
-    #[prost(string, tag = "1")]
     pub version_info: String,
-    #[prost(message, optional, tag = "2")]
     pub node: Option<envoy_types::pb::envoy::config::core::v3::Node>,
-    #[prost(bytes = "bytes", repeated, tag = "3")]
-    pub resource_names: Vec<Bytes>,
-    #[prost(string, tag = "4")]
+    pub resource_names: ResourceNames,
     pub type_url: String,
-    #[prost(string, tag = "5")]
     pub response_nonce: String,
-    #[prost(message, optional, tag = "6")]
     pub error_detail: Option<envoy_types::pb::google::rpc::Status>,
+}
+
+/// `resource_names` (field 3) of a request, as its encoded entries: key, length and
+/// name, one after the other. Senders write the repeated field in one run, so decoding
+/// from [`Bytes`] keeps a slice of the received message; entries interleaved with other
+/// fields (legal, unusual) are copied into a run of their own.
+#[derive(Clone, PartialEq, Default, Debug)]
+pub struct ResourceNames {
+    encoded: Bytes,
+    count: usize,
+}
+
+/// Key of field 3, length-delimited.
+const NAME_KEY: u8 = (3 << 3) | WireType::LengthDelimited as u8;
+
+impl ResourceNames {
+    /// How many names.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// No names (a wildcard request, or an unsubscribe of everything).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The names, in request order, as bytes (not checked to be UTF-8).
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
+        let mut rest = &self.encoded[..];
+        std::iter::from_fn(move || {
+            // Only well-formed entries are ever stored (see `decode`).
+            let (&key, after_key) = rest.split_first()?;
+            debug_assert_eq!(key, NAME_KEY);
+            let mut cursor = after_key;
+            let len = encoding::decode_varint(&mut cursor).ok()? as usize;
+            let (name, after) = cursor.split_at(len);
+            rest = after;
+            Some(name)
+        })
+    }
+
+    /// A digest of the names in order, for telling an unchanged list apart without
+    /// looking at the names one by one (see [`digest`]).
+    pub fn digest(&self) -> u64 {
+        digest(&self.encoded)
+    }
+}
+
+/// A digest of bytes, computed a word at a time: every EDS ACK of a large mesh carries
+/// ~50 KB of names, and SipHash over them was the largest single cost of an endpoint
+/// change. Each step (rotate, xor a word, multiply by an odd constant) is a bijection
+/// of the state, so two inputs of the same length that differ in a single word never
+/// share a digest, and the length is mixed in last. It is not built to resist crafted
+/// collisions; a crafted list could only confuse the subscription of the proxy that
+/// sent it.
+pub fn digest(bytes: &[u8]) -> u64 {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+    let mut h = 0u64;
+    let mut mix = |word: u64| h = (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let mut words = bytes.chunks_exact(8);
+    for word in &mut words {
+        mix(u64::from_le_bytes(word.try_into().expect("8 bytes")));
+    }
+    let rest = words.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 8];
+        last[..rest.len()].copy_from_slice(rest);
+        mix(u64::from_le_bytes(last));
+    }
+    mix(bytes.len() as u64);
+    h
+}
+
+impl SotwRequest {
+    fn merge_other(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        match tag {
+            1 => encoding::string::merge(wire_type, &mut self.version_info, buf, ctx),
+            2 => encoding::message::merge(
+                wire_type,
+                self.node.get_or_insert_with(Default::default),
+                buf,
+                ctx,
+            ),
+            4 => encoding::string::merge(wire_type, &mut self.type_url, buf, ctx),
+            5 => encoding::string::merge(wire_type, &mut self.response_nonce, buf, ctx),
+            6 => encoding::message::merge(
+                wire_type,
+                self.error_detail.get_or_insert_with(Default::default),
+                buf,
+                ctx,
+            ),
+            _ => encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+}
+
+impl Message for SotwRequest {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if !self.version_info.is_empty() {
+            encoding::string::encode(1, &self.version_info, buf);
+        }
+        if let Some(node) = &self.node {
+            encoding::message::encode(2, node, buf);
+        }
+        buf.put_slice(&self.resource_names.encoded);
+        if !self.type_url.is_empty() {
+            encoding::string::encode(4, &self.type_url, buf);
+        }
+        if !self.response_nonce.is_empty() {
+            encoding::string::encode(5, &self.response_nonce, buf);
+        }
+        if let Some(status) = &self.error_detail {
+            encoding::message::encode(6, status, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        if tag != 3 {
+            return self.merge_other(tag, wire_type, buf, ctx);
+        }
+        // Field by field (only `Message::merge` comes here; `decode` does not):
+        // the name is appended to an owned copy of the entries.
+        let mut name = Vec::new();
+        encoding::bytes::merge(wire_type, &mut name, buf, ctx)?;
+        let mut entries = Vec::from(std::mem::take(&mut self.resource_names.encoded));
+        encoding::bytes::encode(3, &name, &mut entries);
+        self.resource_names.encoded = entries.into();
+        self.resource_names.count += 1;
+        Ok(())
+    }
+
+    /// Decodes with `resource_names` kept as a slice of `buf` when it is [`Bytes`]
+    /// (the entries of a repeated field sent in one run), a copy otherwise.
+    fn decode(mut buf: impl Buf) -> Result<Self, DecodeError> {
+        let body = buf.copy_to_bytes(buf.remaining());
+        let mut request = SotwRequest::default();
+        let mut cursor = &body[..];
+        // The run of name entries seen so far, as offsets into `body`; `owned` once a
+        // second run starts.
+        let mut run: Option<(usize, usize)> = None;
+        let mut owned: Option<Vec<u8>> = None;
+        while !cursor.is_empty() {
+            let start = body.len() - cursor.len();
+            let (tag, wire_type) = encoding::decode_key(&mut cursor)?;
+            if tag != 3 {
+                request.merge_other(tag, wire_type, &mut cursor, DecodeContext::default())?;
+                continue;
+            }
+            encoding::check_wire_type(WireType::LengthDelimited, wire_type)?;
+            let mut at_len = cursor;
+            // Checks the length against what is left.
+            encoding::skip_field(wire_type, tag, &mut cursor, DecodeContext::default())?;
+            let len = encoding::decode_varint(&mut at_len)?;
+            let end = body.len() - cursor.len();
+            request.resource_names.count += 1;
+            let value = &body[end - len as usize..end];
+            match (&mut run, &mut owned) {
+                (None, None) if body[start] == NAME_KEY => run = Some((start, end)),
+                (Some((_, run_end)), None) if *run_end == start && body[start] == NAME_KEY => {
+                    *run_end = end
+                }
+                // A second run, or a key written in more than one byte (stored in its
+                // short form, so that every stored entry starts with `NAME_KEY`).
+                (_, _) => {
+                    let owned = owned.get_or_insert_with(|| {
+                        run.map_or_else(Vec::new, |(s, e)| body[s..e].to_vec())
+                    });
+                    owned.push(NAME_KEY);
+                    encoding::encode_varint(len, owned);
+                    owned.extend_from_slice(value);
+                }
+            }
+        }
+        request.resource_names.encoded = match (owned, run) {
+            (Some(owned), _) => owned.into(),
+            (None, Some((start, end))) => body.slice(start..end),
+            (None, None) => Bytes::new(),
+        };
+        Ok(request)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let string = |tag: u32, s: &str| {
+            if s.is_empty() {
+                0
+            } else {
+                encoding::key_len(tag) + encoding::encoded_len_varint(s.len() as u64) + s.len()
+            }
+        };
+        string(1, &self.version_info)
+            + self
+                .node
+                .as_ref()
+                .map_or(0, |n| encoding::message::encoded_len(2, n))
+            + self.resource_names.encoded.len()
+            + string(4, &self.type_url)
+            + string(5, &self.response_nonce)
+            + self
+                .error_detail
+                .as_ref()
+                .map_or(0, |s| encoding::message::encoded_len(6, s))
+    }
+
+    fn clear(&mut self) {
+        *self = SotwRequest::default();
+    }
 }
 
 impl From<envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest> for SotwRequest {
     fn from(req: envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest) -> Self {
-        SotwRequest {
-            version_info: req.version_info,
-            node: req.node,
-            resource_names: req
-                .resource_names
-                .into_iter()
-                .map(|n| Bytes::from(n.into_bytes()))
-                .collect(),
-            type_url: req.type_url,
-            response_nonce: req.response_nonce,
-            error_detail: req.error_detail,
-        }
+        SotwRequest::decode(Bytes::from(req.encode_to_vec()))
+            .expect("an encoded DiscoveryRequest decodes")
     }
 }
 
@@ -170,11 +373,64 @@ mod tests {
         };
         let wire = Bytes::from(request.encode_to_vec());
         let read = SotwRequest::decode(wire.clone()).unwrap();
-        assert_eq!(read, SotwRequest::from(request));
+        assert_eq!(read.version_info, "v1");
+        assert_eq!(read.node, request.node);
+        assert_eq!(read.type_url, request.type_url);
+        assert_eq!(read.response_nonce, "n1");
+        assert_eq!(read.error_detail, request.error_detail);
+        assert_eq!(read.resource_names.len(), 2);
+        let names: Vec<&[u8]> = read.resource_names.iter().collect();
+        assert_eq!(names, [&b"outbound|80||a.ns.svc.cluster.local"[..], b"b"]);
         // Decoding from Bytes shares the received buffer instead of copying names.
-        let name = &read.resource_names[0];
         let start = wire.as_ptr() as usize;
-        assert!((start..start + wire.len()).contains(&(name.as_ptr() as usize)));
+        assert!((start..start + wire.len()).contains(&(names[0].as_ptr() as usize)));
+        // And it encodes back to what Envoy sent.
+        assert_eq!(read.encode_to_vec(), wire);
+        assert_eq!(read.encoded_len(), wire.len());
+    }
+
+    #[test]
+    fn names_split_by_other_fields_or_written_long_read_the_same() {
+        let names = |r: &SotwRequest| -> Vec<Vec<u8>> {
+            r.resource_names.iter().map(<[u8]>::to_vec).collect()
+        };
+        let expected = vec![b"a".to_vec(), b"bb".to_vec(), b"c".to_vec()];
+        // Names on both sides of the type URL: two runs.
+        let mut split = Vec::new();
+        encoding::string::encode(3, &"a".to_string(), &mut split);
+        encoding::string::encode(4, &"t".to_string(), &mut split);
+        encoding::string::encode(3, &"bb".to_string(), &mut split);
+        encoding::string::encode(3, &"c".to_string(), &mut split);
+        let read = SotwRequest::decode(Bytes::from(split)).unwrap();
+        assert_eq!(
+            (names(&read), read.type_url.as_str()),
+            (expected.clone(), "t")
+        );
+        // A key written in two bytes (0x9a 0x00 is field 3, length-delimited).
+        let long = [
+            0x9a, 0x00, 1, b'a', 0x1a, 2, b'b', b'b', 0x9a, 0x00, 1, b'c',
+        ];
+        let read = SotwRequest::decode(Bytes::copy_from_slice(&long)).unwrap();
+        assert_eq!(names(&read), expected);
+        assert_eq!(read.resource_names.len(), 3);
+        // Same names, same digest, however they were written.
+        let plain = SotwRequest::from(DiscoveryRequest {
+            resource_names: vec!["a".into(), "bb".into(), "c".into()],
+            ..Default::default()
+        });
+        assert_eq!(plain.resource_names.digest(), read.resource_names.digest());
+        // Field by field (`Message::merge`) reads the same names too.
+        let mut merged = SotwRequest::default();
+        merged.merge(&long[..]).unwrap();
+        assert_eq!(names(&merged), expected);
+    }
+
+    #[test]
+    fn malformed_names_are_errors() {
+        // A name longer than the message, and a name with the wrong wire type.
+        for wire in [&[0x1a, 5, b'a'][..], &[0x18, 1][..]] {
+            assert!(SotwRequest::decode(Bytes::copy_from_slice(wire)).is_err());
+        }
     }
 
     use super::*;
