@@ -67,8 +67,8 @@ impl Mesh {
             namespaces: NAMESPACES,
             ..Scenario::default()
         };
-        let yaml = LoadRegistry::new(&scenario).render(&scenario.name);
-        let services = parse_mock_registry(Path::new("hot-paths.yaml"), &yaml)
+        let file = LoadRegistry::new(&scenario).render();
+        let services = parse_mock_registry(Path::new("hot-paths.json"), &file)
             .expect("the load tool's registry parses");
         let endpoints = Arc::new(EndpointIndex::new());
         // Nobody drains the events: the benchmarks build snapshots themselves.

@@ -92,7 +92,7 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
                     .with_context(|| format!("creating {}", config_dir.display()))?;
             }
             let files = Files {
-                mock_file: dir.join("registry.yaml"),
+                mock_file: dir.join("registry.json"),
                 config_dir: config_changes.then_some(config_dir),
             };
             (files, Some(dir))
@@ -151,7 +151,7 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
     let kinds = registry.plan(scenario);
     let plan = Arc::new(Plan::new(scenario, &registry, &kinds));
     registry
-        .write(&files.mock_file, &scenario.name)
+        .write(&files.mock_file)
         .context("writing the initial mock registry")?;
     if let Some(path) = files.virtual_service() {
         write_atomically(&path, registry.virtual_service(None).as_bytes())
@@ -350,7 +350,7 @@ async fn load(
             };
             (path, registry.virtual_service(Some(index)))
         } else {
-            (files.mock_file.clone(), registry.render(&scenario.name))
+            (files.mock_file.clone(), registry.render())
         };
         let watchers = match (plan.mode, kind, applied.service) {
             (Mode::Sidecar, _, _) => recorder.live_converged.load(Ordering::SeqCst),
