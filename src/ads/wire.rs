@@ -143,26 +143,56 @@ impl ResourceNames {
 /// A digest of bytes, computed a word at a time: every EDS ACK of a large mesh carries
 /// ~50 KB of names, and SipHash over them was the largest single cost of an endpoint
 /// change. Each step (rotate, xor a word, multiply by an odd constant) is a bijection
-/// of the state, so two inputs of the same length that differ in a single word never
-/// share a digest, and the length is mixed in last. It is not built to resist crafted
+/// of its lane's state, so two inputs of the same length that differ in a single word
+/// never share a digest, and the length is mixed in last. It is not built to resist crafted
 /// collisions; a crafted list could only confuse the subscription of the proxy that
 /// sent it.
 pub fn digest(bytes: &[u8]) -> u64 {
     const K: u64 = 0x517c_c1b7_2722_0a95;
-    let mut h = 0u64;
-    let mut mix = |word: u64| h = (h.rotate_left(5) ^ word).wrapping_mul(K);
-    let mut words = bytes.chunks_exact(8);
-    for word in &mut words {
-        mix(u64::from_le_bytes(word.try_into().expect("8 bytes")));
+    let step = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    // Four independent lanes over 32-byte blocks, so the multiplies overlap.
+    let mut lanes = [0u64, 1, 2, 3];
+    let mut blocks = bytes.chunks_exact(32);
+    for block in &mut blocks {
+        for (lane, w) in lanes.iter_mut().zip(block.chunks_exact(8)) {
+            *lane = step(*lane, word(w));
+        }
+    }
+    let mut h = lanes.into_iter().fold(0, step);
+    let mut words = blocks.remainder().chunks_exact(8);
+    for w in &mut words {
+        h = step(h, word(w));
     }
     let rest = words.remainder();
     if !rest.is_empty() {
         let mut last = [0u8; 8];
         last[..rest.len()].copy_from_slice(rest);
-        mix(u64::from_le_bytes(last));
+        h = step(h, u64::from_le_bytes(last));
     }
-    mix(bytes.len() as u64);
-    h
+    step(h, bytes.len() as u64)
+}
+
+/// The length in bytes and the number of the well-formed entries `NAME_KEY`, length,
+/// name at the start of `bytes`.
+fn name_run(bytes: &[u8]) -> (usize, usize) {
+    let (mut at, mut count) = (0, 0);
+    while bytes.get(at) == Some(&NAME_KEY) {
+        let mut rest = &bytes[at + 1..];
+        let Ok(len) = encoding::decode_varint(&mut rest) else {
+            break;
+        };
+        let Some(end) = usize::try_from(len)
+            .ok()
+            .filter(|len| *len <= rest.len())
+            .map(|len| bytes.len() - rest.len() + len)
+        else {
+            break;
+        };
+        at = end;
+        count += 1;
+    }
+    (at, count)
 }
 
 impl SotwRequest {
@@ -247,6 +277,16 @@ impl Message for SotwRequest {
         let mut owned: Option<Vec<u8>> = None;
         while !cursor.is_empty() {
             let start = body.len() - cursor.len();
+            // The common case, a run of short-keyed names, in a tight loop.
+            if owned.is_none() && cursor[0] == NAME_KEY && run.is_none_or(|(_, e)| e == start) {
+                let (consumed, count) = name_run(cursor);
+                if consumed > 0 {
+                    cursor = &cursor[consumed..];
+                    request.resource_names.count += count;
+                    run = Some((run.map_or(start, |(s, _)| s), start + consumed));
+                    continue;
+                }
+            }
             let (tag, wire_type) = encoding::decode_key(&mut cursor)?;
             if tag != 3 {
                 request.merge_other(tag, wire_type, &mut cursor, DecodeContext::default())?;
@@ -423,6 +463,19 @@ mod tests {
         let mut merged = SotwRequest::default();
         merged.merge(&long[..]).unwrap();
         assert_eq!(names(&merged), expected);
+    }
+
+    #[test]
+    fn a_single_changed_byte_changes_the_digest() {
+        let base: Vec<u8> = (0..=100u8).collect();
+        let d = digest(&base);
+        for i in 0..base.len() {
+            let mut other = base.clone();
+            other[i] ^= 0x20;
+            assert_ne!(digest(&other), d, "byte {i}");
+        }
+        assert_ne!(digest(&base[..100]), d);
+        assert_ne!(digest(&[0; 8]), digest(&[0; 7]), "the length counts");
     }
 
     #[test]

@@ -183,15 +183,20 @@ impl MemoryRegistry {
             self.remove_service(key);
         }
         for (key, entry) in wanted {
-            let unchanged_service = self
+            let (unchanged_service, unchanged_endpoints) = self
                 .inner
                 .state
                 .read()
                 .expect("memory registry poisoned")
                 .get(&key)
-                .is_some_and(|(s, _)| **s == entry.service);
+                .map_or((false, false), |(s, e)| {
+                    (**s == entry.service, *e == entry.endpoints)
+                });
             if !unchanged_service {
                 self.add_service(entry.service);
+            } else if unchanged_endpoints {
+                // A file rewritten for one change repeats every other service as it was.
+                continue;
             }
             self.set_endpoints(&key, entry.endpoints);
         }
