@@ -13,8 +13,11 @@
 //! Bursts are coalesced: [`PathWatcher::changed`] returns once no new notification has
 //! arrived for a quiet period ([`DEFAULT_QUIET`], 50 ms), or at the latest
 //! [`DEFAULT_MAX_DELAY`] after the first one, so a directory that never stops changing
-//! (a log file next to the config) still yields a tick every second. Waiting uses tokio
-//! time.
+//! (a log file next to the config) still yields a tick every second. A notification that
+//! says a writer is done (a file renamed into place, which is how atomic replacements and
+//! ConfigMap `..data` swaps land, or a file closed after writing) ends the wait at once:
+//! what it shows is complete, and waiting out the quiet period would only add latency.
+//! Waiting uses tokio time.
 //!
 //! Access notifications (a file was opened, read or closed without writing) are dropped:
 //! otherwise the consumer's own re-read would tick again and loop forever.
@@ -27,9 +30,11 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use notify::event::{AccessKind, AccessMode};
+use notify::event::{AccessKind, AccessMode, ModifyKind, RenameMode};
 use notify::{Event, EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -88,6 +93,8 @@ pub enum WatchError {
 pub struct PathWatcher {
     path: PathBuf,
     rx: mpsc::Receiver<()>,
+    /// Set with a tick when the notification said a writer is done (see the module).
+    settled: Arc<AtomicBool>,
     quiet: Duration,
     max_delay: Duration,
     // Kept alive for as long as the watch should run; `None` only in tests that feed
@@ -145,11 +152,16 @@ impl PathWatcher {
         }
         // One pending tick is enough: the consumer re-reads everything on a tick.
         let (tx, rx) = mpsc::channel(1);
+        let settled = Arc::new(AtomicBool::new(false));
+        let settled_tx = settled.clone();
         let shown = path.display().to_string();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<Event>| match event {
                 Ok(event) if !is_relevant(&event) => {}
-                Ok(_) => {
+                Ok(event) => {
+                    if is_settling(&event) {
+                        settled_tx.store(true, Ordering::Release);
+                    }
                     let _ = tx.try_send(());
                 }
                 Err(e) => {
@@ -176,6 +188,7 @@ impl PathWatcher {
         Ok(PathWatcher {
             path: path.to_path_buf(),
             rx,
+            settled,
             quiet: DEFAULT_QUIET,
             max_delay: DEFAULT_MAX_DELAY,
             _watcher: Some(watcher),
@@ -200,6 +213,12 @@ impl PathWatcher {
         self.rx.recv().await?;
         let deadline = Instant::now() + self.max_delay;
         loop {
+            if self.settled.swap(false, Ordering::AcqRel) {
+                // A writer is done: report now, and drop the tick of the same burst
+                // that may be queued behind this one.
+                let _ = self.rx.try_recv();
+                return Some(());
+            }
             let quiet_until = (Instant::now() + self.quiet).min(deadline);
             match tokio::time::timeout_at(quiet_until, self.rx.recv()).await {
                 // More notifications: keep waiting for quiet, unless the deadline passed.
@@ -228,6 +247,16 @@ fn parent_dir(path: &Path) -> Result<PathBuf, WatchError> {
     }
 }
 
+/// Whether a notification says a writer is done: a name moved into place (an atomic
+/// replace, a ConfigMap `..data` swap) or a file closed after writing.
+fn is_settling(event: &Event) -> bool {
+    matches!(
+        event.kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+            | EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
+    )
+}
+
 /// Whether a notification may mean a content change. Opening, reading and closing a
 /// file without writing do not (and the consumer's own re-read must not tick).
 fn is_relevant(event: &Event) -> bool {
@@ -241,7 +270,7 @@ fn is_relevant(event: &Event) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use notify::event::{CreateKind, ModifyKind, RemoveKind, RenameMode};
+    use notify::event::{CreateKind, RemoveKind};
     use std::fs;
     #[cfg(unix)]
     use std::os::unix::fs::symlink;
@@ -254,6 +283,7 @@ mod tests {
         let watcher = PathWatcher {
             path: path.to_path_buf(),
             rx,
+            settled: Arc::default(),
             quiet: DEFAULT_QUIET,
             max_delay: DEFAULT_MAX_DELAY,
             _watcher: None,
@@ -437,6 +467,55 @@ mod tests {
         );
         drop(tx);
         assert_eq!(w.changed().await, None, "a stopped watcher reports None");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_writer_done_ends_the_wait_at_once() {
+        let (tx, mut w) = manual(Path::new("x"));
+        let settled = w.settled.clone();
+        let start = Instant::now();
+        let feeder = tokio::spawn(async move {
+            let _ = tx.try_send(());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            // What the notify callback does for a rename into place.
+            settled.store(true, Ordering::Release);
+            let _ = tx.try_send(());
+            tx
+        });
+        assert_eq!(w.changed().await, Some(()));
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(20),
+            "no quiet period after it"
+        );
+        let _tx = feeder.await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), w.changed())
+                .await
+                .is_err(),
+            "the burst's queued tick went with it"
+        );
+    }
+
+    #[test]
+    fn renames_into_place_and_closes_after_writing_settle() {
+        let event = |kind| Event::new(kind);
+        assert!(is_settling(&event(EventKind::Modify(ModifyKind::Name(
+            RenameMode::To
+        )))));
+        assert!(is_settling(&event(EventKind::Modify(ModifyKind::Name(
+            RenameMode::Both
+        )))));
+        assert!(is_settling(&event(EventKind::Access(AccessKind::Close(
+            AccessMode::Write
+        )))));
+        assert!(!is_settling(&event(EventKind::Modify(ModifyKind::Name(
+            RenameMode::From
+        )))));
+        assert!(!is_settling(&event(EventKind::Modify(ModifyKind::Data(
+            notify::event::DataChange::Content
+        )))));
+        assert!(!is_settling(&event(EventKind::Create(CreateKind::File))));
     }
 
     #[tokio::test(start_paused = true)]
