@@ -275,6 +275,64 @@ impl RouteConfigurationLite {
     }
 }
 
+/// The length-delimited fields of an encoded message, as `(tag, value)`, every other
+/// field skipped; nothing is allocated.
+fn delimited_fields(
+    mut buf: &[u8],
+) -> impl Iterator<Item = Result<(u32, &[u8]), prost::DecodeError>> {
+    use prost::encoding::{DecodeContext, WireType, decode_key, decode_varint, skip_field};
+    std::iter::from_fn(move || {
+        while !buf.is_empty() {
+            let step = (|| {
+                let (tag, wire_type) = decode_key(&mut buf)?;
+                if wire_type != WireType::LengthDelimited {
+                    skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+                    return Ok(None);
+                }
+                let mut at_len = buf;
+                // Checks the length against what is left.
+                skip_field(wire_type, tag, &mut buf, DecodeContext::default())?;
+                let len = decode_varint(&mut at_len)? as usize;
+                Ok(Some((tag, &at_len[..len])))
+            })();
+            match step {
+                Ok(None) => continue,
+                Ok(Some(field)) => return Some(Ok(field)),
+                Err(e) => {
+                    buf = &[];
+                    return Some(Err(e));
+                }
+            }
+        }
+        None
+    })
+}
+
+/// The name of an encoded `RouteConfiguration` and the newest config change its routes
+/// are named after, read by walking `virtual_hosts` (2) -> `routes` (3) -> `name` (14)
+/// without decoding messages: a sidecar's table for a port names every service of the
+/// mesh (~650 KB for 1,000), and each of 2,000 simulated sidecars reads it on every
+/// config change.
+pub fn route_name_and_marker(bytes: &[u8]) -> Result<(String, Option<u32>), prost::DecodeError> {
+    // Decoding only the name skips the virtual hosts by their lengths.
+    let name = RouteNameLite::decode(bytes)?.name;
+    let mut newest = None;
+    for field in delimited_fields(bytes) {
+        let (2, host) = field? else { continue };
+        for field in delimited_fields(host) {
+            let (3, route) = field? else { continue };
+            for field in delimited_fields(route) {
+                let (14, route_name) = field? else { continue };
+                let marker = std::str::from_utf8(route_name)
+                    .ok()
+                    .and_then(route_marker_change);
+                newest = newest.max(marker);
+            }
+        }
+    }
+    Ok((name, newest))
+}
+
 /// `envoy.config.endpoint.v3.ClusterLoadAssignment`.
 #[derive(Clone, PartialEq, Message)]
 pub struct ClaLite {
@@ -454,6 +512,39 @@ mod tests {
             RouteNameLite::decode(bytes.as_slice()).unwrap().name,
             "outbound|80||a"
         );
+        // The walk without messages finds the newest marker across virtual hosts.
+        let host = |route_names: &[&str]| VirtualHost {
+            name: "h".into(),
+            domains: vec!["a".into(), "a:80".into()],
+            routes: route_names
+                .iter()
+                .map(|n| Route {
+                    name: (*n).into(),
+                    ..routes.virtual_hosts[0].routes[0].clone()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let table = RouteConfiguration {
+            name: "8080".into(),
+            virtual_hosts: vec![
+                host(&["default"]),
+                host(&["load-change-9", "load-change-4"]),
+                host(&[]),
+            ],
+            validate_clusters: Some(envoy_types::pb::google::protobuf::BoolValue { value: false }),
+            ..Default::default()
+        };
+        let bytes = table.encode_to_vec();
+        assert_eq!(
+            route_name_and_marker(&bytes).unwrap(),
+            ("8080".to_string(), Some(9))
+        );
+        assert_eq!(
+            route_name_and_marker(&RouteConfiguration::default().encode_to_vec()).unwrap(),
+            (String::new(), None)
+        );
+        assert!(route_name_and_marker(&bytes[..bytes.len() - 3]).is_err());
 
         let endpoint = |port: u32| LbEndpoint {
             host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(Endpoint {

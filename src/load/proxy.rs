@@ -26,7 +26,7 @@ use prost::Message;
 
 use super::lite::{
     ClaLite, ClusterLite, DeltaResponseLite, ListenerLite, RouteConfigurationLite, RouteNameLite,
-    SotwResponseLite,
+    SotwResponseLite, route_name_and_marker,
 };
 use super::plan::Plan;
 use super::scenario::{Flavour, Mode};
@@ -387,11 +387,8 @@ impl ProxyState {
                     Decoded::Route(Vec::new(), None),
                 ),
                 Mode::Sidecar => {
-                    let r = RouteConfigurationLite::decode(bytes)?;
-                    (
-                        intern(&r.name),
-                        Decoded::Route(Vec::new(), r.newest_marker()),
-                    )
+                    let (name, marker) = route_name_and_marker(bytes)?;
+                    (intern(&name), Decoded::Route(Vec::new(), marker))
                 }
                 Mode::Grpc => {
                     let r = RouteConfigurationLite::decode(bytes)?;
