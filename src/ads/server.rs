@@ -399,6 +399,15 @@ async fn push<F: FlavourIo>(
                 Scope::Hostnames(&hosts)
             }
             _ if request.is_endpoints_only() => continue,
+            _ if !request.forced
+                && !request.configs_updated.is_empty()
+                && request
+                    .configs_updated
+                    .iter()
+                    .all(|k| !crate::generate::reads(&handle.proxy, type_url, k.kind)) =>
+            {
+                continue;
+            }
             _ => Scope::All,
         };
         let why = if request.forced {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 
-use meshfed_registry::Service;
+use meshfed_registry::{ConfigKind, Service};
 
 use crate::ads::node::{Generator, Proxy};
 use crate::networks::NetworkView;
@@ -47,6 +47,24 @@ pub enum Scope<'a> {
     All,
     /// Only resources derived from these hostnames (incremental EDS).
     Hostnames(&'a HashSet<&'a str>),
+}
+
+/// Whether the `type_url` config of `proxy` may read objects of `kind`: a push whose
+/// every change is of kinds no generator of the type reads skips the type for that
+/// proxy (generating it would give what the proxy already holds). Conservative: only
+/// the pairs known to be independent answer `false`, and must stay in step with the
+/// generators.
+///
+/// - VirtualServices are read by Envoy sidecars' RDS only (sidecar listeners, clusters
+///   and endpoints never look at them): a VirtualService change costs a sidecar its
+///   route tables alone, not the regeneration of ~2 MB of CDS, EDS and LDS.
+///   Gateways read them in LDS (TLS and TCP routes) and proxyless clients throughout.
+pub fn reads(proxy: &Proxy, type_url: TypeUrl, kind: ConfigKind) -> bool {
+    let sidecar = proxy.generator == Generator::Envoy && !proxy.is_router();
+    match kind {
+        ConfigKind::VirtualService if sidecar => type_url == TypeUrl::Route,
+        _ => true,
+    }
 }
 
 /// Generates the resources of `type_url` that `proxy` subscribed to. Generators see
