@@ -66,6 +66,10 @@ pub struct RunOptions {
 /// How often the driver looks at the recorder while it waits.
 const POLL: Duration = Duration::from_millis(5);
 
+/// With `rate: 0`, how long no proxy may have received anything before the next change
+/// is written: the push of the previous change has been delivered in full.
+pub const QUIET_BETWEEN_CHANGES: Duration = Duration::from_millis(300);
+
 /// Runs the scenario and returns what was measured.
 pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     let scenario = &options.scenario;
@@ -337,7 +341,10 @@ async fn load(
             sleep_until(at.into()).await;
         } else if index > 0 {
             let until = last_write + scenario.change_timeout;
-            while !recorder.change_done(index - 1) && Instant::now() < until {
+            while !(recorder.change_done(index - 1)
+                && recorder.quiet_for() >= QUIET_BETWEEN_CHANGES)
+                && Instant::now() < until
+            {
                 tokio::time::sleep(POLL).await;
             }
         }

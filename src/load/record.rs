@@ -71,6 +71,8 @@ pub struct Recorder {
     pub service_watchers: Vec<AtomicUsize>,
     /// Nanoseconds since base of the latest first convergence.
     last_converged_ns: AtomicU64,
+    /// When the last response arrived at any proxy.
+    last_response_ns: AtomicU64,
     /// Per proxy: its start -> complete initial config, in microseconds.
     convergence: Mutex<Vec<u32>>,
     changes: Vec<ChangeSlot>,
@@ -102,6 +104,7 @@ impl Recorder {
             live_converged: AtomicUsize::new(0),
             service_watchers: (0..services).map(|_| AtomicUsize::new(0)).collect(),
             last_converged_ns: AtomicU64::new(0),
+            last_response_ns: AtomicU64::new(0),
             convergence: Mutex::new(Vec::new()),
             changes: (0..changes).map(|_| ChangeSlot::new()).collect(),
             types: Default::default(),
@@ -123,6 +126,8 @@ impl Recorder {
 
     /// A response of `type_url` arrived.
     pub fn received(&self, type_url: TypeUrl, resources: usize, bytes: usize) {
+        self.last_response_ns
+            .fetch_max(self.since_base(Instant::now()), Ordering::Relaxed);
         let t = &self.types[type_url as usize];
         t.responses.fetch_add(1, Ordering::Relaxed);
         t.resources.fetch_add(resources as u64, Ordering::Relaxed);
@@ -136,6 +141,12 @@ impl Recorder {
             .fetch_max(self.since_base(at), Ordering::SeqCst);
         let micros = took.as_micros().min(u128::from(u32::MAX)) as u32;
         self.convergence.lock().expect("poisoned").push(micros);
+    }
+
+    /// How long no proxy has received a response.
+    pub fn quiet_for(&self) -> Duration {
+        let last = self.base + Duration::from_nanos(self.last_response_ns.load(Ordering::Relaxed));
+        last.elapsed()
     }
 
     /// When the last proxy converged so far.

@@ -39,7 +39,10 @@ pub enum Flavour {
 pub struct Churn {
     /// Changes per second, all kinds together. 0 = one at a time: each change is
     /// written once every watching proxy has ACKed the previous one (or its
-    /// `changeTimeout` ran out), so each is measured alone.
+    /// `changeTimeout` ran out) and no proxy has received anything for
+    /// [`crate::load::driver::QUIET_BETWEEN_CHANGES`] (the rest of the push that
+    /// carried it, e.g. the EDS and RDS after the CDS that showed an added service, has
+    /// been delivered), so each is measured alone.
     pub rate: f64,
     /// Endpoint changes: one endpoint of a random service gets a new port.
     pub endpoint_changes: usize,
