@@ -9,7 +9,7 @@
 //! clusters' endpoints for a proxy naming no cluster, and a pod no service selects
 //! (selector-less services with hand-written slices).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
 use meshfed_registry::{Port, ProviderId, Service};
@@ -39,9 +39,27 @@ pub fn proxy_instances(snapshot: &Snapshot, proxy: &Proxy) -> Vec<ProxyInstance>
     let proxy_cluster = proxy.cluster_id.as_ref().map(|c| c.as_str());
     let workload = snapshot.workload(proxy).filter(|w| !w.targets.is_empty());
     let answered_cluster = workload.as_ref().map(|w| w.cluster_id.as_str());
+    // Only the services with an endpoint at one of the proxy's addresses, or that
+    // its workload backs, can have instances.
+    let candidates: HashSet<&meshfed_registry::ServiceKey> = proxy
+        .ip_addresses
+        .iter()
+        .flat_map(|ip| snapshot.services_at(ip))
+        .chain(
+            workload
+                .iter()
+                .flat_map(|w| w.targets.iter().map(|t| &t.service)),
+        )
+        .collect();
     let mut out = Vec::new();
+    if candidates.is_empty() {
+        return out;
+    }
     for service in snapshot.services.all() {
         let key = service.key();
+        if !candidates.contains(&key) {
+            continue;
+        }
         let mut seen: BTreeSet<u16> = BTreeSet::new();
         let targets = workload
             .iter()
