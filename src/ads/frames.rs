@@ -507,7 +507,7 @@ mod tests {
                     name: "outbound|80||a.ns.svc.cluster.local".into(),
                 },
                 DeltaResource {
-                    version: String::new(),
+                    version: "".into(),
                     resource: None,
                     name: "b".into(),
                 },

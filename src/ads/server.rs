@@ -250,9 +250,9 @@ impl FlavourIo for Delta {
             resources: changed
                 .iter()
                 .map(|r| DeltaResource {
-                    version: r.version.to_string(),
+                    version: r.version.clone(),
                     resource: Some(r.body.clone()),
-                    name: r.name.to_string(),
+                    name: r.name.clone(),
                 })
                 .collect(),
             type_url: type_url.as_str().to_string(),

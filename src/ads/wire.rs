@@ -7,6 +7,8 @@
 //! resource cache produced once. A SotW request is read by [`SotwRequest`], which keeps
 //! the resource names as the bytes they arrived in; Delta requests use envoy-types'.
 
+use std::sync::Arc;
+
 use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
@@ -359,15 +361,83 @@ impl From<envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest> for 
     }
 }
 
-/// `envoy.service.discovery.v3.Resource` with a shared body.
-#[derive(Clone, PartialEq, prost::Message)]
+/// A `string` field, left out when empty (proto3).
+fn put_string(tag: u32, s: &str, buf: &mut impl BufMut) {
+    if !s.is_empty() {
+        encoding::encode_key(tag, WireType::LengthDelimited, buf);
+        encoding::encode_varint(s.len() as u64, buf);
+        buf.put_slice(s.as_bytes());
+    }
+}
+
+/// `envoy.service.discovery.v3.Resource` with a shared body, name and version: a
+/// Delta response of 1,000 clusters refers to the snapshot's strings instead of
+/// copying two of them per resource (with 500 Delta sidecars connecting, those copies
+/// were a quarter of the server's peak heap).
+#[derive(Clone, PartialEq, Default, Debug)]
 pub struct DeltaResource {
-    #[prost(string, tag = "1")]
-    pub version: String,
-    #[prost(message, optional, tag = "2")]
+    pub version: Arc<str>,
     pub resource: Option<SharedAny>,
-    #[prost(string, tag = "3")]
-    pub name: String,
+    pub name: Arc<str>,
+}
+
+impl Message for DeltaResource {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        put_string(1, &self.version, buf);
+        if let Some(any) = &self.resource {
+            encoding::message::encode(2, any, buf);
+        }
+        put_string(3, &self.name, buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        // Only ever decoded in tests.
+        let mut text = String::new();
+        match tag {
+            1 | 3 => {
+                encoding::string::merge(wire_type, &mut text, buf, ctx)?;
+                *(if tag == 1 {
+                    &mut self.version
+                } else {
+                    &mut self.name
+                }) = Arc::from(text);
+                Ok(())
+            }
+            2 => encoding::message::merge(
+                wire_type,
+                self.resource.get_or_insert_with(Default::default),
+                buf,
+                ctx,
+            ),
+            _ => encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        let string = |tag: u32, s: &str| {
+            if s.is_empty() {
+                0
+            } else {
+                encoding::key_len(tag) + encoding::encoded_len_varint(s.len() as u64) + s.len()
+            }
+        };
+        string(1, &self.version)
+            + self
+                .resource
+                .as_ref()
+                .map_or(0, |a| encoding::message::encoded_len(2, a))
+            + string(3, &self.name)
+    }
+
+    fn clear(&mut self) {
+        *self = DeltaResource::default();
+    }
 }
 
 /// `envoy.service.discovery.v3.DeltaDiscoveryResponse` with shared resources.
@@ -521,7 +591,7 @@ mod tests {
             resources: vec![DeltaResource {
                 version: "h".into(),
                 resource: Some(any),
-                name: cluster.name.clone(),
+                name: cluster.name.as_str().into(),
             }],
             type_url: "t".into(),
             nonce: "n2".into(),
