@@ -24,11 +24,7 @@ pub struct SharedAny {
 
 impl Message for SharedAny {
     fn encode_raw(&self, buf: &mut impl BufMut) {
-        if !self.type_url.is_empty() {
-            encoding::encode_key(1, WireType::LengthDelimited, buf);
-            encoding::encode_varint(self.type_url.len() as u64, buf);
-            buf.put_slice(self.type_url.as_bytes());
-        }
+        put_string(1, self.type_url, buf);
         if !self.value.is_empty() {
             encoding::bytes::encode(2, &self.value, buf);
         }
@@ -49,13 +45,7 @@ impl Message for SharedAny {
     }
 
     fn encoded_len(&self) -> usize {
-        let url = if self.type_url.is_empty() {
-            0
-        } else {
-            encoding::key_len(1)
-                + encoding::encoded_len_varint(self.type_url.len() as u64)
-                + self.type_url.len()
-        };
+        let url = string_len(1, self.type_url);
         let value = if self.value.is_empty() {
             0
         } else {
@@ -328,21 +318,14 @@ impl Message for SotwRequest {
     }
 
     fn encoded_len(&self) -> usize {
-        let string = |tag: u32, s: &str| {
-            if s.is_empty() {
-                0
-            } else {
-                encoding::key_len(tag) + encoding::encoded_len_varint(s.len() as u64) + s.len()
-            }
-        };
-        string(1, &self.version_info)
+        string_len(1, &self.version_info)
             + self
                 .node
                 .as_ref()
                 .map_or(0, |n| encoding::message::encoded_len(2, n))
             + self.resource_names.encoded.len()
-            + string(4, &self.type_url)
-            + string(5, &self.response_nonce)
+            + string_len(4, &self.type_url)
+            + string_len(5, &self.response_nonce)
             + self
                 .error_detail
                 .as_ref()
@@ -367,6 +350,15 @@ fn put_string(tag: u32, s: &str, buf: &mut impl BufMut) {
         encoding::encode_key(tag, WireType::LengthDelimited, buf);
         encoding::encode_varint(s.len() as u64, buf);
         buf.put_slice(s.as_bytes());
+    }
+}
+
+/// The encoded length of a `string` field written by [`put_string`].
+fn string_len(tag: u32, s: &str) -> usize {
+    if s.is_empty() {
+        0
+    } else {
+        encoding::key_len(tag) + encoding::encoded_len_varint(s.len() as u64) + s.len()
     }
 }
 
@@ -420,19 +412,12 @@ impl Message for DeltaResource {
     }
 
     fn encoded_len(&self) -> usize {
-        let string = |tag: u32, s: &str| {
-            if s.is_empty() {
-                0
-            } else {
-                encoding::key_len(tag) + encoding::encoded_len_varint(s.len() as u64) + s.len()
-            }
-        };
-        string(1, &self.version)
+        string_len(1, &self.version)
             + self
                 .resource
                 .as_ref()
                 .map_or(0, |a| encoding::message::encoded_len(2, a))
-            + string(3, &self.name)
+            + string_len(3, &self.name)
     }
 
     fn clear(&mut self) {

@@ -149,6 +149,21 @@ struct Subscription {
     gone: HashSet<Arc<str>>,
 }
 
+impl Subscription {
+    /// The SotW request that (re)states this subscription, ACKing the last response.
+    fn sotw_request(&self, type_url: TypeUrl) -> SotwOut {
+        SotwOut {
+            request: DiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                version_info: self.version.clone(),
+                response_nonce: self.nonce.clone(),
+                ..Default::default()
+            },
+            names: self.list.clone(),
+        }
+    }
+}
+
 /// A decoded resource: what the proxy keeps of it.
 enum Decoded {
     /// A cluster and its EDS name, when it is an EDS cluster.
@@ -267,16 +282,8 @@ impl ProxyState {
         sub.version = response.version_info;
         sub.nonce = response.nonce;
         self.follow(type_url, &mut step);
-        let sub = &self.subs[type_url as usize];
-        step.requests.push(Outgoing::Sotw(SotwOut {
-            request: DiscoveryRequest {
-                type_url: type_url.as_str().into(),
-                version_info: sub.version.clone(),
-                response_nonce: sub.nonce.clone(),
-                ..Default::default()
-            },
-            names: sub.list.clone(),
-        }));
+        let request = self.subs[type_url as usize].sotw_request(type_url);
+        step.requests.push(Outgoing::Sotw(request));
         step
     }
 
@@ -617,15 +624,7 @@ impl ProxyState {
             return;
         }
         step.requests.push(match self.flavour {
-            Flavour::Sotw => Outgoing::Sotw(SotwOut {
-                request: DiscoveryRequest {
-                    type_url: type_url.as_str().into(),
-                    version_info: sub.version.clone(),
-                    response_nonce: sub.nonce.clone(),
-                    ..Default::default()
-                },
-                names: sub.list.clone(),
-            }),
+            Flavour::Sotw => Outgoing::Sotw(sub.sotw_request(type_url)),
             Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
                 type_url: type_url.as_str().into(),
                 resource_names_subscribe: added,
