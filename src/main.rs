@@ -18,7 +18,8 @@ use meshfed::push::debounce::DebounceConfig;
 /// kilobytes per proxy in bursts, which glibc's heap keeps after they are freed. With
 /// 2,000 Delta sidecars connecting (`meshfed load`, BENCHMARKS.md): RSS 261 -> 193 MiB,
 /// server CPU for the initial configs 12.3 -> 8.7 s. (mimalloc was tried before and
-/// held more.)
+/// held more.) Freed pages are purged by jemalloc's background threads (the crate's
+/// `background_threads` feature), not by whichever request allocates next.
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
