@@ -42,14 +42,14 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
 use kube::api::GetParams;
 use meshfed_registry::config::model::{GROUP, VERSIONS};
-use meshfed_registry::config::store::{Objects, list_kind};
+use meshfed_registry::config::store::{Objects, Published, StoreCore};
 use meshfed_registry::config::{ConfigObject, ConfigStore, Kind, ObjectId, RejectedConfig};
 use meshfed_registry::{ClusterId, UpdateSink};
 use tokio::sync::watch;
@@ -188,15 +188,21 @@ struct StoreState {
     versions: [Option<&'static str>; 6],
 }
 
+impl Published for StoreState {
+    fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    fn rejected(&self) -> Vec<RejectedConfig> {
+        self.rejected.values().cloned().collect()
+    }
+}
+
 #[derive(Debug)]
 struct Inner {
     config: KubeConfigStoreConfig,
-    sink: UpdateSink,
-    synced: AtomicBool,
-    /// Generation counter for [`ConfigStore::changes`].
-    changes: watch::Sender<u64>,
+    core: StoreCore<StoreState>,
     stats: KubeConfigStats,
-    state: RwLock<StoreState>,
 }
 
 /// The read handle of a cluster's Istio config; [`run_kube_config`] is its writer.
@@ -226,11 +232,8 @@ impl KubeConfigStore {
         Ok(KubeConfigStore {
             inner: Arc::new(Inner {
                 config,
-                sink,
-                synced: AtomicBool::new(false),
-                changes: watch::Sender::new(0),
+                core: StoreCore::new(sink),
                 stats: KubeConfigStats::default(),
-                state: RwLock::new(StoreState::default()),
             }),
         })
     }
@@ -274,39 +277,39 @@ impl KubeConfigStore {
 
     /// Waits until the initial lists are in.
     pub async fn wait_synced(&self) {
-        let mut changes = self.inner.changes.subscribe();
+        let mut changes = self.inner.core.changes();
         // The sender lives as long as `self`, so this cannot fail.
         let _ = changes.wait_for(|_| self.has_synced()).await;
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, StoreState> {
-        self.inner.state.read().unwrap_or_else(|e| e.into_inner())
+        self.inner.core.read()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, StoreState> {
-        self.inner.state.write().unwrap_or_else(|e| e.into_inner())
+        self.inner.core.write()
     }
 }
 
 impl ConfigStore for KubeConfigStore {
     fn list(&self, kind: Kind) -> Vec<Arc<ConfigObject>> {
-        list_kind(&self.read().objects, kind)
+        self.inner.core.list(kind)
     }
 
     fn all(&self) -> Vec<Arc<ConfigObject>> {
-        self.read().objects.values().cloned().collect()
+        self.inner.core.all()
     }
 
     fn rejected(&self) -> Vec<RejectedConfig> {
-        self.read().rejected.values().cloned().collect()
+        self.inner.core.rejected()
     }
 
     fn has_synced(&self) -> bool {
-        self.inner.synced.load(Ordering::SeqCst)
+        self.inner.core.has_synced()
     }
 
     fn changes(&self) -> Option<watch::Receiver<u64>> {
-        Some(self.inner.changes.subscribe())
+        Some(self.inner.core.changes())
     }
 }
 

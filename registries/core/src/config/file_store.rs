@@ -31,14 +31,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::config::assembly::{Placed, assemble};
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::source::{ParsedFile, config_files, parse_bytes};
 use crate::config::store::{
-    ConfigStore, Objects, RejectedConfig, announce, changed_keys, list_kind,
+    ConfigStore, Objects, Published, RejectedConfig, StoreCore, changed_keys,
 };
 use crate::events::UpdateSink;
 use crate::watch::{PathWatcher, WatchError};
@@ -81,14 +81,20 @@ struct FileState {
     rejected: Vec<RejectedConfig>,
 }
 
+impl Published for FileState {
+    fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    fn rejected(&self) -> Vec<RejectedConfig> {
+        self.rejected.clone()
+    }
+}
+
 #[derive(Debug)]
 struct FileInner {
-    sink: UpdateSink,
-    synced: AtomicBool,
-    /// Generation counter for [`ConfigStore::changes`].
-    changes: tokio::sync::watch::Sender<u64>,
+    core: StoreCore<FileState>,
     status: ConfigDirStatus,
-    state: RwLock<FileState>,
 }
 
 /// The read handle of a config directory store; [`run_config_dir`] is its writer.
@@ -103,11 +109,8 @@ impl FileConfigStore {
     pub fn new(sink: UpdateSink) -> FileConfigStore {
         FileConfigStore {
             inner: Arc::new(FileInner {
-                sink,
-                synced: AtomicBool::new(false),
-                changes: tokio::sync::watch::Sender::new(0),
+                core: StoreCore::new(sink),
                 status: ConfigDirStatus::new(),
-                state: RwLock::new(FileState::default()),
             }),
         }
     }
@@ -118,33 +121,33 @@ impl FileConfigStore {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, FileState> {
-        self.inner.state.read().unwrap_or_else(|e| e.into_inner())
+        self.inner.core.read()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, FileState> {
-        self.inner.state.write().unwrap_or_else(|e| e.into_inner())
+        self.inner.core.write()
     }
 }
 
 impl ConfigStore for FileConfigStore {
     fn list(&self, kind: Kind) -> Vec<Arc<ConfigObject>> {
-        list_kind(&self.read().objects, kind)
+        self.inner.core.list(kind)
     }
 
     fn all(&self) -> Vec<Arc<ConfigObject>> {
-        self.read().objects.values().cloned().collect()
+        self.inner.core.all()
     }
 
     fn rejected(&self) -> Vec<RejectedConfig> {
-        self.read().rejected.clone()
+        self.inner.core.rejected()
     }
 
     fn has_synced(&self) -> bool {
-        self.inner.synced.load(Ordering::SeqCst)
+        self.inner.core.has_synced()
     }
 
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
-        Some(self.inner.changes.subscribe())
+        Some(self.inner.core.changes())
     }
 }
 
@@ -167,12 +170,7 @@ pub async fn run_config_dir(
     let mut watcher = PathWatcher::watch(&dir, true)?;
     let mut reloader = Reloader::new(dir, store);
     reloader.reload().await;
-    reloader.store.inner.synced.store(true, Ordering::SeqCst);
-    reloader
-        .store
-        .inner
-        .changes
-        .send_modify(|generation| *generation += 1);
+    reloader.store.inner.core.mark_synced();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         tokio::select! {
@@ -310,7 +308,7 @@ impl Reloader {
         );
         self.store.status().record(rejected.len());
         if !keys.is_empty() {
-            announce(&self.store.inner.sink, &self.store.inner.changes, keys);
+            self.store.inner.core.announce(keys);
         }
     }
 }

@@ -69,6 +69,89 @@ pub fn announce(
     }
 }
 
+/// The part every config store shares: its state behind one lock (read and written
+/// even after a panicking writer), whether its first load is done, the generation
+/// counter behind [`ConfigStore::changes`] and the sink its changes are announced
+/// through. `S` is the store's own state; [`Published`] says where in it the objects
+/// and rejections are. A store's [`ConfigStore`] impl hands its reads to this.
+#[derive(Debug)]
+pub struct StoreCore<S> {
+    sink: UpdateSink,
+    synced: AtomicBool,
+    changes: watch::Sender<u64>,
+    state: RwLock<S>,
+}
+
+/// What a store's state publishes.
+pub trait Published {
+    /// The objects in force.
+    fn objects(&self) -> &Objects;
+    /// What was rejected, in the store's stable order.
+    fn rejected(&self) -> Vec<RejectedConfig>;
+}
+
+impl<S: Default + Published> StoreCore<S> {
+    /// An empty, unsynced core announcing through `sink`.
+    pub fn new(sink: UpdateSink) -> StoreCore<S> {
+        StoreCore {
+            sink,
+            synced: AtomicBool::new(false),
+            changes: watch::Sender::new(0),
+            state: RwLock::new(S::default()),
+        }
+    }
+
+    /// Reads the state.
+    pub fn read(&self) -> std::sync::RwLockReadGuard<'_, S> {
+        self.state.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Writes the state (announce afterwards, outside the lock).
+    pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, S> {
+        self.state.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Marks the first load done and moves the generation counter (becoming synced
+    /// is a change consumers wait for). False if it was synced already.
+    pub fn mark_synced(&self) -> bool {
+        let first = !self.synced.swap(true, Ordering::SeqCst);
+        if first {
+            self.changes.send_modify(|generation| *generation += 1);
+        }
+        first
+    }
+
+    /// Announces applied changes (see [`announce`]).
+    pub fn announce(&self, keys: impl IntoIterator<Item = ConfigKey>) {
+        announce(&self.sink, &self.changes, keys);
+    }
+
+    /// [`ConfigStore::list`].
+    pub fn list(&self, kind: Kind) -> Vec<Arc<ConfigObject>> {
+        list_kind(self.read().objects(), kind)
+    }
+
+    /// [`ConfigStore::all`].
+    pub fn all(&self) -> Vec<Arc<ConfigObject>> {
+        self.read().objects().values().cloned().collect()
+    }
+
+    /// [`ConfigStore::rejected`].
+    pub fn rejected(&self) -> Vec<RejectedConfig> {
+        self.read().rejected()
+    }
+
+    /// [`ConfigStore::has_synced`].
+    pub fn has_synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    /// [`ConfigStore::changes`].
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+}
+
 /// An object (or a document or file) the store did not take.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct RejectedConfig {
@@ -143,20 +226,21 @@ struct MemoryState {
     rejected: BTreeMap<ObjectId, RejectedConfig>,
 }
 
-#[derive(Debug)]
-struct MemoryInner {
-    sink: UpdateSink,
-    synced: AtomicBool,
-    /// Generation counter for [`ConfigStore::changes`].
-    changes: watch::Sender<u64>,
-    state: RwLock<MemoryState>,
+impl Published for MemoryState {
+    fn objects(&self) -> &Objects {
+        &self.objects
+    }
+
+    fn rejected(&self) -> Vec<RejectedConfig> {
+        self.rejected.values().cloned().collect()
+    }
 }
 
 /// An in-memory config store for tests, demos and embedding: objects are set through
 /// the API, validated like file objects. A cheap handle; clones share one store.
 #[derive(Clone, Debug)]
 pub struct MemoryConfigStore {
-    inner: Arc<MemoryInner>,
+    core: Arc<StoreCore<MemoryState>>,
 }
 
 impl MemoryConfigStore {
@@ -170,22 +254,13 @@ impl MemoryConfigStore {
     /// An empty store that reports not-synced until [`MemoryConfigStore::mark_synced`].
     pub fn new_unsynced(sink: UpdateSink) -> MemoryConfigStore {
         MemoryConfigStore {
-            inner: Arc::new(MemoryInner {
-                sink,
-                synced: AtomicBool::new(false),
-                changes: watch::Sender::new(0),
-                state: RwLock::new(MemoryState::default()),
-            }),
+            core: Arc::new(StoreCore::new(sink)),
         }
     }
 
     /// Marks the initial load done.
     pub fn mark_synced(&self) {
-        if !self.inner.synced.swap(true, Ordering::SeqCst) {
-            self.inner
-                .changes
-                .send_modify(|generation| *generation += 1);
-        }
+        self.core.mark_synced();
     }
 
     /// Adds or replaces an object. An invalid object is not stored (an earlier
@@ -219,7 +294,7 @@ impl MemoryConfigStore {
             changed
         };
         if changed {
-            announce(&self.inner.sink, &self.inner.changes, [id.key()]);
+            self.core.announce([id.key()]);
         }
         Ok(warnings)
     }
@@ -233,7 +308,7 @@ impl MemoryConfigStore {
             state.objects.remove(&id).is_some()
         };
         if existed {
-            announce(&self.inner.sink, &self.inner.changes, [id.key()]);
+            self.core.announce([id.key()]);
         }
         existed
     }
@@ -287,7 +362,7 @@ impl MemoryConfigStore {
             tracing::warn!("config rejected: {r}");
         }
         if !keys.is_empty() {
-            announce(&self.inner.sink, &self.inner.changes, keys);
+            self.core.announce(keys);
         }
         rejected.into_values().collect()
     }
@@ -301,33 +376,33 @@ impl MemoryConfigStore {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, MemoryState> {
-        self.inner.state.read().unwrap_or_else(|e| e.into_inner())
+        self.core.read()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, MemoryState> {
-        self.inner.state.write().unwrap_or_else(|e| e.into_inner())
+        self.core.write()
     }
 }
 
 impl ConfigStore for MemoryConfigStore {
     fn list(&self, kind: Kind) -> Vec<Arc<ConfigObject>> {
-        list_kind(&self.read().objects, kind)
+        self.core.list(kind)
     }
 
     fn all(&self) -> Vec<Arc<ConfigObject>> {
-        self.read().objects.values().cloned().collect()
+        self.core.all()
     }
 
     fn rejected(&self) -> Vec<RejectedConfig> {
-        self.read().rejected.values().cloned().collect()
+        self.core.rejected()
     }
 
     fn has_synced(&self) -> bool {
-        self.inner.synced.load(Ordering::SeqCst)
+        self.core.has_synced()
     }
 
     fn changes(&self) -> Option<watch::Receiver<u64>> {
-        Some(self.inner.changes.subscribe())
+        Some(self.core.changes())
     }
 }
 

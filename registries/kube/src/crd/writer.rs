@@ -15,7 +15,7 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use meshfed_registry::config::model::{GROUP, VERSIONS};
-use meshfed_registry::config::store::{Objects, announce};
+use meshfed_registry::config::store::Objects;
 use meshfed_registry::config::{
     ConfigObject, Decoded, FieldError, FieldPath, Kind, ObjectId, RejectedConfig, decode, validate,
 };
@@ -512,21 +512,17 @@ impl Writer {
                 return;
             }
             self.synced = true;
-            self.store.inner.synced.store(true, Ordering::SeqCst);
+            // Becoming synced is a change consumers wait for.
+            self.store.inner.core.mark_synced();
             let (objects, rejected) = {
                 let state = self.store.read();
                 (state.objects.len(), state.rejected.len())
             };
             info!(cluster = %self.cluster(), objects, rejected, "config store synced");
-            if self.pending.is_empty() {
-                // Becoming synced is a change consumers wait for.
-                self.store.inner.changes.send_modify(|g| *g += 1);
-                return;
-            }
         }
         if !self.pending.is_empty() {
             let keys = std::mem::take(&mut self.pending);
-            announce(&self.store.inner.sink, &self.store.inner.changes, keys);
+            self.store.inner.core.announce(keys);
         }
     }
 }
