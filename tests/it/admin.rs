@@ -14,11 +14,7 @@ use crate::support::*;
 
 #[tokio::test]
 async fn metrics_version_and_debug_endpoints() {
-    let server = FakeServer::builder()
-        .embedded_mock_registry()
-        .start()
-        .await
-        .unwrap();
+    let server = embedded_server().await;
     let mut client = AdsClient::connect(
         server.grpc_addr(),
         node("sidecar~10.0.0.1~app.default~default.svc.cluster.local"),
@@ -208,12 +204,7 @@ fn strings(config: &Value, list: &str, field: &[&str]) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn config_dump_shows_what_a_proxy_was_sent_as_envoy_json() {
-    let server = FakeServer::builder()
-        .embedded_mock_registry()
-        .start()
-        .await
-        .unwrap();
-    server.sync().await;
+    let server = embedded_server().await;
     let mut client = AdsClient::connect(
         server.grpc_addr(),
         node("sidecar~10.0.0.1~app.default~default.svc.cluster.local"),
@@ -411,12 +402,7 @@ async fn config_dump_shows_what_a_proxy_was_sent_as_envoy_json() {
 
 #[tokio::test]
 async fn config_dump_of_a_delta_proxy_shows_what_it_holds() {
-    let server = FakeServer::builder()
-        .embedded_mock_registry()
-        .start()
-        .await
-        .unwrap();
-    server.sync().await;
+    let server = embedded_server().await;
     let mut client = DeltaClient::connect(
         server.grpc_addr(),
         node("sidecar~10.0.0.2~delta.default~default.svc.cluster.local"),

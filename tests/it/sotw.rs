@@ -416,11 +416,7 @@ async fn grpc_style_named_cds_gets_only_what_it_asked_for() {
 
 #[tokio::test]
 async fn shutdown_ends_streams_with_unavailable_and_stops_every_task() {
-    let server = FakeServer::builder()
-        .embedded_mock_registry()
-        .start()
-        .await
-        .unwrap();
+    let server = embedded_server().await;
     let mut client = AdsClient::connect(server.grpc_addr(), node(SIDECAR))
         .await
         .unwrap();

@@ -39,6 +39,17 @@ pub fn add_http_service(reg: &MemoryRegistry, host: &str, ns: &str, ips: &[&str]
 }
 
 /// A plain HTTP/1.1 GET; returns (status, body).
+/// A control plane on the bundled example mock registry, synced.
+pub async fn embedded_server() -> meshfed::testing::FakeServer {
+    let server = meshfed::testing::FakeServer::builder()
+        .embedded_mock_registry()
+        .start()
+        .await
+        .unwrap();
+    server.sync().await;
+    server
+}
+
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
