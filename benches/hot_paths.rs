@@ -18,17 +18,18 @@ use std::sync::{Arc, LazyLock};
 use divan::Bencher;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
-use meshfed::ads::node::Proxy;
-use meshfed::ads::wire::SotwResponse;
 use meshfed::generate::{GeneratorOptions, Scope, Subscription, generate, lds};
 use meshfed::load::lite::ClusterLite;
 use meshfed::load::registry::Registry as LoadRegistry;
 use meshfed::load::scenario::Scenario;
 use meshfed::mesh::{MeshSettings, default_mesh_config};
+use meshfed::model::proxy::Proxy;
 use meshfed::push::config_index::{ConfigIndex, ConfigSet};
 use meshfed::push::snapshot::Snapshot;
-use meshfed::resource::{Resource, TypeUrl};
 use meshfed::testing::node_with;
+use meshfed::xds::deps::PushScope;
+use meshfed::xds::wire::SotwResponse;
+use meshfed::xds::{Resource, TypeUrl};
 use meshfed_api::mesh::v1alpha1::MeshNetworks;
 use meshfed_registry::{
     Aggregate, EndpointIndex, MemoryRegistry, ProviderId, PushRequest, ServiceKey,
@@ -113,7 +114,7 @@ impl Mesh {
             &Snapshot::empty(),
             &PushRequest::forced(TriggerReason::Global),
         );
-        assert_eq!(m.cold.services.all().len(), SERVICES);
+        assert_eq!(m.cold.services().all().len(), SERVICES);
         m
     }
 
@@ -121,7 +122,7 @@ impl Mesh {
     fn build(&self, previous: &Snapshot, request: &PushRequest) -> Snapshot {
         Snapshot::build(
             previous,
-            request,
+            &PushScope::new(request),
             &self.aggregate,
             &self.endpoints,
             self.mesh.clone(),
@@ -403,7 +404,7 @@ mod sidecar_config {
         let snapshot = mesh.fresh();
         let config = sidecar_config(&snapshot, &proxy, subs);
         let mut buf = Vec::new();
-        bencher.bench_local(|| encode(&snapshot.version, &config, &mut buf));
+        bencher.bench_local(|| encode(&snapshot.version(), &config, &mut buf));
     }
 
     /// The first sidecar of a push: cold generate, then encode.
@@ -415,7 +416,7 @@ mod sidecar_config {
             .with_inputs(|| mesh.fresh())
             .bench_local_refs(|snapshot| {
                 let config = sidecar_config(snapshot, &proxy, subs);
-                encode(&snapshot.version, &config, &mut buf)
+                encode(&snapshot.version(), &config, &mut buf)
             });
     }
 
@@ -435,7 +436,7 @@ mod sidecar_config {
             })
             .bench_local_refs(|snapshot| {
                 let config = sidecar_config(snapshot, &second, subs);
-                encode(&snapshot.version, &config, &mut buf)
+                encode(&snapshot.version(), &config, &mut buf)
             });
     }
 }

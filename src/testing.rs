@@ -46,10 +46,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 
-use crate::ads::node::json_to_struct;
 use crate::app::{Bound, DiscoveryConfig, MockSource, Server};
+use crate::model::proxy::json_to_struct;
 use crate::push::debounce::DebounceConfig;
-use crate::resource::TypeUrl;
+use crate::xds::TypeUrl;
 
 /// How long a test client waits for a response before failing.
 pub const RECV_TIMEOUT: Duration = Duration::from_secs(10);

@@ -212,7 +212,12 @@ async fn main() -> anyhow::Result<()> {
             .any(|r| r.shard_key() == remote && r.has_synced());
         server.sync().await;
         let snapshot = server.server().snapshot().load();
-        if synced && snapshot.gateways.iter().any(|g| g.network.as_str() == "n2") {
+        if synced
+            && snapshot
+                .gateways()
+                .iter()
+                .any(|g| g.network.as_str() == "n2")
+        {
             break;
         }
         if tokio::time::Instant::now() > deadline {
@@ -223,7 +228,7 @@ async fn main() -> anyhow::Result<()> {
     println!("registry {remote} synced; endpoints of both clusters merged under one service");
 
     let snapshot = server.server().snapshot().load();
-    let view = NetworkView::new(&snapshot.mesh.networks, &snapshot.gateways);
+    let view = NetworkView::new(&snapshot.mesh().networks, &snapshot.gateways());
     println!("\nnetwork gateways (/debug/networkz):");
     for entry in view.entries() {
         let g = &entry.gateway;

@@ -34,7 +34,7 @@ use serde_json::{Value, json};
 use super::AdminState;
 use crate::ads::{ConnectionHandle, Connections, Flavour};
 use crate::generate::{Scope, Subscription, generate};
-use crate::resource::TypeUrl;
+use crate::xds::TypeUrl;
 
 /// The encoded `FileDescriptorSet` from `build.rs`; empty when the build found no
 /// envoy `.proto` sources.

@@ -192,9 +192,9 @@ fn syncz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
 
 fn registryz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let snapshot = state.pipeline.snapshot().load();
-    let sources = snapshot.services.sources();
+    let sources = snapshot.services().sources();
     let services: Vec<Value> = snapshot
-        .services
+        .services()
         .all()
         .iter()
         .map(|s| {
@@ -214,17 +214,17 @@ fn registryz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         })
         .collect();
     Ok(json!({
-        "version": &*snapshot.version,
+        "version": &*snapshot.version(),
         "registries": registries,
         "services": services,
-        "conflicts": to_json(&snapshot.services.conflicts()),
+        "conflicts": to_json(&snapshot.services().conflicts()),
     }))
 }
 
 fn endpoint_shardz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let snapshot = state.pipeline.snapshot().load();
     let mut by_key: BTreeMap<String, Value> = BTreeMap::new();
-    for (key, shards) in snapshot.endpoints.iter() {
+    for (key, shards) in snapshot.endpoints().iter() {
         let per_shard: BTreeMap<String, Value> = shards
             .shards
             .iter()
@@ -289,16 +289,16 @@ fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
 
 fn networkz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let snapshot = state.pipeline.snapshot().load();
-    let networks = &snapshot.mesh.networks;
-    let view = crate::networks::NetworkView::new(networks, &snapshot.gateways);
+    let networks = &snapshot.mesh().networks;
+    let view = crate::networks::NetworkView::new(networks, &snapshot.gateways());
     let mut value = crate::networks::networkz(networks, &view);
-    value["version"] = json!(&*snapshot.version);
+    value["version"] = json!(&*snapshot.version());
     Ok(value)
 }
 
 fn cachez(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let snapshot = state.pipeline.snapshot().load();
-    Ok(json!({"version": &*snapshot.version, "cache": to_json(&snapshot.cache.stats())}))
+    Ok(json!({"version": &*snapshot.version(), "cache": to_json(&snapshot.cache().stats())}))
 }
 
 /// Seconds since the epoch with millisecond precision (sortable, diffable).

@@ -25,8 +25,8 @@ use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use serde::Serialize;
 
 use super::intern::Interner;
-use super::wire::SotwRequest;
-use crate::resource::{Resource, TypeUrl};
+use crate::xds::wire::SotwRequest;
+use crate::xds::{Resource, TypeUrl};
 
 /// What a Delta client holds of one type: name -> content version.
 pub type HeldMap = BTreeMap<String, Arc<str>>;
@@ -363,7 +363,7 @@ mod tests {
     use envoy_types::pb::google::rpc::Status;
 
     use super::*;
-    use crate::resource::EncodedResource;
+    use crate::xds::EncodedResource;
 
     const CDS: &str = TypeUrl::Cluster.as_str();
     const EDS: &str = TypeUrl::Endpoint.as_str();

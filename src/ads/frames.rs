@@ -28,7 +28,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::http::HeaderMap;
 use tonic::{Code, Status};
 
-use super::wire::{DeltaResource, DeltaResponse, SharedAny, SotwResponse};
+use crate::xds::wire::{DeltaResource, DeltaResponse, SharedAny, SotwResponse};
 
 /// Resource bodies at least this long are spliced in by reference instead of copied.
 pub const SPLICE_MIN: usize = 1024;
@@ -444,7 +444,7 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
-    use crate::resource::TypeUrl;
+    use crate::xds::TypeUrl;
 
     fn any(len: usize, fill: u8) -> SharedAny {
         SharedAny {
@@ -521,7 +521,7 @@ mod tests {
 
     #[tokio::test]
     async fn requests_are_read_across_frames_and_nothing_is_kept_between() {
-        use crate::ads::wire::SotwRequest;
+        use crate::xds::wire::SotwRequest;
         use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
         let one = SotwRequest::from(DiscoveryRequest {
             type_url: TypeUrl::Endpoint.as_str().into(),
@@ -565,10 +565,10 @@ mod tests {
         async fn first_error(bytes: Vec<u8>) -> Status {
             let body = http_body_util::Full::new(Bytes::from(bytes));
             let mut requests =
-                RequestStream::<crate::ads::wire::SotwRequest>::new(tonic::body::Body::new(body));
+                RequestStream::<crate::xds::wire::SotwRequest>::new(tonic::body::Body::new(body));
             requests.message().await.unwrap_err()
         }
-        let mut truncated = framed(&crate::ads::wire::SotwRequest {
+        let mut truncated = framed(&crate::xds::wire::SotwRequest {
             version_info: "v1".into(),
             ..Default::default()
         });

@@ -9,7 +9,7 @@ use crate::metrics::{
     CounterByType, HistogramByType, IstioCounter, convergence_buckets, duration_buckets,
     size_buckets, type_label,
 };
-use crate::resource::TypeUrl;
+use crate::xds::TypeUrl;
 
 /// ADS metrics (Istio names).
 #[derive(Debug)]

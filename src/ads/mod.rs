@@ -2,18 +2,19 @@
 //! wire messages ([`wire`]) and the tonic shell ([`server`]) that joins them to streams.
 //!
 //! Every live stream is a [`ConnectionHandle`] in [`Connections`]. The push pipeline
-//! hands requests to handles; a handle merges requests that arrive while its stream is
-//! busy, so each connection has at most one push in flight and never misses a change.
+//! hands requests to [`Connections`] ([`PushTargets`]): a full push goes to every
+//! connection whose watched types it touches ([`crate::xds::deps`]), an incremental one
+//! only to the watchers of a changed name ([`WatchIndex`]), with those names. A handle
+//! merges requests that arrive while its stream is busy, so each connection has at
+//! most one push in flight and never misses a change.
 
 pub mod connection;
 pub mod frames;
 pub mod intern;
 pub mod metrics;
-pub mod node;
 pub mod server;
-pub mod wire;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -23,9 +24,13 @@ use meshfed_registry::PushRequest;
 use serde::Serialize;
 use tokio::sync::Notify;
 
-pub use crate::resource::TypeUrl;
 use connection::ConnectionState;
-use node::Proxy;
+
+use crate::model::{Proxy, ProxyClass};
+use crate::push::watch::{ConnId, WatchIndex, Watched};
+use crate::push::{PUSHED_IDS, PushTargets, Queued};
+pub use crate::xds::TypeUrl;
+use crate::xds::deps::PushScope;
 
 /// Which ADS flavour a stream speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
@@ -41,8 +46,12 @@ pub enum Flavour {
 pub struct ConnectionHandle {
     /// `<proxy id>-<counter>`, unique for the server's lifetime.
     pub id: String,
+    /// The counter of `id`: the connection in the watch index.
+    pub n: ConnId,
     /// The proxy.
     pub proxy: Proxy,
+    /// Its generator family and shape.
+    pub class: ProxyClass,
     /// Protocol flavour.
     pub flavour: Flavour,
     /// Peer address, when known.
@@ -51,24 +60,59 @@ pub struct ConnectionHandle {
     pub connected_at: SystemTime,
     /// Protocol state; locked briefly by the stream task and by debug readers.
     pub state: Mutex<ConnectionState>,
-    pending: Mutex<Option<PushRequest>>,
+    pending: Mutex<Option<Pending>>,
     wake: Notify,
+}
+
+/// A push queued on a connection and not yet taken.
+#[derive(Clone, Debug)]
+pub struct Pending {
+    /// What changed.
+    pub request: PushRequest,
+    /// For an incremental push found through the watch index: the EDS names of the
+    /// changed services this connection watches. `None`: whatever the request touches.
+    pub eds_names: Option<BTreeSet<String>>,
+}
+
+impl Pending {
+    fn merge(&mut self, other: Pending) {
+        self.request.merge(other.request);
+        self.eds_names = match (self.eds_names.take(), other.eds_names) {
+            (Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            _ => None,
+        };
+    }
 }
 
 impl ConnectionHandle {
     /// Queues a push, merging it into one not yet taken.
-    pub fn enqueue(&self, request: PushRequest) {
+    pub fn enqueue(&self, push: Pending) {
         let mut pending = self.pending.lock().expect("pending poisoned");
         match pending.as_mut() {
-            Some(p) => p.merge(request),
-            None => *pending = Some(request),
+            Some(p) => p.merge(push),
+            None => *pending = Some(push),
         }
         drop(pending);
         self.wake.notify_one();
     }
 
+    /// What this connection watches of each type (for the watch index).
+    pub fn watched(&self) -> [Watched; 4] {
+        let state = self.state.lock().expect("state poisoned");
+        TypeUrl::ALL.map(|t| match state.watch(t) {
+            Some(w) => Watched {
+                names: Some(w.names.clone()),
+                wildcard: w.wildcard,
+            },
+            None => Watched::default(),
+        })
+    }
+
     /// Takes the merged pending push, if any.
-    pub fn take_pending(&self) -> Option<PushRequest> {
+    pub fn take_pending(&self) -> Option<Pending> {
         self.pending.lock().expect("pending poisoned").take()
     }
 
@@ -82,6 +126,8 @@ impl ConnectionHandle {
 #[derive(Debug, Default)]
 pub struct Connections {
     by_id: RwLock<BTreeMap<String, Arc<ConnectionHandle>>>,
+    by_n: RwLock<std::collections::HashMap<ConnId, Arc<ConnectionHandle>>>,
+    watches: WatchIndex,
     counter: AtomicU64,
 }
 
@@ -96,6 +142,8 @@ impl Connections {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let handle = Arc::new(ConnectionHandle {
             id: format!("{}-{n}", proxy.id),
+            n,
+            class: proxy.class(),
             proxy,
             flavour,
             peer,
@@ -108,12 +156,41 @@ impl Connections {
             .write()
             .expect("connections poisoned")
             .insert(handle.id.clone(), handle.clone());
+        self.by_n
+            .write()
+            .expect("connections poisoned")
+            .insert(n, handle.clone());
         handle
     }
 
-    /// Removes a connection.
-    pub fn deregister(&self, id: &str) {
-        self.by_id.write().expect("connections poisoned").remove(id);
+    /// Removes a connection (and what it watched from the watch index).
+    pub fn deregister(&self, handle: &ConnectionHandle) {
+        let watched = handle.watched();
+        for (t, before) in TypeUrl::ALL.into_iter().zip(watched.iter()) {
+            self.watches
+                .update(handle.n, t, before, &Watched::default());
+        }
+        self.by_id
+            .write()
+            .expect("connections poisoned")
+            .remove(&handle.id);
+        self.by_n
+            .write()
+            .expect("connections poisoned")
+            .remove(&handle.n);
+    }
+
+    /// Records a connection's subscriptions after a request changed them.
+    pub fn watches_changed(&self, handle: &ConnectionHandle, before: &[Watched; 4]) {
+        let after = handle.watched();
+        for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
+            self.watches.update(handle.n, t, &before[i], &after[i]);
+        }
+    }
+
+    /// The watch index, for debug output.
+    pub fn watch_index(&self) -> &WatchIndex {
+        &self.watches
     }
 
     /// Every live connection, sorted by id.
@@ -135,13 +212,70 @@ impl Connections {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
 
-    /// Queues `request` on every connection; returns them (sorted by id).
-    pub fn enqueue_all(&self, request: &PushRequest) -> Vec<Arc<ConnectionHandle>> {
+impl PushTargets for Connections {
+    fn enqueue(&self, scope: &PushScope<'_>) -> Queued {
+        let request = scope.request();
+        let mut queued: Vec<&str> = Vec::new();
+        let mut count = 0;
+        if request.is_endpoints_only() {
+            // Only EDS can change: wake the watchers of the changed services' names.
+            let watchers = self
+                .watches
+                .watchers(TypeUrl::Endpoint, scope.hosts().iter().copied());
+            let by_n = self.by_n.read().expect("connections poisoned");
+            let mut woken: Vec<&Arc<ConnectionHandle>> = Vec::new();
+            for (n, names) in watchers.by_name {
+                if let Some(c) = by_n.get(&n) {
+                    c.enqueue(Pending {
+                        request: request.clone(),
+                        eds_names: (!watchers.wildcard.contains(&n)).then_some(names),
+                    });
+                    woken.push(c);
+                }
+            }
+            for n in &watchers.wildcard {
+                if let Some(c) = by_n.get(n)
+                    && !woken.iter().any(|w| w.n == *n)
+                {
+                    c.enqueue(Pending {
+                        request: request.clone(),
+                        eds_names: None,
+                    });
+                    woken.push(c);
+                }
+            }
+            count = woken.len();
+            let mut ids: Vec<String> = woken.iter().map(|c| c.id.clone()).collect();
+            ids.sort();
+            ids.truncate(PUSHED_IDS);
+            return Queued { count, ids };
+        }
         let all = self.all();
         for c in &all {
-            c.enqueue(request.clone());
+            let watched: Vec<TypeUrl> = c
+                .state
+                .lock()
+                .expect("state poisoned")
+                .watches
+                .keys()
+                .copied()
+                .collect();
+            if scope.touches_any(c.class, watched) {
+                c.enqueue(Pending {
+                    request: request.clone(),
+                    eds_names: None,
+                });
+                count += 1;
+                if queued.len() < PUSHED_IDS {
+                    queued.push(&c.id);
+                }
+            }
         }
-        all
+        Queued {
+            count,
+            ids: queued.into_iter().map(str::to_string).collect(),
+        }
     }
 }

@@ -2,7 +2,6 @@
 //! parses the node, registers the connection, then runs one loop per stream that
 //! answers requests and pushes, one at a time.
 
-use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,7 +10,6 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use meshfed_registry::{ConfigKind, PushRequest};
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 use tonic::Status;
@@ -23,13 +21,14 @@ use tracing::{debug, info, warn};
 use super::connection::{Action, ConnectionState};
 use super::frames::{FrameEncode, Outbound, RequestStream, ResponseBody};
 use super::metrics::XdsMetrics;
-use super::node::Proxy;
-use super::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
-use super::{ConnectionHandle, Connections, Flavour};
+use super::{ConnectionHandle, Connections, Flavour, Pending};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
+use crate::model::Proxy;
 use crate::push::snapshot::Snapshot;
-use crate::resource::{Resource, TypeUrl};
+use crate::xds::deps::{PushScope, Touch};
+use crate::xds::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
+use crate::xds::{Resource, TypeUrl};
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -319,15 +318,15 @@ async fn run_stream<F: FlavourIo>(
                 }
             },
             () = handle.woken() => {
-                if let Some(request) = handle.take_pending()
-                    && push::<F>(&ctx, &handle, &tx, request).await.is_err()
+                if let Some(pending) = handle.take_pending()
+                    && push::<F>(&ctx, &handle, &tx, pending).await.is_err()
                 {
                     break "client went away";
                 }
             }
         }
     };
-    ctx.connections.deregister(&handle.id);
+    ctx.connections.deregister(&handle);
     ctx.metrics.connected.dec();
     info!(connection = %handle.id, reason, "ADS connection closed");
 }
@@ -338,7 +337,11 @@ async fn process_request<F: FlavourIo>(
     tx: &Tx<F>,
     request: F::Req,
 ) -> Result<(), Closed> {
+    // The watch index learns a new subscription before the answer is generated: a
+    // push that comes after the snapshot this answer reads then finds the connection.
+    let before = handle.watched();
     let action = F::apply(&mut handle.state.lock().expect("state poisoned"), &request);
+    ctx.connections.watches_changed(handle, &before);
     match action {
         Action::Respond(type_url) => {
             send_type::<F>(ctx, handle, tx, type_url, Scope::All, Why::Answer).await?
@@ -371,7 +374,7 @@ async fn push<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
     tx: &Tx<F>,
-    request: PushRequest,
+    pending: Pending,
 ) -> Result<(), Closed> {
     let queued = Instant::now();
     let _slot = ctx.push_slots.acquire().await.map_err(|_| Closed)?;
@@ -386,34 +389,23 @@ async fn push<F: FlavourIo>(
         .keys()
         .copied()
         .collect();
-    let hosts: HashSet<&str> = request.updated_hostnames().collect();
-    let eds_partial = !request.forced
-        && !hosts.is_empty()
-        && request
-            .configs_updated
-            .iter()
-            .all(|k| matches!(k.kind, ConfigKind::Endpoints | ConfigKind::ServiceEntry));
+    let request = &pending.request;
+    let push_scope = PushScope::new(request);
+    let why = if request.forced {
+        Why::ForcedPush
+    } else {
+        Why::Push
+    };
     for type_url in watched {
-        let scope = match type_url {
-            TypeUrl::Endpoint if request.is_endpoints_only() || eds_partial => {
-                Scope::Hostnames(&hosts)
-            }
-            _ if request.is_endpoints_only() => continue,
-            _ if !request.forced
-                && !request.configs_updated.is_empty()
-                && request
-                    .configs_updated
-                    .iter()
-                    .all(|k| !crate::generate::reads(&handle.proxy, type_url, k.kind)) =>
-            {
-                continue;
-            }
+        let scope = match (push_scope.touch(handle.class, type_url), type_url) {
+            (Touch::Nothing, _) => continue,
+            // Only EDS goes out partially; other types are sent whole (their
+            // untouched resources come from the cache).
+            (Touch::Services(_), TypeUrl::Endpoint) => match &pending.eds_names {
+                Some(names) => Scope::Names(names),
+                None => Scope::Hostnames(push_scope.hosts()),
+            },
             _ => Scope::All,
-        };
-        let why = if request.forced {
-            Why::ForcedPush
-        } else {
-            Why::Push
         };
         send_type::<F>(ctx, handle, tx, type_url, scope, why).await?;
     }
@@ -451,12 +443,12 @@ async fn send_type<F: FlavourIo>(
             scope,
             &ctx.options,
         );
-        let partial = matches!(scope, Scope::Hostnames(_));
+        let partial = !matches!(scope, Scope::All);
         F::respond(
             &mut state,
             &handle.id,
             type_url,
-            &snapshot.version,
+            snapshot.version(),
             resources,
             partial,
             why,

@@ -24,17 +24,20 @@ use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::mesh::v1alpha1::mesh_config::inbound_traffic_policy::Mode as InboundMode;
 use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
 use meshfed_registry::{
-    EndpointShards, MeshLocation, Port, Protocol, ProviderId, Resolution, Service, TlsMode,
+    EndpointShards, Locality, MeshLocation, Port, Protocol, ProviderId, Resolution, Service,
+    ServiceKey, TlsMode,
 };
 use prost::{Message, Name};
 
 use super::eds::{self, EdsOptions, EndpointSelection};
 use super::instances::{self, ProxyInstance};
 use super::policy::{self, ClusterBuild, PolicyContext};
-use crate::ads::node::{NodeType, Proxy};
+use crate::model::ProxyClass;
+use crate::model::proxy::{NodeType, Proxy};
+use crate::push::cache::CacheInput;
 use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
-use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Drops traffic to unknown destinations (outboundTrafficPolicy REGISTRY_ONLY).
 pub const BLACK_HOLE: &str = "BlackHoleCluster";
@@ -184,7 +187,46 @@ pub struct OutboundRequest<'a> {
     /// The subset; empty for the service-wide cluster.
     pub subset: &'a str,
     pub mesh: &'a MeshConfig,
-    pub proxy: &'a Proxy,
+    /// What the cluster may know of the client.
+    pub client: &'a ClusterClient,
+}
+
+/// What an outbound cluster may know of the client proxy: its node type and, for DNS
+/// clusters only (their endpoints are inline), its DNS lookup family and locality.
+/// Inline assignments get locality weights and failover by locality, never
+/// failoverPriority (whose labels would need each endpoint's labels, which an inline
+/// assignment does not keep; Istio leaves it out for DNS clusters too), so the proxy's
+/// labels, cluster and network are not part of it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ClusterClient {
+    pub node_type: NodeType,
+    pub dns: Option<DnsClient>,
+}
+
+/// The client facts an inline (DNS) load assignment reads.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct DnsClient {
+    /// `cluster::DnsLookupFamily` from the proxy's IP families.
+    pub family: i32,
+    pub locality: Locality,
+}
+
+impl ClusterClient {
+    /// The facts of `proxy` that `service`'s clusters read.
+    pub fn for_proxy(proxy: &Proxy, service: &Service) -> ClusterClient {
+        let dns = matches!(
+            service.resolution,
+            Resolution::DnsLb | Resolution::DnsRoundRobinLb
+        )
+        .then(|| DnsClient {
+            family: dns_lookup_family(&proxy.ip_addresses) as i32,
+            locality: proxy.locality.clone(),
+        });
+        ClusterClient {
+            node_type: proxy.node_type,
+            dns,
+        }
+    }
 }
 
 /// The Envoy cluster `outbound|<port>|<subset>|<host>`, as istiod builds it: the
@@ -212,7 +254,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         Resolution::DnsLb => cluster::DiscoveryType::StrictDns,
         Resolution::DnsRoundRobinLb => cluster::DiscoveryType::LogicalDns,
         // Gateways have no original destination to forward to.
-        Resolution::Passthrough if req.proxy.node_type == NodeType::Router => {
+        Resolution::Passthrough if req.client.node_type == NodeType::Router => {
             cluster::DiscoveryType::Eds
         }
         Resolution::Passthrough => cluster::DiscoveryType::OriginalDst,
@@ -228,7 +270,11 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         kind,
         cluster::DiscoveryType::StrictDns | cluster::DiscoveryType::LogicalDns
     ) {
-        c.dns_lookup_family = dns_lookup_family(&req.proxy.ip_addresses) as i32;
+        c.dns_lookup_family = req
+            .client
+            .dns
+            .as_ref()
+            .map_or(cluster::DnsLookupFamily::V4Only as i32, |d| d.family);
         // Deprecated in favour of typed DNS cluster configs, still what istiod sends.
         #[allow(deprecated)]
         {
@@ -246,20 +292,22 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         ));
     }
     let mut build = ClusterBuild::new(c);
-    set_upstream_protocol(&mut build, port, req.proxy.node_type);
+    set_upstream_protocol(&mut build, port, req.client.node_type);
 
     let service_accounts = service_accounts(service, req.shards, req.mesh);
-    let proxy_labels = eds::augment_labels(
-        &req.proxy.labels,
-        req.proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
-        &req.proxy.locality,
-        req.proxy.network.as_str(),
-    );
+    let no_locality = Locality::default();
+    // Not read for inline assignments (see ClusterClient).
+    let proxy_labels = BTreeMap::new();
+    let proxy_locality = req
+        .client
+        .dns
+        .as_ref()
+        .map_or(&no_locality, |d| &d.locality);
     let ctx = PolicyContext {
         direction: Direction::Outbound,
         port,
         mesh: req.mesh,
-        node_type: req.proxy.node_type,
+        node_type: req.client.node_type,
         service_accounts: &service_accounts,
         istio_sni: &sni,
         mesh_external: service.location == MeshLocation::MeshExternal,
@@ -267,7 +315,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         passthrough_resolution: service.resolution == Resolution::Passthrough,
         all_endpoints_istio_mtls: all_endpoints_istio_mtls(req.shards, port),
         rule_has_selector: rule.is_some_and(|r| r.workload_selector.is_some()),
-        proxy_locality: &req.proxy.locality,
+        proxy_locality,
         proxy_labels: &proxy_labels,
     };
     policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
@@ -400,8 +448,13 @@ pub struct InboundRequest<'a> {
     /// with a Sidecar `inboundConnectionPool` already substituted.
     pub policy: Option<&'a TrafficPolicy>,
     pub mesh: &'a MeshConfig,
-    /// The proxy's IPs (IPv6-only proxies bind `::6`).
-    pub proxy_ips: &'a [IpAddr],
+    /// The proxy has IPv6 addresses only (it binds `::6`).
+    pub v6_only: bool,
+}
+
+/// Whether a proxy with these IPs is IPv6-only.
+pub fn v6_only(ips: &[IpAddr]) -> bool {
+    !ips.is_empty() && ips.iter().all(IpAddr::is_ipv6)
 }
 
 /// `inbound|<targetPort>||`: with the mesh default inboundTrafficPolicy PASSTHROUGH an
@@ -410,7 +463,7 @@ pub struct InboundRequest<'a> {
 /// 127.0.0.1:<targetPort>.
 pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
     let name = inbound_name(req.target_port);
-    let v6_only = !req.proxy_ips.is_empty() && req.proxy_ips.iter().all(IpAddr::is_ipv6);
+    let v6_only = req.v6_only;
     let localhost = req
         .mesh
         .inbound_traffic_policy
@@ -543,8 +596,20 @@ pub fn passthrough(mesh: &MeshConfig) -> Cluster {
 /// `InboundPassthroughCluster`: [`passthrough`] for inbound traffic to ports no service
 /// claims, bound to 127.0.0.6 (and ::6 for dual-stack proxies).
 pub fn inbound_passthrough(mesh: &MeshConfig, proxy_ips: &[IpAddr]) -> Cluster {
-    let v4 = proxy_ips.is_empty() || proxy_ips.iter().any(IpAddr::is_ipv4);
-    let v6 = proxy_ips.iter().any(IpAddr::is_ipv6);
+    let (v4, v6) = ip_families(proxy_ips);
+    inbound_passthrough_for(mesh, v4, v6)
+}
+
+/// The IP families of a proxy: (IPv4, IPv6); a proxy without IPs counts as IPv4.
+pub fn ip_families(ips: &[IpAddr]) -> (bool, bool) {
+    (
+        ips.is_empty() || ips.iter().any(IpAddr::is_ipv4),
+        ips.iter().any(IpAddr::is_ipv6),
+    )
+}
+
+/// `InboundPassthroughCluster` for a proxy of these IP families.
+pub fn inbound_passthrough_for(mesh: &MeshConfig, v4: bool, v6: bool) -> Cluster {
     let mut c = passthrough(mesh);
     c.name = INBOUND_PASSTHROUGH.to_string();
     c.alt_stat_name = format!("{INBOUND_PASSTHROUGH};");
@@ -570,11 +635,86 @@ pub fn inbound_passthrough(mesh: &MeshConfig, proxy_ips: &[IpAddr]) -> Cluster {
 // ---------------------------------------------------------------------------------
 // Per snapshot, through the resource cache
 
+/// The input of an outbound cluster, and its cache key: the service port and subset,
+/// the DestinationRule that applies for the client's namespace, what the cluster may
+/// know of the client, and the endpoint shards it reads (the identities behind auto
+/// mTLS; inline endpoints of DNS clusters), by identity.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct OutboundClusterInput {
+    pub service: ServiceKey,
+    pub port: u16,
+    pub subset: Arc<str>,
+    /// The rule in force, `(namespace, name)`: the client's namespace decides it.
+    pub rule: Option<(String, String)>,
+    pub client: ClusterClient,
+    pub shards: SharedShards,
+}
+
+/// Endpoint shards in a cache key, compared by identity: a changed shard is a new
+/// allocation, and the key holds it so the address is never reused while it lives.
+#[derive(Clone, Debug)]
+pub struct SharedShards(pub Option<Arc<EndpointShards>>);
+
+impl PartialEq for SharedShards {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for SharedShards {}
+
+impl std::hash::Hash for SharedShards {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_ref().map(Arc::as_ptr).hash(state);
+    }
+}
+
+impl CacheInput for OutboundClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(match self.client.node_type {
+            NodeType::Router => ProxyClass::Router,
+            _ => ProxyClass::Sidecar,
+        })
+    }
+    fn service(&self) -> Option<&str> {
+        Some(self.service.hostname.as_str())
+    }
+}
+
+impl OutboundClusterInput {
+    /// Builds the cluster from this input and the snapshot's indexes alone.
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let service = snapshot.services().get(&self.service)?;
+        let port = service.port(self.port)?;
+        let rule = self
+            .rule
+            .as_ref()
+            .and_then(|(ns, name)| snapshot.config().destination_rule_by_name(ns, name));
+        let cluster = outbound_cluster_for(&OutboundRequest {
+            service,
+            port,
+            shards: self.shards.0.as_deref(),
+            rule: rule.map(|r| &**r),
+            subset: &self.subset,
+            mesh: &snapshot.mesh().config,
+            client: &self.client,
+        })?;
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            outbound_name(self.port, &self.subset, service.hostname.as_str()),
+            &cluster,
+        ))
+    }
+}
+
 /// The Envoy cluster `outbound|<port>|<subset>|<host>` for `proxy`, from the snapshot's
-/// cache. The key holds everything besides the service that the cluster depends on:
-/// the DestinationRule that applies for the proxy's namespace, the node type and, for
-/// DNS clusters, the proxy's IP family and locality. `None` when `subset` is not a
-/// subset of the rule that applies.
+/// cache (see [`OutboundClusterInput`]). `None` when `subset` is not a subset of the
+/// rule that applies.
 pub fn cached_outbound(
     snapshot: &Snapshot,
     proxy: &Proxy,
@@ -583,52 +723,24 @@ pub fn cached_outbound(
     subset: &str,
 ) -> Option<Resource> {
     let host = service.hostname.as_str();
-    let rule = snapshot
-        .config
-        .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
+    let rule =
+        snapshot
+            .config()
+            .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
     if !subset.is_empty() && rule.is_none_or(|r| policy::subset(&r.spec, subset).is_none()) {
         return None;
     }
-    let name: Arc<str> = Arc::from(outbound_name(port.port.get(), subset, host));
-    let node = format!("{:?}", proxy.node_type);
-    let family = format!("{:?}", dns_lookup_family(&proxy.ip_addresses));
-    let locality = proxy.locality.to_string();
-    let mut parts = vec![
-        "envoy",
-        service.namespace.as_str(),
-        rule.map_or("", |r| r.namespace.as_str()),
-        rule.map_or("", |r| r.name.as_str()),
-        node.as_str(),
-    ];
-    if matches!(
-        service.resolution,
-        Resolution::DnsLb | Resolution::DnsRoundRobinLb
-    ) {
-        parts.extend([family.as_str(), locality.as_str()]);
-    }
-    let key = CacheKey {
-        type_url: TypeUrl::Cluster,
-        name: name.clone(),
-        view: view_digest(&parts),
+    let input = OutboundClusterInput {
+        service: service.key(),
+        port: port.port.get(),
+        subset: Arc::from(subset),
+        rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
+        client: ClusterClient::for_proxy(proxy, service),
+        shards: SharedShards(snapshot.shards(&service.key()).cloned()),
     };
     snapshot
-        .cache
-        .get_or_insert(key, Some(&service.hostname), || {
-            let cluster = outbound_cluster_for(&OutboundRequest {
-                service,
-                port,
-                shards: snapshot.shards(&service.key()).map(|s| &**s),
-                rule: rule.map(|r| &**r),
-                subset,
-                mesh: &snapshot.mesh.config,
-                proxy,
-            })?;
-            Some(EncodedResource::encode(
-                TypeUrl::Cluster,
-                name.clone(),
-                &cluster,
-            ))
-        })
+        .cache()
+        .get_or_insert(input, |input| input.generate(snapshot))
 }
 
 /// A service port's clusters for `proxy`: the service-wide one, then one per subset of
@@ -642,7 +754,7 @@ pub fn cached_service_clusters(
     let mut out: Vec<Resource> = cached_outbound(snapshot, proxy, service, port, "")
         .into_iter()
         .collect();
-    if let Some(rule) = snapshot.config.destination_rule(
+    if let Some(rule) = snapshot.config().destination_rule(
         &proxy.namespace,
         service.namespace.as_str(),
         service.hostname.as_str(),
@@ -670,74 +782,161 @@ pub fn cached_inbound(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     for instance in &instances {
         by_target.entry(instance.target_port).or_insert(instance);
     }
-    let sidecar = snapshot.config.sidecar_for(&proxy.namespace, &proxy.labels);
-    let sidecar_pool = sidecar.and_then(|s| s.spec.inbound_connection_pool);
-    let v6_only = !proxy.ip_addresses.is_empty() && proxy.ip_addresses.iter().all(IpAddr::is_ipv6);
+    let sidecar = snapshot
+        .config()
+        .sidecar_for(&proxy.namespace, &proxy.labels)
+        .map(|s| (s.namespace.clone(), s.name.clone()));
+    let v6_only = v6_only(&proxy.ip_addresses);
     let mut out = Vec::new();
     for (target, instance) in by_target {
         let service = &instance.service;
-        let rule = snapshot.config.destination_rule(
+        let rule = snapshot.config().destination_rule(
             &proxy.namespace,
             service.namespace.as_str(),
             service.hostname.as_str(),
         );
+        let input = InboundClusterInput {
+            target_port: target,
+            service: service.key(),
+            port: instance.port.port.get(),
+            rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
+            sidecar: sidecar.clone(),
+            v6_only,
+        };
+        out.extend(
+            snapshot
+                .cache()
+                .get_or_insert(input, |input| input.generate(snapshot)),
+        );
+    }
+    let (v4, v6) = ip_families(&proxy.ip_addresses);
+    out.extend(
+        snapshot
+            .cache()
+            .get_or_insert(InboundPassthroughInput { v4, v6 }, |input| {
+                Some(EncodedResource::encode(
+                    TypeUrl::Cluster,
+                    INBOUND_PASSTHROUGH,
+                    &inbound_passthrough_for(&snapshot.mesh().config, input.v4, input.v6),
+                ))
+            }),
+    );
+    out
+}
+
+/// The input of an inbound cluster, and its cache key: the target port, the service
+/// port it backs, the DestinationRule and Sidecar in force (by name), and whether the
+/// proxy is IPv6-only.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct InboundClusterInput {
+    pub target_port: u16,
+    pub service: ServiceKey,
+    pub port: u16,
+    pub rule: Option<(String, String)>,
+    pub sidecar: Option<(String, String)>,
+    pub v6_only: bool,
+}
+
+impl CacheInput for InboundClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        // Built from the proxy's instances, which any service's endpoints may change.
+        None
+    }
+}
+
+impl InboundClusterInput {
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let service = snapshot.services().get(&self.service)?;
+        let port = service.port(self.port)?;
+        let config = snapshot.config();
+        let rule = self
+            .rule
+            .as_ref()
+            .and_then(|(ns, name)| config.destination_rule_by_name(ns, name));
+        let sidecar_pool = self
+            .sidecar
+            .as_ref()
+            .and_then(|(ns, name)| config.sidecar_by_name(ns, name))
+            .and_then(|s| s.spec.inbound_connection_pool);
         let mut traffic_policy = rule
             .and_then(|r| r.spec.traffic_policy.as_ref())
-            .map(|p| policy::port_level_policy(p, instance.port.port.get()).0);
+            .map(|p| policy::port_level_policy(p, port.port.get()).0);
         if let Some(pool) = sidecar_pool {
             traffic_policy
                 .get_or_insert_with(Default::default)
                 .connection_pool = Some(pool);
         }
-        let name: Arc<str> = Arc::from(inbound_name(target));
-        let number = instance.port.port.get().to_string();
-        let parts = [
-            "inbound",
-            service.hostname.as_str(),
-            service.namespace.as_str(),
-            number.as_str(),
-            instance.port.protocol.as_str(),
-            rule.map_or("", |r| r.namespace.as_str()),
-            rule.map_or("", |r| r.name.as_str()),
-            sidecar.map_or("", |s| s.namespace.as_str()),
-            sidecar.map_or("", |s| s.name.as_str()),
-            if v6_only { "v6" } else { "v4" },
-        ];
-        let key = CacheKey {
-            type_url: TypeUrl::Cluster,
-            name: name.clone(),
-            view: view_digest(&parts),
-        };
-        out.extend(snapshot.cache.get_or_insert(key, None, || {
-            let cluster = inbound_cluster(&InboundRequest {
-                target_port: target,
-                port: &instance.port,
-                policy: traffic_policy.as_ref(),
-                mesh: &snapshot.mesh.config,
-                proxy_ips: &proxy.ip_addresses,
-            });
-            Some(EncodedResource::encode(
-                TypeUrl::Cluster,
-                name.clone(),
-                &cluster,
-            ))
-        }));
-    }
-    let v4 = proxy.ip_addresses.is_empty() || proxy.ip_addresses.iter().any(IpAddr::is_ipv4);
-    let v6 = proxy.ip_addresses.iter().any(IpAddr::is_ipv6);
-    let key = CacheKey {
-        type_url: TypeUrl::Cluster,
-        name: Arc::from(INBOUND_PASSTHROUGH),
-        view: view_digest(&[if v4 { "v4" } else { "" }, if v6 { "v6" } else { "" }]),
-    };
-    out.extend(snapshot.cache.get_or_insert(key, None, || {
+        let cluster = inbound_cluster(&InboundRequest {
+            target_port: self.target_port,
+            port,
+            policy: traffic_policy.as_ref(),
+            mesh: &snapshot.mesh().config,
+            v6_only: self.v6_only,
+        });
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
-            INBOUND_PASSTHROUGH,
-            &inbound_passthrough(&snapshot.mesh.config, &proxy.ip_addresses),
+            inbound_name(self.target_port),
+            &cluster,
         ))
-    }));
-    out
+    }
+}
+
+/// The input of `InboundPassthroughCluster`: the proxy's IP families.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct InboundPassthroughInput {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl CacheInput for InboundPassthroughInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// The input of `BlackHoleCluster` and `PassthroughCluster`, read from the mesh config
+/// alone.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct SpecialClusterInput {
+    pub name: &'static str,
+}
+
+impl CacheInput for SpecialClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+/// `BlackHoleCluster` or `PassthroughCluster`, from the snapshot's cache.
+pub fn cached_special(snapshot: &Snapshot, name: &'static str) -> Resource {
+    snapshot
+        .cache()
+        .get_or_insert(SpecialClusterInput { name }, |input| {
+            let mesh = &snapshot.mesh().config;
+            let cluster = if input.name == BLACK_HOLE {
+                black_hole(mesh)
+            } else {
+                passthrough(mesh)
+            };
+            Some(EncodedResource::encode(
+                TypeUrl::Cluster,
+                input.name,
+                &cluster,
+            ))
+        })
+        .expect("special clusters always generate")
 }
 
 fn connect_timeout(mesh: &MeshConfig) -> PbDuration {
@@ -823,8 +1022,8 @@ mod tests {
     use meshfed_registry::{Endpoint, ShardKey};
 
     use super::*;
-    use crate::ads::node::json_to_struct;
     use crate::mesh::default_mesh_config;
+    use crate::model::proxy::json_to_struct;
 
     const HOST: &str = "reviews.default.svc.cluster.local";
 
@@ -921,7 +1120,7 @@ mod tests {
                 rule: self.rule.as_ref(),
                 subset: self.subset,
                 mesh: &self.mesh,
-                proxy: &self.proxy,
+                client: &ClusterClient::for_proxy(&self.proxy, &self.service),
             })
         }
 
@@ -1772,7 +1971,7 @@ mod tests {
             port: &port,
             policy: Some(&pool),
             mesh: &mesh,
-            proxy_ips: &ips,
+            v6_only: v6_only(&ips),
         });
         assert_eq!(c.name, "inbound|19080||");
         assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
@@ -1808,7 +2007,7 @@ mod tests {
             port: &port,
             policy: None,
             mesh: &localhost,
-            proxy_ips: &ips,
+            v6_only: v6_only(&ips),
         });
         assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
         assert!(c.upstream_bind_config.is_none());
@@ -1919,7 +2118,7 @@ mod snapshot_tests {
         };
         Snapshot::build(
             &Snapshot::empty(),
-            &PushRequest::forced(TriggerReason::Global),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
             &aggregate,
             &index,
             Arc::new(mesh),

@@ -15,19 +15,25 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
 use envoy_types::pb::google::protobuf::{Struct, UInt32Value, Value, value};
-use meshfed_api::networking::v1alpha3::LocalityLoadBalancerSetting;
+use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
+use meshfed_api::networking::v1alpha3::{DestinationRule, LocalityLoadBalancerSetting};
 use meshfed_registry::{
-    Endpoint, EndpointShards, HealthStatus, Locality, NetworkId, Port, Service, ShardKey, TlsMode,
+    Endpoint, EndpointShards, HealthStatus, Locality, NetworkId, Port, ServiceKey, ShardKey,
+    TlsMode,
 };
 
+use super::cds::ClusterName;
 use super::policy;
-use crate::ads::node::Proxy;
+use crate::model::{Proxy, ProxyClass};
 use crate::networks::{Gateway, NetworkView};
+use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
+use crate::push::watch::host_of;
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Options that change which endpoints are sent.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct EdsOptions {
     /// Send unhealthy (and draining) endpoints marked as such instead of dropping them
     /// (Istio's `PILOT_SEND_UNHEALTHY_ENDPOINTS`).
@@ -335,117 +341,206 @@ fn gateway_lb_endpoint(gateway: &Gateway, weight: u32) -> LbEndpoint {
     }
 }
 
-/// What one proxy's load assignment for a cluster depends on besides the endpoints: the
-/// DestinationRule that applies for the proxy (its subset labels, its locality load
-/// balancing), only when a locality setting changes anything, the proxy's locality
-/// and the labels failoverPriority names, and, only when some network has a gateway,
-/// the proxy's network and IP families (split horizon).
-/// [`AssignmentView::digest_parts`] lists them for the cache key.
-#[derive(Clone, Debug)]
-pub struct AssignmentView {
-    rule: Option<(String, String)>,
-    subset_labels: Option<BTreeMap<String, String>>,
-    locality_lb: Option<(LocalityLoadBalancerSetting, bool)>,
-    proxy_locality: Locality,
-    proxy_labels: BTreeMap<String, String>,
-    /// Split horizon: the networks, the proxy's network and IP families (v4, v6).
-    network: Option<(Arc<NetworkView>, NetworkId, bool, bool)>,
+/// The input of one proxy's load assignment for a cluster, and its cache key: the
+/// cluster, the service it resolves to for the proxy, the DestinationRule that applies
+/// for the proxy (its subset labels, its locality load balancing) and, only where they
+/// change anything, the proxy's locality with the labels failoverPriority can name
+/// (when a locality setting applies) and its network and IP families (when some
+/// network has a gateway: split horizon).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct EdsInput {
+    /// The cluster name, `outbound|<port>|<subset>|<host>`.
+    pub name: Arc<str>,
+    /// The service the proxy reaches under the cluster's hostname; `None` when there
+    /// is none (an empty placeholder assignment).
+    pub service: Option<ServiceKey>,
+    /// The rule in force, `(namespace, name)`.
+    pub rule: Option<(String, String)>,
+    /// The proxy's locality and labels, when locality load balancing applies.
+    pub locality: Option<(Locality, BTreeMap<String, String>)>,
+    /// The proxy's network and IP families (v4, v6), when split horizon applies.
+    pub network: Option<(NetworkId, bool, bool)>,
+    pub options: EdsOptions,
 }
 
-impl AssignmentView {
-    /// The view of `proxy` on `service` port `port`, subset `subset` (empty for the
-    /// whole service). `None` when the rule that applies has no such subset.
-    pub fn new(
-        snapshot: &Snapshot,
-        networks: &Arc<NetworkView>,
-        proxy: &Proxy,
-        service: &Service,
-        port: &Port,
-        subset: &str,
-    ) -> Option<AssignmentView> {
-        let rule = snapshot.config.destination_rule(
-            &proxy.namespace,
-            service.namespace.as_str(),
-            service.hostname.as_str(),
-        );
-        let subset_labels = if subset.is_empty() {
-            None
-        } else {
-            Some(policy::subset(&rule?.spec, subset)?.labels.clone())
-        };
-        let traffic_policy =
-            rule.and_then(|r| policy::destination_policy(&r.spec, port.port.get(), subset));
-        let failover = traffic_policy
+impl CacheInput for EdsInput {
+    const TYPE: TypeUrl = TypeUrl::Endpoint;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn service(&self) -> Option<&str> {
+        Some(host_of(&self.name))
+    }
+}
+
+/// The locality setting in force for `port` and `subset` under `rule`, and whether
+/// failover applies (outlier detection is set); only when it changes anything.
+fn locality_setting(
+    mesh: &MeshConfig,
+    rule: Option<&DestinationRule>,
+    port: u16,
+    subset: &str,
+) -> Option<(LocalityLoadBalancerSetting, bool)> {
+    let traffic_policy = rule.and_then(|r| policy::destination_policy(r, port, subset));
+    let failover = traffic_policy
+        .as_ref()
+        .is_some_and(|p| p.outlier_detection.is_some());
+    policy::locality_lb_setting(
+        mesh,
+        traffic_policy
             .as_ref()
-            .is_some_and(|p| p.outlier_detection.is_some());
-        let locality_lb = policy::locality_lb_setting(
-            &snapshot.mesh.config,
-            traffic_policy
-                .as_ref()
-                .and_then(|p| p.load_balancer.as_ref()),
-        )
-        .filter(|s| !s.distribute.is_empty() || failover)
-        .map(|s| (s, failover));
-        let proxy_labels = match &locality_lb {
-            Some((s, true)) if s.distribute.is_empty() && !s.failover_priority.is_empty() => {
+            .and_then(|p| p.load_balancer.as_ref()),
+    )
+    .filter(|s| !s.distribute.is_empty() || failover)
+    .map(|s| (s, failover))
+}
+
+impl EdsInput {
+    /// What `proxy`'s assignment of cluster `name` (parsed: `cluster`) depends on.
+    pub fn for_proxy(
+        snapshot: &Snapshot,
+        proxy: &Proxy,
+        name: &str,
+        cluster: &ClusterName<'_>,
+        options: EdsOptions,
+    ) -> EdsInput {
+        let service = snapshot
+            .services()
+            .resolve(cluster.hostname, &proxy.namespace)
+            .filter(|s| s.port(cluster.port).is_some());
+        let rule = service.and_then(|s| {
+            snapshot.config().destination_rule(
+                &proxy.namespace,
+                s.namespace.as_str(),
+                s.hostname.as_str(),
+            )
+        });
+        // A subset the rule in force does not define: nothing to send.
+        let subset_ok = cluster.subset.is_empty()
+            || rule.is_some_and(|r| policy::subset(&r.spec, cluster.subset).is_some());
+        let service = service.filter(|_| subset_ok);
+        let locality = service.and_then(|_| {
+            let (setting, failover) = locality_setting(
+                &snapshot.mesh().config,
+                rule.map(|r| &r.spec),
+                cluster.port,
+                cluster.subset,
+            )?;
+            let labels = if failover
+                && setting.distribute.is_empty()
+                && !setting.failover_priority.is_empty()
+            {
                 augment_labels(
                     &proxy.labels,
                     proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
                     &proxy.locality,
                     proxy.network.as_str(),
                 )
-            }
-            _ => BTreeMap::new(),
-        };
-        let network = networks.has_gateways().then(|| {
-            let f = NetworkFilter::for_proxy(networks, proxy);
-            (networks.clone(), proxy.network.clone(), f.ipv4, f.ipv6)
-        });
-        Some(AssignmentView {
-            rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
-            subset_labels,
-            proxy_locality: if locality_lb.is_some() {
-                proxy.locality.clone()
             } else {
-                Locality::default()
-            },
-            locality_lb,
-            proxy_labels,
+                BTreeMap::new()
+            };
+            Some((proxy.locality.clone(), labels))
+        });
+        let networks = snapshot.network_view();
+        let network = (service.is_some() && networks.has_gateways()).then(|| {
+            let f = NetworkFilter::for_proxy(networks, proxy);
+            (proxy.network.clone(), f.ipv4, f.ipv6)
+        });
+        EdsInput {
+            name: Arc::from(name),
+            service: service.map(|s| s.key()),
+            rule: service
+                .and(rule)
+                .map(|r| (r.namespace.clone(), r.name.clone())),
+            locality,
             network,
-        })
+            options,
+        }
     }
 
-    /// The parts of the cache key: the rule, and the client facts in use.
-    pub fn digest_parts(&self) -> Vec<String> {
-        let mut parts = match &self.rule {
-            Some((ns, name)) => vec![ns.clone(), name.clone()],
-            None => vec![String::new(), String::new()],
-        };
-        if self.locality_lb.is_some() {
-            parts.push(self.proxy_locality.to_string());
-            parts.extend(self.proxy_labels.iter().map(|(k, v)| format!("{k}={v}")));
+    /// Builds the assignment from this input and the snapshot's indexes alone.
+    pub fn generate(&self, snapshot: &Snapshot) -> Resource {
+        let found = self.service.as_ref().and_then(|key| {
+            let service = snapshot.services().get(key)?;
+            let cluster = ClusterName::parse(&self.name)?;
+            let port = service.port(cluster.port)?;
+            let rule = self
+                .rule
+                .as_ref()
+                .and_then(|(ns, name)| snapshot.config().destination_rule_by_name(ns, name));
+            let subset_labels = if cluster.subset.is_empty() {
+                None
+            } else {
+                Some(policy::subset(&rule?.spec, cluster.subset)?.labels.clone())
+            };
+            let view = AssignmentView {
+                subset_labels,
+                locality_lb: self.locality.as_ref().and_then(|(locality, labels)| {
+                    let (setting, failover) = locality_setting(
+                        &snapshot.mesh().config,
+                        rule.map(|r| &r.spec),
+                        cluster.port,
+                        cluster.subset,
+                    )?;
+                    Some((setting, failover, locality.clone(), labels.clone()))
+                }),
+                network: self
+                    .network
+                    .as_ref()
+                    .map(|(n, v4, v6)| (snapshot.network_view().clone(), n.clone(), *v4, *v6)),
+            };
+            Some((service, port, view))
+        });
+        match found {
+            Some((service, port, view)) => {
+                let shards = snapshot.shards(&service.key()).map(|s| &**s);
+                let cla =
+                    load_assignment_for(&self.name, port, shards, &view.selection(self.options));
+                EncodedResource::encode(TypeUrl::Endpoint, self.name.clone(), &cla)
+            }
+            // A watched cluster whose service, port or subset is gone gets an empty
+            // assignment (a placeholder, see EncodedResource), so a SotW client never
+            // waits on it.
+            None => {
+                let empty = ClusterLoadAssignment {
+                    cluster_name: self.name.to_string(),
+                    ..Default::default()
+                };
+                EncodedResource::encode_placeholder(TypeUrl::Endpoint, self.name.clone(), &empty)
+            }
         }
-        if let Some((_, network, ipv4, ipv6)) = &self.network {
-            parts.push(format!("network={network}"));
-            parts.push(format!("families={}{}", u8::from(*ipv4), u8::from(*ipv6)));
-        }
-        parts
     }
+}
 
+/// What an [`EdsInput`] comes to against the snapshot: the subset's labels, the
+/// locality setting with the client's locality and labels, the split-horizon view.
+#[derive(Clone, Debug)]
+struct AssignmentView {
+    subset_labels: Option<BTreeMap<String, String>>,
+    locality_lb: Option<(
+        LocalityLoadBalancerSetting,
+        bool,
+        Locality,
+        BTreeMap<String, String>,
+    )>,
+    /// Split horizon: the networks, the proxy's network and IP families (v4, v6).
+    network: Option<(Arc<NetworkView>, NetworkId, bool, bool)>,
+}
+
+impl AssignmentView {
     /// The selection to build the assignment with.
     pub fn selection(&self, options: EdsOptions) -> EndpointSelection<'_> {
         EndpointSelection {
             options,
             subset: self.subset_labels.as_ref(),
-            locality_lb: self
-                .locality_lb
-                .as_ref()
-                .map(|(setting, failover)| LocalityLb {
+            locality_lb: self.locality_lb.as_ref().map(
+                |(setting, failover, proxy_locality, proxy_labels)| LocalityLb {
                     setting,
-                    proxy_locality: &self.proxy_locality,
-                    proxy_labels: &self.proxy_labels,
+                    proxy_locality,
+                    proxy_labels,
                     failover: *failover,
-                }),
+                },
+            ),
             network: self
                 .network
                 .as_ref()

@@ -45,9 +45,10 @@ use prost::Message;
 
 use super::Subscription;
 use super::cds::{self, ClusterName, Direction};
-use crate::ads::node::Proxy;
+use crate::model::{ClientView, Proxy, ProxyClass};
+use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
-use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Name of Envoy's (and gRPC's) terminal HTTP filter.
 pub const ROUTER_FILTER: &str = "envoy.filters.http.router";
@@ -149,7 +150,7 @@ fn resolve_requested<'s>(
     [Some(host), expanded.as_deref()]
         .into_iter()
         .flatten()
-        .filter_map(|h| snapshot.services.resolve(h, &proxy.namespace))
+        .filter_map(|h| snapshot.services().resolve(h, &proxy.namespace))
         .find(|service| match port {
             RequestedPort::Any => true,
             RequestedPort::Port(n) => service.port(n).is_some(),
@@ -161,7 +162,7 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
     // Keyed by listener name: a name asked for twice (`foo` and `foo:80`) is sent once.
     let mut out: BTreeMap<String, Resource> = BTreeMap::new();
     if sub.wildcard {
-        for service in snapshot.services.visible_to(&proxy.namespace) {
+        for service in snapshot.services().visible_to(&proxy.namespace) {
             for port in &service.ports {
                 let name = join_host_port(service.hostname.as_str(), port.port.get());
                 let listener = cached_listener(snapshot, proxy, &name, service, port);
@@ -202,6 +203,26 @@ fn join_host_port(host: &str, port: u16) -> String {
     }
 }
 
+/// The input of a proxyless client's API listener, and its cache key.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct GrpcListenerInput {
+    pub name: Arc<str>,
+    pub hostname: Hostname,
+    pub port: u16,
+    /// Some route of the service injects faults (the fault filter goes first).
+    pub fault: bool,
+}
+
+impl CacheInput for GrpcListenerInput {
+    const TYPE: TypeUrl = TypeUrl::Listener;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Grpc)
+    }
+    fn service(&self) -> Option<&str> {
+        Some(self.hostname.as_str())
+    }
+}
+
 fn cached_listener(
     snapshot: &Snapshot,
     proxy: &Proxy,
@@ -209,22 +230,26 @@ fn cached_listener(
     service: &Service,
     port: &Port,
 ) -> Resource {
-    let fault = routes_inject_faults(snapshot, proxy, service);
-    let key = CacheKey {
-        type_url: TypeUrl::Listener,
+    let input = GrpcListenerInput {
         name: Arc::from(name),
-        view: view_digest(&[
-            "grpc",
-            service.hostname.as_str(),
-            &port.port.to_string(),
-            if fault { "fault" } else { "" },
-        ]),
+        hostname: service.hostname.clone(),
+        port: port.port.get(),
+        fault: routes_inject_faults(snapshot, proxy, service),
     };
     snapshot
-        .cache
-        .get_or_insert(key, Some(&service.hostname), || {
-            let listener = api_listener(name, service.hostname.as_str(), port.port.get(), fault);
-            Some(EncodedResource::encode(TypeUrl::Listener, name, &listener))
+        .cache()
+        .get_or_insert(input, |input| {
+            let listener = api_listener(
+                &input.name,
+                input.hostname.as_str(),
+                input.port,
+                input.fault,
+            );
+            Some(EncodedResource::encode(
+                TypeUrl::Listener,
+                input.name.clone(),
+                &listener,
+            ))
         })
         .expect("listeners always generate")
 }
@@ -234,7 +259,7 @@ fn cached_listener(
 /// them no route does.
 fn routes_inject_faults(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> bool {
     snapshot
-        .config
+        .config()
         .virtual_service_for_host(&proxy.namespace, service.hostname.as_str())
         .is_some_and(|vs| vs.spec.http.iter().any(|r| r.fault.is_some()))
 }
@@ -295,6 +320,7 @@ fn any<M: Message>(type_url: &str, message: &M) -> Any {
 // RDS
 
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+    let client = Arc::new(proxy.client_view());
     sub.names
         .iter()
         .filter_map(|name| {
@@ -302,52 +328,67 @@ fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Reso
             if parsed.direction != Direction::Outbound || !parsed.subset.is_empty() {
                 return None;
             }
-            let service = snapshot.services.resolve(parsed.hostname, &proxy.namespace);
-            Some(cached_route(snapshot, proxy, name, &parsed, service))
+            Some(cached_route(snapshot, &client, name))
         })
         .collect()
 }
 
-fn cached_route(
-    snapshot: &Snapshot,
-    proxy: &Proxy,
-    name: &str,
-    parsed: &ClusterName<'_>,
-    service: Option<&Arc<Service>>,
-) -> Resource {
-    let found = service.and_then(|s| Some((s, s.port(parsed.port)?)));
-    let vip = found
-        .and_then(|(s, _)| s.address_for(proxy.cluster_id.as_ref()))
-        .map(|ip| ip.to_string())
-        .unwrap_or_default();
-    let namespace = found.map(|(s, _)| s.namespace.as_str()).unwrap_or("");
-    let key = CacheKey {
-        type_url: TypeUrl::Route,
+/// The input of a proxyless client's route table `outbound|<port>||<host>`, and its
+/// cache key: the name and the client as routes see it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct GrpcRouteInput {
+    pub client: Arc<ClientView>,
+    pub name: Arc<str>,
+}
+
+impl CacheInput for GrpcRouteInput {
+    const TYPE: TypeUrl = TypeUrl::Route;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Grpc)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl GrpcRouteInput {
+    fn generate(&self, snapshot: &Snapshot) -> Resource {
+        let name = &*self.name;
+        let found = ClusterName::parse(name).and_then(|parsed| {
+            let service = snapshot
+                .services()
+                .resolve(parsed.hostname, &self.client.namespace)?;
+            let port = service.port(parsed.port)?;
+            Some((service, port))
+        });
+        match found {
+            Some((service, port)) => EncodedResource::encode(
+                TypeUrl::Route,
+                name,
+                &route_configuration(name, snapshot, service, port, &self.client),
+            ),
+            // The service or port is gone: an empty route table tells the client at
+            // once (SotW); Delta reports the name as removed.
+            None => EncodedResource::encode_placeholder(
+                TypeUrl::Route,
+                name,
+                &RouteConfiguration {
+                    name: name.to_string(),
+                    ..Default::default()
+                },
+            ),
+        }
+    }
+}
+
+fn cached_route(snapshot: &Snapshot, client: &Arc<ClientView>, name: &str) -> Resource {
+    let input = GrpcRouteInput {
+        client: client.clone(),
         name: Arc::from(name),
-        view: view_digest(&["grpc", namespace, &proxy.dns_domain, &vip]),
     };
-    let hostname = Hostname::new(parsed.hostname);
     snapshot
-        .cache
-        .get_or_insert(key, Some(&hostname), || {
-            Some(match found {
-                Some((service, port)) => EncodedResource::encode(
-                    TypeUrl::Route,
-                    name,
-                    &route_configuration(name, snapshot, service, port, proxy),
-                ),
-                // The service or port is gone: an empty route table tells the client at
-                // once (SotW); Delta reports the name as removed.
-                None => EncodedResource::encode_placeholder(
-                    TypeUrl::Route,
-                    name,
-                    &RouteConfiguration {
-                        name: name.to_string(),
-                        ..Default::default()
-                    },
-                ),
-            })
-        })
+        .cache()
+        .get_or_insert(input, |input| Some(input.generate(snapshot)))
         .expect("routes always generate")
 }
 
@@ -359,7 +400,7 @@ pub fn route_configuration(
     snapshot: &Snapshot,
     service: &Service,
     port: &Port,
-    proxy: &Proxy,
+    proxy: &ClientView,
 ) -> RouteConfiguration {
     RouteConfiguration {
         name: name.to_string(),
@@ -396,7 +437,7 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
 /// (subset and port-level settings merged): round robin (the default), least request,
 /// or ring hash for consistent hashing. Other policies fall back to round robin, which
 /// is what gRPC supports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GrpcLb {
     RoundRobin,
     LeastRequest,
@@ -406,12 +447,12 @@ pub enum GrpcLb {
 fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> GrpcLb {
     use meshfed_api::networking::v1alpha3::load_balancer_settings::{LbPolicy, SimpleLb};
     let Some(service) = snapshot
-        .services
+        .services()
         .resolve(cluster.hostname, &proxy.namespace)
     else {
         return GrpcLb::RoundRobin;
     };
-    let Some(rule) = snapshot.config.destination_rule(
+    let Some(rule) = snapshot.config().destination_rule(
         &proxy.namespace,
         service.namespace.as_str(),
         service.hostname.as_str(),
@@ -435,18 +476,36 @@ fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Grp
     }
 }
 
+/// The input of a proxyless client's cluster, and its cache key: the name and the
+/// load balancer the DestinationRule in force picks.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct GrpcClusterInput {
+    pub name: Arc<str>,
+    pub hostname: Hostname,
+    pub lb: GrpcLb,
+}
+
+impl CacheInput for GrpcClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Grpc)
+    }
+    fn service(&self) -> Option<&str> {
+        Some(self.hostname.as_str())
+    }
+}
+
 fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str, lb: GrpcLb) -> Resource {
-    let lb_key = format!("{lb:?}");
-    let key = CacheKey {
-        type_url: TypeUrl::Cluster,
+    let input = GrpcClusterInput {
         name: Arc::from(name),
-        view: view_digest(&["grpc", "eds", &lb_key]),
+        hostname: Hostname::new(hostname),
+        lb,
     };
     snapshot
-        .cache
-        .get_or_insert(key, Some(&Hostname::new(hostname)), || {
-            let mut cluster = eds_cluster(name);
-            match lb {
+        .cache()
+        .get_or_insert(input, |input| {
+            let mut cluster = eds_cluster(&input.name);
+            match input.lb {
                 GrpcLb::RoundRobin => {}
                 GrpcLb::LeastRequest => cluster.lb_policy = cluster::LbPolicy::LeastRequest as i32,
                 GrpcLb::RingHash { minimum_ring_size } => {
@@ -465,7 +524,11 @@ fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str, lb: GrpcL
                     }
                 }
             }
-            Some(EncodedResource::encode(TypeUrl::Cluster, name, &cluster))
+            Some(EncodedResource::encode(
+                TypeUrl::Cluster,
+                input.name.clone(),
+                &cluster,
+            ))
         })
         .expect("clusters always generate")
 }
@@ -498,8 +561,8 @@ mod tests {
     };
 
     use super::*;
-    use crate::ads::node::{Generator, json_to_struct};
     use crate::generate::{GeneratorOptions, Scope, generate as generate_any};
+    use crate::model::proxy::{Generator, json_to_struct};
 
     const DOMAIN: &str = "default.svc.cluster.local";
 
@@ -544,10 +607,10 @@ mod tests {
         aggregate.add_registry(Arc::new(registry));
         Snapshot::build(
             &Snapshot::empty(),
-            &PushRequest::forced(TriggerReason::Global),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
             &aggregate,
             &index,
-            Snapshot::empty().mesh.clone(),
+            Arc::new(Snapshot::empty().mesh().clone()),
             &|m| crate::push::config_index::ConfigIndex::new(set.clone(), "cluster.local", m),
             1,
         )

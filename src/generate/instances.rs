@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use meshfed_registry::{Port, ProviderId, Service};
 
-use crate::ads::node::Proxy;
+use crate::model::proxy::Proxy;
 use crate::push::snapshot::Snapshot;
 
 /// One service port the proxy's workload serves.
@@ -55,7 +55,7 @@ pub fn proxy_instances(snapshot: &Snapshot, proxy: &Proxy) -> Vec<ProxyInstance>
     if candidates.is_empty() {
         return out;
     }
-    for service in snapshot.services.all() {
+    for service in snapshot.services().all() {
         let key = service.key();
         if !candidates.contains(&key) {
             continue;
@@ -120,7 +120,7 @@ mod tests {
     };
 
     use super::*;
-    use crate::ads::node::json_to_struct;
+    use crate::model::proxy::json_to_struct;
     use crate::push::config_index::ConfigIndex;
 
     fn snapshot() -> Snapshot {
@@ -153,10 +153,10 @@ mod tests {
         aggregate.add_registry(Arc::new(reg));
         Snapshot::build(
             &Snapshot::empty(),
-            &PushRequest::forced(TriggerReason::Global),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
             &aggregate,
             &index,
-            Snapshot::empty().mesh.clone(),
+            Arc::new(Snapshot::empty().mesh().clone()),
             &|_| ConfigIndex::default(),
             1,
         )
@@ -289,10 +289,10 @@ mod tests {
         }));
         Snapshot::build(
             &Snapshot::empty(),
-            &PushRequest::forced(TriggerReason::Global),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
             &aggregate,
             &index,
-            Snapshot::empty().mesh.clone(),
+            Arc::new(Snapshot::empty().mesh().clone()),
             &|_| ConfigIndex::default(),
             1,
         )

@@ -44,7 +44,7 @@ use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use prost::{Message, Name};
 
 use super::cds;
-use crate::ads::node::Proxy;
+use crate::model::ClientView;
 use crate::push::snapshot::Snapshot;
 
 /// The outbound capture listener.
@@ -55,7 +55,7 @@ pub const VIRTUAL_INBOUND: &str = "virtualInbound";
 pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 
 /// A port the proxy serves for one of its services (from the registries).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct InboundPort {
     /// Port the workload listens on.
     pub target_port: u16,
@@ -66,7 +66,7 @@ pub struct InboundPort {
 /// Every listener of a sidecar. `inbound` lists the proxy's own ports.
 pub fn sidecar_listeners(
     snapshot: &Snapshot,
-    proxy: &Proxy,
+    proxy: &ClientView,
     inbound: &[InboundPort],
 ) -> Vec<Listener> {
     let mut out = vec![
@@ -77,9 +77,9 @@ pub fn sidecar_listeners(
     out
 }
 
-fn mesh_allows_any(snapshot: &Snapshot, proxy: &Proxy) -> bool {
+fn mesh_allows_any(snapshot: &Snapshot, proxy: &ClientView) -> bool {
     let sidecar_mode = snapshot
-        .config
+        .config()
         .sidecar_for(&proxy.namespace, &proxy.labels)
         .and_then(|s| s.spec.outbound_traffic_policy.as_ref())
         .map(|p| p.mode == 1);
@@ -87,15 +87,15 @@ fn mesh_allows_any(snapshot: &Snapshot, proxy: &Proxy) -> bool {
         return !registry_only;
     }
     snapshot
-        .mesh
+        .mesh()
         .config
         .outbound_traffic_policy
         .as_ref()
         .is_none_or(|p| p.mode != MeshOutboundMode::RegistryOnly as i32)
 }
 
-fn virtual_outbound(snapshot: &Snapshot, proxy: &Proxy) -> Listener {
-    let port = u16::try_from(snapshot.mesh.config.proxy_listen_port).unwrap_or(15001);
+fn virtual_outbound(snapshot: &Snapshot, proxy: &ClientView) -> Listener {
+    let port = u16::try_from(snapshot.mesh().config.proxy_listen_port).unwrap_or(15001);
     let fallback = if mesh_allows_any(snapshot, proxy) {
         cds::PASSTHROUGH
     } else {
@@ -116,7 +116,7 @@ fn virtual_outbound(snapshot: &Snapshot, proxy: &Proxy) -> Listener {
 }
 
 fn virtual_inbound(snapshot: &Snapshot, inbound: &[InboundPort]) -> Listener {
-    let port = u16::try_from(snapshot.mesh.config.proxy_inbound_listen_port).unwrap_or(15006);
+    let port = u16::try_from(snapshot.mesh().config.proxy_inbound_listen_port).unwrap_or(15006);
     let mut chains: Vec<FilterChain> = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for p in inbound {
@@ -199,10 +199,10 @@ fn inbound_route(cluster: &str, port: u16) -> RouteConfiguration {
 /// Outbound listeners: HTTP ports share `0.0.0.0_<port>`; TCP ports get
 /// `<VIP>_<port>` (or `0.0.0.0_<port>` without a VIP, unless an HTTP listener already
 /// owns that port: HTTP wins, as in Istio).
-fn outbound_listeners(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Listener> {
+fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
     let mut by_name: BTreeMap<String, Listener> = BTreeMap::new();
     let mut tcp: Vec<(String, IpAddr, u16, String)> = Vec::new();
-    for service in snapshot.visible_services(proxy) {
+    for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
         for port in &service.ports {
             let p = port.port.get();
             if port.protocol.is_http() {
@@ -248,9 +248,9 @@ fn outbound_listeners(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Listener> {
 }
 
 /// Listeners of a gateway: one per port of the Gateway servers selecting it.
-pub fn gateway_listeners(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Listener> {
+pub fn gateway_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
     let mut by_port: BTreeMap<u16, Listener> = BTreeMap::new();
-    for gateway in snapshot.config.gateways_for(&proxy.labels) {
+    for gateway in snapshot.config().gateways_for(&proxy.labels) {
         for server in &gateway.spec.servers {
             let Some(port) = server.port.as_ref() else {
                 continue;
@@ -480,8 +480,8 @@ mod tests {
     };
 
     use super::*;
-    use crate::ads::node::{Proxy, json_to_struct};
     use crate::mesh::MeshSettings;
+    use crate::model::proxy::{Proxy, json_to_struct};
     use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
 
     fn service(host: &str, ns: &str, vip: &str, ports: &[(&str, u16, Protocol)]) -> Service {
@@ -505,7 +505,7 @@ mod tests {
         aggregate.add_registry(Arc::new(reg));
         Snapshot::build(
             &Snapshot::empty(),
-            &PushRequest::forced(TriggerReason::Global),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
             &aggregate,
             &index,
             Arc::new(mesh),
@@ -572,7 +572,7 @@ mod tests {
                 http: false,
             },
         ];
-        let listeners = sidecar_listeners(&snap, &p, &inbound);
+        let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
         let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(
             names,
@@ -647,7 +647,7 @@ mod tests {
             "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
             serde_json::json!({}),
         );
-        let listeners = sidecar_listeners(&snap, &p, &[]);
+        let listeners = sidecar_listeners(&snap, &p.client_view(), &[]);
         let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
         assert_eq!(
             names,
@@ -704,7 +704,7 @@ mod tests {
             "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
             serde_json::json!({"istio": "ingressgateway"}),
         );
-        let listeners = gateway_listeners(&snap, &router);
+        let listeners = gateway_listeners(&snap, &router.client_view());
         assert_eq!(
             listeners
                 .iter()
@@ -723,6 +723,6 @@ mod tests {
             "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
             serde_json::json!({"istio": "egress"}),
         );
-        assert!(gateway_listeners(&snap, &other).is_empty());
+        assert!(gateway_listeners(&snap, &other.client_view()).is_empty());
     }
 }

@@ -1,6 +1,13 @@
-//! Generators: pure functions from (proxy, snapshot indexes, watched names) to encoded
-//! resources. Each resource is looked up in the snapshot's cache under the arguments
-//! that decide it, so proxies that would get the same bytes share them.
+//! Generators: pure functions from typed inputs and the snapshot's mesh-wide indexes to
+//! encoded resources.
+//!
+//! This module is where a proxy meets the generators: for each resource it builds the
+//! input struct holding exactly the facts of the proxy that resource depends on
+//! ([`cds::OutboundClusterInput`], [`eds::EdsInput`], [`ListenerInput`],
+//! [`RouteInput`], ...). The input is the cache key ([`crate::push::cache`]); the
+//! generator behind it is handed the input and the snapshot, never the proxy, so it
+//! cannot read what the key leaves out, and proxies that would get the same bytes
+//! share them.
 
 pub mod cds;
 pub mod eds;
@@ -14,16 +21,14 @@ pub mod simulate;
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use meshfed_registry::Service;
 
-use meshfed_registry::{ConfigKind, Service};
-
-use crate::ads::node::{Generator, Proxy};
-use crate::networks::NetworkView;
+use crate::model::{ClientView, Generator, Proxy, ProxyClass};
+use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
-use crate::resource::{CacheKey, EncodedResource, Resource, TypeUrl, view_digest};
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 use cds::{ClusterName, Direction};
-use eds::EdsOptions;
+use eds::{EdsInput, EdsOptions};
 
 /// Generator settings that come from flags and the mesh config.
 #[derive(Clone, Copy, Debug, Default)]
@@ -47,24 +52,9 @@ pub enum Scope<'a> {
     All,
     /// Only resources derived from these hostnames (incremental EDS).
     Hostnames(&'a HashSet<&'a str>),
-}
-
-/// Whether the `type_url` config of `proxy` may read objects of `kind`: a push whose
-/// every change is of kinds no generator of the type reads skips the type for that
-/// proxy (generating it would give what the proxy already holds). Conservative: only
-/// the pairs known to be independent answer `false`, and must stay in step with the
-/// generators.
-///
-/// - VirtualServices are read by Envoy sidecars' RDS only (sidecar listeners, clusters
-///   and endpoints never look at them): a VirtualService change costs a sidecar its
-///   route tables alone, not the regeneration of ~2 MB of CDS, EDS and LDS.
-///   Gateways read them in LDS (TLS and TCP routes) and proxyless clients throughout.
-pub fn reads(proxy: &Proxy, type_url: TypeUrl, kind: ConfigKind) -> bool {
-    let sidecar = proxy.generator == Generator::Envoy && !proxy.is_router();
-    match kind {
-        ConfigKind::VirtualService if sidecar => type_url == TypeUrl::Route,
-        _ => true,
-    }
+    /// Only these names (incremental EDS through the watch index: the watched names
+    /// of the changed hostnames).
+    Names(&'a BTreeSet<String>),
 }
 
 /// Generates the resources of `type_url` that `proxy` subscribed to. Generators see
@@ -79,8 +69,8 @@ pub fn generate(
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
     if type_url == TypeUrl::Endpoint {
-        // Incremental EDS reaches every connection, most of which watch none of the
-        // changed hostnames: the proxy is resolved only when something is in scope.
+        // Incremental EDS reaches connections that may watch none of the changed
+        // hostnames: the proxy is resolved only when something is in scope.
         return load_assignments(snapshot, proxy, subscription, scope, options);
     }
     let proxy = &*snapshot.proxy_view(proxy);
@@ -99,19 +89,19 @@ pub fn generate(
 fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     // As istiod: gateways get no passthrough cluster; sidecars also get their inbound
     // clusters and InboundPassthroughCluster.
-    let sidecar = proxy.node_type == crate::ads::node::NodeType::Sidecar;
+    let sidecar = proxy.node_type == crate::model::NodeType::Sidecar;
     if sub.wildcard {
         let mut out = Vec::new();
-        for service in snapshot.visible_services(proxy) {
+        for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
             for port in &service.ports {
                 if port.protocol != meshfed_registry::Protocol::Udp {
                     out.extend(cds::cached_service_clusters(snapshot, proxy, service, port));
                 }
             }
         }
-        out.push(special_cluster(snapshot, cds::BLACK_HOLE));
+        out.push(cds::cached_special(snapshot, cds::BLACK_HOLE));
         if !proxy.is_router() {
-            out.push(special_cluster(snapshot, cds::PASSTHROUGH));
+            out.push(cds::cached_special(snapshot, cds::PASSTHROUGH));
         }
         if sidecar {
             out.extend(cds::cached_inbound(snapshot, proxy));
@@ -122,7 +112,8 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
     sub.names
         .iter()
         .filter_map(|name| match name.as_str() {
-            cds::BLACK_HOLE | cds::PASSTHROUGH => Some(special_cluster(snapshot, name)),
+            cds::BLACK_HOLE => Some(cds::cached_special(snapshot, cds::BLACK_HOLE)),
+            cds::PASSTHROUGH => Some(cds::cached_special(snapshot, cds::PASSTHROUGH)),
             _ => {
                 let parsed = ClusterName::parse(name).map(|p| p.direction);
                 if name == cds::INBOUND_PASSTHROUGH || parsed == Some(Direction::Inbound) {
@@ -137,32 +128,13 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
                 }
                 let parsed = ClusterName::parse(name)?;
                 let service = snapshot
-                    .services
+                    .services()
                     .resolve(parsed.hostname, &proxy.namespace)?;
                 let port = service.port(parsed.port)?;
                 cds::cached_outbound(snapshot, proxy, service, port, parsed.subset)
             }
         })
         .collect()
-}
-
-fn special_cluster(snapshot: &Snapshot, name: &str) -> Resource {
-    let key = CacheKey {
-        type_url: TypeUrl::Cluster,
-        name: Arc::from(name),
-        view: 0,
-    };
-    snapshot
-        .cache
-        .get_or_insert(key, None, || {
-            let cluster = if name == cds::BLACK_HOLE {
-                cds::black_hole(&snapshot.mesh.config)
-            } else {
-                cds::passthrough(&snapshot.mesh.config)
-            };
-            Some(EncodedResource::encode(TypeUrl::Cluster, name, &cluster))
-        })
-        .expect("special clusters always generate")
 }
 
 fn load_assignments(
@@ -172,16 +144,11 @@ fn load_assignments(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
-    // Networks and gateways for split horizon: small, built once per push.
-    let networks = Arc::new(NetworkView::new(
-        &snapshot.mesh.networks,
-        &snapshot.gateways,
-    ));
     let wildcard_names: BTreeSet<String>;
     let names = if sub.wildcard {
         // Every EDS cluster: each service port, and each subset of the rule in force.
         wildcard_names = snapshot
-            .services
+            .services()
             .visible_to(&proxy.namespace)
             .flat_map(|s| cluster_names(snapshot, proxy, s))
             .collect();
@@ -189,25 +156,39 @@ fn load_assignments(
     } else {
         sub.names
     };
-    let in_scope: Vec<&String> = match scope {
+    // The clusters a changed hostname can have for this proxy, among `candidates`
+    // (names the proxy watches): those of the service it resolves the hostname to, or,
+    // when the service is gone, whatever the proxy still watches for it.
+    let of_host = |host: &str, candidates: &mut dyn Iterator<Item = &String>| -> Vec<String> {
+        match snapshot.services().resolve(host, &proxy.namespace) {
+            Some(service) => {
+                let own: HashSet<String> = cluster_names(snapshot, proxy, service)
+                    .into_iter()
+                    .collect();
+                candidates.filter(|n| own.contains(*n)).cloned().collect()
+            }
+            None => candidates.cloned().collect(),
+        }
+    };
+    let in_scope: Vec<String> = match scope {
         // An incremental push names a few hostnames; a proxy may watch thousands of
         // clusters. Look up the clusters those hostnames can have instead of scanning
         // every watched name.
         Scope::Hostnames(hosts) if !sub.wildcard => {
             let mut found = Vec::new();
             for host in hosts.iter() {
-                match snapshot.services.resolve(host, &proxy.namespace) {
-                    Some(service) => {
-                        found.extend(
-                            cluster_names(snapshot, proxy, service)
-                                .iter()
-                                .filter_map(|candidate| names.get(candidate)),
-                        );
-                    }
-                    // The service is gone: whatever the proxy still watches for it.
-                    None => {
-                        found.extend(names.iter().filter(|n| n.rsplit('|').next() == Some(*host)))
-                    }
+                match snapshot.services().resolve(host, &proxy.namespace) {
+                    Some(service) => found.extend(
+                        cluster_names(snapshot, proxy, service)
+                            .into_iter()
+                            .filter(|candidate| names.contains(candidate)),
+                    ),
+                    None => found.extend(
+                        names
+                            .iter()
+                            .filter(|n| n.rsplit('|').next() == Some(*host))
+                            .cloned(),
+                    ),
                 }
             }
             found
@@ -215,8 +196,23 @@ fn load_assignments(
         Scope::Hostnames(hosts) => names
             .iter()
             .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
+            .cloned()
             .collect(),
-        Scope::All => names.iter().collect(),
+        // Names handed over by the watch index, still watched now, grouped by host.
+        Scope::Names(changed) => {
+            let mut by_host: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
+            for n in changed.iter().filter(|n| names.contains(*n)) {
+                by_host
+                    .entry(crate::push::watch::host_of(n))
+                    .or_default()
+                    .push(n);
+            }
+            by_host
+                .into_iter()
+                .flat_map(|(host, candidates)| of_host(host, &mut candidates.into_iter()))
+                .collect()
+        }
+        Scope::All => names.iter().cloned().collect(),
     };
     if in_scope.is_empty() {
         return Vec::new();
@@ -225,10 +221,11 @@ fn load_assignments(
     in_scope
         .into_iter()
         .filter_map(|name| {
-            let parsed = ClusterName::parse(name)?;
-            Some(load_assignment(
-                snapshot, &networks, proxy, name, &parsed, options,
-            ))
+            let parsed = ClusterName::parse(&name)?;
+            let input = EdsInput::for_proxy(snapshot, proxy, &name, &parsed, options.eds);
+            snapshot
+                .cache()
+                .get_or_insert(input, |input| Some(input.generate(snapshot)))
         })
         .collect()
 }
@@ -236,7 +233,7 @@ fn load_assignments(
 /// Every EDS cluster name `service` can have for `proxy`: each port, plain and for
 /// each subset of the DestinationRule in force.
 fn cluster_names(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> Vec<String> {
-    let rule = snapshot.config.destination_rule(
+    let rule = snapshot.config().destination_rule(
         &proxy.namespace,
         service.namespace.as_str(),
         service.hostname.as_str(),
@@ -258,103 +255,76 @@ fn cluster_names(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> Vec<S
         .collect()
 }
 
-fn load_assignment(
-    snapshot: &Snapshot,
-    networks: &Arc<NetworkView>,
-    proxy: &Proxy,
-    name: &str,
-    parsed: &ClusterName<'_>,
-    options: &GeneratorOptions,
-) -> Resource {
-    let service = snapshot.services.resolve(parsed.hostname, &proxy.namespace);
-    // The service, its port, and how this proxy sees them (subset labels, locality
-    // load balancing of the DestinationRule in force, its network when split horizon
-    // applies); none for a gone service, port or subset.
-    let found = service.and_then(|s| {
-        let port = s.port(parsed.port)?;
-        let view = eds::AssignmentView::new(snapshot, networks, proxy, s, port, parsed.subset)?;
-        Some((s, port, view))
-    });
-    let mut parts: Vec<String> = vec![
-        service
-            .map(|s| s.namespace.as_str())
-            .unwrap_or("")
-            .to_string(),
-    ];
-    if let Some((_, _, view)) = &found {
-        parts.extend(view.digest_parts());
-    }
-    let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
-    let key = CacheKey {
-        type_url: TypeUrl::Endpoint,
-        name: Arc::from(name),
-        view: view_digest(&parts),
-    };
-    let hostname = meshfed_registry::Hostname::new(parsed.hostname);
-    snapshot
-        .cache
-        .get_or_insert(key, Some(&hostname), || {
-            // A watched cluster whose service, port or subset is gone gets an empty
-            // assignment (a placeholder, see EncodedResource), so a SotW client never
-            // waits on it.
-            Some(match &found {
-                Some((service, port, view)) => {
-                    let shards = snapshot.shards(&service.key()).map(|s| &**s);
-                    let cla =
-                        eds::load_assignment_for(name, port, shards, &view.selection(options.eds));
-                    EncodedResource::encode(TypeUrl::Endpoint, name, &cla)
-                }
-                None => {
-                    let empty = ClusterLoadAssignment {
-                        cluster_name: name.to_string(),
-                        ..Default::default()
-                    };
-                    EncodedResource::encode_placeholder(TypeUrl::Endpoint, name, &empty)
-                }
-            })
+/// The input of an Envoy proxy's listeners, and their cache key (with each listener's
+/// name): the proxy as listeners see it and the ports it serves for its own services.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ListenerInput {
+    pub client: Arc<ClientView>,
+    /// The ports of the proxy's own service instances (sidecars; empty for gateways).
+    pub inbound: Vec<lds::InboundPort>,
+}
+
+/// One listener of a [`ListenerInput`]: the cache key of its encoding.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct ListenerKey {
+    input: Arc<ListenerInput>,
+    name: Arc<str>,
+}
+
+impl CacheInput for ListenerKey {
+    const TYPE: TypeUrl = TypeUrl::Listener;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(if self.input.client.is_router() {
+            ProxyClass::Router
+        } else {
+            ProxyClass::Sidecar
         })
-        .expect("load assignments always generate")
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl ListenerInput {
+    /// Every listener of this input, from the input and the snapshot alone.
+    pub fn generate(
+        &self,
+        snapshot: &Snapshot,
+    ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Listener> {
+        if self.client.is_router() {
+            lds::gateway_listeners(snapshot, &self.client)
+        } else {
+            lds::sidecar_listeners(snapshot, &self.client, &self.inbound)
+        }
+    }
 }
 
 /// LDS for Envoy: a gateway's listeners, or a sidecar's capture, outbound and inbound
-/// listeners. Cached per snapshot under the proxy properties they depend on.
+/// listeners. Each encoding is cached under the input and the listener's name.
 fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
-    let labels: Vec<String> = proxy
-        .labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let cluster = proxy.cluster_id.as_ref().map(|c| c.as_str()).unwrap_or("");
-    let ips: Vec<String> = proxy.ip_addresses.iter().map(ToString::to_string).collect();
-    let mut parts = vec![
-        proxy.namespace.as_str(),
-        cluster,
-        if proxy.is_router() {
-            "router"
+    let input = Arc::new(ListenerInput {
+        client: Arc::new(proxy.client_view()),
+        inbound: if proxy.is_router() {
+            Vec::new()
         } else {
-            "sidecar"
+            inbound_ports(snapshot, proxy)
         },
-    ];
-    parts.extend(labels.iter().map(String::as_str));
-    parts.extend(ips.iter().map(String::as_str));
-    let view = view_digest(&parts);
-    let built = if proxy.is_router() {
-        lds::gateway_listeners(snapshot, proxy)
-    } else {
-        lds::sidecar_listeners(snapshot, proxy, &inbound_ports(snapshot, proxy))
-    };
-    built
+    });
+    input
+        .generate(snapshot)
         .into_iter()
         .filter(|l| sub.wildcard || sub.names.contains(&l.name))
         .filter_map(|listener| {
-            let name: Arc<str> = Arc::from(listener.name.as_str());
-            let key = CacheKey {
-                type_url: TypeUrl::Listener,
-                name: name.clone(),
-                view,
+            let key = ListenerKey {
+                input: input.clone(),
+                name: Arc::from(listener.name.as_str()),
             };
-            snapshot.cache.get_or_insert(key, None, || {
-                Some(EncodedResource::encode(TypeUrl::Listener, name, &listener))
+            snapshot.cache().get_or_insert(key, |key| {
+                Some(EncodedResource::encode(
+                    TypeUrl::Listener,
+                    key.name.clone(),
+                    &listener,
+                ))
             })
         })
         .collect()
@@ -374,43 +344,59 @@ fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::InboundPort> {
     out
 }
 
+/// The input of an Envoy proxy's route table, and its cache key: the table's name and
+/// the proxy as routes see it (namespace, cluster, labels, DNS domain, kind).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct RouteInput {
+    pub client: Arc<ClientView>,
+    pub name: Arc<str>,
+}
+
+impl CacheInput for RouteInput {
+    const TYPE: TypeUrl = TypeUrl::Route;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(if self.client.is_router() {
+            ProxyClass::Router
+        } else {
+            ProxyClass::Sidecar
+        })
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl RouteInput {
+    /// The route table, from the input and the snapshot alone; `None` when the proxy
+    /// has no table of that name.
+    pub fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let config = if self.client.is_router() {
+            rds::gateway_route_config(snapshot, &self.client, &self.name)?
+        } else {
+            rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?)
+        };
+        Some(EncodedResource::encode(
+            TypeUrl::Route,
+            self.name.clone(),
+            &config,
+        ))
+    }
+}
+
 /// RDS for Envoy: a sidecar's per-port tables (`"80"`) or a gateway's (`http.80`).
 /// Only requested names are answered (RDS is never wildcard).
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
-    let labels: Vec<String> = proxy
-        .labels
-        .iter()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
-    let cluster = proxy.cluster_id.as_ref().map(|c| c.as_str()).unwrap_or("");
-    let kind = if proxy.is_router() {
-        "router"
-    } else {
-        "sidecar"
-    };
-    let mut parts = vec![proxy.namespace.as_str(), cluster, kind];
-    parts.extend(labels.iter().map(String::as_str));
-    let view = view_digest(&parts);
+    let client = Arc::new(proxy.client_view());
     sub.names
         .iter()
         .filter_map(|name| {
-            let key = CacheKey {
-                type_url: TypeUrl::Route,
+            let input = RouteInput {
+                client: client.clone(),
                 name: Arc::from(name.as_str()),
-                view,
             };
-            snapshot.cache.get_or_insert(key, None, || {
-                let config = if proxy.is_router() {
-                    rds::gateway_route_config(snapshot, proxy, name)?
-                } else {
-                    rds::sidecar_route_config(snapshot, proxy, name.parse().ok()?)
-                };
-                Some(EncodedResource::encode(
-                    TypeUrl::Route,
-                    name.as_str(),
-                    &config,
-                ))
-            })
+            snapshot
+                .cache()
+                .get_or_insert(input, |input| input.generate(snapshot))
         })
         .collect()
 }

@@ -51,7 +51,7 @@ use meshfed_registry::{Locality, Port};
 use prost::{Message, Name};
 
 use super::cds::Direction;
-use crate::ads::node::NodeType;
+use crate::model::proxy::NodeType;
 
 /// The TLS transport socket name.
 pub const TLS_SOCKET: &str = "envoy.transport_sockets.tls";

@@ -73,7 +73,7 @@ use meshfed_registry::{Port, Protocol, ProviderId, Resolution, Service};
 use prost::{Message, Name};
 
 use super::cds;
-use crate::ads::node::{Generator, Proxy};
+use crate::model::{ClientView, Generator};
 use crate::push::config_index::{Config, MESH_GATEWAY, fqdn, host_matches};
 use crate::push::snapshot::Snapshot;
 
@@ -101,7 +101,11 @@ pub const MAX_DIRECT_RESPONSE_BODY_BYTES: u32 = 1024 * 1024;
 // Sidecars
 
 /// The outbound route table `"<port>"` of a sidecar (see the module docs).
-pub fn sidecar_route_config(snapshot: &Snapshot, proxy: &Proxy, port: u16) -> RouteConfiguration {
+pub fn sidecar_route_config(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    port: u16,
+) -> RouteConfiguration {
     let mut virtual_hosts = sidecar_virtual_hosts(snapshot, proxy, port);
     virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     virtual_hosts.push(catch_all_virtual_host(snapshot, proxy));
@@ -113,13 +117,13 @@ pub fn sidecar_route_config(snapshot: &Snapshot, proxy: &Proxy, port: u16) -> Ro
 /// host of a proxyless gRPC client's route table `outbound|<port>||<fqdn>`.
 pub fn service_virtual_host(
     snapshot: &Snapshot,
-    proxy: &Proxy,
+    proxy: &ClientView,
     service: &Service,
     port: &Port,
 ) -> VirtualHost {
     let ctx = RouteCtx::sidecar(snapshot, proxy, port.port.get());
     let routes = snapshot
-        .config
+        .config()
         .virtual_service_for_host(&proxy.namespace, service.hostname.as_str())
         .map(|vs| vs_routes(&ctx, vs))
         .filter(|routes| !routes.is_empty())
@@ -132,17 +136,17 @@ pub fn service_virtual_host(
     )
 }
 
-fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &Proxy, port: u16) -> Vec<VirtualHost> {
+fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &ClientView, port: u16) -> Vec<VirtualHost> {
     let ns = proxy.namespace.as_str();
     let ctx = RouteCtx::sidecar(snapshot, proxy, port);
     // The services on this port, one per hostname, as the proxy resolves each name.
     let mut services: BTreeMap<&str, &Arc<Service>> = BTreeMap::new();
-    for s in snapshot.visible_services(proxy) {
+    for s in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
         let host = s.hostname.as_str();
         if services.contains_key(host) {
             continue;
         }
-        if let Some(resolved) = snapshot.services.resolve(host, ns)
+        if let Some(resolved) = snapshot.services().resolve(host, ns)
             && resolved.port(port).is_some()
         {
             services.insert(host, resolved);
@@ -150,8 +154,10 @@ fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &Proxy, port: u16) -> Vec<V
     }
     let routable = |s: &Service| s.port(port).is_some_and(http_or_sniffed);
 
-    let virtual_services: Vec<&Arc<Config<VirtualService>>> =
-        snapshot.config.virtual_services(ns, MESH_GATEWAY).collect();
+    let virtual_services: Vec<&Arc<Config<VirtualService>>> = snapshot
+        .config()
+        .virtual_services(ns, MESH_GATEWAY)
+        .collect();
     let routes: Vec<Vec<Route>> = virtual_services
         .iter()
         .map(|vs| vs_routes(&ctx, vs))
@@ -164,7 +170,7 @@ fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &Proxy, port: u16) -> Vec<V
             continue;
         }
         let owner = snapshot
-            .config
+            .config()
             .virtual_service_for_host(ns, host)
             .and_then(|vs| virtual_services.iter().position(|v| Arc::ptr_eq(v, vs)))
             .filter(|&i| !routes[i].is_empty());
@@ -301,7 +307,7 @@ fn http_or_sniffed(port: &Port) -> bool {
 pub fn virtual_host_domains(
     service: &Service,
     port: u16,
-    proxy: &Proxy,
+    proxy: &ClientView,
 ) -> (Vec<String>, Vec<String>) {
     let hostname = service.hostname.as_str();
     let mut domains = vec![ipv6_compliant(hostname), join_host_port(hostname, port)];
@@ -323,7 +329,7 @@ pub fn virtual_host_domains(
 }
 
 /// The service's VIPs in the proxy's cluster, else its default address.
-fn addresses_for_proxy(service: &Service, proxy: &Proxy) -> Vec<IpAddr> {
+fn addresses_for_proxy(service: &Service, proxy: &ClientView) -> Vec<IpAddr> {
     if let Some(vips) = proxy
         .cluster_id
         .as_ref()
@@ -420,9 +426,9 @@ pub enum OutboundPolicy {
 }
 
 /// The outbound traffic policy in force for `proxy`.
-pub fn outbound_policy(snapshot: &Snapshot, proxy: &Proxy) -> OutboundPolicy {
+pub fn outbound_policy(snapshot: &Snapshot, proxy: &ClientView) -> OutboundPolicy {
     if let Some(policy) = snapshot
-        .config
+        .config()
         .sidecar_for(&proxy.namespace, &proxy.labels)
         .and_then(|s| s.spec.outbound_traffic_policy.as_ref())
     {
@@ -434,13 +440,13 @@ pub fn outbound_policy(snapshot: &Snapshot, proxy: &Proxy) -> OutboundPolicy {
             OutboundPolicy::RegistryOnly
         };
     }
-    match &snapshot.mesh.config.outbound_traffic_policy {
+    match &snapshot.mesh().config.outbound_traffic_policy {
         Some(p) if p.mode == MeshOutboundMode::RegistryOnly as i32 => OutboundPolicy::RegistryOnly,
         _ => OutboundPolicy::AllowAny { egress_proxy: None },
     }
 }
 
-fn catch_all_virtual_host(snapshot: &Snapshot, proxy: &Proxy) -> VirtualHost {
+fn catch_all_virtual_host(snapshot: &Snapshot, proxy: &ClientView) -> VirtualHost {
     let prefix_all = || RouteMatch {
         path_specifier: Some(route_match::PathSpecifier::Prefix("/".to_string())),
         ..Default::default()
@@ -560,12 +566,12 @@ pub fn gateway_server_route_name(server: &Server, gateway: &Config<Gateway>) -> 
 /// selecting the proxy has that name (a gateway deleted while Envoy drains).
 pub fn gateway_route_config(
     snapshot: &Snapshot,
-    proxy: &Proxy,
+    proxy: &ClientView,
     route_name: &str,
 ) -> Option<RouteConfiguration> {
     GatewayRouteName::parse(route_name)?;
     let mut servers: Vec<(&Server, &Arc<Config<Gateway>>, String)> = Vec::new();
-    for gateway in snapshot.config.gateways_for(&proxy.labels) {
+    for gateway in snapshot.config().gateways_for(&proxy.labels) {
         for server in &gateway.spec.servers {
             if gateway_server_route_name(server, gateway).as_deref() == Some(route_name) {
                 let name = format!("{}/{}", gateway.namespace, gateway.name);
@@ -590,7 +596,7 @@ pub fn gateway_route_config(
             tls: server.tls.is_some(),
         };
         for vs in snapshot
-            .config
+            .config()
             .virtual_services(&proxy.namespace, gateway_name)
         {
             let server_hosts =
@@ -700,7 +706,7 @@ fn catch_alls_last(routes: Vec<Route>) -> Vec<Route> {
 /// What route translation depends on besides the VirtualService.
 struct RouteCtx<'a> {
     snapshot: &'a Snapshot,
-    proxy: &'a Proxy,
+    proxy: &'a ClientView,
     /// The port of the listener (sidecar) or server (gateway) the routes are for.
     listen_port: u16,
     /// `mesh`, or the `<ns>/<name>` of the gateway.
@@ -710,7 +716,7 @@ struct RouteCtx<'a> {
 }
 
 impl<'a> RouteCtx<'a> {
-    fn sidecar(snapshot: &'a Snapshot, proxy: &'a Proxy, port: u16) -> Self {
+    fn sidecar(snapshot: &'a Snapshot, proxy: &'a ClientView, port: u16) -> Self {
         RouteCtx {
             snapshot,
             proxy,
@@ -728,7 +734,7 @@ impl<'a> RouteCtx<'a> {
     /// VirtualService's namespace if the proxy may see it, otherwise (and for
     /// sidecars) the one the proxy resolves.
     fn lookup(&self, host: &str, vs_ns: &str) -> Option<&'a Arc<Service>> {
-        let services = &self.snapshot.services;
+        let services = &self.snapshot.services();
         let proxy_ns = self.proxy.namespace.as_str();
         if self.is_gateway()
             && let Some(s) = services.resolve(host, vs_ns)
@@ -740,7 +746,7 @@ impl<'a> RouteCtx<'a> {
     }
 
     fn full_host(&self, host: &str, vs_ns: &str) -> String {
-        fqdn(host, vs_ns, &self.snapshot.config.domain)
+        fqdn(host, vs_ns, &self.snapshot.config().domain)
     }
 
     /// The cluster of a destination: `outbound|<port>|<subset>|<host>` where the port is
@@ -767,10 +773,10 @@ impl<'a> RouteCtx<'a> {
         let service_ns = self
             .lookup(&host, vs_ns)
             .map_or(self.proxy.namespace.as_str(), |s| s.namespace.as_str());
-        let dr = self
-            .snapshot
-            .config
-            .destination_rule(&self.proxy.namespace, service_ns, &host)?;
+        let dr =
+            self.snapshot
+                .config()
+                .destination_rule(&self.proxy.namespace, service_ns, &host)?;
         let explicit_port = dst.port.map(|p| p.number).filter(|n| *n != 0);
         let policy = dr.spec.traffic_policy.as_ref();
         let subset_policy = dr
@@ -795,7 +801,7 @@ impl<'a> RouteCtx<'a> {
     /// The consistent-hash policy for a service's default route (rule-wide, overridden
     /// by the port's settings).
     fn service_hash(&self, service: &Service, port: u16) -> Option<ConsistentHashLb> {
-        let dr = self.snapshot.config.destination_rule(
+        let dr = self.snapshot.config().destination_rule(
             &self.proxy.namespace,
             service.namespace.as_str(),
             service.hostname.as_str(),
@@ -810,7 +816,11 @@ impl<'a> RouteCtx<'a> {
     }
 
     fn default_retry(&self) -> Option<&'a istio::HttpRetry> {
-        self.snapshot.mesh.config.default_http_retry_policy.as_ref()
+        self.snapshot
+            .mesh()
+            .config
+            .default_http_retry_policy
+            .as_ref()
     }
 }
 
@@ -1723,6 +1733,8 @@ pub fn referenced_clusters(config: &RouteConfiguration) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
+
+    use crate::model::Proxy;
     use std::time::{Duration, SystemTime};
 
     use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
@@ -1739,9 +1751,9 @@ mod tests {
     };
 
     use super::*;
-    use crate::ads::node::json_to_struct;
     use crate::generate::simulate::{self, Request, RouteOutcome, SimError};
     use crate::mesh::{MeshSettings, default_mesh_config};
+    use crate::model::proxy::json_to_struct;
     use crate::push::config_index::{ConfigIndex, ConfigSet};
 
     const REVIEWS: &str = "reviews.default.svc.cluster.local";
@@ -1823,7 +1835,7 @@ mod tests {
         }
         Snapshot::build(
             &Snapshot::empty(),
-            &PushRequest::forced(TriggerReason::Global),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
             &aggregate,
             &index,
             Arc::new(mesh),
@@ -1851,6 +1863,66 @@ mod tests {
             ..Default::default()
         };
         Proxy::from_node(Some(&node)).unwrap()
+    }
+
+    /// Two sidecars alike but for their DNS domain get the short names each domain
+    /// gives (Istio builds a proxy's virtual host domains from its own DNS domain): the
+    /// route table input carries the domain, so the second is not served the first's
+    /// cached table.
+    #[test]
+    fn route_tables_follow_the_proxy_dns_domain() {
+        use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
+        use crate::xds::TypeUrl;
+        use prost::Message;
+        let snap = snapshot(
+            vec![service(
+                "reviews.default.svc.cluster.local",
+                "default",
+                &[(9080, Protocol::Http)],
+                None,
+            )],
+            ConfigSet::default(),
+        );
+        let in_domain = |domain: &str| {
+            let node = Node {
+                id: format!("sidecar~10.1.1.1~pod.default~{domain}"),
+                metadata: Some(json_to_struct(
+                    &serde_json::json!({"NAMESPACE": "default", "CLUSTER_ID": "c1"}),
+                )),
+                ..Default::default()
+            };
+            Proxy::from_node(Some(&node)).unwrap()
+        };
+        let names = BTreeSet::from(["9080".to_string()]);
+        let domains = |proxy: &Proxy| -> Vec<String> {
+            let routes = generate(
+                TypeUrl::Route,
+                &snap,
+                proxy,
+                Subscription {
+                    wildcard: false,
+                    names: &names,
+                },
+                Scope::All,
+                &GeneratorOptions::default(),
+            );
+            let rc = RouteConfiguration::decode(routes[0].body.value.clone()).unwrap();
+            rc.virtual_hosts
+                .iter()
+                .find(|vh| {
+                    vh.domains
+                        .iter()
+                        .any(|d| d.starts_with("reviews.default.svc"))
+                })
+                .unwrap()
+                .domains
+                .clone()
+        };
+        let own = domains(&in_domain("default.svc.cluster.local"));
+        assert!(own.contains(&"reviews".to_string()), "{own:?}");
+        let other = domains(&in_domain("other.svc.cluster.local"));
+        assert!(!other.contains(&"reviews".to_string()), "{other:?}");
+        assert!(other.contains(&"reviews.default".to_string()), "{other:?}");
     }
 
     fn sidecar(ns: &str, labels: &[(&str, &str)]) -> Proxy {
@@ -2006,7 +2078,7 @@ mod tests {
             ]),
         );
         let proxy = sidecar("default", &[("app", "productpage")]);
-        let rc = sidecar_route_config(&snap, &proxy, 9080);
+        let rc = sidecar_route_config(&snap, &proxy.client_view(), 9080);
         assert_eq!(rc.name, "9080");
         assert_eq!(rc.validate_clusters, Some(BoolValue { value: false }));
         let jason = Request::new("reviews", 9080, "/a").header("end-user", "jason");
@@ -2052,7 +2124,7 @@ mod tests {
                 weighted("reviews", "v3", 0),
             ])]),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         assert_eq!(
             lands(&rc, Request::new("reviews", 9080, "/")),
             RouteOutcome::WeightedClusters(vec![
@@ -2084,7 +2156,7 @@ mod tests {
                 when(ignore_case, vec![dest("reviews", "case")]),
             ]),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         let subset = |path: &str| {
             simulate::route(&rc, &Request::new("reviews", 9080, path)).map(|o| match o {
                 RouteOutcome::Cluster(c) => c.split('|').nth(2).unwrap().to_string(),
@@ -2148,7 +2220,7 @@ mod tests {
                 to(vec![dest("reviews", "rest")]),
             ]),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         let subset = |req: Request| cluster(&rc, req).split('|').nth(2).unwrap().to_string();
         let get = |path: &str| Request::new("reviews", 9080, path);
         assert_eq!(subset(get("/").method("POST")), "post");
@@ -2202,8 +2274,16 @@ mod tests {
                 to(vec![dest("reviews", "v1")]),
             ]),
         );
-        let pp = sidecar_route_config(&snap, &sidecar("default", &[("app", "productpage")]), 9080);
-        let other = sidecar_route_config(&snap, &sidecar("default", &[("app", "ratings")]), 9080);
+        let pp = sidecar_route_config(
+            &snap,
+            &sidecar("default", &[("app", "productpage")]).client_view(),
+            9080,
+        );
+        let other = sidecar_route_config(
+            &snap,
+            &sidecar("default", &[("app", "ratings")]).client_view(),
+            9080,
+        );
         let req = || Request::new("reviews", 9080, "/");
         assert_eq!(cluster(&pp, req()), outbound(9080, "v2", REVIEWS));
         assert_eq!(cluster(&other, req()), outbound(9080, "v1", REVIEWS));
@@ -2235,7 +2315,11 @@ mod tests {
                 vec![dest("reviews", "v2")],
             )]),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[("app", "y")]), 9080);
+        let rc = sidecar_route_config(
+            &snap,
+            &sidecar("default", &[("app", "y")]).client_view(),
+            9080,
+        );
         assert_eq!(matched(&rc, req()).name, DEFAULT_ROUTE);
     }
 
@@ -2259,7 +2343,7 @@ mod tests {
                 to(vec![dest("reviews", "never")]),
             ]),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         assert_eq!(
             cluster(&rc, Request::new("reviews", 9080, "/a/b")),
             outbound(9080, "first", REVIEWS)
@@ -2272,7 +2356,7 @@ mod tests {
     #[test]
     fn default_route_has_istio_defaults() {
         let snap = snapshot(bookinfo(), ConfigSet::default());
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         let vh = vhost(&rc, &format!("{RATINGS}:9080"));
         assert_eq!(vh.routes.len(), 1);
         let r = &vh.routes[0];
@@ -2304,7 +2388,7 @@ mod tests {
     #[test]
     fn short_names_only_from_the_same_namespace_and_vip_domains() {
         let snap = snapshot(bookinfo(), ConfigSet::default());
-        let same = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let same = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         assert_eq!(
             vhost(&same, &format!("{REVIEWS}:9080")).domains,
             vec![
@@ -2322,7 +2406,7 @@ mod tests {
                 "10.0.0.2:9080".into(),
             ]
         );
-        let other = sidecar_route_config(&snap, &sidecar("other", &[]), 9080);
+        let other = sidecar_route_config(&snap, &sidecar("other", &[]).client_view(), 9080);
         let domains = &vhost(&other, &format!("{REVIEWS}:9080")).domains;
         assert!(!domains.contains(&"reviews".to_string()));
         assert!(domains.contains(&"reviews.default:9080".to_string()));
@@ -2351,7 +2435,7 @@ mod tests {
             service("details", "default", &[(9080, Protocol::Http)], None),
         ];
         let snap = snapshot(services, ConfigSet::default());
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         assert_eq!(
             cluster(&rc, Request::new("details", 9080, "/")),
             outbound(9080, "", "details")
@@ -2374,7 +2458,7 @@ mod tests {
         );
         headless.resolution = Resolution::Passthrough;
         let snap = snapshot_with(Vec::new(), vec![headless], ConfigSet::default(), mesh());
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 8080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 8080);
         assert_eq!(
             cluster(
                 &rc,
@@ -2388,7 +2472,7 @@ mod tests {
     fn outbound_traffic_policy_decides_the_catch_all() {
         let unknown = || Request::new("example.org", 80, "/");
         let snap = snapshot(bookinfo(), ConfigSet::default());
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 80);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80);
         assert_eq!(cluster(&rc, unknown()), cds::PASSTHROUGH);
         assert_eq!(matched(&rc, unknown()).name, ALLOW_ANY);
 
@@ -2398,7 +2482,7 @@ mod tests {
             ConfigSet::default(),
             registry_only_mesh(),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 80);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80);
         assert_eq!(lands(&rc, unknown()), RouteOutcome::DirectResponse(502));
         assert_eq!(rc.virtual_hosts.last().unwrap().name, BLOCK_ALL);
 
@@ -2419,12 +2503,12 @@ mod tests {
             ..Default::default()
         };
         let snap = snapshot_with(bookinfo(), Vec::new(), set, registry_only_mesh());
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 80);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80);
         assert_eq!(
             cluster(&rc, unknown()),
             "outbound|443||egress.istio-system.svc.cluster.local"
         );
-        let elsewhere = sidecar_route_config(&snap, &sidecar("other", &[]), 80);
+        let elsewhere = sidecar_route_config(&snap, &sidecar("other", &[]).client_view(), 80);
         assert_eq!(
             lands(&elsewhere, unknown()),
             RouteOutcome::DirectResponse(502)
@@ -2455,13 +2539,13 @@ mod tests {
         ]);
         let snap = snapshot(bookinfo(), set);
         let proxy = sidecar("default", &[]);
-        let rc80 = sidecar_route_config(&snap, &proxy, 80);
+        let rc80 = sidecar_route_config(&snap, &proxy.client_view(), 80);
         assert_eq!(
             cluster(&rc80, Request::new("bookinfo.example.com", 80, "/")),
             outbound(9080, "", PRODUCTPAGE),
             "a destination without port takes the service's only port"
         );
-        let rc = sidecar_route_config(&snap, &proxy, 9080);
+        let rc = sidecar_route_config(&snap, &proxy.client_view(), 9080);
         assert!(!names(&rc).contains(&"bookinfo.example.com:9080"));
         assert_eq!(
             cluster(&rc, Request::new("reviews.example.com", 9080, "/")),
@@ -2544,7 +2628,7 @@ mod tests {
             ..Default::default()
         };
         let snap = snapshot(bookinfo(), reviews_vs(vec![http]));
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         let r = matched(&rc, Request::new("reviews", 9080, "/"));
         assert_eq!(r.name, "features");
         let a = action(r);
@@ -2696,7 +2780,7 @@ mod tests {
             reviews_vs(vec![to(vec![dest("reviews", "v1")])]),
             m,
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         for host in ["reviews", "ratings"] {
             let r = matched(&rc, Request::new(host, 9080, "/"));
             let retry = action(r).retry_policy.as_ref().unwrap();
@@ -2733,7 +2817,7 @@ mod tests {
                 },
             ]),
         );
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         assert_eq!(
             lands(&rc, Request::new("reviews", 9080, "/old?x=1")),
             RouteOutcome::Redirect {
@@ -2821,7 +2905,7 @@ mod tests {
             ..Default::default()
         };
         let snap = snapshot(services, set);
-        let rc = sidecar_route_config(&snap, &sidecar("default", &[]), 9080);
+        let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 9080);
         let req = |p: &str| Request::new("reviews", 9080, p);
         assert_eq!(
             cluster(&rc, req("/explicit")),
@@ -2880,10 +2964,10 @@ mod tests {
         let snap = snapshot(vec![echo.clone()], set);
         let grpc = node("sidecar", "default", &[], Some("grpc"));
         let service = snap
-            .services
+            .services()
             .resolve("echo.default.svc.cluster.local", "default")
             .unwrap();
-        let vh = service_virtual_host(&snap, &grpc, service, &service.ports[0]);
+        let vh = service_virtual_host(&snap, &grpc.client_view(), service, &service.ports[0]);
         assert_eq!(vh.name, "echo.default.svc.cluster.local:7070");
         assert_eq!(vh.domains.len(), 12);
         assert!(vh.domains.contains(&"10.96.0.10:7070".to_string()));
@@ -2904,10 +2988,10 @@ mod tests {
         // Without a VirtualService: the default route.
         let snap = snapshot(vec![echo], ConfigSet::default());
         let service = snap
-            .services
+            .services()
             .resolve("echo.default.svc.cluster.local", "default")
             .unwrap();
-        let vh = service_virtual_host(&snap, &grpc, service, &service.ports[0]);
+        let vh = service_virtual_host(&snap, &grpc.client_view(), service, &service.ports[0]);
         assert_eq!(vh.routes.len(), 1);
         assert_eq!(vh.routes[0].name, DEFAULT_ROUTE);
     }
@@ -2924,13 +3008,13 @@ mod tests {
             )]),
         );
         let proxy = sidecar("default", &[]);
-        let rc = sidecar_route_config(&snap, &proxy, 9080);
+        let rc = sidecar_route_config(&snap, &proxy.client_view(), 9080);
         assert_eq!(
             cluster(&rc, Request::new("reviews", 9080, "/")),
             outbound(9080, "", RATINGS),
             "the wildcard VirtualService owns every service"
         );
-        let rc80 = sidecar_route_config(&snap, &proxy, 80);
+        let rc80 = sidecar_route_config(&snap, &proxy.client_view(), 80);
         assert_eq!(vhost(&rc80, "*:80").domains, vec!["*:80"]);
         assert_eq!(rc80.virtual_hosts.last().unwrap().domains, vec!["*"]);
         let problems =
@@ -3091,7 +3175,7 @@ mod tests {
     #[test]
     fn gateway_routes_are_bound_only_to_their_gateway() {
         let snap = gateway_snapshot();
-        let rc = gateway_route_config(&snap, &router(), "http.80").unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), "http.80").unwrap();
         assert_eq!(rc.name, "http.80");
         assert_eq!(
             cluster(
@@ -3120,21 +3204,24 @@ mod tests {
         );
         // The other gateway's router sees its own VirtualService only.
         let other = node("router", "istio-system", &[("istio", "other")], None);
-        let rc = gateway_route_config(&snap, &other, "http.80").unwrap();
+        let rc = gateway_route_config(&snap, &other.client_view(), "http.80").unwrap();
         assert_eq!(
             cluster(&rc, Request::new("bookinfo.example.com", 80, "/")),
             outbound(9080, "", RATINGS)
         );
         // No server on the port: an empty table; not a gateway route name: nothing.
-        let empty = gateway_route_config(&snap, &router(), "http.81").unwrap();
+        let empty = gateway_route_config(&snap, &router().client_view(), "http.81").unwrap();
         assert!(empty.virtual_hosts.is_empty());
-        assert_eq!(gateway_route_config(&snap, &router(), "9080"), None);
+        assert_eq!(
+            gateway_route_config(&snap, &router().client_view(), "9080"),
+            None
+        );
     }
 
     #[test]
     fn https_redirect_and_terminated_https() {
         let snap = gateway_snapshot();
-        let rc = gateway_route_config(&snap, &router(), "http.80").unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), "http.80").unwrap();
         assert_eq!(
             lands(&rc, Request::new("secure.example.com", 80, "/login")),
             RouteOutcome::Redirect {
@@ -3151,7 +3238,7 @@ mod tests {
         );
         let https_name = "https.443.https.ingress.istio-system";
         let gw = &snap
-            .config
+            .config()
             .gateways_for(&router().labels)
             .next()
             .unwrap()
@@ -3165,7 +3252,7 @@ mod tests {
             None,
             "passthrough"
         );
-        let rc = gateway_route_config(&snap, &router(), https_name).unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), https_name).unwrap();
         assert_eq!(
             cluster(&rc, Request::new("secure.example.com", 443, "/").tls()),
             outbound(9080, "", REVIEWS)
@@ -3204,7 +3291,7 @@ mod tests {
             ..Default::default()
         };
         let snap = snapshot(bookinfo(), set);
-        let rc = gateway_route_config(&snap, &router(), "http.8080").unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), "http.8080").unwrap();
         assert_eq!(names(&rc), vec!["blackhole:8080"]);
         assert_eq!(
             simulate::route(&rc, &Request::new("x", 8080, "/")),
@@ -3216,9 +3303,13 @@ mod tests {
     fn generated_tables_are_consistent() {
         let snap = gateway_snapshot();
         let mut tables = vec![
-            sidecar_route_config(&snap, &sidecar("default", &[("app", "productpage")]), 9080),
-            sidecar_route_config(&snap, &sidecar("default", &[]), 80),
-            gateway_route_config(&snap, &router(), "http.80").unwrap(),
+            sidecar_route_config(
+                &snap,
+                &sidecar("default", &[("app", "productpage")]).client_view(),
+                9080,
+            ),
+            sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80),
+            gateway_route_config(&snap, &router().client_view(), "http.80").unwrap(),
         ];
         tables[2].name = "gw".into();
         let clusters: Vec<Cluster> = tables

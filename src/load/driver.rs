@@ -25,7 +25,7 @@ use super::report::{
 };
 use super::scenario::{Mode, Scenario};
 use super::server::{self, ServerUnderLoad};
-use crate::resource::TypeUrl;
+use crate::xds::TypeUrl;
 
 /// Which server the run loads.
 #[derive(Clone, Debug)]

@@ -30,7 +30,7 @@ use super::lite::{
 };
 use super::plan::Plan;
 use super::scenario::{Flavour, Mode};
-use crate::resource::TypeUrl;
+use crate::xds::TypeUrl;
 
 /// A request to send.
 #[derive(Clone, Debug, PartialEq)]

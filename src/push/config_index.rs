@@ -171,6 +171,17 @@ impl ConfigIndex {
         best.map(|(vs, _)| vs)
     }
 
+    /// The DestinationRule `namespace/name`.
+    pub fn destination_rule_by_name(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<&Arc<Config<DestinationRule>>> {
+        self.destination_rules
+            .iter()
+            .find(|dr| dr.namespace == namespace && dr.name == name)
+    }
+
     /// The DestinationRule for `host` (declared in `service_ns`) as seen from
     /// `proxy_ns`: the proxy's namespace first, then the service's, then the root
     /// namespace; within one namespace the most specific host match wins, then the
@@ -228,6 +239,13 @@ impl ConfigIndex {
                     .iter()
                     .all(|(k, v)| labels.get(k) == Some(v))
         })
+    }
+
+    /// The Sidecar `namespace/name`.
+    pub fn sidecar_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<Config<Sidecar>>> {
+        self.sidecars
+            .iter()
+            .find(|s| s.namespace == namespace && s.name == name)
     }
 
     /// The Sidecar scoping a proxy: one in its namespace selecting it, else its

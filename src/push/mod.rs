@@ -1,9 +1,12 @@
 //! The push pipeline: registry events -> debounce -> a new immutable [`Snapshot`] ->
-//! every connection's push queue.
+//! the push queues of the connections the push touches ([`PushTargets`], found
+//! through the [`watch`] index for incremental pushes).
 
+pub mod cache;
 pub mod config_index;
 pub mod debounce;
 pub mod snapshot;
+pub mod watch;
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,14 +20,14 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{debug, info};
 
-use crate::ads::Connections;
 use crate::drain::Shutdown;
 use crate::mesh::MeshSettings;
 use crate::metrics::{CounterByType, convergence_buckets, duration_buckets, type_label};
+use crate::xds::deps::PushScope;
 use debounce::{DebounceConfig, debounce};
 use snapshot::Snapshot;
 
@@ -118,19 +121,37 @@ pub struct PushRecord {
     pub proxies: Vec<String>,
 }
 
+/// The connections a push is queued on: the ADS layer's live connections, behind a
+/// trait so the pipeline knows nothing of streams.
+pub trait PushTargets: Send + Sync + std::fmt::Debug {
+    /// Queues the push of `scope` on every connection it touches (the watchers of a
+    /// changed name for an incremental push); returns how many, with the first
+    /// [`PUSHED_IDS`] of their ids, sorted.
+    fn enqueue(&self, scope: &PushScope<'_>) -> Queued;
+}
+
+/// The connections one push was queued on.
+#[derive(Clone, Debug, Default)]
+pub struct Queued {
+    /// How many.
+    pub count: usize,
+    /// The first [`PUSHED_IDS`] ids, sorted.
+    pub ids: Vec<String>,
+}
+
 /// Builds snapshots and fans pushes out to connections.
 pub struct Pipeline {
     aggregate: Arc<Aggregate>,
     endpoints: Arc<EndpointIndex>,
     snapshot: Arc<ArcSwap<Snapshot>>,
-    connections: Arc<Connections>,
+    connections: Arc<dyn PushTargets>,
     metrics: Arc<PushMetrics>,
     mesh: Arc<ArcSwap<MeshSettings>>,
     config: ConfigSourceFn,
     counter: AtomicU64,
     history: Mutex<VecDeque<PushRecord>>,
     /// Registry events fully applied (pushed or, for sync events, noted).
-    applied: watch::Sender<u64>,
+    applied: tokio::sync::watch::Sender<u64>,
 }
 
 const HISTORY: usize = 50;
@@ -141,7 +162,7 @@ pub const PUSHED_IDS: usize = 100;
 impl std::fmt::Debug for Pipeline {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pipeline")
-            .field("version", &self.snapshot.load().version)
+            .field("version", self.snapshot.load().version())
             .finish_non_exhaustive()
     }
 }
@@ -151,7 +172,7 @@ impl Pipeline {
     pub fn new(
         aggregate: Arc<Aggregate>,
         endpoints: Arc<EndpointIndex>,
-        connections: Arc<Connections>,
+        connections: Arc<dyn PushTargets>,
         metrics: Arc<PushMetrics>,
         mesh: Arc<ArcSwap<MeshSettings>>,
         config: ConfigSourceFn,
@@ -166,7 +187,7 @@ impl Pipeline {
             config,
             counter: AtomicU64::new(0),
             history: Mutex::default(),
-            applied: watch::Sender::new(0),
+            applied: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -198,9 +219,10 @@ impl Pipeline {
     pub fn apply(&self, request: PushRequest, merged_events: u32) {
         let started = Instant::now();
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
+        let scope = PushScope::new(&request);
         let next = Snapshot::build(
             &self.snapshot.load(),
-            &request,
+            &scope,
             &self.aggregate,
             &self.endpoints,
             self.mesh.load_full(),
@@ -212,28 +234,26 @@ impl Pipeline {
         self.metrics
             .debounce_time
             .observe(request.start.elapsed().as_secs_f64());
-        self.metrics.services.set(next.services.all().len() as i64);
+        self.metrics
+            .services
+            .set(next.services().all().len() as i64);
         self.metrics
             .conflicts
-            .set(next.services.conflicts().len() as i64);
+            .set(next.services().conflicts().len() as i64);
         self.metrics
             .virtual_services
-            .set(next.config.all_virtual_services().len() as i64);
+            .set(next.config().all_virtual_services().len() as i64);
         for reason in request.reasons.keys() {
             self.metrics
                 .triggers
                 .get_or_create(&type_label(reason.as_str()))
                 .inc();
         }
-        let version = next.version.to_string();
+        let version = next.version().to_string();
         self.snapshot.store(Arc::new(next));
-        let queued = self.connections.enqueue_all(&request);
-        let connections = queued.len();
-        let proxies: Vec<String> = queued
-            .iter()
-            .take(PUSHED_IDS)
-            .map(|c| c.id.clone())
-            .collect();
+        let queued = self.connections.enqueue(&scope);
+        let connections = queued.count;
+        let proxies = queued.ids;
         debug!(%version, full = request.full, changes = request.configs_updated.len(), connections, "push");
         let record = PushRecord {
             version,

@@ -14,15 +14,16 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use meshfed_registry::{
-    Aggregate, ClusterId, ConfigKind, Conflict, EndpointIndex, EndpointShards, Hostname,
-    MergedServices, NetworkGateway, PushRequest, Service, ServiceKey, ShardKey, WorkloadInstance,
-    WorkloadSources,
+    Aggregate, ClusterId, Conflict, EndpointIndex, EndpointShards, Hostname, MergedServices,
+    NetworkGateway, Service, ServiceKey, ShardKey, WorkloadInstance, WorkloadSources,
 };
 
-use crate::ads::node::Proxy;
 use crate::mesh::{MeshSettings, default_mesh_config};
+use crate::model::proxy::Proxy;
+use crate::networks::NetworkView;
+use crate::push::cache::ResourceCache;
 use crate::push::config_index::ConfigIndex;
-use crate::resource::ResourceCache;
+use crate::xds::deps::PushScope;
 
 /// Services after the aggregate's merge, indexed by hostname.
 #[derive(Debug, Default)]
@@ -79,6 +80,15 @@ impl ServiceIndex {
             first.get_or_insert(s);
         }
         first
+    }
+
+    /// The service under exactly this key.
+    pub fn get(&self, key: &ServiceKey) -> Option<&Arc<Service>> {
+        self.by_hostname
+            .get(key.hostname.as_str())?
+            .iter()
+            .map(|&i| &self.services[i])
+            .find(|s| s.namespace == key.namespace)
     }
 
     /// Registries that contributed each key.
@@ -169,33 +179,119 @@ impl ProxyWorkloads {
     }
 }
 
-/// One immutable version of the mesh.
+/// One immutable version of the mesh. Its fields are private: generators ask it
+/// narrow, typed questions, and nothing in it changes after it is built.
 #[derive(Debug)]
 pub struct Snapshot {
     /// Push version, `"<RFC3339 time>/<counter>"` as Istio formats it.
-    pub version: Arc<str>,
+    version: Arc<str>,
     /// Merged services.
-    pub services: Arc<ServiceIndex>,
+    services: Arc<ServiceIndex>,
     /// Endpoint shards per service at snapshot time.
-    pub endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
     /// Gateways of every network.
-    pub gateways: Arc<Vec<NetworkGateway>>,
+    gateways: Arc<Vec<NetworkGateway>>,
     /// MeshConfig and meshNetworks in force.
-    pub mesh: Arc<MeshSettings>,
+    mesh: Arc<MeshSettings>,
     /// Istio config (VirtualService, DestinationRule, Gateway, Sidecar).
-    pub config: Arc<ConfigIndex>,
+    config: Arc<ConfigIndex>,
     /// Encoded resources of this snapshot.
-    pub cache: ResourceCache,
-    /// Proxies' own workloads, looked up once per full push.
-    pub workloads: ProxyWorkloads,
+    cache: ResourceCache,
+    /// Proxies' own workloads, as the registries knew them when it was built.
+    workloads: ProxyWorkloads,
     /// When it was built.
-    pub built_at: SystemTime,
+    built_at: SystemTime,
     /// Endpoint address -> the services with an endpoint there, built on first use
     /// ([`Snapshot::services_at`]).
     by_address: OnceLock<HashMap<IpAddr, Vec<ServiceKey>>>,
+    /// Split-horizon networks ([`Snapshot::network_view`]).
+    network_view: OnceLock<Arc<NetworkView>>,
+}
+
+/// The parts of a snapshot, for building one outside a push (tests, benchmarks,
+/// `/debug/config_dump` with other generator options).
+#[derive(Debug)]
+pub struct SnapshotParts {
+    pub version: Arc<str>,
+    pub services: Arc<ServiceIndex>,
+    pub endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    pub gateways: Arc<Vec<NetworkGateway>>,
+    pub mesh: Arc<MeshSettings>,
+    pub config: Arc<ConfigIndex>,
+    pub workloads: WorkloadSources,
 }
 
 impl Snapshot {
+    /// A snapshot of exactly these parts, with an empty cache.
+    pub fn from_parts(parts: SnapshotParts) -> Snapshot {
+        Snapshot {
+            version: parts.version,
+            services: parts.services,
+            endpoints: parts.endpoints,
+            gateways: parts.gateways,
+            mesh: parts.mesh,
+            config: parts.config,
+            cache: ResourceCache::default(),
+            workloads: ProxyWorkloads::new(parts.workloads),
+            built_at: SystemTime::now(),
+            by_address: OnceLock::new(),
+            network_view: OnceLock::new(),
+        }
+    }
+
+    /// This snapshot's parts (shared, not copied), to build a variant of it.
+    pub fn parts(&self) -> SnapshotParts {
+        SnapshotParts {
+            version: self.version.clone(),
+            services: self.services.clone(),
+            endpoints: self.endpoints.clone(),
+            gateways: self.gateways.clone(),
+            mesh: self.mesh.clone(),
+            config: self.config.clone(),
+            workloads: self.workloads.sources.clone(),
+        }
+    }
+
+    /// Push version, `"<RFC3339 time>/<counter>"`.
+    pub fn version(&self) -> &Arc<str> {
+        &self.version
+    }
+
+    /// Merged services.
+    pub fn services(&self) -> &ServiceIndex {
+        &self.services
+    }
+
+    /// Endpoint shards of every service.
+    pub fn endpoints(&self) -> &HashMap<ServiceKey, Arc<EndpointShards>> {
+        &self.endpoints
+    }
+
+    /// Gateways of every network.
+    pub fn gateways(&self) -> &[NetworkGateway] {
+        &self.gateways
+    }
+
+    /// MeshConfig and meshNetworks in force.
+    pub fn mesh(&self) -> &MeshSettings {
+        &self.mesh
+    }
+
+    /// Istio config in force.
+    pub fn config(&self) -> &ConfigIndex {
+        &self.config
+    }
+
+    /// The encoded resources of this snapshot.
+    pub fn cache(&self) -> &ResourceCache {
+        &self.cache
+    }
+
+    /// When it was built.
+    pub fn built_at(&self) -> SystemTime {
+        self.built_at
+    }
+
     /// An empty snapshot (before the first build).
     pub fn empty() -> Self {
         Snapshot {
@@ -212,6 +308,7 @@ impl Snapshot {
             workloads: ProxyWorkloads::default(),
             built_at: SystemTime::now(),
             by_address: OnceLock::new(),
+            network_view: OnceLock::new(),
         }
     }
 
@@ -220,31 +317,20 @@ impl Snapshot {
     /// service index; anything else re-merges.
     pub fn build(
         previous: &Snapshot,
-        request: &PushRequest,
+        scope: &PushScope<'_>,
         aggregate: &Aggregate,
         endpoints: &EndpointIndex,
         mesh: Arc<MeshSettings>,
         config: &dyn Fn(&MeshSettings) -> ConfigIndex,
         counter: u64,
     ) -> Snapshot {
-        let config_changed = request.forced
-            || request.configs_updated.iter().any(|k| {
-                !matches!(
-                    k.kind,
-                    ConfigKind::Endpoints | ConfigKind::ServiceEntry | ConfigKind::Workload
-                )
-            });
-        let only_workloads = !request.configs_updated.is_empty()
-            && request
-                .configs_updated
-                .iter()
-                .all(|k| k.kind == ConfigKind::Workload);
-        let config = if config_changed {
+        let request = scope.request();
+        let config = if scope.rebuilds_config() {
             Arc::new(config(&mesh))
         } else {
             previous.config.clone()
         };
-        let (services, gateways) = if request.forced || (request.full && !only_workloads) {
+        let (services, gateways) = if scope.remerges_services() {
             (
                 Arc::new(ServiceIndex::new(aggregate.merged())),
                 Arc::new(aggregate.network_gateways()),
@@ -267,10 +353,11 @@ impl Snapshot {
             gateways,
             mesh,
             config,
-            cache: previous.cache.carry_over(request),
+            cache: previous.cache.carry_over(scope),
             workloads,
             built_at: now,
             by_address: OnceLock::new(),
+            network_view: OnceLock::new(),
         }
     }
 
@@ -288,12 +375,13 @@ impl Snapshot {
     /// `~` namespaces and `*` / `*.suffix` names).
     pub fn visible_services<'a>(
         &'a self,
-        proxy: &'a Proxy,
+        namespace: &'a str,
+        labels: &'a BTreeMap<String, String>,
     ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         // A Sidecar without egress listeners imports everything (`*/*`), as in Istio.
         let egress: Option<Vec<&str>> = self
             .config
-            .sidecar_for(&proxy.namespace, &proxy.labels)
+            .sidecar_for(namespace, labels)
             .filter(|sc| !sc.spec.egress.is_empty())
             .map(|sc| {
                 sc.spec
@@ -303,13 +391,17 @@ impl Snapshot {
                     .collect()
             });
         self.services
-            .visible_to(&proxy.namespace)
+            .visible_to(namespace)
             .filter(move |s| match &egress {
                 None => true,
-                Some(hosts) => hosts
-                    .iter()
-                    .any(|h| egress_host_matches(h, &proxy.namespace, s)),
+                Some(hosts) => hosts.iter().any(|h| egress_host_matches(h, namespace, s)),
             })
+    }
+
+    /// Networks and their gateways for split horizon, built once per snapshot.
+    pub fn network_view(&self) -> &Arc<NetworkView> {
+        self.network_view
+            .get_or_init(|| Arc::new(NetworkView::new(&self.mesh.networks, &self.gateways)))
     }
 
     /// The endpoint shards of a service.

@@ -123,7 +123,7 @@ async fn wait_for_endpoints(server: &FakeServer, key: &ServiceKey, n: usize) {
     let k = key.clone();
     eventually(&format!("{key} with {n} endpoints"), move || {
         let snapshot = snapshot.load();
-        let served = snapshot.services.all().iter().any(|s| s.key() == k)
+        let served = snapshot.services().all().iter().any(|s| s.key() == k)
             && snapshot.shards(&k).map_or(0, |s| s.len()) == n;
         async move { served.then_some(()) }
     })

@@ -457,7 +457,7 @@ mod tests {
                 ..Default::default()
             }),
             resource_names: vec!["outbound|80||a.ns.svc.cluster.local".into(), "b".into()],
-            type_url: crate::ads::TypeUrl::Endpoint.as_str().into(),
+            type_url: crate::xds::TypeUrl::Endpoint.as_str().into(),
             response_nonce: "n1".into(),
             error_detail: Some(envoy_types::pb::google::rpc::Status {
                 code: 3,
@@ -550,13 +550,13 @@ mod tests {
             ..Default::default()
         };
         let any = SharedAny {
-            type_url: crate::ads::TypeUrl::Cluster.as_str(),
+            type_url: crate::xds::TypeUrl::Cluster.as_str(),
             value: cluster.encode_to_vec().into(),
         };
         let sotw = SotwResponse {
             version_info: "v1".into(),
             resources: vec![any.clone()],
-            type_url: crate::ads::TypeUrl::Cluster.as_str().into(),
+            type_url: crate::xds::TypeUrl::Cluster.as_str().into(),
             nonce: "n1".into(),
         };
         let decoded = DiscoveryResponse::decode(sotw.encode_to_vec().as_slice()).unwrap();
@@ -564,7 +564,7 @@ mod tests {
         assert_eq!(decoded.nonce, "n1");
         assert_eq!(
             decoded.resources[0].type_url,
-            crate::ads::TypeUrl::Cluster.as_str()
+            crate::xds::TypeUrl::Cluster.as_str()
         );
         assert_eq!(
             Cluster::decode(decoded.resources[0].value.as_slice()).unwrap(),

@@ -12,7 +12,7 @@ use meshfed_registry::{ClusterId, Locality, NetworkId, WorkloadInstance, Workloa
 use serde::Serialize;
 
 /// The first field of the node id.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum NodeType {
     /// An application sidecar (or a proxyless gRPC client).
@@ -38,13 +38,53 @@ impl NodeType {
 }
 
 /// Which generator family serves the proxy (metadata `GENERATOR`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Generator {
     /// Envoy sidecars and gateways.
     Envoy,
     /// Proxyless gRPC clients.
     Grpc,
+}
+
+/// The kinds of proxy whose config is generated differently, and so reads different
+/// things ([`crate::xds::deps`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProxyClass {
+    /// An Envoy sidecar (Istio's generator for `sidecar` nodes).
+    Sidecar,
+    /// An Envoy gateway (`router` nodes).
+    Router,
+    /// A proxyless gRPC client or server (`GENERATOR=grpc`).
+    Grpc,
+}
+
+/// What the listener, route and proxyless generators may know of a proxy: its
+/// namespace, cluster, labels (its workload's when a registry knows it), DNS domain
+/// and kind. It is part of their cache keys, so two proxies that agree on all of it
+/// share those resources, and a generator handed it cannot read anything else.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ClientView {
+    /// Config namespace.
+    pub namespace: String,
+    /// Metadata `CLUSTER_ID`.
+    pub cluster_id: Option<ClusterId>,
+    /// Workload labels.
+    pub labels: BTreeMap<String, String>,
+    /// DNS domain, for short-name expansion.
+    pub dns_domain: String,
+    /// Generator family.
+    pub generator: Generator,
+    /// Node type.
+    pub node_type: NodeType,
+}
+
+impl ClientView {
+    /// True for gateways (`router` nodes).
+    pub fn is_router(&self) -> bool {
+        self.node_type == NodeType::Router
+    }
 }
 
 /// Why a node was refused.
@@ -110,6 +150,29 @@ impl Proxy {
     /// True for gateways (`router` nodes).
     pub fn is_router(&self) -> bool {
         self.node_type == NodeType::Router
+    }
+
+    /// The facts of this proxy that listener, route and proxyless generators read.
+    pub fn client_view(&self) -> ClientView {
+        ClientView {
+            namespace: self.namespace.clone(),
+            cluster_id: self.cluster_id.clone(),
+            labels: self.labels.clone(),
+            dns_domain: self.dns_domain.clone(),
+            generator: self.generator,
+            node_type: self.node_type,
+        }
+    }
+
+    /// Which generator family and shape serves this proxy.
+    pub fn class(&self) -> ProxyClass {
+        if self.generator == Generator::Grpc {
+            ProxyClass::Grpc
+        } else if self.is_router() {
+            ProxyClass::Router
+        } else {
+            ProxyClass::Sidecar
+        }
     }
 
     /// What a registry needs to find the workload this proxy runs as.

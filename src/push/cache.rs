@@ -1,0 +1,301 @@
+//! The encoded-resource cache of one snapshot, keyed by typed generator inputs.
+//!
+//! Every cached resource is produced from an input struct that derives `Hash + Eq` and
+//! *is* its key ([`CacheInput`]): the generator is handed that struct and the
+//! snapshot's mesh-wide indexes, never a proxy, so it cannot read anything about the
+//! proxy that the key leaves out, and two proxies that would get the same bytes share
+//! one entry. Inputs of different types live side by side; a key only ever equals a
+//! key of its own type.
+//!
+//! The cache is split into shards, each behind its own lock held only for a map
+//! look-up or insert (never while generating), so connections generating at once do
+//! not queue on one lock. A new snapshot starts from the previous one's entries minus
+//! those its push touches ([`crate::xds::deps::PushScope::touch`]).
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::fmt::Debug;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use serde::Serialize;
+
+use crate::model::ProxyClass;
+use crate::xds::deps::{PushScope, Touch};
+use crate::xds::{Resource, TypeUrl};
+
+/// A generator input that is its own cache key.
+pub trait CacheInput: Hash + Eq + Debug + Send + Sync + 'static {
+    /// The type of resource it produces.
+    const TYPE: TypeUrl;
+
+    /// The class of proxy it was generated for; `None` when the resource is shared by
+    /// every class (it is then dropped when a push touches the type for any class).
+    fn class(&self) -> Option<ProxyClass>;
+
+    /// The service (hostname) the resource is derived from, when it is derived from
+    /// exactly one; a push that changes other services keeps it.
+    fn service(&self) -> Option<&str>;
+}
+
+/// A key with its type erased, compared only with keys of its own type.
+trait ErasedInput: Debug + Send + Sync {
+    fn as_any(&self) -> &dyn Any;
+    fn type_url(&self) -> TypeUrl;
+    fn class(&self) -> Option<ProxyClass>;
+    fn service(&self) -> Option<&str>;
+}
+
+impl<K: CacheInput> ErasedInput for K {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn type_url(&self) -> TypeUrl {
+        K::TYPE
+    }
+    fn class(&self) -> Option<ProxyClass> {
+        CacheInput::class(self)
+    }
+    fn service(&self) -> Option<&str> {
+        CacheInput::service(self)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    input: Arc<dyn ErasedInput>,
+    resource: Resource,
+}
+
+const SHARDS: usize = 64;
+
+/// Hash of a key, with its type: equal inputs of different types do not collide.
+fn hash_of<K: CacheInput>(input: &K) -> u64 {
+    let mut h = DefaultHasher::new();
+    std::any::TypeId::of::<K>().hash(&mut h);
+    input.hash(&mut h);
+    h.finish()
+}
+
+type Shard = RwLock<HashMap<u64, Vec<Entry>>>;
+
+/// The encoded-resource cache of one snapshot.
+#[derive(Debug)]
+pub struct ResourceCache {
+    shards: Box<[Shard]>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+impl Default for ResourceCache {
+    fn default() -> Self {
+        ResourceCache {
+            shards: (0..SHARDS).map(|_| Shard::default()).collect(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Hit/miss/size figures for `/debug/cachez` and metrics.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub size: usize,
+}
+
+impl ResourceCache {
+    fn shard(&self, hash: u64) -> &Shard {
+        &self.shards[(hash as usize) % SHARDS]
+    }
+
+    fn find<K: CacheInput>(&self, hash: u64, input: &K) -> Option<Resource> {
+        let shard = self.shard(hash).read().expect("cache shard poisoned");
+        shard.get(&hash)?.iter().find_map(|e| {
+            (e.input.as_any().downcast_ref::<K>() == Some(input)).then(|| e.resource.clone())
+        })
+    }
+
+    /// The resource for `input`: cached, or produced by `generate` from the input
+    /// alone and cached. `generate` returning `None` means "no such resource" (not
+    /// cached).
+    pub fn get_or_insert<K: CacheInput>(
+        &self,
+        input: K,
+        generate: impl FnOnce(&K) -> Option<Resource>,
+    ) -> Option<Resource> {
+        let hash = hash_of(&input);
+        if let Some(hit) = self.find(hash, &input) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Some(hit);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        // Generated without a lock held; two racing connections may both encode the
+        // same resource, and the bytes are identical either way.
+        let resource = generate(&input)?;
+        let mut shard = self.shard(hash).write().expect("cache shard poisoned");
+        let bucket = shard.entry(hash).or_default();
+        if let Some(existing) = bucket
+            .iter()
+            .find(|e| e.input.as_any().downcast_ref::<K>() == Some(&input))
+        {
+            return Some(existing.resource.clone());
+        }
+        bucket.push(Entry {
+            input: Arc::new(input),
+            resource: resource.clone(),
+        });
+        Some(resource)
+    }
+
+    /// The cache for the snapshot that follows a push of `scope`: the entries the
+    /// push does not touch are carried over.
+    pub fn carry_over(&self, scope: &PushScope<'_>) -> ResourceCache {
+        const ALL: [ProxyClass; 3] = [ProxyClass::Sidecar, ProxyClass::Router, ProxyClass::Grpc];
+        let keeps = |e: &Entry| {
+            let one;
+            let classes: &[ProxyClass] = match e.input.class() {
+                Some(c) => {
+                    one = [c];
+                    &one
+                }
+                None => &ALL,
+            };
+            classes
+                .iter()
+                .all(|c| match scope.touch(*c, e.input.type_url()) {
+                    Touch::Nothing => true,
+                    Touch::Services(hosts) => e.input.service().is_some_and(|s| !hosts.contains(s)),
+                    Touch::Everything => false,
+                })
+        };
+        let next = ResourceCache::default();
+        for (from, to) in self.shards.iter().zip(next.shards.iter()) {
+            let from = from.read().expect("cache shard poisoned");
+            let mut to = to.write().expect("cache shard poisoned");
+            for (hash, bucket) in from.iter() {
+                let kept: Vec<Entry> = bucket.iter().filter(|e| keeps(e)).cloned().collect();
+                if !kept.is_empty() {
+                    to.insert(*hash, kept);
+                }
+            }
+        }
+        next
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            size: self
+                .shards
+                .iter()
+                .map(|s| {
+                    s.read()
+                        .expect("cache shard poisoned")
+                        .values()
+                        .map(Vec::len)
+                        .sum::<usize>()
+                })
+                .sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, ServiceKey, TriggerReason};
+
+    use super::*;
+    use crate::xds::EncodedResource;
+
+    #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+    struct Eds(&'static str);
+
+    impl CacheInput for Eds {
+        const TYPE: TypeUrl = TypeUrl::Endpoint;
+        fn class(&self) -> Option<ProxyClass> {
+            None
+        }
+        fn service(&self) -> Option<&str> {
+            Some(self.0)
+        }
+    }
+
+    /// Same shape as `Eds`, another type: never equal to it.
+    #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+    struct SidecarListener(&'static str);
+
+    impl CacheInput for SidecarListener {
+        const TYPE: TypeUrl = TypeUrl::Listener;
+        fn class(&self) -> Option<ProxyClass> {
+            Some(ProxyClass::Sidecar)
+        }
+        fn service(&self) -> Option<&str> {
+            None
+        }
+    }
+
+    fn res(name: &str) -> Resource {
+        EncodedResource::encode(
+            TypeUrl::Endpoint,
+            name,
+            &envoy_types::pb::google::protobuf::StringValue { value: name.into() },
+        )
+    }
+
+    #[test]
+    fn caches_by_typed_input_and_carries_over_what_a_push_did_not_touch() {
+        let cache = ResourceCache::default();
+        let mut calls = 0;
+        for _ in 0..2 {
+            cache.get_or_insert(Eds("a.ns"), |k| {
+                calls += 1;
+                Some(res(k.0))
+            });
+        }
+        assert_eq!(calls, 1);
+        cache.get_or_insert(Eds("b.ns"), |k| Some(res(k.0)));
+        let l = cache.get_or_insert(SidecarListener("a.ns"), |_| Some(res("l")));
+        assert_eq!(
+            &*l.unwrap().name,
+            "l",
+            "an equal field of another type is another key"
+        );
+        assert_eq!(cache.stats().size, 3);
+
+        let eds_a = PushRequest::endpoints(&ServiceKey::new("a.ns", "ns"));
+        let next = cache.carry_over(&PushScope::new(&eds_a));
+        assert_eq!(
+            next.stats().size,
+            2,
+            "a's EDS entry goes, b's and the listener stay"
+        );
+
+        let svc_b = PushRequest::full(
+            TriggerReason::Service,
+            [ConfigKey::service(&ServiceKey::new("b.ns", "ns"))],
+        );
+        assert_eq!(
+            cache.carry_over(&PushScope::new(&svc_b)).stats().size,
+            1,
+            "only a's entry survives a full push for b (listeners read every service)"
+        );
+
+        let vs = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::VirtualService, "r", "ns")],
+        );
+        assert_eq!(
+            cache.carry_over(&PushScope::new(&vs)).stats().size,
+            1,
+            "sidecar listeners do not read VirtualServices; shared EDS entries may be read by gateways"
+        );
+        let forced = PushRequest::forced(TriggerReason::Debug);
+        assert_eq!(cache.carry_over(&PushScope::new(&forced)).stats().size, 0);
+    }
+}

@@ -1,0 +1,226 @@
+//! What each resource type is generated from, declared once, and the one answer to
+//! "does this push touch this proxy's type" that the pipeline (which connections to
+//! wake), the snapshot's resource cache (which entries survive) and the connection
+//! (which types to regenerate, and whether EDS goes out partially) all use.
+//!
+//! The declarations are conservative: a pair is independent only where no generator
+//! of the type reads the kind for that class of proxy.
+//!
+//! | type     | reads config kinds                           | derived from one service |
+//! |----------|----------------------------------------------|--------------------------|
+//! | Cluster  | all; sidecars: all but VirtualService         | yes (outbound clusters)  |
+//! | Endpoint | all; sidecars: all but VirtualService         | yes                      |
+//! | Listener | all; sidecars: all but VirtualService         | no (every service)       |
+//! | Route    | all                                           | no (every service)       |
+//!
+//! Endpoint-only changes reach EDS alone, for the changed services only. Clusters
+//! whose content reads endpoints (inline DNS load assignments, the identities behind
+//! auto mTLS) carry the endpoint shards they read in their cache key, so a changed
+//! shard is a different key and never a stale hit.
+
+use std::collections::HashSet;
+
+use meshfed_registry::{ConfigKind, PushRequest};
+
+use super::TypeUrl;
+use crate::model::ProxyClass;
+
+/// Whether `type_url` resources of a `class` proxy may read config objects of `kind`.
+///
+/// Sidecars' clusters, endpoints and listeners never look at VirtualServices: a
+/// VirtualService change costs a sidecar its route tables alone. Gateways read them in
+/// LDS (TLS and TCP routes) and proxyless clients throughout.
+pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
+    match (class, kind) {
+        (ProxyClass::Sidecar, ConfigKind::VirtualService) => matches!(type_url, TypeUrl::Route),
+        _ => true,
+    }
+}
+
+/// Whether each resource of the type is derived from a single service (so a change of
+/// other services leaves it as it is), rather than from every service.
+pub const fn per_service(type_url: TypeUrl) -> bool {
+    matches!(type_url, TypeUrl::Cluster | TypeUrl::Endpoint)
+}
+
+/// How much of one type of one class of proxy a push changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Touch<'a> {
+    /// Nothing: what the proxy holds stands.
+    Nothing,
+    /// Only resources derived from these services (hostnames).
+    Services(&'a HashSet<&'a str>),
+    /// Anything may have changed.
+    Everything,
+}
+
+/// One push request, read once for every connection and type it is asked about.
+#[derive(Debug)]
+pub struct PushScope<'a> {
+    request: &'a PushRequest,
+    hosts: HashSet<&'a str>,
+    only_services: bool,
+}
+
+impl<'a> PushScope<'a> {
+    /// Reads `request`.
+    pub fn new(request: &'a PushRequest) -> Self {
+        let only_services = request
+            .configs_updated
+            .iter()
+            .all(|k| matches!(k.kind, ConfigKind::Endpoints | ConfigKind::ServiceEntry));
+        PushScope {
+            request,
+            hosts: request.updated_hostnames().collect(),
+            only_services,
+        }
+    }
+
+    /// The request read.
+    pub fn request(&self) -> &'a PushRequest {
+        self.request
+    }
+
+    /// The services whose endpoints or definition changed.
+    pub fn hosts(&self) -> &HashSet<&'a str> {
+        &self.hosts
+    }
+
+    /// What this push changes of `type_url` for a `class` proxy.
+    pub fn touch(&self, class: ProxyClass, type_url: TypeUrl) -> Touch<'_> {
+        let request = self.request;
+        if request.forced {
+            return Touch::Everything;
+        }
+        if request.is_endpoints_only() {
+            return if type_url == TypeUrl::Endpoint {
+                Touch::Services(&self.hosts)
+            } else {
+                Touch::Nothing
+            };
+        }
+        if !request.configs_updated.is_empty()
+            && request
+                .configs_updated
+                .iter()
+                .all(|k| !reads(class, type_url, k.kind))
+        {
+            return Touch::Nothing;
+        }
+        if self.only_services && !self.hosts.is_empty() && per_service(type_url) {
+            return Touch::Services(&self.hosts);
+        }
+        Touch::Everything
+    }
+
+    /// Whether the push touches any of `types` for a `class` proxy.
+    pub fn touches_any(&self, class: ProxyClass, types: impl IntoIterator<Item = TypeUrl>) -> bool {
+        types
+            .into_iter()
+            .any(|t| self.touch(class, t) != Touch::Nothing)
+    }
+
+    /// Whether the snapshot re-reads the Istio config stores: any change other than
+    /// services, endpoints and proxies' own workloads.
+    pub fn rebuilds_config(&self) -> bool {
+        self.request.forced
+            || self.request.configs_updated.iter().any(|k| {
+                !matches!(
+                    k.kind,
+                    ConfigKind::Endpoints | ConfigKind::ServiceEntry | ConfigKind::Workload
+                )
+            })
+    }
+
+    /// Whether the snapshot re-merges the registries' services: a full push, unless
+    /// it only names proxies' own workloads.
+    pub fn remerges_services(&self) -> bool {
+        let only_workloads = !self.request.configs_updated.is_empty()
+            && self
+                .request
+                .configs_updated
+                .iter()
+                .all(|k| k.kind == ConfigKind::Workload);
+        self.request.forced || (self.request.full && !only_workloads)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meshfed_registry::{ConfigKey, ServiceKey, TriggerReason};
+
+    use super::*;
+
+    const CLASSES: [ProxyClass; 3] = [ProxyClass::Sidecar, ProxyClass::Router, ProxyClass::Grpc];
+
+    #[test]
+    fn endpoint_changes_touch_eds_of_the_changed_services_only() {
+        let request = PushRequest::endpoints(&ServiceKey::new("a.ns.svc.cluster.local", "ns"));
+        let scope = PushScope::new(&request);
+        for class in CLASSES {
+            for t in TypeUrl::ALL {
+                match scope.touch(class, t) {
+                    Touch::Services(hosts) => {
+                        assert_eq!(t, TypeUrl::Endpoint);
+                        assert!(hosts.contains("a.ns.svc.cluster.local") && hosts.len() == 1);
+                    }
+                    other => assert_eq!(other, Touch::Nothing, "{class:?} {t:?}"),
+                }
+            }
+        }
+        assert!(!scope.rebuilds_config() && !scope.remerges_services());
+    }
+
+    #[test]
+    fn a_virtual_service_change_skips_a_sidecars_clusters_endpoints_and_listeners() {
+        let request = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::VirtualService, "r", "ns")],
+        );
+        let scope = PushScope::new(&request);
+        let touched: Vec<TypeUrl> = TypeUrl::ALL
+            .into_iter()
+            .filter(|t| scope.touch(ProxyClass::Sidecar, *t) != Touch::Nothing)
+            .collect();
+        assert_eq!(touched, vec![TypeUrl::Route]);
+        for class in [ProxyClass::Router, ProxyClass::Grpc] {
+            for t in TypeUrl::ALL {
+                assert_eq!(scope.touch(class, t), Touch::Everything);
+            }
+        }
+        assert!(scope.rebuilds_config());
+    }
+
+    #[test]
+    fn a_service_change_keeps_other_services_clusters_and_rebuilds_the_rest() {
+        let request = PushRequest::full(
+            TriggerReason::Service,
+            [ConfigKey::service(&ServiceKey::new("b.ns", "ns"))],
+        );
+        let scope = PushScope::new(&request);
+        for class in CLASSES {
+            for t in [TypeUrl::Cluster, TypeUrl::Endpoint] {
+                assert!(matches!(scope.touch(class, t), Touch::Services(h) if h.contains("b.ns")));
+            }
+            for t in [TypeUrl::Listener, TypeUrl::Route] {
+                assert_eq!(scope.touch(class, t), Touch::Everything);
+            }
+        }
+        assert!(!scope.rebuilds_config() && scope.remerges_services());
+    }
+
+    #[test]
+    fn forced_and_unspecified_full_pushes_touch_everything() {
+        for request in [
+            PushRequest::forced(TriggerReason::Debug),
+            PushRequest::full(TriggerReason::Service, []),
+        ] {
+            let scope = PushScope::new(&request);
+            for class in CLASSES {
+                for t in TypeUrl::ALL {
+                    assert_eq!(scope.touch(class, t), Touch::Everything);
+                }
+            }
+        }
+    }
+}

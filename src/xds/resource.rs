@@ -1,0 +1,122 @@
+//! xDS resource types and encoded resources.
+//!
+//! A generator's output is encoded once into [`Bytes`] and shared by every connection
+//! that receives the same resource (the snapshot's cache, `push::cache`, keys it by the
+//! generator's typed input).
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::wire::SharedAny;
+
+/// The resource types served over ADS, in push order (make-before-break: clusters
+/// before their endpoints, both before the listeners and routes that use them).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+pub enum TypeUrl {
+    /// CDS.
+    Cluster,
+    /// EDS.
+    Endpoint,
+    /// LDS.
+    Listener,
+    /// RDS.
+    Route,
+}
+
+impl TypeUrl {
+    /// Every type, in push order.
+    pub const ALL: [TypeUrl; 4] = [
+        TypeUrl::Cluster,
+        TypeUrl::Endpoint,
+        TypeUrl::Listener,
+        TypeUrl::Route,
+    ];
+
+    /// The v3 type URL.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            TypeUrl::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
+            TypeUrl::Endpoint => {
+                "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+            }
+            TypeUrl::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
+            TypeUrl::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+        }
+    }
+
+    /// Parses a type URL.
+    pub fn parse(s: &str) -> Option<TypeUrl> {
+        TypeUrl::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`).
+    pub const fn short(self) -> &'static str {
+        match self {
+            TypeUrl::Cluster => "cds",
+            TypeUrl::Endpoint => "eds",
+            TypeUrl::Listener => "lds",
+            TypeUrl::Route => "rds",
+        }
+    }
+
+    /// Wildcard types: an empty subscription means "everything".
+    pub const fn is_wildcard(self) -> bool {
+        matches!(self, TypeUrl::Cluster | TypeUrl::Listener)
+    }
+}
+
+/// One encoded resource, shared by every connection that is sent it.
+#[derive(Debug, PartialEq)]
+pub struct EncodedResource {
+    /// Resource name (cluster name, listener name, ...).
+    pub name: Arc<str>,
+    /// The encoded message with its type URL.
+    pub body: SharedAny,
+    /// Content version: a digest of the bytes (used as the Delta resource version).
+    pub version: Arc<str>,
+    /// Stands in for a subscribed resource that does not exist (an empty load
+    /// assignment for a service that is gone): State of the world sends it so a client
+    /// never waits; Delta reports the name as removed instead.
+    pub placeholder: bool,
+}
+
+/// A shared encoded resource.
+pub type Resource = Arc<EncodedResource>;
+
+impl EncodedResource {
+    /// Encodes `message` of type `type_url` under `name`.
+    pub fn encode<M: prost::Message>(
+        type_url: TypeUrl,
+        name: impl Into<Arc<str>>,
+        message: &M,
+    ) -> Resource {
+        let bytes = Bytes::from(message.encode_to_vec());
+        let mut h = DefaultHasher::new();
+        bytes.hash(&mut h);
+        Arc::new(EncodedResource {
+            name: name.into(),
+            body: SharedAny {
+                type_url: type_url.as_str(),
+                value: bytes,
+            },
+            version: Arc::from(format!("{:016x}", h.finish())),
+            placeholder: false,
+        })
+    }
+
+    /// Encodes a placeholder (see [`EncodedResource::placeholder`]).
+    pub fn encode_placeholder<M: prost::Message>(
+        type_url: TypeUrl,
+        name: impl Into<Arc<str>>,
+        message: &M,
+    ) -> Resource {
+        let mut resource =
+            Arc::try_unwrap(Self::encode(type_url, name, message)).expect("fresh resource");
+        resource.placeholder = true;
+        Arc::new(resource)
+    }
+}
