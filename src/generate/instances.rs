@@ -212,7 +212,7 @@ mod tests {
     /// A Kubernetes-like registry of cluster `c1`: one service selecting one pod that
     /// no endpoint lists yet, and an endpoint of a second service at the pod's IP that
     /// only endpoint matching could find.
-    #[derive(Debug)]
+    #[derive(Clone, Debug)]
     struct PodRegistry {
         cluster: meshfed_registry::ClusterId,
         services: Vec<Arc<Service>>,
@@ -232,7 +232,13 @@ mod tests {
         fn has_synced(&self) -> bool {
             true
         }
-        fn workload(
+        fn workloads(&self) -> Option<Arc<dyn meshfed_registry::WorkloadLookup>> {
+            Some(Arc::new(self.clone()))
+        }
+    }
+
+    impl meshfed_registry::WorkloadLookup for PodRegistry {
+        fn find(
             &self,
             query: &meshfed_registry::WorkloadQuery<'_>,
         ) -> Option<meshfed_registry::WorkloadInstance> {

@@ -13,8 +13,9 @@
 //! `/debug/registryz` and the conflict metric. Endpoints are not part of this: they live
 //! in the endpoint index, one shard per registry, and EDS merges all shards of a key.
 //!
-//! A proxy's own workload (its pod) is looked up through [`WorkloadSources`]: the first
-//! registry that knows it answers, Kubernetes registries first.
+//! A proxy's own workload (its pod) is looked up through [`WorkloadSources`]: the
+//! registries' workloads frozen when it was taken; the first registry that knows the
+//! proxy answers, Kubernetes registries first.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
@@ -22,7 +23,7 @@ use std::sync::{Arc, RwLock};
 use serde::Serialize;
 
 use crate::model::{ClusterId, ProviderId, Service, ServiceKey, ShardKey, WorkloadInstance};
-use crate::registry::{NetworkGateway, ServiceRegistry, WorkloadQuery};
+use crate::registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};
 
 /// Why a service lost to another with the same `(hostname, namespace)`.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug, Serialize)]
@@ -116,7 +117,9 @@ impl Aggregate {
         all
     }
 
-    /// The registries as they are now, for looking up proxies' own workloads.
+    /// The registries' workloads as they are now, frozen, for looking up proxies' own
+    /// workloads: later registry changes do not show through (a snapshot takes these
+    /// when it is built).
     pub fn workload_sources(&self) -> WorkloadSources {
         let mut registries = self.registries();
         registries.sort_by_key(|r| {
@@ -126,7 +129,9 @@ impl Aggregate {
                 r.shard_key(),
             )
         });
-        WorkloadSources { registries }
+        WorkloadSources {
+            lookups: registries.iter().filter_map(|r| r.workloads()).collect(),
+        }
     }
 
     /// Merges every registry's services by the policy in the module docs.
@@ -225,19 +230,21 @@ impl Aggregate {
     }
 }
 
-/// Where a proxy's own workload is looked up: the registries in Istio's order
-/// (Kubernetes first, the primary cluster first among those). Each registry decides
-/// whether a proxy is its own (a Kubernetes registry answers only proxies of its
-/// cluster, or proxies that name no cluster); the first answer wins.
+/// Where a proxy's own workload is looked up: the registries' workloads as they were
+/// when [`Aggregate::workload_sources`] was called ([`ServiceRegistry::workloads`]),
+/// in Istio's order (Kubernetes first, the primary cluster first among those). Each
+/// registry decides whether a proxy is its own (a Kubernetes registry answers only
+/// proxies of its cluster, or proxies that name no cluster); the first answer wins.
+/// Nothing here reads a live registry.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadSources {
-    registries: Vec<Arc<dyn ServiceRegistry>>,
+    lookups: Vec<Arc<dyn WorkloadLookup>>,
 }
 
 impl WorkloadSources {
     /// The workload the proxy described by `query` runs as, if any registry knows it.
     pub fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
-        self.registries.iter().find_map(|r| r.workload(query))
+        self.lookups.iter().find_map(|l| l.find(query))
     }
 }
 
@@ -425,7 +432,7 @@ mod tests {
 
     /// A Kubernetes-like registry that knows one pod and answers only proxies of its
     /// cluster (or proxies naming none).
-    #[derive(Debug)]
+    #[derive(Clone, Debug)]
     struct OnePod {
         cluster: ClusterId,
         ip: std::net::IpAddr,
@@ -444,7 +451,13 @@ mod tests {
         fn has_synced(&self) -> bool {
             true
         }
-        fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+        fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
+            Some(Arc::new(self.clone()))
+        }
+    }
+
+    impl WorkloadLookup for OnePod {
+        fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
             if query.cluster.is_some_and(|c| *c != self.cluster) || !query.ips.contains(&self.ip) {
                 return None;
             }
@@ -486,6 +499,82 @@ mod tests {
         assert_eq!(find(None).as_deref(), Some("pod-in-c2"), "primary first");
         assert_eq!(find(Some("c3")).as_deref(), Some("pod-in-c3"));
         assert_eq!(find(Some("elsewhere")), None);
+    }
+
+    /// A registry whose one pod can move: `workloads` hands out the pod as it is now.
+    #[derive(Debug)]
+    struct MovingPod {
+        cluster: ClusterId,
+        now: RwLock<Arc<OnePod>>,
+    }
+
+    impl MovingPod {
+        fn move_to(&self, ip: &str) {
+            *self.now.write().unwrap() = Arc::new(OnePod {
+                cluster: self.cluster.clone(),
+                ip: ip.parse().unwrap(),
+            });
+        }
+    }
+
+    impl ServiceRegistry for MovingPod {
+        fn provider(&self) -> ProviderId {
+            ProviderId::Kubernetes
+        }
+        fn cluster_id(&self) -> &ClusterId {
+            &self.cluster
+        }
+        fn services(&self) -> Vec<Arc<Service>> {
+            Vec::new()
+        }
+        fn has_synced(&self) -> bool {
+            true
+        }
+        fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
+            Some(self.now.read().unwrap().clone())
+        }
+    }
+
+    #[test]
+    fn workload_sources_answer_from_the_registries_as_they_were_when_taken() {
+        let agg = Aggregate::new("c1");
+        let registry = Arc::new(MovingPod {
+            cluster: "c1".into(),
+            now: RwLock::new(Arc::new(OnePod {
+                cluster: "c1".into(),
+                ip: "10.0.0.1".parse().unwrap(),
+            })),
+        });
+        agg.add_registry(registry.clone());
+        let found = |sources: &WorkloadSources, ip: &str| {
+            let ips = [ip.parse().unwrap()];
+            sources
+                .find(&WorkloadQuery {
+                    ips: &ips,
+                    id: "pod.ns",
+                    namespace: "ns",
+                    cluster: None,
+                })
+                .is_some()
+        };
+        let frozen = agg.workload_sources();
+        assert!(found(&frozen, "10.0.0.1"));
+
+        registry.move_to("10.0.0.2");
+        assert!(
+            found(&frozen, "10.0.0.1") && !found(&frozen, "10.0.0.2"),
+            "taken before the move: still the old pod"
+        );
+        let now = agg.workload_sources();
+        assert!(!found(&now, "10.0.0.1") && found(&now, "10.0.0.2"));
+
+        // A registry added (or removed) later is not among the frozen sources either.
+        agg.add_registry(Arc::new(OnePod {
+            cluster: "c2".into(),
+            ip: "10.0.0.3".parse().unwrap(),
+        }));
+        assert!(!found(&frozen, "10.0.0.3"));
+        assert!(found(&agg.workload_sources(), "10.0.0.3"));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! - [`endpoints`]: the endpoint index, one shard per registry per service.
 //! - [`events`]: what registries tell the push pipeline, and the [`UpdateSink`] they
 //!   tell it through.
-//! - [`registry`]: the [`ServiceRegistry`] read trait; [`aggregate`]: all registries
+//! - [`registry`]: the [`ServiceRegistry`] read trait and the frozen
+//!   [`WorkloadLookup`] it hands out; [`aggregate`]: all registries
 //!   behind one view with an explicit merge policy.
 //! - [`memory`]: the in-memory (mock) registry; [`mock_file`]: the same, fed from a
 //!   watched YAML file.
@@ -36,6 +37,6 @@ pub use mock_file::{
     MockFileError, MockFileStatus, load_mock_registry, parse_mock_registry, run_mock_file,
 };
 pub use model::*;
-pub use registry::{NetworkGateway, ServiceRegistry, WorkloadQuery};
+pub use registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};
 pub use serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
 pub use watch::{PathWatcher, WatchError};

@@ -24,7 +24,7 @@ pub struct NetworkGateway {
 }
 
 /// Who a proxy says it is, for finding the workload it runs as
-/// ([`ServiceRegistry::workload`]).
+/// ([`WorkloadLookup::find`]).
 #[derive(Clone, Copy, Debug)]
 pub struct WorkloadQuery<'a> {
     /// The proxy's IPs (`INSTANCE_IPS`, else the node id's IP field).
@@ -70,11 +70,21 @@ pub trait ServiceRegistry: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
-    /// The workload a proxy runs as, when this registry knows it (Istio's pod lookup
-    /// behind `GetProxyServiceTargets` and `GetProxyWorkloadLabels`). `None` means
-    /// "not mine": the caller falls back to matching the proxy's IPs against
-    /// endpoints, which is all registries without workloads of their own offer.
-    fn workload(&self, _query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+    /// This registry's workloads as they are now, frozen: the returned lookup keeps
+    /// answering from the state at this call however the registry changes later, so
+    /// that config generated from a snapshot depends on the snapshot, not on when it is
+    /// generated. Taking it must be cheap (shared pointers to the published views, no
+    /// copying). `None` means the registry has no workloads of its own: for its proxies
+    /// the caller falls back to matching IPs against endpoints.
+    fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
         None
     }
+}
+
+/// A registry's workloads frozen at one moment ([`ServiceRegistry::workloads`]).
+pub trait WorkloadLookup: Send + Sync + fmt::Debug {
+    /// The workload a proxy runs as, when this registry knows it (Istio's pod lookup
+    /// behind `GetProxyServiceTargets` and `GetProxyWorkloadLabels`). `None` means
+    /// "not mine" (another registry may know it).
+    fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance>;
 }

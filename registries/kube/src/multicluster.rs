@@ -40,7 +40,7 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use meshfed_registry::{
     Aggregate, ClusterId, NetworkGateway, ProviderId, PushRequest, Service, ServiceRegistry,
-    ShardKey, TriggerReason, UpdateSink, WorkloadInstance, WorkloadQuery,
+    ShardKey, TriggerReason, UpdateSink, WorkloadLookup,
 };
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -444,8 +444,8 @@ impl ServiceRegistry for RemoteRegistry {
         self.inner.network_gateways()
     }
 
-    fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
-        self.inner.workload(query)
+    fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
+        self.inner.workloads()
     }
 }
 

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use meshfed_registry::{
-    ClusterId, ConfigKey, ConfigKind, NetworkGateway, NetworkId, ProviderId, Service, ServiceKey,
-    ServiceRegistry, ShardKey, UpdateSink, WorkloadInstance, WorkloadQuery,
+    ClusterId, ConfigKey, ConfigKind, NetworkGateway, NetworkId, ProviderId, PushRequest, Service,
+    ServiceKey, ServiceRegistry, ShardKey, TriggerReason, UpdateSink, WorkloadInstance,
+    WorkloadLookup, WorkloadQuery,
 };
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -201,12 +202,15 @@ pub struct KubeRegistry {
     pub(crate) config: Arc<KubeRegistryConfig>,
     shard: ShardKey,
     pub(crate) view: ArcSwap<View>,
-    /// Pods by IP and their topology, for proxies' own workloads.
-    pub(crate) pods: ArcSwap<PodView>,
+    /// Pods by IP and their topology, for proxies' own workloads (shared with the
+    /// [`FrozenWorkloads`] handed out, which compare it with the view they froze).
+    pub(crate) pods: Arc<ArcSwap<PodView>>,
     /// IPs proxies have been looked up by: a later change to a pod at one of them is
     /// pushed, since a proxy there runs as that pod (or will, once its pod is seen).
     /// One entry per proxy IP; an IP is forgotten when the last pod holding it goes.
-    proxy_ips: Mutex<HashSet<IpAddr>>,
+    proxy_ips: Arc<Mutex<HashSet<IpAddr>>>,
+    /// The writer's sink, for the pushes [`FrozenWorkloads`] find missing.
+    sink: UpdateSink,
     pub(crate) synced: AtomicBool,
     /// Per kind: when its watcher last reported an error (milliseconds since `epoch`,
     /// plus one), or 0 when its last word was an event.
@@ -275,22 +279,27 @@ impl KubeRegistry {
         paused: bool,
     ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
         config.validate()?;
-        let shard = ShardKey::new(ProviderId::Kubernetes, config.cluster_id.clone());
-        let registry = Arc::new(KubeRegistry {
+        let registry = Arc::new(KubeRegistry::new(config, sink.clone(), paused));
+        let task = tokio::spawn(crate::writer::run(client, registry.clone(), sink, shutdown));
+        Ok((registry, task))
+    }
+
+    /// The read side alone, with nothing published yet (the writer, or a test, feeds it).
+    fn new(config: KubeRegistryConfig, sink: UpdateSink, paused: bool) -> KubeRegistry {
+        KubeRegistry {
+            shard: ShardKey::new(ProviderId::Kubernetes, config.cluster_id.clone()),
             config: Arc::new(config),
-            shard,
             view: ArcSwap::default(),
-            pods: ArcSwap::default(),
-            proxy_ips: Mutex::default(),
+            pods: Arc::default(),
+            proxy_ips: Arc::default(),
+            sink,
             synced: AtomicBool::new(false),
             stale: Default::default(),
             epoch: Instant::now(),
             stats: Arc::default(),
             phase: watch::Sender::new(SyncPhase::Listing),
             hold: watch::Sender::new(paused),
-        });
-        let task = tokio::spawn(crate::writer::run(client, registry.clone(), sink, shutdown));
-        Ok((registry, task))
+        }
     }
 
     /// Start-up progress.
@@ -364,7 +373,8 @@ impl KubeRegistry {
     /// The config keys of the pods in `changes` a proxy may run as (one was looked up
     /// at their IPs), for a push; forgets the IPs no pod holds any more. Called by the
     /// writer after it published the pod view: a proxy looked up before that is in
-    /// the set, one looked up after sees the new pods.
+    /// the set; one looked up after sees the new pods, or, in a view frozen before
+    /// them, pushes the difference itself ([`FrozenWorkloads`]).
     pub(crate) fn pods_changed(&self, changes: &[PodChange]) -> Vec<ConfigKey> {
         if changes.is_empty() {
             return Vec::new();
@@ -396,6 +406,77 @@ impl KubeRegistry {
     pub(crate) fn set_stale(&self, kind: ResourceKind, stale: bool) {
         let value = if stale { self.now_millis() } else { 0 };
         self.stale[kind.index()].store(value, Ordering::Relaxed);
+    }
+}
+
+/// A Kubernetes registry's workloads frozen by [`ServiceRegistry::workloads`]: the
+/// service and pod views published at that moment (shared, never copied). A look-up
+/// finds the proxy's pod by IP among the frozen pods (reference §2.8; see
+/// `find_workload` for the rules); a proxy that names another cluster is not this
+/// registry's.
+///
+/// A look-up also keeps the race protection of `proxy_ips`: it records the proxy's
+/// IPs, so that a later pod change there is pushed by the writer (`pods_changed`). That
+/// alone no longer suffices with a frozen view: the writer may have published newer
+/// pods after the freeze but before the IPs were recorded; its `pods_changed` then
+/// found no proxy at them and pushed nothing, while this look-up answers from the older
+/// pods, and the proxy would keep them until some unrelated push. So, once the IPs are
+/// recorded, a look-up whose frozen pods are no longer the live ones (`Arc::ptr_eq`)
+/// asks the live pods too (with the frozen services: a service change has its own
+/// push); if they answer differently, it sends the push the writer would have sent,
+/// `PushRequest::full(TriggerReason::Proxy, ..)` naming the pod(s) as
+/// `ConfigKind::Workload` keys, into the writer's sink.
+///
+/// No change goes unpushed: the writer publishes pods (W1) before `pods_changed` takes
+/// the `proxy_ips` lock (W2); a look-up records its IPs under that lock (L1) before it
+/// loads the live pods (L2). If L1 precedes W2, the writer sees the IPs and pushes; if
+/// W2 precedes L1, then W1 precedes L2, the look-up sees the new pods and pushes. Both
+/// may push; pushes are merged by the debounce, so that costs little. The answer
+/// returned is always the frozen one.
+pub(crate) struct FrozenWorkloads {
+    config: Arc<KubeRegistryConfig>,
+    view: Arc<View>,
+    pods: Arc<PodView>,
+    // The registry's own (live) pod view, `proxy_ips` and sink.
+    live_pods: Arc<ArcSwap<PodView>>,
+    proxy_ips: Arc<Mutex<HashSet<IpAddr>>>,
+    sink: UpdateSink,
+}
+
+impl fmt::Debug for FrozenWorkloads {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FrozenWorkloads")
+            .field("cluster", &self.config.cluster_id)
+            .field("services", &self.view.services.len())
+            .finish()
+    }
+}
+
+impl WorkloadLookup for FrozenWorkloads {
+    fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+        if query.cluster.is_some_and(|c| *c != self.config.cluster_id) {
+            return None;
+        }
+        self.proxy_ips
+            .lock()
+            .expect("proxy ips poisoned")
+            .extend(query.ips.iter().copied());
+        let found = find_workload(&self.config, &self.view, &self.pods, query);
+        let live = self.live_pods.load();
+        if !Arc::ptr_eq(&live, &self.pods) {
+            let now = find_workload(&self.config, &self.view, &live, query);
+            if now != found {
+                let mut keys: Vec<ConfigKey> = [&found, &now]
+                    .into_iter()
+                    .flatten()
+                    .map(|w| ConfigKey::new(ConfigKind::Workload, &w.name, w.namespace.as_str()))
+                    .collect();
+                keys.dedup();
+                self.sink
+                    .push(PushRequest::full(TriggerReason::Proxy, keys));
+            }
+        }
+        found
     }
 }
 
@@ -497,19 +578,17 @@ impl ServiceRegistry for KubeRegistry {
         out
     }
 
-    /// The proxy's pod, found by IP among this cluster's pods (reference §2.8; see
-    /// `find_workload` for the rules). A proxy that names another cluster is not
-    /// this registry's. The proxy's IPs are remembered first, so that a pod change
-    /// racing with this look-up is pushed (see `proxy_ips`).
-    fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
-        if query.cluster.is_some_and(|c| *c != self.config.cluster_id) {
-            return None;
-        }
-        self.proxy_ips
-            .lock()
-            .expect("proxy ips poisoned")
-            .extend(query.ips.iter().copied());
-        find_workload(&self.config, &self.view.load(), &self.pods.load(), query)
+    /// The published services and pods as they are now (`FrozenWorkloads`): `Arc`
+    /// clones, no copying.
+    fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
+        Some(Arc::new(FrozenWorkloads {
+            config: self.config.clone(),
+            view: self.view.load_full(),
+            pods: self.pods.load_full(),
+            live_pods: self.pods.clone(),
+            proxy_ips: self.proxy_ips.clone(),
+            sink: self.sink.clone(),
+        }))
     }
 
     /// True while a watcher's last word was an error less than [`STALE_WINDOW`] ago. A
@@ -719,6 +798,13 @@ mod tests {
         task.abort();
     }
 
+    impl KubeRegistry {
+        /// The look-up the serving side makes: the workloads frozen now, asked once.
+        fn workload(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
+            self.workloads()?.find(query)
+        }
+    }
+
     fn query<'a>(
         ips: &'a [IpAddr],
         id: &'a str,
@@ -855,5 +941,132 @@ mod tests {
             .unwrap();
         assert_eq!(w.labels["app"], "b", "the look-up sees the pushed change");
         task.abort();
+    }
+
+    /// What the writer does with a batch of pod updates: flush, publish the views,
+    /// then ask `pods_changed` which pods to push (the writer sends those as
+    /// `PushRequest::full(TriggerReason::Proxy, keys)`; returned here instead).
+    fn publish(
+        registry: &KubeRegistry,
+        state: &mut crate::state::ClusterState,
+        pods: &[(&str, &str, &str)],
+    ) -> Vec<ConfigKey> {
+        for (name, app, ip) in pods {
+            let pod = crate::convert::convert_pod(&objects::pod("default", name, app, ip, "n1"));
+            state.apply(crate::state::Update::Pod(
+                crate::convert::ObjectKey::new("default", name),
+                pod.unwrap(),
+            ));
+        }
+        let flush = state.flush();
+        if let Some(view) = flush.view {
+            registry.view.store(view);
+        }
+        if let Some(pods) = flush.pods {
+            registry.pods.store(pods);
+        }
+        registry.pods_changed(&flush.changed_pods)
+    }
+
+    /// The Workload keys of the pushes sent to `events` so far (and asserts that every
+    /// push is a full `Proxy` push).
+    fn pushed_workloads(
+        events: &mut tokio::sync::mpsc::UnboundedReceiver<RegistryEvent>,
+    ) -> Vec<ConfigKey> {
+        let mut keys = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            let RegistryEvent::Push(r) = event else {
+                panic!("unexpected {event:?}");
+            };
+            assert!(r.full && r.reasons.contains_key(&TriggerReason::Proxy));
+            assert!(
+                r.configs_updated
+                    .iter()
+                    .all(|k| k.kind == ConfigKind::Workload)
+            );
+            keys.extend(r.configs_updated);
+        }
+        keys
+    }
+
+    /// The race frozen views add, built step by step (no writer task, no timing): a
+    /// snapshot freezes the pods; a pod changes and is published before any proxy was
+    /// looked up at its IP, so the writer pushes nothing; then a proxy at that IP is
+    /// looked up in the frozen view. The look-up must answer from the frozen pods (the
+    /// snapshot's) and push the pod, or the proxy would keep its old labels.
+    #[test]
+    fn a_look_up_in_a_frozen_view_pushes_a_pod_change_the_writer_could_not() {
+        let (sink, mut events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let registry = KubeRegistry::new(KubeRegistryConfig::new("c1"), sink, false);
+        let mut state = crate::state::ClusterState::new(registry.config.clone());
+        let p: IpAddr = "10.1.0.5".parse().unwrap();
+        let q: IpAddr = "10.1.0.6".parse().unwrap();
+        let p_key = ConfigKey::new(ConfigKind::Workload, "p", "default");
+        let labels = |w: Option<WorkloadInstance>| w.map(|w| w.labels["app"].clone());
+        assert_eq!(
+            publish(
+                &registry,
+                &mut state,
+                &[("p", "a", "10.1.0.5"), ("q", "a", "10.1.0.6")]
+            ),
+            vec![],
+            "no proxy looked up yet"
+        );
+
+        let frozen = registry.workloads().unwrap();
+        assert_eq!(
+            publish(&registry, &mut state, &[("p", "b", "10.1.0.5")]),
+            vec![],
+            "the writer knows no proxy at p's IP"
+        );
+        assert!(pushed_workloads(&mut events).is_empty());
+        assert_eq!(
+            labels(frozen.find(&query(&[p], "p.default", None))).as_deref(),
+            Some("a"),
+            "the frozen view answers as it was frozen"
+        );
+        assert_eq!(
+            pushed_workloads(&mut events),
+            vec![p_key.clone()],
+            "the look-up pushes the pod the writer did not"
+        );
+        assert_eq!(
+            labels(registry.workload(&query(&[p], "p.default", None))).as_deref(),
+            Some("b"),
+            "a view frozen now (the pushed snapshot's) has the change"
+        );
+        assert!(pushed_workloads(&mut events).is_empty());
+
+        // Another pod changes after a freeze: the frozen pods are stale, but p's answer
+        // is the same, so nothing is pushed.
+        let frozen = registry.workloads().unwrap();
+        assert_eq!(
+            publish(&registry, &mut state, &[("q", "b", "10.1.0.6")]),
+            vec![]
+        );
+        assert_eq!(
+            labels(frozen.find(&query(&[p], "p.default", None))).as_deref(),
+            Some("b")
+        );
+        assert!(pushed_workloads(&mut events).is_empty());
+        // A proxy of another cluster is not this registry's: no answer, no push, and
+        // its IP is not recorded.
+        assert!(
+            frozen
+                .find(&query(&[q], "q.default", Some(&"c2".into())))
+                .is_none()
+        );
+        assert!(pushed_workloads(&mut events).is_empty());
+        assert_eq!(
+            publish(&registry, &mut state, &[("q", "c", "10.1.0.6")]),
+            vec![]
+        );
+
+        // The IPs the frozen look-ups recorded keep the writer's own protection: the
+        // next change to p is the writer's push.
+        assert_eq!(
+            publish(&registry, &mut state, &[("p", "c", "10.1.0.5")]),
+            vec![p_key]
+        );
     }
 }
