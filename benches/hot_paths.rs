@@ -404,7 +404,7 @@ mod sidecar_config {
         let snapshot = mesh.fresh();
         let config = sidecar_config(&snapshot, &proxy, subs);
         let mut buf = Vec::new();
-        bencher.bench_local(|| encode(&snapshot.version(), &config, &mut buf));
+        bencher.bench_local(|| encode(snapshot.version(), &config, &mut buf));
     }
 
     /// The first sidecar of a push: cold generate, then encode.
@@ -416,7 +416,7 @@ mod sidecar_config {
             .with_inputs(|| mesh.fresh())
             .bench_local_refs(|snapshot| {
                 let config = sidecar_config(snapshot, &proxy, subs);
-                encode(&snapshot.version(), &config, &mut buf)
+                encode(snapshot.version(), &config, &mut buf)
             });
     }
 
@@ -436,7 +436,7 @@ mod sidecar_config {
             })
             .bench_local_refs(|snapshot| {
                 let config = sidecar_config(snapshot, &second, subs);
-                encode(&snapshot.version(), &config, &mut buf)
+                encode(snapshot.version(), &config, &mut buf)
             });
     }
 }

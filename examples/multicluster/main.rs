@@ -228,7 +228,7 @@ async fn main() -> anyhow::Result<()> {
     println!("registry {remote} synced; endpoints of both clusters merged under one service");
 
     let snapshot = server.server().snapshot().load();
-    let view = NetworkView::new(&snapshot.mesh().networks, &snapshot.gateways());
+    let view = NetworkView::new(&snapshot.mesh().networks, snapshot.gateways());
     println!("\nnetwork gateways (/debug/networkz):");
     for entry in view.entries() {
         let g = &entry.gateway;

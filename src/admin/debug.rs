@@ -214,7 +214,7 @@ fn registryz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         })
         .collect();
     Ok(json!({
-        "version": &*snapshot.version(),
+        "version": &**snapshot.version(),
         "registries": registries,
         "services": services,
         "conflicts": to_json(&snapshot.services().conflicts()),
@@ -290,15 +290,15 @@ fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
 fn networkz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let snapshot = state.pipeline.snapshot().load();
     let networks = &snapshot.mesh().networks;
-    let view = crate::networks::NetworkView::new(networks, &snapshot.gateways());
+    let view = crate::networks::NetworkView::new(networks, snapshot.gateways());
     let mut value = crate::networks::networkz(networks, &view);
-    value["version"] = json!(&*snapshot.version());
+    value["version"] = json!(&**snapshot.version());
     Ok(value)
 }
 
 fn cachez(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let snapshot = state.pipeline.snapshot().load();
-    Ok(json!({"version": &*snapshot.version(), "cache": to_json(&snapshot.cache().stats())}))
+    Ok(json!({"version": &**snapshot.version(), "cache": to_json(&snapshot.cache().stats())}))
 }
 
 /// Seconds since the epoch with millisecond precision (sortable, diffable).

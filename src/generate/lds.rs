@@ -422,8 +422,9 @@ fn pack<M: Message + Name>(m: &M) -> Any {
     }
 }
 
-/// The clusters a listener sends traffic to and the route tables it asks for (for
-/// consistency checks).
+#[cfg(any(test, feature = "testing"))]
+/// The clusters a listener sends traffic to and the route tables it asks for (a test
+/// oracle).
 pub fn references(listener: &Listener) -> (Vec<String>, Vec<String>) {
     let mut clusters = Vec::new();
     let mut routes = Vec::new();

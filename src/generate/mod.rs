@@ -16,6 +16,7 @@ pub mod instances;
 pub mod lds;
 pub mod policy;
 pub mod rds;
+#[cfg(any(test, feature = "testing"))]
 pub mod simulate;
 
 use std::collections::{BTreeSet, HashSet};

@@ -1700,7 +1700,8 @@ fn any<M: Message + Name>(message: &M) -> Any {
     }
 }
 
-/// Every cluster a route table refers to (used by consistency checks and tests).
+#[cfg(any(test, feature = "testing"))]
+/// Every cluster a route table refers to (a test oracle).
 pub fn referenced_clusters(config: &RouteConfiguration) -> Vec<String> {
     let mut out = Vec::new();
     for vh in &config.virtual_hosts {
