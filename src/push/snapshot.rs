@@ -102,12 +102,13 @@ impl ServiceIndex {
     }
 }
 
-/// Proxies' own workloads as snapshots see them. A proxy is looked up in the
-/// registries the first time a generator asks, and the answer is kept so that every
-/// resource of one push agrees. Endpoint-only snapshots share their predecessor's
-/// answers (endpoints do not change a proxy's pod); every other snapshot asks again,
-/// which is how a changed pod (its labels, the services selecting it) reaches its
-/// proxy: the registry pushes when a pod a proxy was looked up by changes.
+/// Proxies' own workloads as a snapshot sees them: looked up in the registries' views
+/// frozen when the snapshot was built ([`WorkloadSources`]), the first time a generator
+/// asks, and kept so that every resource of one push agrees. Endpoint-only snapshots
+/// share their predecessor's answers (endpoints do not change a proxy's pod); every
+/// other snapshot asks its own frozen views again, which is how a changed pod (its
+/// labels, the services selecting it) reaches its proxy: the registry pushes when a pod
+/// a proxy was looked up by changes.
 #[derive(Debug, Default)]
 pub struct ProxyWorkloads {
     sources: WorkloadSources,
