@@ -21,15 +21,15 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use meshfed::ads::node::Proxy;
 use meshfed::ads::wire::SotwResponse;
 use meshfed::generate::{GeneratorOptions, Scope, Subscription, generate, lds};
-use meshfed::load::lite::ClusterLite;
-use meshfed::load::registry::Registry as LoadRegistry;
-use meshfed::load::scenario::Scenario;
 use meshfed::mesh::{MeshSettings, default_mesh_config};
 use meshfed::push::config_index::{ConfigIndex, ConfigSet};
 use meshfed::push::snapshot::Snapshot;
 use meshfed::resource::{Resource, TypeUrl};
 use meshfed::testing::node_with;
 use meshfed_api::mesh::v1alpha1::MeshNetworks;
+use meshfed_load::lite::ClusterLite;
+use meshfed_load::registry::Registry as LoadRegistry;
+use meshfed_load::scenario::Scenario;
 use meshfed_registry::{
     Aggregate, EndpointIndex, MemoryRegistry, ProviderId, PushRequest, ServiceKey,
     ServiceWithEndpoints, TlsMode, TriggerReason, UpdateSink, parse_mock_registry,
