@@ -133,7 +133,8 @@ pub struct LoadArgs {
     #[arg(long = "mock-file")]
     pub mock_file: Option<PathBuf>,
     /// With --server: the config directory the server reads (`--configDir`); the
-    /// tool writes a VirtualService there for the scenario's config changes.
+    /// tool writes a VirtualService there for the scenario's config changes, and the
+    /// Sidecars of `sidecarScope: namespace` (needed then).
     #[arg(long = "config-dir")]
     pub config_dir: Option<PathBuf>,
     /// With --server: the server's process id, for its memory and CPU.
