@@ -3,13 +3,13 @@
 //! and shared with a second sidecar.
 //!
 //! ```text
-//! cargo bench --bench hot_paths [-- FILTER]
+//! cargo bench -p meshfed-load --bench hot_paths [-- FILTER]
 //! ```
 //!
 //! The mesh is the one `meshfed load` serves (1,000 services `svc-<j>.load-<ns>` over
 //! 10 namespaces, one HTTP port, 10 endpoints each), built by the load tool's own
 //! registry model and loaded through the mock-registry file parser. Results and the
-//! machine they were taken on are in `benches/README.md`.
+//! machine they were taken on are in `load/benches/README.md`.
 
 use std::collections::BTreeSet;
 use std::path::Path;

@@ -15,7 +15,9 @@
 //!    `meshfed discovery --mockRegistryFile FILE` on it (the `meshfed` binary found as
 //!    [`server_binary`] says, every port 0, addresses read from the file it writes
 //!    with `--readyFile`), or uses a running server that follows the file given with
-//!    `--mock-file`.
+//!    `--mock-file`. The config changes' VirtualService and the Sidecars of
+//!    `sidecarScope: namespace` go into the server's config directory (`--configDir`;
+//!    `--config-dir` for a running server).
 //! 2. Connects N simulated proxies at the ramp rate, each with its own ADS stream over
 //!    its own HTTP/2 connection (or over `connections` shared ones), node id
 //!    `sidecar~10.x.y.z~load-<i>.<ns>~<ns>.svc.cluster.local` and metadata `NAMESPACE`,
@@ -36,8 +38,9 @@
 //!    `load-change-<change number>`, which every proxy seeing `svc-0` finds in its
 //!    routes: a change that touches every sidecar. A change counts as observed by a
 //!    proxy when the proxy has sent the ACK of the response that carried it. Sidecars
-//!    watch every change; a proxyless client watches the endpoint and config changes
-//!    of its services (and no added or removed service).
+//!    watch every change (with `sidecarScope: namespace`, those of their namespace's
+//!    services); a proxyless client watches the endpoint and config changes of its
+//!    services (and no added or removed service).
 //! 5. Reports (a table on stdout, `--json FILE` for the same as JSON): time until every
 //!    proxy had its config, per proxy start -> complete; per kind of change, write ->
 //!    last watcher's ACK (p50/p90/p99/max over the changes) and write -> each
@@ -56,6 +59,9 @@
 //! proxies: 20                # simulated proxies
 //! mode: sidecar              # sidecar (Envoy) | grpc (proxyless, GENERATOR=grpc)
 //! grpcServicesPerClient: 10  # grpc mode: services each client watches
+//! sidecarScope: mesh         # mesh | namespace: one Sidecar per namespace (egress ./*)
+//!                            # in the server's config directory; sidecars import only
+//!                            # their namespace's services
 //! flavour: sotw              # sotw | delta
 //! ramp: 100                  # proxies connected per second (0 = all at once)
 //! connections: 0             # shared HTTP/2 connections (0 = one per proxy)
