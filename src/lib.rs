@@ -10,7 +10,6 @@ pub mod ads;
 pub mod app;
 pub mod drain;
 pub mod generate;
-pub mod load;
 pub mod logging;
 pub mod mesh;
 pub mod metrics;

@@ -1,7 +1,8 @@
 //! `meshfed`: the command line.
 
+use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -38,9 +39,66 @@ enum Command {
     /// Check Istio config files offline: every error with file:line, object, field and
     /// reason; exits non-zero when anything is invalid.
     Validate(ValidateArgs),
-    /// Load a server with simulated proxies and registry churn (see the README's
-    /// "Load testing").
-    Load(Box<meshfed::load::LoadArgs>),
+    /// Load a server with simulated proxies and registry churn: runs the separate
+    /// `meshfed-load` binary with these arguments (`meshfed load --help` shows its
+    /// flags; see the README's "Load testing").
+    #[command(disable_help_flag = true)]
+    Load(LoadArgs),
+}
+
+/// `meshfed load ARGS...`: everything goes to `meshfed-load` as given.
+#[derive(Args, Debug)]
+struct LoadArgs {
+    /// The load tool's arguments.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+    args: Vec<OsString>,
+}
+
+/// Runs `meshfed-load` from next to this executable, else from PATH, with `args`; on
+/// Unix it replaces this process (signals and the exit status are the tool's own).
+fn load(args: LoadArgs) -> anyhow::Result<std::process::ExitCode> {
+    let exe = std::env::current_exe().context("finding the meshfed binary")?;
+    let name = format!("meshfed-load{}", std::env::consts::EXE_SUFFIX);
+    let beside = exe.parent().map(|dir| dir.join(&name));
+    let tool = beside
+        .iter()
+        .cloned()
+        .chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+                .map(|dir| dir.join(&name)),
+        )
+        .find(|p| p.is_file());
+    let Some(tool) = tool else {
+        bail!(
+            "`meshfed load` runs the load tool, a separate binary, and there is no {name} in {} \
+             nor on PATH. Build it with `cargo build --release -p meshfed-load` (it lands next to \
+             meshfed, in target/release)",
+            beside.as_deref().and_then(Path::parent).map_or_else(
+                || "this binary's directory".into(),
+                |d| d.display().to_string()
+            )
+        );
+    };
+    let mut command = std::process::Command::new(&tool);
+    // Servers the tool starts run from this build.
+    command.args(&args.args).env("MESHFED_BINARY", &exe);
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::CommandExt as _;
+        let err = command.exec();
+        Err(anyhow::Error::new(err).context(format!("running {}", tool.display())))
+    }
+    #[cfg(not(unix))]
+    {
+        let status = command
+            .status()
+            .with_context(|| format!("running {}", tool.display()))?;
+        Ok(match status.code() {
+            Some(0) => std::process::ExitCode::SUCCESS,
+            Some(code) => std::process::ExitCode::from(u8::try_from(code).unwrap_or(1)),
+            None => std::process::ExitCode::FAILURE,
+        })
+    }
 }
 
 /// `meshfed validate -f FILE...` (directories are walked like --configDir; `-` reads
@@ -202,6 +260,40 @@ struct DiscoveryArgs {
     /// Log as JSON lines.
     #[arg(long = "log_as_json", default_value_t = false)]
     log_as_json: bool,
+    /// Once every listener is bound (when `meshfed discovery serving` is logged), write
+    /// the bound addresses to this file as JSON, atomically (a temporary file in the
+    /// same directory, then a rename): `{"grpcAddr": "127.0.0.1:15010", "httpAddr": ...,
+    /// "monitoringAddr": ..., "pid": N}`. For tools that start the server on port 0.
+    /// A file left by an earlier run is removed at start, and the file is removed on a
+    /// clean shutdown. `/ready` on httpAddr says when the registries have synced.
+    #[arg(long = "readyFile")]
+    ready_file: Option<PathBuf>,
+}
+
+/// Writes the `--readyFile` JSON for `bound` to `path` atomically.
+fn write_ready_file(path: &Path, bound: &meshfed::app::Bound) -> anyhow::Result<()> {
+    let json = serde_json::json!({
+        "grpcAddr": bound.grpc.to_string(),
+        "httpAddr": bound.http.to_string(),
+        "monitoringAddr": bound.monitoring.to_string(),
+        "pid": std::process::id(),
+    });
+    let name = path
+        .file_name()
+        .with_context(|| format!("--readyFile {}: not a file path", path.display()))?;
+    let mut tmp_name = OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".{}.tmp", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    std::fs::write(&tmp, format!("{json}\n"))
+        .with_context(|| format!("--readyFile: writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| {
+        format!(
+            "--readyFile: renaming {} to {}",
+            tmp.display(),
+            path.display()
+        )
+    })
 }
 
 fn parse_addr(s: &str) -> Result<SocketAddr, String> {
@@ -335,15 +427,31 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Discovery(args) => {
             let logs = meshfed::logging::init(&args.log_output_level, args.log_as_json)
                 .map_err(|e| anyhow::anyhow!("--log_output_level: {e}"))?;
+            let ready_file = args.ready_file.clone();
+            if let Some(path) = &ready_file {
+                match std::fs::remove_file(path) {
+                    Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(anyhow::Error::new(err)
+                            .context(format!("--readyFile: removing {}", path.display())));
+                    }
+                    _ => {}
+                }
+            }
             let mut config = args.into_config()?;
             config.log_control = Some(logs);
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(async {
                 let server = Server::start(config).await?;
+                if let Some(path) = &ready_file {
+                    write_ready_file(path, &server.bound())?;
+                }
                 server.run_until_signal().await;
+                if let Some(path) = &ready_file {
+                    let _ = std::fs::remove_file(path);
+                }
                 anyhow::Ok(std::process::ExitCode::SUCCESS)
             })
         }
-        Command::Load(args) => meshfed::load::run(*args).map(|()| std::process::ExitCode::SUCCESS),
+        Command::Load(args) => load(args),
     }
 }

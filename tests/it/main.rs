@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod cli;
 mod config;
 mod consul;
 mod delta;

@@ -3,7 +3,8 @@
 //! PATH`, with `--server-pid PID` for its memory and CPU).
 //!
 //! A spawned server listens on port 0 everywhere and logs JSON; the tool reads the
-//! addresses from its `meshfed discovery serving` line, waits until its `/ready`
+//! addresses from the file the server writes once it listens (`--readyFile`, JSON
+//! `{"grpcAddr", "httpAddr", "monitoringAddr", "pid"}`), waits until its `/ready`
 //! answers 200 (registries synced: before that, streams are refused), forwards its
 //! warnings and errors to stderr, and kills it when the run ends.
 
@@ -13,12 +14,45 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use tokio::sync::oneshot;
 
 /// How long a spawned server may take to start listening.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often the tool looks for the ready file of a server it started.
+const READY_FILE_POLL: Duration = Duration::from_millis(20);
+
+/// What `meshfed discovery --readyFile` writes once it listens.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadyFile {
+    /// The ADS address (`--grpcAddr`).
+    pub grpc_addr: SocketAddr,
+    /// The `/ready` and debug address (`--httpAddr`).
+    pub http_addr: SocketAddr,
+    /// The `/metrics` address (`--monitoringAddr`).
+    pub monitoring_addr: SocketAddr,
+    /// The server's process id.
+    pub pid: u32,
+}
+
+impl ReadyFile {
+    /// Reads the file; `None` while it does not exist yet.
+    pub fn read(path: &Path) -> anyhow::Result<Option<ReadyFile>> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(err) => {
+                return Err(anyhow::Error::new(err).context(format!("reading {}", path.display())));
+            }
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .with_context(|| format!("{}: not a ready file: {text:?}", path.display()))
+    }
+}
 
 /// Server log lines forwarded to stderr at most (warnings and errors).
 const FORWARDED_LINES: usize = 40;
@@ -52,11 +86,13 @@ impl ServerUnderLoad {
     }
 
     /// Starts `binary discovery` on `mock_file` (and `config_dir`, for config
-    /// changes), with `extra` flags after the tool's own, and waits until it listens.
+    /// changes and Sidecars), with `extra` flags after the tool's own, and waits until
+    /// it has written `ready_file` and its `/ready` answers 200.
     pub async fn spawn(
         binary: &Path,
         mock_file: &Path,
         config_dir: Option<&Path>,
+        ready_file: &Path,
         extra: &[String],
     ) -> anyhow::Result<ServerUnderLoad> {
         let mut command = Command::new(binary);
@@ -64,6 +100,8 @@ impl ServerUnderLoad {
             .arg("discovery")
             .arg("--mockRegistryFile")
             .arg(mock_file)
+            .arg("--readyFile")
+            .arg(ready_file)
             .args(["--grpcAddr", "127.0.0.1:0"])
             .args(["--httpAddr", "127.0.0.1:0"])
             .args(["--monitoringAddr", "127.0.0.1:0"])
@@ -86,24 +124,22 @@ impl ServerUnderLoad {
             .with_context(|| format!("starting {} discovery", binary.display()))?;
         let pid = child.id();
         let stdout = child.stdout.take().context("the server's stdout")?;
-        let (tx, rx) = oneshot::channel();
-        tokio::spawn(follow_log(stdout, tx));
-        let (grpc, http) = tokio::select! {
-            addr = rx => addr.context(
-                "the server exited before it listened (see its log above; config changes need \
-                 a server with --configDir)",
-            )?,
-            status = child.wait() => bail!("the server exited before it listened: {}", status?),
-            () = tokio::time::sleep(START_TIMEOUT) => {
-                bail!("the server did not log `meshfed discovery serving` within {START_TIMEOUT:?}")
-            }
+        tokio::spawn(follow_log(stdout));
+        let ready = tokio::select! {
+            ready = wait_ready_file(ready_file) => ready?,
+            status = child.wait() => bail!(
+                "the server exited before it listened: {} (see its log above; is {} a meshfed \
+                 build with --readyFile?)",
+                status?,
+                binary.display()
+            ),
         };
         tokio::select! {
-            ready = wait_ready(http) => ready?,
+            ready = wait_ready(ready.http_addr) => ready?,
             status = child.wait() => bail!("the server exited before it was ready: {}", status?),
         }
         Ok(ServerUnderLoad {
-            grpc,
+            grpc: ready.grpc_addr,
             pid,
             spawned: true,
             child: Some(child),
@@ -118,28 +154,34 @@ impl ServerUnderLoad {
     }
 }
 
-/// Reads the server's JSON log: sends the ADS address of the serving line, forwards
-/// warnings and errors, and keeps draining so the server never blocks on a full pipe.
-async fn follow_log(
-    stdout: tokio::process::ChildStdout,
-    tx: oneshot::Sender<(SocketAddr, SocketAddr)>,
-) {
+/// Waits until the server has written its ready file (polled: the server writes it
+/// once, by a rename, so it is either absent or complete).
+async fn wait_ready_file(path: &Path) -> anyhow::Result<ReadyFile> {
+    let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+    loop {
+        if let Some(ready) = ReadyFile::read(path)? {
+            return Ok(ready);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!(
+                "the server did not write its ready file {} within {START_TIMEOUT:?}",
+                path.display()
+            );
+        }
+        tokio::time::sleep(READY_FILE_POLL).await;
+    }
+}
+
+/// Reads the server's JSON log: forwards warnings and errors, and keeps draining so
+/// the server never blocks on a full pipe.
+async fn follow_log(stdout: tokio::process::ChildStdout) {
     let mut lines = BufReader::new(stdout).lines();
-    let mut tx = Some(tx);
     let mut forwarded = 0usize;
     while let Ok(Some(line)) = lines.next_line().await {
         let Ok(entry) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
         let fields = &entry["fields"];
-        let addr = |key: &str| fields[key].as_str().and_then(|a| a.parse().ok());
-        if fields["message"] == "meshfed discovery serving"
-            && let (Some(grpc), Some(http)) = (addr("grpc"), addr("http"))
-            && let Some(tx) = tx.take()
-        {
-            let _ = tx.send((grpc, http));
-            continue;
-        }
         let level = entry["level"].as_str().unwrap_or("");
         if matches!(level, "WARN" | "ERROR") {
             forwarded += 1;
@@ -183,7 +225,8 @@ async fn ready_status(http: SocketAddr) -> std::io::Result<u16> {
         .ok_or_else(|| std::io::Error::other(format!("not an HTTP answer: {line:?}")))
 }
 
-/// A fresh directory for the mock-registry file of a spawned server.
+/// A fresh directory for the mock-registry file, config directory and ready file of a
+/// spawned server.
 pub fn scratch_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("meshfed-load-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::procfs::{Machine, ProcessSample};
 use super::record::Percentiles;
-use super::scenario::Scenario;
+use super::scenario::{Scenario, SidecarScope};
 
 /// Everything a run measured.
 #[derive(Clone, Debug, Serialize)]
@@ -156,8 +156,18 @@ impl Summary {
         let s = &self.scenario;
         let _ = writeln!(
             out,
-            "\nmeshfed load: scenario {} ({} x {:?} {:?}, {} services x {} endpoints, {} namespaces)",
-            s.name, s.proxies, s.mode, s.flavour, s.services, s.endpoints_per_service, s.namespaces
+            "\nmeshfed load: scenario {} ({} x {:?} {:?}, {} services x {} endpoints, {} namespaces{})",
+            s.name,
+            s.proxies,
+            s.mode,
+            s.flavour,
+            s.services,
+            s.endpoints_per_service,
+            s.namespaces,
+            match s.sidecar_scope {
+                SidecarScope::Mesh => "",
+                SidecarScope::Namespace => ", sidecars scoped to their namespace",
+            }
         );
         let m = &self.machine;
         let _ = writeln!(

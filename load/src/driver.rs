@@ -5,12 +5,12 @@
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::sleep_until;
@@ -19,11 +19,11 @@ use super::client::{self, Connection, ProxyConfig};
 use super::plan::Plan;
 use super::procfs::{self, Machine, ProcessSample};
 use super::record::{Percentiles, Recorder};
-use super::registry::{ChangeKind, Registry, VIRTUAL_SERVICE_FILE, write_atomically};
+use super::registry::{ChangeKind, Registry, SIDECAR_FILE, VIRTUAL_SERVICE_FILE, write_atomically};
 use super::report::{
     Changes, Convergence, KindFigures, ProcessUsage, Received, ServerInfo, Summary,
 };
-use super::scenario::{Mode, Scenario};
+use super::scenario::{Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
 use crate::xds::TypeUrl;
 
@@ -43,7 +43,8 @@ pub enum Target {
         grpc: SocketAddr,
         /// The mock-registry file it follows (the tool rewrites it).
         mock_file: PathBuf,
-        /// The config directory it reads (`--configDir`), for config changes.
+        /// The config directory it reads (`--configDir`), for config changes and the
+        /// Sidecars of `sidecarScope: namespace`.
         config_dir: Option<PathBuf>,
         /// Its process, for memory and CPU.
         pid: Option<u32>,
@@ -70,6 +71,12 @@ const POLL: Duration = Duration::from_millis(5);
 /// is written: the push of the previous change has been delivered in full.
 pub const QUIET_BETWEEN_CHANGES: Duration = Duration::from_millis(300);
 
+/// A server the tool attaches to reads its config directory on its own time: after
+/// the tool (re)wrote the Sidecars there, how long it waits before the ramp so the
+/// proxies connect to a server that applies them (file watch 50 ms + debounce 100 ms
+/// by default, and the push of the change).
+const ATTACHED_CONFIG_SETTLE: Duration = Duration::from_secs(2);
+
 /// Runs the scenario and returns what was measured.
 pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     let scenario = &options.scenario;
@@ -86,19 +93,20 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     };
     procfs::ensure_open_files(needed as u64 + 256)?;
 
-    let config_changes = scenario.churn.config_changes > 0;
     let (files, scratch) = match &options.target {
         Target::Spawn { .. } => {
             let dir = server::scratch_dir()?;
             let config_dir = dir.join("config");
-            if config_changes {
+            if scenario.needs_config_dir() {
                 std::fs::create_dir_all(&config_dir)
                     .with_context(|| format!("creating {}", config_dir.display()))?;
             }
-            let files = Files {
-                mock_file: dir.join("registry.json"),
-                config_dir: config_changes.then_some(config_dir),
-            };
+            let files = Files::new(
+                scenario,
+                dir.join("registry.json"),
+                Some(config_dir),
+                Some(dir.join("server-ready.json")),
+            );
             (files, Some(dir))
         }
         Target::Attach {
@@ -106,17 +114,21 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
             config_dir,
             ..
         } => {
-            if config_changes && config_dir.is_none() {
+            if scenario.sidecar_scope != SidecarScope::Mesh && config_dir.is_none() {
+                bail!(
+                    "sidecarScope: {:?} needs the server's config directory (its --configDir) \
+                     given with --config-dir: the tool writes the Sidecars there",
+                    scenario.sidecar_scope
+                );
+            }
+            if scenario.churn.config_changes > 0 && config_dir.is_none() {
                 eprintln!(
                     "warning: the scenario's {} config changes are skipped: give the server's \
                      --configDir with --config-dir",
                     scenario.churn.config_changes
                 );
             }
-            let files = Files {
-                mock_file: mock_file.clone(),
-                config_dir: config_dir.clone().filter(|_| config_changes),
-            };
+            let files = Files::new(scenario, mock_file.clone(), config_dir.clone(), None);
             (files, None)
         }
     };
@@ -139,13 +151,36 @@ impl Drop for Scratch {
 struct Files {
     /// The mock registry.
     mock_file: PathBuf,
-    /// The config directory, when config changes are made.
+    /// The config directory, when the scenario needs one (config changes, Sidecars).
     config_dir: Option<PathBuf>,
+    /// The VirtualService of the config changes, when there are some.
+    virtual_service: Option<PathBuf>,
+    /// The Sidecars, with `sidecarScope: namespace`.
+    sidecars: Option<PathBuf>,
+    /// Where a spawned server writes its addresses (`--readyFile`).
+    ready_file: Option<PathBuf>,
 }
 
 impl Files {
-    fn virtual_service(&self) -> Option<PathBuf> {
-        Some(self.config_dir.as_ref()?.join(VIRTUAL_SERVICE_FILE))
+    fn new(
+        scenario: &Scenario,
+        mock_file: PathBuf,
+        config_dir: Option<PathBuf>,
+        ready_file: Option<PathBuf>,
+    ) -> Files {
+        let config_dir = config_dir.filter(|_| scenario.needs_config_dir());
+        let in_config_dir =
+            |wanted: bool, name: &str| Some(config_dir.as_ref()?.join(name)).filter(|_| wanted);
+        Files {
+            virtual_service: in_config_dir(scenario.churn.config_changes > 0, VIRTUAL_SERVICE_FILE),
+            sidecars: in_config_dir(
+                scenario.sidecar_scope == SidecarScope::Namespace,
+                SIDECAR_FILE,
+            ),
+            config_dir,
+            mock_file,
+            ready_file,
+        }
     }
 }
 
@@ -157,17 +192,30 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
     registry
         .write(&files.mock_file)
         .context("writing the initial mock registry")?;
-    if let Some(path) = files.virtual_service() {
-        write_atomically(&path, registry.virtual_service(None).as_bytes())
+    if let Some(path) = &files.virtual_service {
+        write_atomically(path, registry.virtual_service(None).as_bytes())
             .context("writing the initial VirtualService")?;
+    }
+    let mut sidecars_changed = false;
+    if let Some(path) = &files.sidecars {
+        let text = registry.sidecars();
+        if std::fs::read_to_string(path).ok().as_deref() != Some(&*text) {
+            write_atomically(path, text.as_bytes()).context("writing the Sidecars")?;
+            sidecars_changed = true;
+        }
     }
 
     let server = match &options.target {
         Target::Spawn { binary, extra_args } => {
+            let ready_file = files
+                .ready_file
+                .as_deref()
+                .context("a spawned server's ready file")?;
             ServerUnderLoad::spawn(
                 binary,
                 &files.mock_file,
                 files.config_dir.as_deref(),
+                ready_file,
                 extra_args,
             )
             .await?
@@ -181,6 +229,14 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
                     "warning: the server (pid {pid}) may open only {soft} files, fewer than the {} proxies need",
                     scenario.proxies
                 );
+            }
+            if sidecars_changed {
+                eprintln!(
+                    "wrote the Sidecars to {}; waiting {ATTACHED_CONFIG_SETTLE:?} for the server \
+                     to apply them",
+                    files.sidecars.as_deref().unwrap_or(Path::new("")).display()
+                );
+                tokio::time::sleep(ATTACHED_CONFIG_SETTLE).await;
             }
             ServerUnderLoad::attach(*grpc, *pid)?
         }
@@ -254,7 +310,11 @@ async fn load(
     files: &Files,
 ) -> anyhow::Result<Summary> {
     let scenario = &options.scenario;
-    let recorder = Arc::new(Recorder::new(kinds.len(), plan.service_count()));
+    let recorder = Arc::new(Recorder::new(
+        kinds.len(),
+        plan.service_count(),
+        plan.namespaces,
+    ));
     let sample = |when: &str| -> Option<ProcessSample> {
         let pid = server.pid?;
         match procfs::sample(Some(pid)) {
@@ -351,7 +411,7 @@ async fn load(
         let applied = registry.apply(index, *kind);
         debug_assert_eq!(applied, plan.changes[index], "the plan is the run");
         let (path, text) = if *kind == ChangeKind::Config {
-            let Some(path) = files.virtual_service() else {
+            let Some(path) = files.virtual_service.clone() else {
                 recorder.change_skipped(index);
                 continue;
             };
@@ -360,6 +420,11 @@ async fn load(
             (files.mock_file.clone(), registry.render())
         };
         let watchers = match (plan.mode, kind, applied.service) {
+            // Scoped sidecars see the services (and the VirtualServices) of their own
+            // namespace only.
+            (Mode::Sidecar, _, Some(s)) if plan.sidecar_scope == SidecarScope::Namespace => {
+                recorder.namespace_watchers[plan.service_namespace(s)].load(Ordering::SeqCst)
+            }
             (Mode::Sidecar, _, _) => recorder.live_converged.load(Ordering::SeqCst),
             // Proxyless clients watch no added or removed service.
             (Mode::Grpc, ChangeKind::ServiceAdd | ChangeKind::ServiceRemove, _) => 0,
@@ -517,18 +582,28 @@ fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::scenario::{Churn, Flavour};
-    use crate::testing::FakeServer;
+    use crate::scenario::{Churn, Flavour};
+    use meshfed::testing::FakeServer;
 
     /// A tiny scenario against an in-process server following a mock-registry file
-    /// (and a config directory, with `config`).
+    /// (and a config directory, with `config` or Sidecars).
     async fn tiny(mode: Mode, flavour: Flavour, config: bool) -> Summary {
+        tiny_scoped(mode, flavour, config, SidecarScope::Mesh).await
+    }
+
+    async fn tiny_scoped(
+        mode: Mode,
+        flavour: Flavour,
+        config: bool,
+        sidecar_scope: SidecarScope,
+    ) -> Summary {
+        let with_config_dir = config || sidecar_scope != SidecarScope::Mesh;
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("registry.yaml");
         std::fs::write(&file, "services: []\n").unwrap();
         let config_dir = dir.path().join("config");
         std::fs::create_dir(&config_dir).unwrap();
-        let server_config_dir = config.then(|| config_dir.clone());
+        let server_config_dir = with_config_dir.then(|| config_dir.clone());
         let server = FakeServer::builder()
             .mock_registry_file(&file)
             .configure(|c| c.config_dir = server_config_dir)
@@ -543,6 +618,7 @@ mod tests {
             proxies: 6,
             mode,
             grpc_services_per_client: 2,
+            sidecar_scope,
             flavour,
             ramp: 0.0,
             connections: if flavour == Flavour::Delta { 2 } else { 0 },
@@ -562,7 +638,7 @@ mod tests {
             target: Target::Attach {
                 grpc: server.grpc_addr(),
                 mock_file: file,
-                config_dir: config.then_some(config_dir),
+                config_dir: with_config_dir.then_some(config_dir),
                 pid: None,
             },
             cluster_id: "Kubernetes".into(),
@@ -633,5 +709,32 @@ mod tests {
         let config = &summary.changes.by_kind["config"];
         assert_eq!((config.written, config.complete), (1, 1), "{report}");
         assert_eq!(config.mean_watchers, 6.0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn namespace_scoped_sidecars_watch_their_namespace() {
+        // 6 sidecars over 2 namespaces, each scoped to its own by a Sidecar: every
+        // change (to a service, or the VirtualService of svc-0 in load-0) is watched
+        // by the 3 sidecars of one namespace.
+        let summary =
+            tiny_scoped(Mode::Sidecar, Flavour::Sotw, true, SidecarScope::Namespace).await;
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert_eq!(summary.convergence.converged, 6, "{report}");
+        let changes = &summary.changes;
+        assert_eq!(
+            (changes.planned, changes.written, changes.skipped),
+            (7, 7, 0),
+            "{report}"
+        );
+        assert_eq!(changes.complete, 7, "{report}");
+        for kind in ["endpoint", "service_add", "service_remove", "config"] {
+            let k = &changes.by_kind[kind];
+            assert_eq!(k.written, k.complete, "{kind}: {report}");
+            assert_eq!(k.mean_watchers, 3.0, "{kind}: {report}");
+        }
+        // Converged means each sidecar held the clusters of its namespace's 2 services
+        // and none of the other namespace's (`ProxyState::gap`).
+        assert_eq!(summary.nacks, 0, "{report}");
     }
 }

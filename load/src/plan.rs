@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::registry::{Applied, ChangeKind, Registry};
-use super::scenario::{Mode, Scenario};
+use super::scenario::{Mode, Scenario, SidecarScope};
 
 /// A resource name the plan knows: shared text and the service it belongs to.
 #[derive(Clone, Debug)]
@@ -21,6 +21,8 @@ struct Known {
 pub struct Plan {
     /// Sidecar or proxyless.
     pub mode: Mode,
+    /// What each sidecar imports: the whole mesh or its namespace.
+    pub sidecar_scope: SidecarScope,
     /// Namespaces proxies are spread over.
     pub namespaces: usize,
     /// Endpoints every service has (the consistency check of an initial config).
@@ -39,6 +41,10 @@ pub struct Plan {
     listener_names: Vec<Arc<str>>,
     /// Whether each service is present before the churn.
     initially_present: Vec<bool>,
+    /// Namespace number of each service.
+    service_namespaces: Vec<usize>,
+    /// Per namespace: its services present before the churn.
+    initial_per_namespace: Vec<usize>,
     /// Services proxyless clients may watch.
     watchable: Vec<usize>,
     /// Per service: the endpoint changes that touch it, ascending.
@@ -97,8 +103,16 @@ impl Plan {
         let initially_present: Vec<bool> = (0..count)
             .map(|s| s < registry.service_count() && registry.is_present(s))
             .collect();
+        let service_namespaces: Vec<usize> = (0..count).map(|s| dry.namespace_of(s)).collect();
+        let mut initial_per_namespace = vec![0; scenario.namespaces];
+        for (s, present) in initially_present.iter().enumerate() {
+            if *present {
+                initial_per_namespace[service_namespaces[s]] += 1;
+            }
+        }
         Plan {
             mode: scenario.mode,
+            sidecar_scope: scenario.sidecar_scope,
             namespaces: scenario.namespaces,
             endpoints_per_service: scenario.endpoints_per_service,
             grpc_services_per_client: scenario.grpc_services_per_client,
@@ -110,6 +124,8 @@ impl Plan {
                 .collect(),
             cluster_names,
             initially_present,
+            service_namespaces,
+            initial_per_namespace,
             watchable: registry.watchable(),
             endpoint_changes,
             added_by,
@@ -149,6 +165,33 @@ impl Plan {
     /// Whether the service is present before the churn.
     pub fn initially_present(&self, service: usize) -> bool {
         self.initially_present[service]
+    }
+
+    /// Namespace number of proxy `proxy` (`load-<n>`).
+    pub fn proxy_namespace(&self, proxy: usize) -> usize {
+        proxy % self.namespaces
+    }
+
+    /// Namespace number of `service`.
+    pub fn service_namespace(&self, service: usize) -> usize {
+        self.service_namespaces[service]
+    }
+
+    /// Whether a sidecar in namespace `proxy_ns` imports `service` (its Sidecar scope).
+    pub fn sidecar_sees(&self, proxy_ns: usize, service: usize) -> bool {
+        match self.sidecar_scope {
+            SidecarScope::Mesh => true,
+            SidecarScope::Namespace => self.service_namespaces[service] == proxy_ns,
+        }
+    }
+
+    /// The services present before the churn that a sidecar in namespace `proxy_ns`
+    /// imports.
+    pub fn sidecar_initial_services(&self, proxy_ns: usize) -> usize {
+        match self.sidecar_scope {
+            SidecarScope::Mesh => self.initial_services,
+            SidecarScope::Namespace => self.initial_per_namespace[proxy_ns],
+        }
     }
 
     /// The services proxyless client `proxy` watches: a window of the watchable
@@ -209,7 +252,7 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::scenario::Churn;
+    use crate::scenario::Churn;
 
     #[test]
     fn knows_every_change_and_name() {
@@ -254,5 +297,38 @@ mod tests {
             .map(|s| plan.endpoint_changes_between(s, None, u32::MAX).count())
             .sum();
         assert_eq!(total, 5);
+        // Without Sidecars every sidecar sees every service.
+        assert!(plan.sidecar_sees(1, 0));
+        assert_eq!(plan.sidecar_initial_services(1), 6);
+    }
+
+    #[test]
+    fn namespace_scope_limits_sidecars_to_their_namespace() {
+        let scenario = Scenario {
+            services: 7,
+            namespaces: 3,
+            sidecar_scope: SidecarScope::Namespace,
+            churn: Churn {
+                rate: 1.0,
+                service_adds: 2,
+                ..Churn::default()
+            },
+            ..Scenario::default()
+        };
+        let mut registry = Registry::new(&scenario);
+        let kinds = registry.plan(&scenario);
+        let plan = Plan::new(&scenario, &registry, &kinds);
+        // svc-0, 3, 6 in load-0; 1, 4 in load-1; 2, 5 in load-2; then svc-add-0 and
+        // svc-add-1 in load-0 and load-1.
+        assert_eq!(
+            (0..3)
+                .map(|ns| plan.sidecar_initial_services(ns))
+                .collect::<Vec<_>>(),
+            vec![3, 2, 2]
+        );
+        assert_eq!(plan.proxy_namespace(4), 1);
+        assert!(plan.sidecar_sees(1, 4) && !plan.sidecar_sees(1, 3));
+        assert_eq!(plan.service_namespace(7), 0);
+        assert_eq!(plan.service_namespace(8), 1);
     }
 }

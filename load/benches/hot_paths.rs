@@ -3,13 +3,13 @@
 //! and shared with a second sidecar.
 //!
 //! ```text
-//! cargo bench --bench hot_paths [-- FILTER]
+//! cargo bench -p meshfed-load --bench hot_paths [-- FILTER]
 //! ```
 //!
 //! The mesh is the one `meshfed load` serves (1,000 services `svc-<j>.load-<ns>` over
 //! 10 namespaces, one HTTP port, 10 endpoints each), built by the load tool's own
 //! registry model and loaded through the mock-registry file parser. Results and the
-//! machine they were taken on are in `benches/README.md`.
+//! machine they were taken on are in `load/benches/README.md`.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -19,9 +19,6 @@ use divan::Bencher;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use meshfed::generate::{GeneratorOptions, Scope, Subscription, generate, lds};
-use meshfed::load::lite::ClusterLite;
-use meshfed::load::registry::Registry as LoadRegistry;
-use meshfed::load::scenario::Scenario;
 use meshfed::mesh::{MeshSettings, default_mesh_config};
 use meshfed::model::proxy::Proxy;
 use meshfed::push::config_index::{ConfigIndex, ConfigSet};
@@ -31,6 +28,9 @@ use meshfed::xds::deps::PushScope;
 use meshfed::xds::wire::SotwResponse;
 use meshfed::xds::{Resource, TypeUrl};
 use meshfed_api::mesh::v1alpha1::MeshNetworks;
+use meshfed_load::lite::ClusterLite;
+use meshfed_load::registry::Registry as LoadRegistry;
+use meshfed_load::scenario::Scenario;
 use meshfed_registry::{
     Aggregate, EndpointIndex, MemoryRegistry, ProviderId, PushRequest, ServiceKey,
     ServiceWithEndpoints, TlsMode, TriggerReason, UpdateSink, parse_mock_registry,

@@ -30,6 +30,10 @@ pub const ROUTE_MARKER: &str = "load-change-";
 /// The file config changes rewrite in the server's config directory.
 pub const VIRTUAL_SERVICE_FILE: &str = "load-virtual-service.yaml";
 
+/// The file of the namespaces' Sidecars (`sidecarScope: namespace`) in the server's
+/// config directory.
+pub const SIDECAR_FILE: &str = "load-sidecars.yaml";
+
 /// One kind of change.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Hash, PartialOrd, Ord)]
 #[serde(rename_all = "snake_case")]
@@ -77,6 +81,8 @@ pub struct Applied {
 #[derive(Clone, Debug)]
 struct ServiceModel {
     host: String,
+    /// Namespace number (`load-<n>`).
+    ns: usize,
     namespace: String,
     vip: Ipv4Addr,
     endpoints: Vec<(Ipv4Addr, u16)>,
@@ -149,6 +155,7 @@ impl Registry {
         let vip_offset = u32::try_from(index).unwrap_or(u32::MAX) + 1;
         self.services.push(ServiceModel {
             host,
+            ns: namespace,
             namespace: namespace_name(namespace),
             vip: Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 0)).wrapping_add(vip_offset)),
             endpoints,
@@ -186,6 +193,11 @@ impl Registry {
     /// The service's hostname.
     pub fn host(&self, service: usize) -> &str {
         &self.services[service].host
+    }
+
+    /// The service's namespace number (`load-<n>`).
+    pub fn namespace_of(&self, service: usize) -> usize {
+        self.services[service].ns
     }
 
     /// The CDS (and EDS) name of the service's port, as Istio names it.
@@ -352,6 +364,27 @@ impl Registry {
         )
     }
 
+    /// The Sidecars of `sidecarScope: namespace` (an Istio config file): one per
+    /// namespace, named `default`, importing only the namespace's own services.
+    pub fn sidecars(&self) -> String {
+        let mut out = String::from(
+            "# Written by `meshfed load` (sidecarScope: namespace): each sidecar imports only\n\
+             # its own namespace's services.\n",
+        );
+        for ns in 0..self.namespaces {
+            let _ = write!(
+                out,
+                "---\n\
+                 apiVersion: networking.istio.io/v1\n\
+                 kind: Sidecar\n\
+                 metadata:\n  name: default\n  namespace: {}\n\
+                 spec:\n  egress:\n  - hosts: [\"./*\"]\n",
+                namespace_name(ns)
+            );
+        }
+        out
+    }
+
     /// Writes the file to `path` atomically: a temporary file in the same directory,
     /// then a rename over `path`.
     pub fn write(&self, path: &Path) -> anyhow::Result<()> {
@@ -417,7 +450,7 @@ mod tests {
     use meshfed_registry::mock_file::parse_mock_registry;
 
     use super::*;
-    use crate::load::scenario::Churn;
+    use crate::scenario::Churn;
 
     fn scenario() -> Scenario {
         Scenario {
@@ -537,6 +570,36 @@ mod tests {
             v["spec"]["http"][0]["route"][0]["destination"]["port"]["number"],
             8080
         );
+    }
+
+    #[test]
+    fn sidecars_scope_each_namespace_to_itself() {
+        let registry = Registry::new(&scenario());
+        assert_eq!(registry.namespace_of(1), 1);
+        assert_eq!(registry.namespace_of(2), 0);
+        let text = registry.sidecars();
+        let docs: Vec<serde_json::Value> = text
+            .split("\n---\n")
+            .skip(1)
+            .map(|doc| serde_norway::from_str(doc).unwrap())
+            .collect();
+        assert_eq!(docs.len(), 2, "one per namespace: {text}");
+        for (ns, doc) in docs.iter().enumerate() {
+            assert_eq!(doc["apiVersion"], "networking.istio.io/v1");
+            assert_eq!(doc["kind"], "Sidecar");
+            assert_eq!(doc["metadata"]["namespace"], format!("load-{ns}"));
+            assert_eq!(
+                doc["spec"]["egress"],
+                serde_json::json!([{"hosts": ["./*"]}])
+            );
+        }
+        // The server's own config parser (what `meshfed validate` runs) takes them.
+        let report = meshfed_registry::config::validate_text(Path::new(SIDECAR_FILE), &text);
+        assert!(
+            report.errors.is_empty() && report.warnings.is_empty(),
+            "{report:?}"
+        );
+        assert_eq!(report.objects.len(), 2, "{report:?}");
     }
 
     #[test]

@@ -22,7 +22,7 @@ use super::proxy::{Outgoing, ProxyState, SotwOut, Step};
 use super::record::Recorder;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
-use crate::model::proxy::json_to_struct;
+use crate::xds::json_to_struct;
 
 /// Everything a simulated proxy needs.
 #[derive(Clone, Debug)]
@@ -89,12 +89,14 @@ pub fn node(index: usize, mode: Mode, namespaces: usize, cluster_id: &str) -> No
 /// stream ends (also when the task is aborted).
 struct Watching<'a> {
     recorder: &'a Recorder,
+    namespace: usize,
     services: Vec<usize>,
 }
 
 impl Drop for Watching<'_> {
     fn drop(&mut self) {
         self.recorder.live_converged.fetch_sub(1, Ordering::SeqCst);
+        self.recorder.namespace_watchers[self.namespace].fetch_sub(1, Ordering::SeqCst);
         for s in &self.services {
             self.recorder.service_watchers[*s].fetch_sub(1, Ordering::SeqCst);
         }
@@ -303,11 +305,13 @@ async fn stream<F: Flow>(
                 }
             }
             recorder.live_converged.fetch_add(1, Ordering::SeqCst);
+            recorder.namespace_watchers[state.namespace()].fetch_add(1, Ordering::SeqCst);
             for s in state.watched() {
                 recorder.service_watchers[*s].fetch_add(1, Ordering::SeqCst);
             }
             watching = Some(Watching {
                 recorder: &recorder,
+                namespace: state.namespace(),
                 services: state.watched().to_vec(),
             });
         }

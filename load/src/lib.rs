@@ -1,17 +1,23 @@
-//! `meshfed load`: simulated proxies against a real server, with changes made through
-//! a registry the server really reads, measured on the client side.
+//! `meshfed-load` (also run as `meshfed load`): simulated proxies against a real
+//! server, with changes made through a registry the server really reads, measured on
+//! the client side. Its own crate and binary: the server does not ship it, and it
+//! talks to the server only over ADS, HTTP (`/ready`) and the files the server follows.
 //!
 //! ```text
-//! meshfed load --scenario examples/scenarios/smoke.yaml [--proxies N] [--flavour sotw|delta]
-//!              [--server ADDR --mock-file PATH [--server-pid PID]] [--json FILE]
+//! meshfed-load --scenario examples/scenarios/smoke.yaml [--proxies N] [--flavour sotw|delta]
+//!              [--server ADDR --mock-file PATH [--config-dir DIR] [--server-pid PID]]
+//!              [--server-binary PATH] [--json FILE]
 //! ```
 //!
 //! # What a run does
 //!
 //! 1. Writes the scenario's services to a mock-registry YAML file and starts
-//!    `meshfed discovery --mockRegistryFile FILE` on it (this same binary, every port
-//!    0, addresses read from its `meshfed discovery serving` log line), or uses a
-//!    running server that follows the file given with `--mock-file`.
+//!    `meshfed discovery --mockRegistryFile FILE` on it (the `meshfed` binary found as
+//!    [`server_binary`] says, every port 0, addresses read from the file it writes
+//!    with `--readyFile`), or uses a running server that follows the file given with
+//!    `--mock-file`. The config changes' VirtualService and the Sidecars of
+//!    `sidecarScope: namespace` go into the server's config directory (`--configDir`;
+//!    `--config-dir` for a running server).
 //! 2. Connects N simulated proxies at the ramp rate, each with its own ADS stream over
 //!    its own HTTP/2 connection (or over `connections` shared ones), node id
 //!    `sidecar~10.x.y.z~load-<i>.<ns>~<ns>.svc.cluster.local` and metadata `NAMESPACE`,
@@ -32,8 +38,9 @@
 //!    `load-change-<change number>`, which every proxy seeing `svc-0` finds in its
 //!    routes: a change that touches every sidecar. A change counts as observed by a
 //!    proxy when the proxy has sent the ACK of the response that carried it. Sidecars
-//!    watch every change; a proxyless client watches the endpoint and config changes
-//!    of its services (and no added or removed service).
+//!    watch every change (with `sidecarScope: namespace`, those of their namespace's
+//!    services); a proxyless client watches the endpoint and config changes of its
+//!    services (and no added or removed service).
 //! 5. Reports (a table on stdout, `--json FILE` for the same as JSON): time until every
 //!    proxy had its config, per proxy start -> complete; per kind of change, write ->
 //!    last watcher's ACK (p50/p90/p99/max over the changes) and write -> each
@@ -52,6 +59,9 @@
 //! proxies: 20                # simulated proxies
 //! mode: sidecar              # sidecar (Envoy) | grpc (proxyless, GENERATOR=grpc)
 //! grpcServicesPerClient: 10  # grpc mode: services each client watches
+//! sidecarScope: mesh         # mesh | namespace: one Sidecar per namespace (egress ./*)
+//!                            # in the server's config directory; sidecars import only
+//!                            # their namespace's services
 //! flavour: sotw              # sotw | delta
 //! ramp: 100                  # proxies connected per second (0 = all at once)
 //! connections: 0             # shared HTTP/2 connections (0 = one per proxy)
@@ -88,9 +98,10 @@ pub mod registry;
 pub mod report;
 pub mod scenario;
 pub mod server;
+pub mod xds;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -98,7 +109,7 @@ use clap::Args;
 use driver::{RunOptions, Target};
 use scenario::{Flavour, Mode, Scenario};
 
-/// `meshfed load` flags; the scenario file holds the rest (see the module docs).
+/// `meshfed-load` flags; the scenario file holds the rest (see the module docs).
 #[derive(Args, Debug, Clone)]
 pub struct LoadArgs {
     /// Scenario YAML (examples/scenarios/*.yaml).
@@ -128,12 +139,17 @@ pub struct LoadArgs {
     #[arg(long = "mock-file")]
     pub mock_file: Option<PathBuf>,
     /// With --server: the config directory the server reads (`--configDir`); the
-    /// tool writes a VirtualService there for the scenario's config changes.
+    /// tool writes a VirtualService there for the scenario's config changes, and the
+    /// Sidecars of `sidecarScope: namespace` (needed then).
     #[arg(long = "config-dir")]
     pub config_dir: Option<PathBuf>,
     /// With --server: the server's process id, for its memory and CPU.
     #[arg(long = "server-pid")]
     pub server_pid: Option<u32>,
+    /// The `meshfed` binary to start the server from (default: `$MESHFED_BINARY`, set
+    /// by `meshfed load`, else `meshfed` next to this binary, else on PATH).
+    #[arg(long = "server-binary")]
+    pub server_binary: Option<PathBuf>,
     /// An extra flag for the server the tool starts (repeatable), e.g.
     /// `--server-arg=--debounceAfter=50ms`.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
@@ -186,7 +202,7 @@ impl LoadArgs {
                     );
                 }
                 Target::Spawn {
-                    binary: std::env::current_exe().context("finding the meshfed binary")?,
+                    binary: server_binary(self.server_binary.as_deref())?,
                     extra_args: self.server_args.clone(),
                 }
             }
@@ -196,8 +212,13 @@ impl LoadArgs {
             ),
             (None, Some(_)) => bail!("--mock-file goes with --server"),
         };
-        if !self.server_args.is_empty() && matches!(target, Target::Attach { .. }) {
-            bail!("--server-arg is for a server the tool starts, not one given with --server");
+        if (!self.server_args.is_empty() || self.server_binary.is_some())
+            && matches!(target, Target::Attach { .. })
+        {
+            bail!(
+                "--server-arg and --server-binary are for a server the tool starts, not one \
+                 given with --server"
+            );
         }
         Ok(RunOptions {
             scenario,
@@ -206,6 +227,39 @@ impl LoadArgs {
             progress: !self.quiet,
         })
     }
+}
+
+/// The environment variable `meshfed load` sets to its own path, so the load tool it
+/// runs starts servers from the same build.
+pub const MESHFED_BINARY_ENV: &str = "MESHFED_BINARY";
+
+/// The `meshfed` binary a spawned server runs: `flag` (`--server-binary`), else
+/// `$MESHFED_BINARY`, else `meshfed` in this executable's directory, else the first
+/// `meshfed` on PATH.
+pub fn server_binary(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = flag {
+        return Ok(path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os(MESHFED_BINARY_ENV).filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(path));
+    }
+    let name = format!("meshfed{}", std::env::consts::EXE_SUFFIX);
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join(&name)))
+        .filter(|p| p.is_file());
+    let on_path = || {
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+            .map(|dir| dir.join(&name))
+            .find(|p| p.is_file())
+    };
+    beside.or_else(on_path).with_context(|| {
+        format!(
+            "no `{name}` binary next to this one nor on PATH to start the server from: build \
+             it with `cargo build --release` (it lands next to meshfed-load in target/release), \
+             give --server-binary PATH, or load a running server with --server"
+        )
+    })
 }
 
 /// Waits for Ctrl-C or SIGTERM and names it.
@@ -224,7 +278,7 @@ async fn interrupted() -> &'static str {
     "Ctrl-C"
 }
 
-/// `meshfed load`: runs the scenario, prints the report, writes `--json`, and fails
+/// `meshfed-load`: runs the scenario, prints the report, writes `--json`, and fails
 /// when a proxy never converged or a change did not reach every watcher.
 pub fn run(args: LoadArgs) -> anyhow::Result<()> {
     let options = args.options()?;

@@ -29,6 +29,7 @@ use super::lite::{
     SotwResponseLite, route_name_and_marker,
 };
 use super::plan::Plan;
+use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
 use crate::xds::TypeUrl;
 
@@ -182,6 +183,8 @@ enum Decoded {
 pub struct ProxyState {
     plan: Arc<Plan>,
     flavour: Flavour,
+    /// Its namespace number (`load-<n>`).
+    namespace: usize,
     /// Proxyless: the services watched.
     watched: Vec<usize>,
     clusters: HashMap<Arc<str>, Option<Arc<str>>>,
@@ -206,6 +209,7 @@ impl ProxyState {
         };
         let words = plan.changes.len().div_ceil(64);
         ProxyState {
+            namespace: plan.proxy_namespace(index),
             plan,
             flavour,
             watched,
@@ -218,6 +222,11 @@ impl ProxyState {
             config_seen: None,
             observed: vec![0; words],
         }
+    }
+
+    /// Its namespace number (`load-<n>`).
+    pub fn namespace(&self) -> usize {
+        self.namespace
     }
 
     /// The services a proxyless client watches (empty for sidecars).
@@ -670,8 +679,10 @@ impl ProxyState {
     }
 
     /// Why the config is not complete yet; `None` once it is. With `consistent`, the
-    /// config must also match the registry the run started with: every service's
-    /// cluster (sidecars) and every endpoint of each watched service's assignment.
+    /// config must also match the registry the run started with: the cluster of every
+    /// service the sidecar imports (all, or its namespace's with `sidecarScope:
+    /// namespace`) and no other, and every endpoint of each such (sidecars) or watched
+    /// (proxyless) service's assignment.
     pub fn gap(&self, consistent: bool) -> Option<String> {
         for type_url in TypeUrl::ALL {
             if let Some(gap) = self.unresolved(type_url) {
@@ -694,17 +705,26 @@ impl ProxyState {
         };
         match self.plan.mode {
             Mode::Sidecar => {
-                let services: Vec<usize> = self
-                    .clusters
-                    .keys()
-                    .filter_map(|n| self.plan.service_of_cluster(n))
-                    .filter(|s| self.plan.initially_present(*s))
-                    .collect();
-                if services.len() != self.plan.initial_services {
+                let mut services = Vec::new();
+                for name in self.clusters.keys() {
+                    let Some(service) = self.plan.service_of_cluster(name) else {
+                        continue;
+                    };
+                    if !self.plan.sidecar_sees(self.namespace, service) {
+                        return Some(format!(
+                            "cds has {name}, outside the proxy's Sidecar scope (namespace {})",
+                            namespace_name(self.namespace)
+                        ));
+                    }
+                    if self.plan.initially_present(service) {
+                        services.push(service);
+                    }
+                }
+                let expected = self.plan.sidecar_initial_services(self.namespace);
+                if services.len() != expected {
                     return Some(format!(
-                        "cds has {} of the {} services' clusters",
+                        "cds has {} of the {expected} services' clusters",
                         services.len(),
-                        self.plan.initial_services
                     ));
                 }
                 services.into_iter().find_map(short_assignment)
@@ -750,9 +770,9 @@ mod tests {
     use envoy_types::pb::google::protobuf::Any;
 
     use super::*;
-    use crate::load::lite::{DeltaResourceLite, ResourceAny};
-    use crate::load::registry::{Registry, marker_port};
-    use crate::load::scenario::{Churn, Scenario};
+    use crate::lite::{DeltaResourceLite, ResourceAny};
+    use crate::registry::{Registry, marker_port};
+    use crate::scenario::{Churn, Scenario};
 
     fn plan(mode: Mode) -> Arc<Plan> {
         let scenario = Scenario {
@@ -895,6 +915,53 @@ mod tests {
             ),
             (TypeUrl::Endpoint.as_str(), "v1", "n1")
         );
+    }
+
+    #[test]
+    fn namespace_scoped_sidecars_expect_their_namespace_only() {
+        let scenario = Scenario {
+            services: 4,
+            endpoints_per_service: 1,
+            namespaces: 2,
+            sidecar_scope: crate::scenario::SidecarScope::Namespace,
+            ..Scenario::default()
+        };
+        let mut registry = Registry::new(&scenario);
+        let kinds = registry.plan(&scenario);
+        let plan = Arc::new(Plan::new(&scenario, &registry, &kinds));
+        // Proxy 1 is in load-1, with svc-1 and svc-3.
+        let mut p = ProxyState::new(plan.clone(), Flavour::Sotw, 1);
+        assert_eq!(p.namespace(), 1);
+        p.start();
+        let [c0, c1, c3] = [0, 1, 3].map(|s| plan.cluster_name(s).to_string());
+        let config = |p: &mut ProxyState, clusters: &[&String]| {
+            p.on_sotw(sotw(
+                TypeUrl::Cluster,
+                "c",
+                clusters.iter().map(|c| cluster(c)).collect(),
+            ));
+            p.on_sotw(sotw(
+                TypeUrl::Endpoint,
+                "e",
+                clusters.iter().map(|c| assignment(c, &[9080])).collect(),
+            ));
+            p.on_sotw(sotw(
+                TypeUrl::Listener,
+                "l",
+                vec![listener("0.0.0.0_8080", "8080")],
+            ));
+            p.on_sotw(sotw(TypeUrl::Route, "r", vec![]));
+        };
+        config(&mut p, &[&c1, &c3, &c0]);
+        let gap = p.gap(true).expect("a cluster outside the scope");
+        assert!(gap.contains("outside the proxy's Sidecar scope"), "{gap}");
+        config(&mut p, &[&c1]);
+        assert_eq!(
+            p.gap(true).as_deref(),
+            Some("cds has 1 of the 2 services' clusters")
+        );
+        config(&mut p, &[&c1, &c3]);
+        assert!(p.is_complete(true), "{:?}", p.gap(true));
     }
 
     #[test]

@@ -69,6 +69,9 @@ pub struct Recorder {
     pub live_converged: AtomicUsize,
     /// Per service: converged proxyless clients watching it, stream up.
     pub service_watchers: Vec<AtomicUsize>,
+    /// Per namespace: its converged proxies, stream up (the watchers of a change to
+    /// one of its services when sidecars are scoped to their namespace).
+    pub namespace_watchers: Vec<AtomicUsize>,
     /// Nanoseconds since base of the latest first convergence.
     last_converged_ns: AtomicU64,
     /// When the last response arrived at any proxy.
@@ -93,8 +96,9 @@ pub struct Recorder {
 const KEEP: usize = 10;
 
 impl Recorder {
-    /// A recorder for `changes` changes and `services` services.
-    pub fn new(changes: usize, services: usize) -> Recorder {
+    /// A recorder for `changes` changes, `services` services and `namespaces`
+    /// namespaces.
+    pub fn new(changes: usize, services: usize, namespaces: usize) -> Recorder {
         Recorder {
             base: Instant::now(),
             started: AtomicUsize::new(0),
@@ -103,6 +107,7 @@ impl Recorder {
             converged: AtomicUsize::new(0),
             live_converged: AtomicUsize::new(0),
             service_watchers: (0..services).map(|_| AtomicUsize::new(0)).collect(),
+            namespace_watchers: (0..namespaces).map(|_| AtomicUsize::new(0)).collect(),
             last_converged_ns: AtomicU64::new(0),
             last_response_ns: AtomicU64::new(0),
             convergence: Mutex::new(Vec::new()),
@@ -379,7 +384,7 @@ mod tests {
 
     #[test]
     fn a_change_is_done_when_every_watcher_acked() {
-        let r = Recorder::new(2, 1);
+        let r = Recorder::new(2, 1, 1);
         assert!(!r.change_done(0));
         let t0 = r.base() + Duration::from_millis(10);
         r.observe(0, t0); // not written yet: ignored

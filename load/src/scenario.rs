@@ -33,6 +33,19 @@ pub enum Flavour {
     Delta,
 }
 
+/// Which services a sidecar imports.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SidecarScope {
+    /// Every service of the mesh (no Sidecar resource, Istio's default `*/*`).
+    #[default]
+    Mesh,
+    /// Only its own namespace's: the tool writes one `Sidecar` per namespace with
+    /// `egress: [{hosts: ["./*"]}]` into the server's config directory, so with N
+    /// namespaces each service is watched by about 1/N of the sidecars.
+    Namespace,
+}
+
 /// Changes made after every proxy has its initial config.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
@@ -40,7 +53,7 @@ pub struct Churn {
     /// Changes per second, all kinds together. 0 = one at a time: each change is
     /// written once every watching proxy has ACKed the previous one (or its
     /// `changeTimeout` ran out) and no proxy has received anything for
-    /// [`crate::load::driver::QUIET_BETWEEN_CHANGES`] (the rest of the push that
+    /// [`crate::driver::QUIET_BETWEEN_CHANGES`] (the rest of the push that
     /// carried it, e.g. the EDS and RDS after the CDS that showed an added service, has
     /// been delivered), so each is measured alone.
     pub rate: f64,
@@ -81,6 +94,8 @@ pub struct Scenario {
     pub mode: Mode,
     /// Services each proxyless client watches.
     pub grpc_services_per_client: usize,
+    /// `mesh` or `namespace`: what each sidecar imports (see [`SidecarScope`]).
+    pub sidecar_scope: SidecarScope,
     /// `sotw` or `delta`.
     pub flavour: Flavour,
     /// Proxies connected per second (0 = all at once).
@@ -111,6 +126,7 @@ impl Default for Scenario {
             proxies: 10,
             mode: Mode::Sidecar,
             grpc_services_per_client: 10,
+            sidecar_scope: SidecarScope::Mesh,
             flavour: Flavour::Sotw,
             ramp: 0.0,
             connections: 0,
@@ -184,6 +200,9 @@ impl Scenario {
             bail!("churn.endpointChanges needs endpointsPerService >= 1");
         }
         if self.mode == Mode::Grpc {
+            if self.sidecar_scope != SidecarScope::Mesh {
+                bail!("sidecarScope is for sidecars (mode: sidecar), not proxyless clients");
+            }
             if self.grpc_services_per_client == 0 {
                 bail!("grpcServicesPerClient must be at least 1 in grpc mode");
             }
@@ -196,6 +215,11 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+
+    /// Whether the server needs a config directory: for config changes or Sidecars.
+    pub fn needs_config_dir(&self) -> bool {
+        self.churn.config_changes > 0 || self.sidecar_scope != SidecarScope::Mesh
     }
 
     /// Original services set aside so that removals that outnumber additions have
@@ -247,7 +271,7 @@ mod tests {
     #[test]
     fn parses_every_field() {
         let text = "name: t\nservices: 5\nendpointsPerService: 2\nnamespaces: 3\nproxies: 7\nmode: grpc\n\
-                    grpcServicesPerClient: 4\nflavour: delta\nramp: 50\nconnections: 2\n\
+                    grpcServicesPerClient: 4\nsidecarScope: mesh\nflavour: delta\nramp: 50\nconnections: 2\n\
                     churn: {rate: 5, endpointChanges: 10, serviceAdds: 2, serviceRemoves: 3, configChanges: 1}\n\
                     settleTimeout: 1m30s\nchangeTimeout: 5s\nseed: 9\n";
         let s = Scenario::parse("t.yaml", text).unwrap();
@@ -261,6 +285,7 @@ mod tests {
                 proxies: 7,
                 mode: Mode::Grpc,
                 grpc_services_per_client: 4,
+                sidecar_scope: SidecarScope::Mesh,
                 flavour: Flavour::Delta,
                 ramp: 50.0,
                 connections: 2,
@@ -327,6 +352,23 @@ mod tests {
             Scenario::parse("t.yaml", "churn: {endpointChanges: 50000}\n").unwrap_err()
         );
         assert!(err.contains("marker port"), "{err}");
+        let err = format!(
+            "{:#}",
+            Scenario::parse("t.yaml", "mode: grpc\nsidecarScope: namespace\n").unwrap_err()
+        );
+        assert!(err.contains("sidecarScope is for sidecars"), "{err}");
+        let err = Scenario::parse("t.yaml", "sidecarScope: cluster\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown variant `cluster`"), "{err}");
+    }
+
+    #[test]
+    fn sidecar_scope_needs_a_config_directory() {
+        let s = Scenario::parse("t.yaml", "sidecarScope: namespace\n").unwrap();
+        assert_eq!(s.sidecar_scope, SidecarScope::Namespace);
+        assert!(s.needs_config_dir());
+        assert!(!Scenario::default().needs_config_dir());
     }
 
     #[test]
@@ -344,6 +386,14 @@ mod tests {
                 "proxyless-10k.yaml",
                 include_str!("../../examples/scenarios/proxyless-10k.yaml"),
             ),
+            (
+                "endpoint-churn-500.yaml",
+                include_str!("../../examples/scenarios/endpoint-churn-500.yaml"),
+            ),
+            (
+                "endpoint-churn-scoped.yaml",
+                include_str!("../../examples/scenarios/endpoint-churn-scoped.yaml"),
+            ),
         ] {
             Scenario::parse(name, text).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
@@ -360,6 +410,26 @@ mod tests {
                 smoke.churn.endpoint_changes
             ),
             (10, 3, 20, 20)
+        );
+        let scoped = Scenario::parse(
+            "endpoint-churn-scoped.yaml",
+            include_str!("../../examples/scenarios/endpoint-churn-scoped.yaml"),
+        )
+        .unwrap();
+        let unscoped = Scenario::parse(
+            "endpoint-churn-500.yaml",
+            include_str!("../../examples/scenarios/endpoint-churn-500.yaml"),
+        )
+        .unwrap();
+        assert_eq!(scoped.sidecar_scope, SidecarScope::Namespace);
+        assert_eq!(
+            Scenario {
+                name: unscoped.name.clone(),
+                sidecar_scope: SidecarScope::Mesh,
+                ..scoped
+            },
+            unscoped,
+            "the scoped scenario is endpoint-churn-500 with Sidecars"
         );
     }
 }
