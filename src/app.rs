@@ -400,9 +400,9 @@ impl Server {
             )
             .await?;
         }
-        let mut consul_stats = None;
+        let mut consul_registry = None;
         if let Some(consul) = &config.consul {
-            consul_stats = Some(
+            consul_registry = Some(
                 start_consul_registry(consul, &aggregate, &sink, &shutdown, &mut tasks).await?,
             );
         }
@@ -451,14 +451,24 @@ impl Server {
         });
         tasks.spawn(serve_grpc(grpc, AdsService::new(ctx), shutdown.clone()));
 
-        metrics_registry.register_collector(Box::new(crate::admin::collector::StateCollector {
-            aggregate: aggregate.clone(),
-            mock_file: mock_status.clone(),
-            config_dir: config_stores.files.as_ref().map(|f| f.status().clone()),
-            multicluster: secret_controller.clone(),
-            consul: consul_stats,
-            kube_config: config_stores.kube.clone(),
-        }));
+        // Each component defines the metrics of the state it owns; they are read on
+        // every scrape.
+        aggregate.register_metrics(&mut metrics_registry);
+        if let Some(status) = &mock_status {
+            status.register_metrics(&mut metrics_registry);
+        }
+        if let Some(files) = &config_stores.files {
+            files.status().register_metrics(&mut metrics_registry);
+        }
+        if let Some(consul) = &consul_registry {
+            consul.register_metrics(&mut metrics_registry);
+        }
+        if let Some(store) = &config_stores.kube {
+            store.register_metrics(&mut metrics_registry);
+        }
+        if let Some(controller) = &secret_controller {
+            controller.register_metrics(&mut metrics_registry);
+        }
         let admin_state = AdminState {
             aggregate: aggregate.clone(),
             pipeline: pipeline.clone(),
@@ -679,7 +689,7 @@ async fn start_consul_registry(
     sink: &UpdateSink,
     shutdown: &Shutdown,
     tasks: &mut JoinSet<()>,
-) -> anyhow::Result<Arc<meshfed_consul::ConsulStats>> {
+) -> anyhow::Result<Arc<meshfed_consul::ConsulRegistry>> {
     let mut stop = shutdown.clone();
     let (registry, writer) =
         meshfed_consul::ConsulRegistry::start(consul.clone(), sink.clone(), async move {
@@ -691,12 +701,11 @@ async fn start_consul_registry(
         url = %consul.url, datacenter = registry.datacenter(),
         "Consul registry started; /ready waits for its initial sync"
     );
-    let stats = registry.stats().clone();
-    aggregate.add_registry(registry);
+    aggregate.add_registry(registry.clone());
     tasks.spawn(async move {
         let _ = writer.await;
     });
-    Ok(stats)
+    Ok(registry)
 }
 
 fn start_mock_registry(

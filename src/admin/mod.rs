@@ -5,7 +5,6 @@
 //! unless the server was started with debug access opened. Every dump is sorted so two
 //! dumps can be diffed.
 
-pub mod collector;
 mod config_dump;
 mod debug;
 

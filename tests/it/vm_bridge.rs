@@ -169,7 +169,11 @@ async fn vms_consul_and_kubernetes_services_reach_one_proxy() {
     assert_eq!(endpoint_count(&clas, WEB), 1, "the Consul instance");
     // EDS merges every shard of the key: the Kubernetes endpoint and the squatting
     // entry's endpoint both belong to payments.shop; the Kubernetes service's ports win.
-    assert!(endpoint_count(&clas, PAYMENTS) >= 1);
+    assert_eq!(
+        endpoint_count(&clas, PAYMENTS),
+        2,
+        "one endpoint from each shard (Kubernetes/cluster-1 and the ServiceEntry's)"
+    );
 
     let registryz = get_json(http, "/debug/registryz").await;
     let conflict = registryz["conflicts"]

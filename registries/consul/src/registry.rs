@@ -8,9 +8,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
+use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
     ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink,
 };
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tracing::info;
 
@@ -212,6 +216,49 @@ impl ConsulRegistry {
             self.config.namespace.clone(),
         )
     }
+
+    /// Registers the writer's counters into `registry`, read on every scrape:
+    /// `meshfed_consul_requests{result}`, `meshfed_consul_skipped{kind}` and
+    /// `meshfed_consul_index_resets{registry="consul"}`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(ConsulMetrics(self.stats.clone())));
+    }
+}
+
+#[derive(Debug)]
+struct ConsulMetrics(Arc<ConsulStats>);
+
+impl Collector for ConsulMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let stats = &self.0;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_consul_requests",
+            "Consul HTTP answers and errors (errors back off; the last endpoints stay served)",
+            "result",
+            [
+                ("ok", stats.answers() as i64),
+                ("error", stats.errors() as i64),
+            ],
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_consul_skipped",
+            "Malformed Consul catalog entries skipped, by kind",
+            "kind",
+            [
+                ("entry", stats.skipped_entries() as i64),
+                ("service", stats.skipped_services() as i64),
+            ],
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_consul_index_resets",
+            "Blocking-query indexes that went backwards and were reset",
+            "registry",
+            [("consul", stats.index_resets() as i64)],
+        )
+    }
 }
 
 impl ServiceRegistry for ConsulRegistry {
@@ -239,5 +286,72 @@ impl ServiceRegistry for ConsulRegistry {
     /// error: the view is the last one Consul gave.
     fn is_stale(&self) -> bool {
         self.stale.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(all(test, feature = "test-support"))]
+mod tests {
+    use std::time::Duration;
+
+    use meshfed_registry::{EndpointIndex, RegistryEvent};
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::fake::{FakeConsul, Instance};
+
+    fn encode(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    #[tokio::test]
+    async fn metrics_report_the_writers_counters_under_their_names() {
+        let consul = FakeConsul::start().await.unwrap();
+        consul.register(Instance::new("web", "web-1", "10.0.0.1", 8080));
+        consul.register(Instance::new("bad.name", "x-1", "10.0.3.1", 80));
+        let (sink, mut events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let config = ConsulConfig {
+            // Idle loops stay held by the server: no answer after the sync.
+            wait: Duration::from_secs(60),
+            ..ConsulConfig::new(consul.url())
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (consul_registry, task) = ConsulRegistry::start(config, sink, async move {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+        let mut registry = Registry::default();
+        consul_registry.register_metrics(&mut registry);
+
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(15), events.recv())
+                .await
+                .expect("timed out waiting for the sync")
+                .expect("the sink is open");
+            if matches!(event, RegistryEvent::Synced(_)) {
+                break;
+            }
+        }
+        // The catalog and web's health answered once each; bad.name cannot be a
+        // hostname label, so it was skipped without a query.
+        assert_eq!(
+            encode(&registry),
+            "# HELP meshfed_consul_requests Consul HTTP answers and errors (errors back off; the last endpoints stay served)\n\
+             # TYPE meshfed_consul_requests gauge\n\
+             meshfed_consul_requests{result=\"ok\"} 2\n\
+             meshfed_consul_requests{result=\"error\"} 0\n\
+             # HELP meshfed_consul_skipped Malformed Consul catalog entries skipped, by kind\n\
+             # TYPE meshfed_consul_skipped gauge\n\
+             meshfed_consul_skipped{kind=\"entry\"} 0\n\
+             meshfed_consul_skipped{kind=\"service\"} 1\n\
+             # HELP meshfed_consul_index_resets Blocking-query indexes that went backwards and were reset\n\
+             # TYPE meshfed_consul_index_resets gauge\n\
+             meshfed_consul_index_resets{registry=\"consul\"} 0\n\
+             # EOF\n"
+        );
+        let _ = stop.send(());
+        task.await.unwrap();
     }
 }

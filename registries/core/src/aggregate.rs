@@ -18,10 +18,15 @@
 //! proxy answers, Kubernetes registries first.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::sync::{Arc, RwLock};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use crate::metrics::encode_gauges;
 use crate::model::{ClusterId, ProviderId, Service, ServiceKey, ShardKey, WorkloadInstance};
 use crate::registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};
 
@@ -248,6 +253,54 @@ impl WorkloadSources {
     }
 }
 
+// === metrics ===
+
+impl Aggregate {
+    /// Registers the per-registry gauges into `registry`, read on every scrape with one
+    /// row per registry in the aggregate at that moment (label `registry`, its shard
+    /// key): `meshfed_registry_synced`, `meshfed_registry_stale` and
+    /// `meshfed_registry_services`.
+    pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register_collector(Box::new(AggregateMetrics(self.clone())));
+    }
+}
+
+#[derive(Debug)]
+struct AggregateMetrics(Arc<Aggregate>);
+
+impl Collector for AggregateMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let registries = self.0.registries();
+        let rows = |f: fn(&dyn ServiceRegistry) -> i64| -> Vec<(String, i64)> {
+            registries
+                .iter()
+                .map(|r| (r.shard_key().to_string(), f(r.as_ref())))
+                .collect()
+        };
+        encode_gauges(
+            &mut encoder,
+            "meshfed_registry_synced",
+            "1 once the registry finished its initial sync",
+            "registry",
+            rows(|r| i64::from(r.has_synced())),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_registry_stale",
+            "1 while the registry's source is unreachable and its last known view is served",
+            "registry",
+            rows(|r| i64::from(r.is_stale())),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_registry_services",
+            "Services the registry holds (before merging)",
+            "registry",
+            rows(|r| r.services().len() as i64),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, SystemTime};
@@ -260,6 +313,7 @@ mod tests {
         provider: ProviderId,
         cluster: ClusterId,
         services: Vec<Arc<Service>>,
+        stale: bool,
     }
 
     impl ServiceRegistry for Fixed {
@@ -274,6 +328,9 @@ mod tests {
         }
         fn has_synced(&self) -> bool {
             true
+        }
+        fn is_stale(&self) -> bool {
+            self.stale
         }
     }
 
@@ -297,7 +354,72 @@ mod tests {
             provider,
             cluster: cluster.into(),
             services: services.into_iter().map(Arc::new).collect(),
+            stale: false,
         })
+    }
+
+    #[test]
+    fn metrics_report_each_registrys_state_under_its_shard_key() {
+        let agg = Arc::new(Aggregate::new("c1"));
+        let mut metrics = Registry::default();
+        agg.register_metrics(&mut metrics);
+        let encode = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &metrics).unwrap();
+            text
+        };
+        let families = |rows: &[(&str, u8, u8, usize)]| {
+            let mut text = String::new();
+            for (name, help) in [
+                (
+                    "meshfed_registry_synced",
+                    "1 once the registry finished its initial sync",
+                ),
+                (
+                    "meshfed_registry_stale",
+                    "1 while the registry's source is unreachable and its last known view is served",
+                ),
+                (
+                    "meshfed_registry_services",
+                    "Services the registry holds (before merging)",
+                ),
+            ] {
+                text += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
+                for (registry, synced, stale, services) in rows {
+                    let value = match name {
+                        "meshfed_registry_synced" => synced.to_string(),
+                        "meshfed_registry_stale" => stale.to_string(),
+                        _ => services.to_string(),
+                    };
+                    text += &format!("{name}{{registry=\"{registry}\"}} {value}\n");
+                }
+            }
+            text + "# EOF\n"
+        };
+        // No registry yet: the families are listed without rows.
+        assert_eq!(encode(), families(&[]));
+
+        agg.add_registry(registry(
+            ProviderId::Kubernetes,
+            "c1",
+            vec![svc(ProviderId::Kubernetes, "c1", None, 1)],
+        ));
+        agg.add_registry(Arc::new(Fixed {
+            provider: ProviderId::Consul,
+            cluster: "dc1".into(),
+            services: Vec::new(),
+            stale: true,
+        }));
+        let (sink, _rx) = crate::events::UpdateSink::new(Arc::new(crate::EndpointIndex::new()));
+        agg.add_registry(Arc::new(crate::MemoryRegistry::new_unsynced("c2", sink)));
+        assert_eq!(
+            encode(),
+            families(&[
+                ("Kubernetes/c1", 1, 0, 1),
+                ("Mock/c2", 0, 0, 0),
+                ("Consul/dc1", 1, 1, 0),
+            ])
+        );
     }
 
     #[test]

@@ -16,12 +16,15 @@
 //!   validation, the [`ConfigStore`] trait, the memory and config-directory stores.
 //! - [`serviceentry`]: the ServiceEntry / WorkloadEntry registry (provider `External`),
 //!   fed from config stores.
+//! - [`metrics`]: how the components here (and in the registry crates) define and
+//!   register the Prometheus metrics of the state they own.
 
 pub mod aggregate;
 pub mod config;
 pub mod endpoints;
 pub mod events;
 pub mod memory;
+pub mod metrics;
 pub mod mock_file;
 pub mod model;
 pub mod registry;

@@ -64,11 +64,15 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer};
 
 use crate::config::validate::Segment;
 use crate::memory::{MemoryRegistry, ServiceWithEndpoints};
+use crate::metrics::encode_gauges;
 use crate::model::{
     ClusterId, Endpoint, ExportTo, HealthStatus, Locality, MeshLocation, NetworkId, Port, Protocol,
     ProviderId, Resolution, Service, ServiceKey, TlsMode,
@@ -660,6 +664,34 @@ impl MockFileStatus {
         self.reloads_failed.fetch_add(1, Ordering::Relaxed);
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
     }
+
+    /// Registers `meshfed_mock_file_reloads{result="ok"|"failed"}` into `registry`,
+    /// read from these counters on every scrape.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(MockFileMetrics(self.clone())));
+    }
+}
+
+#[derive(Debug)]
+struct MockFileMetrics(MockFileStatus);
+
+impl Collector for MockFileMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let status = &self.0;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_mock_file_reloads",
+            "Mock registry file loads by result (failed loads keep the last good content)",
+            "result",
+            [
+                ("ok", status.reloads_ok.load(Ordering::Relaxed) as i64),
+                (
+                    "failed",
+                    status.reloads_failed.load(Ordering::Relaxed) as i64,
+                ),
+            ],
+        )
+    }
 }
 
 /// Feeds `registry` from the mock registry file at `path` until `shutdown` completes.
@@ -1205,6 +1237,35 @@ services:
             status.reloads_ok.load(Ordering::Relaxed),
             status.reloads_failed.load(Ordering::Relaxed),
         )
+    }
+
+    #[tokio::test]
+    async fn metrics_report_the_load_counters_under_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        let status = MockFileStatus::new();
+        let mut metrics = Registry::default();
+        status.register_metrics(&mut metrics);
+        let mut r = Reloader {
+            path: path.clone(),
+            registry: registry(),
+            status: status.clone(),
+            seen: None,
+        };
+        for text in [ONE, BAD, TWO] {
+            std::fs::write(&path, text).unwrap();
+            r.reload().await;
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &metrics).unwrap();
+        assert_eq!(
+            text,
+            "# HELP meshfed_mock_file_reloads Mock registry file loads by result (failed loads keep the last good content)\n\
+             # TYPE meshfed_mock_file_reloads gauge\n\
+             meshfed_mock_file_reloads{result=\"ok\"} 2\n\
+             meshfed_mock_file_reloads{result=\"failed\"} 1\n\
+             # EOF\n"
+        );
     }
 
     #[tokio::test]

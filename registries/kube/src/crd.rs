@@ -51,7 +51,11 @@ use kube::api::GetParams;
 use meshfed_registry::config::model::{GROUP, VERSIONS};
 use meshfed_registry::config::store::{Objects, Published, StoreCore};
 use meshfed_registry::config::{ConfigObject, ConfigStore, Kind, ObjectId, RejectedConfig};
+use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{ClusterId, UpdateSink};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -282,12 +286,60 @@ impl KubeConfigStore {
         let _ = changes.wait_for(|_| self.has_synced()).await;
     }
 
+    /// Registers the writer's counters into `registry`, read on every scrape:
+    /// `meshfed_kube_config_objects{kind}`, `meshfed_kube_config_watch_errors{kind}`,
+    /// `meshfed_kube_config_relists{kind}` (one row per kind, in [`Kind::ALL`] order)
+    /// and `meshfed_kube_config_rejections{registry="kubernetes"}`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(KubeConfigMetrics(self.clone())));
+    }
+
     fn read(&self) -> std::sync::RwLockReadGuard<'_, StoreState> {
         self.inner.core.read()
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, StoreState> {
         self.inner.core.write()
+    }
+}
+
+#[derive(Debug)]
+struct KubeConfigMetrics(KubeConfigStore);
+
+impl Collector for KubeConfigMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let stats = self.0.stats();
+        let per_kind = |f: fn(&KubeConfigStats, Kind) -> u64| {
+            Kind::ALL.map(|kind| (kind.as_str(), f(stats, kind) as i64))
+        };
+        encode_gauges(
+            &mut encoder,
+            "meshfed_kube_config_objects",
+            "Valid Istio config objects read from the Kubernetes API server, by kind",
+            "kind",
+            per_kind(KubeConfigStats::objects),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_kube_config_watch_errors",
+            "Failed lists and watches of Istio config on the Kubernetes API server (retried with backoff), by kind",
+            "kind",
+            per_kind(KubeConfigStats::watch_errors),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_kube_config_relists",
+            "Relists of Istio config after the API server expired a watch (410 Gone), by kind",
+            "kind",
+            per_kind(KubeConfigStats::relists),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_kube_config_rejections",
+            "Invalid Istio config objects from the Kubernetes API server logged and rejected",
+            "registry",
+            [("kubernetes", stats.rejections() as i64)],
+        )
     }
 }
 
@@ -381,5 +433,96 @@ mod tests {
         for kind in Kind::ALL {
             assert_eq!(Kind::ALL[index(kind)], kind);
         }
+    }
+}
+
+#[cfg(all(test, feature = "test-support"))]
+mod metrics_tests {
+    use std::time::Duration;
+
+    use meshfed_registry::EndpointIndex;
+    use serde_json::json;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::fake_api::{CustomResource, FakeApiServer, objects};
+
+    #[tokio::test]
+    async fn metrics_report_the_stores_counters_under_their_names() {
+        let api = FakeApiServer::start().await.unwrap();
+        api.install_crds(CustomResource::istio_networking(&["v1"]));
+        let route = json!({"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": "reviews"}}]}]});
+        api.apply_custom(&objects::istio(
+            "v1",
+            "VirtualService",
+            "default",
+            "reviews",
+            route,
+        ));
+        // A bare wildcard host bound to the mesh gateway is invalid: rejected alone.
+        let invalid = json!({"hosts": ["*"], "http": [{"route": [{"destination": {"host": "a.example.com"}}]}]});
+        api.apply_custom(&objects::istio(
+            "v1",
+            "VirtualService",
+            "default",
+            "bad",
+            invalid,
+        ));
+        api.apply_custom(&objects::istio(
+            "v1",
+            "DestinationRule",
+            "default",
+            "reviews",
+            json!({"host": "reviews"}),
+        ));
+        let (sink, _events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (store, task) = KubeConfigStore::start(
+            api.client(),
+            KubeConfigStoreConfig::new("c1"),
+            sink,
+            async move {
+                let _ = stopped.await;
+            },
+        )
+        .unwrap();
+        let mut registry = Registry::default();
+        store.register_metrics(&mut registry);
+        tokio::time::timeout(Duration::from_secs(15), store.wait_synced())
+            .await
+            .expect("the store syncs");
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let mut expected = String::new();
+        for (name, help, rows) in [
+            (
+                "meshfed_kube_config_objects",
+                "Valid Istio config objects read from the Kubernetes API server, by kind",
+                [1, 1, 0, 0, 0, 0],
+            ),
+            (
+                "meshfed_kube_config_watch_errors",
+                "Failed lists and watches of Istio config on the Kubernetes API server (retried with backoff), by kind",
+                [0; 6],
+            ),
+            (
+                "meshfed_kube_config_relists",
+                "Relists of Istio config after the API server expired a watch (410 Gone), by kind",
+                [0; 6],
+            ),
+        ] {
+            expected += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
+            for (kind, n) in Kind::ALL.iter().zip(rows) {
+                expected += &format!("{name}{{kind=\"{}\"}} {n}\n", kind.as_str());
+            }
+        }
+        expected += "# HELP meshfed_kube_config_rejections Invalid Istio config objects from the Kubernetes API server logged and rejected\n\
+                     # TYPE meshfed_kube_config_rejections gauge\n\
+                     meshfed_kube_config_rejections{registry=\"kubernetes\"} 1\n\
+                     # EOF\n";
+        assert_eq!(text, expected);
+        let _ = stop.send(());
+        task.await.unwrap();
     }
 }

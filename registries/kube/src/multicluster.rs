@@ -38,10 +38,14 @@ use kube::Api;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
     Aggregate, ClusterId, NetworkGateway, ProviderId, PushRequest, Service, ServiceRegistry,
     ShardKey, TriggerReason, UpdateSink, WorkloadLookup,
 };
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -311,6 +315,47 @@ struct ClusterEntry {
     registry: Option<Arc<KubeRegistry>>,
 }
 
+#[derive(Debug)]
+struct MulticlusterMetrics(Arc<SecretController>);
+
+impl Collector for MulticlusterMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let controller = &self.0;
+        let stats = controller.stats();
+        encode_gauges(
+            &mut encoder,
+            "istiod_managed_clusters",
+            "Clusters managed by this control plane, by type",
+            "cluster_type",
+            [("local", 1), ("remote", stats.clusters() as i64)],
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "remote_cluster_secret_events_total",
+            "Remote cluster secret events, by type",
+            "event",
+            EventType::ALL.map(|event| (event.as_str(), stats.secret_events(event) as i64)),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "istiod_remote_cluster_sync_status",
+            "1 once a remote cluster's registry has synced",
+            "cluster",
+            controller
+                .clusters()
+                .into_iter()
+                .map(|c| (c.cluster.to_string(), i64::from(c.synced))),
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_kubeconfig_rejected",
+            "Remote cluster kubeconfigs refused (untrusted options, parse or client errors)",
+            "reason",
+            [("any", stats.kubeconfig_rejected() as i64)],
+        )
+    }
+}
+
 /// The running secret controller: its counters and the clusters it manages.
 #[derive(Debug)]
 pub struct SecretController {
@@ -376,6 +421,15 @@ impl SecretController {
                 s
             })
             .collect()
+    }
+
+    /// Registers the controller's metrics into `registry`, read on every scrape:
+    /// Istio's `istiod_managed_clusters{cluster_type="local"|"remote"}`,
+    /// `remote_cluster_secret_events_total{event}` and
+    /// `istiod_remote_cluster_sync_status{cluster}` (one row per cluster the Secrets
+    /// name), and `meshfed_kubeconfig_rejected{reason="any"}`.
+    pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
+        registry.register_collector(Box::new(MulticlusterMetrics(self.clone())));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ClusterId, ClusterEntry>> {
@@ -1364,6 +1418,70 @@ mod controller_tests {
         .await;
         assert_eq!(h.aggregate.registries().len(), 1);
         assert_eq!(h.controller.stats().clusters(), 1);
+        h.stop().await;
+    }
+
+    fn encode(registry: &Registry) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        text
+    }
+
+    /// The controller's families as `/metrics` shows them.
+    fn families(remote: u64, events: [u64; 3], sync: &[(&str, u8)], rejected: u64) -> String {
+        let mut text = format!(
+            "# HELP istiod_managed_clusters Clusters managed by this control plane, by type\n\
+             # TYPE istiod_managed_clusters gauge\n\
+             istiod_managed_clusters{{cluster_type=\"local\"}} 1\n\
+             istiod_managed_clusters{{cluster_type=\"remote\"}} {remote}\n\
+             # HELP remote_cluster_secret_events_total Remote cluster secret events, by type\n\
+             # TYPE remote_cluster_secret_events_total gauge\n\
+             remote_cluster_secret_events_total{{event=\"add\"}} {}\n\
+             remote_cluster_secret_events_total{{event=\"update\"}} {}\n\
+             remote_cluster_secret_events_total{{event=\"delete\"}} {}\n\
+             # HELP istiod_remote_cluster_sync_status 1 once a remote cluster's registry has synced\n\
+             # TYPE istiod_remote_cluster_sync_status gauge\n",
+            events[0], events[1], events[2]
+        );
+        for (cluster, synced) in sync {
+            text +=
+                &format!("istiod_remote_cluster_sync_status{{cluster=\"{cluster}\"}} {synced}\n");
+        }
+        text += &format!(
+            "# HELP meshfed_kubeconfig_rejected Remote cluster kubeconfigs refused (untrusted options, parse or client errors)\n\
+             # TYPE meshfed_kubeconfig_rejected gauge\n\
+             meshfed_kubeconfig_rejected{{reason=\"any\"}} {rejected}\n\
+             # EOF\n"
+        );
+        text
+    }
+
+    #[tokio::test]
+    async fn metrics_report_the_managed_clusters_under_istios_names() {
+        let h = start().await;
+        let mut registry = Registry::default();
+        h.controller.register_metrics(&mut registry);
+        // Every family is listed before any Secret; the sync status has no rows yet.
+        assert_eq!(encode(&registry), families(0, [0; 3], &[], 0));
+
+        let remote = FakeApiServer::start().await.unwrap();
+        remote_cluster(&remote);
+        h.local.apply(&objects::remote_secret(
+            NS,
+            "istio-remote-secret-c3",
+            &[("c3", "clusters: 7")],
+        ));
+        h.local.apply(&objects::remote_secret(
+            NS,
+            "istio-remote-secret-c2",
+            &[("c2", &remote.kubeconfig())],
+        ));
+        h.until("c2 registered", |h| h.registered("c2")).await;
+        // c3's kubeconfig does not parse: named by its Secret, never synced, counted.
+        assert_eq!(
+            encode(&registry),
+            families(1, [2, 0, 0], &[("c2", 1), ("c3", 0)], 1)
+        );
         h.stop().await;
     }
 

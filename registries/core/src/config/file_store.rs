@@ -29,10 +29,15 @@
 //! [`ConfigDirStatus`] counts reloads and rejections for metrics.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
 
 use crate::config::assembly::{Placed, assemble};
 use crate::config::model::{ConfigObject, Kind, ObjectId};
@@ -41,6 +46,7 @@ use crate::config::store::{
     ConfigStore, Objects, Published, RejectedConfig, StoreCore, changed_keys,
 };
 use crate::events::UpdateSink;
+use crate::metrics::encode_gauges;
 use crate::watch::{PathWatcher, WatchError};
 
 /// Reload counters of a config directory, for metrics and debug pages. Cheap to clone;
@@ -69,6 +75,34 @@ impl ConfigDirStatus {
             self.reloads_failed.fetch_add(1, Ordering::Relaxed);
         }
         self.rejected.store(rejected as u64, Ordering::Relaxed);
+    }
+
+    /// Registers `meshfed_config_dir_reloads{result="ok"|"failed"}` into `registry`,
+    /// read from these counters on every scrape.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(ConfigDirMetrics(self.clone())));
+    }
+}
+
+#[derive(Debug)]
+struct ConfigDirMetrics(ConfigDirStatus);
+
+impl Collector for ConfigDirMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let status = &self.0;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_config_dir_reloads",
+            "Config directory reloads by result (failed = something was rejected)",
+            "result",
+            [
+                ("ok", status.reloads_ok.load(Ordering::Relaxed) as i64),
+                (
+                    "failed",
+                    status.reloads_failed.load(Ordering::Relaxed) as i64,
+                ),
+            ],
+        )
     }
 }
 
@@ -577,6 +611,37 @@ mod tests {
             .unwrap()
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn metrics_report_the_reload_counters_under_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mixed.yaml");
+        std::fs::write(&file, docs(&[vs("good", "good"), vs("bad", "\"*\"")])).unwrap();
+        let Running {
+            store,
+            mut rx,
+            task,
+            stop,
+        } = start(dir.path());
+        let mut metrics = Registry::default();
+        store.status().register_metrics(&mut metrics);
+        next_push(&mut rx, "initial").await;
+        replace(&file, &docs(&[vs("good", "good"), vs("bad", "fixed")]));
+        next_push(&mut rx, "fixed").await;
+
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &metrics).unwrap();
+        assert_eq!(
+            text,
+            "# HELP meshfed_config_dir_reloads Config directory reloads by result (failed = something was rejected)\n\
+             # TYPE meshfed_config_dir_reloads gauge\n\
+             meshfed_config_dir_reloads{result=\"ok\"} 1\n\
+             meshfed_config_dir_reloads{result=\"failed\"} 1\n\
+             # EOF\n"
+        );
+        let _ = stop.send(());
+        task.await.unwrap().unwrap();
     }
 
     #[tokio::test]
