@@ -161,7 +161,16 @@ fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             })
         })
         .collect();
-    Ok(json!({"totalClients": clients.len(), "clients": clients}))
+    // The watch index: per type, the distinct subscribed name sets and the names in
+    // them that an incremental push looks up.
+    let index: BTreeMap<&str, Value> = state
+        .connections
+        .watch_index()
+        .sizes()
+        .into_iter()
+        .map(|(t, sets, names)| (t.short(), json!({"nameSets": sets, "names": names})))
+        .collect();
+    Ok(json!({"totalClients": clients.len(), "clients": clients, "watchIndex": index}))
 }
 
 fn syncz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

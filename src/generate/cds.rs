@@ -2277,6 +2277,106 @@ mod snapshot_tests {
         assert_eq!(names(&all)[6], "BlackHoleCluster");
     }
 
+    /// DNS clusters carry their endpoints inline, with priorities for the client's
+    /// locality: two proxies in different localities get different priorities from one
+    /// snapshot, while proxies that differ only in cluster, network and labels get the
+    /// same cluster (Istio applies locality failover to inline assignments but not
+    /// failoverPriority, which would need each endpoint's labels).
+    #[test]
+    fn dns_clusters_follow_the_client_locality_only() {
+        use envoy_types::pb::envoy::config::core::v3::Node;
+        use meshfed_api::networking::v1alpha3::OutlierDetection;
+        const EXT: &str = "ext.example.com";
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _rx) = UpdateSink::new(index.clone());
+        let aggregate = Aggregate::new("c1");
+        let reg = MemoryRegistry::new("c1", sink);
+        let mut ext = Service::new(EXT, "default", ProviderId::External, "c1");
+        ext.resolution = Resolution::DnsLb;
+        ext.ports
+            .push(Port::new("http", 80, Protocol::Http).unwrap());
+        let key = ext.key();
+        reg.add_service(ext);
+        let at = |ip: &str, locality: &str, network: &str| {
+            let mut e = Endpoint::new(ip.parse().unwrap()).with_port("http", 80);
+            e.locality = meshfed_registry::Locality::parse(locality);
+            e.network = network.into();
+            e
+        };
+        reg.set_endpoints(
+            &key,
+            vec![at("10.0.0.1", "r1/z1", "n1"), at("10.0.0.2", "r2/z2", "n2")],
+        );
+        aggregate.add_registry(Arc::new(reg));
+        let set = ConfigSet {
+            destination_rules: vec![cfg(
+                "default",
+                "ext",
+                DestinationRule {
+                    host: EXT.into(),
+                    traffic_policy: Some(TrafficPolicy {
+                        outlier_detection: Some(OutlierDetection::default()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        };
+        let snap = Snapshot::build(
+            &Snapshot::empty(),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
+            &aggregate,
+            &index,
+            Arc::new(MeshSettings {
+                config: crate::mesh::default_mesh_config(),
+                ..Default::default()
+            }),
+            &|m| ConfigIndex::new(set.clone(), "cluster.local", m),
+            1,
+        );
+        let client = |locality: &str, cluster: &str, network: &str, app: &str| {
+            let node = Node {
+                id: "sidecar~10.9.0.1~app.default~default.svc.cluster.local".into(),
+                locality: Some(envoy_types::pb::envoy::config::core::v3::Locality {
+                    region: locality.split('/').next().unwrap().into(),
+                    zone: locality.split('/').nth(1).unwrap().into(),
+                    ..Default::default()
+                }),
+                metadata: Some(crate::model::proxy::json_to_struct(&serde_json::json!({
+                    "NAMESPACE": "default",
+                    "CLUSTER_ID": cluster,
+                    "NETWORK": network,
+                    "LABELS": {"app": app},
+                }))),
+                ..Default::default()
+            };
+            Proxy::from_node(Some(&node)).unwrap()
+        };
+        let name = "outbound|80||ext.example.com";
+        let priorities = |proxy: &Proxy| -> Vec<(String, u32)> {
+            let c = clusters(&snap, proxy, &[name]);
+            let mut out: Vec<(String, u32)> = c[0]
+                .load_assignment
+                .as_ref()
+                .unwrap()
+                .endpoints
+                .iter()
+                .map(|l| (l.locality.as_ref().unwrap().region.clone(), l.priority))
+                .collect();
+            out.sort();
+            out
+        };
+        let r1 = priorities(&client("r1/z1", "c1", "n1", "a"));
+        assert_eq!(r1, vec![("r1".to_string(), 0), ("r2".to_string(), 1)]);
+        let r2 = priorities(&client("r2/z2", "c1", "n1", "a"));
+        assert_eq!(r2, vec![("r1".to_string(), 1), ("r2".to_string(), 0)]);
+        assert_eq!(priorities(&client("r1/z1", "c2", "n2", "b")), r1);
+        let before = snap.cache().stats().size;
+        priorities(&client("r1/z1", "c3", "n3", "c"));
+        assert_eq!(snap.cache().stats().size, before, "shared, not a new entry");
+    }
+
     #[test]
     fn the_rule_depends_on_the_proxy_namespace() {
         let snap = snapshot(rules());

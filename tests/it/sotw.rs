@@ -182,6 +182,65 @@ async fn endpoint_change_resends_only_that_cluster_and_only_to_its_watchers() {
     server.shutdown().await;
 }
 
+/// An endpoint-only push is queued on the connections watching a changed name (the
+/// watch index), not on every connection: the push record counts exactly them.
+#[tokio::test]
+async fn an_endpoint_change_is_queued_only_on_its_watchers() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    let a = add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.0.1"],
+    );
+    let b = add_http_service(
+        &reg,
+        "b.default.svc.cluster.local",
+        "default",
+        &["10.0.1.1"],
+    );
+    server.sync().await;
+    let mut clients = Vec::new();
+    for (ip, names) in [("10.0.0.1", &[A, B][..]), ("10.0.0.2", &[B][..])] {
+        let id = format!("sidecar~{ip}~app-{ip}.default~default.svc.cluster.local");
+        let mut c = AdsClient::connect(server.grpc_addr(), node(&id))
+            .await
+            .unwrap();
+        c.subscribe(TypeUrl::Endpoint, names).await.unwrap();
+        let first = c.recv_type(TypeUrl::Endpoint).await.unwrap();
+        c.ack(&first).await.unwrap();
+        clients.push(c);
+    }
+    let pushes_of = |host: &'static str| {
+        let pipeline = server.server().pipeline();
+        move || {
+            let found = pipeline
+                .history()
+                .into_iter()
+                .find(|p| !p.full && p.changes.iter().any(|c| c.contains(host)));
+            std::future::ready(found)
+        }
+    };
+
+    reg.set_endpoints(&a, vec![endpoint("10.0.0.3", "http", 8080, "r1/z1")]);
+    clients[0].recv_type(TypeUrl::Endpoint).await.unwrap();
+    let record = eventually("the push of a", pushes_of("a.default")).await;
+    assert_eq!(record.connections, 1, "{record:?}");
+    assert!(
+        record.proxies[0].starts_with("app-10.0.0.1.default-"),
+        "{record:?}"
+    );
+
+    reg.set_endpoints(&b, vec![endpoint("10.0.1.2", "http", 8080, "r1/z1")]);
+    for c in &mut clients {
+        c.recv_type(TypeUrl::Endpoint).await.unwrap();
+    }
+    let record = eventually("the push of b", pushes_of("b.default")).await;
+    assert_eq!(record.connections, 2, "{record:?}");
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn new_and_removed_services_push_cds() {
     let server = FakeServer::builder().start().await.unwrap();
