@@ -70,17 +70,19 @@ pub struct Pending {
     /// What changed.
     pub request: PushRequest,
     /// For an incremental push found through the watch index: the EDS names of the
-    /// changed services this connection watches. `None`: whatever the request touches.
-    pub eds_names: Option<BTreeSet<String>>,
+    /// changed services this connection watches (shared by the connections holding the
+    /// same subscription). `None`: whatever the request touches.
+    pub eds_names: Option<Arc<BTreeSet<String>>>,
 }
 
 impl Pending {
     fn merge(&mut self, other: Pending) {
         self.request.merge(other.request);
         self.eds_names = match (self.eds_names.take(), other.eds_names) {
-            (Some(mut a), Some(b)) => {
-                a.extend(b);
-                Some(a)
+            (Some(a), Some(b)) => {
+                let mut union = (*a).clone();
+                union.extend(b.iter().cloned());
+                Some(Arc::new(union))
             }
             _ => None,
         };
@@ -226,13 +228,15 @@ impl PushTargets for Connections {
                 .watchers(TypeUrl::Endpoint, scope.hosts().iter().copied());
             let by_n = self.by_n.read().expect("connections poisoned");
             let mut woken: Vec<&Arc<ConnectionHandle>> = Vec::new();
-            for (n, names) in watchers.by_name {
-                if let Some(c) = by_n.get(&n) {
-                    c.enqueue(Pending {
-                        request: request.clone(),
-                        eds_names: (!watchers.wildcard.contains(&n)).then_some(names),
-                    });
-                    woken.push(c);
+            for (names, conns) in &watchers.by_set {
+                for n in conns {
+                    if let Some(c) = by_n.get(n) {
+                        c.enqueue(Pending {
+                            request: request.clone(),
+                            eds_names: (!watchers.wildcard.contains(n)).then(|| names.clone()),
+                        });
+                        woken.push(c);
+                    }
                 }
             }
             for n in &watchers.wildcard {
@@ -247,22 +251,21 @@ impl PushTargets for Connections {
                 }
             }
             count = woken.len();
-            let mut ids: Vec<String> = woken.iter().map(|c| c.id.clone()).collect();
-            ids.sort();
-            ids.truncate(PUSHED_IDS);
+            woken.sort_by(|a, b| a.id.cmp(&b.id));
+            let ids = woken
+                .iter()
+                .take(PUSHED_IDS)
+                .map(|c| c.id.clone())
+                .collect();
             return Queued { count, ids };
         }
         let all = self.all();
         for c in &all {
-            let watched: Vec<TypeUrl> = c
-                .state
-                .lock()
-                .expect("state poisoned")
-                .watches
-                .keys()
-                .copied()
-                .collect();
-            if scope.touches_any(c.class, watched) {
+            let touched = {
+                let state = c.state.lock().expect("state poisoned");
+                scope.touches_any(c.class, state.watches.keys().copied())
+            };
+            if touched {
                 c.enqueue(Pending {
                     request: request.clone(),
                     eds_names: None,

@@ -402,7 +402,7 @@ async fn push<F: FlavourIo>(
             // Only EDS goes out partially; other types are sent whole (their
             // untouched resources come from the cache).
             (Touch::Services(_), TypeUrl::Endpoint) => match &pending.eds_names {
-                Some(names) => Scope::Names(names),
+                Some(names) => Scope::Names(names.as_ref()),
                 None => Scope::Hostnames(push_scope.hosts()),
             },
             _ => Scope::All,

@@ -643,7 +643,7 @@ pub fn inbound_passthrough_for(mesh: &MeshConfig, v4: bool, v6: bool) -> Cluster
 pub struct OutboundClusterInput {
     pub service: ServiceKey,
     pub port: u16,
-    pub subset: Arc<str>,
+    pub subset: String,
     /// The rule in force, `(namespace, name)`: the client's namespace decides it.
     pub rule: Option<(String, String)>,
     pub client: ClusterClient,
@@ -730,13 +730,15 @@ pub fn cached_outbound(
     if !subset.is_empty() && rule.is_none_or(|r| policy::subset(&r.spec, subset).is_none()) {
         return None;
     }
+    let key = service.key();
+    let shards = SharedShards(snapshot.shards(&key).cloned());
     let input = OutboundClusterInput {
-        service: service.key(),
+        service: key,
         port: port.port.get(),
-        subset: Arc::from(subset),
+        subset: subset.to_string(),
         rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
         client: ClusterClient::for_proxy(proxy, service),
-        shards: SharedShards(snapshot.shards(&service.key()).cloned()),
+        shards,
     };
     snapshot
         .cache()

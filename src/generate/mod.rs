@@ -157,64 +157,63 @@ fn load_assignments(
     } else {
         sub.names
     };
-    // The clusters a changed hostname can have for this proxy, among `candidates`
-    // (names the proxy watches): those of the service it resolves the hostname to, or,
-    // when the service is gone, whatever the proxy still watches for it.
-    let of_host = |host: &str, candidates: &mut dyn Iterator<Item = &String>| -> Vec<String> {
-        match snapshot.services().resolve(host, &proxy.namespace) {
-            Some(service) => {
-                let own: HashSet<String> = cluster_names(snapshot, proxy, service)
-                    .into_iter()
-                    .collect();
-                candidates.filter(|n| own.contains(*n)).cloned().collect()
-            }
-            None => candidates.cloned().collect(),
-        }
-    };
-    let in_scope: Vec<String> = match scope {
+    let mut in_scope: Vec<&str> = Vec::new();
+    match scope {
         // An incremental push names a few hostnames; a proxy may watch thousands of
         // clusters. Look up the clusters those hostnames can have instead of scanning
         // every watched name.
         Scope::Hostnames(hosts) if !sub.wildcard => {
-            let mut found = Vec::new();
             for host in hosts.iter() {
                 match snapshot.services().resolve(host, &proxy.namespace) {
-                    Some(service) => found.extend(
-                        cluster_names(snapshot, proxy, service)
-                            .into_iter()
-                            .filter(|candidate| names.contains(candidate)),
-                    ),
-                    None => found.extend(
+                    Some(service) => {
+                        for candidate in cluster_names(snapshot, proxy, service) {
+                            if let Some(n) = names.get(&candidate) {
+                                in_scope.push(n);
+                            }
+                        }
+                    }
+                    None => in_scope.extend(
                         names
                             .iter()
                             .filter(|n| n.rsplit('|').next() == Some(*host))
-                            .cloned(),
+                            .map(String::as_str),
                     ),
                 }
             }
-            found
         }
-        Scope::Hostnames(hosts) => names
-            .iter()
-            .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
-            .cloned()
-            .collect(),
-        // Names handed over by the watch index, still watched now, grouped by host.
+        Scope::Hostnames(hosts) => in_scope.extend(
+            names
+                .iter()
+                .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
+                .map(String::as_str),
+        ),
+        // Names handed over by the watch index that are still watched, by host: those
+        // of the service the proxy resolves the hostname to, or, when the service is
+        // gone, whatever it still watches for it.
         Scope::Names(changed) => {
-            let mut by_host: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
-            for n in changed.iter().filter(|n| names.contains(*n)) {
+            let mut by_host: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
+            for n in changed.iter().filter_map(|n| names.get(n)) {
                 by_host
                     .entry(crate::push::watch::host_of(n))
                     .or_default()
                     .push(n);
             }
-            by_host
-                .into_iter()
-                .flat_map(|(host, candidates)| of_host(host, &mut candidates.into_iter()))
-                .collect()
+            for (host, candidates) in by_host {
+                match snapshot.services().resolve(host, &proxy.namespace) {
+                    Some(service) => {
+                        let own = cluster_names(snapshot, proxy, service);
+                        in_scope.extend(
+                            candidates
+                                .into_iter()
+                                .filter(|n| own.iter().any(|o| o == n)),
+                        );
+                    }
+                    None => in_scope.extend(candidates),
+                }
+            }
         }
-        Scope::All => names.iter().cloned().collect(),
-    };
+        Scope::All => in_scope.extend(names.iter().map(String::as_str)),
+    }
     if in_scope.is_empty() {
         return Vec::new();
     }
@@ -222,8 +221,8 @@ fn load_assignments(
     in_scope
         .into_iter()
         .filter_map(|name| {
-            let parsed = ClusterName::parse(&name)?;
-            let input = EdsInput::for_proxy(snapshot, proxy, &name, &parsed, options.eds);
+            let parsed = ClusterName::parse(name)?;
+            let input = EdsInput::for_proxy(snapshot, proxy, name, &parsed, options.eds);
             snapshot
                 .cache()
                 .get_or_insert(input, |input| Some(input.generate(snapshot)))

@@ -16,7 +16,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::fmt::Debug;
-use std::hash::{Hash, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -79,7 +79,25 @@ fn hash_of<K: CacheInput>(input: &K) -> u64 {
     h.finish()
 }
 
-type Shard = RwLock<HashMap<u64, Vec<Entry>>>;
+/// The buckets are keyed by [`hash_of`] already: hashing that again is wasted work.
+#[derive(Default)]
+struct PassThrough(u64);
+
+impl Hasher for PassThrough {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 << 8) | u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type Shard = RwLock<HashMap<u64, Vec<Entry>, BuildHasherDefault<PassThrough>>>;
 
 /// The encoded-resource cache of one snapshot.
 #[derive(Debug)]
@@ -109,7 +127,9 @@ pub struct CacheStats {
 
 impl ResourceCache {
     fn shard(&self, hash: u64) -> &Shard {
-        &self.shards[(hash as usize) % SHARDS]
+        // Middle bits pick the shard: the map inside a shard uses the low bits for the
+        // bucket and the top ones for its tag, so those must vary within a shard.
+        &self.shards[(hash >> 32) as usize % SHARDS]
     }
 
     fn find<K: CacheInput>(&self, hash: u64, input: &K) -> Option<Resource> {

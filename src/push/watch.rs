@@ -125,8 +125,9 @@ pub struct WatchIndex {
 /// The connections an incremental push reaches.
 #[derive(Debug, Default)]
 pub struct Watchers {
-    /// Connections watching changed names, with those names.
-    pub by_name: HashMap<ConnId, BTreeSet<String>>,
+    /// The changed names each subscribed set holds, with the connections holding the
+    /// set (one connection holds one set per type).
+    pub by_set: Vec<(Arc<BTreeSet<String>>, Vec<ConnId>)>,
     /// Connections watching every resource of the type.
     pub wildcard: HashSet<ConnId>,
 }
@@ -175,18 +176,16 @@ impl WatchIndex {
                 }
             }
         }
-        let mut by_name: HashMap<ConnId, BTreeSet<String>> = HashMap::new();
-        for (set, names) in per_set {
-            let held = &index.sets[&set];
-            for conn in &held.connections {
-                by_name
-                    .entry(*conn)
-                    .or_default()
-                    .extend(names.iter().map(|n| n.to_string()));
-            }
-        }
+        let by_set = per_set
+            .into_iter()
+            .map(|(set, names)| {
+                let held = &index.sets[&set];
+                let names: BTreeSet<String> = names.iter().map(|n| n.to_string()).collect();
+                (Arc::new(names), held.connections.iter().copied().collect())
+            })
+            .collect();
         Watchers {
-            by_name,
+            by_set,
             wildcard: index.wildcard.clone(),
         }
     }
@@ -218,6 +217,19 @@ mod tests {
         }
     }
 
+    fn by_conn(w: &Watchers) -> HashMap<ConnId, BTreeSet<String>> {
+        let mut out = HashMap::new();
+        for (names, conns) in &w.by_set {
+            for c in conns {
+                assert!(
+                    out.insert(*c, (**names).clone()).is_none(),
+                    "one set per connection"
+                );
+            }
+        }
+        out
+    }
+
     const A80: &str = "outbound|80||a.ns.svc.cluster.local";
     const A80V1: &str = "outbound|80|v1|a.ns.svc.cluster.local";
     const B80: &str = "outbound|80||b.ns.svc.cluster.local";
@@ -243,26 +255,27 @@ mod tests {
 
         let w = index.watchers(TypeUrl::Endpoint, ["a.ns.svc.cluster.local"]);
         let expected: BTreeSet<String> = [A80, A80V1].iter().map(|s| s.to_string()).collect();
-        assert_eq!(w.by_name.len(), 2);
-        assert_eq!(w.by_name[&1], expected);
-        assert_eq!(w.by_name[&2], expected);
+        assert_eq!(by_conn(&w).len(), 2);
+        assert_eq!(by_conn(&w)[&1], expected);
+        assert_eq!(by_conn(&w)[&2], expected);
+        assert_eq!(w.by_set.len(), 1, "one set, shared by both");
         assert_eq!(w.wildcard, HashSet::from([4]));
         assert!(
             index
                 .watchers(TypeUrl::Cluster, ["a.ns.svc.cluster.local"])
-                .by_name
+                .by_set
                 .is_empty()
         );
 
         // Connection 1 narrows to b only; 2 leaves; nobody watches a any more.
         index.update(1, TypeUrl::Endpoint, &watched(&ab), &watched(&b));
         let w = index.watchers(TypeUrl::Endpoint, ["a.ns.svc.cluster.local"]);
-        assert_eq!(w.by_name.keys().collect::<Vec<_>>(), vec![&2]);
+        assert_eq!(by_conn(&w).keys().collect::<Vec<_>>(), vec![&2]);
         index.update(2, TypeUrl::Endpoint, &watched(&ab), &none);
         assert!(
             index
                 .watchers(TypeUrl::Endpoint, ["a.ns.svc.cluster.local"])
-                .by_name
+                .by_set
                 .is_empty()
         );
         assert_eq!(
@@ -271,7 +284,7 @@ mod tests {
             "only b's set is left"
         );
         let w = index.watchers(TypeUrl::Endpoint, ["b.ns.svc.cluster.local"]);
-        let mut conns: Vec<_> = w.by_name.keys().copied().collect();
+        let mut conns: Vec<_> = by_conn(&w).keys().copied().collect();
         conns.sort();
         assert_eq!(conns, vec![1, 3]);
     }
