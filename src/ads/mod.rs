@@ -221,7 +221,7 @@ impl PushTargets for Connections {
         let request = scope.request();
         let mut queued: Vec<&str> = Vec::new();
         let mut count = 0;
-        if request.is_endpoints_only() {
+        if scope.is_incremental() {
             // Only EDS can change: wake the watchers of the changed services' names.
             let watchers = self
                 .watches

@@ -325,7 +325,6 @@ impl Snapshot {
         config: &dyn Fn(&MeshSettings) -> ConfigIndex,
         counter: u64,
     ) -> Snapshot {
-        let request = scope.request();
         let config = if scope.rebuilds_config() {
             Arc::new(config(&mesh))
         } else {
@@ -339,7 +338,7 @@ impl Snapshot {
         } else {
             (previous.services.clone(), previous.gateways.clone())
         };
-        let workloads = if request.is_endpoints_only() {
+        let workloads = if scope.is_incremental() {
             previous
                 .workloads
                 .keeping_answers(aggregate.workload_sources())

@@ -120,6 +120,13 @@ impl<'a> PushScope<'a> {
             .any(|t| self.touch(class, t) != Touch::Nothing)
     }
 
+    /// Whether only endpoints changed: the push touches EDS of the changed services and
+    /// nothing else, for every class of proxy (so its connections are the watchers of
+    /// the changed names, and proxies' workloads are as they were).
+    pub fn is_incremental(&self) -> bool {
+        self.request.is_endpoints_only()
+    }
+
     /// Whether the snapshot re-reads the Istio config stores: any change other than
     /// services, endpoints and proxies' own workloads.
     pub fn rebuilds_config(&self) -> bool {

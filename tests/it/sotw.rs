@@ -14,6 +14,13 @@ const SIDECAR: &str = "sidecar~10.0.0.1~app-1.default~default.svc.cluster.local"
 const A: &str = "outbound|80||a.default.svc.cluster.local";
 const B: &str = "outbound|80||b.default.svc.cluster.local";
 
+/// Services `a` and `b` in `default`, one endpoint each (clusters [`A`] and [`B`]).
+fn services_a_and_b(reg: &meshfed_registry::MemoryRegistry) -> (ServiceKey, ServiceKey) {
+    let a = add_http_service(reg, "a.default.svc.cluster.local", "default", &["10.0.0.1"]);
+    let b = add_http_service(reg, "b.default.svc.cluster.local", "default", &["10.0.1.1"]);
+    (a, b)
+}
+
 fn addresses(cla: &ClusterLoadAssignment) -> Vec<String> {
     let mut out: Vec<String> = cla
         .endpoints
@@ -123,18 +130,7 @@ async fn initial_cds_then_eds_with_istio_names_and_localities() {
 async fn endpoint_change_resends_only_that_cluster_and_only_to_its_watchers() {
     let server = FakeServer::builder().start().await.unwrap();
     let reg = server.mock_registry("c1");
-    let a = add_http_service(
-        &reg,
-        "a.default.svc.cluster.local",
-        "default",
-        &["10.0.0.1"],
-    );
-    let b = add_http_service(
-        &reg,
-        "b.default.svc.cluster.local",
-        "default",
-        &["10.0.1.1"],
-    );
+    let (a, b) = services_a_and_b(&reg);
 
     server.sync().await;
     let mut watcher_a = AdsClient::connect(server.grpc_addr(), node(SIDECAR))
@@ -188,18 +184,7 @@ async fn endpoint_change_resends_only_that_cluster_and_only_to_its_watchers() {
 async fn an_endpoint_change_is_queued_only_on_its_watchers() {
     let server = FakeServer::builder().start().await.unwrap();
     let reg = server.mock_registry("c1");
-    let a = add_http_service(
-        &reg,
-        "a.default.svc.cluster.local",
-        "default",
-        &["10.0.0.1"],
-    );
-    let b = add_http_service(
-        &reg,
-        "b.default.svc.cluster.local",
-        "default",
-        &["10.0.1.1"],
-    );
+    let (a, b) = services_a_and_b(&reg);
     server.sync().await;
     let mut clients = Vec::new();
     for (ip, names) in [("10.0.0.1", &[A, B][..]), ("10.0.0.2", &[B][..])] {
