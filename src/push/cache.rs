@@ -14,9 +14,8 @@
 
 use std::any::Any;
 use std::collections::HashMap;
-use std::collections::hash_map::DefaultHasher;
 use std::fmt::Debug;
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -71,9 +70,11 @@ struct Entry {
 
 const SHARDS: usize = 64;
 
-/// Hash of a key, with its type: equal inputs of different types do not collide.
-fn hash_of<K: CacheInput>(input: &K) -> u64 {
-    let mut h = DefaultHasher::new();
+/// Hash of a key, with its type: equal inputs of different types do not collide. Keys
+/// are hashed on every look-up (thousands per proxy push), so with foldhash rather
+/// than SipHash, seeded per process.
+fn hash_of<K: CacheInput>(state: &foldhash::fast::RandomState, input: &K) -> u64 {
+    let mut h = state.build_hasher();
     std::any::TypeId::of::<K>().hash(&mut h);
     input.hash(&mut h);
     h.finish()
@@ -102,6 +103,8 @@ type Shard = RwLock<HashMap<u64, Vec<Entry>, BuildHasherDefault<PassThrough>>>;
 /// The encoded-resource cache of one snapshot.
 #[derive(Debug)]
 pub struct ResourceCache {
+    /// Shared by a cache and the caches carried over from it (keys keep their hash).
+    state: foldhash::fast::RandomState,
     shards: Box<[Shard]>,
     hits: AtomicU64,
     misses: AtomicU64,
@@ -110,6 +113,7 @@ pub struct ResourceCache {
 impl Default for ResourceCache {
     fn default() -> Self {
         ResourceCache {
+            state: foldhash::fast::RandomState::default(),
             shards: (0..SHARDS).map(|_| Shard::default()).collect(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -147,7 +151,7 @@ impl ResourceCache {
         input: K,
         generate: impl FnOnce(&K) -> Option<Resource>,
     ) -> Option<Resource> {
-        let hash = hash_of(&input);
+        let hash = hash_of(&self.state, &input);
         if let Some(hit) = self.find(hash, &input) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Some(hit);
@@ -192,7 +196,10 @@ impl ResourceCache {
                     Touch::Everything => false,
                 })
         };
-        let next = ResourceCache::default();
+        let next = ResourceCache {
+            state: self.state.clone(),
+            ..ResourceCache::default()
+        };
         for (from, to) in self.shards.iter().zip(next.shards.iter()) {
             let from = from.read().expect("cache shard poisoned");
             let mut to = to.write().expect("cache shard poisoned");
