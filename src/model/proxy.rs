@@ -48,7 +48,7 @@ pub enum Generator {
 }
 
 /// The kinds of proxy whose config is generated differently, and so reads different
-/// things ([`crate::xds::deps`]).
+/// things (the declared dependencies of `xds::deps`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProxyClass {
