@@ -25,11 +25,15 @@ use crate::push::cache::ResourceCache;
 use crate::push::config_index::ConfigIndex;
 use crate::xds::deps::PushScope;
 
+/// The endpoint shards of every service, as a snapshot holds them: looked up for every
+/// cluster of every proxy push, so hashed with foldhash rather than SipHash.
+pub type EndpointMap = HashMap<ServiceKey, Arc<EndpointShards>, foldhash::fast::RandomState>;
+
 /// Services after the aggregate's merge, indexed by hostname.
 #[derive(Debug, Default)]
 pub struct ServiceIndex {
     services: Vec<Arc<Service>>,
-    by_hostname: HashMap<Hostname, Vec<usize>>,
+    by_hostname: HashMap<Hostname, Vec<usize>, foldhash::fast::RandomState>,
     sources: BTreeMap<ServiceKey, Vec<ShardKey>>,
     conflicts: Vec<Conflict>,
 }
@@ -37,7 +41,8 @@ pub struct ServiceIndex {
 impl ServiceIndex {
     /// Indexes a merged view.
     pub fn new(merged: MergedServices) -> Self {
-        let mut by_hostname: HashMap<Hostname, Vec<usize>> = HashMap::new();
+        let mut by_hostname: HashMap<Hostname, Vec<usize>, foldhash::fast::RandomState> =
+            HashMap::default();
         for (i, s) in merged.services.iter().enumerate() {
             by_hostname.entry(s.hostname.clone()).or_default().push(i);
         }
@@ -189,7 +194,7 @@ pub struct Snapshot {
     /// Merged services.
     services: Arc<ServiceIndex>,
     /// Endpoint shards per service at snapshot time.
-    endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    endpoints: Arc<EndpointMap>,
     /// Gateways of every network.
     gateways: Arc<Vec<NetworkGateway>>,
     /// MeshConfig and meshNetworks in force.
@@ -215,7 +220,7 @@ pub struct Snapshot {
 pub struct SnapshotParts {
     pub version: Arc<str>,
     pub services: Arc<ServiceIndex>,
-    pub endpoints: Arc<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    pub endpoints: Arc<EndpointMap>,
     pub gateways: Arc<Vec<NetworkGateway>>,
     pub mesh: Arc<MeshSettings>,
     pub config: Arc<ConfigIndex>,
@@ -264,7 +269,7 @@ impl Snapshot {
     }
 
     /// Endpoint shards of every service.
-    pub fn endpoints(&self) -> &HashMap<ServiceKey, Arc<EndpointShards>> {
+    pub fn endpoints(&self) -> &EndpointMap {
         &self.endpoints
     }
 
@@ -349,7 +354,7 @@ impl Snapshot {
         Snapshot {
             version: Arc::from(format_version(now, counter)),
             services,
-            endpoints: Arc::new(endpoints.snapshot()),
+            endpoints: Arc::new(endpoints.snapshot().into_iter().collect()),
             gateways,
             mesh,
             config,
