@@ -22,7 +22,7 @@ use super::proxy::{Outgoing, ProxyState, SotwOut, Step};
 use super::record::Recorder;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
-use crate::xds::json_to_struct;
+use meshfed::model::proxy::json_to_struct;
 
 /// Everything a simulated proxy needs.
 #[derive(Clone, Debug)]

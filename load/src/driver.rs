@@ -25,7 +25,7 @@ use super::report::{
 };
 use super::scenario::{Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
-use crate::xds::TypeUrl;
+use meshfed::xds::TypeUrl;
 
 /// Which server the run loads.
 #[derive(Clone, Debug)]

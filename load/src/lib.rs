@@ -98,7 +98,6 @@ pub mod registry;
 pub mod report;
 pub mod scenario;
 pub mod server;
-pub mod xds;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -31,7 +31,7 @@ use super::lite::{
 use super::plan::Plan;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
-use crate::xds::TypeUrl;
+use meshfed::xds::TypeUrl;
 
 /// A request to send.
 #[derive(Clone, Debug, PartialEq)]

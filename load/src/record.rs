@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::xds::TypeUrl;
+use meshfed::xds::TypeUrl;
 
 const UNWRITTEN: u64 = u64::MAX;
 

@@ -239,10 +239,11 @@ impl PushTargets for Connections {
                     }
                 }
             }
-            for n in &watchers.wildcard {
-                if let Some(c) = by_n.get(n)
-                    && !woken.iter().any(|w| w.n == *n)
-                {
+            // Wildcard watchers not already woken for a name: whatever the request
+            // touches.
+            let named: std::collections::HashSet<ConnId> = woken.iter().map(|c| c.n).collect();
+            for n in watchers.wildcard.difference(&named) {
+                if let Some(c) = by_n.get(n) {
                     c.enqueue(Pending {
                         request: request.clone(),
                         eds_names: None,

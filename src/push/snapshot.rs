@@ -214,50 +214,7 @@ pub struct Snapshot {
     network_view: OnceLock<Arc<NetworkView>>,
 }
 
-/// The parts of a snapshot, for building one outside a push (tests, benchmarks,
-/// `/debug/config_dump` with other generator options).
-#[derive(Debug)]
-pub struct SnapshotParts {
-    pub version: Arc<str>,
-    pub services: Arc<ServiceIndex>,
-    pub endpoints: Arc<EndpointMap>,
-    pub gateways: Arc<Vec<NetworkGateway>>,
-    pub mesh: Arc<MeshSettings>,
-    pub config: Arc<ConfigIndex>,
-    pub workloads: WorkloadSources,
-}
-
 impl Snapshot {
-    /// A snapshot of exactly these parts, with an empty cache.
-    pub fn from_parts(parts: SnapshotParts) -> Snapshot {
-        Snapshot {
-            version: parts.version,
-            services: parts.services,
-            endpoints: parts.endpoints,
-            gateways: parts.gateways,
-            mesh: parts.mesh,
-            config: parts.config,
-            cache: ResourceCache::default(),
-            workloads: ProxyWorkloads::new(parts.workloads),
-            built_at: SystemTime::now(),
-            by_address: OnceLock::new(),
-            network_view: OnceLock::new(),
-        }
-    }
-
-    /// This snapshot's parts (shared, not copied), to build a variant of it.
-    pub fn parts(&self) -> SnapshotParts {
-        SnapshotParts {
-            version: self.version.clone(),
-            services: self.services.clone(),
-            endpoints: self.endpoints.clone(),
-            gateways: self.gateways.clone(),
-            mesh: self.mesh.clone(),
-            config: self.config.clone(),
-            workloads: self.workloads.sources.clone(),
-        }
-    }
-
     /// Push version, `"<RFC3339 time>/<counter>"`.
     pub fn version(&self) -> &Arc<str> {
         &self.version
