@@ -28,8 +28,10 @@ use tracing::{error, info, warn};
 
 use crate::admin::{self, AdminState};
 use crate::ads::Connections;
+use crate::ads::limit::LogLimiter;
 use crate::ads::metrics::XdsMetrics;
 use crate::ads::server::{AdsService, XdsContext};
+use crate::ads::transport::{Acceptor, TransportMetrics, XdsLimits};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
 use crate::mesh::{self, MeshFile, MeshSettings};
@@ -141,6 +143,8 @@ pub struct DiscoveryConfig {
     pub debounce: DebounceConfig,
     /// Concurrent pushes.
     pub push_throttle: usize,
+    /// Limits of the xDS port.
+    pub xds_limits: XdsLimits,
     /// Generator settings.
     pub generator: GeneratorOptions,
     /// Let non-loopback callers use the debug endpoints.
@@ -169,6 +173,7 @@ impl Default for DiscoveryConfig {
             networks_config: None,
             debounce: DebounceConfig::default(),
             push_throttle: 100,
+            xds_limits: XdsLimits::default(),
             generator: GeneratorOptions::default(),
             debug_open: false,
             drain_deadline: Duration::from_secs(5),
@@ -448,8 +453,17 @@ impl Server {
             options: config.generator,
             ready: Arc::new(move || ready_aggregate.has_synced() && ready_stores.has_synced()),
             shutdown: shutdown.clone(),
+            send_timeout: config.xds_limits.send_timeout,
+            refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
         });
-        tasks.spawn(serve_grpc(grpc, AdsService::new(ctx), shutdown.clone()));
+        let transport_metrics = TransportMetrics::new(&mut metrics_registry);
+        let acceptor = Acceptor::new(grpc, config.xds_limits.clone(), transport_metrics);
+        tasks.spawn(serve_grpc(
+            acceptor,
+            config.xds_limits.max_concurrent_streams,
+            AdsService::new(ctx),
+            shutdown.clone(),
+        ));
 
         // Each component defines the metrics of the state it owns; they are read on
         // every scrape.
@@ -752,10 +766,16 @@ fn start_mock_registry(
     }
 }
 
-async fn serve_grpc(listener: TcpListener, ads: AdsService, mut shutdown: Shutdown) {
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+async fn serve_grpc(
+    acceptor: Acceptor,
+    max_concurrent_streams: u32,
+    ads: AdsService,
+    mut shutdown: Shutdown,
+) {
+    let incoming = acceptor.into_stream();
     let result = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .max_concurrent_streams(max_concurrent_streams)
         .add_service(ads)
         .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
         .await;

@@ -123,6 +123,19 @@ pub fn init(spec: &str, json: bool) -> Result<LogControl, String> {
     })
 }
 
+/// `s` cut to at most `max` bytes (at a character boundary) with the length of the
+/// whole appended, for untrusted text in logs and debug output.
+pub fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…({} bytes)", &s[..end], s.len()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

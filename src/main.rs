@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, Parser, Subcommand};
+use meshfed::ads::transport::XdsLimits;
 use meshfed::app::{
     ConsulSettings, DiscoveryConfig, KubeSettings, KubeSource, MockSource, RemoteSecretSettings,
     Server,
@@ -208,9 +209,30 @@ struct DiscoveryArgs {
     /// `false` they are pushed at once.
     #[arg(long = "edsDebounce", default_value_t = true, action = clap::ArgAction::Set)]
     eds_debounce: bool,
-    /// Pushes generated concurrently (Istio's PILOT_PUSH_THROTTLE).
+    /// Pushes generated concurrently (Istio's PILOT_PUSH_THROTTLE). Bounds generation
+    /// only: a proxy that does not read holds no slot.
     #[arg(long = "pushThrottle", default_value_t = 100)]
     push_throttle: usize,
+    /// How long one xDS response may wait for a proxy that does not read it before the
+    /// proxy's connection is closed (Istio's PILOT_XDS_SEND_TIMEOUT); `0s`: no limit.
+    #[arg(long = "xdsSendTimeout", default_value = "30s", value_parser = parse_duration)]
+    xds_send_timeout: Duration,
+    /// Most TCP connections held on the xDS port; beyond it new connections are
+    /// closed at accept. `0`: no cap.
+    #[arg(long = "maxConnections", default_value_t = 0)]
+    max_connections: usize,
+    /// How long a connection to the xDS port may stay without opening a gRPC stream
+    /// before it is closed; `0s`: no limit.
+    #[arg(long = "handshakeTimeout", default_value = "10s", value_parser = parse_duration)]
+    handshake_timeout: Duration,
+    /// HTTP/2 streams one xDS connection may have open at once
+    /// (SETTINGS_MAX_CONCURRENT_STREAMS).
+    #[arg(long = "maxConcurrentStreams", default_value_t = 100)]
+    max_concurrent_streams: u32,
+    /// Bytes of unfinished request messages one xDS connection may hold over all its
+    /// streams; at least one whole message (4 MiB) is always allowed.
+    #[arg(long = "maxConnectionRequestBytes", default_value_t = 16 * 1024 * 1024)]
+    max_connection_request_bytes: usize,
     /// Send unhealthy endpoints marked UNHEALTHY instead of dropping them (Istio's
     /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
     #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
@@ -406,6 +428,14 @@ impl DiscoveryArgs {
                 eds_debounce: self.eds_debounce,
             },
             push_throttle: self.push_throttle,
+            xds_limits: XdsLimits {
+                send_timeout: (!self.xds_send_timeout.is_zero()).then_some(self.xds_send_timeout),
+                max_connections: self.max_connections,
+                handshake_timeout: (!self.handshake_timeout.is_zero())
+                    .then_some(self.handshake_timeout),
+                max_concurrent_streams: self.max_concurrent_streams.max(1),
+                connection_request_bytes: self.max_connection_request_bytes,
+            },
             domain: self.domain,
             mesh_config: self.mesh_config,
             networks_config: self.networks_config,
@@ -439,6 +469,16 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             }
             let mut config = args.into_config()?;
             config.log_control = Some(logs);
+            // Each proxy is a descriptor: the soft limit (often 1,024) goes up to the
+            // hard one, which the operator controls.
+            match meshfed::ads::transport::raise_nofile_limit() {
+                Some((soft, now)) => tracing::info!(
+                    soft_before = soft,
+                    soft_now = now,
+                    "open-files limit (RLIMIT_NOFILE): the soft limit is raised to the hard one"
+                ),
+                None => tracing::warn!("cannot read the open-files limit (RLIMIT_NOFILE)"),
+            }
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             runtime.block_on(async {
                 let server = Server::start(config).await?;

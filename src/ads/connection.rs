@@ -92,6 +92,14 @@ pub struct Watch {
     pub held: Arc<HeldMap>,
 }
 
+/// Longest NACK detail kept per watch (for the log and debug output): a proxy's
+/// `error_detail` can be a megabyte of its own config.
+pub const MAX_ERROR_DETAIL: usize = 4096;
+
+fn stored_error(message: &str) -> String {
+    crate::logging::clip(message, MAX_ERROR_DETAIL).into_owned()
+}
+
 /// What to do with a request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
@@ -126,9 +134,9 @@ impl ConnectionState {
         };
         if let Some(status) = &req.error_detail {
             let watch = self.watches.entry(type_url).or_default();
-            watch.last_error = Some(status.message.clone());
+            watch.last_error = Some(stored_error(&status.message));
             watch.nonce_nacked = Some(req.response_nonce.clone());
-            return Action::Nack(type_url, status.message.clone());
+            return Action::Nack(type_url, stored_error(&status.message));
         }
         let requested = &req.resource_names;
         if requested.is_empty() && !type_url.is_wildcard() {
@@ -197,9 +205,9 @@ impl ConnectionState {
         };
         if let Some(status) = &req.error_detail {
             let watch = self.watches.entry(type_url).or_default();
-            watch.last_error = Some(status.message.clone());
+            watch.last_error = Some(stored_error(&status.message));
             watch.nonce_nacked = Some(req.response_nonce.clone());
-            return Action::Nack(type_url, status.message.clone());
+            return Action::Nack(type_url, stored_error(&status.message));
         }
         let first = !self.watches.contains_key(&type_url);
         let watch = self.watches.entry(type_url).or_default();

@@ -18,6 +18,7 @@
 //! from it (names stay slices of it), and nothing is kept between messages.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -28,6 +29,7 @@ use tokio::sync::mpsc;
 use tonic::codegen::http::HeaderMap;
 use tonic::{Code, Status};
 
+use super::transport::ConnControl;
 use crate::xds::wire::{DeltaResource, DeltaResponse, SharedAny, SotwResponse};
 
 /// Resource bodies at least this long are spliced in by reference instead of copied.
@@ -356,29 +358,67 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
 /// The largest request message accepted (tonic's default limit).
 pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
 
+/// Why reading a request failed.
+#[derive(Debug)]
+pub enum RequestError {
+    /// The transport failed or the peer reset the stream: an ordinary disconnect.
+    Transport(Status),
+    /// The peer broke the protocol: the stream ends with `status`, and `reason` is the
+    /// metric label (`malformed`, `compressed`, `oversize`, `truncated`, `buffer_limit`).
+    Protocol {
+        /// Metric label.
+        reason: &'static str,
+        /// What the peer is told.
+        status: Status,
+    },
+}
+
+impl RequestError {
+    fn protocol(reason: &'static str, status: Status) -> Self {
+        RequestError::Protocol { reason, status }
+    }
+}
+
 /// The request messages of one gRPC stream, read from its HTTP body.
 #[derive(Debug)]
 pub struct RequestStream<M> {
     body: tonic::body::Body,
     /// Bytes of the message being assembled; empty (no allocation) between messages.
+    /// It grows with the bytes that arrived, never ahead of them by a message's
+    /// claimed length.
     buf: BytesMut,
+    /// The connection's budget of request bytes, shared by its streams.
+    control: Option<Arc<ConnControl>>,
+    /// Bytes of `buf` taken from that budget.
+    held: usize,
     done: bool,
     _message: std::marker::PhantomData<fn() -> M>,
 }
 
+impl<M> Drop for RequestStream<M> {
+    fn drop(&mut self) {
+        if let Some(control) = &self.control {
+            control.release(self.held);
+        }
+    }
+}
+
 impl<M: Message + Default> RequestStream<M> {
-    /// Reads messages of type `M` from `body`.
-    pub fn new(body: tonic::body::Body) -> Self {
+    /// Reads messages of type `M` from `body`; unfinished messages count against the
+    /// connection's budget when `control` is given.
+    pub fn new(body: tonic::body::Body, control: Option<Arc<ConnControl>>) -> Self {
         RequestStream {
             body,
             buf: BytesMut::new(),
+            control,
+            held: 0,
             done: false,
             _message: std::marker::PhantomData,
         }
     }
 
     /// The next message; `None` when the client ended the stream.
-    pub async fn message(&mut self) -> Result<Option<M>, Status> {
+    pub async fn message(&mut self) -> Result<Option<M>, RequestError> {
         loop {
             if let Some(message) = self.take_message()? {
                 return Ok(Some(message));
@@ -387,7 +427,13 @@ impl<M: Message + Default> RequestStream<M> {
                 return if self.buf.is_empty() {
                     Ok(None)
                 } else {
-                    Err(Status::internal("request stream ended inside a message"))
+                    Err(RequestError::protocol(
+                        "truncated",
+                        Status::invalid_argument(format!(
+                            "request stream ended inside a message ({} bytes of it arrived)",
+                            self.buf.len().saturating_sub(PREFIX_LEN)
+                        )),
+                    ))
                 };
             }
             let frame = std::future::poll_fn(|cx| {
@@ -396,9 +442,10 @@ impl<M: Message + Default> RequestStream<M> {
             .await;
             match frame {
                 None => self.done = true,
-                Some(Err(status)) => return Err(status),
+                Some(Err(status)) => return Err(RequestError::Transport(status)),
                 Some(Ok(frame)) => {
                     if let Some(data) = frame.data_ref() {
+                        self.hold(data.len())?;
                         self.buf.extend_from_slice(data);
                     }
                 }
@@ -406,26 +453,56 @@ impl<M: Message + Default> RequestStream<M> {
         }
     }
 
+    fn hold(&mut self, n: usize) -> Result<(), RequestError> {
+        let Some(control) = &self.control else {
+            return Ok(());
+        };
+        if !control.hold(n) {
+            return Err(RequestError::protocol(
+                "buffer_limit",
+                Status::resource_exhausted(format!(
+                    "this connection holds more than {} bytes of unfinished request messages \
+                     (--maxConnectionRequestBytes)",
+                    control.budget()
+                )),
+            ));
+        }
+        self.held += n;
+        Ok(())
+    }
+
+    /// Gives back to the connection's budget what `buf` no longer holds.
+    fn settle(&mut self) {
+        if let Some(control) = &self.control {
+            control.release(self.held - self.buf.len());
+        }
+        self.held = self.buf.len();
+    }
+
     /// Decodes the next message if all of it has arrived.
-    fn take_message(&mut self) -> Result<Option<M>, Status> {
+    fn take_message(&mut self) -> Result<Option<M>, RequestError> {
         if self.buf.len() < PREFIX_LEN {
             return Ok(None);
         }
         if self.buf[0] != 0 {
-            return Err(Status::unimplemented(
-                "compressed request messages are not supported",
+            return Err(RequestError::protocol(
+                "compressed",
+                Status::unimplemented(
+                    "compressed request messages are not supported: send them uncompressed",
+                ),
             ));
         }
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if len > MAX_REQUEST {
-            return Err(Status::resource_exhausted(format!(
-                "request message of {len} bytes is larger than the limit of {MAX_REQUEST}"
-            )));
+            return Err(RequestError::protocol(
+                "oversize",
+                Status::resource_exhausted(format!(
+                    "request message of {len} bytes is larger than the limit of {MAX_REQUEST}"
+                )),
+            ));
         }
         let whole = PREFIX_LEN + len;
         if self.buf.len() < whole {
-            // Room for exactly the rest of this message.
-            self.buf.reserve(whole - self.buf.len());
             return Ok(None);
         }
         self.buf.advance(PREFIX_LEN);
@@ -433,9 +510,13 @@ impl<M: Message + Default> RequestStream<M> {
         // Let go of the message's allocation: an idle stream holds no buffer, and the
         // start of the next message (if any) moves to a buffer of its own size.
         self.buf = BytesMut::from(&self.buf[..]);
-        M::decode(body)
-            .map(Some)
-            .map_err(|e| Status::internal(format!("malformed request message: {e}")))
+        self.settle();
+        M::decode(body).map(Some).map_err(|e| {
+            RequestError::protocol(
+                "malformed",
+                Status::invalid_argument(format!("malformed request message: {e}")),
+            )
+        })
     }
 }
 
@@ -548,7 +629,7 @@ mod tests {
         }
         drop(tx);
         let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
-        let mut requests = RequestStream::<SotwRequest>::new(tonic::body::Body::new(body));
+        let mut requests = RequestStream::<SotwRequest>::new(tonic::body::Body::new(body), None);
         assert_eq!(requests.message().await.unwrap(), Some(one));
         assert_eq!(
             requests.buf.capacity(),
@@ -561,27 +642,86 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn truncated_compressed_and_oversized_requests_are_errors() {
-        async fn first_error(bytes: Vec<u8>) -> Status {
+    async fn truncated_compressed_oversized_and_malformed_requests_are_protocol_errors() {
+        async fn first_error(bytes: Vec<u8>) -> (&'static str, Code) {
             let body = http_body_util::Full::new(Bytes::from(bytes));
-            let mut requests =
-                RequestStream::<crate::xds::wire::SotwRequest>::new(tonic::body::Body::new(body));
-            requests.message().await.unwrap_err()
+            let mut requests = RequestStream::<crate::xds::wire::SotwRequest>::new(
+                tonic::body::Body::new(body),
+                None,
+            );
+            match requests.message().await.unwrap_err() {
+                RequestError::Protocol { reason, status } => (reason, status.code()),
+                RequestError::Transport(status) => panic!("transport error {status:?}"),
+            }
         }
         let mut truncated = framed(&crate::xds::wire::SotwRequest {
             version_info: "v1".into(),
             ..Default::default()
         });
         truncated.pop();
-        assert_eq!(first_error(truncated).await.code(), Code::Internal);
         assert_eq!(
-            first_error(vec![1, 0, 0, 0, 0]).await.code(),
-            Code::Unimplemented
+            first_error(truncated).await,
+            ("truncated", Code::InvalidArgument)
         );
         assert_eq!(
-            first_error(vec![0, 0xff, 0, 0, 0]).await.code(),
-            Code::ResourceExhausted
+            first_error(vec![1, 0, 0, 0, 0]).await,
+            ("compressed", Code::Unimplemented)
         );
+        assert_eq!(
+            first_error(vec![0, 0xff, 0, 0, 0]).await,
+            ("oversize", Code::ResourceExhausted)
+        );
+        // Field 1 (version_info) as a string of 3 bytes, with one byte given.
+        assert_eq!(
+            first_error(vec![0, 0, 0, 0, 3, 0x0a, 3, b'x']).await,
+            ("malformed", Code::InvalidArgument)
+        );
+        // A node id that is not UTF-8: field 2 (node) holding field 1 (id).
+        let bad_id = vec![0x12, 4, 0x0a, 2, 0xff, 0xfe];
+        let mut wire = vec![0, 0, 0, 0, bad_id.len() as u8];
+        wire.extend(bad_id);
+        assert_eq!(
+            first_error(wire).await,
+            ("malformed", Code::InvalidArgument)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claimed_length_reserves_nothing_and_the_connection_budget_holds() {
+        // A prefix claiming 4 MiB followed by 10 bytes: the buffer holds what arrived.
+        let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, Status>>(4);
+        let mut head = vec![0u8];
+        head.extend_from_slice(&(MAX_REQUEST as u32).to_be_bytes());
+        head.extend_from_slice(&[0x0a; 10]);
+        tx.send(Ok(Frame::data(Bytes::from(head)))).await.unwrap();
+        let control = Arc::new(ConnControl::new(64));
+        let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let mut requests = RequestStream::<crate::xds::wire::SotwRequest>::new(
+            tonic::body::Body::new(body),
+            Some(control.clone()),
+        );
+        let first = futures::FutureExt::now_or_never(requests.message());
+        assert!(first.is_none(), "the message is not complete");
+        assert!(
+            requests.buf.capacity() < 1024,
+            "reserved {}",
+            requests.buf.capacity()
+        );
+        assert_eq!(control.held(), 15);
+        // More than the connection's budget: refused, naming the flag.
+        tx.send(Ok(Frame::data(Bytes::from(vec![0u8; 60]))))
+            .await
+            .unwrap();
+        match requests.message().await.unwrap_err() {
+            RequestError::Protocol { reason, status } => {
+                assert_eq!(reason, "buffer_limit");
+                assert_eq!(status.code(), Code::ResourceExhausted);
+                assert!(status.message().contains("--maxConnectionRequestBytes"));
+            }
+            other => panic!("{other:?}"),
+        }
+        drop(requests);
+        assert_eq!(control.held(), 0, "a finished stream gives its bytes back");
     }
 
     #[tokio::test]

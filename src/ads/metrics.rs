@@ -1,5 +1,6 @@
 //! Metrics recorded by the ADS server.
 
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -37,7 +38,16 @@ pub struct XdsMetrics {
     /// `meshfed_xds_pushes_unchanged{type}`: pushes not sent because the proxy
     /// already holds exactly that config.
     pub unchanged: CounterByType,
+    /// `meshfed_xds_request_errors{reason}`: streams refused for a protocol error
+    /// (`malformed`, `compressed`, `oversize`, `truncated`, `buffer_limit`, `bad_node`).
+    pub request_errors: Family<ReasonLabel, Counter>,
+    /// `meshfed_xds_send_timeouts`: connections closed because the peer took no
+    /// response within `--xdsSendTimeout`.
+    pub send_timeouts: Counter,
 }
+
+/// A `reason` label.
+pub type ReasonLabel = [(&'static str, &'static str); 1];
 
 impl XdsMetrics {
     /// Creates and registers the metrics.
@@ -54,6 +64,8 @@ impl XdsMetrics {
             expired_nonce: Family::default(),
             internal_errors: IstioCounter::default(),
             unchanged: Family::default(),
+            request_errors: Family::default(),
+            send_timeouts: Counter::default(),
         };
         registry.register(
             "pilot_xds",
@@ -108,7 +120,24 @@ impl XdsMetrics {
             "Pushes of a type not sent because the proxy already held exactly that config",
             m.unchanged.clone(),
         );
+        registry.register(
+            "meshfed_xds_request_errors",
+            "xDS streams refused because the client broke the protocol, by reason",
+            m.request_errors.clone(),
+        );
+        registry.register(
+            "meshfed_xds_send_timeouts",
+            "xDS connections closed because the client read no response within --xdsSendTimeout",
+            m.send_timeouts.clone(),
+        );
         m
+    }
+
+    /// Records a stream refused for a protocol error.
+    pub fn record_request_error(&self, reason: &'static str) {
+        self.request_errors
+            .get_or_create(&[("reason", reason)])
+            .inc();
     }
 
     /// Records a push skipped because nothing changed for the proxy.

@@ -11,8 +11,10 @@
 pub mod connection;
 pub mod frames;
 pub mod intern;
+pub mod limit;
 pub mod metrics;
 pub mod server;
+pub mod transport;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -58,6 +60,9 @@ pub struct ConnectionHandle {
     pub peer: Option<SocketAddr>,
     /// When the stream started.
     pub connected_at: SystemTime,
+    /// The TCP connection under the stream (absent for streams not served through
+    /// [`transport::Acceptor`]).
+    pub transport: Option<Arc<transport::ConnControl>>,
     /// Protocol state; locked briefly by the stream task and by debug readers.
     pub state: Mutex<ConnectionState>,
     pending: Mutex<Option<Pending>>,
@@ -140,6 +145,7 @@ impl Connections {
         proxy: Proxy,
         flavour: Flavour,
         peer: Option<SocketAddr>,
+        transport: Option<Arc<transport::ConnControl>>,
     ) -> Arc<ConnectionHandle> {
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let handle = Arc::new(ConnectionHandle {
@@ -150,6 +156,7 @@ impl Connections {
             flavour,
             peer,
             connected_at: SystemTime::now(),
+            transport,
             state: Mutex::default(),
             pending: Mutex::default(),
             wake: Notify::new(),

@@ -5,7 +5,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::Node;
@@ -15,15 +15,17 @@ use tokio::sync::{Semaphore, mpsc};
 use tonic::Status;
 use tonic::codegen::{Body, BoxFuture, Bytes, Context, Poll, Service, StdError, http};
 use tonic::server::NamedService;
-use tonic::transport::server::TcpConnectInfo;
 use tracing::{debug, info, warn};
 
 use super::connection::{Action, ConnectionState};
-use super::frames::{FrameEncode, Outbound, RequestStream, ResponseBody};
+use super::frames::{FrameEncode, Outbound, RequestError, RequestStream, ResponseBody};
+use super::limit::LogLimiter;
 use super::metrics::XdsMetrics;
+use super::transport::{ConnControl, XdsConnectInfo};
 use super::{ConnectionHandle, Connections, Flavour, Pending};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
+use crate::logging::clip;
 use crate::model::Proxy;
 use crate::push::snapshot::Snapshot;
 use crate::xds::deps::{PushScope, Touch};
@@ -51,6 +53,11 @@ pub struct XdsContext {
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
     /// Stops every stream.
     pub shutdown: Shutdown,
+    /// How long one response may wait for a peer that does not read before its
+    /// connection is closed (`--xdsSendTimeout`); `None`: for ever.
+    pub send_timeout: Option<Duration>,
+    /// Limits the log lines of refused streams (peers can cause them at will).
+    pub refusal_log: LogLimiter,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -93,6 +100,9 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let ctx = self.ctx.clone();
+        if let Some(info) = req.extensions().get::<XdsConnectInfo>() {
+            info.control.stream_started();
+        }
         let response = match req.uri().path() {
             SOTW_PATH => start_stream::<Sotw, B>(ctx, req),
             DELTA_PATH => start_stream::<Delta, B>(ctx, req),
@@ -116,13 +126,13 @@ where
         return Status::unavailable("meshfed is starting: service registries have not synced yet")
             .into_http();
     }
-    let peer = req
-        .extensions()
-        .get::<TcpConnectInfo>()
-        .and_then(|info| info.remote_addr());
-    let inbound = RequestStream::<F::Req>::new(tonic::body::Body::new(req.into_body()));
+    let info = req.extensions().get::<XdsConnectInfo>().cloned();
+    let peer = info.as_ref().and_then(|info| info.peer);
+    let control = info.map(|info| info.control);
+    let inbound =
+        RequestStream::<F::Req>::new(tonic::body::Body::new(req.into_body()), control.clone());
     let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(run_stream::<F>(ctx, inbound, tx, peer));
+    tokio::spawn(run_stream::<F>(ctx, inbound, tx, peer, control));
     let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -266,34 +276,71 @@ type Tx<F> = mpsc::Sender<Outbound<<F as FlavourIo>::Resp>>;
 /// The stream ended; why, for the log.
 struct Closed;
 
+/// Ends a stream whose peer broke the protocol: the peer gets `status` (never a clean
+/// close it would retry at once), the operator a metric and a rate-limited line.
+async fn refuse<F: FlavourIo>(
+    ctx: &XdsContext,
+    tx: &Tx<F>,
+    peer: Option<SocketAddr>,
+    connection: Option<&str>,
+    reason: &'static str,
+    status: Status,
+) {
+    ctx.metrics.record_request_error(reason);
+    if let Some(suppressed) = ctx.refusal_log.allow() {
+        warn!(
+            peer = ?peer,
+            connection = connection.unwrap_or("-"),
+            reason,
+            code = ?status.code(),
+            error = %clip(status.message(), MAX_LOGGED_ERROR),
+            suppressed,
+            "refusing xDS stream"
+        );
+    }
+    // Bounded: the peer may not be reading; the stream ends either way.
+    let _ = tokio::time::timeout(
+        ctx.send_timeout.unwrap_or(Duration::from_secs(30)),
+        tx.send(Outbound::Close(status)),
+    )
+    .await;
+}
+
+/// Longest error text (a NACK's `error_detail`, a decode error) written to the log.
+const MAX_LOGGED_ERROR: usize = 1024;
+
 async fn run_stream<F: FlavourIo>(
     ctx: Arc<XdsContext>,
     mut inbound: RequestStream<F::Req>,
     tx: Tx<F>,
     peer: Option<SocketAddr>,
+    transport: Option<Arc<ConnControl>>,
 ) {
     let first = match inbound.message().await {
         Ok(Some(first)) => first,
-        Ok(None) | Err(_) => return,
+        Ok(None) | Err(RequestError::Transport(_)) => return,
+        Err(RequestError::Protocol { reason, status }) => {
+            refuse::<F>(&ctx, &tx, peer, None, reason, status).await;
+            return;
+        }
     };
     let proxy = match Proxy::from_node(F::node(&first)) {
         Ok(proxy) => proxy,
         Err(err) => {
-            warn!(peer = ?peer, error = %err, "rejecting xDS stream: bad node");
-            let _ = tx
-                .send(Outbound::Close(Status::invalid_argument(err.to_string())))
-                .await;
+            let status = Status::invalid_argument(err.to_string());
+            refuse::<F>(&ctx, &tx, peer, None, "bad_node", status).await;
             return;
         }
     };
-    let handle = ctx.connections.register(proxy, F::FLAVOUR, peer);
+    let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
     ctx.metrics.connected.inc();
-    info!(connection = %handle.id, node = %handle.proxy.node_id, flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
+    info!(connection = %clip(&handle.id, MAX_LOGGED_ID), node = %clip(&handle.proxy.node_id, MAX_LOGGED_ID), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
     let mut shutdown = ctx.shutdown.clone();
     let mut next = Some(first);
+    let mut nack_log = LogLimiter::new(NACK_LOG_BURST, NACK_LOG_WINDOW);
     let reason = loop {
         if let Some(request) = next.take() {
-            if process_request::<F>(&ctx, &handle, &tx, request)
+            if process_request::<F>(&ctx, &handle, &tx, request, &mut nack_log)
                 .await
                 .is_err()
             {
@@ -310,11 +357,15 @@ async fn run_stream<F: FlavourIo>(
             message = inbound.message() => match message {
                 Ok(Some(request)) => next = Some(request),
                 Ok(None) => break "stream closed by client",
-                Err(status) => {
+                Err(RequestError::Transport(status)) => {
                     // A client that exits mid-stream shows up as a transport error;
                     // that is an ordinary disconnect.
                     debug!(connection = %handle.id, %status, "stream receive error");
                     break "stream reset by client";
+                }
+                Err(RequestError::Protocol { reason, status }) => {
+                    refuse::<F>(&ctx, &tx, peer, Some(&handle.id), reason, status).await;
+                    break "protocol error";
                 }
             },
             () = handle.woken() => {
@@ -328,14 +379,19 @@ async fn run_stream<F: FlavourIo>(
     };
     ctx.connections.deregister(&handle);
     ctx.metrics.connected.dec();
-    info!(connection = %handle.id, reason, "ADS connection closed");
+    info!(connection = %clip(&handle.id, MAX_LOGGED_ID), reason, "ADS connection closed");
 }
+
+/// NACK lines written per connection and window; the rest are counted in the next.
+const NACK_LOG_BURST: u32 = 3;
+const NACK_LOG_WINDOW: Duration = Duration::from_secs(60);
 
 async fn process_request<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
     tx: &Tx<F>,
     request: F::Req,
+    nack_log: &mut LogLimiter,
 ) -> Result<(), Closed> {
     // The watch index learns a new subscription before the answer is generated: a
     // push that comes after the snapshot this answer reads then finds the connection.
@@ -344,11 +400,23 @@ async fn process_request<F: FlavourIo>(
     ctx.connections.watches_changed(handle, &before);
     match action {
         Action::Respond(type_url) => {
-            send_type::<F>(ctx, handle, tx, type_url, Scope::All, Why::Answer).await?
+            if let Some(response) = build::<F>(ctx, handle, type_url, Scope::All, Why::Answer) {
+                send::<F>(ctx, handle, tx, response).await?;
+            }
         }
         Action::Nack(type_url, error) => {
             ctx.metrics.record_reject(type_url);
-            warn!(connection = %handle.id, node = %handle.proxy.node_id, r#type = type_url.short(), %error, "proxy rejected config (NACK)");
+            // A proxy NACKs every push until its config changes, and each detail may be
+            // large: the log gets a few clipped lines per connection and window.
+            if let Some(suppressed) = nack_log.allow() {
+                warn!(
+                    connection = %clip(&handle.id, MAX_LOGGED_ID),
+                    r#type = type_url.short(),
+                    error = %clip(&error, MAX_LOGGED_ERROR),
+                    suppressed,
+                    "proxy rejected config (NACK)"
+                );
+            }
         }
         Action::Stale(type_url) => {
             ctx.metrics
@@ -369,45 +437,53 @@ async fn process_request<F: FlavourIo>(
 }
 
 /// Sends one push to one connection: every watched type the request touches, in
-/// CDS, EDS, LDS, RDS order.
+/// CDS, EDS, LDS, RDS order. The push slot bounds generation only: it is given back
+/// before anything is handed to the peer, so a peer that does not read holds no slot.
 async fn push<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
     tx: &Tx<F>,
     pending: Pending,
 ) -> Result<(), Closed> {
-    let queued = Instant::now();
-    let _slot = ctx.push_slots.acquire().await.map_err(|_| Closed)?;
-    ctx.metrics
-        .queue_time
-        .observe(queued.elapsed().as_secs_f64());
-    let watched: Vec<TypeUrl> = handle
-        .state
-        .lock()
-        .expect("state poisoned")
-        .watches
-        .keys()
-        .copied()
-        .collect();
     let request = &pending.request;
-    let push_scope = PushScope::new(request);
-    let why = if request.forced {
-        Why::ForcedPush
-    } else {
-        Why::Push
-    };
-    for type_url in watched {
-        let scope = match (push_scope.touch(handle.class, type_url), type_url) {
-            (Touch::Nothing, _) => continue,
-            // Only EDS goes out partially; other types are sent whole (their
-            // untouched resources come from the cache).
-            (Touch::Services(_), TypeUrl::Endpoint) => match &pending.eds_names {
-                Some(names) => Scope::Names(names.as_ref()),
-                None => Scope::Hostnames(push_scope.hosts()),
-            },
-            _ => Scope::All,
+    let responses = {
+        let queued = Instant::now();
+        let _slot = ctx.push_slots.acquire().await.map_err(|_| Closed)?;
+        ctx.metrics
+            .queue_time
+            .observe(queued.elapsed().as_secs_f64());
+        let watched: Vec<TypeUrl> = handle
+            .state
+            .lock()
+            .expect("state poisoned")
+            .watches
+            .keys()
+            .copied()
+            .collect();
+        let push_scope = PushScope::new(request);
+        let why = if request.forced {
+            Why::ForcedPush
+        } else {
+            Why::Push
         };
-        send_type::<F>(ctx, handle, tx, type_url, scope, why).await?;
+        let mut responses = Vec::with_capacity(watched.len());
+        for type_url in watched {
+            let scope = match (push_scope.touch(handle.class, type_url), type_url) {
+                (Touch::Nothing, _) => continue,
+                // Only EDS goes out partially; other types are sent whole (their
+                // untouched resources come from the cache).
+                (Touch::Services(_), TypeUrl::Endpoint) => match &pending.eds_names {
+                    Some(names) => Scope::Names(names.as_ref()),
+                    None => Scope::Hostnames(push_scope.hosts()),
+                },
+                _ => Scope::All,
+            };
+            responses.extend(build::<F>(ctx, handle, type_url, scope, why));
+        }
+        responses
+    };
+    for response in responses {
+        send::<F>(ctx, handle, tx, response).await?;
     }
     ctx.metrics
         .convergence
@@ -415,22 +491,26 @@ async fn push<F: FlavourIo>(
     Ok(())
 }
 
-/// Generates and sends one type; `why` decides whether an unchanged config is sent.
-async fn send_type<F: FlavourIo>(
+/// One generated response, waiting to be handed to the peer.
+struct Built<R> {
+    type_url: TypeUrl,
+    response: R,
+    started: Instant,
+}
+
+/// Generates one type; `why` decides whether an unchanged config is sent.
+fn build<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx<F>,
     type_url: TypeUrl,
     scope: Scope<'_>,
     why: Why,
-) -> Result<(), Closed> {
+) -> Option<Built<F::Resp>> {
     let started = Instant::now();
     let snapshot = ctx.snapshot.load_full();
     let response = {
         let mut state = handle.state.lock().expect("state poisoned");
-        let Some(watch) = state.watch(type_url) else {
-            return Ok(());
-        };
+        let watch = state.watch(type_url)?;
         let subscription = Subscription {
             wildcard: watch.wildcard,
             names: &watch.names,
@@ -454,16 +534,57 @@ async fn send_type<F: FlavourIo>(
             why,
         )
     };
-    let response = match response {
-        Reply::Send(response) => response,
+    match response {
+        Reply::Send(response) => Some(Built {
+            type_url,
+            response,
+            started,
+        }),
         Reply::Unchanged => {
             ctx.metrics.record_unchanged(type_url);
-            return Ok(());
+            None
         }
-        Reply::Nothing => return Ok(()),
-    };
+        Reply::Nothing => None,
+    }
+}
+
+/// Hands one response to the peer's stream. A peer that takes none within the send
+/// timeout has its connection closed: it cannot be told, and keeping it would pin
+/// old config in its queue.
+async fn send<F: FlavourIo>(
+    ctx: &XdsContext,
+    handle: &ConnectionHandle,
+    tx: &Tx<F>,
+    built: Built<F::Resp>,
+) -> Result<(), Closed> {
+    let Built {
+        type_url,
+        response,
+        started,
+    } = built;
     let size = response.encoded_len();
-    if tx.send(Outbound::Message(response)).await.is_err() {
+    let sent = tx.send(Outbound::Message(response));
+    let sent = match ctx.send_timeout {
+        Some(limit) => match tokio::time::timeout(limit, sent).await {
+            Ok(sent) => sent,
+            Err(_) => {
+                ctx.metrics.send_timeouts.inc();
+                ctx.metrics.record_send_error(type_url);
+                warn!(
+                    connection = %clip(&handle.id, MAX_LOGGED_ID),
+                    r#type = type_url.short(),
+                    timeout = ?limit,
+                    "proxy is not reading its xDS stream: closing its connection (--xdsSendTimeout)"
+                );
+                if let Some(transport) = &handle.transport {
+                    transport.close();
+                }
+                return Err(Closed);
+            }
+        },
+        None => sent.await,
+    };
+    if sent.is_err() {
         ctx.metrics.record_send_error(type_url);
         return Err(Closed);
     }
@@ -471,3 +592,6 @@ async fn send_type<F: FlavourIo>(
         .record_push(type_url, size, started.elapsed().as_secs_f64());
     Ok(())
 }
+
+/// Longest connection id (a client-chosen node id and a counter) written to the log.
+const MAX_LOGGED_ID: usize = 256;

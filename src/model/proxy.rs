@@ -87,12 +87,19 @@ impl ClientView {
     }
 }
 
+/// The longest node id accepted, in bytes. Istio's ids are four short parts
+/// (`sidecar~10.0.0.1~pod.ns~ns.svc.cluster.local`); anything near this is not a proxy.
+pub const MAX_NODE_ID: usize = 4096;
+
 /// Why a node was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum NodeError {
     /// The first request carried no node.
     #[error("the first request on a stream must carry a node")]
     Missing,
+    /// The node id is longer than [`MAX_NODE_ID`].
+    #[error("node id of {0} bytes is longer than the limit of {MAX_NODE_ID}")]
+    IdTooLong(usize),
     /// The id does not have four `~`-separated parts.
     #[error(
         "node id {0:?} must have the form Type~IP~ID~Domain (4 parts separated by '~'), found {1} part(s)"
@@ -202,6 +209,9 @@ impl Proxy {
     /// Parses and validates the node of a stream's first request.
     pub fn from_node(node: Option<&Node>) -> Result<Proxy, NodeError> {
         let node = node.ok_or(NodeError::Missing)?;
+        if node.id.len() > MAX_NODE_ID {
+            return Err(NodeError::IdTooLong(node.id.len()));
+        }
         let metadata = node
             .metadata
             .as_ref()
@@ -402,6 +412,13 @@ mod tests {
         )))
         .unwrap_err();
         assert!(err.to_string().contains("GENERATOR"), "{err}");
+        let long = format!("sidecar~10.0.0.1~{}~d", "x".repeat(MAX_NODE_ID));
+        let err = Proxy::from_node(Some(&node(&long, serde_json::json!({})))).unwrap_err();
+        assert_eq!(err, NodeError::IdTooLong(long.len()));
+        assert!(
+            err.to_string().len() < 100,
+            "the message does not echo the id"
+        );
     }
 
     #[test]

@@ -4,12 +4,11 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::time::Duration;
 
-use crate::support::{eventually, http_get};
+use crate::support::{eventually, http_get, wait_for_ready_file};
 
 /// Kills the child when the test ends, passed or not.
-struct Killed(std::process::Child);
+pub struct Killed(pub std::process::Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -39,26 +38,8 @@ async fn ready_file_names_the_bound_addresses() {
     );
 
     // The server removes a stale file at start and writes its own, whole, once it
-    // listens. Bounded by the server's start-up, not a settle time.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let json: serde_json::Value = loop {
-        if let Ok(text) = std::fs::read_to_string(&ready)
-            && let Ok(json) = serde_json::from_str(&text)
-        {
-            break json;
-        }
-        if let Some(status) = child.0.try_wait().unwrap() {
-            panic!(
-                "the server exited before writing {}: {status}",
-                ready.display()
-            );
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no ready file within 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    // listens.
+    let json = wait_for_ready_file(&mut child.0, &ready).await;
     let fields: Vec<&str> = json
         .as_object()
         .unwrap()

@@ -122,6 +122,33 @@ where
     }
 }
 
+/// The JSON that `meshfed discovery --readyFile <path>` writes once it listens.
+/// Bounded by the server's start-up, not a settle time.
+pub async fn wait_for_ready_file(
+    child: &mut std::process::Child,
+    path: &std::path::Path,
+) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(json) = serde_json::from_str(&text)
+        {
+            return json;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!(
+                "the server exited before writing {}: {status}",
+                path.display()
+            );
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no ready file within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The value of a metric sample line `name{labels} value` in Prometheus text.
 pub fn metric(text: &str, sample: &str) -> Option<f64> {
     text.lines()

@@ -1,0 +1,515 @@
+//! The xDS port below gRPC: which TCP connections are taken, how long a connection may
+//! stay without a request, and how a connection is cut when its peer stops reading.
+//!
+//! Nothing a peer does here may cost more than its own connection:
+//! - accept errors (the process is out of file descriptors, say) back off instead of
+//!   spinning on a listener that stays readable;
+//! - `--maxConnections` refuses connections beyond a cap (accepted and closed at once,
+//!   so the backlog drains);
+//! - a connection that opens no gRPC stream within `--handshakeTimeout` is closed;
+//! - each connection has a budget of request bytes held in unfinished messages, shared
+//!   by its streams ([`ConnControl::hold`]);
+//! - a stream task that cannot hand a response to a peer that does not read closes the
+//!   whole connection ([`ConnControl::close`]); the HTTP/2 layer does not poll a
+//!   stream's body while the peer's window is shut, so this is the only way to end it.
+//!
+//! Each accepted socket is a [`GuardedStream`]: it carries its [`ConnControl`] into every
+//! request's extensions ([`XdsConnectInfo`]) and fails its reads and writes once the
+//! connection is closed from above or its handshake deadline passes.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use futures::task::AtomicWaker;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Sleep;
+use tonic::transport::server::Connected;
+use tracing::{debug, warn};
+
+use super::limit::LogLimiter;
+
+/// Limits of the xDS port (flags of `meshfed discovery`).
+#[derive(Clone, Debug)]
+pub struct XdsLimits {
+    /// How long a stream may wait to hand one response to its peer before the
+    /// connection is closed (`--xdsSendTimeout`, Istio's `PILOT_XDS_SEND_TIMEOUT`).
+    /// `None`: wait for ever.
+    pub send_timeout: Option<Duration>,
+    /// Most TCP connections held at once (`--maxConnections`); 0: no cap.
+    pub max_connections: usize,
+    /// How long a connection may stay without opening a gRPC stream
+    /// (`--handshakeTimeout`). `None`: for ever.
+    pub handshake_timeout: Option<Duration>,
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` per connection (`--maxConcurrentStreams`).
+    pub max_concurrent_streams: u32,
+    /// Bytes of unfinished request messages one connection may hold, over all of its
+    /// streams (`--maxConnectionRequestBytes`). At least one whole request message.
+    pub connection_request_bytes: usize,
+}
+
+impl Default for XdsLimits {
+    fn default() -> Self {
+        XdsLimits {
+            send_timeout: Some(Duration::from_secs(30)),
+            max_connections: 0,
+            handshake_timeout: Some(Duration::from_secs(10)),
+            max_concurrent_streams: 100,
+            connection_request_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+/// Metrics of the xDS port's connections.
+#[derive(Debug, Default, Clone)]
+pub struct TransportMetrics {
+    /// `meshfed_xds_tcp_connections`: TCP connections held.
+    pub open: Gauge,
+    /// `meshfed_xds_connections_refused`: connections closed at accept (cap reached).
+    pub refused: Counter,
+    /// `meshfed_xds_accept_errors`: failed accepts (out of descriptors and the like).
+    pub accept_errors: Counter,
+    /// `meshfed_xds_handshake_timeouts`: connections closed for opening no stream.
+    pub handshake_timeouts: Counter,
+}
+
+impl TransportMetrics {
+    /// Creates and registers the metrics.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = TransportMetrics::default();
+        registry.register(
+            "meshfed_xds_tcp_connections",
+            "TCP connections held on the xDS port",
+            m.open.clone(),
+        );
+        registry.register(
+            "meshfed_xds_connections_refused",
+            "Connections to the xDS port closed at accept because --maxConnections was reached",
+            m.refused.clone(),
+        );
+        registry.register(
+            "meshfed_xds_accept_errors",
+            "Failed accepts on the xDS port (e.g. out of file descriptors)",
+            m.accept_errors.clone(),
+        );
+        registry.register(
+            "meshfed_xds_handshake_timeouts",
+            "Connections to the xDS port closed for opening no gRPC stream within --handshakeTimeout",
+            m.handshake_timeouts.clone(),
+        );
+        m
+    }
+}
+
+/// Shared state of one TCP connection, seen by the socket and by its streams.
+#[derive(Debug)]
+pub struct ConnControl {
+    closed: AtomicBool,
+    waker: AtomicWaker,
+    started: AtomicBool,
+    held: AtomicUsize,
+    budget: usize,
+}
+
+impl ConnControl {
+    /// A connection that may hold `budget` bytes of unfinished requests.
+    pub fn new(budget: usize) -> Self {
+        ConnControl {
+            closed: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
+            started: AtomicBool::new(false),
+            held: AtomicUsize::new(0),
+            budget,
+        }
+    }
+
+    /// Closes the connection: its socket fails at the next read or write, which ends
+    /// the HTTP/2 connection and every stream on it.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    /// True once [`ConnControl::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Records that the peer opened a gRPC stream: the handshake deadline no longer
+    /// applies.
+    pub fn stream_started(&self) {
+        self.started.store(true, Ordering::Release);
+    }
+
+    /// Takes `n` more bytes of the connection's request budget; false (nothing taken)
+    /// when that would exceed it.
+    pub fn hold(&self, n: usize) -> bool {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                held.checked_add(n).filter(|total| *total <= self.budget)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `n` bytes taken with [`ConnControl::hold`].
+    pub fn release(&self, n: usize) {
+        self.held.fetch_sub(n, Ordering::AcqRel);
+    }
+
+    /// Bytes held now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// The budget.
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+}
+
+/// What a request learns of its connection (a request extension).
+#[derive(Clone, Debug)]
+pub struct XdsConnectInfo {
+    /// The peer's address.
+    pub peer: Option<SocketAddr>,
+    /// The connection's shared state.
+    pub control: Arc<ConnControl>,
+}
+
+/// An accepted socket of the xDS port.
+#[derive(Debug)]
+pub struct GuardedStream {
+    io: TcpStream,
+    peer: Option<SocketAddr>,
+    control: Arc<ConnControl>,
+    handshake: Option<Pin<Box<Sleep>>>,
+    metrics: TransportMetrics,
+    live: Arc<AtomicUsize>,
+}
+
+impl Drop for GuardedStream {
+    fn drop(&mut self) {
+        self.live.fetch_sub(1, Ordering::AcqRel);
+        self.metrics.open.dec();
+    }
+}
+
+impl Connected for GuardedStream {
+    type ConnectInfo = XdsConnectInfo;
+
+    fn connect_info(&self) -> XdsConnectInfo {
+        XdsConnectInfo {
+            peer: self.peer,
+            control: self.control.clone(),
+        }
+    }
+}
+
+impl GuardedStream {
+    /// Fails once the connection was closed from above or its handshake deadline
+    /// passed; registers the task to hear of either.
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        self.control.waker.register(cx.waker());
+        if self.control.is_closed() {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "connection closed by the server",
+            ));
+        }
+        if let Some(deadline) = &mut self.handshake {
+            if self.control.started.load(Ordering::Acquire) {
+                self.handshake = None;
+            } else if deadline.as_mut().poll(cx).is_ready() {
+                self.handshake = None;
+                self.metrics.handshake_timeouts.inc();
+                debug!(peer = ?self.peer, "closing an xDS connection that opened no stream in time");
+                self.control.close();
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no gRPC stream opened within the handshake timeout",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.check(cx)?;
+        Pin::new(&mut this.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Errors of `accept` that concern one connection only (it went away before it was
+/// taken); the next accept may succeed at once.
+fn is_per_connection(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::Interrupted
+            | io::ErrorKind::WouldBlock
+    )
+}
+
+/// The first and the longest pause after a failed accept.
+const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+
+/// Accepts connections of the xDS port under [`XdsLimits`].
+#[derive(Debug)]
+pub struct Acceptor {
+    listener: TcpListener,
+    limits: XdsLimits,
+    metrics: TransportMetrics,
+    live: Arc<AtomicUsize>,
+    backoff: Duration,
+    log: LogLimiter,
+}
+
+impl Acceptor {
+    /// Accepts from `listener`.
+    pub fn new(listener: TcpListener, mut limits: XdsLimits, metrics: TransportMetrics) -> Self {
+        // One whole request message always fits.
+        limits.connection_request_bytes = limits
+            .connection_request_bytes
+            .max(super::frames::MAX_REQUEST + 5);
+        Acceptor {
+            listener,
+            limits,
+            metrics,
+            live: Arc::default(),
+            backoff: ACCEPT_BACKOFF.0,
+            log: LogLimiter::new(5, Duration::from_secs(10)),
+        }
+    }
+
+    /// The next connection to serve. Errors are handled here (logged, counted, waited
+    /// out), so this only ever returns a connection.
+    pub async fn accept(&mut self) -> GuardedStream {
+        loop {
+            match self.listener.accept().await {
+                Ok((io, peer)) => {
+                    self.backoff = ACCEPT_BACKOFF.0;
+                    let live = self.live.load(Ordering::Acquire);
+                    if self.limits.max_connections > 0 && live >= self.limits.max_connections {
+                        self.metrics.refused.inc();
+                        if let Some(suppressed) = self.log.allow() {
+                            warn!(
+                                %peer,
+                                limit = self.limits.max_connections,
+                                suppressed,
+                                "refusing an xDS connection: --maxConnections reached"
+                            );
+                        }
+                        drop(io);
+                        continue;
+                    }
+                    self.live.fetch_add(1, Ordering::AcqRel);
+                    self.metrics.open.inc();
+                    let handshake = self
+                        .limits
+                        .handshake_timeout
+                        .map(|t| Box::pin(tokio::time::sleep(t)));
+                    return GuardedStream {
+                        io,
+                        peer: Some(peer),
+                        control: Arc::new(ConnControl::new(self.limits.connection_request_bytes)),
+                        handshake,
+                        metrics: self.metrics.clone(),
+                        live: self.live.clone(),
+                    };
+                }
+                Err(err) if is_per_connection(&err) => continue,
+                Err(err) => {
+                    // Out of descriptors or memory: the pending connection stays in the
+                    // backlog and the listener stays readable, so retrying at once would
+                    // spin. Wait, longer each time, until an accept succeeds.
+                    self.metrics.accept_errors.inc();
+                    if let Some(suppressed) = self.log.allow() {
+                        warn!(error = %err, retry_in = ?self.backoff, suppressed, "accepting an xDS connection failed");
+                    }
+                    tokio::time::sleep(self.backoff).await;
+                    self.backoff = (self.backoff * 2).min(ACCEPT_BACKOFF.1);
+                }
+            }
+        }
+    }
+
+    /// The connections as a stream, for the gRPC server.
+    pub fn into_stream(self) -> impl Stream<Item = io::Result<GuardedStream>> + Send {
+        futures::stream::unfold(self, |mut acceptor| async move {
+            let stream = acceptor.accept().await;
+            Some((Ok(stream), acceptor))
+        })
+    }
+}
+
+/// Raises the soft open-files limit to the hard one, so that the connection count is
+/// limited by the operator's setting rather than by a shell default of 1,024. Returns
+/// (before, after) for the log; `None` where the limit cannot be read.
+pub fn raise_nofile_limit() -> Option<(u64, u64)> {
+    let (soft, hard) = rlimit::Resource::NOFILE.get().ok()?;
+    if soft >= hard {
+        return Some((soft, soft));
+    }
+    match rlimit::Resource::NOFILE.set(hard, hard) {
+        Ok(()) => Some((soft, hard)),
+        Err(_) => Some((soft, soft)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    #[test]
+    fn the_request_budget_is_shared_and_never_exceeded() {
+        let c = ConnControl::new(100);
+        assert!(c.hold(60));
+        assert!(!c.hold(41), "over budget");
+        assert_eq!(c.held(), 60, "a refused hold takes nothing");
+        assert!(c.hold(40));
+        c.release(100);
+        assert!(c.hold(100));
+    }
+
+    async fn pair(limits: XdsLimits) -> (Acceptor, SocketAddr) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        (
+            Acceptor::new(listener, limits, TransportMetrics::default()),
+            addr,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_without_a_stream_is_closed_at_the_handshake_deadline() {
+        let limits = XdsLimits {
+            handshake_timeout: Some(Duration::from_secs(10)),
+            ..XdsLimits::default()
+        };
+        let (mut acceptor, addr) = pair(limits).await;
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let mut conn = acceptor.accept().await;
+        let mut buf = [0u8; 8];
+        let err = conn.read(&mut buf).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(acceptor.metrics.handshake_timeouts.get(), 1);
+
+        // A connection whose stream started is not cut.
+        let mut client = TcpStream::connect(addr).await.unwrap();
+        let mut conn = acceptor.accept().await;
+        conn.control.stream_started();
+        client.write_all(b"hi").await.unwrap();
+        tokio::time::advance(Duration::from_secs(60)).await;
+        let n = conn.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"hi");
+    }
+
+    #[tokio::test]
+    async fn close_fails_a_pending_read() {
+        let (mut acceptor, addr) = pair(XdsLimits::default()).await;
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let mut conn = acceptor.accept().await;
+        let control = conn.control.clone();
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            conn.read(&mut buf).await
+        });
+        tokio::task::yield_now().await;
+        control.close();
+        let err = reader.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
+    }
+
+    #[tokio::test]
+    async fn connections_over_the_cap_are_closed_at_accept() {
+        let limits = XdsLimits {
+            max_connections: 1,
+            ..XdsLimits::default()
+        };
+        let (mut acceptor, addr) = pair(limits).await;
+        let _first_client = TcpStream::connect(addr).await.unwrap();
+        let first = acceptor.accept().await;
+        let mut refused = TcpStream::connect(addr).await.unwrap();
+        let third = TcpStream::connect(addr).await.unwrap();
+        // Accepting closes the refused one; the call only returns once a connection
+        // is under the cap, which happens when the first goes away.
+        let accept = tokio::spawn(async move {
+            let conn = acceptor.accept().await;
+            (acceptor, conn)
+        });
+        let mut buf = [0u8; 1];
+        assert_eq!(refused.read(&mut buf).await.unwrap(), 0, "closed at accept");
+        drop(first);
+        drop(third);
+        let mut fourth = TcpStream::connect(addr).await.unwrap();
+        let (acceptor, _conn) = accept.await.unwrap();
+        assert!(acceptor.metrics.refused.get() >= 1);
+        assert_eq!(acceptor.live.load(Ordering::Acquire), 1);
+        fourth.write_all(b"x").await.unwrap();
+    }
+
+    #[test]
+    fn the_nofile_limit_is_raised_to_the_hard_limit() {
+        let (before, after) = raise_nofile_limit().expect("NOFILE readable");
+        let (soft, hard) = rlimit::Resource::NOFILE.get().unwrap();
+        assert!(after >= before);
+        assert_eq!(soft, after);
+        assert_eq!(soft, hard);
+    }
+}
