@@ -39,7 +39,8 @@ pub use endpoints::{EndpointIndex, EndpointPush, EndpointShards};
 pub use events::{ConfigKey, ConfigKind, PushRequest, RegistryEvent, TriggerReason, UpdateSink};
 pub use memory::{MemoryRegistry, ServiceWithEndpoints};
 pub use mock_file::{
-    MockFileError, MockFileStatus, load_mock_registry, parse_mock_registry, run_mock_file,
+    MockFileError, MockFileOptions, MockFileStatus, load_mock_registry, parse_mock_registry,
+    run_mock_file,
 };
 pub use model::*;
 pub use registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};
