@@ -100,6 +100,23 @@ impl ReadError {
         matches!(self, ReadError::Changing { .. })
     }
 
+    /// The message without the leading `path: `, for callers that name the file
+    /// themselves.
+    pub fn reason(&self) -> String {
+        let message = self.to_string();
+        let path = match self {
+            ReadError::Missing { path }
+            | ReadError::NotRegular { path, .. }
+            | ReadError::TooLarge { path, .. }
+            | ReadError::Changing { path }
+            | ReadError::Io { path, .. } => path,
+        };
+        match message.strip_prefix(&format!("{}: ", path.display())) {
+            Some(reason) => reason.to_string(),
+            None => message,
+        }
+    }
+
     fn io(path: &Path, source: std::io::Error) -> ReadError {
         if source.kind() == std::io::ErrorKind::NotFound {
             ReadError::Missing {
