@@ -151,6 +151,9 @@ pub struct DiscoveryConfig {
     pub debug_open: bool,
     /// How long shutdown waits for tasks before aborting them.
     pub drain_deadline: Duration,
+    /// `--maxConfigFileSize`: the size limit of every watched file (mock registry,
+    /// `--configDir` files, mesh files), in bytes.
+    pub max_config_file_size: u64,
     /// Run-time log level control for `/logging` (set by the binary).
     pub log_control: Option<crate::logging::LogControl>,
 }
@@ -177,6 +180,7 @@ impl Default for DiscoveryConfig {
             generator: GeneratorOptions::default(),
             debug_open: false,
             drain_deadline: Duration::from_secs(5),
+            max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
         }
     }
@@ -233,10 +237,12 @@ impl ConfigStores {
                 let task_store = store.clone();
                 let dir = dir.clone();
                 let mut stop = shutdown.clone();
+                let limit = config.max_config_file_size;
                 info!(dir = %dir.display(), "config: following directory");
                 tasks.spawn(async move {
                     if let Err(err) =
-                        run_config_dir(dir, task_store, async move { stop.wait().await }).await
+                        run_config_dir(dir, task_store, limit, async move { stop.wait().await })
+                            .await
                     {
                         error!("config directory: {err}");
                     }
@@ -348,6 +354,7 @@ impl Server {
         let mesh_settings = mesh::load_initial(
             config.mesh_config.as_deref(),
             config.networks_config.as_deref(),
+            config.max_config_file_size,
         )
         .context("loading the mesh configuration")?;
         let mesh_settings = Arc::new(ArcSwap::from_pointee(mesh_settings));
@@ -384,6 +391,7 @@ impl Server {
                     which,
                     mesh_settings.clone(),
                     sink.clone(),
+                    config.max_config_file_size,
                     async move { stop.wait().await },
                 )?;
                 info!(file = %path.display(), kind = ?which, "following mesh file");
@@ -750,10 +758,14 @@ fn start_mock_registry(
             let mut stop = shutdown.clone();
             let task_status = status.clone();
             let path = path.clone();
+            let options = mock_file::MockFileOptions {
+                max_file_size: config.max_config_file_size,
+                ..mock_file::MockFileOptions::default()
+            };
             info!(file = %path.display(), "mock registry: following file");
             tasks.spawn(async move {
                 if let Err(err) =
-                    mock_file::run_mock_file(path, registry, task_status, async move {
+                    mock_file::run_mock_file(path, registry, task_status, options, async move {
                         stop.wait().await
                     })
                     .await

@@ -187,6 +187,11 @@ struct DiscoveryArgs {
     /// bundled example is served.
     #[arg(long = "mockRegistryFile")]
     mock_registry_file: Option<PathBuf>,
+    /// Size limit in bytes of every watched file (--mockRegistryFile, --configDir
+    /// files, --meshConfig, --networksConfig). A larger file is refused (the last good
+    /// content stays); only regular files are read.
+    #[arg(long = "maxConfigFileSize", default_value_t = meshfed_registry::read::DEFAULT_MAX_FILE_SIZE)]
+    max_config_file_size: u64,
     /// This control plane's cluster id.
     #[arg(long = "clusterID", default_value = "Kubernetes")]
     cluster_id: String,
@@ -445,6 +450,7 @@ impl DiscoveryArgs {
                 },
             },
             debug_open: self.debug_allow_remote,
+            max_config_file_size: self.max_config_file_size,
             ..DiscoveryConfig::default()
         })
     }
@@ -479,8 +485,9 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 ),
                 None => tracing::warn!("cannot read the open-files limit (RLIMIT_NOFILE)"),
             }
+            let drain_deadline = config.drain_deadline;
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-            runtime.block_on(async {
+            let result = runtime.block_on(async {
                 let server = Server::start(config).await?;
                 if let Some(path) = &ready_file {
                     write_ready_file(path, &server.bound())?;
@@ -490,7 +497,12 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                     let _ = std::fs::remove_file(path);
                 }
                 anyhow::Ok(std::process::ExitCode::SUCCESS)
-            })
+            });
+            // Dropping the runtime would wait for every blocking-pool thread, and a
+            // read stuck in the kernel (a hung file system) never returns: end within
+            // the drain deadline instead.
+            runtime.shutdown_timeout(drain_deadline);
+            result
         }
         Command::Load(args) => load(args),
     }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use meshfed_api::mesh::v1alpha1::{MeshConfig, MeshNetworks, mesh_config};
+use meshfed_registry::read::{Backoff, ReadError, read_watched_file, read_watched_file_blocking};
 use meshfed_registry::watch::PathWatcher;
 use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
 use tracing::{error, info, warn};
@@ -20,12 +21,10 @@ use tracing::{error, info, warn};
 /// Why a mesh file was not applied.
 #[derive(Debug, thiserror::Error)]
 pub enum MeshError {
-    /// The file could not be read.
-    #[error("{path}: cannot read: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    /// The file could not be read (missing, not a regular file, over the size limit,
+    /// ...); the message starts with the file.
+    #[error("{source}")]
+    Read { path: String, source: ReadError },
     /// Not YAML, or not a MeshConfig/MeshNetworks document.
     #[error("{path}: {reason}")]
     Invalid { path: String, reason: String },
@@ -239,6 +238,11 @@ fn camel_case(s: &str) -> String {
     out
 }
 
+/// How long a mesh file emptied after it had content must stay empty before the
+/// emptiness (the defaults) applies: a writer that truncates the file and writes it
+/// later is not a reset.
+pub const EMPTY_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Which mesh file a follower reads.
 #[derive(Clone, Copy, Debug)]
 pub enum MeshFile {
@@ -248,16 +252,24 @@ pub enum MeshFile {
     Networks,
 }
 
-/// Loads the mesh files once, at start-up. A missing or invalid file is an error here
-/// (the operator asked for it), unlike later reloads, which keep the last good one.
+/// Loads the mesh files once, at start-up, under the rules of
+/// [`meshfed_registry::read`] (regular files of at most `max_file_size` bytes). A
+/// missing or invalid file is an error here (the operator asked for it), unlike later
+/// reloads, which keep the last good one.
 pub fn load_initial(
     config: Option<&Path>,
     networks: Option<&Path>,
+    max_file_size: u64,
 ) -> Result<MeshSettings, MeshError> {
     let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|source| MeshError::Read {
+        let bytes =
+            read_watched_file_blocking(p, max_file_size).map_err(|source| MeshError::Read {
+                path: p.display().to_string(),
+                source,
+            })?;
+        String::from_utf8(bytes).map_err(|_| MeshError::Invalid {
             path: p.display().to_string(),
-            source,
+            reason: "the file is not valid UTF-8".to_string(),
         })
     };
     Ok(MeshSettings {
@@ -273,13 +285,19 @@ pub fn load_initial(
 }
 
 /// Starts following one mesh file: the watch is set up before this returns, so no
-/// later change is missed. The returned future runs until `shutdown`, swapping good
-/// content into `settings` and forcing a full push whenever the content changes.
+/// later change is missed. The returned future runs until `shutdown` (at once, even
+/// mid-read), swapping good content into `settings` and forcing a full push whenever
+/// the content changes. Reads follow [`meshfed_registry::read`]: regular files of at
+/// most `max_file_size` bytes, settled content only, and a failed read (other than a
+/// missing file) is retried with backoff until it succeeds. A file emptied after it
+/// had content applies (as the defaults) only once it has stayed empty for
+/// [`EMPTY_SETTLE`].
 pub fn follow(
     path: PathBuf,
     which: MeshFile,
     settings: Arc<ArcSwap<MeshSettings>>,
     sink: UpdateSink,
+    max_file_size: u64,
     shutdown: impl Future<Output = ()>,
 ) -> Result<impl Future<Output = ()>, MeshError> {
     let mut watcher = PathWatcher::watch(&path, false).map_err(|e| MeshError::Invalid {
@@ -288,10 +306,24 @@ pub fn follow(
     })?;
     Ok(async move {
         let mut last: Option<Vec<u8>> = None;
+        let mut backoff = Backoff::default();
+        let mut failure: Option<String> = None;
+        let mut empty_since: Option<tokio::time::Instant> = None;
+        // Whether the settings in force came from a file with content (load_initial's
+        // read included), so that an emptied file waits before it resets them.
+        let mut held_content = true;
+        let mut again: Option<std::time::Duration> = None;
         let mut shutdown = std::pin::pin!(shutdown);
         loop {
+            let retry = async {
+                match again {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = &mut shutdown => return,
+                () = retry => {}
                 tick = watcher.changed() => {
                     if tick.is_none() {
                         error!("{}: watcher stopped; changes will need a restart", path.display());
@@ -299,19 +331,54 @@ pub fn follow(
                     }
                 }
             }
-            let bytes = match std::fs::read(&path) {
-                Ok(b) => b,
-                Err(err) => {
+            again = None;
+            let read = tokio::select! {
+                () = &mut shutdown => return,
+                read = read_watched_file(&path, max_file_size) => read,
+            };
+            let bytes = match read {
+                Ok(b) => {
+                    backoff.reset();
+                    failure = None;
+                    b
+                }
+                Err(err) if err.is_missing() => {
                     if last.is_some() {
-                        warn!(
-                            "{}: cannot read ({err}); keeping the last good content",
-                            path.display()
-                        );
+                        warn!("{err}; keeping the last good content");
                     }
                     last = None;
+                    empty_since = None;
+                    continue;
+                }
+                Err(err) => {
+                    let delay = backoff.next_delay();
+                    let message = err.to_string();
+                    if err.is_changing() || failure.as_deref() == Some(message.as_str()) {
+                        tracing::debug!("{message}; reading again in {delay:?}");
+                    } else {
+                        warn!("{message}; keeping the last good content, retrying in {delay:?}");
+                    }
+                    failure = Some(message);
+                    again = Some(delay);
                     continue;
                 }
             };
+            let blank = |b: &[u8]| b.iter().all(u8::is_ascii_whitespace);
+            if blank(&bytes) && held_content {
+                // Emptied: a writer may have truncated the file and not written yet.
+                let now = tokio::time::Instant::now();
+                let waited = now.duration_since(*empty_since.get_or_insert(now));
+                if waited < EMPTY_SETTLE {
+                    again = Some(EMPTY_SETTLE - waited);
+                    continue;
+                }
+                warn!(
+                    "{}: the file has stayed empty for {EMPTY_SETTLE:?}; applying the defaults",
+                    path.display()
+                );
+            }
+            empty_since = None;
+            held_content = !blank(&bytes);
             if last.as_deref() == Some(bytes.as_slice()) {
                 continue;
             }
@@ -347,6 +414,7 @@ pub fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use meshfed_registry::read::DEFAULT_MAX_FILE_SIZE;
 
     fn p() -> &'static Path {
         Path::new("mesh.yaml")
@@ -424,7 +492,7 @@ mod tests {
         let path = dir.path().join("mesh.yaml");
         std::fs::write(&path, "rootNamespace: one\n").unwrap();
         let settings = Arc::new(ArcSwap::from_pointee(
-            load_initial(Some(&path), None).unwrap(),
+            load_initial(Some(&path), None, DEFAULT_MAX_FILE_SIZE).unwrap(),
         ));
         let (sink, mut rx) = UpdateSink::new(Arc::default());
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -433,6 +501,7 @@ mod tests {
             MeshFile::Config,
             settings.clone(),
             sink,
+            DEFAULT_MAX_FILE_SIZE,
             async move {
                 let _ = stop_rx.await;
             },
@@ -464,5 +533,70 @@ mod tests {
         assert_eq!(settings.load().config.root_namespace, "three");
         stop_tx.send(()).unwrap();
         task.await.unwrap();
+    }
+
+    #[test]
+    fn load_initial_refuses_devices_and_files_over_the_limit() {
+        let err =
+            load_initial(Some(Path::new("/dev/zero")), None, DEFAULT_MAX_FILE_SIZE).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("/dev/zero: not a regular file (it is a character device)"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mesh.yaml");
+        std::fs::write(&path, "rootNamespace: one\n").unwrap();
+        let err = load_initial(None, Some(&path), 5).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "larger than the size limit of 5 bytes (raise it with --maxConfigFileSize)"
+            ),
+            "{err}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_emptied_mesh_file_applies_only_after_the_settle_period() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mesh.yaml");
+        std::fs::write(&path, "rootNamespace: one\n").unwrap();
+        let settings = Arc::new(ArcSwap::from_pointee(
+            load_initial(Some(&path), None, DEFAULT_MAX_FILE_SIZE).unwrap(),
+        ));
+        let (sink, _rx) = UpdateSink::new(Arc::default());
+        let follower = follow(
+            path.clone(),
+            MeshFile::Config,
+            settings.clone(),
+            sink,
+            DEFAULT_MAX_FILE_SIZE,
+            std::future::pending(),
+        )
+        .unwrap();
+        let task = tokio::spawn(follower);
+        // Truncated in place (`: > mesh.yaml`); the watch notices it by itself.
+        std::fs::File::create(&path).unwrap();
+        let start = tokio::time::Instant::now();
+        tokio::time::sleep(EMPTY_SETTLE - std::time::Duration::from_millis(100)).await;
+        assert_eq!(
+            settings.load().config.root_namespace,
+            "one",
+            "not reset while the file may still be written"
+        );
+        let wait = async {
+            while settings.load().config.root_namespace == "one" {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(30), wait)
+            .await
+            .expect("the emptied file applies after the settle period");
+        assert!(start.elapsed() >= EMPTY_SETTLE);
+        assert_eq!(
+            settings.load().config.root_namespace,
+            default_mesh_config().root_namespace
+        );
+        task.abort();
     }
 }

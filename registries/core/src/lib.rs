@@ -11,7 +11,8 @@
 //! - [`memory`]: the in-memory (mock) registry; [`mock_file`]: the same, fed from a
 //!   watched YAML file.
 //! - [`watch`]: watching config files and directories so that every kind of writer
-//!   (in place, atomic rename, ConfigMap symlink swap) is noticed.
+//!   (in place, atomic rename, ConfigMap symlink swap) is noticed; [`read`]: reading
+//!   them (regular files only, a size limit, settled content, retries).
 //! - [`config`]: Istio config objects (VirtualService, DestinationRule, ...): model,
 //!   validation, the [`ConfigStore`] trait, the memory and config-directory stores.
 //! - [`serviceentry`]: the ServiceEntry / WorkloadEntry registry (provider `External`),
@@ -27,6 +28,7 @@ pub mod memory;
 pub mod metrics;
 pub mod mock_file;
 pub mod model;
+pub mod read;
 pub mod registry;
 pub mod serviceentry;
 pub mod watch;
@@ -37,7 +39,8 @@ pub use endpoints::{EndpointIndex, EndpointPush, EndpointShards};
 pub use events::{ConfigKey, ConfigKind, PushRequest, RegistryEvent, TriggerReason, UpdateSink};
 pub use memory::{MemoryRegistry, ServiceWithEndpoints};
 pub use mock_file::{
-    MockFileError, MockFileStatus, load_mock_registry, parse_mock_registry, run_mock_file,
+    MockFileError, MockFileOptions, MockFileStatus, load_mock_registry, parse_mock_registry,
+    run_mock_file,
 };
 pub use model::*;
 pub use registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};

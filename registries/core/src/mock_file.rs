@@ -50,10 +50,14 @@
 //! # Reloading
 //!
 //! [`run_mock_file`] loads the file, marks the registry synced and then follows every
-//! change to the file (see [`crate::watch`]). Content that fails to parse is logged with
-//! its file:line and the last good content stays in force; a deleted file also keeps
-//! the last good content. [`MockFileStatus`] counts successful and failed loads for
-//! metrics.
+//! change to the file (see [`crate::watch`]). The file is read under the rules of
+//! [`crate::read`]: a regular file only, within a size limit, and only content that
+//! did not change while it was read counts. Content that fails to parse is logged
+//! with its file:line and the last good content stays in force; a deleted file also
+//! keeps the last good content; a failed read is retried with backoff. A file emptied
+//! while the registry holds services withdraws them only once it has stayed empty for
+//! a settle period ([`DEFAULT_EMPTY_SETTLE`]). [`MockFileStatus`] counts loads,
+//! retries and withdrawals for metrics.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -63,12 +67,14 @@ use std::num::NonZeroU16;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 use serde::de::{self, Visitor};
 use serde::{Deserialize, Deserializer};
+use tokio::time::Instant;
 
 use crate::config::validate::Segment;
 use crate::memory::{MemoryRegistry, ServiceWithEndpoints};
@@ -77,20 +83,25 @@ use crate::model::{
     ClusterId, Endpoint, ExportTo, HealthStatus, Locality, MeshLocation, NetworkId, Port, Protocol,
     ProviderId, Resolution, Service, ServiceKey, TlsMode,
 };
+use crate::read::{
+    Backoff, DEFAULT_MAX_FILE_SIZE, ReadError, read_watched_file, read_watched_file_blocking,
+};
+use crate::registry::ServiceRegistry;
 use crate::watch::{PathWatcher, WatchError};
 
 /// Why a mock registry file could not be loaded. Every variant's message starts with
 /// the file (and the line, where known).
 #[derive(Debug, thiserror::Error)]
 pub enum MockFileError {
-    /// The file could not be read (missing, permissions, ...).
-    #[error("{}: cannot read the mock registry file: {source}", .path.display())]
+    /// The file could not be read (missing, not a regular file, over the size limit,
+    /// permissions, ...); the message starts with the file.
+    #[error("{source}")]
     Read {
         /// The file.
         path: PathBuf,
-        /// The I/O error.
+        /// Why, per [`crate::read`].
         #[source]
-        source: std::io::Error,
+        source: ReadError,
     },
     /// The text is not valid UTF-8 or YAML, or does not fit the format: unknown or
     /// missing field, wrong type, port out of range, unknown protocol, bad IP address.
@@ -325,15 +336,18 @@ impl<'de> Deserialize<'de> for ProtocolName {
 // ----------------------------------------------------------------------------------
 // Parsing.
 
-/// Reads and parses a mock registry file. A missing file is a [`MockFileError::Read`]
-/// error; an empty file is an empty registry.
+/// Reads and parses a mock registry file under the rules of [`crate::read`] (a
+/// regular file of at most [`DEFAULT_MAX_FILE_SIZE`] bytes). A missing file is a
+/// [`MockFileError::Read`] error; an empty file is an empty registry.
 pub fn load_mock_registry(
     path: impl AsRef<Path>,
 ) -> Result<Vec<ServiceWithEndpoints>, MockFileError> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|source| MockFileError::Read {
-        path: path.to_path_buf(),
-        source,
+    let bytes = read_watched_file_blocking(path, DEFAULT_MAX_FILE_SIZE).map_err(|source| {
+        MockFileError::Read {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     parse_mock_registry_bytes(path, &bytes)
 }
@@ -627,6 +641,29 @@ fn locate(text: &str, path: &[Seg]) -> Option<usize> {
 // ----------------------------------------------------------------------------------
 // Following the file.
 
+/// How long an empty (or comment-only) mock registry file must stay so before it
+/// withdraws the services the registry holds: a writer that truncates the file and
+/// writes it later (`{ sleep 1; cat good.yaml; } > mock.yaml`) is not a withdrawal.
+pub const DEFAULT_EMPTY_SETTLE: Duration = Duration::from_secs(5);
+
+/// How [`run_mock_file`] reads the file.
+#[derive(Clone, Copy, Debug)]
+pub struct MockFileOptions {
+    /// The size limit of the file in bytes (`--maxConfigFileSize`).
+    pub max_file_size: u64,
+    /// How long an emptied file must stay empty before it withdraws the services.
+    pub empty_settle: Duration,
+}
+
+impl Default for MockFileOptions {
+    fn default() -> Self {
+        MockFileOptions {
+            max_file_size: DEFAULT_MAX_FILE_SIZE,
+            empty_settle: DEFAULT_EMPTY_SETTLE,
+        }
+    }
+}
+
 /// Load counters of a [`run_mock_file`] task, for metrics and debug pages. Cheap to
 /// clone; clones share the counters.
 #[derive(Clone, Debug, Default)]
@@ -636,6 +673,12 @@ pub struct MockFileStatus {
     /// Loads that failed (the file was invalid, unreadable, missing or deleted); the
     /// last good content stayed in force.
     pub reloads_failed: Arc<AtomicU64>,
+    /// Reads retried after a failure (an I/O error, not a regular file, over the size
+    /// limit, or a writer still at work).
+    pub read_retries: Arc<AtomicU64>,
+    /// Times an emptied file, having stayed empty for the settle period, withdrew the
+    /// services the registry held.
+    pub empty_withdrawals: Arc<AtomicU64>,
     /// The message of the last failed load (with file:line), cleared by the next
     /// successful one.
     pub last_error: Arc<Mutex<Option<String>>>,
@@ -665,8 +708,10 @@ impl MockFileStatus {
         *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(message);
     }
 
-    /// Registers `meshfed_mock_file_reloads{result="ok"|"failed"}` into `registry`,
-    /// read from these counters on every scrape.
+    /// Registers `meshfed_mock_file_reloads{result="ok"|"failed"}`,
+    /// `meshfed_mock_file_read_retries{reason="read_error"}` and
+    /// `meshfed_mock_file_empty_withdrawals{result="withdrawn"}` into `registry`, read
+    /// from these counters on every scrape.
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register_collector(Box::new(MockFileMetrics(self.clone())));
     }
@@ -678,18 +723,30 @@ struct MockFileMetrics(MockFileStatus);
 impl Collector for MockFileMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let status = &self.0;
+        let load = |c: &AtomicU64| c.load(Ordering::Relaxed) as i64;
         encode_gauges(
             &mut encoder,
             "meshfed_mock_file_reloads",
             "Mock registry file loads by result (failed loads keep the last good content)",
             "result",
             [
-                ("ok", status.reloads_ok.load(Ordering::Relaxed) as i64),
-                (
-                    "failed",
-                    status.reloads_failed.load(Ordering::Relaxed) as i64,
-                ),
+                ("ok", load(&status.reloads_ok)),
+                ("failed", load(&status.reloads_failed)),
             ],
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_mock_file_read_retries",
+            "Mock registry file reads retried after a failure or a read that raced a writer",
+            "reason",
+            [("read_error", load(&status.read_retries))],
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_mock_file_empty_withdrawals",
+            "Times an emptied mock registry file withdrew its services after the settle period",
+            "result",
+            [("withdrawn", load(&status.empty_withdrawals))],
         )
     }
 }
@@ -701,12 +758,21 @@ impl Collector for MockFileMetrics {
 ///   file:line) and the registry serves nothing until the file is fixed. For a laptop
 ///   demo that beats a control plane that never becomes ready.
 /// - Every change to the file (in place, atomic replace, ConfigMap symlink swap,
-///   creation) re-reads it. Identical bytes do nothing. Valid content replaces the
-///   registry's (only differences are pushed) and logs
-///   `mock registry reloaded: N services, M endpoints`. Invalid content is logged as
-///   an error and the last good content stays. A deleted file logs a warning and the
-///   last good content stays.
-/// - Loads are counted in `status`.
+///   creation) re-reads it, under the rules of [`crate::read`]: a regular file of at
+///   most `options.max_file_size` bytes, whose content did not change during the read.
+///   Identical bytes do nothing. Valid content replaces the registry's (only
+///   differences are pushed) and logs `mock registry reloaded: N services, M
+///   endpoints`. Invalid content is logged as an error and the last good content
+///   stays. A deleted file logs a warning and the last good content stays.
+/// - A read that fails for any other reason than a missing file (too many open files,
+///   not a regular file, over the size limit, a writer at work) is retried with
+///   backoff (100 ms doubling to 30 s) until it succeeds; the last good content stays
+///   meanwhile.
+/// - Content with no services, while the registry holds some, applies only once the
+///   file has stayed so for `options.empty_settle`, with a warning naming how many
+///   services go; content with services arriving before then applies as usual.
+/// - Loads, retries and withdrawals are counted in `status`.
+/// - Shutdown ends the task at once, even in the middle of a read.
 ///
 /// Returns an error, without touching the registry, if the watch cannot start (e.g. the
 /// file's directory does not exist), and if the watcher stops later.
@@ -714,31 +780,51 @@ pub async fn run_mock_file(
     path: PathBuf,
     registry: MemoryRegistry,
     status: MockFileStatus,
+    options: MockFileOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WatchError> {
     // Watch before the first read, so that a change in between is not lost.
-    let mut watcher = PathWatcher::watch(&path, false)?;
-    let mut reloader = Reloader {
-        path,
-        registry,
-        status,
-        seen: None,
-    };
-    reloader.reload().await;
-    reloader.registry.mark_synced();
+    let watcher = PathWatcher::watch(&path, false)?;
+    follow(
+        watcher,
+        Reloader::new(path, registry, status, options),
+        shutdown,
+    )
+    .await
+}
+
+/// The loop of [`run_mock_file`] over a started watch.
+async fn follow(
+    mut watcher: PathWatcher,
+    mut reloader: Reloader,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), WatchError> {
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut again = tokio::select! {
+        () = &mut shutdown => return Ok(()),
+        next = reloader.reload() => next,
+    };
+    reloader.registry.mark_synced();
     loop {
+        let retry = async {
+            match again {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = &mut shutdown => return Ok(()),
-            tick = watcher.changed() => match tick {
-                Some(()) => reloader.reload().await,
-                None => {
-                    let err = WatchError::Stopped { path: reloader.path };
-                    tracing::error!("{err}; the mock registry keeps its current content");
-                    return Err(err);
-                }
+            () = retry => {}
+            tick = watcher.changed() => if tick.is_none() {
+                let err = WatchError::Stopped { path: reloader.path };
+                tracing::error!("{err}; the mock registry keeps its current content");
+                return Err(err);
             },
         }
+        again = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            next = reloader.reload() => next,
+        };
     }
 }
 
@@ -747,63 +833,139 @@ struct Reloader {
     path: PathBuf,
     registry: MemoryRegistry,
     status: MockFileStatus,
+    options: MockFileOptions,
     /// What the last read gave: the bytes, or the read error's message.
     seen: Option<Result<Vec<u8>, String>>,
+    /// Since when the file has had no services while the registry still holds some.
+    empty_since: Option<Instant>,
+    backoff: Backoff,
 }
 
 impl Reloader {
-    async fn reload(&mut self) {
-        let read = tokio::fs::read(&self.path).await;
-        match read {
+    fn new(
+        path: PathBuf,
+        registry: MemoryRegistry,
+        status: MockFileStatus,
+        options: MockFileOptions,
+    ) -> Reloader {
+        Reloader {
+            path,
+            registry,
+            status,
+            options,
+            seen: None,
+            empty_since: None,
+            backoff: Backoff::default(),
+        }
+    }
+
+    /// Reads the file once and applies what it says. Returns when to read again
+    /// without waiting for a change: `None` to wait for the next change.
+    async fn reload(&mut self) -> Option<Duration> {
+        match read_watched_file(&self.path, self.options.max_file_size).await {
             Ok(bytes) => {
-                if matches!(&self.seen, Some(Ok(seen)) if *seen == bytes) {
-                    return;
-                }
-                let parsed = parse_mock_registry_bytes(&self.path, &bytes);
-                self.seen = Some(Ok(bytes));
-                match parsed {
-                    Ok(services) => {
-                        let n = services.len();
-                        let m: usize = services.iter().map(|s| s.endpoints.len()).sum();
-                        self.registry.replace_all(services);
-                        self.status.succeeded();
-                        tracing::info!(path = %self.path.display(), "mock registry reloaded: {n} services, {m} endpoints");
-                    }
-                    Err(e) => {
-                        tracing::error!(path = %self.path.display(), "{e} (keeping the last good mock registry content)");
-                        self.status.failed(e.to_string());
-                    }
-                }
+                self.backoff.reset();
+                self.apply(bytes)
             }
-            Err(source) => {
-                let missing = source.kind() == std::io::ErrorKind::NotFound;
-                let message = MockFileError::Read {
-                    path: self.path.clone(),
-                    source,
+            Err(e) => self.read_failed(e),
+        }
+    }
+
+    fn apply(&mut self, bytes: Vec<u8>) -> Option<Duration> {
+        let same = matches!(&self.seen, Some(Ok(seen)) if *seen == bytes);
+        if same && self.empty_since.is_none() {
+            return None;
+        }
+        let parsed = parse_mock_registry_bytes(&self.path, &bytes);
+        self.seen = Some(Ok(bytes));
+        let services = match parsed {
+            Ok(services) => services,
+            Err(e) => {
+                self.empty_since = None;
+                tracing::error!(path = %self.path.display(), "{e} (keeping the last good mock registry content)");
+                self.status.failed(e.to_string());
+                return None;
+            }
+        };
+        let held = self.registry.services().len();
+        if services.is_empty() && held > 0 {
+            // Emptied: a writer may have truncated the file and not written yet. Only
+            // an emptiness that lasts withdraws.
+            let now = Instant::now();
+            let since = *self.empty_since.get_or_insert(now);
+            let waited = now.duration_since(since);
+            if waited < self.options.empty_settle {
+                if waited.is_zero() {
+                    tracing::info!(
+                        path = %self.path.display(),
+                        "mock registry file has no services; its {held} services stay unless it stays so for {:?}",
+                        self.options.empty_settle
+                    );
                 }
-                .to_string();
-                if matches!(&self.seen, Some(Err(seen)) if *seen == message) {
-                    return;
-                }
-                let had_content = matches!(self.seen, Some(Ok(_)));
-                self.seen = Some(Err(message.clone()));
-                match (missing, had_content) {
-                    (true, true) => tracing::warn!(
+                return Some(self.options.empty_settle - waited);
+            }
+            tracing::warn!(
+                path = %self.path.display(),
+                "mock registry file {} is empty: withdrawing {held} services",
+                self.path.display()
+            );
+            self.status
+                .empty_withdrawals
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        self.empty_since = None;
+        let n = services.len();
+        let m: usize = services.iter().map(|s| s.endpoints.len()).sum();
+        self.registry.replace_all(services);
+        self.status.succeeded();
+        tracing::info!(path = %self.path.display(), "mock registry reloaded: {n} services, {m} endpoints");
+        None
+    }
+
+    fn read_failed(&mut self, err: ReadError) -> Option<Duration> {
+        if err.is_changing() {
+            // A writer is at work: read again soon (its next write also ticks).
+            let delay = self.backoff.next_delay();
+            self.status.read_retries.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(path = %self.path.display(), "{err}; reading again in {delay:?}");
+            return Some(delay);
+        }
+        self.empty_since = None;
+        let missing = err.is_missing();
+        let message = err.to_string();
+        let repeated = matches!(&self.seen, Some(Err(seen)) if *seen == message);
+        let had_content = matches!(self.seen, Some(Ok(_)));
+        if !repeated {
+            self.seen = Some(Err(message.clone()));
+            self.status.failed(message.clone());
+        }
+        if missing {
+            if !repeated {
+                if had_content {
+                    tracing::warn!(
                         path = %self.path.display(),
                         "{message}: the mock registry file was deleted; keeping the last good content"
-                    ),
-                    (true, false) => tracing::warn!(
+                    );
+                } else {
+                    tracing::warn!(
                         path = %self.path.display(),
                         "{message}; the mock registry stays empty until the file is created"
-                    ),
-                    (false, _) => tracing::error!(
-                        path = %self.path.display(),
-                        "{message} (keeping the last good mock registry content)"
-                    ),
+                    );
                 }
-                self.status.failed(message);
             }
+            return None;
         }
+        let delay = self.backoff.next_delay();
+        self.status.read_retries.fetch_add(1, Ordering::Relaxed);
+        if repeated {
+            tracing::debug!(path = %self.path.display(), "{message}; retrying in {delay:?}");
+        } else {
+            tracing::error!(
+                path = %self.path.display(),
+                "{message} (keeping the last good mock registry content; retrying in {delay:?})"
+            );
+        }
+        Some(delay)
     }
 }
 
@@ -812,7 +974,6 @@ mod tests {
     use super::*;
     use crate::endpoints::EndpointIndex;
     use crate::events::UpdateSink;
-    use crate::registry::ServiceRegistry;
     use std::time::Duration;
 
     const EXAMPLE: &str = r#"# The example from the module docs, plus a second service.
@@ -1192,10 +1353,9 @@ services:
         let path = dir.path().join("mock.yaml");
         let err = load_mock_registry(&path).unwrap_err();
         assert!(matches!(err, MockFileError::Read { .. }));
-        assert!(
-            err.to_string()
-                .starts_with(&format!("{}: cannot read", path.display())),
-            "{err}"
+        assert_eq!(
+            err.to_string(),
+            format!("{}: the file does not exist", path.display())
         );
         std::fs::write(&path, EXAMPLE).unwrap();
         assert_eq!(load_mock_registry(&path).unwrap().len(), 2);
@@ -1246,12 +1406,12 @@ services:
         let status = MockFileStatus::new();
         let mut metrics = Registry::default();
         status.register_metrics(&mut metrics);
-        let mut r = Reloader {
-            path: path.clone(),
-            registry: registry(),
-            status: status.clone(),
-            seen: None,
-        };
+        let mut r = Reloader::new(
+            path.clone(),
+            registry(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
         for text in [ONE, BAD, TWO] {
             std::fs::write(&path, text).unwrap();
             r.reload().await;
@@ -1264,6 +1424,12 @@ services:
              # TYPE meshfed_mock_file_reloads gauge\n\
              meshfed_mock_file_reloads{result=\"ok\"} 2\n\
              meshfed_mock_file_reloads{result=\"failed\"} 1\n\
+             # HELP meshfed_mock_file_read_retries Mock registry file reads retried after a failure or a read that raced a writer\n\
+             # TYPE meshfed_mock_file_read_retries gauge\n\
+             meshfed_mock_file_read_retries{reason=\"read_error\"} 0\n\
+             # HELP meshfed_mock_file_empty_withdrawals Times an emptied mock registry file withdrew its services after the settle period\n\
+             # TYPE meshfed_mock_file_empty_withdrawals gauge\n\
+             meshfed_mock_file_empty_withdrawals{result=\"withdrawn\"} 0\n\
              # EOF\n"
         );
     }
@@ -1274,16 +1440,16 @@ services:
         let path = dir.path().join("mock.yaml");
         let reg = registry();
         let status = MockFileStatus::new();
-        let mut r = Reloader {
-            path: path.clone(),
-            registry: reg.clone(),
-            status: status.clone(),
-            seen: None,
-        };
+        let mut r = Reloader::new(
+            path.clone(),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
 
         r.reload().await;
         assert_eq!(counts(&status), (0, 1), "a missing file is a failed load");
-        assert!(status.last_error().unwrap().contains("cannot read"));
+        assert!(status.last_error().unwrap().contains("does not exist"));
         r.reload().await;
         assert_eq!(
             counts(&status),
@@ -1373,6 +1539,7 @@ services:
             path.clone(),
             reg.clone(),
             status.clone(),
+            MockFileOptions::default(),
             async {
                 let _ = stopped.await;
             },
@@ -1435,6 +1602,7 @@ services:
             path.clone(),
             reg.clone(),
             status.clone(),
+            MockFileOptions::default(),
             std::future::pending(),
         ));
         eventually("synced despite the bad file", || reg.has_synced()).await;
@@ -1455,6 +1623,7 @@ services:
             path.clone(),
             reg.clone(),
             status.clone(),
+            MockFileOptions::default(),
             std::future::pending(),
         ));
         eventually("synced without a file", || reg.has_synced()).await;
@@ -1471,11 +1640,294 @@ services:
             dir.path().join("nope/mock.yaml"),
             reg.clone(),
             MockFileStatus::new(),
+            MockFileOptions::default(),
             async {},
         )
         .await
         .unwrap_err();
         assert!(matches!(err, WatchError::DirMissing { .. }), "{err}");
         assert!(!reg.has_synced());
+    }
+
+    // ------------------------------------------------------------------------------
+    // Hostile writers and files.
+
+    /// Captures what is logged on this thread while the guard lives.
+    fn capture_logs() -> (Arc<Mutex<Vec<u8>>>, tracing::subscriber::DefaultGuard) {
+        #[derive(Clone)]
+        struct Buf(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Buf {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = Buf(buf.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        (buf, tracing::subscriber::set_default(subscriber))
+    }
+
+    fn logged(buf: &Arc<Mutex<Vec<u8>>>) -> String {
+        String::from_utf8_lossy(&buf.lock().unwrap()).into_owned()
+    }
+
+    fn withdrawals(status: &MockFileStatus) -> u64 {
+        status.empty_withdrawals.load(Ordering::Relaxed)
+    }
+
+    fn retries(status: &MockFileStatus) -> u64 {
+        status.read_retries.load(Ordering::Relaxed)
+    }
+
+    /// Truncates the file in place, as the shell's `>` does before the writer writes.
+    fn truncate(path: &Path) {
+        std::fs::File::create(path).unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_writer_does_not_withdraw_services() {
+        // `{ sleep 0.3; cat good.yaml; } > mock.yaml`: the shell truncates the file, the
+        // content comes 300 ms later, well after the watcher's 50 ms quiet window.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        std::fs::write(&path, ONE).unwrap();
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let mut r = Reloader::new(
+            path.clone(),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
+        assert_eq!(r.reload().await, None);
+        assert_eq!(hosts(&reg), vec!["a.x"]);
+
+        truncate(&path);
+        assert_eq!(
+            r.reload().await,
+            Some(DEFAULT_EMPTY_SETTLE),
+            "the empty read waits for the file to settle"
+        );
+        assert_eq!(hosts(&reg), vec!["a.x"], "the services stay meanwhile");
+
+        tokio::time::advance(Duration::from_millis(300)).await;
+        std::fs::write(&path, TWO).unwrap();
+        assert_eq!(r.reload().await, None);
+        assert_eq!(hosts(&reg), vec!["a.x", "b.x"]);
+        assert_eq!(withdrawals(&status), 0);
+
+        // The pending withdrawal is gone with the emptiness: a later read does nothing.
+        tokio::time::advance(DEFAULT_EMPTY_SETTLE * 2).await;
+        assert_eq!(r.reload().await, None);
+        assert_eq!(hosts(&reg), vec!["a.x", "b.x"]);
+        assert_eq!(withdrawals(&status), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_emptied_file_withdraws_only_after_the_settle_period() {
+        let (logs, _guard) = capture_logs();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        std::fs::write(&path, TWO).unwrap();
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let mut r = Reloader::new(
+            path.clone(),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
+        r.reload().await;
+        assert_eq!(hosts(&reg), vec!["a.x", "b.x"]);
+
+        // `: > mock.yaml`, then a comment-only edit: still no services.
+        truncate(&path);
+        assert_eq!(r.reload().await, Some(DEFAULT_EMPTY_SETTLE));
+        tokio::time::advance(Duration::from_secs(4)).await;
+        std::fs::write(&path, "# nothing here yet\n").unwrap();
+        assert_eq!(
+            r.reload().await,
+            Some(Duration::from_secs(1)),
+            "the settle period runs from the first empty read"
+        );
+        assert_eq!(hosts(&reg), vec!["a.x", "b.x"]);
+        assert_eq!(withdrawals(&status), 0);
+        assert!(!logged(&logs).contains("withdrawing"));
+
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(r.reload().await, None);
+        assert!(hosts(&reg).is_empty(), "withdrawn once it stayed empty");
+        assert_eq!(withdrawals(&status), 1);
+        let text = logged(&logs);
+        assert!(
+            text.contains("WARN")
+                && text.contains(&format!(
+                    "mock registry file {} is empty: withdrawing 2 services",
+                    path.display()
+                )),
+            "{text}"
+        );
+
+        // Empty and nothing held: nothing to wait for.
+        std::fs::write(&path, "").unwrap();
+        assert_eq!(r.reload().await, None);
+        assert_eq!(withdrawals(&status), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_follow_loop_withdraws_an_emptied_file_on_its_own_timer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        std::fs::write(&path, ONE).unwrap();
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let (tick, watcher) = PathWatcher::manual(&path);
+        let r = Reloader::new(
+            path.clone(),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
+        let task = tokio::spawn(follow(watcher, r, std::future::pending()));
+        eventually("initial load", || hosts(&reg) == ["a.x"]).await;
+
+        truncate(&path);
+        tick.send(()).await.unwrap();
+        let emptied = Instant::now();
+        // One notification only: the loop re-reads by itself once the period is over.
+        tokio::time::sleep(DEFAULT_EMPTY_SETTLE - Duration::from_millis(100)).await;
+        assert_eq!(hosts(&reg), vec!["a.x"], "not yet");
+        eventually("withdrawn", || hosts(&reg).is_empty()).await;
+        assert!(emptied.elapsed() >= DEFAULT_EMPTY_SETTLE);
+        assert_eq!(withdrawals(&status), 1);
+        task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_read_is_retried_with_backoff_until_it_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        // A directory where the file should be: every read fails (as EMFILE would).
+        std::fs::create_dir(&path).unwrap();
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let mut r = Reloader::new(
+            path.clone(),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
+        assert_eq!(r.reload().await, Some(Duration::from_millis(100)));
+        assert_eq!(r.reload().await, Some(Duration::from_millis(200)));
+        assert_eq!(r.reload().await, Some(Duration::from_millis(400)));
+        assert_eq!(counts(&status), (0, 1), "one failure, retried");
+        assert_eq!(retries(&status), 3);
+        let err = status.last_error().unwrap();
+        assert!(
+            err.contains("not a regular file (it is a directory)"),
+            "{err}"
+        );
+
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, ONE).unwrap();
+        assert_eq!(r.reload().await, None, "success: no more retries");
+        assert_eq!(hosts(&reg), vec!["a.x"]);
+
+        // The backoff starts over after a success.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert_eq!(r.reload().await, Some(Duration::from_millis(100)));
+        assert_eq!(hosts(&reg), vec!["a.x"], "the last good content stays");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_follow_loop_retries_a_failed_read_without_a_notification() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        std::fs::create_dir(&path).unwrap();
+        let reg = registry();
+        let status = MockFileStatus::new();
+        // No notification is ever sent: only the retry can pick the fix up.
+        let (_tick, watcher) = PathWatcher::manual(&path);
+        let r = Reloader::new(
+            path.clone(),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+        );
+        let task = tokio::spawn(follow(watcher, r, std::future::pending()));
+        eventually("synced despite the failed read", || reg.has_synced()).await;
+        eventually("a few retries", || retries(&status) >= 3).await;
+        std::fs::remove_dir(&path).unwrap();
+        std::fs::write(&path, ONE).unwrap();
+        eventually("picked up by a retry", || hosts(&reg) == ["a.x"]).await;
+        let done = retries(&status);
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        assert_eq!(retries(&status), done, "no retries after the success");
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_file_over_the_size_limit_keeps_the_last_good_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        std::fs::write(&path, ONE).unwrap();
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let options = MockFileOptions {
+            max_file_size: ONE.len() as u64,
+            ..MockFileOptions::default()
+        };
+        let mut r = Reloader::new(path.clone(), reg.clone(), status.clone(), options);
+        assert_eq!(r.reload().await, None, "exactly at the limit");
+        std::fs::write(&path, TWO).unwrap();
+        assert!(TWO.len() > ONE.len());
+        assert!(r.reload().await.is_some(), "retried");
+        let err = status.last_error().unwrap();
+        assert!(
+            err.contains(&format!(
+                "larger than the size limit of {} bytes",
+                ONE.len()
+            )) && err.contains("--maxConfigFileSize"),
+            "{err}"
+        );
+        assert_eq!(hosts(&reg), vec!["a.x"]);
+    }
+
+    #[tokio::test]
+    async fn a_device_is_refused_and_shutdown_is_prompt() {
+        // `--mockRegistryFile /dev/zero` used to read forever, growing without bound.
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(run_mock_file(
+            PathBuf::from("/dev/zero"),
+            reg.clone(),
+            status.clone(),
+            MockFileOptions::default(),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        eventually("synced, the device refused", || reg.has_synced()).await;
+        let err = status.last_error().unwrap();
+        assert!(
+            err.contains("/dev/zero: not a regular file (it is a character device)"),
+            "{err}"
+        );
+        assert!(reg.services().is_empty());
+        stop.send(()).unwrap();
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("the task ends at shutdown")
+            .unwrap()
+            .unwrap();
     }
 }

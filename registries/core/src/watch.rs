@@ -202,6 +202,22 @@ impl PathWatcher {
         self
     }
 
+    /// A watcher fed by hand (each send is a notification), for tests of the
+    /// debounce and of the watchers' consumers.
+    #[cfg(test)]
+    pub(crate) fn manual(path: &Path) -> (mpsc::Sender<()>, PathWatcher) {
+        let (tx, rx) = mpsc::channel(1);
+        let watcher = PathWatcher {
+            path: path.to_path_buf(),
+            rx,
+            settled: Arc::default(),
+            quiet: DEFAULT_QUIET,
+            max_delay: DEFAULT_MAX_DELAY,
+            _watcher: None,
+        };
+        (tx, watcher)
+    }
+
     /// The path given to [`PathWatcher::watch`].
     pub fn path(&self) -> &Path {
         &self.path
@@ -277,18 +293,8 @@ mod tests {
 
     const WAIT: Duration = Duration::from_secs(10);
 
-    /// A watcher fed by hand, for the debounce tests.
     fn manual(path: &Path) -> (mpsc::Sender<()>, PathWatcher) {
-        let (tx, rx) = mpsc::channel(1);
-        let watcher = PathWatcher {
-            path: path.to_path_buf(),
-            rx,
-            settled: Arc::default(),
-            quiet: DEFAULT_QUIET,
-            max_delay: DEFAULT_MAX_DELAY,
-            _watcher: None,
-        };
-        (tx, watcher)
+        PathWatcher::manual(path)
     }
 
     async fn expect_change(w: &mut PathWatcher, what: &str) {

@@ -20,8 +20,10 @@
 //! - a document with a YAML syntax error is rejected alone; while a file has such a
 //!   document, objects loaded earlier from that file are not deleted (the broken
 //!   document may be one of them);
-//! - a file that cannot be read or split at all (permissions, not UTF-8, a JSON syntax
-//!   error) keeps every object loaded earlier from it;
+//! - a file that cannot be read or split at all (permissions, not a regular file, over
+//!   `--maxConfigFileSize`, changed while it was read, not UTF-8, a JSON syntax error)
+//!   keeps every object loaded earlier from it; one that could not be read is read
+//!   again with backoff until it can;
 //! - an object defined twice (same kind, namespace and name) is taken from the first
 //!   file by sorted path; the other definition is rejected, naming the first;
 //! - the rest of the file and of the directory applies as usual.
@@ -34,6 +36,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -47,6 +50,7 @@ use crate::config::store::{
 };
 use crate::events::UpdateSink;
 use crate::metrics::encode_gauges;
+use crate::read::{Backoff, read_watched_file_blocking};
 use crate::watch::{PathWatcher, WatchError};
 
 /// Reload counters of a config directory, for metrics and debug pages. Cheap to clone;
@@ -60,6 +64,9 @@ pub struct ConfigDirStatus {
     pub reloads_failed: Arc<AtomicU64>,
     /// How many rejections are current (a gauge: objects, documents and files).
     pub rejected: Arc<AtomicU64>,
+    /// Re-reads scheduled because a file or the listing could not be read (an I/O
+    /// error, not a regular file, over the size limit, a writer at work).
+    pub read_retries: Arc<AtomicU64>,
 }
 
 impl ConfigDirStatus {
@@ -77,7 +84,8 @@ impl ConfigDirStatus {
         self.rejected.store(rejected as u64, Ordering::Relaxed);
     }
 
-    /// Registers `meshfed_config_dir_reloads{result="ok"|"failed"}` into `registry`,
+    /// Registers `meshfed_config_dir_reloads{result="ok"|"failed"}` and
+    /// `meshfed_config_dir_read_retries{reason="read_error"}` into `registry`,
     /// read from these counters on every scrape.
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register_collector(Box::new(ConfigDirMetrics(self.clone())));
@@ -102,6 +110,16 @@ impl Collector for ConfigDirMetrics {
                     status.reloads_failed.load(Ordering::Relaxed) as i64,
                 ),
             ],
+        )?;
+        encode_gauges(
+            &mut encoder,
+            "meshfed_config_dir_read_retries",
+            "Config directory re-reads scheduled because a file or the listing could not be read",
+            "reason",
+            [(
+                "read_error",
+                status.read_retries.load(Ordering::Relaxed) as i64,
+            )],
         )
     }
 }
@@ -193,31 +211,50 @@ impl ConfigStore for FileConfigStore {
 /// directory re-reads it (see the module docs for what is kept when something is
 /// bad).
 ///
+/// Files are read under the rules of [`crate::read`]: regular files of at most
+/// `max_file_size` bytes whose content did not change while they were read. A file
+/// that cannot be read keeps the objects loaded earlier from it, and the directory is
+/// read again with backoff (100 ms doubling to 30 s) until every file reads, so a
+/// transient error (too many open files) heals without waiting for another edit.
+/// Shutdown ends the task at once, even in the middle of a read.
+///
 /// Returns an error, without touching the store, if the watch cannot start (the
 /// directory does not exist or is not a directory), and if the watcher stops later.
 pub async fn run_config_dir(
     dir: PathBuf,
     store: FileConfigStore,
+    max_file_size: u64,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WatchError> {
     // Watch before the first read, so that a change in between is not lost.
     let mut watcher = PathWatcher::watch(&dir, true)?;
-    let mut reloader = Reloader::new(dir, store);
-    reloader.reload().await;
-    reloader.store.inner.core.mark_synced();
+    let mut reloader = Reloader::new(dir, store, max_file_size);
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut again = tokio::select! {
+        () = &mut shutdown => return Ok(()),
+        next = reloader.reload() => next,
+    };
+    reloader.store.inner.core.mark_synced();
     loop {
+        let retry = async {
+            match again {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = &mut shutdown => return Ok(()),
-            tick = watcher.changed() => match tick {
-                Some(()) => reloader.reload().await,
-                None => {
-                    let err = WatchError::Stopped { path: reloader.dir };
-                    tracing::error!("{err}; the config store keeps its current content");
-                    return Err(err);
-                }
+            () = retry => {}
+            tick = watcher.changed() => if tick.is_none() {
+                let err = WatchError::Stopped { path: reloader.dir };
+                tracing::error!("{err}; the config store keeps its current content");
+                return Err(err);
             },
         }
+        again = tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            next = reloader.reload() => next,
+        };
     }
 }
 
@@ -237,37 +274,46 @@ struct Reloader {
     cache: Cache,
     /// Rejections already logged, so a persisting problem is logged once.
     logged: BTreeSet<String>,
+    max_file_size: u64,
+    backoff: Backoff,
 }
 
 impl Reloader {
-    fn new(dir: PathBuf, store: FileConfigStore) -> Reloader {
+    fn new(dir: PathBuf, store: FileConfigStore, max_file_size: u64) -> Reloader {
         Reloader {
             dir,
             store,
             seen: None,
             cache: BTreeMap::new(),
             logged: BTreeSet::new(),
+            max_file_size,
+            backoff: Backoff::default(),
         }
     }
 
-    async fn reload(&mut self) {
+    /// Reads the directory once and applies what changed. Returns when to read again
+    /// without waiting for a change (a file or the listing could not be read): `None`
+    /// to wait for the next change.
+    async fn reload(&mut self) -> Option<Duration> {
         let dir = self.dir.clone();
         let cache = std::mem::take(&mut self.cache);
         let seen = self.seen.take();
-        let read = tokio::task::spawn_blocking(move || read_dir(&dir, seen, cache)).await;
+        let limit = self.max_file_size;
+        let read = tokio::task::spawn_blocking(move || read_dir(&dir, seen, cache, limit)).await;
         let outcome = match read {
             Ok(outcome) => outcome,
             Err(e) => {
                 tracing::error!(dir = %self.dir.display(), "config directory read failed: {e}");
                 self.store.status().record(1);
-                return;
+                return Some(self.retry_delay());
             }
         };
         let (snapshot, cache, parsed) = match outcome {
             ReadOutcome::Unchanged(snapshot, cache) => {
+                let retry = has_unread(&snapshot);
                 self.seen = Some(snapshot);
                 self.cache = cache;
-                return;
+                return self.after_read(retry);
             }
             ReadOutcome::Failed(message, seen, cache) => {
                 tracing::error!(
@@ -277,13 +323,34 @@ impl Reloader {
                 self.seen = seen;
                 self.cache = cache;
                 self.store.status().record(1);
-                return;
+                return Some(self.retry_delay());
             }
             ReadOutcome::Read(snapshot, cache, parsed) => (snapshot, cache, parsed),
         };
+        let retry = has_unread(&snapshot);
         self.seen = Some(snapshot);
         self.cache = cache;
         self.apply(&parsed);
+        self.after_read(retry)
+    }
+
+    fn after_read(&mut self, retry: bool) -> Option<Duration> {
+        if retry {
+            Some(self.retry_delay())
+        } else {
+            self.backoff.reset();
+            None
+        }
+    }
+
+    fn retry_delay(&mut self) -> Duration {
+        let delay = self.backoff.next_delay();
+        self.store
+            .status()
+            .read_retries
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(dir = %self.dir.display(), "some config could not be read; reading again in {delay:?}");
+        delay
     }
 
     fn apply(&mut self, parsed: &[ParsedFile]) {
@@ -356,8 +423,13 @@ enum ReadOutcome {
     Read(Snapshot, Cache, Vec<ParsedFile>),
 }
 
+/// Whether some file of the read could not be read (and must be read again).
+fn has_unread(snapshot: &Snapshot) -> bool {
+    snapshot.values().any(Result::is_err)
+}
+
 /// Lists and reads the directory (blocking), parsing only files whose bytes changed.
-fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache) -> ReadOutcome {
+fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache, limit: u64) -> ReadOutcome {
     // A file renamed or deleted between listing and reading would look deleted for one
     // round; list again so the snapshot is consistent.
     let mut attempts = 0;
@@ -370,13 +442,14 @@ fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache) -> ReadOutcome
         let mut snapshot = Snapshot::new();
         let mut vanished = false;
         for path in files {
-            match std::fs::read(&path) {
+            match read_watched_file_blocking(&path, limit) {
                 Ok(bytes) => {
                     snapshot.insert(path, Ok(bytes));
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => vanished = true,
+                Err(e) if e.is_missing() => vanished = true,
                 Err(e) => {
-                    snapshot.insert(path, Err(format!("cannot read the file: {e}")));
+                    let reason = e.reason();
+                    snapshot.insert(path, Err(reason));
                 }
             }
         }
@@ -410,6 +483,7 @@ mod tests {
     use super::*;
     use crate::config::store::test_support::{key, pushed, sink};
     use crate::events::{ConfigKind, RegistryEvent};
+    use crate::read::DEFAULT_MAX_FILE_SIZE;
     use std::time::Duration;
     use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -497,9 +571,14 @@ mod tests {
         let (sink, rx) = sink();
         let store = FileConfigStore::new(sink);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(run_config_dir(dir.to_path_buf(), store.clone(), async {
-            let _ = stopped.await;
-        }));
+        let task = tokio::spawn(run_config_dir(
+            dir.to_path_buf(),
+            store.clone(),
+            DEFAULT_MAX_FILE_SIZE,
+            async {
+                let _ = stopped.await;
+            },
+        ));
         Running {
             store,
             rx,
@@ -638,6 +717,9 @@ mod tests {
              # TYPE meshfed_config_dir_reloads gauge\n\
              meshfed_config_dir_reloads{result=\"ok\"} 1\n\
              meshfed_config_dir_reloads{result=\"failed\"} 1\n\
+             # HELP meshfed_config_dir_read_retries Config directory re-reads scheduled because a file or the listing could not be read\n\
+             # TYPE meshfed_config_dir_read_retries gauge\n\
+             meshfed_config_dir_read_retries{reason=\"read_error\"} 0\n\
              # EOF\n"
         );
         let _ = stop.send(());
@@ -887,9 +969,14 @@ mod tests {
 
         let (sink, _rx) = sink();
         let store = FileConfigStore::new(sink);
-        let err = run_config_dir(dir.path().join("nope"), store.clone(), async {})
-            .await
-            .unwrap_err();
+        let err = run_config_dir(
+            dir.path().join("nope"),
+            store.clone(),
+            DEFAULT_MAX_FILE_SIZE,
+            async {},
+        )
+        .await
+        .unwrap_err();
         assert!(matches!(err, WatchError::DirMissing { .. }), "{err}");
         assert!(!store.has_synced());
     }
@@ -905,6 +992,7 @@ mod tests {
         let task = tokio::spawn(run_config_dir(
             dir.path().to_path_buf(),
             store.clone(),
+            DEFAULT_MAX_FILE_SIZE,
             std::future::pending(),
         ));
         tokio::time::timeout(WAIT, changes.wait_for(|&g| g >= 2))
@@ -936,5 +1024,45 @@ mod tests {
             "only the VirtualService is pushed"
         );
         task.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unreadable_file_keeps_its_objects_and_is_read_again_with_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.yaml");
+        let small = vs("a", "a");
+        std::fs::write(&file, &small).unwrap();
+        let (sink, _rx) = sink();
+        let store = FileConfigStore::new(sink);
+        let limit = small.len() as u64 + 10;
+        let mut r = Reloader::new(dir.path().to_path_buf(), store.clone(), limit);
+        assert_eq!(r.reload().await, None);
+        assert_eq!(names(&store), ["VirtualService a"]);
+
+        // Over the size limit: refused (not read), the object stays, re-read with backoff.
+        std::fs::write(&file, docs(&[vs("a", "a"), vs("b", "b")])).unwrap();
+        assert_eq!(r.reload().await, Some(Duration::from_millis(100)));
+        assert_eq!(r.reload().await, Some(Duration::from_millis(200)));
+        assert_eq!(names(&store), ["VirtualService a"]);
+        assert_eq!(store.status().read_retries.load(Ordering::Relaxed), 2);
+        let rejected = store.rejected();
+        assert!(
+            rejected.iter().any(|r| {
+                let line = r.to_string();
+                line.contains("a.yaml")
+                    && line.contains(&format!("larger than the size limit of {limit} bytes"))
+                    && line.contains("--maxConfigFileSize")
+            }),
+            "{rejected:?}"
+        );
+
+        // Readable again: applied, and no more retries.
+        std::fs::write(&file, vs("c", "c")).unwrap();
+        assert_eq!(r.reload().await, None);
+        assert_eq!(names(&store), ["VirtualService c"]);
+        // The backoff started over.
+        std::fs::write(&file, "x".repeat(limit as usize + 1)).unwrap();
+        assert_eq!(r.reload().await, Some(Duration::from_millis(100)));
+        assert_eq!(names(&store), ["VirtualService c"]);
     }
 }
