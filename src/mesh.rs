@@ -238,10 +238,7 @@ fn camel_case(s: &str) -> String {
     out
 }
 
-/// How long a mesh file emptied after it had content must stay empty before the
-/// emptiness (the defaults) applies: a writer that truncates the file and writes it
-/// later is not a reset.
-pub const EMPTY_SETTLE: std::time::Duration = std::time::Duration::from_secs(5);
+use meshfed_registry::read::EMPTY_SETTLE;
 
 /// Which mesh file a follower reads.
 #[derive(Clone, Copy, Debug)]
@@ -363,7 +360,7 @@ pub fn follow(
                     continue;
                 }
             };
-            let blank = |b: &[u8]| b.iter().all(u8::is_ascii_whitespace);
+            let blank = meshfed_registry::read::is_blank;
             if blank(&bytes) && held_content {
                 // Emptied: a writer may have truncated the file and not written yet.
                 let now = tokio::time::Instant::now();

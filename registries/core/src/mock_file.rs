@@ -644,7 +644,7 @@ fn locate(text: &str, path: &[Seg]) -> Option<usize> {
 /// How long an empty (or comment-only) mock registry file must stay so before it
 /// withdraws the services the registry holds: a writer that truncates the file and
 /// writes it later (`{ sleep 1; cat good.yaml; } > mock.yaml`) is not a withdrawal.
-pub const DEFAULT_EMPTY_SETTLE: Duration = Duration::from_secs(5);
+pub const DEFAULT_EMPTY_SETTLE: Duration = crate::read::EMPTY_SETTLE;
 
 /// How [`run_mock_file`] reads the file.
 #[derive(Clone, Copy, Debug)]

@@ -35,6 +35,19 @@ pub const DEFAULT_MAX_FILE_SIZE: u64 = 64 * 1024 * 1024;
 /// The command-line flag that sets the size limit, named in errors.
 pub const MAX_FILE_SIZE_FLAG: &str = "--maxConfigFileSize";
 
+/// How long a watched file emptied after it had content must stay empty before the
+/// emptiness counts: a writer that truncates the file and fills it later
+/// (`{ sleep 1; cat good.yaml; } > file`) is not a deletion of everything in it.
+pub const EMPTY_SETTLE: Duration = Duration::from_secs(5);
+
+/// Whether a YAML file holds nothing: only whitespace, comments and document markers.
+pub fn is_blank(bytes: &[u8]) -> bool {
+    bytes.split(|b| *b == b'\n').all(|line| {
+        let line = line.trim_ascii();
+        line.is_empty() || line.starts_with(b"#") || line == b"---" || line == b"..."
+    })
+}
+
 /// The first delay before a failed read is retried.
 pub const RETRY_INITIAL: Duration = Duration::from_millis(100);
 
@@ -321,6 +334,13 @@ impl Backoff {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn blank_files_hold_only_whitespace_comments_and_markers() {
+        assert!(super::is_blank(b""));
+        assert!(super::is_blank(b"  \n# services: []\n---\n\t\n"));
+        assert!(!super::is_blank(b"# header\nservices: []\n"));
+    }
+
     use super::*;
     use std::fs;
 

@@ -50,7 +50,7 @@ use crate::config::store::{
 };
 use crate::events::UpdateSink;
 use crate::metrics::encode_gauges;
-use crate::read::{Backoff, read_watched_file_blocking};
+use crate::read::{Backoff, EMPTY_SETTLE, is_blank, read_watched_file_blocking};
 use crate::watch::{PathWatcher, WatchError};
 
 /// Reload counters of a config directory, for metrics and debug pages. Cheap to clone;
@@ -276,7 +276,12 @@ struct Reloader {
     logged: BTreeSet<String>,
     max_file_size: u64,
     backoff: Backoff,
+    /// Files emptied after they had content, and since when (see [`EMPTY_SETTLE`]).
+    emptied: Emptied,
 }
+
+/// Paths of files emptied after they had content, and since when.
+type Emptied = BTreeMap<PathBuf, tokio::time::Instant>;
 
 impl Reloader {
     fn new(dir: PathBuf, store: FileConfigStore, max_file_size: u64) -> Reloader {
@@ -288,6 +293,7 @@ impl Reloader {
             logged: BTreeSet::new(),
             max_file_size,
             backoff: Backoff::default(),
+            emptied: Emptied::new(),
         }
     }
 
@@ -299,9 +305,18 @@ impl Reloader {
         let cache = std::mem::take(&mut self.cache);
         let seen = self.seen.take();
         let limit = self.max_file_size;
-        let read = tokio::task::spawn_blocking(move || read_dir(&dir, seen, cache, limit)).await;
+        let mut emptied = std::mem::take(&mut self.emptied);
+        let now = tokio::time::Instant::now();
+        let read = tokio::task::spawn_blocking(move || {
+            let outcome = read_dir(&dir, seen, cache, limit, &mut emptied, now);
+            (outcome, emptied)
+        })
+        .await;
         let outcome = match read {
-            Ok(outcome) => outcome,
+            Ok((outcome, emptied)) => {
+                self.emptied = emptied;
+                outcome
+            }
             Err(e) => {
                 tracing::error!(dir = %self.dir.display(), "config directory read failed: {e}");
                 self.store.status().record(1);
@@ -429,7 +444,17 @@ fn has_unread(snapshot: &Snapshot) -> bool {
 }
 
 /// Lists and reads the directory (blocking), parsing only files whose bytes changed.
-fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache, limit: u64) -> ReadOutcome {
+///
+/// A file emptied after it had content reads as not yet readable (its objects stay)
+/// until it has been empty for [`EMPTY_SETTLE`]; `emptied` tracks since when.
+fn read_dir(
+    dir: &Path,
+    seen: Option<Snapshot>,
+    mut cache: Cache,
+    limit: u64,
+    emptied: &mut Emptied,
+    now: tokio::time::Instant,
+) -> ReadOutcome {
     // A file renamed or deleted between listing and reading would look deleted for one
     // round; list again so the snapshot is consistent.
     let mut attempts = 0;
@@ -443,7 +468,28 @@ fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache, limit: u64) ->
         let mut vanished = false;
         for path in files {
             match read_watched_file_blocking(&path, limit) {
+                Ok(bytes) if is_blank(&bytes) => {
+                    let had_content = emptied.contains_key(&path)
+                        || seen
+                            .as_ref()
+                            .and_then(|s| s.get(&path))
+                            .is_some_and(|b| b.as_ref().is_ok_and(|b| !is_blank(b)));
+                    if had_content {
+                        let since = *emptied.entry(path.clone()).or_insert(now);
+                        let waited = now.duration_since(since);
+                        if waited < EMPTY_SETTLE {
+                            let message = format!(
+                                "emptied {waited:?} ago: its objects stay until it has been empty \
+                                 for {EMPTY_SETTLE:?} (a writer may still be filling it)"
+                            );
+                            snapshot.insert(path, Err(message));
+                            continue;
+                        }
+                    }
+                    snapshot.insert(path, Ok(bytes));
+                }
                 Ok(bytes) => {
+                    emptied.remove(&path);
                     snapshot.insert(path, Ok(bytes));
                 }
                 Err(e) if e.is_missing() => vanished = true,
@@ -457,6 +503,7 @@ fn read_dir(dir: &Path, seen: Option<Snapshot>, mut cache: Cache, limit: u64) ->
             break snapshot;
         }
     };
+    emptied.retain(|path, _| snapshot.contains_key(path));
     if seen.as_ref() == Some(&snapshot) {
         return ReadOutcome::Unchanged(snapshot, cache);
     }
@@ -488,6 +535,44 @@ mod tests {
     use tokio::sync::mpsc::UnboundedReceiver;
 
     const WAIT: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn an_emptied_file_keeps_its_objects_until_it_has_stayed_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vs.yaml");
+        std::fs::write(&path, vs("a", "a.example.com")).unwrap();
+        let mut emptied = Emptied::new();
+        let t0 = tokio::time::Instant::now();
+        let read = |seen, emptied: &mut Emptied, at| match read_dir(
+            dir.path(),
+            seen,
+            Cache::new(),
+            DEFAULT_MAX_FILE_SIZE,
+            emptied,
+            at,
+        ) {
+            ReadOutcome::Read(snapshot, _, _) => snapshot,
+            ReadOutcome::Unchanged(snapshot, _) => snapshot,
+            ReadOutcome::Failed(message, ..) => panic!("{message}"),
+        };
+        let full = read(None, &mut emptied, t0);
+        assert!(full[&path].is_ok());
+        // Truncated by a writer that has not written yet: not a deletion.
+        std::fs::write(&path, "# being written\n").unwrap();
+        let held = read(Some(full), &mut emptied, t0);
+        let message = held[&path].as_ref().unwrap_err();
+        assert!(message.contains("its objects stay"), "{message}");
+        let still = read(Some(held), &mut emptied, t0 + EMPTY_SETTLE / 2);
+        assert!(still[&path].is_err());
+        // Empty for the whole settle period: now it counts.
+        let settled = read(Some(still), &mut emptied, t0 + EMPTY_SETTLE);
+        assert_eq!(settled[&path].as_ref().unwrap(), b"# being written\n");
+        // A file that was always empty counts at once.
+        let other = dir.path().join("new.yaml");
+        std::fs::write(&other, "").unwrap();
+        let later = read(Some(settled), &mut emptied, t0 + EMPTY_SETTLE);
+        assert!(later[&other].is_ok());
+    }
 
     fn vs(name: &str, host: &str) -> String {
         format!(
