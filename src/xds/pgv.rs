@@ -296,6 +296,9 @@ fn is_empty(v: &Value) -> bool {
     }
 }
 
+/// A length rule: does the measured length hold against the bound?
+type Holds = fn(u64, u64) -> bool;
+
 const WRAPPERS: &[&str] = &[
     "google.protobuf.DoubleValue",
     "google.protobuf.FloatValue",
@@ -638,7 +641,7 @@ impl Walk<'_> {
             ("string", Value::String(s)) => self.string(s, &r),
             ("bytes", Value::Bytes(b)) => {
                 let n = b.len() as u64;
-                let checks: [(&str, fn(u64, u64) -> bool); 3] = [
+                let checks: [(&str, Holds); 3] = [
                     ("min_len", |n, b| n >= b),
                     ("max_len", |n, b| n <= b),
                     ("len", |n, b| n == b),
@@ -714,7 +717,7 @@ impl Walk<'_> {
         let shown = || show(&Value::String(s.to_string()));
         let chars = s.chars().count() as u64;
         let bytes = s.len() as u64;
-        let checks: [(&str, u64, fn(u64, u64) -> bool); 6] = [
+        let checks: [(&str, u64, Holds); 6] = [
             ("len", chars, |n, b| n == b),
             ("min_len", chars, |n, b| n >= b),
             ("max_len", chars, |n, b| n <= b),

@@ -285,10 +285,8 @@ fn repeat_budget(node: &Ast, budget: u32) -> u32 {
         && let ast::RepetitionKind::Range(range) = &rep.op.kind
     {
         let (min, max) = bounds(range);
-        let m = max.unwrap_or(min);
-        if m > 0 {
-            budget /= m;
-        }
+        // A count of 0 leaves the budget as it is.
+        budget = budget.checked_div(max.unwrap_or(min)).unwrap_or(budget);
     }
     children(node)
         .map(|child| repeat_budget(child, budget))
