@@ -59,12 +59,43 @@ pub fn assert_valid(name: &str, type_url: &str, value: &[u8]) {
         return;
     };
     if let Err(violations) = checker.check(type_url, value) {
-        let list: Vec<String> = violations.iter().map(|v| format!("  {v}")).collect();
-        panic!(
-            "Envoy would NACK resource {name:?} ({type_url}):\n{}",
-            list.join("\n")
-        );
+        fail(name, type_url, &violations);
     }
+}
+
+/// [`assert_valid`] for a typed resource (a generator's output before it is encoded);
+/// the name in the panic is the message's `name` field when it has one.
+pub fn assert_message_valid<M: prost::Message + prost::Name>(message: &M) {
+    let Some(checker) = Checker::shared() else {
+        return;
+    };
+    let bytes = message.encode_to_vec();
+    let type_url = M::type_url();
+    if let Err(violations) = checker.check(&type_url, &bytes) {
+        let name = DynamicMessage::decode(
+            checker
+                .pool
+                .get_message_by_name(&M::full_name())
+                .expect("checked above"),
+            bytes.as_slice(),
+        )
+        .ok()
+        .and_then(|m| {
+            m.get_field_by_name("name")
+                .or_else(|| m.get_field_by_name("cluster_name"))
+                .and_then(|v| v.as_str().map(str::to_string))
+        })
+        .unwrap_or_default();
+        fail(&name, &type_url, &violations);
+    }
+}
+
+fn fail(name: &str, type_url: &str, violations: &[Violation]) -> ! {
+    let list: Vec<String> = violations.iter().map(|v| format!("  {v}")).collect();
+    panic!(
+        "Envoy would NACK resource {name:?} ({type_url}):\n{}",
+        list.join("\n")
+    );
 }
 
 /// The rule checker over the compiled-in Envoy descriptors.
