@@ -766,13 +766,13 @@ mod tests {
         assert_error(
             &with_match("{uri: {regex: \"a{1001}\"}}"),
             "spec.http[0].match[0].uri.regex",
-            "invalid repeat count {1001}",
+            "invalid repetition size: {1001}",
         );
         assert_ok(&with_match("{uri: {regex: \"a{1000}\"}}"));
         assert_error(
             &with_match("{authority: {regex: \"(x{10}){101}\"}}"),
             "spec.http[0].match[0].authority.regex",
-            "nested repetition",
+            "nested repetition counts",
         );
         assert_error(
             // RE2 sizes this at 38004 instructions.

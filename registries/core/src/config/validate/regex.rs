@@ -7,12 +7,15 @@
 //! syntax RE2 does not have, so the pattern is parsed with `regex-syntax` and then held
 //! to RE2's rules here:
 //!
-//! * syntax RE2 lacks is refused: the `x`, `R` and `u` flags, `\u`/`\U` escapes, the
-//!   `\<`, `\>` and `\b{...}` word assertions, class set operations (`&&`, `--`, `~~`)
-//!   and nested classes (RE2 reads a `[` inside a class as a literal, so the two engines
-//!   would disagree about what the pattern means), `\p{name=value}` properties and
-//!   property names that are neither a general category nor a script, and a
-//!   repetition operator straight after another (`a**`, the possessive `a*+`);
+//! * syntax RE2 refuses is refused: look-around and back-references (regex-syntax
+//!   refuses them too), the `x` and `R` flags, `\u`/`\U` escapes, `\p{name=value}`
+//!   and property names that are neither a general category nor a script (RE2 is case
+//!   sensitive there), and a repetition operator straight after another (`a**`, the
+//!   possessive `a*+`, `a{2}{3}`);
+//! * syntax RE2 reads as literal text but regex-syntax does not is refused as
+//!   ambiguous: the `\<`, `\>` and `\b{...}` word assertions, class set operations
+//!   (`&&`, `--`, `~~`), nested classes, spaces inside `{...}`; and `\C` (RE2's any
+//!   byte), which Go's `regexp`, istiod's, refuses;
 //! * no counted repetition may exceed [`MAX_REPEAT`] (`{n}`, `{n,}`, `{n,m}`), and
 //!   nested counted repetitions may not multiply past it either: RE2's parser divides
 //!   1000 by the count of each `{...}` on the way down (its `RepetitionWalker`) and
@@ -111,7 +114,9 @@ fn check_syntax(node: &Ast, re: &str) -> Result<(), String> {
             if let ast::RepetitionKind::Range(_) = rep.op.kind
                 && op.contains(char::is_whitespace)
             {
-                return Err(format!("RE2 does not allow spaces in a repetition: {op}"));
+                return Err(format!(
+                    "RE2 reads {op} as literal text, not a repetition (no spaces inside the braces)"
+                ));
             }
             if let Ast::Repetition(inner) = &*rep.ast {
                 // `a**`, `a*+` (possessive elsewhere), `a{2}{3}`: RE2 says "bad
@@ -171,7 +176,7 @@ fn check_assertion(a: &ast::Assertion) -> Result<(), String> {
         | K::WordBoundary
         | K::NotWordBoundary => Ok(()),
         _ => Err(
-            "RE2 has no \\<, \\> or \\b{...} assertions (it knows ^, $, \\A, \\z, \\b and \\B)"
+            "RE2 has no \\<, \\> or \\b{...} assertions: it reads them as literal text (it knows ^, $, \\A, \\z, \\b and \\B)"
                 .to_string(),
         ),
     }
@@ -216,12 +221,12 @@ fn is_script_name(name: &str) -> bool {
 fn check_bracketed(c: &ast::ClassBracketed, top: bool) -> Result<(), String> {
     if !top {
         return Err(
-            "RE2 has no nested character classes (escape a [ inside a class as \\[)".to_string(),
+            "RE2 has no nested character classes: it reads a [ inside a class as a literal (write \\[)".to_string(),
         );
     }
     match &c.kind {
         ast::ClassSet::BinaryOp(_) => {
-            Err("RE2 has no class set operations (escape &&, -- and ~~ inside a class)".to_string())
+            Err("RE2 has no class set operations: it reads &&, -- and ~~ in a class as literals (escape them)".to_string())
         }
         ast::ClassSet::Item(item) => check_class_item(item),
     }
@@ -252,13 +257,13 @@ fn check_repeats(node: &Ast) -> Result<(), String> {
         let (min, max) = bounds(range);
         if min > MAX_REPEAT || max.is_some_and(|m| m > MAX_REPEAT) {
             return Err(format!(
-                "invalid repeat count {}: RE2 allows at most {MAX_REPEAT}",
+                "invalid repetition size: {} (RE2 allows at most {MAX_REPEAT})",
                 show(range)
             ));
         }
         if (min >= 2 || max.is_some_and(|m| m >= 2)) && repeat_budget(node, MAX_REPEAT) == 0 {
             return Err(format!(
-                "invalid nested repetition {}: nested counts multiply past RE2's limit of {MAX_REPEAT}",
+                "invalid repetition size: {} (nested repetition counts multiply past RE2's limit of {MAX_REPEAT})",
                 show(range)
             ));
         }
@@ -552,7 +557,7 @@ mod tests {
     fn repeat_counts_stop_at_re2s_limit() {
         // The finding: istiod (Go's regexp, RE2's rules) refuses a{1001}.
         let e = validate_re2("a{1001}").unwrap_err();
-        assert!(e.contains("invalid repeat count {1001}"), "{e}");
+        assert!(e.contains("invalid repetition size: {1001}"), "{e}");
         assert!(e.contains("RE2"), "{e}");
         assert!(validate_re2("a{1000}").is_ok());
         assert!(validate_re2("a{2,1000}").is_ok());
@@ -566,7 +571,7 @@ mod tests {
         // 1000 / 100 / 10 = 1: allowed; 1000 / 101 / 10 = 0: RE2 says "bad repetition".
         assert!(validate_re2("(a{10}){100}").is_ok());
         let e = validate_re2("(a{10}){101}").unwrap_err();
-        assert!(e.contains("nested"), "{e}");
+        assert!(e.contains("invalid repetition size: {101} (nested"), "{e}");
         assert!(validate_re2("((a{2}){2}){250}").is_ok());
         assert!(validate_re2("((a{2}){2}){251}").is_err());
         // Unbounded repeats count their minimum; `*`, `+` and `?` are not counted.
@@ -578,24 +583,37 @@ mod tests {
 
     #[test]
     fn syntax_re2_lacks_is_refused() {
+        // Each checked against RE2 (google-re2 1.1): RE2 refuses all of these.
         for bad in [
-            "foo(?=bar)",      // look-ahead
-            "(a)\\1",          // back-reference
-            "a*+",             // possessive
-            "(?x)a b",         // verbose flag
-            "(?R)a$",          // CRLF flag
-            "\\u0041",         // \u escape
-            "\\<word\\>",      // word-start assertions
-            "\\b{start}a",     // ditto
-            "[a-z&&[^aeiou]]", // class intersection
-            "[[a-z]]",         // nested class: RE2 reads `[[a-z]` then a literal `]`
-            "\\p{Greek=Yes}",  // property values
-            "\\p{greek}",      // RE2's script names are case sensitive
-            "\\p{Emoji}",      // not a category or a script
-            "\\C",             // RE2's any-byte: Go (istiod) refuses it too
-            "a{ 2 }",          // RE2 reads this as literal text
+            "foo(?=bar)",     // look-ahead: "invalid perl operator"
+            "(a)\\1",         // back-reference: "invalid escape sequence"
+            "a*+",            // possessive: "bad repetition operator"
+            "a**",            // ditto
+            "a{2}{3}",        // ditto
+            "(?x)a b",        // verbose flag: "invalid perl operator"
+            "(?R)a$",         // CRLF flag: ditto
+            "\\u0041",        // \u escape: "invalid escape sequence"
+            "\\p{Greek=Yes}", // property values: "invalid character class range"
+            "\\p{greek}",     // RE2's script names are case sensitive: ditto
+            "\\p{Emoji}",     // not a category or a script: ditto
         ] {
             assert!(validate_re2(bad).is_err(), "{bad} should be refused");
+        }
+        // RE2 takes these as literal text where regex-syntax (and presumably the
+        // author) means something else; refused as ambiguous. `\C` is RE2's any byte,
+        // which Go's regexp (istiod) refuses.
+        for ambiguous in [
+            "\\<word\\>",
+            "\\b{start}a",
+            "[a-z&&[^aeiou]]",
+            "[[a-z]]",
+            "a{ 2 }",
+            "\\C",
+        ] {
+            assert!(
+                validate_re2(ambiguous).is_err(),
+                "{ambiguous} should be refused"
+            );
         }
         for good in [
             "^/api/v[0-9]+$",
