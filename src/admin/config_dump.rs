@@ -38,8 +38,7 @@ use crate::xds::TypeUrl;
 
 /// The encoded `FileDescriptorSet` from `build.rs`; empty when the build found no
 /// envoy `.proto` sources.
-static DESCRIPTORS: &[u8] =
-    include_bytes!(concat!(env!("OUT_DIR"), "/config_dump_descriptors.bin"));
+static DESCRIPTORS: &[u8] = crate::xds::ENVOY_DESCRIPTORS;
 
 /// The stand-in for an `Any` without a descriptor (declared in `build.rs`).
 const OPAQUE_ANY: &str = "meshfed.admin.v1.OpaqueAny";

@@ -235,6 +235,14 @@ impl ClusterClient {
 /// with Istio's defaults (LEAST_REQUEST, circuit breakers at their maximum, auto mTLS)
 /// where it says nothing. `None` for a subset the rule does not define.
 pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
+    let out = outbound_cluster_for_unchecked(req);
+    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
+    #[cfg(any(test, feature = "testing"))]
+    out.iter().for_each(crate::xds::pgv::assert_message_valid);
+    out
+}
+
+fn outbound_cluster_for_unchecked(req: &OutboundRequest<'_>) -> Option<Cluster> {
     let (service, port) = (req.service, req.port);
     let host = service.hostname.as_str();
     let number = port.port.get();
@@ -462,6 +470,14 @@ pub fn v6_only(ips: &[IpAddr]) -> bool {
 /// capture them again) and never expire; with LOCALHOST a STATIC cluster to
 /// 127.0.0.1:<targetPort>.
 pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
+    let out = inbound_cluster_unchecked(req);
+    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
+    #[cfg(any(test, feature = "testing"))]
+    crate::xds::pgv::assert_message_valid(&out);
+    out
+}
+
+fn inbound_cluster_unchecked(req: &InboundRequest<'_>) -> Cluster {
     let name = inbound_name(req.target_port);
     let v6_only = req.v6_only;
     let localhost = req

@@ -130,6 +130,19 @@ pub fn load_assignment_for(
     shards: Option<&EndpointShards>,
     selection: &EndpointSelection<'_>,
 ) -> ClusterLoadAssignment {
+    let out = load_assignment_for_unchecked(cluster_name, port, shards, selection);
+    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
+    #[cfg(any(test, feature = "testing"))]
+    crate::xds::pgv::assert_message_valid(&out);
+    out
+}
+
+fn load_assignment_for_unchecked(
+    cluster_name: &str,
+    port: &Port,
+    shards: Option<&EndpointShards>,
+    selection: &EndpointSelection<'_>,
+) -> ClusterLoadAssignment {
     let mut by_locality: BTreeMap<&Locality, Vec<Entry<'_>>> = BTreeMap::new();
     for (shard, ep) in shards.into_iter().flat_map(|s| s.iter()) {
         let Some(&target) = ep.ports.get(&port.name) else {

@@ -268,6 +268,9 @@ fn routes_inject_faults(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -
 /// loads route `outbound|<port>||<hostname>` over ADS.
 pub fn api_listener(name: &str, hostname: &str, port: u16, fault: bool) -> Listener {
     let hcm = HttpConnectionManager {
+        // gRPC ignores it, but the field is required (`min_len: 1`): an Envoy given
+        // this listener would refuse it without one.
+        stat_prefix: name.to_string(),
         http_filters: http_filters(fault),
         route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
             config_source: Some(cds::ads_source()),

@@ -69,6 +69,18 @@ pub fn sidecar_listeners(
     proxy: &ClientView,
     inbound: &[InboundPort],
 ) -> Vec<Listener> {
+    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound);
+    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
+    #[cfg(any(test, feature = "testing"))]
+    out.iter().for_each(crate::xds::pgv::assert_message_valid);
+    out
+}
+
+fn sidecar_listeners_unchecked(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    inbound: &[InboundPort],
+) -> Vec<Listener> {
     let mut out = vec![
         virtual_outbound(snapshot, proxy),
         virtual_inbound(snapshot, inbound),
@@ -249,6 +261,14 @@ fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> 
 
 /// Listeners of a gateway: one per port of the Gateway servers selecting it.
 pub fn gateway_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
+    let out = gateway_listeners_unchecked(snapshot, proxy);
+    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
+    #[cfg(any(test, feature = "testing"))]
+    out.iter().for_each(crate::xds::pgv::assert_message_valid);
+    out
+}
+
+fn gateway_listeners_unchecked(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
     let mut by_port: BTreeMap<u16, Listener> = BTreeMap::new();
     for gateway in snapshot.config().gateways_for(&proxy.labels) {
         for server in &gateway.spec.servers {

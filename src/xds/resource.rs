@@ -95,10 +95,14 @@ impl EncodedResource {
         message: &M,
     ) -> Resource {
         let bytes = Bytes::from(message.encode_to_vec());
+        let name = name.into();
+        // Tests fail on anything Envoy would NACK (see `super::pgv`).
+        #[cfg(any(test, feature = "testing"))]
+        super::pgv::assert_valid(&name, type_url.as_str(), &bytes);
         let mut h = DefaultHasher::new();
         bytes.hash(&mut h);
         Arc::new(EncodedResource {
-            name: name.into(),
+            name,
             body: SharedAny {
                 type_url: type_url.as_str(),
                 value: bytes,

@@ -289,3 +289,51 @@ fn validate_command_reports_file_line_field_and_fails() {
         "{out}"
     );
 }
+
+/// Issue 15 finding 5: config Envoy refuses is refused by `meshfed validate` too.
+#[test]
+fn validate_command_refuses_what_envoy_would_nack() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("nack.yaml");
+    std::fs::write(
+        &bad,
+        r#"apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: nack, namespace: default}
+spec:
+  hosts: [reviews]
+  http:
+  - match: [{uri: {regex: "a{1001}"}}]
+    headers: {request: {set: {"Bad Header:": x}}}
+    route: [{destination: {host: reviews}}]
+"#,
+    )
+    .unwrap();
+    let failed = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&failed.stdout);
+    assert!(!failed.status.success(), "{out}");
+    assert!(
+        out.contains("spec.http[0].match[0].uri.regex") && out.contains("{1001}"),
+        "{out}"
+    );
+    assert!(
+        out.contains("spec.http[0].headers.request.set[Bad Header:]"),
+        "{out}"
+    );
+}
+
+/// Every resource the library encodes in these tests is checked against Envoy's own
+/// field rules (the `testing` feature): a cluster without a name would be NACKed.
+#[test]
+#[should_panic(expected = "Envoy would NACK resource \"nameless\"")]
+fn encoding_checks_envoys_rules_in_tests() {
+    meshfed::xds::EncodedResource::encode(
+        meshfed::xds::TypeUrl::Cluster,
+        "nameless",
+        &Cluster::default(),
+    );
+}

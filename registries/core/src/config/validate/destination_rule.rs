@@ -15,8 +15,9 @@ use net::load_balancer_settings::consistent_hash_lb::{HashAlgorithm, HashKey};
 use net::load_balancer_settings::{ConsistentHashLb, LbPolicy};
 
 use super::common::{
-    check_duration, is_dns1123_label, is_ip, validate_export_to, validate_fqdn, validate_labels,
-    validate_percent, validate_port, validate_selector_labels, validate_wildcard_domain,
+    check_duration, is_dns1123_label, is_ip, validate_export_to, validate_fqdn,
+    validate_header_name, validate_labels, validate_percent, validate_port,
+    validate_selector_labels, validate_wildcard_domain,
 };
 use super::{FieldPath, Findings, Validation};
 
@@ -316,8 +317,8 @@ fn validate_consistent_hash(f: &mut Findings, at: &FieldPath, hash: &ConsistentH
         Some(HashKey::HttpCookie(cookie)) => {
             check_duration(f, &at.field("httpCookie").field("ttl"), cookie.ttl.as_ref());
         }
-        Some(HashKey::HttpHeaderName(name)) if name.is_empty() => {
-            f.error(&at.field("httpHeaderName"), "header name cannot be empty");
+        Some(HashKey::HttpHeaderName(name)) => {
+            f.check(&at.field("httpHeaderName"), validate_header_name(name));
         }
         Some(HashKey::HttpQueryParameterName(name)) if name.is_empty() => f.error(
             &at.field("httpQueryParameterName"),

@@ -8,9 +8,10 @@ use net::string_match::MatchType;
 
 use super::common::{
     check_duration, is_dns1123_label, is_dns1123_subdomain, validate_duration,
-    validate_header_name, validate_labels, validate_percent, validate_percentage, validate_port,
-    validate_regex,
+    validate_header_name, validate_labels, validate_match_header_name, validate_percent,
+    validate_percentage, validate_port,
 };
+use super::regex::validate_re2;
 use super::virtual_service::{
     validate_destination, validate_gateway_names, validate_route_destinations,
 };
@@ -310,7 +311,7 @@ fn validate_http_match(
                         );
                     }
                 } else {
-                    f.check(&here, validate_header_name(name));
+                    f.check(&here, validate_match_header_name(name));
                 }
             }
             validate_string_match(f, &here, sm, delegating);
@@ -341,7 +342,7 @@ fn validate_string_match(
         if delegating {
             f.error(&here, "regex match is not supported for delegating");
         } else {
-            f.check(&here, validate_regex(re));
+            f.check(&here, validate_re2(re));
         }
     }
 }
@@ -395,7 +396,11 @@ fn header_with_authority_operation_name(name: &str) -> Result<(), String> {
             "invalid header {name:?}: header cannot have \":\" prefix"
         ));
     }
-    Ok(())
+    if name.eq_ignore_ascii_case(":authority") {
+        return Ok(());
+    }
+    // Istio stops here; Envoy refuses a name that is not a token.
+    validate_header_name(name)
 }
 
 fn header_operation_name(name: &str) -> Result<(), String> {
@@ -410,7 +415,7 @@ fn header_operation_name(name: &str) -> Result<(), String> {
             "invalid header {name:?}: header cannot have \":\" prefix"
         ));
     }
-    Ok(())
+    validate_header_name(name)
 }
 
 /// An Envoy header value: no control characters, and every `%` either doubled (`%%`)
@@ -484,7 +489,7 @@ fn validate_cors(f: &mut Findings, at: &FieldPath, cors: &net::CorsPolicy) {
                 "an allowOrigins entry needs a non-empty exact, prefix or regex",
             );
         } else if let Some(MatchType::Regex(re)) = &origin.match_type {
-            f.check(&here.field("regex"), validate_regex(re));
+            f.check(&here.field("regex"), validate_re2(re));
         }
     }
     for (i, method) in cors.allow_methods.iter().enumerate() {
@@ -709,7 +714,7 @@ fn validate_rewrite(f: &mut Findings, at: &FieldPath, rewrite: &net::HttpRewrite
                 "UriRegexRewrite requires both Rewrite and Match fields to be specified",
             );
         } else {
-            f.check(&here.field("match"), validate_regex(&re.r#match));
+            f.check(&here.field("match"), validate_re2(&re.r#match));
         }
     }
 }
@@ -757,6 +762,34 @@ mod tests {
             "spec.http[0].match[0].withoutHeaders[x:y]",
             "not a valid header name",
         );
+        // Issue 15 finding 5: Envoy (RE2) refuses these, so validation must too.
+        assert_error(
+            &with_match("{uri: {regex: \"a{1001}\"}}"),
+            "spec.http[0].match[0].uri.regex",
+            "invalid repetition size: {1001}",
+        );
+        assert_ok(&with_match("{uri: {regex: \"a{1000}\"}}"));
+        assert_error(
+            &with_match("{authority: {regex: \"(x{10}){101}\"}}"),
+            "spec.http[0].match[0].authority.regex",
+            "nested repetition counts",
+        );
+        assert_error(
+            // RE2 sizes this at 38004 instructions.
+            &with_match(
+                "{method: {regex: \"(abc|def|ghi|jkl|mno|pqr|stu|vwx|yza|bcd|efg|hij){1000}\"}}",
+            ),
+            "spec.http[0].match[0].method.regex",
+            "program size",
+        );
+        assert_error(
+            &with_match("{headers: {\"Bad Header:\": {exact: a}}}"),
+            "spec.http[0].match[0].headers[Bad Header:]",
+            "not a valid header name",
+        );
+        assert_ok(&with_match(
+            "{headers: {\":authority\": {exact: a}, X-Upper.Case: {prefix: b}}}",
+        ));
         assert_error(
             &with_match("{port: 70000}"),
             "spec.http[0].match[0].port",
@@ -999,6 +1032,23 @@ mod tests {
             "unterminated",
         );
         assert_ok(&rule("{request: {add: {x-a: \"100%% of %HOSTNAME%\"}}}"));
+        // Istio lets any name through here; Envoy wants a token.
+        assert_error(
+            &rule("{request: {set: {\"Bad Header:\": x}}}"),
+            "spec.http[0].headers.request.set[Bad Header:]",
+            "not a valid header name",
+        );
+        assert_error(
+            &rule("{response: {remove: [\"a b\"]}}"),
+            "spec.http[0].headers.response.remove[0]",
+            "not a valid header name",
+        );
+        assert_error(
+            &rule("{response: {add: {x-a: \"line\\r\\nInjected: 1\"}}}"),
+            "spec.http[0].headers.response.add[x-a]",
+            "control characters",
+        );
+        assert_ok(&rule("{request: {set: {Host: b}}}"));
         assert_error(
             &check(
                 "hosts: [a]\nhttp:\n- route: [{destination: {host: a}}]\n  rewrite: {authority: b}\n  headers: {request: {set: {\":authority\": c}}}\n",

@@ -14,6 +14,7 @@ mod destination_rule;
 mod gateway;
 mod http_route;
 mod mesh;
+pub mod regex;
 mod service_entry;
 mod sidecar;
 mod virtual_service;
