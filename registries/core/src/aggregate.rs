@@ -223,14 +223,18 @@ impl Aggregate {
     }
 
     /// Sort key: Kubernetes first, the primary cluster first among those, then oldest,
-    /// then provider and cluster id as deterministic tie-breakers.
+    /// then provider and cluster id as deterministic tie-breakers. Being in the
+    /// primary cluster counts for Kubernetes services only: the ServiceEntry registry
+    /// carries the primary cluster's id too, and must not beat an older Mock or Consul
+    /// service by it.
     fn precedence<'a>(
         &self,
         s: &'a Service,
     ) -> (bool, bool, std::time::SystemTime, ProviderId, &'a ClusterId) {
+        let kube = s.provider == ProviderId::Kubernetes;
         (
-            s.provider != ProviderId::Kubernetes,
-            s.cluster_id != self.primary_cluster,
+            !kube,
+            !(kube && s.cluster_id == self.primary_cluster),
             s.creation_time,
             s.provider,
             &s.cluster_id,
@@ -647,6 +651,30 @@ mod tests {
             assert_eq!(merged.services[0].provider, ProviderId::Consul);
             assert_eq!(merged.conflicts[0].reason, ConflictReason::OldestWins);
         }
+    }
+
+    #[test]
+    fn the_primary_cluster_id_does_not_help_a_younger_non_kubernetes_service() {
+        // The ServiceEntry registry runs under the primary cluster's id.
+        let agg = Aggregate::new("c1");
+        agg.add_registry(registry(
+            ProviderId::External,
+            "c1",
+            vec![svc(ProviderId::External, "c1", None, 1)],
+        ));
+        agg.add_registry(registry(
+            ProviderId::Mock,
+            "m1",
+            vec![svc(ProviderId::Mock, "m1", None, 100)],
+        ));
+        let merged = agg.merged();
+        assert_eq!(merged.services[0].provider, ProviderId::Mock);
+        assert_eq!(merged.conflicts.len(), 1);
+        assert_eq!(merged.conflicts[0].reason, ConflictReason::OldestWins);
+        assert_eq!(
+            merged.conflicts[0].loser,
+            ShardKey::new(ProviderId::External, "c1")
+        );
     }
 
     #[test]
