@@ -84,7 +84,11 @@ fn needs_escape(c: char) -> bool {
 pub struct SafeFields;
 
 impl<'writer> FormatFields<'writer> for SafeFields {
-    fn format_fields<R: RecordFields>(&self, mut writer: Writer<'writer>, fields: R) -> fmt::Result {
+    fn format_fields<R: RecordFields>(
+        &self,
+        mut writer: Writer<'writer>,
+        fields: R,
+    ) -> fmt::Result {
         let mut visitor = SafeVisitor {
             writer: &mut writer,
             first: true,
@@ -327,7 +331,8 @@ mod tests {
         }
     }
 
-    const FORGED: &str = "evil\n2026-01-01T00:00:00Z  INFO meshfed::ads: forged\x1b[31m red\r\u{9b}2J\x07\x7f";
+    const FORGED: &str =
+        "evil\n2026-01-01T00:00:00Z  INFO meshfed::ads: forged\x1b[31m red\r\u{9b}2J\x07\x7f";
 
     /// Logs one event carrying `FORGED` every way a value reaches a line: the message,
     /// a `%` (Display) field, a `?` (Debug) field, a string field, an error, a span.
@@ -350,13 +355,18 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(text_layer(out.clone(), false));
         tracing::subscriber::with_default(subscriber, log_forged);
         let text = out.text();
-        assert_eq!(text.matches('\n').count(), 1, "one event, one line: {text:?}");
+        assert_eq!(
+            text.matches('\n').count(),
+            1,
+            "one event, one line: {text:?}"
+        );
         assert!(text.ends_with('\n'));
         for c in text.trim_end_matches('\n').chars() {
             assert!(!needs_escape(c), "{c:?} got through: {text:?}");
         }
         // Every way in is escaped the same way, and nothing is lost.
-        let escaped = r"evil\n2026-01-01T00:00:00Z  INFO meshfed::ads: forged\x1b[31m red\r\u{9b}2J\x07\x7f";
+        let escaped =
+            r"evil\n2026-01-01T00:00:00Z  INFO meshfed::ads: forged\x1b[31m red\r\u{9b}2J\x07\x7f";
         assert!(text.contains(&format!("NACK from {escaped}")), "{text}");
         assert!(text.contains(&format!(" node={escaped}")), "{text}");
         assert!(text.contains(&format!("conn{{node={escaped}}}")), "{text}");

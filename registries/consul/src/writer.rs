@@ -240,7 +240,11 @@ impl Writer {
             .filter(|n| !wanted.contains_key(*n))
             .cloned()
             .collect();
-        let published = self.services.values().filter(|w| w.service.is_some()).count();
+        let published = self
+            .services
+            .values()
+            .filter(|w| w.service.is_some())
+            .count();
         let mut deleted = Vec::new();
         for name in gone {
             let w = self.services.remove(&name).expect("listed above");

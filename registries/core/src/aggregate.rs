@@ -117,7 +117,10 @@ impl Aggregate {
         if removed {
             // A registry removed (a remote cluster's secret deleted) did not empty:
             // its next incarnation starts counting afresh.
-            self.counts.lock().expect("aggregate poisoned").remove(shard);
+            self.counts
+                .lock()
+                .expect("aggregate poisoned")
+                .remove(shard);
         }
         removed
     }

@@ -219,7 +219,11 @@ async fn a_token_revoked_during_an_outage_is_an_auth_failure_and_the_view_stays(
     h.consul.go_down().await;
     h.until("stale", |h| h.registry.is_stale().then_some(()))
         .await;
-    assert_eq!(h.registry.stats().auth_failures(), (0, 0), "an outage is not");
+    assert_eq!(
+        h.registry.stats().auth_failures(),
+        (0, 0),
+        "an outage is not"
+    );
 
     // Consul comes back, but the token was revoked meanwhile.
     h.consul.require_token(Some("another"));
@@ -236,7 +240,11 @@ async fn a_token_revoked_during_an_outage_is_an_auth_failure_and_the_view_stays(
     );
     assert!(error.contains("--consulToken"), "{error}");
     assert!(!error.contains(TOKEN), "never the token: {error}");
-    assert_eq!(h.registry.stats().auth_failures().0, 0, "no 401 was answered");
+    assert_eq!(
+        h.registry.stats().auth_failures().0,
+        0,
+        "no 401 was answered"
+    );
     // The last known view is served all along.
     assert!(h.registry.is_stale());
     assert_eq!(h.endpoints(&key("web")).len(), 2);

@@ -1013,7 +1013,11 @@ mod first_seen_tests {
         let a = created(&store, "a").unwrap();
         assert!(before <= a && a <= after, "first seen during the reload");
         let dated = UNIX_EPOCH + Duration::from_secs(1_577_934_245);
-        assert_eq!(created(&store, "dated"), Some(dated), "a given time is kept");
+        assert_eq!(
+            created(&store, "dated"),
+            Some(dated),
+            "a given time is kept"
+        );
 
         // An edit (new spec) and a new object in another file: `a` keeps its time.
         std::fs::write(&file, vs("a", "edited.example.com", None)).unwrap();
@@ -1049,8 +1053,9 @@ mod first_seen_tests {
                 },
             )
         };
-        let previous: BTreeMap<ObjectId, Placed> =
-            [placed("kept", t(100)), placed("given", t(5))].into_iter().collect();
+        let previous: BTreeMap<ObjectId, Placed> = [placed("kept", t(100)), placed("given", t(5))]
+            .into_iter()
+            .collect();
         let mut now: BTreeMap<ObjectId, Placed> = [
             placed("kept", UNIX_EPOCH),
             placed("given", t(7)),
