@@ -26,3 +26,8 @@ if [ -z "${MESHFED_PYTHON:-}" ] && [ "${MESHFED_SKIP_INTEROP:-}" != 1 ]; then
 fi
 
 cargo test --workspace --locked
+
+# A few seconds of each fuzz target (fuzz/run.sh; MESHFED_FUZZ_SECONDS=0 skips).
+if [ "${MESHFED_FUZZ_SECONDS:-5}" != 0 ]; then
+    ./fuzz/run.sh
+fi

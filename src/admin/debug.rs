@@ -9,6 +9,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::AdminState;
+use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
 
 /// A debug handler: state and query parameters in, JSON or an HTTP error out.
 type Handler = fn(&AdminState, &BTreeMap<String, String>) -> Answer;
@@ -129,6 +130,12 @@ pub async fn dispatch(
 
 type Answer = Result<Value, (StatusCode, String)>;
 
+/// A NACK's error detail as the debug pages show it: the proxy wrote it, so it is cut
+/// at [`ERROR_DETAIL_LOG_MAX`] bytes (the connection keeps it whole).
+fn clip_error(detail: Option<&str>) -> Option<std::borrow::Cow<'_, str>> {
+    detail.map(|d| clip(d, ERROR_DETAIL_LOG_MAX))
+}
+
 fn to_json<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
 }
@@ -143,11 +150,11 @@ fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             let watches: BTreeMap<&str, Value> = st
                 .watches
                 .iter()
-                .map(|(t, w)| (t.short(), json!({"wildcard": w.wildcard, "names": w.names, "lastError": w.last_error})))
+                .map(|(t, w)| (t.short(), json!({"wildcard": w.wildcard, "names": w.names, "lastError": clip_error(w.last_error.as_deref())})))
                 .collect();
             json!({
-                "connectionId": c.id,
-                "node": c.proxy.node_id,
+                "connectionId": clip(&c.id, NODE_ID_LOG_MAX),
+                "node": clip(&c.proxy.node_id, NODE_ID_LOG_MAX),
                 "peer": c.peer.map(|p| p.to_string()),
                 "flavour": c.flavour,
                 "connectedAt": humantime(c.connected_at),
@@ -188,12 +195,18 @@ fn syncz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
                         "nonceSent": w.nonce_sent, "versionSent": w.version_sent,
                         "nonceAcked": w.nonce_acked, "versionAcked": w.version_acked,
                         "lastSent": w.last_sent.map(humantime),
-                        "lastError": w.last_error, "nonceNacked": w.nonce_nacked,
+                        "lastError": clip_error(w.last_error.as_deref()),
+                        "nonceNacked": w.nonce_nacked.as_deref().map(|n| clip(n, NODE_ID_LOG_MAX)),
                         "synced": w.nonce_sent.is_some() && w.nonce_sent == w.nonce_acked,
                     }))
                 })
                 .collect();
-            json!({"connectionId": c.id, "proxyId": c.proxy.id, "clusterId": c.proxy.cluster_id, "types": types})
+            json!({
+                "connectionId": clip(&c.id, NODE_ID_LOG_MAX),
+                "proxyId": clip(&c.proxy.id, NODE_ID_LOG_MAX),
+                "clusterId": c.proxy.cluster_id,
+                "types": types,
+            })
         })
         .collect();
     Ok(Value::Array(rows))

@@ -25,7 +25,7 @@ use super::transport::{ConnControl, XdsConnectInfo};
 use super::{ConnectionHandle, Connections, Flavour, Pending};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
-use crate::logging::clip;
+use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
 use crate::model::Proxy;
 use crate::push::snapshot::Snapshot;
 use crate::xds::deps::{PushScope, Touch};
@@ -293,7 +293,7 @@ async fn refuse<F: FlavourIo>(
             connection = connection.unwrap_or("-"),
             reason,
             code = ?status.code(),
-            error = %clip(status.message(), MAX_LOGGED_ERROR),
+            error = %clip(status.message(), ERROR_DETAIL_LOG_MAX),
             suppressed,
             "refusing xDS stream"
         );
@@ -305,9 +305,6 @@ async fn refuse<F: FlavourIo>(
     )
     .await;
 }
-
-/// Longest error text (a NACK's `error_detail`, a decode error) written to the log.
-const MAX_LOGGED_ERROR: usize = 1024;
 
 async fn run_stream<F: FlavourIo>(
     ctx: Arc<XdsContext>,
@@ -334,7 +331,7 @@ async fn run_stream<F: FlavourIo>(
     };
     let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
     ctx.metrics.connected.inc();
-    info!(connection = %clip(&handle.id, MAX_LOGGED_ID), node = %clip(&handle.proxy.node_id, MAX_LOGGED_ID), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
+    info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), node = %clip(&handle.proxy.node_id, NODE_ID_LOG_MAX), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
     let mut shutdown = ctx.shutdown.clone();
     let mut next = Some(first);
     let mut nack_log = LogLimiter::new(NACK_LOG_BURST, NACK_LOG_WINDOW);
@@ -379,7 +376,7 @@ async fn run_stream<F: FlavourIo>(
     };
     ctx.connections.deregister(&handle);
     ctx.metrics.connected.dec();
-    info!(connection = %clip(&handle.id, MAX_LOGGED_ID), reason, "ADS connection closed");
+    info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
 }
 
 /// NACK lines written per connection and window; the rest are counted in the next.
@@ -410,9 +407,9 @@ async fn process_request<F: FlavourIo>(
             // large: the log gets a few clipped lines per connection and window.
             if let Some(suppressed) = nack_log.allow() {
                 warn!(
-                    connection = %clip(&handle.id, MAX_LOGGED_ID),
+                    connection = %clip(&handle.id, NODE_ID_LOG_MAX),
                     r#type = type_url.short(),
-                    error = %clip(&error, MAX_LOGGED_ERROR),
+                    error = %clip(&error, ERROR_DETAIL_LOG_MAX),
                     suppressed,
                     "proxy rejected config (NACK)"
                 );
@@ -571,7 +568,7 @@ async fn send<F: FlavourIo>(
                 ctx.metrics.send_timeouts.inc();
                 ctx.metrics.record_send_error(type_url);
                 warn!(
-                    connection = %clip(&handle.id, MAX_LOGGED_ID),
+                    connection = %clip(&handle.id, NODE_ID_LOG_MAX),
                     r#type = type_url.short(),
                     timeout = ?limit,
                     "proxy is not reading its xDS stream: closing its connection (--xdsSendTimeout)"
@@ -592,6 +589,3 @@ async fn send<F: FlavourIo>(
         .record_push(type_url, size, started.elapsed().as_secs_f64());
     Ok(())
 }
-
-/// Longest connection id (a client-chosen node id and a counter) written to the log.
-const MAX_LOGGED_ID: usize = 256;

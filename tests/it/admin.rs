@@ -453,3 +453,51 @@ async fn config_dump_of_a_delta_proxy_shows_what_it_holds() {
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn debug_pages_clip_a_huge_nack_detail_and_node_id() {
+    use meshfed::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX};
+
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.0.1"],
+    );
+    server.sync().await;
+    let pod = "p".repeat(600);
+    let node_id = format!("sidecar~10.0.0.1~{pod}.default~default.svc.cluster.local");
+    let mut client = AdsClient::connect(server.grpc_addr(), node(&node_id))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let rejected = client.recv().await.unwrap();
+    let detail = format!("cluster a: {}", "x".repeat(20_000));
+    client.nack(&rejected, &detail).await.unwrap();
+
+    let http = server.bound().http;
+    let adsz = eventually("the NACK to show in /debug/adsz", || async move {
+        let adsz = get_json(http, "/debug/adsz").await;
+        let error = adsz["clients"][0]["watches"]["cds"]["lastError"].clone();
+        (!error.is_null()).then_some(adsz)
+    })
+    .await;
+    let client_json = &adsz["clients"][0];
+    let error = client_json["watches"]["cds"]["lastError"].as_str().unwrap();
+    // A suffix says how long the whole was; the page never carries all of it.
+    assert!(error.len() <= ERROR_DETAIL_LOG_MAX + 32, "{}", error.len());
+    assert!(error.starts_with("cluster a: xxx"), "{error}");
+    assert!(error.ends_with(" bytes)"), "{error}");
+    let shown = client_json["node"].as_str().unwrap();
+    assert!(shown.len() <= NODE_ID_LOG_MAX + 32, "{}", shown.len());
+    assert!(shown.starts_with("sidecar~10.0.0.1~ppp"), "{shown}");
+
+    let syncz = get_json(http, "/debug/syncz").await;
+    let error = syncz[0]["types"]["cds"]["lastError"].as_str().unwrap();
+    assert!(error.len() <= ERROR_DETAIL_LOG_MAX + 32, "{}", error.len());
+    let proxy_id = syncz[0]["proxyId"].as_str().unwrap();
+    assert!(proxy_id.len() <= NODE_ID_LOG_MAX + 32, "{}", proxy_id.len());
+    server.shutdown().await;
+}

@@ -499,3 +499,84 @@ spec:
     );
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_file_entry_added_after_a_mock_service_of_its_host_does_not_win() {
+    const HOST: &str = "ledger.shop.svc.cluster.local";
+    let dir = tempfile::tempdir().unwrap();
+    let server = FakeServer::builder()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    // The mock service is known first...
+    let reg = server.mock_registry("c1");
+    let mut svc = Service::new(HOST, "shop", ProviderId::Mock, "c1");
+    svc.ports
+        .push(meshfed_registry::Port::new("http", 8080, Protocol::Http).unwrap());
+    svc.creation_time = std::time::SystemTime::now();
+    reg.add_service(svc);
+    server.sync().await;
+
+    // ...then a ServiceEntry of the same host without a creationTimestamp appears in
+    // the config directory. It is stamped when first seen, so it is the younger one.
+    std::fs::write(
+        dir.path().join("ledger.yaml"),
+        format!(
+            "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: ledger, namespace: shop}}
+spec:
+  hosts: [{HOST}]
+  ports: [{{number: 9000, name: grpc, protocol: GRPC}}]
+  resolution: STATIC
+  endpoints: [{{address: 10.99.0.1}}]
+"
+        ),
+    )
+    .unwrap();
+    let http = server.bound().http;
+    let registryz = eventually("the entry to reach the merge", || async move {
+        let registryz = get_json(http, "/debug/registryz").await;
+        let both = registryz["services"].as_array().is_some_and(|all| {
+            all.iter().any(|s| {
+                s["hostname"] == HOST && s["sources"].as_array().is_some_and(|v| v.len() == 2)
+            })
+        });
+        both.then_some(registryz)
+    })
+    .await;
+    let served = registryz["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["hostname"] == HOST)
+        .unwrap();
+    assert_eq!(served["provider"], "Mock", "{registryz:#}");
+    assert_eq!(
+        served["sources"],
+        serde_json::json!(["Mock/c1", "External/Kubernetes"])
+    );
+    let conflicts = registryz["conflicts"].as_array().unwrap();
+    assert_eq!(conflicts.len(), 1, "{registryz:#}");
+    assert_eq!(conflicts[0]["winner"], "Mock/c1");
+    assert_eq!(conflicts[0]["loser"], "External/Kubernetes");
+    assert_eq!(conflicts[0]["reason"], "OldestWins");
+
+    server.sync().await;
+    let mut client = AdsClient::connect(server.grpc_addr(), sidecar())
+        .await
+        .unwrap();
+    let all = clusters(&mut client).await;
+    let names: Vec<&str> = all
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|n| n.ends_with(HOST))
+        .collect();
+    assert_eq!(
+        names,
+        [format!("outbound|8080||{HOST}")],
+        "the mock service's port, not the entry's"
+    );
+    server.shutdown().await;
+}

@@ -33,10 +33,16 @@ pub enum ApiError {
     #[error("cannot reach Consul: {0}")]
     Transport(String),
     /// The token is missing, unknown or lacks a permission (401/403).
-    #[error("Consul refused the request (HTTP {status}, check the ACL token): {message}")]
+    #[error(
+        "Consul refused the ACL token (HTTP {status}) for {path}: check --consulToken \
+         (or --consulTokenFile) and the token's ACL policy: {message}"
+    )]
     Denied {
         /// HTTP status.
         status: u16,
+        /// The refused endpoint's path (never the token, which is only ever sent in
+        /// a header).
+        path: String,
         /// Consul's message.
         message: String,
     },
@@ -330,6 +336,7 @@ impl ConsulClient {
     ) -> Result<(HeaderMap, T), ApiError> {
         let response = request.send().await.map_err(transport)?;
         let status = response.status();
+        let path = response.url().path().to_string();
         let headers = response.headers().clone();
         let body = response.bytes().await.map_err(transport)?;
         if !status.is_success() {
@@ -341,6 +348,7 @@ impl ConsulClient {
             return Err(match status {
                 StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => ApiError::Denied {
                     status: status.as_u16(),
+                    path,
                     message,
                 },
                 _ => ApiError::Status {

@@ -182,6 +182,9 @@ pub(crate) async fn run(shared: Arc<Shared>, id: WatchId, tx: mpsc::UnboundedSen
             Err(err) => {
                 failures = failures.saturating_add(1);
                 shared.stats.count_error(&err.to_string());
+                if let ApiError::Denied { status, .. } = &err {
+                    shared.stats.count_denied(*status);
+                }
                 Report {
                     id: id.clone(),
                     result: Err(err),

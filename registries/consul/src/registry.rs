@@ -37,6 +37,8 @@ pub struct ConsulStats {
     skipped_entries: AtomicU64,
     skipped_services: AtomicU64,
     index_resets: AtomicU64,
+    unauthorized: AtomicU64,
+    forbidden: AtomicU64,
     watched: AtomicU64,
     last_error: Mutex<Option<String>>,
 }
@@ -68,6 +70,16 @@ impl ConsulStats {
         self.index_resets.load(Ordering::Relaxed)
     }
 
+    /// Answers refusing the ACL token: HTTP 401 (no or unknown token) and 403 (a
+    /// token without the needed permission, or revoked). Also counted in
+    /// [`ConsulStats::errors`].
+    pub fn auth_failures(&self) -> (u64, u64) {
+        (
+            self.unauthorized.load(Ordering::Relaxed),
+            self.forbidden.load(Ordering::Relaxed),
+        )
+    }
+
     /// Gauge: catalog services watched (one blocking health query each).
     pub fn watched_services(&self) -> u64 {
         self.watched.load(Ordering::Relaxed)
@@ -85,6 +97,15 @@ impl ConsulStats {
     pub(crate) fn count_error(&self, err: &str) {
         self.errors.fetch_add(1, Ordering::Relaxed);
         *self.last_error.lock().expect("stats poisoned") = Some(err.to_string());
+    }
+
+    pub(crate) fn count_denied(&self, status: u16) {
+        let counter = if status == 401 {
+            &self.unauthorized
+        } else {
+            &self.forbidden
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn count_skipped_entries(&self, n: usize) {
@@ -218,8 +239,10 @@ impl ConsulRegistry {
     }
 
     /// Registers the writer's counters into `registry`, read on every scrape:
-    /// `meshfed_consul_requests{result}`, `meshfed_consul_skipped{kind}` and
-    /// `meshfed_consul_index_resets{registry="consul"}`.
+    /// `meshfed_consul_requests{result}`, `meshfed_consul_skipped{kind}`,
+    /// `meshfed_consul_index_resets{registry="consul"}` and
+    /// `meshfed_consul_auth_failures{status="401"|"403"}` (answers refusing the ACL
+    /// token; counters exported as gauges that only grow, like the others).
     pub fn register_metrics(&self, registry: &mut Registry) {
         registry.register_collector(Box::new(ConsulMetrics(self.stats.clone())));
     }
@@ -257,6 +280,14 @@ impl Collector for ConsulMetrics {
             "Blocking-query indexes that went backwards and were reset",
             "registry",
             [("consul", stats.index_resets() as i64)],
+        )?;
+        let (unauthorized, forbidden) = stats.auth_failures();
+        encode_gauges(
+            &mut encoder,
+            "meshfed_consul_auth_failures",
+            "Consul answers refusing the ACL token, by HTTP status (the last view stays served)",
+            "status",
+            [("401", unauthorized as i64), ("403", forbidden as i64)],
         )
     }
 }
@@ -349,6 +380,10 @@ mod tests {
              # HELP meshfed_consul_index_resets Blocking-query indexes that went backwards and were reset\n\
              # TYPE meshfed_consul_index_resets gauge\n\
              meshfed_consul_index_resets{registry=\"consul\"} 0\n\
+             # HELP meshfed_consul_auth_failures Consul answers refusing the ACL token, by HTTP status (the last view stays served)\n\
+             # TYPE meshfed_consul_auth_failures gauge\n\
+             meshfed_consul_auth_failures{status=\"401\"} 0\n\
+             meshfed_consul_auth_failures{status=\"403\"} 0\n\
              # EOF\n"
         );
         let _ = stop.send(());

@@ -11,7 +11,7 @@ use meshfed_registry::{Endpoint, Service, ServiceKey, ServiceRegistry, ShardKey,
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::{AbortHandle, JoinSet};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::api::{ApiError, ConsulClient};
 use crate::blocking::{self, Answer, Report, Shared, WatchId};
@@ -91,6 +91,8 @@ struct Writer {
     catalog_failing: bool,
     synced: bool,
     stale: bool,
+    /// Consul refused the token since the last good answer (logged once per episode).
+    denied: bool,
 }
 
 impl Writer {
@@ -120,10 +122,14 @@ impl Writer {
             catalog_failing: false,
             synced: false,
             stale: false,
+            denied: false,
         }
     }
 
     fn on_report(&mut self, report: Report, loops: &mut JoinSet<()>) {
+        if report.result.is_ok() && std::mem::take(&mut self.denied) {
+            info!(shard = %self.shard, "consul: the ACL token is accepted again");
+        }
         match (report.id, report.result) {
             (WatchId::Catalog, Ok(Answer::Catalog(names))) => {
                 if std::mem::take(&mut self.catalog_failing) {
@@ -164,7 +170,19 @@ impl Writer {
         self.update_stale();
     }
 
-    fn failed(&self, watch: &str, err: &ApiError) {
+    fn failed(&mut self, watch: &str, err: &ApiError) {
+        // A refused token is not an outage that passes by itself: an error of its own,
+        // once until Consul accepts the token again (a token revoked during an outage
+        // shows up here, not as one more failure of a registry already stale). The
+        // error names the path, never the token.
+        if matches!(err, ApiError::Denied { .. }) {
+            if std::mem::replace(&mut self.denied, true) {
+                debug!(shard = %self.shard, watch, "consul query refused: {err}");
+            } else {
+                error!(shard = %self.shard, watch, "{err}; keeping the last known view");
+            }
+            return;
+        }
         // Every retry fails the same way during an outage: warn once, when the
         // registry turns stale, and keep the rest at debug.
         if self.stale {
@@ -222,6 +240,11 @@ impl Writer {
             .filter(|n| !wanted.contains_key(*n))
             .cloned()
             .collect();
+        let published = self
+            .services
+            .values()
+            .filter(|w| w.service.is_some())
+            .count();
         let mut deleted = Vec::new();
         for name in gone {
             let w = self.services.remove(&name).expect("listed above");
@@ -230,6 +253,13 @@ impl Writer {
                 info!(shard = %self.shard, service = %w.key.hostname, "consul: service removed");
                 deleted.push(w.key);
             }
+        }
+        if published > 0 && deleted.len() == published && wanted.is_empty() {
+            // An agent restarted with an empty catalog looks exactly like this.
+            warn!(
+                shard = %self.shard,
+                "consul: the catalog lists no services any more; withdrawing all {published}"
+            );
         }
         if self.synced && !deleted.is_empty() {
             // Readers first, so whoever reacts to the push sees the new state.

@@ -13,13 +13,18 @@
 //! `/debug/registryz` and the conflict metric. Endpoints are not part of this: they live
 //! in the endpoint index, one shard per registry, and EDS merges all shards of a key.
 //!
+//! A registry that held services and then holds none (an agent restarted with an empty
+//! catalog, a deleted config directory) withdraws all of them at once: the aggregate
+//! notices it when it next merges, logs a warning naming the registry and how many it
+//! had, and counts it in `meshfed_registry_emptied{registry}`.
+//!
 //! A proxy's own workload (its pod) is looked up through [`WorkloadSources`]: the
 //! registries' workloads frozen when it was taken; the first registry that knows the
 //! proxy answers, Kubernetes registries first.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -71,6 +76,16 @@ pub struct Aggregate {
     /// The cluster meshfed itself runs in; its Kubernetes services supply defaults.
     primary_cluster: ClusterId,
     registries: RwLock<Vec<Arc<dyn ServiceRegistry>>>,
+    /// Per registry: how many services it had at the last merge, and how often it
+    /// went from some to none.
+    counts: Mutex<BTreeMap<ShardKey, ServiceCount>>,
+}
+
+/// One registry's service count as merges see it.
+#[derive(Clone, Copy, Debug, Default)]
+struct ServiceCount {
+    last: usize,
+    emptied: u64,
 }
 
 impl Aggregate {
@@ -79,6 +94,7 @@ impl Aggregate {
         Aggregate {
             primary_cluster: primary_cluster.into(),
             registries: RwLock::new(Vec::new()),
+            counts: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -97,7 +113,44 @@ impl Aggregate {
         let mut registries = self.registries.write().expect("aggregate poisoned");
         let before = registries.len();
         registries.retain(|r| &r.shard_key() != shard);
-        registries.len() != before
+        let removed = registries.len() != before;
+        if removed {
+            // A registry removed (a remote cluster's secret deleted) did not empty:
+            // its next incarnation starts counting afresh.
+            self.counts
+                .lock()
+                .expect("aggregate poisoned")
+                .remove(shard);
+        }
+        removed
+    }
+
+    /// How many times the registry for `shard` went from some services to none.
+    pub fn emptied_count(&self, shard: &ShardKey) -> u64 {
+        self.counts
+            .lock()
+            .expect("aggregate poisoned")
+            .get(shard)
+            .map_or(0, |c| c.emptied)
+    }
+
+    /// Notes each registry's service count after a merge; a registry that had
+    /// services and now has none is logged and counted.
+    fn note_counts(&self, now: &[(ShardKey, usize)]) {
+        let mut counts = self.counts.lock().expect("aggregate poisoned");
+        for (shard, n) in now {
+            let count = counts.entry(shard.clone()).or_default();
+            if count.last > 0 && *n == 0 {
+                count.emptied += 1;
+                tracing::warn!(
+                    registry = %shard,
+                    before = count.last,
+                    "registry {shard} went from {} services to none: all of them are withdrawn",
+                    count.last
+                );
+            }
+            count.last = *n;
+        }
     }
 
     /// The registries, sorted by shard key.
@@ -142,11 +195,16 @@ impl Aggregate {
     /// Merges every registry's services by the policy in the module docs.
     pub fn merged(&self) -> MergedServices {
         let mut groups: BTreeMap<ServiceKey, Vec<Arc<Service>>> = BTreeMap::new();
-        for registry in self.registries() {
-            for service in registry.services() {
+        let registries = self.registries();
+        let mut counts = Vec::with_capacity(registries.len());
+        for registry in registries {
+            let services = registry.services();
+            counts.push((registry.shard_key(), services.len()));
+            for service in services {
                 groups.entry(service.key()).or_default().push(service);
             }
         }
+        self.note_counts(&counts);
         let mut merged = MergedServices::default();
         for (key, mut candidates) in groups {
             candidates.sort_by(|a, b| self.precedence(a).cmp(&self.precedence(b)));
@@ -168,14 +226,18 @@ impl Aggregate {
     }
 
     /// Sort key: Kubernetes first, the primary cluster first among those, then oldest,
-    /// then provider and cluster id as deterministic tie-breakers.
+    /// then provider and cluster id as deterministic tie-breakers. Being in the
+    /// primary cluster counts for Kubernetes services only: the ServiceEntry registry
+    /// carries the primary cluster's id too, and must not beat an older Mock or Consul
+    /// service by it.
     fn precedence<'a>(
         &self,
         s: &'a Service,
     ) -> (bool, bool, std::time::SystemTime, ProviderId, &'a ClusterId) {
+        let kube = s.provider == ProviderId::Kubernetes;
         (
-            s.provider != ProviderId::Kubernetes,
-            s.cluster_id != self.primary_cluster,
+            !kube,
+            !(kube && s.cluster_id == self.primary_cluster),
             s.creation_time,
             s.provider,
             &s.cluster_id,
@@ -258,8 +320,11 @@ impl WorkloadSources {
 impl Aggregate {
     /// Registers the per-registry gauges into `registry`, read on every scrape with one
     /// row per registry in the aggregate at that moment (label `registry`, its shard
-    /// key): `meshfed_registry_synced`, `meshfed_registry_stale` and
-    /// `meshfed_registry_services`.
+    /// key): `meshfed_registry_synced`, `meshfed_registry_stale`,
+    /// `meshfed_registry_services` and `meshfed_registry_emptied` (times the registry
+    /// went from some services to none, seen at merges; a gauge that only grows, like
+    /// the other counters of this code base; kept when a registry is replaced by one
+    /// with the same shard key, dropped when it is removed).
     pub fn register_metrics(self: &Arc<Self>, registry: &mut Registry) {
         registry.register_collector(Box::new(AggregateMetrics(self.clone())));
     }
@@ -297,6 +362,21 @@ impl Collector for AggregateMetrics {
             "Services the registry holds (before merging)",
             "registry",
             rows(|r| r.services().len() as i64),
+        )?;
+        let emptied: Vec<(String, i64)> = registries
+            .iter()
+            .map(|r| {
+                let shard = r.shard_key();
+                let n = self.0.emptied_count(&shard) as i64;
+                (shard.to_string(), n)
+            })
+            .collect();
+        encode_gauges(
+            &mut encoder,
+            "meshfed_registry_emptied",
+            "Times the registry went from some services to none (all withdrawn at once)",
+            "registry",
+            emptied,
         )
     }
 }
@@ -383,13 +463,18 @@ mod tests {
                     "meshfed_registry_services",
                     "Services the registry holds (before merging)",
                 ),
+                (
+                    "meshfed_registry_emptied",
+                    "Times the registry went from some services to none (all withdrawn at once)",
+                ),
             ] {
                 text += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
                 for (registry, synced, stale, services) in rows {
                     let value = match name {
                         "meshfed_registry_synced" => synced.to_string(),
                         "meshfed_registry_stale" => stale.to_string(),
-                        _ => services.to_string(),
+                        "meshfed_registry_services" => services.to_string(),
+                        _ => "0".to_string(),
                     };
                     text += &format!("{name}{{registry=\"{registry}\"}} {value}\n");
                 }
@@ -420,6 +505,64 @@ mod tests {
                 ("Consul/dc1", 1, 1, 0),
             ])
         );
+    }
+
+    #[test]
+    fn a_registry_going_from_some_services_to_none_is_counted_once() {
+        let agg = Arc::new(Aggregate::new("c1"));
+        let mut metrics = Registry::default();
+        agg.register_metrics(&mut metrics);
+        let emptied_row = || {
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &metrics).unwrap();
+            text.lines()
+                .find(|l| l.starts_with("meshfed_registry_emptied{registry=\"Mock/m1\"}"))
+                .map(str::to_string)
+        };
+        let (sink, _rx) = crate::events::UpdateSink::new(Arc::new(crate::EndpointIndex::new()));
+        let mock = crate::MemoryRegistry::new("m1", sink);
+        let shard = ShardKey::new(ProviderId::Mock, "m1");
+        agg.add_registry(Arc::new(mock.clone()));
+
+        // Empty from the start is not "emptied".
+        agg.merged();
+        assert_eq!(agg.emptied_count(&shard), 0);
+        let first = svc(ProviderId::Mock, "m1", None, 1);
+        let a = first.key();
+        mock.add_service(first);
+        let mut other = svc(ProviderId::Mock, "m1", None, 1);
+        other.hostname = "bar.ns.svc.cluster.local".into();
+        let b = other.key();
+        mock.add_service(other);
+        agg.merged();
+        mock.remove_service(&a);
+        agg.merged();
+        assert_eq!(agg.emptied_count(&shard), 0, "2 -> 1 is not emptied");
+
+        mock.remove_service(&b);
+        assert!(agg.merged().services.is_empty());
+        assert_eq!(agg.emptied_count(&shard), 1);
+        assert_eq!(
+            emptied_row().as_deref(),
+            Some("meshfed_registry_emptied{registry=\"Mock/m1\"} 1")
+        );
+        // Staying empty over more merges counts nothing more; refilling and emptying
+        // again counts again.
+        agg.merged();
+        assert_eq!(agg.emptied_count(&shard), 1);
+        mock.add_service(svc(ProviderId::Mock, "m1", None, 1));
+        agg.merged();
+        mock.remove_service(&a);
+        agg.merged();
+        assert_eq!(agg.emptied_count(&shard), 2);
+
+        // A removed registry is not counted as emptied, and its count goes with it.
+        mock.add_service(svc(ProviderId::Mock, "m1", None, 1));
+        agg.merged();
+        assert!(agg.remove_registry(&shard));
+        agg.merged();
+        assert_eq!(agg.emptied_count(&shard), 0);
+        assert_eq!(emptied_row(), None);
     }
 
     #[test]
@@ -511,6 +654,30 @@ mod tests {
             assert_eq!(merged.services[0].provider, ProviderId::Consul);
             assert_eq!(merged.conflicts[0].reason, ConflictReason::OldestWins);
         }
+    }
+
+    #[test]
+    fn the_primary_cluster_id_does_not_help_a_younger_non_kubernetes_service() {
+        // The ServiceEntry registry runs under the primary cluster's id.
+        let agg = Aggregate::new("c1");
+        agg.add_registry(registry(
+            ProviderId::External,
+            "c1",
+            vec![svc(ProviderId::External, "c1", None, 1)],
+        ));
+        agg.add_registry(registry(
+            ProviderId::Mock,
+            "m1",
+            vec![svc(ProviderId::Mock, "m1", None, 100)],
+        ));
+        let merged = agg.merged();
+        assert_eq!(merged.services[0].provider, ProviderId::Mock);
+        assert_eq!(merged.conflicts.len(), 1);
+        assert_eq!(merged.conflicts[0].reason, ConflictReason::OldestWins);
+        assert_eq!(
+            merged.conflicts[0].loser,
+            ShardKey::new(ProviderId::External, "c1")
+        );
     }
 
     #[test]

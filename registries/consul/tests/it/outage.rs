@@ -204,3 +204,82 @@ async fn an_explicit_datacenter_is_queried_and_named() {
     h2.stop().await;
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_token_revoked_during_an_outage_is_an_auth_failure_and_the_view_stays() {
+    const TOKEN: &str = "s3cr3t-token";
+    let consul = web().await;
+    consul.require_token(Some(TOKEN));
+    let mut c = config(&consul);
+    c.token = Some(TOKEN.into());
+    let mut h = Harness::start(consul, c).await;
+    h.wait_synced().await;
+    h.idle(2).await;
+
+    h.consul.go_down().await;
+    h.until("stale", |h| h.registry.is_stale().then_some(()))
+        .await;
+    assert_eq!(
+        h.registry.stats().auth_failures(),
+        (0, 0),
+        "an outage is not"
+    );
+
+    // Consul comes back, but the token was revoked meanwhile.
+    h.consul.require_token(Some("another"));
+    h.consul.come_back().await.unwrap();
+    let error = h
+        .until("a 403 counted", |h| {
+            let (_, forbidden) = h.registry.stats().auth_failures();
+            (forbidden >= 1).then(|| h.registry.stats().last_error().unwrap())
+        })
+        .await;
+    assert!(
+        error.contains("Consul refused the ACL token (HTTP 403) for /v1/"),
+        "{error}"
+    );
+    assert!(error.contains("--consulToken"), "{error}");
+    assert!(!error.contains(TOKEN), "never the token: {error}");
+    assert_eq!(
+        h.registry.stats().auth_failures().0,
+        0,
+        "no 401 was answered"
+    );
+    // The last known view is served all along.
+    assert!(h.registry.is_stale());
+    assert_eq!(h.endpoints(&key("web")).len(), 2);
+    assert!(h.registry.service(&key("web")).is_some());
+    no_deletion(&h.pending());
+
+    // A new token is issued for the old secret: the registry recovers by itself.
+    h.consul.require_token(Some(TOKEN));
+    h.until("fresh", |h| (!h.registry.is_stale()).then_some(()))
+        .await;
+    assert_eq!(h.endpoints(&key("web")).len(), 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_401_is_counted_apart_from_a_403() {
+    let consul = web().await;
+    let h = Harness::synced(consul).await.0;
+    h.idle(2).await;
+    h.consul.fail_with(Some(401));
+    h.until("a 401 counted", |h| {
+        (h.registry.stats().auth_failures().0 >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(h.registry.stats().auth_failures().1, 0);
+    assert!(
+        h.registry
+            .stats()
+            .last_error()
+            .unwrap()
+            .contains("refused the ACL token (HTTP 401)")
+    );
+    assert_eq!(h.endpoints(&key("web")).len(), 2);
+    h.consul.fail_with(None);
+    h.until("fresh", |h| (!h.registry.is_stale()).then_some(()))
+        .await;
+    h.stop().await;
+}

@@ -5,7 +5,8 @@
 //! kinds of [`Kind`]. Objects of other groups or other kinds are skipped (as Istio's
 //! file source does); a known kind with an unknown version of the group is an error, so
 //! that a typo does not silently drop an object. A missing namespace is `default`; a
-//! missing `creationTimestamp` is `UNIX_EPOCH`.
+//! missing `creationTimestamp` is `UNIX_EPOCH` (which the config directory store turns
+//! into the time it first saw the object).
 //!
 //! Specs are read in proto3 JSON form through `serde_json::Value`: camelCase and
 //! snake_case field names, enums by name, durations such as `"5s"`; unknown fields are

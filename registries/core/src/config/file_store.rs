@@ -36,7 +36,7 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
@@ -370,7 +370,8 @@ impl Reloader {
 
     fn apply(&mut self, parsed: &[ParsedFile]) {
         let previous = self.store.read().placed.clone();
-        let assembly = assemble(parsed, &previous);
+        let mut assembly = assemble(parsed, &previous);
+        stamp_first_seen(&mut assembly.objects, &previous, SystemTime::now());
         let rejected: Vec<RejectedConfig> = assembly
             .rejected
             .iter()
@@ -426,6 +427,31 @@ impl Reloader {
         if !keys.is_empty() {
             self.store.inner.core.announce(keys);
         }
+    }
+}
+
+/// Gives each object without `metadata.creationTimestamp` (decoded as `UNIX_EPOCH`)
+/// the time it was first seen, as Istio's in-memory config store does when a file
+/// object is created, so that a ServiceEntry added to the directory later counts as
+/// younger than the services already known (oldest wins), not as the oldest of all.
+/// An object that stays (same kind, namespace and name) keeps its time across reloads
+/// and edits, as Kubernetes keeps `creationTimestamp`; one deleted and added again is
+/// new.
+fn stamp_first_seen(
+    objects: &mut BTreeMap<ObjectId, Placed>,
+    previous: &BTreeMap<ObjectId, Placed>,
+    now: SystemTime,
+) {
+    for (id, placed) in objects.iter_mut() {
+        if placed.obj.creation_time != UNIX_EPOCH {
+            continue;
+        }
+        let first_seen = previous
+            .get(id)
+            .map(|p| p.obj.creation_time)
+            .filter(|t| *t != UNIX_EPOCH)
+            .unwrap_or(now);
+        Arc::make_mut(&mut placed.obj).creation_time = first_seen;
     }
 }
 
@@ -1149,5 +1175,128 @@ mod tests {
         std::fs::write(&file, "x".repeat(limit as usize + 1)).unwrap();
         assert_eq!(r.reload().await, Some(Duration::from_millis(100)));
         assert_eq!(names(&store), ["VirtualService c"]);
+    }
+}
+
+/// First-seen creation times of objects without `metadata.creationTimestamp`.
+#[cfg(test)]
+mod first_seen_tests {
+    use super::*;
+    use crate::config::store::test_support::sink;
+    use std::time::Duration;
+
+    fn vs(name: &str, host: &str, created: Option<&str>) -> String {
+        let created = created
+            .map(|t| format!(", creationTimestamp: \"{t}\""))
+            .unwrap_or_default();
+        format!(
+            "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {{name: {name}, namespace: ns{created}}}\nspec:\n  hosts: [{host}]\n  http:\n  - route:\n    - destination: {{host: {host}}}\n"
+        )
+    }
+
+    fn created(store: &FileConfigStore, name: &str) -> Option<SystemTime> {
+        store
+            .list(Kind::VirtualService)
+            .iter()
+            .find(|o| o.name == name)
+            .map(|o| o.creation_time)
+    }
+
+    #[tokio::test]
+    async fn objects_without_a_timestamp_keep_the_time_first_seen_across_edits() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vs.yaml");
+        let (sink, _rx) = sink();
+        let store = FileConfigStore::new(sink);
+        let mut reloader = Reloader::new(
+            dir.path().to_path_buf(),
+            store.clone(),
+            crate::read::DEFAULT_MAX_FILE_SIZE,
+        );
+
+        let before = SystemTime::now();
+        std::fs::write(
+            &file,
+            [
+                vs("a", "a.example.com", None),
+                vs("dated", "d.example.com", Some("2020-01-02T03:04:05Z")),
+            ]
+            .join("---\n"),
+        )
+        .unwrap();
+        reloader.reload().await;
+        let after = SystemTime::now();
+        let a = created(&store, "a").unwrap();
+        assert!(before <= a && a <= after, "first seen during the reload");
+        let dated = UNIX_EPOCH + Duration::from_secs(1_577_934_245);
+        assert_eq!(
+            created(&store, "dated"),
+            Some(dated),
+            "a given time is kept"
+        );
+
+        // An edit (new spec) and a new object in another file: `a` keeps its time.
+        std::fs::write(&file, vs("a", "edited.example.com", None)).unwrap();
+        std::fs::write(dir.path().join("b.yaml"), vs("b", "b.example.com", None)).unwrap();
+        reloader.reload().await;
+        assert_eq!(created(&store, "a"), Some(a));
+        let edited = &store.list(Kind::VirtualService)[0];
+        assert!(
+            matches!(&edited.spec, crate::config::model::Spec::VirtualService(v)
+                if v.hosts == ["edited.example.com"]),
+            "the edit is in force: {edited:?}"
+        );
+        let b = created(&store, "b").unwrap();
+        assert!(b >= a && b != UNIX_EPOCH);
+        assert_eq!(created(&store, "dated"), None, "removed with the edit");
+    }
+
+    #[test]
+    fn stamping_keeps_known_times_and_gives_new_objects_now() {
+        let t = |s: u64| UNIX_EPOCH + Duration::from_secs(s);
+        let placed = |name: &str, created: SystemTime| {
+            let mut obj = ConfigObject::new(
+                "ns",
+                name,
+                crate::config::model::Spec::VirtualService(Default::default()),
+            );
+            obj.creation_time = created;
+            (
+                obj.id(),
+                Placed {
+                    obj: Arc::new(obj),
+                    file: PathBuf::from("x.yaml"),
+                },
+            )
+        };
+        let previous: BTreeMap<ObjectId, Placed> = [placed("kept", t(100)), placed("given", t(5))]
+            .into_iter()
+            .collect();
+        let mut now: BTreeMap<ObjectId, Placed> = [
+            placed("kept", UNIX_EPOCH),
+            placed("given", t(7)),
+            placed("new", UNIX_EPOCH),
+        ]
+        .into_iter()
+        .collect();
+        stamp_first_seen(&mut now, &previous, t(200));
+        let times: Vec<(String, SystemTime)> = now
+            .values()
+            .map(|p| (p.obj.name.clone(), p.obj.creation_time))
+            .collect();
+        assert_eq!(
+            times,
+            [
+                ("given".to_string(), t(7)),
+                ("kept".to_string(), t(100)),
+                ("new".to_string(), t(200)),
+            ]
+        );
+
+        // Deleted, then added again: new.
+        let mut again: BTreeMap<ObjectId, Placed> =
+            [placed("kept", UNIX_EPOCH)].into_iter().collect();
+        stamp_first_seen(&mut again, &BTreeMap::new(), t(300));
+        assert_eq!(again.values().next().unwrap().obj.creation_time, t(300));
     }
 }

@@ -231,9 +231,10 @@ pub struct ConfigObject {
     pub labels: BTreeMap<String, String>,
     /// `metadata.annotations`.
     pub annotations: BTreeMap<String, String>,
-    /// `metadata.creationTimestamp`, or `UNIX_EPOCH` when not given, so that
-    /// re-reading the same files gives the same objects (the oldest-wins rules stay
-    /// stable).
+    /// `metadata.creationTimestamp`, or `UNIX_EPOCH` when not given. The config
+    /// directory store replaces `UNIX_EPOCH` with the time it first saw the object and
+    /// keeps that time across reloads and edits, so the oldest-wins rules stay stable
+    /// and a file object added later counts as younger.
     pub creation_time: SystemTime,
     /// `metadata.resourceVersion` as given (empty when not given).
     pub resource_version: String,

@@ -1,0 +1,53 @@
+//! ADS request streams as the server reads them: gRPC framing split across HTTP/2
+//! DATA frames at arbitrary points, then the hand-written SotW request decoder and
+//! prost's Delta decoder, under a small per-connection byte budget. Nothing may panic;
+//! every outcome is a message, the end, or an error.
+
+#![no_main]
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use http_body::Frame;
+use libfuzzer_sys::fuzz_target;
+use meshfed::ads::frames::RequestStream;
+use meshfed::ads::transport::ConnControl;
+use meshfed::xds::wire::SotwRequest;
+
+/// The body: the first byte picks how the rest is cut into DATA frames.
+fn frames(data: &[u8]) -> Vec<Bytes> {
+    let Some((&step, rest)) = data.split_first() else {
+        return Vec::new();
+    };
+    let step = usize::from(step).max(1);
+    rest.chunks(step).map(Bytes::copy_from_slice).collect()
+}
+
+fn read_all<M: prost::Message + Default>(data: &[u8]) {
+    let chunks = frames(data);
+    let body = http_body_util::StreamBody::new(futures::stream::iter(
+        chunks
+            .into_iter()
+            .map(|c| Ok::<_, tonic::Status>(Frame::data(c))),
+    ));
+    let control = Arc::new(ConnControl::new(64 * 1024));
+    let mut requests = RequestStream::<M>::new(tonic::body::Body::new(body), Some(control.clone()));
+    futures::executor::block_on(async {
+        while let Ok(Some(_)) = requests.message().await {}
+    });
+    drop(requests);
+    assert_eq!(control.held(), 0, "a finished stream gives its bytes back");
+}
+
+fuzz_target!(|data: &[u8]| {
+    read_all::<SotwRequest>(data);
+    read_all::<DeltaDiscoveryRequest>(data);
+    // The decoder alone, on the whole input, and its names and digest.
+    if let Ok(request) = <SotwRequest as prost::Message>::decode(data) {
+        let _ = request.resource_names.digest();
+        for name in request.resource_names.iter() {
+            let _ = name.len();
+        }
+    }
+});
