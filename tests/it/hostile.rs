@@ -417,3 +417,50 @@ async fn out_of_descriptors_the_server_backs_off_and_recovers() {
     );
     assert!(timeouts >= 1.0, "{timeouts}");
 }
+
+#[tokio::test]
+async fn a_device_as_the_mock_file_is_refused_and_sigterm_ends_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready.json");
+    let mut child = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+            .args(["discovery", "--registries", "Mock"])
+            .args(["--mockRegistryFile", "/dev/zero"])
+            .args(["--grpcAddr", "127.0.0.1:0"])
+            .args(["--httpAddr", "127.0.0.1:0"])
+            .args(["--monitoringAddr", "127.0.0.1:0"])
+            .arg("--readyFile")
+            .arg(&ready)
+            .env_remove("RUST_LOG")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for_ready_file(&mut child.0, &ready).await;
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    // The drain deadline is 5 s; the process must be gone well within the bound.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still running after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut log).unwrap();
+    assert!(exit.success() || exit.code().is_some(), "{exit:?}");
+    assert!(
+        log.contains("/dev/zero") && log.contains("not a regular file"),
+        "{log}"
+    );
+}
