@@ -398,7 +398,7 @@ async fn process_request<F: FlavourIo>(
     match action {
         Action::Respond(type_url) => {
             if let Some(response) = build::<F>(ctx, handle, type_url, Scope::All, Why::Answer) {
-                send::<F>(ctx, handle, tx, response).await?;
+                send::<F>(ctx, handle, tx, response, &mut None).await?;
             }
         }
         Action::Nack(type_url, error) => {
@@ -434,8 +434,11 @@ async fn process_request<F: FlavourIo>(
 }
 
 /// Sends one push to one connection: every watched type the request touches, in
-/// CDS, EDS, LDS, RDS order. The push slot bounds generation only: it is given back
-/// before anything is handed to the peer, so a peer that does not read holds no slot.
+/// CDS, EDS, LDS, RDS order. The push slot is held while each type is generated and
+/// handed to the stream, so a peer that reads slowly slows generation down (which
+/// bounds the memory of responses waiting for the transport); but a peer whose queue
+/// stays full for [`SLOT_HOLD`] gives its slot back and waits alone, so peers that do
+/// not read cannot hold back the rest of the mesh.
 async fn push<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
@@ -443,50 +446,54 @@ async fn push<F: FlavourIo>(
     pending: Pending,
 ) -> Result<(), Closed> {
     let request = &pending.request;
-    let responses = {
-        let queued = Instant::now();
-        let _slot = ctx.push_slots.acquire().await.map_err(|_| Closed)?;
-        ctx.metrics
-            .queue_time
-            .observe(queued.elapsed().as_secs_f64());
-        let watched: Vec<TypeUrl> = handle
-            .state
-            .lock()
-            .expect("state poisoned")
-            .watches
-            .keys()
-            .copied()
-            .collect();
-        let push_scope = PushScope::new(request);
-        let why = if request.forced {
-            Why::ForcedPush
-        } else {
-            Why::Push
-        };
-        let mut responses = Vec::with_capacity(watched.len());
-        for type_url in watched {
-            let scope = match (push_scope.touch(handle.class, type_url), type_url) {
-                (Touch::Nothing, _) => continue,
-                // Only EDS goes out partially; other types are sent whole (their
-                // untouched resources come from the cache).
-                (Touch::Services(_), TypeUrl::Endpoint) => match &pending.eds_names {
-                    Some(names) => Scope::Names(names.as_ref()),
-                    None => Scope::Hostnames(push_scope.hosts()),
-                },
-                _ => Scope::All,
-            };
-            responses.extend(build::<F>(ctx, handle, type_url, scope, why));
-        }
-        responses
+    let queued = Instant::now();
+    let mut slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
+    ctx.metrics
+        .queue_time
+        .observe(queued.elapsed().as_secs_f64());
+    let watched: Vec<TypeUrl> = handle
+        .state
+        .lock()
+        .expect("state poisoned")
+        .watches
+        .keys()
+        .copied()
+        .collect();
+    let push_scope = PushScope::new(request);
+    let why = if request.forced {
+        Why::ForcedPush
+    } else {
+        Why::Push
     };
-    for response in responses {
-        send::<F>(ctx, handle, tx, response).await?;
+    for type_url in watched {
+        let scope = match (push_scope.touch(handle.class, type_url), type_url) {
+            (Touch::Nothing, _) => continue,
+            // Only EDS goes out partially; other types are sent whole (their
+            // untouched resources come from the cache).
+            (Touch::Services(_), TypeUrl::Endpoint) => match &pending.eds_names {
+                Some(names) => Scope::Names(names.as_ref()),
+                None => Scope::Hostnames(push_scope.hosts()),
+            },
+            _ => Scope::All,
+        };
+        if slot.is_none() {
+            // Given back while this peer's queue was full: take one again.
+            slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
+        }
+        if let Some(response) = build::<F>(ctx, handle, type_url, scope, why) {
+            send::<F>(ctx, handle, tx, response, &mut slot).await?;
+        }
     }
+    drop(slot);
     ctx.metrics
         .convergence
         .observe(request.start.elapsed().as_secs_f64());
     Ok(())
 }
+
+/// How long a push waits, holding its slot, for room in a peer's queue before it
+/// gives the slot back.
+const SLOT_HOLD: Duration = Duration::from_millis(500);
 
 /// One generated response, waiting to be handed to the peer.
 struct Built<R> {
@@ -545,14 +552,16 @@ fn build<F: FlavourIo>(
     }
 }
 
-/// Hands one response to the peer's stream. A peer that takes none within the send
-/// timeout has its connection closed: it cannot be told, and keeping it would pin
-/// old config in its queue.
+/// Hands one response to the peer's stream. When the peer's queue is full, `slot` (a
+/// push slot, if held) is kept for at most [`SLOT_HOLD`] and then given back. A peer
+/// that takes no response within the send timeout has its connection closed: it cannot
+/// be told, and keeping it would pin old config in its queue.
 async fn send<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
     tx: &Tx<F>,
     built: Built<F::Resp>,
+    slot: &mut Option<tokio::sync::SemaphorePermit<'_>>,
 ) -> Result<(), Closed> {
     let Built {
         type_url,
@@ -560,31 +569,58 @@ async fn send<F: FlavourIo>(
         started,
     } = built;
     let size = response.encoded_len();
-    let sent = tx.send(Outbound::Message(response));
-    let sent = match ctx.send_timeout {
-        Some(limit) => match tokio::time::timeout(limit, sent).await {
-            Ok(sent) => sent,
-            Err(_) => {
-                ctx.metrics.send_timeouts.inc();
-                ctx.metrics.record_send_error(type_url);
-                warn!(
-                    connection = %clip(&handle.id, NODE_ID_LOG_MAX),
-                    r#type = type_url.short(),
-                    timeout = ?limit,
-                    "proxy is not reading its xDS stream: closing its connection (--xdsSendTimeout)"
-                );
-                if let Some(transport) = &handle.transport {
-                    transport.close();
+    let waiting = Instant::now();
+    let reserved = match tx.try_reserve() {
+        Ok(permit) => Ok(permit),
+        Err(mpsc::error::TrySendError::Closed(())) => Err(()),
+        Err(mpsc::error::TrySendError::Full(())) => {
+            let hold = match ctx.send_timeout {
+                Some(limit) => SLOT_HOLD.min(limit),
+                None => SLOT_HOLD,
+            };
+            let first = if slot.is_some() {
+                tokio::time::timeout(hold, tx.reserve()).await.ok()
+            } else {
+                None
+            };
+            match first {
+                Some(reserved) => reserved.map_err(|_| ()),
+                None => {
+                    // The peer is not keeping up: let another connection generate.
+                    *slot = None;
+                    let rest = tx.reserve();
+                    match ctx.send_timeout {
+                        None => rest.await.map_err(|_| ()),
+                        Some(limit) => {
+                            let left = limit.saturating_sub(waiting.elapsed());
+                            match tokio::time::timeout(left, rest).await {
+                                Ok(reserved) => reserved.map_err(|_| ()),
+                                Err(_) => {
+                                    ctx.metrics.send_timeouts.inc();
+                                    ctx.metrics.record_send_error(type_url);
+                                    warn!(
+                                        connection = %clip(&handle.id, NODE_ID_LOG_MAX),
+                                        r#type = type_url.short(),
+                                        timeout = ?limit,
+                                        "proxy is not reading its xDS stream: closing its connection (--xdsSendTimeout)"
+                                    );
+                                    if let Some(transport) = &handle.transport {
+                                        transport.close();
+                                    }
+                                    return Err(Closed);
+                                }
+                            }
+                        }
+                    }
                 }
-                return Err(Closed);
             }
-        },
-        None => sent.await,
+        }
     };
-    if sent.is_err() {
+    let Ok(permit) = reserved else {
         ctx.metrics.record_send_error(type_url);
         return Err(Closed);
-    }
+    };
+    permit.send(Outbound::Message(response));
     ctx.metrics
         .record_push(type_url, size, started.elapsed().as_secs_f64());
     Ok(())
