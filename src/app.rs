@@ -31,7 +31,7 @@ use crate::ads::Connections;
 use crate::ads::limit::LogLimiter;
 use crate::ads::metrics::XdsMetrics;
 use crate::ads::server::{AdsService, XdsContext};
-use crate::ads::transport::{Acceptor, TransportMetrics, XdsLimits};
+use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
 use crate::mesh::{self, MeshFile, MeshSettings};
@@ -788,6 +788,16 @@ async fn serve_grpc(
     let result = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .max_concurrent_streams(max_concurrent_streams)
+        // Any call on the port (every service mounted here) ends the handshake
+        // deadline of its connection.
+        .layer(tonic::service::InterceptorLayer::new(
+            |request: tonic::Request<()>| {
+                if let Some(info) = request.extensions().get::<XdsConnectInfo>() {
+                    info.control.stream_started();
+                }
+                Ok(request)
+            },
+        ))
         .add_service(ads)
         .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
         .await;

@@ -100,9 +100,6 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let ctx = self.ctx.clone();
-        if let Some(info) = req.extensions().get::<XdsConnectInfo>() {
-            info.control.stream_started();
-        }
         let response = match req.uri().path() {
             SOTW_PATH => start_stream::<Sotw, B>(ctx, req),
             DELTA_PATH => start_stream::<Delta, B>(ctx, req),

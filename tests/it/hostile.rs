@@ -464,3 +464,56 @@ async fn a_device_as_the_mock_file_is_refused_and_sigterm_ends_the_process() {
         "{log}"
     );
 }
+
+#[tokio::test]
+async fn only_connections_without_a_call_are_cut_at_the_handshake_deadline() {
+    let server = server_with(|c| {
+        c.xds_limits.handshake_timeout = Some(Duration::from_millis(300));
+    })
+    .await;
+    let reg = server.mock_registry("Kubernetes");
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.0.0.9~ok.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+    // A connection that never makes a call, opened after the client's: once it has
+    // been cut, the client's own deadline has passed too.
+    let idle = TcpStream::connect(server.grpc_addr()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut buf = [0u8; 64];
+        loop {
+            idle.readable().await.unwrap();
+            match idle.try_read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(_) => break,
+            }
+        }
+    })
+    .await
+    .expect("the idle connection is closed");
+    assert_eq!(
+        metric(&server, "meshfed_xds_handshake_timeouts_total").await,
+        1.0
+    );
+    add_service(&server, &reg, 1).await;
+    // The stream still gets pushes (an earlier one may come first).
+    let mut pushed = false;
+    for _ in 0..3 {
+        let clusters = client.recv_clusters().await.unwrap();
+        if clusters
+            .iter()
+            .any(|c| c.name == "outbound|80||svc-1.default.svc.cluster.local")
+        {
+            pushed = true;
+            break;
+        }
+    }
+    assert!(pushed, "the new service reached the client");
+    server.shutdown().await;
+}
