@@ -39,6 +39,7 @@ use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
 use crate::push::debounce::DebounceConfig;
 use crate::push::snapshot::Snapshot;
 use crate::push::{ConfigSourceFn, Pipeline, PushMetrics};
+use crate::readiness::Readiness;
 
 /// The mock registry served when no file is given: a small echo service, so a
 /// newcomer sees `meshfed discovery` serve at once.
@@ -145,6 +146,10 @@ pub struct DiscoveryConfig {
     pub push_throttle: usize,
     /// Limits of the xDS port.
     pub xds_limits: XdsLimits,
+    /// How long after start readiness waits for the remote clusters present then
+    /// (`--remoteClusterTimeout`, Istio's `PILOT_REMOTE_CLUSTER_TIMEOUT`); later ones
+    /// never affect readiness.
+    pub remote_cluster_timeout: Duration,
     /// Generator settings.
     pub generator: GeneratorOptions,
     /// Let non-loopback callers use the debug endpoints.
@@ -177,6 +182,7 @@ impl Default for DiscoveryConfig {
             debounce: DebounceConfig::default(),
             push_throttle: 100,
             xds_limits: XdsLimits::default(),
+            remote_cluster_timeout: Duration::from_secs(30),
             generator: GeneratorOptions::default(),
             debug_open: false,
             drain_deadline: Duration::from_secs(5),
@@ -279,10 +285,6 @@ impl ConfigStores {
             all.push(Arc::new(kube.clone()));
         }
         all
-    }
-
-    fn has_synced(&self) -> bool {
-        self.all().iter().all(|s| s.has_synced())
     }
 
     /// Starts the ServiceEntry / WorkloadEntry registry over every store (provider
@@ -451,15 +453,36 @@ impl Server {
             monitoring: monitoring.local_addr()?,
         };
 
-        let ready_aggregate = aggregate.clone();
-        let ready_stores = config_stores.clone();
+        let readiness = Arc::new(Readiness::new(
+            aggregate.clone(),
+            config_stores.all(),
+            secret_controller.clone(),
+            config.cluster_id.clone(),
+            config.remote_cluster_timeout,
+        ));
+        // Checked until ready, so the latch is set as soon as everything has synced,
+        // whether or not anyone asks.
+        let until_ready = readiness.clone();
+        let mut stop = shutdown.clone();
+        tasks.spawn(async move {
+            let poll = async {
+                while !until_ready.is_ready() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            tokio::select! {
+                () = poll => {}
+                () = stop.wait() => {}
+            }
+        });
+        let ready_check = readiness.clone();
         let ctx = Arc::new(XdsContext {
             snapshot: pipeline.snapshot().clone(),
             connections: connections.clone(),
             push_slots: Arc::new(Semaphore::new(config.push_throttle.max(1))),
             metrics: xds_metrics,
             options: config.generator,
-            ready: Arc::new(move || ready_aggregate.has_synced() && ready_stores.has_synced()),
+            ready: Arc::new(move || ready_check.is_ready()),
             shutdown: shutdown.clone(),
             send_timeout: config.xds_limits.send_timeout,
             refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
@@ -501,6 +524,7 @@ impl Server {
             config_stores: config_stores.all(),
             multicluster: secret_controller,
             generator: config.generator,
+            readiness,
         };
         tasks.spawn(serve_http(
             http,
@@ -688,6 +712,7 @@ async fn start_kube_registry(
     let multicluster = meshfed_kube::MulticlusterConfig {
         namespace: namespace.clone(),
         policy: meshfed_kube::KubeconfigPolicy::allowing(&kube.remote_secrets.allow_insecure),
+        sync_timeout: config.remote_cluster_timeout,
         ..meshfed_kube::MulticlusterConfig::new(config.cluster_id.clone(), registry_config)
     };
     let mut stop = shutdown.clone();

@@ -16,5 +16,6 @@ pub mod metrics;
 pub mod model;
 pub mod networks;
 pub mod push;
+pub mod readiness;
 pub mod testing;
 pub mod xds;

@@ -170,6 +170,12 @@ struct DiscoveryArgs {
     /// all. Refused by default.
     #[arg(long = "allowInsecureKubeconfig", value_delimiter = ',')]
     allow_insecure_kubeconfig: Vec<String>,
+    /// How long after start readiness waits for the remote clusters that the Secrets
+    /// name then (Istio's PILOT_REMOTE_CLUSTER_TIMEOUT); a cluster still syncing after
+    /// it keeps syncing in the background. Remote clusters added later never affect
+    /// readiness.
+    #[arg(long = "remoteClusterTimeout", default_value = "30s", value_parser = parse_duration)]
+    remote_cluster_timeout: Duration,
     /// With the Kubernetes registry: also read Istio config (the VirtualService,
     /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry and Sidecar CRDs of
     /// networking.istio.io) from its API server. `false` leaves config to --configDir.
@@ -433,6 +439,7 @@ impl DiscoveryArgs {
                 eds_debounce: self.eds_debounce,
             },
             push_throttle: self.push_throttle,
+            remote_cluster_timeout: self.remote_cluster_timeout,
             xds_limits: XdsLimits {
                 send_timeout: (!self.xds_send_timeout.is_zero()).then_some(self.xds_send_timeout),
                 max_connections: self.max_connections,

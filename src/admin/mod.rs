@@ -43,6 +43,8 @@ pub struct AdminState {
     /// The generator settings the ADS server uses (`/debug/config_dump` regenerates
     /// with them).
     pub generator: crate::generate::GeneratorOptions,
+    /// What `/ready` answers.
+    pub readiness: Arc<crate::readiness::Readiness>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -134,16 +136,7 @@ async fn logging(
 }
 
 async fn ready(State(state): State<AdminState>) -> Response {
-    let mut pending: Vec<String> = state
-        .aggregate
-        .registries()
-        .iter()
-        .filter(|r| !r.has_synced())
-        .map(|r| r.shard_key().to_string())
-        .collect();
-    if state.config_stores.iter().any(|s| !s.has_synced()) {
-        pending.push("config".to_string());
-    }
+    let pending = state.readiness.pending();
     if pending.is_empty() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
@@ -213,6 +206,13 @@ mod tests {
             Arc::new(|_| ConfigIndex::default()),
         ));
         AdminState {
+            readiness: Arc::new(crate::readiness::Readiness::new(
+                aggregate.clone(),
+                Vec::new(),
+                None,
+                "c1".into(),
+                std::time::Duration::from_secs(30),
+            )),
             aggregate,
             pipeline,
             connections,

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{address, socket_address};
 use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
@@ -103,6 +104,16 @@ struct Mesh {
 
 impl Mesh {
     async fn start(topology: Topology) -> Mesh {
+        Mesh::start_with(topology, |_| {}, Duration::from_secs(30)).await
+    }
+
+    /// [`Mesh::start`], with `before` applied to c1 before meshfed starts and the
+    /// given `--remoteClusterTimeout`.
+    async fn start_with(
+        topology: Topology,
+        before: impl FnOnce(&FakeApiServer),
+        remote_timeout: Duration,
+    ) -> Mesh {
         let c1 = FakeApiServer::start().await.unwrap();
         let c2 = FakeApiServer::start().await.unwrap();
         populate(
@@ -122,12 +133,14 @@ impl Mesh {
             topology,
         );
         let dir = tempfile::tempdir().unwrap();
+        before(&c1);
         let networks = dir.path().join("meshNetworks.yaml");
         std::fs::write(&networks, MESH_NETWORKS).unwrap();
         let client = c1.client();
         let server = FakeServer::builder()
             .cluster_id("c1")
             .configure(move |c| {
+                c.remote_cluster_timeout = remote_timeout;
                 if topology == Topology::MeshNetworks {
                     c.networks_config = Some(networks);
                 }
@@ -531,4 +544,131 @@ async fn a_kubeconfig_with_an_exec_plugin_is_refused_with_a_log_line() {
         "c3 never joins"
     );
     mesh.server.shutdown().await;
+}
+
+/// A kubeconfig for an API server that is gone (connections refused).
+async fn unreachable_kubeconfig() -> String {
+    let gone = FakeApiServer::start().await.unwrap();
+    let kubeconfig = gone.kubeconfig();
+    drop(gone);
+    kubeconfig
+}
+
+async fn ready_status(http: SocketAddr) -> (u16, String) {
+    http_get(http, "/ready").await
+}
+
+#[tokio::test]
+async fn an_unreachable_remote_cluster_added_at_run_time_changes_neither_readiness_nor_streams() {
+    let mesh = Mesh::start(Topology::Labels).await;
+    let http = mesh.http();
+    eventually("ready", || async move {
+        (ready_status(http).await.0 == 200).then_some(())
+    })
+    .await;
+    mesh.c1.apply(&objects::remote_secret(
+        NS,
+        "istio-remote-secret-c3",
+        &[("c3", &unreachable_kubeconfig().await)],
+    ));
+    eventually("c3 known to the secret controller", || async move {
+        let z = get_json(http, "/debug/clusterz").await;
+        z["clusters"]
+            .as_array()?
+            .iter()
+            .any(|c| c["cluster"] == "c3" && c["synced"] == false)
+            .then_some(())
+    })
+    .await;
+    let (status, body) = ready_status(http).await;
+    assert_eq!(status, 200, "{body}");
+    // A new stream is served, while c3 still has not synced.
+    let mut client = mesh.client("n1", "10.1.0.9").await;
+    let (_, rows) = recv_endpoints(&mut client).await;
+    assert!(!rows.is_empty());
+    let z = get_json(http, "/debug/clusterz").await;
+    assert!(z.to_string().contains("\"c3\""), "{z:#}");
+    let (_, metrics) = http_get(mesh.server.bound().monitoring, "/metrics").await;
+    assert_eq!(
+        metric(
+            &metrics,
+            "istiod_remote_cluster_sync_status{cluster=\"c3\"}"
+        ),
+        Some(0.0),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_remote_cluster_present_at_start_is_waited_for_at_most_the_timeout() {
+    let kubeconfig = unreachable_kubeconfig().await;
+    let timeout = Duration::from_secs(2);
+    let started = tokio::time::Instant::now();
+    let mesh = Mesh::start_with(
+        Topology::Labels,
+        |c1| {
+            c1.apply(&objects::remote_secret(
+                NS,
+                "istio-remote-secret-c3",
+                &[("c3", &kubeconfig)],
+            ));
+        },
+        timeout,
+    )
+    .await;
+    let http = mesh.http();
+    // Before the bound: not ready, naming the remote cluster.
+    let (status, body) = ready_status(http).await;
+    if started.elapsed() < timeout {
+        assert_eq!(status, 503, "{body}");
+    }
+    // After it: ready although c3 never synced, and streams are served.
+    let body = eventually("ready", || async move {
+        let (status, body) = ready_status(http).await;
+        (status == 200).then_some(body)
+    })
+    .await;
+    assert!(
+        started.elapsed() >= timeout,
+        "ready after {:?}: {body}",
+        started.elapsed()
+    );
+    let mut client = mesh.client("n1", "10.1.0.9").await;
+    let (_, rows) = recv_endpoints(&mut client).await;
+    assert!(!rows.is_empty());
+}
+
+#[tokio::test]
+async fn a_remote_cluster_whose_api_server_goes_away_keeps_its_endpoints_and_readiness() {
+    let mesh = Mesh::start(Topology::Labels).await;
+    mesh.add_secret(&mesh.c2.kubeconfig());
+    mesh.wait_c2().await;
+    let http = mesh.http();
+    let Mesh {
+        c1,
+        c2,
+        server,
+        _dir,
+        ..
+    } = mesh;
+    let mesh_http = http;
+    drop(c2);
+    // The API server is gone: the cluster's last view stays, marked stale.
+    eventually("c2 stale", || async move {
+        let z = get_json(mesh_http, "/debug/clusterz").await;
+        z["clusters"]
+            .as_array()?
+            .iter()
+            .any(|c| c["cluster"] == "c2" && c["stale"] == true)
+            .then_some(())
+    })
+    .await;
+    let (status, body) = ready_status(http).await;
+    assert_eq!(status, 200, "{body}");
+    let shardz = get_json(http, "/debug/endpointShardz").await;
+    assert!(
+        !shard_of(&shardz, "Kubernetes/c2").is_empty(),
+        "c2's endpoints are kept: {shardz:#}"
+    );
+    drop((c1, server));
 }

@@ -1,0 +1,101 @@
+//! When the server is ready, by Istio's rule: the local registries and the config
+//! sources must have synced; remote clusters present at start are waited for, each at
+//! most `--remoteClusterTimeout` after the server started; and once ready, the server
+//! stays ready. A remote cluster added, replaced, failing or removed later never makes
+//! `/ready` fail nor refuses an ADS stream: its state shows in `/debug/clusterz` and in
+//! `istiod_remote_cluster_sync_status`.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use meshfed_registry::config::ConfigStore;
+use meshfed_registry::{Aggregate, ClusterId, ProviderId};
+use tokio::time::Instant;
+use tracing::info;
+
+/// The readiness of one server.
+#[derive(Debug)]
+pub struct Readiness {
+    aggregate: Arc<Aggregate>,
+    stores: Vec<Arc<dyn ConfigStore>>,
+    multicluster: Option<Arc<meshfed_kube::SecretController>>,
+    local_cluster: ClusterId,
+    started: Instant,
+    remote_timeout: Duration,
+    ready: AtomicBool,
+}
+
+impl Readiness {
+    /// Readiness of a server that starts now.
+    pub fn new(
+        aggregate: Arc<Aggregate>,
+        stores: Vec<Arc<dyn ConfigStore>>,
+        multicluster: Option<Arc<meshfed_kube::SecretController>>,
+        local_cluster: ClusterId,
+        remote_timeout: Duration,
+    ) -> Self {
+        Readiness {
+            aggregate,
+            stores,
+            multicluster,
+            local_cluster,
+            started: Instant::now(),
+            remote_timeout,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    /// True once the server is ready; never false again after that.
+    pub fn is_ready(&self) -> bool {
+        self.pending().is_empty()
+    }
+
+    /// What readiness still waits for (empty once ready).
+    pub fn pending(&self) -> Vec<String> {
+        if self.ready.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let waiting_for_remotes = self.started.elapsed() < self.remote_timeout;
+        let mut pending = Vec::new();
+        // Clusters named by remote-cluster Secrets; their registries are judged by the
+        // start-up rule, not as local ones.
+        let mut remote: BTreeSet<ClusterId> = BTreeSet::new();
+        if let Some(multicluster) = &self.multicluster {
+            if !multicluster.has_synced() {
+                pending.push("remote cluster secrets (initial list)".to_string());
+            }
+            for cluster in multicluster.clusters() {
+                if !cluster.synced && waiting_for_remotes {
+                    pending.push(format!(
+                        "remote cluster {} (waited for at most {:?} after start, --remoteClusterTimeout)",
+                        cluster.cluster, self.remote_timeout
+                    ));
+                }
+                remote.insert(cluster.cluster);
+            }
+        }
+        for registry in self.aggregate.registries() {
+            if registry.has_synced() {
+                continue;
+            }
+            let is_remote = registry.provider() == ProviderId::Kubernetes
+                && registry.cluster_id() != &self.local_cluster;
+            if is_remote || remote.contains(registry.cluster_id()) {
+                continue;
+            }
+            pending.push(registry.shard_key().to_string());
+        }
+        if self.stores.iter().any(|s| !s.has_synced()) {
+            pending.push("config".to_string());
+        }
+        if pending.is_empty() && !self.ready.swap(true, Ordering::AcqRel) {
+            info!(
+                after = ?self.started.elapsed(),
+                "ready: local registries and config synced; from now on /ready stays 200 and remote clusters sync in the background"
+            );
+        }
+        pending
+    }
+}
