@@ -146,6 +146,10 @@ pub struct DiscoveryConfig {
     pub push_throttle: usize,
     /// Limits of the xDS port.
     pub xds_limits: XdsLimits,
+    /// With the Kubernetes registry: the ConfigMap in the system namespace whose `mesh`
+    /// and `meshNetworks` keys supply the mesh settings not given as files
+    /// (`--meshConfigMap`, istiod's `istio`); `None` turns it off.
+    pub mesh_config_map: Option<String>,
     /// How long after start readiness waits for the remote clusters present then
     /// (`--remoteClusterTimeout`, Istio's `PILOT_REMOTE_CLUSTER_TIMEOUT`); later ones
     /// never affect readiness.
@@ -182,6 +186,7 @@ impl Default for DiscoveryConfig {
             debounce: DebounceConfig::default(),
             push_throttle: 100,
             xds_limits: XdsLimits::default(),
+            mesh_config_map: Some("istio".into()),
             remote_cluster_timeout: Duration::from_secs(30),
             generator: GeneratorOptions::default(),
             debug_open: false,
@@ -402,8 +407,9 @@ impl Server {
         }
         let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
         let mut secret_controller = None;
+        let mut mesh_map_synced = None;
         if let Some(kube) = &config.kubernetes {
-            secret_controller = start_kube_registry(
+            (secret_controller, mesh_map_synced) = start_kube_registry(
                 &config,
                 kube,
                 config_stores.kube.as_ref(),
@@ -453,13 +459,17 @@ impl Server {
             monitoring: monitoring.local_addr()?,
         };
 
-        let readiness = Arc::new(Readiness::new(
+        let mut readiness = Readiness::new(
             aggregate.clone(),
             config_stores.all(),
             secret_controller.clone(),
             config.cluster_id.clone(),
             config.remote_cluster_timeout,
-        ));
+        );
+        if let Some((name, synced)) = mesh_map_synced {
+            readiness = readiness.also_wait_for(format!("mesh ConfigMap {name}"), synced);
+        }
+        let readiness = Arc::new(readiness);
         // Checked until ready, so the latch is set as soon as everything has synced,
         // whether or not anyone asks.
         let until_ready = readiness.clone();
@@ -662,7 +672,10 @@ async fn start_kube_registry(
     sink: &UpdateSink,
     shutdown: &Shutdown,
     tasks: &mut JoinSet<()>,
-) -> anyhow::Result<Option<Arc<meshfed_kube::SecretController>>> {
+) -> anyhow::Result<(
+    Option<Arc<meshfed_kube::SecretController>>,
+    Option<(String, Arc<std::sync::atomic::AtomicBool>)>,
+)> {
     let client = match &kube.source {
         KubeSource::Client(client) => client.clone(),
         KubeSource::Kubeconfig(path) => meshfed_kube::client_from(path.as_deref())
@@ -706,8 +719,34 @@ async fn start_kube_registry(
         info!(cluster = %config.cluster_id, "Kubernetes config store started (networking.istio.io CRDs); /ready waits for its initial lists");
     }
 
+    // Mesh settings not given as files come from istiod's ConfigMap.
+    let keys = mesh::MapKeys {
+        mesh: config.mesh_config.is_none(),
+        networks: config.networks_config.is_none(),
+    };
+    let mut mesh_map = None;
+    if let Some(name) = &config.mesh_config_map
+        && (keys.mesh || keys.networks)
+    {
+        let synced = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let full_name = format!("{}/{name}", kube.system_namespace);
+        let updates = meshfed_kube::follow_config_map(client.clone(), &kube.system_namespace, name);
+        let mut stop = shutdown.clone();
+        tasks.spawn(mesh::follow_config_map(
+            updates,
+            full_name.clone(),
+            keys,
+            mesh.clone(),
+            sink.clone(),
+            synced.clone(),
+            async move { stop.wait().await },
+        ));
+        info!(configmap = %full_name, mesh = keys.mesh, mesh_networks = keys.networks, "following the mesh ConfigMap; /ready waits for its initial list");
+        mesh_map = Some((full_name, synced));
+    }
+
     let Some(namespace) = &kube.remote_secrets.namespace else {
-        return Ok(None);
+        return Ok((None, mesh_map));
     };
     let multicluster = meshfed_kube::MulticlusterConfig {
         namespace: namespace.clone(),
@@ -727,7 +766,7 @@ async fn start_kube_registry(
         let _ = task.await;
     });
     info!(%namespace, "remote cluster secret controller started (Secrets labelled istio/multiCluster=true)");
-    Ok(Some(controller))
+    Ok((Some(controller), mesh_map))
 }
 
 async fn start_consul_registry(

@@ -176,6 +176,11 @@ struct DiscoveryArgs {
     /// readiness.
     #[arg(long = "remoteClusterTimeout", default_value = "30s", value_parser = parse_duration)]
     remote_cluster_timeout: Duration,
+    /// With the Kubernetes registry: the ConfigMap in the system namespace whose `mesh`
+    /// and `meshNetworks` keys give the mesh settings not set by --meshConfig /
+    /// --networksConfig, watched (istiod's `istio` ConfigMap). Empty turns it off.
+    #[arg(long = "meshConfigMap", default_value = "istio")]
+    mesh_config_map: String,
     /// With the Kubernetes registry: also read Istio config (the VirtualService,
     /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry and Sidecar CRDs of
     /// networking.istio.io) from its API server. `false` leaves config to --configDir.
@@ -440,6 +445,7 @@ impl DiscoveryArgs {
             },
             push_throttle: self.push_throttle,
             remote_cluster_timeout: self.remote_cluster_timeout,
+            mesh_config_map: Some(self.mesh_config_map.clone()).filter(|n| !n.is_empty()),
             xds_limits: XdsLimits {
                 send_timeout: (!self.xds_send_timeout.is_zero()).then_some(self.xds_send_timeout),
                 max_connections: self.max_connections,

@@ -408,6 +408,110 @@ pub fn follow(
     })
 }
 
+/// Which mesh settings a ConfigMap supplies (the ones not given as files).
+#[derive(Clone, Copy, Debug)]
+pub struct MapKeys {
+    /// Read MeshConfig from the `mesh` key.
+    pub mesh: bool,
+    /// Read meshNetworks from the `meshNetworks` key.
+    pub networks: bool,
+}
+
+/// Applies istiod's `istio` ConfigMap (`mesh` and `meshNetworks` keys, as istiod reads
+/// them) to `settings` as it changes, until `shutdown`: good content is swapped in with
+/// a forced push; a key that does not parse keeps its last good content (logged with
+/// the ConfigMap, the key and why). A ConfigMap absent at start means Istio's defaults;
+/// one deleted later keeps the last good content. `synced` is set once the initial
+/// list has been applied (readiness waits for it).
+pub async fn follow_config_map(
+    updates: impl futures::Stream<Item = meshfed_kube::ConfigMapUpdate>,
+    name: String,
+    keys: MapKeys,
+    settings: Arc<ArcSwap<MeshSettings>>,
+    sink: UpdateSink,
+    synced: Arc<std::sync::atomic::AtomicBool>,
+    shutdown: impl Future<Output = ()>,
+) {
+    use futures::StreamExt;
+    use meshfed_kube::ConfigMapUpdate;
+    let mut updates = std::pin::pin!(updates);
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut seen_once = false;
+    loop {
+        let update = tokio::select! {
+            () = &mut shutdown => return,
+            update = updates.next() => match update {
+                Some(update) => update,
+                None => return,
+            },
+        };
+        let data = match update {
+            ConfigMapUpdate::Error(err) => {
+                warn!(configmap = %name, "watching the mesh ConfigMap: {err}; keeping the current mesh settings");
+                continue;
+            }
+            ConfigMapUpdate::Absent if seen_once => {
+                warn!(configmap = %name, "the mesh ConfigMap is gone; keeping the last good mesh settings");
+                continue;
+            }
+            ConfigMapUpdate::Absent => {
+                info!(configmap = %name, "no mesh ConfigMap: Istio's defaults apply");
+                std::collections::BTreeMap::new()
+            }
+            ConfigMapUpdate::Data(data) => data,
+        };
+        seen_once = true;
+        let current = settings.load_full();
+        let mut next = (*current).clone();
+        if keys.mesh {
+            let key = format!("ConfigMap {name}, key mesh");
+            match data.get("mesh") {
+                None => next.config = default_mesh_config(),
+                Some(text) => match parse_mesh_config(Path::new(&key), text) {
+                    Ok(config) => next.config = config,
+                    Err(err) => error!("{err}; keeping the previous MeshConfig"),
+                },
+            }
+        }
+        if keys.networks {
+            let key = format!("ConfigMap {name}, key meshNetworks");
+            match data.get("meshNetworks") {
+                None => next.networks = MeshNetworks::default(),
+                Some(text) => match parse_mesh_networks(Path::new(&key), text) {
+                    Ok(networks) => next.networks = networks,
+                    Err(err) => error!("{err}; keeping the previous meshNetworks"),
+                },
+            }
+        }
+        let config_changed = next.config != current.config;
+        let networks_changed = next.networks != current.networks;
+        if config_changed || networks_changed {
+            settings.store(Arc::new(next));
+            info!(configmap = %name, "mesh settings from the ConfigMap applied; pushing to every proxy");
+            let reason = if config_changed {
+                TriggerReason::Global
+            } else {
+                TriggerReason::Networks
+            };
+            let mut request = PushRequest::forced(reason);
+            if config_changed {
+                request
+                    .configs_updated
+                    .insert(ConfigKey::new(ConfigKind::MeshConfig, "mesh", ""));
+            }
+            if networks_changed {
+                request.configs_updated.insert(ConfigKey::new(
+                    ConfigKind::MeshNetworks,
+                    "mesh",
+                    "",
+                ));
+            }
+            sink.push(request);
+        }
+        synced.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

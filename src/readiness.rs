@@ -25,6 +25,9 @@ pub struct Readiness {
     started: Instant,
     remote_timeout: Duration,
     ready: AtomicBool,
+    /// Sources beyond registries and config stores, with their synced flags (the mesh
+    /// ConfigMap).
+    others: Vec<(String, Arc<AtomicBool>)>,
 }
 
 impl Readiness {
@@ -44,7 +47,14 @@ impl Readiness {
             started: Instant::now(),
             remote_timeout,
             ready: AtomicBool::new(false),
+            others: Vec::new(),
         }
+    }
+
+    /// Also waits for `what` until `synced` is set.
+    pub fn also_wait_for(mut self, what: impl Into<String>, synced: Arc<AtomicBool>) -> Self {
+        self.others.push((what.into(), synced));
+        self
     }
 
     /// True once the server is ready; never false again after that.
@@ -89,6 +99,11 @@ impl Readiness {
         }
         if self.stores.iter().any(|s| !s.has_synced()) {
             pending.push("config".to_string());
+        }
+        for (what, synced) in &self.others {
+            if !synced.load(Ordering::Acquire) {
+                pending.push(what.clone());
+            }
         }
         if pending.is_empty() && !self.ready.swap(true, Ordering::AcqRel) {
             info!(

@@ -320,3 +320,102 @@ async fn istio_config_from_the_api_server_reaches_proxies_and_rejections_show_in
     );
     server.shutdown().await;
 }
+
+/// `connect_timeout` of `outbound|80||reviews...` in seconds.
+fn connect_timeout(clusters: &[Cluster]) -> Option<i64> {
+    clusters
+        .iter()
+        .find(|c| c.name == CLUSTER)
+        .and_then(|c| c.connect_timeout.as_ref())
+        .map(|d| d.seconds)
+}
+
+async fn networks(http: SocketAddr) -> Vec<String> {
+    let z = get_json(http, "/debug/networkz").await;
+    z["networks"]
+        .as_array()
+        .map(|n| {
+            n.iter()
+                .filter_map(|n| n["network"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn mesh_settings_come_from_the_istio_config_map_watched_with_the_last_good_rule() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(&objects::node("node-1", "r1", "z1"));
+    api.apply(&objects::service(
+        "default",
+        "reviews",
+        "10.96.0.7",
+        &[("http", 80)],
+    ));
+    let networks_yaml = |name: &str| {
+        format!(
+            "networks:\n  {name}:\n    endpoints: [{{fromCidr: 10.9.0.0/16}}]\n    gateways: [{{address: 192.0.2.99, port: 15443}}]\n"
+        )
+    };
+    api.apply(&objects::config_map(
+        "istio-system",
+        "istio",
+        &[
+            ("mesh", "connectTimeout: 7s\n"),
+            ("meshNetworks", &networks_yaml("n9")),
+        ],
+    ));
+    let server = start(&api).await;
+    let http = server.bound().http;
+    wait_ready(http).await;
+    server.sync().await;
+    assert_eq!(networks(http).await, ["n9"]);
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.1.0.9~app.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let clusters = client.recv_clusters().await.unwrap();
+    assert_eq!(connect_timeout(&clusters), Some(7));
+
+    // A change is pushed.
+    api.apply(&objects::config_map(
+        "istio-system",
+        "istio",
+        &[
+            ("mesh", "connectTimeout: 3s\n"),
+            ("meshNetworks", &networks_yaml("n9")),
+        ],
+    ));
+    let clusters = client.recv_clusters().await.unwrap();
+    assert_eq!(connect_timeout(&clusters), Some(3));
+
+    // An invalid `mesh` keeps the last good MeshConfig; the valid key still applies.
+    api.apply(&objects::config_map(
+        "istio-system",
+        "istio",
+        &[
+            ("mesh", "connectTimeout: banana\n"),
+            ("meshNetworks", &networks_yaml("n8")),
+        ],
+    ));
+    eventually("meshNetworks n8 applied", || async move {
+        (networks(http).await == ["n8"]).then_some(())
+    })
+    .await;
+    let clusters = client.recv_clusters().await.unwrap();
+    assert_eq!(connect_timeout(&clusters), Some(3), "last good MeshConfig");
+
+    // Deleted: the last good settings stay.
+    api.delete::<objects::ConfigMap>(Some("istio-system"), "istio");
+    api.apply(&objects::service(
+        "default",
+        "ratings",
+        "10.96.0.8",
+        &[("http", 80)],
+    ));
+    server.sync().await;
+    assert_eq!(networks(http).await, ["n8"]);
+}

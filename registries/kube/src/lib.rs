@@ -17,6 +17,7 @@
 //!   format, for tests here and in the crates that use this one.
 
 pub mod config;
+pub mod config_map;
 pub mod convert;
 #[cfg(feature = "test-support")]
 pub mod fake_api;
@@ -29,8 +30,9 @@ pub use config::{
     Error, GatewayServiceRef, KubeRegistryConfig, MeshGateways, NamespaceFilter, Result,
     client_from,
 };
-pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
 /// The Kubernetes client type, re-exported so other crates need no kube dependency.
+pub use config_map::{ConfigMapUpdate, follow_config_map};
+pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
 pub use kube::Client;
 pub use multicluster::{
     KubeconfigPolicy, MulticlusterConfig, MulticlusterStats, RemoteClusterStatus, SecretController,

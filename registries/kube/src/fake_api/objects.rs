@@ -4,6 +4,9 @@
 
 use std::collections::BTreeMap;
 
+/// The ConfigMap type, for [`super::FakeApiServer::delete`].
+pub use k8s_openapi::api::core::v1::ConfigMap;
+
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, NodeAddress, NodeStatus,
@@ -72,6 +75,20 @@ pub fn remote_secret(namespace: &str, name: &str, clusters: &[(&str, &str)]) -> 
                 .map(|(id, kubeconfig)| {
                     (id.to_string(), ByteString(kubeconfig.as_bytes().to_vec()))
                 })
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+/// A ConfigMap with string data (istiod's `istio` ConfigMap: keys `mesh` and
+/// `meshNetworks`).
+pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    ConfigMap {
+        metadata: meta(namespace, name, &[]),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         ),
         ..Default::default()
