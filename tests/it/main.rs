@@ -8,6 +8,7 @@ mod cli;
 mod config;
 mod consul;
 mod delta;
+mod deploy;
 mod hostile;
 mod interop;
 mod kube;

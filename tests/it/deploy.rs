@@ -1,0 +1,459 @@
+//! The Kubernetes manifests under `deploy/` and the `Dockerfile`, checked without a
+//! cluster or a container engine: the objects kustomize would apply, the ports and
+//! probes the server answers on, a non-root read-only container, RBAC that grants only
+//! what the code reads, flags the binary has, and a ConfigMap the server accepts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Every YAML document of `text` (empty documents skipped).
+fn documents(path: &Path, text: &str) -> Vec<Value> {
+    serde_norway::Deserializer::from_str(text)
+        .map(|doc| {
+            Value::deserialize(doc).unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()))
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn kustomization() -> Value {
+    let path = root().join("deploy/kustomization.yaml");
+    documents(&path, &read(&path)).remove(0)
+}
+
+/// Every object of the files kustomization.yaml lists, in order.
+fn objects() -> Vec<Value> {
+    let dir = root().join("deploy");
+    let mut out = Vec::new();
+    for file in strings(&kustomization()["resources"]) {
+        let path = dir.join(&file);
+        out.extend(documents(&path, &read(&path)));
+    }
+    out
+}
+
+/// The one object of `kind`.
+fn one(objects: &[Value], kind: &str) -> Value {
+    let mut found = objects.iter().filter(|o| o["kind"] == kind);
+    let first = found
+        .next()
+        .unwrap_or_else(|| panic!("no {kind} in deploy/"));
+    assert!(found.next().is_none(), "more than one {kind} in deploy/");
+    first.clone()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected a list, got {value}"))
+        .iter()
+        .map(|v| {
+            v.as_str()
+                .unwrap_or_else(|| panic!("expected a string, got {v}"))
+                .to_string()
+        })
+        .collect()
+}
+
+fn container(deployment: &Value) -> Value {
+    let containers = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers");
+    assert_eq!(containers.len(), 1, "one container: meshfed");
+    containers[0].clone()
+}
+
+/// `--flag=value` / `--flag value` arguments of the container, as (flag, value).
+fn flags(container: &Value) -> Vec<(String, Option<String>)> {
+    let args = strings(&container["args"]);
+    assert_eq!(
+        args.first().map(String::as_str),
+        Some("discovery"),
+        "the server is `meshfed discovery`"
+    );
+    let mut out: Vec<(String, Option<String>)> = Vec::new();
+    for arg in &args[1..] {
+        if let Some(flag) = arg.strip_prefix("--") {
+            match flag.split_once('=') {
+                Some((name, value)) => out.push((name.to_string(), Some(value.to_string()))),
+                None => out.push((flag.to_string(), None)),
+            }
+        } else {
+            let last = out.last_mut().expect("a value before any flag");
+            assert!(last.1.is_none(), "{arg:?}: a second value for --{}", last.0);
+            last.1 = Some(arg.clone());
+        }
+    }
+    out
+}
+
+fn flag<'a>(flags: &'a [(String, Option<String>)], name: &str) -> &'a str {
+    flags
+        .iter()
+        .find(|(n, _)| n == name)
+        .and_then(|(_, v)| v.as_deref())
+        .unwrap_or_else(|| panic!("the Deployment does not pass --{name}"))
+}
+
+#[test]
+fn kustomization_lists_every_manifest_and_the_namespace() {
+    let k = kustomization();
+    assert_eq!(k["kind"], "Kustomization");
+    assert_eq!(k["namespace"], "istio-system");
+    let listed: BTreeSet<String> = strings(&k["resources"]).into_iter().collect();
+    let on_disk: BTreeSet<String> = std::fs::read_dir(root().join("deploy"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| (n.ends_with(".yaml") || n.ends_with(".yml")) && n != "kustomization.yaml")
+        .collect();
+    assert_eq!(listed, on_disk, "kustomization.yaml lists every manifest");
+}
+
+#[test]
+fn the_objects_are_the_expected_kinds() {
+    let kinds: BTreeSet<String> = objects()
+        .iter()
+        .map(|o| o["kind"].as_str().expect("kind").to_string())
+        .collect();
+    let expected: BTreeSet<String> = [
+        "Namespace",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "HorizontalPodAutoscaler",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect();
+    assert_eq!(kinds, expected);
+    for object in objects() {
+        let name = &object["metadata"]["name"];
+        assert!(name.is_string(), "every object is named: {object}");
+        assert!(
+            object["metadata"]["namespace"].is_null(),
+            "{name}: the namespace comes from kustomization.yaml"
+        );
+    }
+}
+
+#[test]
+fn ports_probes_and_service_match_what_the_server_listens_on() {
+    let objects = objects();
+    let deployment = one(&objects, "Deployment");
+    let container = container(&deployment);
+    let flags = flags(&container);
+
+    // Every interface, on Istio's ports.
+    assert_eq!(flag(&flags, "grpcAddr"), ":15010");
+    assert_eq!(flag(&flags, "httpAddr"), ":8080");
+    assert_eq!(flag(&flags, "monitoringAddr"), ":15014");
+
+    let ports: BTreeMap<String, i64> = container["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .map(|p| {
+            let name = p["name"].as_str().expect("named port").to_string();
+            assert!(
+                name.len() <= 15,
+                "{name}: port names are at most 15 characters"
+            );
+            (name, p["containerPort"].as_i64().expect("containerPort"))
+        })
+        .collect();
+    let numbers: BTreeSet<i64> = ports.values().copied().collect();
+    for port in [15010, 8080, 15014] {
+        assert!(numbers.contains(&port), "container port {port}");
+    }
+    // A port by number or by name, as the container's port number.
+    let resolve = |target: &Value| match target {
+        Value::Number(n) => n.as_i64().filter(|n| numbers.contains(n)),
+        Value::String(name) => ports.get(name).copied(),
+        _ => None,
+    };
+    let is_container_port = |target: &Value| resolve(target).is_some();
+
+    let service = one(&objects, "Service");
+    assert_eq!(
+        service["metadata"]["name"], "istiod",
+        "where istiod's proxies look"
+    );
+    let mut service_ports = BTreeSet::new();
+    for port in service["spec"]["ports"].as_array().expect("service ports") {
+        let target = if port["targetPort"].is_null() {
+            &port["port"]
+        } else {
+            &port["targetPort"]
+        };
+        assert!(
+            is_container_port(target),
+            "service port {port} targets the container"
+        );
+        service_ports.insert(port["port"].as_i64().unwrap());
+    }
+    assert!(service_ports.contains(&15010), "plaintext xDS");
+    let selector = service["spec"]["selector"].as_object().expect("selector");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in selector {
+        assert_eq!(&labels[key], value, "the Service selects the pods by {key}");
+    }
+    assert_eq!(labels["app"], "meshfed");
+    assert_eq!(labels["istio"], "pilot");
+
+    let readiness = &container["readinessProbe"]["httpGet"];
+    assert_eq!(readiness["path"], "/ready");
+    assert_eq!(
+        resolve(&readiness["port"]),
+        Some(8080),
+        "/ready is on --httpAddr"
+    );
+    // /ready is 503 while the registries sync: liveness must not use it.
+    let liveness = &container["livenessProbe"];
+    assert!(liveness.is_object(), "a liveness probe");
+    assert_ne!(liveness["httpGet"]["path"], "/ready");
+    if !liveness["httpGet"].is_null() {
+        assert!(is_container_port(&liveness["httpGet"]["port"]));
+    }
+}
+
+#[test]
+fn the_pods_run_as_non_root_on_a_read_only_filesystem() {
+    let objects = objects();
+    let deployment = one(&objects, "Deployment");
+    let spec = &deployment["spec"];
+    assert_eq!(spec["replicas"], 2);
+    let pod = &spec["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "meshfed");
+    assert!(
+        !pod["affinity"]["podAntiAffinity"].is_null(),
+        "replicas spread over nodes"
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 1337);
+    let container = container(&deployment);
+    let security = &container["securityContext"];
+    assert_eq!(security["readOnlyRootFilesystem"], true);
+    assert_eq!(security["allowPrivilegeEscalation"], false);
+    assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+    let requests = &container["resources"]["requests"];
+    assert!(requests["cpu"].is_string() && requests["memory"].is_string());
+    assert!(container["resources"]["limits"]["memory"].is_string());
+
+    let pdb = one(&objects, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    let hpa = one(&objects, "HorizontalPodAutoscaler");
+    assert_eq!(
+        hpa["spec"]["scaleTargetRef"]["name"],
+        deployment["metadata"]["name"]
+    );
+    assert_eq!(hpa["spec"]["minReplicas"], spec["replicas"]);
+}
+
+/// The arguments name only flags `meshfed discovery` has (read from src/main.rs).
+#[test]
+fn the_arguments_are_flags_the_binary_has() {
+    let main = read(&root().join("src/main.rs"));
+    let known: BTreeSet<&str> = main
+        .split("long = \"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .collect();
+    assert!(
+        known.contains("grpcAddr"),
+        "flags parsed from src/main.rs: {known:?}"
+    );
+    let deployment = one(&objects(), "Deployment");
+    for (name, _) in flags(&container(&deployment)) {
+        assert!(
+            known.contains(name.as_str()),
+            "--{name} is not a meshfed flag"
+        );
+    }
+}
+
+/// The `istio` ConfigMap is what `--meshConfig` and `--networksConfig` read, and the
+/// server accepts both keys.
+#[test]
+fn the_istio_config_map_is_mounted_and_valid() {
+    let objects = objects();
+    let config_map = one(&objects, "ConfigMap");
+    assert_eq!(config_map["metadata"]["name"], "istio");
+    let deployment = one(&objects, "Deployment");
+    let pod = &deployment["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["configMap"]["name"] == "istio")
+        .expect("a volume of the istio ConfigMap");
+    let container = container(&deployment);
+    let mount = container["volumeMounts"]
+        .as_array()
+        .expect("volumeMounts")
+        .iter()
+        .find(|m| m["name"] == volume["name"])
+        .expect("the istio ConfigMap is mounted");
+    let dir = Path::new(mount["mountPath"].as_str().unwrap());
+    let flags = flags(&container);
+    for (name, key) in [("meshConfig", "mesh"), ("networksConfig", "meshNetworks")] {
+        assert_eq!(Path::new(flag(&flags, name)), dir.join(key), "--{name}");
+    }
+    let data = &config_map["data"];
+    let mesh = data["mesh"].as_str().expect("mesh");
+    meshfed::mesh::parse_mesh_config(Path::new("mesh"), mesh).expect("mesh is a valid MeshConfig");
+    let networks = data["meshNetworks"].as_str().expect("meshNetworks");
+    meshfed::mesh::parse_mesh_networks(Path::new("meshNetworks"), networks)
+        .expect("meshNetworks is valid");
+}
+
+/// What the RBAC rules may grant: (role kind, API group, resource) and the code that
+/// reads it. A new watcher needs a line here and a rule in deploy/rbac.yaml.
+const READS: &[(&str, &str, &str)] = &[
+    // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
+    // (and Namespaces for the config store's label selectors, crd/writer.rs).
+    ("ClusterRole", "", "services"),
+    ("ClusterRole", "", "pods"),
+    ("ClusterRole", "", "nodes"),
+    ("ClusterRole", "", "namespaces"),
+    ("ClusterRole", "discovery.k8s.io", "endpointslices"),
+    // registries/kube/src/crd/writer.rs `watch_kind`: the Istio config store.
+    ("ClusterRole", "networking.istio.io", "virtualservices"),
+    ("ClusterRole", "networking.istio.io", "destinationrules"),
+    ("ClusterRole", "networking.istio.io", "gateways"),
+    ("ClusterRole", "networking.istio.io", "serviceentries"),
+    ("ClusterRole", "networking.istio.io", "workloadentries"),
+    ("ClusterRole", "networking.istio.io", "sidecars"),
+    // registries/kube/src/multicluster.rs: remote-cluster Secrets, system namespace only.
+    ("Role", "", "secrets"),
+];
+
+#[test]
+fn rbac_grants_only_reads_of_what_the_code_watches() {
+    let objects = objects();
+    let mut granted = BTreeSet::new();
+    for role in objects
+        .iter()
+        .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
+    {
+        let kind = role["kind"].as_str().unwrap();
+        for rule in role["rules"].as_array().expect("rules") {
+            for field in [
+                "apiGroups",
+                "resources",
+                "verbs",
+                "resourceNames",
+                "nonResourceURLs",
+            ] {
+                if !rule[field].is_null() {
+                    for value in strings(&rule[field]) {
+                        assert!(!value.contains('*'), "{kind} rule {rule}: no `*`");
+                    }
+                }
+            }
+            let verbs: BTreeSet<String> = strings(&rule["verbs"]).into_iter().collect();
+            if !rule["nonResourceURLs"].is_null() {
+                // crd.rs `discover`: GET of the group's discovery documents.
+                assert_eq!(kind, "ClusterRole", "non-resource URLs need a ClusterRole");
+                assert_eq!(verbs, BTreeSet::from(["get".to_string()]));
+                let group = meshfed_registry::config::model::GROUP;
+                let mut expected = vec![format!("/apis/{group}")];
+                expected.extend(
+                    meshfed_registry::config::model::VERSIONS
+                        .iter()
+                        .map(|v| format!("/apis/{group}/{v}")),
+                );
+                let urls: BTreeSet<String> =
+                    strings(&rule["nonResourceURLs"]).into_iter().collect();
+                assert_eq!(urls, expected.into_iter().collect::<BTreeSet<_>>());
+                continue;
+            }
+            // kube-runtime watchers list, then watch; nothing gets, writes or deletes.
+            assert_eq!(
+                verbs,
+                BTreeSet::from(["list".to_string(), "watch".to_string()]),
+                "{kind} rule {rule}"
+            );
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    let entry = READS
+                        .iter()
+                        .find(|(k, g, r)| *k == kind && *g == group && *r == resource)
+                        .unwrap_or_else(|| {
+                            panic!("{kind} grants {group}/{resource}, which no code reads")
+                        });
+                    granted.insert(*entry);
+                }
+            }
+        }
+    }
+    let missing: Vec<_> = READS.iter().filter(|e| !granted.contains(*e)).collect();
+    assert!(missing.is_empty(), "not granted: {missing:?}");
+
+    // Both roles are bound to the Deployment's ServiceAccount.
+    let account = one(&objects, "ServiceAccount");
+    let account = account["metadata"]["name"].as_str().unwrap();
+    for (binding, role) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        let binding = one(&objects, binding);
+        assert_eq!(binding["roleRef"]["kind"], role);
+        assert_eq!(
+            binding["roleRef"]["name"],
+            one(&objects, role)["metadata"]["name"]
+        );
+        let subjects = binding["subjects"].as_array().expect("subjects");
+        assert_eq!(subjects.len(), 1);
+        assert_eq!(subjects[0]["kind"], "ServiceAccount");
+        assert_eq!(subjects[0]["name"], account);
+        assert_eq!(subjects[0]["namespace"], "istio-system");
+    }
+}
+
+#[test]
+fn the_dockerfile_builds_in_one_stage_and_runs_as_non_root_in_another() {
+    let text = read(&root().join("Dockerfile"));
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.starts_with('#'))
+        .collect();
+    let stages = lines.iter().filter(|l| l.starts_with("FROM ")).count();
+    assert!(stages >= 2, "multi-stage");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("cargo build --release --locked")),
+        "a locked release build"
+    );
+    let user = lines
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("USER "))
+        .expect("USER in the runtime stage");
+    let uid = user.trim().split(':').next().unwrap();
+    assert!(uid != "0" && uid != "root", "USER {user}: not root");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("ENTRYPOINT") && l.contains("meshfed")),
+        "the entrypoint is meshfed"
+    );
+}
