@@ -288,32 +288,21 @@ fn the_arguments_are_flags_the_binary_has() {
     }
 }
 
-/// The `istio` ConfigMap is what `--meshConfig` and `--networksConfig` read, and the
-/// server accepts both keys.
+/// The `istio` ConfigMap is read through the API (`--meshConfigMap`, default `istio`,
+/// not overridden by mesh files), and the server accepts both keys.
 #[test]
-fn the_istio_config_map_is_mounted_and_valid() {
+fn the_istio_config_map_is_read_and_valid() {
     let objects = objects();
     let config_map = one(&objects, "ConfigMap");
     assert_eq!(config_map["metadata"]["name"], "istio");
     let deployment = one(&objects, "Deployment");
-    let pod = &deployment["spec"]["template"]["spec"];
-    let volume = pod["volumes"]
-        .as_array()
-        .expect("volumes")
-        .iter()
-        .find(|v| v["configMap"]["name"] == "istio")
-        .expect("a volume of the istio ConfigMap");
     let container = container(&deployment);
-    let mount = container["volumeMounts"]
-        .as_array()
-        .expect("volumeMounts")
-        .iter()
-        .find(|m| m["name"] == volume["name"])
-        .expect("the istio ConfigMap is mounted");
-    let dir = Path::new(mount["mountPath"].as_str().unwrap());
     let flags = flags(&container);
-    for (name, key) in [("meshConfig", "mesh"), ("networksConfig", "meshNetworks")] {
-        assert_eq!(Path::new(flag(&flags, name)), dir.join(key), "--{name}");
+    for name in ["meshConfig", "networksConfig", "meshConfigMap"] {
+        assert!(
+            !flags.iter().any(|(f, _)| f == name),
+            "--{name} would replace the ConfigMap"
+        );
     }
     let data = &config_map["data"];
     let mesh = data["mesh"].as_str().expect("mesh");
@@ -342,6 +331,8 @@ const READS: &[(&str, &str, &str)] = &[
     ("ClusterRole", "networking.istio.io", "sidecars"),
     // registries/kube/src/multicluster.rs: remote-cluster Secrets, system namespace only.
     ("Role", "", "secrets"),
+    // registries/kube/src/config_map.rs: the `istio` ConfigMap (mesh settings).
+    ("Role", "", "configmaps"),
 ];
 
 #[test]
