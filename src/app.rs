@@ -158,8 +158,11 @@ pub struct DiscoveryConfig {
     pub generator: GeneratorOptions,
     /// Let non-loopback callers use the debug endpoints.
     pub debug_open: bool,
-    /// How long shutdown waits for tasks before aborting them.
+    /// How long shutdown waits for tasks before aborting them, after the drain.
     pub drain_deadline: Duration,
+    /// Over how long the ADS streams are closed at shutdown (`--drainDuration`), so
+    /// their proxies move to other replicas gradually; zero closes them all at once.
+    pub drain_duration: Duration,
     /// `--maxConfigFileSize`: the size limit of every watched file (mock registry,
     /// `--configDir` files, mesh files), in bytes.
     pub max_config_file_size: u64,
@@ -191,6 +194,7 @@ impl Default for DiscoveryConfig {
             generator: GeneratorOptions::default(),
             debug_open: false,
             drain_deadline: Duration::from_secs(5),
+            drain_duration: Duration::from_secs(5),
             max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
         }
@@ -210,6 +214,8 @@ pub struct Bound {
 pub struct Server {
     bound: Bound,
     trigger: ShutdownTrigger,
+    drain_trigger: ShutdownTrigger,
+    drain_duration: Duration,
     tasks: JoinSet<()>,
     drain_deadline: Duration,
     aggregate: Arc<Aggregate>,
@@ -354,6 +360,9 @@ impl Server {
     /// Binds every listener, starts every task and returns.
     pub async fn start(config: DiscoveryConfig) -> anyhow::Result<Server> {
         let (trigger, shutdown) = drain::channel();
+        // Draining comes first: readiness turns 503, the xDS port stops accepting and
+        // says GOAWAY, and streams close one by one over the drain duration.
+        let (drain_trigger, draining) = drain::channel();
         let mut metrics_registry = Registry::default();
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
@@ -465,7 +474,8 @@ impl Server {
             secret_controller.clone(),
             config.cluster_id.clone(),
             config.remote_cluster_timeout,
-        );
+        )
+        .draining_on(draining.clone());
         if let Some((name, synced)) = mesh_map_synced {
             readiness = readiness.also_wait_for(format!("mesh ConfigMap {name}"), synced);
         }
@@ -494,6 +504,8 @@ impl Server {
             options: config.generator,
             ready: Arc::new(move || ready_check.is_ready()),
             shutdown: shutdown.clone(),
+            draining: draining.clone(),
+            drain_duration: config.drain_duration,
             send_timeout: config.xds_limits.send_timeout,
             refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
         });
@@ -503,7 +515,7 @@ impl Server {
             acceptor,
             config.xds_limits.max_concurrent_streams,
             AdsService::new(ctx),
-            shutdown.clone(),
+            draining,
         ));
 
         // Each component defines the metrics of the state it owns; they are read on
@@ -555,6 +567,8 @@ impl Server {
         Ok(Server {
             bound,
             trigger,
+            drain_trigger,
+            drain_duration: config.drain_duration,
             tasks,
             drain_deadline: config.drain_deadline,
             aggregate,
@@ -643,8 +657,19 @@ impl Server {
         self.shutdown().await;
     }
 
-    /// Stops every task: graceful first, then aborted after the drain deadline.
+    /// Drains, then stops every task: first `/ready` turns 503, the xDS port stops
+    /// accepting and sends HTTP/2 GOAWAY, and the ADS streams are closed one by one over
+    /// the drain duration (each proxy reconnects to another replica); then every task
+    /// is stopped, gracefully first, aborted after the drain deadline.
     pub async fn shutdown(mut self) {
+        self.drain_trigger.trigger();
+        if !self.drain_duration.is_zero() {
+            info!(connections = self.connections.len(), over = ?self.drain_duration, "draining the ADS streams");
+            let until = tokio::time::Instant::now() + self.drain_duration + Duration::from_secs(1);
+            while !self.connections.is_empty() && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
         self.trigger.trigger();
         let drained = tokio::time::timeout(self.drain_deadline, async {
             while self.tasks.join_next().await.is_some() {}

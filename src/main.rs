@@ -181,6 +181,11 @@ struct DiscoveryArgs {
     /// --networksConfig, watched (istiod's `istio` ConfigMap). Empty turns it off.
     #[arg(long = "meshConfigMap", default_value = "istio")]
     mesh_config_map: String,
+    /// At shutdown (SIGTERM), the window over which the ADS streams are closed one by
+    /// one after /ready turns 503 and the xDS port stops accepting, so proxies move to
+    /// other replicas gradually. `0s` closes them all at once.
+    #[arg(long = "drainDuration", default_value = "5s", value_parser = parse_duration)]
+    drain_duration: Duration,
     /// With the Kubernetes registry: also read Istio config (the VirtualService,
     /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry and Sidecar CRDs of
     /// networking.istio.io) from its API server. `false` leaves config to --configDir.
@@ -445,6 +450,7 @@ impl DiscoveryArgs {
             },
             push_throttle: self.push_throttle,
             remote_cluster_timeout: self.remote_cluster_timeout,
+            drain_duration: self.drain_duration,
             mesh_config_map: Some(self.mesh_config_map.clone()).filter(|n| !n.is_empty()),
             xds_limits: XdsLimits {
                 send_timeout: (!self.xds_send_timeout.is_zero()).then_some(self.xds_send_timeout),
@@ -498,7 +504,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
                 ),
                 None => tracing::warn!("cannot read the open-files limit (RLIMIT_NOFILE)"),
             }
-            let drain_deadline = config.drain_deadline;
+            let drain_deadline = config.drain_duration + config.drain_deadline;
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let result = runtime.block_on(async {
                 let server = Server::start(config).await?;

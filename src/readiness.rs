@@ -28,6 +28,8 @@ pub struct Readiness {
     /// Sources beyond registries and config stores, with their synced flags (the mesh
     /// ConfigMap).
     others: Vec<(String, Arc<AtomicBool>)>,
+    /// Fires when the server starts draining: not ready from then on.
+    draining: Option<crate::drain::Shutdown>,
 }
 
 impl Readiness {
@@ -48,7 +50,14 @@ impl Readiness {
             remote_timeout,
             ready: AtomicBool::new(false),
             others: Vec::new(),
+            draining: None,
         }
+    }
+
+    /// Not ready once `draining` fires (the server is shutting down).
+    pub fn draining_on(mut self, draining: crate::drain::Shutdown) -> Self {
+        self.draining = Some(draining);
+        self
     }
 
     /// Also waits for `what` until `synced` is set.
@@ -64,6 +73,9 @@ impl Readiness {
 
     /// What readiness still waits for (empty once ready).
     pub fn pending(&self) -> Vec<String> {
+        if self.draining.as_ref().is_some_and(|d| d.is_triggered()) {
+            return vec!["draining: the server is shutting down".to_string()];
+        }
         if self.ready.load(Ordering::Acquire) {
             return Vec::new();
         }

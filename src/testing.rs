@@ -134,6 +134,9 @@ impl FakeServer {
                     eds_debounce: true,
                 },
                 drain_deadline: Duration::from_secs(2),
+                // Tests stop servers often: streams close at once unless a test
+                // drains on purpose.
+                drain_duration: Duration::ZERO,
                 ..DiscoveryConfig::default()
             },
         }

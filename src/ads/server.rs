@@ -51,8 +51,14 @@ pub struct XdsContext {
     pub options: GeneratorOptions,
     /// Whether streams may be accepted (registries synced).
     pub ready: Arc<dyn Fn() -> bool + Send + Sync>,
-    /// Stops every stream.
+    /// Stops every stream at once.
     pub shutdown: Shutdown,
+    /// Starts the drain: each stream is closed at its own moment within
+    /// `drain_duration`, so its proxy reconnects to another replica without every proxy
+    /// doing so at once.
+    pub draining: Shutdown,
+    /// The window over which streams are closed once draining.
+    pub drain_duration: Duration,
     /// How long one response may wait for a peer that does not read before its
     /// connection is closed (`--xdsSendTimeout`); `None`: for ever.
     pub send_timeout: Option<Duration>,
@@ -330,6 +336,13 @@ async fn run_stream<F: FlavourIo>(
     ctx.metrics.connected.inc();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), node = %clip(&handle.proxy.node_id, NODE_ID_LOG_MAX), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
     let mut shutdown = ctx.shutdown.clone();
+    let mut draining = ctx.draining.clone();
+    let drain_at = drain_offset(handle.n, ctx.drain_duration);
+    let drained = async move {
+        draining.wait().await;
+        tokio::time::sleep(drain_at).await;
+    };
+    tokio::pin!(drained);
     let mut next = Some(first);
     let mut nack_log = LogLimiter::new(NACK_LOG_BURST, NACK_LOG_WINDOW);
     let reason = loop {
@@ -347,6 +360,10 @@ async fn run_stream<F: FlavourIo>(
             () = shutdown.wait() => {
                 let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is shutting down"))).await;
                 break "server shutdown";
+            }
+            () = &mut drained => {
+                let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is draining: reconnect to another replica"))).await;
+                break "server draining";
             }
             message = inbound.message() => match message {
                 Ok(Some(request)) => next = Some(request),
@@ -374,6 +391,14 @@ async fn run_stream<F: FlavourIo>(
     ctx.connections.deregister(&handle);
     ctx.metrics.connected.dec();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
+}
+
+/// When, within a drain of `window`, connection `n` is closed: spread evenly over the
+/// window by a multiplicative hash of the connection number, so consecutive
+/// connections land far apart.
+fn drain_offset(n: u64, window: Duration) -> Duration {
+    let slot = n.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54; // 0..1024
+    window.mul_f64(slot as f64 / 1024.0)
 }
 
 /// NACK lines written per connection and window; the rest are counted in the next.

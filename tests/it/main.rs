@@ -9,6 +9,7 @@ mod config;
 mod consul;
 mod delta;
 mod deploy;
+mod drain;
 mod hostile;
 mod interop;
 mod kube;
