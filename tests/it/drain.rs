@@ -79,3 +79,133 @@ async fn sigterm_drains_streams_gradually_after_readiness_turns_off() {
         .expect("the server stops after the drain")
         .unwrap();
 }
+
+fn mock_registry(services: usize) -> String {
+    let mut yaml = String::from("services:\n");
+    for i in 0..services {
+        yaml.push_str(&format!(
+            "- hostname: svc-{i}.default.svc.cluster.local\n  namespace: default\n  \
+             ports: [{{name: http, port: 80, protocol: HTTP}}]\n  \
+             endpoints: [{{address: 10.0.{}.{}, ports: {{http: 8080}}}}]\n",
+            i / 200,
+            i % 200 + 1
+        ));
+    }
+    yaml
+}
+
+/// One simulated proxy that follows CDS, reconnecting to the next address when its
+/// stream ends, until it holds `want` clusters named in `needed`.
+async fn follow(
+    addrs: [std::net::SocketAddr; 2],
+    first: usize,
+    id: String,
+    needed: String,
+) -> (usize, Instant) {
+    let mut at = first;
+    let mut reconnects = 0;
+    loop {
+        let mut client = match AdsClient::connect(addrs[at], node(&id)).await {
+            Ok(client) => client,
+            Err(_) => {
+                at = (at + 1) % 2;
+                reconnects += 1;
+                continue;
+            }
+        };
+        if client.subscribe(TypeUrl::Cluster, &[]).await.is_err() {
+            at = (at + 1) % 2;
+            reconnects += 1;
+            continue;
+        }
+        loop {
+            match client.recv_clusters().await {
+                Ok(clusters) if clusters.iter().any(|c| c.name == needed) => {
+                    return (reconnects, Instant::now());
+                }
+                Ok(_) => continue,
+                Err(_) => break,
+            }
+        }
+        at = (at + 1) % 2;
+        reconnects += 1;
+    }
+}
+
+#[tokio::test]
+async fn when_one_of_two_replicas_stops_every_proxy_moves_to_the_other_and_is_current() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mock.yaml");
+    std::fs::write(&file, mock_registry(20)).unwrap();
+    let start = |file: std::path::PathBuf| async move {
+        let server = FakeServer::builder()
+            .mock_registry_file(file)
+            .configure(|c| c.drain_duration = Duration::from_secs(1))
+            .start()
+            .await
+            .unwrap();
+        server.sync().await;
+        server
+    };
+    let a = start(file.clone()).await;
+    let b = start(file.clone()).await;
+    for server in [&a, &b] {
+        let http = server.bound().http;
+        eventually("replica ready", || async move {
+            (http_get(http, "/ready").await.0 == 200).then_some(())
+        })
+        .await;
+    }
+    let addrs = [a.grpc_addr(), b.grpc_addr()];
+    // 200 proxies, half on each replica, each waiting for a service that does not
+    // exist yet.
+    let needed = "outbound|80||svc-20.default.svc.cluster.local".to_string();
+    let proxies: Vec<_> = (0..200)
+        .map(|i| {
+            tokio::spawn(follow(
+                addrs,
+                i % 2,
+                format!(
+                    "sidecar~10.1.{}.{}~p-{i}.default~default.svc.cluster.local",
+                    i / 200,
+                    i % 200 + 1
+                ),
+                needed.clone(),
+            ))
+        })
+        .collect();
+    eventually("200 proxies connected", || {
+        let (a, b) = (
+            a.server().connections().len(),
+            b.server().connections().len(),
+        );
+        async move { (a + b == 200).then_some(()) }
+    })
+    .await;
+
+    // Replica A stops; then the registry changes: every proxy must end up on B with
+    // the new service.
+    let stopped = Instant::now();
+    a.shutdown().await;
+    std::fs::write(&file, mock_registry(21)).unwrap();
+    let results = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(proxies))
+        .await
+        .expect("every proxy is current within a minute");
+    let mut moved = 0;
+    let mut last = stopped;
+    for result in results {
+        let (reconnects, at) = result.unwrap();
+        moved += usize::from(reconnects > 0);
+        last = last.max(at);
+    }
+    assert_eq!(
+        moved, 100,
+        "the proxies of the stopped replica moved, the others stayed"
+    );
+    assert_eq!(b.server().connections().len(), 200);
+    eprintln!(
+        "failover: 100 of 200 proxies moved; all 200 current {:?} after the replica began to stop (drain 1 s)",
+        last - stopped
+    );
+    b.shutdown().await;
+}
