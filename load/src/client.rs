@@ -46,8 +46,11 @@ pub struct ProxyConfig {
 /// How a proxy reaches the server.
 #[derive(Clone, Debug)]
 pub enum Connection {
-    /// Its own HTTP/2 connection to this address.
-    Own(SocketAddr),
+    /// Its own HTTP/2 connection to one of these addresses (replicas of one control
+    /// plane): the proxy starts on `addresses[index % n]` and moves to the next one
+    /// each time its stream fails, as a proxy behind a Service lands on another
+    /// replica when its own goes away.
+    Own(std::sync::Arc<[SocketAddr]>),
     /// A connection shared with other proxies (HTTP/2 multiplexing).
     Shared(Channel),
 }
@@ -127,10 +130,26 @@ pub async fn run_proxy(mut config: ProxyConfig) {
     loop {
         let result = match config.flavour {
             Flavour::Sotw => {
-                stream::<Sotw>(&mut config, &node, &mut state, started, &mut converged_once).await
+                stream::<Sotw>(
+                    &mut config,
+                    &node,
+                    &mut state,
+                    started,
+                    &mut converged_once,
+                    failures,
+                )
+                .await
             }
             Flavour::Delta => {
-                stream::<Delta>(&mut config, &node, &mut state, started, &mut converged_once).await
+                stream::<Delta>(
+                    &mut config,
+                    &node,
+                    &mut state,
+                    started,
+                    &mut converged_once,
+                    failures,
+                )
+                .await
             }
         };
         let err = match result {
@@ -215,10 +234,14 @@ async fn stream<F: Flow>(
     state: &mut ProxyState,
     started: Instant,
     converged_once: &mut bool,
+    failures: u32,
 ) -> anyhow::Result<()> {
     let recorder = config.recorder.clone();
     let channel = match &config.connection {
-        Connection::Own(addr) => endpoint(*addr)?.connect().await?,
+        Connection::Own(addresses) => {
+            let addr = addresses[(config.index + failures as usize) % addresses.len()];
+            endpoint(addr)?.connect().await?
+        }
         Connection::Shared(channel) => channel.clone(),
     };
     // Unbounded, as Envoy's send buffer is: a proxy never stops reading responses

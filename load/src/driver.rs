@@ -41,6 +41,10 @@ pub enum Target {
     Attach {
         /// Its ADS address.
         grpc: SocketAddr,
+        /// The ADS addresses of more replicas of the same control plane (reading the
+        /// same files): proxies are spread over all, and move to the next when their
+        /// stream fails.
+        replicas: Vec<SocketAddr>,
         /// The mock-registry file it follows (the tool rewrites it).
         mock_file: PathBuf,
         /// The config directory it reads (`--configDir`), for config changes and the
@@ -220,7 +224,12 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
             )
             .await?
         }
-        Target::Attach { grpc, pid, .. } => {
+        Target::Attach {
+            grpc,
+            replicas,
+            pid,
+            ..
+        } => {
             if let Some(pid) = pid
                 && let Ok((soft, _)) = procfs::open_files_limit(Some(*pid))
                 && soft < scenario.proxies as u64 + 64
@@ -238,7 +247,9 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
                 );
                 tokio::time::sleep(ATTACHED_CONFIG_SETTLE).await;
             }
-            ServerUnderLoad::attach(*grpc, *pid)?
+            let mut server = ServerUnderLoad::attach(*grpc, *pid)?;
+            server.replicas = replicas.clone();
+            server
         }
     };
     let result = load(options, &plan, registry, &kinds, &server, files).await;
@@ -367,7 +378,7 @@ async fn load(
             .await;
         }
         let connection = match shared.len() {
-            0 => Connection::Own(server.grpc),
+            0 => Connection::Own(server.addresses().into()),
             k => Connection::Shared(shared[index % k].clone()),
         };
         proxies.spawn(client::run_proxy(ProxyConfig {
@@ -461,7 +472,12 @@ async fn load(
         scenario: scenario.clone(),
         machine: Machine::detect(),
         server: ServerInfo {
-            address: server.grpc.to_string(),
+            address: server
+                .addresses()
+                .iter()
+                .map(SocketAddr::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
             pid: server.pid,
             spawned: server.spawned,
         },
@@ -637,6 +653,7 @@ mod tests {
             scenario,
             target: Target::Attach {
                 grpc: server.grpc_addr(),
+                replicas: Vec::new(),
                 mock_file: file,
                 config_dir: with_config_dir.then_some(config_dir),
                 pid: None,

@@ -131,8 +131,11 @@ pub struct LoadArgs {
     pub connections: Option<usize>,
     /// Load a running server at this ADS address instead of starting one (needs
     /// --mock-file: the mock-registry file that server follows).
-    #[arg(long)]
-    pub server: Option<SocketAddr>,
+    /// Several addresses (comma separated) are replicas of one control plane reading
+    /// the same files: proxies are spread over them and move to the next one when
+    /// their stream fails.
+    #[arg(long, value_delimiter = ',')]
+    pub server: Vec<SocketAddr>,
     /// With --server: the file the server follows (`--mockRegistryFile`); the tool
     /// overwrites it.
     #[arg(long = "mock-file")]
@@ -186,9 +189,10 @@ impl LoadArgs {
         scenario
             .validate()
             .with_context(|| format!("{} with the flags given", self.scenario.display()))?;
-        let target = match (self.server, &self.mock_file) {
+        let target = match (self.server.first().copied(), &self.mock_file) {
             (Some(grpc), Some(mock_file)) => Target::Attach {
                 grpc,
+                replicas: self.server[1..].to_vec(),
                 mock_file: mock_file.clone(),
                 config_dir: self.config_dir.clone(),
                 pid: self.server_pid,

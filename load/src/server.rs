@@ -62,6 +62,8 @@ const FORWARDED_LINES: usize = 40;
 pub struct ServerUnderLoad {
     /// Its ADS address.
     pub grpc: SocketAddr,
+    /// More replicas' ADS addresses (attached runs only).
+    pub replicas: Vec<SocketAddr>,
     /// Its process, when local and known.
     pub pid: Option<u32>,
     /// The tool started it (and stops it when dropped).
@@ -70,6 +72,13 @@ pub struct ServerUnderLoad {
 }
 
 impl ServerUnderLoad {
+    /// Every ADS address: the server's, then the other replicas'.
+    pub fn addresses(&self) -> Vec<SocketAddr> {
+        std::iter::once(self.grpc)
+            .chain(self.replicas.iter().copied())
+            .collect()
+    }
+
     /// A server already running.
     pub fn attach(grpc: SocketAddr, pid: Option<u32>) -> anyhow::Result<ServerUnderLoad> {
         if let Some(pid) = pid
@@ -79,6 +88,7 @@ impl ServerUnderLoad {
         }
         Ok(ServerUnderLoad {
             grpc,
+            replicas: Vec::new(),
             pid,
             spawned: false,
             child: None,
@@ -140,6 +150,7 @@ impl ServerUnderLoad {
         }
         Ok(ServerUnderLoad {
             grpc: ready.grpc_addr,
+            replicas: Vec::new(),
             pid,
             spawned: true,
             child: Some(child),
