@@ -125,6 +125,10 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<StdError> + Send + 'static,
 {
+    if ctx.draining.is_triggered() {
+        return Status::unavailable("meshfed is draining: reconnect to another replica")
+            .into_http();
+    }
     if !(ctx.ready)() {
         return Status::unavailable("meshfed is starting: service registries have not synced yet")
             .into_http();
