@@ -32,8 +32,11 @@ async fn start(api: &FakeApiServer) -> FakeServer {
         .unwrap()
 }
 
-async fn wait_ready(http: SocketAddr) {
+/// Waits for `/ready`; a request the enforced role refused fails at once.
+async fn wait_ready(api: &FakeApiServer, http: SocketAddr) {
     eventually("the Kubernetes registry to sync", || async move {
+        let denied = api.denied_requests();
+        assert!(denied.is_empty(), "refused:\n{}", describe(&denied));
         (http_get(http, "/ready").await.0 == 200).then_some(())
     })
     .await;
@@ -41,7 +44,7 @@ async fn wait_ready(http: SocketAddr) {
 
 #[tokio::test]
 async fn services_and_endpoint_slices_reach_proxies_and_changes_are_incremental() {
-    let api = FakeApiServer::start().await.unwrap();
+    let api = EnforcedApi::start().await;
     api.apply(&objects::node("node-1", "r1", "z1"));
     api.apply(&objects::service(
         "default",
@@ -65,7 +68,7 @@ async fn services_and_endpoint_slices_reach_proxies_and_changes_are_incremental(
     ));
 
     let server = start(&api).await;
-    wait_ready(server.bound().http).await;
+    wait_ready(&api, server.bound().http).await;
     let http = server.bound().http;
     eventually("the service in registryz", || async move {
         let r = get_json(http, "/debug/registryz").await;
@@ -163,7 +166,7 @@ async fn recv_until<M: prost::Message + Default, T>(
 async fn istio_config_from_the_api_server_reaches_proxies_and_rejections_show_in_configz() {
     const REVIEWS: &str = "reviews.default.svc.cluster.local";
     const RATINGS: &str = "ratings.default.svc.cluster.local";
-    let api = FakeApiServer::start().await.unwrap();
+    let api = EnforcedApi::start().await;
     api.install_crds(CustomResource::istio_networking(&[
         "v1", "v1beta1", "v1alpha3",
     ]));
@@ -185,7 +188,7 @@ async fn istio_config_from_the_api_server_reaches_proxies_and_rejections_show_in
     }
     let server = start(&api).await;
     let http = server.bound().http;
-    wait_ready(http).await;
+    wait_ready(&api, http).await;
     assert!(
         server.server().kube_config_store().is_some(),
         "on by default with Kubernetes"
@@ -344,7 +347,7 @@ async fn networks(http: SocketAddr) -> Vec<String> {
 
 #[tokio::test]
 async fn mesh_settings_come_from_the_istio_config_map_watched_with_the_last_good_rule() {
-    let api = FakeApiServer::start().await.unwrap();
+    let api = EnforcedApi::start().await;
     api.apply(&objects::node("node-1", "r1", "z1"));
     api.apply(&objects::service(
         "default",
@@ -367,7 +370,7 @@ async fn mesh_settings_come_from_the_istio_config_map_watched_with_the_last_good
     ));
     let server = start(&api).await;
     let http = server.bound().http;
-    wait_ready(http).await;
+    wait_ready(&api, http).await;
     server.sync().await;
     assert_eq!(networks(http).await, ["n9"]);
     let mut client = AdsClient::connect(

@@ -122,7 +122,7 @@ fn ratings_route(response: &DiscoveryResponse) -> RouteOutcome {
 
 #[tokio::test]
 async fn a_sidecar_in_a_pod_no_slice_lists_gets_its_inbound_cluster_and_pod_labels() {
-    let api = FakeApiServer::start().await.unwrap();
+    let api = EnforcedApi::start().await;
     api.apply(&objects::node("node-1", "r1", "z1"));
     services(&api);
     api.apply(&reviews_pod("v1"));

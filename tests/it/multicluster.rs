@@ -96,8 +96,8 @@ const MESH_NETWORKS: &str = "networks:\n  \
     gateways: [{registryServiceName: istio-eastwestgateway.istio-system.svc.cluster.local, port: 15443}]\n";
 
 struct Mesh {
-    c1: FakeApiServer,
-    c2: FakeApiServer,
+    c1: EnforcedApi,
+    c2: EnforcedApi,
     server: FakeServer,
     _dir: tempfile::TempDir,
 }
@@ -114,8 +114,10 @@ impl Mesh {
         before: impl FnOnce(&FakeApiServer),
         remote_timeout: Duration,
     ) -> Mesh {
-        let c1 = FakeApiServer::start().await.unwrap();
-        let c2 = FakeApiServer::start().await.unwrap();
+        // Both clusters enforce deploy/'s role: the README gives a remote cluster's
+        // reader the same reads.
+        let c1 = EnforcedApi::start().await;
+        let c2 = EnforcedApi::start().await;
         populate(
             &c1,
             "n1",

@@ -4,10 +4,90 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use meshfed_kube::fake_api::{FakeApiServer, RbacPolicy, RecordedRequest};
 use meshfed_registry::{
     Endpoint, Locality, MemoryRegistry, Port, Protocol, ProviderId, Service, ServiceKey,
 };
+use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The ClusterRole and Role of deploy/rbac.yaml as the fake API server enforces them,
+/// the Role in the namespace deploy/kustomization.yaml installs into.
+pub fn deploy_rbac() -> RbacPolicy {
+    let deploy = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let yaml = |file: &str| -> Vec<serde_json::Value> {
+        let path = deploy.join(file);
+        let text =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_norway::Deserializer::from_str(&text)
+            .map(|doc| {
+                serde_json::Value::deserialize(doc)
+                    .unwrap_or_else(|e| panic!("{}: not YAML: {e}", path.display()))
+            })
+            .filter(|v| !v.is_null())
+            .collect()
+    };
+    let kustomization = yaml("kustomization.yaml");
+    let namespace = kustomization[0]["namespace"]
+        .as_str()
+        .expect("kustomization.yaml sets the namespace");
+    RbacPolicy::from_roles(&yaml("rbac.yaml"), namespace)
+        .unwrap_or_else(|e| panic!("deploy/rbac.yaml: {e}"))
+}
+
+/// A fake API server enforcing [`deploy_rbac`], for meshfed to read as a cluster it
+/// runs in (or a remote cluster: the README gives the remote the same role). Dropped at
+/// the end of a passing test, it fails the test if any request was refused; dropped by
+/// a failing one, it prints the refusals (a missing rule shows as a readiness timeout).
+pub struct EnforcedApi(FakeApiServer);
+
+impl EnforcedApi {
+    pub async fn start() -> EnforcedApi {
+        let api = FakeApiServer::start().await.unwrap();
+        api.enforce(deploy_rbac());
+        EnforcedApi(api)
+    }
+}
+
+impl std::ops::Deref for EnforcedApi {
+    type Target = FakeApiServer;
+
+    fn deref(&self) -> &FakeApiServer {
+        &self.0
+    }
+}
+
+impl Drop for EnforcedApi {
+    fn drop(&mut self) {
+        let denied = self.0.denied_requests();
+        if denied.is_empty() {
+            return;
+        }
+        let list = describe(&denied);
+        if std::thread::panicking() {
+            eprintln!("the fake API server refused (deploy/rbac.yaml):\n{list}");
+        } else {
+            panic!("deploy/rbac.yaml does not grant what meshfed asked:\n{list}");
+        }
+    }
+}
+
+/// One line per request: method, path, query and what RBAC saw.
+pub fn describe(requests: &[RecordedRequest]) -> String {
+    requests
+        .iter()
+        .map(|r| {
+            format!(
+                "  {} {} {:?} -> {:?}",
+                r.method,
+                r.path,
+                r.query,
+                r.attributes()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
 /// `name.ns.svc.cluster.local` with the given ports, as a mock service.
 pub fn service(host: &str, ns: &str, ports: &[(&str, u16, Protocol)]) -> Service {

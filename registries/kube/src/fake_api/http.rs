@@ -85,11 +85,21 @@ pub(super) async fn handle(
     Query(query): Query<BTreeMap<String, String>>,
 ) -> Response {
     let mut state = shared.state.lock().expect("fake API state poisoned");
-    let request = RecordedRequest {
+    let mut request = RecordedRequest {
         method: method.to_string(),
         path: uri.path().to_string(),
         query,
+        denied: false,
     };
+    if let Some(policy) = &state.policy {
+        let attributes = request.attributes();
+        if !policy.allows(&attributes) {
+            let answer = policy.forbidden(&attributes);
+            request.denied = true;
+            state.requests.push(request);
+            return answer;
+        }
+    }
     state.requests.push(request.clone());
     if method != Method::GET {
         return status(

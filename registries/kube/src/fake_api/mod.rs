@@ -24,6 +24,12 @@
 //! [`FakeApiServer::compact`] forgets history so resumed watches get 410, and
 //! [`FakeApiServer::requests`] tells what the client asked.
 //!
+//! [`FakeApiServer::enforce`] turns on RBAC: an [`RbacPolicy`] (built from ClusterRole
+//! and Role objects with [`RbacPolicy::from_roles`]) authorises each request by the
+//! attributes the API server derives from it (verb, API group, resource, namespace, or
+//! a non-resource path); a request no rule grants gets `403 Forbidden` and is recorded
+//! as denied, and [`RbacPolicy::unused_grants`] tells which grants no request needed.
+//!
 //! Simplifications: a continued LIST page reflects the current objects rather than a
 //! snapshot at the list's version (clients replay the watch from that version, so they
 //! converge all the same); writes go through the Rust API, not HTTP.
@@ -47,9 +53,13 @@ use self::selector::Selector;
 mod custom;
 mod http;
 pub mod objects;
+mod rbac;
 mod selector;
 
 pub use custom::CustomResource;
+pub use rbac::{
+    DEFAULT_DISCOVERY_URLS, DEFAULT_USER, Grant, PolicyRule, RbacPolicy, RequestAttributes, Scope,
+};
 
 /// One request the server received.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +70,8 @@ pub struct RecordedRequest {
     pub path: String,
     /// Decoded query parameters.
     pub query: BTreeMap<String, String>,
+    /// Refused with `403 Forbidden` by the enforced [`RbacPolicy`].
+    pub denied: bool,
 }
 
 impl RecordedRequest {
@@ -69,6 +81,12 @@ impl RecordedRequest {
             self.query.get("watch").map(String::as_str),
             Some("true" | "1")
         )
+    }
+
+    /// What the API server authorises this request as (verb, group, resource,
+    /// namespace; or a non-resource path).
+    pub fn attributes(&self) -> RequestAttributes {
+        RequestAttributes::of(&self.method, &self.path, &self.query)
     }
 
     /// The `resourceVersion` parameter.
@@ -102,6 +120,8 @@ struct ApiState {
     requests: Vec<RecordedRequest>,
     /// Installed custom resource types.
     crds: Vec<CustomResource>,
+    /// When set, requests it does not allow are answered `403 Forbidden`.
+    policy: Option<RbacPolicy>,
 }
 
 impl Default for ApiState {
@@ -114,6 +134,7 @@ impl Default for ApiState {
             watches: Vec::new(),
             requests: Vec::new(),
             crds: Vec::new(),
+            policy: None,
         }
     }
 }
@@ -453,6 +474,29 @@ impl FakeApiServer {
                     .is_ok()
             })
             .count()
+    }
+
+    /// Authorises every later request with `policy`, as an API server with RBAC does
+    /// for the user it names: a request no rule allows is answered `403 Forbidden` (a
+    /// `Status` with reason `Forbidden`) and recorded as denied. Replaces any policy
+    /// enforced before. Objects written through the Rust API are not affected.
+    pub fn enforce(&self, policy: RbacPolicy) {
+        self.lock().policy = Some(policy);
+    }
+
+    /// The enforced policy, if any.
+    pub fn policy(&self) -> Option<RbacPolicy> {
+        self.lock().policy.clone()
+    }
+
+    /// The requests the enforced policy refused, oldest first.
+    pub fn denied_requests(&self) -> Vec<RecordedRequest> {
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.denied)
+            .cloned()
+            .collect()
     }
 
     /// Every request received so far, oldest first.

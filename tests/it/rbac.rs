@@ -1,0 +1,170 @@
+//! deploy/rbac.yaml against what meshfed asks an API server for: one scenario runs
+//! every watcher (the Kubernetes registry, the Istio config store, remote-cluster
+//! Secrets, the `istio` ConfigMap, and a remote cluster found through a Secret) with
+//! the role enforced, so a missing rule is a refused request, and every grant of the
+//! role must be used by some request, so a rule broader than the code needs fails too.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use meshfed::app::{KubeSettings, KubeSource, RemoteSecretSettings};
+use meshfed::testing::FakeServer;
+use meshfed_kube::fake_api::{
+    CustomResource, FakeApiServer, Grant, RecordedRequest, RequestAttributes, objects,
+};
+
+use crate::support::*;
+
+const NS: &str = "istio-system";
+
+/// One cluster with a service, its pod, node and slice, and the system namespace.
+fn populate(api: &FakeApiServer, vip: &str, ip: &str) {
+    api.apply(&objects::namespace(NS, &[]));
+    api.apply(&objects::node("node-1", "r1", "z1"));
+    api.apply(&objects::service(
+        "default",
+        "reviews",
+        vip,
+        &[("http", 80)],
+    ));
+    api.apply(&objects::pod(
+        "default",
+        "reviews-1",
+        "reviews",
+        ip,
+        "node-1",
+    ));
+    api.apply(&objects::slice(
+        "default",
+        "reviews-abc",
+        "reviews",
+        &[("http", 9080)],
+        &[(ip, "reviews-1")],
+    ));
+}
+
+/// What RBAC saw of each allowed request: `verb group/resource` with its scope.
+fn requested(requests: &[RecordedRequest]) -> BTreeSet<String> {
+    requests
+        .iter()
+        .filter(|r| !r.denied)
+        .map(|r| match r.attributes() {
+            RequestAttributes::Resource {
+                verb,
+                api_group,
+                resource,
+                namespace,
+                ..
+            } => {
+                let scope = if namespace.is_empty() {
+                    "all namespaces".to_string()
+                } else {
+                    format!("in {namespace}")
+                };
+                let group = if api_group.is_empty() {
+                    "core"
+                } else {
+                    &api_group
+                };
+                format!("{verb} {group}/{resource} {scope}")
+            }
+            RequestAttributes::NonResource { verb, path } => format!("{verb} {path}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused() {
+    // The local cluster narrows discovery to what deploy/ grants (no default
+    // `system:discovery`), so the role's nonResourceURLs rule must carry `discover`.
+    let c1 = FakeApiServer::start().await.unwrap();
+    let policy = deploy_rbac().without_discovery_defaults();
+    c1.enforce(policy.clone());
+    let c2 = EnforcedApi::start().await;
+    c1.install_crds(CustomResource::istio_networking(&[
+        "v1", "v1beta1", "v1alpha3",
+    ]));
+    populate(&c1, "10.96.0.7", "10.1.0.1");
+    populate(&c2, "10.97.0.7", "10.2.0.1");
+    c1.apply(&objects::config_map(
+        NS,
+        "istio",
+        &[("mesh", "connectTimeout: 7s\n")],
+    ));
+    c1.apply(&objects::remote_secret(
+        NS,
+        "istio-remote-secret-c2",
+        &[("c2", &c2.kubeconfig())],
+    ));
+
+    let client = c1.client();
+    let server = FakeServer::builder()
+        .cluster_id("c1")
+        .configure(move |c| {
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: NS.into(),
+                remote_secrets: RemoteSecretSettings::default(),
+            });
+        })
+        .start()
+        .await
+        .unwrap();
+    let http = server.bound().http;
+    let c1_ref = &c1;
+    eventually("ready with c2 synced", || async move {
+        let denied = c1_ref.denied_requests();
+        assert!(denied.is_empty(), "c1 refused:\n{}", describe(&denied));
+        if http_get(http, "/ready").await.0 != 200 {
+            return None;
+        }
+        let r = get_json(http, "/debug/registryz").await;
+        r["registries"]
+            .as_array()?
+            .iter()
+            .any(|r| r["registry"] == "Kubernetes/c2" && r["synced"] == true)
+            .then_some(())
+    })
+    .await;
+
+    // Every watcher lists, then watches: wait (bounded) until each grant was used,
+    // and name what is left if one never is.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let unused: Vec<Grant> = loop {
+        let unused = policy.unused_grants(&c1.requests());
+        if unused.is_empty() || tokio::time::Instant::now() >= deadline {
+            break unused;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let requests = c1.requests();
+    let denied = c1.denied_requests();
+    assert!(denied.is_empty(), "c1 refused:\n{}", describe(&denied));
+    assert!(
+        unused.is_empty(),
+        "deploy/rbac.yaml grants what meshfed never asked for:\n  {}\nmeshfed asked for:\n  {}",
+        unused
+            .iter()
+            .map(Grant::to_string)
+            .collect::<Vec<_>>()
+            .join("\n  "),
+        requested(&requests)
+            .into_iter()
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+    // The remote cluster got reads only, all granted (checked again when c2 drops).
+    let c2_denied = c2.denied_requests();
+    assert!(
+        c2_denied.is_empty(),
+        "c2 refused:\n{}",
+        describe(&c2_denied)
+    );
+    assert!(
+        c2.requests().iter().all(|r| r.method == "GET"),
+        "{}",
+        describe(&c2.requests())
+    );
+    server.shutdown().await;
+}
