@@ -146,6 +146,9 @@ pub struct DiscoveryConfig {
     pub push_throttle: usize,
     /// Limits of the xDS port.
     pub xds_limits: XdsLimits,
+    /// With the Kubernetes registry: leader election over a Lease in the system
+    /// namespace, for singleton duties (`--leaderElection`); `None` turns it off.
+    pub lease: Option<LeaseSettings>,
     /// With the Kubernetes registry: the ConfigMap in the system namespace whose `mesh`
     /// and `meshNetworks` keys supply the mesh settings not given as files
     /// (`--meshConfigMap`, istiod's `istio`); `None` turns it off.
@@ -189,6 +192,7 @@ impl Default for DiscoveryConfig {
             debounce: DebounceConfig::default(),
             push_throttle: 100,
             xds_limits: XdsLimits::default(),
+            lease: Some(LeaseSettings::default()),
             mesh_config_map: Some("istio".into()),
             remote_cluster_timeout: Duration::from_secs(30),
             generator: GeneratorOptions::default(),
@@ -198,6 +202,46 @@ impl Default for DiscoveryConfig {
             max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
         }
+    }
+}
+
+/// Leader election settings (client-go's defaults).
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    /// The Lease's name in the system namespace.
+    pub name: String,
+    /// This replica's identity (`--leaseIdentity`; else `$POD_NAME`; else the host
+    /// name and process id).
+    pub identity: Option<String>,
+    /// How long an unrenewed Lease stays with its holder.
+    pub duration: Duration,
+    /// How often it is renewed (and retried by the others).
+    pub renew_every: Duration,
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            name: "meshfed-leader".into(),
+            identity: None,
+            duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LeaseSettings {
+    fn identity(&self) -> String {
+        if let Some(id) = &self.identity {
+            return id.clone();
+        }
+        if let Ok(pod) = std::env::var("POD_NAME")
+            && !pod.is_empty()
+        {
+            return pod;
+        }
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
     }
 }
 
@@ -417,10 +461,12 @@ impl Server {
         let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
         let mut secret_controller = None;
         let mut mesh_map_synced = None;
+        let lease_state = Arc::new(meshfed_kube::LeaseState::default());
         if let Some(kube) = &config.kubernetes {
             (secret_controller, mesh_map_synced) = start_kube_registry(
                 &config,
                 kube,
+                &lease_state,
                 config_stores.kube.as_ref(),
                 &mesh_settings,
                 &aggregate,
@@ -518,6 +564,11 @@ impl Server {
             draining,
         ));
 
+        if config.kubernetes.is_some()
+            && let Some(lease) = &config.lease
+        {
+            lease_state.register_metrics(&mut metrics_registry, &lease.name);
+        }
         // Each component defines the metrics of the state it owns; they are read on
         // every scrape.
         aggregate.register_metrics(&mut metrics_registry);
@@ -691,6 +742,7 @@ impl Server {
 async fn start_kube_registry(
     config: &DiscoveryConfig,
     kube: &KubeSettings,
+    lease_state: &Arc<meshfed_kube::LeaseState>,
     config_store: Option<&KubeConfigStore>,
     mesh: &Arc<ArcSwap<MeshSettings>>,
     aggregate: &Arc<Aggregate>,
@@ -742,6 +794,22 @@ async fn start_kube_registry(
             async move { stop.wait().await },
         ));
         info!(cluster = %config.cluster_id, "Kubernetes config store started (networking.istio.io CRDs); /ready waits for its initial lists");
+    }
+
+    if let Some(lease) = &config.lease {
+        let lease_config = meshfed_kube::LeaseConfig {
+            duration: lease.duration,
+            renew_every: lease.renew_every,
+            ..meshfed_kube::LeaseConfig::new(&kube.system_namespace, &lease.name, &lease.identity())
+        };
+        info!(lease = %format!("{}/{}", kube.system_namespace, lease.name), identity = %lease_config.identity, "leader election started");
+        let mut stop = shutdown.clone();
+        tasks.spawn(meshfed_kube::run_lease(
+            client.clone(),
+            lease_config,
+            lease_state.clone(),
+            async move { stop.wait().await },
+        ));
     }
 
     // Mesh settings not given as files come from istiod's ConfigMap.

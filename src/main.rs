@@ -186,6 +186,15 @@ struct DiscoveryArgs {
     /// other replicas gradually. `0s` closes them all at once.
     #[arg(long = "drainDuration", default_value = "5s", value_parser = parse_duration)]
     drain_duration: Duration,
+    /// With the Kubernetes registry: elect a leader among the replicas over the Lease
+    /// `meshfed-leader` in the system namespace (client-go's timings: 15 s, renewed
+    /// every 2 s, released at shutdown); the leader alone does singleton duties.
+    #[arg(long = "leaderElection", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// This replica's identity in the Lease; default `$POD_NAME`, else the host name
+    /// and process id.
+    #[arg(long = "leaseIdentity", default_value = "")]
+    lease_identity: String,
     /// With the Kubernetes registry: also read Istio config (the VirtualService,
     /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry and Sidecar CRDs of
     /// networking.istio.io) from its API server. `false` leaves config to --configDir.
@@ -451,6 +460,10 @@ impl DiscoveryArgs {
             push_throttle: self.push_throttle,
             remote_cluster_timeout: self.remote_cluster_timeout,
             drain_duration: self.drain_duration,
+            lease: self.leader_election.then(|| meshfed::app::LeaseSettings {
+                identity: Some(self.lease_identity.clone()).filter(|i| !i.is_empty()),
+                ..Default::default()
+            }),
             mesh_config_map: Some(self.mesh_config_map.clone()).filter(|n| !n.is_empty()),
             xds_limits: XdsLimits {
                 send_timeout: (!self.xds_send_timeout.is_zero()).then_some(self.xds_send_timeout),

@@ -333,10 +333,12 @@ const READS: &[(&str, &str, &str)] = &[
     ("Role", "", "secrets"),
     // registries/kube/src/config_map.rs: the `istio` ConfigMap (mesh settings).
     ("Role", "", "configmaps"),
+    // registries/kube/src/lease.rs: the leader-election Lease.
+    ("Role", "coordination.k8s.io", "leases"),
 ];
 
 #[test]
-fn rbac_grants_only_reads_of_what_the_code_watches() {
+fn rbac_grants_only_what_the_code_reads_and_the_lease() {
     let objects = objects();
     let mut granted = BTreeSet::new();
     for role in objects
@@ -375,10 +377,20 @@ fn rbac_grants_only_reads_of_what_the_code_watches() {
                 assert_eq!(urls, expected.into_iter().collect::<BTreeSet<_>>());
                 continue;
             }
-            // kube-runtime watchers list, then watch; nothing gets, writes or deletes.
+            // kube-runtime watchers list, then watch; the one write is the leader
+            // Lease (lease.rs: get, create, replace); nothing deletes.
+            let leases = strings(&rule["resources"]) == ["leases"];
+            let expected: &[&str] = if leases {
+                &["create", "get", "update"]
+            } else {
+                &["list", "watch"]
+            };
             assert_eq!(
                 verbs,
-                BTreeSet::from(["list".to_string(), "watch".to_string()]),
+                expected
+                    .iter()
+                    .map(|v| v.to_string())
+                    .collect::<BTreeSet<_>>(),
                 "{kind} rule {rule}"
             );
             for group in strings(&rule["apiGroups"]) {

@@ -422,3 +422,64 @@ async fn mesh_settings_come_from_the_istio_config_map_watched_with_the_last_good
     server.sync().await;
     assert_eq!(networks(http).await, ["n8"]);
 }
+
+async fn leader(server: &FakeServer) -> Option<f64> {
+    let (_, text) = http_get(server.bound().monitoring, "/metrics").await;
+    metric(&text, "meshfed_leader{lease=\"meshfed-leader\"}")
+}
+
+#[tokio::test]
+async fn one_replica_holds_the_lease_and_hands_it_over_when_it_stops() {
+    let api = EnforcedApi::start().await;
+    let replica = |identity: &'static str| {
+        let client = api.client();
+        FakeServer::builder()
+            .configure(move |c| {
+                c.kubernetes = Some(KubeSettings {
+                    source: KubeSource::Client(client),
+                    namespaces: meshfed_kube::NamespaceFilter::All,
+                    system_namespace: "istio-system".into(),
+                    remote_secrets: Default::default(),
+                });
+                c.lease = Some(meshfed::app::LeaseSettings {
+                    identity: Some(identity.into()),
+                    duration: std::time::Duration::from_secs(3),
+                    renew_every: std::time::Duration::from_millis(100),
+                    ..Default::default()
+                });
+            })
+            .start()
+    };
+    let a = replica("replica-a").await.unwrap();
+    eventually("replica-a leads", || async {
+        (leader(&a).await == Some(1.0)).then_some(())
+    })
+    .await;
+    let b = replica("replica-b").await.unwrap();
+    wait_ready(&api, b.bound().http).await;
+    // b keeps trying while a renews: it never takes the Lease.
+    eventually("replica-b retried at least once", || async {
+        let gets = api
+            .requests()
+            .iter()
+            .filter(|r| r.method == "GET" && r.path.ends_with("/leases/meshfed-leader"))
+            .count();
+        (gets >= 6).then_some(())
+    })
+    .await;
+    assert_eq!(leader(&b).await, Some(0.0));
+    assert_eq!(leader(&a).await, Some(1.0));
+    // a stops and releases the Lease: b takes it without waiting it out.
+    let stopped = tokio::time::Instant::now();
+    a.shutdown().await;
+    eventually("replica-b leads", || async {
+        (leader(&b).await == Some(1.0)).then_some(())
+    })
+    .await;
+    assert!(
+        stopped.elapsed() < std::time::Duration::from_secs(3),
+        "taken over after the release, not after the 3 s Lease ran out: {:?}",
+        stopped.elapsed()
+    );
+    b.shutdown().await;
+}

@@ -21,6 +21,7 @@ pub mod config_map;
 pub mod convert;
 #[cfg(feature = "test-support")]
 pub mod fake_api;
+pub mod lease;
 pub mod multicluster;
 pub mod registry;
 mod state;
@@ -34,6 +35,7 @@ pub use config::{
 pub use config_map::{ConfigMapUpdate, follow_config_map};
 pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
 pub use kube::Client;
+pub use lease::{LeaseConfig, LeaseState, run_lease};
 pub use multicluster::{
     KubeconfigPolicy, MulticlusterConfig, MulticlusterStats, RemoteClusterStatus, SecretController,
 };

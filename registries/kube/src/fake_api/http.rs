@@ -83,6 +83,7 @@ pub(super) async fn handle(
     method: Method,
     uri: Uri,
     Query(query): Query<BTreeMap<String, String>>,
+    body: axum::body::Bytes,
 ) -> Response {
     let mut state = shared.state.lock().expect("fake API state poisoned");
     let mut request = RecordedRequest {
@@ -101,6 +102,9 @@ pub(super) async fn handle(
         }
     }
     state.requests.push(request.clone());
+    if method == Method::POST || method == Method::PUT {
+        return write(&mut state, &request.path, method == Method::POST, &body);
+    }
     if method != Method::GET {
         return status(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -149,6 +153,97 @@ pub(super) async fn handle(
     } else {
         list(&state, &path, custom.as_ref(), &selector, &request.query)
     }
+}
+
+/// POST (create) on a collection or PUT (replace) on an object, as the API server
+/// does them for built-in kinds: 409 `AlreadyExists` for a create of an existing name,
+/// 404 for a replace of a missing one, 409 `Conflict` when a replace names a
+/// `resourceVersion` that is no longer current (optimistic concurrency, which leader
+/// election relies on).
+fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Response {
+    let Some(path) = collection_path(path) else {
+        return not_found();
+    };
+    let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            "the body is not a JSON object".into(),
+        );
+    };
+    let name = match (create, &path.name) {
+        (true, None) => value["metadata"]["name"].as_str().map(str::to_string),
+        (false, Some(name)) => Some(name.clone()),
+        _ => None,
+    };
+    let Some(name) = name else {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "POST goes to a collection with metadata.name, PUT to a named object".into(),
+        );
+    };
+    let namespace = path.namespace.clone().unwrap_or_default();
+    if !namespace.is_empty() {
+        value["metadata"]["namespace"] = json!(namespace);
+    }
+    let key = (namespace, name.clone());
+    let existing = state
+        .collections
+        .get(&path.collection)
+        .and_then(|c| c.objects.get(&key))
+        .cloned();
+    match (create, existing) {
+        (true, Some(_)) => {
+            return status(
+                StatusCode::CONFLICT,
+                "AlreadyExists",
+                format!("{} {name:?} already exists", path.plural),
+            );
+        }
+        (false, None) => {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                format!("{} {name:?} not found", path.plural),
+            );
+        }
+        (false, Some(old)) => {
+            let wanted = value["metadata"]["resourceVersion"].as_str();
+            let current = old["metadata"]["resourceVersion"].as_str();
+            if wanted.is_some() && wanted != current {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    format!(
+                        "Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                        path.plural
+                    ),
+                );
+            }
+        }
+        (true, None) => {}
+    }
+    let api_version = value["apiVersion"]
+        .as_str()
+        .unwrap_or(&path.api_version)
+        .to_string();
+    let kind = value["kind"].as_str().unwrap_or_default().to_string();
+    state.store(
+        path.collection.clone(),
+        (api_version, kind),
+        key.clone(),
+        value,
+    );
+    let stored = state.collections[&path.collection].objects[&key].clone();
+    json_response(
+        if create {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &stored,
+    )
 }
 
 fn list(
