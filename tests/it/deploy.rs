@@ -460,3 +460,53 @@ fn the_dockerfile_builds_in_one_stage_and_runs_as_non_root_in_another() {
         "the entrypoint is meshfed"
     );
 }
+
+/// What `kubectl kustomize deploy/` renders is what the other tests read, with the
+/// kustomization's namespace set on every namespaced object and the image pinned.
+/// Skipped (with a line saying so) where kubectl is not installed.
+#[test]
+fn kubectl_kustomize_renders_the_same_objects_in_the_namespace() {
+    let rendered = match std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(root().join("deploy"))
+        .output()
+    {
+        Ok(output) if output.status.success() => String::from_utf8(output.stdout).unwrap(),
+        Ok(output) => panic!(
+            "kubectl kustomize deploy/ failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+        Err(err) => {
+            eprintln!("kubectl not found ({err}): rendering not checked");
+            return;
+        }
+    };
+    let rendered = documents(Path::new("kubectl kustomize deploy/"), &rendered);
+    let key = |o: &Value| {
+        (
+            o["kind"].as_str().unwrap_or_default().to_string(),
+            o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+    let mut ours: Vec<_> = objects().iter().map(key).collect();
+    let mut theirs: Vec<_> = rendered.iter().map(key).collect();
+    ours.sort();
+    theirs.sort();
+    assert_eq!(ours, theirs);
+    let namespace = kustomization()["namespace"].as_str().unwrap().to_string();
+    for object in &rendered {
+        let kind = object["kind"].as_str().unwrap();
+        if matches!(kind, "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
+            continue;
+        }
+        assert_eq!(
+            object["metadata"]["namespace"].as_str(),
+            Some(namespace.as_str()),
+            "{kind} {}",
+            object["metadata"]["name"]
+        );
+    }
+    let deployment = one(&rendered, "Deployment");
+    let image = container(&deployment)["image"].as_str().unwrap().to_string();
+    assert!(image.starts_with("meshfed:"), "{image}");
+}
