@@ -701,9 +701,18 @@ impl Server {
         ));
     }
 
-    /// Waits for Ctrl-C or SIGTERM, then shuts down.
+    /// Waits for Ctrl-C or SIGTERM, then shuts down. A signal that arrives before
+    /// this is called takes the default action (the process dies): the binary uses
+    /// [`ShutdownSignals`] taken before the server starts instead.
     pub async fn run_until_signal(self) {
         wait_for_signal().await;
+        info!("shutdown signal received, draining");
+        self.shutdown().await;
+    }
+
+    /// Waits for `signals`, then shuts down.
+    pub async fn run_until(self, signals: ShutdownSignals) {
+        signals.wait().await;
         info!("shutdown signal received, draining");
         self.shutdown().await;
     }
@@ -970,6 +979,48 @@ async fn serve_http(listener: TcpListener, router: axum::Router, mut shutdown: S
         .await
     {
         error!("admin HTTP server failed: {err}");
+    }
+}
+
+/// SIGTERM and SIGINT, listened for from the moment this is made: a signal that comes
+/// while the server is still starting is kept, and shuts it down once it runs (rather
+/// than killing the process with the default action).
+#[derive(Debug)]
+pub struct ShutdownSignals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl ShutdownSignals {
+    /// Starts listening (in a tokio runtime).
+    pub fn listen() -> std::io::Result<ShutdownSignals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(ShutdownSignals {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(ShutdownSignals {})
+        }
+    }
+
+    /// Resolves at the first signal (at once if one already came).
+    pub async fn wait(mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }
 

@@ -520,11 +520,15 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             let drain_deadline = config.drain_duration + config.drain_deadline;
             let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
             let result = runtime.block_on(async {
+                // Listening before anything starts: a SIGTERM during start-up drains
+                // and exits 0 like one that comes later.
+                let signals = meshfed::app::ShutdownSignals::listen()
+                    .context("listening for SIGTERM and SIGINT")?;
                 let server = Server::start(config).await?;
                 if let Some(path) = &ready_file {
                     write_ready_file(path, &server.bound())?;
                 }
-                server.run_until_signal().await;
+                server.run_until(signals).await;
                 if let Some(path) = &ready_file {
                     let _ = std::fs::remove_file(path);
                 }

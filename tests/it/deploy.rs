@@ -485,7 +485,10 @@ fn kubectl_kustomize_renders_the_same_objects_in_the_namespace() {
     let key = |o: &Value| {
         (
             o["kind"].as_str().unwrap_or_default().to_string(),
-            o["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+            o["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
         )
     };
     let mut ours: Vec<_> = objects().iter().map(key).collect();
@@ -507,6 +510,9 @@ fn kubectl_kustomize_renders_the_same_objects_in_the_namespace() {
         );
     }
     let deployment = one(&rendered, "Deployment");
-    let image = container(&deployment)["image"].as_str().unwrap().to_string();
+    let image = container(&deployment)["image"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(image.starts_with("meshfed:"), "{image}");
 }

@@ -458,7 +458,8 @@ async fn a_device_as_the_mock_file_is_refused_and_sigterm_ends_the_process() {
     };
     let mut log = String::new();
     std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut log).unwrap();
-    assert!(exit.success() || exit.code().is_some(), "{exit:?}");
+    // SIGTERM right after start-up drains and exits 0 (not killed by the signal).
+    assert!(exit.success(), "{exit:?}");
     assert!(
         log.contains("/dev/zero") && log.contains("not a regular file"),
         "{log}"
