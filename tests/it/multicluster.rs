@@ -674,3 +674,38 @@ async fn a_remote_cluster_whose_api_server_goes_away_keeps_its_endpoints_and_rea
     );
     drop((c1, server));
 }
+
+#[tokio::test]
+async fn a_flapping_remote_cluster_never_takes_readiness_away() {
+    let mesh = Mesh::start(Topology::Labels).await;
+    let http = mesh.http();
+    // Up, then its Secret goes, then it comes back pointing at an API server that is
+    // not there (the cluster went down while it was away).
+    mesh.add_secret(&mesh.c2.kubeconfig());
+    mesh.wait_c2().await;
+    mesh.c1.delete::<objects::types::Secret>(Some(NS), SECRET);
+    eventually("c2 gone", || async move {
+        let z = get_json(http, "/debug/clusterz").await;
+        z["clusters"]
+            .as_array()?
+            .iter()
+            .all(|c| c["cluster"] != "c2")
+            .then_some(())
+    })
+    .await;
+    mesh.add_secret(&unreachable_kubeconfig().await);
+    eventually("c2 back, not synced", || async move {
+        let z = get_json(http, "/debug/clusterz").await;
+        z["clusters"]
+            .as_array()?
+            .iter()
+            .any(|c| c["cluster"] == "c2" && c["synced"] == false)
+            .then_some(())
+    })
+    .await;
+    let (status, body) = ready_status(http).await;
+    assert_eq!(status, 200, "{body}");
+    let mut client = mesh.client("n1", "10.1.0.9").await;
+    let (_, rows) = recv_endpoints(&mut client).await;
+    assert!(!rows.is_empty());
+}
