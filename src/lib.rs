@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod ads;
 pub mod app;
+pub mod ca;
 pub mod drain;
 pub mod generate;
 pub mod logging;

@@ -1,0 +1,516 @@
+//! The mesh CA (reference §1.4-1.5): a signing certificate and key, the chain up to the
+//! root, and the signing of workload certificates from CSRs.
+//!
+//! The signing CA is either plugged in (a `cacerts` directory: `ca-cert.pem`,
+//! `ca-key.pem`, `root-cert.pem`, `cert-chain.pem`, all four or none) or self-signed:
+//! created once with the mesh trust domain as its organization and kept in a directory
+//! (`ca-cert.pem`, `ca-key.pem` at mode 0600, `root-cert.pem`), read back on later
+//! starts so every replica and restart signs under the same root.
+//!
+//! A workload certificate carries only the identities the caller authenticated as
+//! (SPIFFE URIs); the CSR's own subject and SANs are ignored, as in Istio. Its chain
+//! is returned in Istio's order: leaf, each certificate of `cert-chain.pem`, then the
+//! root bundle as one element.
+//!
+//! Keys: ring cannot generate RSA keys, so a self-signed root made here is ECDSA P-256
+//! (Istio makes RSA 2048); plugged-in RSA and ECDSA keys both sign, and CSRs of either
+//! kind are accepted.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rcgen::{
+    CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+};
+use time::OffsetDateTime;
+
+/// Istio's default workload certificate lifetime (`DEFAULT_WORKLOAD_CERT_TTL`).
+pub const DEFAULT_WORKLOAD_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Istio's longest workload certificate lifetime (`MAX_WORKLOAD_CERT_TTL`, 90 days).
+pub const MAX_WORKLOAD_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
+/// Istio's self-signed root lifetime (`CITADEL_SELF_SIGNED_CA_CERT_TTL`, 10 years).
+pub const SELF_SIGNED_ROOT_TTL: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+/// The files of a plugged-in CA, as Istio's `cacerts` Secret holds them.
+pub const CACERTS_FILES: [&str; 4] = [
+    "ca-cert.pem",
+    "ca-key.pem",
+    "root-cert.pem",
+    "cert-chain.pem",
+];
+
+/// Why the CA could not load or sign.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    /// Some plugged-in CA files are present and some are not.
+    #[error(
+        "{}: incomplete signing CA bundle: missing {missing:?} (give all of {CACERTS_FILES:?} or none)",
+        .dir.display()
+    )]
+    Incomplete {
+        /// The directory.
+        dir: PathBuf,
+        /// The files not there.
+        missing: Vec<&'static str>,
+    },
+    /// A file could not be read or written.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A certificate or key did not parse, or the signing certificate is not a CA.
+    #[error("{what}: {reason}")]
+    Invalid {
+        /// Which file or input.
+        what: String,
+        /// Why.
+        reason: String,
+    },
+    /// The CSR did not parse or its signature is wrong (`InvalidArgument`).
+    #[error("bad CSR: {0}")]
+    Csr(String),
+    /// The requested lifetime is over the maximum (`InvalidArgument`).
+    #[error("requested TTL {requested:?} is greater than the max allowed TTL {max:?}")]
+    Ttl {
+        /// Asked for.
+        requested: Duration,
+        /// Allowed.
+        max: Duration,
+    },
+    /// The signing certificate has expired (`Internal`).
+    #[error("the signing CA certificate expired at {0}")]
+    Expired(OffsetDateTime),
+}
+
+/// A CA ready to sign.
+pub struct Ca {
+    signing_cert_pem: String,
+    key: KeyPair,
+    /// `cert-chain.pem`, one PEM certificate per element (empty when self-signed).
+    chain: Vec<String>,
+    /// The root bundle, one element.
+    root: String,
+    not_after: OffsetDateTime,
+    default_ttl: Duration,
+    max_ttl: Duration,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("Ca")
+            .field("not_after", &self.not_after)
+            .field("chain", &self.chain.len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn read(path: &Path) -> Result<String, CaError> {
+    std::fs::read_to_string(path).map_err(|source| CaError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn invalid(what: impl Into<String>, reason: impl std::fmt::Display) -> CaError {
+    CaError::Invalid {
+        what: what.into(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The PEM certificates of a bundle, each as its own string ending in a newline.
+fn split_pem(bundle: &str) -> Vec<String> {
+    const END: &str = "-----END CERTIFICATE-----";
+    bundle
+        .split_inclusive(END)
+        .filter(|part| part.contains("-----BEGIN CERTIFICATE-----"))
+        .map(|part| format!("{}\n", part.trim()))
+        .collect()
+}
+
+/// The notAfter of a PEM certificate, checking that it is a CA.
+fn ca_not_after(what: &str, pem_text: &str) -> Result<OffsetDateTime, CaError> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem_text.as_bytes())
+        .map_err(|e| invalid(what, format!("not a PEM certificate: {e}")))?;
+    let cert = pem
+        .parse_x509()
+        .map_err(|e| invalid(what, format!("not an X.509 certificate: {e}")))?;
+    if !cert.is_ca() {
+        return Err(invalid(what, "the signing certificate is not a CA"));
+    }
+    Ok(cert.validity().not_after.to_datetime())
+}
+
+impl Ca {
+    /// The plugged-in CA of `dir`, if its files are there: `Ok(None)` when none is,
+    /// an error when only some are.
+    pub fn plugged(dir: &Path) -> Result<Option<Ca>, CaError> {
+        let present: Vec<bool> = CACERTS_FILES
+            .iter()
+            .map(|f| dir.join(f).is_file())
+            .collect();
+        if present.iter().all(|p| !p) {
+            return Ok(None);
+        }
+        if !present.iter().all(|p| *p) {
+            return Err(CaError::Incomplete {
+                dir: dir.to_path_buf(),
+                missing: CACERTS_FILES
+                    .iter()
+                    .zip(&present)
+                    .filter(|(_, p)| !**p)
+                    .map(|(f, _)| *f)
+                    .collect(),
+            });
+        }
+        let cert = read(&dir.join("ca-cert.pem"))?;
+        let key_path = dir.join("ca-key.pem");
+        let key = KeyPair::from_pem(&read(&key_path)?)
+            .map_err(|e| invalid(key_path.display().to_string(), e))?;
+        let chain = split_pem(&read(&dir.join("cert-chain.pem"))?);
+        let root = read(&dir.join("root-cert.pem"))?;
+        if split_pem(&root).is_empty() {
+            return Err(invalid("root-cert.pem", "no certificate in it"));
+        }
+        let not_after = ca_not_after("ca-cert.pem", &cert)?;
+        Ok(Some(Ca::new(cert, key, chain, root, not_after)))
+    }
+
+    /// The self-signed CA kept in `dir`: read back if there, else created for
+    /// `trust_domain` and written (the key at mode 0600).
+    pub fn self_signed(dir: &Path, trust_domain: &str) -> Result<Ca, CaError> {
+        let cert_path = dir.join("ca-cert.pem");
+        let key_path = dir.join("ca-key.pem");
+        if cert_path.is_file() && key_path.is_file() {
+            let cert = read(&cert_path)?;
+            let key = KeyPair::from_pem(&read(&key_path)?)
+                .map_err(|e| invalid(key_path.display().to_string(), e))?;
+            let not_after = ca_not_after("ca-cert.pem", &cert)?;
+            return Ok(Ca::new(cert.clone(), key, Vec::new(), cert, not_after));
+        }
+        let key = KeyPair::generate().map_err(|e| invalid("generating the CA key", e))?;
+        let mut params = CertificateParams::default();
+        let mut name = DistinguishedName::new();
+        name.push(DnType::OrganizationName, trust_domain);
+        params.distinguished_name = name;
+        params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let now = OffsetDateTime::now_utc();
+        params.not_before = now;
+        params.not_after = now + SELF_SIGNED_ROOT_TTL;
+        params.serial_number = Some(random_serial());
+        let cert = params
+            .self_signed(&key)
+            .map_err(|e| invalid("self-signing the CA", e))?
+            .pem();
+        std::fs::create_dir_all(dir).map_err(|source| CaError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        write_private(&key_path, &key.serialize_pem())?;
+        for file in ["ca-cert.pem", "root-cert.pem"] {
+            std::fs::write(dir.join(file), &cert).map_err(|source| CaError::Io {
+                path: dir.join(file),
+                source,
+            })?;
+        }
+        let not_after = params.not_after;
+        Ok(Ca::new(cert.clone(), key, Vec::new(), cert, not_after))
+    }
+
+    fn new(
+        signing_cert_pem: String,
+        key: KeyPair,
+        chain: Vec<String>,
+        root: String,
+        not_after: OffsetDateTime,
+    ) -> Ca {
+        Ca {
+            signing_cert_pem,
+            key,
+            chain,
+            root,
+            not_after,
+            default_ttl: DEFAULT_WORKLOAD_TTL,
+            max_ttl: MAX_WORKLOAD_TTL,
+        }
+    }
+
+    /// The root bundle (PEM), as published in `istio-ca-root-cert`.
+    pub fn root_pem(&self) -> &str {
+        &self.root
+    }
+
+    /// Signs a workload certificate for `identities` (SPIFFE URIs, IPs or DNS names)
+    /// with the CSR's public key, for `ttl` (zero: the default); returns the chain in
+    /// Istio's order.
+    pub fn sign(
+        &self,
+        csr_pem: &str,
+        identities: &[String],
+        ttl: Duration,
+    ) -> Result<Vec<String>, CaError> {
+        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
+            .map_err(|e| CaError::Csr(e.to_string()))?;
+        if ttl > self.max_ttl {
+            return Err(CaError::Ttl {
+                requested: ttl,
+                max: self.max_ttl,
+            });
+        }
+        let ttl = if ttl.is_zero() { self.default_ttl } else { ttl };
+        let now = OffsetDateTime::now_utc();
+        if self.not_after <= now {
+            return Err(CaError::Expired(self.not_after));
+        }
+        let mut params = CertificateParams::default();
+        // An empty subject: the SAN extension is then critical, as Istio writes it.
+        params.distinguished_name = DistinguishedName::new();
+        params.subject_alt_names = identities
+            .iter()
+            .map(|id| {
+                if id.starts_with("spiffe://") {
+                    id.as_str()
+                        .try_into()
+                        .map(SanType::URI)
+                        .map_err(|e| invalid(id.clone(), e))
+                } else if let Ok(ip) = id.parse() {
+                    Ok(SanType::IpAddress(ip))
+                } else {
+                    id.as_str()
+                        .try_into()
+                        .map(SanType::DnsName)
+                        .map_err(|e| invalid(id.clone(), e))
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.not_before = now - time::Duration::minutes(2);
+        params.not_after = (now + ttl).min(self.not_after);
+        params.serial_number = Some(random_serial());
+        params.use_authority_key_identifier_extension = true;
+        let issuer = Issuer::from_ca_cert_pem(&self.signing_cert_pem, &self.key)
+            .map_err(|e| invalid("ca-cert.pem", e))?;
+        let leaf = params
+            .signed_by(&csr.public_key, &issuer)
+            .map_err(|e| invalid("signing", e))?
+            .pem();
+        let mut out = vec![leaf];
+        out.extend(self.chain.iter().cloned());
+        out.push(self.root.clone());
+        Ok(out)
+    }
+}
+
+/// A random positive 128-bit serial number.
+fn random_serial() -> SerialNumber {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 16];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the system random source works");
+    bytes[0] &= 0x7f;
+    SerialNumber::from_slice(&bytes)
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), CaError> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    let io = |source| CaError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = options.open(path).map_err(io)?;
+    file.write_all(text.as_bytes()).map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn csr(key: &KeyPair, sans: &[&str]) -> String {
+        let params =
+            CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.serialize_request(key).unwrap().pem().unwrap()
+    }
+
+    fn parse(pem_text: &str) -> x509_parser::pem::Pem {
+        x509_parser::pem::parse_x509_pem(pem_text.as_bytes())
+            .unwrap()
+            .1
+    }
+
+    #[test]
+    fn a_self_signed_root_is_made_once_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::self_signed(dir.path(), "example.org").unwrap();
+        let again = Ca::self_signed(dir.path(), "example.org").unwrap();
+        assert_eq!(
+            ca.root_pem(),
+            again.root_pem(),
+            "the same root after a restart"
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.path().join("ca-key.pem"))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let root = parse(ca.root_pem());
+        let root = root.parse_x509().unwrap();
+        assert!(root.is_ca());
+        assert_eq!(
+            root.subject()
+                .iter_organization()
+                .next()
+                .unwrap()
+                .as_str()
+                .unwrap(),
+            "example.org"
+        );
+        assert!(!format!("{ca:?}").contains("PRIVATE"), "no key in Debug");
+    }
+
+    #[test]
+    fn workload_certificates_carry_only_the_callers_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::self_signed(dir.path(), "cluster.local").unwrap();
+        let key = KeyPair::generate().unwrap();
+        let request = csr(&key, &["evil.example.com"]);
+        let id = "spiffe://cluster.local/ns/default/sa/reviews".to_string();
+        let chain = ca
+            .sign(&request, std::slice::from_ref(&id), Duration::ZERO)
+            .unwrap();
+        assert_eq!(chain.len(), 2, "leaf, root");
+        assert_eq!(chain[1], ca.root_pem());
+        let leaf = parse(&chain[0]);
+        let leaf = leaf.parse_x509().unwrap();
+        let san = leaf.subject_alternative_name().unwrap().unwrap();
+        assert!(san.critical, "SAN critical with an empty subject");
+        let names: Vec<String> = san
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(
+            names,
+            [format!("URI({id})")],
+            "the CSR's own SAN is ignored"
+        );
+        assert!(!leaf.is_ca());
+        let life = leaf.validity().not_after.timestamp() - leaf.validity().not_before.timestamp();
+        assert_eq!(life, 24 * 3600 + 120, "default TTL, from two minutes back");
+        // Signed by the root.
+        let root = parse(ca.root_pem());
+        let root = root.parse_x509().unwrap();
+        leaf.verify_signature(Some(root.public_key())).unwrap();
+    }
+
+    #[test]
+    fn ttl_over_the_max_garbage_and_bad_signatures_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::self_signed(dir.path(), "cluster.local").unwrap();
+        let key = KeyPair::generate().unwrap();
+        let request = csr(&key, &[]);
+        let id = ["spiffe://cluster.local/ns/a/sa/b".to_string()];
+        assert!(matches!(
+            ca.sign(&request, &id, MAX_WORKLOAD_TTL + Duration::from_secs(1)),
+            Err(CaError::Ttl { .. })
+        ));
+        assert!(matches!(
+            ca.sign("not a csr", &id, Duration::ZERO),
+            Err(CaError::Csr(_))
+        ));
+        // One byte of the signature changed.
+        let mut der = pem::parse(&request).unwrap().into_contents();
+        let last = der.len() - 1;
+        der[last] ^= 1;
+        let tampered = pem::encode(&pem::Pem::new("CERTIFICATE REQUEST", der));
+        assert!(matches!(
+            ca.sign(&tampered, &id, Duration::ZERO),
+            Err(CaError::Csr(_))
+        ));
+    }
+
+    #[test]
+    fn a_plugged_in_ca_returns_istios_chain_order_and_partial_bundles_are_errors() {
+        // root -> intermediate (the signing CA), as `cacerts` holds them.
+        let root_key = KeyPair::generate().unwrap();
+        let mut root_params = CertificateParams::default();
+        root_params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        root_params
+            .distinguished_name
+            .push(DnType::CommonName, "root");
+        let root_cert = root_params.self_signed(&root_key).unwrap();
+        let root_issuer = Issuer::new(root_params, &root_key);
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca_params = CertificateParams::default();
+        ca_params.is_ca = IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(DnType::CommonName, "intermediate");
+        let ca_cert = ca_params.signed_by(&ca_key, &root_issuer).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("ca-cert.pem"), ca_cert.pem()).unwrap();
+        assert!(matches!(
+            Ca::plugged(dir.path()),
+            Err(CaError::Incomplete { .. })
+        ));
+        std::fs::write(dir.path().join("ca-key.pem"), ca_key.serialize_pem()).unwrap();
+        std::fs::write(dir.path().join("root-cert.pem"), root_cert.pem()).unwrap();
+        std::fs::write(
+            dir.path().join("cert-chain.pem"),
+            format!("{}{}", ca_cert.pem(), root_cert.pem()),
+        )
+        .unwrap();
+        let ca = Ca::plugged(dir.path()).unwrap().expect("plugged in");
+        let key = KeyPair::generate().unwrap();
+        let chain = ca
+            .sign(
+                &csr(&key, &[]),
+                &["spiffe://cluster.local/ns/a/sa/b".to_string()],
+                Duration::from_secs(3600),
+            )
+            .unwrap();
+        assert_eq!(
+            chain.len(),
+            4,
+            "leaf, each cert of cert-chain.pem, then the root bundle"
+        );
+        assert_eq!(chain[1], ca_cert.pem());
+        assert_eq!(chain[3], root_cert.pem());
+        let leaf = parse(&chain[0]);
+        let leaf = leaf.parse_x509().unwrap();
+        let intermediate = parse(&chain[1]);
+        let intermediate = intermediate.parse_x509().unwrap();
+        leaf.verify_signature(Some(intermediate.public_key()))
+            .unwrap();
+        assert!(
+            Ca::plugged(tempfile::tempdir().unwrap().path())
+                .unwrap()
+                .is_none()
+        );
+    }
+}
