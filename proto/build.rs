@@ -22,6 +22,7 @@ const PROTOS: &[&str] = &[
     "istio/networking/v1alpha3/sidecar.proto",
     "istio/mesh/v1alpha1/config.proto",
     "istio/mesh/v1alpha1/network.proto",
+    "istio/v1/auth/ca.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

@@ -1159,3 +1159,12 @@ mod tests {
         assert!(names.contains(&"istio/mesh/v1alpha1/network.proto".to_owned()));
     }
 }
+
+/// `istio.v1.auth`: the mesh CA's certificate service (`IstioCertificateService`).
+pub mod auth {
+    /// Version 1.
+    pub mod v1 {
+        include!(concat!(env!("OUT_DIR"), "/istio.v1.auth.rs"));
+        include!(concat!(env!("OUT_DIR"), "/istio.v1.auth.serde.rs"));
+    }
+}
