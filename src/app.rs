@@ -32,6 +32,7 @@ use crate::ads::limit::LogLimiter;
 use crate::ads::metrics::XdsMetrics;
 use crate::ads::server::{AdsService, XdsContext};
 use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
+use crate::cert_service::{CaMetrics, CertificateService};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
 use crate::mesh::{self, MeshFile, MeshSettings};
@@ -146,6 +147,8 @@ pub struct DiscoveryConfig {
     pub push_throttle: usize,
     /// Limits of the xDS port.
     pub xds_limits: XdsLimits,
+    /// The mesh CA (`--caDir`, `--cacertsDir`); `None`: no CA.
+    pub ca: Option<CaSource>,
     /// With the Kubernetes registry: leader election over a Lease in the system
     /// namespace, for singleton duties (`--leaderElection`); `None` turns it off.
     pub lease: Option<LeaseSettings>,
@@ -192,6 +195,7 @@ impl Default for DiscoveryConfig {
             debounce: DebounceConfig::default(),
             push_throttle: 100,
             xds_limits: XdsLimits::default(),
+            ca: None,
             lease: Some(LeaseSettings::default()),
             mesh_config_map: Some("istio".into()),
             remote_cluster_timeout: Duration::from_secs(30),
@@ -201,6 +205,43 @@ impl Default for DiscoveryConfig {
             drain_duration: Duration::from_secs(5),
             max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
+        }
+    }
+}
+
+/// Where the mesh CA comes from.
+#[derive(Clone, Debug)]
+pub struct CaSource {
+    /// A plugged-in CA (Istio's `cacerts`: ca-cert.pem, ca-key.pem, root-cert.pem,
+    /// cert-chain.pem), used when its files are there (`--cacertsDir`).
+    pub cacerts: Option<PathBuf>,
+    /// Where the self-signed root is kept (created on first start, `--caDir`).
+    pub self_signed_dir: PathBuf,
+}
+
+impl CaSource {
+    fn load(&self, trust_domain: &str) -> anyhow::Result<crate::ca::Ca> {
+        if let Some(dir) = &self.cacerts
+            && let Some(ca) = crate::ca::Ca::plugged(dir).with_context(|| {
+                format!("loading the plugged-in CA (--cacertsDir {})", dir.display())
+            })?
+        {
+            return Ok(ca);
+        }
+        crate::ca::Ca::self_signed(&self.self_signed_dir, trust_domain).with_context(|| {
+            format!(
+                "loading or creating the self-signed CA (--caDir {})",
+                self.self_signed_dir.display()
+            )
+        })
+    }
+
+    fn describe(&self) -> String {
+        match &self.cacerts {
+            Some(dir) if dir.join("ca-cert.pem").is_file() => {
+                format!("plugged in from {}", dir.display())
+            }
+            _ => format!("self-signed, kept in {}", self.self_signed_dir.display()),
         }
     }
 }
@@ -555,12 +596,27 @@ impl Server {
             send_timeout: config.xds_limits.send_timeout,
             refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
         });
+        // The mesh CA, when configured: on the plaintext port CreateCertificate has no
+        // authenticator and refuses every caller, as istiod does on 15010.
+        let certificates = match &config.ca {
+            Some(source) => {
+                let ca = source.load(&mesh_settings.load().config.trust_domain)?;
+                info!(root = %source.describe(), "mesh CA ready");
+                Some(CertificateService::new(
+                    Arc::new(ca),
+                    None,
+                    CaMetrics::new(&mut metrics_registry),
+                ))
+            }
+            None => None,
+        };
         let transport_metrics = TransportMetrics::new(&mut metrics_registry);
         let acceptor = Acceptor::new(grpc, config.xds_limits.clone(), transport_metrics);
         tasks.spawn(serve_grpc(
             acceptor,
             config.xds_limits.max_concurrent_streams,
             AdsService::new(ctx),
+            certificates,
             draining,
         ));
 
@@ -948,6 +1004,7 @@ async fn serve_grpc(
     acceptor: Acceptor,
     max_concurrent_streams: u32,
     ads: AdsService,
+    certificates: Option<CertificateService>,
     mut shutdown: Shutdown,
 ) {
     let incoming = acceptor.into_stream();
@@ -965,6 +1022,7 @@ async fn serve_grpc(
             },
         ))
         .add_service(ads)
+        .add_optional_service(certificates)
         .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
         .await;
     if let Err(err) = result {

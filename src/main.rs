@@ -195,6 +195,16 @@ struct DiscoveryArgs {
     /// and process id.
     #[arg(long = "leaseIdentity", default_value = "")]
     lease_identity: String,
+    /// Turns the mesh CA on, keeping its self-signed root in this directory (created on
+    /// the first start; the key at mode 0600). On the plaintext port CreateCertificate
+    /// refuses every caller, as istiod does on 15010.
+    #[arg(long = "caDir")]
+    ca_dir: Option<PathBuf>,
+    /// A plugged-in CA (Istio's `cacerts`: ca-cert.pem, ca-key.pem, root-cert.pem,
+    /// cert-chain.pem), used instead of the self-signed root when its files are there;
+    /// needs --caDir.
+    #[arg(long = "cacertsDir")]
+    cacerts_dir: Option<PathBuf>,
     /// With the Kubernetes registry: also read Istio config (the VirtualService,
     /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry and Sidecar CRDs of
     /// networking.istio.io) from its API server. `false` leaves config to --configDir.
@@ -435,6 +445,9 @@ impl DiscoveryArgs {
         if matches!(mock, MockSource::None) && self.mock_registry_file.is_some() {
             bail!("--mockRegistryFile needs the Mock registry in --registries");
         }
+        if self.cacerts_dir.is_some() && self.ca_dir.is_none() {
+            bail!("--cacertsDir needs --caDir (the mesh CA is off without it)");
+        }
         if self.debounce_max < self.debounce_after {
             bail!(
                 "--debounceMax ({:?}) must not be shorter than --debounceAfter ({:?})",
@@ -460,6 +473,10 @@ impl DiscoveryArgs {
             push_throttle: self.push_throttle,
             remote_cluster_timeout: self.remote_cluster_timeout,
             drain_duration: self.drain_duration,
+            ca: self.ca_dir.clone().map(|dir| meshfed::app::CaSource {
+                cacerts: self.cacerts_dir.clone(),
+                self_signed_dir: dir,
+            }),
             lease: self.leader_election.then(|| meshfed::app::LeaseSettings {
                 identity: Some(self.lease_identity.clone()).filter(|i| !i.is_empty()),
                 ..Default::default()

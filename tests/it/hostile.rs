@@ -518,3 +518,52 @@ async fn only_connections_without_a_call_are_cut_at_the_handshake_deadline() {
     assert!(pushed, "the new service reached the client");
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn create_certificate_on_the_plaintext_port_is_refused_with_a_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let server = server_with(|c| {
+        c.ca = Some(meshfed::app::CaSource {
+            cacerts: None,
+            self_signed_dir: ca_dir.clone(),
+        });
+    })
+    .await;
+    assert!(
+        ca_dir.join("root-cert.pem").is_file(),
+        "the root was created"
+    );
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", server.grpc_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await.unwrap();
+    let request = meshfed_api::auth::v1::IstioCertificateRequest {
+        csr: "-----BEGIN CERTIFICATE REQUEST-----\n-----END CERTIFICATE REQUEST-----\n".into(),
+        ..Default::default()
+    };
+    let codec = tonic_prost::ProstCodec::<
+        meshfed_api::auth::v1::IstioCertificateRequest,
+        meshfed_api::auth::v1::IstioCertificateResponse,
+    >::default();
+    let status = client
+        .unary(
+            tonic::Request::new(request),
+            "/istio.v1.auth.IstioCertificateService/CreateCertificate"
+                .parse()
+                .unwrap(),
+            codec,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    assert_eq!(
+        metric(&server, "citadel_server_authentication_failure_count").await,
+        1.0
+    );
+    assert_eq!(metric(&server, "citadel_server_csr_count").await, 1.0);
+    server.shutdown().await;
+}
