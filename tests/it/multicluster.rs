@@ -679,6 +679,12 @@ async fn a_remote_cluster_whose_api_server_goes_away_keeps_its_endpoints_and_rea
 async fn a_flapping_remote_cluster_never_takes_readiness_away() {
     let mesh = Mesh::start(Topology::Labels).await;
     let http = mesh.http();
+    // Ready first: a cluster named before that is one present at start, waited for
+    // (bounded) by design.
+    eventually("ready", || async move {
+        (ready_status(http).await.0 == 200).then_some(())
+    })
+    .await;
     // Up, then its Secret goes, then it comes back pointing at an API server that is
     // not there (the cluster went down while it was away).
     mesh.add_secret(&mesh.c2.kubeconfig());
