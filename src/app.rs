@@ -614,7 +614,7 @@ impl Server {
         let acceptor = Acceptor::new(grpc, config.xds_limits.clone(), transport_metrics);
         tasks.spawn(serve_grpc(
             acceptor,
-            config.xds_limits.max_concurrent_streams,
+            config.xds_limits.clone(),
             AdsService::new(ctx),
             certificates,
             draining,
@@ -1002,15 +1002,24 @@ fn start_mock_registry(
 
 async fn serve_grpc(
     acceptor: Acceptor,
-    max_concurrent_streams: u32,
+    limits: XdsLimits,
     ads: AdsService,
     certificates: Option<CertificateService>,
     mut shutdown: Shutdown,
 ) {
     let incoming = acceptor.into_stream();
-    let result = tonic::transport::Server::builder()
+    let mut server = tonic::transport::Server::builder()
+        // Istio's GRPC_KEEPALIVE_INTERVAL and GRPC_KEEPALIVE_TIMEOUT.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .max_concurrent_streams(max_concurrent_streams)
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(limits.max_concurrent_streams);
+    if let Some(age) = limits.max_connection_age {
+        // Istio's grace after the GOAWAY of an aged connection.
+        server = server
+            .max_connection_age(age)
+            .max_connection_age_grace(Duration::from_secs(10));
+    }
+    let result = server
         // Any call on the port (every service mounted here) ends the handshake
         // deadline of its connection.
         .layer(tonic::service::InterceptorLayer::new(

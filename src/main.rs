@@ -273,6 +273,11 @@ struct DiscoveryArgs {
     /// streams; at least one whole message (4 MiB) is always allowed.
     #[arg(long = "maxConnectionRequestBytes", default_value_t = 16 * 1024 * 1024)]
     max_connection_request_bytes: usize,
+    /// After this long an xDS connection is told GOAWAY (and closed 10 s later) so that
+    /// proxies reconnect and spread over replicas; `0s`: never (Istio's default; its
+    /// Helm chart sets 30m).
+    #[arg(long = "keepaliveMaxServerConnectionAge", default_value = "0s", value_parser = parse_duration)]
+    max_connection_age: Duration,
     /// Send unhealthy endpoints marked UNHEALTHY instead of dropping them (Istio's
     /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
     #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
@@ -489,6 +494,8 @@ impl DiscoveryArgs {
                     .then_some(self.handshake_timeout),
                 max_concurrent_streams: self.max_concurrent_streams.max(1),
                 connection_request_bytes: self.max_connection_request_bytes,
+                max_connection_age: (!self.max_connection_age.is_zero())
+                    .then_some(self.max_connection_age),
             },
             domain: self.domain,
             mesh_config: self.mesh_config,

@@ -55,6 +55,10 @@ pub struct XdsLimits {
     /// Bytes of unfinished request messages one connection may hold, over all of its
     /// streams (`--maxConnectionRequestBytes`). At least one whole request message.
     pub connection_request_bytes: usize,
+    /// After this long a connection is told GOAWAY and, 10 s later, closed, so clients
+    /// reconnect and spread over replicas (`--keepaliveMaxServerConnectionAge`, Istio's
+    /// flag; `None`: for ever, Istio's default; its Helm chart sets 30m).
+    pub max_connection_age: Option<Duration>,
 }
 
 impl Default for XdsLimits {
@@ -65,6 +69,7 @@ impl Default for XdsLimits {
             handshake_timeout: Some(Duration::from_secs(10)),
             max_concurrent_streams: 100,
             connection_request_bytes: 16 * 1024 * 1024,
+            max_connection_age: None,
         }
     }
 }

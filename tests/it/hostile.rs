@@ -567,3 +567,30 @@ async fn create_certificate_on_the_plaintext_port_is_refused_with_a_metric() {
     assert_eq!(metric(&server, "citadel_server_csr_count").await, 1.0);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn connections_older_than_the_max_age_are_ended_so_proxies_rebalance() {
+    let server = server_with(|c| {
+        c.xds_limits.max_connection_age = Some(Duration::from_millis(300));
+    })
+    .await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.0.0.9~ok.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+    // GOAWAY at 300 ms, the connection closed after the 10 s grace.
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if client.recv_error().await.is_ok() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the aged connection was ended");
+    server.shutdown().await;
+}
