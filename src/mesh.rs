@@ -388,24 +388,49 @@ pub fn follow(
                 MeshFile::Networks => parse_mesh_networks(&path, &text).map(|n| next.networks = n),
             };
             match applied {
-                Ok(()) if next.config == current.config && next.networks == current.networks => {}
                 Ok(()) => {
-                    settings.store(Arc::new(next));
-                    info!(file = %path.display(), "mesh file reloaded; pushing to every proxy");
-                    let (kind, reason) = match which {
-                        MeshFile::Config => (ConfigKind::MeshConfig, TriggerReason::Global),
-                        MeshFile::Networks => (ConfigKind::MeshNetworks, TriggerReason::Networks),
-                    };
-                    let mut request = PushRequest::forced(reason);
-                    request
-                        .configs_updated
-                        .insert(ConfigKey::new(kind, "mesh", ""));
-                    sink.push(request);
+                    if publish(&settings, &current, next, &sink) {
+                        info!(file = %path.display(), "mesh file reloaded; pushing to every proxy");
+                    }
                 }
                 Err(err) => error!("{err}; keeping the previous content"),
             }
         }
     })
+}
+
+/// Swaps `next` in if it differs from `current` and forces a push naming what changed
+/// (MeshConfig: a global push; meshNetworks only: a networks push). True when it did.
+fn publish(
+    settings: &ArcSwap<MeshSettings>,
+    current: &MeshSettings,
+    next: MeshSettings,
+    sink: &UpdateSink,
+) -> bool {
+    let config_changed = next.config != current.config;
+    let networks_changed = next.networks != current.networks;
+    if !config_changed && !networks_changed {
+        return false;
+    }
+    settings.store(Arc::new(next));
+    let reason = if config_changed {
+        TriggerReason::Global
+    } else {
+        TriggerReason::Networks
+    };
+    let mut request = PushRequest::forced(reason);
+    for (changed, kind) in [
+        (config_changed, ConfigKind::MeshConfig),
+        (networks_changed, ConfigKind::MeshNetworks),
+    ] {
+        if changed {
+            request
+                .configs_updated
+                .insert(ConfigKey::new(kind, "mesh", ""));
+        }
+    }
+    sink.push(request);
+    true
 }
 
 /// Which mesh settings a ConfigMap supplies (the ones not given as files).
@@ -483,30 +508,8 @@ pub async fn follow_config_map(
                 },
             }
         }
-        let config_changed = next.config != current.config;
-        let networks_changed = next.networks != current.networks;
-        if config_changed || networks_changed {
-            settings.store(Arc::new(next));
+        if publish(&settings, &current, next, &sink) {
             info!(configmap = %name, "mesh settings from the ConfigMap applied; pushing to every proxy");
-            let reason = if config_changed {
-                TriggerReason::Global
-            } else {
-                TriggerReason::Networks
-            };
-            let mut request = PushRequest::forced(reason);
-            if config_changed {
-                request
-                    .configs_updated
-                    .insert(ConfigKey::new(ConfigKind::MeshConfig, "mesh", ""));
-            }
-            if networks_changed {
-                request.configs_updated.insert(ConfigKey::new(
-                    ConfigKind::MeshNetworks,
-                    "mesh",
-                    "",
-                ));
-            }
-            sink.push(request);
         }
         synced.store(true, std::sync::atomic::Ordering::Release);
     }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use crate::support::{eventually, http_get, wait_for_ready_file};
+use crate::support::{discovery_args, eventually, http_get, wait_for_ready_file};
 
 /// Kills the child when the test ends, passed or not.
 pub struct Killed(pub std::process::Child);
@@ -24,12 +24,7 @@ async fn ready_file_names_the_bound_addresses() {
     std::fs::write(&ready, "left by an earlier run").unwrap();
     let mut child = Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
-            .args(["discovery", "--registries", "Mock"])
-            .args(["--grpcAddr", "127.0.0.1:0"])
-            .args(["--httpAddr", "127.0.0.1:0"])
-            .args(["--monitoringAddr", "127.0.0.1:0"])
-            .arg("--readyFile")
-            .arg(&ready)
+            .args(discovery_args(&ready, &[]))
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

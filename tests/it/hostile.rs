@@ -15,7 +15,7 @@ use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
 use crate::cli::Killed;
-use crate::support::{self, http_get, service, wait_for_ready_file};
+use crate::support::{self, discovery_args, http_get, service, wait_for_ready_file};
 
 const SOTW: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -366,13 +366,7 @@ async fn out_of_descriptors_the_server_backs_off_and_recovers() {
             .arg("ulimit -n 48 && exec \"$@\"")
             .arg("sh")
             .arg(env!("CARGO_BIN_EXE_meshfed"))
-            .args(["discovery", "--registries", "Mock"])
-            .args(["--grpcAddr", "127.0.0.1:0"])
-            .args(["--httpAddr", "127.0.0.1:0"])
-            .args(["--monitoringAddr", "127.0.0.1:0"])
-            .args(["--handshakeTimeout", "1s"])
-            .arg("--readyFile")
-            .arg(&ready)
+            .args(discovery_args(&ready, &["--handshakeTimeout", "1s"]))
             .env_remove("RUST_LOG")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
@@ -424,13 +418,7 @@ async fn a_device_as_the_mock_file_is_refused_and_sigterm_ends_the_process() {
     let ready = dir.path().join("ready.json");
     let mut child = Killed(
         std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
-            .args(["discovery", "--registries", "Mock"])
-            .args(["--mockRegistryFile", "/dev/zero"])
-            .args(["--grpcAddr", "127.0.0.1:0"])
-            .args(["--httpAddr", "127.0.0.1:0"])
-            .args(["--monitoringAddr", "127.0.0.1:0"])
-            .arg("--readyFile")
-            .arg(&ready)
+            .args(discovery_args(&ready, &["--mockRegistryFile", "/dev/zero"]))
             .env_remove("RUST_LOG")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())

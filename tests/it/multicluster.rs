@@ -560,6 +560,24 @@ async fn ready_status(http: SocketAddr) -> (u16, String) {
     http_get(http, "/ready").await
 }
 
+/// Waits until `/debug/clusterz` lists a cluster for which `matches` holds.
+async fn wait_clusterz(http: SocketAddr, what: &str, matches: fn(&Value) -> bool) {
+    eventually(what, || async move {
+        let z = get_json(http, "/debug/clusterz").await;
+        z["clusters"].as_array()?.iter().any(matches).then_some(())
+    })
+    .await;
+}
+
+/// `/ready` answers 200 and a new proxy is served endpoints.
+async fn ready_and_serving(mesh: &Mesh) {
+    let (status, body) = ready_status(mesh.http()).await;
+    assert_eq!(status, 200, "{body}");
+    let mut client = mesh.client("n1", "10.1.0.9").await;
+    let (_, rows) = recv_endpoints(&mut client).await;
+    assert!(!rows.is_empty());
+}
+
 #[tokio::test]
 async fn an_unreachable_remote_cluster_added_at_run_time_changes_neither_readiness_nor_streams() {
     let mesh = Mesh::start(Topology::Labels).await;
@@ -573,21 +591,12 @@ async fn an_unreachable_remote_cluster_added_at_run_time_changes_neither_readine
         "istio-remote-secret-c3",
         &[("c3", &unreachable_kubeconfig().await)],
     ));
-    eventually("c3 known to the secret controller", || async move {
-        let z = get_json(http, "/debug/clusterz").await;
-        z["clusters"]
-            .as_array()?
-            .iter()
-            .any(|c| c["cluster"] == "c3" && c["synced"] == false)
-            .then_some(())
+    wait_clusterz(http, "c3 known to the secret controller", |c| {
+        c["cluster"] == "c3" && c["synced"] == false
     })
     .await;
-    let (status, body) = ready_status(http).await;
-    assert_eq!(status, 200, "{body}");
     // A new stream is served, while c3 still has not synced.
-    let mut client = mesh.client("n1", "10.1.0.9").await;
-    let (_, rows) = recv_endpoints(&mut client).await;
-    assert!(!rows.is_empty());
+    ready_and_serving(&mesh).await;
     let z = get_json(http, "/debug/clusterz").await;
     assert!(z.to_string().contains("\"c3\""), "{z:#}");
     let (_, metrics) = http_get(mesh.server.bound().monitoring, "/metrics").await;
@@ -656,13 +665,8 @@ async fn a_remote_cluster_whose_api_server_goes_away_keeps_its_endpoints_and_rea
     let mesh_http = http;
     drop(c2);
     // The API server is gone: the cluster's last view stays, marked stale.
-    eventually("c2 stale", || async move {
-        let z = get_json(mesh_http, "/debug/clusterz").await;
-        z["clusters"]
-            .as_array()?
-            .iter()
-            .any(|c| c["cluster"] == "c2" && c["stale"] == true)
-            .then_some(())
+    wait_clusterz(mesh_http, "c2 stale", |c| {
+        c["cluster"] == "c2" && c["stale"] == true
     })
     .await;
     let (status, body) = ready_status(http).await;
@@ -700,18 +704,9 @@ async fn a_flapping_remote_cluster_never_takes_readiness_away() {
     })
     .await;
     mesh.add_secret(&unreachable_kubeconfig().await);
-    eventually("c2 back, not synced", || async move {
-        let z = get_json(http, "/debug/clusterz").await;
-        z["clusters"]
-            .as_array()?
-            .iter()
-            .any(|c| c["cluster"] == "c2" && c["synced"] == false)
-            .then_some(())
+    wait_clusterz(http, "c2 back, not synced", |c| {
+        c["cluster"] == "c2" && c["synced"] == false
     })
     .await;
-    let (status, body) = ready_status(http).await;
-    assert_eq!(status, 200, "{body}");
-    let mut client = mesh.client("n1", "10.1.0.9").await;
-    let (_, rows) = recv_endpoints(&mut client).await;
-    assert!(!rows.is_empty());
+    ready_and_serving(&mesh).await;
 }

@@ -202,6 +202,29 @@ where
     }
 }
 
+/// The arguments of `meshfed discovery` on the Mock registry, every address on a free
+/// loopback port, writing `ready` once it listens; `extra` flags after them.
+pub fn discovery_args(ready: &std::path::Path, extra: &[&str]) -> Vec<std::ffi::OsString> {
+    let mut args: Vec<std::ffi::OsString> = [
+        "discovery",
+        "--registries",
+        "Mock",
+        "--grpcAddr",
+        "127.0.0.1:0",
+        "--httpAddr",
+        "127.0.0.1:0",
+        "--monitoringAddr",
+        "127.0.0.1:0",
+        "--readyFile",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    args.push(ready.into());
+    args.extend(extra.iter().map(Into::into));
+    args
+}
+
 /// The JSON that `meshfed discovery --readyFile <path>` writes once it listens.
 /// Bounded by the server's start-up, not a settle time.
 pub async fn wait_for_ready_file(
