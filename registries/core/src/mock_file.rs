@@ -1436,16 +1436,7 @@ services:
 
     #[tokio::test]
     async fn reload_skips_identical_bytes_and_keeps_the_last_good_content() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("mock.yaml");
-        let reg = registry();
-        let status = MockFileStatus::new();
-        let mut r = Reloader::new(
-            path.clone(),
-            reg.clone(),
-            status.clone(),
-            MockFileOptions::default(),
-        );
+        let (_dir, path, reg, status, mut r) = fixture(MockFileOptions::default());
 
         r.reload().await;
         assert_eq!(counts(&status), (0, 1), "a missing file is a failed load");
@@ -1691,21 +1682,30 @@ services:
         std::fs::File::create(path).unwrap();
     }
 
+    /// A reloader of `mock.yaml` in a scratch directory (the file not yet written).
+    fn fixture(
+        options: MockFileOptions,
+    ) -> (
+        tempfile::TempDir,
+        PathBuf,
+        MemoryRegistry,
+        MockFileStatus,
+        Reloader,
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("mock.yaml");
+        let reg = registry();
+        let status = MockFileStatus::new();
+        let r = Reloader::new(path.clone(), reg.clone(), status.clone(), options);
+        (dir, path, reg, status, r)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_slow_writer_does_not_withdraw_services() {
         // `{ sleep 0.3; cat good.yaml; } > mock.yaml`: the shell truncates the file, the
         // content comes 300 ms later, well after the watcher's 50 ms quiet window.
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("mock.yaml");
+        let (_dir, path, reg, status, mut r) = fixture(MockFileOptions::default());
         std::fs::write(&path, ONE).unwrap();
-        let reg = registry();
-        let status = MockFileStatus::new();
-        let mut r = Reloader::new(
-            path.clone(),
-            reg.clone(),
-            status.clone(),
-            MockFileOptions::default(),
-        );
         assert_eq!(r.reload().await, None);
         assert_eq!(hosts(&reg), vec!["a.x"]);
 
@@ -1733,17 +1733,8 @@ services:
     #[tokio::test(start_paused = true)]
     async fn an_emptied_file_withdraws_only_after_the_settle_period() {
         let (logs, _guard) = capture_logs();
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("mock.yaml");
+        let (_dir, path, reg, status, mut r) = fixture(MockFileOptions::default());
         std::fs::write(&path, TWO).unwrap();
-        let reg = registry();
-        let status = MockFileStatus::new();
-        let mut r = Reloader::new(
-            path.clone(),
-            reg.clone(),
-            status.clone(),
-            MockFileOptions::default(),
-        );
         r.reload().await;
         assert_eq!(hosts(&reg), vec!["a.x", "b.x"]);
 
@@ -1812,18 +1803,9 @@ services:
 
     #[tokio::test(start_paused = true)]
     async fn a_failed_read_is_retried_with_backoff_until_it_succeeds() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("mock.yaml");
+        let (_dir, path, reg, status, mut r) = fixture(MockFileOptions::default());
         // A directory where the file should be: every read fails (as EMFILE would).
         std::fs::create_dir(&path).unwrap();
-        let reg = registry();
-        let status = MockFileStatus::new();
-        let mut r = Reloader::new(
-            path.clone(),
-            reg.clone(),
-            status.clone(),
-            MockFileOptions::default(),
-        );
         assert_eq!(r.reload().await, Some(Duration::from_millis(100)));
         assert_eq!(r.reload().await, Some(Duration::from_millis(200)));
         assert_eq!(r.reload().await, Some(Duration::from_millis(400)));
@@ -1876,16 +1858,11 @@ services:
 
     #[tokio::test]
     async fn a_file_over_the_size_limit_keeps_the_last_good_content() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("mock.yaml");
-        std::fs::write(&path, ONE).unwrap();
-        let reg = registry();
-        let status = MockFileStatus::new();
-        let options = MockFileOptions {
+        let (_dir, path, reg, status, mut r) = fixture(MockFileOptions {
             max_file_size: ONE.len() as u64,
             ..MockFileOptions::default()
-        };
-        let mut r = Reloader::new(path.clone(), reg.clone(), status.clone(), options);
+        });
+        std::fs::write(&path, ONE).unwrap();
         assert_eq!(r.reload().await, None, "exactly at the limit");
         std::fs::write(&path, TWO).unwrap();
         assert!(TWO.len() > ONE.len());
