@@ -602,17 +602,7 @@ impl Walk<'_> {
             .get_field_by_number(1)
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
-        let list = |name: &str| -> Vec<String> {
-            r.get_field_by_name(name)
-                .and_then(|v| {
-                    v.as_list().map(|l| {
-                        l.iter()
-                            .filter_map(|s| s.as_str().map(str::to_string))
-                            .collect()
-                    })
-                })
-                .unwrap_or_default()
-        };
+        let list = |name: &str| string_list(&r, name);
         let allowed = list("in");
         if !allowed.is_empty() && !allowed.contains(&url) {
             self.violation("any.in", url.clone());
@@ -789,17 +779,7 @@ impl Walk<'_> {
         {
             self.violation(format!("string.not_contains = {p:?}"), shown());
         }
-        let list = |name: &str| -> Vec<String> {
-            r.get_field_by_name(name)
-                .and_then(|v| {
-                    v.as_list().map(|l| {
-                        l.iter()
-                            .filter_map(|x| x.as_str().map(str::to_string))
-                            .collect()
-                    })
-                })
-                .unwrap_or_default()
-        };
+        let list = |name: &str| string_list(r, name);
         let allowed = list("in");
         if !allowed.is_empty() && !allowed.iter().any(|a| a == s) {
             self.violation(format!("string.in = {allowed:?}"), shown());
@@ -856,6 +836,19 @@ impl Walk<'_> {
             }
         }
     }
+}
+
+/// The repeated string field `name` of rule message `rule` (empty when unset).
+fn string_list(rule: &DynamicMessage, name: &str) -> Vec<String> {
+    rule.get_field_by_name(name)
+        .and_then(|v| {
+            v.as_list().map(|l| {
+                l.iter()
+                    .filter_map(|x| x.as_str().map(str::to_string))
+                    .collect()
+            })
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
