@@ -16,20 +16,9 @@ use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+use crate::ads::transport::XdsConnectInfo;
+use crate::authn::{AuthContext, Authenticators, Caller};
 use crate::ca::{Ca, CaError};
-
-/// Who a request comes from, once authenticated.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Caller {
-    /// Its identities (SPIFFE URIs), all of which go into the certificate.
-    pub identities: Vec<String>,
-}
-
-/// Finds the caller of a request (Kubernetes token, client certificate, JWT).
-pub trait Authenticator: Send + Sync + std::fmt::Debug {
-    /// The caller, or why not.
-    fn authenticate(&self, request: &Request<IstioCertificateRequest>) -> Result<Caller, String>;
-}
 
 /// Istio's CA server metrics (`citadel_server_*`, counters without `_total` as Istio
 /// exports them: monotonic gauges here, see [`crate::metrics`]).
@@ -127,20 +116,16 @@ pub fn create_certificate(
 #[derive(Clone, Debug)]
 pub struct CertificateService {
     ca: Arc<Ca>,
-    authenticator: Option<Arc<dyn Authenticator>>,
+    authenticators: Option<Authenticators>,
     metrics: CaMetrics,
 }
 
 impl CertificateService {
-    /// A service signing with `ca`; `authenticator` `None` refuses every request.
-    pub fn new(
-        ca: Arc<Ca>,
-        authenticator: Option<Arc<dyn Authenticator>>,
-        metrics: CaMetrics,
-    ) -> Self {
+    /// A service signing with `ca`; `authenticators` `None` refuses every request.
+    pub fn new(ca: Arc<Ca>, authenticators: Option<Authenticators>, metrics: CaMetrics) -> Self {
         CertificateService {
             ca,
-            authenticator,
+            authenticators,
             metrics,
         }
     }
@@ -159,9 +144,20 @@ impl tonic::server::UnaryService<IstioCertificateRequest> for Unary {
     fn call(&mut self, request: Request<IstioCertificateRequest>) -> Self::Future {
         let service = self.0.clone();
         Box::pin(async move {
-            let caller = match &service.authenticator {
-                Some(authenticator) => authenticator.authenticate(&request),
-                None => Err("this port authenticates no caller (plaintext)".to_string()),
+            let tls = request
+                .extensions()
+                .get::<XdsConnectInfo>()
+                .and_then(|info| info.tls.clone());
+            let caller = match (&service.authenticators, &tls) {
+                (Some(chain), Some(tls)) => {
+                    chain
+                        .authenticate(AuthContext {
+                            metadata: request.metadata(),
+                            tls: Some(tls),
+                        })
+                        .await
+                }
+                _ => Err("this port authenticates no caller (plaintext)".to_string()),
             };
             create_certificate(&service.ca, caller, request.get_ref(), &service.metrics)
                 .map(Response::new)
@@ -222,6 +218,7 @@ mod tests {
         let caller = || {
             Ok(Caller {
                 identities: vec!["spiffe://cluster.local/ns/a/sa/b".into()],
+                source: "test",
             })
         };
         let good = IstioCertificateRequest {

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod ads;
 pub mod app;
+pub mod authn;
 pub mod ca;
 pub mod cert_service;
 pub mod drain;

@@ -188,6 +188,8 @@ pub struct XdsConnectInfo {
     pub peer: Option<SocketAddr>,
     /// The connection's shared state.
     pub control: Arc<ConnControl>,
+    /// The TLS peer on the secure port; `None` on the plaintext port.
+    pub tls: Option<Arc<crate::authn::TlsPeer>>,
 }
 
 /// An accepted socket of the xDS port.
@@ -215,6 +217,7 @@ impl Connected for GuardedStream {
         XdsConnectInfo {
             peer: self.peer,
             control: self.control.clone(),
+            tls: None,
         }
     }
 }

@@ -1,0 +1,1 @@
+//! Kubernetes JWTs checked by a TokenReview: placeholder, filled in by the TokenReview work.
