@@ -32,6 +32,7 @@ use crate::ads::limit::LogLimiter;
 use crate::ads::metrics::XdsMetrics;
 use crate::ads::server::{AdsService, XdsContext};
 use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
+use crate::authn::Authenticators;
 use crate::cert_service::{CaMetrics, CertificateService};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
@@ -116,8 +117,17 @@ pub use meshfed_consul::ConsulConfig as ConsulSettings;
 /// Everything `meshfed discovery` is configured with.
 #[derive(Clone, Debug)]
 pub struct DiscoveryConfig {
-    /// Plaintext ADS address.
-    pub grpc_addr: SocketAddr,
+    /// Plaintext ADS address (`--grpcAddr`); `None` turns the plaintext port off.
+    pub grpc_addr: Option<SocketAddr>,
+    /// Secure ADS + CreateCertificate address (`--secureGrpcAddr`, Istio's 15012),
+    /// served when there is a CA or serving files; `None` turns it off.
+    pub secure_grpc_addr: Option<SocketAddr>,
+    /// TLS and authentication of the secure port.
+    pub secure: SecureSettings,
+    /// New xDS streams a second on both ports, burst one
+    /// (`--maxRequestsPerSecond`, Istio's `PILOT_MAX_REQUESTS_PER_SECOND`); `None`:
+    /// no limit.
+    pub max_requests_per_second: Option<f64>,
     /// `/ready` and debug address.
     pub http_addr: SocketAddr,
     /// `/metrics`, `/version` and debug address.
@@ -180,7 +190,12 @@ impl Default for DiscoveryConfig {
     fn default() -> Self {
         let local = |port| SocketAddr::from(([127, 0, 0, 1], port));
         DiscoveryConfig {
-            grpc_addr: local(15010),
+            grpc_addr: Some(local(15010)),
+            secure_grpc_addr: Some(local(15012)),
+            secure: SecureSettings::default(),
+            max_requests_per_second: Some(crate::ads::rate::istio_default_rate(
+                std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
             http_addr: local(8080),
             monitoring_addr: local(15014),
             cluster_id: ClusterId::new("Kubernetes"),
@@ -205,6 +220,45 @@ impl Default for DiscoveryConfig {
             drain_duration: Duration::from_secs(5),
             max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
+        }
+    }
+}
+
+/// TLS and authentication of the secure port.
+#[derive(Clone, Debug)]
+pub struct SecureSettings {
+    /// The operator's serving files (`--tlsCertFile`, `--tlsKeyFile`,
+    /// `--caCertFile`); `None`: a certificate issued by the mesh CA.
+    pub tls_files: Option<crate::tls::TlsFiles>,
+    /// Extra DNS names of the CA-issued serving certificate (Istio's
+    /// `ISTIOD_CUSTOM_HOST`).
+    pub custom_hosts: Vec<String>,
+    /// The control plane revision (`istiod-<revision>.<ns>.svc` in the DNS names).
+    pub revision: String,
+    /// The namespace of the control plane's DNS names (`--systemNamespace`).
+    pub namespace: String,
+    /// `--tlsMinVersion`.
+    pub min_version: crate::tls::TlsMinVersion,
+    /// Third-party JWT issuer (Istio's `JWT_RULE`), JSON.
+    pub jwt_rule: Option<String>,
+    /// Audiences a Kubernetes token must have (Istio's `TOKEN_AUDIENCES`).
+    pub token_audiences: Vec<String>,
+    /// Where to write the root bundle for workloads outside Kubernetes
+    /// (`--rootCertFile`).
+    pub root_cert_file: Option<PathBuf>,
+}
+
+impl Default for SecureSettings {
+    fn default() -> Self {
+        SecureSettings {
+            tls_files: None,
+            custom_hosts: Vec::new(),
+            revision: String::new(),
+            namespace: "istio-system".into(),
+            min_version: crate::tls::TlsMinVersion::V12,
+            jwt_rule: None,
+            token_audiences: vec!["istio-ca".into()],
+            root_cert_file: None,
         }
     }
 }
@@ -289,7 +343,10 @@ impl LeaseSettings {
 /// The addresses the server actually listens on.
 #[derive(Clone, Copy, Debug)]
 pub struct Bound {
-    pub grpc: SocketAddr,
+    /// The plaintext xDS port, unless turned off.
+    pub grpc: Option<SocketAddr>,
+    /// The secure xDS port, when served.
+    pub secure_grpc: Option<SocketAddr>,
     pub http: SocketAddr,
     pub monitoring: SocketAddr,
 }
@@ -502,9 +559,11 @@ impl Server {
         let mock_status = start_mock_registry(&config, &aggregate, &sink, &shutdown, &mut tasks)?;
         let mut secret_controller = None;
         let mut mesh_map_synced = None;
+        let mut kube_client = None;
         let lease_state = Arc::new(meshfed_kube::LeaseState::default());
         if let Some(kube) = &config.kubernetes {
-            (secret_controller, mesh_map_synced) = start_kube_registry(
+            let client;
+            (client, secret_controller, mesh_map_synced) = start_kube_registry(
                 &config,
                 kube,
                 &lease_state,
@@ -516,6 +575,7 @@ impl Server {
                 &mut tasks,
             )
             .await?;
+            kube_client = Some(client);
         }
         let mut consul_registry = None;
         if let Some(consul) = &config.consul {
@@ -535,9 +595,14 @@ impl Server {
                 .run(events, config.debounce, shutdown.clone()),
         );
 
-        let grpc = TcpListener::bind(config.grpc_addr).await.with_context(|| {
-            format!("binding the xDS address {} (--grpcAddr)", config.grpc_addr)
-        })?;
+        let grpc = match config.grpc_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the xDS address {addr} (--grpcAddr)"))?,
+            ),
+            None => None,
+        };
         let http = TcpListener::bind(config.http_addr).await.with_context(|| {
             format!("binding the HTTP address {} (--httpAddr)", config.http_addr)
         })?;
@@ -549,8 +614,32 @@ impl Server {
                     config.monitoring_addr
                 )
             })?;
+        let ca = match &config.ca {
+            Some(source) => {
+                let ca = Arc::new(source.load(&mesh_settings.load().config.trust_domain)?);
+                info!(root = %source.describe(), "mesh CA ready");
+                Some(ca)
+            }
+            None => None,
+        };
+        let secure = match config.secure_grpc_addr {
+            Some(_) if ca.is_none() && config.secure.tls_files.is_none() => {
+                info!(
+                    "secure xDS port off: no mesh CA (--caDir) and no serving files (--tlsCertFile)"
+                );
+                None
+            }
+            Some(addr) => {
+                let listener = TcpListener::bind(addr).await.with_context(|| {
+                    format!("binding the secure xDS address {addr} (--secureGrpcAddr)")
+                })?;
+                Some(listener)
+            }
+            None => None,
+        };
         let bound = Bound {
-            grpc: grpc.local_addr()?,
+            grpc: grpc.as_ref().map(TcpListener::local_addr).transpose()?,
+            secure_grpc: secure.as_ref().map(TcpListener::local_addr).transpose()?,
             http: http.local_addr()?,
             monitoring: monitoring.local_addr()?,
         };
@@ -583,7 +672,7 @@ impl Server {
             }
         });
         let ready_check = readiness.clone();
-        let ctx = Arc::new(XdsContext {
+        let ctx = XdsContext {
             snapshot: pipeline.snapshot().clone(),
             connections: connections.clone(),
             push_slots: Arc::new(Semaphore::new(config.push_throttle.max(1))),
@@ -595,30 +684,94 @@ impl Server {
             drain_duration: config.drain_duration,
             send_timeout: config.xds_limits.send_timeout,
             refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
-        });
-        // The mesh CA, when configured: on the plaintext port CreateCertificate has no
-        // authenticator and refuses every caller, as istiod does on 15010.
-        let certificates = match &config.ca {
-            Some(source) => {
-                let ca = source.load(&mesh_settings.load().config.trust_domain)?;
-                info!(root = %source.describe(), "mesh CA ready");
-                Some(CertificateService::new(
-                    Arc::new(ca),
-                    None,
-                    CaMetrics::new(&mut metrics_registry),
-                ))
-            }
-            None => None,
+            stream_rate: None,
         };
+        let stream_rate = config
+            .max_requests_per_second
+            .map(crate::ads::rate::StreamRateLimiter::new);
+        let ctx = Arc::new(XdsContext { stream_rate, ..ctx });
+        let ca_metrics = ca.as_ref().map(|ca| {
+            let metrics = CaMetrics::new(&mut metrics_registry);
+            metrics.register_expiry(&mut metrics_registry, ca);
+            metrics
+        });
+        if let (Some(ca), Some(path)) = (&ca, &config.secure.root_cert_file) {
+            crate::ca::write_public(path, ca.root_pem()).with_context(|| {
+                format!(
+                    "writing the root bundle (--rootCertFile {})",
+                    path.display()
+                )
+            })?;
+        }
         let transport_metrics = TransportMetrics::new(&mut metrics_registry);
-        let acceptor = Acceptor::new(grpc, config.xds_limits.clone(), transport_metrics);
-        tasks.spawn(serve_grpc(
-            acceptor,
-            config.xds_limits.clone(),
-            AdsService::new(ctx),
-            certificates,
-            draining,
-        ));
+        if let Some(grpc) = grpc {
+            // On the plaintext port CreateCertificate has no authenticator and refuses
+            // every caller, as istiod does on 15010.
+            let certificates = ca
+                .as_ref()
+                .zip(ca_metrics.clone())
+                .map(|(ca, metrics)| CertificateService::new(ca.clone(), None, metrics));
+            let acceptor =
+                Acceptor::new(grpc, config.xds_limits.clone(), transport_metrics.clone());
+            tasks.spawn(serve_grpc(
+                acceptor.into_stream(),
+                config.xds_limits.clone(),
+                AdsService::new(ctx.clone()),
+                certificates,
+                draining.clone(),
+            ));
+        }
+        if let Some(listener) = secure {
+            let source = match &config.secure.tls_files {
+                Some(files) => crate::tls::ServingSource::Files(files.clone()),
+                None => crate::tls::ServingSource::Ca(crate::tls::istiod_dns_names(
+                    &config.secure.custom_hosts,
+                    &config.secure.namespace,
+                    &config.secure.revision,
+                )),
+            };
+            let trust_domain = mesh_settings.load().config.trust_domain.clone();
+            let tls = Arc::new(
+                crate::tls::SecureTls::new(
+                    &source,
+                    ca.clone(),
+                    &trust_domain,
+                    config.secure.min_version,
+                )
+                .context("setting up TLS of the secure xDS port (--secureGrpcAddr)")?,
+            );
+            tls.register_metrics(&mut metrics_registry);
+            let mut stop = shutdown.clone();
+            tasks.spawn(
+                tls.clone()
+                    .follow(source.clone(), async move { stop.wait().await }),
+            );
+            let authenticators = Arc::new(
+                build_authenticators(
+                    &config,
+                    &trust_domain,
+                    kube_client.clone(),
+                    secret_controller.clone(),
+                )
+                .await?,
+            );
+            info!(authenticators = ?authenticators.names(), serving = ?source, "secure xDS port ready");
+            let certificates = ca.as_ref().zip(ca_metrics).map(|(ca, metrics)| {
+                CertificateService::new(ca.clone(), Some((*authenticators).clone()), metrics)
+            });
+            let acceptor = Acceptor::new(listener, config.xds_limits.clone(), transport_metrics);
+            let handshake = config
+                .xds_limits
+                .handshake_timeout
+                .unwrap_or(Duration::from_secs(10));
+            tasks.spawn(serve_grpc(
+                crate::tls::incoming(acceptor, tls, handshake),
+                config.xds_limits.clone(),
+                AdsService::secure(ctx, authenticators),
+                certificates,
+                draining,
+            ));
+        }
 
         if config.kubernetes.is_some()
             && let Some(lease) = &config.lease
@@ -667,7 +820,7 @@ impl Server {
         ));
 
         info!(
-            grpc = %bound.grpc, http = %bound.http, monitoring = %bound.monitoring,
+            grpc = ?bound.grpc, secure_grpc = ?bound.secure_grpc, http = %bound.http, monitoring = %bound.monitoring,
             registries = ?aggregate.registries().iter().map(|r| r.shard_key().to_string()).collect::<Vec<_>>(),
             "meshfed discovery serving"
         );
@@ -815,6 +968,7 @@ async fn start_kube_registry(
     shutdown: &Shutdown,
     tasks: &mut JoinSet<()>,
 ) -> anyhow::Result<(
+    meshfed_kube::Client,
     Option<Arc<meshfed_kube::SecretController>>,
     Option<(String, Arc<std::sync::atomic::AtomicBool>)>,
 )> {
@@ -904,7 +1058,7 @@ async fn start_kube_registry(
     }
 
     let Some(namespace) = &kube.remote_secrets.namespace else {
-        return Ok((None, mesh_map));
+        return Ok((client, None, mesh_map));
     };
     let multicluster = meshfed_kube::MulticlusterConfig {
         namespace: namespace.clone(),
@@ -914,7 +1068,7 @@ async fn start_kube_registry(
     };
     let mut stop = shutdown.clone();
     let (controller, task) = meshfed_kube::SecretController::start(
-        client,
+        client.clone(),
         multicluster,
         aggregate.clone(),
         sink.clone(),
@@ -924,7 +1078,7 @@ async fn start_kube_registry(
         let _ = task.await;
     });
     info!(%namespace, "remote cluster secret controller started (Secrets labelled istio/multiCluster=true)");
-    Ok((Some(controller), mesh_map))
+    Ok((client, Some(controller), mesh_map))
 }
 
 async fn start_consul_registry(
@@ -1000,14 +1154,36 @@ fn start_mock_registry(
     }
 }
 
-async fn serve_grpc(
-    acceptor: Acceptor,
+/// The authenticators of the secure port, in Istio's order: client certificates,
+/// third-party JWTs (`--jwtRule`), Kubernetes tokens through a TokenReview (with the
+/// Kubernetes registry).
+async fn build_authenticators(
+    config: &DiscoveryConfig,
+    trust_domain: &str,
+    kube_client: Option<meshfed_kube::Client>,
+    remotes: Option<Arc<meshfed_kube::SecretController>>,
+) -> anyhow::Result<Authenticators> {
+    let chain: Vec<Arc<dyn crate::authn::Authenticator>> =
+        vec![Arc::new(crate::authn::ClientCertAuthenticator)];
+    let _ = (config, trust_domain, kube_client, remotes);
+    Ok(Authenticators::new(chain))
+}
+
+async fn serve_grpc<IO, IE>(
+    incoming: impl futures::Stream<Item = Result<IO, IE>> + Send + 'static,
     limits: XdsLimits,
     ads: AdsService,
     certificates: Option<CertificateService>,
     mut shutdown: Shutdown,
-) {
-    let incoming = acceptor.into_stream();
+) where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected<ConnectInfo = XdsConnectInfo>
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let mut server = tonic::transport::Server::builder()
         // Istio's GRPC_KEEPALIVE_INTERVAL and GRPC_KEEPALIVE_TIMEOUT.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))

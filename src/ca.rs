@@ -168,31 +168,31 @@ impl Ca {
                     .collect(),
             });
         }
-        let cert = read(&dir.join("ca-cert.pem"))?;
         let key_path = dir.join("ca-key.pem");
-        let key = KeyPair::from_pem(&read(&key_path)?)
-            .map_err(|e| invalid(key_path.display().to_string(), e))?;
-        let chain = split_pem(&read(&dir.join("cert-chain.pem"))?);
-        let root = read(&dir.join("root-cert.pem"))?;
+        Ca::from_pems(
+            read(&dir.join("ca-cert.pem"))?,
+            &read(&key_path)?,
+            &read(&dir.join("cert-chain.pem"))?,
+            read(&dir.join("root-cert.pem"))?,
+        )
+        .map(Some)
+    }
+
+    /// A CA from its PEM material (Istio's `cacerts` keys, from files or a Secret):
+    /// the signing certificate (a CA), its key, the intermediates up to the root
+    /// (may be empty) and the root bundle.
+    pub fn from_pems(cert: String, key: &str, chain: &str, root: String) -> Result<Ca, CaError> {
+        let key = KeyPair::from_pem(key).map_err(|e| invalid("ca-key.pem", e))?;
         if split_pem(&root).is_empty() {
             return Err(invalid("root-cert.pem", "no certificate in it"));
         }
         let not_after = ca_not_after("ca-cert.pem", &cert)?;
-        Ok(Some(Ca::new(cert, key, chain, root, not_after)))
+        Ok(Ca::new(cert, key, split_pem(chain), root, not_after))
     }
 
-    /// The self-signed CA kept in `dir`: read back if there, else created for
-    /// `trust_domain` and written (the key at mode 0600).
-    pub fn self_signed(dir: &Path, trust_domain: &str) -> Result<Ca, CaError> {
-        let cert_path = dir.join("ca-cert.pem");
-        let key_path = dir.join("ca-key.pem");
-        if cert_path.is_file() && key_path.is_file() {
-            let cert = read(&cert_path)?;
-            let key = KeyPair::from_pem(&read(&key_path)?)
-                .map_err(|e| invalid(key_path.display().to_string(), e))?;
-            let not_after = ca_not_after("ca-cert.pem", &cert)?;
-            return Ok(Ca::new(cert.clone(), key, Vec::new(), cert, not_after));
-        }
+    /// Makes a self-signed root for `trust_domain` (Istio's: organization = the
+    /// trust domain, 10 years, CertSign): its certificate and key, PEM.
+    pub fn generate_root(trust_domain: &str) -> Result<(String, String), CaError> {
         let key = KeyPair::generate().map_err(|e| invalid("generating the CA key", e))?;
         let mut params = CertificateParams::default();
         let mut name = DistinguishedName::new();
@@ -208,19 +208,31 @@ impl Ca {
             .self_signed(&key)
             .map_err(|e| invalid("self-signing the CA", e))?
             .pem();
+        Ok((cert, key.serialize_pem()))
+    }
+
+    /// The self-signed CA kept in `dir`: read back if there, else created for
+    /// `trust_domain` and written (the key at mode 0600).
+    pub fn self_signed(dir: &Path, trust_domain: &str) -> Result<Ca, CaError> {
+        let cert_path = dir.join("ca-cert.pem");
+        let key_path = dir.join("ca-key.pem");
+        if cert_path.is_file() && key_path.is_file() {
+            let cert = read(&cert_path)?;
+            return Ca::from_pems(cert.clone(), &read(&key_path)?, "", cert);
+        }
+        let (cert, key) = Ca::generate_root(trust_domain)?;
         std::fs::create_dir_all(dir).map_err(|source| CaError::Io {
             path: dir.to_path_buf(),
             source,
         })?;
-        write_private(&key_path, &key.serialize_pem())?;
+        write_private(&key_path, &key)?;
         for file in ["ca-cert.pem", "root-cert.pem"] {
             std::fs::write(dir.join(file), &cert).map_err(|source| CaError::Io {
                 path: dir.join(file),
                 source,
             })?;
         }
-        let not_after = params.not_after;
-        Ok(Ca::new(cert.clone(), key, Vec::new(), cert, not_after))
+        Ca::from_pems(cert.clone(), &key, "", cert)
     }
 
     fn new(
@@ -246,6 +258,34 @@ impl Ca {
         &self.root
     }
 
+    /// When the signing certificate expires.
+    pub fn not_after(&self) -> OffsetDateTime {
+        self.not_after
+    }
+
+    /// When the first certificate of the root bundle expires.
+    pub fn root_not_after(&self) -> Option<OffsetDateTime> {
+        let (_, pem) = x509_parser::pem::parse_x509_pem(self.root.as_bytes()).ok()?;
+        Some(pem.parse_x509().ok()?.validity().not_after.to_datetime())
+    }
+
+    /// A serving certificate for the control plane itself (Istio's DNS certificate
+    /// of istiod): a new ECDSA P-256 key, `dns_names` as SANs, Istio's 10-year
+    /// lifetime clamped to the signer. Returns the chain (leaf, intermediates) and
+    /// the key, PEM.
+    pub fn issue_serving(&self, dns_names: &[String]) -> Result<(String, String), CaError> {
+        let key = KeyPair::generate().map_err(|e| invalid("generating the serving key", e))?;
+        let csr = CertificateParams::new(Vec::<String>::new())
+            .and_then(|p| p.serialize_request(&key))
+            .and_then(|r| r.pem())
+            .map_err(|e| invalid("the serving certificate request", e))?;
+        let ttl = SELF_SIGNED_ROOT_TTL;
+        let mut chain = self.sign_with(&csr, dns_names, ttl, ttl)?;
+        // The root is not part of what a server sends.
+        chain.pop();
+        Ok((chain.concat(), key.serialize_pem()))
+    }
+
     /// Signs a workload certificate for `identities` (SPIFFE URIs, IPs or DNS names)
     /// with the CSR's public key, for `ttl` (zero: the default); returns the chain in
     /// Istio's order.
@@ -255,12 +295,22 @@ impl Ca {
         identities: &[String],
         ttl: Duration,
     ) -> Result<Vec<String>, CaError> {
+        self.sign_with(csr_pem, identities, ttl, self.max_ttl)
+    }
+
+    fn sign_with(
+        &self,
+        csr_pem: &str,
+        identities: &[String],
+        ttl: Duration,
+        max_ttl: Duration,
+    ) -> Result<Vec<String>, CaError> {
         let csr = CertificateSigningRequestParams::from_pem(csr_pem)
             .map_err(|e| CaError::Csr(e.to_string()))?;
-        if ttl > self.max_ttl {
+        if ttl > max_ttl {
             return Err(CaError::Ttl {
                 requested: ttl,
-                max: self.max_ttl,
+                max: max_ttl,
             });
         }
         let ttl = if ttl.is_zero() { self.default_ttl } else { ttl };
@@ -324,6 +374,23 @@ fn random_serial() -> SerialNumber {
         .expect("the system random source works");
     bytes[0] &= 0x7f;
     SerialNumber::from_slice(&bytes)
+}
+
+/// Writes public material (the root bundle) for workloads to read: a temporary
+/// file in the same directory, mode 0644, renamed over `path`.
+pub fn write_public(path: &Path, text: &str) -> Result<(), CaError> {
+    let io = |source| CaError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).map_err(io)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)).map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)
 }
 
 fn write_private(path: &Path, text: &str) -> Result<(), CaError> {

@@ -73,6 +73,29 @@ impl CaMetrics {
     }
 }
 
+impl CaMetrics {
+    /// Registers Istio's expiry gauges of `ca` (seconds since the epoch):
+    /// `citadel_server_root_cert_expiry_timestamp` and
+    /// `citadel_server_cert_chain_expiry_timestamp`.
+    pub fn register_expiry(&self, registry: &mut Registry, ca: &Ca) {
+        use prometheus_client::metrics::gauge::Gauge;
+        let root: Gauge = Gauge::default();
+        root.set(ca.root_not_after().map_or(0, |t| t.unix_timestamp()));
+        registry.register(
+            "citadel_server_root_cert_expiry_timestamp",
+            "The unix timestamp, in seconds, when the CA root certificate will expire",
+            root,
+        );
+        let chain: Gauge = Gauge::default();
+        chain.set(ca.not_after().unix_timestamp());
+        registry.register(
+            "citadel_server_cert_chain_expiry_timestamp",
+            "The unix timestamp, in seconds, when the CA signing certificate will expire",
+            chain,
+        );
+    }
+}
+
 /// Signs `request` for `caller` (none: refused as Istio refuses it).
 pub fn create_certificate(
     ca: &Ca,

@@ -21,4 +21,5 @@ pub mod networks;
 pub mod push;
 pub mod readiness;
 pub mod testing;
+pub mod tls;
 pub mod xds;

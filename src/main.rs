@@ -230,9 +230,65 @@ struct DiscoveryArgs {
     /// This control plane's cluster id.
     #[arg(long = "clusterID", default_value = "Kubernetes")]
     cluster_id: String,
-    /// Plaintext xDS (ADS) address. `:PORT` listens on every interface, as in Istio.
-    #[arg(long = "grpcAddr", default_value = "127.0.0.1:15010", value_parser = parse_addr)]
-    grpc_addr: SocketAddr,
+    /// Plaintext xDS (ADS) address. `:PORT` listens on every interface, as in Istio;
+    /// empty turns the plaintext port off. Streams here carry no identity and
+    /// CreateCertificate refuses every caller.
+    #[arg(long = "grpcAddr", default_value = "127.0.0.1:15010", value_parser = parse_optional_addr)]
+    grpc_addr: OptionalAddr,
+    /// Secure xDS address (Istio's 15012): TLS, ADS with authenticated and authorized
+    /// proxies, and the CA's CreateCertificate. Served when there is a mesh CA
+    /// (--caDir, or the Kubernetes registry) or serving files (--tlsCertFile); empty
+    /// turns it off.
+    #[arg(long = "secureGrpcAddr", default_value = "127.0.0.1:15012", value_parser = parse_optional_addr)]
+    secure_grpc_addr: OptionalAddr,
+    /// The secure port's serving certificate chain (PEM), with --tlsKeyFile and
+    /// --caCertFile (all three or none); reloaded when any of them changes. Without
+    /// them the mesh CA issues the certificate.
+    #[arg(long = "tlsCertFile")]
+    tls_cert_file: Option<PathBuf>,
+    /// The serving certificate's private key (PEM).
+    #[arg(long = "tlsKeyFile")]
+    tls_key_file: Option<PathBuf>,
+    /// Roots (PEM) that client certificates on the secure port may chain to, besides
+    /// the mesh CA's.
+    #[arg(long = "caCertFile")]
+    ca_cert_file: Option<PathBuf>,
+    /// Lowest TLS version of the secure port: 1.2 or 1.3.
+    #[arg(long = "tlsMinVersion", default_value = "1.2")]
+    tls_min_version: meshfed::tls::TlsMinVersion,
+    /// Extra DNS names (comma separated) of the CA-issued serving certificate, next to
+    /// istiod.<ns>.svc, istiod-remote.<ns>.svc and istio-pilot.<ns>.svc; default
+    /// $ISTIOD_CUSTOM_HOST.
+    #[arg(long = "istiodCustomHost", value_delimiter = ',')]
+    istiod_custom_host: Vec<String>,
+    /// The control plane revision: adds istiod-<revision>.<ns>.svc to the serving
+    /// certificate unless empty or `default`.
+    #[arg(long = "revision", default_value = "")]
+    revision: String,
+    /// A third-party JWT issuer trusted on the secure port, for workloads outside
+    /// Kubernetes (VMs, Consul): Istio's JWT_RULE JSON, e.g.
+    /// {"issuer":"https://issuer","jwksUri":"https://issuer/jwks","audiences":["istio-ca"]};
+    /// default $JWT_RULE.
+    #[arg(long = "jwtRule")]
+    jwt_rule: Option<String>,
+    /// Audiences a Kubernetes service-account token must carry (Istio's
+    /// TOKEN_AUDIENCES), comma separated.
+    #[arg(
+        long = "tokenAudiences",
+        default_value = "istio-ca",
+        value_delimiter = ','
+    )]
+    token_audiences: Vec<String>,
+    /// Write the mesh root bundle (PEM, mode 0644) to this file, for workloads outside
+    /// Kubernetes; with Kubernetes it is also published as the istio-ca-root-cert
+    /// ConfigMap of every namespace.
+    #[arg(long = "rootCertFile")]
+    root_cert_file: Option<PathBuf>,
+    /// New xDS streams accepted a second on both ports, burst one; a stream waits up to
+    /// a second for its turn, then is refused with RESOURCE_EXHAUSTED (Istio's
+    /// PILOT_MAX_REQUESTS_PER_SECOND). 0: Istio's default, min(15 + 5 x cores, 100).
+    #[arg(long = "maxRequestsPerSecond", default_value_t = 0.0)]
+    max_requests_per_second: f64,
     /// HTTP address for /ready and the debug endpoints.
     #[arg(long = "httpAddr", default_value = "127.0.0.1:8080", value_parser = parse_addr)]
     http_addr: SocketAddr,
@@ -340,7 +396,8 @@ struct DiscoveryArgs {
 /// Writes the `--readyFile` JSON for `bound` to `path` atomically.
 fn write_ready_file(path: &Path, bound: &meshfed::app::Bound) -> anyhow::Result<()> {
     let json = serde_json::json!({
-        "grpcAddr": bound.grpc.to_string(),
+        "grpcAddr": bound.grpc.map(|a| a.to_string()),
+        "secureGrpcAddr": bound.secure_grpc.map(|a| a.to_string()),
         "httpAddr": bound.http.to_string(),
         "monitoringAddr": bound.monitoring.to_string(),
         "pid": std::process::id(),
@@ -372,6 +429,17 @@ fn parse_addr(s: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{s:?}: expected HOST:PORT, [V6]:PORT or :PORT"))
 }
 
+/// An address flag that may be turned off with an empty value.
+#[derive(Clone, Copy, Debug)]
+struct OptionalAddr(Option<SocketAddr>);
+
+fn parse_optional_addr(s: &str) -> Result<OptionalAddr, String> {
+    if s.trim().is_empty() {
+        return Ok(OptionalAddr(None));
+    }
+    parse_addr(s).map(|a| OptionalAddr(Some(a)))
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     let d: meshfed_api::Duration = s.parse().map_err(|e| format!("{s:?}: {e}"))?;
     Duration::try_from(d).map_err(|_| format!("{s:?}: must not be negative"))
@@ -398,6 +466,46 @@ impl DiscoveryArgs {
             retry_interval: self.consul_interval,
             max_retry_interval: self.consul_interval.max(Duration::from_secs(30)),
             ..ConsulSettings::new(&self.consul_url)
+        })
+    }
+
+    fn secure_settings(&self) -> anyhow::Result<meshfed::app::SecureSettings> {
+        let tls_files = match (&self.tls_cert_file, &self.tls_key_file, &self.ca_cert_file) {
+            (None, None, None) => None,
+            (Some(cert), Some(key), Some(ca_cert)) => Some(meshfed::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                ca_cert: ca_cert.clone(),
+            }),
+            _ => bail!(
+                "--tlsCertFile, --tlsKeyFile and --caCertFile go together: give all three or none"
+            ),
+        };
+        let custom_hosts = if self.istiod_custom_host.is_empty() {
+            std::env::var("ISTIOD_CUSTOM_HOST")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::trim)
+                .filter(|h| !h.is_empty())
+                .map(String::from)
+                .collect()
+        } else {
+            self.istiod_custom_host.clone()
+        };
+        let jwt_rule = self
+            .jwt_rule
+            .clone()
+            .or_else(|| std::env::var("JWT_RULE").ok())
+            .filter(|r| !r.trim().is_empty());
+        Ok(meshfed::app::SecureSettings {
+            tls_files,
+            custom_hosts,
+            revision: self.revision.clone(),
+            namespace: self.system_namespace.clone(),
+            min_version: self.tls_min_version,
+            jwt_rule,
+            token_audiences: self.token_audiences.clone(),
+            root_cert_file: self.root_cert_file.clone(),
         })
     }
 
@@ -461,7 +569,16 @@ impl DiscoveryArgs {
             );
         }
         Ok(DiscoveryConfig {
-            grpc_addr: self.grpc_addr,
+            grpc_addr: self.grpc_addr.0,
+            secure_grpc_addr: self.secure_grpc_addr.0,
+            secure: self.secure_settings()?,
+            max_requests_per_second: Some(if self.max_requests_per_second > 0.0 {
+                self.max_requests_per_second
+            } else {
+                meshfed::ads::rate::istio_default_rate(
+                    std::thread::available_parallelism().map_or(1, |n| n.get()),
+                )
+            }),
             http_addr: self.http_addr,
             monitoring_addr: self.monitoring_addr,
             cluster_id: self.cluster_id.as_str().into(),

@@ -29,6 +29,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow, bail};
@@ -45,6 +46,7 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
+use tonic::metadata::MetadataMap;
 
 use crate::app::{Bound, DiscoveryConfig, MockSource, Server};
 use crate::model::proxy::json_to_struct;
@@ -64,7 +66,7 @@ impl FakeServerBuilder {
     /// Serves ADS on this address instead of 127.0.0.1 port 0 (to restart a control
     /// plane where its clients expect it).
     pub fn grpc_addr(mut self, addr: SocketAddr) -> Self {
-        self.config.grpc_addr = addr;
+        self.config.grpc_addr = Some(addr);
         self
     }
 
@@ -124,7 +126,10 @@ impl FakeServer {
         let local = SocketAddr::from(([127, 0, 0, 1], 0));
         FakeServerBuilder {
             config: DiscoveryConfig {
-                grpc_addr: local,
+                grpc_addr: Some(local),
+                secure_grpc_addr: Some(local),
+                // In-process tests open many streams at once.
+                max_requests_per_second: None,
                 http_addr: local,
                 monitoring_addr: local,
                 mock: MockSource::None,
@@ -149,7 +154,18 @@ impl FakeServer {
 
     /// The ADS address.
     pub fn grpc_addr(&self) -> SocketAddr {
-        self.server.bound().grpc
+        self.server
+            .bound()
+            .grpc
+            .expect("the plaintext xDS port is on")
+    }
+
+    /// The secure xDS address (with a CA or serving files).
+    pub fn secure_grpc_addr(&self) -> SocketAddr {
+        self.server
+            .bound()
+            .secure_grpc
+            .expect("the secure xDS port is on: configure a CA")
     }
 
     /// `http://` base URL of the `/ready` + debug listener.
@@ -229,14 +245,103 @@ pub struct AdsClient {
     state: HashMap<&'static str, (String, String, Vec<String>)>,
 }
 
+/// How a test client speaks TLS to the secure port.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    /// Roots (PEM) the server's certificate must chain to.
+    pub roots_pem: String,
+    /// The client's certificate chain and key (PEM), if it presents one.
+    pub identity: Option<(String, String)>,
+    /// The name the server's certificate must carry.
+    pub server_name: String,
+}
+
+/// A gRPC channel to `addr` over TLS (rustls, ALPN h2).
+pub async fn tls_channel(
+    addr: SocketAddr,
+    tls: &ClientTls,
+) -> anyhow::Result<tonic::transport::Channel> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(tls.roots_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
+    let mut config = match &tls.identity {
+        Some((chain, key)) => builder.with_client_auth_cert(
+            CertificateDer::pem_slice_iter(chain.as_bytes()).collect::<Result<Vec<_>, _>>()?,
+            PrivateKeyDer::from_pem_slice(key.as_bytes())?,
+        )?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let name = ServerName::try_from(tls.server_name.clone())?;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
+            let (connector, name) = (connector.clone(), name.clone());
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let io = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+            }
+        }))
+        .await?;
+    Ok(channel)
+}
+
+/// Calls `istio.v1.auth.IstioCertificateService/CreateCertificate` over `channel`
+/// with call `metadata`.
+pub async fn create_certificate(
+    channel: tonic::transport::Channel,
+    metadata: MetadataMap,
+    request: meshfed_api::auth::v1::IstioCertificateRequest,
+) -> Result<meshfed_api::auth::v1::IstioCertificateResponse, tonic::Status> {
+    let mut client = tonic::client::Grpc::new(channel);
+    client
+        .ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let codec = tonic_prost::ProstCodec::<
+        meshfed_api::auth::v1::IstioCertificateRequest,
+        meshfed_api::auth::v1::IstioCertificateResponse,
+    >::default();
+    let mut request = tonic::Request::new(request);
+    *request.metadata_mut() = metadata;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/istio.v1.auth.IstioCertificateService/CreateCertificate",
+    );
+    client
+        .unary(request, path, codec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 impl AdsClient {
     /// Opens a stream to `addr` for `node`.
     pub async fn connect(addr: SocketAddr, node: Node) -> anyhow::Result<AdsClient> {
-        let mut client =
-            AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await?;
+        AdsClient::over(channel, MetadataMap::new(), node).await
+    }
+
+    /// Opens a stream over `channel` with call `metadata` (e.g. `authorization`).
+    pub async fn over(
+        channel: tonic::transport::Channel,
+        metadata: MetadataMap,
+        node: Node,
+    ) -> anyhow::Result<AdsClient> {
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (tx, rx) = mpsc::channel(16);
+        let mut request = tonic::Request::new(ReceiverStream::new(rx));
+        *request.metadata_mut() = metadata;
         let rx = client
-            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .stream_aggregated_resources(request)
             .await?
             .into_inner();
         Ok(AdsClient {
@@ -371,8 +476,18 @@ pub struct DeltaClient {
 impl DeltaClient {
     /// Opens a Delta stream to `addr` for `node`.
     pub async fn connect(addr: SocketAddr, node: Node) -> anyhow::Result<DeltaClient> {
-        let mut client =
-            AggregatedDiscoveryServiceClient::connect(format!("http://{addr}")).await?;
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+            .connect()
+            .await?;
+        DeltaClient::over(channel, node).await
+    }
+
+    /// Opens a Delta stream over `channel`.
+    pub async fn over(
+        channel: tonic::transport::Channel,
+        node: Node,
+    ) -> anyhow::Result<DeltaClient> {
+        let mut client = AggregatedDiscoveryServiceClient::new(channel);
         let (tx, rx) = mpsc::channel(16);
         let rx = client
             .delta_aggregated_resources(ReceiverStream::new(rx))

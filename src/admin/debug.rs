@@ -162,6 +162,7 @@ fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
                     "type": c.proxy.node_type, "ips": c.proxy.ip_addresses, "namespace": c.proxy.namespace,
                     "clusterId": c.proxy.cluster_id, "network": c.proxy.network, "labels": c.proxy.labels,
                     "generator": c.proxy.generator, "userAgent": c.proxy.user_agent,
+                    "verifiedIdentity": c.proxy.verified_identity,
                 },
                 "metadata": c.proxy.metadata,
                 "watches": watches,

@@ -13,6 +13,7 @@ pub mod frames;
 pub mod intern;
 pub mod limit;
 pub mod metrics;
+pub mod rate;
 pub mod server;
 pub mod transport;
 

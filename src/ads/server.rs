@@ -21,8 +21,10 @@ use super::connection::{Action, ConnectionState};
 use super::frames::{FrameEncode, Outbound, RequestError, RequestStream, ResponseBody};
 use super::limit::LogLimiter;
 use super::metrics::XdsMetrics;
+use super::rate::StreamRateLimiter;
 use super::transport::{ConnControl, XdsConnectInfo};
 use super::{ConnectionHandle, Connections, Flavour, Pending};
+use crate::authn::{AuthContext, Authenticators, TlsPeer, authorize_proxy};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
 use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
@@ -64,6 +66,9 @@ pub struct XdsContext {
     pub send_timeout: Option<Duration>,
     /// Limits the log lines of refused streams (peers can cause them at will).
     pub refusal_log: LogLimiter,
+    /// The new-stream rate limit of both ports (`--maxRequestsPerSecond`); `None`:
+    /// no limit.
+    pub stream_rate: Option<StreamRateLimiter>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -78,12 +83,26 @@ impl std::fmt::Debug for XdsContext {
 #[derive(Clone, Debug)]
 pub struct AdsService {
     ctx: Arc<XdsContext>,
+    authenticators: Option<Arc<Authenticators>>,
 }
 
 impl AdsService {
-    /// Wraps a context.
+    /// The service of the plaintext port: streams carry no identity.
     pub fn new(ctx: Arc<XdsContext>) -> Self {
-        AdsService { ctx }
+        AdsService {
+            ctx,
+            authenticators: None,
+        }
+    }
+
+    /// The service of the secure port: each stream is authenticated by
+    /// `authenticators`, and its node must claim the namespace and service account
+    /// of the identity (Istio's xDS authorization).
+    pub fn secure(ctx: Arc<XdsContext>, authenticators: Arc<Authenticators>) -> Self {
+        AdsService {
+            ctx,
+            authenticators: Some(authenticators),
+        }
     }
 }
 
@@ -106,9 +125,10 @@ where
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
         let ctx = self.ctx.clone();
+        let auth = self.authenticators.clone();
         let response = match req.uri().path() {
-            SOTW_PATH => start_stream::<Sotw, B>(ctx, req),
-            DELTA_PATH => start_stream::<Delta, B>(ctx, req),
+            SOTW_PATH => start_stream::<Sotw, B>(ctx, auth, req),
+            DELTA_PATH => start_stream::<Delta, B>(ctx, auth, req),
             _ => Status::unimplemented("unknown method").into_http(),
         };
         Box::pin(async move { Ok(response) })
@@ -119,6 +139,7 @@ where
 /// through [`ResponseBody`] (see [`super::frames`] for why tonic's codec is not used).
 fn start_stream<F: FlavourIo, B>(
     ctx: Arc<XdsContext>,
+    authenticators: Option<Arc<Authenticators>>,
     req: http::Request<B>,
 ) -> http::Response<tonic::body::Body>
 where
@@ -135,11 +156,18 @@ where
     }
     let info = req.extensions().get::<XdsConnectInfo>().cloned();
     let peer = info.as_ref().and_then(|info| info.peer);
+    let tls = info.as_ref().and_then(|info| info.tls.clone());
     let control = info.map(|info| info.control);
+    // The secure port authenticates the stream from its call metadata and TLS peer.
+    let admission = authenticators.map(|chain| Admission {
+        chain,
+        metadata: tonic::metadata::MetadataMap::from_headers(req.headers().clone()),
+        tls,
+    });
     let inbound =
         RequestStream::<F::Req>::new(tonic::body::Body::new(req.into_body()), control.clone());
     let (tx, rx) = mpsc::channel(4);
-    tokio::spawn(run_stream::<F>(ctx, inbound, tx, peer, control));
+    tokio::spawn(run_stream::<F>(ctx, admission, inbound, tx, peer, control));
     let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
@@ -313,13 +341,49 @@ async fn refuse<F: FlavourIo>(
     .await;
 }
 
+/// What the secure port checks of a new stream.
+struct Admission {
+    chain: Arc<Authenticators>,
+    metadata: tonic::metadata::MetadataMap,
+    tls: Option<Arc<TlsPeer>>,
+}
+
 async fn run_stream<F: FlavourIo>(
     ctx: Arc<XdsContext>,
+    admission: Option<Admission>,
     mut inbound: RequestStream<F::Req>,
     tx: Tx<F>,
     peer: Option<SocketAddr>,
     transport: Option<Arc<ConnControl>>,
 ) {
+    // Istio's order: rate limit, authentication, then the node against the identity.
+    if let Some(limiter) = &ctx.stream_rate
+        && !limiter.acquire(super::rate::MAX_WAIT).await
+    {
+        let status = Status::resource_exhausted(format!(
+            "request rate limit exceeded: more than {} new xDS streams a second (--maxRequestsPerSecond)",
+            limiter.rate()
+        ));
+        refuse::<F>(&ctx, &tx, peer, None, "rate_limited", status).await;
+        return;
+    }
+    let caller = match &admission {
+        None => None,
+        Some(admission) => {
+            let ctx_auth = AuthContext {
+                metadata: &admission.metadata,
+                tls: admission.tls.as_deref(),
+            };
+            match admission.chain.authenticate(ctx_auth).await {
+                Ok(caller) => Some(caller),
+                Err(why) => {
+                    let status = Status::unauthenticated(format!("authentication failure: {why}"));
+                    refuse::<F>(&ctx, &tx, peer, None, "unauthenticated", status).await;
+                    return;
+                }
+            }
+        }
+    };
     let first = match inbound.message().await {
         Ok(Some(first)) => first,
         Ok(None) | Err(RequestError::Transport(_)) => return,
@@ -328,7 +392,7 @@ async fn run_stream<F: FlavourIo>(
             return;
         }
     };
-    let proxy = match Proxy::from_node(F::node(&first)) {
+    let mut proxy = match Proxy::from_node(F::node(&first)) {
         Ok(proxy) => proxy,
         Err(err) => {
             let status = Status::invalid_argument(err.to_string());
@@ -336,6 +400,20 @@ async fn run_stream<F: FlavourIo>(
             return;
         }
     };
+    if let Some(caller) = &caller {
+        match authorize_proxy(
+            &caller.identities,
+            &proxy.namespace,
+            proxy.service_account(),
+        ) {
+            Ok(identity) => proxy.verified_identity = Some(identity),
+            Err(why) => {
+                let status = Status::permission_denied(why);
+                refuse::<F>(&ctx, &tx, peer, None, "permission_denied", status).await;
+                return;
+            }
+        }
+    }
     let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
     ctx.metrics.connected.inc();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), node = %clip(&handle.proxy.node_id, NODE_ID_LOG_MAX), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");

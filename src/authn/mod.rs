@@ -147,6 +147,29 @@ pub fn parse_spiffe(uri: &str) -> Option<SpiffeId<'_>> {
     }
 }
 
+/// Istio's xDS authorization: the first identity (`spiffe://td/ns/X/sa/Y`) whose
+/// namespace is the node's config namespace and whose service account is the node's
+/// (each checked only when the node states it) becomes the proxy's verified
+/// identity. The trust domain is not compared, as in Istio.
+pub fn authorize_proxy(
+    identities: &[String],
+    namespace: &str,
+    service_account: &str,
+) -> Result<String, String> {
+    identities
+        .iter()
+        .find(|id| {
+            parse_spiffe(id).is_some_and(|id| {
+                (namespace.is_empty() || id.namespace == namespace)
+                    && (service_account.is_empty() || id.service_account == service_account)
+            })
+        })
+        .cloned()
+        .ok_or_else(|| {
+            format!("authorization failed: no identities ({identities:?}) matched {namespace}/{service_account}")
+        })
+}
+
 /// Client certificates (Istio's `ClientCertAuthenticator`): the identities are the
 /// SANs of the leaf of a chain the TLS handshake verified against the mesh roots.
 #[derive(Debug, Default)]
@@ -208,6 +231,26 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_must_claim_its_identitys_namespace_and_service_account() {
+        let ids = vec![
+            "spiffe://other.domain/ns/a/sa/b".to_string(),
+            "spiffe://td/ns/c/sa/d".to_string(),
+        ];
+        assert_eq!(authorize_proxy(&ids, "c", "d").unwrap(), ids[1]);
+        assert_eq!(
+            authorize_proxy(&ids, "a", "").unwrap(),
+            ids[0],
+            "trust domain not checked"
+        );
+        let why = authorize_proxy(&ids, "e", "d").unwrap_err();
+        assert!(
+            why.contains("no identities") && why.contains("e/d"),
+            "{why}"
+        );
+        assert!(authorize_proxy(&ids, "c", "x").is_err());
+    }
+
+    #[test]
     fn the_bearer_token_and_the_cluster_follow_istio() {
         let mut md = MetadataMap::new();
         assert_eq!(bearer_token(&md), None);
@@ -255,8 +298,16 @@ mod tests {
             Arc::new(Fixed(Err("expired".into()))),
         ]);
         let why = failing.authenticate(ctx).await.unwrap_err();
-        assert!(why.contains("bad token") && why.contains("expired"), "{why}");
+        assert!(
+            why.contains("bad token") && why.contains("expired"),
+            "{why}"
+        );
         let none = Authenticators::new(vec![Arc::new(Fixed(Ok(None)))]);
-        assert!(none.authenticate(ctx).await.unwrap_err().contains("no credential"));
+        assert!(
+            none.authenticate(ctx)
+                .await
+                .unwrap_err()
+                .contains("no credential")
+        );
     }
 }

@@ -151,9 +151,20 @@ pub struct Proxy {
     /// The raw metadata, for debug output (shared: proxies are copied per push when
     /// their workload's labels apply).
     pub metadata: Arc<serde_json::Value>,
+    /// The identity the secure port authenticated and matched to the node (Istio's
+    /// `VerifiedIdentity`); `None` on the plaintext port.
+    pub verified_identity: Option<String>,
 }
 
 impl Proxy {
+    /// Metadata `SERVICE_ACCOUNT` (empty when unset).
+    pub fn service_account(&self) -> &str {
+        self.metadata
+            .get("SERVICE_ACCOUNT")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+    }
+
     /// True for gateways (`router` nodes).
     pub fn is_router(&self) -> bool {
         self.node_type == NodeType::Router
@@ -299,6 +310,7 @@ impl Proxy {
             istio_version: str_meta("ISTIO_VERSION").map(str::to_string),
             user_agent: node.user_agent_name.clone(),
             metadata: Arc::new(metadata),
+            verified_identity: None,
         })
     }
 }

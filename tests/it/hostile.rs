@@ -527,24 +527,11 @@ async fn create_certificate_on_the_plaintext_port_is_refused_with_a_metric() {
         .connect()
         .await
         .unwrap();
-    let mut client = tonic::client::Grpc::new(channel);
-    client.ready().await.unwrap();
     let request = meshfed_api::auth::v1::IstioCertificateRequest {
         csr: "-----BEGIN CERTIFICATE REQUEST-----\n-----END CERTIFICATE REQUEST-----\n".into(),
         ..Default::default()
     };
-    let codec = tonic_prost::ProstCodec::<
-        meshfed_api::auth::v1::IstioCertificateRequest,
-        meshfed_api::auth::v1::IstioCertificateResponse,
-    >::default();
-    let status = client
-        .unary(
-            tonic::Request::new(request),
-            "/istio.v1.auth.IstioCertificateService/CreateCertificate"
-                .parse()
-                .unwrap(),
-            codec,
-        )
+    let status = meshfed::testing::create_certificate(channel, Default::default(), request)
         .await
         .unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");

@@ -18,6 +18,7 @@ mod mesh;
 mod mock_file;
 mod multicluster;
 mod rbac;
+mod secure;
 mod serviceentry;
 mod sotw;
 mod vm_bridge;

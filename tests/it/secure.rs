@@ -1,0 +1,302 @@
+//! The secure xDS port: TLS with the mesh CA's serving certificate, client
+//! certificates as identities, xDS admission by namespace and service account,
+//! CreateCertificate over TLS, and the new-stream rate limit.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use meshfed::app::{CaSource, DiscoveryConfig};
+use meshfed::ca::Ca;
+use meshfed::testing::{
+    AdsClient, ClientTls, FakeServer, create_certificate, node_with, tls_channel,
+};
+use meshfed::xds::TypeUrl;
+use meshfed_api::auth::v1::IstioCertificateRequest;
+use tonic::Code;
+use tonic::metadata::MetadataMap;
+
+use crate::support::{http_get, metric};
+
+const SERVER_NAME: &str = "istiod.istio-system.svc";
+
+struct Mesh {
+    _dir: tempfile::TempDir,
+    ca_dir: PathBuf,
+    server: FakeServer,
+}
+
+async fn mesh_with(f: impl FnOnce(&mut DiscoveryConfig)) -> Mesh {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .configure(|c| {
+            c.ca = Some(CaSource {
+                cacerts: None,
+                self_signed_dir: ca_dir.clone(),
+            });
+            f(c);
+        })
+        .start()
+        .await
+        .unwrap();
+    server.sync().await;
+    Mesh {
+        _dir: dir,
+        ca_dir,
+        server,
+    }
+}
+
+fn csr(key: &rcgen::KeyPair) -> String {
+    rcgen::CertificateParams::new(vec!["ignored.example.com".to_string()])
+        .unwrap()
+        .serialize_request(key)
+        .unwrap()
+        .pem()
+        .unwrap()
+}
+
+/// A workload certificate for `identity` from the CA kept in `ca_dir`: chain (without
+/// the root) and key.
+fn issue(ca_dir: &Path, identity: &str) -> (String, String) {
+    let ca = Ca::self_signed(ca_dir, "cluster.local").unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut chain = ca
+        .sign(&csr(&key), &[identity.to_string()], Duration::ZERO)
+        .unwrap();
+    chain.pop();
+    (chain.concat(), key.serialize_pem())
+}
+
+impl Mesh {
+    fn root(&self) -> String {
+        std::fs::read_to_string(self.ca_dir.join("root-cert.pem")).unwrap()
+    }
+
+    fn tls(&self, identity: Option<&str>) -> ClientTls {
+        ClientTls {
+            roots_pem: self.root(),
+            identity: identity.map(|id| issue(&self.ca_dir, id)),
+            server_name: SERVER_NAME.into(),
+        }
+    }
+
+    async fn channel(&self, identity: Option<&str>) -> tonic::transport::Channel {
+        tls_channel(self.server.secure_grpc_addr(), &self.tls(identity))
+            .await
+            .unwrap()
+    }
+}
+
+fn sidecar(
+    namespace: &str,
+    service_account: &str,
+) -> envoy_types::pb::envoy::config::core::v3::Node {
+    node_with(
+        &format!("sidecar~10.0.0.1~app-1.{namespace}~{namespace}.svc.cluster.local"),
+        serde_json::json!({"SERVICE_ACCOUNT": service_account}),
+    )
+}
+
+#[tokio::test]
+async fn a_proxy_with_a_mesh_certificate_gets_config_on_the_secure_port() {
+    let mesh = mesh_with(|_| {}).await;
+    let channel = mesh
+        .channel(Some("spiffe://cluster.local/ns/default/sa/app"))
+        .await;
+    let mut client = AdsClient::over(channel, MetadataMap::new(), sidecar("default", "app"))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let clusters = client.recv_clusters().await.unwrap();
+    assert!(!clusters.is_empty());
+    // The debug page shows the verified identity of the connection.
+    let (status, body) = http_get(mesh.server.bound().http, "/debug/adsz").await;
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("spiffe://cluster.local/ns/default/sa/app"),
+        "{body}"
+    );
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_node_claiming_another_namespace_or_account_is_refused() {
+    let mesh = mesh_with(|_| {}).await;
+    for (ns, sa) in [("other", "app"), ("default", "admin")] {
+        let channel = mesh
+            .channel(Some("spiffe://cluster.local/ns/default/sa/app"))
+            .await;
+        let mut client = AdsClient::over(channel, MetadataMap::new(), sidecar(ns, sa))
+            .await
+            .unwrap();
+        client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+        let status = client.recv_error().await.unwrap();
+        assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("spiffe://cluster.local/ns/default/sa/app")
+                && status.message().contains(&format!("{ns}/{sa}")),
+            "names both: {status:?}"
+        );
+    }
+    let text = http_get(mesh.server.bound().monitoring, "/metrics").await.1;
+    assert_eq!(
+        metric(
+            &text,
+            r#"meshfed_xds_request_errors_total{reason="permission_denied"}"#
+        ),
+        Some(2.0),
+        "{text}"
+    );
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_stream_without_any_credential_is_unauthenticated() {
+    let mesh = mesh_with(|_| {}).await;
+    let channel = mesh.channel(None).await;
+    let mut client = AdsClient::over(channel, MetadataMap::new(), sidecar("default", "app"))
+        .await
+        .unwrap();
+    // Refused before the first request is read: the send may already find it closed.
+    let _ = client.subscribe(TypeUrl::Cluster, &[]).await;
+    let status = client.recv_error().await.unwrap();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_client_certificate_from_another_ca_fails_the_handshake() {
+    let mesh = mesh_with(|_| {}).await;
+    let other = tempfile::tempdir().unwrap();
+    let mut tls = mesh.tls(None);
+    tls.identity = Some(issue(
+        other.path(),
+        "spiffe://cluster.local/ns/default/sa/app",
+    ));
+    let refused = async {
+        let channel = tls_channel(mesh.server.secure_grpc_addr(), &tls).await?;
+        let mut client =
+            AdsClient::over(channel, MetadataMap::new(), sidecar("default", "app")).await?;
+        client.subscribe(TypeUrl::Cluster, &[]).await?;
+        client.recv().await
+    }
+    .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let text = http_get(mesh.server.bound().monitoring, "/metrics").await.1;
+    assert!(
+        metric(&text, "meshfed_xds_tls_handshake_errors").unwrap_or(0.0) >= 1.0,
+        "{text}"
+    );
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn create_certificate_over_tls_issues_the_callers_identity_only() {
+    let mesh = mesh_with(|_| {}).await;
+    let id = "spiffe://cluster.local/ns/default/sa/app";
+    let key = rcgen::KeyPair::generate().unwrap();
+    let request = IstioCertificateRequest {
+        csr: csr(&key),
+        validity_duration: 3600,
+        ..Default::default()
+    };
+    let response = create_certificate(mesh.channel(Some(id)).await, MetadataMap::new(), request)
+        .await
+        .unwrap();
+    assert_eq!(response.cert_chain.len(), 2, "leaf and root");
+    assert_eq!(response.cert_chain[1], mesh.root());
+    let (_, leaf) = x509_parser::pem::parse_x509_pem(response.cert_chain[0].as_bytes()).unwrap();
+    let leaf = leaf.parse_x509().unwrap();
+    let names: Vec<String> = leaf
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| n.to_string())
+        .collect();
+    assert_eq!(names, [format!("URI({id})")]);
+    let validity = leaf.validity();
+    let lifetime = validity.not_after.timestamp() - validity.not_before.timestamp();
+    assert_eq!(lifetime, 3600 + 120, "TTL plus Istio's 2-minute backdating");
+
+    // A garbage CSR: InvalidArgument and a parsing error counted.
+    let garbage = IstioCertificateRequest {
+        csr: "not a CSR".into(),
+        ..Default::default()
+    };
+    let status = create_certificate(mesh.channel(Some(id)).await, MetadataMap::new(), garbage)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    // No credential: Unauthenticated.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let anonymous = IstioCertificateRequest {
+        csr: csr(&key),
+        ..Default::default()
+    };
+    let status = create_certificate(mesh.channel(None).await, MetadataMap::new(), anonymous)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let text = http_get(mesh.server.bound().monitoring, "/metrics").await.1;
+    for (sample, value) in [
+        ("citadel_server_csr_count", 3.0),
+        ("citadel_server_success_cert_issuance_count", 1.0),
+        ("citadel_server_csr_parsing_err_count", 1.0),
+        ("citadel_server_authentication_failure_count", 1.0),
+    ] {
+        assert_eq!(metric(&text, sample), Some(value), "{sample}: {text}");
+    }
+    assert!(metric(&text, "citadel_server_root_cert_expiry_timestamp").unwrap() > 1.7e9);
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_plaintext_port_can_be_turned_off_and_the_secure_one_serves_alone() {
+    let mesh = mesh_with(|c| c.grpc_addr = None).await;
+    assert!(mesh.server.bound().grpc.is_none());
+    let channel = mesh
+        .channel(Some("spiffe://cluster.local/ns/default/sa/app"))
+        .await;
+    let mut client = AdsClient::over(channel, MetadataMap::new(), sidecar("default", "app"))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn new_streams_over_the_rate_are_refused_with_resource_exhausted() {
+    // One a second, burst one: of three streams opened together, the first goes at
+    // once, the second waits a second, the third would wait two and is refused.
+    let mesh = mesh_with(|c| c.max_requests_per_second = Some(1.0)).await;
+    let addr = mesh.server.grpc_addr();
+    let attempts = (0..3).map(|i| async move {
+        let mut client = AdsClient::connect(
+            addr,
+            node_with(
+                &format!("sidecar~10.0.0.{i}~app-{i}.default~default.svc.cluster.local"),
+                serde_json::json!({}),
+            ),
+        )
+        .await
+        .unwrap();
+        client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+        client.recv().await.map(|_| ()).map_err(|e| {
+            e.downcast::<tonic::Status>()
+                .map(|s| s.code())
+                .unwrap_or(Code::Unknown)
+        })
+    });
+    let results = futures::future::join_all(attempts).await;
+    let refused: Vec<_> = results.iter().filter_map(|r| r.err()).collect();
+    assert_eq!(refused, [Code::ResourceExhausted], "{results:?}");
+    mesh.server.shutdown().await;
+}
