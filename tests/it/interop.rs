@@ -490,6 +490,180 @@ async fn grpc_generator_over_delta() {
     server.shutdown().await;
 }
 
+/// A CA-backed control plane for the secure-port cases: its CA directory and the
+/// serving name `localhost` (the name grpcio checks for `localhost:PORT`).
+async fn secure_interop(ca_dir: &Path) -> Option<Interop> {
+    let ca_dir = ca_dir.to_path_buf();
+    Interop::start_with(move |b| {
+        b.configure(move |c| {
+            c.ca = Some(meshfed::app::CaSource {
+                cacerts: None,
+                self_signed_dir: ca_dir,
+            });
+            c.secure.custom_hosts = vec!["localhost".into()];
+        })
+    })
+    .await
+}
+
+/// Writes a workload certificate for `identity` and the root as files for grpcio.
+fn workload_files(ca_dir: &Path, out: &Path, identity: &str) -> serde_json::Value {
+    let (chain, key) = crate::secure::issue(ca_dir, identity);
+    std::fs::write(out.join("cert-chain.pem"), chain).unwrap();
+    std::fs::write(out.join("key.pem"), key).unwrap();
+    serde_json::json!({
+        "ca_certificate_file": ca_dir.join("root-cert.pem"),
+        "certificate_file": out.join("cert-chain.pem"),
+        "private_key_file": out.join("key.pem"),
+    })
+}
+
+#[tokio::test]
+async fn grpcio_resolves_and_calls_through_the_secure_port_with_a_workload_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let Some(t) = secure_interop(&ca_dir).await else {
+        return;
+    };
+    let b1 = t.upstream("b1").await;
+    t.add_echo(&[&b1]);
+    t.sync().await;
+    let files = workload_files(
+        &ca_dir,
+        dir.path(),
+        "spiffe://cluster.local/ns/default/sa/default",
+    );
+    let secure = t.server().secure_grpc_addr();
+    let mut bootstrap = bootstrap(secure);
+    bootstrap["xds_servers"][0]["server_uri"] = format!("localhost:{}", secure.port()).into();
+    bootstrap["xds_servers"][0]["channel_creds"] =
+        serde_json::json!([{"type": "tls", "config": files}]);
+    let mut client = GrpcClient::start_with(&t.python, &bootstrap).await;
+    client
+        .call_until(&format!("{ECHO}:7070"), "an answer from b1", 1, |r| {
+            r.starts_with("OK served-by:b1")
+        })
+        .await
+        .unwrap();
+    let adsz = get_json(t.server().bound().http, "/debug/adsz").await;
+    assert_eq!(
+        adsz["clients"][0]["proxy"]["verifiedIdentity"],
+        "spiffe://cluster.local/ns/default/sa/default",
+        "{adsz}"
+    );
+    t.finish(vec![client]).await;
+}
+
+#[tokio::test]
+async fn grpcio_with_a_certificate_of_another_namespace_gets_no_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let Some(t) = secure_interop(&ca_dir).await else {
+        return;
+    };
+    let files = workload_files(
+        &ca_dir,
+        dir.path(),
+        "spiffe://cluster.local/ns/other/sa/default",
+    );
+    let secure = t.server().secure_grpc_addr();
+    let mut bootstrap = bootstrap(secure);
+    bootstrap["xds_servers"][0]["server_uri"] = format!("localhost:{}", secure.port()).into();
+    bootstrap["xds_servers"][0]["channel_creds"] =
+        serde_json::json!([{"type": "tls", "config": files}]);
+    let mut client = GrpcClient::start_with(&t.python, &bootstrap).await;
+    let replies = client.call(&format!("{ECHO}:7070"), 1).await;
+    assert!(replies[0].starts_with("ERR"), "{replies:?}");
+    let monitoring = t.server().bound().monitoring;
+    eventually("the refusal to be counted", || async move {
+        let text = http_get(monitoring, "/metrics").await.1;
+        metric(
+            &text,
+            r#"meshfed_xds_request_errors_total{reason="permission_denied"}"#,
+        )
+        .filter(|n| *n >= 1.0)
+    })
+    .await;
+    client.stop().await;
+}
+
+#[tokio::test]
+async fn python_csrs_of_both_key_types_get_the_callers_identity_and_a_verifiable_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let Some(t) = secure_interop(&ca_dir).await else {
+        return;
+    };
+    let id = "spiffe://cluster.local/ns/default/sa/reviews";
+    workload_files(&ca_dir, dir.path(), id);
+    for key_type in ["rsa2048", "ecp256"] {
+        let out = run_csr(
+            &t.python,
+            t.server().secure_grpc_addr(),
+            &ca_dir.join("root-cert.pem"),
+            key_type,
+            7200,
+            &[
+                "--cert".as_ref(),
+                dir.path().join("cert-chain.pem").as_os_str(),
+                "--key".as_ref(),
+                dir.path().join("key.pem").as_os_str(),
+            ],
+        )
+        .await;
+        assert_eq!(out["ok"], true, "{key_type}: {out}");
+        assert_eq!(out["sans"], serde_json::json!([id]), "{key_type}: {out}");
+        assert_eq!(
+            out["ttl"],
+            7200.0 + 120.0,
+            "{key_type}: TTL plus the 2-minute backdating"
+        );
+        assert_eq!(out["chain"], 2);
+        assert_eq!(out["leaf_matches_key"], true);
+        assert_eq!(out["chain_verified"], true);
+        assert_eq!(out["root_is_given_root"], true);
+    }
+    // Without a credential: refused.
+    let out = run_csr(
+        &t.python,
+        t.server().secure_grpc_addr(),
+        &ca_dir.join("root-cert.pem"),
+        "ecp256",
+        0,
+        &[],
+    )
+    .await;
+    assert_eq!(out["code"], "UNAUTHENTICATED", "{out}");
+}
+
+/// Runs `tests/interop/csr.py` against `addr` and returns its JSON line.
+async fn run_csr(
+    python: &Path,
+    addr: SocketAddr,
+    root: &Path,
+    key_type: &str,
+    ttl: u64,
+    extra: &[&std::ffi::OsStr],
+) -> serde_json::Value {
+    let output = python_command(python, "csr.py")
+        .arg(addr.to_string())
+        .arg("istiod.istio-system.svc")
+        .arg(root)
+        .arg(key_type)
+        .arg(ttl.to_string())
+        .args(extra)
+        .output()
+        .await
+        .expect("running csr.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "csr.py: {e}; stdout: {stdout}; stderr: {}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    })
+}
+
 // ---------------------------------------------------------------------------------
 // The harness
 
@@ -886,10 +1060,15 @@ struct GrpcClient {
 
 impl GrpcClient {
     async fn start(python: &Path, ads: SocketAddr) -> GrpcClient {
+        GrpcClient::start_with(python, &bootstrap(ads)).await
+    }
+
+    /// A client with its own bootstrap (TLS to the secure port).
+    async fn start_with(python: &Path, bootstrap: &serde_json::Value) -> GrpcClient {
         let mut child = python_command(python, "client.py")
             .arg(RPC_DEADLINE_S.to_string())
             .stdin(Stdio::piped())
-            .env("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap(ads).to_string())
+            .env("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap.to_string())
             .spawn()
             .expect("spawning client.py");
         let stderr = StderrTail::capture(&mut child);

@@ -59,7 +59,7 @@ fn csr(key: &rcgen::KeyPair) -> String {
 
 /// A workload certificate for `identity` from the CA kept in `ca_dir`: chain (without
 /// the root) and key.
-fn issue(ca_dir: &Path, identity: &str) -> (String, String) {
+pub(crate) fn issue(ca_dir: &Path, identity: &str) -> (String, String) {
     let ca = Ca::self_signed(ca_dir, "cluster.local").unwrap();
     let key = rcgen::KeyPair::generate().unwrap();
     let mut chain = ca
