@@ -255,8 +255,16 @@ mod tests {
             Arc::new(Fixed(Err("expired".into()))),
         ]);
         let why = failing.authenticate(ctx).await.unwrap_err();
-        assert!(why.contains("bad token") && why.contains("expired"), "{why}");
+        assert!(
+            why.contains("bad token") && why.contains("expired"),
+            "{why}"
+        );
         let none = Authenticators::new(vec![Arc::new(Fixed(Ok(None)))]);
-        assert!(none.authenticate(ctx).await.unwrap_err().contains("no credential"));
+        assert!(
+            none.authenticate(ctx)
+                .await
+                .unwrap_err()
+                .contains("no credential")
+        );
     }
 }
