@@ -1163,9 +1163,18 @@ async fn build_authenticators(
     kube_client: Option<meshfed_kube::Client>,
     remotes: Option<Arc<meshfed_kube::SecretController>>,
 ) -> anyhow::Result<Authenticators> {
-    let chain: Vec<Arc<dyn crate::authn::Authenticator>> =
+    let mut chain: Vec<Arc<dyn crate::authn::Authenticator>> =
         vec![Arc::new(crate::authn::ClientCertAuthenticator)];
-    let _ = (config, trust_domain, kube_client, remotes);
+    if let Some(rule) = &config.secure.jwt_rule {
+        let rule = crate::authn::jwt::JwtRule::parse(rule)
+            .map_err(|e| anyhow::anyhow!("--jwtRule (JWT_RULE): {e}"))?;
+        let issuer = rule.issuer.clone();
+        let jwt = crate::authn::jwt::JwtAuthenticator::new(rule, trust_domain.to_string())
+            .await
+            .map_err(|e| anyhow::anyhow!("--jwtRule (JWT_RULE) issuer {issuer}: {e}"))?;
+        chain.push(Arc::new(jwt));
+    }
+    let _ = (kube_client, remotes);
     Ok(Authenticators::new(chain))
 }
 

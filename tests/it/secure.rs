@@ -300,3 +300,81 @@ async fn new_streams_over_the_rate_are_refused_with_resource_exhausted() {
     assert_eq!(refused, [Code::ResourceExhausted], "{results:?}");
     mesh.server.shutdown().await;
 }
+
+/// A JWT_RULE issuer with an inline JWKS, and tokens it signs (ES256).
+struct VmIssuer {
+    key: jsonwebtoken::EncodingKey,
+    rule: String,
+}
+
+impl VmIssuer {
+    fn new() -> VmIssuer {
+        let pkcs8 = rcgen::KeyPair::generate().unwrap().serialize_der();
+        let key = jsonwebtoken::EncodingKey::from_ec_der(&pkcs8);
+        let mut jwk =
+            jsonwebtoken::jwk::Jwk::from_encoding_key(&key, jsonwebtoken::Algorithm::ES256)
+                .unwrap();
+        jwk.common.key_id = Some("k1".into());
+        let rule = serde_json::json!({
+            "issuer": "https://issuer.example.com",
+            "audiences": ["istio-ca"],
+            "jwks": serde_json::json!({"keys": [jwk]}).to_string(),
+        })
+        .to_string();
+        VmIssuer { key, rule }
+    }
+
+    fn token(&self, sub: &str, expires_in: i64) -> MetadataMap {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::ES256);
+        header.kid = Some("k1".into());
+        let claims = serde_json::json!({
+            "iss": "https://issuer.example.com",
+            "sub": sub,
+            "aud": ["istio-ca"],
+            "exp": now + expires_in,
+        });
+        let token = jsonwebtoken::encode(&header, &claims, &self.key).unwrap();
+        let mut metadata = MetadataMap::new();
+        metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        metadata
+    }
+}
+
+#[tokio::test]
+async fn a_vm_with_a_third_party_jwt_gets_its_certificate_and_config() {
+    let issuer = VmIssuer::new();
+    let rule = issuer.rule.clone();
+    let mesh = mesh_with(move |c| c.secure.jwt_rule = Some(rule)).await;
+    let good = issuer.token("system:serviceaccount:vm:vm-app", 600);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let request = IstioCertificateRequest {
+        csr: csr(&key),
+        ..Default::default()
+    };
+    let response = create_certificate(mesh.channel(None).await, good.clone(), request.clone())
+        .await
+        .unwrap();
+    let (_, leaf) = x509_parser::pem::parse_x509_pem(response.cert_chain[0].as_bytes()).unwrap();
+    let leaf = leaf.parse_x509().unwrap();
+    let san = leaf.subject_alternative_name().unwrap().unwrap();
+    assert_eq!(
+        san.value.general_names[0].to_string(),
+        "URI(spiffe://cluster.local/ns/vm/sa/vm-app)"
+    );
+    let mut client = AdsClient::over(mesh.channel(None).await, good, sidecar("vm", "vm-app"))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+
+    let expired = issuer.token("system:serviceaccount:vm:vm-app", -60);
+    let status = create_certificate(mesh.channel(None).await, expired, request)
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    mesh.server.shutdown().await;
+}
