@@ -386,7 +386,8 @@ struct DiscoveryArgs {
     /// Once every listener is bound (when `meshfed discovery serving` is logged), write
     /// the bound addresses to this file as JSON, atomically (a temporary file in the
     /// same directory, then a rename): `{"grpcAddr": "127.0.0.1:15010", "httpAddr": ...,
-    /// "monitoringAddr": ..., "pid": N}`. For tools that start the server on port 0.
+    /// "monitoringAddr": ..., "pid": N, "secureGrpcAddr": ...}` (a port that is off is
+    /// null). For tools that start the server on port 0.
     /// A file left by an earlier run is removed at start, and the file is removed on a
     /// clean shutdown. `/ready` on httpAddr says when the registries have synced.
     #[arg(long = "readyFile")]

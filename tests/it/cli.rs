@@ -43,8 +43,18 @@ async fn ready_file_names_the_bound_addresses() {
         .collect();
     assert_eq!(
         fields,
-        ["grpcAddr", "httpAddr", "monitoringAddr", "pid"],
+        [
+            "grpcAddr",
+            "httpAddr",
+            "monitoringAddr",
+            "pid",
+            "secureGrpcAddr"
+        ],
         "{json}"
+    );
+    assert!(
+        json["secureGrpcAddr"].is_null(),
+        "no CA, no secure port: {json}"
     );
     assert_eq!(json["pid"], child.0.id(), "{json}");
     let addr = |key: &str| -> SocketAddr {
@@ -67,6 +77,61 @@ async fn ready_file_names_the_bound_addresses() {
     tokio::net::TcpStream::connect(grpc)
         .await
         .expect("the ADS port accepts connections");
+}
+
+#[tokio::test]
+async fn the_secure_port_alone_with_the_ca_and_the_root_written_for_vms() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready.json");
+    let ca_dir = dir.path().join("ca");
+    let root = dir.path().join("root-cert.pem");
+    let mut args = discovery_args(&ready, &[]);
+    let grpc = args.iter().position(|a| a == "--grpcAddr").unwrap();
+    args[grpc + 1] = "".into();
+    let mut child = Killed(
+        std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+            .args(args)
+            .arg("--caDir")
+            .arg(&ca_dir)
+            .arg("--rootCertFile")
+            .arg(&root)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let json = wait_for_ready_file(&mut child.0, &ready).await;
+    assert!(json["grpcAddr"].is_null(), "plaintext port off: {json}");
+    let secure: SocketAddr = json["secureGrpcAddr"].as_str().unwrap().parse().unwrap();
+    tokio::net::TcpStream::connect(secure)
+        .await
+        .expect("the secure port accepts connections");
+    let written = std::fs::read_to_string(&root).unwrap();
+    assert_eq!(
+        written,
+        std::fs::read_to_string(ca_dir.join("ca-cert.pem")).unwrap()
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o644, "the root is public");
+    assert_eq!(mode(&ca_dir.join("ca-key.pem")), 0o600, "the key is not");
+}
+
+#[test]
+fn serving_files_go_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(discovery_args(&dir.path().join("ready.json"), &[]))
+        .args(["--tlsCertFile", "/nonexistent/tls.crt"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--tlsCertFile, --tlsKeyFile and --caCertFile go together"),
+        "{stderr}"
+    );
 }
 
 /// A directory holding (a hard link to, else a copy of) the `meshfed` binary, so the

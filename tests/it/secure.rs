@@ -378,3 +378,62 @@ async fn a_vm_with_a_third_party_jwt_gets_its_certificate_and_config() {
     assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
     mesh.server.shutdown().await;
 }
+
+/// Serving files issued by the CA of `ca_dir` for `name`, written into `dir`.
+fn serving_files(ca_dir: &Path, dir: &Path, name: &str) -> meshfed::tls::TlsFiles {
+    let ca = Ca::self_signed(ca_dir, "cluster.local").unwrap();
+    let (chain, key) = ca.issue_serving(&[name.to_string()]).unwrap();
+    let files = meshfed::tls::TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+        ca_cert: dir.join("ca.crt"),
+    };
+    // Written next to each other, then renamed in, as a Secret volume swaps them.
+    for (path, text) in [
+        (&files.cert, chain),
+        (&files.key, key),
+        (&files.ca_cert, ca.root_pem().to_string()),
+    ] {
+        let tmp = path.with_extension("new");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+    files
+}
+
+#[tokio::test]
+async fn operator_serving_files_are_used_and_reloaded_when_they_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (dir.path().join("first-ca"), dir.path().join("second-ca"));
+    let files = serving_files(&first, dir.path(), "xds.example.com");
+    let mesh = mesh_with(|c| c.secure.tls_files = Some(files)).await;
+    let client_tls = |ca_dir: &Path, name: &str| ClientTls {
+        roots_pem: std::fs::read_to_string(ca_dir.join("root-cert.pem")).unwrap(),
+        // Client certificates from the mesh CA (the --caCertFile roots would do too).
+        identity: Some(issue(
+            &mesh.ca_dir,
+            "spiffe://cluster.local/ns/default/sa/app",
+        )),
+        server_name: name.into(),
+    };
+    let addr = mesh.server.secure_grpc_addr();
+    let serves = |tls: ClientTls| async move {
+        let channel = tls_channel(addr, &tls).await?;
+        let mut client =
+            AdsClient::over(channel, MetadataMap::new(), sidecar("default", "app")).await?;
+        client.subscribe(TypeUrl::Cluster, &[]).await?;
+        client.recv_clusters().await
+    };
+    serves(client_tls(&first, "xds.example.com")).await.unwrap();
+
+    serving_files(&second, dir.path(), "xds2.example.com");
+    crate::support::eventually("the new serving certificate", || async {
+        serves(client_tls(&second, "xds2.example.com")).await.ok()
+    })
+    .await;
+    assert!(
+        serves(client_tls(&first, "xds.example.com")).await.is_err(),
+        "the old certificate is no longer served"
+    );
+    mesh.server.shutdown().await;
+}

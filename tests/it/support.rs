@@ -211,6 +211,8 @@ pub fn discovery_args(ready: &std::path::Path, extra: &[&str]) -> Vec<std::ffi::
         "Mock",
         "--grpcAddr",
         "127.0.0.1:0",
+        "--secureGrpcAddr",
+        "127.0.0.1:0",
         "--httpAddr",
         "127.0.0.1:0",
         "--monitoringAddr",
