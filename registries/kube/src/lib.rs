@@ -13,6 +13,8 @@
 //! - [`registry`]: the read handle and its counters ([`KubeStats`]).
 //! - [`multicluster`]: the remote-cluster secret controller ([`SecretController`]),
 //!   one more registry per kubeconfig Secret.
+//! - [`token_review`]: Kubernetes JWT authentication through a `TokenReview`
+//!   ([`review_token`]).
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
 //!   format, for tests here and in the crates that use this one.
 
@@ -25,6 +27,7 @@ pub mod lease;
 pub mod multicluster;
 pub mod registry;
 mod state;
+pub mod token_review;
 mod writer;
 
 pub use config::{
@@ -40,5 +43,6 @@ pub use multicluster::{
     KubeconfigPolicy, MulticlusterConfig, MulticlusterStats, RemoteClusterStatus, SecretController,
 };
 pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind, SyncPhase};
+pub use token_review::{ReviewedAccount, TokenReviewError, review_token};
 pub mod crd;
 pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};

@@ -3,4 +3,5 @@
 mod crd;
 mod model;
 mod resilience;
+mod security;
 mod support;
