@@ -15,9 +15,11 @@
 //!   one more registry per kubeconfig Secret.
 //! - [`token_review`]: Kubernetes JWT authentication through a `TokenReview`
 //!   ([`review_token`]).
+//! - [`ca_secret`]: the CA's key material in Secrets (`cacerts`, `istio-ca-secret`).
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
 //!   format, for tests here and in the crates that use this one.
 
+pub mod ca_secret;
 pub mod config;
 pub mod config_map;
 pub mod convert;
@@ -30,6 +32,7 @@ mod state;
 pub mod token_review;
 mod writer;
 
+pub use ca_secret::{CaSecretError, CacertsPems, load_or_create_self_signed, read_cacerts};
 pub use config::{
     Error, GatewayServiceRef, KubeRegistryConfig, MeshGateways, NamespaceFilter, Result,
     client_from,

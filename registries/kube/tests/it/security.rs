@@ -1,10 +1,16 @@
-//! TokenReview through the fake API server: `review_token` against tokens the fake
-//! mints, on the real wire format and with RBAC.
+//! The security pieces against the fake API server: `review_token` against tokens
+//! the fake mints (on the real wire format and with RBAC), and the CA's Secrets.
 
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::ByteString;
+use meshfed_kube::ca_secret::CacertsLayout;
+use meshfed_kube::fake_api::objects::{self, types};
 use meshfed_kube::fake_api::{FakeApiServer, PolicyRule, RbacPolicy, Scope};
-use meshfed_kube::{TokenReviewError, review_token};
+use meshfed_kube::{
+    CaSecretError, TokenReviewError, load_or_create_self_signed, read_cacerts, review_token,
+};
 
 fn hour() -> SystemTime {
     SystemTime::now() + Duration::from_secs(3600)
@@ -178,4 +184,166 @@ async fn creating_token_reviews_needs_rbac() {
     ));
     let account = review_token(&api.client(), &token, &ca()).await.unwrap();
     assert_eq!(account.service_account, "sa");
+}
+
+// === CA material in Secrets ===
+
+const NS: &str = "istio-system";
+
+fn secret(name: &str, data: &[(&str, &str)]) -> types::Secret {
+    types::Secret {
+        metadata: objects::meta(NS, name, &[]),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn cacerts_all_keys_none_or_an_incomplete_bundle() {
+    let api = FakeApiServer::start().await.unwrap();
+    let client = api.client();
+    assert_eq!(read_cacerts(&client, NS).await.unwrap(), None, "no Secret");
+    api.apply(&secret("cacerts", &[("unrelated", "x")]));
+    assert_eq!(
+        read_cacerts(&client, NS).await.unwrap(),
+        None,
+        "none of the keys"
+    );
+
+    api.apply(&secret(
+        "cacerts",
+        &[("ca-cert.pem", "CERT"), ("root-cert.pem", "ROOT")],
+    ));
+    let err = read_cacerts(&client, NS).await.unwrap_err();
+    assert!(matches!(&err, CaSecretError::Incomplete { missing, .. }
+        if missing == &["ca-key.pem".to_string(), "cert-chain.pem".to_string()]));
+    let message = err.to_string();
+    assert!(
+        message.contains("incomplete signing CA bundle")
+            && message.contains("ca-key.pem, cert-chain.pem"),
+        "{message}"
+    );
+
+    api.apply(&secret(
+        "cacerts",
+        &[
+            ("ca-cert.pem", "CERT"),
+            ("ca-key.pem", "KEY"),
+            ("root-cert.pem", "ROOT"),
+            ("cert-chain.pem", "CHAIN"),
+        ],
+    ));
+    let pems = read_cacerts(&client, NS).await.unwrap().unwrap();
+    assert_eq!(pems.layout, CacertsLayout::Istio);
+    assert_eq!(
+        (
+            &*pems.ca_cert,
+            &*pems.ca_key,
+            &*pems.root_cert,
+            &*pems.cert_chain
+        ),
+        ("CERT", "KEY", "ROOT", "CHAIN")
+    );
+}
+
+#[tokio::test]
+async fn cacerts_in_the_kubernetes_tls_layout() {
+    let api = FakeApiServer::start().await.unwrap();
+    let client = api.client();
+    api.apply(&secret(
+        "cacerts",
+        &[
+            ("tls.crt", "SIGNING\n"),
+            ("tls.key", "KEY"),
+            ("ca.crt", "ROOT\n"),
+        ],
+    ));
+    let pems = read_cacerts(&client, NS).await.unwrap().unwrap();
+    assert_eq!(pems.layout, CacertsLayout::KubernetesTls);
+    assert_eq!(pems.ca_cert, "SIGNING\n");
+    assert_eq!(pems.ca_key, "KEY");
+    assert_eq!(pems.root_cert, "ROOT\n");
+    assert_eq!(pems.cert_chain, "SIGNING\nROOT\n");
+
+    api.apply(&secret("cacerts", &[("tls.crt", "SIGNING\n")]));
+    let err = read_cacerts(&client, NS).await.unwrap_err();
+    assert!(err.to_string().contains("missing tls.key, ca.crt"), "{err}");
+}
+
+#[tokio::test]
+async fn the_self_signed_ca_is_created_once_and_then_read() {
+    let api = FakeApiServer::start().await.unwrap();
+    let client = api.client();
+    let first = load_or_create_self_signed(&client, NS, || {
+        Ok::<_, String>(("CERT-1".to_string(), "KEY-1".to_string()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(first, ("CERT-1".to_string(), "KEY-1".to_string()));
+    let stored: types::Secret = api.get(Some(NS), "istio-ca-secret").unwrap();
+    assert_eq!(stored.type_.as_deref(), Some("istio.io/ca-root"));
+    let data = stored.data.unwrap();
+    let text = |k: &str| String::from_utf8(data[k].0.clone()).unwrap();
+    assert_eq!(text("ca-cert.pem"), "CERT-1");
+    assert_eq!(text("ca-key.pem"), "KEY-1");
+    assert_eq!(text("root-cert.pem"), "CERT-1");
+    assert_eq!(text("cert-chain.pem"), "");
+
+    let second = load_or_create_self_signed(&client, NS, || -> Result<(String, String), String> {
+        panic!("a stored CA is not generated again")
+    })
+    .await
+    .unwrap();
+    assert_eq!(second, first);
+
+    let failed = FakeApiServer::start().await.unwrap();
+    let err = load_or_create_self_signed(&failed.client(), NS, || {
+        Err::<(String, String), _>("no entropy")
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(&err, CaSecretError::Generate(e) if e == "no entropy"),
+        "{err}"
+    );
+    assert!(
+        failed
+            .get::<types::Secret>(Some(NS), "istio-ca-secret")
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_racing_end_with_one_root() {
+    let api = FakeApiServer::start().await.unwrap();
+    // Both replicas read "no Secret" before either generates: the barrier holds each
+    // generator until the other has got there too, so both create and one gets 409.
+    let both_generating = Arc::new(Barrier::new(2));
+    let replica = |n: u32| {
+        let client = api.client();
+        let barrier = both_generating.clone();
+        tokio::spawn(async move {
+            load_or_create_self_signed(&client, NS, move || {
+                barrier.wait();
+                Ok::<_, String>((format!("CERT-{n}"), format!("KEY-{n}")))
+            })
+            .await
+        })
+    };
+    let (a, b) = (replica(1), replica(2));
+    let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+    assert_eq!(a, b, "both replicas use the same root");
+    let stored: types::Secret = api.get(Some(NS), "istio-ca-secret").unwrap();
+    let cert = String::from_utf8(stored.data.unwrap()["ca-cert.pem"].0.clone()).unwrap();
+    assert_eq!(a.0, cert, "the stored one");
+    let creates = api
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/secrets"))
+        .count();
+    assert_eq!(creates, 2, "both tried to create; one lost the race");
 }
