@@ -312,35 +312,92 @@ fn the_istio_config_map_is_read_and_valid() {
         .expect("meshNetworks is valid");
 }
 
-/// What the RBAC rules may grant: (role kind, API group, resource) and the code that
-/// reads it. A new watcher needs a line here and a rule in deploy/rbac.yaml.
-const READS: &[(&str, &str, &str)] = &[
+/// What the RBAC rules may grant: (role kind, API group, resource, verbs) and the code
+/// that needs it. A new watcher or write needs a line here and a rule in
+/// deploy/rbac.yaml.
+const GRANTS: &[(&str, &str, &str, &[&str])] = &[
     // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
-    // (and Namespaces for the config store's label selectors, crd/writer.rs).
-    ("ClusterRole", "", "services"),
-    ("ClusterRole", "", "pods"),
-    ("ClusterRole", "", "nodes"),
-    ("ClusterRole", "", "namespaces"),
-    ("ClusterRole", "discovery.k8s.io", "endpointslices"),
+    // (and Namespaces for the config store's label selectors, crd/writer.rs, and for
+    // root-cert distribution, root_cert.rs).
+    ("ClusterRole", "", "services", &["list", "watch"]),
+    ("ClusterRole", "", "pods", &["list", "watch"]),
+    ("ClusterRole", "", "nodes", &["list", "watch"]),
+    ("ClusterRole", "", "namespaces", &["list", "watch"]),
+    (
+        "ClusterRole",
+        "discovery.k8s.io",
+        "endpointslices",
+        &["list", "watch"],
+    ),
     // registries/kube/src/crd/writer.rs `watch_kind`: the Istio config store.
-    ("ClusterRole", "networking.istio.io", "virtualservices"),
-    ("ClusterRole", "networking.istio.io", "destinationrules"),
-    ("ClusterRole", "networking.istio.io", "gateways"),
-    ("ClusterRole", "networking.istio.io", "serviceentries"),
-    ("ClusterRole", "networking.istio.io", "workloadentries"),
-    ("ClusterRole", "networking.istio.io", "sidecars"),
-    // registries/kube/src/multicluster.rs: remote-cluster Secrets, system namespace only.
-    ("Role", "", "secrets"),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "virtualservices",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "destinationrules",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "gateways",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "serviceentries",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "workloadentries",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "sidecars",
+        &["list", "watch"],
+    ),
+    // registries/kube/src/token_review.rs: Kubernetes JWT authentication.
+    (
+        "ClusterRole",
+        "authentication.k8s.io",
+        "tokenreviews",
+        &["create"],
+    ),
+    // registries/kube/src/root_cert.rs: istio-ca-root-cert in every namespace.
+    (
+        "ClusterRole",
+        "",
+        "configmaps",
+        &["create", "get", "list", "update", "watch"],
+    ),
+    // registries/kube/src/multicluster.rs: remote-cluster Secrets; ca_secret.rs: the
+    // CA's Secrets (read by name, istio-ca-secret created once). System namespace only.
+    ("Role", "", "secrets", &["create", "get", "list", "watch"]),
     // registries/kube/src/config_map.rs: the `istio` ConfigMap (mesh settings).
-    ("Role", "", "configmaps"),
-    // registries/kube/src/lease.rs: the leader-election Lease.
-    ("Role", "coordination.k8s.io", "leases"),
+    ("Role", "", "configmaps", &["list", "watch"]),
+    // registries/kube/src/lease.rs: the leader-election Leases.
+    (
+        "Role",
+        "coordination.k8s.io",
+        "leases",
+        &["create", "get", "update"],
+    ),
 ];
 
 #[test]
-fn rbac_grants_only_what_the_code_reads_and_the_lease() {
+fn rbac_grants_only_what_the_code_reads_and_writes() {
     let objects = objects();
-    let mut granted = BTreeSet::new();
+    let mut granted: BTreeSet<(String, String, String, String)> = BTreeSet::new();
     for role in objects
         .iter()
         .filter(|o| o["kind"] == "ClusterRole" || o["kind"] == "Role")
@@ -377,36 +434,47 @@ fn rbac_grants_only_what_the_code_reads_and_the_lease() {
                 assert_eq!(urls, expected.into_iter().collect::<BTreeSet<_>>());
                 continue;
             }
-            // kube-runtime watchers list, then watch; the one write is the leader
-            // Lease (lease.rs: get, create, replace); nothing deletes.
-            let leases = strings(&rule["resources"]) == ["leases"];
-            let expected: &[&str] = if leases {
-                &["create", "get", "update"]
-            } else {
-                &["list", "watch"]
-            };
-            assert_eq!(
-                verbs,
-                expected
-                    .iter()
-                    .map(|v| v.to_string())
-                    .collect::<BTreeSet<_>>(),
-                "{kind} rule {rule}"
-            );
+            if !rule["resourceNames"].is_null() {
+                // ca_secret.rs: the two CA Secrets, read by name.
+                assert_eq!(kind, "Role", "{rule}");
+                assert_eq!(strings(&rule["resources"]), ["secrets"], "{rule}");
+                assert_eq!(verbs, BTreeSet::from(["get".to_string()]), "{rule}");
+                assert_eq!(
+                    strings(&rule["resourceNames"]),
+                    ["cacerts", "istio-ca-secret"],
+                    "{rule}"
+                );
+            }
             for group in strings(&rule["apiGroups"]) {
                 for resource in strings(&rule["resources"]) {
-                    let entry = READS
-                        .iter()
-                        .find(|(k, g, r)| *k == kind && *g == group && *r == resource)
-                        .unwrap_or_else(|| {
-                            panic!("{kind} grants {group}/{resource}, which no code reads")
-                        });
-                    granted.insert(*entry);
+                    for verb in &verbs {
+                        granted.insert((
+                            kind.to_string(),
+                            group.clone(),
+                            resource.clone(),
+                            verb.clone(),
+                        ));
+                    }
                 }
             }
         }
     }
-    let missing: Vec<_> = READS.iter().filter(|e| !granted.contains(*e)).collect();
+    let expected: BTreeSet<(String, String, String, String)> = GRANTS
+        .iter()
+        .flat_map(|(kind, group, resource, verbs)| {
+            verbs.iter().map(move |verb| {
+                (
+                    kind.to_string(),
+                    group.to_string(),
+                    resource.to_string(),
+                    verb.to_string(),
+                )
+            })
+        })
+        .collect();
+    let extra: Vec<_> = granted.difference(&expected).collect();
+    assert!(extra.is_empty(), "granted, but no code needs it: {extra:?}");
+    let missing: Vec<_> = expected.difference(&granted).collect();
     assert!(missing.is_empty(), "not granted: {missing:?}");
 
     // Both roles are bound to the Deployment's ServiceAccount.

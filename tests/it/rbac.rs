@@ -3,9 +3,12 @@
 //! Secrets, the `istio` ConfigMap, and a remote cluster found through a Secret) with
 //! the role enforced, so a missing rule is a refused request, and every grant of the
 //! role must be used by some request, so a rule broader than the code needs fails too.
+//! The Kubernetes pieces of the CA and authentication (TokenReview, the CA's Secrets,
+//! root-cert distribution) run beside the server against the same cluster.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use meshfed::app::{KubeSettings, KubeSource, RemoteSecretSettings};
 use meshfed::testing::FakeServer;
@@ -41,6 +44,78 @@ fn populate(api: &FakeApiServer, vip: &str, ip: &str) {
         &[("http", 9080)],
         &[(ip, "reviews-1")],
     ));
+}
+
+/// Runs what meshfed-kube offers the CA and the authenticators against `api`, as
+/// the replica that holds the root-cert Lease: a TokenReview, both CA Secrets (the
+/// self-signed one created), and root-cert publishing until it has created one
+/// ConfigMap and replaced another.
+async fn security_pieces(api: &FakeApiServer) {
+    let client = api.client();
+    let token = api.issue_token(
+        "default",
+        "reviews",
+        &["istio-ca"],
+        SystemTime::now() + Duration::from_secs(3600),
+        None,
+    );
+    let account = meshfed_kube::review_token(&client, &token, &["istio-ca".to_string()])
+        .await
+        .expect("TokenReview allowed");
+    assert_eq!(account.service_account, "reviews");
+    assert_eq!(meshfed_kube::read_cacerts(&client, NS).await.unwrap(), None);
+    meshfed_kube::load_or_create_self_signed(&client, NS, || {
+        Ok::<_, String>(("CERT".to_string(), "KEY".to_string()))
+    })
+    .await
+    .expect("self-signed CA stored");
+
+    api.apply(&objects::namespace("default", &[]));
+    let mut stale = objects::config_map(NS, "istio-ca-root-cert", &[("root-cert.pem", "OLD")]);
+    stale.metadata.labels = Some([("istio.io/config".to_string(), "true".to_string())].into());
+    api.apply(&stale);
+    let leader = Arc::new(meshfed_kube::LeaseState::default());
+    let stats = Arc::new(meshfed_kube::RootCertStats::default());
+    let (_root, root) = tokio::sync::watch::channel("ROOT".to_string());
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let shutdown = || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        }
+    };
+    let lease = meshfed_kube::LeaseConfig {
+        renew_every: Duration::from_millis(100),
+        ..meshfed_kube::LeaseConfig::new(NS, "istio-namespace-controller-election", "meshfed-0")
+    };
+    let tasks = [
+        tokio::spawn(meshfed_kube::run_lease(
+            client.clone(),
+            lease,
+            leader.clone(),
+            shutdown(),
+        )),
+        tokio::spawn(meshfed_kube::run_root_cert_publisher(
+            client,
+            leader,
+            root,
+            stats.clone(),
+            shutdown(),
+        )),
+    ];
+    let stats = &stats;
+    eventually(
+        "root cert created in default and replaced in the system namespace",
+        || async move {
+            use meshfed_kube::WriteResult::{Created, Updated};
+            (stats.writes(Created) >= 1 && stats.writes(Updated) >= 1).then_some(())
+        },
+    )
+    .await;
+    let _ = stop.send(true);
+    for task in tasks {
+        task.await.unwrap();
+    }
 }
 
 /// What RBAC saw of each allowed request: `verb group/resource` with its scope.
@@ -127,6 +202,8 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
             .then_some(())
     })
     .await;
+
+    security_pieces(&c1).await;
 
     // Every watcher lists, then watches: wait (bounded) until each grant was used,
     // and name what is left if one never is.

@@ -22,6 +22,7 @@ use meshfed_registry::metrics::encode_gauges;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 /// Which Lease, held by whom, for how long.
@@ -54,14 +55,40 @@ impl LeaseConfig {
 }
 
 /// Whether this replica holds the Lease, for the duties that need it and for metrics.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct LeaseState {
     leader: AtomicBool,
     acquired: AtomicU64,
     renewed: AtomicU64,
+    /// The same flag for duties that act when it changes ([`LeaseState::subscribe`]).
+    changes: watch::Sender<bool>,
+}
+
+impl Default for LeaseState {
+    fn default() -> Self {
+        LeaseState {
+            leader: AtomicBool::new(false),
+            acquired: AtomicU64::new(0),
+            renewed: AtomicU64::new(0),
+            changes: watch::Sender::new(false),
+        }
+    }
 }
 
 impl LeaseState {
+    /// Follows [`LeaseState::is_leader`]: the receiver sees every change (a duty that
+    /// becomes leader reconciles everything at once instead of polling).
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.changes.subscribe()
+    }
+
+    fn set_leader(&self, held: bool) -> bool {
+        let was = self.leader.swap(held, Ordering::AcqRel);
+        self.changes
+            .send_if_modified(|v| std::mem::replace(v, held) != held);
+        was
+    }
+
     /// True while this replica holds the Lease.
     pub fn is_leader(&self) -> bool {
         self.leader.load(Ordering::Acquire)
@@ -203,7 +230,7 @@ pub async fn run_lease(
                 false
             }
         };
-        let was = state.leader.swap(held, Ordering::AcqRel);
+        let was = state.set_leader(held);
         match (was, held) {
             (false, true) => {
                 state.acquired.fetch_add(1, Ordering::Relaxed);
@@ -224,7 +251,7 @@ pub async fn run_lease(
             () = tokio::time::sleep(config.renew_every) => {}
         }
     }
-    if state.leader.swap(false, Ordering::AcqRel) {
+    if state.set_leader(false) {
         match release(&api, &config).await {
             Ok(()) => info!(lease = %config.name, "leader election: Lease released"),
             Err(err) => warn!(lease = %config.name, "leader election: releasing the Lease: {err}"),

@@ -13,9 +13,15 @@
 //! - [`registry`]: the read handle and its counters ([`KubeStats`]).
 //! - [`multicluster`]: the remote-cluster secret controller ([`SecretController`]),
 //!   one more registry per kubeconfig Secret.
+//! - [`token_review`]: Kubernetes JWT authentication through a `TokenReview`
+//!   ([`review_token`]).
+//! - [`ca_secret`]: the CA's key material in Secrets (`cacerts`, `istio-ca-secret`).
+//! - [`root_cert`]: the root certificate published to every namespace
+//!   (ConfigMap `istio-ca-root-cert`) by the leader.
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
 //!   format, for tests here and in the crates that use this one.
 
+pub mod ca_secret;
 pub mod config;
 pub mod config_map;
 pub mod convert;
@@ -24,9 +30,12 @@ pub mod fake_api;
 pub mod lease;
 pub mod multicluster;
 pub mod registry;
+pub mod root_cert;
 mod state;
+pub mod token_review;
 mod writer;
 
+pub use ca_secret::{CaSecretError, CacertsPems, load_or_create_self_signed, read_cacerts};
 pub use config::{
     Error, GatewayServiceRef, KubeRegistryConfig, MeshGateways, NamespaceFilter, Result,
     client_from,
@@ -40,5 +49,7 @@ pub use multicluster::{
     KubeconfigPolicy, MulticlusterConfig, MulticlusterStats, RemoteClusterStatus, SecretController,
 };
 pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind, SyncPhase};
+pub use root_cert::{RootCertStats, WriteResult, run_root_cert_publisher};
+pub use token_review::{ReviewedAccount, TokenReviewError, review_token};
 pub mod crd;
 pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};

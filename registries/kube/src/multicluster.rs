@@ -309,10 +309,22 @@ pub struct RemoteClusterStatus {
     pub stale: bool,
 }
 
-#[derive(Debug)]
 struct ClusterEntry {
     status: RemoteClusterStatus,
     registry: Option<Arc<KubeRegistry>>,
+    /// The client the running registry reads through, for callers that need the
+    /// remote API server too (token reviews for that cluster's workloads).
+    client: Option<kube::Client>,
+}
+
+impl fmt::Debug for ClusterEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterEntry")
+            .field("status", &self.status)
+            .field("registry", &self.registry)
+            .field("client", &self.client.as_ref().map(|_| "kube::Client"))
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -436,11 +448,27 @@ impl SecretController {
         self.clusters.lock().expect("secret controller poisoned")
     }
 
-    fn set_state(&self, cluster: &ClusterId, state: &str, registry: Option<Arc<KubeRegistry>>) {
+    /// The kube client of the running registry of `cluster` (a remote cluster a
+    /// Secret names), or `None` when there is none (unknown cluster, kubeconfig
+    /// refused, still starting). After a kubeconfig swap it is the new client.
+    pub fn client_for(&self, cluster: &ClusterId) -> Option<kube::Client> {
+        let clusters = self.lock();
+        let entry = clusters.get(cluster)?;
+        entry.registry.as_ref()?;
+        entry.client.clone()
+    }
+
+    fn set_state(
+        &self,
+        cluster: &ClusterId,
+        state: &str,
+        running: Option<(Arc<KubeRegistry>, kube::Client)>,
+    ) {
         if let Some(entry) = self.lock().get_mut(cluster) {
             entry.status.state = state.to_string();
-            if registry.is_some() {
-                entry.registry = registry;
+            if let Some((registry, client)) = running {
+                entry.registry = Some(registry);
+                entry.client = Some(client);
             }
         }
     }
@@ -801,6 +829,7 @@ impl State {
                                     stale: false,
                                 },
                                 registry: None,
+                                client: None,
                             })
                             .status
                             .state = format!("failed: {err}");
@@ -832,6 +861,7 @@ impl State {
                                 stale: false,
                             },
                             registry: None,
+                            client: None,
                         },
                     );
                     let (tx, rx) = mpsc::unbounded_channel();
@@ -870,6 +900,8 @@ impl State {
 /// A registry this controller started: the handle, its stop switch and its writer.
 struct Started {
     registry: Arc<KubeRegistry>,
+    /// The client the registry reads through.
+    client: kube::Client,
     stop: oneshot::Sender<()>,
     writer: JoinHandle<()>,
 }
@@ -967,6 +999,7 @@ impl ClusterTask {
             let _ = stopped.await;
         };
         let replacing = self.current.is_some();
+        let remote_client = client.clone();
         let started = if replacing {
             KubeRegistry::start_paused(client, registry_config, self.sink.clone(), stopped).await
         } else {
@@ -984,6 +1017,7 @@ impl ClusterTask {
         };
         let started = Started {
             registry: registry.clone(),
+            client: remote_client,
             stop,
             writer,
         };
@@ -1022,8 +1056,11 @@ impl ClusterTask {
         self.controller.stats.swaps.fetch_add(1, Ordering::Relaxed);
         self.controller
             .set_hash(&self.cluster, &source.secret, source.hash);
-        self.controller
-            .set_state(&self.cluster, "running", Some(registry));
+        self.controller.set_state(
+            &self.cluster,
+            "running",
+            Some((registry, started.client.clone())),
+        );
         self.current = Some(started);
         info!(cluster = %self.cluster, secret = %source.secret,
             "remote cluster registry replaced with the new kubeconfig");
@@ -1043,8 +1080,11 @@ impl ClusterTask {
             .fetch_add(1, Ordering::Relaxed);
         self.controller
             .set_hash(&self.cluster, &source.secret, source.hash);
-        self.controller
-            .set_state(&self.cluster, "running", Some(started.registry.clone()));
+        self.controller.set_state(
+            &self.cluster,
+            "running",
+            Some((started.registry.clone(), started.client.clone())),
+        );
         self.current = Some(started);
         info!(cluster = %self.cluster, secret = %source.secret, shard = %self.shard(),
             "remote cluster registry started");
@@ -1392,6 +1432,65 @@ mod controller_tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(h.controller.clusters().is_empty());
+        h.stop().await;
+    }
+
+    /// The names of the Services `client` lists in `default`.
+    async fn services_through(client: kube::Client) -> Vec<String> {
+        let api: Api<types::Service> = Api::namespaced(client, "default");
+        let list = api.list(&Default::default()).await.expect("list services");
+        list.items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn client_for_is_the_running_remote_registrys_client() {
+        let h = start().await;
+        let c2 = ClusterId::from("c2");
+        assert!(h.controller.client_for(&c2).is_none(), "no Secret yet");
+        let remote = FakeApiServer::start().await.unwrap();
+        remote_cluster(&remote);
+        h.local.apply(&objects::remote_secret(
+            NS,
+            "istio-remote-secret-c2",
+            &[("c2", &remote.kubeconfig()), ("c3", "not a kubeconfig")],
+        ));
+        h.until("c2 registered", |h| h.registered("c2")).await;
+        let client = h.controller.client_for(&c2).expect("c2 runs");
+        assert_eq!(services_through(client).await, ["reviews"]);
+        assert!(
+            h.controller.client_for(&ClusterId::from("c3")).is_none(),
+            "a refused kubeconfig has no client"
+        );
+        assert!(
+            h.controller.client_for(&ClusterId::from("c1")).is_none(),
+            "the local cluster is not a remote one"
+        );
+
+        // A new kubeconfig (another server): the client follows the swap.
+        let moved = FakeApiServer::start().await.unwrap();
+        moved.apply(&objects::service(
+            "default",
+            "ratings",
+            "10.20.0.9",
+            &[("http", 80)],
+        ));
+        h.local.apply(&objects::remote_secret(
+            NS,
+            "istio-remote-secret-c2",
+            &[("c2", &moved.kubeconfig())],
+        ));
+        h.until("the swap", |h| h.controller.stats().swaps() == 1)
+            .await;
+        let client = h.controller.client_for(&c2).expect("c2 runs");
+        assert_eq!(services_through(client).await, ["ratings"]);
+
+        h.local
+            .delete::<types::Secret>(Some(NS), "istio-remote-secret-c2");
+        h.until("c2 removed", |h| h.controller.client_for(&c2).is_none())
+            .await;
         h.stop().await;
     }
 

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Query, State};
-use axum::http::{Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::custom::{CustomView, NotServed, not_found};
 use super::selector::Selector;
+use super::tokens::TOKEN_REVIEWS;
 use super::{ApiState, RecordedRequest, Shared, WatchMsg, WatchSub, event_line};
 
 /// A request path split into its parts.
@@ -82,15 +83,22 @@ pub(super) async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
     uri: Uri,
+    headers: HeaderMap,
     Query(query): Query<BTreeMap<String, String>>,
     body: axum::body::Bytes,
 ) -> Response {
     let mut state = shared.state.lock().expect("fake API state poisoned");
+    let user = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|token| state.tokens.user_of(token.trim()));
     let mut request = RecordedRequest {
         method: method.to_string(),
         path: uri.path().to_string(),
         query,
         denied: false,
+        user,
     };
     if let Some(policy) = &state.policy {
         let attributes = request.attributes();
@@ -102,6 +110,12 @@ pub(super) async fn handle(
         }
     }
     state.requests.push(request.clone());
+    if method == Method::POST && request.path == TOKEN_REVIEWS {
+        return state.tokens.review(&body);
+    }
+    if method == Method::DELETE {
+        return delete(&mut state, &request.path);
+    }
     if method == Method::POST || method == Method::PUT {
         return write(&mut state, &request.path, method == Method::POST, &body);
     }
@@ -109,7 +123,7 @@ pub(super) async fn handle(
         return status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            format!("the fake API server only serves GET, not {method}"),
+            format!("the fake API server does not serve {method}"),
         );
     }
     if let Some(document) = state.discovery(&request.path) {
@@ -244,6 +258,37 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
         },
         &stored,
     )
+}
+
+/// DELETE of a named object: `200` with the object's last state, or `404`.
+fn delete(state: &mut ApiState, path: &str) -> Response {
+    let Some(path) = collection_path(path) else {
+        return not_found();
+    };
+    let Some(name) = path.name.clone() else {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the fake API server deletes named objects only".into(),
+        );
+    };
+    let key = (path.namespace.clone().unwrap_or_default(), name.clone());
+    let last = state
+        .collections
+        .get(&path.collection)
+        .and_then(|c| c.objects.get(&key))
+        .cloned();
+    match last {
+        Some(last) => {
+            state.remove(&path.collection, key);
+            json_response(StatusCode::OK, &last)
+        }
+        None => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("{} {name:?} not found", path.plural),
+        ),
+    }
 }
 
 fn list(

@@ -30,9 +30,17 @@
 //! a non-resource path); a request no rule grants gets `403 Forbidden` and is recorded
 //! as denied, and [`RbacPolicy::unused_grants`] tells which grants no request needed.
 //!
+//! Clients write over HTTP too: POST creates, PUT replaces (with the API server's
+//! `AlreadyExists` / `NotFound` / `Conflict` answers) and DELETE removes a named
+//! object. [`FakeApiServer::issue_token`] mints service-account tokens: a
+//! `TokenReview` (`POST /apis/authentication.k8s.io/v1/tokenreviews`) answers for them
+//! as the API server's authenticators do, and a client using one as its bearer token
+//! ([`FakeApiServer::client_with_token`]) is recorded as that account
+//! ([`RecordedRequest::user`]), so tests tell replicas apart.
+//!
 //! Simplifications: a continued LIST page reflects the current objects rather than a
 //! snapshot at the list's version (clients replay the watch from that version, so they
-//! converge all the same); writes go through the Rust API, not HTTP.
+//! converge all the same); tokens are opaque strings, not signed JWTs.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -55,11 +63,13 @@ mod http;
 pub mod objects;
 mod rbac;
 mod selector;
+mod tokens;
 
 pub use custom::CustomResource;
 pub use rbac::{
     DEFAULT_DISCOVERY_URLS, DEFAULT_USER, Grant, PolicyRule, RbacPolicy, RequestAttributes, Scope,
 };
+pub use tokens::API_SERVER_AUDIENCE;
 
 /// One request the server received.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,6 +82,10 @@ pub struct RecordedRequest {
     pub query: BTreeMap<String, String>,
     /// Refused with `403 Forbidden` by the enforced [`RbacPolicy`].
     pub denied: bool,
+    /// The user the request authenticated as: the service account of a bearer token
+    /// minted with [`FakeApiServer::issue_token`]; `None` without one (or with a
+    /// token the server did not mint, or an expired one).
+    pub user: Option<String>,
 }
 
 impl RecordedRequest {
@@ -122,6 +136,8 @@ struct ApiState {
     crds: Vec<CustomResource>,
     /// When set, requests it does not allow are answered `403 Forbidden`.
     policy: Option<RbacPolicy>,
+    /// Service-account tokens minted by the test.
+    tokens: tokens::TokenTable,
 }
 
 impl Default for ApiState {
@@ -135,6 +151,7 @@ impl Default for ApiState {
             requests: Vec::new(),
             crds: Vec::new(),
             policy: None,
+            tokens: tokens::TokenTable::default(),
         }
     }
 }
@@ -270,6 +287,58 @@ impl FakeApiServer {
     pub fn client(&self) -> kube::Client {
         let config = kube::Config::new(self.url().parse().expect("the server URL is valid"));
         kube::Client::try_from(config).expect("a plain-HTTP kube client builds")
+    }
+
+    /// A kube client that authenticates with `token` (a bearer token, as a pod's
+    /// projected service-account token is used): with a token from
+    /// [`FakeApiServer::issue_token`] its requests are recorded as that account's
+    /// ([`RecordedRequest::user`]), so a test tells apart what each replica did.
+    pub fn client_with_token(&self, token: &str) -> kube::Client {
+        let mut config = kube::Config::new(self.url().parse().expect("the server URL is valid"));
+        config.headers.push((
+            axum::http::header::AUTHORIZATION,
+            format!("Bearer {token}")
+                .parse()
+                .expect("a token is a valid header value"),
+        ));
+        kube::Client::try_from(config).expect("a plain-HTTP kube client builds")
+    }
+
+    /// Mints a token for service account `namespace/service_account`, as the
+    /// TokenRequest API does: valid for `audiences` (the API server's own,
+    /// [`API_SERVER_AUDIENCE`], when empty) until `expires`, bound to `pod` (name,
+    /// uid) when given. A `TokenReview` of it answers as the API server would, and a
+    /// client using it ([`FakeApiServer::client_with_token`]) is that account.
+    pub fn issue_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        audiences: &[&str],
+        expires: std::time::SystemTime,
+        pod: Option<(&str, &str)>,
+    ) -> String {
+        let audiences = if audiences.is_empty() {
+            vec![API_SERVER_AUDIENCE.to_string()]
+        } else {
+            audiences.iter().map(|a| a.to_string()).collect()
+        };
+        self.lock().tokens.issue(tokens::IssuedToken {
+            namespace: namespace.to_string(),
+            service_account: service_account.to_string(),
+            audiences,
+            expires,
+            pod: pod.map(|(name, uid)| (name.to_string(), uid.to_string())),
+        })
+    }
+
+    /// The requests `user` made (see [`RecordedRequest::user`]), oldest first.
+    pub fn requests_by(&self, user: &str) -> Vec<RecordedRequest> {
+        self.lock()
+            .requests
+            .iter()
+            .filter(|r| r.user.as_deref() == Some(user))
+            .cloned()
+            .collect()
     }
 
     fn lock(&self) -> MutexGuard<'_, ApiState> {

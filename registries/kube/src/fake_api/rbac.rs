@@ -719,6 +719,7 @@ mod tests {
                 BTreeMap::new()
             },
             denied,
+            user: None,
         };
         let requests = [
             request("/api/v1/pods", false, false),

@@ -3,4 +3,6 @@
 mod crd;
 mod model;
 mod resilience;
+mod root_cert;
+mod security;
 mod support;
