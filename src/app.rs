@@ -265,37 +265,89 @@ impl Default for SecureSettings {
 
 /// Where the mesh CA comes from.
 #[derive(Clone, Debug)]
-pub struct CaSource {
-    /// A plugged-in CA (Istio's `cacerts`: ca-cert.pem, ca-key.pem, root-cert.pem,
-    /// cert-chain.pem), used when its files are there (`--cacertsDir`).
-    pub cacerts: Option<PathBuf>,
-    /// Where the self-signed root is kept (created on first start, `--caDir`).
-    pub self_signed_dir: PathBuf,
+pub enum CaSource {
+    /// Outside Kubernetes: a plugged-in CA from the `cacerts` directory when its
+    /// files are there (`--cacertsDir`), else the self-signed root kept in
+    /// `self_signed_dir` (created on first start, `--caDir`).
+    Dir {
+        /// Istio's `cacerts` files: ca-cert.pem, ca-key.pem, root-cert.pem,
+        /// cert-chain.pem.
+        cacerts: Option<PathBuf>,
+        /// Where the self-signed root is kept.
+        self_signed_dir: PathBuf,
+    },
+    /// With the Kubernetes registry (Istio's layout): the `cacerts` directory when
+    /// mounted and complete, else the `cacerts` Secret of the system namespace, else
+    /// the self-signed root of Secret `istio-ca-secret` (created once; every replica
+    /// shares it).
+    Kubernetes {
+        /// A mounted `cacerts` Secret.
+        cacerts: Option<PathBuf>,
+    },
 }
 
 impl CaSource {
-    fn load(&self, trust_domain: &str) -> anyhow::Result<crate::ca::Ca> {
-        if let Some(dir) = &self.cacerts
+    /// Loads the CA; the Kubernetes source reads and writes its Secrets in
+    /// `namespace` through `client`. Returns the CA and where it came from.
+    async fn load(
+        &self,
+        trust_domain: &str,
+        kube: Option<(&meshfed_kube::Client, &str)>,
+    ) -> anyhow::Result<(crate::ca::Ca, String)> {
+        let cacerts = match self {
+            CaSource::Dir { cacerts, .. } | CaSource::Kubernetes { cacerts } => cacerts,
+        };
+        if let Some(dir) = cacerts
             && let Some(ca) = crate::ca::Ca::plugged(dir).with_context(|| {
                 format!("loading the plugged-in CA (--cacertsDir {})", dir.display())
             })?
         {
-            return Ok(ca);
+            return Ok((ca, format!("plugged in from {}", dir.display())));
         }
-        crate::ca::Ca::self_signed(&self.self_signed_dir, trust_domain).with_context(|| {
-            format!(
-                "loading or creating the self-signed CA (--caDir {})",
-                self.self_signed_dir.display()
-            )
-        })
-    }
-
-    fn describe(&self) -> String {
-        match &self.cacerts {
-            Some(dir) if dir.join("ca-cert.pem").is_file() => {
-                format!("plugged in from {}", dir.display())
+        match self {
+            CaSource::Dir {
+                self_signed_dir, ..
+            } => {
+                let ca = crate::ca::Ca::self_signed(self_signed_dir, trust_domain).with_context(
+                    || {
+                        format!(
+                            "loading or creating the self-signed CA (--caDir {})",
+                            self_signed_dir.display()
+                        )
+                    },
+                )?;
+                Ok((
+                    ca,
+                    format!("self-signed, kept in {}", self_signed_dir.display()),
+                ))
             }
-            _ => format!("self-signed, kept in {}", self.self_signed_dir.display()),
+            CaSource::Kubernetes { .. } => {
+                let (client, namespace) = kube
+                    .context("the Kubernetes CA needs the Kubernetes registry (or give --caDir)")?;
+                if let Some(pems) = meshfed_kube::read_cacerts(client, namespace).await? {
+                    let ca = crate::ca::Ca::from_pems(
+                        pems.ca_cert,
+                        &pems.ca_key,
+                        &pems.cert_chain,
+                        pems.root_cert,
+                    )
+                    .with_context(|| format!("the plugged-in CA of Secret {namespace}/cacerts"))?;
+                    return Ok((ca, format!("plugged in from Secret {namespace}/cacerts")));
+                }
+                let (cert, key) =
+                    meshfed_kube::load_or_create_self_signed(client, namespace, || {
+                        crate::ca::Ca::generate_root(trust_domain)
+                    })
+                    .await?;
+                let ca =
+                    crate::ca::Ca::from_pems(cert.clone(), &key, "", cert).with_context(|| {
+                        format!("the self-signed CA of Secret {namespace}/istio-ca-secret")
+                    })?;
+                Ok((
+                    ca,
+                    format!("self-signed, kept in Secret {namespace}/istio-ca-secret"),
+                ))
+            }
         }
     }
 }
@@ -560,7 +612,12 @@ impl Server {
         let mut secret_controller = None;
         let mut mesh_map_synced = None;
         let mut kube_client = None;
-        let lease_state = Arc::new(meshfed_kube::LeaseState::default());
+        // Without leader election this replica does the singleton duties itself.
+        let lease_state = Arc::new(if config.lease.is_some() {
+            meshfed_kube::LeaseState::default()
+        } else {
+            meshfed_kube::LeaseState::sole()
+        });
         if let Some(kube) = &config.kubernetes {
             let client;
             (client, secret_controller, mesh_map_synced) = start_kube_registry(
@@ -614,11 +671,18 @@ impl Server {
                     config.monitoring_addr
                 )
             })?;
+        let system_namespace = config
+            .kubernetes
+            .as_ref()
+            .map(|k| k.system_namespace.clone())
+            .unwrap_or_else(|| config.secure.namespace.clone());
         let ca = match &config.ca {
             Some(source) => {
-                let ca = Arc::new(source.load(&mesh_settings.load().config.trust_domain)?);
-                info!(root = %source.describe(), "mesh CA ready");
-                Some(ca)
+                let trust_domain = mesh_settings.load().config.trust_domain.clone();
+                let kube = kube_client.as_ref().map(|c| (c, system_namespace.as_str()));
+                let (ca, from) = source.load(&trust_domain, kube).await?;
+                info!(root = %from, "mesh CA ready");
+                Some(Arc::new(ca))
             }
             None => None,
         };
@@ -695,6 +759,23 @@ impl Server {
             metrics.register_expiry(&mut metrics_registry, ca);
             metrics
         });
+        if let (Some(ca), Some(client)) = (&ca, &kube_client) {
+            let stats = Arc::new(meshfed_kube::RootCertStats::default());
+            stats.register_metrics(&mut metrics_registry);
+            let (root_tx, root_rx) = tokio::sync::watch::channel(ca.root_pem().to_string());
+            let mut stop = shutdown.clone();
+            let publisher = meshfed_kube::run_root_cert_publisher(
+                client.clone(),
+                lease_state.clone(),
+                root_rx,
+                stats,
+                async move { stop.wait().await },
+            );
+            tasks.spawn(async move {
+                publisher.await;
+                drop(root_tx);
+            });
+        }
         if let (Some(ca), Some(path)) = (&ca, &config.secure.root_cert_file) {
             crate::ca::write_public(path, ca.root_pem()).with_context(|| {
                 format!(
@@ -1174,7 +1255,15 @@ async fn build_authenticators(
             .map_err(|e| anyhow::anyhow!("--jwtRule (JWT_RULE) issuer {issuer}: {e}"))?;
         chain.push(Arc::new(jwt));
     }
-    let _ = (kube_client, remotes);
+    if let Some(client) = kube_client {
+        chain.push(Arc::new(crate::authn::kube::KubeJwtAuthenticator::new(
+            client,
+            config.cluster_id.clone(),
+            remotes,
+            config.secure.token_audiences.clone(),
+            trust_domain.to_string(),
+        )));
+    }
     Ok(Authenticators::new(chain))
 }
 

@@ -195,11 +195,16 @@ struct DiscoveryArgs {
     /// and process id.
     #[arg(long = "leaseIdentity", default_value = "")]
     lease_identity: String,
-    /// Turns the mesh CA on, keeping its self-signed root in this directory (created on
-    /// the first start; the key at mode 0600). On the plaintext port CreateCertificate
-    /// refuses every caller, as istiod does on 15010.
+    /// Turns the mesh CA on outside Kubernetes, keeping its self-signed root in this
+    /// directory (created on the first start; the key at mode 0600). With the
+    /// Kubernetes registry the CA is on without it and keeps its root in Secret
+    /// istio-ca-secret of the system namespace (or uses Secret cacerts).
     #[arg(long = "caDir")]
     ca_dir: Option<PathBuf>,
+    /// Run the mesh CA (Istio's ENABLE_CA_SERVER). `false` turns it off, and with it
+    /// the secure port unless --tlsCertFile is given.
+    #[arg(long = "enableCAServer", default_value_t = true, action = clap::ArgAction::Set)]
+    enable_ca_server: bool,
     /// A plugged-in CA (Istio's `cacerts`: ca-cert.pem, ca-key.pem, root-cert.pem,
     /// cert-chain.pem), used instead of the self-signed root when its files are there;
     /// needs --caDir.
@@ -559,8 +564,27 @@ impl DiscoveryArgs {
         if matches!(mock, MockSource::None) && self.mock_registry_file.is_some() {
             bail!("--mockRegistryFile needs the Mock registry in --registries");
         }
-        if self.cacerts_dir.is_some() && self.ca_dir.is_none() {
-            bail!("--cacertsDir needs --caDir (the mesh CA is off without it)");
+        if self.cacerts_dir.is_some() && self.ca_dir.is_none() && kubernetes.is_none() {
+            bail!(
+                "--cacertsDir needs --caDir or the Kubernetes registry (the mesh CA is off without them)"
+            );
+        }
+        if !self.enable_ca_server && (self.ca_dir.is_some() || self.cacerts_dir.is_some()) {
+            bail!("--caDir and --cacertsDir need --enableCAServer=true");
+        }
+        let ca = match (&self.ca_dir, &kubernetes) {
+            _ if !self.enable_ca_server => None,
+            (Some(dir), _) => Some(meshfed::app::CaSource::Dir {
+                cacerts: self.cacerts_dir.clone(),
+                self_signed_dir: dir.clone(),
+            }),
+            (None, Some(_)) => Some(meshfed::app::CaSource::Kubernetes {
+                cacerts: self.cacerts_dir.clone(),
+            }),
+            (None, None) => None,
+        };
+        if self.root_cert_file.is_some() && ca.is_none() {
+            bail!("--rootCertFile needs the mesh CA (--caDir, or the Kubernetes registry)");
         }
         if self.debounce_max < self.debounce_after {
             bail!(
@@ -596,10 +620,7 @@ impl DiscoveryArgs {
             push_throttle: self.push_throttle,
             remote_cluster_timeout: self.remote_cluster_timeout,
             drain_duration: self.drain_duration,
-            ca: self.ca_dir.clone().map(|dir| meshfed::app::CaSource {
-                cacerts: self.cacerts_dir.clone(),
-                self_signed_dir: dir,
-            }),
+            ca,
             lease: self.leader_election.then(|| meshfed::app::LeaseSettings {
                 identity: Some(self.lease_identity.clone()).filter(|i| !i.is_empty()),
                 ..Default::default()

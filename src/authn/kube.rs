@@ -10,8 +10,7 @@ use meshfed_kube::SecretController;
 use meshfed_registry::ClusterId;
 
 use super::{
-    AuthContext, AuthFuture, Authenticator, Caller, bearer_token, claimed_cluster,
-    spiffe_identity,
+    AuthContext, AuthFuture, Authenticator, Caller, bearer_token, claimed_cluster, spiffe_identity,
 };
 
 /// Tokens checked by the caller's Kubernetes API server.

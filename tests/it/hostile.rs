@@ -512,7 +512,7 @@ async fn create_certificate_on_the_plaintext_port_is_refused_with_a_metric() {
     let dir = tempfile::tempdir().unwrap();
     let ca_dir = dir.path().join("ca");
     let server = server_with(|c| {
-        c.ca = Some(meshfed::app::CaSource {
+        c.ca = Some(meshfed::app::CaSource::Dir {
             cacerts: None,
             self_signed_dir: ca_dir.clone(),
         });

@@ -496,7 +496,7 @@ async fn secure_interop(ca_dir: &Path) -> Option<Interop> {
     let ca_dir = ca_dir.to_path_buf();
     Interop::start_with(move |b| {
         b.configure(move |c| {
-            c.ca = Some(meshfed::app::CaSource {
+            c.ca = Some(meshfed::app::CaSource::Dir {
                 cacerts: None,
                 self_signed_dir: ca_dir,
             });

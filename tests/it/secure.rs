@@ -31,7 +31,7 @@ async fn mesh_with(f: impl FnOnce(&mut DiscoveryConfig)) -> Mesh {
     let server = FakeServer::builder()
         .embedded_mock_registry()
         .configure(|c| {
-            c.ca = Some(CaSource {
+            c.ca = Some(CaSource::Dir {
                 cacerts: None,
                 self_signed_dir: ca_dir.clone(),
             });

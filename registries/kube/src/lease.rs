@@ -76,6 +76,14 @@ impl Default for LeaseState {
 }
 
 impl LeaseState {
+    /// The state of a replica that runs without leader election: it is the leader
+    /// for good (one replica, or an operator who turned election off on purpose).
+    pub fn sole() -> Self {
+        let state = LeaseState::default();
+        state.set_leader(true);
+        state
+    }
+
     /// Follows [`LeaseState::is_leader`]: the receiver sees every change (a duty that
     /// becomes leader reconciles everything at once instead of polling).
     pub fn subscribe(&self) -> watch::Receiver<bool> {
