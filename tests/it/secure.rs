@@ -437,3 +437,220 @@ async fn operator_serving_files_are_used_and_reloaded_when_they_change() {
     );
     mesh.server.shutdown().await;
 }
+
+// ---------------------------------------------------------------------------------
+// With Kubernetes: the CA in Secrets, tokens by TokenReview, the root in ConfigMaps.
+
+use meshfed::app::{KubeSettings, KubeSource};
+use meshfed_kube::fake_api::objects::ConfigMap;
+use meshfed_kube::fake_api::objects::types::Secret;
+use meshfed_kube::fake_api::{FakeApiServer, objects};
+
+/// A control plane on the fake API server with the Kubernetes CA (leader election
+/// on, as deployed).
+pub(crate) async fn kube_mesh(api: &FakeApiServer) -> FakeServer {
+    let client = api.client();
+    let server = FakeServer::builder()
+        .configure(move |c| {
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
+            });
+            c.ca = Some(CaSource::Kubernetes { cacerts: None });
+        })
+        .start()
+        .await
+        .unwrap();
+    let http = server.bound().http;
+    crate::support::eventually("the Kubernetes registry to sync", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    server
+}
+
+/// The `istio-ca-root-cert` ConfigMap of `namespace`, once published.
+pub(crate) async fn published_root(api: &FakeApiServer, namespace: &str) -> String {
+    crate::support::eventually("the root-cert ConfigMap", || async {
+        api.get::<ConfigMap>(Some(namespace), "istio-ca-root-cert")
+            .and_then(|cm| cm.data?.get("root-cert.pem").cloned())
+    })
+    .await
+}
+
+fn bearer(token: &str, cluster: Option<&str>) -> MetadataMap {
+    let mut metadata = MetadataMap::new();
+    metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    if let Some(cluster) = cluster {
+        metadata.insert("clusterid", cluster.parse().unwrap());
+    }
+    metadata
+}
+
+fn in_an_hour() -> std::time::SystemTime {
+    std::time::SystemTime::now() + Duration::from_secs(3600)
+}
+
+#[tokio::test]
+async fn kubernetes_tokens_get_their_identity_signed_under_the_published_root() {
+    let api = FakeApiServer::start().await.unwrap();
+    for ns in ["default", "istio-system", "kube-system", "kube-public"] {
+        api.apply(&objects::namespace(ns, &[]));
+    }
+    let server = kube_mesh(&api).await;
+    let root = published_root(&api, "default").await;
+    assert_eq!(published_root(&api, "kube-system").await, root);
+    let secret = api
+        .get::<Secret>(Some("istio-system"), "istio-ca-secret")
+        .expect("the self-signed root is kept in istio-ca-secret");
+    assert_eq!(secret.type_.as_deref(), Some("istio.io/ca-root"));
+    assert!(
+        api.get::<ConfigMap>(Some("kube-public"), "istio-ca-root-cert")
+            .is_none(),
+        "kube-public is left alone"
+    );
+    let tls = ClientTls {
+        roots_pem: root.clone(),
+        identity: None,
+        server_name: SERVER_NAME.into(),
+    };
+    let channel = || async { tls_channel(server.secure_grpc_addr(), &tls).await.unwrap() };
+    let token = api.issue_token("default", "app", &["istio-ca"], in_an_hour(), None);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let request = IstioCertificateRequest {
+        csr: csr(&key),
+        ..Default::default()
+    };
+    let response = create_certificate(
+        channel().await,
+        bearer(&token, Some("Kubernetes")),
+        request.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        response.cert_chain.last().unwrap(),
+        &root,
+        "chains to the published root"
+    );
+    let (_, leaf) = x509_parser::pem::parse_x509_pem(response.cert_chain[0].as_bytes()).unwrap();
+    let leaf = leaf.parse_x509().unwrap();
+    let san = leaf.subject_alternative_name().unwrap().unwrap();
+    assert_eq!(
+        san.value.general_names[0].to_string(),
+        "URI(spiffe://cluster.local/ns/default/sa/app)"
+    );
+
+    // The same token streams xDS for its own namespace only.
+    let mut ok = AdsClient::over(
+        channel().await,
+        bearer(&token, None),
+        sidecar("default", "app"),
+    )
+    .await
+    .unwrap();
+    ok.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    ok.recv_clusters().await.unwrap();
+    let mut other = AdsClient::over(
+        channel().await,
+        bearer(&token, None),
+        sidecar("other", "app"),
+    )
+    .await
+    .unwrap();
+    other.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let status = other.recv_error().await.unwrap();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("other/app"), "{status:?}");
+
+    // Refused: another audience, expired, a cluster nobody knows.
+    let wrong_audience = api.issue_token("default", "app", &["vault"], in_an_hour(), None);
+    let expired = api.issue_token(
+        "default",
+        "app",
+        &["istio-ca"],
+        std::time::SystemTime::now() - Duration::from_secs(60),
+        None,
+    );
+    for (metadata, why) in [
+        (bearer(&wrong_audience, None), "audience"),
+        (bearer(&expired, None), "expired"),
+        (bearer(&token, Some("elsewhere")), "elsewhere"),
+    ] {
+        let status = create_certificate(channel().await, metadata, request.clone())
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), Code::Unauthenticated, "{why}: {status:?}");
+    }
+    let text = http_get(server.bound().monitoring, "/metrics").await.1;
+    assert_eq!(
+        metric(&text, "citadel_server_authentication_failure_count"),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(&text, "citadel_server_success_cert_issuance_count"),
+        Some(1.0)
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_replicas_share_one_root_and_only_the_lease_holder_writes_configmaps() {
+    let api = FakeApiServer::start().await.unwrap();
+    for ns in ["default", "istio-system"] {
+        api.apply(&objects::namespace(ns, &[]));
+    }
+    let replica = |identity: &str| {
+        let token = api.issue_token("istio-system", identity, &[], in_an_hour(), None);
+        let client = api.client_with_token(&token);
+        let identity = identity.to_string();
+        FakeServer::builder().configure(move |c| {
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
+            });
+            c.ca = Some(CaSource::Kubernetes { cacerts: None });
+            c.lease = Some(meshfed::app::LeaseSettings {
+                identity: Some(identity),
+                duration: Duration::from_secs(2),
+                renew_every: Duration::from_millis(200),
+                ..Default::default()
+            });
+        })
+    };
+    let a = replica("a").start().await.unwrap();
+    let root = published_root(&api, "default").await;
+    let b = replica("b").start().await.unwrap();
+    // B loaded the CA A created: its serving certificate chains to the same root.
+    let tls = ClientTls {
+        roots_pem: root.clone(),
+        identity: None,
+        server_name: SERVER_NAME.into(),
+    };
+    tls_channel(b.secure_grpc_addr(), &tls)
+        .await
+        .expect("replica b serves under the shared root");
+    // A new namespace is published by A alone.
+    api.apply(&objects::namespace("late", &[]));
+    assert_eq!(published_root(&api, "late").await, root);
+    let writes = |name: &str| {
+        api.requests_by(&format!("system:serviceaccount:istio-system:{name}"))
+            .iter()
+            .filter(|r| r.method != "GET" && r.path.contains("/configmaps"))
+            .count()
+    };
+    assert!(writes("a") >= 3, "a wrote every namespace");
+    assert_eq!(writes("b"), 0, "b never writes while a holds the Lease");
+
+    // A stops (and releases the Lease); B takes over within the lease duration.
+    a.shutdown().await;
+    api.apply(&objects::namespace("after", &[]));
+    assert_eq!(published_root(&api, "after").await, root);
+    assert!(writes("b") >= 1, "b took over");
+    b.shutdown().await;
+}
