@@ -636,6 +636,86 @@ async fn python_csrs_of_both_key_types_get_the_callers_identity_and_a_verifiable
     assert_eq!(out["code"], "UNAUTHENTICATED", "{out}");
 }
 
+#[tokio::test]
+async fn python_csrs_with_a_kubernetes_token_chain_to_the_root_published_in_the_configmap() {
+    use meshfed_kube::fake_api::{FakeApiServer, objects};
+    let api = FakeApiServer::start().await.unwrap();
+    for ns in ["default", "istio-system"] {
+        api.apply(&objects::namespace(ns, &[]));
+    }
+    let client = api.client();
+    let Some(t) = Interop::start_with(move |b| {
+        b.configure(move |c| {
+            c.kubernetes = Some(meshfed::app::KubeSettings {
+                source: meshfed::app::KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
+            });
+            c.ca = Some(meshfed::app::CaSource::Kubernetes { cacerts: None });
+        })
+    })
+    .await
+    else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // The root a pod would mount from its namespace's ConfigMap.
+    let root = dir.path().join("root-cert.pem");
+    std::fs::write(&root, crate::secure::published_root(&api, "default").await).unwrap();
+    let hour = std::time::SystemTime::now() + Duration::from_secs(3600);
+    let token = dir.path().join("istio-token");
+    std::fs::write(
+        &token,
+        api.issue_token("default", "reviews", &["istio-ca"], hour, None),
+    )
+    .unwrap();
+    let with_token = [
+        "--token".as_ref(),
+        token.as_os_str(),
+        "--clusterid".as_ref(),
+        "Kubernetes".as_ref(),
+    ];
+    for key_type in ["rsa2048", "ecp256"] {
+        let out = run_csr(
+            &t.python,
+            t.server().secure_grpc_addr(),
+            &root,
+            key_type,
+            3600,
+            &with_token,
+        )
+        .await;
+        assert_eq!(out["ok"], true, "{key_type}: {out}");
+        assert_eq!(
+            out["sans"],
+            serde_json::json!(["spiffe://cluster.local/ns/default/sa/reviews"]),
+            "{key_type}: the token's identity only: {out}"
+        );
+        assert_eq!(out["ttl"], 3600.0 + 120.0, "{key_type}: {out}");
+        assert_eq!(out["chain_verified"], true, "{key_type}: {out}");
+        assert_eq!(out["root_is_given_root"], true, "{key_type}: {out}");
+        assert_eq!(out["leaf_matches_key"], true, "{key_type}: {out}");
+    }
+    let expired = dir.path().join("expired-token");
+    let past = std::time::SystemTime::now() - Duration::from_secs(60);
+    std::fs::write(
+        &expired,
+        api.issue_token("default", "reviews", &["istio-ca"], past, None),
+    )
+    .unwrap();
+    let out = run_csr(
+        &t.python,
+        t.server().secure_grpc_addr(),
+        &root,
+        "ecp256",
+        0,
+        &["--token".as_ref(), expired.as_os_str()],
+    )
+    .await;
+    assert_eq!(out["code"], "UNAUTHENTICATED", "{out}");
+}
+
 /// Runs `tests/interop/csr.py` against `addr` and returns its JSON line.
 async fn run_csr(
     python: &Path,
