@@ -682,7 +682,7 @@ impl Server {
                 let kube = kube_client.as_ref().map(|c| (c, system_namespace.as_str()));
                 let (ca, from) = source.load(&trust_domain, kube).await?;
                 info!(root = %from, "mesh CA ready");
-                Some(Arc::new(ca))
+                Some((Arc::new(ca), from))
             }
             None => None,
         };
@@ -750,6 +750,8 @@ impl Server {
             refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
             stream_rate: None,
         };
+        let ca_debug = ca.clone();
+        let ca = ca.map(|(ca, _)| ca);
         let stream_rate = config
             .max_requests_per_second
             .map(crate::ads::rate::StreamRateLimiter::new);
@@ -888,6 +890,7 @@ impl Server {
             multicluster: secret_controller,
             generator: config.generator,
             readiness,
+            ca: ca_debug,
         };
         tasks.spawn(serve_http(
             http,

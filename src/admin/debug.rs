@@ -76,6 +76,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: networkz,
     },
     DebugEndpoint {
+        path: "ca",
+        description: "The mesh CA: where it came from, the root bundle (PEM) workloads trust, and when the root and the signing certificate expire (never the key)",
+        handler: ca,
+    },
+    DebugEndpoint {
         path: "cachez",
         description: "Resource cache of the current snapshot: hits, misses, size",
         handler: cachez,
@@ -138,6 +143,25 @@ fn clip_error(detail: Option<&str>) -> Option<std::borrow::Cow<'_, str>> {
 
 fn to_json<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn ca(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    let Some((ca, source)) = &state.ca else {
+        return Ok(json!({"enabled": false}));
+    };
+    let rfc3339 = |t: Option<time::OffsetDateTime>| {
+        t.and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+    };
+    Ok(json!({
+        "enabled": true,
+        "source": source,
+        "rootCert": ca.root_pem(),
+        "rootNotAfter": rfc3339(ca.root_not_after()),
+        "signingNotAfter": rfc3339(Some(ca.not_after())),
+    }))
 }
 
 fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

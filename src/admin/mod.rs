@@ -45,6 +45,8 @@ pub struct AdminState {
     pub generator: crate::generate::GeneratorOptions,
     /// What `/ready` answers.
     pub readiness: Arc<crate::readiness::Readiness>,
+    /// The mesh CA and where it came from (`/debug/ca`), when on.
+    pub ca: Option<(Arc<crate::ca::Ca>, String)>,
 }
 
 impl std::fmt::Debug for AdminState {

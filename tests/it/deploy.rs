@@ -162,6 +162,7 @@ fn ports_probes_and_service_match_what_the_server_listens_on() {
 
     // Every interface, on Istio's ports.
     assert_eq!(flag(&flags, "grpcAddr"), ":15010");
+    assert_eq!(flag(&flags, "secureGrpcAddr"), ":15012");
     assert_eq!(flag(&flags, "httpAddr"), ":8080");
     assert_eq!(flag(&flags, "monitoringAddr"), ":15014");
 
@@ -179,7 +180,7 @@ fn ports_probes_and_service_match_what_the_server_listens_on() {
         })
         .collect();
     let numbers: BTreeSet<i64> = ports.values().copied().collect();
-    for port in [15010, 8080, 15014] {
+    for port in [15010, 15012, 8080, 15014] {
         assert!(numbers.contains(&port), "container port {port}");
     }
     // A port by number or by name, as the container's port number.
@@ -209,6 +210,7 @@ fn ports_probes_and_service_match_what_the_server_listens_on() {
         service_ports.insert(port["port"].as_i64().unwrap());
     }
     assert!(service_ports.contains(&15010), "plaintext xDS");
+    assert!(service_ports.contains(&15012), "xDS over TLS and the CA");
     let selector = service["spec"]["selector"].as_object().expect("selector");
     let labels = &deployment["spec"]["template"]["metadata"]["labels"];
     for (key, value) in selector {

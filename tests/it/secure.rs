@@ -118,6 +118,14 @@ async fn a_proxy_with_a_mesh_certificate_gets_config_on_the_secure_port() {
         body.contains("spiffe://cluster.local/ns/default/sa/app"),
         "{body}"
     );
+    // The root is served for whoever needs it; the key never is.
+    let ca = crate::support::get_json(mesh.server.bound().http, "/debug/ca").await;
+    assert_eq!(ca["rootCert"], mesh.root(), "{ca}");
+    assert!(
+        ca["source"].as_str().unwrap().contains("self-signed"),
+        "{ca}"
+    );
+    assert!(!ca.to_string().contains("PRIVATE KEY"), "{ca}");
     mesh.server.shutdown().await;
 }
 
