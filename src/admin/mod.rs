@@ -222,6 +222,7 @@ mod tests {
             debug_open,
             log_control: None,
             config_stores: Vec::new(),
+            ca: None,
             multicluster: None,
             generator: Default::default(),
         }
