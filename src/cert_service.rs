@@ -112,6 +112,24 @@ pub fn create_certificate(
             return Err(Status::unauthenticated("request authenticate failure"));
         }
     };
+    // Node agents signing for the pods of their node (Istio's CA_TRUSTED_NODE_ACCOUNTS)
+    // are not supported: such a request is refused as Istio refuses it when the caller
+    // is not a trusted node account.
+    if let Some(target) = request
+        .metadata
+        .as_ref()
+        .and_then(|m| m.fields.get("ImpersonatedIdentity"))
+        .and_then(|v| match &v.kind {
+            Some(pbjson_types::value::Kind::StringValue(s)) if !s.is_empty() => Some(s),
+            _ => None,
+        })
+    {
+        metrics.authentication_failure.inc();
+        warn!(caller = ?caller.identities, %target, "CreateCertificate: impersonation refused (no trusted node accounts)");
+        return Err(Status::unauthenticated(
+            "request impersonation authentication failure",
+        ));
+    }
     let ttl = Duration::from_secs(u64::try_from(request.validity_duration).unwrap_or(0));
     match ca.sign(&request.csr, &caller.identities, ttl) {
         Ok(cert_chain) => {
@@ -266,9 +284,22 @@ mod tests {
         let status = create_certificate(&ca, caller(), &long, &metrics).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("max allowed TTL"), "{status:?}");
-        assert_eq!(metrics.csr.get(), 4);
+        let impersonating = IstioCertificateRequest {
+            csr: csr(),
+            metadata: Some(pbjson_types::Struct {
+                fields: [(
+                    "ImpersonatedIdentity".to_string(),
+                    pbjson_types::Value::from("spiffe://cluster.local/ns/x/sa/y".to_string()),
+                )]
+                .into(),
+            }),
+            ..Default::default()
+        };
+        let status = create_certificate(&ca, caller(), &impersonating, &metrics).unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        assert_eq!(metrics.csr.get(), 5);
         assert_eq!(metrics.success.get(), 1);
-        assert_eq!(metrics.authentication_failure.get(), 1);
+        assert_eq!(metrics.authentication_failure.get(), 2);
         assert_eq!(metrics.csr_parsing_err.get(), 1);
         assert_eq!(metrics.csr_sign_err.get(), 1);
     }

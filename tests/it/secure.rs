@@ -8,7 +8,7 @@ use std::time::Duration;
 use meshfed::app::{CaSource, DiscoveryConfig};
 use meshfed::ca::Ca;
 use meshfed::testing::{
-    AdsClient, ClientTls, FakeServer, create_certificate, node_with, tls_channel,
+    AdsClient, ClientTls, DeltaClient, FakeServer, create_certificate, node_with, tls_channel,
 };
 use meshfed::xds::TypeUrl;
 use meshfed_api::auth::v1::IstioCertificateRequest;
@@ -126,6 +126,26 @@ async fn a_proxy_with_a_mesh_certificate_gets_config_on_the_secure_port() {
         "{ca}"
     );
     assert!(!ca.to_string().contains("PRIVATE KEY"), "{ca}");
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn delta_streams_are_served_and_admitted_on_the_secure_port_too() {
+    let mesh = mesh_with(|_| {}).await;
+    let id = "spiffe://cluster.local/ns/default/sa/app";
+    let mut ok = DeltaClient::over(mesh.channel(Some(id)).await, sidecar("default", "app"))
+        .await
+        .unwrap();
+    ok.subscribe(TypeUrl::Cluster, &[], &[]).await.unwrap();
+    let cds = ok.recv_type(TypeUrl::Cluster).await.unwrap();
+    assert!(!cds.resources.is_empty());
+    let mut refused = DeltaClient::over(mesh.channel(Some(id)).await, sidecar("other", "app"))
+        .await
+        .unwrap();
+    refused.subscribe(TypeUrl::Cluster, &[], &[]).await.unwrap();
+    let error = refused.recv().await.unwrap_err();
+    let status = error.downcast_ref::<tonic::Status>().expect("a status");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
     mesh.server.shutdown().await;
 }
 
