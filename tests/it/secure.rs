@@ -682,3 +682,82 @@ async fn two_replicas_share_one_root_and_only_the_lease_holder_writes_configmaps
     assert!(writes("b") >= 1, "b took over");
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_token_of_a_remote_cluster_is_reviewed_by_the_cluster_it_names() {
+    let c1 = FakeApiServer::start().await.unwrap();
+    let c2 = FakeApiServer::start().await.unwrap();
+    for ns in ["default", "istio-system"] {
+        c1.apply(&objects::namespace(ns, &[]));
+        c2.apply(&objects::namespace(ns, &[]));
+    }
+    let client = c1.client();
+    let server = FakeServer::builder()
+        .cluster_id("c1")
+        .configure(move |c| {
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
+            });
+            c.ca = Some(CaSource::Kubernetes { cacerts: None });
+        })
+        .start()
+        .await
+        .unwrap();
+    c1.apply(&objects::remote_secret(
+        "istio-system",
+        "istio-remote-secret-c2",
+        &[("c2", &c2.kubeconfig())],
+    ));
+    let http = server.bound().http;
+    crate::support::eventually("remote cluster c2 running", || async move {
+        let z = crate::support::get_json(http, "/debug/clusterz").await;
+        let running = z["clusters"]
+            .as_array()?
+            .iter()
+            .any(|c| c["cluster"] == "c2" && c["synced"] == true);
+        running.then_some(())
+    })
+    .await;
+    let root = published_root(&c1, "default").await;
+    let tls = ClientTls {
+        roots_pem: root,
+        identity: None,
+        server_name: SERVER_NAME.into(),
+    };
+    let ask = |metadata: MetadataMap| {
+        let tls = tls.clone();
+        let addr = server.secure_grpc_addr();
+        async move {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let request = IstioCertificateRequest {
+                csr: csr(&key),
+                ..Default::default()
+            };
+            create_certificate(tls_channel(addr, &tls).await.unwrap(), metadata, request).await
+        }
+    };
+    let remote = c2.issue_token("default", "app", &["istio-ca"], in_an_hour(), None);
+    let issued = ask(bearer(&remote, Some("c2"))).await.unwrap();
+    let (_, leaf) = x509_parser::pem::parse_x509_pem(issued.cert_chain[0].as_bytes()).unwrap();
+    let leaf = leaf.parse_x509().unwrap();
+    let san = leaf.subject_alternative_name().unwrap().unwrap();
+    assert_eq!(
+        san.value.general_names[0].to_string(),
+        "URI(spiffe://cluster.local/ns/default/sa/app)"
+    );
+    // The same token checked by the local cluster, and a local token sent to c2: both
+    // unknown where they are reviewed.
+    let status = ask(bearer(&remote, None)).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    let local = c1.issue_token("default", "app", &["istio-ca"], in_an_hour(), None);
+    let status = ask(bearer(&local, Some("c2"))).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(
+        ask(bearer(&local, Some("c1"))).await.is_ok(),
+        "c1 is this cluster"
+    );
+    server.shutdown().await;
+}
