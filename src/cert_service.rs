@@ -14,7 +14,9 @@ use prometheus_client::registry::Registry;
 use tonic::codegen::{Body, BoxFuture, Context, Poll, Service, StdError, http};
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
-use tracing::{info, warn};
+use tracing::{debug, warn};
+
+use crate::ads::limit::LogLimiter;
 
 use crate::ads::transport::XdsConnectInfo;
 use crate::authn::{AuthContext, Authenticators, Caller};
@@ -102,13 +104,16 @@ pub fn create_certificate(
     caller: Result<Caller, String>,
     request: &IstioCertificateRequest,
     metrics: &CaMetrics,
+    refusal_log: &LogLimiter,
 ) -> Result<IstioCertificateResponse, Status> {
     metrics.csr.inc();
     let caller = match caller {
         Ok(caller) => caller,
         Err(why) => {
             metrics.authentication_failure.inc();
-            warn!(reason = %why, "CreateCertificate: request authenticate failure");
+            if let Some(suppressed) = refusal_log.allow() {
+                warn!(reason = %why, suppressed, "CreateCertificate: request authenticate failure");
+            }
             return Err(Status::unauthenticated("request authenticate failure"));
         }
     };
@@ -125,7 +130,9 @@ pub fn create_certificate(
         })
     {
         metrics.authentication_failure.inc();
-        warn!(caller = ?caller.identities, %target, "CreateCertificate: impersonation refused (no trusted node accounts)");
+        if let Some(suppressed) = refusal_log.allow() {
+            warn!(caller = ?caller.identities, %target, suppressed, "CreateCertificate: impersonation refused (no trusted node accounts)");
+        }
         return Err(Status::unauthenticated(
             "request impersonation authentication failure",
         ));
@@ -134,7 +141,7 @@ pub fn create_certificate(
     match ca.sign(&request.csr, &caller.identities, ttl) {
         Ok(cert_chain) => {
             metrics.success.inc();
-            info!(identities = ?caller.identities, ?ttl, "CreateCertificate: certificate issued");
+            debug!(identities = ?caller.identities, ?ttl, "CreateCertificate: certificate issued");
             Ok(IstioCertificateResponse { cert_chain })
         }
         Err(err @ CaError::Csr(_)) => {
@@ -159,6 +166,8 @@ pub struct CertificateService {
     ca: Arc<Ca>,
     authenticators: Option<Authenticators>,
     metrics: CaMetrics,
+    /// Limits the log lines of refused requests (callers can cause them at will).
+    refusal_log: Arc<LogLimiter>,
 }
 
 impl CertificateService {
@@ -168,6 +177,7 @@ impl CertificateService {
             ca,
             authenticators,
             metrics,
+            refusal_log: Arc::new(LogLimiter::new(10, Duration::from_secs(10))),
         }
     }
 }
@@ -200,7 +210,13 @@ impl tonic::server::UnaryService<IstioCertificateRequest> for Unary {
                 }
                 _ => Err("this port authenticates no caller (plaintext)".to_string()),
             };
-            create_certificate(&service.ca, caller, request.get_ref(), &service.metrics)
+            create_certificate(
+                &service.ca,
+                caller,
+                request.get_ref(),
+                &service.metrics,
+                &service.refusal_log,
+            )
                 .map(Response::new)
         })
     }
@@ -256,6 +272,7 @@ mod tests {
     fn codes_and_metrics_follow_istio() {
         let (_dir, ca) = ca();
         let metrics = CaMetrics::default();
+        let log = LogLimiter::new(100, Duration::from_secs(1));
         let caller = || {
             Ok(Caller {
                 identities: vec!["spiffe://cluster.local/ns/a/sa/b".into()],
@@ -266,22 +283,22 @@ mod tests {
             csr: csr(),
             ..Default::default()
         };
-        let chain = create_certificate(&ca, caller(), &good, &metrics).unwrap();
+        let chain = create_certificate(&ca, caller(), &good, &metrics, &log).unwrap();
         assert_eq!(chain.cert_chain.len(), 2);
-        let refused = create_certificate(&ca, Err("no token".into()), &good, &metrics);
+        let refused = create_certificate(&ca, Err("no token".into()), &good, &metrics, &log);
         assert_eq!(refused.unwrap_err().code(), tonic::Code::Unauthenticated);
         let garbage = IstioCertificateRequest {
             csr: "garbage".into(),
             ..Default::default()
         };
-        let bad = create_certificate(&ca, caller(), &garbage, &metrics);
+        let bad = create_certificate(&ca, caller(), &garbage, &metrics, &log);
         assert_eq!(bad.unwrap_err().code(), tonic::Code::InvalidArgument);
         let long = IstioCertificateRequest {
             csr: csr(),
             validity_duration: 91 * 24 * 3600,
             ..Default::default()
         };
-        let status = create_certificate(&ca, caller(), &long, &metrics).unwrap_err();
+        let status = create_certificate(&ca, caller(), &long, &metrics, &log).unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert!(status.message().contains("max allowed TTL"), "{status:?}");
         let impersonating = IstioCertificateRequest {
@@ -295,7 +312,7 @@ mod tests {
             }),
             ..Default::default()
         };
-        let status = create_certificate(&ca, caller(), &impersonating, &metrics).unwrap_err();
+        let status = create_certificate(&ca, caller(), &impersonating, &metrics, &log).unwrap_err();
         assert_eq!(status.code(), tonic::Code::Unauthenticated);
         assert_eq!(metrics.csr.get(), 5);
         assert_eq!(metrics.success.get(), 1);
