@@ -217,7 +217,7 @@ impl tonic::server::UnaryService<IstioCertificateRequest> for Unary {
                 &service.metrics,
                 &service.refusal_log,
             )
-                .map(Response::new)
+            .map(Response::new)
         })
     }
 }
