@@ -506,6 +506,17 @@ async fn secure_interop(ca_dir: &Path) -> Option<Interop> {
     .await
 }
 
+/// The bootstrap of a client reaching the secure port as `localhost` with the
+/// certificate `files` of [`workload_files`] (gRFC A65 TLS channel credentials).
+fn secure_bootstrap(t: &Interop, files: serde_json::Value) -> serde_json::Value {
+    let secure = t.server().secure_grpc_addr();
+    let mut bootstrap = bootstrap(secure);
+    bootstrap["xds_servers"][0]["server_uri"] = format!("localhost:{}", secure.port()).into();
+    bootstrap["xds_servers"][0]["channel_creds"] =
+        serde_json::json!([{"type": "tls", "config": files}]);
+    bootstrap
+}
+
 /// Writes a workload certificate for `identity` and the root as files for grpcio.
 fn workload_files(ca_dir: &Path, out: &Path, identity: &str) -> serde_json::Value {
     let (chain, key) = crate::secure::issue(ca_dir, identity);
@@ -533,12 +544,7 @@ async fn grpcio_resolves_and_calls_through_the_secure_port_with_a_workload_certi
         dir.path(),
         "spiffe://cluster.local/ns/default/sa/default",
     );
-    let secure = t.server().secure_grpc_addr();
-    let mut bootstrap = bootstrap(secure);
-    bootstrap["xds_servers"][0]["server_uri"] = format!("localhost:{}", secure.port()).into();
-    bootstrap["xds_servers"][0]["channel_creds"] =
-        serde_json::json!([{"type": "tls", "config": files}]);
-    let mut client = GrpcClient::start_with(&t.python, &bootstrap).await;
+    let mut client = GrpcClient::start_with(&t.python, &secure_bootstrap(&t, files)).await;
     client
         .call_until(&format!("{ECHO}:7070"), "an answer from b1", 1, |r| {
             r.starts_with("OK served-by:b1")
@@ -566,12 +572,7 @@ async fn grpcio_with_a_certificate_of_another_namespace_gets_no_config() {
         dir.path(),
         "spiffe://cluster.local/ns/other/sa/default",
     );
-    let secure = t.server().secure_grpc_addr();
-    let mut bootstrap = bootstrap(secure);
-    bootstrap["xds_servers"][0]["server_uri"] = format!("localhost:{}", secure.port()).into();
-    bootstrap["xds_servers"][0]["channel_creds"] =
-        serde_json::json!([{"type": "tls", "config": files}]);
-    let mut client = GrpcClient::start_with(&t.python, &bootstrap).await;
+    let mut client = GrpcClient::start_with(&t.python, &secure_bootstrap(&t, files)).await;
     let replies = client.call(&format!("{ECHO}:7070"), 1).await;
     assert!(replies[0].starts_with("ERR"), "{replies:?}");
     let monitoring = t.server().bound().monitoring;
@@ -644,18 +645,8 @@ async fn python_csrs_with_a_kubernetes_token_chain_to_the_root_published_in_the_
         api.apply(&objects::namespace(ns, &[]));
     }
     let client = api.client();
-    let Some(t) = Interop::start_with(move |b| {
-        b.configure(move |c| {
-            c.kubernetes = Some(meshfed::app::KubeSettings {
-                source: meshfed::app::KubeSource::Client(client),
-                namespaces: meshfed_kube::NamespaceFilter::All,
-                system_namespace: "istio-system".into(),
-                remote_secrets: Default::default(),
-            });
-            c.ca = Some(meshfed::app::CaSource::Kubernetes { cacerts: None });
-        })
-    })
-    .await
+    let Some(t) =
+        Interop::start_with(move |b| b.configure(move |c| crate::secure::kube_ca(c, client))).await
     else {
         return;
     };

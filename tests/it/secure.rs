@@ -474,19 +474,25 @@ use meshfed_kube::fake_api::objects::ConfigMap;
 use meshfed_kube::fake_api::objects::types::Secret;
 use meshfed_kube::fake_api::{FakeApiServer, objects};
 
+/// Reads Kubernetes through `client` (system namespace `istio-system`) and keeps the
+/// CA in its Secrets, as deployed.
+pub(crate) fn kube_ca(c: &mut DiscoveryConfig, client: meshfed_kube::Client) {
+    c.kubernetes = Some(KubeSettings {
+        source: KubeSource::Client(client),
+        namespaces: meshfed_kube::NamespaceFilter::All,
+        system_namespace: "istio-system".into(),
+        remote_secrets: Default::default(),
+    });
+    c.ca = Some(CaSource::Kubernetes { cacerts: None });
+}
+
 /// A control plane on the fake API server with the Kubernetes CA (leader election
 /// on, as deployed).
 pub(crate) async fn kube_mesh(api: &FakeApiServer) -> FakeServer {
     let client = api.client();
     let server = FakeServer::builder()
         .configure(move |c| {
-            c.kubernetes = Some(KubeSettings {
-                source: KubeSource::Client(client),
-                namespaces: meshfed_kube::NamespaceFilter::All,
-                system_namespace: "istio-system".into(),
-                remote_secrets: Default::default(),
-            });
-            c.ca = Some(CaSource::Kubernetes { cacerts: None });
+            kube_ca(c, client);
         })
         .start()
         .await
@@ -636,13 +642,7 @@ async fn two_replicas_share_one_root_and_only_the_lease_holder_writes_configmaps
         let client = api.client_with_token(&token);
         let identity = identity.to_string();
         FakeServer::builder().configure(move |c| {
-            c.kubernetes = Some(KubeSettings {
-                source: KubeSource::Client(client),
-                namespaces: meshfed_kube::NamespaceFilter::All,
-                system_namespace: "istio-system".into(),
-                remote_secrets: Default::default(),
-            });
-            c.ca = Some(CaSource::Kubernetes { cacerts: None });
+            kube_ca(c, client);
             c.lease = Some(meshfed::app::LeaseSettings {
                 identity: Some(identity),
                 duration: Duration::from_secs(2),
@@ -695,13 +695,7 @@ async fn a_token_of_a_remote_cluster_is_reviewed_by_the_cluster_it_names() {
     let server = FakeServer::builder()
         .cluster_id("c1")
         .configure(move |c| {
-            c.kubernetes = Some(KubeSettings {
-                source: KubeSource::Client(client),
-                namespaces: meshfed_kube::NamespaceFilter::All,
-                system_namespace: "istio-system".into(),
-                remote_secrets: Default::default(),
-            });
-            c.ca = Some(CaSource::Kubernetes { cacerts: None });
+            kube_ca(c, client);
         })
         .start()
         .await
