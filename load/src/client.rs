@@ -2,6 +2,9 @@
 //! connection or a shared one), feeds every response to its [`ProxyState`], sends what
 //! that returns, and reports to the [`Recorder`]. Reconnects with backoff when the
 //! stream fails (a server that is not ready yet refuses streams with `UNAVAILABLE`).
+//! A stream refused with `RESOURCE_EXHAUSTED` (the server's new-stream rate limit) is
+//! retried as Envoy retries its xDS stream: jittered exponential backoff from 500 ms
+//! up to 30 s, reset once a stream is accepted; the report counts the refusals.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use super::proxy::{Outgoing, ProxyState, SotwOut, Step};
 use super::record::Recorder;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
+use super::tls::{ClientTls, SERVICE_ACCOUNT, spiffe_id};
 use meshfed::model::proxy::json_to_struct;
 
 /// Everything a simulated proxy needs.
@@ -41,6 +45,9 @@ pub struct ProxyConfig {
     pub recorder: Arc<Recorder>,
     /// Bumped when the driver wants incomplete proxies to say what they miss.
     pub report: watch::Receiver<u64>,
+    /// Connect over TLS with a client certificate for the proxy's identity (own
+    /// connections; shared ones are made by the driver).
+    pub tls: Option<Arc<ClientTls>>,
 }
 
 /// How a proxy reaches the server.
@@ -66,8 +73,15 @@ pub fn endpoint(addr: SocketAddr) -> anyhow::Result<Endpoint> {
 }
 
 /// The proxy's node: id `sidecar~<ip>~load-<i>.<ns>~<ns>.svc.cluster.local` and
-/// Istio's metadata (`GENERATOR=grpc` for proxyless clients).
-pub fn node(index: usize, mode: Mode, namespaces: usize, cluster_id: &str) -> Node {
+/// Istio's metadata (`GENERATOR=grpc` for proxyless clients; `SERVICE_ACCOUNT` when
+/// it has one, over TLS).
+pub fn node(
+    index: usize,
+    mode: Mode,
+    namespaces: usize,
+    cluster_id: &str,
+    service_account: Option<&str>,
+) -> Node {
     let ns = namespace_name(index % namespaces);
     let n = index as u32 + 1;
     let ip = format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff);
@@ -78,6 +92,9 @@ pub fn node(index: usize, mode: Mode, namespaces: usize, cluster_id: &str) -> No
     });
     if mode == Mode::Grpc {
         metadata["GENERATOR"] = "grpc".into();
+    }
+    if let Some(sa) = service_account {
+        metadata["SERVICE_ACCOUNT"] = sa.into();
     }
     Node {
         id: format!("sidecar~{ip}~load-{index}.{ns}~{ns}.svc.cluster.local"),
@@ -115,18 +132,57 @@ impl Drop for Connected<'_> {
     }
 }
 
+/// The identity (SPIFFE URI) of the proxy with this index over TLS.
+pub fn identity(tls: &ClientTls, index: usize, namespaces: usize) -> String {
+    spiffe_id(
+        tls.trust_domain(),
+        &namespace_name(index % namespaces),
+        SERVICE_ACCOUNT,
+    )
+}
+
+/// Envoy's retry of a refused xDS stream: exponential from 500 ms, at most 30 s, the
+/// wait drawn uniformly below the bound (`JitteredExponentialBackOffStrategy`);
+/// `attempt` counts the refusals in a row from 1. The draw is a hash of the proxy
+/// and the attempt, so runs repeat.
+pub fn refused_backoff(index: usize, attempt: u32) -> Duration {
+    const BASE_MS: u64 = 500;
+    const MAX_MS: u64 = 30_000;
+    let bound = BASE_MS
+        .saturating_mul(1u64 << (attempt.saturating_sub(1)).min(16))
+        .min(MAX_MS);
+    // splitmix64 of (index, attempt).
+    let mut z = (index as u64) << 32 ^ u64::from(attempt);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    Duration::from_millis(z % bound)
+}
+
+/// Whether a stream attempt was refused by the server's new-stream rate limit.
+fn refused(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<tonic::Status>()
+            .is_some_and(|s| s.code() == tonic::Code::ResourceExhausted)
+    })
+}
+
 /// Runs a simulated proxy until its task is aborted.
 pub async fn run_proxy(mut config: ProxyConfig) {
     let started = Instant::now();
+    let service_account = config.tls.is_some().then_some(SERVICE_ACCOUNT);
     let node = node(
         config.index,
         config.plan.mode,
         config.plan.namespaces,
         &config.cluster_id,
+        service_account,
     );
     let mut state = ProxyState::new(config.plan.clone(), config.flavour, config.index);
     let mut converged_once = false;
     let mut failures = 0u32;
+    let mut refusals = 0u32;
     loop {
         let result = match config.flavour {
             Flavour::Sotw => {
@@ -152,6 +208,20 @@ pub async fn run_proxy(mut config: ProxyConfig) {
                 .await
             }
         };
+        let (accepted, result) = result;
+        if accepted {
+            refusals = 0;
+        }
+        if let Err(err) = &result
+            && refused(err)
+        {
+            // Not a failure of the stream: the server asked the proxy to come back
+            // later, and it does as Envoy would.
+            refusals += 1;
+            config.recorder.refused.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(refused_backoff(config.index, refusals)).await;
+            continue;
+        }
         let err = match result {
             Ok(()) => "stream ended by the server".to_string(),
             Err(err) => format!("{err:#}"),
@@ -227,7 +297,7 @@ impl Flow for Delta {
     }
 }
 
-/// One stream, from connect to failure.
+/// One stream, from connect to failure; also whether the server accepted it.
 async fn stream<F: Flow>(
     config: &mut ProxyConfig,
     node: &Node,
@@ -235,12 +305,41 @@ async fn stream<F: Flow>(
     started: Instant,
     converged_once: &mut bool,
     failures: u32,
+) -> (bool, anyhow::Result<()>) {
+    let mut accepted = false;
+    let result = stream_inner::<F>(
+        config,
+        node,
+        state,
+        started,
+        converged_once,
+        failures,
+        &mut accepted,
+    )
+    .await;
+    (accepted, result)
+}
+
+async fn stream_inner<F: Flow>(
+    config: &mut ProxyConfig,
+    node: &Node,
+    state: &mut ProxyState,
+    started: Instant,
+    converged_once: &mut bool,
+    failures: u32,
+    accepted: &mut bool,
 ) -> anyhow::Result<()> {
     let recorder = config.recorder.clone();
     let channel = match &config.connection {
         Connection::Own(addresses) => {
             let addr = addresses[(config.index + failures as usize) % addresses.len()];
-            endpoint(addr)?.connect().await?
+            match &config.tls {
+                None => endpoint(addr)?.connect().await?,
+                Some(tls) => {
+                    let id = identity(tls, config.index, config.plan.namespaces);
+                    tls.connect(endpoint(addr)?, addr, &id).await?
+                }
+            }
         }
         Connection::Shared(channel) => channel.clone(),
     };
@@ -297,6 +396,9 @@ async fn stream<F: Flow>(
                 continue;
             }
         };
+        // A refusal comes as the stream's status, after its headers: the stream was
+        // accepted once the server has sent a response.
+        *accepted = true;
         let size = response.encoded_len();
         let step = F::handle(state, response);
         if let Some((type_url, resources)) = step.received {
