@@ -4,7 +4,9 @@
 //! stream fails (a server that is not ready yet refuses streams with `UNAVAILABLE`).
 //! A stream refused with `RESOURCE_EXHAUSTED` (the server's new-stream rate limit) is
 //! retried as Envoy retries its xDS stream: jittered exponential backoff from 500 ms
-//! up to 30 s, reset once a stream is accepted; the report counts the refusals.
+//! up to 30 s, reset once a stream is accepted; the report counts the refusals. As
+//! Envoy's, the retry is a new stream on the same HTTP/2 connection (no new TCP or TLS
+//! handshake).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -181,9 +183,10 @@ pub async fn run_proxy(mut config: ProxyConfig) {
     );
     let mut state = ProxyState::new(config.plan.clone(), config.flavour, config.index);
     let mut converged_once = false;
-    let mut failures = 0u32;
+    let mut attempt = Attempt::default();
     let mut refusals = 0u32;
     loop {
+        attempt.accepted = false;
         let result = match config.flavour {
             Flavour::Sotw => {
                 stream::<Sotw>(
@@ -192,7 +195,7 @@ pub async fn run_proxy(mut config: ProxyConfig) {
                     &mut state,
                     started,
                     &mut converged_once,
-                    failures,
+                    &mut attempt,
                 )
                 .await
             }
@@ -203,13 +206,12 @@ pub async fn run_proxy(mut config: ProxyConfig) {
                     &mut state,
                     started,
                     &mut converged_once,
-                    failures,
+                    &mut attempt,
                 )
                 .await
             }
         };
-        let (accepted, result) = result;
-        if accepted {
+        if attempt.accepted {
             refusals = 0;
         }
         if let Err(err) = &result
@@ -222,6 +224,7 @@ pub async fn run_proxy(mut config: ProxyConfig) {
             tokio::time::sleep(refused_backoff(config.index, refusals)).await;
             continue;
         }
+        attempt.own = None;
         let err = match result {
             Ok(()) => "stream ended by the server".to_string(),
             Err(err) => format!("{err:#}"),
@@ -231,7 +234,8 @@ pub async fn run_proxy(mut config: ProxyConfig) {
             .stream_failures
             .fetch_add(1, Ordering::Relaxed);
         config.recorder.error(err);
-        failures += 1;
+        attempt.failures += 1;
+        let failures = attempt.failures;
         // 100 ms, doubling up to 2 s, spread by proxy so reconnects do not stampede.
         let backoff = Duration::from_millis(100u64 << failures.min(5)).min(Duration::from_secs(2));
         let jitter = Duration::from_millis((config.index as u64 * 7919) % 100);
@@ -297,49 +301,40 @@ impl Flow for Delta {
     }
 }
 
-/// One stream, from connect to failure; also whether the server accepted it.
+/// One attempt of a proxy at a stream.
+#[derive(Default)]
+struct Attempt {
+    /// Failed streams so far (which replica it goes to).
+    failures: u32,
+    /// The proxy's own connection, kept across refused streams.
+    own: Option<Channel>,
+    /// The server sent a response on this stream (it was not refused).
+    accepted: bool,
+}
+
+/// One stream, from connect to failure.
 async fn stream<F: Flow>(
     config: &mut ProxyConfig,
     node: &Node,
     state: &mut ProxyState,
     started: Instant,
     converged_once: &mut bool,
-    failures: u32,
-) -> (bool, anyhow::Result<()>) {
-    let mut accepted = false;
-    let result = stream_inner::<F>(
-        config,
-        node,
-        state,
-        started,
-        converged_once,
-        failures,
-        &mut accepted,
-    )
-    .await;
-    (accepted, result)
-}
-
-async fn stream_inner<F: Flow>(
-    config: &mut ProxyConfig,
-    node: &Node,
-    state: &mut ProxyState,
-    started: Instant,
-    converged_once: &mut bool,
-    failures: u32,
-    accepted: &mut bool,
+    attempt: &mut Attempt,
 ) -> anyhow::Result<()> {
     let recorder = config.recorder.clone();
     let channel = match &config.connection {
+        Connection::Own(_) if attempt.own.is_some() => attempt.own.clone().expect("checked"),
         Connection::Own(addresses) => {
-            let addr = addresses[(config.index + failures as usize) % addresses.len()];
-            match &config.tls {
+            let addr = addresses[(config.index + attempt.failures as usize) % addresses.len()];
+            let channel = match &config.tls {
                 None => endpoint(addr)?.connect().await?,
                 Some(tls) => {
                     let id = identity(tls, config.index, config.plan.namespaces);
                     tls.connect(endpoint(addr)?, addr, &id).await?
                 }
-            }
+            };
+            attempt.own = Some(channel.clone());
+            channel
         }
         Connection::Shared(channel) => channel.clone(),
     };
@@ -398,7 +393,7 @@ async fn stream_inner<F: Flow>(
         };
         // A refusal comes as the stream's status, after its headers: the stream was
         // accepted once the server has sent a response.
-        *accepted = true;
+        attempt.accepted = true;
         let size = response.encoded_len();
         let step = F::handle(state, response);
         if let Some((type_url, resources)) = step.received {

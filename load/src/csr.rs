@@ -195,10 +195,9 @@ impl CsrSummary {
                 String::new()
             }
         );
-        if let (Some(cpu), Some(per)) = (
-            self.server_cpu_seconds,
-            self.server_cpu_ms_per_certificate,
-        ) {
+        if let (Some(cpu), Some(per)) =
+            (self.server_cpu_seconds, self.server_cpu_ms_per_certificate)
+        {
             let _ = writeln!(
                 out,
                 "server    {cpu:.2} CPU-s, {per:.3} ms CPU per certificate, RSS {} at the end",
@@ -273,7 +272,8 @@ async fn worker(
 ) -> Tally {
     let mut tally = Tally::default();
     let mut grpc = tonic::client::Grpc::new(channel);
-    let path = PathAndQuery::from_static("/istio.v1.auth.IstioCertificateService/CreateCertificate");
+    let path =
+        PathAndQuery::from_static("/istio.v1.auth.IstioCertificateService/CreateCertificate");
     let mut next = first;
     while Instant::now() < until {
         let request = IstioCertificateRequest {
@@ -373,9 +373,8 @@ pub async fn execute(
     let seconds = started.elapsed().as_secs_f64();
     let server_after = pid.and_then(|p| procfs::sample(Some(p)).ok());
     let tool_after = procfs::sample(None).ok();
-    let cpu = |a: Option<ProcessSample>, b: Option<ProcessSample>| {
-        Some(b?.cpu_seconds - a?.cpu_seconds)
-    };
+    let cpu =
+        |a: Option<ProcessSample>, b: Option<ProcessSample>| Some(b?.cpu_seconds - a?.cpu_seconds);
     let issued = latencies.len();
     let server_cpu_seconds = cpu(server_before, server_after);
     Ok(CsrSummary {

@@ -91,7 +91,7 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     scenario.validate()?;
     if options.tls.is_some()
         && scenario.connections > 0
-        && scenario.connections % scenario.namespaces != 0
+        && !scenario.connections.is_multiple_of(scenario.namespaces)
     {
         bail!(
             "over TLS a shared connection carries one identity, so its proxies must share a \
@@ -780,7 +780,10 @@ mod tests {
         assert!(summary.passed, "{report}");
         assert_eq!(summary.convergence.converged, 6, "{report}");
         assert!(summary.refused_streams > 0, "{report}");
-        assert_eq!(summary.stream_failures, 0, "refusals are not failures: {report}");
+        assert_eq!(
+            summary.stream_failures, 0,
+            "refusals are not failures: {report}"
+        );
         assert!(report.contains("RESOURCE_EXHAUSTED"), "{report}");
     }
 
@@ -823,7 +826,10 @@ mod tests {
         })
         .await
         .unwrap_err();
-        assert!(err.to_string().contains("multiple of the 2 namespaces"), "{err}");
+        assert!(
+            err.to_string().contains("multiple of the 2 namespaces"),
+            "{err}"
+        );
     }
 
     fn check(summary: &Summary) {

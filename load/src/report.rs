@@ -187,7 +187,10 @@ impl Summary {
             },
             m.kernel,
             m.load_average
-                .map(|l| format!(", load average {:.2} {:.2} {:.2} at the start", l[0], l[1], l[2]))
+                .map(|l| format!(
+                    ", load average {:.2} {:.2} {:.2} at the start",
+                    l[0], l[1], l[2]
+                ))
                 .unwrap_or_default()
         );
         let _ = writeln!(
