@@ -6,7 +6,12 @@ use clap::Parser;
 /// Load a meshfed server with simulated proxies and registry churn (see the README's
 /// "Load testing"). `meshfed-load csr --help`: CreateCertificate throughput.
 #[derive(Parser, Debug)]
-#[command(name = "meshfed-load", version, about)]
+#[command(
+    name = "meshfed-load",
+    version,
+    about,
+    after_help = "CreateCertificate throughput: meshfed-load csr --help"
+)]
 struct Cli {
     #[command(flatten)]
     args: meshfed_load::LoadArgs,
@@ -14,7 +19,13 @@ struct Cli {
 
 /// CreateCertificate throughput over TLS with client certificates.
 #[derive(Parser, Debug)]
-#[command(name = "meshfed-load csr", version, about)]
+#[command(
+    name = "meshfed-load csr",
+    bin_name = "meshfed-load csr",
+    version,
+    about = "CreateCertificate throughput: concurrent TLS clients with client certificates \
+             against the secure port (see the README's \"Load testing\")"
+)]
 struct CsrCli {
     #[command(flatten)]
     args: meshfed_load::csr::CsrArgs,
