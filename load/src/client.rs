@@ -2,6 +2,11 @@
 //! connection or a shared one), feeds every response to its [`ProxyState`], sends what
 //! that returns, and reports to the [`Recorder`]. Reconnects with backoff when the
 //! stream fails (a server that is not ready yet refuses streams with `UNAVAILABLE`).
+//! A stream refused with `RESOURCE_EXHAUSTED` (the server's new-stream rate limit) is
+//! retried as Envoy retries its xDS stream: jittered exponential backoff from 500 ms
+//! up to 30 s, reset once a stream is accepted; the report counts the refusals. As
+//! Envoy's, the retry is a new stream on the same HTTP/2 connection (no new TCP or TLS
+//! handshake).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,6 +27,7 @@ use super::proxy::{Outgoing, ProxyState, SotwOut, Step};
 use super::record::Recorder;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
+use super::tls::{ClientTls, SERVICE_ACCOUNT, spiffe_id};
 use meshfed::model::proxy::json_to_struct;
 
 /// Everything a simulated proxy needs.
@@ -41,6 +47,9 @@ pub struct ProxyConfig {
     pub recorder: Arc<Recorder>,
     /// Bumped when the driver wants incomplete proxies to say what they miss.
     pub report: watch::Receiver<u64>,
+    /// Connect over TLS with a client certificate for the proxy's identity (own
+    /// connections; shared ones are made by the driver).
+    pub tls: Option<Arc<ClientTls>>,
 }
 
 /// How a proxy reaches the server.
@@ -66,8 +75,15 @@ pub fn endpoint(addr: SocketAddr) -> anyhow::Result<Endpoint> {
 }
 
 /// The proxy's node: id `sidecar~<ip>~load-<i>.<ns>~<ns>.svc.cluster.local` and
-/// Istio's metadata (`GENERATOR=grpc` for proxyless clients).
-pub fn node(index: usize, mode: Mode, namespaces: usize, cluster_id: &str) -> Node {
+/// Istio's metadata (`GENERATOR=grpc` for proxyless clients; `SERVICE_ACCOUNT` when
+/// it has one, over TLS).
+pub fn node(
+    index: usize,
+    mode: Mode,
+    namespaces: usize,
+    cluster_id: &str,
+    service_account: Option<&str>,
+) -> Node {
     let ns = namespace_name(index % namespaces);
     let n = index as u32 + 1;
     let ip = format!("10.{}.{}.{}", (n >> 16) & 0xff, (n >> 8) & 0xff, n & 0xff);
@@ -78,6 +94,9 @@ pub fn node(index: usize, mode: Mode, namespaces: usize, cluster_id: &str) -> No
     });
     if mode == Mode::Grpc {
         metadata["GENERATOR"] = "grpc".into();
+    }
+    if let Some(sa) = service_account {
+        metadata["SERVICE_ACCOUNT"] = sa.into();
     }
     Node {
         id: format!("sidecar~{ip}~load-{index}.{ns}~{ns}.svc.cluster.local"),
@@ -115,19 +134,59 @@ impl Drop for Connected<'_> {
     }
 }
 
+/// The identity (SPIFFE URI) of the proxy with this index over TLS.
+pub fn identity(tls: &ClientTls, index: usize, namespaces: usize) -> String {
+    spiffe_id(
+        tls.trust_domain(),
+        &namespace_name(index % namespaces),
+        SERVICE_ACCOUNT,
+    )
+}
+
+/// Envoy's retry of a refused xDS stream: exponential from 500 ms, at most 30 s, the
+/// wait drawn uniformly below the bound (`JitteredExponentialBackOffStrategy`);
+/// `attempt` counts the refusals in a row from 1. The draw is a hash of the proxy
+/// and the attempt, so runs repeat.
+pub fn refused_backoff(index: usize, attempt: u32) -> Duration {
+    const BASE_MS: u64 = 500;
+    const MAX_MS: u64 = 30_000;
+    let bound = BASE_MS
+        .saturating_mul(1u64 << (attempt.saturating_sub(1)).min(16))
+        .min(MAX_MS);
+    // splitmix64 of (index, attempt).
+    let mut z = (index as u64) << 32 ^ u64::from(attempt);
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    Duration::from_millis(z % bound)
+}
+
+/// Whether a stream attempt was refused by the server's new-stream rate limit.
+fn refused(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<tonic::Status>()
+            .is_some_and(|s| s.code() == tonic::Code::ResourceExhausted)
+    })
+}
+
 /// Runs a simulated proxy until its task is aborted.
 pub async fn run_proxy(mut config: ProxyConfig) {
     let started = Instant::now();
+    let service_account = config.tls.is_some().then_some(SERVICE_ACCOUNT);
     let node = node(
         config.index,
         config.plan.mode,
         config.plan.namespaces,
         &config.cluster_id,
+        service_account,
     );
     let mut state = ProxyState::new(config.plan.clone(), config.flavour, config.index);
     let mut converged_once = false;
-    let mut failures = 0u32;
+    let mut attempt = Attempt::default();
+    let mut refusals = 0u32;
     loop {
+        attempt.accepted = false;
         let result = match config.flavour {
             Flavour::Sotw => {
                 stream::<Sotw>(
@@ -136,7 +195,7 @@ pub async fn run_proxy(mut config: ProxyConfig) {
                     &mut state,
                     started,
                     &mut converged_once,
-                    failures,
+                    &mut attempt,
                 )
                 .await
             }
@@ -147,11 +206,25 @@ pub async fn run_proxy(mut config: ProxyConfig) {
                     &mut state,
                     started,
                     &mut converged_once,
-                    failures,
+                    &mut attempt,
                 )
                 .await
             }
         };
+        if attempt.accepted {
+            refusals = 0;
+        }
+        if let Err(err) = &result
+            && refused(err)
+        {
+            // Not a failure of the stream: the server asked the proxy to come back
+            // later, and it does as Envoy would.
+            refusals += 1;
+            config.recorder.refused.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(refused_backoff(config.index, refusals)).await;
+            continue;
+        }
+        attempt.own = None;
         let err = match result {
             Ok(()) => "stream ended by the server".to_string(),
             Err(err) => format!("{err:#}"),
@@ -161,7 +234,8 @@ pub async fn run_proxy(mut config: ProxyConfig) {
             .stream_failures
             .fetch_add(1, Ordering::Relaxed);
         config.recorder.error(err);
-        failures += 1;
+        attempt.failures += 1;
+        let failures = attempt.failures;
         // 100 ms, doubling up to 2 s, spread by proxy so reconnects do not stampede.
         let backoff = Duration::from_millis(100u64 << failures.min(5)).min(Duration::from_secs(2));
         let jitter = Duration::from_millis((config.index as u64 * 7919) % 100);
@@ -227,6 +301,17 @@ impl Flow for Delta {
     }
 }
 
+/// One attempt of a proxy at a stream.
+#[derive(Default)]
+struct Attempt {
+    /// Failed streams so far (which replica it goes to).
+    failures: u32,
+    /// The proxy's own connection, kept across refused streams.
+    own: Option<Channel>,
+    /// The server sent a response on this stream (it was not refused).
+    accepted: bool,
+}
+
 /// One stream, from connect to failure.
 async fn stream<F: Flow>(
     config: &mut ProxyConfig,
@@ -234,13 +319,22 @@ async fn stream<F: Flow>(
     state: &mut ProxyState,
     started: Instant,
     converged_once: &mut bool,
-    failures: u32,
+    attempt: &mut Attempt,
 ) -> anyhow::Result<()> {
     let recorder = config.recorder.clone();
     let channel = match &config.connection {
+        Connection::Own(_) if attempt.own.is_some() => attempt.own.clone().expect("checked"),
         Connection::Own(addresses) => {
-            let addr = addresses[(config.index + failures as usize) % addresses.len()];
-            endpoint(addr)?.connect().await?
+            let addr = addresses[(config.index + attempt.failures as usize) % addresses.len()];
+            let channel = match &config.tls {
+                None => endpoint(addr)?.connect().await?,
+                Some(tls) => {
+                    let id = identity(tls, config.index, config.plan.namespaces);
+                    tls.connect(endpoint(addr)?, addr, &id).await?
+                }
+            };
+            attempt.own = Some(channel.clone());
+            channel
         }
         Connection::Shared(channel) => channel.clone(),
     };
@@ -297,6 +391,9 @@ async fn stream<F: Flow>(
                 continue;
             }
         };
+        // A refusal comes as the stream's status, after its headers: the stream was
+        // accepted once the server has sent a response.
+        attempt.accepted = true;
         let size = response.encoded_len();
         let step = F::handle(state, response);
         if let Some((type_url, resources)) = step.received {

@@ -25,6 +25,7 @@ use super::report::{
 };
 use super::scenario::{Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
+use super::tls::{ClientTls, TlsOptions};
 use meshfed::xds::TypeUrl;
 
 /// Which server the run loads.
@@ -66,6 +67,9 @@ pub struct RunOptions {
     pub cluster_id: String,
     /// Print a progress line on stderr every second.
     pub progress: bool,
+    /// Connect to the secure port over TLS with client certificates from this CA (a
+    /// spawned server runs its CA there).
+    pub tls: Option<TlsOptions>,
 }
 
 /// How often the driver looks at the recorder while it waits.
@@ -85,6 +89,16 @@ const ATTACHED_CONFIG_SETTLE: Duration = Duration::from_secs(2);
 pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     let scenario = &options.scenario;
     scenario.validate()?;
+    if options.tls.is_some()
+        && scenario.connections > 0
+        && !scenario.connections.is_multiple_of(scenario.namespaces)
+    {
+        bail!(
+            "over TLS a shared connection carries one identity, so its proxies must share a \
+             namespace: give a number of connections that is a multiple of the {} namespaces",
+            scenario.namespaces
+        );
+    }
     let connections = match scenario.connections {
         0 => scenario.proxies,
         k => k.min(scenario.proxies),
@@ -142,7 +156,7 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
 
 /// The scratch directory of a spawned server, removed when the run ends (also when
 /// it is interrupted).
-struct Scratch(PathBuf);
+pub(crate) struct Scratch(pub(crate) PathBuf);
 
 impl Drop for Scratch {
     fn drop(&mut self) {
@@ -220,6 +234,7 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
                 &files.mock_file,
                 files.config_dir.as_deref(),
                 ready_file,
+                options.tls.as_ref().map(|t| t.ca_dir.as_path()),
                 extra_args,
             )
             .await?
@@ -252,7 +267,17 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
             server
         }
     };
-    let result = load(options, &plan, registry, &kinds, &server, files).await;
+    let tls = match &options.tls {
+        None => None,
+        Some(tls) => match ClientTls::load(tls.clone()) {
+            Ok(tls) => Some(Arc::new(tls)),
+            Err(err) => {
+                server.stop().await;
+                return Err(err);
+            }
+        },
+    };
+    let result = load(options, &plan, registry, &kinds, &server, files, tls).await;
     server.stop().await;
     result
 }
@@ -319,6 +344,7 @@ async fn load(
     kinds: &[ChangeKind],
     server: &ServerUnderLoad,
     files: &Files,
+    tls: Option<Arc<ClientTls>>,
 ) -> anyhow::Result<Summary> {
     let scenario = &options.scenario;
     let recorder = Arc::new(Recorder::new(
@@ -336,6 +362,7 @@ async fn load(
             }
         }
     };
+    let machine = Machine::detect();
     let before_ramp = sample("before the ramp");
     let tool_before_ramp = procfs::sample(None).ok();
     let progress = options.progress.then(|| {
@@ -354,13 +381,18 @@ async fn load(
     // --- Ramp and initial convergence.
     let shared: Vec<tonic::transport::Channel> = if scenario.connections > 0 {
         let mut channels = Vec::new();
-        for _ in 0..scenario.connections.min(scenario.proxies) {
-            channels.push(
-                client::endpoint(server.grpc)?
-                    .connect()
-                    .await
-                    .with_context(|| format!("connecting to {}", server.grpc))?,
-            );
+        for c in 0..scenario.connections.min(scenario.proxies) {
+            let endpoint = client::endpoint(server.grpc)?;
+            let channel = match &tls {
+                None => endpoint.connect().await.map_err(anyhow::Error::from),
+                // Proxy i uses connection i % k, and k is a multiple of the
+                // namespaces: connection c carries the proxies of namespace c % n.
+                Some(tls) => {
+                    let id = client::identity(tls, c, plan.namespaces);
+                    tls.connect(endpoint, server.grpc, &id).await
+                }
+            };
+            channels.push(channel.with_context(|| format!("connecting to {}", server.grpc))?);
         }
         channels
     } else {
@@ -389,6 +421,7 @@ async fn load(
             cluster_id: options.cluster_id.clone(),
             recorder: recorder.clone(),
             report: report_rx.clone(),
+            tls: tls.clone(),
         }));
         recorder.started.fetch_add(1, Ordering::Relaxed);
     }
@@ -470,7 +503,7 @@ async fn load(
     let per_proxy = Percentiles::of(&recorder.convergence_times());
     let summary = Summary {
         scenario: scenario.clone(),
-        machine: Machine::detect(),
+        machine,
         server: ServerInfo {
             address: server
                 .addresses()
@@ -480,6 +513,7 @@ async fn load(
                 .join(","),
             pid: server.pid,
             spawned: server.spawned,
+            tls: tls.is_some(),
         },
         convergence: Convergence {
             proxies: scenario.proxies,
@@ -495,6 +529,7 @@ async fn load(
         unserved: recorder.unserved_names(),
         missing: recorder.missing_reports(),
         stream_failures: recorder.stream_failures.load(Ordering::Relaxed),
+        refused_streams: recorder.refused.load(Ordering::Relaxed),
         nacks: recorder.nacks.load(Ordering::Relaxed),
         errors: recorder.errors(),
         passed: false,
@@ -660,11 +695,141 @@ mod tests {
             },
             cluster_id: "Kubernetes".into(),
             progress: false,
+            tls: None,
         })
         .await
         .unwrap();
         server.shutdown().await;
         summary
+    }
+
+    /// 6 sidecars over 2 namespaces, no churn, over TLS against an in-process server
+    /// running its CA, with this new-stream rate (none: unlimited).
+    async fn tiny_tls(rate: Option<f64>, connections: usize) -> Summary {
+        use meshfed::app::CaSource;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry.yaml");
+        std::fs::write(&file, "services: []\n").unwrap();
+        let ca_dir = dir.path().join("ca");
+        let server = FakeServer::builder()
+            .mock_registry_file(&file)
+            .configure(|c| {
+                c.ca = Some(CaSource {
+                    cacerts: None,
+                    self_signed_dir: ca_dir.clone(),
+                });
+                c.max_requests_per_second = rate;
+            })
+            .start()
+            .await
+            .unwrap();
+        let scenario = Scenario {
+            name: "tiny-tls".into(),
+            services: 4,
+            endpoints_per_service: 2,
+            namespaces: 2,
+            proxies: 6,
+            connections,
+            settle_timeout: Duration::from_secs(20),
+            ..Scenario::default()
+        };
+        let summary = execute(RunOptions {
+            scenario,
+            target: Target::Attach {
+                grpc: server.secure_grpc_addr(),
+                replicas: Vec::new(),
+                mock_file: file,
+                config_dir: None,
+                pid: None,
+            },
+            cluster_id: "Kubernetes".into(),
+            progress: false,
+            tls: Some(TlsOptions {
+                ca_dir,
+                server_name: crate::tls::DEFAULT_SERVER_NAME.into(),
+                trust_domain: "cluster.local".into(),
+            }),
+        })
+        .await
+        .unwrap();
+        server.shutdown().await;
+        summary
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sidecars_converge_over_tls_with_client_certificates() {
+        let summary = tiny_tls(None, 0).await;
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert!(summary.server.tls);
+        assert_eq!(summary.convergence.converged, 6, "{report}");
+        assert_eq!(summary.stream_failures, 0, "{report}");
+        assert_eq!(summary.refused_streams, 0, "{report}");
+        assert!(report.contains("(TLS, client certificates)"), "{report}");
+        // Shared connections: one identity each, so one namespace each.
+        let shared = tiny_tls(None, 2).await;
+        assert!(shared.passed, "{}", shared.render());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn streams_refused_by_the_rate_limit_are_retried() {
+        // 2 new streams a second, burst one, a second's wait: of 6 streams opened at
+        // once some are refused with RESOURCE_EXHAUSTED, and come back until all are in.
+        let summary = tiny_tls(Some(2.0), 0).await;
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert_eq!(summary.convergence.converged, 6, "{report}");
+        assert!(summary.refused_streams > 0, "{report}");
+        assert_eq!(
+            summary.stream_failures, 0,
+            "refusals are not failures: {report}"
+        );
+        assert!(report.contains("RESOURCE_EXHAUSTED"), "{report}");
+    }
+
+    #[test]
+    fn refused_backoff_is_envoys() {
+        for index in 0..50 {
+            assert!(client::refused_backoff(index, 1) < Duration::from_millis(500));
+            assert!(client::refused_backoff(index, 3) < Duration::from_secs(2));
+            assert!(client::refused_backoff(index, 40) < Duration::from_secs(30));
+        }
+        let spread: std::collections::BTreeSet<_> =
+            (0..50).map(|i| client::refused_backoff(i, 4)).collect();
+        assert!(spread.len() > 40, "jittered per proxy");
+    }
+
+    #[tokio::test]
+    async fn tls_shared_connections_must_follow_namespaces() {
+        let scenario = Scenario {
+            namespaces: 2,
+            proxies: 6,
+            connections: 3,
+            ..Scenario::default()
+        };
+        let err = execute(RunOptions {
+            scenario,
+            target: Target::Attach {
+                grpc: "127.0.0.1:1".parse().unwrap(),
+                replicas: Vec::new(),
+                mock_file: "/nonexistent".into(),
+                config_dir: None,
+                pid: None,
+            },
+            cluster_id: "Kubernetes".into(),
+            progress: false,
+            tls: Some(TlsOptions {
+                ca_dir: "/nonexistent".into(),
+                server_name: "x".into(),
+                trust_domain: "cluster.local".into(),
+            }),
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("multiple of the 2 namespaces"),
+            "{err}"
+        );
     }
 
     fn check(summary: &Summary) {

@@ -7,7 +7,13 @@
 //! meshfed-load --scenario examples/scenarios/smoke.yaml [--proxies N] [--flavour sotw|delta]
 //!              [--server ADDR --mock-file PATH [--config-dir DIR] [--server-pid PID]]
 //!              [--server-binary PATH] [--json FILE]
+//!              [--tls-ca-dir DIR [--tls-server-name NAME]]
+//! meshfed-load csr --tls-ca-dir DIR [--concurrency N] [--duration 20s]
+//!              [--key-type ecdsa-p256|rsa2048 [--key-file KEY...]] [--server ADDR]
 //! ```
+//!
+//! `csr` is the CreateCertificate throughput mode ([`csr`]); the rest of this page is
+//! the scenario mode.
 //!
 //! # What a run does
 //!
@@ -83,11 +89,24 @@
 //! (debounce 100 ms + file watch 50 ms by default) or changes merge into one push;
 //! every merged change still counts as observed when its result arrives.
 //!
+//! # The secure port
+//!
+//! With `--tls-ca-dir DIR` (the server's `--caDir`; a server the tool starts gets it)
+//! the proxies connect to the secure xDS address over TLS (ALPN h2, the server checked
+//! against `DIR/root-cert.pem` and `--tls-server-name`), each presenting a client
+//! certificate the tool issues from that CA for
+//! `spiffe://cluster.local/ns/<its namespace>/sa/default` (one per namespace, made
+//! once), with node metadata `SERVICE_ACCOUNT=default`. Streams the server refuses
+//! with `RESOURCE_EXHAUSTED` (its new-stream rate limit, `--maxRequestsPerSecond`)
+//! are retried as Envoy retries (jittered exponential backoff, 500 ms to 30 s) and
+//! counted in the report.
+//!
 //! Each connection is a socket here and in a spawned server: the tool raises its
 //! soft open-files limit to the hard limit when needed (the server inherits it), and
 //! otherwise says how to raise it (`ulimit -n`).
 
 pub mod client;
+pub mod csr;
 pub mod driver;
 pub mod lite;
 pub mod plan;
@@ -98,6 +117,7 @@ pub mod registry;
 pub mod report;
 pub mod scenario;
 pub mod server;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -165,6 +185,17 @@ pub struct LoadArgs {
     /// No progress line on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// Connect over TLS to the secure port with client certificates issued from the
+    /// CA in this directory (the server's --caDir; a server the tool starts is given
+    /// it and its secure address is used; with --server, give the secure address).
+    #[arg(long = "tls-ca-dir")]
+    pub tls_ca_dir: Option<PathBuf>,
+    /// With --tls-ca-dir: the name the server's certificate must carry.
+    #[arg(long = "tls-server-name", default_value = tls::DEFAULT_SERVER_NAME)]
+    pub tls_server_name: String,
+    /// With --tls-ca-dir: the mesh trust domain of the identities.
+    #[arg(long = "trust-domain", default_value = "cluster.local")]
+    pub trust_domain: String,
 }
 
 impl LoadArgs {
@@ -228,6 +259,11 @@ impl LoadArgs {
             target,
             cluster_id: self.cluster_id.clone(),
             progress: !self.quiet,
+            tls: self.tls_ca_dir.as_ref().map(|dir| tls::TlsOptions {
+                ca_dir: dir.clone(),
+                server_name: self.tls_server_name.clone(),
+                trust_domain: self.trust_domain.clone(),
+            }),
         })
     }
 }

@@ -1,16 +1,41 @@
 //! `meshfed-load`: the load tool's command line (also run as `meshfed load ...`).
+//! `meshfed-load csr ...` is the CreateCertificate throughput mode.
 
 use clap::Parser;
 
 /// Load a meshfed server with simulated proxies and registry churn (see the README's
-/// "Load testing").
+/// "Load testing"). `meshfed-load csr --help`: CreateCertificate throughput.
 #[derive(Parser, Debug)]
-#[command(name = "meshfed-load", version, about)]
+#[command(
+    name = "meshfed-load",
+    version,
+    about,
+    after_help = "CreateCertificate throughput: meshfed-load csr --help"
+)]
 struct Cli {
     #[command(flatten)]
     args: meshfed_load::LoadArgs,
 }
 
+/// CreateCertificate throughput over TLS with client certificates.
+#[derive(Parser, Debug)]
+#[command(
+    name = "meshfed-load csr",
+    bin_name = "meshfed-load csr",
+    version,
+    about = "CreateCertificate throughput: concurrent TLS clients with client certificates \
+             against the secure port (see the README's \"Load testing\")"
+)]
+struct CsrCli {
+    #[command(flatten)]
+    args: meshfed_load::csr::CsrArgs,
+}
+
 fn main() -> anyhow::Result<()> {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == "csr") {
+        args.remove(1);
+        return meshfed_load::csr::run(CsrCli::parse_from(args).args);
+    }
     meshfed_load::run(Cli::parse().args)
 }

@@ -150,6 +150,16 @@ pub struct Machine {
     pub cpu_model: String,
     /// `uname -r`-like kernel release (`/proc/sys/kernel/osrelease`).
     pub kernel: String,
+    /// The 1, 5 and 15-minute load averages (`/proc/loadavg`) when detected: the
+    /// machine may be shared.
+    pub load_average: Option<[f64; 3]>,
+}
+
+/// The 1, 5 and 15-minute load averages.
+pub fn load_average() -> Option<[f64; 3]> {
+    let text = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
+    Some([fields.next()??, fields.next()??, fields.next()??])
 }
 
 impl Machine {
@@ -170,6 +180,7 @@ impl Machine {
                 .unwrap_or_default()
                 .trim()
                 .to_string(),
+            load_average: load_average(),
         }
     }
 }

@@ -63,6 +63,9 @@ pub struct Recorder {
     pub connected: AtomicUsize,
     /// Stream attempts that failed (connect errors, refused streams, resets).
     pub stream_failures: AtomicUsize,
+    /// Stream attempts the server refused with `RESOURCE_EXHAUSTED` (its new-stream
+    /// rate limit), retried with backoff; not counted as failures.
+    pub refused: AtomicUsize,
     /// Proxies that have had a complete initial config.
     pub converged: AtomicUsize,
     /// Converged proxies whose stream is still up: the watchers of a sidecar change.
@@ -104,6 +107,7 @@ impl Recorder {
             started: AtomicUsize::new(0),
             connected: AtomicUsize::new(0),
             stream_failures: AtomicUsize::new(0),
+            refused: AtomicUsize::new(0),
             converged: AtomicUsize::new(0),
             live_converged: AtomicUsize::new(0),
             service_watchers: (0..services).map(|_| AtomicUsize::new(0)).collect(),

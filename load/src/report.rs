@@ -35,6 +35,9 @@ pub struct Summary {
     pub missing: Vec<String>,
     /// Stream attempts that failed (connect errors, refusals, resets).
     pub stream_failures: usize,
+    /// Stream attempts refused with `RESOURCE_EXHAUSTED` (the server's new-stream
+    /// rate limit) and retried.
+    pub refused_streams: usize,
     /// Responses the proxies could not decode.
     pub nacks: u64,
     /// The first distinct errors.
@@ -52,6 +55,8 @@ pub struct ServerInfo {
     pub pid: Option<u32>,
     /// Started by the tool.
     pub spawned: bool,
+    /// Over TLS with client certificates (the secure port).
+    pub tls: bool,
 }
 
 /// Initial convergence.
@@ -172,7 +177,7 @@ impl Summary {
         let m = &self.machine;
         let _ = writeln!(
             out,
-            "machine: {} CPUs, {} RAM, {} (kernel {})",
+            "machine: {} CPUs, {} RAM, {} (kernel {}){}",
             m.cpus,
             bytes(m.memory_bytes),
             if m.cpu_model.is_empty() {
@@ -180,12 +185,23 @@ impl Summary {
             } else {
                 &m.cpu_model
             },
-            m.kernel
+            m.kernel,
+            m.load_average
+                .map(|l| format!(
+                    ", load average {:.2} {:.2} {:.2} at the start",
+                    l[0], l[1], l[2]
+                ))
+                .unwrap_or_default()
         );
         let _ = writeln!(
             out,
-            "server: {}{}{}",
+            "server: {}{}{}{}",
             self.server.address,
+            if self.server.tls {
+                " (TLS, client certificates)"
+            } else {
+                ""
+            },
             self.server
                 .pid
                 .map(|p| format!(", pid {p}"))
@@ -295,6 +311,13 @@ impl Summary {
                 u.after_convergence.cpu_seconds - u.before_ramp.cpu_seconds,
                 u.at_end.cpu_seconds - u.after_convergence.cpu_seconds,
                 u.at_end.cpu_seconds
+            );
+        }
+        if self.refused_streams > 0 {
+            let _ = writeln!(
+                out,
+                "\nstreams refused by the server's rate limit (RESOURCE_EXHAUSTED) and retried: {}",
+                self.refused_streams
             );
         }
         if self.stream_failures > 0 || self.nacks > 0 {

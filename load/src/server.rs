@@ -4,7 +4,7 @@
 //!
 //! A spawned server listens on port 0 everywhere and logs JSON; the tool reads the
 //! addresses from the file the server writes once it listens (`--readyFile`, JSON
-//! `{"grpcAddr", "httpAddr", "monitoringAddr", "pid"}`), waits until its `/ready`
+//! `{"grpcAddr", "secureGrpcAddr", "httpAddr", "monitoringAddr", "pid"}`), waits until its `/ready`
 //! answers 200 (registries synced: before that, streams are refused), forwards its
 //! warnings and errors to stderr, and kills it when the run ends.
 
@@ -30,6 +30,9 @@ const READY_FILE_POLL: Duration = Duration::from_millis(20);
 pub struct ReadyFile {
     /// The ADS address (`--grpcAddr`).
     pub grpc_addr: SocketAddr,
+    /// The secure xDS address (`--secureGrpcAddr`), when the server serves it.
+    #[serde(default)]
+    pub secure_grpc_addr: Option<SocketAddr>,
     /// The `/ready` and debug address (`--httpAddr`).
     pub http_addr: SocketAddr,
     /// The `/metrics` address (`--monitoringAddr`).
@@ -97,12 +100,14 @@ impl ServerUnderLoad {
 
     /// Starts `binary discovery` on `mock_file` (and `config_dir`, for config
     /// changes and Sidecars), with `extra` flags after the tool's own, and waits until
-    /// it has written `ready_file` and its `/ready` answers 200.
+    /// it has written `ready_file` and its `/ready` answers 200. With `ca_dir`, the
+    /// server runs its CA there (`--caDir`) and the run uses its secure address.
     pub async fn spawn(
         binary: &Path,
         mock_file: &Path,
         config_dir: Option<&Path>,
         ready_file: &Path,
+        ca_dir: Option<&Path>,
         extra: &[String],
     ) -> anyhow::Result<ServerUnderLoad> {
         let mut command = Command::new(binary);
@@ -121,6 +126,12 @@ impl ServerUnderLoad {
             .args(["--log_output_level", "default:info,ads:warn"]);
         if let Some(dir) = config_dir {
             command.arg("--configDir").arg(dir);
+        }
+        if let Some(dir) = ca_dir {
+            command
+                .arg("--caDir")
+                .arg(dir)
+                .args(["--secureGrpcAddr", "127.0.0.1:0"]);
         }
         command
             .args(extra)
@@ -148,8 +159,14 @@ impl ServerUnderLoad {
             ready = wait_ready(ready.http_addr) => ready?,
             status = child.wait() => bail!("the server exited before it was ready: {}", status?),
         }
+        let grpc = match ca_dir {
+            None => ready.grpc_addr,
+            Some(_) => ready.secure_grpc_addr.context(
+                "the server started with --caDir wrote no secureGrpcAddr in its ready file",
+            )?,
+        };
         Ok(ServerUnderLoad {
-            grpc: ready.grpc_addr,
+            grpc,
             replicas: Vec::new(),
             pid,
             spawned: true,
