@@ -465,7 +465,7 @@ mod tests {
         let ca_dir = dir.path().join("ca");
         let server = FakeServer::builder()
             .configure(|c| {
-                c.ca = Some(CaSource {
+                c.ca = Some(CaSource::Dir {
                     cacerts: None,
                     self_signed_dir: ca_dir.clone(),
                 })

@@ -714,7 +714,7 @@ mod tests {
         let server = FakeServer::builder()
             .mock_registry_file(&file)
             .configure(|c| {
-                c.ca = Some(CaSource {
+                c.ca = Some(CaSource::Dir {
                     cacerts: None,
                     self_signed_dir: ca_dir.clone(),
                 });

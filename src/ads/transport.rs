@@ -349,6 +349,13 @@ impl Acceptor {
         loop {
             match self.listener.accept().await {
                 Ok((io, peer)) => {
+                    // As Go's net package (and so istiod) does for every TCP
+                    // connection: small responses (a CreateCertificate answer, an
+                    // endpoint change) are not held back by Nagle's algorithm waiting
+                    // for the peer's delayed ACK.
+                    if let Err(err) = io.set_nodelay(true) {
+                        debug!(%peer, "TCP_NODELAY not set: {err}");
+                    }
                     self.backoff = ACCEPT_BACKOFF.0;
                     let live = self.live.load(Ordering::Acquire);
                     if self.limits.max_connections > 0 && live >= self.limits.max_connections {
@@ -442,6 +449,14 @@ mod tests {
             Acceptor::new(listener, limits, TransportMetrics::default()),
             addr,
         )
+    }
+
+    #[tokio::test]
+    async fn accepted_connections_do_not_wait_for_nagle() {
+        let (mut acceptor, addr) = pair(XdsLimits::default()).await;
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let conn = acceptor.accept().await;
+        assert!(conn.io.nodelay().unwrap(), "TCP_NODELAY on accepted sockets");
     }
 
     #[tokio::test(start_paused = true)]
