@@ -34,6 +34,10 @@ const NO_INBOUND_LOOP_GUARD: &str =
     "virtualInbound has no virtualInbound-blackhole chain for destination port 15006";
 const VS_IMPORT_NOT_SCOPED: &str =
     "a VirtualService from a namespace the proxy's Sidecar does not import is applied anyway";
+const OVERLAPPING_CIDRS_ONE_CHAIN: &str = "ServiceEntries with overlapping CIDRs on one port \
+    get one chain: the longer prefix, per-host SNI chains and the passthrough fallback are lost";
+const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-less DNS ServiceEntry (DNS_AUTO_ALLOCATE), so no \
+    <vip>_443 listener";
 
 /// Vectors expected to fail today: (vector name, reason).
 const KNOWN_GAPS: &[(&str, &str)] = &[
@@ -333,6 +337,26 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
         "TestSidecarRoutes/sidecar filter/explicit.default.svc.cluster.local",
         VS_IMPORT_NOT_SCOPED,
     ),
+    (
+        "TestServiceEntry/overlapping CIDR/match the more precise one",
+        OVERLAPPING_CIDRS_ONE_CHAIN,
+    ),
+    (
+        "TestServiceEntry/overlapping CIDR with SNI/IP and SNI match: longer IP",
+        OVERLAPPING_CIDRS_ONE_CHAIN,
+    ),
+    (
+        "TestServiceEntry/overlapping CIDR with SNI/Mismatch IP and SNI match: longer IP",
+        OVERLAPPING_CIDRS_ONE_CHAIN,
+    ),
+    (
+        "TestServiceEntry/overlapping CIDR with SNI/Mismatch IP and SNI match: shorter IP",
+        OVERLAPPING_CIDRS_ONE_CHAIN,
+    ),
+    (
+        "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
+        NO_ADDRESS_AUTO_ALLOCATION,
+    ),
 ];
 
 /// What Istio expects of a call; `None` fields are not checked, `error: None` means
@@ -393,6 +417,10 @@ struct Scenario {
     services: Vec<(Service, Vec<Endpoint>)>,
     /// The sidecar's namespace.
     namespace: &'static str,
+    /// The sidecar's IP (node id).
+    node_ip: &'static str,
+    /// Extra node metadata.
+    metadata: serde_json::Value,
     vectors: Vec<Vector>,
 }
 
@@ -403,6 +431,8 @@ impl Scenario {
             mesh: None,
             services: Vec::new(),
             namespace: "default",
+            node_ip: "1.1.1.1",
+            metadata: serde_json::json!({}),
             vectors: Vec::new(),
         }
     }
@@ -449,11 +479,14 @@ async fn fetch(scenario: &Scenario) -> (FakeServer, Proxy) {
     .await;
     server.sync().await;
     let ns = scenario.namespace;
+    let ip = scenario.node_ip;
+    let mut metadata = scenario.metadata.clone();
+    metadata["NAMESPACE"] = ns.into();
     let mut client = AdsClient::connect(
         server.grpc_addr(),
         node_with(
-            &format!("sidecar~1.1.1.1~app.{ns}~{ns}.svc.cluster.local"),
-            serde_json::json!({"NAMESPACE": ns}),
+            &format!("sidecar~{ip}~app.{ns}~{ns}.svc.cluster.local"),
+            metadata,
         ),
     )
     .await
@@ -697,6 +730,205 @@ fn headless_services() -> Scenario {
         );
     }
     s
+}
+
+/// Istio's two-ServiceEntry template of `serviceentry_simulation_test.go`.
+fn two_entries(addresses: [&str; 2], protocol: &str, tls_route: bool) -> String {
+    let mut out = String::new();
+    for (i, addr) in addresses.iter().enumerate() {
+        let n = i + 1;
+        out.push_str(&format!(
+            "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: se{n}, namespace: default}}
+spec:
+  hosts: [blah{n}.somedomain]
+  addresses: [\"{addr}\"]
+  ports:
+  - {{number: 9999, name: port-9999, protocol: {protocol}}}
+---
+"
+        ));
+    }
+    if tls_route {
+        out.push_str(
+            "apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: vs1, namespace: default}
+spec:
+  hosts: [blah1.somedomain]
+  tls:
+  - match:
+    - port: 9999
+      sniHosts: [blah1.somedomain]
+    route:
+    - destination:
+        host: blah1.somedomain
+        port: {number: 9999}
+",
+        );
+    }
+    out
+}
+
+fn at(listener: &str, cluster: &str) -> Expect {
+    Expect {
+        listener: Some(listener.to_string()),
+        cluster: Some(cluster.to_string()),
+        ..Default::default()
+    }
+}
+
+/// TestServiceEntry: ServiceEntries whose CIDR addresses share a port — identical
+/// after masking, overlapping (longest prefix wins), overlapping with SNI routes, and
+/// sharing one of several IPs — and TestServiceEntryDuplicatedHostname (one host in
+/// two entries gets one auto-allocated address).
+fn service_entries() -> Vec<Scenario> {
+    const V6_A: &str = "1234:1f1:123:123:f816:3eff:feb8:2287";
+    const V6_B: &str = "1234:1f1:123:123:f816:3eff:febf:57ce";
+    let b1 = "outbound|9999||blah1.somedomain";
+    let b2 = "outbound|9999||blah2.somedomain";
+    let w = "0.0.0.0_9999";
+    let dual = |mut s: Scenario| {
+        s.node_ip = "127.0.0.1";
+        s.metadata = serde_json::json!({
+            "LABELS": {"app": "foo"},
+            "INSTANCE_IPS": "127.0.0.1,1234::1234",
+            "CLUSTER_ID": "Kubernetes",
+        });
+        s
+    };
+    let name = |case: &str, call: &str| format!("TestServiceEntry/{case}/{call}");
+    let mut out = Vec::new();
+
+    let case = "identical CIDR (ignoring insignificant bits) is dropped";
+    let mut s = dual(Scenario::new(two_entries(
+        [&format!("{V6_A}/32"), &format!("{V6_B}/32")],
+        "TCP",
+        false,
+    )));
+    s.call(
+        name(case, "defined port"),
+        Call::tcp(9999).to("1234:1f1:1:1:1:1:1:1"),
+        at(w, b1),
+    );
+    out.push(s);
+
+    let case = "overlapping CIDR";
+    let mut s = dual(Scenario::new(two_entries(
+        [&format!("{V6_A}/16"), &format!("{V6_B}/32")],
+        "TCP",
+        false,
+    )));
+    s.call(
+        name(case, "match the more precise one"),
+        Call::tcp(9999).to(V6_B),
+        at(w, b2),
+    );
+    s.call(
+        name(case, "match the more less one"),
+        Call::tcp(9999).to("1234::1"),
+        at(w, b1),
+    );
+    out.push(s);
+
+    let case = "overlapping CIDR with SNI";
+    let mut s = dual(Scenario::new(two_entries(
+        [&format!("{V6_A}/16"), &format!("{V6_B}/32")],
+        "TLS",
+        true,
+    )));
+    s.call(
+        name(case, "IP and SNI match: longer IP"),
+        Call::tcp(9999).tls().sni("blah2.somedomain").to(V6_B),
+        at(w, b2),
+    );
+    s.call(
+        name(case, "IP and SNI match: shorter IP"),
+        Call::tcp(9999).sni("blah1.somedomain").to("1234::1"),
+        at(w, b1),
+    );
+    s.call(
+        name(case, "Mismatch IP and SNI match: longer IP"),
+        Call::tcp(9999).tls().sni("blah1.somedomain").to(V6_B),
+        at(w, "PassthroughCluster"),
+    );
+    s.call(
+        name(case, "Mismatch IP and SNI match: shorter IP"),
+        Call::tcp(9999).sni("blah2.somedomain").to("1234::1"),
+        at(w, "PassthroughCluster"),
+    );
+    out.push(s);
+
+    let case = "partial overlap of IP";
+    let mut s = dual(Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: se1, namespace: default}
+spec:
+  hosts: [blah1.somedomain]
+  addresses: [1.1.1.1]
+  ports:
+  - {number: 9999, name: port-9999, protocol: TCP}
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: se2, namespace: default}
+spec:
+  hosts: [blah2.somedomain]
+  addresses: [2.2.2.2, 1.1.1.1]
+  ports:
+  - {number: 9999, name: port-9999, protocol: TCP}
+",
+    ));
+    s.call(
+        name(case, "unique IP"),
+        Call::tcp(9999).to("2.2.2.2"),
+        at("2.2.2.2_9999", b2),
+    );
+    s.call(
+        name(case, "shared IP"),
+        Call::tcp(9999).to("1.1.1.1"),
+        at("1.1.1.1_9999", b1),
+    );
+    out.push(s);
+
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: istio-http}
+spec:
+  hosts: [istio.io]
+  location: MESH_EXTERNAL
+  ports:
+  - {number: 80, name: http, protocol: HTTP}
+  resolution: DNS
+---
+apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: istio-https}
+spec:
+  hosts: [istio.io]
+  location: MESH_EXTERNAL
+  ports:
+  - {number: 443, name: https, protocol: HTTPS}
+  resolution: DNS
+",
+    );
+    s.metadata = serde_json::json!({"DNS_CAPTURE": "true", "DNS_AUTO_ALLOCATE": "true"});
+    let case = "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address";
+    s.call(
+        format!("{case}/HTTP call"),
+        Call::http(80).to("240.240.91.120").host("istio.io"),
+        at("0.0.0.0_80", "outbound|80||istio.io"),
+    );
+    s.call(
+        format!("{case}/HTTPS call"),
+        Call::http(443).tls().to("240.240.91.120").host("istio.io"),
+        at("240.240.91.120_443", "outbound|443||istio.io"),
+    );
+    out.push(s);
+    out
 }
 
 const TIME_OLDER: &str = "2019-01-01T00:00:00Z";
@@ -1253,6 +1485,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.push(loop_prevention());
     scenarios.push(headless_services());
     scenarios.extend(sidecar_routes());
+    scenarios.extend(service_entries());
 
     let mut passed = 0;
     let mut gaps = 0;
