@@ -394,7 +394,7 @@ impl Expect {
 
 enum Check {
     /// A simulated call and what it must reach.
-    Call(Call, Expect),
+    Call(Box<(Call, Expect)>),
     /// In route table `route`, the virtual host serving `domain` routes to exactly
     /// these clusters (`None`: no virtual host has the domain) — Istio's
     /// `xdstest.ExtractVirtualHosts`.
@@ -440,7 +440,7 @@ impl Scenario {
     fn call(&mut self, name: String, call: Call, expect: Expect) {
         self.vectors.push(Vector {
             name,
-            check: Check::Call(call, expect),
+            check: Check::Call(Box::new((call, expect))),
         });
     }
 }
@@ -564,9 +564,9 @@ fn domains(rc: &RouteConfiguration) -> BTreeMap<String, Vec<String>> {
 
 fn run_check(proxy: &Proxy, check: &Check) -> Result<(), String> {
     match check {
-        Check::Call(call, want) => compare(
-            &simulate_call(&proxy.listeners, &proxy.routes, &proxy.clusters, call),
-            want,
+        Check::Call(c) => compare(
+            &simulate_call(&proxy.listeners, &proxy.routes, &proxy.clusters, &c.0),
+            &c.1,
         ),
         Check::Domain {
             route,
@@ -1031,6 +1031,17 @@ fn known_services() -> Vec<(Service, Vec<Endpoint>)> {
 
 type Want = &'static [(&'static str, Option<&'static [&'static str]>)];
 
+/// (case name, VirtualServices, Sidecars, proxy namespace, route table, expected
+/// domains).
+type RouteCase = (
+    &'static str,
+    Vec<Vs>,
+    Vec<String>,
+    &'static str,
+    &'static str,
+    Want,
+);
+
 /// TestSidecarRoutes (virtualservice variant): which VirtualService a sidecar applies
 /// to which domain of its outbound route tables, with namespaces, Sidecar imports,
 /// wildcards and creation-time precedence.
@@ -1038,7 +1049,7 @@ fn sidecar_routes() -> Vec<Scenario> {
     const K: &str = "known.default.svc.cluster.local";
     const ALT: &str = "alt-known.default.svc.cluster.local";
     const FOO: &str = "foo.default.svc.cluster.local";
-    let cases: Vec<(&str, Vec<Vs>, Vec<String>, &'static str, &'static str, Want)> = vec![
+    let cases: Vec<RouteCase> = vec![
         (
             "simple port 80",
             vec![vs("default", K, ALT)],

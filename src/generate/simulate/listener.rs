@@ -279,7 +279,7 @@ pub fn simulate_call(
                     chain_label()
                 )));
             }
-            let rc = match hcm.route_specifier {
+            let rc = match hcm.route_specifier.clone() {
                 Some(http_connection_manager::RouteSpecifier::RouteConfig(rc)) => rc,
                 Some(http_connection_manager::RouteSpecifier::Rds(rds)) => {
                     result.route_config = Some(rds.route_config_name.clone());
@@ -303,7 +303,7 @@ pub fn simulate_call(
             result.outcome = m.outcome;
         }
         Terminal::Tcp(tcp) => {
-            result.outcome = match tcp.cluster_specifier {
+            result.outcome = match tcp.cluster_specifier.clone() {
                 Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => RouteOutcome::Cluster(c),
                 Some(tcp_proxy::ClusterSpecifier::WeightedClusters(w)) => {
                     RouteOutcome::WeightedClusters(
@@ -489,10 +489,10 @@ pub fn match_filter_chain<'a>(
 /// `Some(None)` when it sets it and does not match, `Some(Some(r))` when it matches
 /// with specificity `r` (higher is better). The best-ranked matching chains survive;
 /// if none matches, those leaving the criterion unset do.
-fn sieve<'a>(
-    chains: Vec<(usize, &'a FilterChain)>,
+fn sieve(
+    chains: Vec<(usize, &FilterChain)>,
     rank: impl Fn(&FilterChain) -> Option<Option<u32>>,
-) -> Vec<(usize, &'a FilterChain)> {
+) -> Vec<(usize, &FilterChain)> {
     let ranked: Vec<_> = chains.into_iter().map(|c| (rank(c.1), c)).collect();
     let best = ranked.iter().filter_map(|(r, _)| r.flatten()).max();
     ranked
@@ -555,8 +555,8 @@ fn server_name_rank(m: &FilterChainMatch, sni: Option<&str>) -> Option<Option<u3
 }
 
 enum Terminal {
-    Hcm(HttpConnectionManager),
-    Tcp(TcpProxy),
+    Hcm(Box<HttpConnectionManager>),
+    Tcp(Box<TcpProxy>),
 }
 
 /// The chain's terminal network filter (HCM or TCP proxy).
@@ -568,12 +568,12 @@ fn terminal_filter(chain: &FilterChain) -> Result<Terminal, SimError> {
         if any.type_url == HttpConnectionManager::type_url() {
             let hcm = HttpConnectionManager::decode(any.value.as_slice())
                 .map_err(|e| SimError::Unsupported(format!("undecodable HCM: {e}")))?;
-            return Ok(Terminal::Hcm(hcm));
+            return Ok(Terminal::Hcm(Box::new(hcm)));
         }
         if any.type_url == TcpProxy::type_url() {
             let tcp = TcpProxy::decode(any.value.as_slice())
                 .map_err(|e| SimError::Unsupported(format!("undecodable TCP proxy: {e}")))?;
-            return Ok(Terminal::Tcp(tcp));
+            return Ok(Terminal::Tcp(Box::new(tcp)));
         }
     }
     Err(SimError::Unsupported(format!(
