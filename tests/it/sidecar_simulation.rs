@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
 use meshfed::ads::TypeUrl;
-use meshfed::generate::simulate::{Call, CallResult, SimError, simulate_call};
+use meshfed::generate::simulate::{Call, CallMode, CallResult, SimError, simulate_call};
 use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
 use meshfed_registry::{Endpoint, Protocol, Resolution, Service, ServiceKey};
 
@@ -38,6 +38,8 @@ const OVERLAPPING_CIDRS_ONE_CHAIN: &str = "ServiceEntries with overlapping CIDRs
     get one chain: the longer prefix, per-host SNI chains and the passthrough fallback are lost";
 const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-less DNS ServiceEntry (DNS_AUTO_ALLOCATE), so no \
     <vip>_443 listener";
+const SIDECAR_INGRESS_IGNORED: &str =
+    "Sidecar `ingress` listeners are ignored: no inbound|<port>|| cluster or inbound chain";
 
 /// Vectors expected to fail today: (vector name, reason).
 const KNOWN_GAPS: &[(&str, &str)] = &[
@@ -357,6 +359,58 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
         "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
         NO_ADDRESS_AUTO_ALLOCATION,
     ),
+    (
+        "TestInboundClusters/ingress to same port/call 80",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to same port/clusters",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to different port/call 80",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to different port/clusters",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to instance IP/call 80",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to instance IP/clusters",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress without default endpoint/call 80",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress without default endpoint/clusters",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to socket/call 80",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/ingress to socket/clusters",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/multiple ingress/call 80",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/multiple ingress/call 81",
+        SIDECAR_INGRESS_IGNORED,
+    ),
+    (
+        "TestInboundClusters/multiple ingress/clusters",
+        SIDECAR_INGRESS_IGNORED,
+    ),
 ];
 
 /// What Istio expects of a call; `None` fields are not checked, `error: None` means
@@ -403,6 +457,9 @@ enum Check {
         domain: String,
         clusters: Option<Vec<String>>,
     },
+    /// The proxy's `inbound|…` clusters are exactly these, with these static
+    /// endpoints (`ip:port` or a socket path; empty: none).
+    InboundClusters(BTreeMap<String, Vec<String>>),
 }
 
 struct Vector {
@@ -562,8 +619,47 @@ fn domains(rc: &RouteConfiguration) -> BTreeMap<String, Vec<String>> {
     out
 }
 
+/// A cluster's static endpoints, as `ip:port` or socket path.
+fn static_endpoints(c: &Cluster) -> Vec<String> {
+    use envoy_types::pb::envoy::config::core::v3::{address, socket_address};
+    use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint;
+    let mut out = Vec::new();
+    for group in c.load_assignment.iter().flat_map(|la| &la.endpoints) {
+        for lb in &group.lb_endpoints {
+            let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &lb.host_identifier else {
+                continue;
+            };
+            match e.address.as_ref().and_then(|a| a.address.as_ref()) {
+                Some(address::Address::SocketAddress(sa)) => {
+                    let port = match sa.port_specifier {
+                        Some(socket_address::PortSpecifier::PortValue(p)) => p,
+                        _ => 0,
+                    };
+                    out.push(format!("{}:{port}", sa.address));
+                }
+                Some(address::Address::Pipe(p)) => out.push(p.path.clone()),
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
 fn run_check(proxy: &Proxy, check: &Check) -> Result<(), String> {
     match check {
+        Check::InboundClusters(want) => {
+            let got: BTreeMap<String, Vec<String>> = proxy
+                .clusters
+                .iter()
+                .filter(|c| c.name.starts_with("inbound"))
+                .map(|c| (c.name.clone(), static_endpoints(c)))
+                .collect();
+            if &got == want {
+                Ok(())
+            } else {
+                Err(format!("inbound clusters: wanted {want:?}, got {got:?}"))
+            }
+        }
         Check::Call(c) => compare(
             &simulate_call(&proxy.listeners, &proxy.routes, &proxy.clusters, &c.0),
             &c.1,
@@ -929,6 +1025,183 @@ spec:
     );
     out.push(s);
     out
+}
+
+/// TestInboundClusters: one `inbound|<targetPort>||` cluster per target port of the
+/// services the proxy is an instance of (shared target ports give one cluster), or
+/// per Sidecar `ingress` port; with inboundTrafficPolicy LOCALHOST they point at
+/// 127.0.0.1. Each cluster is also reached by an inbound HTTP call to its port.
+/// (Istio's telemetry metadata checks are not ported.)
+fn inbound_clusters() -> Vec<Scenario> {
+    const BACKEND: &str = "backend.default.svc.cluster.local";
+    const ALT: &str = "backend-alt.default.svc.cluster.local";
+    let backend = |host: &str, vip: &str| {
+        let mut svc = service(
+            host,
+            "default",
+            &[
+                ("default", 80, Protocol::Http),
+                ("other", 81, Protocol::Http),
+            ],
+        );
+        svc.cluster_vips
+            .insert("c1".into(), vec![vip.parse().unwrap()]);
+        svc
+    };
+    // (service, [(port name, target)]) instances on the proxy's IP.
+    type Instances = Vec<(&'static str, &'static str, Vec<(&'static str, u16)>)>;
+    let instance_cases: Vec<(&str, Instances, Vec<u16>)> = vec![
+        ("empty", vec![], vec![]),
+        ("empty service", vec![(BACKEND, "1.1.1.1", vec![])], vec![]),
+        (
+            "single service, partial instance",
+            vec![(BACKEND, "1.1.1.1", vec![("default", 8080)])],
+            vec![8080],
+        ),
+        (
+            "single service, multiple instance",
+            vec![(BACKEND, "1.1.1.1", vec![("default", 8080), ("other", 8081)])],
+            vec![8080, 8081],
+        ),
+        (
+            "multiple services with same service port, different target",
+            vec![
+                (BACKEND, "1.1.1.1", vec![("default", 8080), ("other", 8081)]),
+                (ALT, "1.1.1.2", vec![("default", 8082), ("other", 8083)]),
+            ],
+            vec![8080, 8081, 8082, 8083],
+        ),
+        (
+            "multiple services with same service port and target",
+            vec![
+                (BACKEND, "1.1.1.1", vec![("default", 8080), ("other", 8081)]),
+                (ALT, "1.1.1.2", vec![("default", 8080), ("other", 8081)]),
+            ],
+            vec![8080, 8081],
+        ),
+    ];
+    let mut out = Vec::new();
+    for localhost in [false, true] {
+        for (case, instances, ports) in &instance_cases {
+            if localhost && ports.is_empty() {
+                // Istio runs the LOCALHOST variant only for the cases with instances.
+                continue;
+            }
+            let mut s = Scenario::new("");
+            s.node_ip = "1.2.3.4";
+            if localhost {
+                s.mesh = Some("inboundTrafficPolicy: {mode: LOCALHOST}\n");
+            }
+            for (host, vip, targets) in instances {
+                let mut ep = Endpoint::new("1.2.3.4".parse().unwrap());
+                for (name, target) in targets {
+                    ep = ep.with_port(name, *target);
+                }
+                let eps = if targets.is_empty() { vec![] } else { vec![ep] };
+                s.services.push((backend(host, vip), eps));
+            }
+            let want: BTreeMap<String, Vec<String>> = ports
+                .iter()
+                .map(|p| {
+                    let eps = if localhost {
+                        vec![format!("127.0.0.1:{p}")]
+                    } else {
+                        vec![]
+                    };
+                    (format!("inbound|{p}||"), eps)
+                })
+                .collect();
+            let variant = if localhost { "LOCALHOST/" } else { "" };
+            push_inbound(
+                &mut s,
+                &format!("TestInboundClusters/{variant}{case}"),
+                want,
+            );
+            out.push(s);
+        }
+    }
+    let ingress = |port: u16, endpoint: Option<&str>| {
+        let default_endpoint = endpoint
+            .map(|e| format!("\n    defaultEndpoint: \"{e}\""))
+            .unwrap_or_default();
+        format!("  - port: {{number: {port}, protocol: HTTP, name: http}}{default_endpoint}\n")
+    };
+    let sidecar_cases: Vec<(&str, String, Vec<(&str, &str)>)> = vec![
+        (
+            "ingress to same port",
+            ingress(80, Some("127.0.0.1:80")),
+            vec![("inbound|80||", "127.0.0.1:80")],
+        ),
+        (
+            "ingress to different port",
+            ingress(80, Some("127.0.0.1:8080")),
+            vec![("inbound|80||", "127.0.0.1:8080")],
+        ),
+        (
+            "ingress to instance IP",
+            ingress(80, Some("0.0.0.0:8080")),
+            vec![("inbound|80||", "1.2.3.4:8080")],
+        ),
+        (
+            "ingress without default endpoint",
+            ingress(80, None),
+            vec![("inbound|80||", "")],
+        ),
+        (
+            "ingress to socket",
+            ingress(80, Some("unix:///socket")),
+            vec![("inbound|80||", "/socket")],
+        ),
+        (
+            "multiple ingress",
+            ingress(80, Some("127.0.0.1:8080")) + &ingress(81, Some("127.0.0.1:8080")),
+            vec![
+                ("inbound|80||", "127.0.0.1:8080"),
+                ("inbound|81||", "127.0.0.1:8080"),
+            ],
+        ),
+    ];
+    for (case, listeners, want) in sidecar_cases {
+        let mut s = Scenario::new(format!(
+            "apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: sidecar, namespace: default}}
+spec:
+  ingress:
+{listeners}"
+        ));
+        s.node_ip = "1.2.3.4";
+        let want = want
+            .into_iter()
+            .map(|(c, e)| {
+                let eps = if e.is_empty() {
+                    vec![]
+                } else {
+                    vec![e.to_string()]
+                };
+                (c.to_string(), eps)
+            })
+            .collect();
+        push_inbound(&mut s, &format!("TestInboundClusters/{case}"), want);
+        out.push(s);
+    }
+    out
+}
+
+/// The inbound cluster check plus an inbound HTTP call per cluster.
+fn push_inbound(s: &mut Scenario, name: &str, want: BTreeMap<String, Vec<String>>) {
+    for cluster in want.keys() {
+        let port: u16 = cluster.split('|').nth(1).unwrap().parse().unwrap();
+        s.call(
+            format!("{name}/call {port}"),
+            Call::http(port).to("1.2.3.4").mode(CallMode::Inbound),
+            Expect::cluster(cluster),
+        );
+    }
+    s.vectors.push(Vector {
+        name: format!("{name}/clusters"),
+        check: Check::InboundClusters(want),
+    });
 }
 
 const TIME_OLDER: &str = "2019-01-01T00:00:00Z";
@@ -1497,6 +1770,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.push(headless_services());
     scenarios.extend(sidecar_routes());
     scenarios.extend(service_entries());
+    scenarios.extend(inbound_clusters());
 
     let mut passed = 0;
     let mut gaps = 0;
