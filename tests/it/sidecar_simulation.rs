@@ -1126,7 +1126,9 @@ fn inbound_clusters() -> Vec<Scenario> {
             .unwrap_or_default();
         format!("  - port: {{number: {port}, protocol: HTTP, name: http}}{default_endpoint}\n")
     };
-    let sidecar_cases: Vec<(&str, String, Vec<(&str, &str)>)> = vec![
+    // (case, Sidecar ingress listeners, [(cluster, endpoint)]).
+    type IngressCase = (&'static str, String, Vec<(&'static str, &'static str)>);
+    let sidecar_cases: Vec<IngressCase> = vec![
         (
             "ingress to same port",
             ingress(80, Some("127.0.0.1:80")),
