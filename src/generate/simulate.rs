@@ -13,6 +13,12 @@
 //! hosts that require TLS answer plain requests with a redirect to https. Runtime
 //! fractions are taken as always on.
 //!
+//! [`simulate_call`] goes one level up, to connections: the listener Envoy hands a
+//! connection to (by original destination), the filter chain that takes it (Envoy's
+//! filter chain match, with what the TLS and HTTP inspectors detect), and then the
+//! HTTP route or the TCP proxy's cluster — the method of Istio's
+//! `pilot/pkg/simulation/traffic.go`.
+//!
 //! [`check_consistency`] cross-checks one proxy's CDS, LDS, RDS and EDS answers the way
 //! Envoy would trip over them: references to clusters or route tables that were not
 //! sent, EDS clusters whose load assignment is not served, and duplicate names or
@@ -39,6 +45,13 @@ use prost::{Message, Name};
 use regex::Regex;
 
 use super::rds::referenced_clusters;
+
+mod listener;
+
+pub use listener::{
+    Call, CallMode, CallProtocol, CallResult, TlsMode, match_filter_chain, select_listener,
+    simulate_call,
+};
 
 /// One HTTP request as a client sends it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,6 +196,32 @@ pub enum SimError {
     /// The config uses something the simulator does not model.
     #[error("not supported by the simulator: {0}")]
     Unsupported(String),
+    /// A call that cannot be made (ALPN on a plaintext connection).
+    #[error("invalid call: {0}")]
+    InvalidCall(String),
+    /// No listener takes the connection (it is refused).
+    #[error("no listener matched {0}")]
+    NoListener(String),
+    /// The listener has no chain for the connection and no default chain (Envoy
+    /// closes it).
+    #[error("no filter chain of listener {0} matched")]
+    NoFilterChain(String),
+    /// Several chains match equally well (Envoy rejects such a listener).
+    #[error("multiple filter chains of listener {0} matched")]
+    MultipleFilterChains(String),
+    /// The chain cannot speak the call's protocol: TLS or raw TCP into an HTTP
+    /// connection manager that does not terminate TLS.
+    #[error("protocol error: {0}")]
+    ProtocolError(String),
+    /// Plaintext into a chain that terminates TLS.
+    #[error("invalid TLS: chain {0} expects a TLS handshake")]
+    TlsError(String),
+    /// The chain's HTTP connection manager names a route table RDS did not send.
+    #[error("route configuration {0:?} was not served")]
+    RouteConfigNotFound(String),
+    /// The outcome names a cluster CDS did not send (Envoy answers 503, `NC`).
+    #[error("cluster {0:?} was not served")]
+    ClusterNotFound(String),
 }
 
 /// The virtual host and route a request matched, and the outcome.

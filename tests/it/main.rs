@@ -20,5 +20,6 @@ mod multicluster;
 mod rbac;
 mod secure;
 mod serviceentry;
+mod sidecar_simulation;
 mod sotw;
 mod vm_bridge;
