@@ -456,7 +456,10 @@ mod tests {
         let (mut acceptor, addr) = pair(XdsLimits::default()).await;
         let _client = TcpStream::connect(addr).await.unwrap();
         let conn = acceptor.accept().await;
-        assert!(conn.io.nodelay().unwrap(), "TCP_NODELAY on accepted sockets");
+        assert!(
+            conn.io.nodelay().unwrap(),
+            "TCP_NODELAY on accepted sockets"
+        );
     }
 
     #[tokio::test(start_paused = true)]
