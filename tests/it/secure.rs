@@ -302,9 +302,10 @@ async fn the_plaintext_port_can_be_turned_off_and_the_secure_one_serves_alone() 
 
 #[tokio::test]
 async fn new_streams_over_the_rate_are_refused_with_resource_exhausted() {
-    // One a second, burst one: of three streams opened together, the first goes at
-    // once, the second waits a second, the third would wait two and is refused.
-    let mesh = mesh_with(|c| c.max_requests_per_second = Some(1.0)).await;
+    // One every ten seconds, burst one: of three streams opened together, the first
+    // goes at once; the others would wait longer than the one second a stream may
+    // wait, and are refused (however slowly the machine opens them).
+    let mesh = mesh_with(|c| c.max_requests_per_second = Some(0.1)).await;
     let addr = mesh.server.grpc_addr();
     let attempts = (0..3).map(|i| async move {
         let mut client = AdsClient::connect(
@@ -316,7 +317,8 @@ async fn new_streams_over_the_rate_are_refused_with_resource_exhausted() {
         )
         .await
         .unwrap();
-        client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+        // A refused stream may end before this request is written.
+        let _ = client.subscribe(TypeUrl::Cluster, &[]).await;
         client.recv().await.map(|_| ()).map_err(|e| {
             e.downcast::<tonic::Status>()
                 .map(|s| s.code())
@@ -325,7 +327,11 @@ async fn new_streams_over_the_rate_are_refused_with_resource_exhausted() {
     });
     let results = futures::future::join_all(attempts).await;
     let refused: Vec<_> = results.iter().filter_map(|r| r.err()).collect();
-    assert_eq!(refused, [Code::ResourceExhausted], "{results:?}");
+    assert_eq!(
+        refused,
+        [Code::ResourceExhausted, Code::ResourceExhausted],
+        "{results:?}"
+    );
     mesh.server.shutdown().await;
 }
 
