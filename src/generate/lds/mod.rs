@@ -678,6 +678,44 @@ mod tests {
         assert_eq!(references(&listeners[0]).0, vec!["BlackHoleCluster"]);
     }
 
+    /// LDS size of one sidecar in an istio-reference-like mesh (1,000 HTTP services on
+    /// port 8080 in 10 namespaces). Run with `--nocapture` to see the figure.
+    #[test]
+    fn lds_size_of_an_istio_reference_sidecar() {
+        let services = (0..1000u32)
+            .map(|j| {
+                let vip = std::net::Ipv4Addr::from(
+                    u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0)) + j + 1,
+                );
+                service(
+                    &format!("svc-{j}.ns-{}.svc.cluster.local", j % 10),
+                    &format!("ns-{}", j % 10),
+                    &vip.to_string(),
+                    &[("http", 8080, Protocol::Http)],
+                )
+            })
+            .collect();
+        let snap = snapshot(services, ConfigSet::default(), default_mesh());
+        let p = proxy(
+            "sidecar~172.16.0.1~app.ns-0~ns-0.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let inbound = [InboundPort {
+            target_port: 9080,
+            http: true,
+        }];
+        let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
+        let bytes: usize = listeners
+            .iter()
+            .map(|l| pack(l).encode_to_vec().len())
+            .sum();
+        println!(
+            "LDS per istio-reference sidecar: {} listeners, {bytes} bytes",
+            listeners.len()
+        );
+        assert!(bytes > 0);
+    }
+
     #[test]
     fn gateway_listeners_from_selected_gateways() {
         let gw = Gateway {
