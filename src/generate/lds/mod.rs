@@ -420,7 +420,12 @@ mod tests {
     use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
     use meshfed_api::mesh::v1alpha1::mesh_config::outbound_traffic_policy::Mode as MeshOutboundMode;
 
-    fn service(host: &str, ns: &str, vip: &str, ports: &[(&str, u16, Protocol)]) -> Service {
+    pub(super) fn service(
+        host: &str,
+        ns: &str,
+        vip: &str,
+        ports: &[(&str, u16, Protocol)],
+    ) -> Service {
         let mut s = Service::new(host, ns, ProviderId::Mock, "c1");
         s.cluster_vips
             .insert("c1".into(), vec![vip.parse().unwrap()]);
@@ -430,7 +435,7 @@ mod tests {
         s
     }
 
-    fn snapshot(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Snapshot {
+    pub(super) fn snapshot(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Snapshot {
         let index = Arc::new(EndpointIndex::new());
         let (sink, _rx) = UpdateSink::new(index.clone());
         let aggregate = Aggregate::new("c1");
@@ -450,7 +455,7 @@ mod tests {
         )
     }
 
-    fn proxy(id: &str, labels: serde_json::Value) -> Proxy {
+    pub(super) fn proxy(id: &str, labels: serde_json::Value) -> Proxy {
         let node = envoy_types::pb::envoy::config::core::v3::Node {
             id: id.into(),
             metadata: Some(json_to_struct(
@@ -461,7 +466,7 @@ mod tests {
         Proxy::from_node(Some(&node)).unwrap()
     }
 
-    fn default_mesh() -> MeshSettings {
+    pub(super) fn default_mesh() -> MeshSettings {
         MeshSettings {
             config: crate::mesh::default_mesh_config(),
             ..Default::default()

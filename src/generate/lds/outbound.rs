@@ -19,7 +19,8 @@
 //! - Several services on one (bind, port) merge as in Istio: HTTP and TCP mixed become
 //!   sniffed, TCP chains with the same match keep the first service (oldest first) and
 //!   the later one is dropped (logged at debug with Istio's metric name
-//!   `pilot_conflict_outbound_listener_tcp_over_current_tcp`), Auto replaces HTTP.
+//!   `pilot_conflict_outbound_listener_tcp_over_current_tcp`), Auto replaces an HTTP entry
+//!   on a specific bind (a wildcard HTTP entry is sniffed already and keeps its place).
 //! - Finishing: `tls_inspector` when a chain matches SNI or ALPN, then `http_inspector`
 //!   when one matches ALPN; a match-all chain becomes `default_filter_chain` (or stays
 //!   the only chain), otherwise `PassthroughFilterChain` is the default.
@@ -798,5 +799,683 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
         filter_chains,
         default_filter_chain,
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+        TcpProxy, tcp_proxy,
+    };
+    use meshfed_api::mesh::v1alpha1::mesh_config::outbound_traffic_policy::Mode as MeshMode;
+    use meshfed_api::networking::v1alpha3::{
+        Destination, L4MatchAttributes, OutboundTrafficPolicy, PortSelector, RouteDestination,
+        Sidecar, TcpRoute, TlsMatchAttributes, TlsRoute, VirtualService,
+        outbound_traffic_policy::Mode as SidecarMode,
+    };
+    use meshfed_registry::{Protocol, Service};
+    use prost::{Message, Name};
+
+    use super::super::tests::{default_mesh, proxy, service, snapshot};
+    use super::super::{VIRTUAL_INBOUND, sidecar_listeners};
+    use super::*;
+    use crate::mesh::MeshSettings;
+    use crate::push::config_index::{Config, ConfigSet};
+
+    fn no_vip(host: &str, ns: &str, ports: &[(&str, u16, Protocol)]) -> Service {
+        let mut s = service(host, ns, "10.0.0.1", ports);
+        s.cluster_vips.clear();
+        s
+    }
+
+    fn created(mut s: Service, secs: u64) -> Service {
+        s.creation_time = UNIX_EPOCH + Duration::from_secs(secs);
+        s
+    }
+
+    fn config<T>(name: &str, spec: T) -> Config<T> {
+        Config {
+            name: name.into(),
+            namespace: "default".into(),
+            labels: Default::default(),
+            creation_time: UNIX_EPOCH,
+            spec,
+        }
+    }
+
+    fn to(host: &str, port: u32, weight: i32) -> RouteDestination {
+        RouteDestination {
+            destination: Some(Destination {
+                host: host.into(),
+                port: Some(PortSelector { number: port }),
+                ..Default::default()
+            }),
+            weight,
+        }
+    }
+
+    /// Every listener of a default-namespace sidecar.
+    fn listeners(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Vec<Listener> {
+        let snap = snapshot(services, set, mesh);
+        let p = proxy(
+            "sidecar~10.0.0.99~app.default~default.svc.cluster.local",
+            serde_json::json!({"app": "client"}),
+        );
+        sidecar_listeners(&snap, &p.client_view(), &[])
+    }
+
+    fn named<'a>(all: &'a [Listener], name: &str) -> &'a Listener {
+        all.iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("no listener {name} in {:?}", names(all)))
+    }
+
+    fn names(all: &[Listener]) -> Vec<&str> {
+        all.iter().map(|l| l.name.as_str()).collect()
+    }
+
+    fn tcp(chain: &FilterChain) -> TcpProxy {
+        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+            panic!("no typed config");
+        };
+        assert_eq!(any.type_url, TcpProxy::type_url(), "{chain:?}");
+        TcpProxy::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn cluster(chain: &FilterChain) -> String {
+        match tcp(chain).cluster_specifier {
+            Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => c,
+            other => panic!("not a single cluster: {other:?}"),
+        }
+    }
+
+    fn hcm(chain: &FilterChain) -> HttpConnectionManager {
+        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+            panic!("no typed config");
+        };
+        assert_eq!(any.type_url, HttpConnectionManager::type_url(), "{chain:?}");
+        HttpConnectionManager::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn inspectors(l: &Listener) -> Vec<&str> {
+        l.listener_filters.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    fn server_names(chain: &FilterChain) -> Vec<&str> {
+        chain
+            .filter_chain_match
+            .as_ref()
+            .map(|m| m.server_names.iter().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    fn prefixes(chain: &FilterChain) -> Vec<String> {
+        chain
+            .filter_chain_match
+            .as_ref()
+            .map(|m| {
+                m.prefix_ranges
+                    .iter()
+                    .map(|r| format!("{}/{}", r.address_prefix, r.prefix_len.unwrap().value))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn loop_guard_chains_on_both_capture_listeners() {
+        let all = listeners(vec![], ConfigSet::default(), default_mesh());
+        let out = named(&all, VIRTUAL_OUTBOUND);
+        assert_eq!(out.use_original_dst, Some(BoolValue { value: true }));
+        let guard = &out.filter_chains[0];
+        assert_eq!(guard.name, VIRTUAL_OUTBOUND_BLACKHOLE);
+        assert_eq!(
+            guard.filter_chain_match.as_ref().unwrap().destination_port,
+            Some(UInt32Value { value: 15001 })
+        );
+        assert_eq!(cluster(guard), "BlackHoleCluster");
+        assert_eq!(tcp(guard).stat_prefix, "BlackHoleCluster");
+        assert_eq!(out.filter_chains[1].name, VIRTUAL_OUTBOUND_CATCHALL);
+        assert!(out.filter_chains[1].filter_chain_match.is_none());
+        assert_eq!(cluster(&out.filter_chains[1]), "PassthroughCluster");
+
+        let inbound = named(&all, VIRTUAL_INBOUND);
+        let guard = &inbound.filter_chains[0];
+        assert_eq!(guard.name, "virtualInbound-blackhole");
+        assert_eq!(
+            guard.filter_chain_match.as_ref().unwrap().destination_port,
+            Some(UInt32Value { value: 15006 })
+        );
+        assert_eq!(cluster(guard), "BlackHoleCluster");
+    }
+
+    #[test]
+    fn class_decides_bind_and_chains() {
+        let all = listeners(
+            vec![
+                service(
+                    "web.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http), ("grpc", 7070, Protocol::Grpc)],
+                ),
+                service(
+                    "db.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.2",
+                    &[("tcp", 5432, Protocol::Tcp)],
+                ),
+                no_vip(
+                    "ext.example.com",
+                    "default",
+                    &[("tcp", 6379, Protocol::Redis)],
+                ),
+                service(
+                    "auto.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.3",
+                    &[
+                        ("app", 9000, Protocol::Unsupported),
+                        ("dns", 53, Protocol::Udp),
+                    ],
+                ),
+                service(
+                    "stat.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.4",
+                    &[("http", 15021, Protocol::Http)],
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        assert_eq!(
+            names(&all),
+            [
+                "virtualOutbound",
+                "virtualInbound",
+                "0.0.0.0_6379",
+                "0.0.0.0_7070",
+                "0.0.0.0_80",
+                "10.96.0.2_5432",
+                "10.96.0.3_9000",
+            ],
+            "HTTP on the wildcard, TCP and Auto on the VIP (else the wildcard); UDP and \
+             Envoy's own ports skipped; sorted by name"
+        );
+        // TCP on a VIP: one match-all chain, no inspectors, no default.
+        let db = named(&all, "10.96.0.2_5432");
+        assert_eq!(db.filter_chains.len(), 1);
+        assert!(db.filter_chains[0].filter_chain_match.is_none());
+        assert_eq!(
+            cluster(&db.filter_chains[0]),
+            "outbound|5432||db.default.svc.cluster.local"
+        );
+        assert!(db.default_filter_chain.is_none());
+        assert!(inspectors(db).is_empty());
+        assert_eq!(db.bind_to_port, Some(BoolValue { value: false }));
+        assert!(db.continue_on_listener_filters_timeout);
+        assert_eq!(
+            cluster(&named(&all, "0.0.0.0_6379").filter_chains[0]),
+            "outbound|6379||ext.example.com"
+        );
+        // Auto: the service's TCP chain is the default, HTTP is matched by ALPN.
+        let auto = named(&all, "10.96.0.3_9000");
+        assert_eq!(inspectors(auto), [TLS_INSPECTOR, HTTP_INSPECTOR]);
+        assert_eq!(auto.filter_chains.len(), 1);
+        let m = auto.filter_chains[0].filter_chain_match.as_ref().unwrap();
+        assert_eq!(m.application_protocols, ["http/1.1", "h2c"]);
+        assert_eq!(m.transport_protocol, "raw_buffer");
+        let rds = hcm(&auto.filter_chains[0]);
+        assert_eq!(rds.stat_prefix, "outbound_10.96.0.3_9000;");
+        assert_eq!(
+            cluster(auto.default_filter_chain.as_ref().unwrap()),
+            "outbound|9000||auto.default.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn wildcard_http_listeners_are_sniffed_with_a_passthrough_default() {
+        for (mode, fallback) in [
+            (MeshMode::AllowAny, "PassthroughCluster"),
+            (MeshMode::RegistryOnly, "BlackHoleCluster"),
+        ] {
+            let mut mesh = default_mesh();
+            mesh.config.outbound_traffic_policy.as_mut().unwrap().mode = mode as i32;
+            let all = listeners(
+                vec![service(
+                    "web.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http)],
+                )],
+                ConfigSet::default(),
+                mesh,
+            );
+            let web = named(&all, "0.0.0.0_80");
+            assert_eq!(
+                inspectors(web),
+                [TLS_INSPECTOR, HTTP_INSPECTOR],
+                "in this order"
+            );
+            assert_eq!(web.filter_chains.len(), 1);
+            let m = web.filter_chains[0].filter_chain_match.as_ref().unwrap();
+            assert_eq!(m.application_protocols, ["http/1.1", "h2c"]);
+            assert_eq!(m.transport_protocol, "raw_buffer");
+            let manager = hcm(&web.filter_chains[0]);
+            assert_eq!(manager.stat_prefix, "outbound_0.0.0.0_80;");
+            match manager.route_specifier {
+                Some(http_connection_manager::RouteSpecifier::Rds(r)) => {
+                    assert_eq!(r.route_config_name, "80")
+                }
+                other => panic!("no RDS: {other:?}"),
+            }
+            let default = web.default_filter_chain.as_ref().unwrap();
+            assert_eq!(default.name, PASSTHROUGH_FILTER_CHAIN);
+            assert_eq!(cluster(default), fallback, "{mode:?}");
+            assert_eq!(
+                cluster(&named(&all, VIRTUAL_OUTBOUND).filter_chains[1]),
+                fallback
+            );
+        }
+    }
+
+    #[test]
+    fn sidecar_policy_and_egress_proxy_decide_the_default_chain() {
+        let sidecar = |policy| {
+            config(
+                "default",
+                Sidecar {
+                    outbound_traffic_policy: Some(policy),
+                    ..Default::default()
+                },
+            )
+        };
+        let web = || {
+            vec![service(
+                "web.default.svc.cluster.local",
+                "default",
+                "10.96.0.1",
+                &[("http", 80, Protocol::Http)],
+            )]
+        };
+        let registry_only = ConfigSet {
+            sidecars: vec![sidecar(OutboundTrafficPolicy {
+                mode: SidecarMode::RegistryOnly as i32,
+                ..Default::default()
+            })],
+            ..Default::default()
+        };
+        let all = listeners(web(), registry_only, default_mesh());
+        let default = named(&all, "0.0.0.0_80")
+            .default_filter_chain
+            .clone()
+            .unwrap();
+        assert_eq!(cluster(&default), "BlackHoleCluster");
+
+        let egress = ConfigSet {
+            sidecars: vec![sidecar(OutboundTrafficPolicy {
+                mode: SidecarMode::AllowAny as i32,
+                egress_proxy: Some(Destination {
+                    host: "egress.istio-system.svc.cluster.local".into(),
+                    port: Some(PortSelector { number: 443 }),
+                    ..Default::default()
+                }),
+            })],
+            ..Default::default()
+        };
+        let all = listeners(web(), egress, default_mesh());
+        let want = "outbound|443||egress.istio-system.svc.cluster.local";
+        let default = named(&all, "0.0.0.0_80")
+            .default_filter_chain
+            .clone()
+            .unwrap();
+        assert_eq!(cluster(&default), want);
+        assert_eq!(
+            cluster(&named(&all, VIRTUAL_OUTBOUND).filter_chains[1]),
+            want
+        );
+    }
+
+    #[test]
+    fn tls_routes_give_sni_chains_and_hosts_without_vip_their_own() {
+        let vs = VirtualService {
+            hosts: vec!["*.api.example.com".into()],
+            tls: vec![TlsRoute {
+                r#match: vec![
+                    TlsMatchAttributes {
+                        sni_hosts: vec!["b.api.example.com".into(), "a.api.example.com".into()],
+                        ..Default::default()
+                    },
+                    // Only for other proxies: left out.
+                    TlsMatchAttributes {
+                        sni_hosts: vec!["c.api.example.com".into()],
+                        source_labels: [("app".to_string(), "other".to_string())].into(),
+                        ..Default::default()
+                    },
+                ],
+                route: vec![to("a.api.example.com", 443, 0)],
+            }],
+            ..Default::default()
+        };
+        let all = listeners(
+            vec![
+                created(
+                    no_vip(
+                        "a.api.example.com",
+                        "default",
+                        &[("tls", 443, Protocol::Tls)],
+                    ),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "plain.example.com",
+                        "default",
+                        &[("https", 443, Protocol::Https)],
+                    ),
+                    2,
+                ),
+                service(
+                    "vip.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.7",
+                    &[("https", 8443, Protocol::Https)],
+                ),
+            ],
+            ConfigSet {
+                virtual_services: vec![config("api", vs)],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_443");
+        assert_eq!(inspectors(l), [TLS_INSPECTOR], "SNI only, no ALPN");
+        assert_eq!(l.filter_chains.len(), 2, "{l:#?}");
+        assert_eq!(
+            server_names(&l.filter_chains[0]),
+            ["a.api.example.com", "b.api.example.com"],
+            "sorted"
+        );
+        assert_eq!(
+            cluster(&l.filter_chains[0]),
+            "outbound|443||a.api.example.com"
+        );
+        assert_eq!(server_names(&l.filter_chains[1]), ["plain.example.com"]);
+        assert_eq!(
+            cluster(&l.filter_chains[1]),
+            "outbound|443||plain.example.com"
+        );
+        assert_eq!(
+            l.default_filter_chain.as_ref().unwrap().name,
+            PASSTHROUGH_FILTER_CHAIN
+        );
+        // On a VIP the address says it all: no SNI match.
+        let vip = named(&all, "10.96.0.7_8443");
+        assert!(vip.filter_chains[0].filter_chain_match.is_none());
+        assert!(inspectors(vip).is_empty());
+    }
+
+    #[test]
+    fn tcp_routes_with_overlapping_subnets_coexist_and_equal_matches_keep_the_oldest() {
+        let subnet_route = |name: &str, host: &str, subnet: &str| {
+            config(
+                name,
+                VirtualService {
+                    hosts: vec![host.into()],
+                    tcp: vec![TcpRoute {
+                        r#match: vec![L4MatchAttributes {
+                            destination_subnets: vec![subnet.into()],
+                            ..Default::default()
+                        }],
+                        route: vec![to(host, 9000, 0)],
+                    }],
+                    ..Default::default()
+                },
+            )
+        };
+        let all = listeners(
+            vec![
+                created(
+                    no_vip(
+                        "wide.example.com",
+                        "default",
+                        &[("tcp", 9000, Protocol::Tcp)],
+                    ),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "narrow.example.com",
+                        "default",
+                        &[("tcp", 9000, Protocol::Tcp)],
+                    ),
+                    2,
+                ),
+            ],
+            ConfigSet {
+                virtual_services: vec![
+                    subnet_route("wide", "wide.example.com", "10.0.0.0/8"),
+                    subnet_route("narrow", "narrow.example.com", "10.1.2.3/16"),
+                ],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_9000");
+        let chains: Vec<(Vec<String>, String)> = l
+            .filter_chains
+            .iter()
+            .map(|c| (prefixes(c), cluster(c)))
+            .collect();
+        assert_eq!(
+            chains,
+            [
+                (
+                    vec!["10.0.0.0/8".to_string()],
+                    "outbound|9000||wide.example.com".to_string()
+                ),
+                (
+                    vec!["10.1.0.0/16".to_string()],
+                    "outbound|9000||narrow.example.com".to_string()
+                ),
+            ],
+            "both prefixes stay (Envoy picks the longest), masked"
+        );
+        assert_eq!(
+            cluster(l.default_filter_chain.as_ref().unwrap()),
+            "outbound|9000||wide.example.com",
+            "the default chains conflict: the older service keeps it"
+        );
+    }
+
+    #[test]
+    fn merging_services_on_one_port_follows_istio() {
+        // TCP over TCP on the wildcard: the oldest wins, whatever the name order.
+        let all = listeners(
+            vec![
+                created(
+                    no_vip("a.example.com", "default", &[("tcp", 7000, Protocol::Tcp)]),
+                    2,
+                ),
+                created(
+                    no_vip("b.example.com", "default", &[("tcp", 7000, Protocol::Tcp)]),
+                    1,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_7000");
+        assert_eq!(l.filter_chains.len(), 1);
+        assert_eq!(cluster(&l.filter_chains[0]), "outbound|7000||b.example.com");
+
+        // HTTP and TCP on the wildcard: sniffed, HTTP by ALPN, TCP as default.
+        let all = listeners(
+            vec![
+                created(
+                    no_vip("t.example.com", "default", &[("tcp", 8000, Protocol::Tcp)]),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "h.example.com",
+                        "default",
+                        &[("http", 8000, Protocol::Http)],
+                    ),
+                    2,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_8000");
+        assert_eq!(inspectors(l), [TLS_INSPECTOR, HTTP_INSPECTOR]);
+        assert_eq!(l.filter_chains.len(), 1);
+        hcm(&l.filter_chains[0]);
+        assert_eq!(
+            cluster(l.default_filter_chain.as_ref().unwrap()),
+            "outbound|8000||t.example.com"
+        );
+
+        // A wildcard HTTP entry is sniffed already, so a later Auto service adds nothing
+        // (Auto replaces only HTTP entries on a specific bind, from Sidecar egress);
+        // Mongo refuses company.
+        let all = listeners(
+            vec![
+                created(
+                    no_vip(
+                        "h.example.com",
+                        "default",
+                        &[("http", 8000, Protocol::Http)],
+                    ),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "u.example.com",
+                        "default",
+                        &[("u", 8000, Protocol::Unsupported)],
+                    ),
+                    2,
+                ),
+                created(
+                    no_vip(
+                        "m.example.com",
+                        "default",
+                        &[("mongo", 27017, Protocol::Mongo)],
+                    ),
+                    3,
+                ),
+                created(
+                    no_vip("r.example.com", "default", &[("tcp", 27017, Protocol::Tcp)]),
+                    4,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_8000");
+        assert_eq!(
+            cluster(l.default_filter_chain.as_ref().unwrap()),
+            "PassthroughCluster"
+        );
+        let mongo = named(&all, "0.0.0.0_27017");
+        assert_eq!(mongo.filter_chains.len(), 1);
+        assert_eq!(
+            cluster(&mongo.filter_chains[0]),
+            "outbound|27017||m.example.com"
+        );
+    }
+
+    #[test]
+    fn weighted_tcp_routes_use_the_virtual_service_as_stat_prefix() {
+        let vs = VirtualService {
+            hosts: vec!["db.default.svc.cluster.local".into()],
+            tcp: vec![TcpRoute {
+                r#match: vec![L4MatchAttributes {
+                    port: 5432,
+                    gateways: vec!["mesh".into()],
+                    ..Default::default()
+                }],
+                route: vec![
+                    to("db.default.svc.cluster.local", 5432, 90),
+                    to("db-v2.default.svc.cluster.local", 5432, 10),
+                    to("db-v3.default.svc.cluster.local", 5432, 0),
+                ],
+            }],
+            ..Default::default()
+        };
+        let all = listeners(
+            vec![service(
+                "db.default.svc.cluster.local",
+                "default",
+                "10.96.0.2",
+                &[("tcp", 5432, Protocol::Tcp)],
+            )],
+            ConfigSet {
+                virtual_services: vec![config("db-split", vs)],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "10.96.0.2_5432");
+        assert_eq!(l.filter_chains.len(), 1, "the route is terminal");
+        let proxy = tcp(&l.filter_chains[0]);
+        assert_eq!(proxy.stat_prefix, "db-split.default");
+        let Some(tcp_proxy::ClusterSpecifier::WeightedClusters(w)) = proxy.cluster_specifier else {
+            panic!("not weighted");
+        };
+        let got: Vec<(String, u32)> = w.clusters.into_iter().map(|c| (c.name, c.weight)).collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "outbound|5432||db.default.svc.cluster.local".to_string(),
+                    90
+                ),
+                (
+                    "outbound|5432||db-v2.default.svc.cluster.local".to_string(),
+                    10
+                ),
+            ],
+            "weight 0 dropped"
+        );
+    }
+
+    #[test]
+    fn listeners_are_deterministic() {
+        let services = || {
+            (0..50u32)
+                .map(|i| {
+                    let proto =
+                        [Protocol::Http, Protocol::Tcp, Protocol::Unsupported][i as usize % 3];
+                    created(
+                        service(
+                            &format!("s{i}.default.svc.cluster.local"),
+                            "default",
+                            &format!("10.96.1.{i}"),
+                            &[("p", 8000 + (i % 7) as u16, proto)],
+                        ),
+                        u64::from(50 - i),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = listeners(services(), ConfigSet::default(), default_mesh());
+        let b = listeners(
+            services().into_iter().rev().collect(),
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        assert_eq!(a, b);
+        let outbound: Vec<&str> = names(&a)[2..].to_vec();
+        let mut sorted = outbound.clone();
+        sorted.sort();
+        assert_eq!(outbound, sorted);
     }
 }
