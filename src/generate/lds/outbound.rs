@@ -25,9 +25,12 @@
 //!   when one matches ALPN; a match-all chain becomes `default_filter_chain` (or stays
 //!   the only chain), otherwise `PassthroughFilterChain` is the default.
 //!
+//! A service whose addresses are CIDRs (ServiceEntry `10.0.0.0/16`) and no VIP is bound
+//! on the wildcard with those prefixes as its chains' match; services with overlapping
+//! ranges keep one chain each (Envoy picks the longest prefix).
+//!
 //! Not built (yet): Sidecar egress `bind`/`captureMode` listeners, per-endpoint
-//! listeners of headless TCP services, service CIDR addresses (the model keeps only
-//! single-host addresses), and `<hostname>:<port>` route tables for sniffed services on
+//! listeners of headless TCP services, and `<hostname>:<port>` route tables for sniffed services on
 //! a VIP (they use the shared `<port>` table, which holds their virtual host too).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -526,11 +529,24 @@ fn static_match(
         && (source_namespace.is_empty() || source_namespace == ctx.proxy.namespace)
 }
 
+/// The address ranges of a service without a VIP in the proxy's cluster: its
+/// listener is the wildcard one, and its chains match these prefixes.
+fn service_cidrs(service: &Service, proxy: &ClientView) -> Vec<String> {
+    if service.address_for(proxy.cluster_id.as_ref()).is_some() {
+        return Vec::new();
+    }
+    proxy
+        .cluster_id
+        .as_ref()
+        .and_then(|c| service.cluster_cidrs.get(c))
+        .or_else(|| service.cluster_cidrs.values().next())
+        .cloned()
+        .unwrap_or_default()
+}
+
 /// The TCP (or, for HTTPS/TLS ports, SNI) chains of one service port.
 fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
-    // Service CIDRs: none, the model keeps only single-host addresses (see the module
-    // docs).
-    let service_cidrs: Vec<String> = Vec::new();
+    let service_cidrs = service_cidrs(ctx.service, ctx.proxy);
     let default_cluster = cds::outbound_name(
         if ctx.service.ports.len() == 1 {
             ctx.service.ports[0].port.get()
@@ -1291,6 +1307,81 @@ mod tests {
             "outbound|9000||wide.example.com",
             "the default chains conflict: the older service keeps it"
         );
+    }
+
+    fn ranged(host: &str, cidrs: &[&str], port: (&str, u16, Protocol)) -> Service {
+        let mut s = no_vip(host, "default", &[port]);
+        s.cluster_cidrs
+            .insert("c1".into(), cidrs.iter().map(|c| c.to_string()).collect());
+        s
+    }
+
+    #[test]
+    fn service_entries_with_overlapping_cidrs_share_the_wildcard_listener() {
+        let all = listeners(
+            vec![
+                created(
+                    ranged(
+                        "wide.example.com",
+                        &["10.0.0.0/8"],
+                        ("tcp", 9000, Protocol::Tcp),
+                    ),
+                    1,
+                ),
+                created(
+                    ranged(
+                        "narrow.example.com",
+                        &["10.1.0.0/16"],
+                        ("tcp", 9000, Protocol::Tcp),
+                    ),
+                    2,
+                ),
+                created(
+                    ranged(
+                        "same.example.com",
+                        &["10.0.0.0/8"],
+                        ("tcp", 9000, Protocol::Tcp),
+                    ),
+                    3,
+                ),
+                ranged(
+                    "secure.example.com",
+                    &["192.168.0.0/24"],
+                    ("tls", 443, Protocol::Tls),
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_9000");
+        let chains: Vec<(Vec<String>, String)> = l
+            .filter_chains
+            .iter()
+            .map(|c| (prefixes(c), cluster(c)))
+            .collect();
+        assert_eq!(
+            chains,
+            [
+                (
+                    vec!["10.0.0.0/8".to_string()],
+                    "outbound|9000||wide.example.com".to_string()
+                ),
+                (
+                    vec!["10.1.0.0/16".to_string()],
+                    "outbound|9000||narrow.example.com".to_string()
+                ),
+            ],
+            "overlapping ranges coexist; the same range keeps the older service"
+        );
+        assert!(inspectors(l).is_empty());
+        let default = l.default_filter_chain.as_ref().unwrap();
+        assert_eq!(default.name, PASSTHROUGH_FILTER_CHAIN);
+        assert_eq!(cluster(default), "PassthroughCluster");
+        // TLS with a range: SNI of the host as well as the prefix.
+        let tls = named(&all, "0.0.0.0_443");
+        assert_eq!(server_names(&tls.filter_chains[0]), ["secure.example.com"]);
+        assert_eq!(prefixes(&tls.filter_chains[0]), ["192.168.0.0/24"]);
+        assert_eq!(inspectors(tls), [TLS_INSPECTOR]);
     }
 
     #[test]
