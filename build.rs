@@ -34,6 +34,7 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/extensions/filters/http/cors/v3/cors.proto",
     "envoy/extensions/filters/http/fault/v3/fault.proto",
     "envoy/extensions/filters/http/router/v3/router.proto",
+    "envoy/extensions/filters/listener/http_inspector/v3/http_inspector.proto",
     "envoy/extensions/filters/listener/original_dst/v3/original_dst.proto",
     "envoy/extensions/filters/listener/tls_inspector/v3/tls_inspector.proto",
     "envoy/extensions/filters/network/http_connection_manager/v3/http_connection_manager.proto",

@@ -319,8 +319,9 @@ mod tests {
         );
         assert_eq!(
             cache.carry_over(&PushScope::new(&vs)).stats().size,
-            1,
-            "sidecar listeners do not read VirtualServices; shared EDS entries may be read by gateways"
+            0,
+            "sidecar listeners read VirtualServices (tcp/tls routes); shared EDS entries may be \
+             read by gateways"
         );
         let forced = PushRequest::forced(TriggerReason::Debug);
         assert_eq!(cache.carry_over(&PushScope::new(&forced)).stats().size, 0);

@@ -10,7 +10,7 @@
 //! |----------|----------------------------------------------|--------------------------|
 //! | Cluster  | all; sidecars: all but VirtualService         | yes (outbound clusters)  |
 //! | Endpoint | all; sidecars: all but VirtualService         | yes                      |
-//! | Listener | all; sidecars: all but VirtualService         | no (every service)       |
+//! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
 //!
 //! Endpoint-only changes reach EDS alone, for the changed services only. Clusters
@@ -27,12 +27,15 @@ use crate::model::ProxyClass;
 
 /// Whether `type_url` resources of a `class` proxy may read config objects of `kind`.
 ///
-/// Sidecars' clusters, endpoints and listeners never look at VirtualServices: a
-/// VirtualService change costs a sidecar its route tables alone. Gateways read them in
-/// LDS (TLS and TCP routes) and proxyless clients throughout.
+/// Sidecars' clusters and endpoints never look at VirtualServices: a VirtualService
+/// change costs a sidecar its route tables and listeners (whose TCP and TLS chains
+/// follow `tcp`/`tls` routes, as in Istio). Gateways read them in LDS (TLS and TCP
+/// routes) and proxyless clients throughout.
 pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
     match (class, kind) {
-        (ProxyClass::Sidecar, ConfigKind::VirtualService) => matches!(type_url, TypeUrl::Route),
+        (ProxyClass::Sidecar, ConfigKind::VirtualService) => {
+            matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
+        }
         _ => true,
     }
 }
@@ -179,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn a_virtual_service_change_skips_a_sidecars_clusters_endpoints_and_listeners() {
+    fn a_virtual_service_change_skips_a_sidecars_clusters_and_endpoints() {
         let request = PushRequest::full(
             TriggerReason::Config,
             [ConfigKey::new(ConfigKind::VirtualService, "r", "ns")],
@@ -189,7 +192,7 @@ mod tests {
             .into_iter()
             .filter(|t| scope.touch(ProxyClass::Sidecar, *t) != Touch::Nothing)
             .collect();
-        assert_eq!(touched, vec![TypeUrl::Route]);
+        assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
                 assert_eq!(scope.touch(class, t), Touch::Everything);

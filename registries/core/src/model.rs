@@ -374,6 +374,11 @@ pub struct Service {
     /// Virtual IPs per cluster (dual stack gives several); merged across clusters by the
     /// aggregate. Empty for headless/external services.
     pub cluster_vips: BTreeMap<ClusterId, Vec<IpAddr>>,
+    /// Address ranges per cluster: CIDR addresses wider than one host (a ServiceEntry's
+    /// `10.0.0.0/16`), kept masked as `<network>/<len>`. Sidecars reach such a service
+    /// through the wildcard listener of its port, matching these prefixes.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub cluster_cidrs: BTreeMap<ClusterId, Vec<String>>,
     /// How endpoints are resolved.
     pub resolution: Resolution,
     /// Mesh internal or external.
@@ -406,6 +411,7 @@ impl Service {
             namespace: namespace.into(),
             ports: Vec::new(),
             cluster_vips: BTreeMap::new(),
+            cluster_cidrs: BTreeMap::new(),
             resolution: Resolution::ClientSideLb,
             location: MeshLocation::MeshInternal,
             labels: BTreeMap::new(),

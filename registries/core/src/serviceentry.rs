@@ -33,8 +33,10 @@
 //!   DNS_ROUND_ROBIN only the first contributor of each port counts: Envoy's
 //!   LOGICAL_DNS takes one endpoint).
 //!
-//! Not supported (left out, logged at debug level): CIDR addresses other than a single
-//! host (the model's VIPs are plain IPs), `unix://` endpoint addresses, endpoints
+//! CIDR addresses wider than one host are kept as the service's `cluster_cidrs`
+//! (masked), not as VIPs.
+//!
+//! Not supported (left out, logged at debug level): `unix://` endpoint addresses, endpoints
 //! without an address (reachable only through their network's gateway in Istio), the
 //! `proxy.istio.io/health-checks-enabled` health conditions, auto-allocated VIPs and
 //! NONE's passthrough target ports.
@@ -187,23 +189,28 @@ fn service_for(
             )
         })
         .collect();
-    let vips: Vec<IpAddr> = se
-        .addresses
-        .iter()
-        .filter_map(|a| {
-            let vip = vip(a);
-            if vip.is_none() {
-                tracing::debug!(
-                    "ServiceEntry {}/{}: address {a} left out (only IPs and single-host CIDRs are served)",
-                    obj.namespace,
-                    obj.name
-                );
-            }
-            vip
-        })
-        .collect();
+    let mut vips: Vec<IpAddr> = Vec::new();
+    let mut cidrs: Vec<String> = Vec::new();
+    for a in &se.addresses {
+        if let Some(ip) = vip(a) {
+            vips.push(ip);
+        } else if let Some(range) = cidr(a) {
+            cidrs.push(range);
+        } else {
+            tracing::debug!(
+                "ServiceEntry {}/{}: address {a} left out (neither an IP nor a CIDR)",
+                obj.namespace,
+                obj.name
+            );
+        }
+    }
     if !vips.is_empty() {
         service.cluster_vips.insert(config.cluster_id.clone(), vips);
+    }
+    if !cidrs.is_empty() {
+        service
+            .cluster_cidrs
+            .insert(config.cluster_id.clone(), cidrs);
     }
     service.resolution = match se.resolution() {
         SeResolution::None => Resolution::Passthrough,
@@ -232,6 +239,25 @@ fn vip(address: &str) -> Option<IpAddr> {
             (bits == host_bits).then_some(ip)
         }
     }
+}
+
+/// A CIDR address wider than one host, masked: `10.1.2.3/16` is `10.1.0.0/16`.
+fn cidr(address: &str) -> Option<String> {
+    let (ip, bits) = address.split_once('/')?;
+    let ip: IpAddr = ip.parse().ok()?;
+    let bits: u8 = bits.parse().ok()?;
+    let network = match ip {
+        IpAddr::V4(v4) if bits <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            IpAddr::from(std::net::Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) if bits <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            IpAddr::from(std::net::Ipv6Addr::from(u128::from(v6) & mask))
+        }
+        _ => return None,
+    };
+    Some(format!("{network}/{bits}"))
 }
 
 /// The endpoints one ServiceEntry gives its service for `host`.
@@ -776,10 +802,11 @@ mod tests {
             .iter()
             .map(ToString::to_string)
             .collect();
+        assert_eq!(vips, ["240.0.0.1", "2001:db8::1"], "host CIDRs are IPs");
         assert_eq!(
-            vips,
-            ["240.0.0.1", "2001:db8::1"],
-            "host CIDRs are IPs; wider CIDRs are left out"
+            s.cluster_cidrs[&ClusterId::new("c1")],
+            ["10.0.0.0/16"],
+            "wider CIDRs are ranges"
         );
         let protocols: Vec<(u16, Protocol)> =
             s.ports.iter().map(|p| (p.port.get(), p.protocol)).collect();

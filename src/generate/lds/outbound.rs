@@ -1,0 +1,1572 @@
+//! Sidecar outbound listeners, built the way Istio builds them.
+//!
+//! - `virtualOutbound` (15001) takes redirected traffic; a chain matching destination
+//!   port 15001 itself goes to `BlackHoleCluster` (a connection addressed to the
+//!   capture port would otherwise loop), everything else to the catch-all: the egress
+//!   proxy or `PassthroughCluster` (ALLOW_ANY), `BlackHoleCluster` (REGISTRY_ONLY).
+//! - One listener per (bind, port), named `<bind>_<port>`, never bound. A service
+//!   port's class decides its bind and chains:
+//!   - HTTP (HTTP, HTTP2, HTTP_PROXY, GRPC, GRPC-Web): bind `0.0.0.0`, one connection
+//!     manager on RDS `<port>` matching ALPN `http/1.1`/`h2c` over `raw_buffer`; the
+//!     listener is then sniffed and anything else falls through to the passthrough
+//!     default chain.
+//!   - TCP (TCP, HTTPS, TLS, Mongo, Redis, MySQL): bind the service VIP in the proxy's
+//!     cluster, else `0.0.0.0`; TCP proxy chains from the VirtualService `tcp` routes
+//!     (HTTPS/TLS: per-SNI chains from `tls` routes, and an SNI chain for the host when
+//!     the service has no VIP), else one chain to `outbound|<port>||<host>`.
+//!   - Auto (protocol unset or unknown): bound like TCP, TCP chains plus a sniffed
+//!     connection manager chain.
+//! - Several services on one (bind, port) merge as in Istio: HTTP and TCP mixed become
+//!   sniffed, TCP chains with the same match keep the first service (oldest first) and
+//!   the later one is dropped (logged at debug with Istio's metric name
+//!   `pilot_conflict_outbound_listener_tcp_over_current_tcp`), Auto replaces an HTTP entry
+//!   on a specific bind (a wildcard HTTP entry is sniffed already and keeps its place).
+//! - Finishing: `tls_inspector` when a chain matches SNI or ALPN, then `http_inspector`
+//!   when one matches ALPN; a match-all chain becomes `default_filter_chain` (or stays
+//!   the only chain), otherwise `PassthroughFilterChain` is the default.
+//!
+//! A service whose addresses are CIDRs (ServiceEntry `10.0.0.0/16`) and no VIP is bound
+//! on the wildcard with those prefixes as its chains' match; services with overlapping
+//! ranges keep one chain each (Envoy picks the longest prefix).
+//!
+//! Not built (yet): Sidecar egress `bind`/`captureMode` listeners, per-endpoint
+//! listeners of headless TCP services, and `<hostname>:<port>` route tables for sniffed services on
+//! a VIP (they use the shared `<port>` table, which holds their virtual host too).
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
+use meshfed_api::networking::v1alpha3::{
+    L4MatchAttributes, RouteDestination, TlsMatchAttributes, VirtualService,
+};
+use meshfed_registry::{Protocol, Service};
+
+use super::{VIRTUAL_OUTBOUND, ads_config, pack, socket};
+use crate::generate::cds;
+use crate::generate::rds::{OutboundPolicy, outbound_policy};
+use crate::model::ClientView;
+use crate::push::config_index::{Config, MESH_GATEWAY, host_matches};
+use crate::push::snapshot::Snapshot;
+
+/// Chain of `virtualOutbound` that refuses traffic addressed to the capture port.
+pub const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
+/// Chain of `virtualOutbound` for everything else.
+pub const VIRTUAL_OUTBOUND_CATCHALL: &str = "virtualOutbound-catchall-tcp";
+/// Default chain of an outbound listener without a match-all chain.
+pub const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
+/// Listener filter reading SNI and ALPN of TLS.
+pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
+/// Listener filter detecting plain HTTP/1.1 and h2c.
+pub const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
+/// The ALPN values the HTTP inspector sets for plain-text HTTP.
+const PLAINTEXT_HTTP_ALPN: [&str; 2] = ["http/1.1", "h2c"];
+/// Transport protocol Envoy reports for anything that is not TLS.
+const RAW_BUFFER: &str = "raw_buffer";
+/// Envoy's status and Prometheus ports; no wildcard HTTP listener may take them.
+const ENVOY_STATUS_PORT: u16 = 15021;
+const ENVOY_PROMETHEUS_PORT: u16 = 15090;
+
+/// The `virtualOutbound` listener.
+pub(super) fn virtual_outbound(snapshot: &Snapshot, proxy: &ClientView) -> Listener {
+    let port = capture_port(snapshot);
+    Listener {
+        name: VIRTUAL_OUTBOUND.into(),
+        address: Some(socket("0.0.0.0", port)),
+        use_original_dst: Some(BoolValue { value: true }),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        filter_chains: vec![
+            FilterChain {
+                name: VIRTUAL_OUTBOUND_BLACKHOLE.into(),
+                filter_chain_match: Some(FilterChainMatch {
+                    destination_port: Some(UInt32Value {
+                        value: u32::from(port),
+                    }),
+                    ..Default::default()
+                }),
+                filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
+                ..Default::default()
+            },
+            FilterChain {
+                name: VIRTUAL_OUTBOUND_CATCHALL.into(),
+                filters: vec![tcp_proxy_filter(&catch_all_cluster(snapshot, proxy))],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    }
+}
+
+fn capture_port(snapshot: &Snapshot) -> u16 {
+    u16::try_from(snapshot.mesh().config.proxy_listen_port).unwrap_or(15001)
+}
+
+fn inbound_capture_port(snapshot: &Snapshot) -> u16 {
+    u16::try_from(snapshot.mesh().config.proxy_inbound_listen_port).unwrap_or(15006)
+}
+
+/// Where traffic no listener claims goes, per `outboundTrafficPolicy`.
+fn catch_all_cluster(snapshot: &Snapshot, proxy: &ClientView) -> String {
+    match outbound_policy(snapshot, proxy) {
+        OutboundPolicy::AllowAny {
+            egress_proxy: Some(d),
+        } => cds::outbound_name(
+            d.port
+                .and_then(|p| u16::try_from(p.number).ok())
+                .unwrap_or(0),
+            &d.subset,
+            &d.host,
+        ),
+        OutboundPolicy::AllowAny { egress_proxy: None } => cds::PASSTHROUGH.to_string(),
+        OutboundPolicy::RegistryOnly => cds::BLACK_HOLE.to_string(),
+    }
+}
+
+/// How a service port is served (Istio's listener protocol).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Http,
+    Tcp,
+    Auto,
+}
+
+fn class_of(protocol: Protocol) -> Option<Class> {
+    match protocol {
+        Protocol::Udp => None,
+        p if p.is_http() => Some(Class::Http),
+        Protocol::Unsupported => Some(Class::Auto),
+        _ => Some(Class::Tcp),
+    }
+}
+
+fn is_tcp(protocol: Protocol) -> bool {
+    matches!(
+        protocol,
+        Protocol::Tcp
+            | Protocol::Https
+            | Protocol::Tls
+            | Protocol::Mongo
+            | Protocol::Redis
+            | Protocol::Mysql
+    )
+}
+
+fn is_tls(protocol: Protocol) -> bool {
+    matches!(protocol, Protocol::Https | Protocol::Tls)
+}
+
+/// One filter chain before it becomes Envoy config (Istio's `filterChainOpts`).
+#[derive(Clone, Debug)]
+struct ChainOpts {
+    server_names: Vec<String>,
+    cidrs: Vec<String>,
+    alpn: Vec<String>,
+    transport: &'static str,
+    filter: Filter,
+}
+
+impl ChainOpts {
+    fn tcp(cidrs: Vec<String>, filter: Filter) -> ChainOpts {
+        ChainOpts {
+            server_names: Vec::new(),
+            cidrs,
+            alpn: Vec::new(),
+            transport: "",
+            filter,
+        }
+    }
+
+    fn sniffed_http(filter: Filter) -> ChainOpts {
+        ChainOpts {
+            server_names: Vec::new(),
+            cidrs: Vec::new(),
+            alpn: PLAINTEXT_HTTP_ALPN.iter().map(|s| s.to_string()).collect(),
+            transport: RAW_BUFFER,
+            filter,
+        }
+    }
+
+    /// Matches every connection: no SNI (or `*`), ALPN, transport or address.
+    fn is_match_all(&self) -> bool {
+        (self.server_names.is_empty() || self.server_names.iter().any(|s| s == "*"))
+            && self.alpn.is_empty()
+            && self.transport.is_empty()
+            && self.cidrs.is_empty()
+    }
+
+    /// Whether `other` would match the same connections (Envoy refuses duplicates).
+    fn conflicts_with(&self, other: &ChainOpts) -> bool {
+        fn sni(names: &[String]) -> BTreeSet<&str> {
+            names
+                .iter()
+                .map(String::as_str)
+                .filter(|s| *s != "*")
+                .collect()
+        }
+        fn cidrs(list: &[String]) -> BTreeSet<(IpAddr, u8)> {
+            list.iter()
+                .filter_map(|c| parse_cidr(c))
+                .filter(|(ip, _)| !ip.is_unspecified())
+                .collect()
+        }
+        self.transport == other.transport
+            && self.alpn == other.alpn
+            && sni(&self.server_names) == sni(&other.server_names)
+            && cidrs(&self.cidrs) == cidrs(&other.cidrs)
+    }
+
+    fn filter_chain_match(&self) -> Option<FilterChainMatch> {
+        if self.is_match_all() {
+            return None;
+        }
+        let mut m = FilterChainMatch {
+            application_protocols: self.alpn.clone(),
+            transport_protocol: self.transport.to_string(),
+            ..Default::default()
+        };
+        if !self.server_names.iter().any(|s| s == "*") {
+            m.server_names = self.server_names.clone();
+            m.server_names.sort();
+        }
+        let mut cidrs = self.cidrs.clone();
+        cidrs.sort();
+        m.prefix_ranges = cidrs
+            .iter()
+            .filter_map(|c| parse_cidr(c))
+            .filter(|(ip, _)| !ip.is_unspecified())
+            .map(|(ip, len)| CidrRange {
+                address_prefix: ip.to_string(),
+                prefix_len: Some(UInt32Value {
+                    value: u32::from(len),
+                }),
+            })
+            .collect();
+        Some(m)
+    }
+}
+
+/// An address or CIDR, masked to its prefix (`10.1.2.3/8` is `10.0.0.0/8`).
+fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
+    let (ip, len) = match s.split_once('/') {
+        Some((ip, len)) => (ip.parse::<IpAddr>().ok()?, len.parse::<u8>().ok()?),
+        None => {
+            let ip: IpAddr = s.parse().ok()?;
+            (ip, if ip.is_ipv4() { 32 } else { 128 })
+        }
+    };
+    let masked = match ip {
+        IpAddr::V4(v4) if len <= 32 => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+            IpAddr::from(std::net::Ipv4Addr::from(u32::from(v4) & mask))
+        }
+        IpAddr::V6(v6) if len <= 128 => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+            IpAddr::from(std::net::Ipv6Addr::from(u128::from(v6) & mask))
+        }
+        _ => return None,
+    };
+    Some((masked, len))
+}
+
+/// A listener being built: its key, the protocol it serves (Istio's entry protocol:
+/// `Unsupported` once sniffed) and its chains.
+struct Entry {
+    bind: String,
+    port: u16,
+    protocol: Protocol,
+    chains: Vec<ChainOpts>,
+}
+
+/// The per-port outbound listeners, sorted by name.
+pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
+    let ns = proxy.namespace.as_str();
+    let virtual_services: Vec<&Arc<Config<VirtualService>>> = snapshot
+        .config()
+        .virtual_services(ns, MESH_GATEWAY)
+        .collect();
+    // One service per hostname, as the proxy resolves names, oldest first (Istio's
+    // SidecarScope order: the first service wins conflicts on a port).
+    let mut seen = HashSet::new();
+    let mut services: Vec<&Arc<Service>> = Vec::new();
+    for s in snapshot.visible_services(ns, &proxy.labels) {
+        if !seen.insert(s.hostname.as_str()) {
+            continue;
+        }
+        if let Some(resolved) = snapshot.services().resolve(s.hostname.as_str(), ns) {
+            services.push(resolved);
+        }
+    }
+    services.sort_by(|a, b| {
+        (a.creation_time, a.hostname.as_str(), a.namespace.as_str()).cmp(&(
+            b.creation_time,
+            b.hostname.as_str(),
+            b.namespace.as_str(),
+        ))
+    });
+
+    let reserved = [
+        capture_port(snapshot),
+        inbound_capture_port(snapshot),
+        ENVOY_STATUS_PORT,
+        ENVOY_PROMETHEUS_PORT,
+    ];
+    let mut entries: BTreeMap<(String, u16), Entry> = BTreeMap::new();
+    for service in services {
+        let vss: Vec<&Config<VirtualService>> = virtual_services
+            .iter()
+            .filter(|vs| {
+                vs.spec
+                    .hosts
+                    .iter()
+                    .any(|h| host_matches(h, service.hostname.as_str()))
+            })
+            .map(|vs| vs.as_ref())
+            .collect();
+        for port in &service.ports {
+            let Some(class) = class_of(port.protocol) else {
+                continue;
+            };
+            let p = port.port.get();
+            if class == Class::Http && reserved.contains(&p) {
+                tracing::debug!(
+                    "outbound listener for {}:{p} skipped: the port is one of Envoy's own",
+                    service.hostname
+                );
+                continue;
+            }
+            let ctx = ServiceCtx {
+                snapshot,
+                proxy,
+                service,
+                port: p,
+                protocol: port.protocol,
+                virtual_services: &vss,
+            };
+            add_service_port(&mut entries, &ctx, class);
+        }
+    }
+    let catch_all = catch_all_cluster(snapshot, proxy);
+    let timeout = snapshot
+        .mesh()
+        .config
+        .protocol_detection_timeout
+        .and_then(|d| std::time::Duration::try_from(d).ok())
+        .unwrap_or_default();
+    let mut out: Vec<Listener> = entries
+        .into_values()
+        .map(|e| finish(e, &catch_all, timeout))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+struct ServiceCtx<'a> {
+    snapshot: &'a Snapshot,
+    proxy: &'a ClientView,
+    service: &'a Service,
+    port: u16,
+    protocol: Protocol,
+    virtual_services: &'a [&'a Config<VirtualService>],
+}
+
+/// Adds one service port to its (bind, port) entry with Istio's conflict rules.
+fn add_service_port(
+    entries: &mut BTreeMap<(String, u16), Entry>,
+    ctx: &ServiceCtx<'_>,
+    class: Class,
+) {
+    let wildcard = "0.0.0.0".to_string();
+    let bind = match class {
+        Class::Http => wildcard,
+        Class::Tcp | Class::Auto => ctx
+            .service
+            .address_for(ctx.proxy.cluster_id.as_ref())
+            .map_or(wildcard, |ip| ip.to_string()),
+    };
+    let key = (bind.clone(), ctx.port);
+    let current = entries.get(&key).map(|e| e.protocol);
+
+    #[derive(PartialEq)]
+    enum Merge {
+        New,
+        Sniff,
+        Chains,
+    }
+    let (chains, protocol, merge) = match class {
+        Class::Http => {
+            // A wildcard HTTP listener matches HTTP by ALPN and passes the rest through:
+            // it is sniffed from the start.
+            let chains = vec![ChainOpts::sniffed_http(outbound_hcm(&bind, ctx.port))];
+            match current {
+                None => (chains, Protocol::Unsupported, Merge::New),
+                Some(c) if is_tcp(c) => (chains, Protocol::Unsupported, Merge::Sniff),
+                Some(_) => return,
+            }
+        }
+        Class::Tcp => {
+            let chains = tcp_chains(ctx, &bind);
+            match current {
+                None => (chains, ctx.protocol, Merge::New),
+                Some(c) if c.is_http() => (chains, Protocol::Unsupported, Merge::Sniff),
+                Some(_) => (chains, ctx.protocol, Merge::Chains),
+            }
+        }
+        Class::Auto => {
+            let mut chains = tcp_chains(ctx, &bind);
+            chains.push(ChainOpts::sniffed_http(outbound_hcm(&bind, ctx.port)));
+            match current {
+                None => (chains, Protocol::Unsupported, Merge::New),
+                // Auto replaces an HTTP entry outright.
+                Some(c) if c.is_http() => (chains, Protocol::Unsupported, Merge::New),
+                Some(c) if is_tcp(c) => (chains, Protocol::Unsupported, Merge::Sniff),
+                Some(_) => return,
+            }
+        }
+    };
+    if let Some(c) = current {
+        // Server-first protocols cannot share a port with anything else.
+        let exclusive = |p: Protocol| matches!(p, Protocol::Mongo | Protocol::Mysql);
+        if (exclusive(ctx.protocol) || exclusive(c)) && ctx.protocol != c {
+            tracing::debug!(
+                "outbound listener {}_{}: {} ({}) dropped, the port already serves {}",
+                bind,
+                ctx.port,
+                ctx.service.hostname,
+                ctx.protocol,
+                c
+            );
+            return;
+        }
+    }
+    match merge {
+        Merge::New => {
+            entries.insert(
+                key,
+                Entry {
+                    bind,
+                    port: ctx.port,
+                    protocol,
+                    chains,
+                },
+            );
+        }
+        Merge::Sniff | Merge::Chains => {
+            let entry = entries.get_mut(&key).expect("current entry exists");
+            merge_chains(entry, chains, ctx);
+            if merge == Merge::Sniff {
+                entry.protocol = Protocol::Unsupported;
+            }
+        }
+    }
+}
+
+/// Appends the incoming chains that match differently from every chain already there;
+/// the others lose to the older service.
+fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_>) {
+    for chain in incoming {
+        if entry.chains.iter().any(|c| c.conflicts_with(&chain)) {
+            tracing::debug!(
+                metric = "pilot_conflict_outbound_listener_tcp_over_current_tcp",
+                "outbound listener {}_{}: a chain of {} ({}) dropped, an older service on this \
+                 port matches the same traffic",
+                entry.bind,
+                entry.port,
+                ctx.service.hostname,
+                ctx.protocol
+            );
+            continue;
+        }
+        entry.chains.push(chain);
+    }
+}
+
+fn l4_match_applies(m: &L4MatchAttributes, ctx: &ServiceCtx<'_>) -> bool {
+    static_match(
+        &m.gateways,
+        &m.source_labels,
+        m.port,
+        &m.source_namespace,
+        ctx,
+    )
+}
+
+fn tls_match_applies(m: &TlsMatchAttributes, ctx: &ServiceCtx<'_>) -> bool {
+    static_match(
+        &m.gateways,
+        &m.source_labels,
+        m.port,
+        &m.source_namespace,
+        ctx,
+    )
+}
+
+/// The parts of a match a sidecar's config can decide: bound to `mesh`, source labels
+/// and namespace of this proxy, the listener port.
+fn static_match(
+    gateways: &[String],
+    source_labels: &BTreeMap<String, String>,
+    port: u32,
+    source_namespace: &str,
+    ctx: &ServiceCtx<'_>,
+) -> bool {
+    (gateways.is_empty() || gateways.iter().any(|g| g == MESH_GATEWAY))
+        && source_labels
+            .iter()
+            .all(|(k, v)| ctx.proxy.labels.get(k) == Some(v))
+        && (port == 0 || port == u32::from(ctx.port))
+        && (source_namespace.is_empty() || source_namespace == ctx.proxy.namespace)
+}
+
+/// The address ranges of a service without a VIP in the proxy's cluster: its
+/// listener is the wildcard one, and its chains match these prefixes.
+fn service_cidrs(service: &Service, proxy: &ClientView) -> Vec<String> {
+    if service.address_for(proxy.cluster_id.as_ref()).is_some() {
+        return Vec::new();
+    }
+    proxy
+        .cluster_id
+        .as_ref()
+        .and_then(|c| service.cluster_cidrs.get(c))
+        .or_else(|| service.cluster_cidrs.values().next())
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// The TCP (or, for HTTPS/TLS ports, SNI) chains of one service port.
+fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
+    let service_cidrs = service_cidrs(ctx.service, ctx.proxy);
+    let default_cluster = cds::outbound_name(
+        if ctx.service.ports.len() == 1 {
+            ctx.service.ports[0].port.get()
+        } else {
+            ctx.port
+        },
+        "",
+        ctx.service.hostname.as_str(),
+    );
+    let mut out = Vec::new();
+    if is_tls(ctx.protocol) {
+        let mut handled = HashSet::new();
+        let mut cidrs = service_cidrs.clone();
+        for vs in ctx.virtual_services {
+            for tls in &vs.spec.tls {
+                for m in tls.r#match.iter().filter(|m| tls_match_applies(m, ctx)) {
+                    // As in Istio, a match's subnets also stay for the later matches.
+                    if !m.destination_subnets.is_empty() {
+                        cidrs = m.destination_subnets.clone();
+                    }
+                    let runtime = (m.sni_hosts.clone(), m.destination_subnets.clone());
+                    if handled.insert(runtime) {
+                        out.push(ChainOpts {
+                            server_names: m.sni_hosts.clone(),
+                            cidrs: cidrs.clone(),
+                            alpn: Vec::new(),
+                            transport: "",
+                            filter: route_filter(ctx, vs, &tls.route),
+                        });
+                    }
+                }
+            }
+        }
+        if out.is_empty() {
+            // Without a VIP the listener is shared by every such service on the port:
+            // SNI is the only way to tell them apart.
+            let vip_bound = bind != "0.0.0.0";
+            let server_names = if !service_cidrs.is_empty() || !vip_bound {
+                vec![ctx.service.hostname.to_string()]
+            } else {
+                Vec::new()
+            };
+            out.push(ChainOpts {
+                server_names,
+                cidrs: service_cidrs,
+                alpn: Vec::new(),
+                transport: "",
+                filter: tcp_proxy_filter(&default_cluster),
+            });
+        }
+        return out;
+    }
+    let mut terminal = false;
+    'routes: for vs in ctx.virtual_services {
+        for tcp in &vs.spec.tcp {
+            if tcp.r#match.is_empty() {
+                out.push(ChainOpts::tcp(
+                    service_cidrs.clone(),
+                    route_filter(ctx, vs, &tcp.route),
+                ));
+                terminal = true;
+                break 'routes;
+            }
+            let mut subnets: Vec<String> = Vec::new();
+            for m in tcp.r#match.iter().filter(|m| l4_match_applies(m, ctx)) {
+                if m.destination_subnets.is_empty() {
+                    out.push(ChainOpts::tcp(
+                        service_cidrs.clone(),
+                        route_filter(ctx, vs, &tcp.route),
+                    ));
+                    terminal = true;
+                    break 'routes;
+                }
+                subnets.extend(m.destination_subnets.iter().cloned());
+            }
+            if !subnets.is_empty() {
+                out.push(ChainOpts::tcp(
+                    subnets.clone(),
+                    route_filter(ctx, vs, &tcp.route),
+                ));
+                let mut a = subnets;
+                a.sort();
+                let mut b = service_cidrs.clone();
+                b.sort();
+                if a == b {
+                    terminal = true;
+                }
+            }
+        }
+    }
+    if !terminal {
+        out.push(ChainOpts::tcp(
+            service_cidrs,
+            tcp_proxy_filter(&default_cluster),
+        ));
+    }
+    out
+}
+
+/// The TCP proxy of a `tcp`/`tls` route: one cluster, or weighted clusters with the
+/// stat prefix `<vs>.<namespace>`.
+fn route_filter(
+    ctx: &ServiceCtx<'_>,
+    vs: &Config<VirtualService>,
+    routes: &[RouteDestination],
+) -> Filter {
+    let cluster = |r: &RouteDestination| {
+        let Some(d) = r.destination.as_ref() else {
+            return cds::BLACK_HOLE.to_string();
+        };
+        let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
+            Some(n) => u16::try_from(n).unwrap_or(ctx.port),
+            None => match ctx
+                .snapshot
+                .services()
+                .resolve(&d.host, &ctx.proxy.namespace)
+            {
+                Some(s) if s.ports.len() == 1 => s.ports[0].port.get(),
+                _ => ctx.port,
+            },
+        };
+        cds::outbound_name(port, &d.subset, &d.host)
+    };
+    if routes.len() == 1 {
+        return tcp_proxy_filter(&cluster(&routes[0]));
+    }
+    let clusters = routes
+        .iter()
+        .filter(|r| r.weight > 0)
+        .map(|r| tcp_proxy::weighted_cluster::ClusterWeight {
+            name: cluster(r),
+            weight: u32::try_from(r.weight).unwrap_or(0),
+            ..Default::default()
+        })
+        .collect();
+    let proxy = TcpProxy {
+        stat_prefix: format!("{}.{}", vs.name, vs.namespace),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+            tcp_proxy::WeightedCluster { clusters },
+        )),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
+    }
+}
+
+/// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS.
+fn outbound_hcm(bind: &str, port: u16) -> Filter {
+    let hcm = HttpConnectionManager {
+        stat_prefix: format!("outbound_{bind}_{port};"),
+        codec_type: http_connection_manager::CodecType::Auto as i32,
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
+                initial_fetch_timeout: Some(PbDuration::default()),
+                ..ads_config()
+            }),
+            route_config_name: port.to_string(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
+                &Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        use_remote_address: Some(BoolValue { value: false }),
+        stream_idle_timeout: Some(PbDuration::default()),
+        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
+            upgrade_type: "websocket".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
+    }
+}
+
+/// A TCP proxy to one cluster, the cluster name as stat prefix.
+pub(super) fn tcp_proxy_filter(cluster: &str) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: cluster.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
+    }
+}
+
+/// The listener of an entry (Istio's `buildListenerFromEntry`).
+fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration) -> Listener {
+    let name = format!("{}_{}", entry.bind, entry.port);
+    let needs_http_inspector = entry.chains.iter().any(|c| !c.alpn.is_empty());
+    // Envoy adds a TLS inspector by itself when a chain matches ALPN; Istio adds it
+    // explicitly then, so it is always in the config.
+    let needs_tls_inspector =
+        needs_http_inspector || entry.chains.iter().any(|c| !c.server_names.is_empty());
+    let mut listener_filters = Vec::new();
+    if needs_tls_inspector {
+        listener_filters.push(ListenerFilter {
+            name: TLS_INSPECTOR.into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+                &TlsInspector {
+                    initial_read_buffer_size: Some(UInt32Value { value: 512 }),
+                    ..Default::default()
+                },
+            ))),
+            ..Default::default()
+        });
+    }
+    let timeout = if needs_http_inspector {
+        listener_filters.push(ListenerFilter {
+            name: HTTP_INSPECTOR.into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+                &HttpInspector::default(),
+            ))),
+            ..Default::default()
+        });
+        PbDuration {
+            seconds: i64::try_from(detection_timeout.as_secs()).unwrap_or(i64::MAX),
+            nanos: i32::try_from(detection_timeout.subsec_nanos()).unwrap_or(0),
+        }
+    } else {
+        PbDuration::default()
+    };
+    let mut filter_chains = Vec::new();
+    let mut default_filter_chain = None;
+    for opts in entry.chains {
+        let filter_chain_match = opts.filter_chain_match();
+        let chain = FilterChain {
+            filters: vec![opts.filter],
+            filter_chain_match,
+            ..Default::default()
+        };
+        if chain.filter_chain_match.is_none() {
+            default_filter_chain = Some(chain);
+        } else {
+            filter_chains.push(chain);
+        }
+    }
+    match default_filter_chain.take() {
+        Some(only) if filter_chains.is_empty() => filter_chains.push(only),
+        Some(default) => default_filter_chain = Some(default),
+        None => {
+            default_filter_chain = Some(FilterChain {
+                name: PASSTHROUGH_FILTER_CHAIN.into(),
+                filter_chain_match: Some(FilterChainMatch::default()),
+                filters: vec![tcp_proxy_filter(catch_all)],
+                ..Default::default()
+            })
+        }
+    }
+    Listener {
+        address: Some(socket(&entry.bind, entry.port)),
+        name,
+        bind_to_port: Some(BoolValue { value: false }),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        continue_on_listener_filters_timeout: true,
+        listener_filters,
+        listener_filters_timeout: Some(timeout),
+        filter_chains,
+        default_filter_chain,
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+    use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{
+        TcpProxy, tcp_proxy,
+    };
+    use meshfed_api::mesh::v1alpha1::mesh_config::outbound_traffic_policy::Mode as MeshMode;
+    use meshfed_api::networking::v1alpha3::{
+        Destination, L4MatchAttributes, OutboundTrafficPolicy, PortSelector, RouteDestination,
+        Sidecar, TcpRoute, TlsMatchAttributes, TlsRoute, VirtualService,
+        outbound_traffic_policy::Mode as SidecarMode,
+    };
+    use meshfed_registry::{Protocol, Service};
+    use prost::{Message, Name};
+
+    use super::super::tests::{default_mesh, proxy, service, snapshot};
+    use super::super::{VIRTUAL_INBOUND, sidecar_listeners};
+    use super::*;
+    use crate::mesh::MeshSettings;
+    use crate::push::config_index::{Config, ConfigSet};
+
+    fn no_vip(host: &str, ns: &str, ports: &[(&str, u16, Protocol)]) -> Service {
+        let mut s = service(host, ns, "10.0.0.1", ports);
+        s.cluster_vips.clear();
+        s
+    }
+
+    fn created(mut s: Service, secs: u64) -> Service {
+        s.creation_time = UNIX_EPOCH + Duration::from_secs(secs);
+        s
+    }
+
+    fn config<T>(name: &str, spec: T) -> Config<T> {
+        Config {
+            name: name.into(),
+            namespace: "default".into(),
+            labels: Default::default(),
+            creation_time: UNIX_EPOCH,
+            spec,
+        }
+    }
+
+    fn to(host: &str, port: u32, weight: i32) -> RouteDestination {
+        RouteDestination {
+            destination: Some(Destination {
+                host: host.into(),
+                port: Some(PortSelector { number: port }),
+                ..Default::default()
+            }),
+            weight,
+        }
+    }
+
+    /// Every listener of a default-namespace sidecar.
+    fn listeners(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Vec<Listener> {
+        let snap = snapshot(services, set, mesh);
+        let p = proxy(
+            "sidecar~10.0.0.99~app.default~default.svc.cluster.local",
+            serde_json::json!({"app": "client"}),
+        );
+        sidecar_listeners(&snap, &p.client_view(), &[])
+    }
+
+    fn named<'a>(all: &'a [Listener], name: &str) -> &'a Listener {
+        all.iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("no listener {name} in {:?}", names(all)))
+    }
+
+    fn names(all: &[Listener]) -> Vec<&str> {
+        all.iter().map(|l| l.name.as_str()).collect()
+    }
+
+    fn tcp(chain: &FilterChain) -> TcpProxy {
+        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+            panic!("no typed config");
+        };
+        assert_eq!(any.type_url, TcpProxy::type_url(), "{chain:?}");
+        TcpProxy::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn cluster(chain: &FilterChain) -> String {
+        match tcp(chain).cluster_specifier {
+            Some(tcp_proxy::ClusterSpecifier::Cluster(c)) => c,
+            other => panic!("not a single cluster: {other:?}"),
+        }
+    }
+
+    fn hcm(chain: &FilterChain) -> HttpConnectionManager {
+        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+            panic!("no typed config");
+        };
+        assert_eq!(any.type_url, HttpConnectionManager::type_url(), "{chain:?}");
+        HttpConnectionManager::decode(any.value.as_slice()).unwrap()
+    }
+
+    fn inspectors(l: &Listener) -> Vec<&str> {
+        l.listener_filters.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    fn server_names(chain: &FilterChain) -> Vec<&str> {
+        chain
+            .filter_chain_match
+            .as_ref()
+            .map(|m| m.server_names.iter().map(String::as_str).collect())
+            .unwrap_or_default()
+    }
+
+    fn prefixes(chain: &FilterChain) -> Vec<String> {
+        chain
+            .filter_chain_match
+            .as_ref()
+            .map(|m| {
+                m.prefix_ranges
+                    .iter()
+                    .map(|r| format!("{}/{}", r.address_prefix, r.prefix_len.unwrap().value))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn loop_guard_chains_on_both_capture_listeners() {
+        let all = listeners(vec![], ConfigSet::default(), default_mesh());
+        let out = named(&all, VIRTUAL_OUTBOUND);
+        assert_eq!(out.use_original_dst, Some(BoolValue { value: true }));
+        let guard = &out.filter_chains[0];
+        assert_eq!(guard.name, VIRTUAL_OUTBOUND_BLACKHOLE);
+        assert_eq!(
+            guard.filter_chain_match.as_ref().unwrap().destination_port,
+            Some(UInt32Value { value: 15001 })
+        );
+        assert_eq!(cluster(guard), "BlackHoleCluster");
+        assert_eq!(tcp(guard).stat_prefix, "BlackHoleCluster");
+        assert_eq!(out.filter_chains[1].name, VIRTUAL_OUTBOUND_CATCHALL);
+        assert!(out.filter_chains[1].filter_chain_match.is_none());
+        assert_eq!(cluster(&out.filter_chains[1]), "PassthroughCluster");
+
+        let inbound = named(&all, VIRTUAL_INBOUND);
+        let guard = &inbound.filter_chains[0];
+        assert_eq!(guard.name, "virtualInbound-blackhole");
+        assert_eq!(
+            guard.filter_chain_match.as_ref().unwrap().destination_port,
+            Some(UInt32Value { value: 15006 })
+        );
+        assert_eq!(cluster(guard), "BlackHoleCluster");
+    }
+
+    #[test]
+    fn class_decides_bind_and_chains() {
+        let all = listeners(
+            vec![
+                service(
+                    "web.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http), ("grpc", 7070, Protocol::Grpc)],
+                ),
+                service(
+                    "db.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.2",
+                    &[("tcp", 5432, Protocol::Tcp)],
+                ),
+                no_vip(
+                    "ext.example.com",
+                    "default",
+                    &[("tcp", 6379, Protocol::Redis)],
+                ),
+                service(
+                    "auto.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.3",
+                    &[
+                        ("app", 9000, Protocol::Unsupported),
+                        ("dns", 53, Protocol::Udp),
+                    ],
+                ),
+                service(
+                    "stat.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.4",
+                    &[("http", 15021, Protocol::Http)],
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        assert_eq!(
+            names(&all),
+            [
+                "virtualOutbound",
+                "virtualInbound",
+                "0.0.0.0_6379",
+                "0.0.0.0_7070",
+                "0.0.0.0_80",
+                "10.96.0.2_5432",
+                "10.96.0.3_9000",
+            ],
+            "HTTP on the wildcard, TCP and Auto on the VIP (else the wildcard); UDP and \
+             Envoy's own ports skipped; sorted by name"
+        );
+        // TCP on a VIP: one match-all chain, no inspectors, no default.
+        let db = named(&all, "10.96.0.2_5432");
+        assert_eq!(db.filter_chains.len(), 1);
+        assert!(db.filter_chains[0].filter_chain_match.is_none());
+        assert_eq!(
+            cluster(&db.filter_chains[0]),
+            "outbound|5432||db.default.svc.cluster.local"
+        );
+        assert!(db.default_filter_chain.is_none());
+        assert!(inspectors(db).is_empty());
+        assert_eq!(db.bind_to_port, Some(BoolValue { value: false }));
+        assert!(db.continue_on_listener_filters_timeout);
+        assert_eq!(
+            cluster(&named(&all, "0.0.0.0_6379").filter_chains[0]),
+            "outbound|6379||ext.example.com"
+        );
+        // Auto: the service's TCP chain is the default, HTTP is matched by ALPN.
+        let auto = named(&all, "10.96.0.3_9000");
+        assert_eq!(inspectors(auto), [TLS_INSPECTOR, HTTP_INSPECTOR]);
+        assert_eq!(auto.filter_chains.len(), 1);
+        let m = auto.filter_chains[0].filter_chain_match.as_ref().unwrap();
+        assert_eq!(m.application_protocols, ["http/1.1", "h2c"]);
+        assert_eq!(m.transport_protocol, "raw_buffer");
+        let rds = hcm(&auto.filter_chains[0]);
+        assert_eq!(rds.stat_prefix, "outbound_10.96.0.3_9000;");
+        assert_eq!(
+            cluster(auto.default_filter_chain.as_ref().unwrap()),
+            "outbound|9000||auto.default.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn wildcard_http_listeners_are_sniffed_with_a_passthrough_default() {
+        for (mode, fallback) in [
+            (MeshMode::AllowAny, "PassthroughCluster"),
+            (MeshMode::RegistryOnly, "BlackHoleCluster"),
+        ] {
+            let mut mesh = default_mesh();
+            mesh.config.outbound_traffic_policy.as_mut().unwrap().mode = mode as i32;
+            let all = listeners(
+                vec![service(
+                    "web.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http)],
+                )],
+                ConfigSet::default(),
+                mesh,
+            );
+            let web = named(&all, "0.0.0.0_80");
+            assert_eq!(
+                inspectors(web),
+                [TLS_INSPECTOR, HTTP_INSPECTOR],
+                "in this order"
+            );
+            assert_eq!(web.filter_chains.len(), 1);
+            let m = web.filter_chains[0].filter_chain_match.as_ref().unwrap();
+            assert_eq!(m.application_protocols, ["http/1.1", "h2c"]);
+            assert_eq!(m.transport_protocol, "raw_buffer");
+            let manager = hcm(&web.filter_chains[0]);
+            assert_eq!(manager.stat_prefix, "outbound_0.0.0.0_80;");
+            match manager.route_specifier {
+                Some(http_connection_manager::RouteSpecifier::Rds(r)) => {
+                    assert_eq!(r.route_config_name, "80")
+                }
+                other => panic!("no RDS: {other:?}"),
+            }
+            let default = web.default_filter_chain.as_ref().unwrap();
+            assert_eq!(default.name, PASSTHROUGH_FILTER_CHAIN);
+            assert_eq!(cluster(default), fallback, "{mode:?}");
+            assert_eq!(
+                cluster(&named(&all, VIRTUAL_OUTBOUND).filter_chains[1]),
+                fallback
+            );
+        }
+    }
+
+    #[test]
+    fn sidecar_policy_and_egress_proxy_decide_the_default_chain() {
+        let sidecar = |policy| {
+            config(
+                "default",
+                Sidecar {
+                    outbound_traffic_policy: Some(policy),
+                    ..Default::default()
+                },
+            )
+        };
+        let web = || {
+            vec![service(
+                "web.default.svc.cluster.local",
+                "default",
+                "10.96.0.1",
+                &[("http", 80, Protocol::Http)],
+            )]
+        };
+        let registry_only = ConfigSet {
+            sidecars: vec![sidecar(OutboundTrafficPolicy {
+                mode: SidecarMode::RegistryOnly as i32,
+                ..Default::default()
+            })],
+            ..Default::default()
+        };
+        let all = listeners(web(), registry_only, default_mesh());
+        let default = named(&all, "0.0.0.0_80")
+            .default_filter_chain
+            .clone()
+            .unwrap();
+        assert_eq!(cluster(&default), "BlackHoleCluster");
+
+        let egress = ConfigSet {
+            sidecars: vec![sidecar(OutboundTrafficPolicy {
+                mode: SidecarMode::AllowAny as i32,
+                egress_proxy: Some(Destination {
+                    host: "egress.istio-system.svc.cluster.local".into(),
+                    port: Some(PortSelector { number: 443 }),
+                    ..Default::default()
+                }),
+            })],
+            ..Default::default()
+        };
+        let all = listeners(web(), egress, default_mesh());
+        let want = "outbound|443||egress.istio-system.svc.cluster.local";
+        let default = named(&all, "0.0.0.0_80")
+            .default_filter_chain
+            .clone()
+            .unwrap();
+        assert_eq!(cluster(&default), want);
+        assert_eq!(
+            cluster(&named(&all, VIRTUAL_OUTBOUND).filter_chains[1]),
+            want
+        );
+    }
+
+    #[test]
+    fn tls_routes_give_sni_chains_and_hosts_without_vip_their_own() {
+        let vs = VirtualService {
+            hosts: vec!["*.api.example.com".into()],
+            tls: vec![TlsRoute {
+                r#match: vec![
+                    TlsMatchAttributes {
+                        sni_hosts: vec!["b.api.example.com".into(), "a.api.example.com".into()],
+                        ..Default::default()
+                    },
+                    // Only for other proxies: left out.
+                    TlsMatchAttributes {
+                        sni_hosts: vec!["c.api.example.com".into()],
+                        source_labels: [("app".to_string(), "other".to_string())].into(),
+                        ..Default::default()
+                    },
+                ],
+                route: vec![to("a.api.example.com", 443, 0)],
+            }],
+            ..Default::default()
+        };
+        let all = listeners(
+            vec![
+                created(
+                    no_vip(
+                        "a.api.example.com",
+                        "default",
+                        &[("tls", 443, Protocol::Tls)],
+                    ),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "plain.example.com",
+                        "default",
+                        &[("https", 443, Protocol::Https)],
+                    ),
+                    2,
+                ),
+                service(
+                    "vip.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.7",
+                    &[("https", 8443, Protocol::Https)],
+                ),
+            ],
+            ConfigSet {
+                virtual_services: vec![config("api", vs)],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_443");
+        assert_eq!(inspectors(l), [TLS_INSPECTOR], "SNI only, no ALPN");
+        assert_eq!(l.filter_chains.len(), 2, "{l:#?}");
+        assert_eq!(
+            server_names(&l.filter_chains[0]),
+            ["a.api.example.com", "b.api.example.com"],
+            "sorted"
+        );
+        assert_eq!(
+            cluster(&l.filter_chains[0]),
+            "outbound|443||a.api.example.com"
+        );
+        assert_eq!(server_names(&l.filter_chains[1]), ["plain.example.com"]);
+        assert_eq!(
+            cluster(&l.filter_chains[1]),
+            "outbound|443||plain.example.com"
+        );
+        assert_eq!(
+            l.default_filter_chain.as_ref().unwrap().name,
+            PASSTHROUGH_FILTER_CHAIN
+        );
+        // On a VIP the address says it all: no SNI match.
+        let vip = named(&all, "10.96.0.7_8443");
+        assert!(vip.filter_chains[0].filter_chain_match.is_none());
+        assert!(inspectors(vip).is_empty());
+    }
+
+    #[test]
+    fn tcp_routes_with_overlapping_subnets_coexist_and_equal_matches_keep_the_oldest() {
+        let subnet_route = |name: &str, host: &str, subnet: &str| {
+            config(
+                name,
+                VirtualService {
+                    hosts: vec![host.into()],
+                    tcp: vec![TcpRoute {
+                        r#match: vec![L4MatchAttributes {
+                            destination_subnets: vec![subnet.into()],
+                            ..Default::default()
+                        }],
+                        route: vec![to(host, 9000, 0)],
+                    }],
+                    ..Default::default()
+                },
+            )
+        };
+        let all = listeners(
+            vec![
+                created(
+                    no_vip(
+                        "wide.example.com",
+                        "default",
+                        &[("tcp", 9000, Protocol::Tcp)],
+                    ),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "narrow.example.com",
+                        "default",
+                        &[("tcp", 9000, Protocol::Tcp)],
+                    ),
+                    2,
+                ),
+            ],
+            ConfigSet {
+                virtual_services: vec![
+                    subnet_route("wide", "wide.example.com", "10.0.0.0/8"),
+                    subnet_route("narrow", "narrow.example.com", "10.1.2.3/16"),
+                ],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_9000");
+        let chains: Vec<(Vec<String>, String)> = l
+            .filter_chains
+            .iter()
+            .map(|c| (prefixes(c), cluster(c)))
+            .collect();
+        assert_eq!(
+            chains,
+            [
+                (
+                    vec!["10.0.0.0/8".to_string()],
+                    "outbound|9000||wide.example.com".to_string()
+                ),
+                (
+                    vec!["10.1.0.0/16".to_string()],
+                    "outbound|9000||narrow.example.com".to_string()
+                ),
+            ],
+            "both prefixes stay (Envoy picks the longest), masked"
+        );
+        assert_eq!(
+            cluster(l.default_filter_chain.as_ref().unwrap()),
+            "outbound|9000||wide.example.com",
+            "the default chains conflict: the older service keeps it"
+        );
+    }
+
+    fn ranged(host: &str, cidrs: &[&str], port: (&str, u16, Protocol)) -> Service {
+        let mut s = no_vip(host, "default", &[port]);
+        s.cluster_cidrs
+            .insert("c1".into(), cidrs.iter().map(|c| c.to_string()).collect());
+        s
+    }
+
+    #[test]
+    fn service_entries_with_overlapping_cidrs_share_the_wildcard_listener() {
+        let all = listeners(
+            vec![
+                created(
+                    ranged(
+                        "wide.example.com",
+                        &["10.0.0.0/8"],
+                        ("tcp", 9000, Protocol::Tcp),
+                    ),
+                    1,
+                ),
+                created(
+                    ranged(
+                        "narrow.example.com",
+                        &["10.1.0.0/16"],
+                        ("tcp", 9000, Protocol::Tcp),
+                    ),
+                    2,
+                ),
+                created(
+                    ranged(
+                        "same.example.com",
+                        &["10.0.0.0/8"],
+                        ("tcp", 9000, Protocol::Tcp),
+                    ),
+                    3,
+                ),
+                ranged(
+                    "secure.example.com",
+                    &["192.168.0.0/24"],
+                    ("tls", 443, Protocol::Tls),
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_9000");
+        let chains: Vec<(Vec<String>, String)> = l
+            .filter_chains
+            .iter()
+            .map(|c| (prefixes(c), cluster(c)))
+            .collect();
+        assert_eq!(
+            chains,
+            [
+                (
+                    vec!["10.0.0.0/8".to_string()],
+                    "outbound|9000||wide.example.com".to_string()
+                ),
+                (
+                    vec!["10.1.0.0/16".to_string()],
+                    "outbound|9000||narrow.example.com".to_string()
+                ),
+            ],
+            "overlapping ranges coexist; the same range keeps the older service"
+        );
+        assert!(inspectors(l).is_empty());
+        let default = l.default_filter_chain.as_ref().unwrap();
+        assert_eq!(default.name, PASSTHROUGH_FILTER_CHAIN);
+        assert_eq!(cluster(default), "PassthroughCluster");
+        // TLS with a range: SNI of the host as well as the prefix.
+        let tls = named(&all, "0.0.0.0_443");
+        assert_eq!(server_names(&tls.filter_chains[0]), ["secure.example.com"]);
+        assert_eq!(prefixes(&tls.filter_chains[0]), ["192.168.0.0/24"]);
+        assert_eq!(inspectors(tls), [TLS_INSPECTOR]);
+    }
+
+    #[test]
+    fn merging_services_on_one_port_follows_istio() {
+        // TCP over TCP on the wildcard: the oldest wins, whatever the name order.
+        let all = listeners(
+            vec![
+                created(
+                    no_vip("a.example.com", "default", &[("tcp", 7000, Protocol::Tcp)]),
+                    2,
+                ),
+                created(
+                    no_vip("b.example.com", "default", &[("tcp", 7000, Protocol::Tcp)]),
+                    1,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_7000");
+        assert_eq!(l.filter_chains.len(), 1);
+        assert_eq!(cluster(&l.filter_chains[0]), "outbound|7000||b.example.com");
+
+        // HTTP and TCP on the wildcard: sniffed, HTTP by ALPN, TCP as default.
+        let all = listeners(
+            vec![
+                created(
+                    no_vip("t.example.com", "default", &[("tcp", 8000, Protocol::Tcp)]),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "h.example.com",
+                        "default",
+                        &[("http", 8000, Protocol::Http)],
+                    ),
+                    2,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_8000");
+        assert_eq!(inspectors(l), [TLS_INSPECTOR, HTTP_INSPECTOR]);
+        assert_eq!(l.filter_chains.len(), 1);
+        hcm(&l.filter_chains[0]);
+        assert_eq!(
+            cluster(l.default_filter_chain.as_ref().unwrap()),
+            "outbound|8000||t.example.com"
+        );
+
+        // A wildcard HTTP entry is sniffed already, so a later Auto service adds nothing
+        // (Auto replaces only HTTP entries on a specific bind, from Sidecar egress);
+        // Mongo refuses company.
+        let all = listeners(
+            vec![
+                created(
+                    no_vip(
+                        "h.example.com",
+                        "default",
+                        &[("http", 8000, Protocol::Http)],
+                    ),
+                    1,
+                ),
+                created(
+                    no_vip(
+                        "u.example.com",
+                        "default",
+                        &[("u", 8000, Protocol::Unsupported)],
+                    ),
+                    2,
+                ),
+                created(
+                    no_vip(
+                        "m.example.com",
+                        "default",
+                        &[("mongo", 27017, Protocol::Mongo)],
+                    ),
+                    3,
+                ),
+                created(
+                    no_vip("r.example.com", "default", &[("tcp", 27017, Protocol::Tcp)]),
+                    4,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_8000");
+        assert_eq!(
+            cluster(l.default_filter_chain.as_ref().unwrap()),
+            "PassthroughCluster"
+        );
+        let mongo = named(&all, "0.0.0.0_27017");
+        assert_eq!(mongo.filter_chains.len(), 1);
+        assert_eq!(
+            cluster(&mongo.filter_chains[0]),
+            "outbound|27017||m.example.com"
+        );
+    }
+
+    #[test]
+    fn weighted_tcp_routes_use_the_virtual_service_as_stat_prefix() {
+        let vs = VirtualService {
+            hosts: vec!["db.default.svc.cluster.local".into()],
+            tcp: vec![TcpRoute {
+                r#match: vec![L4MatchAttributes {
+                    port: 5432,
+                    gateways: vec!["mesh".into()],
+                    ..Default::default()
+                }],
+                route: vec![
+                    to("db.default.svc.cluster.local", 5432, 90),
+                    to("db-v2.default.svc.cluster.local", 5432, 10),
+                    to("db-v3.default.svc.cluster.local", 5432, 0),
+                ],
+            }],
+            ..Default::default()
+        };
+        let all = listeners(
+            vec![service(
+                "db.default.svc.cluster.local",
+                "default",
+                "10.96.0.2",
+                &[("tcp", 5432, Protocol::Tcp)],
+            )],
+            ConfigSet {
+                virtual_services: vec![config("db-split", vs)],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "10.96.0.2_5432");
+        assert_eq!(l.filter_chains.len(), 1, "the route is terminal");
+        let proxy = tcp(&l.filter_chains[0]);
+        assert_eq!(proxy.stat_prefix, "db-split.default");
+        let Some(tcp_proxy::ClusterSpecifier::WeightedClusters(w)) = proxy.cluster_specifier else {
+            panic!("not weighted");
+        };
+        let got: Vec<(String, u32)> = w.clusters.into_iter().map(|c| (c.name, c.weight)).collect();
+        assert_eq!(
+            got,
+            [
+                (
+                    "outbound|5432||db.default.svc.cluster.local".to_string(),
+                    90
+                ),
+                (
+                    "outbound|5432||db-v2.default.svc.cluster.local".to_string(),
+                    10
+                ),
+            ],
+            "weight 0 dropped"
+        );
+    }
+
+    #[test]
+    fn listeners_are_deterministic() {
+        let services = || {
+            (0..50u32)
+                .map(|i| {
+                    let proto =
+                        [Protocol::Http, Protocol::Tcp, Protocol::Unsupported][i as usize % 3];
+                    created(
+                        service(
+                            &format!("s{i}.default.svc.cluster.local"),
+                            "default",
+                            &format!("10.96.1.{i}"),
+                            &[("p", 8000 + (i % 7) as u16, proto)],
+                        ),
+                        u64::from(50 - i),
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        let a = listeners(services(), ConfigSet::default(), default_mesh());
+        let b = listeners(
+            services().into_iter().rev().collect(),
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        assert_eq!(a, b);
+        let outbound: Vec<&str> = names(&a)[2..].to_vec();
+        let mut sorted = outbound.clone();
+        sorted.sort();
+        assert_eq!(outbound, sorted);
+    }
+}
