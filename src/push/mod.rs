@@ -5,6 +5,7 @@
 pub mod cache;
 pub mod config_index;
 pub mod debounce;
+pub mod delegate;
 pub mod snapshot;
 pub mod watch;
 
