@@ -94,7 +94,7 @@ pub fn allocate<'a>(services: impl IntoIterator<Item = &'a mut Service>) {
         let Some(service) = service else {
             continue;
         };
-        if x % 255 == 0 {
+        if x.is_multiple_of(255) {
             x += 1;
         }
         let key = format!("{}/{}", service.namespace, service.hostname);
