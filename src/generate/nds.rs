@@ -153,7 +153,10 @@ mod tests {
         s
     }
 
-    fn snapshot(registries: Vec<(ProviderId, Vec<(Service, Vec<Endpoint>)>)>) -> Snapshot {
+    /// One registry posing as `provider`, with its services and their endpoints.
+    type Registry = (ProviderId, Vec<(Service, Vec<Endpoint>)>);
+
+    fn snapshot(registries: Vec<Registry>) -> Snapshot {
         let index = Arc::new(EndpointIndex::new());
         let (sink, _rx) = UpdateSink::new(index.clone());
         let aggregate = Aggregate::new("c1");
