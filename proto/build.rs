@@ -20,6 +20,7 @@ const PROTOS: &[&str] = &[
     "istio/networking/v1alpha3/service_entry.proto",
     "istio/networking/v1alpha3/workload_entry.proto",
     "istio/networking/v1alpha3/sidecar.proto",
+    "istio/networking/nds/v1/nds.proto",
     "istio/mesh/v1alpha1/config.proto",
     "istio/mesh/v1alpha1/network.proto",
     "istio/v1/auth/ca.proto",

@@ -10,6 +10,7 @@
 //! - [`networking::v1alpha3`]: the `networking.istio.io` kinds
 //!   (`VirtualService`, `DestinationRule`, `Gateway`, `ServiceEntry`,
 //!   `WorkloadEntry`, `Sidecar`) and their parts.
+//! - [`networking::nds::v1`]: the DNS `NameTable` (NDS).
 //! - `r#type::v1beta1`: the shared `WorkloadSelector` used by
 //!   `DestinationRule`.
 //!
@@ -64,6 +65,27 @@ pub mod networking {
             env!("OUT_DIR"),
             "/istio.networking.v1alpha3.serde.rs"
         ));
+    }
+
+    /// `istio.networking.nds.v1`: the DNS name table istiod sends to agents that
+    /// capture DNS (`type.googleapis.com/istio.networking.nds.v1.NameTable`).
+    pub mod nds {
+        /// Generated from `istio/networking/nds/v1/nds.proto`.
+        #[allow(
+            missing_docs,
+            clippy::all,
+            clippy::pedantic,
+            clippy::nursery,
+            rustdoc::all,
+            deprecated
+        )]
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/istio.networking.nds.v1.rs"));
+            include!(concat!(
+                env!("OUT_DIR"),
+                "/istio.networking.nds.v1.serde.rs"
+            ));
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 //! Every live stream is a [`ConnectionHandle`] in [`Connections`]. The push pipeline
 //! hands requests to [`Connections`] ([`PushTargets`]): a full push goes to every
 //! connection whose watched types it touches ([`crate::xds::deps`]), an incremental one
-//! only to the watchers of a changed name ([`WatchIndex`]), with those names. A handle
+//! only to the watchers of a changed name ([`WatchIndex`]), with those names, and as a
+//! full push to the proxies at an address whose endpoints it changed (their inbound
+//! listeners and clusters follow the service ports they serve). A handle
 //! merges requests that arrive while its stream is busy, so each connection has at
 //! most one push in flight and never misses a change.
 
@@ -17,13 +19,13 @@ pub mod rate;
 pub mod server;
 pub mod transport;
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
-use meshfed_registry::PushRequest;
+use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, TriggerReason};
 use serde::Serialize;
 use tokio::sync::Notify;
 
@@ -225,7 +227,7 @@ impl Connections {
 }
 
 impl PushTargets for Connections {
-    fn enqueue(&self, scope: &PushScope<'_>) -> Queued {
+    fn enqueue(&self, scope: &PushScope<'_>, moved: &HashSet<IpAddr>) -> Queued {
         let request = scope.request();
         let mut queued: Vec<&str> = Vec::new();
         let mut count = 0;
@@ -257,6 +259,29 @@ impl PushTargets for Connections {
                         eds_names: None,
                     });
                     woken.push(c);
+                }
+            }
+            // Proxies whose own endpoints changed: a full push of their own, so their
+            // inbound listeners and clusters follow the ports they now serve.
+            if !moved.is_empty() {
+                for c in by_n.values() {
+                    let Some(ip) = c.proxy.ip_addresses.iter().find(|ip| moved.contains(ip)) else {
+                        continue;
+                    };
+                    let key = ConfigKey::new(
+                        ConfigKind::Workload,
+                        &ip.to_string(),
+                        c.proxy.namespace.as_str(),
+                    );
+                    let mut own = PushRequest::full(TriggerReason::Proxy, [key]);
+                    own.start = request.start;
+                    c.enqueue(Pending {
+                        request: own,
+                        eds_names: None,
+                    });
+                    if !woken.iter().any(|w| w.n == c.n) {
+                        woken.push(c);
+                    }
                 }
             }
             count = woken.len();

@@ -14,6 +14,7 @@ pub mod eds;
 pub mod grpc;
 pub mod instances;
 pub mod lds;
+pub mod nds;
 pub mod policy;
 pub mod rds;
 #[cfg(any(test, feature = "testing"))]

@@ -78,6 +78,9 @@ pub struct ClientView {
     pub generator: Generator,
     /// Node type.
     pub node_type: NodeType,
+    /// Whether the proxy uses ServiceEntries' auto-allocated addresses
+    /// ([`Proxy::uses_auto_allocated_ips`]).
+    pub uses_auto_allocated: bool,
 }
 
 impl ClientView {
@@ -179,7 +182,31 @@ impl Proxy {
             dns_domain: self.dns_domain.clone(),
             generator: self.generator,
             node_type: self.node_type,
+            uses_auto_allocated: self.uses_auto_allocated_ips(),
         }
+    }
+
+    /// A boolean metadata field as Istio's `StringBool` reads it: a JSON bool, or a
+    /// string Go's `strconv.ParseBool` takes (`1`, `t`, `T`, `TRUE`, `true`, `True`);
+    /// anything else is false.
+    pub fn bool_meta(&self, key: &str) -> bool {
+        match self.metadata.get(key) {
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(serde_json::Value::String(s)) => {
+                matches!(s.as_str(), "1" | "t" | "T" | "TRUE" | "true" | "True")
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the proxy uses ServiceEntries' auto-allocated addresses (Istio's
+    /// `nodeUsesAutoallocatedIPs` with the legacy allocator): metadata
+    /// `DNS_AUTO_ALLOCATE` (`ISTIO_META_DNS_AUTO_ALLOCATE`) and `DNS_CAPTURE`
+    /// (`ISTIO_META_DNS_CAPTURE`) both true. Such a proxy resolves those hosts to the
+    /// allocated addresses through its DNS proxy, so its listeners and name table use
+    /// them ([`meshfed_registry::Service::address_for_proxy`]).
+    pub fn uses_auto_allocated_ips(&self) -> bool {
+        self.bool_meta("DNS_AUTO_ALLOCATE") && self.bool_meta("DNS_CAPTURE")
     }
 
     /// Which generator family and shape serves this proxy.
@@ -399,6 +426,31 @@ mod tests {
         assert_eq!(p.labels["app"], "reviews");
         assert_eq!(p.ip_addresses.len(), 2);
         assert_eq!(p.generator, Generator::Envoy);
+    }
+
+    #[test]
+    fn auto_allocated_addresses_need_dns_auto_allocate_and_dns_capture() {
+        let uses = |meta: serde_json::Value| {
+            let n = node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", meta);
+            let p = Proxy::from_node(Some(&n)).unwrap();
+            assert_eq!(
+                p.client_view().uses_auto_allocated,
+                p.uses_auto_allocated_ips()
+            );
+            p.uses_auto_allocated_ips()
+        };
+        assert!(uses(
+            serde_json::json!({"DNS_AUTO_ALLOCATE": "true", "DNS_CAPTURE": "true"})
+        ));
+        assert!(uses(
+            serde_json::json!({"DNS_AUTO_ALLOCATE": "1", "DNS_CAPTURE": "True"})
+        ));
+        assert!(!uses(serde_json::json!({"DNS_CAPTURE": "true"})));
+        assert!(!uses(serde_json::json!({"DNS_AUTO_ALLOCATE": "true"})));
+        assert!(!uses(
+            serde_json::json!({"DNS_AUTO_ALLOCATE": "yes", "DNS_CAPTURE": "true"})
+        ));
+        assert!(!uses(serde_json::json!({})));
     }
 
     #[test]

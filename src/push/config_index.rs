@@ -51,7 +51,8 @@ pub struct ConfigSet {
 }
 
 impl ConfigIndex {
-    /// Indexes `set`: hosts become FQDNs, objects are ordered oldest first (then by
+    /// Indexes `set`: hosts become FQDNs, delegate VirtualServices are merged into
+    /// their roots ([`super::delegate`]), objects are ordered oldest first (then by
     /// namespace and name), which is the order Istio applies them in.
     pub fn new(mut set: ConfigSet, domain: &str, mesh: &MeshSettings) -> ConfigIndex {
         for vs in &mut set.virtual_services {
@@ -95,6 +96,10 @@ impl ConfigIndex {
                 }
             }
         }
+        set.virtual_services = super::delegate::merge_virtual_services(
+            std::mem::take(&mut set.virtual_services),
+            &mesh.config.default_virtual_service_export_to,
+        );
         for dr in &mut set.destination_rules {
             dr.spec.host = fqdn(&dr.spec.host, &dr.namespace.clone(), domain);
         }
@@ -464,6 +469,44 @@ mod tests {
             .map(|v| v.name.as_str())
             .collect();
         assert_eq!(gw, vec!["gw"]);
+    }
+
+    /// A root's delegating rule becomes the delegate's rules, whose short destination
+    /// hosts were resolved in the delegate's own namespace; the delegate is no
+    /// VirtualService of its own.
+    #[test]
+    fn delegates_are_merged_into_their_roots() {
+        let root: VirtualService = serde_json::from_value(serde_json::json!({
+            "hosts": ["reviews"],
+            "http": [{"match": [{"uri": {"prefix": "/api"}}],
+                      "delegate": {"name": "reviews-api", "namespace": "team"}}]
+        }))
+        .unwrap();
+        let delegate: VirtualService = serde_json::from_value(serde_json::json!({
+            "http": [{"match": [{"uri": {"prefix": "/api/v2"}}],
+                      "route": [{"destination": {"host": "reviews-v2"}}]}]
+        }))
+        .unwrap();
+        let set = ConfigSet {
+            virtual_services: vec![
+                cfg("bookinfo", "reviews", 1, root),
+                cfg("team", "reviews-api", 1, delegate),
+            ],
+            ..Default::default()
+        };
+        let index = ConfigIndex::new(set, "cluster.local", &mesh());
+        assert_eq!(index.all_virtual_services().len(), 1);
+        let vs = index
+            .virtual_service_for_host("bookinfo", "reviews.bookinfo.svc.cluster.local")
+            .unwrap();
+        assert_eq!(vs.name, "reviews");
+        assert_eq!(vs.spec.http.len(), 1);
+        let rule = &vs.spec.http[0];
+        assert!(rule.delegate.is_none());
+        assert_eq!(
+            rule.route[0].destination.as_ref().unwrap().host,
+            "reviews-v2.team.svc.cluster.local"
+        );
     }
 
     #[test]

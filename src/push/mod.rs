@@ -5,17 +5,21 @@
 pub mod cache;
 pub mod config_index;
 pub mod debounce;
+pub mod delegate;
 pub mod snapshot;
 pub mod watch;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 
 use arc_swap::ArcSwap;
 use futures::StreamExt;
-use meshfed_registry::{Aggregate, EndpointIndex, PushRequest, RegistryEvent, TriggerReason};
+use meshfed_registry::{
+    Aggregate, ConfigKind, EndpointIndex, PushRequest, RegistryEvent, ServiceKey, TriggerReason,
+};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
@@ -127,7 +131,61 @@ pub trait PushTargets: Send + Sync + std::fmt::Debug {
     /// Queues the push of `scope` on every connection it touches (the watchers of a
     /// changed name for an incremental push); returns how many, with the first
     /// [`PUSHED_IDS`] of their ids, sorted.
-    fn enqueue(&self, scope: &PushScope<'_>) -> Queued;
+    ///
+    /// `moved` are the addresses whose endpoints an incremental push changed (see
+    /// [`moved_addresses`]): a proxy at one of them may serve other service ports now,
+    /// so it gets a full push of its own (Istio's full push for a proxy whose
+    /// workload changed), and with it its inbound listeners and clusters.
+    fn enqueue(&self, scope: &PushScope<'_>, moved: &HashSet<IpAddr>) -> Queued;
+}
+
+/// The addresses whose endpoints differ between `previous` and `next` in the services
+/// whose endpoints `request` names: added, removed, or changed (ports, labels, health,
+/// anything). A proxy at such an address may back other service ports than before;
+/// its inbound listeners and clusters are built from them.
+pub fn moved_addresses(
+    previous: &Snapshot,
+    next: &Snapshot,
+    request: &PushRequest,
+) -> HashSet<IpAddr> {
+    let mut moved = HashSet::new();
+    for key in request
+        .configs_updated
+        .iter()
+        .filter(|k| matches!(k.kind, ConfigKind::Endpoints | ConfigKind::ServiceEntry))
+    {
+        let service = ServiceKey::new(&*key.name, &*key.namespace);
+        let (before, after) = (previous.shards(&service), next.shards(&service));
+        if let (Some(a), Some(b)) = (before, after)
+            && Arc::ptr_eq(a, b)
+        {
+            continue;
+        }
+        let (before, after) = (by_address(before), by_address(after));
+        for (address, eps) in &before {
+            if after.get(address) != Some(eps) {
+                moved.insert(*address);
+            }
+        }
+        moved.extend(after.keys().filter(|a| !before.contains_key(*a)));
+    }
+    moved
+}
+
+type ByAddress<'a> = BTreeMap<
+    IpAddr,
+    Vec<(
+        &'a meshfed_registry::ShardKey,
+        &'a meshfed_registry::Endpoint,
+    )>,
+>;
+
+fn by_address(shards: Option<&Arc<meshfed_registry::EndpointShards>>) -> ByAddress<'_> {
+    let mut map = ByAddress::new();
+    for (shard, ep) in shards.iter().flat_map(|s| s.iter()) {
+        map.entry(ep.address).or_default().push((shard, ep));
+    }
+    map
 }
 
 /// The connections one push was queued on.
@@ -220,8 +278,9 @@ impl Pipeline {
         let started = Instant::now();
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let scope = PushScope::new(&request);
+        let previous = self.snapshot.load_full();
         let next = Snapshot::build(
-            &self.snapshot.load(),
+            &previous,
             &scope,
             &self.aggregate,
             &self.endpoints,
@@ -250,8 +309,14 @@ impl Pipeline {
                 .inc();
         }
         let version = next.version().to_string();
+        let moved = if scope.is_incremental() {
+            moved_addresses(&previous, &next, &request)
+        } else {
+            HashSet::new()
+        };
+        drop(previous);
         self.snapshot.store(Arc::new(next));
-        let queued = self.connections.enqueue(&scope);
+        let queued = self.connections.enqueue(&scope, &moved);
         let connections = queued.count;
         let proxies = queued.ids;
         debug!(%version, full = request.full, changes = request.configs_updated.len(), connections, "push");

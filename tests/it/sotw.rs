@@ -266,6 +266,76 @@ async fn new_and_removed_services_push_cds() {
     server.shutdown().await;
 }
 
+/// The destination ports of `virtualInbound`'s filter chains in an LDS response.
+fn inbound_ports(
+    response: &envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse,
+) -> Vec<u32> {
+    use envoy_types::pb::envoy::config::listener::v3::Listener;
+    let listeners: Vec<Listener> = decode_all(response).unwrap();
+    let inbound = listeners
+        .iter()
+        .find(|l| l.name == "virtualInbound")
+        .expect("virtualInbound");
+    let mut ports: Vec<u32> = inbound
+        .filter_chains
+        .iter()
+        .filter_map(|c| c.filter_chain_match.as_ref()?.destination_port.as_ref())
+        .map(|p| p.value)
+        .collect();
+    ports.sort();
+    ports.dedup();
+    ports
+}
+
+/// A sidecar that becomes an endpoint of a service after it connected (an
+/// endpoint-only change) gets its inbound listener chain without any other push.
+#[tokio::test]
+async fn a_new_endpoint_at_a_connected_sidecar_pushes_its_inbound_listener() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    let a = add_http_service(
+        &reg,
+        "a.default.svc.cluster.local",
+        "default",
+        &["10.0.1.1"],
+    );
+    server.sync().await;
+    let mut client = AdsClient::connect(server.grpc_addr(), node(SIDECAR))
+        .await
+        .unwrap();
+    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    let first = client.recv_type(TypeUrl::Listener).await.unwrap();
+    client.ack(&first).await.unwrap();
+    assert!(
+        !inbound_ports(&first).contains(&8080),
+        "not an endpoint yet"
+    );
+
+    reg.set_endpoints(
+        &a,
+        vec![
+            endpoint("10.0.1.1", "http", 8080, "r1/z1"),
+            endpoint("10.0.0.1", "http", 8080, "r1/z1"),
+        ],
+    );
+    let pushed = client.recv_type(TypeUrl::Listener).await.unwrap();
+    client.ack(&pushed).await.unwrap();
+    assert!(
+        inbound_ports(&pushed).contains(&8080),
+        "{:?}",
+        inbound_ports(&pushed)
+    );
+
+    // And it goes again when the endpoint goes.
+    reg.set_endpoints(&a, vec![endpoint("10.0.1.1", "http", 8080, "r1/z1")]);
+    let pushed = client.recv_type(TypeUrl::Listener).await.unwrap();
+    assert!(!inbound_ports(&pushed).contains(&8080));
+    let record = server.server().pipeline().history()[0].clone();
+    assert!(!record.full, "an endpoint-only push: {record:?}");
+    assert_eq!(record.connections, 1, "{record:?}");
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn nack_is_recorded_visible_in_adsz_and_not_answered() {
     let server = FakeServer::builder().start().await.unwrap();

@@ -23,10 +23,14 @@
 //!     network: n1             # optional
 //!     weight: 1               # optional, default 1
 //!     health: HEALTHY         # optional: HEALTHY (default) | UNHEALTHY | DRAINING | TERMINATING
-//!     tlsMode: istio          # optional: disabled (default) | istio
+//!     tlsMode: istio          # optional: disabled | istio; absent: the label below
 //!     serviceAccount: spiffe://cluster.local/ns/default/sa/echo   # optional
 //! ```
 //!
+//! - An endpoint's TLS mode is its `tlsMode` field when given; otherwise, as Istio reads
+//!   pods and WorkloadEntries, the `security.istio.io/tlsMode` label in its `labels`
+//!   (`istio` means istio, any other value or no label means disabled). The explicit
+//!   field wins over the label.
 //! - An endpoint without `ports` (or with `ports: {}`) serves every service port on the
 //!   port's own number.
 //! - An empty file, a file of comments, `services:` and `services: []` are all a valid,
@@ -224,7 +228,7 @@ struct EndpointSpec {
     #[serde(default)]
     health: HealthSpec,
     #[serde(default)]
-    tls_mode: TlsModeSpec,
+    tls_mode: Option<TlsModeSpec>,
     #[serde(default)]
     service_account: Option<String>,
 }
@@ -264,9 +268,8 @@ enum HealthSpec {
     Terminating,
 }
 
-#[derive(Deserialize, Default, Clone, Copy)]
+#[derive(Deserialize, Clone, Copy)]
 enum TlsModeSpec {
-    #[default]
     #[serde(rename = "disabled")]
     Disabled,
     #[serde(rename = "istio")]
@@ -545,8 +548,13 @@ fn convert_service(spec: ServiceSpec) -> Result<ServiceWithEndpoints, Fault> {
             HealthSpec::Terminating => HealthStatus::Terminating,
         };
         endpoint.tls_mode = match ep.tls_mode {
-            TlsModeSpec::Disabled => TlsMode::Disabled,
-            TlsModeSpec::Istio => TlsMode::Istio,
+            Some(TlsModeSpec::Disabled) => TlsMode::Disabled,
+            Some(TlsModeSpec::Istio) => TlsMode::Istio,
+            // As Istio reads pods and WorkloadEntries: the label, `istio` or nothing.
+            None => match endpoint.labels.get(crate::serviceentry::LABEL_TLS_MODE) {
+                Some(mode) if mode == TlsMode::Istio.as_str() => TlsMode::Istio,
+                _ => TlsMode::Disabled,
+            },
         };
         endpoint.service_account = ep.service_account;
         endpoints.push(endpoint);
@@ -1108,6 +1116,40 @@ services:
         assert!(
             all[1].endpoints[1].ports.is_empty(),
             "a service without ports gives endpoints without ports"
+        );
+    }
+
+    #[test]
+    fn the_tls_mode_label_counts_unless_the_field_is_given() {
+        let all = parse(
+            "services:\n- hostname: a.b\n  ports: [{name: x, port: 1}]\n  endpoints:\n  \
+             - {address: 10.0.0.1, labels: {security.istio.io/tlsMode: istio}}\n  \
+             - {address: 10.0.0.2, labels: {security.istio.io/tlsMode: disabled}}\n  \
+             - {address: 10.0.0.3, labels: {security.istio.io/tlsMode: other}}\n  \
+             - {address: 10.0.0.4}\n  \
+             - {address: 10.0.0.5, tlsMode: disabled, labels: {security.istio.io/tlsMode: istio}}\n  \
+             - {address: 10.0.0.6, tlsMode: istio, labels: {security.istio.io/tlsMode: disabled}}\n",
+        )
+        .unwrap();
+        let modes: Vec<TlsMode> = all[0].endpoints.iter().map(|e| e.tls_mode).collect();
+        assert_eq!(
+            modes,
+            [
+                TlsMode::Istio,
+                TlsMode::Disabled,
+                TlsMode::Disabled,
+                TlsMode::Disabled,
+                TlsMode::Disabled,
+                TlsMode::Istio,
+            ]
+        );
+        // The label stays among the endpoint's labels, as on a pod.
+        assert_eq!(
+            all[0].endpoints[0]
+                .labels
+                .get("security.istio.io/tlsMode")
+                .map(String::as_str),
+            Some("istio")
         );
     }
 

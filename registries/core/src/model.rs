@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::num::NonZeroU16;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -395,6 +395,14 @@ pub struct Service {
     pub provider: ProviderId,
     /// Cluster of the registry that produced the service.
     pub cluster_id: ClusterId,
+    /// The IPv4 address Istio's legacy auto-allocation gives a ServiceEntry service
+    /// without addresses (`240.240.x.y`; see `serviceentry::auto_allocation`). Only
+    /// proxies that capture DNS and ask for it use it ([`Service::address_for_proxy`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_allocated_ipv4: Option<Ipv4Addr>,
+    /// The IPv6 address of the same allocation (`2001:2::f0f0:..`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub auto_allocated_ipv6: Option<Ipv6Addr>,
 }
 
 impl Service {
@@ -420,6 +428,8 @@ impl Service {
             creation_time: SystemTime::UNIX_EPOCH,
             provider,
             cluster_id: cluster_id.into(),
+            auto_allocated_ipv4: None,
+            auto_allocated_ipv6: None,
         }
     }
 
@@ -451,6 +461,34 @@ impl Service {
             return Some(*ip);
         }
         self.cluster_vips.values().find_map(|v| v.first().copied())
+    }
+
+    /// The address a proxy uses for this service (Istio's `GetAddressForProxy`): its
+    /// cluster's VIP; else, for a proxy that uses auto-allocated addresses
+    /// (`uses_auto_allocated`: metadata `DNS_AUTO_ALLOCATE` and `DNS_CAPTURE`) and a
+    /// service without VIPs, the allocated IPv4 address (preferred) or IPv6 address;
+    /// else [`Service::address_for`].
+    pub fn address_for_proxy(
+        &self,
+        cluster: Option<&ClusterId>,
+        uses_auto_allocated: bool,
+    ) -> Option<IpAddr> {
+        if let Some(ip) = cluster
+            .and_then(|c| self.cluster_vips.get(c))
+            .and_then(|v| v.first())
+        {
+            return Some(*ip);
+        }
+        if uses_auto_allocated && self.cluster_vips.values().all(Vec::is_empty) {
+            let auto = self
+                .auto_allocated_ipv4
+                .map(IpAddr::V4)
+                .or(self.auto_allocated_ipv6.map(IpAddr::V6));
+            if auto.is_some() {
+                return auto;
+            }
+        }
+        self.address_for(cluster)
     }
 }
 
@@ -656,6 +694,32 @@ mod tests {
         let named = ExportTo(BTreeSet::from(["b".to_string()]));
         assert!(named.visible_to("a", "b"));
         assert!(!named.visible_to("a", "c"));
+    }
+
+    #[test]
+    fn auto_allocated_addresses_only_for_proxies_that_use_them_and_services_without_vips() {
+        let mut s = Service::new("db.example.com", "ns", ProviderId::External, "c1");
+        s.auto_allocated_ipv4 = Some("240.240.0.1".parse().unwrap());
+        s.auto_allocated_ipv6 = Some("2001:2::f0f0:1".parse().unwrap());
+        let c1 = ClusterId::new("c1");
+        assert_eq!(s.address_for_proxy(Some(&c1), false), None);
+        assert_eq!(
+            s.address_for_proxy(Some(&c1), true),
+            Some("240.240.0.1".parse().unwrap()),
+            "IPv4 preferred"
+        );
+        s.auto_allocated_ipv4 = None;
+        assert_eq!(
+            s.address_for_proxy(None, true),
+            Some("2001:2::f0f0:1".parse().unwrap())
+        );
+        s.cluster_vips
+            .insert(c1.clone(), vec!["10.0.0.1".parse().unwrap()]);
+        assert_eq!(
+            s.address_for_proxy(Some(&c1), true),
+            Some("10.0.0.1".parse().unwrap()),
+            "a VIP wins"
+        );
     }
 
     #[test]

@@ -38,8 +38,14 @@
 //!
 //! Not supported (left out, logged at debug level): `unix://` endpoint addresses, endpoints
 //! without an address (reachable only through their network's gateway in Istio), the
-//! `proxy.istio.io/health-checks-enabled` health conditions, auto-allocated VIPs and
-//! NONE's passthrough target ports.
+//! `proxy.istio.io/health-checks-enabled` health conditions and NONE's passthrough
+//! target ports.
+//!
+//! Services without addresses get Istio's legacy auto-allocated addresses
+//! ([`auto_allocation`]); proxies use them only when they ask (`DNS_AUTO_ALLOCATE` and
+//! `DNS_CAPTURE` metadata).
+
+pub mod auto_allocation;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
@@ -126,10 +132,22 @@ pub fn convert(
                 .push(ServiceWithEndpoints { service, endpoints });
         }
     }
-    contributions
+    let mut services: BTreeMap<ServiceKey, ServiceWithEndpoints> = contributions
         .into_iter()
         .map(|(key, parts)| (key, merge(parts)))
-        .collect()
+        .collect();
+    // Istio allocates over its services sorted by creation time (then host, then
+    // namespace); the order decides who keeps its first slot on a collision.
+    let mut order: Vec<&mut Service> = services.values_mut().map(|s| &mut s.service).collect();
+    order.sort_by(|a, b| {
+        (a.creation_time, &a.hostname, &a.namespace).cmp(&(
+            b.creation_time,
+            &b.hostname,
+            &b.namespace,
+        ))
+    });
+    auto_allocation::allocate(order);
+    services
 }
 
 /// One service out of the contributions of several ServiceEntries (oldest first).
@@ -856,6 +874,36 @@ mod tests {
                 if dns { vec!["a.example.com"] } else { vec![] },
                 "{resolution:?}: only DNS entries get synthetic endpoints"
             );
+        }
+    }
+
+    #[test]
+    fn entries_without_addresses_get_auto_allocated_ones() {
+        let mut with_vip = se(&["vip.example.com"], SeResolution::Dns);
+        with_vip.addresses = vec!["10.1.0.1".into()];
+        let all = convert(
+            &[
+                obj("", "dns", se(&["foo.com", "*.wild.com"], SeResolution::Dns)),
+                obj("ns", "none", se(&["none.example.com"], SeResolution::None)),
+                obj("ns", "vip", with_vip),
+            ],
+            &[],
+            &config(),
+        );
+        let foo = &all[&ServiceKey::new("foo.com", "")].service;
+        assert_eq!(
+            foo.auto_allocated_ipv4,
+            Some("240.240.227.81".parse().unwrap())
+        );
+        assert_eq!(
+            foo.auto_allocated_ipv6,
+            Some("2001:2::f0f0:e351".parse().unwrap())
+        );
+        for host in ["*.wild.com", "none.example.com", "vip.example.com"] {
+            let ns = if host == "*.wild.com" { "" } else { "ns" };
+            let s = &all[&ServiceKey::new(host, ns)].service;
+            assert_eq!(s.auto_allocated_ipv4, None, "{host}");
+            assert_eq!(s.auto_allocated_ipv6, None, "{host}");
         }
     }
 
