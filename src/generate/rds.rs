@@ -351,7 +351,7 @@ fn addresses_for_proxy(service: &Service, proxy: &ClientView) -> Vec<IpAddr> {
         return vips.clone();
     }
     service
-        .address_for(proxy.cluster_id.as_ref())
+        .address_for_proxy(proxy.cluster_id.as_ref(), proxy.uses_auto_allocated)
         .into_iter()
         .collect()
 }

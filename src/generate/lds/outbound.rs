@@ -52,7 +52,7 @@ use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt3
 use meshfed_api::networking::v1alpha3::{
     L4MatchAttributes, RouteDestination, TlsMatchAttributes, VirtualService,
 };
-use meshfed_registry::{Protocol, Service};
+use meshfed_registry::{Protocol, Resolution, Service};
 
 use super::{VIRTUAL_OUTBOUND, ads_config, pack, socket};
 use crate::generate::cds;
@@ -392,7 +392,7 @@ fn add_service_port(
         Class::Http => wildcard,
         Class::Tcp | Class::Auto => ctx
             .service
-            .address_for(ctx.proxy.cluster_id.as_ref())
+            .address_for_proxy(ctx.proxy.cluster_id.as_ref(), ctx.proxy.uses_auto_allocated)
             .map_or(wildcard, |ip| ip.to_string()),
     };
     let key = (bind.clone(), ctx.port);
@@ -532,7 +532,10 @@ fn static_match(
 /// The address ranges of a service without a VIP in the proxy's cluster: its
 /// listener is the wildcard one, and its chains match these prefixes.
 fn service_cidrs(service: &Service, proxy: &ClientView) -> Vec<String> {
-    if service.address_for(proxy.cluster_id.as_ref()).is_some() {
+    if service
+        .address_for_proxy(proxy.cluster_id.as_ref(), proxy.uses_auto_allocated)
+        .is_some()
+    {
         return Vec::new();
     }
     proxy
@@ -582,8 +585,12 @@ fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
         }
         if out.is_empty() {
             // Without a VIP the listener is shared by every such service on the port:
-            // SNI is the only way to tell them apart.
-            let vip_bound = bind != "0.0.0.0";
+            // SNI is the only way to tell them apart. Headless services are the
+            // exception: Istio gives each endpoint its own `<podIP>_<port>` listener
+            // (no SNI there); meshfed does not build those yet, so their chain on the
+            // wildcard listener matches any SNI, as that listener would.
+            let headless = ctx.service.resolution == Resolution::Passthrough;
+            let vip_bound = bind != "0.0.0.0" || headless;
             let server_names = if !service_cidrs.is_empty() || !vip_bound {
                 vec![ctx.service.hostname.to_string()]
             } else {

@@ -172,12 +172,15 @@ impl Call {
         self.tls == TlsMode::Tls
     }
 
-    /// The SNI the ClientHello carries.
+    /// The SNI the TLS inspector reports: the one the call names (taken as given even
+    /// on a plaintext call, as Istio's simulator takes it, so its vectors carry over),
+    /// else the host for a TLS call.
     fn effective_sni(&self) -> Option<&str> {
-        if !self.is_tls() {
-            return None;
+        match &self.sni {
+            Some(sni) => Some(sni),
+            None if self.is_tls() => self.host.as_deref(),
+            None => None,
         }
-        self.sni.as_deref().or(self.host.as_deref())
     }
 
     /// The ALPN the ClientHello offers.
@@ -419,9 +422,11 @@ fn detect<'a>(l: &Listener, call: &'a Call) -> Detected<'a> {
         sni: None,
         alpn: None,
     };
+    if tls_inspector {
+        d.sni = call.effective_sni();
+    }
     if tls_inspector && call.is_tls() {
         d.transport = "tls";
-        d.sni = call.effective_sni();
         d.alpn = call.offered_alpn();
     }
     if http_inspector && !call.is_tls() {
