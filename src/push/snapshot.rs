@@ -22,8 +22,9 @@ use crate::mesh::{MeshSettings, default_mesh_config};
 use crate::model::proxy::Proxy;
 use crate::networks::NetworkView;
 use crate::push::cache::ResourceCache;
-use crate::push::config_index::ConfigIndex;
+use crate::push::config_index::{Config, ConfigIndex, MESH_GATEWAY};
 use crate::xds::deps::PushScope;
+use meshfed_api::networking::v1alpha3::VirtualService;
 
 /// The endpoint shards of every service, as a snapshot holds them: looked up for every
 /// cluster of every proxy push, so hashed with foldhash rather than SipHash.
@@ -360,6 +361,38 @@ impl Snapshot {
             })
     }
 
+    /// The mesh VirtualServices a sidecar in `namespace` with `labels` applies: those
+    /// exported to it and, when its Sidecar has egress listeners, imported by one of
+    /// their `hosts` (Istio's `selectVirtualServices`: the entry's namespace is the
+    /// VirtualService's, `*`, or `.` for the proxy's own, and its host overlaps one of
+    /// the VirtualService's hosts).
+    pub fn sidecar_virtual_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a BTreeMap<String, String>,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
+        let imports: Option<Vec<&str>> = self
+            .config
+            .sidecar_for(namespace, labels)
+            .filter(|sc| !sc.spec.egress.is_empty())
+            .map(|sc| {
+                sc.spec
+                    .egress
+                    .iter()
+                    .flat_map(|e| e.hosts.iter().map(String::as_str))
+                    .collect()
+            });
+        self.config
+            .virtual_services(namespace, MESH_GATEWAY)
+            .filter(|vs| match &imports {
+                None => true,
+                Some(entries) => entries
+                    .iter()
+                    .any(|entry| egress_imports_virtual_service(entry, namespace, vs)),
+            })
+            .collect()
+    }
+
     /// Networks and their gateways for split horizon, built once per snapshot.
     pub fn network_view(&self) -> &Arc<NetworkView> {
         self.network_view
@@ -423,6 +456,26 @@ pub fn egress_host_matches(entry: &str, proxy_ns: &str, service: &Service) -> bo
         other => service.namespace.as_str() == other,
     };
     ns_ok && crate::push::config_index::host_matches(host, service.hostname.as_str())
+}
+
+/// Whether a Sidecar egress `hosts` entry imports a VirtualService.
+fn egress_imports_virtual_service(
+    entry: &str,
+    proxy_ns: &str,
+    vs: &Config<VirtualService>,
+) -> bool {
+    let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
+    let ns_ok = match ns {
+        "*" => true,
+        "~" => false,
+        "." => vs.namespace.as_str() == proxy_ns,
+        other => vs.namespace.as_str() == other,
+    };
+    ns_ok
+        && vs.spec.hosts.iter().any(|h| {
+            crate::push::config_index::host_matches(host, h)
+                || crate::push::config_index::host_matches(h, host)
+        })
 }
 
 /// Istio's push version: RFC 3339 time (UTC, seconds) and a counter.

@@ -21,8 +21,6 @@ use meshfed_registry::{Endpoint, Protocol, Resolution, Service, ServiceKey};
 use crate::support::*;
 
 // Why the listed vectors fail today (issue 18).
-const VS_IMPORT_NOT_SCOPED: &str =
-    "a VirtualService from a namespace the proxy's Sidecar does not import is applied anyway";
 const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-less DNS ServiceEntry (DNS_AUTO_ALLOCATE), so no \
     <vip>_443 listener";
 const SIDECAR_INGRESS_IGNORED: &str =
@@ -30,14 +28,6 @@ const SIDECAR_INGRESS_IGNORED: &str =
 
 /// Vectors expected to fail today: (vector name, reason).
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "TestSidecarRoutes/explicit first then wildcard with sidecar cross namespace/alt-known.default.svc.cluster.local",
-        VS_IMPORT_NOT_SCOPED,
-    ),
-    (
-        "TestSidecarRoutes/sidecar filter/explicit.default.svc.cluster.local",
-        VS_IMPORT_NOT_SCOPED,
-    ),
     (
         "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
         NO_ADDRESS_AUTO_ALLOCATION,

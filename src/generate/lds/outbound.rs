@@ -292,10 +292,8 @@ struct Entry {
 /// The per-port outbound listeners, sorted by name.
 pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
     let ns = proxy.namespace.as_str();
-    let virtual_services: Vec<&Arc<Config<VirtualService>>> = snapshot
-        .config()
-        .virtual_services(ns, MESH_GATEWAY)
-        .collect();
+    let virtual_services: Vec<&Arc<Config<VirtualService>>> =
+        snapshot.sidecar_virtual_services(ns, &proxy.labels);
     // One service per hostname, as the proxy resolves names, oldest first (Istio's
     // SidecarScope order: the first service wins conflicts on a port).
     let mut seen = HashSet::new();
