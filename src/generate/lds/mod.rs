@@ -97,10 +97,11 @@ fn sidecar_listeners_unchecked(
     proxy: &ClientView,
     inbound: &[InboundPort],
 ) -> Vec<Listener> {
-    let mut out = vec![outbound::virtual_outbound(snapshot, proxy)];
+    let mut out = Vec::new();
     // Without interception nothing reaches a capture listener: only bound ports.
     if !proxy.interception_none {
         let captured: Vec<&InboundPort> = inbound.iter().filter(|p| p.bind.is_none()).collect();
+        out.push(outbound::virtual_outbound(snapshot, proxy));
         out.push(virtual_inbound(snapshot, &captured));
     }
     out.extend(outbound::outbound_listeners(snapshot, proxy));
@@ -738,7 +739,7 @@ mod tests {
         assert_eq!(references(bound).0, vec!["inbound|9000||"]);
 
         // Without interception, DEFAULT binds too (on the wildcard), and there is no
-        // virtualInbound (so an IPTABLES port has nowhere to be).
+        // virtualInbound (so an IPTABLES port has nowhere to be) nor virtualOutbound.
         let p = proxy_with(
             "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
             serde_json::json!({"INTERCEPTION_MODE": "NONE"}),
@@ -760,14 +761,125 @@ mod tests {
         assert!(view.interception_none);
         let listeners = sidecar_listeners(&snap, &view, &inbound);
         let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
-        assert_eq!(
-            names,
-            vec!["virtualOutbound", "0.0.0.0_8080", "127.0.0.1_9000"]
-        );
+        assert_eq!(names, vec!["0.0.0.0_8080", "127.0.0.1_9000"]);
 
         // Without interception and without ingress: no inbound listener at all.
         let snap = snapshot(Vec::new(), ConfigSet::default(), default_mesh());
         assert!(crate::generate::inbound_ports(&snap, &p).is_empty());
+    }
+
+    #[test]
+    fn sidecar_egress_ports_bind_and_capture() {
+        let egress = |number: u32, protocol: &str, bind: &str, mode: CaptureMode, host: &str| {
+            IstioEgressListener {
+                port: (number > 0).then(|| SidecarPort {
+                    number,
+                    protocol: protocol.into(),
+                    name: format!("p{number}"),
+                    ..Default::default()
+                }),
+                bind: bind.into(),
+                capture_mode: mode as i32,
+                hosts: vec![host.into()],
+            }
+        };
+        let set = ConfigSet {
+            sidecars: vec![Config {
+                name: "default".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: Sidecar {
+                    egress: vec![
+                        egress(
+                            9000,
+                            "TCP",
+                            "",
+                            CaptureMode::Default,
+                            "./db.default.svc.cluster.local",
+                        ),
+                        egress(
+                            8080,
+                            "HTTP",
+                            "127.0.0.2",
+                            CaptureMode::None,
+                            "./a.default.svc.cluster.local",
+                        ),
+                        egress(
+                            7000,
+                            "TCP",
+                            "",
+                            CaptureMode::None,
+                            "./db.default.svc.cluster.local",
+                        ),
+                        egress(0, "", "", CaptureMode::Default, "./*"),
+                    ],
+                    ..Default::default()
+                },
+            }],
+            ..Default::default()
+        };
+        let snap = snapshot(
+            vec![
+                service(
+                    "a.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http)],
+                ),
+                service(
+                    "db.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.2",
+                    &[("tcp", 5432, Protocol::Tcp)],
+                ),
+                service(
+                    "b.other.svc.cluster.local",
+                    "other",
+                    "10.96.0.3",
+                    &[("http", 80, Protocol::Http)],
+                ),
+            ],
+            set,
+            default_mesh(),
+        );
+        let p = proxy(
+            "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let listeners = sidecar_listeners(&snap, &p.client_view(), &[]);
+        let by_name: BTreeMap<&str, &Listener> =
+            listeners.iter().map(|l| (l.name.as_str(), l)).collect();
+        assert_eq!(
+            by_name.keys().copied().collect::<Vec<_>>(),
+            vec![
+                "0.0.0.0_80",
+                "10.96.0.2_5432",
+                "10.96.0.2_9000",
+                "127.0.0.1_7000",
+                "127.0.0.2_8080",
+                "virtualInbound",
+                "virtualOutbound"
+            ]
+        );
+        // A TCP egress port on the service's VIP, to its only port's cluster.
+        let tcp = by_name["10.96.0.2_9000"];
+        assert_eq!(tcp.bind_to_port, Some(BoolValue { value: false }));
+        assert_eq!(
+            references(tcp).0,
+            vec!["outbound|5432||db.default.svc.cluster.local"]
+        );
+        // captureMode NONE binds a real port: the given address, else the loopback.
+        let http = by_name["127.0.0.2_8080"];
+        assert_eq!(http.bind_to_port, None);
+        assert_eq!(http.address, Some(socket("127.0.0.2", 8080)));
+        assert_eq!(references(http).1, vec!["8080"]);
+        let bound = by_name["127.0.0.1_7000"];
+        assert_eq!(bound.bind_to_port, None);
+        assert_eq!(
+            references(bound).0,
+            vec!["outbound|5432||db.default.svc.cluster.local"]
+        );
     }
 
     /// LDS size of one sidecar in an istio-reference-like mesh (1,000 HTTP services on
