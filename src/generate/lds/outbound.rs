@@ -38,8 +38,9 @@
 //!
 //! Not built (yet): per-endpoint listeners of headless TCP services, `<hostname>:<port>`
 //! route tables for sniffed services on a VIP (they use the shared `<port>` table,
-//! which holds their virtual host too), and virtual hosts in the `<port>` table of an
-//! HTTP egress port that is not a port of the service.
+//! which holds their virtual host too), and Istio's per-egress-listener route tables:
+//! the `<port>` table of an HTTP egress port holds every visible service with that
+//! port, not only that listener's (Istio leaves out services without the port too).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
