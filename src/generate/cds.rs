@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, BindConfig, ConfigSource, ExtraSourceAddress,
-    Http2ProtocolOptions, HttpProtocolOptions as CommonHttpProtocolOptions, Metadata,
-    SocketAddress, config_source, socket_address,
+    Address as EnvoyAddress, AggregatedConfigSource, ApiVersion, BindConfig, ConfigSource,
+    ExtraSourceAddress, Http2ProtocolOptions, HttpProtocolOptions as CommonHttpProtocolOptions,
+    Metadata, Pipe, SocketAddress, address, config_source, socket_address,
 };
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
@@ -22,7 +22,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration, Struct, Value, value};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::mesh::v1alpha1::mesh_config::inbound_traffic_policy::Mode as InboundMode;
-use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
+use meshfed_api::networking::v1alpha3::{DestinationRule, Sidecar, TrafficPolicy};
 use meshfed_registry::{
     EndpointShards, Locality, MeshLocation, Port, Protocol, ProviderId, Resolution, Service,
     ServiceKey, TlsMode,
@@ -445,7 +445,7 @@ fn istio_metadata(
 }
 
 /// Everything an inbound cluster depends on.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct InboundRequest<'a> {
     /// The port the workload listens on.
     pub target_port: u16,
@@ -458,11 +458,63 @@ pub struct InboundRequest<'a> {
     pub mesh: &'a MeshConfig,
     /// The proxy has IPv6 addresses only (it binds `::6`).
     pub v6_only: bool,
+    /// Where the cluster sends connections.
+    pub endpoint: InboundEndpoint,
+}
+
+/// Where an inbound cluster sends connections.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum InboundEndpoint {
+    /// As the mesh inboundTrafficPolicy says: the original destination, or the
+    /// loopback address with LOCALHOST (the clusters of service instances).
+    Mesh,
+    /// The original destination (a Sidecar ingress port without `defaultEndpoint`).
+    OriginalDst,
+    /// A fixed address and port.
+    Socket(String, u16),
+    /// A unix domain socket (path without `unix://`).
+    Pipe(String),
 }
 
 /// Whether a proxy with these IPs is IPv6-only.
 pub fn v6_only(ips: &[IpAddr]) -> bool {
     !ips.is_empty() && ips.iter().all(IpAddr::is_ipv6)
+}
+
+/// A Sidecar ingress `defaultEndpoint` as Istio reads it: empty is the original
+/// destination; `unix://<path>` a socket; `<host>:<port>` where host `0.0.0.0`
+/// (`[::]`) means the proxy's first IPv4 (IPv6) address, else the loopback address of
+/// that family, and `127.0.0.1` (`[::1]`) the loopback address of that family when the
+/// proxy has it, else the other's. `None` when it cannot be parsed (Istio then builds
+/// no cluster).
+pub fn ingress_endpoint(default_endpoint: &str, proxy_ips: &[IpAddr]) -> Option<InboundEndpoint> {
+    if default_endpoint.is_empty() {
+        return Some(InboundEndpoint::OriginalDst);
+    }
+    if let Some(path) = default_endpoint.strip_prefix("unix://") {
+        return Some(InboundEndpoint::Pipe(path.to_string()));
+    }
+    let (host, port) = default_endpoint.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let has_v6 = proxy_ips.iter().any(IpAddr::is_ipv6);
+    let first = |v4: bool| {
+        proxy_ips
+            .iter()
+            .find(|ip| ip.is_ipv4() == v4)
+            .map(IpAddr::to_string)
+    };
+    let address = match host {
+        "0.0.0.0" => first(true).unwrap_or_else(|| "127.0.0.1".into()),
+        "::" => first(false).unwrap_or_else(|| "::1".into()),
+        "127.0.0.1" if v6_only(proxy_ips) => "::1".into(),
+        "::1" if !has_v6 => "127.0.0.1".into(),
+        _ => host.to_string(),
+    };
+    Some(InboundEndpoint::Socket(address, port))
 }
 
 /// `inbound|<targetPort>||`: with the mesh default inboundTrafficPolicy PASSTHROUGH an
@@ -484,14 +536,31 @@ fn inbound_cluster_unchecked(req: &InboundRequest<'_>) -> Cluster {
         .mesh
         .inbound_traffic_policy
         .is_some_and(|p| p.mode == InboundMode::Localhost as i32);
+    let loopback = if v6_only { "::1" } else { "127.0.0.1" };
+    let endpoint = match &req.endpoint {
+        InboundEndpoint::Mesh if localhost => {
+            InboundEndpoint::Socket(loopback.to_string(), req.target_port)
+        }
+        InboundEndpoint::Mesh => InboundEndpoint::OriginalDst,
+        other => other.clone(),
+    };
     let mut c = Cluster {
         name: name.clone(),
         alt_stat_name: format!("{name};"),
         common_lb_config: Some(Default::default()),
         ..Default::default()
     };
-    if localhost {
-        let loopback = if v6_only { "::1" } else { "127.0.0.1" };
+    let address = match &endpoint {
+        InboundEndpoint::Socket(ip, port) => Some(eds::socket(ip.clone(), *port)),
+        InboundEndpoint::Pipe(path) => Some(EnvoyAddress {
+            address: Some(address::Address::Pipe(Pipe {
+                path: path.to_string(),
+                mode: 0,
+            })),
+        }),
+        InboundEndpoint::Mesh | InboundEndpoint::OriginalDst => None,
+    };
+    if let Some(address) = address {
         c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Static as i32,
         ));
@@ -500,7 +569,7 @@ fn inbound_cluster_unchecked(req: &InboundRequest<'_>) -> Cluster {
             endpoints: vec![LocalityLbEndpoints {
                 lb_endpoints: vec![LbEndpoint {
                     host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
-                        address: Some(eds::socket(loopback.to_string(), req.target_port)),
+                        address: Some(address),
                         ..Default::default()
                     })),
                     ..Default::default()
@@ -540,7 +609,11 @@ fn inbound_cluster_unchecked(req: &InboundRequest<'_>) -> Cluster {
     };
     policy::apply_traffic_policy(&mut build, req.policy, &ctx);
     let mut c = build.build();
-    if !localhost {
+    // Connections to the loopback address are not captured again; any other would be
+    // without the "magic" source address.
+    let to_loopback =
+        matches!(&endpoint, InboundEndpoint::Socket(ip, _) if ip == "127.0.0.1" || ip == "::1");
+    if !to_loopback {
         let bind = if v6_only {
             INBOUND_PASSTHROUGH_BIND_V6
         } else {
@@ -795,6 +868,125 @@ pub fn cached_service_clusters(
 /// DestinationRule connection pool; a Sidecar `inboundConnectionPool` overrides the
 /// rule's), then `InboundPassthroughCluster`.
 pub fn cached_inbound(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    let mut out = match instances::sidecar_ingress(snapshot, proxy) {
+        Some(sidecar) => sidecar_ingress_clusters(snapshot, proxy, &sidecar),
+        None => service_inbound_clusters(snapshot, proxy),
+    };
+    let (v4, v6) = ip_families(&proxy.ip_addresses);
+    out.extend(
+        snapshot
+            .cache()
+            .get_or_insert(InboundPassthroughInput { v4, v6 }, |input| {
+                Some(EncodedResource::encode(
+                    TypeUrl::Cluster,
+                    INBOUND_PASSTHROUGH,
+                    &inbound_passthrough_for(&snapshot.mesh().config, input.v4, input.v6),
+                ))
+            }),
+    );
+    out
+}
+
+/// A Sidecar's ingress clusters: `inbound|<port>||` per ingress port (the first
+/// listener of a port wins), to its `defaultEndpoint`, with the protocol of the
+/// ingress port and the port's `connectionPool` (else the Sidecar's
+/// `inboundConnectionPool`).
+fn sidecar_ingress_clusters(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    sidecar: &Config<Sidecar>,
+) -> Vec<Resource> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (index, ingress) in sidecar.spec.ingress.iter().enumerate() {
+        let Some(number) = ingress
+            .port
+            .as_ref()
+            .and_then(|p| u16::try_from(p.number).ok())
+            .filter(|n| *n > 0)
+        else {
+            continue;
+        };
+        let Some(endpoint) = ingress_endpoint(&ingress.default_endpoint, &proxy.ip_addresses)
+        else {
+            continue;
+        };
+        if !seen.insert(number) {
+            continue;
+        }
+        let input = SidecarIngressClusterInput {
+            sidecar: (sidecar.namespace.clone(), sidecar.name.clone()),
+            index,
+            endpoint,
+            v6_only: v6_only(&proxy.ip_addresses),
+        };
+        out.extend(
+            snapshot
+                .cache()
+                .get_or_insert(input, |input| input.generate(snapshot)),
+        );
+    }
+    out
+}
+
+/// The input of a Sidecar ingress cluster, and its cache key: the Sidecar (by name),
+/// the ingress listener's index, its endpoint as resolved for the proxy, and whether
+/// the proxy is IPv6-only.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct SidecarIngressClusterInput {
+    pub sidecar: (String, String),
+    pub index: usize,
+    pub endpoint: InboundEndpoint,
+    pub v6_only: bool,
+}
+
+impl CacheInput for SidecarIngressClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl SidecarIngressClusterInput {
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let (ns, name) = &self.sidecar;
+        let sidecar = snapshot.config().sidecar_by_name(ns, name)?;
+        let ingress = sidecar.spec.ingress.get(self.index)?;
+        let sidecar_port = ingress.port.as_ref()?;
+        let number = u16::try_from(sidecar_port.number).ok()?;
+        let port = Port::new(
+            &sidecar_port.name,
+            number,
+            Protocol::parse(&sidecar_port.protocol),
+        )?;
+        let pool = ingress
+            .connection_pool
+            .or(sidecar.spec.inbound_connection_pool);
+        let policy = pool.map(|pool| TrafficPolicy {
+            connection_pool: Some(pool),
+            ..Default::default()
+        });
+        let cluster = inbound_cluster(&InboundRequest {
+            target_port: number,
+            port: &port,
+            policy: policy.as_ref(),
+            mesh: &snapshot.mesh().config,
+            v6_only: self.v6_only,
+            endpoint: self.endpoint.clone(),
+        });
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            inbound_name(number),
+            &cluster,
+        ))
+    }
+}
+
+/// The clusters of the proxy's own service instances.
+fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     let instances = instances::proxy_instances(snapshot, proxy);
     let mut by_target: BTreeMap<u16, &ProxyInstance> = BTreeMap::new();
     for instance in &instances {
@@ -827,18 +1019,6 @@ pub fn cached_inbound(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
                 .get_or_insert(input, |input| input.generate(snapshot)),
         );
     }
-    let (v4, v6) = ip_families(&proxy.ip_addresses);
-    out.extend(
-        snapshot
-            .cache()
-            .get_or_insert(InboundPassthroughInput { v4, v6 }, |input| {
-                Some(EncodedResource::encode(
-                    TypeUrl::Cluster,
-                    INBOUND_PASSTHROUGH,
-                    &inbound_passthrough_for(&snapshot.mesh().config, input.v4, input.v6),
-                ))
-            }),
-    );
     out
 }
 
@@ -894,6 +1074,7 @@ impl InboundClusterInput {
             policy: traffic_policy.as_ref(),
             mesh: &snapshot.mesh().config,
             v6_only: self.v6_only,
+            endpoint: InboundEndpoint::Mesh,
         });
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
@@ -1969,6 +2150,102 @@ mod tests {
     }
 
     #[test]
+    fn sidecar_ingress_default_endpoints() {
+        let v4: Vec<IpAddr> = vec!["1.2.3.4".parse().unwrap()];
+        let v6: Vec<IpAddr> = vec!["fd00::1".parse().unwrap()];
+        let socket = |a: &str, p| Some(InboundEndpoint::Socket(a.into(), p));
+        assert_eq!(
+            ingress_endpoint("", &v4),
+            Some(InboundEndpoint::OriginalDst)
+        );
+        assert_eq!(
+            ingress_endpoint("unix:///var/run/app.sock", &v4),
+            Some(InboundEndpoint::Pipe("/var/run/app.sock".into()))
+        );
+        assert_eq!(
+            ingress_endpoint("127.0.0.1:8080", &v4),
+            socket("127.0.0.1", 8080)
+        );
+        assert_eq!(ingress_endpoint("127.0.0.1:8080", &v6), socket("::1", 8080));
+        assert_eq!(
+            ingress_endpoint("[::1]:8080", &v4),
+            socket("127.0.0.1", 8080)
+        );
+        assert_eq!(
+            ingress_endpoint("0.0.0.0:8080", &v4),
+            socket("1.2.3.4", 8080)
+        );
+        assert_eq!(
+            ingress_endpoint("0.0.0.0:8080", &v6),
+            socket("127.0.0.1", 8080)
+        );
+        assert_eq!(ingress_endpoint("[::]:8080", &v6), socket("fd00::1", 8080));
+        assert_eq!(ingress_endpoint("127.0.0.1", &v4), None);
+        assert_eq!(ingress_endpoint("127.0.0.1:http", &v4), None);
+
+        let mesh = default_mesh_config();
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let build = |endpoint| {
+            inbound_cluster(&InboundRequest {
+                target_port: 80,
+                port: &port,
+                policy: None,
+                mesh: &mesh,
+                v6_only: false,
+                endpoint,
+            })
+        };
+        let endpoints = |c: &Cluster| -> Vec<Option<EnvoyAddress>> {
+            c.load_assignment
+                .iter()
+                .flat_map(|la| &la.endpoints)
+                .flat_map(|e| &e.lb_endpoints)
+                .map(|lb| match &lb.host_identifier {
+                    Some(lb_endpoint::HostIdentifier::Endpoint(e)) => e.address.clone(),
+                    _ => None,
+                })
+                .collect()
+        };
+        // Loopback: static, no "magic" source address.
+        let c = build(InboundEndpoint::Socket("127.0.0.1".into(), 8080));
+        assert_eq!(c.name, "inbound|80||");
+        assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
+        assert_eq!(
+            endpoints(&c),
+            vec![Some(eds::socket("127.0.0.1".into(), 8080))]
+        );
+        assert!(c.upstream_bind_config.is_none());
+        // The instance IP: static, from 127.0.0.6 so iptables lets it through.
+        let c = build(InboundEndpoint::Socket("1.2.3.4".into(), 8080));
+        assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
+        assert!(c.upstream_bind_config.is_some());
+        // A socket.
+        let c = build(InboundEndpoint::Pipe("/socket".into()));
+        let Some(Some(EnvoyAddress {
+            address: Some(address::Address::Pipe(pipe)),
+        })) = endpoints(&c).into_iter().next()
+        else {
+            panic!("a pipe endpoint")
+        };
+        assert_eq!(pipe.path, "/socket");
+        // No default endpoint: the original destination, whatever the mesh says.
+        let mut localhost = mesh.clone();
+        localhost.inbound_traffic_policy = Some(InboundTrafficPolicy {
+            mode: InboundMode::Localhost as i32,
+        });
+        let c = inbound_cluster(&InboundRequest {
+            target_port: 80,
+            port: &port,
+            policy: None,
+            mesh: &localhost,
+            v6_only: false,
+            endpoint: InboundEndpoint::OriginalDst,
+        });
+        assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
+        assert!(c.load_assignment.is_none());
+    }
+
+    #[test]
     fn inbound_clusters_forward_to_the_workload() {
         let mesh = default_mesh_config();
         let port = Port::new("grpc", 9080, Protocol::Grpc).unwrap();
@@ -1990,6 +2267,7 @@ mod tests {
             policy: Some(&pool),
             mesh: &mesh,
             v6_only: v6_only(&ips),
+            endpoint: InboundEndpoint::Mesh,
         });
         assert_eq!(c.name, "inbound|19080||");
         assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
@@ -2026,6 +2304,7 @@ mod tests {
             policy: None,
             mesh: &localhost,
             v6_only: v6_only(&ips),
+            endpoint: InboundEndpoint::Mesh,
         });
         assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
         assert!(c.upstream_bind_config.is_none());

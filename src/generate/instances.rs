@@ -12,10 +12,33 @@
 use std::collections::{BTreeSet, HashSet};
 use std::sync::Arc;
 
+use meshfed_api::networking::v1alpha3::{CaptureMode, Sidecar};
 use meshfed_registry::{Port, ProviderId, Service};
 
 use crate::model::proxy::Proxy;
+use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
+
+/// The Sidecar scoping the proxy when it declares `ingress` listeners: they then
+/// replace the inbound ports of the proxy's service instances (Istio's
+/// `HasIngressListener`, without `PILOT_ALLOW_SIDECAR_SERVICE_INBOUND_LISTENER_MERGE`).
+pub fn sidecar_ingress(snapshot: &Snapshot, proxy: &Proxy) -> Option<Arc<Config<Sidecar>>> {
+    snapshot
+        .config()
+        .sidecar_for(&proxy.namespace, &proxy.labels)
+        .filter(|s| !s.spec.ingress.is_empty())
+        .cloned()
+}
+
+/// Whether an ingress (or egress) listener with this `captureMode` binds a real
+/// listener: `NONE` does, `DEFAULT` does when the proxy has no interception (Istio's
+/// `getBindToPort`).
+pub fn binds_to_port(capture_mode: i32, interception_none: bool) -> bool {
+    match CaptureMode::try_from(capture_mode).unwrap_or(CaptureMode::Default) {
+        CaptureMode::Default => interception_none,
+        mode => mode == CaptureMode::None,
+    }
+}
 
 /// One service port the proxy's workload serves.
 #[derive(Clone, Debug, PartialEq)]

@@ -331,15 +331,48 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
         .collect()
 }
 
-/// The ports a sidecar serves for its own services.
-fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::InboundPort> {
-    let mut out: Vec<lds::InboundPort> = instances::proxy_instances(snapshot, proxy)
-        .into_iter()
-        .map(|i| lds::InboundPort {
-            target_port: i.target_port,
-            http: i.port.protocol.is_http(),
-        })
-        .collect();
+/// The ports a sidecar serves: its Sidecar's `ingress` ports when it has any (the
+/// first listener of a port wins, as in Istio), else the target ports of its own
+/// services (none on a proxy without interception, which must declare them).
+pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::InboundPort> {
+    let mut out: Vec<lds::InboundPort> = match instances::sidecar_ingress(snapshot, proxy) {
+        Some(sidecar) => {
+            let interception_none = proxy.interception_none();
+            let wildcard = if cds::v6_only(&proxy.ip_addresses) {
+                "::"
+            } else {
+                "0.0.0.0"
+            };
+            sidecar
+                .spec
+                .ingress
+                .iter()
+                .filter_map(|ingress| {
+                    let port = ingress.port.as_ref()?;
+                    let number = u16::try_from(port.number).ok().filter(|n| *n > 0)?;
+                    let bind = instances::binds_to_port(ingress.capture_mode, interception_none)
+                        .then(|| {
+                            if ingress.bind.is_empty() {
+                                wildcard.to_string()
+                            } else {
+                                ingress.bind.clone()
+                            }
+                        });
+                    Some(lds::InboundPort {
+                        target_port: number,
+                        http: meshfed_registry::Protocol::parse(&port.protocol).is_http(),
+                        bind,
+                    })
+                })
+                .collect()
+        }
+        None if proxy.interception_none() => Vec::new(),
+        None => instances::proxy_instances(snapshot, proxy)
+            .into_iter()
+            .map(|i| lds::InboundPort::captured(i.target_port, i.port.protocol.is_http()))
+            .collect(),
+    };
+    // Stable sort: the first declaration of a port is kept.
     out.sort_by_key(|p| p.target_port);
     out.dedup_by_key(|p| p.target_port);
     out

@@ -81,6 +81,9 @@ pub struct ClientView {
     /// Whether the proxy uses ServiceEntries' auto-allocated addresses
     /// ([`Proxy::uses_auto_allocated_ips`]).
     pub uses_auto_allocated: bool,
+    /// Metadata `INTERCEPTION_MODE` is `NONE`: no traffic is redirected to the proxy,
+    /// so it has no `virtualInbound` and binds its inbound listeners.
+    pub interception_none: bool,
 }
 
 impl ClientView {
@@ -183,7 +186,17 @@ impl Proxy {
             generator: self.generator,
             node_type: self.node_type,
             uses_auto_allocated: self.uses_auto_allocated_ips(),
+            interception_none: self.interception_none(),
         }
+    }
+
+    /// Whether metadata `INTERCEPTION_MODE` is `NONE` (Istio's `InterceptionNone`):
+    /// traffic reaches the proxy only on ports it binds.
+    pub fn interception_none(&self) -> bool {
+        self.metadata
+            .get("INTERCEPTION_MODE")
+            .and_then(|v| v.as_str())
+            == Some("NONE")
     }
 
     /// A boolean metadata field as Istio's `StringBool` reads it: a JSON bool, or a

@@ -23,66 +23,12 @@ use crate::support::*;
 // Why the listed vectors fail today (issue 18).
 const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-less DNS ServiceEntry (DNS_AUTO_ALLOCATE), so no \
     <vip>_443 listener";
-const SIDECAR_INGRESS_IGNORED: &str =
-    "Sidecar `ingress` listeners are ignored: no inbound|<port>|| cluster or inbound chain";
 
 /// Vectors expected to fail today: (vector name, reason).
 const KNOWN_GAPS: &[(&str, &str)] = &[
     (
         "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
         NO_ADDRESS_AUTO_ALLOCATION,
-    ),
-    (
-        "TestInboundClusters/ingress to same port/call 80",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to same port/clusters",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to different port/call 80",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to different port/clusters",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to instance IP/call 80",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to instance IP/clusters",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress without default endpoint/call 80",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress without default endpoint/clusters",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to socket/call 80",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/ingress to socket/clusters",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/multiple ingress/call 80",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/multiple ingress/call 81",
-        SIDECAR_INGRESS_IGNORED,
-    ),
-    (
-        "TestInboundClusters/multiple ingress/clusters",
-        SIDECAR_INGRESS_IGNORED,
     ),
 ];
 

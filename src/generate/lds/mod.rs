@@ -54,13 +54,29 @@ pub const VIRTUAL_INBOUND: &str = "virtualInbound";
 /// Inbound traffic to ports no service claims.
 pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 
-/// A port the proxy serves for one of its services (from the registries).
+/// A port the proxy serves for one of its services (from the registries), or a
+/// Sidecar `ingress` port, which replaces them.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct InboundPort {
     /// Port the workload listens on.
     pub target_port: u16,
     /// Whether traffic is HTTP.
     pub http: bool,
+    /// The address of a real listener `<bind>_<port>` bound to the port (a Sidecar
+    /// ingress port with `captureMode: NONE`, or `DEFAULT` on a proxy without
+    /// interception); `None` for a chain of `virtualInbound`.
+    pub bind: Option<String>,
+}
+
+impl InboundPort {
+    /// A chain of `virtualInbound` for a port.
+    pub fn captured(target_port: u16, http: bool) -> InboundPort {
+        InboundPort {
+            target_port,
+            http,
+            bind: None,
+        }
+    }
 }
 
 /// Every listener of a sidecar. `inbound` lists the proxy's own ports.
@@ -81,15 +97,67 @@ fn sidecar_listeners_unchecked(
     proxy: &ClientView,
     inbound: &[InboundPort],
 ) -> Vec<Listener> {
-    let mut out = vec![
-        outbound::virtual_outbound(snapshot, proxy),
-        virtual_inbound(snapshot, inbound),
-    ];
+    let mut out = Vec::new();
+    // Without interception nothing reaches a capture listener: only bound ports.
+    if !proxy.interception_none {
+        let captured: Vec<&InboundPort> = inbound.iter().filter(|p| p.bind.is_none()).collect();
+        out.push(outbound::virtual_outbound(snapshot, proxy));
+        out.push(virtual_inbound(snapshot, &captured));
+    }
     out.extend(outbound::outbound_listeners(snapshot, proxy));
+    out.extend(bound_inbound_listeners(inbound));
     out
 }
 
-fn virtual_inbound(snapshot: &Snapshot, inbound: &[InboundPort]) -> Listener {
+/// The real inbound listeners `<bind>_<port>` of the bound ports: the port's chain
+/// alone, without `original_dst` (the connection is addressed to the listener).
+fn bound_inbound_listeners(inbound: &[InboundPort]) -> Vec<Listener> {
+    let mut seen = std::collections::BTreeSet::new();
+    inbound
+        .iter()
+        .filter_map(|p| Some((p, p.bind.as_deref()?)))
+        .filter(|(p, bind)| seen.insert((bind.to_string(), p.target_port)))
+        .map(|(p, bind)| Listener {
+            name: format!("{bind}_{}", p.target_port),
+            address: Some(socket(bind, p.target_port)),
+            traffic_direction: TrafficDirection::Inbound as i32,
+            filter_chains: vec![inbound_chain(p)],
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The chain of one inbound port: HTTP through an inline route to
+/// `inbound|<port>||`, else a TCP proxy to it.
+fn inbound_chain(p: &InboundPort) -> FilterChain {
+    let cluster = cds::inbound_name(p.target_port);
+    let bind = p.bind.as_deref().unwrap_or("0.0.0.0");
+    let filter = if p.http {
+        hcm_filter(
+            &format!("inbound_{bind}_{}", p.target_port),
+            http_connection_manager::RouteSpecifier::RouteConfig(inbound_route(
+                &cluster,
+                p.target_port,
+            )),
+            false,
+        )
+    } else {
+        tcp_proxy_filter(&cluster)
+    };
+    FilterChain {
+        name: cluster.clone(),
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(p.target_port),
+            }),
+            ..Default::default()
+        }),
+        filters: vec![filter],
+        ..Default::default()
+    }
+}
+
+fn virtual_inbound(snapshot: &Snapshot, inbound: &[&InboundPort]) -> Listener {
     let port = u16::try_from(snapshot.mesh().config.proxy_inbound_listen_port).unwrap_or(15006);
     // Connections addressed to the capture port itself would loop.
     let mut chains: Vec<FilterChain> = vec![FilterChain {
@@ -105,33 +173,9 @@ fn virtual_inbound(snapshot: &Snapshot, inbound: &[InboundPort]) -> Listener {
     }];
     let mut seen = std::collections::BTreeSet::new();
     for p in inbound {
-        if !seen.insert(p.target_port) {
-            continue;
+        if seen.insert(p.target_port) {
+            chains.push(inbound_chain(p));
         }
-        let cluster = format!("inbound|{}||", p.target_port);
-        let filter = if p.http {
-            hcm_filter(
-                &format!("inbound_0.0.0.0_{}", p.target_port),
-                http_connection_manager::RouteSpecifier::RouteConfig(inbound_route(
-                    &cluster,
-                    p.target_port,
-                )),
-                false,
-            )
-        } else {
-            tcp_proxy_filter(&cluster)
-        };
-        chains.push(FilterChain {
-            name: cluster.clone(),
-            filter_chain_match: Some(FilterChainMatch {
-                destination_port: Some(UInt32Value {
-                    value: u32::from(p.target_port),
-                }),
-                ..Default::default()
-            }),
-            filters: vec![filter],
-            ..Default::default()
-        });
     }
     chains.push(FilterChain {
         name: "virtualInbound-catchall-tcp".into(),
@@ -407,7 +451,8 @@ mod tests {
     use std::sync::Arc;
 
     use meshfed_api::networking::v1alpha3::{
-        Gateway, IstioEgressListener, Port as GwPort, Server, ServerTlsSettings, Sidecar,
+        CaptureMode, Gateway, IstioEgressListener, IstioIngressListener, Port as GwPort, Server,
+        ServerTlsSettings, Sidecar, SidecarPort,
     };
     use meshfed_registry::{
         Aggregate, EndpointIndex, MemoryRegistry, Port, Protocol, ProviderId, PushRequest, Service,
@@ -466,6 +511,19 @@ mod tests {
         Proxy::from_node(Some(&node)).unwrap()
     }
 
+    fn proxy_with(id: &str, metadata: serde_json::Value) -> Proxy {
+        let mut meta = serde_json::json!({"LABELS": {}, "CLUSTER_ID": "c1"});
+        for (k, v) in metadata.as_object().unwrap() {
+            meta[k] = v.clone();
+        }
+        let node = envoy_types::pb::envoy::config::core::v3::Node {
+            id: id.into(),
+            metadata: Some(json_to_struct(&meta)),
+            ..Default::default()
+        };
+        Proxy::from_node(Some(&node)).unwrap()
+    }
+
     pub(super) fn default_mesh() -> MeshSettings {
         MeshSettings {
             config: crate::mesh::default_mesh_config(),
@@ -504,14 +562,8 @@ mod tests {
             serde_json::json!({}),
         );
         let inbound = [
-            InboundPort {
-                target_port: 8080,
-                http: true,
-            },
-            InboundPort {
-                target_port: 9000,
-                http: false,
-            },
+            InboundPort::captured(8080, true),
+            InboundPort::captured(9000, false),
         ];
         let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
         let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
@@ -608,6 +660,228 @@ mod tests {
         assert_eq!(references(&listeners[2]).0, vec!["BlackHoleCluster"]);
     }
 
+    fn ingress_sidecar(ingress: Vec<IstioIngressListener>) -> ConfigSet {
+        ConfigSet {
+            sidecars: vec![Config {
+                name: "default".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: Sidecar {
+                    ingress,
+                    ..Default::default()
+                },
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn ingress(number: u32, protocol: &str, bind: &str, mode: CaptureMode) -> IstioIngressListener {
+        IstioIngressListener {
+            port: Some(SidecarPort {
+                number,
+                protocol: protocol.into(),
+                name: format!("p{number}"),
+                ..Default::default()
+            }),
+            bind: bind.into(),
+            capture_mode: mode as i32,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sidecar_ingress_ports_replace_service_ports() {
+        let set = ingress_sidecar(vec![
+            ingress(8080, "HTTP", "", CaptureMode::Default),
+            ingress(9000, "TCP", "127.0.0.1", CaptureMode::None),
+            // A second listener on a port: the first wins.
+            ingress(8080, "TCP", "", CaptureMode::Default),
+            ingress(7070, "GRPC", "", CaptureMode::Iptables),
+        ]);
+        let snap = snapshot(Vec::new(), set, default_mesh());
+        let p = proxy(
+            "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let inbound = crate::generate::inbound_ports(&snap, &p);
+        assert_eq!(
+            inbound,
+            vec![
+                InboundPort::captured(7070, true),
+                InboundPort::captured(8080, true),
+                InboundPort {
+                    target_port: 9000,
+                    http: false,
+                    bind: Some("127.0.0.1".into()),
+                },
+            ]
+        );
+        let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
+        let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["virtualOutbound", "virtualInbound", "127.0.0.1_9000"]
+        );
+        assert_eq!(
+            references(&listeners[1]).0,
+            vec![
+                "BlackHoleCluster",
+                "inbound|7070||",
+                "inbound|8080||",
+                "InboundPassthroughCluster"
+            ],
+            "the bound port is not a chain of virtualInbound"
+        );
+        let bound = &listeners[2];
+        assert_eq!(bound.address, Some(socket("127.0.0.1", 9000)));
+        assert!(bound.listener_filters.is_empty(), "no original_dst");
+        assert_eq!(references(bound).0, vec!["inbound|9000||"]);
+
+        // Without interception, DEFAULT binds too (on the wildcard), and there is no
+        // virtualInbound (so an IPTABLES port has nowhere to be) nor virtualOutbound.
+        let p = proxy_with(
+            "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
+            serde_json::json!({"INTERCEPTION_MODE": "NONE"}),
+        );
+        let inbound = crate::generate::inbound_ports(&snap, &p);
+        let bound: Vec<(u16, Option<&str>)> = inbound
+            .iter()
+            .map(|i| (i.target_port, i.bind.as_deref()))
+            .collect();
+        assert_eq!(
+            bound,
+            vec![
+                (7070, None),
+                (8080, Some("0.0.0.0")),
+                (9000, Some("127.0.0.1"))
+            ]
+        );
+        let view = p.client_view();
+        assert!(view.interception_none);
+        let listeners = sidecar_listeners(&snap, &view, &inbound);
+        let names: Vec<&str> = listeners.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, vec!["0.0.0.0_8080", "127.0.0.1_9000"]);
+
+        // Without interception and without ingress: no inbound listener at all.
+        let snap = snapshot(Vec::new(), ConfigSet::default(), default_mesh());
+        assert!(crate::generate::inbound_ports(&snap, &p).is_empty());
+    }
+
+    #[test]
+    fn sidecar_egress_ports_bind_and_capture() {
+        let egress = |number: u32, protocol: &str, bind: &str, mode: CaptureMode, host: &str| {
+            IstioEgressListener {
+                port: (number > 0).then(|| SidecarPort {
+                    number,
+                    protocol: protocol.into(),
+                    name: format!("p{number}"),
+                    ..Default::default()
+                }),
+                bind: bind.into(),
+                capture_mode: mode as i32,
+                hosts: vec![host.into()],
+            }
+        };
+        let set = ConfigSet {
+            sidecars: vec![Config {
+                name: "default".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: Sidecar {
+                    egress: vec![
+                        egress(
+                            9000,
+                            "TCP",
+                            "",
+                            CaptureMode::Default,
+                            "./db.default.svc.cluster.local",
+                        ),
+                        egress(
+                            8080,
+                            "HTTP",
+                            "127.0.0.2",
+                            CaptureMode::None,
+                            "./a.default.svc.cluster.local",
+                        ),
+                        egress(
+                            7000,
+                            "TCP",
+                            "",
+                            CaptureMode::None,
+                            "./db.default.svc.cluster.local",
+                        ),
+                        egress(0, "", "", CaptureMode::Default, "./*"),
+                    ],
+                    ..Default::default()
+                },
+            }],
+            ..Default::default()
+        };
+        let snap = snapshot(
+            vec![
+                service(
+                    "a.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.1",
+                    &[("http", 80, Protocol::Http)],
+                ),
+                service(
+                    "db.default.svc.cluster.local",
+                    "default",
+                    "10.96.0.2",
+                    &[("tcp", 5432, Protocol::Tcp)],
+                ),
+                service(
+                    "b.other.svc.cluster.local",
+                    "other",
+                    "10.96.0.3",
+                    &[("http", 80, Protocol::Http)],
+                ),
+            ],
+            set,
+            default_mesh(),
+        );
+        let p = proxy(
+            "sidecar~10.0.0.1~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let listeners = sidecar_listeners(&snap, &p.client_view(), &[]);
+        let by_name: BTreeMap<&str, &Listener> =
+            listeners.iter().map(|l| (l.name.as_str(), l)).collect();
+        assert_eq!(
+            by_name.keys().copied().collect::<Vec<_>>(),
+            vec![
+                "0.0.0.0_80",
+                "10.96.0.2_5432",
+                "10.96.0.2_9000",
+                "127.0.0.1_7000",
+                "127.0.0.2_8080",
+                "virtualInbound",
+                "virtualOutbound"
+            ]
+        );
+        // A TCP egress port on the service's VIP, to its only port's cluster.
+        let tcp = by_name["10.96.0.2_9000"];
+        assert_eq!(tcp.bind_to_port, Some(BoolValue { value: false }));
+        assert_eq!(
+            references(tcp).0,
+            vec!["outbound|5432||db.default.svc.cluster.local"]
+        );
+        // captureMode NONE binds a real port: the given address, else the loopback.
+        let http = by_name["127.0.0.2_8080"];
+        assert_eq!(http.bind_to_port, None);
+        assert_eq!(http.address, Some(socket("127.0.0.2", 8080)));
+        assert_eq!(references(http).1, vec!["8080"]);
+        let bound = by_name["127.0.0.1_7000"];
+        assert_eq!(bound.bind_to_port, None);
+        assert_eq!(
+            references(bound).0,
+            vec!["outbound|5432||db.default.svc.cluster.local"]
+        );
+    }
+
     /// LDS size of one sidecar in an istio-reference-like mesh (1,000 HTTP services on
     /// port 8080 in 10 namespaces). Run with `--nocapture` to see the figure.
     #[test]
@@ -630,10 +904,7 @@ mod tests {
             "sidecar~172.16.0.1~app.ns-0~ns-0.svc.cluster.local",
             serde_json::json!({}),
         );
-        let inbound = [InboundPort {
-            target_port: 9080,
-            http: true,
-        }];
+        let inbound = [InboundPort::captured(9080, true)];
         let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
         let bytes: usize = listeners
             .iter()

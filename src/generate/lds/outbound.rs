@@ -29,9 +29,18 @@
 //! on the wildcard with those prefixes as its chains' match; services with overlapping
 //! ranges keep one chain each (Envoy picks the longest prefix).
 //!
-//! Not built (yet): Sidecar egress `bind`/`captureMode` listeners, per-endpoint
-//! listeners of headless TCP services, and `<hostname>:<port>` route tables for sniffed services on
-//! a VIP (they use the shared `<port>` table, which holds their virtual host too).
+//! Sidecar egress listeners, in order: one with a `port` gives every service of its
+//! `hosts` a listener on that port with the port's protocol (TCP chains to the
+//! service's port of that number, or its only port); one without gives the services
+//! of its hosts their own ports. `bind` replaces the class's address; `captureMode:
+//! NONE` (or `DEFAULT` on a proxy with `INTERCEPTION_MODE: NONE`) makes a real bound
+//! listener, on `bind` or else `127.0.0.1`.
+//!
+//! Not built (yet): per-endpoint listeners of headless TCP services, `<hostname>:<port>`
+//! route tables for sniffed services on a VIP (they use the shared `<port>` table,
+//! which holds their virtual host too), and Istio's per-egress-listener route tables:
+//! the `<port>` table of an HTTP egress port holds every visible service with that
+//! port, not only that listener's (Istio leaves out services without the port too).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -59,7 +68,7 @@ use crate::generate::cds;
 use crate::generate::rds::{OutboundPolicy, outbound_policy};
 use crate::model::ClientView;
 use crate::push::config_index::{Config, MESH_GATEWAY, host_matches};
-use crate::push::snapshot::Snapshot;
+use crate::push::snapshot::{Snapshot, egress_host_matches};
 
 /// Chain of `virtualOutbound` that refuses traffic addressed to the capture port.
 pub const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
@@ -287,6 +296,8 @@ struct Entry {
     port: u16,
     protocol: Protocol,
     chains: Vec<ChainOpts>,
+    /// Binds a real port (Sidecar egress captureMode NONE).
+    bound: bool,
 }
 
 /// The per-port outbound listeners, sorted by name.
@@ -321,38 +332,63 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
         ENVOY_PROMETHEUS_PORT,
     ];
     let mut entries: BTreeMap<(String, u16), Entry> = BTreeMap::new();
-    for service in services {
-        let vss: Vec<&Config<VirtualService>> = virtual_services
-            .iter()
-            .filter(|vs| {
-                vs.spec
-                    .hosts
-                    .iter()
-                    .any(|h| host_matches(h, service.hostname.as_str()))
-            })
-            .map(|vs| vs.as_ref())
-            .collect();
-        for port in &service.ports {
-            let Some(class) = class_of(port.protocol) else {
-                continue;
-            };
-            let p = port.port.get();
-            if class == Class::Http && reserved.contains(&p) {
-                tracing::debug!(
-                    "outbound listener for {}:{p} skipped: the port is one of Envoy's own",
-                    service.hostname
-                );
+    for group in egress_groups(snapshot, proxy) {
+        // A listener that binds a real port and names no address binds the loopback
+        // address (Istio's actualLocalHost).
+        let bind = match (group.bind, group.bound) {
+            (Some(b), _) => Some(b),
+            (None, true) => Some("127.0.0.1"),
+            (None, false) => None,
+        };
+        for service in &services {
+            if let Some(hosts) = &group.hosts
+                && !hosts.iter().any(|h| egress_host_matches(h, ns, service))
+            {
                 continue;
             }
-            let ctx = ServiceCtx {
-                snapshot,
-                proxy,
-                service,
-                port: p,
-                protocol: port.protocol,
-                virtual_services: &vss,
+            let vss: Vec<&Config<VirtualService>> = virtual_services
+                .iter()
+                .filter(|vs| {
+                    vs.spec
+                        .hosts
+                        .iter()
+                        .any(|h| host_matches(h, service.hostname.as_str()))
+                })
+                .map(|vs| vs.as_ref())
+                .collect();
+            // An egress listener with a port gives every service of its hosts a
+            // listener on that port, with the port's protocol.
+            let ports: Vec<(u16, Protocol)> = match group.port {
+                Some(port) => vec![port],
+                None => service
+                    .ports
+                    .iter()
+                    .map(|p| (p.port.get(), p.protocol))
+                    .collect(),
             };
-            add_service_port(&mut entries, &ctx, class);
+            for (p, protocol) in ports {
+                let Some(class) = class_of(protocol) else {
+                    continue;
+                };
+                if class == Class::Http && reserved.contains(&p) {
+                    tracing::debug!(
+                        "outbound listener for {}:{p} skipped: the port is one of Envoy's own",
+                        service.hostname
+                    );
+                    continue;
+                }
+                let ctx = ServiceCtx {
+                    snapshot,
+                    proxy,
+                    service,
+                    port: p,
+                    protocol,
+                    virtual_services: &vss,
+                    bind,
+                    bound: group.bound,
+                };
+                add_service_port(&mut entries, &ctx, class);
+            }
         }
     }
     let catch_all = catch_all_cluster(snapshot, proxy);
@@ -374,9 +410,63 @@ struct ServiceCtx<'a> {
     snapshot: &'a Snapshot,
     proxy: &'a ClientView,
     service: &'a Service,
+    /// The listener port (a service port, or a Sidecar egress listener's port).
     port: u16,
     protocol: Protocol,
     virtual_services: &'a [&'a Config<VirtualService>],
+    /// The address a Sidecar egress listener binds, overriding the class's.
+    bind: Option<&'a str>,
+    /// The listener binds a real port (captureMode NONE).
+    bound: bool,
+}
+
+/// One Sidecar egress listener as the outbound listeners see it (or the implicit
+/// catch-all of a proxy without Sidecar egress listeners).
+struct EgressGroup<'a> {
+    /// Its `hosts`; `None`: every visible service.
+    hosts: Option<&'a [String]>,
+    /// Its port and the port's protocol, when it has one.
+    port: Option<(u16, Protocol)>,
+    bind: Option<&'a str>,
+    bound: bool,
+}
+
+/// The egress listeners of the proxy's Sidecar in order, or one catch-all.
+fn egress_groups<'a>(snapshot: &'a Snapshot, proxy: &'a ClientView) -> Vec<EgressGroup<'a>> {
+    let egress = snapshot
+        .config()
+        .sidecar_for(&proxy.namespace, &proxy.labels)
+        .map(|s| s.spec.egress.as_slice())
+        .unwrap_or_default();
+    if egress.is_empty() {
+        return vec![EgressGroup {
+            hosts: None,
+            port: None,
+            bind: None,
+            bound: proxy.interception_none,
+        }];
+    }
+    egress
+        .iter()
+        .filter_map(|e| {
+            let port = match &e.port {
+                Some(p) => Some((
+                    u16::try_from(p.number).ok().filter(|n| *n > 0)?,
+                    Protocol::parse(&p.protocol),
+                )),
+                None => None,
+            };
+            Some(EgressGroup {
+                hosts: Some(e.hosts.as_slice()),
+                port,
+                bind: Some(e.bind.as_str()).filter(|b| !b.is_empty()),
+                bound: crate::generate::instances::binds_to_port(
+                    e.capture_mode,
+                    proxy.interception_none,
+                ),
+            })
+        })
+        .collect()
 }
 
 /// Adds one service port to its (bind, port) entry with Istio's conflict rules.
@@ -386,9 +476,10 @@ fn add_service_port(
     class: Class,
 ) {
     let wildcard = "0.0.0.0".to_string();
-    let bind = match class {
-        Class::Http => wildcard,
-        Class::Tcp | Class::Auto => ctx
+    let bind = match (ctx.bind, class) {
+        (Some(bind), _) => bind.to_string(),
+        (None, Class::Http) => wildcard,
+        (None, Class::Tcp | Class::Auto) => ctx
             .service
             .address_for_proxy(ctx.proxy.cluster_id.as_ref(), ctx.proxy.uses_auto_allocated)
             .map_or(wildcard, |ip| ip.to_string()),
@@ -457,6 +548,7 @@ fn add_service_port(
                     port: ctx.port,
                     protocol,
                     chains,
+                    bound: ctx.bound,
                 },
             );
         }
@@ -812,7 +904,8 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
     Listener {
         address: Some(socket(&entry.bind, entry.port)),
         name,
-        bind_to_port: Some(BoolValue { value: false }),
+        // Listeners take redirected traffic from virtualOutbound unless they bind.
+        bind_to_port: (!entry.bound).then_some(BoolValue { value: false }),
         traffic_direction: TrafficDirection::Outbound as i32,
         continue_on_listener_filters_timeout: true,
         listener_filters,
