@@ -84,13 +84,6 @@ pub fn validate_sidecar(namespace: &str, sidecar: &net::Sidecar) -> Validation {
             }
             Some(port) => {
                 let here = at.field("port");
-                // Not Istio's: what meshfed does not build yet is said where users look.
-                f.warn(
-                    &here,
-                    "meshfed does not build per-port egress listeners yet: the hosts are \
-                     imported, but traffic uses the services' own listeners and ports, and \
-                     bind/captureMode have no effect",
-                );
                 if port.target_port > 0 {
                     f.error(
                         &here.field("targetPort"),
@@ -359,14 +352,7 @@ egress:
 outboundTrafficPolicy: {mode: ALLOW_ANY, egressProxy: {host: egress.example.com, port: {number: 443}}}
 "#,
         ));
-        // Only meshfed's own: the per-port egress listeners it does not build.
-        assert_eq!(warnings.len(), 2, "{warnings:?}");
-        assert!(
-            warnings
-                .iter()
-                .all(|w| w.to_string().contains("per-port egress listeners")),
-            "{warnings:?}"
-        );
+        assert!(warnings.is_empty(), "{warnings:?}");
     }
 
     #[test]
