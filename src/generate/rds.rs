@@ -124,31 +124,6 @@ fn sidecar_route_config_unchecked(
     route_configuration(port.to_string(), virtual_hosts)
 }
 
-/// Of `virtual_services`, the index of the one whose hosts match `host` most
-/// specifically (an exact host over the longest wildcard; the oldest on a tie), as
-/// [`crate::push::config_index::ConfigIndex::virtual_service_for_host`] picks among all.
-fn best_virtual_service(
-    virtual_services: &[&Arc<Config<VirtualService>>],
-    host: &str,
-) -> Option<usize> {
-    let mut best: Option<(usize, usize)> = None;
-    for (i, vs) in virtual_services.iter().enumerate() {
-        for pattern in &vs.spec.hosts {
-            if crate::push::config_index::host_matches(pattern, host) {
-                let specificity = if pattern.starts_with('*') {
-                    pattern.len()
-                } else {
-                    usize::MAX
-                };
-                if best.is_none_or(|(_, s)| specificity > s) {
-                    best = Some((i, specificity));
-                }
-            }
-        }
-    }
-    best.map(|(i, _)| i)
-}
-
 /// The virtual host of one service port as `proxy` sees it: the service's domains and
 /// the routes of its VirtualService, or the default route. This is the single virtual
 /// host of a proxyless gRPC client's route table `outbound|<port>||<fqdn>`.
@@ -204,8 +179,12 @@ fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &ClientView, port: u16) -> 
         if !routable(service) {
             continue;
         }
-        let owner =
-            best_virtual_service(&virtual_services, host).filter(|&i| !routes[i].is_empty());
+        let owner = crate::push::config_index::most_specific_virtual_service(
+            virtual_services.iter().copied(),
+            host,
+        )
+        .and_then(|vs| virtual_services.iter().position(|v| Arc::ptr_eq(v, vs)))
+        .filter(|&i| !routes[i].is_empty());
         match owner {
             Some(i) => owned[i].push(service),
             None => unowned.push(service),

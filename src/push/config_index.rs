@@ -158,22 +158,7 @@ impl ConfigIndex {
         proxy_ns: &'a str,
         host: &str,
     ) -> Option<&'a Arc<Config<VirtualService>>> {
-        let mut best: Option<(&Arc<Config<VirtualService>>, usize)> = None;
-        for vs in self.virtual_services(proxy_ns, MESH_GATEWAY) {
-            for pattern in &vs.spec.hosts {
-                if host_matches(pattern, host) {
-                    let specificity = if pattern.starts_with('*') {
-                        pattern.len()
-                    } else {
-                        usize::MAX
-                    };
-                    if best.is_none_or(|(_, s)| specificity > s) {
-                        best = Some((vs, specificity));
-                    }
-                }
-            }
-        }
-        best.map(|(vs, _)| vs)
+        most_specific_virtual_service(self.virtual_services(proxy_ns, MESH_GATEWAY), host)
     }
 
     /// The DestinationRule `namespace/name`.
@@ -315,6 +300,30 @@ pub fn fqdn(host: &str, ns: &str, domain: &str) -> String {
     } else {
         format!("{host}.{ns}.svc.{domain}")
     }
+}
+
+/// Of `virtual_services`, the first (oldest) one whose hosts match `host` most
+/// specifically: an exact host over the longest wildcard, as in Istio.
+pub fn most_specific_virtual_service<'a>(
+    virtual_services: impl IntoIterator<Item = &'a Arc<Config<VirtualService>>>,
+    host: &str,
+) -> Option<&'a Arc<Config<VirtualService>>> {
+    let mut best: Option<(&Arc<Config<VirtualService>>, usize)> = None;
+    for vs in virtual_services {
+        for pattern in &vs.spec.hosts {
+            if host_matches(pattern, host) {
+                let specificity = if pattern.starts_with('*') {
+                    pattern.len()
+                } else {
+                    usize::MAX
+                };
+                if best.is_none_or(|(_, s)| specificity > s) {
+                    best = Some((vs, specificity));
+                }
+            }
+        }
+    }
+    best.map(|(vs, _)| vs)
 }
 
 /// Istio host matching: exact, or a wildcard pattern `*.example.com` matching any host

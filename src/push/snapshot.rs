@@ -342,8 +342,24 @@ impl Snapshot {
         labels: &'a BTreeMap<String, String>,
     ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         // A Sidecar without egress listeners imports everything (`*/*`), as in Istio.
-        let egress: Option<Vec<&str>> = self
-            .config
+        let egress = self.sidecar_imports(namespace, labels);
+        self.services
+            .visible_to(namespace)
+            .filter(move |s| match &egress {
+                None => true,
+                Some(hosts) => hosts.iter().any(|h| egress_host_matches(h, namespace, s)),
+            })
+    }
+
+    /// The egress `hosts` entries of the Sidecar of a proxy in `namespace` with
+    /// `labels`; `None` imports everything (no Sidecar, or one without egress
+    /// listeners: `*/*`, as in Istio).
+    fn sidecar_imports<'a>(
+        &'a self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Option<Vec<&'a str>> {
+        self.config
             .sidecar_for(namespace, labels)
             .filter(|sc| !sc.spec.egress.is_empty())
             .map(|sc| {
@@ -352,12 +368,6 @@ impl Snapshot {
                     .iter()
                     .flat_map(|e| e.hosts.iter().map(String::as_str))
                     .collect()
-            });
-        self.services
-            .visible_to(namespace)
-            .filter(move |s| match &egress {
-                None => true,
-                Some(hosts) => hosts.iter().any(|h| egress_host_matches(h, namespace, s)),
             })
     }
 
@@ -371,17 +381,7 @@ impl Snapshot {
         namespace: &'a str,
         labels: &'a BTreeMap<String, String>,
     ) -> Vec<&'a Arc<Config<VirtualService>>> {
-        let imports: Option<Vec<&str>> = self
-            .config
-            .sidecar_for(namespace, labels)
-            .filter(|sc| !sc.spec.egress.is_empty())
-            .map(|sc| {
-                sc.spec
-                    .egress
-                    .iter()
-                    .flat_map(|e| e.hosts.iter().map(String::as_str))
-                    .collect()
-            });
+        let imports = self.sidecar_imports(namespace, labels);
         self.config
             .virtual_services(namespace, MESH_GATEWAY)
             .filter(|vs| match &imports {

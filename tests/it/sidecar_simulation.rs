@@ -25,12 +25,10 @@ const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-l
     <vip>_443 listener";
 
 /// Vectors expected to fail today: (vector name, reason).
-const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
-        NO_ADDRESS_AUTO_ALLOCATION,
-    ),
-];
+const KNOWN_GAPS: &[(&str, &str)] = &[(
+    "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
+    NO_ADDRESS_AUTO_ALLOCATION,
+)];
 
 /// What Istio expects of a call; `None` fields are not checked, `error: None` means
 /// the call must succeed.
