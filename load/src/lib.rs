@@ -176,6 +176,12 @@ pub struct LoadArgs {
     /// `--server-arg=--debounceAfter=50ms`.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+    /// The new-stream rate (`--maxRequestsPerSecond`) of a server the tool starts,
+    /// unless a --server-arg sets it: the server's default (Istio's, 25/s on 2 cores)
+    /// would throttle a 500/s ramp to 25 streams a second. 0 passes nothing (servers
+    /// built before the flag existed).
+    #[arg(long = "server-rate-limit", default_value_t = 1000)]
+    pub server_rate_limit: u32,
     /// The server's cluster id, sent as node metadata CLUSTER_ID.
     #[arg(long = "cluster-id", default_value = "Kubernetes")]
     pub cluster_id: String,
@@ -235,9 +241,19 @@ impl LoadArgs {
                          of a server it starts)"
                     );
                 }
+                let mut extra_args = Vec::new();
+                if self.server_rate_limit > 0
+                    && !self
+                        .server_args
+                        .iter()
+                        .any(|a| a.starts_with("--maxRequestsPerSecond"))
+                {
+                    extra_args.push(format!("--maxRequestsPerSecond={}", self.server_rate_limit));
+                }
+                extra_args.extend(self.server_args.iter().cloned());
                 Target::Spawn {
                     binary: server_binary(self.server_binary.as_deref())?,
-                    extra_args: self.server_args.clone(),
+                    extra_args,
                 }
             }
             (Some(_), None) => bail!(
@@ -339,4 +355,47 @@ pub fn run(args: LoadArgs) -> anyhow::Result<()> {
         bail!("{}", summary.verdict());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: LoadArgs,
+    }
+
+    fn spawn_args(flags: &[&str]) -> Vec<String> {
+        let scenario = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../examples/scenarios/smoke.yaml"
+        );
+        let mut argv = vec![
+            "load",
+            "--scenario",
+            scenario,
+            "--server-binary",
+            "/bin/true",
+        ];
+        argv.extend_from_slice(flags);
+        match Cli::parse_from(argv).args.options().unwrap().target {
+            Target::Spawn { extra_args, .. } => extra_args,
+            Target::Attach { .. } => panic!("a spawned server"),
+        }
+    }
+
+    #[test]
+    fn a_started_server_gets_a_rate_limit_that_does_not_throttle_the_ramp() {
+        assert_eq!(spawn_args(&[]), ["--maxRequestsPerSecond=1000"]);
+        assert_eq!(
+            spawn_args(&["--server-arg=--maxRequestsPerSecond=5"]),
+            ["--maxRequestsPerSecond=5"],
+            "the user's own value wins"
+        );
+        assert!(spawn_args(&["--server-rate-limit", "0"]).is_empty());
+    }
 }
