@@ -274,14 +274,34 @@ impl Ca {
     /// lifetime clamped to the signer. Returns the chain (leaf, intermediates) and
     /// the key, PEM.
     pub fn issue_serving(&self, dns_names: &[String]) -> Result<(String, String), CaError> {
-        let key = KeyPair::generate().map_err(|e| invalid("generating the serving key", e))?;
+        let ttl = SELF_SIGNED_ROOT_TTL;
+        self.issue_with_new_key(dns_names, ttl, ttl)
+    }
+
+    /// A certificate for `identities` on a new ECDSA P-256 key, for `ttl` (zero: the
+    /// default workload lifetime), as a workload that sent a CSR would get it: the
+    /// chain without the root (what a TLS peer presents) and the key, PEM.
+    pub fn issue_key_pair(
+        &self,
+        identities: &[String],
+        ttl: Duration,
+    ) -> Result<(String, String), CaError> {
+        self.issue_with_new_key(identities, ttl, self.max_ttl)
+    }
+
+    fn issue_with_new_key(
+        &self,
+        names: &[String],
+        ttl: Duration,
+        max_ttl: Duration,
+    ) -> Result<(String, String), CaError> {
+        let key = KeyPair::generate().map_err(|e| invalid("generating a key", e))?;
         let csr = CertificateParams::new(Vec::<String>::new())
             .and_then(|p| p.serialize_request(&key))
             .and_then(|r| r.pem())
-            .map_err(|e| invalid("the serving certificate request", e))?;
-        let ttl = SELF_SIGNED_ROOT_TTL;
-        let mut chain = self.sign_with(&csr, dns_names, ttl, ttl)?;
-        // The root is not part of what a server sends.
+            .map_err(|e| invalid("a certificate request", e))?;
+        let mut chain = self.sign_with(&csr, names, ttl, max_ttl)?;
+        // The root is not part of what a peer sends.
         chain.pop();
         Ok((chain.concat(), key.serialize_pem()))
     }

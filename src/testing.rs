@@ -256,22 +256,19 @@ pub struct ClientTls {
     pub server_name: String,
 }
 
-/// A gRPC channel to `addr` over TLS (rustls, ALPN h2).
-pub async fn tls_channel(
-    addr: SocketAddr,
-    tls: &ClientTls,
-) -> anyhow::Result<tonic::transport::Channel> {
+/// A TLS client configuration (rustls on ring, ALPN h2) trusting `roots` and, with
+/// `identity` (certificate chain and key, PEM), presenting it.
+pub fn tls_client_config(
+    roots: Arc<rustls::RootCertStore>,
+    identity: Option<(&str, &str)>,
+) -> anyhow::Result<Arc<rustls::ClientConfig>> {
     use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(tls.roots_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots);
-    let mut config = match &tls.identity {
+    let mut config = match identity {
         Some((chain, key)) => builder.with_client_auth_cert(
             CertificateDer::pem_slice_iter(chain.as_bytes()).collect::<Result<Vec<_>, _>>()?,
             PrivateKeyDer::from_pem_slice(key.as_bytes())?,
@@ -279,19 +276,52 @@ pub async fn tls_channel(
         None => builder.with_no_client_auth(),
     };
     config.alpn_protocols = vec![b"h2".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let name = ServerName::try_from(tls.server_name.clone())?;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+    Ok(Arc::new(config))
+}
+
+/// The roots of a PEM bundle.
+pub fn root_store(pem: &str) -> anyhow::Result<rustls::RootCertStore> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    Ok(roots)
+}
+
+/// A gRPC channel with `endpoint`'s settings to `addr` over TLS with `config`,
+/// checking the server's certificate for `server_name` (TCP without Nagle delay).
+pub async fn tls_connect(
+    endpoint: tonic::transport::Endpoint,
+    addr: SocketAddr,
+    config: Arc<rustls::ClientConfig>,
+    server_name: rustls_pki_types::ServerName<'static>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let connector = tokio_rustls::TlsConnector::from(config);
+    endpoint
         .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
-            let (connector, name) = (connector.clone(), name.clone());
+            let (connector, name) = (connector.clone(), server_name.clone());
             async move {
                 let tcp = tokio::net::TcpStream::connect(addr).await?;
+                tcp.set_nodelay(true)?;
                 let io = connector.connect(name, tcp).await?;
                 Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
             }
         }))
-        .await?;
-    Ok(channel)
+        .await
+}
+
+/// A gRPC channel to `addr` over TLS as `tls` says.
+pub async fn tls_channel(
+    addr: SocketAddr,
+    tls: &ClientTls,
+) -> anyhow::Result<tonic::transport::Channel> {
+    let identity = tls.identity.as_ref().map(|(c, k)| (c.as_str(), k.as_str()));
+    let config = tls_client_config(Arc::new(root_store(&tls.roots_pem)?), identity)?;
+    let name = rustls_pki_types::ServerName::try_from(tls.server_name.clone())?;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?;
+    Ok(tls_connect(endpoint, addr, config, name).await?)
 }
 
 /// Calls `istio.v1.auth.IstioCertificateService/CreateCertificate` over `channel`

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use meshfed::ca::Ca;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls_pki_types::ServerName;
 use tonic::transport::Channel;
 
 /// The name istiod's serving certificate carries (Istio's default discovery address
@@ -36,9 +35,7 @@ pub struct TlsOptions {
 }
 
 /// The identity of a workload in `namespace` running as `service_account`.
-pub fn spiffe_id(trust_domain: &str, namespace: &str, service_account: &str) -> String {
-    format!("spiffe://{trust_domain}/ns/{namespace}/sa/{service_account}")
-}
+pub use meshfed::authn::spiffe_identity as spiffe_id;
 
 /// Client TLS for a run: the CA, the roots and one client configuration per identity.
 pub struct ClientTls {
@@ -73,11 +70,8 @@ impl ClientTls {
         }
         let ca = Ca::self_signed(dir, &options.trust_domain)
             .with_context(|| format!("reading the CA in {}", dir.display()))?;
-        let roots_pem = read(&dir.join("root-cert.pem"))?;
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(roots_pem.as_bytes()) {
-            roots.add(cert.context("root-cert.pem")?)?;
-        }
+        let roots = meshfed::testing::root_store(&read(&dir.join("root-cert.pem"))?)
+            .context("root-cert.pem")?;
         let server_name = ServerName::try_from(options.server_name.clone())
             .with_context(|| format!("--tls-server-name {:?}", options.server_name))?;
         Ok(ClientTls {
@@ -97,16 +91,9 @@ impl ClientTls {
     /// A certificate chain (leaf first, without the root) and key for `identity`,
     /// PEM: a fresh ECDSA P-256 key signed by the CA.
     pub fn issue(&self, identity: &str) -> anyhow::Result<(String, String)> {
-        let key = rcgen::KeyPair::generate()?;
-        let csr = rcgen::CertificateParams::new(Vec::<String>::new())?
-            .serialize_request(&key)?
-            .pem()?;
-        let mut chain = self
-            .ca
-            .sign(&csr, &[identity.to_string()], Duration::ZERO)
-            .with_context(|| format!("issuing a client certificate for {identity}"))?;
-        chain.pop();
-        Ok((chain.concat(), key.serialize_pem()))
+        self.ca
+            .issue_key_pair(&[identity.to_string()], Duration::ZERO)
+            .with_context(|| format!("issuing a client certificate for {identity}"))
     }
 
     /// The client configuration presenting `identity` (made once, then shared).
@@ -115,16 +102,7 @@ impl ClientTls {
             return Ok(config.clone());
         }
         let (chain, key) = self.issue(identity)?;
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(self.roots.clone())
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(chain.as_bytes()).collect::<Result<Vec<_>, _>>()?,
-                PrivateKeyDer::from_pem_slice(key.as_bytes())?,
-            )?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
-        let config = Arc::new(config);
+        let config = meshfed::testing::tls_client_config(self.roots.clone(), Some((&chain, &key)))?;
         Ok(self
             .configs
             .lock()
@@ -142,21 +120,14 @@ impl ClientTls {
         addr: SocketAddr,
         identity: &str,
     ) -> anyhow::Result<Channel> {
-        let connector = tokio_rustls::TlsConnector::from(self.config(identity)?);
-        let name = self.server_name.clone();
-        let channel = endpoint
-            .connect_with_connector(tower::service_fn(move |_: tonic::codegen::http::Uri| {
-                let (connector, name) = (connector.clone(), name.clone());
-                async move {
-                    let tcp = tokio::net::TcpStream::connect(addr).await?;
-                    tcp.set_nodelay(true)?;
-                    let io = connector.connect(name, tcp).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
-                }
-            }))
-            .await
-            .map_err(|e| anyhow!("TLS connection to {addr}: {}", source_chain(&e)))?;
-        Ok(channel)
+        meshfed::testing::tls_connect(
+            endpoint,
+            addr,
+            self.config(identity)?,
+            self.server_name.clone(),
+        )
+        .await
+        .map_err(|e| anyhow!("TLS connection to {addr}: {}", source_chain(&e)))
     }
 }
 

@@ -60,13 +60,10 @@ fn csr(key: &rcgen::KeyPair) -> String {
 /// A workload certificate for `identity` from the CA kept in `ca_dir`: chain (without
 /// the root) and key.
 pub(crate) fn issue(ca_dir: &Path, identity: &str) -> (String, String) {
-    let ca = Ca::self_signed(ca_dir, "cluster.local").unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut chain = ca
-        .sign(&csr(&key), &[identity.to_string()], Duration::ZERO)
-        .unwrap();
-    chain.pop();
-    (chain.concat(), key.serialize_pem())
+    Ca::self_signed(ca_dir, "cluster.local")
+        .unwrap()
+        .issue_key_pair(&[identity.to_string()], Duration::ZERO)
+        .unwrap()
 }
 
 impl Mesh {
