@@ -448,14 +448,23 @@ impl Snapshot {
 /// Whether a Sidecar egress host `ns/dnsName` admits `service` for a proxy in
 /// `proxy_ns`.
 pub fn egress_host_matches(entry: &str, proxy_ns: &str, service: &Service) -> bool {
+    egress_entry(entry, proxy_ns, service.namespace.as_str()).is_some_and(|host| {
+        crate::push::config_index::host_matches(host, service.hostname.as_str())
+    })
+}
+
+/// The host part of a Sidecar egress `hosts` entry (`ns/host`, no `/` meaning `*/`)
+/// when its namespace part admits an object of `object_ns` for a proxy in
+/// `proxy_ns` (`*` any, `.` the proxy's own, `~` none).
+fn egress_entry<'e>(entry: &'e str, proxy_ns: &str, object_ns: &str) -> Option<&'e str> {
     let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
-    let ns_ok = match ns {
+    let admitted = match ns {
         "*" => true,
         "~" => false,
-        "." => service.namespace.as_str() == proxy_ns,
-        other => service.namespace.as_str() == other,
+        "." => object_ns == proxy_ns,
+        other => object_ns == other,
     };
-    ns_ok && crate::push::config_index::host_matches(host, service.hostname.as_str())
+    admitted.then_some(host)
 }
 
 /// Whether a Sidecar egress `hosts` entry imports a VirtualService.
@@ -464,18 +473,12 @@ fn egress_imports_virtual_service(
     proxy_ns: &str,
     vs: &Config<VirtualService>,
 ) -> bool {
-    let (ns, host) = entry.split_once('/').unwrap_or(("*", entry));
-    let ns_ok = match ns {
-        "*" => true,
-        "~" => false,
-        "." => vs.namespace.as_str() == proxy_ns,
-        other => vs.namespace.as_str() == other,
-    };
-    ns_ok
-        && vs.spec.hosts.iter().any(|h| {
+    egress_entry(entry, proxy_ns, vs.namespace.as_str()).is_some_and(|host| {
+        vs.spec.hosts.iter().any(|h| {
             crate::push::config_index::host_matches(host, h)
                 || crate::push::config_index::host_matches(h, host)
         })
+    })
 }
 
 /// Istio's push version: RFC 3339 time (UTC, seconds) and a counter.
