@@ -536,6 +536,7 @@ fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
             name: o.name.clone(),
             namespace: o.namespace.clone(),
             labels: o.labels.clone(),
+            annotations: o.annotations.clone(),
             creation_time: o.creation_time,
             spec: spec.clone(),
         }

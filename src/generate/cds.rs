@@ -1253,6 +1253,7 @@ mod tests {
             name: "reviews".into(),
             namespace: "default".into(),
             labels: BTreeMap::new(),
+            annotations: Default::default(),
             creation_time: std::time::SystemTime::UNIX_EPOCH,
             spec: DestinationRule {
                 host: HOST.into(),
@@ -2361,6 +2362,7 @@ mod snapshot_tests {
             name: name.into(),
             namespace: ns.into(),
             labels: Default::default(),
+            annotations: Default::default(),
             creation_time: std::time::SystemTime::UNIX_EPOCH,
             spec,
         }

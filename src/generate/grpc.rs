@@ -652,6 +652,7 @@ mod tests {
                 name: "echo".into(),
                 namespace: "default".into(),
                 labels: Default::default(),
+                annotations: Default::default(),
                 creation_time: std::time::UNIX_EPOCH,
                 spec: rule,
             }],

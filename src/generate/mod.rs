@@ -11,6 +11,7 @@
 
 pub mod cds;
 pub mod eds;
+pub mod gateway;
 pub mod grpc;
 pub mod instances;
 pub mod lds;
@@ -263,6 +264,9 @@ pub struct ListenerInput {
     pub client: Arc<ClientView>,
     /// The ports of the proxy's own service instances (sidecars; empty for gateways).
     pub inbound: Vec<lds::InboundPort>,
+    /// The service ports a gateway's workload serves (port translation and
+    /// gateway-service selection; empty for sidecars).
+    pub targets: Vec<gateway::GatewayTarget>,
 }
 
 /// One listener of a [`ListenerInput`]: the cache key of its encoding.
@@ -293,7 +297,7 @@ impl ListenerInput {
         snapshot: &Snapshot,
     ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Listener> {
         if self.client.is_router() {
-            lds::gateway_listeners(snapshot, &self.client)
+            lds::gateway_listeners(snapshot, &self.client, &self.targets)
         } else {
             lds::sidecar_listeners(snapshot, &self.client, &self.inbound)
         }
@@ -310,6 +314,7 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
         } else {
             inbound_ports(snapshot, proxy)
         },
+        targets: router_targets(snapshot, proxy),
     });
     input
         .generate(snapshot)
@@ -329,6 +334,15 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             })
         })
         .collect()
+}
+
+/// The service ports a router's workload serves; empty for other proxies.
+fn router_targets(snapshot: &Snapshot, proxy: &Proxy) -> Vec<gateway::GatewayTarget> {
+    if proxy.is_router() {
+        gateway::gateway_targets(snapshot, proxy)
+    } else {
+        Vec::new()
+    }
 }
 
 /// The ports a sidecar serves: its Sidecar's `ingress` ports when it has any (the
@@ -384,6 +398,8 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
 pub struct RouteInput {
     pub client: Arc<ClientView>,
     pub name: Arc<str>,
+    /// A gateway's service targets (see [`ListenerInput::targets`]).
+    pub targets: Arc<Vec<gateway::GatewayTarget>>,
 }
 
 impl CacheInput for RouteInput {
@@ -405,7 +421,7 @@ impl RouteInput {
     /// has no table of that name.
     pub fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let config = if self.client.is_router() {
-            rds::gateway_route_config(snapshot, &self.client, &self.name)?
+            rds::gateway_route_config(snapshot, &self.client, &self.targets, &self.name)?
         } else {
             rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?)
         };
@@ -421,12 +437,14 @@ impl RouteInput {
 /// Only requested names are answered (RDS is never wildcard).
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     let client = Arc::new(proxy.client_view());
+    let targets = Arc::new(router_targets(snapshot, proxy));
     sub.names
         .iter()
         .filter_map(|name| {
             let input = RouteInput {
                 client: client.clone(),
                 name: Arc::from(name.as_str()),
+                targets: targets.clone(),
             };
             snapshot
                 .cache()

@@ -73,6 +73,7 @@ use meshfed_registry::{Port, Protocol, ProviderId, Resolution, Service};
 use prost::{Message, Name};
 
 use super::cds;
+use crate::generate::gateway::{GatewayTarget, MergedGateway, MergedServer};
 use crate::model::{ClientView, Generator};
 use crate::push::config_index::{Config, MESH_GATEWAY, fqdn, host_matches};
 use crate::push::snapshot::Snapshot;
@@ -578,9 +579,10 @@ pub fn gateway_server_route_name(server: &Server, gateway: &Config<Gateway>) -> 
 pub fn gateway_route_config(
     snapshot: &Snapshot,
     proxy: &ClientView,
+    targets: &[GatewayTarget],
     route_name: &str,
 ) -> Option<RouteConfiguration> {
-    let out = gateway_route_config_unchecked(snapshot, proxy, route_name);
+    let out = gateway_route_config_unchecked(snapshot, proxy, targets, route_name);
     // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
     #[cfg(any(test, feature = "testing"))]
     out.iter().for_each(crate::xds::pgv::assert_message_valid);
@@ -590,40 +592,38 @@ pub fn gateway_route_config(
 fn gateway_route_config_unchecked(
     snapshot: &Snapshot,
     proxy: &ClientView,
+    targets: &[GatewayTarget],
     route_name: &str,
 ) -> Option<RouteConfiguration> {
     GatewayRouteName::parse(route_name)?;
-    let mut servers: Vec<(&Server, &Arc<Config<Gateway>>, String)> = Vec::new();
-    for gateway in snapshot.config().gateways_for(&proxy.labels) {
-        for server in &gateway.spec.servers {
-            if gateway_server_route_name(server, gateway).as_deref() == Some(route_name) {
-                let name = format!("{}/{}", gateway.namespace, gateway.name);
-                servers.push((server, gateway, name));
-            }
-        }
-    }
+    let merged = MergedGateway::build(snapshot, &proxy.labels, targets);
+    let servers: Vec<&MergedServer> = merged.route_servers(route_name).collect();
     if servers.is_empty() {
         return Some(route_configuration(route_name.to_string(), Vec::new()));
     }
 
     // Keyed by lower-case host: one virtual host per host across servers.
     let mut by_host: BTreeMap<String, VirtualHost> = BTreeMap::new();
-    for (server, gateway, gateway_name) in &servers {
-        let port = server.port.as_ref().map_or(0, |p| p.number) as u16;
-        let redirect = server.tls.as_ref().is_some_and(|t| t.https_redirect);
+    for server in &servers {
+        let gateway_name = server.gateway_name();
+        let s = server.server();
+        let port = server.port();
+        // Redirects apply to plaintext servers; a terminating HTTPS server serves.
+        let redirect = s.tls.as_ref().is_some_and(|t| t.https_redirect)
+            && server.protocol() != Protocol::Https;
         let ctx = RouteCtx {
             snapshot,
             proxy,
             listen_port: port,
-            gateway: gateway_name,
-            tls: server.tls.is_some(),
+            gateway: &gateway_name,
+            tls: s.tls.is_some(),
         };
         for vs in snapshot
             .config()
-            .virtual_services(&proxy.namespace, gateway_name)
+            .virtual_services(&proxy.namespace, &gateway_name)
         {
             let server_hosts =
-                server_hosts_for_namespace(&server.hosts, &vs.namespace, &gateway.namespace);
+                server_hosts_for_namespace(&server.hosts, &vs.namespace, &server.gateway.namespace);
             let hosts = intersect_hosts(&server_hosts, &vs.spec.hosts);
             if hosts.is_empty() {
                 continue;
@@ -657,10 +657,9 @@ fn gateway_route_config_unchecked(
     }
 
     let mut virtual_hosts: Vec<VirtualHost> = if by_host.is_empty() {
-        let port = servers[0].0.port.as_ref().map_or(0, |p| p.number) as u16;
         // No routes at all: Envoy answers 404 for everything.
         vec![new_virtual_host(
-            join_host_port("blackhole", port),
+            join_host_port("blackhole", servers[0].port()),
             vec!["*".to_string()],
             Vec::new(),
         )]
@@ -1967,6 +1966,7 @@ mod tests {
             name: name.into(),
             namespace: ns.into(),
             labels: BTreeMap::new(),
+            annotations: Default::default(),
             creation_time: SystemTime::UNIX_EPOCH + Duration::from_secs(10_000 - age),
             spec,
         }
@@ -3199,7 +3199,7 @@ mod tests {
     #[test]
     fn gateway_routes_are_bound_only_to_their_gateway() {
         let snap = gateway_snapshot();
-        let rc = gateway_route_config(&snap, &router().client_view(), "http.80").unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), &[], "http.80").unwrap();
         assert_eq!(rc.name, "http.80");
         assert_eq!(
             cluster(
@@ -3228,16 +3228,16 @@ mod tests {
         );
         // The other gateway's router sees its own VirtualService only.
         let other = node("router", "istio-system", &[("istio", "other")], None);
-        let rc = gateway_route_config(&snap, &other.client_view(), "http.80").unwrap();
+        let rc = gateway_route_config(&snap, &other.client_view(), &[], "http.80").unwrap();
         assert_eq!(
             cluster(&rc, Request::new("bookinfo.example.com", 80, "/")),
             outbound(9080, "", RATINGS)
         );
         // No server on the port: an empty table; not a gateway route name: nothing.
-        let empty = gateway_route_config(&snap, &router().client_view(), "http.81").unwrap();
+        let empty = gateway_route_config(&snap, &router().client_view(), &[], "http.81").unwrap();
         assert!(empty.virtual_hosts.is_empty());
         assert_eq!(
-            gateway_route_config(&snap, &router().client_view(), "9080"),
+            gateway_route_config(&snap, &router().client_view(), &[], "9080"),
             None
         );
     }
@@ -3245,7 +3245,7 @@ mod tests {
     #[test]
     fn https_redirect_and_terminated_https() {
         let snap = gateway_snapshot();
-        let rc = gateway_route_config(&snap, &router().client_view(), "http.80").unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), &[], "http.80").unwrap();
         assert_eq!(
             lands(&rc, Request::new("secure.example.com", 80, "/login")),
             RouteOutcome::Redirect {
@@ -3276,7 +3276,7 @@ mod tests {
             None,
             "passthrough"
         );
-        let rc = gateway_route_config(&snap, &router().client_view(), https_name).unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), &[], https_name).unwrap();
         assert_eq!(
             cluster(&rc, Request::new("secure.example.com", 443, "/").tls()),
             outbound(9080, "", REVIEWS)
@@ -3315,7 +3315,7 @@ mod tests {
             ..Default::default()
         };
         let snap = snapshot(bookinfo(), set);
-        let rc = gateway_route_config(&snap, &router().client_view(), "http.8080").unwrap();
+        let rc = gateway_route_config(&snap, &router().client_view(), &[], "http.8080").unwrap();
         assert_eq!(names(&rc), vec!["blackhole:8080"]);
         assert_eq!(
             simulate::route(&rc, &Request::new("x", 8080, "/")),
@@ -3333,7 +3333,7 @@ mod tests {
                 9080,
             ),
             sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80),
-            gateway_route_config(&snap, &router().client_view(), "http.80").unwrap(),
+            gateway_route_config(&snap, &router().client_view(), &[], "http.80").unwrap(),
         ];
         tables[2].name = "gw".into();
         let clusters: Vec<Cluster> = tables

@@ -19,6 +19,7 @@ pub struct Config<T> {
     pub name: String,
     pub namespace: String,
     pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
     pub creation_time: SystemTime,
     pub spec: T,
 }
@@ -128,11 +129,14 @@ impl ConfigIndex {
 
     /// VirtualServices bound to `gateway` (`mesh` for sidecars, `ns/name` for a
     /// Gateway) and visible from `proxy_ns`, oldest first.
-    pub fn virtual_services<'a>(
+    pub fn virtual_services<'a, 'b>(
         &'a self,
-        proxy_ns: &'a str,
-        gateway: &'a str,
-    ) -> impl Iterator<Item = &'a Arc<Config<VirtualService>>> + 'a {
+        proxy_ns: &'b str,
+        gateway: &'b str,
+    ) -> impl Iterator<Item = &'a Arc<Config<VirtualService>>> + 'b
+    where
+        'a: 'b,
+    {
         self.virtual_services.iter().filter(move |vs| {
             let bound = if vs.spec.gateways.is_empty() {
                 gateway == MESH_GATEWAY
@@ -215,6 +219,11 @@ impl ConfigIndex {
         in_ns(proxy_ns, false)
             .or_else(|| in_ns(service_ns, true))
             .or_else(|| in_ns(&self.root_namespace, true))
+    }
+
+    /// Every Gateway, oldest first (then namespace and name).
+    pub fn gateways(&self) -> impl Iterator<Item = &Arc<Config<Gateway>>> {
+        self.gateways.iter()
     }
 
     /// Gateways whose selector matches a router's labels, oldest first.
@@ -352,6 +361,7 @@ mod tests {
             name: name.into(),
             namespace: ns.into(),
             labels: BTreeMap::new(),
+            annotations: Default::default(),
             creation_time: SystemTime::UNIX_EPOCH + Duration::from_secs(1000 - age),
             spec,
         }

@@ -318,6 +318,7 @@ mod tests {
             name: name.into(),
             namespace: namespace.into(),
             labels: BTreeMap::new(),
+            annotations: Default::default(),
             creation_time: std::time::SystemTime::UNIX_EPOCH,
             spec: from(spec),
         }

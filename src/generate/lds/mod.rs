@@ -12,11 +12,9 @@
 //! servers through RDS `http.<port>`, HTTPS servers terminated with the certificate
 //! named by `credentialName` (SDS) and routed through the same route table.
 
-use std::collections::BTreeMap;
-
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, TrafficDirection,
-    TransportSocket, address, config_source, socket_address, transport_socket,
+    AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, TrafficDirection, address,
+    config_source, socket_address,
 };
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
@@ -28,22 +26,22 @@ use envoy_types::pb::envoy::config::route::v3::{
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+    HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
 };
 #[cfg(any(test, feature = "testing"))]
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
-use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
-    CommonTlsContext, DownstreamTlsContext, SdsSecretConfig,
-};
 use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
-use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use prost::{Message, Name};
 
+mod gateway;
 mod outbound;
+
+pub use gateway::ALL_ISTIO_MTLS_ALPNS;
 
 use outbound::tcp_proxy_filter;
 
 use super::cds;
+use crate::generate::gateway::{GatewayTarget, MergedGateway};
 use crate::model::ClientView;
 use crate::push::snapshot::Snapshot;
 
@@ -225,122 +223,19 @@ fn inbound_route(cluster: &str, port: u16) -> RouteConfiguration {
     }
 }
 
-/// Listeners of a gateway: one per port of the Gateway servers selecting it.
-pub fn gateway_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
-    let out = gateway_listeners_unchecked(snapshot, proxy);
+/// Listeners of a gateway: one per resolved port and bind of the Gateway servers
+/// selecting it (see [`gateway`]).
+pub fn gateway_listeners(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    targets: &[GatewayTarget],
+) -> Vec<Listener> {
+    let merged = MergedGateway::build(snapshot, &proxy.labels, targets);
+    let out = gateway::listeners(snapshot, proxy, &merged);
     // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
     #[cfg(any(test, feature = "testing"))]
     out.iter().for_each(crate::xds::pgv::assert_message_valid);
     out
-}
-
-fn gateway_listeners_unchecked(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
-    let mut by_port: BTreeMap<u16, Listener> = BTreeMap::new();
-    for gateway in snapshot.config().gateways_for(&proxy.labels) {
-        for server in &gateway.spec.servers {
-            let Some(port) = server.port.as_ref() else {
-                continue;
-            };
-            let Ok(number) = u16::try_from(port.number) else {
-                continue;
-            };
-            let listener = by_port.entry(number).or_insert_with(|| Listener {
-                name: format!("0.0.0.0_{number}"),
-                address: Some(socket("0.0.0.0", number)),
-                traffic_direction: TrafficDirection::Outbound as i32,
-                ..Default::default()
-            });
-            let route = format!("http.{number}");
-            let protocol = port.protocol.to_ascii_uppercase();
-            let hosts: Vec<String> = server
-                .hosts
-                .iter()
-                .map(|h| h.split_once('/').map_or(h.as_str(), |(_, h)| h).to_string())
-                .collect();
-            let tls = server.tls.as_ref();
-            let terminated = matches!(protocol.as_str(), "HTTPS")
-                && tls.is_some_and(|t| matches!(t.mode(), TlSmode::Simple | TlSmode::Mutual));
-            if protocol == "HTTP" || protocol == "HTTP2" || protocol == "GRPC" {
-                if !listener
-                    .filter_chains
-                    .iter()
-                    .any(|c| c.filter_chain_match.is_none())
-                {
-                    listener.filter_chains.push(FilterChain {
-                        filters: vec![hcm_filter(
-                            &format!("outbound_0.0.0.0_{number}"),
-                            http_connection_manager::RouteSpecifier::Rds(rds(&route)),
-                            true,
-                        )],
-                        ..Default::default()
-                    });
-                }
-            } else if terminated {
-                let credential = tls.map(|t| t.credential_name.clone()).unwrap_or_default();
-                listener.filter_chains.push(FilterChain {
-                    filter_chain_match: Some(FilterChainMatch {
-                        server_names: hosts
-                            .iter()
-                            .filter(|h| h.as_str() != "*")
-                            .cloned()
-                            .collect(),
-                        ..Default::default()
-                    }),
-                    filters: vec![hcm_filter(
-                        &format!("outbound_0.0.0.0_{number}"),
-                        http_connection_manager::RouteSpecifier::Rds(rds(&route)),
-                        true,
-                    )],
-                    transport_socket: Some(downstream_tls(&credential)),
-                    ..Default::default()
-                });
-                if !listener
-                    .listener_filters
-                    .iter()
-                    .any(|f| f.name == "envoy.filters.listener.tls_inspector")
-                {
-                    listener.listener_filters.push(ListenerFilter {
-                        name: "envoy.filters.listener.tls_inspector".into(),
-                        config_type: Some(listener_filter::ConfigType::TypedConfig(Any {
-                            type_url: "type.googleapis.com/envoy.extensions.filters.listener.tls_inspector.v3.TlsInspector"
-                                .into(),
-                            value: Vec::new(),
-                        })),
-                        ..Default::default()
-                    });
-                }
-            }
-        }
-    }
-    by_port
-        .into_values()
-        .filter(|l| !l.filter_chains.is_empty())
-        .collect()
-}
-
-fn downstream_tls(credential: &str) -> TransportSocket {
-    let context = DownstreamTlsContext {
-        common_tls_context: Some(CommonTlsContext {
-            tls_certificate_sds_secret_configs: vec![SdsSecretConfig {
-                name: format!("kubernetes://{credential}"),
-                sds_config: Some(ads_config()),
-            }],
-            alpn_protocols: vec!["h2".into(), "http/1.1".into()],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    TransportSocket {
-        name: "envoy.transport_sockets.tls".into(),
-        config_type: Some(transport_socket::ConfigType::TypedConfig(pack(&context))),
-    }
-}
-
-fn rds(name: &str) -> Rds {
-    Rds {
-        config_source: Some(ads_config()),
-        route_config_name: name.to_string(),
-    }
 }
 
 fn ads_config() -> ConfigSource {
@@ -448,7 +343,10 @@ pub fn references(listener: &Listener) -> (Vec<String>, Vec<String>) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
     use std::sync::Arc;
+
+    use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 
     use meshfed_api::networking::v1alpha3::{
         CaptureMode, Gateway, IstioEgressListener, IstioIngressListener, Port as GwPort, Server,
@@ -619,6 +517,7 @@ mod tests {
                 name: "default".into(),
                 namespace: "default".into(),
                 labels: Default::default(),
+                annotations: Default::default(),
                 creation_time: std::time::UNIX_EPOCH,
                 spec: sidecar,
             }],
@@ -666,6 +565,7 @@ mod tests {
                 name: "default".into(),
                 namespace: "default".into(),
                 labels: Default::default(),
+                annotations: Default::default(),
                 creation_time: std::time::UNIX_EPOCH,
                 spec: Sidecar {
                     ingress,
@@ -788,6 +688,7 @@ mod tests {
                 name: "default".into(),
                 namespace: "default".into(),
                 labels: Default::default(),
+                annotations: Default::default(),
                 creation_time: std::time::UNIX_EPOCH,
                 spec: Sidecar {
                     egress: vec![
@@ -954,6 +855,7 @@ mod tests {
                 name: "bookinfo".into(),
                 namespace: "default".into(),
                 labels: Default::default(),
+                annotations: Default::default(),
                 creation_time: std::time::UNIX_EPOCH,
                 spec: gw,
             }],
@@ -964,7 +866,7 @@ mod tests {
             "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
             serde_json::json!({"istio": "ingressgateway"}),
         );
-        let listeners = gateway_listeners(&snap, &router.client_view());
+        let listeners = gateway_listeners(&snap, &router.client_view(), &[]);
         assert_eq!(
             listeners
                 .iter()
@@ -983,6 +885,6 @@ mod tests {
             "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
             serde_json::json!({"istio": "egress"}),
         );
-        assert!(gateway_listeners(&snap, &other.client_view()).is_empty());
+        assert!(gateway_listeners(&snap, &other.client_view(), &[]).is_empty());
     }
 }

@@ -770,19 +770,33 @@ fn route_filter(
     if routes.len() == 1 {
         return tcp_proxy_filter(&cluster(&routes[0]));
     }
-    let clusters = routes
-        .iter()
-        .filter(|r| r.weight > 0)
-        .map(|r| tcp_proxy::weighted_cluster::ClusterWeight {
-            name: cluster(r),
-            weight: u32::try_from(r.weight).unwrap_or(0),
-            ..Default::default()
-        })
-        .collect();
+    weighted_tcp_proxy(
+        &format!("{}.{}", vs.name, vs.namespace),
+        routes
+            .iter()
+            .filter(|r| r.weight > 0)
+            .map(|r| (cluster(r), u32::try_from(r.weight).unwrap_or(0)))
+            .collect(),
+    )
+}
+
+/// A TCP proxy splitting connections over weighted clusters.
+pub(super) fn weighted_tcp_proxy(stat_prefix: &str, clusters: Vec<(String, u32)>) -> Filter {
     let proxy = TcpProxy {
-        stat_prefix: format!("{}.{}", vs.name, vs.namespace),
+        stat_prefix: stat_prefix.to_string(),
         cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
-            tcp_proxy::WeightedCluster { clusters },
+            tcp_proxy::WeightedCluster {
+                clusters: clusters
+                    .into_iter()
+                    .map(
+                        |(name, weight)| tcp_proxy::weighted_cluster::ClusterWeight {
+                            name,
+                            weight,
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
+            },
         )),
         ..Default::default()
     };
@@ -956,6 +970,7 @@ mod tests {
             name: name.into(),
             namespace: "default".into(),
             labels: Default::default(),
+            annotations: Default::default(),
             creation_time: UNIX_EPOCH,
             spec,
         }

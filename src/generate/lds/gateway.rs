@@ -1,0 +1,623 @@
+//! Gateway (router) listeners, built from the merged Gateways of the router
+//! ([`crate::generate::gateway::MergedGateway`]) the way Istio builds them
+//! (`networking/core/gateway.go`).
+//!
+//! One listener per resolved port and bind, `<bind>_<port>` (`0.0.0.0_<port>` without
+//! bind), bound, OUTBOUND. Its filter chains by server kind:
+//! - HTTP / HTTP2 / GRPC: one chain, no match, a connection manager on RDS
+//!   `http.<port>[.<bind>]`.
+//! - HTTPS terminated (SIMPLE, MUTUAL, OPTIONAL_MUTUAL, ISTIO_MUTUAL): per server, SNI
+//!   = the server's hosts (none for `*`), the server's TLS context, a connection
+//!   manager on RDS `https.<port>.<portName>.<gateway>.<namespace>`.
+//! - TLS terminated: the TLS context and a TCP proxy from the first VirtualService
+//!   `tcp` route bound to the server.
+//! - TCP: a TCP proxy from the first bound VirtualService `tcp` route; none, no chain.
+//! - PASSTHROUGH: per VirtualService `tls` match bound to the server, SNI = its
+//!   `sniHosts`, a TCP proxy; a repeated SNI on the same port and bind is dropped.
+//! - AUTO_PASSTHROUGH: per in-mesh service port (and DestinationRule subset) whose
+//!   host is covered by the server's hosts, SNI `outbound_.<port>_.<subset>_.<host>`,
+//!   Istio's mTLS ALPNs, a TCP proxy to the SNI-DNAT cluster of that name.
+//!
+//! A listener without chains is not sent (Istio logs and omits it). `tls_inspector`
+//! is added when a chain matches SNI or ALPN.
+
+use std::collections::{HashMap, HashSet};
+
+use envoy_types::pb::envoy::config::core::v3::{
+    TrafficDirection, TransportSocket, transport_socket,
+};
+use envoy_types::pb::envoy::config::listener::v3::{
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, common_tls_context,
+    tls_parameters,
+};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration};
+use meshfed_api::networking::v1alpha3::server_tls_settings::{TlSmode, TlsProtocol};
+use meshfed_api::networking::v1alpha3::{
+    L4MatchAttributes, RouteDestination, ServerTlsSettings, TlsMatchAttributes, VirtualService,
+};
+use meshfed_registry::{MeshLocation, Protocol};
+
+use super::outbound::{TLS_INSPECTOR, tcp_proxy_filter};
+use super::{ads_config, pack, socket};
+use crate::generate::cds;
+use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort};
+use crate::generate::policy::{
+    SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
+    san_matchers,
+};
+use crate::model::ClientView;
+use crate::push::config_index::{Config, host_matches};
+use crate::push::snapshot::Snapshot;
+
+/// ALPNs of every Istio mTLS flavour (AUTO_PASSTHROUGH chains match them all).
+pub const ALL_ISTIO_MTLS_ALPNS: [&str; 5] = [
+    "istio",
+    "istio-peer-exchange",
+    "istio-http/1.0",
+    "istio-http/1.1",
+    "istio-h2",
+];
+
+/// What one filter chain is made of before it becomes one.
+struct ChainOpts {
+    sni: Vec<String>,
+    alpn: Vec<String>,
+    tls: Option<DownstreamTlsContext>,
+    filters: Vec<Filter>,
+}
+
+/// The listeners of a router.
+pub(super) fn listeners(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    merged: &MergedGateway,
+) -> Vec<Listener> {
+    // Listener name -> (port, bind, chains); several server ports (HTTPS and TLS on
+    // 443) can share one listener.
+    // In the order the ports were first merged.
+    let mut by_name: Vec<(String, u16, String, Vec<ChainOpts>)> = Vec::new();
+    // Passthrough SNI names already used per listener port (bind-aware).
+    let mut tls_hosts: HashMap<u16, HashMap<String, String>> = HashMap::new();
+    // `gatewayTopology.numTrustedProxies` is not modelled: no hop is trusted.
+    let num_trusted_hops = 0;
+    for port in &merged.ports {
+        let bind = if port.bind.is_empty() {
+            "0.0.0.0".to_string()
+        } else {
+            port.bind.clone()
+        };
+        let name = format!("{bind}_{}", port.number);
+        let chains = port_chains(
+            snapshot,
+            proxy,
+            merged,
+            port,
+            &name,
+            num_trusted_hops,
+            &mut tls_hosts,
+        );
+        match by_name.iter_mut().find(|(n, ..)| *n == name) {
+            Some(entry) => entry.3.extend(chains),
+            None => by_name.push((name, port.number, bind, chains)),
+        }
+    }
+    by_name
+        .into_iter()
+        .filter(|(name, _, _, chains)| {
+            if chains.is_empty() {
+                tracing::debug!(listener = %name, router = %proxy.namespace, "gateway listener has no filter chain, not sent");
+            }
+            !chains.is_empty()
+        })
+        .map(|(name, port, bind, chains)| finish(name, &bind, port, chains))
+        .collect()
+}
+
+fn port_chains(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    merged: &MergedGateway,
+    port: &ServerPort,
+    listener: &str,
+    num_trusted_hops: u32,
+    tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
+) -> Vec<ChainOpts> {
+    if Protocol::parse(&port.protocol).is_http() {
+        let route = merged.by_port.get(port).map_or("", |(_, r)| r.as_str());
+        return vec![ChainOpts {
+            sni: Vec::new(),
+            alpn: Vec::new(),
+            tls: None,
+            filters: vec![gateway_hcm(
+                &format!("outbound_{listener};"),
+                route,
+                num_trusted_hops,
+            )],
+        }];
+    }
+    let mut out = Vec::new();
+    for server in merged.port_servers(port) {
+        let s = server.server();
+        let tls = s.tls.as_ref();
+        let passthrough = crate::generate::gateway::is_passthrough(s);
+        if server.protocol() == Protocol::Https && tls.is_some() && !passthrough {
+            let stat_prefix = if s.name.is_empty() {
+                format!("outbound_{listener};")
+            } else {
+                s.name.clone()
+            };
+            out.push(ChainOpts {
+                sni: server.sni_hosts.clone(),
+                alpn: Vec::new(),
+                tls: tls.map(|t| downstream_tls(snapshot, t, false)),
+                filters: vec![gateway_hcm(
+                    &stat_prefix,
+                    &server.route_name,
+                    num_trusted_hops,
+                )],
+            });
+            continue;
+        }
+        match tls {
+            None => match tcp_route_filter(snapshot, proxy, server) {
+                Some(f) => out.push(ChainOpts {
+                    sni: Vec::new(),
+                    alpn: Vec::new(),
+                    tls: None,
+                    filters: vec![f],
+                }),
+                None => tracing::debug!(
+                    gateway = %server.gateway_name(),
+                    port = server.port(),
+                    "TCP server without a matching VirtualService tcp route: no filter chain"
+                ),
+            },
+            Some(t) if !passthrough => match tcp_route_filter(snapshot, proxy, server) {
+                Some(f) => out.push(ChainOpts {
+                    sni: server.sni_hosts.clone(),
+                    alpn: Vec::new(),
+                    tls: Some(downstream_tls(snapshot, t, true)),
+                    filters: vec![f],
+                }),
+                None => tracing::debug!(
+                    gateway = %server.gateway_name(),
+                    port = server.port(),
+                    "TLS server without a matching VirtualService tcp route: no filter chain"
+                ),
+            },
+            Some(t) if t.mode() == TlSmode::AutoPassthrough => {
+                out.extend(auto_passthrough_chains(snapshot, proxy, server));
+            }
+            Some(_) => out.extend(passthrough_chains(snapshot, proxy, server, port, tls_hosts)),
+        }
+    }
+    out
+}
+
+/// The VirtualServices bound to a server's Gateway whose hosts meet the server's
+/// (a `ns/host` server host only meets VirtualServices of `ns`).
+fn bound_virtual_services<'a>(
+    snapshot: &'a Snapshot,
+    proxy: &'a ClientView,
+    server: &MergedServer,
+) -> Vec<&'a std::sync::Arc<Config<VirtualService>>> {
+    let gateway = server.gateway_name();
+    snapshot
+        .config()
+        .virtual_services(&proxy.namespace, &gateway)
+        .filter(|vs| {
+            server.hosts.iter().any(|gh| {
+                let host = match gh.split_once('/') {
+                    Some((ns, h)) if ns == vs.namespace => h,
+                    Some(_) => return false,
+                    None => gh.as_str(),
+                };
+                vs.spec
+                    .hosts
+                    .iter()
+                    .any(|vh| host_matches(host, vh) || host_matches(vh, host))
+            })
+        })
+        .collect()
+}
+
+fn l4_applies(port: u32, gateways: &[String], server: &MergedServer) -> bool {
+    (port == 0 || port == u32::from(server.port()))
+        && (gateways.is_empty() || gateways.iter().any(|g| *g == server.gateway_name()))
+}
+
+fn l4_match(m: &L4MatchAttributes, server: &MergedServer) -> bool {
+    l4_applies(m.port, &m.gateways, server)
+}
+
+fn tls_match(m: &TlsMatchAttributes, server: &MergedServer) -> bool {
+    l4_applies(m.port, &m.gateways, server)
+}
+
+/// The TCP proxy of the first bound VirtualService with a `tcp` route for the server.
+fn tcp_route_filter(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    server: &MergedServer,
+) -> Option<Filter> {
+    for vs in bound_virtual_services(snapshot, proxy, server) {
+        for tcp in &vs.spec.tcp {
+            let applies = tcp.r#match.is_empty() || tcp.r#match.iter().any(|m| l4_match(m, server));
+            if applies && !tcp.route.is_empty() {
+                return Some(route_filter(snapshot, vs, &tcp.route, server.port()));
+            }
+        }
+    }
+    None
+}
+
+/// One chain per VirtualService `tls` match bound to a PASSTHROUGH server.
+fn passthrough_chains(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    server: &MergedServer,
+    port: &ServerPort,
+    tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
+) -> Vec<ChainOpts> {
+    let mut out = Vec::new();
+    let bind = &server.server().bind;
+    for vs in bound_virtual_services(snapshot, proxy, server) {
+        for tls in &vs.spec.tls {
+            if tls.route.is_empty() {
+                continue;
+            }
+            for m in tls.r#match.iter().filter(|m| tls_match(m, server)) {
+                let known = tls_hosts.entry(port.number).or_default();
+                let duplicates: Vec<&String> = m
+                    .sni_hosts
+                    .iter()
+                    .filter(|h| known.get(*h) == Some(bind))
+                    .collect();
+                if !duplicates.is_empty() {
+                    tracing::warn!(
+                        virtual_service = %format!("{}/{}", vs.namespace, vs.name),
+                        gateway = %server.gateway_name(),
+                        port = port.number,
+                        sni = ?duplicates,
+                        "VirtualService tls match skipped: its SNI names are already routed on this gateway port"
+                    );
+                    crate::generate::gateway::REJECTED_CONFIGS
+                        .get_or_create(&[
+                            ("type", "gateway".to_string()),
+                            ("name", server.gateway_name()),
+                        ])
+                        .inc();
+                    continue;
+                }
+                for h in &m.sni_hosts {
+                    known.insert(h.clone(), bind.clone());
+                }
+                out.push(ChainOpts {
+                    sni: m.sni_hosts.clone(),
+                    alpn: Vec::new(),
+                    tls: None,
+                    filters: vec![route_filter(snapshot, vs, &tls.route, server.port())],
+                });
+            }
+        }
+    }
+    out
+}
+
+/// One chain per in-mesh service port (and subset) an AUTO_PASSTHROUGH server covers.
+fn auto_passthrough_chains(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    server: &MergedServer,
+) -> Vec<ChainOpts> {
+    let mut out = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
+        if service.location == MeshLocation::MeshExternal || !seen.insert(service.hostname.as_str())
+        {
+            continue;
+        }
+        let host = service.hostname.as_str();
+        if !server.sni_hosts.iter().any(|h| host_matches(h, host)) {
+            continue;
+        }
+        let rule =
+            snapshot
+                .config()
+                .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
+        let subsets: Vec<&str> = std::iter::once("")
+            .chain(
+                rule.iter()
+                    .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
+            )
+            .collect();
+        for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
+            for subset in &subsets {
+                let name = cds::sni_name(port.port.get(), subset, host);
+                out.push(ChainOpts {
+                    sni: vec![name.clone()],
+                    alpn: ALL_ISTIO_MTLS_ALPNS.iter().map(|s| s.to_string()).collect(),
+                    tls: None,
+                    filters: vec![tcp_proxy_filter(&name)],
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The TCP proxy of a gateway `tcp`/`tls` route: one destination, or weighted ones.
+fn route_filter(
+    snapshot: &Snapshot,
+    vs: &Config<VirtualService>,
+    routes: &[RouteDestination],
+    server_port: u16,
+) -> Filter {
+    let cluster = |r: &RouteDestination| {
+        let Some(d) = r.destination.as_ref() else {
+            return cds::BLACK_HOLE.to_string();
+        };
+        let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
+            Some(n) => u16::try_from(n).unwrap_or(server_port),
+            None => match snapshot.services().resolve(&d.host, &vs.namespace) {
+                Some(s) if s.ports.len() == 1 => s.ports[0].port.get(),
+                _ => server_port,
+            },
+        };
+        cds::outbound_name(port, &d.subset, &d.host)
+    };
+    if routes.len() == 1 {
+        return tcp_proxy_filter(&cluster(&routes[0]));
+    }
+    super::outbound::weighted_tcp_proxy(
+        &format!("{}.{}", vs.name, vs.namespace),
+        routes
+            .iter()
+            .filter(|r| r.weight > 0)
+            .map(|r| (cluster(r), u32::try_from(r.weight).unwrap_or(0)))
+            .collect(),
+    )
+}
+
+/// The connection manager of a gateway chain (Istio's gateway defaults: the gateway is
+/// the edge, client certificate details are sanitized and set).
+fn gateway_hcm(stat_prefix: &str, route: &str, num_trusted_hops: u32) -> Filter {
+    let hcm = HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        codec_type: http_connection_manager::CodecType::Auto as i32,
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
+                initial_fetch_timeout: Some(PbDuration::default()),
+                ..ads_config()
+            }),
+            route_config_name: route.to_string(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
+                &Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        use_remote_address: Some(BoolValue { value: true }),
+        xff_num_trusted_hops: num_trusted_hops,
+        forward_client_cert_details: http_connection_manager::ForwardClientCertDetails::SanitizeSet
+            as i32,
+        set_current_client_cert_details: Some(
+            http_connection_manager::SetCurrentClientCertDetails {
+                subject: Some(BoolValue { value: true }),
+                cert: true,
+                dns: true,
+                uri: true,
+                ..Default::default()
+            },
+        ),
+        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
+            upgrade_type: "websocket".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
+    }
+}
+
+/// Istio's `BuildListenerTLSContext` for a gateway server.
+pub(crate) fn downstream_tls(
+    snapshot: &Snapshot,
+    t: &ServerTlsSettings,
+    tcp_server: bool,
+) -> DownstreamTlsContext {
+    let mode = t.mode();
+    let alpn: &[&str] = if mode == TlSmode::IstioMutual && tcp_server {
+        &["istio-peer-exchange", "h2", "http/1.1"]
+    } else {
+        &["h2", "http/1.1"]
+    };
+    let mut common = CommonTlsContext {
+        alpn_protocols: alpn.iter().map(|s| s.to_string()).collect(),
+        ..Default::default()
+    };
+    let require_client = matches!(mode, TlSmode::Mutual | TlSmode::IstioMutual);
+    let validate_client = require_client || mode == TlSmode::OptionalMutual;
+    if mode == TlSmode::IstioMutual {
+        common.tls_certificate_sds_secret_configs = vec![agent_sds(SDS_DEFAULT, true)];
+        if validate_client {
+            common.validation_context_type = Some(combined_validation(
+                san_matchers(&t.subject_alt_names),
+                None,
+                agent_sds(SDS_ROOT, true),
+            ));
+        }
+    } else if !t.credential_name.is_empty() {
+        common.tls_certificate_sds_secret_configs = vec![credential_sds(&t.credential_name)];
+        if matches!(mode, TlSmode::Mutual | TlSmode::OptionalMutual) {
+            let mut validation = CertificateValidationContext {
+                match_typed_subject_alt_names: san_matchers(&t.subject_alt_names),
+                verify_certificate_spki: t.verify_certificate_spki.clone(),
+                verify_certificate_hash: t.verify_certificate_hash.clone(),
+                ..Default::default()
+            };
+            let ca = credential_sds(&format!("{}{SDS_CA_SUFFIX}", t.credential_name));
+            common.validation_context_type = Some(
+                common_tls_context::ValidationContextType::CombinedValidationContext(
+                    common_tls_context::CombinedCertificateValidationContext {
+                        default_validation_context: Some(std::mem::take(&mut validation)),
+                        validation_context_sds_secret_config: Some(ca),
+                        ..Default::default()
+                    },
+                ),
+            );
+        } else if !t.subject_alt_names.is_empty() {
+            common.validation_context_type = Some(
+                common_tls_context::ValidationContextType::ValidationContext(
+                    CertificateValidationContext {
+                        match_typed_subject_alt_names: san_matchers(&t.subject_alt_names),
+                        ..Default::default()
+                    },
+                ),
+            );
+        }
+    } else {
+        // Certificates mounted in the gateway pod, served by its agent over SDS.
+        let cert = if t.server_certificate.is_empty() || t.private_key.is_empty() {
+            SDS_DEFAULT.to_string()
+        } else {
+            format!("file-cert:{}~{}", t.server_certificate, t.private_key)
+        };
+        common.tls_certificate_sds_secret_configs = vec![agent_sds(&cert, cert == SDS_DEFAULT)];
+        if validate_client {
+            let root = if t.ca_certificates.is_empty() {
+                SDS_ROOT.to_string()
+            } else {
+                format!("file-root:{}", t.ca_certificates)
+            };
+            common.validation_context_type = Some(combined_validation(
+                san_matchers(&t.subject_alt_names),
+                None,
+                agent_sds(&root, root == SDS_ROOT),
+            ));
+        }
+    }
+    if matches!(
+        mode,
+        TlSmode::Simple | TlSmode::Mutual | TlSmode::OptionalMutual
+    ) {
+        apply_tls_params(snapshot, t, &mut common);
+    }
+    DownstreamTlsContext {
+        common_tls_context: Some(common),
+        require_client_certificate: Some(BoolValue {
+            value: require_client,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Mesh `tlsDefaults`, then the server's versions and ciphers.
+fn apply_tls_params(snapshot: &Snapshot, t: &ServerTlsSettings, common: &mut CommonTlsContext) {
+    let mut params = common.tls_params.clone().unwrap_or_default();
+    let mut set = false;
+    if let Some(d) = &snapshot.mesh().config.tls_defaults {
+        if !d.ecdh_curves.is_empty() {
+            params.ecdh_curves = d.ecdh_curves.clone();
+            set = true;
+        }
+        if !d.cipher_suites.is_empty() {
+            params.cipher_suites = d.cipher_suites.clone();
+            set = true;
+        }
+        // Mesh TLSV1_2 = 1, TLSV1_3 = 2; Envoy's enum counts TLSv1_0 = 1.
+        match d.min_protocol_version {
+            1 => {
+                params.tls_minimum_protocol_version = tls_parameters::TlsProtocol::TlSv12 as i32;
+                set = true;
+            }
+            2 => {
+                params.tls_minimum_protocol_version = tls_parameters::TlsProtocol::TlSv13 as i32;
+                set = true;
+            }
+            _ => {}
+        }
+    }
+    let version = |v: TlsProtocol| match v {
+        TlsProtocol::TlsAuto => tls_parameters::TlsProtocol::TlsAuto,
+        TlsProtocol::Tlsv10 => tls_parameters::TlsProtocol::TlSv10,
+        TlsProtocol::Tlsv11 => tls_parameters::TlsProtocol::TlSv11,
+        TlsProtocol::Tlsv12 => tls_parameters::TlsProtocol::TlSv12,
+        TlsProtocol::Tlsv13 => tls_parameters::TlsProtocol::TlSv13,
+    } as i32;
+    if t.min_protocol_version() != TlsProtocol::TlsAuto {
+        params.tls_minimum_protocol_version = version(t.min_protocol_version());
+        set = true;
+    }
+    if !t.cipher_suites.is_empty() {
+        params.cipher_suites = t.cipher_suites.clone();
+        set = true;
+    }
+    if t.max_protocol_version() != TlsProtocol::TlsAuto {
+        params.tls_maximum_protocol_version = version(t.max_protocol_version());
+        set = true;
+    }
+    if set {
+        common.tls_params = Some(params);
+    }
+}
+
+fn finish(name: String, bind: &str, port: u16, chains: Vec<ChainOpts>) -> Listener {
+    let needs_inspector = chains
+        .iter()
+        .any(|c| !c.sni.is_empty() || !c.alpn.is_empty());
+    let filter_chains = chains
+        .into_iter()
+        .map(|c| {
+            let server_names = if c.sni.iter().any(|h| h == "*") {
+                Vec::new()
+            } else {
+                c.sni
+            };
+            let matched = !server_names.is_empty() || !c.alpn.is_empty();
+            FilterChain {
+                filter_chain_match: matched.then(|| FilterChainMatch {
+                    server_names,
+                    application_protocols: c.alpn,
+                    ..Default::default()
+                }),
+                filters: c.filters,
+                transport_socket: c.tls.map(|ctx| TransportSocket {
+                    name: "envoy.transport_sockets.tls".into(),
+                    config_type: Some(transport_socket::ConfigType::TypedConfig(pack(&ctx))),
+                }),
+                ..Default::default()
+            }
+        })
+        .collect();
+    Listener {
+        name,
+        address: Some(socket(bind, port)),
+        traffic_direction: TrafficDirection::Outbound as i32,
+        filter_chains,
+        listener_filters: if needs_inspector {
+            vec![ListenerFilter {
+                name: TLS_INSPECTOR.into(),
+                config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+                    &TlsInspector::default(),
+                ))),
+                ..Default::default()
+            }]
+        } else {
+            Vec::new()
+        },
+        ..Default::default()
+    }
+}
