@@ -246,13 +246,17 @@ fn sni_hosts(hosts: &[String]) -> Vec<String> {
     set.into_iter().collect()
 }
 
+/// A Gateway applying to a router, the service targets it translates ports with, and
+/// whether it was selected by labels (legacy) rather than by service.
+type SelectedGateway<'a> = (&'a Arc<Config<Gateway>>, Vec<&'a GatewayTarget>, bool);
+
 /// The Gateways that apply to a router with these labels and service targets, each
 /// with the targets it may translate ports with and whether it is selected by labels.
 fn selected<'a>(
     snapshot: &'a Snapshot,
     labels: &BTreeMap<String, String>,
     targets: &'a [GatewayTarget],
-) -> Vec<(&'a Arc<Config<Gateway>>, Vec<&'a GatewayTarget>, bool)> {
+) -> Vec<SelectedGateway<'a>> {
     let mut out = Vec::new();
     for gateway in snapshot.config().gateways() {
         if let Some(services) = gateway.annotations.get(GATEWAY_SERVICE_ANNOTATION) {
@@ -419,8 +423,10 @@ impl MergedGateway {
                             }
                             m.by_route.entry(route).or_default().push(id);
                         } else {
-                            if is_http_server(s) {
-                                if route.is_empty() || m.by_route.contains_key(&route) {
+                            if is_http_server(s)
+                                && (route.is_empty() || m.by_route.contains_key(&route))
+                            {
+                                {
                                     reject(
                                         &mut m,
                                         format!(

@@ -50,7 +50,7 @@ mod listener;
 
 pub use listener::{
     Call, CallMode, CallProtocol, CallResult, TlsMode, match_filter_chain, select_listener,
-    simulate_call,
+    simulate_call, simulate_call_without_cds,
 };
 
 /// One HTTP request as a client sends it.

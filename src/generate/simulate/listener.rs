@@ -235,6 +235,26 @@ pub fn simulate_call(
     clusters: &[Cluster],
     call: &Call,
 ) -> Result<CallResult, SimError> {
+    simulate(listeners, routes, Some(clusters), call)
+}
+
+/// Like [`simulate_call`] without checking that the cluster reached is one the proxy
+/// has (Istio's simulator does not check it, and its gateway vectors route to
+/// destinations no registry knows).
+pub fn simulate_call_without_cds(
+    listeners: &[Listener],
+    routes: &[RouteConfiguration],
+    call: &Call,
+) -> Result<CallResult, SimError> {
+    simulate(listeners, routes, None, call)
+}
+
+fn simulate(
+    listeners: &[Listener],
+    routes: &[RouteConfiguration],
+    clusters: Option<&[Cluster]>,
+    call: &Call,
+) -> Result<CallResult, SimError> {
     if call.alpn.is_some() && !call.is_tls() {
         return Err(SimError::InvalidCall(
             "ALPN can only be sent in a TLS handshake".into(),
@@ -328,7 +348,7 @@ pub fn simulate_call(
         _ => Vec::new(),
     };
     for c in named {
-        if !clusters.iter().any(|k| k.name == c) {
+        if clusters.is_some_and(|clusters| !clusters.iter().any(|k| k.name == c)) {
             return Err(SimError::ClusterNotFound(c.to_string()));
         }
     }
