@@ -642,6 +642,7 @@ impl DiscoveryArgs {
             generator: GeneratorOptions {
                 eds: EdsOptions {
                     send_unhealthy: self.send_unhealthy,
+                    ..Default::default()
                 },
             },
             debug_open: self.debug_allow_remote,

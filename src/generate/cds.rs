@@ -65,11 +65,28 @@ pub struct ClusterName<'a> {
     pub port: u16,
     pub subset: &'a str,
     pub hostname: &'a str,
+    /// The SNI form `outbound_.<port>_.<subset>_.<hostname>`: a gateway's SNI-DNAT
+    /// cluster (AUTO_PASSTHROUGH), which only has Istio mTLS endpoints.
+    pub sni_dnat: bool,
 }
 
 impl<'a> ClusterName<'a> {
-    /// Parses `outbound|80||reviews.default.svc.cluster.local` (or `inbound|...`).
+    /// Parses `outbound|80||reviews.default.svc.cluster.local` (or `inbound|...`), and
+    /// the SNI-DNAT form `outbound_.80_._.reviews.default.svc.cluster.local`.
     pub fn parse(name: &'a str) -> Option<ClusterName<'a>> {
+        if let Some(rest) = name.strip_prefix("outbound_.") {
+            let mut parts = rest.splitn(3, "_.");
+            let port = parts.next()?.parse().ok()?;
+            let subset = parts.next()?;
+            let hostname = parts.next().filter(|h| !h.is_empty())?;
+            return Some(ClusterName {
+                direction: Direction::Outbound,
+                port,
+                subset,
+                hostname,
+                sni_dnat: true,
+            });
+        }
         let mut parts = name.split('|');
         let direction = match parts.next()? {
             "outbound" => Direction::Outbound,
@@ -87,6 +104,7 @@ impl<'a> ClusterName<'a> {
             port,
             subset,
             hostname,
+            sni_dnat: false,
         })
     }
 }
@@ -189,6 +207,9 @@ pub struct OutboundRequest<'a> {
     pub mesh: &'a MeshConfig,
     /// What the cluster may know of the client.
     pub client: &'a ClusterClient,
+    /// A gateway's SNI-DNAT cluster: named by the SNI form, no upstream TLS (the
+    /// client's mTLS passes through), Istio mTLS endpoints only.
+    pub sni_dnat: bool,
 }
 
 /// What an outbound cluster may know of the client proxy: its node type and, for DNS
@@ -254,8 +275,12 @@ fn outbound_cluster_for_unchecked(req: &OutboundRequest<'_>) -> Option<Cluster> 
     };
     let traffic_policy: Option<TrafficPolicy> =
         rule.and_then(|r| policy::destination_policy(r, number, req.subset));
-    let name = outbound_name(number, req.subset, host);
     let sni = sni_name(number, req.subset, host);
+    let name = if req.sni_dnat {
+        sni.clone()
+    } else {
+        outbound_name(number, req.subset, host)
+    };
 
     let kind = match service.resolution {
         Resolution::ClientSideLb => cluster::DiscoveryType::Eds,
@@ -328,6 +353,10 @@ fn outbound_cluster_for_unchecked(req: &OutboundRequest<'_>) -> Option<Cluster> 
     };
     policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
     let mut c = build.build();
+    if req.sni_dnat {
+        c.transport_socket = None;
+        c.transport_socket_matches.clear();
+    }
     if c.cluster_discovery_type
         == Some(cluster::ClusterDiscoveryType::Type(
             cluster::DiscoveryType::Eds as i32,
@@ -737,6 +766,8 @@ pub struct OutboundClusterInput {
     pub rule: Option<(String, String)>,
     pub client: ClusterClient,
     pub shards: SharedShards,
+    /// The SNI-DNAT twin (see [`OutboundRequest::sni_dnat`]).
+    pub sni_dnat: bool,
 }
 
 /// Endpoint shards in a cache key, compared by identity: a changed shard is a new
@@ -792,10 +823,11 @@ impl OutboundClusterInput {
             subset: &self.subset,
             mesh: &snapshot.mesh().config,
             client: &self.client,
+            sni_dnat: self.sni_dnat,
         })?;
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
-            outbound_name(self.port, &self.subset, service.hostname.as_str()),
+            cluster.name.clone(),
             &cluster,
         ))
     }
@@ -810,6 +842,18 @@ pub fn cached_outbound(
     service: &Service,
     port: &Port,
     subset: &str,
+) -> Option<Resource> {
+    cached_outbound_as(snapshot, proxy, service, port, subset, false)
+}
+
+/// [`cached_outbound`], or its SNI-DNAT twin `outbound_.<port>_.<subset>_.<host>`.
+pub fn cached_outbound_as(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    port: &Port,
+    subset: &str,
+    sni_dnat: bool,
 ) -> Option<Resource> {
     let host = service.hostname.as_str();
     let rule =
@@ -828,6 +872,7 @@ pub fn cached_outbound(
         rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
         client: ClusterClient::for_proxy(proxy, service),
         shards,
+        sni_dnat,
     };
     snapshot
         .cache()
@@ -1321,6 +1366,7 @@ mod tests {
                 subset: self.subset,
                 mesh: &self.mesh,
                 client: &ClusterClient::for_proxy(&self.proxy, &self.service),
+                sni_dnat: false,
             })
         }
 

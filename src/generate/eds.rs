@@ -38,6 +38,9 @@ pub struct EdsOptions {
     /// Send unhealthy (and draining) endpoints marked as such instead of dropping them
     /// (Istio's `PILOT_SEND_UNHEALTHY_ENDPOINTS`).
     pub send_unhealthy: bool,
+    /// Only endpoints that take Istio mTLS (a gateway's SNI-DNAT clusters: the
+    /// client's mTLS passes through, so a plaintext endpoint could not answer it).
+    pub mtls_only: bool,
 }
 
 /// Locality load balancing for one client (Istio's ApplyLocalityLoadBalancer inputs).
@@ -148,6 +151,9 @@ fn load_assignment_for_unchecked(
         let Some(&target) = ep.ports.get(&port.name) else {
             continue;
         };
+        if selection.options.mtls_only && ep.tls_mode != meshfed_registry::TlsMode::Istio {
+            continue;
+        }
         if selection
             .subset
             .is_some_and(|labels| !labels.iter().all(|(k, v)| ep.labels.get(k) == Some(v)))
@@ -467,7 +473,10 @@ impl EdsInput {
                 .map(|r| (r.namespace.clone(), r.name.clone())),
             locality,
             network,
-            options,
+            options: EdsOptions {
+                mtls_only: cluster.sni_dnat,
+                ..options
+            },
         }
     }
 
@@ -906,6 +915,7 @@ mod tests {
             Some(&s),
             EdsOptions {
                 send_unhealthy: true,
+                ..Default::default()
             },
         );
         let unhealthy_sent = cla.endpoints[0]

@@ -102,6 +102,7 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
                 }
             }
         }
+        out.extend(sni_dnat_clusters(snapshot, proxy));
         out.push(cds::cached_special(snapshot, cds::BLACK_HOLE));
         if !proxy.is_router() {
             out.push(cds::cached_special(snapshot, cds::PASSTHROUGH));
@@ -134,10 +135,72 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
                     .services()
                     .resolve(parsed.hostname, &proxy.namespace)?;
                 let port = service.port(parsed.port)?;
-                cds::cached_outbound(snapshot, proxy, service, port, parsed.subset)
+                if parsed.sni_dnat && !proxy.is_router() {
+                    return None;
+                }
+                cds::cached_outbound_as(
+                    snapshot,
+                    proxy,
+                    service,
+                    port,
+                    parsed.subset,
+                    parsed.sni_dnat,
+                )
             }
         })
         .collect()
+}
+
+/// A gateway with AUTO_PASSTHROUGH servers gets the SNI-DNAT twin
+/// (`outbound_.<port>_.<subset>_.<host>`) of the clusters of every in-mesh service
+/// its passthrough hosts cover: the targets of its SNI filter chains.
+fn sni_dnat_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    if !proxy.is_router() {
+        return Vec::new();
+    }
+    let merged = gateway::MergedGateway::build(
+        snapshot,
+        &proxy.labels,
+        &gateway::gateway_targets(snapshot, proxy),
+    );
+    if merged.auto_passthrough_hosts.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
+        let host = service.hostname.as_str();
+        if service.location == meshfed_registry::MeshLocation::MeshExternal
+            || !seen.insert(host)
+            || !merged
+                .auto_passthrough_hosts
+                .iter()
+                .any(|h| crate::push::config_index::host_matches(h, host))
+        {
+            continue;
+        }
+        let rule =
+            snapshot
+                .config()
+                .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
+        let subsets: Vec<&str> = std::iter::once("")
+            .chain(
+                rule.iter()
+                    .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
+            )
+            .collect();
+        for port in &service.ports {
+            if port.protocol == meshfed_registry::Protocol::Udp {
+                continue;
+            }
+            for subset in &subsets {
+                out.extend(cds::cached_outbound_as(
+                    snapshot, proxy, service, port, subset, true,
+                ));
+            }
+        }
+    }
+    out
 }
 
 fn load_assignments(
@@ -154,6 +217,8 @@ fn load_assignments(
             .services()
             .visible_to(&proxy.namespace)
             .flat_map(|s| cluster_names(snapshot, proxy, s))
+            // SNI-DNAT twins only when CDS names them.
+            .filter(|n| !n.starts_with("outbound_."))
             .collect();
         &wildcard_names
     } else {
@@ -177,7 +242,7 @@ fn load_assignments(
                     None => in_scope.extend(
                         names
                             .iter()
-                            .filter(|n| n.rsplit('|').next() == Some(*host))
+                            .filter(|n| crate::push::watch::host_of(n) == *host)
                             .map(String::as_str),
                     ),
                 }
@@ -186,7 +251,7 @@ fn load_assignments(
         Scope::Hostnames(hosts) => in_scope.extend(
             names
                 .iter()
-                .filter(|n| n.rsplit('|').next().is_some_and(|h| hosts.contains(h)))
+                .filter(|n| hosts.contains(crate::push::watch::host_of(n)))
                 .map(String::as_str),
         ),
         // Names handed over by the watch index that are still watched, by host: those
@@ -246,12 +311,16 @@ fn cluster_names(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> Vec<S
                 .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
         )
         .collect();
+    let router = proxy.is_router();
     service
         .ports
         .iter()
         .flat_map(|p| {
-            subsets.iter().map(move |subset| {
-                cds::outbound_name(p.port.get(), subset, service.hostname.as_str())
+            subsets.iter().flat_map(move |subset| {
+                let host = service.hostname.as_str();
+                let plain = cds::outbound_name(p.port.get(), subset, host);
+                let sni = router.then(|| cds::sni_name(p.port.get(), subset, host));
+                std::iter::once(plain).chain(sni)
             })
         })
         .collect()

@@ -27,6 +27,10 @@ fn set_id(names: &Arc<BTreeSet<String>>) -> SetId {
 /// The host a resource name is derived from: the last `|` field of a cluster name
 /// (`outbound|80|v1|reviews.ns.svc.cluster.local`), or the name itself.
 pub fn host_of(name: &str) -> &str {
+    if let Some(rest) = name.strip_prefix("outbound_.") {
+        // The SNI-DNAT form `outbound_.<port>_.<subset>_.<host>`.
+        return rest.splitn(3, "_.").nth(2).unwrap_or(name);
+    }
     name.rsplit('|').next().unwrap_or(name)
 }
 

@@ -17,13 +17,21 @@
 
 use std::collections::BTreeSet;
 
-use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::transport_socket;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+    DownstreamTlsContext, common_tls_context,
+};
 use meshfed::ads::TypeUrl;
 use meshfed::generate::simulate::{
-    Call, CallResult, RouteOutcome, SimError, simulate_call_without_cds,
+    Call, CallMode, CallResult, RouteOutcome, SimError, simulate_call, simulate_call_without_cds,
 };
 use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
+use meshfed_registry::{Endpoint, Protocol, Service, TlsMode};
+use prost::Message;
 
 use crate::support::*;
 
@@ -182,9 +190,17 @@ fn compare(got: &Result<CallResult, SimError>, want: &Expect) -> Result<(), Stri
 struct Router {
     listeners: Vec<Listener>,
     routes: Vec<RouteConfiguration>,
+    clusters: Vec<Cluster>,
+    client: AdsClient,
 }
 
 async fn fetch(config: &str) -> (FakeServer, Router) {
+    fetch_with(config, &[]).await
+}
+
+/// Starts a control plane on `config` and `services` (mock registry), connects the
+/// ingress gateway and reads its CDS, LDS and RDS.
+async fn fetch_with(config: &str, services: &[(Service, Vec<Endpoint>)]) -> (FakeServer, Router) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("istio.yaml"), config).unwrap();
     let server = FakeServer::builder()
@@ -192,6 +208,11 @@ async fn fetch(config: &str) -> (FakeServer, Router) {
         .start()
         .await
         .unwrap();
+    let reg = server.mock_registry("c1");
+    for (svc, eps) in services {
+        reg.add_service(svc.clone());
+        reg.set_endpoints(&svc.key(), eps.clone());
+    }
     let http = server.bound().http;
     eventually("the config directory to load", || async move {
         (http_get(http, "/ready").await.0 == 200).then_some(())
@@ -208,7 +229,7 @@ async fn fetch(config: &str) -> (FakeServer, Router) {
     .await
     .unwrap();
     client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
-    client.recv_clusters().await.unwrap();
+    let clusters = client.recv_clusters().await.unwrap();
     client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
     let listeners: Vec<Listener> =
         decode_all(&client.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
@@ -223,7 +244,15 @@ async fn fetch(config: &str) -> (FakeServer, Router) {
         client.subscribe(TypeUrl::Route, &names).await.unwrap();
         decode_all(&client.recv_type(TypeUrl::Route).await.unwrap()).unwrap()
     };
-    (server, Router { listeners, routes })
+    (
+        server,
+        Router {
+            listeners,
+            routes,
+            clusters,
+            client,
+        },
+    )
 }
 
 // ---------------------------------------------------------------------------------
@@ -877,4 +906,367 @@ async fn istio_gateway_simulation_vectors() {
         failed.len(),
         failed.join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------------
+// Every server kind, on one gateway
+
+const ALL_KINDS: &str = r#"
+apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata: {name: all-kinds, namespace: istio-system}
+spec:
+  selector: {istio: ingressgateway}
+  servers:
+  - port: {number: 443, name: https, protocol: HTTPS}
+    hosts: [simple.example.com]
+    tls: {mode: SIMPLE, credentialName: simple-cred, minProtocolVersion: TLSV1_2}
+  - port: {number: 443, name: https-mutual, protocol: HTTPS}
+    hosts: [mutual.example.com]
+    tls: {mode: MUTUAL, credentialName: mutual-cred, subjectAltNames: [client.example.com]}
+  - port: {number: 443, name: https-optional, protocol: HTTPS}
+    hosts: [optional.example.com]
+    tls: {mode: OPTIONAL_MUTUAL, credentialName: optional-cred}
+  - port: {number: 443, name: https-istio, protocol: HTTPS}
+    hosts: [istio.example.com]
+    tls: {mode: ISTIO_MUTUAL}
+  - port: {number: 443, name: https-files, protocol: HTTPS}
+    hosts: [files.example.com]
+    tls: {mode: SIMPLE, serverCertificate: /etc/certs/cert.pem, privateKey: /etc/certs/key.pem}
+  - port: {number: 443, name: tls-pass, protocol: TLS}
+    hosts: [pass.example.com]
+    tls: {mode: PASSTHROUGH}
+  - port: {number: 9443, name: tls-term, protocol: TLS}
+    hosts: [db.example.com]
+    tls: {mode: SIMPLE, credentialName: db-cred}
+  - port: {number: 31400, name: tcp, protocol: TCP}
+    hosts: ["*"]
+  - port: {number: 15443, name: tls, protocol: TLS}
+    hosts: ["*.local"]
+    tls: {mode: AUTO_PASSTHROUGH}
+  - port: {number: 80, name: http, protocol: HTTP}
+    hosts: [simple.example.com]
+    tls: {httpsRedirect: true}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: web, namespace: istio-system}
+spec:
+  hosts: [simple.example.com, mutual.example.com, optional.example.com, istio.example.com, files.example.com]
+  gateways: [all-kinds]
+  http:
+  - route:
+    - destination: {host: reviews.default.svc.cluster.local, port: {number: 9080}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: pass, namespace: istio-system}
+spec:
+  hosts: [pass.example.com]
+  gateways: [all-kinds]
+  tls:
+  - match: [{sniHosts: [pass.example.com]}]
+    route:
+    - destination: {host: pass.internal, port: {number: 8443}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: db, namespace: istio-system}
+spec:
+  hosts: [db.example.com]
+  gateways: [all-kinds]
+  tcp:
+  - match: [{port: 9443}]
+    route:
+    - destination: {host: db.internal, port: {number: 5432}}
+---
+apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: raw-tcp, namespace: istio-system}
+spec:
+  hosts: ["*"]
+  gateways: [all-kinds]
+  tcp:
+  - match: [{port: 31400}]
+    route:
+    - destination: {host: reviews.default.svc.cluster.local, port: {number: 9080}}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: reviews, namespace: default}
+spec:
+  host: reviews.default.svc.cluster.local
+  subsets:
+  - {name: v1, labels: {version: v1}}
+"#;
+
+fn gw(call: Call) -> Call {
+    call.mode(CallMode::Gateway)
+}
+
+/// The chain of `listener` whose SNI names include `sni`, and its TLS context.
+fn chain_for<'a>(
+    router: &'a Router,
+    listener: &str,
+    sni: &str,
+) -> (&'a FilterChain, DownstreamTlsContext) {
+    let l = router
+        .listeners
+        .iter()
+        .find(|l| l.name == listener)
+        .unwrap_or_else(|| panic!("no listener {listener}"));
+    let chain = l
+        .filter_chains
+        .iter()
+        .find(|c| {
+            c.filter_chain_match
+                .as_ref()
+                .is_some_and(|m| m.server_names.iter().any(|n| n == sni))
+        })
+        .unwrap_or_else(|| panic!("no chain for {sni} in {listener}"));
+    let ctx = match chain
+        .transport_socket
+        .as_ref()
+        .and_then(|t| t.config_type.as_ref())
+    {
+        Some(transport_socket::ConfigType::TypedConfig(any)) => {
+            DownstreamTlsContext::decode(any.value.as_slice()).unwrap()
+        }
+        _ => DownstreamTlsContext::default(),
+    };
+    (chain, ctx)
+}
+
+fn cert_sds(ctx: &DownstreamTlsContext) -> Vec<String> {
+    ctx.common_tls_context
+        .as_ref()
+        .map(|c| {
+            c.tls_certificate_sds_secret_configs
+                .iter()
+                .map(|s| s.name.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn ca_sds(ctx: &DownstreamTlsContext) -> Option<String> {
+    match ctx
+        .common_tls_context
+        .as_ref()?
+        .validation_context_type
+        .as_ref()?
+    {
+        common_tls_context::ValidationContextType::CombinedValidationContext(c) => c
+            .validation_context_sds_secret_config
+            .as_ref()
+            .map(|s| s.name.clone()),
+        _ => None,
+    }
+}
+
+fn requires_client_cert(ctx: &DownstreamTlsContext) -> bool {
+    ctx.require_client_certificate.is_some_and(|b| b.value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_gateway_server_kind_is_served() {
+    let reviews_host = "reviews.default.svc.cluster.local";
+    let mut reviews = Service::new(
+        reviews_host,
+        "default",
+        meshfed_registry::ProviderId::Mock,
+        "",
+    );
+    reviews
+        .ports
+        .push(meshfed_registry::Port::new("http", 9080, Protocol::Http).unwrap());
+    let mut mtls = endpoint("10.1.0.1", "http", 9080, "r1/z1");
+    mtls.tls_mode = TlsMode::Istio;
+    mtls.labels.insert("version".into(), "v1".into());
+    let plain = endpoint("10.1.0.2", "http", 9080, "r1/z1");
+    let (server, mut router) = fetch_with(ALL_KINDS, &[(reviews, vec![mtls, plain])]).await;
+
+    let reviews_cluster = format!("outbound|9080||{reviews_host}");
+    let expect = |route: &'static str| Expect {
+        listener: Some("0.0.0.0_443"),
+        route_config: Some(route),
+        cluster: Some(reviews_cluster.clone()),
+        ..Default::default()
+    };
+    let calls: Vec<(Call, Expect)> = vec![
+        (
+            gw(Call::http(443).tls().host("simple.example.com")),
+            expect("https.443.https.all-kinds.istio-system"),
+        ),
+        (
+            gw(Call::http(443).tls().host("mutual.example.com")),
+            expect("https.443.https-mutual.all-kinds.istio-system"),
+        ),
+        (
+            gw(Call::http(443).tls().host("optional.example.com")),
+            expect("https.443.https-optional.all-kinds.istio-system"),
+        ),
+        (
+            gw(Call::http(443).tls().host("istio.example.com")),
+            expect("https.443.https-istio.all-kinds.istio-system"),
+        ),
+        (
+            gw(Call::http(443).tls().host("files.example.com")),
+            expect("https.443.https-files.all-kinds.istio-system"),
+        ),
+        // PASSTHROUGH: routed by SNI, TLS untouched.
+        (
+            gw(Call::tcp(443).tls().sni("pass.example.com")),
+            Expect {
+                listener: Some("0.0.0.0_443"),
+                cluster: Some("outbound|8443||pass.internal".into()),
+                ..Default::default()
+            },
+        ),
+        // TLS terminated, then TCP.
+        (
+            gw(Call::tcp(9443).tls().sni("db.example.com")),
+            Expect {
+                listener: Some("0.0.0.0_9443"),
+                cluster: Some("outbound|5432||db.internal".into()),
+                ..Default::default()
+            },
+        ),
+        (
+            gw(Call::tcp(31400)),
+            Expect {
+                listener: Some("0.0.0.0_31400"),
+                cluster: Some(reviews_cluster.clone()),
+                ..Default::default()
+            },
+        ),
+        // AUTO_PASSTHROUGH: the SNI a sidecar sends with Istio mTLS names the cluster.
+        (
+            gw(Call::tcp(15443)
+                .tls()
+                .sni(&format!("outbound_.9080_._.{reviews_host}"))
+                .alpn("istio")),
+            Expect {
+                listener: Some("0.0.0.0_15443"),
+                cluster: Some(format!("outbound_.9080_._.{reviews_host}")),
+                ..Default::default()
+            },
+        ),
+        (
+            gw(Call::tcp(15443)
+                .tls()
+                .sni(&format!("outbound_.9080_.v1_.{reviews_host}"))
+                .alpn("istio-h2")),
+            Expect {
+                cluster: Some(format!("outbound_.9080_.v1_.{reviews_host}")),
+                ..Default::default()
+            },
+        ),
+        // ... but not plain TLS: only Istio's mTLS ALPNs match.
+        (
+            gw(Call::tcp(15443)
+                .tls()
+                .sni(&format!("outbound_.9080_._.{reviews_host}"))
+                .alpn("h2")),
+            err("no filter chain"),
+        ),
+        (
+            gw(Call::http(80).host("simple.example.com")),
+            Expect {
+                error: Some(TLS_REDIRECT),
+                listener: Some("0.0.0.0_80"),
+                route_config: Some("http.80"),
+                ..Default::default()
+            },
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (call, want) in &calls {
+        // The gateway's CDS has every in-mesh cluster it routes to; external
+        // destinations (pass.internal, db.internal) are not declared anywhere.
+        let got = if want
+            .cluster
+            .as_deref()
+            .is_some_and(|c| c.contains(reviews_host))
+        {
+            simulate_call(&router.listeners, &router.routes, &router.clusters, call)
+        } else {
+            simulate_call_without_cds(&router.listeners, &router.routes, call)
+        };
+        if let Err(e) = compare(&got, want) {
+            failures.push(format!("{call:?}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+
+    // TLS contexts per mode.
+    let (_, simple) = chain_for(&router, "0.0.0.0_443", "simple.example.com");
+    assert_eq!(cert_sds(&simple), vec!["kubernetes://simple-cred"]);
+    assert!(!requires_client_cert(&simple));
+    assert_eq!(ca_sds(&simple), None);
+    let params = simple
+        .common_tls_context
+        .as_ref()
+        .unwrap()
+        .tls_params
+        .as_ref()
+        .unwrap();
+    assert_eq!(params.tls_minimum_protocol_version, 3, "TLSv1_2");
+    let (_, mutual) = chain_for(&router, "0.0.0.0_443", "mutual.example.com");
+    assert_eq!(cert_sds(&mutual), vec!["kubernetes://mutual-cred"]);
+    assert_eq!(
+        ca_sds(&mutual).as_deref(),
+        Some("kubernetes://mutual-cred-cacert")
+    );
+    assert!(requires_client_cert(&mutual));
+    let (_, optional) = chain_for(&router, "0.0.0.0_443", "optional.example.com");
+    assert_eq!(
+        ca_sds(&optional).as_deref(),
+        Some("kubernetes://optional-cred-cacert")
+    );
+    assert!(!requires_client_cert(&optional));
+    let (_, istio) = chain_for(&router, "0.0.0.0_443", "istio.example.com");
+    assert_eq!(cert_sds(&istio), vec!["default"]);
+    assert_eq!(ca_sds(&istio).as_deref(), Some("ROOTCA"));
+    assert!(requires_client_cert(&istio));
+    let (_, files) = chain_for(&router, "0.0.0.0_443", "files.example.com");
+    assert_eq!(
+        cert_sds(&files),
+        vec!["file-cert:/etc/certs/cert.pem~/etc/certs/key.pem"]
+    );
+    let (pass, _) = chain_for(&router, "0.0.0.0_443", "pass.example.com");
+    assert!(pass.transport_socket.is_none(), "passthrough keeps TLS");
+    let (_, db) = chain_for(&router, "0.0.0.0_9443", "db.example.com");
+    assert_eq!(cert_sds(&db), vec!["kubernetes://db-cred"]);
+
+    // AUTO_PASSTHROUGH clusters: SNI-DNAT, no upstream TLS, only mTLS endpoints.
+    let sni = format!("outbound_.9080_._.{reviews_host}");
+    let dnat = router
+        .clusters
+        .iter()
+        .find(|c| c.name == sni)
+        .expect("SNI-DNAT cluster");
+    assert!(dnat.transport_socket.is_none() && dnat.transport_socket_matches.is_empty());
+    assert!(
+        router
+            .clusters
+            .iter()
+            .any(|c| c.name == format!("outbound_.9080_.v1_.{reviews_host}"))
+    );
+    router
+        .client
+        .subscribe(TypeUrl::Endpoint, &[sni.as_str()])
+        .await
+        .unwrap();
+    let cla: Vec<ClusterLoadAssignment> =
+        decode_all(&router.client.recv_type(TypeUrl::Endpoint).await.unwrap()).unwrap();
+    let addresses: Vec<String> = cla[0]
+        .endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .map(|e| format!("{:?}", e.host_identifier))
+        .collect();
+    assert_eq!(addresses.len(), 1, "{addresses:?}");
+    assert!(addresses[0].contains("10.1.0.1"), "{addresses:?}");
+    server.shutdown().await;
 }
