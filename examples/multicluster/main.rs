@@ -14,23 +14,54 @@
 //! gateway service (a LoadBalancer with an ingress IP), `n1`'s from the meshNetworks
 //! file. Then an ADS client in each network asks for the endpoints of
 //! `outbound|80||reviews.default.svc.cluster.local` and the answers are printed: local
-//! endpoints direct, the other network's behind its gateway with their weight. See
-//! README.md beside this file for the same against real clusters.
+//! endpoints direct, the other network's behind its gateway with their weight.
+//!
+//! Each network also runs an east-west gateway configured by meshfed: Istio's
+//! `cross-network-gateway` (AUTO_PASSTHROUGH on 15443 for `*.local`). `ratings` runs
+//! only in `c2`; the example traces a request from a sidecar in `n1` to it through the
+//! simulator: the sidecar's listener, route and cluster, the gateway endpoint its EDS
+//! sends and the SNI its mTLS carries, the east-west gateway's SNI filter chain and
+//! SNI-DNAT cluster, and the `c2` endpoints that cluster's EDS sends. See README.md
+//! beside this file for the same against real clusters.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use envoy_types::pb::envoy::config::core::v3::{address, socket_address};
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::{address, socket_address, transport_socket};
 use envoy_types::pb::envoy::config::endpoint::v3::{ClusterLoadAssignment, lb_endpoint};
+use envoy_types::pb::envoy::config::listener::v3::Listener;
+use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::UpstreamTlsContext;
 use meshfed::ads::TypeUrl;
 use meshfed::app::{KubeSettings, KubeSource, RemoteSecretSettings};
+use meshfed::generate::simulate::{Call, CallMode, simulate_call};
 use meshfed::networks::NetworkView;
-use meshfed::testing::{AdsClient, FakeServer, node_with};
+use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
 use meshfed_kube::fake_api::{FakeApiServer, objects};
 use meshfed_registry::{ProviderId, ShardKey};
+use prost::Message;
 
 const CLUSTER: &str = "outbound|80||reviews.default.svc.cluster.local";
 const SYSTEM: &str = "istio-system";
+const RATINGS: &str = "ratings.default.svc.cluster.local";
+
+/// Istio's east-west gateway (`samples/multicluster/expose-services.yaml`): every
+/// `*.local` service reachable through 15443 by the SNI of Istio mTLS.
+const EAST_WEST_GATEWAY: &str = "apiVersion: networking.istio.io/v1
+kind: Gateway
+metadata:
+  name: cross-network-gateway
+  namespace: istio-system
+spec:
+  selector:
+    istio: eastwestgateway
+  servers:
+  - port: {number: 15443, name: tls, protocol: TLS}
+    tls: {mode: AUTO_PASSTHROUGH}
+    hosts: [\"*.local\"]
+";
 
 /// meshNetworks: which clusters are in which network, and `n1`'s gateway by address
 /// (`n2`'s comes from the label on `c2`'s east-west gateway service).
@@ -73,6 +104,24 @@ fn populate(api: &FakeApiServer, network: &str, vip: &str, ips: &[&str], gateway
         &endpoints,
     ));
     if let Some(ip) = gateway {
+        // `ratings` runs only in the cluster with the LoadBalancer gateway (c2).
+        api.apply(&objects::service(
+            "default",
+            "ratings",
+            "10.97.0.8",
+            &[("http", 9080)],
+        ));
+        let ratings = [("10.2.0.11", "ratings-0"), ("10.2.0.12", "ratings-1")];
+        for (ip, pod) in ratings {
+            api.apply(&objects::pod("default", pod, "ratings", ip, "node-1"));
+        }
+        api.apply(&objects::slice(
+            "default",
+            "ratings-abc",
+            "ratings",
+            &[("http", 9080)],
+            &ratings,
+        ));
         let mut gw = objects::load_balancer(
             SYSTEM,
             "istio-eastwestgateway",
@@ -175,9 +224,13 @@ async fn main() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let networks = dir.path().join("meshNetworks.yaml");
     std::fs::write(&networks, MESH_NETWORKS)?;
+    let config = dir.path().join("config");
+    std::fs::create_dir(&config)?;
+    std::fs::write(config.join("east-west-gateway.yaml"), EAST_WEST_GATEWAY)?;
     let client = c1.client();
     let server = FakeServer::builder()
         .cluster_id("c1")
+        .config_dir(&config)
         .configure(move |c| {
             c.networks_config = Some(networks);
             c.kubernetes = Some(KubeSettings {
@@ -217,6 +270,8 @@ async fn main() -> anyhow::Result<()> {
                 .gateways()
                 .iter()
                 .any(|g| g.network.as_str() == "n2")
+            && snapshot.services().resolve(RATINGS, "default").is_some()
+            && !snapshot.config().gateways().collect::<Vec<_>>().is_empty()
         {
             break;
         }
@@ -249,6 +304,143 @@ async fn main() -> anyhow::Result<()> {
          its gateway, weighted by how many endpoints stand behind it, so traffic splits\n\
          2:3 between c1 and c2 from either side."
     );
+    trace_east_west(&server).await?;
     server.shutdown().await;
+    Ok(())
+}
+
+/// What one proxy was sent: listeners, route tables, clusters, and its ADS stream (for
+/// the endpoints of one cluster).
+struct Fetched {
+    listeners: Vec<Listener>,
+    routes: Vec<RouteConfiguration>,
+    clusters: Vec<Cluster>,
+    client: AdsClient,
+}
+
+async fn fetch(
+    server: &FakeServer,
+    id: &str,
+    metadata: serde_json::Value,
+) -> anyhow::Result<Fetched> {
+    let mut client = AdsClient::connect(server.grpc_addr(), node_with(id, metadata)).await?;
+    client.subscribe(TypeUrl::Cluster, &[]).await?;
+    let clusters = client.recv_clusters().await?;
+    client.subscribe(TypeUrl::Listener, &[]).await?;
+    let listeners: Vec<Listener> = decode_all(&client.recv_type(TypeUrl::Listener).await?)?;
+    let names: BTreeSet<String> = listeners
+        .iter()
+        .flat_map(|l| meshfed::generate::lds::references(l).1)
+        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let routes = if names.is_empty() {
+        Vec::new()
+    } else {
+        client.subscribe(TypeUrl::Route, &names).await?;
+        decode_all(&client.recv_type(TypeUrl::Route).await?)?
+    };
+    Ok(Fetched {
+        listeners,
+        routes,
+        clusters,
+        client,
+    })
+}
+
+impl Fetched {
+    async fn endpoints(&mut self, cluster: &str) -> anyhow::Result<ClusterLoadAssignment> {
+        self.client.subscribe(TypeUrl::Endpoint, &[cluster]).await?;
+        let cla = self.client.recv_load_assignments().await?;
+        cla.into_iter().next().context("no load assignment")
+    }
+}
+
+/// The SNI a cluster's Istio mTLS carries (its `tlsMode-istio` transport socket).
+fn istio_sni(cluster: &Cluster) -> Option<String> {
+    let socket = cluster
+        .transport_socket_matches
+        .iter()
+        .find(|m| m.name == "tlsMode-istio")
+        .and_then(|m| m.transport_socket.as_ref())
+        .or(cluster.transport_socket.as_ref())?;
+    let Some(transport_socket::ConfigType::TypedConfig(any)) = &socket.config_type else {
+        return None;
+    };
+    Some(UpstreamTlsContext::decode(any.value.as_slice()).ok()?.sni)
+}
+
+/// A request from a sidecar in n1 to `ratings`, which runs only in c2, hop by hop.
+async fn trace_east_west(server: &FakeServer) -> anyhow::Result<()> {
+    println!(
+        "\nEast-west: GET http://{RATINGS}:9080/ from a sidecar in n1 (ratings runs only in c2):"
+    );
+    let mut sidecar = fetch(
+        server,
+        "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
+        serde_json::json!({"NETWORK": "n1", "CLUSTER_ID": "c1"}),
+    )
+    .await?;
+    let call = Call::http(9080).to("10.97.0.8").host(RATINGS);
+    let hop = simulate_call(
+        &sidecar.listeners,
+        &sidecar.routes,
+        &sidecar.clusters,
+        &call,
+    )?;
+    let cluster = hop
+        .cluster()
+        .context("the sidecar routes to one cluster")?
+        .to_string();
+    println!(
+        "  1. sidecar 10.1.0.9 (n1): listener {} -> route {} -> cluster {cluster}",
+        hop.listener,
+        hop.route_config.as_deref().unwrap_or("(inline)")
+    );
+    let cla = sidecar.endpoints(&cluster).await?;
+    let sni = sidecar
+        .clusters
+        .iter()
+        .find(|c| c.name == cluster)
+        .and_then(istio_sni)
+        .context("the cluster originates Istio mTLS")?;
+    for line in describe(&cla) {
+        println!("     EDS: {line}");
+    }
+    println!("  2. the sidecar opens Istio mTLS to that gateway with SNI {sni}");
+
+    let mut gateway = fetch(
+        server,
+        "router~10.2.0.50~istio-eastwestgateway-0.istio-system~istio-system.svc.cluster.local",
+        serde_json::json!({
+            "NETWORK": "n2",
+            "CLUSTER_ID": "c2",
+            "LABELS": {"istio": "eastwestgateway"},
+        }),
+    )
+    .await?;
+    let call = Call::tcp(15443)
+        .tls()
+        .sni(&sni)
+        .alpn("istio-http/1.1")
+        .mode(CallMode::Gateway);
+    let hop = simulate_call(
+        &gateway.listeners,
+        &gateway.routes,
+        &gateway.clusters,
+        &call,
+    )?;
+    let dnat = hop
+        .cluster()
+        .context("the gateway forwards to one cluster")?
+        .to_string();
+    println!(
+        "  3. east-west gateway of n2 (istio: eastwestgateway): listener {} -> SNI filter chain {sni} -> cluster {dnat}",
+        hop.listener
+    );
+    let cla = gateway.endpoints(&dnat).await?;
+    println!("  4. that cluster's EDS at the n2 gateway:");
+    for line in describe(&cla) {
+        println!("     {line}");
+    }
     Ok(())
 }

@@ -710,3 +710,61 @@ async fn a_flapping_remote_cluster_never_takes_readiness_away() {
     .await;
     ready_and_serving(&mesh).await;
 }
+
+/// The multicluster example, run as a user runs it, prints the east-west path of a
+/// request from n1 to a service only c2 runs: the sidecar's cluster, the n2 gateway
+/// endpoint and SNI, the gateway's SNI chain and SNI-DNAT cluster, c2's endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_traces_a_request_through_the_east_west_gateway() {
+    let exe = std::env::current_exe().unwrap();
+    let examples = exe.parent().unwrap().parent().unwrap().join("examples");
+    let binary = examples.join(format!("multicluster{}", std::env::consts::EXE_SUFFIX));
+    if !binary.exists() {
+        // `cargo test --workspace` builds the examples; a single test target does not.
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "--example", "multicluster"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "building the multicluster example");
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(&binary).output(),
+    )
+    .await
+    .expect("the example finishes")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ratings = "ratings.default.svc.cluster.local";
+    let sni = format!("outbound_.9080_._.{ratings}");
+    let trace = stdout
+        .split_once("East-west:")
+        .map(|(_, t)| t)
+        .unwrap_or_else(|| panic!("no east-west trace in:\n{stdout}"));
+    let want = [
+        format!("listener 0.0.0.0_9080 -> route 9080 -> cluster outbound|9080||{ratings}"),
+        format!("EDS: {GATEWAY_C2}"),
+        format!("with SNI {sni}"),
+        format!("listener 0.0.0.0_15443 -> SNI filter chain {sni} -> cluster {sni}"),
+        "10.2.0.11:9080".to_string(),
+        "10.2.0.12:9080".to_string(),
+    ];
+    let mut rest = trace;
+    for w in &want {
+        let at = rest
+            .find(w.as_str())
+            .unwrap_or_else(|| panic!("{w:?} missing (in order) from the trace:\n{trace}"));
+        rest = &rest[at + w.len()..];
+    }
+    let at_gateway = trace.split_once("4.").map_or("", |(_, t)| t);
+    assert!(
+        !at_gateway.contains("10.1."),
+        "only c2's endpoints stand behind the gateway:\n{trace}"
+    );
+}
