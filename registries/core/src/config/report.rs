@@ -81,7 +81,14 @@ pub fn validate_text(path: &Path, text: &str) -> Report {
 }
 
 fn reports(parsed: &[ParsedFile]) -> Vec<Report> {
-    let assembly = assemble(parsed, &BTreeMap::new());
+    let mut assembly = assemble(parsed, &BTreeMap::new());
+    let across = crate::config::validate::cross_object_warnings(
+        assembly
+            .objects
+            .values()
+            .map(|p| (&*p.obj, p.file.as_path())),
+    );
+    assembly.warnings.extend(across);
     parsed
         .iter()
         .map(|file| {
