@@ -146,8 +146,9 @@ pub(crate) fn cross_object_warnings<'a>(
         /// TLS hosts taken, and by which Gateway.
         tls_hosts: BTreeMap<String, String>,
     }
-    let mut by_selector: BTreeMap<Vec<(String, String)>, BTreeMap<(u32, String), PortState>> =
-        BTreeMap::new();
+    // Selector -> (port, bind) -> what holds it.
+    type Ports = BTreeMap<(u32, String), PortState>;
+    let mut by_selector: BTreeMap<Vec<(String, String)>, Ports> = BTreeMap::new();
     for (obj, gw, file) in &gateways {
         let selector: Vec<(String, String)> = gw
             .selector
