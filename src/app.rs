@@ -561,6 +561,11 @@ impl Server {
         let mut metrics_registry = Registry::default();
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
+        metrics_registry.register(
+            "pilot_total_rejected_configs",
+            "Total number of configs that Pilot had to reject or ignore (type gateway: Gateway servers dropped by the merge of a gateway's Gateways)",
+            crate::generate::gateway::REJECTED_CONFIGS.clone(),
+        );
 
         let mesh_settings = mesh::load_initial(
             config.mesh_config.as_deref(),
