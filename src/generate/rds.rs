@@ -62,11 +62,10 @@ use envoy_types::pb::google::protobuf::{
 };
 use meshfed_api::mesh::v1alpha1::mesh_config::outbound_traffic_policy::Mode as MeshOutboundMode;
 use meshfed_api::networking::v1alpha3::{
-    self as istio, Destination, Gateway, HttpMatchRequest, HttpRoute, Server, StringMatch,
-    VirtualService, http_body, http_fault_injection, http_redirect,
+    self as istio, Destination, HttpMatchRequest, HttpRoute, StringMatch, VirtualService,
+    http_body, http_fault_injection, http_redirect,
     load_balancer_settings::{ConsistentHashLb, LbPolicy, consistent_hash_lb::HashKey},
     outbound_traffic_policy::Mode as SidecarOutboundMode,
-    server_tls_settings::TlSmode,
     string_match::MatchType,
 };
 use meshfed_registry::{Port, Protocol, ProviderId, Resolution, Service};
@@ -547,30 +546,6 @@ impl<'a> GatewayRouteName<'a> {
             bind,
         })
     }
-}
-
-/// The route name Istio gives a Gateway server (`gatewayRDSRouteName`), or `None` for
-/// servers that are not routed over HTTP (TCP, TLS, passthrough HTTPS).
-pub fn gateway_server_route_name(server: &Server, gateway: &Config<Gateway>) -> Option<String> {
-    let port = server.port.as_ref()?;
-    let bind = if server.bind.is_empty() {
-        String::new()
-    } else {
-        format!(".{}", server.bind)
-    };
-    let protocol = Protocol::parse(&port.protocol);
-    if protocol.is_http() {
-        return Some(format!("http.{}{bind}", port.number));
-    }
-    let passthrough = server.tls.as_ref().is_some_and(|t| {
-        t.mode == TlSmode::Passthrough as i32 || t.mode == TlSmode::AutoPassthrough as i32
-    });
-    (protocol == Protocol::Https && !passthrough).then(|| {
-        format!(
-            "https.{}.{}.{}.{}{bind}",
-            port.number, port.name, gateway.name, gateway.namespace
-        )
-    })
 }
 
 /// The route table `route_name` of a gateway proxy (see the module docs): `None` when
@@ -1758,6 +1733,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use crate::model::Proxy;
+    use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
+    use meshfed_api::networking::v1alpha3::{Gateway, Server};
     use std::time::{Duration, SystemTime};
 
     use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
@@ -3261,19 +3238,14 @@ mod tests {
             virtual_host::TlsRequirementType::All as i32
         );
         let https_name = "https.443.https.ingress.istio-system";
-        let gw = &snap
-            .config()
-            .gateways_for(&router().labels)
-            .next()
-            .unwrap()
-            .clone();
+        let gw = &snap.config().gateways().next().unwrap().clone();
         assert_eq!(
-            gateway_server_route_name(&gw.spec.servers[2], gw).as_deref(),
-            Some(https_name)
+            crate::generate::gateway::route_name(&gw.spec.servers[2], 443, gw),
+            https_name
         );
         assert_eq!(
-            gateway_server_route_name(&gw.spec.servers[3], gw),
-            None,
+            crate::generate::gateway::route_name(&gw.spec.servers[3], 443, gw),
+            "",
             "passthrough"
         );
         let rc = gateway_route_config(&snap, &router().client_view(), &[], https_name).unwrap();

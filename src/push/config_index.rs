@@ -226,20 +226,6 @@ impl ConfigIndex {
         self.gateways.iter()
     }
 
-    /// Gateways whose selector matches a router's labels, oldest first.
-    pub fn gateways_for<'a>(
-        &'a self,
-        labels: &'a BTreeMap<String, String>,
-    ) -> impl Iterator<Item = &'a Arc<Config<Gateway>>> + 'a {
-        self.gateways.iter().filter(move |g| {
-            !g.spec.selector.is_empty()
-                && g.spec
-                    .selector
-                    .iter()
-                    .all(|(k, v)| labels.get(k) == Some(v))
-        })
-    }
-
     /// The Sidecar `namespace/name`.
     pub fn sidecar_by_name(&self, namespace: &str, name: &str) -> Option<&Arc<Config<Sidecar>>> {
         self.sidecars
