@@ -24,6 +24,9 @@ const PROTOS: &[&str] = &[
     "istio/mesh/v1alpha1/config.proto",
     "istio/mesh/v1alpha1/network.proto",
     "istio/v1/auth/ca.proto",
+    "istio/security/v1beta1/peer_authentication.proto",
+    "istio/security/v1beta1/request_authentication.proto",
+    "istio/security/v1beta1/authorization_policy.proto",
 ];
 
 fn main() -> Result<(), Box<dyn Error>> {

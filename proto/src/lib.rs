@@ -106,6 +106,25 @@ pub mod r#type {
     }
 }
 
+/// `security.istio.io`: PeerAuthentication, RequestAuthentication,
+/// AuthorizationPolicy.
+pub mod security {
+    /// Generated from `istio/security/v1beta1/*.proto` (served as `v1` and
+    /// `v1beta1`).
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::nursery,
+        rustdoc::all,
+        deprecated
+    )]
+    pub mod v1beta1 {
+        include!(concat!(env!("OUT_DIR"), "/istio.security.v1beta1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/istio.security.v1beta1.serde.rs"));
+    }
+}
+
 /// The encoded `google.protobuf.FileDescriptorSet` of every `.proto` file of
 /// this crate (with imports and source comments), for reflection-based
 /// tooling such as schema dumps or dynamic validation.
@@ -136,6 +155,61 @@ mod tests {
         Some(net::StringMatch {
             match_type: Some(net::string_match::MatchType::Prefix(s.into())),
         })
+    }
+
+    #[test]
+    fn security_kinds_read_istio_json() {
+        use crate::security::v1beta1 as sec;
+        let pa: sec::PeerAuthentication = from_json(json!({
+            "selector": {"matchLabels": {"app": "finance"}},
+            "mtls": {"mode": "STRICT"},
+            "portLevelMtls": {"8080": {"mode": "DISABLE"}}
+        }));
+        assert_eq!(
+            pa.mtls.unwrap().mode(),
+            sec::peer_authentication::mutual_tls::Mode::Strict
+        );
+        assert_eq!(
+            pa.port_level_mtls[&8080].mode(),
+            sec::peer_authentication::mutual_tls::Mode::Disable
+        );
+        let ap: sec::AuthorizationPolicy = from_json(json!({
+            "action": "CUSTOM",
+            "provider": {"name": "ext-authz"},
+            "rules": [{
+                "from": [{"source": {"principals": ["cluster.local/ns/default/sa/sleep"], "notIpBlocks": ["10.0.0.0/8"]}}],
+                "to": [{"operation": {"methods": ["GET"], "paths": ["/info*"], "notPorts": ["8080"]}}],
+                "when": [{"key": "request.auth.claims[iss]", "values": ["https://accounts.google.com"]}]
+            }],
+            "targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "gw"}]
+        }));
+        assert_eq!(ap.action(), sec::authorization_policy::Action::Custom);
+        let rule = &ap.rules[0];
+        assert_eq!(
+            rule.from[0].source.as_ref().unwrap().not_ip_blocks,
+            vec!["10.0.0.0/8"]
+        );
+        assert_eq!(
+            rule.to[0].operation.as_ref().unwrap().not_ports,
+            vec!["8080"]
+        );
+        assert_eq!(rule.when[0].key, "request.auth.claims[iss]");
+        assert_eq!(ap.target_refs[0].kind, "Gateway");
+        let ra: sec::RequestAuthentication = from_json(json!({
+            "jwtRules": [{
+                "issuer": "https://example.com",
+                "jwksUri": "https://example.com/.well-known/jwks.json",
+                "fromHeaders": [{"name": "x-jwt", "prefix": "Bearer "}],
+                "outputClaimToHeaders": [{"header": "x-sub", "claim": "sub"}],
+                "forwardOriginalToken": true,
+                "timeout": "5s"
+            }]
+        }));
+        let rule = &ra.jwt_rules[0];
+        assert_eq!(rule.from_headers[0].prefix, "Bearer ");
+        assert_eq!(rule.output_claim_to_headers[0].claim, "sub");
+        assert!(rule.forward_original_token);
+        assert_eq!(rule.timeout.as_ref().unwrap().seconds, 5);
     }
 
     #[test]
