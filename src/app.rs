@@ -546,6 +546,9 @@ fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::DestinationRule(dr) => set.destination_rules.push(wrap(object, dr)),
         Spec::Gateway(g) => set.gateways.push(wrap(object, g)),
         Spec::Sidecar(sc) => set.sidecars.push(wrap(object, sc)),
+        Spec::PeerAuthentication(pa) => set.peer_authentications.push(wrap(object, pa)),
+        Spec::RequestAuthentication(ra) => set.request_authentications.push(wrap(object, ra)),
+        Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(wrap(object, ap)),
         // ServiceEntry and WorkloadEntry feed the service registry, not the indexes.
         Spec::ServiceEntry(_) | Spec::WorkloadEntry(_) => {}
     }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use meshfed_api::networking::v1alpha3::{DestinationRule, Gateway, Sidecar, VirtualService};
+use meshfed_api::security::v1beta1 as sec;
 
 use crate::mesh::MeshSettings;
 
@@ -38,6 +39,9 @@ pub struct ConfigIndex {
     destination_rules: Vec<Arc<Config<DestinationRule>>>,
     gateways: Vec<Arc<Config<Gateway>>>,
     sidecars: Vec<Arc<Config<Sidecar>>>,
+    peer_authentications: Vec<Arc<Config<sec::PeerAuthentication>>>,
+    request_authentications: Vec<Arc<Config<sec::RequestAuthentication>>>,
+    authorization_policies: Vec<Arc<Config<sec::AuthorizationPolicy>>>,
     default_vs_export: Vec<String>,
     default_dr_export: Vec<String>,
 }
@@ -49,6 +53,9 @@ pub struct ConfigSet {
     pub destination_rules: Vec<Config<DestinationRule>>,
     pub gateways: Vec<Config<Gateway>>,
     pub sidecars: Vec<Config<Sidecar>>,
+    pub peer_authentications: Vec<Config<sec::PeerAuthentication>>,
+    pub request_authentications: Vec<Config<sec::RequestAuthentication>>,
+    pub authorization_policies: Vec<Config<sec::AuthorizationPolicy>>,
 }
 
 impl ConfigIndex {
@@ -122,6 +129,9 @@ impl ConfigIndex {
             destination_rules: order(set.destination_rules),
             gateways: order(set.gateways),
             sidecars: order(set.sidecars),
+            peer_authentications: order(set.peer_authentications),
+            request_authentications: order(set.request_authentications),
+            authorization_policies: order(set.authorization_policies),
             default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
         }
@@ -219,6 +229,21 @@ impl ConfigIndex {
         in_ns(proxy_ns, false)
             .or_else(|| in_ns(service_ns, true))
             .or_else(|| in_ns(&self.root_namespace, true))
+    }
+
+    /// Every PeerAuthentication, oldest first (then namespace and name).
+    pub fn peer_authentications(&self) -> &[Arc<Config<sec::PeerAuthentication>>] {
+        &self.peer_authentications
+    }
+
+    /// Every RequestAuthentication, oldest first (then namespace and name).
+    pub fn request_authentications(&self) -> &[Arc<Config<sec::RequestAuthentication>>] {
+        &self.request_authentications
+    }
+
+    /// Every AuthorizationPolicy, oldest first (then namespace and name).
+    pub fn authorization_policies(&self) -> &[Arc<Config<sec::AuthorizationPolicy>>] {
+        &self.authorization_policies
     }
 
     /// Every Gateway, oldest first (then namespace and name).

@@ -368,6 +368,24 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "sidecars",
         &["list", "watch"],
     ),
+    (
+        "ClusterRole",
+        "security.istio.io",
+        "peerauthentications",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "security.istio.io",
+        "requestauthentications",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "security.istio.io",
+        "authorizationpolicies",
+        &["list", "watch"],
+    ),
     // registries/kube/src/token_review.rs: Kubernetes JWT authentication.
     (
         "ClusterRole",
@@ -424,13 +442,15 @@ fn rbac_grants_only_what_the_code_reads_and_writes() {
                 // crd.rs `discover`: GET of the group's discovery documents.
                 assert_eq!(kind, "ClusterRole", "non-resource URLs need a ClusterRole");
                 assert_eq!(verbs, BTreeSet::from(["get".to_string()]));
-                let group = meshfed_registry::config::model::GROUP;
-                let mut expected = vec![format!("/apis/{group}")];
-                expected.extend(
-                    meshfed_registry::config::model::VERSIONS
-                        .iter()
-                        .map(|v| format!("/apis/{group}/{v}")),
-                );
+                use meshfed_registry::config::model as m;
+                let mut expected = Vec::new();
+                for (group, versions) in [
+                    (m::GROUP, &m::VERSIONS[..]),
+                    (m::SECURITY_GROUP, &m::SECURITY_VERSIONS[..]),
+                ] {
+                    expected.push(format!("/apis/{group}"));
+                    expected.extend(versions.iter().map(|v| format!("/apis/{group}/{v}")));
+                }
                 let urls: BTreeSet<String> =
                     strings(&rule["nonResourceURLs"]).into_iter().collect();
                 assert_eq!(urls, expected.into_iter().collect::<BTreeSet<_>>());

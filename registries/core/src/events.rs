@@ -30,6 +30,9 @@ pub enum ConfigKind {
     Gateway,
     Sidecar,
     WorkloadEntry,
+    PeerAuthentication,
+    RequestAuthentication,
+    AuthorizationPolicy,
     /// The mesh-wide configuration.
     MeshConfig,
     /// meshNetworks or network gateways.

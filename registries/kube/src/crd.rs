@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
 use kube::api::GetParams;
-use meshfed_registry::config::model::{GROUP, VERSIONS};
+use meshfed_registry::config::model::{GROUP, SECURITY_GROUP, SECURITY_VERSIONS, VERSIONS};
 use meshfed_registry::config::store::{Objects, Published, StoreCore};
 use meshfed_registry::config::{ConfigObject, ConfigStore, Kind, ObjectId, RejectedConfig};
 use meshfed_registry::metrics::encode_gauges;
@@ -75,6 +75,9 @@ pub fn plural(kind: Kind) -> &'static str {
         Kind::ServiceEntry => "serviceentries",
         Kind::WorkloadEntry => "workloadentries",
         Kind::Sidecar => "sidecars",
+        Kind::PeerAuthentication => "peerauthentications",
+        Kind::RequestAuthentication => "requestauthentications",
+        Kind::AuthorizationPolicy => "authorizationpolicies",
     }
 }
 
@@ -138,12 +141,12 @@ impl KubeConfigStoreConfig {
 /// Counters the writer keeps, for metrics and tests. Monotonic unless named a gauge.
 #[derive(Debug, Default)]
 pub struct KubeConfigStats {
-    events: [[AtomicU64; 3]; 6],
+    events: [[AtomicU64; 3]; Kind::ALL.len()],
     rejections: AtomicU64,
     rejected: AtomicU64,
-    watch_errors: [AtomicU64; 6],
-    relists: [AtomicU64; 6],
-    objects: [AtomicU64; 6],
+    watch_errors: [AtomicU64; Kind::ALL.len()],
+    relists: [AtomicU64; Kind::ALL.len()],
+    objects: [AtomicU64; Kind::ALL.len()],
 }
 
 impl KubeConfigStats {
@@ -189,7 +192,7 @@ struct StoreState {
     /// The published rejections (in selected namespaces).
     rejected: BTreeMap<ObjectId, RejectedConfig>,
     /// Per kind, the version watched; `None` while not served (or not discovered yet).
-    versions: [Option<&'static str>; 6],
+    versions: [Option<&'static str>; Kind::ALL.len()],
 }
 
 impl Published for StoreState {
@@ -368,44 +371,50 @@ impl ConfigStore for KubeConfigStore {
 // === discovery ===
 
 /// Per kind, the most preferred version the API server serves it in.
-type Served = [Option<&'static str>; 6];
+type Served = [Option<&'static str>; Kind::ALL.len()];
 
 fn is_not_found(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 404)
 }
 
-/// Asks the API server which versions of the group serve which kinds. A group or a
-/// version that is not there (404) simply serves nothing; any other failure is an error.
+/// Asks the API server which versions of the Istio config groups serve which kinds. A
+/// group or a version that is not there (404) simply serves nothing; any other failure
+/// is an error.
 async fn discover(client: &kube::Client) -> Result<Served, kube::Error> {
-    let request = kube::core::Request::new("/apis")
-        .get(GROUP, &GetParams::default())
-        .map_err(kube::Error::BuildRequest)?;
-    let group: APIGroup = match client.request(request).await {
-        Ok(group) => group,
-        Err(err) if is_not_found(&err) => return Ok(Served::default()),
-        Err(err) => return Err(err),
-    };
     let mut served = Served::default();
-    // VERSIONS is in preference order: the first version listing a kind wins.
-    for version in VERSIONS {
-        if !group.versions.iter().any(|v| v.version == version) {
-            continue;
-        }
-        let resources = match client
-            .list_api_group_resources(&format!("{GROUP}/{version}"))
-            .await
-        {
-            Ok(list) => list.resources,
+    for (group, versions) in [
+        (GROUP, &VERSIONS[..]),
+        (SECURITY_GROUP, &SECURITY_VERSIONS[..]),
+    ] {
+        let request = kube::core::Request::new("/apis")
+            .get(group, &GetParams::default())
+            .map_err(kube::Error::BuildRequest)?;
+        let api_group: APIGroup = match client.request(request).await {
+            Ok(g) => g,
             Err(err) if is_not_found(&err) => continue,
             Err(err) => return Err(err),
         };
-        for kind in Kind::ALL {
-            // Exact plural match: subresources (`virtualservices/status`) never match.
-            let listed = resources
-                .iter()
-                .any(|r| r.kind == kind.as_str() && r.name == plural(kind));
-            if listed && served[index(kind)].is_none() {
-                served[index(kind)] = Some(version);
+        // `versions` is in preference order: the first version listing a kind wins.
+        for version in versions {
+            if !api_group.versions.iter().any(|v| v.version == *version) {
+                continue;
+            }
+            let resources = match client
+                .list_api_group_resources(&format!("{group}/{version}"))
+                .await
+            {
+                Ok(list) => list.resources,
+                Err(err) if is_not_found(&err) => continue,
+                Err(err) => return Err(err),
+            };
+            for kind in Kind::ALL.into_iter().filter(|k| k.group() == group) {
+                // Exact plural match: subresources (`virtualservices/status`) never match.
+                let listed = resources
+                    .iter()
+                    .any(|r| r.kind == kind.as_str() && r.name == plural(kind));
+                if listed && served[index(kind)].is_none() {
+                    served[index(kind)] = Some(version);
+                }
             }
         }
     }
@@ -427,7 +436,10 @@ mod tests {
                 "gateways",
                 "serviceentries",
                 "workloadentries",
-                "sidecars"
+                "sidecars",
+                "peerauthentications",
+                "requestauthentications",
+                "authorizationpolicies"
             ]
         );
         for kind in Kind::ALL {
@@ -499,17 +511,17 @@ mod metrics_tests {
             (
                 "meshfed_kube_config_objects",
                 "Valid Istio config objects read from the Kubernetes API server, by kind",
-                [1, 1, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0, 0, 0, 0],
             ),
             (
                 "meshfed_kube_config_watch_errors",
                 "Failed lists and watches of Istio config on the Kubernetes API server (retried with backoff), by kind",
-                [0; 6],
+                [0; Kind::ALL.len()],
             ),
             (
                 "meshfed_kube_config_relists",
                 "Relists of Istio config after the API server expired a watch (410 Gone), by kind",
-                [0; 6],
+                [0; Kind::ALL.len()],
             ),
         ] {
             expected += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");

@@ -1,8 +1,8 @@
 //! Reading Kubernetes-style objects (`apiVersion`, `kind`, `metadata`, `spec`) into
 //! [`ConfigObject`]s.
 //!
-//! Accepted: group `networking.istio.io`, versions `v1`, `v1beta1` and `v1alpha3`, the
-//! kinds of [`Kind`]. Objects of other groups or other kinds are skipped (as Istio's
+//! Accepted: the kinds of [`Kind`] in their group: `networking.istio.io` (versions `v1`,
+//! `v1beta1` and `v1alpha3`) or `security.istio.io` (`v1`, `v1beta1`). Objects of other groups or other kinds are skipped (as Istio's
 //! file source does); a known kind with an unknown version of the group is an error, so
 //! that a typo does not silently drop an object. A missing namespace is `default`; a
 //! missing `creationTimestamp` is `UNIX_EPOCH` (which the config directory store turns
@@ -18,7 +18,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::config::model::{ConfigObject, GROUP, Kind, Spec, supported_api_version};
+use crate::config::model::{ConfigObject, Kind, Spec, supported_api_version};
 use crate::config::time::parse_rfc3339;
 use crate::config::validate::{FieldError, FieldPath, Segment};
 
@@ -109,7 +109,7 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
     }
     let group = api_version.split_once('/').map_or("", |(g, _)| g);
     let kind = match Kind::from_name(kind_name) {
-        Some(kind) if group == GROUP => kind,
+        Some(kind) if group == kind.group() => kind,
         _ => {
             return Decoded::Skipped(SkippedObject {
                 api_version: api_version.to_string(),
@@ -120,11 +120,13 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
     };
 
     let mut errors = Vec::new();
-    if !supported_api_version(api_version) {
+    if !supported_api_version(kind, api_version) {
         errors.push(FieldError::new(
             root.field("apiVersion"),
             format!(
-                "apiVersion {api_version} is not supported for {kind} (use {GROUP}/v1, v1beta1 or v1alpha3)"
+                "apiVersion {api_version} is not supported for {kind} (use {}/{})",
+                kind.group(),
+                kind.versions().join(", ")
             ),
         ));
     }
@@ -336,7 +338,7 @@ fn describe(value: &Value) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::model::VERSIONS;
+    use crate::config::model::{GROUP, VERSIONS};
     use crate::events::{ConfigKey, ConfigKind};
     use meshfed_api::networking::v1alpha3 as net;
     use serde_json::json;
@@ -490,7 +492,8 @@ mod tests {
         for (api_version, kind) in [
             ("apps/v1", "Deployment"),
             ("v1", "ConfigMap"),
-            ("security.istio.io/v1", "AuthorizationPolicy"),
+            ("security.istio.io/v1", "VirtualService"),
+            ("networking.istio.io/v1", "AuthorizationPolicy"),
             ("networking.istio.io/v1", "EnvoyFilter"),
             ("networking.k8s.io/v1", "Gateway"),
         ] {

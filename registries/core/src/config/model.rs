@@ -2,8 +2,10 @@
 //!
 //! The kinds are VirtualService, DestinationRule, Gateway, ServiceEntry, WorkloadEntry
 //! and Sidecar of group `networking.istio.io`, versions `v1`, `v1beta1` and `v1alpha3`
-//! (one schema). [`crate::config::decode()`] reads them from their Kubernetes form;
-//! [`ConfigObject`] serializes back to it.
+//! (one schema), and PeerAuthentication, RequestAuthentication and AuthorizationPolicy
+//! of group `security.istio.io`, versions `v1` and `v1beta1`.
+//! [`crate::config::decode()`] reads them from their Kubernetes form; [`ConfigObject`]
+//! serializes back to it.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,6 +13,7 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use meshfed_api::networking::v1alpha3 as net;
+use meshfed_api::security::v1beta1 as sec;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -19,20 +22,23 @@ use crate::config::time::format_rfc3339;
 use crate::config::validate::FieldError;
 use crate::events::{ConfigKey, ConfigKind};
 
-/// The API group of every kind here.
+/// The API group of the networking kinds.
 pub const GROUP: &str = "networking.istio.io";
 
 /// The versions of [`GROUP`] that are accepted (they share one schema).
 pub const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha3"];
 
-/// The `apiVersion` written when an object is serialized.
-pub const API_VERSION: &str = "networking.istio.io/v1";
+/// The API group of the security kinds.
+pub const SECURITY_GROUP: &str = "security.istio.io";
 
-/// True for `networking.istio.io/v1`, `/v1beta1` and `/v1alpha3`.
-pub fn supported_api_version(api_version: &str) -> bool {
+/// The versions of [`SECURITY_GROUP`] that are accepted (one schema).
+pub const SECURITY_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
+
+/// True for an `apiVersion` of the kind's group in one of its versions.
+pub fn supported_api_version(kind: Kind, api_version: &str) -> bool {
     api_version
         .split_once('/')
-        .is_some_and(|(group, version)| group == GROUP && VERSIONS.contains(&version))
+        .is_some_and(|(group, version)| group == kind.group() && kind.versions().contains(&version))
 }
 
 /// The config kinds meshfed reads. The order is the order of [`ConfigStore::all`]
@@ -47,18 +53,59 @@ pub enum Kind {
     ServiceEntry,
     WorkloadEntry,
     Sidecar,
+    PeerAuthentication,
+    RequestAuthentication,
+    AuthorizationPolicy,
 }
 
 impl Kind {
     /// Every kind, in order.
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 9] = [
         Kind::VirtualService,
         Kind::DestinationRule,
         Kind::Gateway,
         Kind::ServiceEntry,
         Kind::WorkloadEntry,
         Kind::Sidecar,
+        Kind::PeerAuthentication,
+        Kind::RequestAuthentication,
+        Kind::AuthorizationPolicy,
     ];
+
+    /// The kind's API group.
+    pub fn group(self) -> &'static str {
+        if self.is_security() {
+            SECURITY_GROUP
+        } else {
+            GROUP
+        }
+    }
+
+    /// The versions of the kind's group that are read, preferred first.
+    pub fn versions(self) -> &'static [&'static str] {
+        if self.is_security() {
+            &SECURITY_VERSIONS
+        } else {
+            &VERSIONS
+        }
+    }
+
+    /// `<group>/<preferred version>`, written when an object is serialized.
+    pub fn api_version(self) -> &'static str {
+        if self.is_security() {
+            "security.istio.io/v1"
+        } else {
+            "networking.istio.io/v1"
+        }
+    }
+
+    /// A `security.istio.io` kind.
+    pub fn is_security(self) -> bool {
+        matches!(
+            self,
+            Kind::PeerAuthentication | Kind::RequestAuthentication | Kind::AuthorizationPolicy
+        )
+    }
 
     /// The Kubernetes kind name (`VirtualService`).
     pub fn as_str(self) -> &'static str {
@@ -69,6 +116,9 @@ impl Kind {
             Kind::ServiceEntry => "ServiceEntry",
             Kind::WorkloadEntry => "WorkloadEntry",
             Kind::Sidecar => "Sidecar",
+            Kind::PeerAuthentication => "PeerAuthentication",
+            Kind::RequestAuthentication => "RequestAuthentication",
+            Kind::AuthorizationPolicy => "AuthorizationPolicy",
         }
     }
 
@@ -86,6 +136,9 @@ impl Kind {
             Kind::ServiceEntry => ConfigKind::ServiceEntry,
             Kind::WorkloadEntry => ConfigKind::WorkloadEntry,
             Kind::Sidecar => ConfigKind::Sidecar,
+            Kind::PeerAuthentication => ConfigKind::PeerAuthentication,
+            Kind::RequestAuthentication => ConfigKind::RequestAuthentication,
+            Kind::AuthorizationPolicy => ConfigKind::AuthorizationPolicy,
         }
     }
 }
@@ -108,6 +161,9 @@ pub enum Spec {
     ServiceEntry(net::ServiceEntry),
     WorkloadEntry(net::WorkloadEntry),
     Sidecar(net::Sidecar),
+    PeerAuthentication(sec::PeerAuthentication),
+    RequestAuthentication(sec::RequestAuthentication),
+    AuthorizationPolicy(sec::AuthorizationPolicy),
 }
 
 impl Spec {
@@ -120,6 +176,9 @@ impl Spec {
             Spec::ServiceEntry(_) => Kind::ServiceEntry,
             Spec::WorkloadEntry(_) => Kind::WorkloadEntry,
             Spec::Sidecar(_) => Kind::Sidecar,
+            Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
+            Spec::RequestAuthentication(_) => Kind::RequestAuthentication,
+            Spec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
         }
     }
 
@@ -135,6 +194,9 @@ impl Spec {
             Kind::ServiceEntry => Spec::ServiceEntry(decode_spec(value)?),
             Kind::WorkloadEntry => Spec::WorkloadEntry(decode_spec(value)?),
             Kind::Sidecar => Spec::Sidecar(decode_spec(value)?),
+            Kind::PeerAuthentication => Spec::PeerAuthentication(decode_spec(value)?),
+            Kind::RequestAuthentication => Spec::RequestAuthentication(decode_spec(value)?),
+            Kind::AuthorizationPolicy => Spec::AuthorizationPolicy(decode_spec(value)?),
         })
     }
 
@@ -196,6 +258,9 @@ impl Serialize for Spec {
             Spec::ServiceEntry(v) => v.serialize(s),
             Spec::WorkloadEntry(v) => v.serialize(s),
             Spec::Sidecar(v) => v.serialize(s),
+            Spec::PeerAuthentication(v) => v.serialize(s),
+            Spec::RequestAuthentication(v) => v.serialize(s),
+            Spec::AuthorizationPolicy(v) => v.serialize(s),
         }
     }
 }
@@ -216,6 +281,21 @@ spec_from!(
     ServiceEntry,
     WorkloadEntry,
     Sidecar
+);
+
+macro_rules! security_spec_from {
+    ($($variant:ident),*) => {
+        $(impl From<sec::$variant> for Spec {
+            fn from(spec: sec::$variant) -> Spec {
+                Spec::$variant(spec)
+            }
+        })*
+    };
+}
+security_spec_from!(
+    PeerAuthentication,
+    RequestAuthentication,
+    AuthorizationPolicy
 );
 
 /// A config object: Kubernetes metadata and a typed spec.
@@ -314,7 +394,7 @@ impl Serialize for ConfigObject {
             spec: &'a Spec,
         }
         Object {
-            api_version: API_VERSION,
+            api_version: self.kind.api_version(),
             kind: self.kind,
             metadata: Metadata {
                 name: &self.name,

@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use meshfed_registry::config::model::{GROUP, VERSIONS};
+
 use meshfed_registry::config::store::Objects;
 use meshfed_registry::config::{
     ConfigObject, Decoded, FieldError, FieldPath, Kind, ObjectId, RejectedConfig, decode, validate,
@@ -34,9 +34,9 @@ enum Incoming {
 
 fn watch_kind(client: &kube::Client, kind: Kind, version: &str) -> BoxStream<'static, Incoming> {
     let resource = ApiResource {
-        group: GROUP.to_string(),
+        group: kind.group().to_string(),
         version: version.to_string(),
-        api_version: format!("{GROUP}/{version}"),
+        api_version: format!("{}/{version}", kind.group()),
         kind: kind.as_str().to_string(),
         plural: plural(kind).to_string(),
     };
@@ -79,7 +79,7 @@ pub async fn run_kube_config(
             result = discover(&client) => match result {
                 Ok(served) => break served,
                 Err(err) => {
-                    warn!(%cluster, "config store: discovering {GROUP} failed, retrying: {err}");
+                    warn!(%cluster, "config store: discovering the Istio config groups failed, retrying: {err}");
                     let delay = discovery_backoff(failures);
                     failures += 1;
                     tokio::select! {
@@ -146,13 +146,13 @@ struct Writer {
     namespace_labels: HashMap<String, BTreeMap<String, String>>,
     /// Per kind: objects converted since `Init`, applied at `InitDone` so that a relist
     /// replaces the kind as a whole (and deletes what it no longer lists).
-    listing: [Option<Vec<Converted>>; 6],
+    listing: [Option<Vec<Converted>>; Kind::ALL.len()],
     /// Namespaces seen since the namespace watcher's `Init`.
     listing_namespaces: Option<HashMap<String, BTreeMap<String, String>>>,
     /// Per kind: the first list is in (or the kind is not served), for the sync.
-    listed: [bool; 6],
+    listed: [bool; Kind::ALL.len()],
     /// Per kind: its watcher completed a list, so the next one is a relist.
-    watcher_listed: [bool; 6],
+    watcher_listed: [bool; Kind::ALL.len()],
     namespaces_listed: bool,
     /// Kinds the API server did not serve at the last discovery.
     missing: BTreeSet<Kind>,
@@ -170,8 +170,8 @@ impl Writer {
             namespace_labels: HashMap::new(),
             listing: Default::default(),
             listing_namespaces: None,
-            listed: [false; 6],
-            watcher_listed: [false; 6],
+            listed: [false; Kind::ALL.len()],
+            watcher_listed: [false; Kind::ALL.len()],
             namespaces_listed: true,
             missing: BTreeSet::new(),
             pending: BTreeSet::new(),
@@ -196,7 +196,7 @@ impl Writer {
             match served[index(kind)] {
                 Some(version) if first || self.missing.contains(&kind) => {
                     if !first {
-                        info!(cluster = %self.cluster(), %kind, version, "config store: {GROUP} {kind} is now served; watching it");
+                        info!(cluster = %self.cluster(), %kind, version, "config store: {} {kind} is now served; watching it", kind.group());
                     }
                     self.missing.remove(&kind);
                     self.store.write().versions[index(kind)] = Some(version);
@@ -206,8 +206,9 @@ impl Writer {
                 None if first => {
                     warn!(
                         cluster = %self.cluster(), %kind,
-                        "config store: the API server does not serve {GROUP} {kind} (CRD not installed?); \
+                        "config store: the API server does not serve {} {kind} (CRD not installed?); \
                          counting it as synced with no objects and checking again every {:?}",
+                        kind.group(),
                         self.store.inner.config.rediscover_every
                     );
                     self.missing.insert(kind);
@@ -221,7 +222,7 @@ impl Writer {
                 .iter()
                 .filter_map(|k| served[index(*k)].map(|v| format!("{k}={v}")))
                 .collect();
-            info!(cluster = %self.cluster(), "config store: watching {GROUP} {}", versions.join(" "));
+            info!(cluster = %self.cluster(), "config store: watching Istio config: {}", versions.join(" "));
         }
     }
 
@@ -377,8 +378,8 @@ impl Writer {
             value["kind"] = json!(kind.as_str());
         }
         if value.get("apiVersion").is_none_or(Value::is_null) {
-            let version = self.store.read().versions[index(kind)].unwrap_or(VERSIONS[0]);
-            value["apiVersion"] = json!(format!("{GROUP}/{version}"));
+            let version = self.store.read().versions[index(kind)].unwrap_or(kind.versions()[0]);
+            value["apiVersion"] = json!(format!("{}/{version}", kind.group()));
         }
         let rejection = |errors: &[FieldError]| Rejection {
             record: RejectedConfig {

@@ -45,6 +45,13 @@ const ISTIO_NETWORKING: [(&str, &str); 6] = [
     ("Sidecar", "sidecars"),
 ];
 
+/// The three `security.istio.io` kinds meshfed reads, with their plurals.
+const ISTIO_SECURITY: [(&str, &str); 3] = [
+    ("PeerAuthentication", "peerauthentications"),
+    ("RequestAuthentication", "requestauthentications"),
+    ("AuthorizationPolicy", "authorizationpolicies"),
+];
+
 impl CustomResource {
     /// A namespaced custom resource served in `versions`.
     pub fn new(group: &str, kind: &str, plural: &str, versions: &[&str]) -> CustomResource {
@@ -66,6 +73,32 @@ impl CustomResource {
                 CustomResource::new("networking.istio.io", kind, plural, versions)
             })
             .collect()
+    }
+
+    /// Istio's PeerAuthentication, RequestAuthentication and AuthorizationPolicy CRDs
+    /// (group `security.istio.io`), each served in those of `versions` the group has
+    /// (`v1`, `v1beta1`).
+    pub fn istio_security(versions: &[&str]) -> Vec<CustomResource> {
+        let versions: Vec<&str> = versions
+            .iter()
+            .copied()
+            .filter(|v| ["v1", "v1beta1"].contains(v))
+            .collect();
+        if versions.is_empty() {
+            return Vec::new();
+        }
+        ISTIO_SECURITY
+            .iter()
+            .map(|(kind, plural)| CustomResource::new("security.istio.io", kind, plural, &versions))
+            .collect()
+    }
+
+    /// Both groups: [`CustomResource::istio_networking`] and
+    /// [`CustomResource::istio_security`].
+    pub fn istio(versions: &[&str]) -> Vec<CustomResource> {
+        let mut out = CustomResource::istio_networking(versions);
+        out.extend(CustomResource::istio_security(versions));
+        out
     }
 
     /// Where its objects are stored: `/apis/<group>/<plural>`, one collection for every

@@ -232,8 +232,10 @@ pub fn istio(
     name: &str,
     spec: serde_json::Value,
 ) -> serde_json::Value {
+    let group = meshfed_registry::config::Kind::from_name(kind)
+        .map_or("networking.istio.io", |k| k.group());
     serde_json::json!({
-        "apiVersion": format!("networking.istio.io/{version}"),
+        "apiVersion": format!("{group}/{version}"),
         "kind": kind,
         "metadata": {"name": name, "namespace": namespace},
         "spec": spec,

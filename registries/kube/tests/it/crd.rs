@@ -40,6 +40,11 @@ fn spec(kind: Kind, variant: u32) -> Value {
         }),
         Kind::WorkloadEntry => json!({"address": format!("10.0.0.{variant}")}),
         Kind::Sidecar => json!({"egress": [{"hosts": [format!("ns{variant}/*")]}]}),
+        Kind::PeerAuthentication => {
+            json!({"mtls": {"mode": if variant % 2 == 0 { "STRICT" } else { "PERMISSIVE" }}})
+        }
+        Kind::RequestAuthentication => json!({"jwtRules": [{"issuer": host}]}),
+        Kind::AuthorizationPolicy => json!({"rules": [{"to": [{"operation": {"hosts": [host]}}]}]}),
     }
 }
 
@@ -169,7 +174,7 @@ fn key(kind: Kind, ns: &str, name: &str) -> String {
 
 async fn with_istio_crds(versions: &[&str]) -> FakeApiServer {
     let api = FakeApiServer::start().await.expect("fake API server");
-    api.install_crds(CustomResource::istio_networking(versions));
+    api.install_crds(CustomResource::istio(versions));
     api
 }
 
@@ -227,7 +232,8 @@ async fn every_kind_is_created_updated_and_deleted_through_the_api() {
         })
         .await;
 
-        s.api.delete_custom(GROUP, kind.as_str(), "ns", &name);
+        s.api
+            .delete_custom(kind.group(), kind.as_str(), "ns", &name);
         s.until("deleted", |st| {
             st.get(kind, "ns", &name).is_none().then_some(())
         })
@@ -383,8 +389,12 @@ async fn a_410_relists_without_losing_changes() {
     s.pushed();
 
     // Bookmarks move the watchers' versions without changing anything.
-    s.watching(6).await;
-    assert_eq!(s.api.bookmark(), 6, "one bookmark-enabled watch per kind");
+    s.watching(Kind::ALL.len()).await;
+    assert_eq!(
+        s.api.bookmark(),
+        Kind::ALL.len(),
+        "one bookmark-enabled watch per kind"
+    );
 
     // While every watch is down: an update, a delete, a create (and a rejected object);
     // then history is compacted, so resuming from the old version gets 410 Gone.

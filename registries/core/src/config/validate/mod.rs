@@ -16,6 +16,7 @@ mod http_route;
 mod mesh;
 mod references;
 pub mod regex;
+mod security;
 mod service_entry;
 mod sidecar;
 mod virtual_service;
@@ -30,6 +31,9 @@ pub use destination_rule::validate_destination_rule;
 pub use gateway::validate_gateway;
 pub use mesh::{validate_mesh_config, validate_mesh_networks};
 pub(crate) use references::cross_object_warnings;
+pub use security::{
+    validate_authorization_policy, validate_peer_authentication, validate_request_authentication,
+};
 pub use service_entry::{validate_service_entry, validate_workload_entry};
 pub use sidecar::validate_sidecar;
 pub use virtual_service::validate_virtual_service;
@@ -233,6 +237,9 @@ pub fn validate(obj: &ConfigObject) -> Validation {
         Spec::ServiceEntry(s) => validate_service_entry(&obj.namespace, s),
         Spec::WorkloadEntry(s) => validate_workload_entry(s),
         Spec::Sidecar(s) => validate_sidecar(&obj.namespace, s),
+        Spec::PeerAuthentication(s) => validate_peer_authentication(s),
+        Spec::RequestAuthentication(s) => validate_request_authentication(s),
+        Spec::AuthorizationPolicy(s) => validate_authorization_policy(s),
     };
     match spec {
         Ok(warnings) => findings.warnings.extend(warnings),
