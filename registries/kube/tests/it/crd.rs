@@ -41,7 +41,7 @@ fn spec(kind: Kind, variant: u32) -> Value {
         Kind::WorkloadEntry => json!({"address": format!("10.0.0.{variant}")}),
         Kind::Sidecar => json!({"egress": [{"hosts": [format!("ns{variant}/*")]}]}),
         Kind::PeerAuthentication => {
-            json!({"mtls": {"mode": if variant % 2 == 0 { "STRICT" } else { "PERMISSIVE" }}})
+            json!({"mtls": {"mode": if variant.is_multiple_of(2) { "STRICT" } else { "PERMISSIVE" }}})
         }
         Kind::RequestAuthentication => json!({"jwtRules": [{"issuer": host}]}),
         Kind::AuthorizationPolicy => json!({"rules": [{"to": [{"operation": {"hosts": [host]}}]}]}),

@@ -69,10 +69,10 @@ pub fn validate_authorization_policy(ap: &sec::AuthorizationPolicy) -> Validatio
         &ap.target_refs,
     );
     let action = Action::try_from(ap.action).unwrap_or(Action::Allow);
-    let provider = match &ap.action_detail {
-        Some(sec::authorization_policy::ActionDetail::Provider(p)) => Some(p),
-        None => None,
-    };
+    let provider = ap
+        .action_detail
+        .as_ref()
+        .map(|sec::authorization_policy::ActionDetail::Provider(p)| p);
     if action == Action::Custom {
         if ap.rules.is_empty() {
             f.error(
