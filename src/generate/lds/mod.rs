@@ -342,7 +342,7 @@ pub fn references(listener: &Listener) -> (Vec<String>, Vec<String>) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
@@ -378,7 +378,7 @@ mod tests {
         s
     }
 
-    pub(super) fn snapshot(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Snapshot {
+    pub(crate) fn snapshot(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Snapshot {
         let index = Arc::new(EndpointIndex::new());
         let (sink, _rx) = UpdateSink::new(index.clone());
         let aggregate = Aggregate::new("c1");
@@ -422,7 +422,7 @@ mod tests {
         Proxy::from_node(Some(&node)).unwrap()
     }
 
-    pub(super) fn default_mesh() -> MeshSettings {
+    pub(crate) fn default_mesh() -> MeshSettings {
         MeshSettings {
             config: crate::mesh::default_mesh_config(),
             ..Default::default()

@@ -1,0 +1,275 @@
+//! The mutual TLS mode a workload's ports accept, from PeerAuthentications, as Istio
+//! composes it (`security/authn/policy_applier.go` `ComposePeerAuthentication`,
+//! `model/authentication.go`):
+//!
+//! - Candidates are the PeerAuthentications of the workload's namespace and of the root
+//!   namespace whose selector matches the workload's labels. One without selector (or
+//!   with empty labels) in the root namespace is the mesh policy, one without selector
+//!   elsewhere the namespace policy, one with a selector outside the root namespace the
+//!   workload policy; a root-namespace policy with a selector is ignored. Within each
+//!   class the oldest wins.
+//! - The mode starts PERMISSIVE and is overridden by the mesh, namespace and workload
+//!   policies, in that order, by each that sets a mode other than UNSET.
+//! - `portLevelMtls` (keyed by the port the workload listens on) comes from the winning
+//!   workload policy only; an UNSET port mode inherits the workload's.
+//!
+//! Clients infer a destination's mode (auto mTLS) from the mesh and namespace policies
+//! only ([`inferred_namespace_mode`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use meshfed_api::security::v1beta1::PeerAuthentication;
+use meshfed_api::security::v1beta1::peer_authentication::mutual_tls::Mode as PaMode;
+
+use crate::push::config_index::Config;
+use crate::push::snapshot::Snapshot;
+
+/// An effective mutual TLS mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MtlsMode {
+    /// Plaintext only.
+    Disable,
+    /// Mutual TLS or plaintext.
+    Permissive,
+    /// Mutual TLS only.
+    Strict,
+}
+
+impl MtlsMode {
+    fn from_policy(mode: i32) -> Option<MtlsMode> {
+        match PaMode::try_from(mode).unwrap_or(PaMode::Unset) {
+            PaMode::Unset => None,
+            PaMode::Disable => Some(MtlsMode::Disable),
+            PaMode::Permissive => Some(MtlsMode::Permissive),
+            PaMode::Strict => Some(MtlsMode::Strict),
+        }
+    }
+
+    /// Istio's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MtlsMode::Disable => "DISABLE",
+            MtlsMode::Permissive => "PERMISSIVE",
+            MtlsMode::Strict => "STRICT",
+        }
+    }
+}
+
+/// The modes of one workload: the workload-wide mode and per-port overrides.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct WorkloadMtls {
+    pub mode: MtlsMode,
+    /// Port the workload listens on -> mode, for the ports its policy names.
+    pub ports: BTreeMap<u16, MtlsMode>,
+}
+
+impl WorkloadMtls {
+    /// The mode of traffic to `port`.
+    pub fn port_mode(&self, port: u16) -> MtlsMode {
+        self.ports.get(&port).copied().unwrap_or(self.mode)
+    }
+}
+
+/// The mesh, namespace and workload policies for a workload of `namespace` with
+/// `labels` (each the oldest of its class).
+struct Candidates<'a> {
+    mesh: Option<&'a Arc<Config<PeerAuthentication>>>,
+    namespace: Option<&'a Arc<Config<PeerAuthentication>>>,
+    workload: Option<&'a Arc<Config<PeerAuthentication>>>,
+}
+
+fn candidates<'a>(
+    snapshot: &'a Snapshot,
+    namespace: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Candidates<'a> {
+    let root = snapshot.config().root_namespace.as_str();
+    let mut out = Candidates {
+        mesh: None,
+        namespace: None,
+        workload: None,
+    };
+    // Oldest first: the first of each class wins.
+    for pa in snapshot.config().peer_authentications() {
+        let selector = pa
+            .spec
+            .selector
+            .as_ref()
+            .map(|s| &s.match_labels)
+            .filter(|l| !l.is_empty());
+        match selector {
+            None if pa.namespace == root => {
+                out.mesh.get_or_insert(pa);
+            }
+            None if pa.namespace == namespace => {
+                out.namespace.get_or_insert(pa);
+            }
+            Some(sel) if pa.namespace == namespace && pa.namespace != root => {
+                let Some(labels) = labels else { continue };
+                if sel.iter().all(|(k, v)| labels.get(k) == Some(v)) {
+                    out.workload.get_or_insert(pa);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The modes of a workload of `namespace` with `labels`.
+pub fn workload_mtls(
+    snapshot: &Snapshot,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> WorkloadMtls {
+    let c = candidates(snapshot, namespace, Some(labels));
+    let mut mode = MtlsMode::Permissive;
+    for pa in [c.mesh, c.namespace, c.workload].into_iter().flatten() {
+        if let Some(m) = pa
+            .spec
+            .mtls
+            .as_ref()
+            .and_then(|m| MtlsMode::from_policy(m.mode))
+        {
+            mode = m;
+        }
+    }
+    let ports = c
+        .workload
+        .map(|pa| {
+            pa.spec
+                .port_level_mtls
+                .iter()
+                .filter_map(|(port, m)| {
+                    let port = u16::try_from(*port).ok()?;
+                    Some((port, MtlsMode::from_policy(m.mode).unwrap_or(mode)))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    WorkloadMtls { mode, ports }
+}
+
+/// The mode clients assume for the workloads of `namespace` (Istio's
+/// `BestEffortInferServiceMTLSMode`): the namespace policy's, else the mesh
+/// policy's, else PERMISSIVE. Workload policies are not looked at.
+pub fn inferred_namespace_mode(snapshot: &Snapshot, namespace: &str) -> MtlsMode {
+    let c = candidates(snapshot, namespace, None);
+    [c.namespace, c.mesh]
+        .into_iter()
+        .flatten()
+        .find_map(|pa| {
+            pa.spec
+                .mtls
+                .as_ref()
+                .and_then(|m| MtlsMode::from_policy(m.mode))
+        })
+        .unwrap_or(MtlsMode::Permissive)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use meshfed_api::security::v1beta1::peer_authentication::MutualTls;
+    use meshfed_api::r#type::v1beta1::WorkloadSelector;
+
+    use super::*;
+    use crate::generate::lds::tests::{default_mesh, snapshot as build};
+    use crate::push::config_index::ConfigSet;
+
+    fn pa(
+        ns: &str,
+        name: &str,
+        age: u64,
+        selector: &[(&str, &str)],
+        mode: PaMode,
+        ports: &[(u32, PaMode)],
+    ) -> Config<PeerAuthentication> {
+        Config {
+            name: name.into(),
+            namespace: ns.into(),
+            labels: Default::default(),
+            annotations: Default::default(),
+            creation_time: SystemTime::UNIX_EPOCH + Duration::from_secs(1000 - age),
+            spec: PeerAuthentication {
+                selector: (!selector.is_empty()).then(|| WorkloadSelector {
+                    match_labels: selector
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                }),
+                mtls: Some(MutualTls { mode: mode as i32 }),
+                port_level_mtls: ports
+                    .iter()
+                    .map(|(p, m)| (*p, MutualTls { mode: *m as i32 }))
+                    .collect(),
+            },
+        }
+    }
+
+    fn snapshot(policies: Vec<Config<PeerAuthentication>>) -> Snapshot {
+        let set = ConfigSet {
+            peer_authentications: policies,
+            ..Default::default()
+        };
+        build(vec![], set, default_mesh())
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn modes_compose_mesh_namespace_workload_and_port() {
+        let app = labels(&[("app", "a")]);
+        // Nothing: PERMISSIVE.
+        let s = snapshot(vec![]);
+        assert_eq!(workload_mtls(&s, "foo", &app).mode, MtlsMode::Permissive);
+
+        let s = snapshot(vec![
+            pa("istio-system", "mesh", 5, &[], PaMode::Strict, &[]),
+            // A newer mesh policy loses to the older one.
+            pa("istio-system", "mesh2", 1, &[], PaMode::Disable, &[]),
+            // Root namespace policies with a selector are ignored.
+            pa(
+                "istio-system",
+                "rootsel",
+                5,
+                &[("app", "a")],
+                PaMode::Disable,
+                &[],
+            ),
+            pa("foo", "ns", 5, &[], PaMode::Unset, &[]),
+            pa(
+                "foo",
+                "wl",
+                5,
+                &[("app", "a")],
+                PaMode::Permissive,
+                &[(8080, PaMode::Disable), (9090, PaMode::Unset)],
+            ),
+            pa("bar", "ns", 5, &[], PaMode::Disable, &[]),
+        ]);
+        let w = workload_mtls(&s, "foo", &app);
+        assert_eq!(w.mode, MtlsMode::Permissive, "the workload policy wins");
+        assert_eq!(w.port_mode(8080), MtlsMode::Disable);
+        assert_eq!(w.port_mode(9090), MtlsMode::Permissive, "UNSET inherits");
+        assert_eq!(w.port_mode(80), MtlsMode::Permissive);
+        // Another workload of foo: namespace UNSET, so the mesh's STRICT.
+        let other = workload_mtls(&s, "foo", &labels(&[("app", "b")]));
+        assert_eq!(other.mode, MtlsMode::Strict);
+        assert!(other.ports.is_empty());
+        assert_eq!(workload_mtls(&s, "bar", &app).mode, MtlsMode::Disable);
+        assert_eq!(workload_mtls(&s, "baz", &app).mode, MtlsMode::Strict);
+
+        // Clients look at namespace then mesh policies only.
+        assert_eq!(inferred_namespace_mode(&s, "foo"), MtlsMode::Strict);
+        assert_eq!(inferred_namespace_mode(&s, "bar"), MtlsMode::Disable);
+        assert_eq!(inferred_namespace_mode(&s, "baz"), MtlsMode::Strict);
+    }
+}
