@@ -516,14 +516,36 @@ impl ConfigStores {
     fn source(&self, domain: &str, metrics: Arc<PushMetrics>) -> ConfigSourceFn {
         let stores = self.all();
         let domain = domain.to_string();
+        // The security objects last warned about, so a WARN goes out when they change.
+        let warned: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
         Arc::new(move |mesh| {
             let mut set = ConfigSet::default();
             let rejected: usize = stores.iter().map(|s| s.rejected().len()).sum();
             metrics.config_rejected.set(rejected as i64);
+            let mut not_enforced = Vec::new();
             for store in &stores {
                 for object in store.all() {
+                    if object.kind.is_security() {
+                        not_enforced.push(format!(
+                            "{} {}/{} ({})",
+                            object.kind, object.namespace, object.name, object.source
+                        ));
+                    }
                     add_to_set(&mut set, &object);
                 }
+            }
+            metrics.config_not_enforced.set(not_enforced.len() as i64);
+            not_enforced.sort();
+            let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
+            if *last != not_enforced {
+                if !not_enforced.is_empty() {
+                    tracing::warn!(
+                        objects = %not_enforced.join(", "),
+                        "security.istio.io objects are read and validated but not enforced yet: \
+                         no mTLS, authorization or JWT filters are built from them"
+                    );
+                }
+                *last = not_enforced;
             }
             ConfigIndex::new(set, &domain, mesh)
         })

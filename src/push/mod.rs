@@ -54,6 +54,9 @@ pub struct PushMetrics {
     pub virtual_services: Gauge,
     /// `meshfed_config_rejected`: config objects rejected (invalid) right now.
     pub config_rejected: Gauge,
+    /// `meshfed_config_not_enforced`: valid config objects of kinds meshfed reads but does
+    /// not apply yet (the security.istio.io kinds).
+    pub config_not_enforced: Gauge,
 }
 
 impl PushMetrics {
@@ -68,6 +71,7 @@ impl PushMetrics {
             conflicts: Gauge::default(),
             virtual_services: Gauge::default(),
             config_rejected: Gauge::default(),
+            config_not_enforced: Gauge::default(),
         };
         registry.register("pilot_debounce_time", "Delay in seconds between the first config enters debouncing and the merged push request is pushed into the push queue (includes snapshot build)", m.debounce_time.clone());
         registry.register(
@@ -100,6 +104,11 @@ impl PushMetrics {
             "meshfed_config_rejected",
             "Istio config objects rejected as invalid (see /debug/configz)",
             m.config_rejected.clone(),
+        );
+        registry.register(
+            "meshfed_config_not_enforced",
+            "Valid Istio config objects of kinds meshfed reads and validates but does not apply to proxies yet (PeerAuthentication, RequestAuthentication, AuthorizationPolicy)",
+            m.config_not_enforced.clone(),
         );
         m
     }

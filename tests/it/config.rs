@@ -340,3 +340,60 @@ fn encoding_checks_envoys_rules_in_tests() {
         &Cluster::default(),
     );
 }
+
+/// Security policies in the config directory are read and validated, and, since no
+/// filter is built from them yet, counted in `meshfed_config_not_enforced` (and logged
+/// at warn) rather than silently ignored; an invalid one is rejected like any object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_policies_are_counted_as_not_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("security.yaml"),
+        "apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default, namespace: istio-system}
+spec: {mtls: {mode: STRICT}}
+---
+apiVersion: security.istio.io/v1beta1
+kind: AuthorizationPolicy
+metadata: {name: allow-nothing, namespace: foo}
+spec: {}
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: bad, namespace: foo}
+spec:
+  jwtRules:
+  - audiences: [a]
+",
+    )
+    .unwrap();
+    let server = meshfed::testing::FakeServer::builder()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    let (http, monitoring) = (server.bound().http, server.bound().monitoring);
+    eventually("the config directory to load", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    server.sync().await;
+    let metrics = http_get(monitoring, "/metrics").await.1;
+    assert_eq!(
+        metric(&metrics, "meshfed_config_not_enforced"),
+        Some(2.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        metric(&metrics, "meshfed_config_rejected"),
+        Some(1.0),
+        "{metrics}"
+    );
+    let configz = http_get(http, "/debug/configz").await.1;
+    assert!(
+        configz.contains("issuer or jwksUri must be non-empty string"),
+        "{configz}"
+    );
+    server.shutdown().await;
+}

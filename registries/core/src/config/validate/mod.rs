@@ -245,6 +245,16 @@ pub fn validate(obj: &ConfigObject) -> Validation {
         Ok(warnings) => findings.warnings.extend(warnings),
         Err(errors) => findings.errors.extend(errors),
     }
+    if obj.kind.is_security() {
+        findings.warn(
+            &FieldPath::spec(),
+            format!(
+                "{} is read and validated but not enforced by meshfed yet: proxies get no mTLS, \
+                 authorization or JWT configuration from it",
+                obj.kind
+            ),
+        );
+    }
     findings.finish()
 }
 
