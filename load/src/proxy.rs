@@ -176,6 +176,8 @@ enum Decoded {
     /// A route configuration, the clusters it sends to (proxyless only) and the newest
     /// config change its route names show.
     Route(Vec<Arc<str>>, Option<u32>),
+    /// A secret (never subscribed to by simulated proxies; kept out of their state).
+    Secret,
 }
 
 /// A simulated proxy's protocol state (see the module docs).
@@ -412,6 +414,8 @@ impl ProxyState {
                     (intern(&r.name), Decoded::Route(clusters, r.newest_marker()))
                 }
             },
+            // A Secret's name is field 1, as a route configuration's.
+            TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Decoded::Secret),
         })
     }
 
@@ -421,6 +425,7 @@ impl ProxyState {
             TypeUrl::Endpoint => Box::new(self.assignments.keys()),
             TypeUrl::Listener => Box::new(self.listeners.keys()),
             TypeUrl::Route => Box::new(self.routes.keys()),
+            TypeUrl::Secret => Box::new(std::iter::empty()),
         }
     }
 
@@ -430,6 +435,7 @@ impl ProxyState {
             TypeUrl::Endpoint => self.assignments.contains_key(name),
             TypeUrl::Listener => self.listeners.contains_key(name),
             TypeUrl::Route => self.routes.contains_key(name),
+            TypeUrl::Secret => false,
         }
     }
 
@@ -483,6 +489,7 @@ impl ProxyState {
                     }
                     self.routes.insert(name, clusters);
                 }
+                Decoded::Secret => {}
             }
         }
         for name in removed {
@@ -506,6 +513,7 @@ impl ProxyState {
                 TypeUrl::Route => {
                     self.routes.remove(&name);
                 }
+                TypeUrl::Secret => {}
             }
         }
         let sub = &mut self.subs[type_url as usize];

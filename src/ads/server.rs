@@ -69,6 +69,8 @@ pub struct XdsContext {
     /// The new-stream rate limit of both ports (`--maxRequestsPerSecond`); `None`:
     /// no limit.
     pub stream_rate: Option<StreamRateLimiter>,
+    /// Gateway credentials (SDS); `None`: the Secret type is answered empty.
+    pub sds: Option<Arc<crate::sds::Sds>>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -471,6 +473,9 @@ async fn run_stream<F: FlavourIo>(
         }
     };
     ctx.connections.deregister(&handle);
+    if let Some(sds) = &ctx.sds {
+        sds.forget(&handle.id);
+    }
     ctx.metrics.connected.dec();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
 }
@@ -501,6 +506,9 @@ async fn process_request<F: FlavourIo>(
     ctx.connections.watches_changed(handle, &before);
     match action {
         Action::Respond(type_url) => {
+            if type_url == TypeUrl::Secret {
+                prepare_secrets(ctx, handle).await;
+            }
             if let Some(response) = build::<F>(ctx, handle, type_url, Scope::All, Why::Answer) {
                 send::<F>(ctx, handle, tx, response, &mut None).await?;
             }
@@ -580,6 +588,9 @@ async fn push<F: FlavourIo>(
             },
             _ => Scope::All,
         };
+        if type_url == TypeUrl::Secret {
+            prepare_secrets(ctx, handle).await;
+        }
         if slot.is_none() {
             // Given back while this peer's queue was full: take one again.
             slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
@@ -593,6 +604,25 @@ async fn push<F: FlavourIo>(
         .convergence
         .observe(request.start.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Lets SDS ask the API server what it needs to authorize the connection's requested
+/// Secrets, before they are generated (generation itself does not wait).
+async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
+    let Some(sds) = &ctx.sds else {
+        return;
+    };
+    let names = match handle
+        .state
+        .lock()
+        .expect("state poisoned")
+        .watch(TypeUrl::Secret)
+    {
+        Some(watch) => watch.names.clone(),
+        None => return,
+    };
+    let snapshot = ctx.snapshot.load_full();
+    sds.prepare(&snapshot, &handle.proxy, &names).await;
 }
 
 /// How long a push waits, holding its slot, for room in a peer's queue before it
@@ -623,14 +653,19 @@ fn build<F: FlavourIo>(
             wildcard: watch.wildcard,
             names: &watch.names,
         };
-        let resources = generate(
-            type_url,
-            &snapshot,
-            &handle.proxy,
-            subscription,
-            scope,
-            &ctx.options,
-        );
+        let resources = match (&ctx.sds, type_url) {
+            (Some(sds), TypeUrl::Secret) => {
+                sds.generate(&handle.id, &snapshot, &handle.proxy, &watch.names)
+            }
+            _ => generate(
+                type_url,
+                &snapshot,
+                &handle.proxy,
+                subscription,
+                scope,
+                &ctx.options,
+            ),
+        };
         let partial = !matches!(scope, Scope::All);
         F::respond(
             &mut state,
