@@ -18,6 +18,7 @@ mod mesh;
 mod mock_file;
 mod multicluster;
 mod rbac;
+mod sds;
 mod secure;
 mod serviceentry;
 mod sidecar_simulation;
