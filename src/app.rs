@@ -643,6 +643,7 @@ impl Server {
                 local: client.clone(),
                 remote: secret_controller.clone(),
             }),
+            config_stores.files.clone(),
             sink.clone(),
             shutdown.clone(),
             crate::sds::SdsMetrics::new(&mut metrics_registry),

@@ -5,7 +5,8 @@
 //! - Sources: Kubernetes Secrets, each requested one followed by name
 //!   ([`meshfed_kube::follow_secret`]) in the proxy's cluster (its `CLUSTER_ID`, a
 //!   remote cluster through the multicluster controller) and the config cluster, and
-//!   `kind: Secret` objects of the config directory ([`Sds::set_config_dir_secrets`]).
+//!   `kind: Secret` objects of the config directory
+//!   ([`meshfed_registry::config::secret`], read from the [`FileConfigStore`]).
 //! - Authorization: [`Sds::prepare`] runs before each SDS answer or push; it asks the
 //!   API server (`SubjectAccessReview`, cached 5 min when allowed, 1 min when denied)
 //!   whether the proxy's service account may list the Secrets of its namespace, and
@@ -30,6 +31,7 @@ use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
 use futures::StreamExt;
 use meshfed_kube::{SecretData, SecretUpdate};
+use meshfed_registry::config::FileConfigStore;
 use meshfed_registry::{ClusterId, ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
@@ -166,6 +168,8 @@ struct State {
 #[derive(Debug)]
 pub struct Sds {
     kube: Option<KubeSecrets>,
+    /// The config directory (`--configDir`), when there is one.
+    config_dir: Option<FileConfigStore>,
     /// The config cluster (`--clusterID`).
     config_cluster: ClusterId,
     sink: UpdateSink,
@@ -186,12 +190,14 @@ impl Sds {
     pub fn new(
         config_cluster: ClusterId,
         kube: Option<KubeSecrets>,
+        config_dir: Option<FileConfigStore>,
         sink: UpdateSink,
         shutdown: Shutdown,
         metrics: SdsMetrics,
     ) -> Self {
         Sds {
             kube,
+            config_dir,
             config_cluster,
             sink,
             shutdown,
@@ -359,41 +365,6 @@ impl Sds {
                 }
             }
         });
-    }
-
-    /// Replaces the Secrets of the config directory: (namespace, name) -> content.
-    /// Changed, added and removed ones are pushed.
-    pub fn set_config_dir_secrets(&self, secrets: BTreeMap<(String, String), SecretData>) {
-        let mut changed: Vec<(String, String)> = Vec::new();
-        {
-            let mut state = self.lock();
-            let old: BTreeMap<SecretKey, Arc<SecretData>> = state
-                .secrets
-                .iter()
-                .filter(|(k, _)| k.source == Source::ConfigDir)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            for key in old.keys() {
-                if !secrets.contains_key(&(key.namespace.clone(), key.name.clone())) {
-                    state.secrets.remove(key);
-                    changed.push((key.namespace.clone(), key.name.clone()));
-                }
-            }
-            for ((namespace, name), data) in secrets {
-                let key = SecretKey {
-                    source: Source::ConfigDir,
-                    namespace,
-                    name,
-                };
-                if old.get(&key).is_none_or(|o| **o != data) {
-                    changed.push((key.namespace.clone(), key.name.clone()));
-                    state.secrets.insert(key, Arc::new(data));
-                }
-            }
-        }
-        for (namespace, name) in changed {
-            announce(&self.sink, &namespace, &name);
-        }
     }
 
     /// Whether `proxy` may read `name` (from what [`Sds::prepare`] learnt).
@@ -569,8 +540,16 @@ impl Sds {
                         namespace: name.namespace.clone(),
                         name: candidate,
                     };
-                    if let Some(data) = state.secrets.get(&key) {
-                        found = Some((key, data.clone()));
+                    let data = match &key.source {
+                        Source::ConfigDir => self
+                            .config_dir
+                            .as_ref()
+                            .and_then(|d| d.secret(&key.namespace, &key.name))
+                            .map(|s| Arc::new(s.content.clone())),
+                        Source::Cluster(_) => state.secrets.get(&key).cloned(),
+                    };
+                    if let Some(data) = data {
+                        found = Some((key, data));
                         break 'search;
                     }
                     pending |= state.followed.get(&key) == Some(&false);
@@ -664,11 +643,11 @@ impl Sds {
                 })
             })
             .collect();
-        let config_dir: Vec<String> = state
-            .secrets
-            .keys()
-            .filter(|k| k.source == Source::ConfigDir)
-            .map(|k| format!("{}/{}", k.namespace, k.name))
+        let config_dir: Vec<Value> = self
+            .config_dir
+            .iter()
+            .flat_map(FileConfigStore::secrets)
+            .map(|s| json!({"namespace": s.namespace, "name": s.name, "source": s.source}))
             .collect();
         json!({
             "proxies": state.proxies,

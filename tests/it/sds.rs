@@ -500,3 +500,80 @@ async fn delta_streams_get_secrets_and_their_updates() {
     assert_eq!(removed.removed_resources, ["kubernetes://a"]);
     mesh.server.shutdown().await;
 }
+
+fn secret_manifest(namespace: &str, name: &str, cert: &[u8], key: &[u8]) -> String {
+    let indent = |pem: &[u8]| {
+        String::from_utf8(pem.to_vec())
+            .unwrap()
+            .lines()
+            .map(|l| format!("      {l}\n"))
+            .collect::<String>()
+    };
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {name}\n  namespace: {namespace}\ntype: kubernetes.io/tls\nstringData:\n    tls.crt: |\n{}    tls.key: |\n{}",
+        indent(cert),
+        indent(key)
+    )
+}
+
+#[tokio::test]
+async fn config_dir_secrets_are_served_updated_and_invalid_ones_rejected_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c1, k1) = cert("dir.example.com");
+    let bad = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: bad\n  namespace: gwns\ndata:\n  tls.crt: '%%% not base64'\n";
+    std::fs::write(
+        dir.path().join("gw.yaml"),
+        secret_manifest(NS, "dir-cert", &c1, &k1),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("bad.yaml"), bad).unwrap();
+    let mesh = mesh(false, Some(dir.path().to_path_buf())).await;
+    // The invalid Secret is rejected with its file, object and field.
+    let configz = get_json(mesh.server.bound().http, "/debug/configz").await;
+    let rejected = configz["rejected"].to_string();
+    assert!(
+        rejected.contains("bad.yaml:")
+            && rejected.contains("bad")
+            && rejected.contains("data[tls.crt]"),
+        "{rejected}"
+    );
+    let mut gw = mesh.gateway("gw-1").await;
+    gw.subscribe(
+        TypeUrl::Secret,
+        &["kubernetes://dir-cert", "kubernetes://other/dir-cert"],
+    )
+    .await
+    .unwrap();
+    let secrets = recv_secrets(&mut gw, |s| !s.is_empty()).await;
+    assert_eq!(names(&secrets), ["kubernetes://dir-cert"]);
+    assert_eq!(tls_of(&secrets[0]), (&c1[..], &k1[..]));
+    // Without Kubernetes the namespace rule alone applies.
+    let sdsz = mesh.sdsz().await;
+    assert!(
+        sdsz.to_string().contains("not the proxy's namespace"),
+        "{sdsz}"
+    );
+    // An edit is pushed.
+    let (c2, k2) = cert("dir2.example.com");
+    std::fs::write(
+        dir.path().join("gw.yaml"),
+        secret_manifest(NS, "dir-cert", &c2, &k2),
+    )
+    .unwrap();
+    let secrets = recv_secrets(&mut gw, |s| s.len() == 1 && tls_of(&s[0]).0 == &c2[..]).await;
+    assert_eq!(tls_of(&secrets[0]), (&c2[..], &k2[..]));
+    mesh.server.shutdown().await;
+
+    // `meshfed validate` reports the same.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(dir.path().join("bad.yaml"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success());
+    assert!(
+        text.contains("Secret") && text.contains("data[tls.crt]"),
+        "{text}"
+    );
+}

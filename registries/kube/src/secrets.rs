@@ -23,32 +23,23 @@ use kube::runtime::watcher::{self, Event};
 pub const SKIPPED_SECRET_TYPES: [&str; 2] =
     ["helm.sh/release.v1", "kubernetes.io/service-account-token"];
 
-/// One Secret's content as SDS reads it: its type and its keys (`data`, with any
-/// `stringData` a writer left in place on top).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SecretData {
-    /// `type` (empty when not set).
-    pub secret_type: String,
-    /// The keys and their bytes.
-    pub data: BTreeMap<String, Vec<u8>>,
-}
+pub use meshfed_registry::config::SecretData;
 
-impl SecretData {
-    /// The content of a Kubernetes Secret.
-    pub fn of(secret: &Secret) -> Self {
-        let mut data: BTreeMap<String, Vec<u8>> = secret
-            .data
-            .iter()
-            .flatten()
-            .map(|(k, v)| (k.clone(), v.0.clone()))
-            .collect();
-        for (k, v) in secret.string_data.iter().flatten() {
-            data.insert(k.clone(), v.clone().into_bytes());
-        }
-        SecretData {
-            secret_type: secret.type_.clone().unwrap_or_default(),
-            data,
-        }
+/// The content of a Kubernetes Secret: `data`, with any `stringData` a writer left in
+/// place on top.
+pub fn secret_data(secret: &Secret) -> SecretData {
+    let mut data: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    for (k, v) in secret.string_data.iter().flatten() {
+        data.insert(k.clone(), v.clone().into_bytes());
+    }
+    SecretData {
+        secret_type: secret.type_.clone().unwrap_or_default(),
+        data,
     }
 }
 
@@ -94,7 +85,7 @@ pub fn follow_secret(
                 }
                 Ok(Event::InitApply(s)) => {
                     if ours(&s) {
-                        listed = Some(SecretData::of(&s));
+                        listed = Some(secret_data(&s));
                     }
                     None
                 }
@@ -106,7 +97,7 @@ pub fn follow_secret(
                     })
                 }
                 Ok(Event::Apply(s)) if !listing => {
-                    ours(&s).then(|| SecretUpdate::Present(SecretData::of(&s)))
+                    ours(&s).then(|| SecretUpdate::Present(secret_data(&s)))
                 }
                 Ok(Event::Delete(s)) if !listing => ours(&s).then_some(SecretUpdate::Absent),
                 Ok(_) => None,
@@ -158,7 +149,7 @@ mod tests {
             type_: Some("kubernetes.io/tls".into()),
             ..Default::default()
         };
-        let data = SecretData::of(&secret);
+        let data = secret_data(&secret);
         assert_eq!(data.secret_type, "kubernetes.io/tls");
         assert_eq!(data.data["tls.crt"], b"a");
         assert_eq!(data.data["tls.key"], b"c");

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::model::{ConfigObject, ObjectId};
+use crate::config::secret::SecretObject;
 use crate::config::source::{Diagnostic, Entry, ParsedFile, Rejection, Severity};
 
 /// An object in force and the file it came from.
@@ -26,6 +27,8 @@ pub(crate) struct Assembly {
     pub(crate) retained: BTreeSet<ObjectId>,
     pub(crate) warnings: Vec<Diagnostic>,
     pub(crate) skipped: Vec<Diagnostic>,
+    /// The Secrets, by (namespace, name); the first definition wins.
+    pub(crate) secrets: BTreeMap<(String, String), Arc<SecretObject>>,
 }
 
 /// Puts files (in order; the first definition of an object wins) together, keeping
@@ -68,6 +71,15 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
                 }
                 Entry::Rejected(rejection) => out.rejected.push(rejection.clone()),
                 Entry::Skipped(note) => out.skipped.push(note.clone()),
+                Entry::Secret(secret) => {
+                    let key = (secret.namespace.clone(), secret.name.clone());
+                    if let Some(first) = out.secrets.get(&key) {
+                        out.rejected
+                            .push(duplicate_secret(file, secret, &first.source));
+                        continue;
+                    }
+                    out.secrets.insert(key, Arc::new(secret.clone()));
+                }
             }
         }
     }
@@ -91,29 +103,56 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
 }
 
 fn duplicate(file: &ParsedFile, obj: &ConfigObject, first_at: &str) -> Rejection {
-    let line = obj
-        .source
-        .rsplit_once(':')
-        .and_then(|(_, l)| l.parse().ok());
+    let kind = obj.kind.to_string();
+    duplicate_of(
+        file,
+        &kind,
+        &obj.namespace,
+        &obj.name,
+        &obj.source,
+        first_at,
+    )
+}
+
+fn duplicate_secret(file: &ParsedFile, secret: &SecretObject, first_at: &str) -> Rejection {
+    duplicate_of(
+        file,
+        "Secret",
+        &secret.namespace,
+        &secret.name,
+        &secret.source,
+        first_at,
+    )
+}
+
+/// The rejection of a second definition of `kind namespace/name` (at `source`).
+fn duplicate_of(
+    file: &ParsedFile,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    source: &str,
+    first_at: &str,
+) -> Rejection {
+    let line = source.rsplit_once(':').and_then(|(_, l)| l.parse().ok());
     Rejection {
         id: None,
         file: file.path.clone(),
         line,
-        kind: obj.kind.to_string(),
-        namespace: obj.namespace.clone(),
-        name: obj.name.clone(),
+        kind: kind.to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
         diagnostics: vec![Diagnostic {
             severity: Severity::Error,
             file: file.path.clone(),
             line,
-            kind: obj.kind.to_string(),
-            namespace: obj.namespace.clone(),
-            name: obj.name.clone(),
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
             field: String::new(),
             message: format!(
-                "duplicate: {} {}/{} is already defined at {first_at}; the first definition (by sorted file path) \
-                 is used and this one is ignored",
-                obj.kind, obj.namespace, obj.name
+                "duplicate: {kind} {namespace}/{name} is already defined at {first_at}; the first definition (by sorted file path) \
+                 is used and this one is ignored"
             ),
         }],
     }
