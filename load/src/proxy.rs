@@ -166,6 +166,15 @@ impl Subscription {
 }
 
 /// A decoded resource: what the proxy keeps of it.
+/// The types a simulated proxy subscribes to and follows (no secrets: sidecars get
+/// theirs from their agent).
+pub const FOLLOWED_TYPES: [TypeUrl; 4] = [
+    TypeUrl::Cluster,
+    TypeUrl::Endpoint,
+    TypeUrl::Listener,
+    TypeUrl::Route,
+];
+
 enum Decoded {
     /// A cluster and its EDS name, when it is an EDS cluster.
     Cluster(Option<Arc<str>>),
@@ -193,7 +202,7 @@ pub struct ProxyState {
     assignments: HashMap<Arc<str>, usize>,
     listeners: HashMap<Arc<str>, Vec<Arc<str>>>,
     routes: HashMap<Arc<str>, Vec<Arc<str>>>,
-    subs: [Subscription; 4],
+    subs: [Subscription; TypeUrl::ALL.len()],
     /// Per service: the newest endpoint change seen in its assignment.
     marker_seen: HashMap<usize, u32>,
     /// The newest config change seen in a route name.
@@ -692,7 +701,7 @@ impl ProxyState {
     /// namespace`) and no other, and every endpoint of each such (sidecars) or watched
     /// (proxyless) service's assignment.
     pub fn gap(&self, consistent: bool) -> Option<String> {
-        for type_url in TypeUrl::ALL {
+        for type_url in FOLLOWED_TYPES {
             if let Some(gap) = self.unresolved(type_url) {
                 return Some(gap);
             }
@@ -748,7 +757,7 @@ impl ProxyState {
 
     /// Names subscribed and never sent, by type (see [`ProxyState::resolved`]).
     pub fn unserved(&self) -> Vec<(TypeUrl, Arc<str>)> {
-        TypeUrl::ALL
+        FOLLOWED_TYPES
             .into_iter()
             .flat_map(|t| {
                 let sub = &self.subs[t as usize];
