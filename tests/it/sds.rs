@@ -577,3 +577,61 @@ async fn config_dir_secrets_are_served_updated_and_invalid_ones_rejected_alone()
         "{text}"
     );
 }
+
+#[tokio::test]
+async fn kubernetes_gateway_names_are_served_while_a_gateway_of_the_proxy_references_them() {
+    let mesh = mesh(true, None).await;
+    let (c, k) = cert("shared.example.com");
+    for name in ["shared", "unreferenced"] {
+        mesh.api().apply(&objects::secret(
+            "certs",
+            name,
+            "kubernetes.io/tls",
+            &[("tls.crt", &c), ("tls.key", &k)],
+        ));
+    }
+    let gateway = serde_json::json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "Gateway",
+        "metadata": {"name": "gw", "namespace": NS},
+        "spec": {
+            "selector": {"istio": "ingressgateway"},
+            "servers": [{
+                "port": {"number": 443, "name": "https", "protocol": "HTTPS"},
+                "hosts": ["*"],
+                "tls": {"mode": "SIMPLE", "credentialName": "kubernetes-gateway://certs/shared"},
+            }],
+        },
+    });
+    let meshfed_registry::config::Decoded::Object(gateway) =
+        meshfed_registry::config::decode(&gateway, "test")
+    else {
+        panic!("not a Gateway");
+    };
+    mesh.server
+        .config_store()
+        .apply(gateway)
+        .expect("valid Gateway");
+    let mut gw = mesh.gateway("gw-1").await;
+    gw.subscribe(
+        TypeUrl::Secret,
+        &[
+            "kubernetes-gateway://certs/shared",
+            "kubernetes-gateway://certs/unreferenced",
+        ],
+    )
+    .await
+    .unwrap();
+    let secrets = recv_secrets(&mut gw, |s| !s.is_empty()).await;
+    assert_eq!(names(&secrets), ["kubernetes-gateway://certs/shared"]);
+    // No review is needed for these (the Gateway is the authorization).
+    assert!(mesh.api().access_reviews().is_empty());
+    // Once the Gateway goes, so does the credential.
+    assert!(
+        mesh.server
+            .config_store()
+            .delete(meshfed_registry::config::Kind::Gateway, NS, "gw")
+    );
+    recv_secrets(&mut gw, <[Secret]>::is_empty).await;
+    mesh.server.shutdown().await;
+}
