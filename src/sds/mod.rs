@@ -83,6 +83,45 @@ impl fmt::Display for SecretKey {
     }
 }
 
+/// Why a requested name is not sent to a proxy (authorization; dropped without a
+/// NACK, logged once).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The connection has no verified identity: the plaintext port.
+    #[error("no verified identity (plaintext port)")]
+    NoIdentity,
+    /// `kubernetes://` names the Secret of another namespace.
+    #[error("Secret namespace {secret} is not the proxy's namespace {proxy}")]
+    OtherNamespace { secret: String, proxy: String },
+    /// The SubjectAccessReview denied the proxy's service account.
+    #[error("SubjectAccessReview: {user} may not list secrets in {namespace}")]
+    Denied { user: String, namespace: String },
+    /// The SubjectAccessReview could not be made (see the log).
+    #[error("SubjectAccessReview failed")]
+    ReviewFailed,
+    /// `kubernetes-gateway://` names a credential no Gateway of the proxy references.
+    #[error("no Gateway of the proxy references this credential")]
+    NotReferenced,
+}
+
+/// Why an authorized name is not served (counted in
+/// `pilot_sds_certificate_errors_total`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServeError {
+    /// Not a name istiod serves.
+    #[error(transparent)]
+    Name(#[from] name::NameError),
+    /// No source has the Secret.
+    #[error("Secret {namespace}/{names} not found")]
+    NotFound { namespace: String, names: String },
+    /// The Secret's content cannot be served.
+    #[error("Secret {key}: {error}")]
+    Format {
+        key: SecretKey,
+        error: format::FormatError,
+    },
+}
+
 /// The Kubernetes clusters Secrets are read from.
 #[derive(Clone)]
 pub struct KubeSecrets {
@@ -296,11 +335,10 @@ impl Sds {
     /// unless a fresh answer is known.
     async fn review(&self, kube: &KubeSecrets, cluster: &ClusterId, user: &str, namespace: &str) {
         let key = (cluster.clone(), user.to_string(), namespace.to_string());
-        if let Some((allowed, at)) = self.lock().reviews.get(&key) {
-            let ttl = if *allowed { ALLOWED_TTL } else { DENIED_TTL };
-            if at.elapsed() < ttl {
-                return;
-            }
+        if let Some((allowed, at)) = self.lock().reviews.get(&key)
+            && fresh(*allowed, at.elapsed())
+        {
+            return;
         }
         let Some(client) = kube.client_for(cluster) else {
             return;
@@ -310,7 +348,9 @@ impl Sds {
                 self.lock().reviews.insert(key, (allowed, Instant::now()));
             }
             Err(err) => {
-                // Not cached: the next request asks again.
+                // Not cached (and an expired answer is not kept): the next request
+                // asks again.
+                self.lock().reviews.remove(&key);
                 self.warn_once(
                     format!("review {cluster} {user} {err}"),
                     |_| warn!(%cluster, %user, %namespace, error = %err, "SDS: SubjectAccessReview failed; the Secrets are withheld"),
@@ -368,47 +408,49 @@ impl Sds {
     }
 
     /// Whether `proxy` may read `name` (from what [`Sds::prepare`] learnt).
-    fn authorize(&self, proxy: &Proxy, name: &SecretName) -> Result<(), String> {
+    fn authorize(&self, proxy: &Proxy, name: &SecretName) -> Result<(), Refusal> {
         let Some((namespace, sa)) = identity(proxy) else {
-            return Err("no verified identity (plaintext port)".into());
+            return Err(Refusal::NoIdentity);
         };
         match name.scheme {
             Scheme::Kubernetes => {
                 if name.namespace != namespace {
-                    return Err(format!(
-                        "Secret namespace {} is not the proxy's namespace {namespace}",
-                        name.namespace
-                    ));
+                    return Err(Refusal::OtherNamespace {
+                        secret: name.namespace.clone(),
+                        proxy: namespace,
+                    });
                 }
                 if name.ca_only || self.kube.is_none() {
                     return Ok(());
                 }
                 let user = format!("system:serviceaccount:{namespace}:{sa}");
                 let key = (self.review_cluster(proxy), user, namespace);
-                match self.lock().reviews.get(&key) {
-                    Some((true, _)) => Ok(()),
-                    Some((false, _)) => Err(format!(
-                        "SubjectAccessReview: {} may not list secrets in {}",
-                        key.1, key.2
-                    )),
-                    None => Err("SubjectAccessReview failed".into()),
+                let answer = self.lock().reviews.get(&key).map(|(allowed, _)| *allowed);
+                let (_, user, namespace) = key;
+                match answer {
+                    Some(true) => Ok(()),
+                    Some(false) => Err(Refusal::Denied { user, namespace }),
+                    None => Err(Refusal::ReviewFailed),
                 }
             }
-            Scheme::KubernetesGateway => {
-                Err("kubernetes-gateway:// names are checked against the proxy's Gateways".into())
-            }
+            Scheme::KubernetesGateway => Err(Refusal::NotReferenced),
         }
     }
 
     /// Whether `proxy` may read `name`: [`Sds::authorize`], and for
     /// `kubernetes-gateway://` a Gateway of the proxy referencing it.
-    fn allowed(&self, snapshot: &Snapshot, proxy: &Proxy, name: &SecretName) -> Result<(), String> {
+    fn allowed(
+        &self,
+        snapshot: &Snapshot,
+        proxy: &Proxy,
+        name: &SecretName,
+    ) -> Result<(), Refusal> {
         match name.scheme {
             Scheme::KubernetesGateway if identity(proxy).is_some() => {
                 if Self::referenced(snapshot, proxy, name) {
                     Ok(())
                 } else {
-                    Err("no Gateway of the proxy references this credential".into())
+                    Err(Refusal::NotReferenced)
                 }
             }
             _ => self.authorize(proxy, name),
@@ -461,7 +503,7 @@ impl Sds {
                 for n in names {
                     status
                         .denied
-                        .insert(n.clone(), "no verified identity (plaintext port)".into());
+                        .insert(n.clone(), Refusal::NoIdentity.to_string());
                 }
             }
             self.lock().proxies.insert(connection.to_string(), status);
@@ -474,7 +516,9 @@ impl Sds {
                 Ok(name) => name,
                 Err(err) => {
                     self.metrics.errors.inc();
-                    status.errors.insert(resource.clone(), err.to_string());
+                    status
+                        .errors
+                        .insert(resource.clone(), ServeError::Name(err).to_string());
                     continue;
                 }
             };
@@ -482,7 +526,7 @@ impl Sds {
                 self.warn_once(format!("denied {connection} {resource}"), |_| {
                     warn!(%connection, resource = %resource, reason = %why, "SDS: proxy is not authorized for the Secret; not sent")
                 });
-                status.denied.insert(resource.clone(), why);
+                status.denied.insert(resource.clone(), why.to_string());
                 continue;
             }
             match self.read(proxy, &name, now) {
@@ -504,7 +548,7 @@ impl Sds {
                 }
                 Err(err) => {
                     self.metrics.errors.inc();
-                    status.errors.insert(resource.clone(), err);
+                    status.errors.insert(resource.clone(), err.to_string());
                 }
             }
         }
@@ -519,7 +563,7 @@ impl Sds {
         proxy: &Proxy,
         name: &SecretName,
         now: SystemTime,
-    ) -> Result<Option<tls::secret::Type>, String> {
+    ) -> Result<Option<tls::secret::Type>, ServeError> {
         let mut sources: Vec<Source> = if self.kube.is_some() {
             self.clusters(name.scheme, proxy)
                 .into_iter()
@@ -559,11 +603,10 @@ impl Sds {
                 Some(found) => found,
                 None if pending => return Ok(None),
                 None => {
-                    return Err(format!(
-                        "Secret {}/{} not found",
-                        name.namespace,
-                        name.candidates().join(" or ")
-                    ));
+                    return Err(ServeError::NotFound {
+                        namespace: name.namespace.clone(),
+                        names: name.candidates().join(" or "),
+                    });
                 }
             }
         };
@@ -606,7 +649,7 @@ impl Sds {
                 if fresh {
                     warn!(namespace = %key.namespace, name = %key.name, source = %key.source, reason = %reason, "SDS: Secret cannot be served; not sent");
                 }
-                Err(format!("Secret {key}: {reason}"))
+                Err(ServeError::Format { key, error: err })
             }
         }
     }
@@ -658,6 +701,12 @@ impl Sds {
     }
 }
 
+/// Whether a review answer given `age` ago still stands (5 minutes when allowed, 1
+/// when denied, as istiod).
+fn fresh(allowed: bool, age: Duration) -> bool {
+    age < if allowed { ALLOWED_TTL } else { DENIED_TTL }
+}
+
 fn inline(bytes: Vec<u8>) -> DataSource {
     DataSource {
         specifier: Some(data_source::Specifier::InlineBytes(bytes)),
@@ -671,4 +720,67 @@ fn announce(sink: &UpdateSink, namespace: &str, name: &str) {
         TriggerReason::Secret,
         [ConfigKey::new(ConfigKind::Secret, name, namespace)],
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, TriggerReason};
+
+    use super::*;
+    use crate::testing::node_with;
+
+    #[test]
+    fn reviews_are_kept_five_minutes_when_allowed_and_one_when_denied() {
+        let secs = Duration::from_secs;
+        assert!(fresh(true, secs(299)) && !fresh(true, secs(300)));
+        assert!(fresh(false, secs(59)) && !fresh(false, secs(60)));
+    }
+
+    fn gateway(identity: Option<&str>) -> Proxy {
+        let node = node_with(
+            "router~10.0.0.9~gw-1.gwns~gwns.svc.cluster.local",
+            serde_json::json!({"SERVICE_ACCOUNT": "gw"}),
+        );
+        let mut proxy = Proxy::from_node(Some(&node)).unwrap();
+        proxy.verified_identity = identity.map(str::to_string);
+        proxy
+    }
+
+    #[test]
+    fn a_secret_change_wants_the_connections_that_requested_it_or_its_twin() {
+        let proxy = gateway(Some("spiffe://cluster.local/ns/gwns/sa/gw"));
+        let change = |name: &str, ns: &str| {
+            PushRequest::full(
+                TriggerReason::Secret,
+                [ConfigKey::new(ConfigKind::Secret, name, ns)],
+            )
+        };
+        let names = |list: &[&str]| list.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        let wants = |request: &PushRequest, list: &[&str]| {
+            Sds::wants(&PushScope::new(request), &proxy, &names(list))
+        };
+        assert!(wants(&change("a", "gwns"), &["kubernetes://a"]));
+        assert!(wants(&change("a", "gwns"), &["kubernetes://gwns/a-cacert"]));
+        assert!(wants(
+            &change("a-cacert", "gwns"),
+            &["kubernetes://a-cacert"]
+        ));
+        assert!(wants(&change("a-cacert", "gwns"), &["kubernetes://a"]));
+        assert!(!wants(&change("b", "gwns"), &["kubernetes://a"]));
+        assert!(!wants(&change("a", "other"), &["kubernetes://a"]));
+        assert!(!wants(&change("a", "gwns"), &["default", "ROOTCA"]));
+        // Anything else than Secrets alone: every SDS watcher.
+        let gateway_change = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::Gateway, "gw", "gwns")],
+        );
+        assert!(wants(&gateway_change, &["kubernetes://a"]));
+        // A proxy without identity gets nothing to regenerate.
+        let plain = gateway(None);
+        assert!(!Sds::wants(
+            &PushScope::new(&change("a", "gwns")),
+            &plain,
+            &names(&["kubernetes://a"])
+        ));
+    }
 }
