@@ -635,3 +635,63 @@ async fn kubernetes_gateway_names_are_served_while_a_gateway_of_the_proxy_refere
     recv_secrets(&mut gw, <[Secret]>::is_empty).await;
     mesh.server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_remote_cluster_gateway_reads_its_cluster_first_and_asks_its_own_api_server() {
+    let mesh = mesh(true, None).await;
+    let c2 = EnforcedApi::start().await;
+    mesh.api().apply(&objects::remote_secret(
+        "istio-system",
+        "istio-remote-secret-c2",
+        &[("c2", &c2.kubeconfig())],
+    ));
+    let http = mesh.server.bound().http;
+    eventually("c2 synced", || async move {
+        let r = get_json(http, "/debug/registryz").await;
+        r["registries"]
+            .as_array()?
+            .iter()
+            .any(|r| r["registry"] == "Kubernetes/c2" && r["synced"] == true)
+            .then_some(())
+    })
+    .await;
+    let (local, local_key) = cert("local.example.com");
+    let (remote, remote_key) = cert("remote.example.com");
+    mesh.secret("a", &[("tls.crt", &local), ("tls.key", &local_key)]);
+    mesh.secret(
+        "only-local",
+        &[("tls.crt", &local), ("tls.key", &local_key)],
+    );
+    c2.apply(&objects::secret(
+        NS,
+        "a",
+        "kubernetes.io/tls",
+        &[("tls.crt", &remote), ("tls.key", &remote_key)],
+    ));
+    c2.grant_access(USER, "list", "secrets", NS);
+    let node = node_with(
+        &format!("router~10.0.0.9~gw-1.{NS}~{NS}.svc.cluster.local"),
+        serde_json::json!({"SERVICE_ACCOUNT": SA, "CLUSTER_ID": "c2"}),
+    );
+    let mut gw = AdsClient::over(mesh.channel().await, MetadataMap::new(), node)
+        .await
+        .unwrap();
+    gw.subscribe(
+        TypeUrl::Secret,
+        &["kubernetes://a", "kubernetes://only-local"],
+    )
+    .await
+    .unwrap();
+    let secrets = recv_secrets(&mut gw, |s| s.len() == 2).await;
+    let by_name = |n: &str| secrets.iter().find(|s| s.name == n).unwrap();
+    // The proxy's own cluster first, then the config cluster.
+    assert_eq!(tls_of(by_name("kubernetes://a")).0, &remote[..]);
+    assert_eq!(tls_of(by_name("kubernetes://only-local")).0, &local[..]);
+    // The review went to the proxy's cluster only.
+    assert_eq!(
+        c2.access_reviews(),
+        [(USER.into(), "list".into(), "secrets".into(), NS.into())]
+    );
+    assert!(mesh.api().access_reviews().is_empty());
+    mesh.server.shutdown().await;
+}
