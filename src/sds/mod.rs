@@ -592,6 +592,12 @@ impl Sds {
                             .map(|s| Arc::new(s.content.clone())),
                         Source::Cluster(_) => state.secrets.get(&key).cloned(),
                     };
+                    // istiod never reads these types (the Kubernetes watch filters
+                    // them out already).
+                    let data = data.filter(|d| {
+                        !meshfed_kube::secrets::SKIPPED_SECRET_TYPES
+                            .contains(&d.secret_type.as_str())
+                    });
                     if let Some(data) = data {
                         found = Some((key, data));
                         break 'search;
@@ -611,6 +617,7 @@ impl Sds {
             }
         };
         let (key, data) = found;
+
         let material = if name.ca_only {
             format::ca(&data.data, now).map(|ca| {
                 if ca.expired {

@@ -324,6 +324,13 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
         &[("tls.crt", &good_cert), ("tls.key", &other_key)],
     );
     mesh.secret("empty", &[("tls.crt", b""), ("tls.key", b"")]);
+    // Types istiod never reads are not found, however sound.
+    mesh.api().apply(&objects::secret(
+        NS,
+        "helm",
+        "helm.sh/release.v1",
+        &[("tls.crt", &good_cert), ("tls.key", &good_key)],
+    ));
     mesh.api().grant_access(USER, "list", "secrets", NS);
     let mut gw = mesh.gateway("gw-1").await;
     gw.subscribe(
@@ -334,6 +341,7 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
             "kubernetes://mismatch",
             "kubernetes://empty",
             "kubernetes://missing",
+            "kubernetes://helm",
             "default",
         ],
     )
@@ -345,7 +353,7 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
         let conn = sdsz["proxies"].as_object()?.values().next()?.clone();
         let errors = conn["errors"].as_object()?;
         let settled =
-            errors.len() == 5 && !errors.values().any(|e| e.to_string().contains("waiting"));
+            errors.len() == 6 && !errors.values().any(|e| e.to_string().contains("waiting"));
         settled.then_some(conn["errors"].clone())
     })
     .await;
@@ -364,6 +372,7 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
         "{errors}"
     );
     assert!(error("default").contains("unsupported"), "{errors}");
+    assert!(error("kubernetes://helm").contains("not found"), "{errors}");
     let sdsz = mesh.sdsz().await;
     let per_secret: Vec<String> = sdsz["secretErrors"]
         .as_array()
@@ -377,7 +386,7 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
     assert_eq!(names(&secrets), ["kubernetes://good"]);
     let metrics = http_get(mesh.server.bound().monitoring, "/metrics").await.1;
     assert!(
-        metric(&metrics, "pilot_sds_certificate_errors_total").unwrap() >= 5.0,
+        metric(&metrics, "pilot_sds_certificate_errors_total").unwrap() >= 6.0,
         "{metrics}"
     );
     mesh.server.shutdown().await;
