@@ -35,6 +35,16 @@ fn cert(host: &str) -> (Vec<u8>, Vec<u8>) {
     (cert.pem().into_bytes(), key.serialize_pem().into_bytes())
 }
 
+/// [`cert`], expired yesterday.
+fn expired_cert(host: &str) -> (Vec<u8>, Vec<u8>) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![host.to_string()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem().into_bytes(), key.serialize_pem().into_bytes())
+}
+
 struct Mesh {
     _dir: tempfile::TempDir,
     ca_dir: PathBuf,
@@ -324,6 +334,8 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
         &[("tls.crt", &good_cert), ("tls.key", &other_key)],
     );
     mesh.secret("empty", &[("tls.crt", b""), ("tls.key", b"")]);
+    let (old_cert, old_key) = expired_cert("old.example.com");
+    mesh.secret("expired", &[("tls.crt", &old_cert), ("tls.key", &old_key)]);
     // Types istiod never reads are not found, however sound.
     mesh.api().apply(&objects::secret(
         NS,
@@ -337,6 +349,7 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
         TypeUrl::Secret,
         &[
             "kubernetes://good",
+            "kubernetes://expired",
             "kubernetes://bad-pem",
             "kubernetes://mismatch",
             "kubernetes://empty",
@@ -381,12 +394,19 @@ async fn missing_malformed_and_mismatched_secrets_are_not_sent_and_show_in_sdsz(
         .map(|e| e["name"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(per_secret, ["bad-pem", "empty", "mismatch"], "{sdsz}");
-    // Only the sound one went out.
-    let secrets = recv_secrets(&mut gw, |s| !s.is_empty()).await;
-    assert_eq!(names(&secrets), ["kubernetes://good"]);
+    // Only the sound ones went out, the expired one too (as istiod), metered.
+    let secrets = recv_secrets(&mut gw, |s| s.len() == 2).await;
+    assert_eq!(
+        names(&secrets),
+        ["kubernetes://expired", "kubernetes://good"]
+    );
     let metrics = http_get(mesh.server.bound().monitoring, "/metrics").await.1;
     assert!(
         metric(&metrics, "pilot_sds_certificate_errors_total").unwrap() >= 6.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "meshfed_sds_expired_certificates_served_total").unwrap() >= 1.0,
         "{metrics}"
     );
     mesh.server.shutdown().await;
