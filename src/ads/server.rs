@@ -536,6 +536,9 @@ async fn process_request<F: FlavourIo>(
         }
         Action::Ack(type_url) => debug!(connection = %handle.id, r#type = type_url.short(), "ACK"),
         Action::Unsubscribed(type_url) => {
+            if let (TypeUrl::Secret, Some(sds)) = (type_url, &ctx.sds) {
+                sds.forget(&handle.id);
+            }
             debug!(connection = %handle.id, r#type = type_url.short(), "unsubscribed")
         }
         Action::UnknownType(url) => {
@@ -622,7 +625,8 @@ async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
         None => return,
     };
     let snapshot = ctx.snapshot.load_full();
-    sds.prepare(&snapshot, &handle.proxy, &names).await;
+    sds.prepare(&handle.id, &snapshot, &handle.proxy, &names)
+        .await;
 }
 
 /// How long a push waits, holding its slot, for room in a peer's queue before it

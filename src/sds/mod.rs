@@ -189,11 +189,23 @@ struct ProxyStatus {
     errors: BTreeMap<String, String>,
 }
 
+/// One followed Kubernetes Secret.
+#[derive(Debug)]
+struct Followed {
+    /// Whether the watch's initial list is done.
+    synced: bool,
+    /// Stops the watch.
+    task: tokio::task::AbortHandle,
+}
+
 #[derive(Debug, Default)]
 struct State {
     secrets: BTreeMap<SecretKey, Arc<SecretData>>,
-    /// Followed Kubernetes Secrets: whether their initial list is done.
-    followed: BTreeMap<SecretKey, bool>,
+    /// Followed Kubernetes Secrets.
+    followed: BTreeMap<SecretKey, Followed>,
+    /// What each connection's requests follow (a Secret no connection needs any more
+    /// is no longer followed).
+    wanted: BTreeMap<String, BTreeSet<SecretKey>>,
     /// `SubjectAccessReview` answers: (cluster, user, namespace) -> (allowed, when).
     reviews: HashMap<(ClusterId, String, String), (bool, Instant)>,
     /// Secrets that cannot be served, and why.
@@ -302,10 +314,17 @@ impl Sds {
 
     /// Gets ready to answer `names` for `proxy`: asks the API server what is not
     /// known of its access, and follows the Secrets it may read.
-    pub async fn prepare(&self, snapshot: &Snapshot, proxy: &Proxy, names: &BTreeSet<String>) {
+    pub async fn prepare(
+        &self,
+        connection: &str,
+        snapshot: &Snapshot,
+        proxy: &Proxy,
+        names: &BTreeSet<String>,
+    ) {
         let (Some((namespace, sa)), Some(kube)) = (identity(proxy), &self.kube) else {
             return;
         };
+        let mut wanted = BTreeSet::new();
         let user = format!("system:serviceaccount:{namespace}:{sa}");
         let review_cluster = self.review_cluster(proxy);
         for resource in names {
@@ -325,10 +344,14 @@ impl Sds {
                         namespace: name.namespace.clone(),
                         name: candidate,
                     };
-                    self.follow(kube, key);
+                    self.follow(kube, key.clone());
+                    wanted.insert(key);
                 }
             }
         }
+        let mut state = self.lock();
+        state.wanted.insert(connection.to_string(), wanted);
+        unfollow_unwanted(&mut state);
     }
 
     /// Asks `cluster`'s API server whether `user` may list Secrets in `namespace`,
@@ -364,19 +387,21 @@ impl Sds {
         let Source::Cluster(cluster) = &key.source else {
             return;
         };
-        if self.lock().followed.contains_key(&key) {
-            return;
-        }
         let Some(client) = kube.client_for(cluster) else {
             return;
         };
-        self.lock().followed.insert(key.clone(), false);
+        let mut followed = self.lock();
+        if followed.followed.contains_key(&key) {
+            return;
+        }
         debug!(secret = %key, "SDS: following Secret");
         let updates = meshfed_kube::follow_secret(client, &key.namespace, &key.name);
         let mut shutdown = self.shutdown.clone();
         let state = self.state.clone();
         let sink = self.sink.clone();
-        tokio::spawn(async move {
+        let task_key = key.clone();
+        let task = tokio::spawn(async move {
+            let key = task_key;
             let stop = Box::pin(async move { shutdown.wait().await });
             let mut updates = std::pin::pin!(updates.take_until(stop));
             while let Some(update) = updates.next().await {
@@ -390,7 +415,11 @@ impl Sds {
                 };
                 let changed = {
                     let mut state = state.lock().expect("sds state poisoned");
-                    let first = state.followed.insert(key.clone(), true) == Some(false);
+                    let Some(followed) = state.followed.get_mut(&key) else {
+                        // No longer followed.
+                        return;
+                    };
+                    let first = !std::mem::replace(&mut followed.synced, true);
                     let changed = match data {
                         Some(data) => state
                             .secrets
@@ -405,6 +434,13 @@ impl Sds {
                 }
             }
         });
+        followed.followed.insert(
+            key,
+            Followed {
+                synced: false,
+                task: task.abort_handle(),
+            },
+        );
     }
 
     /// Whether `proxy` may read `name` (from what [`Sds::prepare`] learnt).
@@ -602,7 +638,7 @@ impl Sds {
                         found = Some((key, data));
                         break 'search;
                     }
-                    pending |= state.followed.get(&key) == Some(&false);
+                    pending |= state.followed.get(&key).is_some_and(|f| !f.synced);
                 }
             }
             match found {
@@ -665,6 +701,8 @@ impl Sds {
     pub fn forget(&self, connection: &str) {
         let mut state = self.lock();
         state.proxies.remove(connection);
+        state.wanted.remove(connection);
+        unfollow_unwanted(&mut state);
         let prefix = format!(" {connection}");
         state.warned.retain(|w| !w.contains(&prefix));
     }
@@ -683,12 +721,12 @@ impl Sds {
         let followed: Vec<Value> = state
             .followed
             .iter()
-            .map(|(k, synced)| {
+            .map(|(k, followed)| {
                 json!({
                     "source": k.source.to_string(),
                     "namespace": k.namespace,
                     "name": k.name,
-                    "synced": synced,
+                    "synced": followed.synced,
                     "present": state.secrets.contains_key(k),
                 })
             })
@@ -712,6 +750,25 @@ impl Sds {
 /// when denied, as istiod).
 fn fresh(allowed: bool, age: Duration) -> bool {
     age < if allowed { ALLOWED_TTL } else { DENIED_TTL }
+}
+
+/// Stops following the Secrets no connection wants any more, and forgets them.
+fn unfollow_unwanted(state: &mut State) {
+    let wanted: BTreeSet<&SecretKey> = state.wanted.values().flatten().collect();
+    let unwanted: Vec<SecretKey> = state
+        .followed
+        .keys()
+        .filter(|k| !wanted.contains(k))
+        .cloned()
+        .collect();
+    for key in unwanted {
+        debug!(secret = %key, "SDS: no longer following Secret");
+        if let Some(followed) = state.followed.remove(&key) {
+            followed.task.abort();
+        }
+        state.secrets.remove(&key);
+        state.errors.remove(&key);
+    }
 }
 
 fn inline(bytes: Vec<u8>) -> DataSource {

@@ -724,3 +724,52 @@ async fn a_remote_cluster_gateway_reads_its_cluster_first_and_asks_its_own_api_s
     assert!(mesh.api().access_reviews().is_empty());
     mesh.server.shutdown().await;
 }
+
+/// The Kubernetes Secrets meshfed follows, by name.
+async fn followed(mesh: &Mesh) -> Vec<String> {
+    let sdsz = mesh.sdsz().await;
+    sdsz["followed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn secrets_no_longer_requested_are_no_longer_followed() {
+    let mesh = mesh(true, None).await;
+    let (c, k) = cert("a.example.com");
+    mesh.secret("a", &[("tls.crt", &c), ("tls.key", &k)]);
+    mesh.secret("b", &[("tls.crt", &c), ("tls.key", &k)]);
+    mesh.api().grant_access(USER, "list", "secrets", NS);
+    let mut gw = mesh.gateway("gw-1").await;
+    gw.subscribe(TypeUrl::Secret, &["kubernetes://a"])
+        .await
+        .unwrap();
+    recv_secrets(&mut gw, |s| s.len() == 1).await;
+    assert_eq!(followed(&mesh).await, ["a"]);
+    gw.subscribe(TypeUrl::Secret, &["kubernetes://b"])
+        .await
+        .unwrap();
+    recv_secrets(&mut gw, |s| names(s) == ["kubernetes://b"]).await;
+    assert_eq!(followed(&mesh).await, ["b"]);
+    // A change of `a` now reaches nobody.
+    let (before_a, before_b) = (
+        secret_pushes(&mesh, "a").len(),
+        secret_pushes(&mesh, "b").len(),
+    );
+    mesh.secret("a", &[("tls.crt", &c), ("tls.key", &k), ("x", b"y")]);
+    mesh.secret("b", &[("tls.crt", &c), ("tls.key", &k), ("x", b"y")]);
+    eventually("the change of b pushed", || async {
+        (secret_pushes(&mesh, "b").len() > before_b).then_some(())
+    })
+    .await;
+    assert_eq!(secret_pushes(&mesh, "a").len(), before_a);
+    drop(gw);
+    eventually("nothing followed once the gateway is gone", || async {
+        followed(&mesh).await.is_empty().then_some(())
+    })
+    .await;
+    mesh.server.shutdown().await;
+}
