@@ -605,6 +605,14 @@ async fn config_dir_secrets_are_served_updated_and_invalid_ones_rejected_alone()
         text.contains("Secret") && text.contains("data[tls.crt]"),
         "{text}"
     );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(dir.path().join("gw.yaml"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("1 valid object(s)"), "{text}");
 }
 
 #[tokio::test]
