@@ -102,6 +102,38 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
     out
 }
 
+/// Keeps, from the `previous` read's Secrets, what this read could not replace, as
+/// [`assemble`] does for objects: the Secrets of an unusable file or of a file with a
+/// broken document, and the last valid version of a Secret whose new version is
+/// rejected (a gateway keeps its certificate while its file is being fixed).
+pub(crate) fn retain_secrets(
+    out: &mut Assembly,
+    files: &[ParsedFile],
+    previous: &BTreeMap<(String, String), Arc<SecretObject>>,
+) {
+    let partial: BTreeSet<String> = files
+        .iter()
+        .filter(|f| f.unusable.is_some() || f.broken_documents)
+        .map(|f| f.path.display().to_string())
+        .collect();
+    for (key, secret) in previous {
+        if out.secrets.contains_key(key) {
+            continue;
+        }
+        let file = secret
+            .source
+            .rsplit_once(':')
+            .map_or(secret.source.as_str(), |(f, _)| f);
+        let rejected_now = out
+            .rejected
+            .iter()
+            .any(|r| r.kind == "Secret" && r.namespace == key.0 && r.name == key.1);
+        if partial.contains(file) || rejected_now {
+            out.secrets.insert(key.clone(), secret.clone());
+        }
+    }
+}
+
 fn duplicate(file: &ParsedFile, obj: &ConfigObject, first_at: &str) -> Rejection {
     let kind = obj.kind.to_string();
     duplicate_of(
@@ -162,6 +194,40 @@ fn duplicate_of(
 mod tests {
     use super::*;
     use crate::config::source::tests::{VALID_VS, parse};
+
+    const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: ns}\nstringData: {tls.crt: x}\n";
+
+    fn secrets_after(
+        text: &str,
+        previous: &BTreeMap<(String, String), Arc<SecretObject>>,
+    ) -> BTreeMap<(String, String), Arc<SecretObject>> {
+        let files = [parse("a.yaml", text)];
+        let mut out = assemble(&files, &BTreeMap::new());
+        retain_secrets(&mut out, &files, previous);
+        out.secrets
+    }
+
+    #[test]
+    fn secrets_of_a_broken_file_and_last_valid_versions_are_kept() {
+        let previous = secrets_after(SECRET, &BTreeMap::new());
+        assert_eq!(previous.len(), 1);
+        assert_eq!(previous.values().next().unwrap().source, "a.yaml:1");
+        // A syntax error keeps it; so does an invalid new version.
+        assert_eq!(secrets_after("kind: [\n", &previous).len(), 1);
+        let invalid = SECRET.replace("stringData: {tls.crt: x}", "data: {tls.crt: '%%'}");
+        assert_eq!(secrets_after(&invalid, &previous).len(), 1);
+        // A clean deletion does not.
+        assert!(secrets_after("", &previous).is_empty());
+        // A second definition is a duplicate.
+        let files = [parse("a.yaml", SECRET), parse("b.yaml", SECRET)];
+        let out = assemble(&files, &BTreeMap::new());
+        assert_eq!(out.secrets.len(), 1);
+        assert!(
+            out.rejected[0].diagnostics[0]
+                .message
+                .starts_with("duplicate: Secret ns/s")
+        );
+    }
 
     #[test]
     fn assemble_keeps_the_first_duplicate_and_what_cannot_be_replaced() {

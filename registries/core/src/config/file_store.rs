@@ -42,7 +42,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use crate::config::assembly::{Placed, assemble};
+use crate::config::assembly::{Placed, assemble, retain_secrets};
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::secret::SecretObject;
 use crate::config::source::{ParsedFile, config_files, parse_bytes};
@@ -387,6 +387,7 @@ impl Reloader {
     fn apply(&mut self, parsed: &[ParsedFile]) {
         let previous = self.store.read().placed.clone();
         let mut assembly = assemble(parsed, &previous);
+        retain_secrets(&mut assembly, parsed, &self.store.read().secrets);
         stamp_first_seen(&mut assembly.objects, &previous, SystemTime::now());
         let rejected: Vec<RejectedConfig> = assembly
             .rejected
