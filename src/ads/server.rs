@@ -561,6 +561,12 @@ async fn push<F: FlavourIo>(
     pending: Pending,
 ) -> Result<(), Closed> {
     let request = &pending.request;
+    let push_scope = PushScope::new(request);
+    // SDS may have to ask the API server (a SubjectAccessReview): done before taking a
+    // push slot, so a slow API server holds back no other connection.
+    if push_scope.touch(handle.class, TypeUrl::Secret) != Touch::Nothing {
+        prepare_secrets(ctx, handle).await;
+    }
     let queued = Instant::now();
     let mut slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
     ctx.metrics
@@ -574,7 +580,6 @@ async fn push<F: FlavourIo>(
         .keys()
         .copied()
         .collect();
-    let push_scope = PushScope::new(request);
     let why = if request.forced {
         Why::ForcedPush
     } else {
@@ -591,9 +596,6 @@ async fn push<F: FlavourIo>(
             },
             _ => Scope::All,
         };
-        if type_url == TypeUrl::Secret {
-            prepare_secrets(ctx, handle).await;
-        }
         if slot.is_none() {
             // Given back while this peer's queue was full: take one again.
             slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
