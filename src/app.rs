@@ -665,6 +665,20 @@ impl Server {
             .await?;
             kube_client = Some(client);
         }
+        // Gateway credentials (SDS): Kubernetes Secrets when there is a cluster, and
+        // the config directory's `kind: Secret` objects.
+        let sds = Arc::new(crate::sds::Sds::new(
+            config.cluster_id.clone(),
+            kube_client.as_ref().map(|client| crate::sds::KubeSecrets {
+                config_cluster: config.cluster_id.clone(),
+                local: client.clone(),
+                remote: secret_controller.clone(),
+            }),
+            config_stores.files.clone(),
+            sink.clone(),
+            shutdown.clone(),
+            crate::sds::SdsMetrics::new(&mut metrics_registry),
+        ));
         let mut consul_registry = None;
         if let Some(consul) = &config.consul {
             consul_registry = Some(
@@ -780,6 +794,7 @@ impl Server {
             send_timeout: config.xds_limits.send_timeout,
             refusal_log: LogLimiter::new(10, Duration::from_secs(10)),
             stream_rate: None,
+            sds: Some(sds.clone()),
         };
         let ca_debug = ca.clone();
         let ca = ca.map(|(ca, _)| ca);
@@ -922,6 +937,7 @@ impl Server {
             generator: config.generator,
             readiness,
             ca: ca_debug,
+            sds: Some(sds),
         };
         tasks.spawn(serve_http(
             http,

@@ -20,6 +20,7 @@ pub mod model;
 pub mod networks;
 pub mod push;
 pub mod readiness;
+pub mod sds;
 pub mod testing;
 pub mod tls;
 pub mod xds;

@@ -124,7 +124,7 @@ fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
     reports.extend(validate_files(&files));
     let (mut objects, mut errors) = (0, 0);
     for report in &reports {
-        objects += report.objects.len();
+        objects += report.objects.len() + report.secrets.len();
         errors += report.errors.len();
         for d in report.errors.iter().chain(&report.warnings) {
             println!("{d}");

@@ -258,7 +258,13 @@ fn load_assignments(snapshot: &Snapshot, proxy: &Proxy, names: &BTreeSet<String>
 /// A sidecar's whole config, CDS, EDS, LDS and RDS in push order.
 fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [Vec<Resource>; 4] {
     let none = BTreeSet::new();
-    TypeUrl::ALL.map(|type_url| {
+    [
+        TypeUrl::Cluster,
+        TypeUrl::Endpoint,
+        TypeUrl::Listener,
+        TypeUrl::Route,
+    ]
+    .map(|type_url| {
         let subscription = match type_url {
             TypeUrl::Cluster | TypeUrl::Listener => Subscription {
                 wildcard: true,
@@ -271,6 +277,11 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
             TypeUrl::Route => Subscription {
                 wildcard: false,
                 names: &subs.rds,
+            },
+            // Sidecars request no secrets from istiod.
+            TypeUrl::Secret => Subscription {
+                wildcard: false,
+                names: &none,
             },
         };
         generate(

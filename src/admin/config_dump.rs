@@ -21,8 +21,8 @@ use std::time::SystemTime;
 use axum::http::StatusCode;
 use envoy_types::pb::envoy::admin::v3::{
     ClientResourceStatus, ClustersConfigDump, EndpointsConfigDump, ListenersConfigDump,
-    RoutesConfigDump, clusters_config_dump, endpoints_config_dump, listeners_config_dump,
-    routes_config_dump,
+    RoutesConfigDump, SecretsConfigDump, clusters_config_dump, endpoints_config_dump,
+    listeners_config_dump, routes_config_dump,
 };
 use envoy_types::pb::google::protobuf::{Any, Timestamp};
 use prost::{Message, Name};
@@ -142,7 +142,8 @@ fn parse_types(list: &str) -> Result<Vec<TypeUrl>, String> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
-            TypeUrl::ALL
+            // Secrets are never dumped (private keys): `sds` is not a dump type.
+            DUMP_ORDER
                 .into_iter()
                 .find(|t| t.short() == s)
                 .ok_or_else(|| format!("unknown type {s:?} in ?types= (use cds, eds, lds, rds)"))
@@ -284,6 +285,8 @@ impl TypeDump {
                     .collect(),
                 ..Default::default()
             }),
+            // Never dumped (private keys); `/debug/sdsz` lists names and errors.
+            TypeUrl::Secret => pack(&SecretsConfigDump::default()),
         }
     }
 }

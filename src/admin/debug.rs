@@ -81,6 +81,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: ca,
     },
     DebugEndpoint {
+        path: "sdsz",
+        description: "Gateway credentials (SDS): per connection the Secret names requested, served, denied (why) and failed (why); per Secret why it cannot be served; the Kubernetes Secrets followed. Never key material",
+        handler: sdsz,
+    },
+    DebugEndpoint {
         path: "cachez",
         description: "Resource cache of the current snapshot: hits, misses, size",
         handler: cachez,
@@ -162,6 +167,13 @@ fn ca(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "rootNotAfter": rfc3339(ca.root_not_after()),
         "signingNotAfter": rfc3339(Some(ca.not_after())),
     }))
+}
+
+fn sdsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    Ok(match &state.sds {
+        Some(sds) => sds.debug(),
+        None => json!({"enabled": false}),
+    })
 }
 
 fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

@@ -47,6 +47,8 @@ pub struct AdminState {
     pub readiness: Arc<crate::readiness::Readiness>,
     /// The mesh CA and where it came from (`/debug/ca`), when on.
     pub ca: Option<(Arc<crate::ca::Ca>, String)>,
+    /// Gateway credentials (`/debug/sdsz`).
+    pub sds: Option<Arc<crate::sds::Sds>>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -223,6 +225,7 @@ mod tests {
             log_control: None,
             config_stores: Vec::new(),
             ca: None,
+            sds: None,
             multicluster: None,
             generator: Default::default(),
         }

@@ -592,7 +592,7 @@ mod tests {
     #[test]
     fn unknown_types_are_reported() {
         let mut s = ConnectionState::default();
-        let t = "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret";
+        let t = "type.googleapis.com/envoy.config.route.v3.ScopedRouteConfiguration";
         assert_eq!(
             s.on_sotw_request(&req(t, &["x"], "", "")),
             Action::UnknownType(t.into())

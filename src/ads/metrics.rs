@@ -30,7 +30,7 @@ pub struct XdsMetrics {
     /// `pilot_total_xds_rejects`: NACKs of any type.
     pub total_rejects: IstioCounter,
     /// `pilot_xds_{cds,eds,lds,rds}_reject`.
-    pub rejects: [IstioCounter; 4],
+    pub rejects: [IstioCounter; TypeUrl::ALL.len()],
     /// `pilot_xds_expired_nonce{type}`: stale requests ignored.
     pub expired_nonce: CounterByType,
     /// `pilot_total_xds_internal_errors`: streams ended by a server-side error.
@@ -177,6 +177,7 @@ impl XdsMetrics {
             TypeUrl::Endpoint => "eds_senderr",
             TypeUrl::Listener => "lds_senderr",
             TypeUrl::Route => "rds_senderr",
+            TypeUrl::Secret => "sds_senderr",
         };
         self.pushes.get_or_create(&type_label(label)).inc();
     }

@@ -110,7 +110,7 @@ impl ConnectionHandle {
     }
 
     /// What this connection watches of each type (for the watch index).
-    pub fn watched(&self) -> [Watched; 4] {
+    pub fn watched(&self) -> [Watched; TypeUrl::ALL.len()] {
         let state = self.state.lock().expect("state poisoned");
         TypeUrl::ALL.map(|t| match state.watch(t) {
             Some(w) => Watched {
@@ -193,7 +193,11 @@ impl Connections {
     }
 
     /// Records a connection's subscriptions after a request changed them.
-    pub fn watches_changed(&self, handle: &ConnectionHandle, before: &[Watched; 4]) {
+    pub fn watches_changed(
+        &self,
+        handle: &ConnectionHandle,
+        before: &[Watched; TypeUrl::ALL.len()],
+    ) {
         let after = handle.watched();
         for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
             self.watches.update(handle.n, t, &before[i], &after[i]);
@@ -297,7 +301,11 @@ impl PushTargets for Connections {
         for c in &all {
             let touched = {
                 let state = c.state.lock().expect("state poisoned");
-                scope.touches_any(c.class, state.watches.keys().copied())
+                state.watches.iter().any(|(t, watch)| {
+                    scope.touch(c.class, *t) != crate::xds::deps::Touch::Nothing
+                        && (*t != TypeUrl::Secret
+                            || crate::sds::Sds::wants(scope, &c.proxy, &watch.names))
+                })
             };
             if touched {
                 c.enqueue(Pending {

@@ -69,6 +69,8 @@ pub struct XdsContext {
     /// The new-stream rate limit of both ports (`--maxRequestsPerSecond`); `None`:
     /// no limit.
     pub stream_rate: Option<StreamRateLimiter>,
+    /// Gateway credentials (SDS); `None`: the Secret type is answered empty.
+    pub sds: Option<Arc<crate::sds::Sds>>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -471,6 +473,9 @@ async fn run_stream<F: FlavourIo>(
         }
     };
     ctx.connections.deregister(&handle);
+    if let Some(sds) = &ctx.sds {
+        sds.forget(&handle.id);
+    }
     ctx.metrics.connected.dec();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
 }
@@ -501,6 +506,9 @@ async fn process_request<F: FlavourIo>(
     ctx.connections.watches_changed(handle, &before);
     match action {
         Action::Respond(type_url) => {
+            if type_url == TypeUrl::Secret {
+                prepare_secrets(ctx, handle).await;
+            }
             if let Some(response) = build::<F>(ctx, handle, type_url, Scope::All, Why::Answer) {
                 send::<F>(ctx, handle, tx, response, &mut None).await?;
             }
@@ -528,6 +536,9 @@ async fn process_request<F: FlavourIo>(
         }
         Action::Ack(type_url) => debug!(connection = %handle.id, r#type = type_url.short(), "ACK"),
         Action::Unsubscribed(type_url) => {
+            if let (TypeUrl::Secret, Some(sds)) = (type_url, &ctx.sds) {
+                sds.forget(&handle.id);
+            }
             debug!(connection = %handle.id, r#type = type_url.short(), "unsubscribed")
         }
         Action::UnknownType(url) => {
@@ -550,6 +561,12 @@ async fn push<F: FlavourIo>(
     pending: Pending,
 ) -> Result<(), Closed> {
     let request = &pending.request;
+    let push_scope = PushScope::new(request);
+    // SDS may have to ask the API server (a SubjectAccessReview): done before taking a
+    // push slot, so a slow API server holds back no other connection.
+    if push_scope.touch(handle.class, TypeUrl::Secret) != Touch::Nothing {
+        prepare_secrets(ctx, handle).await;
+    }
     let queued = Instant::now();
     let mut slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
     ctx.metrics
@@ -563,7 +580,6 @@ async fn push<F: FlavourIo>(
         .keys()
         .copied()
         .collect();
-    let push_scope = PushScope::new(request);
     let why = if request.forced {
         Why::ForcedPush
     } else {
@@ -595,6 +611,26 @@ async fn push<F: FlavourIo>(
     Ok(())
 }
 
+/// Lets SDS ask the API server what it needs to authorize the connection's requested
+/// Secrets, before they are generated (generation itself does not wait).
+async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
+    let Some(sds) = &ctx.sds else {
+        return;
+    };
+    let names = match handle
+        .state
+        .lock()
+        .expect("state poisoned")
+        .watch(TypeUrl::Secret)
+    {
+        Some(watch) => watch.names.clone(),
+        None => return,
+    };
+    let snapshot = ctx.snapshot.load_full();
+    sds.prepare(&handle.id, &snapshot, &handle.proxy, &names)
+        .await;
+}
+
 /// How long a push waits, holding its slot, for room in a peer's queue before it
 /// gives the slot back.
 const SLOT_HOLD: Duration = Duration::from_millis(500);
@@ -623,14 +659,19 @@ fn build<F: FlavourIo>(
             wildcard: watch.wildcard,
             names: &watch.names,
         };
-        let resources = generate(
-            type_url,
-            &snapshot,
-            &handle.proxy,
-            subscription,
-            scope,
-            &ctx.options,
-        );
+        let resources = match (&ctx.sds, type_url) {
+            (Some(sds), TypeUrl::Secret) => {
+                sds.generate(&handle.id, &snapshot, &handle.proxy, &watch.names)
+            }
+            _ => generate(
+                type_url,
+                &snapshot,
+                &handle.proxy,
+                subscription,
+                scope,
+                &ctx.options,
+            ),
+        };
         let partial = !matches!(scope, Scope::All);
         F::respond(
             &mut state,

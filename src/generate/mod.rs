@@ -72,6 +72,10 @@ pub fn generate(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
+    if type_url == TypeUrl::Secret {
+        // Secrets are not derived from the snapshot alone: `crate::sds` serves them.
+        return Vec::new();
+    }
     if type_url == TypeUrl::Endpoint {
         // Incremental EDS reaches connections that may watch none of the changed
         // hostnames: the proxy is resolved only when something is in scope.
@@ -86,7 +90,7 @@ pub fn generate(
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
-        TypeUrl::Endpoint => Vec::new(), // answered above
+        TypeUrl::Endpoint | TypeUrl::Secret => Vec::new(), // answered above
     }
 }
 

@@ -12,6 +12,7 @@
 //! | Endpoint | all; sidecars: all but VirtualService         | yes                      |
 //! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
+//! | Secret   | Secret, Gateway only (no other type reads Secret) | no                   |
 //!
 //! Endpoint-only changes reach EDS alone, for the changed services only. Clusters
 //! whose content reads endpoints (inline DNS load assignments, the identities behind
@@ -31,9 +32,14 @@ use crate::model::ProxyClass;
 /// change costs a sidecar its route tables and listeners (whose TCP and TLS chains
 /// follow `tcp`/`tls` routes, as in Istio). Gateways read them in LDS (TLS and TCP
 /// routes) and proxyless clients throughout.
+///
+/// Secrets (SDS) read Secrets and Gateways (which authorize `kubernetes-gateway://`
+/// names) only, and nothing else reads Secrets.
 pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
-    match (class, kind) {
-        (ProxyClass::Sidecar, ConfigKind::VirtualService) => {
+    match (class, type_url, kind) {
+        (_, TypeUrl::Secret, kind) => matches!(kind, ConfigKind::Secret | ConfigKind::Gateway),
+        (_, _, ConfigKind::Secret) => false,
+        (ProxyClass::Sidecar, _, ConfigKind::VirtualService) => {
             matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
         }
         _ => true,
@@ -137,20 +143,23 @@ impl<'a> PushScope<'a> {
             || self.request.configs_updated.iter().any(|k| {
                 !matches!(
                     k.kind,
-                    ConfigKind::Endpoints | ConfigKind::ServiceEntry | ConfigKind::Workload
+                    ConfigKind::Endpoints
+                        | ConfigKind::ServiceEntry
+                        | ConfigKind::Workload
+                        | ConfigKind::Secret
                 )
             })
     }
 
     /// Whether the snapshot re-merges the registries' services: a full push, unless
-    /// it only names proxies' own workloads.
+    /// it only names proxies' own workloads or Secrets.
     pub fn remerges_services(&self) -> bool {
         let only_workloads = !self.request.configs_updated.is_empty()
             && self
                 .request
                 .configs_updated
                 .iter()
-                .all(|k| k.kind == ConfigKind::Workload);
+                .all(|k| matches!(k.kind, ConfigKind::Workload | ConfigKind::Secret));
         self.request.forced || (self.request.full && !only_workloads)
     }
 }
@@ -195,7 +204,12 @@ mod tests {
         assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
-                assert_eq!(scope.touch(class, t), Touch::Everything);
+                let expected = if t == TypeUrl::Secret {
+                    Touch::Nothing
+                } else {
+                    Touch::Everything
+                };
+                assert_eq!(scope.touch(class, t), expected);
             }
         }
         assert!(scope.rebuilds_config());
@@ -217,6 +231,41 @@ mod tests {
             }
         }
         assert!(!scope.rebuilds_config() && scope.remerges_services());
+    }
+
+    #[test]
+    fn a_secret_change_touches_sds_alone_and_rebuilds_nothing() {
+        let request = PushRequest::full(
+            TriggerReason::Secret,
+            [ConfigKey::new(ConfigKind::Secret, "cert", "ns")],
+        );
+        let scope = PushScope::new(&request);
+        for class in CLASSES {
+            for t in TypeUrl::ALL {
+                let expected = if t == TypeUrl::Secret {
+                    Touch::Everything
+                } else {
+                    Touch::Nothing
+                };
+                assert_eq!(scope.touch(class, t), expected, "{class:?} {t:?}");
+            }
+        }
+        assert!(!scope.rebuilds_config() && !scope.remerges_services());
+        let gateway = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::Gateway, "gw", "ns")],
+        );
+        let scope = PushScope::new(&gateway);
+        assert_eq!(
+            scope.touch(ProxyClass::Router, TypeUrl::Secret),
+            Touch::Everything
+        );
+        let endpoints = PushRequest::endpoints(&ServiceKey::new("a", "ns"));
+        let scope = PushScope::new(&endpoints);
+        assert_eq!(
+            scope.touch(ProxyClass::Router, TypeUrl::Secret),
+            Touch::Nothing
+        );
     }
 
     #[test]

@@ -25,15 +25,18 @@ pub enum TypeUrl {
     Listener,
     /// RDS.
     Route,
+    /// SDS: gateway credentials (`crate::sds`).
+    Secret,
 }
 
 impl TypeUrl {
     /// Every type, in push order.
-    pub const ALL: [TypeUrl; 4] = [
+    pub const ALL: [TypeUrl; 5] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
         TypeUrl::Listener,
         TypeUrl::Route,
+        TypeUrl::Secret,
     ];
 
     /// The v3 type URL.
@@ -45,6 +48,9 @@ impl TypeUrl {
             }
             TypeUrl::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
             TypeUrl::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            TypeUrl::Secret => {
+                "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
+            }
         }
     }
 
@@ -53,13 +59,14 @@ impl TypeUrl {
         TypeUrl::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`).
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`).
     pub const fn short(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "cds",
             TypeUrl::Endpoint => "eds",
             TypeUrl::Listener => "lds",
             TypeUrl::Route => "rds",
+            TypeUrl::Secret => "sds",
         }
     }
 

@@ -393,6 +393,16 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "tokenreviews",
         &["create"],
     ),
+    // registries/kube/src/secrets.rs: gateway credentials (SDS), each requested Secret
+    // followed by name in the gateway's namespace, and the SubjectAccessReview that
+    // authorizes the gateway.
+    ("ClusterRole", "", "secrets", &["list", "watch"]),
+    (
+        "ClusterRole",
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        &["create"],
+    ),
     // registries/kube/src/root_cert.rs: istio-ca-root-cert in every namespace.
     (
         "ClusterRole",

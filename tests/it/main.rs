@@ -19,6 +19,7 @@ mod mesh;
 mod mock_file;
 mod multicluster;
 mod rbac;
+mod sds;
 mod secure;
 mod serviceentry;
 mod sidecar_simulation;

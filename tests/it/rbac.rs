@@ -3,8 +3,9 @@
 //! Secrets, the `istio` ConfigMap, and a remote cluster found through a Secret) with
 //! the role enforced, so a missing rule is a refused request, and every grant of the
 //! role must be used by some request, so a rule broader than the code needs fails too.
-//! The Kubernetes pieces of the CA and authentication (TokenReview, the CA's Secrets,
-//! root-cert distribution) run beside the server against the same cluster.
+//! The Kubernetes pieces of the CA, authentication and SDS (TokenReview, the CA's
+//! Secrets, root-cert distribution, a followed gateway Secret and its
+//! SubjectAccessReview) run beside the server against the same cluster.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -63,6 +64,31 @@ async fn security_pieces(api: &FakeApiServer) {
         .await
         .expect("TokenReview allowed");
     assert_eq!(account.service_account, "reviews");
+    // SDS: the authorization of a gateway's service account, and one requested
+    // Secret followed by name.
+    api.grant_access(
+        "system:serviceaccount:default:gw",
+        "list",
+        "secrets",
+        "default",
+    );
+    assert!(
+        meshfed_kube::may_list_secrets(&client, "system:serviceaccount:default:gw", "default")
+            .await
+            .expect("SubjectAccessReview allowed")
+    );
+    {
+        use futures::StreamExt;
+        let mut updates = std::pin::pin!(meshfed_kube::follow_secret(
+            client.clone(),
+            "default",
+            "gw-cert"
+        ));
+        assert_eq!(
+            updates.next().await,
+            Some(meshfed_kube::SecretUpdate::Absent)
+        );
+    }
     assert_eq!(meshfed_kube::read_cacerts(&client, NS).await.unwrap(), None);
     meshfed_kube::load_or_create_self_signed(&client, NS, || {
         Ok::<_, String>(("CERT".to_string(), "KEY".to_string()))

@@ -40,6 +40,9 @@ pub enum ConfigKind {
     /// A proxy's own workload changed (a pod's labels or addresses): the proxies
     /// running as it get new labels and inbound config. Name = the workload (pod) name.
     Workload,
+    /// A Secret holding gateway credentials (SDS): only the proxies that requested it
+    /// get a push, and only of secrets. Name and namespace are the Secret's.
+    Secret,
 }
 
 /// Names one changed object: for services and endpoints the name is the hostname.
@@ -99,6 +102,8 @@ pub enum TriggerReason {
     Networks,
     Cluster,
     Debug,
+    /// A Secret served over SDS changed.
+    Secret,
     Unknown,
 }
 
@@ -114,6 +119,7 @@ impl TriggerReason {
             TriggerReason::Networks => "networks",
             TriggerReason::Cluster => "cluster",
             TriggerReason::Debug => "debug",
+            TriggerReason::Secret => "secret",
             TriggerReason::Unknown => "unknown",
         }
     }

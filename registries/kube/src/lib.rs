@@ -16,6 +16,8 @@
 //! - [`token_review`]: Kubernetes JWT authentication through a `TokenReview`
 //!   ([`review_token`]).
 //! - [`ca_secret`]: the CA's key material in Secrets (`cacerts`, `istio-ca-secret`).
+//! - [`secrets`]: gateway credentials (SDS): one requested Secret followed by name,
+//!   and the `SubjectAccessReview` that authorizes a proxy to read them.
 //! - [`root_cert`]: the root certificate published to every namespace
 //!   (ConfigMap `istio-ca-root-cert`) by the leader.
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
@@ -31,6 +33,7 @@ pub mod lease;
 pub mod multicluster;
 pub mod registry;
 pub mod root_cert;
+pub mod secrets;
 mod state;
 pub mod token_review;
 mod writer;
@@ -50,6 +53,7 @@ pub use multicluster::{
 };
 pub use registry::{EventType, KubeRegistry, KubeStats, ResourceKind, SyncPhase};
 pub use root_cert::{RootCertStats, WriteResult, run_root_cert_publisher};
+pub use secrets::{SecretData, SecretUpdate, follow_secret, may_list_secrets};
 pub use token_review::{ReviewedAccount, TokenReviewError, review_token};
 pub mod crd;
 pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};

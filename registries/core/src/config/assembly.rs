@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::model::{ConfigObject, ObjectId};
+use crate::config::secret::SecretObject;
 use crate::config::source::{Diagnostic, Entry, ParsedFile, Rejection, Severity};
 
 /// An object in force and the file it came from.
@@ -26,6 +27,8 @@ pub(crate) struct Assembly {
     pub(crate) retained: BTreeSet<ObjectId>,
     pub(crate) warnings: Vec<Diagnostic>,
     pub(crate) skipped: Vec<Diagnostic>,
+    /// The Secrets, by (namespace, name); the first definition wins.
+    pub(crate) secrets: BTreeMap<(String, String), Arc<SecretObject>>,
 }
 
 /// Puts files (in order; the first definition of an object wins) together, keeping
@@ -68,6 +71,15 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
                 }
                 Entry::Rejected(rejection) => out.rejected.push(rejection.clone()),
                 Entry::Skipped(note) => out.skipped.push(note.clone()),
+                Entry::Secret(secret) => {
+                    let key = (secret.namespace.clone(), secret.name.clone());
+                    if let Some(first) = out.secrets.get(&key) {
+                        out.rejected
+                            .push(duplicate_secret(file, secret, &first.source));
+                        continue;
+                    }
+                    out.secrets.insert(key, Arc::new(secret.clone()));
+                }
             }
         }
     }
@@ -90,30 +102,89 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
     out
 }
 
+/// Keeps, from the `previous` read's Secrets, what this read could not replace, as
+/// [`assemble`] does for objects: the Secrets of an unusable file or of a file with a
+/// broken document, and the last valid version of a Secret whose new version is
+/// rejected (a gateway keeps its certificate while its file is being fixed).
+pub(crate) fn retain_secrets(
+    out: &mut Assembly,
+    files: &[ParsedFile],
+    previous: &BTreeMap<(String, String), Arc<SecretObject>>,
+) {
+    let partial: BTreeSet<String> = files
+        .iter()
+        .filter(|f| f.unusable.is_some() || f.broken_documents)
+        .map(|f| f.path.display().to_string())
+        .collect();
+    for (key, secret) in previous {
+        if out.secrets.contains_key(key) {
+            continue;
+        }
+        let file = secret
+            .source
+            .rsplit_once(':')
+            .map_or(secret.source.as_str(), |(f, _)| f);
+        let rejected_now = out
+            .rejected
+            .iter()
+            .any(|r| r.kind == "Secret" && r.namespace == key.0 && r.name == key.1);
+        if partial.contains(file) || rejected_now {
+            out.secrets.insert(key.clone(), secret.clone());
+        }
+    }
+}
+
 fn duplicate(file: &ParsedFile, obj: &ConfigObject, first_at: &str) -> Rejection {
-    let line = obj
-        .source
-        .rsplit_once(':')
-        .and_then(|(_, l)| l.parse().ok());
+    let kind = obj.kind.to_string();
+    duplicate_of(
+        file,
+        &kind,
+        &obj.namespace,
+        &obj.name,
+        &obj.source,
+        first_at,
+    )
+}
+
+fn duplicate_secret(file: &ParsedFile, secret: &SecretObject, first_at: &str) -> Rejection {
+    duplicate_of(
+        file,
+        "Secret",
+        &secret.namespace,
+        &secret.name,
+        &secret.source,
+        first_at,
+    )
+}
+
+/// The rejection of a second definition of `kind namespace/name` (at `source`).
+fn duplicate_of(
+    file: &ParsedFile,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    source: &str,
+    first_at: &str,
+) -> Rejection {
+    let line = source.rsplit_once(':').and_then(|(_, l)| l.parse().ok());
     Rejection {
         id: None,
         file: file.path.clone(),
         line,
-        kind: obj.kind.to_string(),
-        namespace: obj.namespace.clone(),
-        name: obj.name.clone(),
+        kind: kind.to_string(),
+        namespace: namespace.to_string(),
+        name: name.to_string(),
         diagnostics: vec![Diagnostic {
             severity: Severity::Error,
             file: file.path.clone(),
             line,
-            kind: obj.kind.to_string(),
-            namespace: obj.namespace.clone(),
-            name: obj.name.clone(),
+            kind: kind.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
             field: String::new(),
             message: format!(
-                "duplicate: {} {}/{} is already defined at {first_at}; the first definition (by sorted file path) \
-                 is used and this one is ignored",
-                obj.kind, obj.namespace, obj.name
+                "duplicate: {kind} {namespace}/{name} is already defined at {first_at}; the first definition (by sorted file path) \
+                 is used and this one is ignored"
             ),
         }],
     }
@@ -123,6 +194,40 @@ fn duplicate(file: &ParsedFile, obj: &ConfigObject, first_at: &str) -> Rejection
 mod tests {
     use super::*;
     use crate::config::source::tests::{VALID_VS, parse};
+
+    const SECRET: &str = "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: ns}\nstringData: {tls.crt: x}\n";
+
+    fn secrets_after(
+        text: &str,
+        previous: &BTreeMap<(String, String), Arc<SecretObject>>,
+    ) -> BTreeMap<(String, String), Arc<SecretObject>> {
+        let files = [parse("a.yaml", text)];
+        let mut out = assemble(&files, &BTreeMap::new());
+        retain_secrets(&mut out, &files, previous);
+        out.secrets
+    }
+
+    #[test]
+    fn secrets_of_a_broken_file_and_last_valid_versions_are_kept() {
+        let previous = secrets_after(SECRET, &BTreeMap::new());
+        assert_eq!(previous.len(), 1);
+        assert_eq!(previous.values().next().unwrap().source, "a.yaml:1");
+        // A syntax error keeps it; so does an invalid new version.
+        assert_eq!(secrets_after("kind: [\n", &previous).len(), 1);
+        let invalid = SECRET.replace("stringData: {tls.crt: x}", "data: {tls.crt: '%%'}");
+        assert_eq!(secrets_after(&invalid, &previous).len(), 1);
+        // A clean deletion does not.
+        assert!(secrets_after("", &previous).is_empty());
+        // A second definition is a duplicate.
+        let files = [parse("a.yaml", SECRET), parse("b.yaml", SECRET)];
+        let out = assemble(&files, &BTreeMap::new());
+        assert_eq!(out.secrets.len(), 1);
+        assert!(
+            out.rejected[0].diagnostics[0]
+                .message
+                .starts_with("duplicate: Secret ns/s")
+        );
+    }
 
     #[test]
     fn assemble_keeps_the_first_duplicate_and_what_cannot_be_replaced() {

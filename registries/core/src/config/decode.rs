@@ -19,6 +19,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::config::model::{ConfigObject, Kind, Spec, supported_api_version};
+use crate::config::secret::{SecretObject, decode_secret, is_secret};
 use crate::config::time::parse_rfc3339;
 use crate::config::validate::{FieldError, FieldPath, Segment};
 
@@ -34,6 +35,8 @@ pub enum Decoded {
     /// Meant to be one of ours but unreadable: wrong types, bad enum names, bad
     /// durations, unsupported version, missing name.
     Invalid(InvalidObject),
+    /// A `v1` Secret (gateway credentials for SDS, [`crate::config::secret`]).
+    Secret(SecretObject),
 }
 
 /// An object of a kind meshfed does not read.
@@ -106,6 +109,23 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
             }
         }
         return invalid(String::new(), errors);
+    }
+    if is_secret(api_version, kind_name) {
+        let mut errors = Vec::new();
+        let meta = read_metadata(metadata, &mut errors);
+        return match decode_secret(map) {
+            Ok(content) if errors.is_empty() => Decoded::Secret(SecretObject {
+                namespace: meta.namespace,
+                name: meta.name,
+                source: source.to_string(),
+                content,
+            }),
+            Ok(_) => invalid(meta.namespace, errors),
+            Err(more) => {
+                errors.extend(more);
+                invalid(meta.namespace, errors)
+            }
+        };
     }
     let group = api_version.split_once('/').map_or("", |(g, _)| g);
     let kind = match Kind::from_name(kind_name) {

@@ -42,13 +42,14 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use crate::config::assembly::{Placed, assemble};
+use crate::config::assembly::{Placed, assemble, retain_secrets};
 use crate::config::model::{ConfigObject, Kind, ObjectId};
+use crate::config::secret::SecretObject;
 use crate::config::source::{ParsedFile, config_files, parse_bytes};
 use crate::config::store::{
     ConfigStore, Objects, Published, RejectedConfig, StoreCore, changed_keys,
 };
-use crate::events::UpdateSink;
+use crate::events::{ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
 use crate::metrics::encode_gauges;
 use crate::read::{Backoff, EMPTY_SETTLE, is_blank, read_watched_file_blocking};
 use crate::watch::{PathWatcher, WatchError};
@@ -131,6 +132,8 @@ struct FileState {
     /// The same objects with the file each came from (what the next reload may keep).
     placed: BTreeMap<ObjectId, Placed>,
     rejected: Vec<RejectedConfig>,
+    /// The `kind: Secret` objects (SDS credentials), by (namespace, name).
+    secrets: BTreeMap<(String, String), Arc<SecretObject>>,
 }
 
 impl Published for FileState {
@@ -170,6 +173,19 @@ impl FileConfigStore {
     /// The store's reload counters.
     pub fn status(&self) -> &ConfigDirStatus {
         &self.inner.status
+    }
+
+    /// The Secret `namespace/name` of the directory, if any.
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<SecretObject>> {
+        self.read()
+            .secrets
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// Every Secret of the directory, by namespace and name.
+    pub fn secrets(&self) -> Vec<Arc<SecretObject>> {
+        self.read().secrets.values().cloned().collect()
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, FileState> {
@@ -371,6 +387,7 @@ impl Reloader {
     fn apply(&mut self, parsed: &[ParsedFile]) {
         let previous = self.store.read().placed.clone();
         let mut assembly = assemble(parsed, &previous);
+        retain_secrets(&mut assembly, parsed, &self.store.read().secrets);
         stamp_first_seen(&mut assembly.objects, &previous, SystemTime::now());
         let rejected: Vec<RejectedConfig> = assembly
             .rejected
@@ -382,14 +399,22 @@ impl Reloader {
             .iter()
             .map(|(id, placed)| (id.clone(), placed.obj.clone()))
             .collect();
-        let keys = {
+        let (keys, secrets_changed) = {
             let mut state = self.store.write();
             let keys = changed_keys(&state.objects, &objects);
+            let secrets_changed = changed_secrets(&state.secrets, &assembly.secrets);
             state.objects = objects;
             state.placed = assembly.objects;
             state.rejected = rejected.clone();
-            keys
+            state.secrets = assembly.secrets;
+            (keys, secrets_changed)
         };
+        if !secrets_changed.is_empty() {
+            self.store
+                .inner
+                .core
+                .push(PushRequest::full(TriggerReason::Secret, secrets_changed));
+        }
 
         let mut logged = BTreeSet::new();
         for (rejection, record) in assembly.rejected.iter().zip(&rejected) {
@@ -428,6 +453,18 @@ impl Reloader {
             self.store.inner.core.announce(keys);
         }
     }
+}
+
+/// The Secrets added, changed or removed between two reads, as push keys.
+fn changed_secrets(
+    before: &BTreeMap<(String, String), Arc<SecretObject>>,
+    after: &BTreeMap<(String, String), Arc<SecretObject>>,
+) -> Vec<ConfigKey> {
+    let keys: BTreeSet<&(String, String)> = before.keys().chain(after.keys()).collect();
+    keys.into_iter()
+        .filter(|k| before.get(*k).map(|s| &s.content) != after.get(*k).map(|s| &s.content))
+        .map(|(namespace, name)| ConfigKey::new(ConfigKind::Secret, name, namespace))
+        .collect()
 }
 
 /// Gives each object without `metadata.creationTimestamp` (decoded as `UNIX_EPOCH`)

@@ -20,6 +20,7 @@ pub mod decode;
 pub mod file_store;
 pub mod model;
 pub mod report;
+pub mod secret;
 pub mod source;
 pub mod store;
 pub mod validate;
@@ -32,6 +33,7 @@ pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
 pub use file_store::{ConfigDirStatus, FileConfigStore, run_config_dir};
 pub use model::{ConfigObject, Kind, ObjectId, Spec, supported_api_version};
 pub use report::{Report, validate_files, validate_text};
+pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};
 pub use store::{ConfigStore, MemoryConfigStore, RejectedConfig};
 pub use validate::{

@@ -25,6 +25,8 @@ pub struct Report {
     pub warnings: Vec<Diagnostic>,
     /// Documents skipped because they are not a kind meshfed reads.
     pub skipped: Vec<Diagnostic>,
+    /// The valid Secrets found in it (namespace, name), in file order.
+    pub secrets: Vec<(String, String)>,
 }
 
 impl Report {
@@ -120,6 +122,21 @@ fn reports(parsed: &[ParsedFile]) -> Vec<Report> {
                 errors,
                 warnings: assembly.warnings.iter().filter(mine).cloned().collect(),
                 skipped: assembly.skipped.iter().filter(mine).cloned().collect(),
+                secrets: file
+                    .entries
+                    .iter()
+                    .filter_map(|e| match e {
+                        Entry::Secret(secret) => {
+                            Some((secret.namespace.clone(), secret.name.clone()))
+                        }
+                        _ => None,
+                    })
+                    .filter(|key| {
+                        assembly.secrets.get(key).is_some_and(|s| {
+                            s.source.starts_with(&format!("{}:", file.path.display()))
+                        })
+                    })
+                    .collect(),
             }
         })
         .collect()

@@ -27,6 +27,7 @@ use serde_json::Value;
 use crate::config::decode::{Decoded, decode};
 use crate::config::locate::line_of;
 use crate::config::model::{ConfigObject, Kind, ObjectId};
+use crate::config::secret::SecretObject;
 use crate::config::store::RejectedConfig;
 use crate::config::validate::{FieldError, FieldPath, Segment, Warning, validate};
 /// How serious a [`Diagnostic`] is.
@@ -214,6 +215,8 @@ pub(crate) enum Entry {
     Rejected(Rejection),
     /// Not a kind meshfed reads.
     Skipped(Diagnostic),
+    /// A valid Secret (SDS credentials).
+    Secret(SecretObject),
 }
 
 /// A rejected object, document or file.
@@ -617,6 +620,7 @@ fn process_object(file: &mut ParsedFile, value: &Value, locator: &Locator<'_>) {
                 Err(errors) => Entry::Rejected(subject.rejection(Some(obj.id()), &errors)),
             }
         }
+        Decoded::Secret(secret) => Entry::Secret(secret),
         Decoded::Skipped(skipped) => Entry::Skipped(Diagnostic {
             severity: Severity::Info,
             file: file.path.clone(),

@@ -126,6 +126,12 @@ impl<S: Default + Published> StoreCore<S> {
         announce(&self.sink, &self.changes, keys);
     }
 
+    /// Sends `request` to the push pipeline as is (for changes that are not config
+    /// objects, such as the config directory's Secrets).
+    pub fn push(&self, request: crate::events::PushRequest) {
+        self.sink.push(request);
+    }
+
     /// [`ConfigStore::list`].
     pub fn list(&self, kind: Kind) -> Vec<Arc<ConfigObject>> {
         list_kind(self.read().objects(), kind)

@@ -404,6 +404,7 @@ impl Writer {
             }
             Decoded::Invalid(invalid) => Err(rejection(&invalid.errors)),
             Decoded::Skipped(skipped) => Err(rejection(&[unexpected_kind(kind, &skipped.kind)])),
+            Decoded::Secret(_) => Err(rejection(&[unexpected_kind(kind, "Secret")])),
         };
         Some(Converted { id, outcome })
     }

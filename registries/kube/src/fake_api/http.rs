@@ -12,6 +12,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use super::access::SUBJECT_ACCESS_REVIEWS;
 use super::custom::{CustomView, NotServed, not_found};
 use super::selector::Selector;
 use super::tokens::TOKEN_REVIEWS;
@@ -112,6 +113,9 @@ pub(super) async fn handle(
     state.requests.push(request.clone());
     if method == Method::POST && request.path == TOKEN_REVIEWS {
         return state.tokens.review(&body);
+    }
+    if method == Method::POST && request.path == SUBJECT_ACCESS_REVIEWS {
+        return state.access.review(&body);
     }
     if method == Method::DELETE {
         return delete(&mut state, &request.path);

@@ -36,7 +36,9 @@
 //! `TokenReview` (`POST /apis/authentication.k8s.io/v1/tokenreviews`) answers for them
 //! as the API server's authenticators do, and a client using one as its bearer token
 //! ([`FakeApiServer::client_with_token`]) is recorded as that account
-//! ([`RecordedRequest::user`]), so tests tell replicas apart.
+//! ([`RecordedRequest::user`]), so tests tell replicas apart. A
+//! `SubjectAccessReview` (`POST /apis/authorization.k8s.io/v1/subjectaccessreviews`)
+//! allows what the test granted with [`FakeApiServer::grant_access`].
 //!
 //! Simplifications: a continued LIST page reflects the current objects rather than a
 //! snapshot at the list's version (clients replay the watch from that version, so they
@@ -58,6 +60,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::custom::CustomView;
 use self::selector::Selector;
 
+mod access;
 mod custom;
 mod http;
 pub mod objects;
@@ -138,6 +141,8 @@ struct ApiState {
     policy: Option<RbacPolicy>,
     /// Service-account tokens minted by the test.
     tokens: tokens::TokenTable,
+    /// What `SubjectAccessReview`s allow, and the reviews asked.
+    access: access::AccessTable,
 }
 
 impl Default for ApiState {
@@ -152,6 +157,7 @@ impl Default for ApiState {
             crds: Vec::new(),
             policy: None,
             tokens: tokens::TokenTable::default(),
+            access: access::AccessTable::default(),
         }
     }
 }
@@ -329,6 +335,33 @@ impl FakeApiServer {
             expires,
             pod: pod.map(|(name, uid)| (name.to_string(), uid.to_string())),
         })
+    }
+
+    /// Lets `user` do `verb` on `resource` in `namespace` as far as a
+    /// `SubjectAccessReview` tells (everything else is denied).
+    pub fn grant_access(&self, user: &str, verb: &str, resource: &str, namespace: &str) {
+        self.lock().access.grants.insert((
+            user.to_string(),
+            verb.to_string(),
+            resource.to_string(),
+            namespace.to_string(),
+        ));
+    }
+
+    /// Takes back a grant of [`FakeApiServer::grant_access`].
+    pub fn revoke_access(&self, user: &str, verb: &str, resource: &str, namespace: &str) {
+        self.lock().access.grants.remove(&(
+            user.to_string(),
+            verb.to_string(),
+            resource.to_string(),
+            namespace.to_string(),
+        ));
+    }
+
+    /// The `SubjectAccessReview`s asked so far, oldest first: (user, verb, resource,
+    /// namespace).
+    pub fn access_reviews(&self) -> Vec<(String, String, String, String)> {
+        self.lock().access.reviews.clone()
     }
 
     /// The requests `user` made (see [`RecordedRequest::user`]), oldest first.

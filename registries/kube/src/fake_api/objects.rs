@@ -81,6 +81,21 @@ pub fn remote_secret(namespace: &str, name: &str, clusters: &[(&str, &str)]) -> 
     }
 }
 
+/// A Secret of `secret_type` (e.g. `kubernetes.io/tls`; empty: none) with these
+/// keys.
+pub fn secret(namespace: &str, name: &str, secret_type: &str, data: &[(&str, &[u8])]) -> Secret {
+    Secret {
+        metadata: meta(namespace, name, &[]),
+        type_: (!secret_type.is_empty()).then(|| secret_type.to_string()),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    }
+}
+
 /// A ConfigMap with string data (istiod's `istio` ConfigMap: keys `mesh` and
 /// `meshNetworks`).
 pub fn config_map(namespace: &str, name: &str, data: &[(&str, &str)]) -> ConfigMap {
