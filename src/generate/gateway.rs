@@ -497,3 +497,65 @@ impl MergedGateway {
             .map(|i| &self.servers[*i])
     }
 }
+
+/// One SNI-DNAT destination of an AUTO_PASSTHROUGH server: a port (not UDP) of an
+/// in-mesh service, plain or for one subset of its DestinationRule.
+pub struct PassthroughDestination<'a> {
+    pub service: &'a Arc<meshfed_registry::Service>,
+    pub port: &'a meshfed_registry::Port,
+    pub subset: &'a str,
+}
+
+impl PassthroughDestination<'_> {
+    /// `outbound_.<port>_.<subset>_.<host>`: the SNI and the cluster name.
+    pub fn name(&self) -> String {
+        super::cds::sni_name(
+            self.port.port.get(),
+            self.subset,
+            self.service.hostname.as_str(),
+        )
+    }
+}
+
+/// The SNI-DNAT destinations a router in `namespace` with `labels` reaches through
+/// AUTO_PASSTHROUGH servers for `hosts`: each in-mesh service it sees (first per
+/// hostname) whose hostname a host covers, each port but UDP, plain and per subset.
+pub fn passthrough_destinations<'a>(
+    snapshot: &'a Snapshot,
+    namespace: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    hosts: &[String],
+) -> Vec<PassthroughDestination<'a>> {
+    let mut out = Vec::new();
+    let mut seen: HashSet<&str> = HashSet::new();
+    for service in snapshot.visible_services(namespace, labels) {
+        let host = service.hostname.as_str();
+        if service.location == meshfed_registry::MeshLocation::MeshExternal
+            || !seen.insert(host)
+            || !hosts
+                .iter()
+                .any(|h| crate::push::config_index::host_matches(h, host))
+        {
+            continue;
+        }
+        let rule = snapshot
+            .config()
+            .destination_rule(namespace, service.namespace.as_str(), host);
+        let subsets: Vec<&str> = std::iter::once("")
+            .chain(
+                rule.into_iter()
+                    .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
+            )
+            .collect();
+        for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
+            for subset in &subsets {
+                out.push(PassthroughDestination {
+                    service,
+                    port,
+                    subset,
+                });
+            }
+        }
+    }
+    out
+}

@@ -171,41 +171,11 @@ fn sni_dnat_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     if merged.auto_passthrough_hosts.is_empty() {
         return Vec::new();
     }
-    let mut out = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
-        let host = service.hostname.as_str();
-        if service.location == meshfed_registry::MeshLocation::MeshExternal
-            || !seen.insert(host)
-            || !merged
-                .auto_passthrough_hosts
-                .iter()
-                .any(|h| crate::push::config_index::host_matches(h, host))
-        {
-            continue;
-        }
-        let rule =
-            snapshot
-                .config()
-                .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
-        let subsets: Vec<&str> = std::iter::once("")
-            .chain(
-                rule.iter()
-                    .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
-            )
-            .collect();
-        for port in &service.ports {
-            if port.protocol == meshfed_registry::Protocol::Udp {
-                continue;
-            }
-            for subset in &subsets {
-                out.extend(cds::cached_outbound_as(
-                    snapshot, proxy, service, port, subset, true,
-                ));
-            }
-        }
-    }
-    out
+    let hosts: Vec<String> = merged.auto_passthrough_hosts.into_iter().collect();
+    gateway::passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &hosts)
+        .into_iter()
+        .filter_map(|d| cds::cached_outbound_as(snapshot, proxy, d.service, d.port, d.subset, true))
+        .collect()
 }
 
 fn load_assignments(

@@ -21,7 +21,7 @@
 //! A listener without chains is not sent (Istio logs and omits it). `tls_inspector`
 //! is added when a chain matches SNI or ALPN.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use envoy_types::pb::envoy::config::core::v3::{
     TrafficDirection, TransportSocket, transport_socket,
@@ -29,26 +29,25 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+    HttpConnectionManager, http_connection_manager,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, common_tls_context,
     tls_parameters,
 };
-use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration};
+use envoy_types::pb::google::protobuf::BoolValue;
 use meshfed_api::networking::v1alpha3::server_tls_settings::{TlSmode, TlsProtocol};
 use meshfed_api::networking::v1alpha3::{
     L4MatchAttributes, RouteDestination, ServerTlsSettings, TlsMatchAttributes, VirtualService,
 };
-use meshfed_registry::{MeshLocation, Protocol};
+use meshfed_registry::Protocol;
 
-use super::outbound::{TLS_INSPECTOR, tcp_proxy_filter};
-use super::{ads_config, pack, socket};
+use super::outbound::{TLS_INSPECTOR, rds_connection_manager, tcp_proxy_filter};
+use super::{pack, socket};
 use crate::generate::cds;
-use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort};
+use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
 use crate::generate::policy::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
     san_matchers,
@@ -318,40 +317,18 @@ fn auto_passthrough_chains(
     proxy: &ClientView,
     server: &MergedServer,
 ) -> Vec<ChainOpts> {
-    let mut out = Vec::new();
-    let mut seen: HashSet<&str> = HashSet::new();
-    for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
-        if service.location == MeshLocation::MeshExternal || !seen.insert(service.hostname.as_str())
-        {
-            continue;
-        }
-        let host = service.hostname.as_str();
-        if !server.sni_hosts.iter().any(|h| host_matches(h, host)) {
-            continue;
-        }
-        let rule =
-            snapshot
-                .config()
-                .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
-        let subsets: Vec<&str> = std::iter::once("")
-            .chain(
-                rule.iter()
-                    .flat_map(|r| r.spec.subsets.iter().map(|s| s.name.as_str())),
-            )
-            .collect();
-        for port in service.ports.iter().filter(|p| p.protocol != Protocol::Udp) {
-            for subset in &subsets {
-                let name = cds::sni_name(port.port.get(), subset, host);
-                out.push(ChainOpts {
-                    sni: vec![name.clone()],
-                    alpn: ALL_ISTIO_MTLS_ALPNS.iter().map(|s| s.to_string()).collect(),
-                    tls: None,
-                    filters: vec![tcp_proxy_filter(&name)],
-                });
+    passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &server.sni_hosts)
+        .into_iter()
+        .map(|d| {
+            let name = d.name();
+            ChainOpts {
+                sni: vec![name.clone()],
+                alpn: ALL_ISTIO_MTLS_ALPNS.iter().map(|s| s.to_string()).collect(),
+                tls: None,
+                filters: vec![tcp_proxy_filter(&name)],
             }
-        }
-    }
-    out
+        })
+        .collect()
 }
 
 /// The TCP proxy of a gateway `tcp`/`tls` route: one destination, or weighted ones.
@@ -391,22 +368,6 @@ fn route_filter(
 /// the edge, client certificate details are sanitized and set).
 fn gateway_hcm(stat_prefix: &str, route: &str, num_trusted_hops: u32) -> Filter {
     let hcm = HttpConnectionManager {
-        stat_prefix: stat_prefix.to_string(),
-        codec_type: http_connection_manager::CodecType::Auto as i32,
-        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
-            config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
-                initial_fetch_timeout: Some(PbDuration::default()),
-                ..ads_config()
-            }),
-            route_config_name: route.to_string(),
-        })),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
-                &Router::default(),
-            ))),
-            ..Default::default()
-        }],
         use_remote_address: Some(BoolValue { value: true }),
         xff_num_trusted_hops: num_trusted_hops,
         forward_client_cert_details: http_connection_manager::ForwardClientCertDetails::SanitizeSet
@@ -420,11 +381,7 @@ fn gateway_hcm(stat_prefix: &str, route: &str, num_trusted_hops: u32) -> Filter 
                 ..Default::default()
             },
         ),
-        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
-            upgrade_type: "websocket".into(),
-            ..Default::default()
-        }],
-        ..Default::default()
+        ..rds_connection_manager(stat_prefix, route)
     };
     Filter {
         name: "envoy.filters.network.http_connection_manager".into(),

@@ -809,14 +809,29 @@ pub(super) fn weighted_tcp_proxy(stat_prefix: &str, clusters: Vec<(String, u32)>
 /// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS.
 fn outbound_hcm(bind: &str, port: u16) -> Filter {
     let hcm = HttpConnectionManager {
-        stat_prefix: format!("outbound_{bind}_{port};"),
+        use_remote_address: Some(BoolValue { value: false }),
+        stream_idle_timeout: Some(PbDuration::default()),
+        ..rds_connection_manager(&format!("outbound_{bind}_{port};"), &port.to_string())
+    };
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
+    }
+}
+
+/// A connection manager with the router filter and websocket upgrades on RDS table
+/// `route` over ADS (no initial fetch timeout), as Istio builds its outbound and
+/// gateway ones; callers set what differs.
+pub(super) fn rds_connection_manager(stat_prefix: &str, route: &str) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
         codec_type: http_connection_manager::CodecType::Auto as i32,
         route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
             config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
                 initial_fetch_timeout: Some(PbDuration::default()),
                 ..ads_config()
             }),
-            route_config_name: port.to_string(),
+            route_config_name: route.to_string(),
         })),
         http_filters: vec![HttpFilter {
             name: "envoy.filters.http.router".into(),
@@ -825,17 +840,11 @@ fn outbound_hcm(bind: &str, port: u16) -> Filter {
             ))),
             ..Default::default()
         }],
-        use_remote_address: Some(BoolValue { value: false }),
-        stream_idle_timeout: Some(PbDuration::default()),
         upgrade_configs: vec![http_connection_manager::UpgradeConfig {
             upgrade_type: "websocket".into(),
             ..Default::default()
         }],
         ..Default::default()
-    };
-    Filter {
-        name: "envoy.filters.network.http_connection_manager".into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
     }
 }
 
