@@ -234,6 +234,14 @@ pub fn node(id: &str) -> Node {
     node_with(id, serde_json::json!({}))
 }
 
+/// What one Envoy proxy was sent ([`AdsClient::fetch_config`]).
+#[derive(Clone, Debug, Default)]
+pub struct ProxyConfig {
+    pub clusters: Vec<Cluster>,
+    pub listeners: Vec<envoy_types::pb::envoy::config::listener::v3::Listener>,
+    pub routes: Vec<envoy_types::pb::envoy::config::route::v3::RouteConfiguration>,
+}
+
 /// A state-of-the-world ADS client that keeps track of versions and nonces per type
 /// like Envoy does, so tests read as protocol conversations.
 #[derive(Debug)]
@@ -478,6 +486,33 @@ impl AdsClient {
     pub async fn recv_load_assignments(&mut self) -> anyhow::Result<Vec<ClusterLoadAssignment>> {
         let response = self.recv_type(TypeUrl::Endpoint).await?;
         decode_all(&response)
+    }
+
+    /// What an Envoy proxy asks for at start, in its order: every cluster, every
+    /// listener, then the route tables the listeners name. Each response is ACKed.
+    #[cfg(any(test, feature = "testing"))]
+    pub async fn fetch_config(&mut self) -> anyhow::Result<ProxyConfig> {
+        use envoy_types::pb::envoy::config::listener::v3::Listener;
+        self.subscribe(TypeUrl::Cluster, &[]).await?;
+        let clusters = self.recv_clusters().await?;
+        self.subscribe(TypeUrl::Listener, &[]).await?;
+        let listeners: Vec<Listener> = decode_all(&self.recv_type(TypeUrl::Listener).await?)?;
+        let names: std::collections::BTreeSet<String> = listeners
+            .iter()
+            .flat_map(|l| crate::generate::lds::references(l).1)
+            .collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
+        let routes = if names.is_empty() {
+            Vec::new()
+        } else {
+            self.subscribe(TypeUrl::Route, &names).await?;
+            decode_all(&self.recv_type(TypeUrl::Route).await?)?
+        };
+        Ok(ProxyConfig {
+            clusters,
+            listeners,
+            routes,
+        })
     }
 
     /// Receives a response, fails unless it is of `type_url`, and ACKs it.

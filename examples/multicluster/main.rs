@@ -24,7 +24,6 @@
 //! SNI-DNAT cluster, and the `c2` endpoints that cluster's EDS sends. See README.md
 //! beside this file for the same against real clusters.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -38,7 +37,7 @@ use meshfed::ads::TypeUrl;
 use meshfed::app::{KubeSettings, KubeSource, RemoteSecretSettings};
 use meshfed::generate::simulate::{Call, CallMode, simulate_call};
 use meshfed::networks::NetworkView;
-use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
+use meshfed::testing::{AdsClient, FakeServer, node_with};
 use meshfed_kube::fake_api::{FakeApiServer, objects};
 use meshfed_registry::{ProviderId, ShardKey};
 use prost::Message;
@@ -324,25 +323,11 @@ async fn fetch(
     metadata: serde_json::Value,
 ) -> anyhow::Result<Fetched> {
     let mut client = AdsClient::connect(server.grpc_addr(), node_with(id, metadata)).await?;
-    client.subscribe(TypeUrl::Cluster, &[]).await?;
-    let clusters = client.recv_clusters().await?;
-    client.subscribe(TypeUrl::Listener, &[]).await?;
-    let listeners: Vec<Listener> = decode_all(&client.recv_type(TypeUrl::Listener).await?)?;
-    let names: BTreeSet<String> = listeners
-        .iter()
-        .flat_map(|l| meshfed::generate::lds::references(l).1)
-        .collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let routes = if names.is_empty() {
-        Vec::new()
-    } else {
-        client.subscribe(TypeUrl::Route, &names).await?;
-        decode_all(&client.recv_type(TypeUrl::Route).await?)?
-    };
+    let config = client.fetch_config().await?;
     Ok(Fetched {
-        listeners,
-        routes,
-        clusters,
+        listeners: config.listeners,
+        routes: config.routes,
+        clusters: config.clusters,
         client,
     })
 }

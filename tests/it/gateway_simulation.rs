@@ -15,8 +15,6 @@
 //! Not ported: TestIngress (Kubernetes `Ingress` objects, which meshfed does not read)
 //! and the "overlapping SNI match" case of TestGatewayServices, which has no calls.
 
-use std::collections::BTreeSet;
-
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::core::v3::transport_socket;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -29,7 +27,7 @@ use meshfed::ads::TypeUrl;
 use meshfed::generate::simulate::{
     Call, CallMode, CallResult, RouteOutcome, SimError, simulate_call, simulate_call_without_cds,
 };
-use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
+use meshfed::testing::{AdsClient, FakeServer, ProxyConfig, decode_all, node_with};
 use meshfed_registry::{Endpoint, Protocol, Service, TlsMode};
 use prost::Message;
 
@@ -228,22 +226,11 @@ async fn fetch_with(config: &str, services: &[(Service, Vec<Endpoint>)]) -> (Fak
     )
     .await
     .unwrap();
-    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
-    let clusters = client.recv_clusters().await.unwrap();
-    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
-    let listeners: Vec<Listener> =
-        decode_all(&client.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
-    let names: BTreeSet<String> = listeners
-        .iter()
-        .flat_map(|l| meshfed::generate::lds::references(l).1)
-        .collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let routes = if names.is_empty() {
-        Vec::new()
-    } else {
-        client.subscribe(TypeUrl::Route, &names).await.unwrap();
-        decode_all(&client.recv_type(TypeUrl::Route).await.unwrap()).unwrap()
-    };
+    let ProxyConfig {
+        clusters,
+        listeners,
+        routes,
+    } = client.fetch_config().await.unwrap();
     (
         server,
         Router {
