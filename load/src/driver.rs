@@ -26,7 +26,6 @@ use super::report::{
 use super::scenario::{Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
 use super::tls::{ClientTls, TlsOptions};
-use meshfed::xds::TypeUrl;
 
 /// Which server the run loads.
 #[derive(Clone, Debug)]
@@ -614,7 +613,7 @@ fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {
 fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
     let mut out = BTreeMap::new();
     let mut total = Received::default();
-    for type_url in TypeUrl::ALL {
+    for type_url in crate::proxy::FOLLOWED {
         let t = &recorder.types[type_url as usize];
         let r = Received {
             responses: t.responses.load(Ordering::Relaxed),

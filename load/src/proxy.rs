@@ -165,6 +165,15 @@ impl Subscription {
     }
 }
 
+/// The types a simulated proxy subscribes to and follows (NDS is not among them: the
+/// simulated agents do not capture DNS).
+pub const FOLLOWED: [TypeUrl; 4] = [
+    TypeUrl::Cluster,
+    TypeUrl::Endpoint,
+    TypeUrl::Listener,
+    TypeUrl::Route,
+];
+
 /// A decoded resource: what the proxy keeps of it.
 enum Decoded {
     /// A cluster and its EDS name, when it is an EDS cluster.
@@ -176,6 +185,8 @@ enum Decoded {
     /// A route configuration, the clusters it sends to (proxyless only) and the newest
     /// config change its route names show.
     Route(Vec<Arc<str>>, Option<u32>),
+    /// A type the tool does not follow (NDS, which it never subscribes to).
+    Other,
 }
 
 /// A simulated proxy's protocol state (see the module docs).
@@ -191,7 +202,7 @@ pub struct ProxyState {
     assignments: HashMap<Arc<str>, usize>,
     listeners: HashMap<Arc<str>, Vec<Arc<str>>>,
     routes: HashMap<Arc<str>, Vec<Arc<str>>>,
-    subs: [Subscription; 4],
+    subs: [Subscription; TypeUrl::ALL.len()],
     /// Per service: the newest endpoint change seen in its assignment.
     marker_seen: HashMap<usize, u32>,
     /// The newest config change seen in a route name.
@@ -412,6 +423,7 @@ impl ProxyState {
                     (intern(&r.name), Decoded::Route(clusters, r.newest_marker()))
                 }
             },
+            TypeUrl::NameTable => (intern(""), Decoded::Other),
         })
     }
 
@@ -421,6 +433,7 @@ impl ProxyState {
             TypeUrl::Endpoint => Box::new(self.assignments.keys()),
             TypeUrl::Listener => Box::new(self.listeners.keys()),
             TypeUrl::Route => Box::new(self.routes.keys()),
+            TypeUrl::NameTable => Box::new(std::iter::empty()),
         }
     }
 
@@ -430,6 +443,7 @@ impl ProxyState {
             TypeUrl::Endpoint => self.assignments.contains_key(name),
             TypeUrl::Listener => self.listeners.contains_key(name),
             TypeUrl::Route => self.routes.contains_key(name),
+            TypeUrl::NameTable => false,
         }
     }
 
@@ -483,6 +497,7 @@ impl ProxyState {
                     }
                     self.routes.insert(name, clusters);
                 }
+                Decoded::Other => {}
             }
         }
         for name in removed {
@@ -506,6 +521,7 @@ impl ProxyState {
                 TypeUrl::Route => {
                     self.routes.remove(&name);
                 }
+                TypeUrl::NameTable => {}
             }
         }
         let sub = &mut self.subs[type_url as usize];
@@ -684,7 +700,7 @@ impl ProxyState {
     /// namespace`) and no other, and every endpoint of each such (sidecars) or watched
     /// (proxyless) service's assignment.
     pub fn gap(&self, consistent: bool) -> Option<String> {
-        for type_url in TypeUrl::ALL {
+        for type_url in FOLLOWED {
             if let Some(gap) = self.unresolved(type_url) {
                 return Some(gap);
             }
@@ -740,7 +756,7 @@ impl ProxyState {
 
     /// Names subscribed and never sent, by type (see [`ProxyState::resolved`]).
     pub fn unserved(&self) -> Vec<(TypeUrl, Arc<str>)> {
-        TypeUrl::ALL
+        FOLLOWED
             .into_iter()
             .flat_map(|t| {
                 let sub = &self.subs[t as usize];

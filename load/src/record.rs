@@ -83,7 +83,7 @@ pub struct Recorder {
     convergence: Mutex<Vec<u32>>,
     changes: Vec<ChangeSlot>,
     /// Per type (TypeUrl order).
-    pub types: [TypeCounters; 4],
+    pub types: [TypeCounters; TypeUrl::ALL.len()],
     /// Responses the proxies could not decode (NACKed).
     pub nacks: AtomicU64,
     /// Names proxies asked for and were never sent, by type (a server gap; see

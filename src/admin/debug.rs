@@ -41,6 +41,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: super::config_dump::config_dump,
     },
     DebugEndpoint {
+        path: "ndsz",
+        description: "?proxyID=<id>: the DNS name table (NDS) of that proxy from the current snapshot; 404 when it does not capture DNS",
+        handler: ndsz,
+    },
+    DebugEndpoint {
         path: "registryz",
         description: "Every merged service with the registries it came from, merge conflicts and who won, registry state",
         handler: registryz,
@@ -162,6 +167,34 @@ fn ca(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "rootNotAfter": rfc3339(ca.root_not_after()),
         "signingNotAfter": rfc3339(Some(ca.not_after())),
     }))
+}
+
+/// `/debug/ndsz?proxyID=`: what NDS gives that proxy now, as proto3 JSON.
+fn ndsz(state: &AdminState, query: &BTreeMap<String, String>) -> Answer {
+    let Some(id) = query.get("proxyID").filter(|id| !id.is_empty()) else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "missing ?proxyID=<proxy id, node id or connection id> (see /debug/syncz)\n".into(),
+        ));
+    };
+    let Some(connection) = super::config_dump::find_connection(&state.connections, id) else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!(
+                "no connected proxy with id {:?}\n",
+                clip(id, NODE_ID_LOG_MAX)
+            ),
+        ));
+    };
+    if !connection.proxy.captures_dns() {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "DNS capture is not enabled for this proxy (metadata DNS_CAPTURE)\n".into(),
+        ));
+    }
+    let snapshot = state.pipeline.snapshot().load_full();
+    let table = crate::generate::nds::name_table(&snapshot, &connection.proxy).unwrap_or_default();
+    Ok(to_json(&table))
 }
 
 fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

@@ -110,7 +110,7 @@ impl ConnectionHandle {
     }
 
     /// What this connection watches of each type (for the watch index).
-    pub fn watched(&self) -> [Watched; 4] {
+    pub fn watched(&self) -> [Watched; TypeUrl::ALL.len()] {
         let state = self.state.lock().expect("state poisoned");
         TypeUrl::ALL.map(|t| match state.watch(t) {
             Some(w) => Watched {
@@ -193,7 +193,11 @@ impl Connections {
     }
 
     /// Records a connection's subscriptions after a request changed them.
-    pub fn watches_changed(&self, handle: &ConnectionHandle, before: &[Watched; 4]) {
+    pub fn watches_changed(
+        &self,
+        handle: &ConnectionHandle,
+        before: &[Watched; TypeUrl::ALL.len()],
+    ) {
         let after = handle.watched();
         for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
             self.watches.update(handle.n, t, &before[i], &after[i]);

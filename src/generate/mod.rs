@@ -75,6 +75,9 @@ pub fn generate(
         // hostnames: the proxy is resolved only when something is in scope.
         return load_assignments(snapshot, proxy, subscription, scope, options);
     }
+    if type_url == TypeUrl::NameTable {
+        return nds::resources(snapshot, proxy);
+    }
     let proxy = &*snapshot.proxy_view(proxy);
     // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.
     if proxy.generator == Generator::Grpc {
@@ -84,7 +87,7 @@ pub fn generate(
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
-        TypeUrl::Endpoint => Vec::new(), // answered above
+        TypeUrl::Endpoint | TypeUrl::NameTable => Vec::new(), // answered above
     }
 }
 

@@ -30,9 +30,22 @@ use meshfed_registry::{ProviderId, Resolution, Service};
 
 use crate::model::proxy::Proxy;
 use crate::push::snapshot::Snapshot;
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 
-/// The NDS type URL.
-pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+/// NDS for `proxy`: its name table as the one resource of the type, named `""` as
+/// Istio sends it; nothing for a proxy that does not capture DNS (metadata
+/// `DNS_CAPTURE`) or has no table (gateways). The table is built per proxy and not
+/// cached: headless services' entries read endpoints, which endpoint-only pushes do
+/// not account for.
+pub fn resources(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    if !proxy.captures_dns() {
+        return Vec::new();
+    }
+    name_table(snapshot, proxy)
+        .map(|table| EncodedResource::encode(TypeUrl::NameTable, "", &table))
+        .into_iter()
+        .collect()
+}
 
 /// The `.clusterset.local` suffix of Kubernetes multi-cluster services, whose entries
 /// carry no short name (to avoid clashing with the `cluster.local` service's).

@@ -12,6 +12,7 @@
 //! | Endpoint | all; sidecars: all but VirtualService         | yes                      |
 //! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
+//! | NameTable| services, Sidecars, mesh config, networks, workloads | no (every service) |
 //!
 //! Endpoint-only changes reach EDS alone, for the changed services only. Clusters
 //! whose content reads endpoints (inline DNS load assignments, the identities behind
@@ -31,7 +32,20 @@ use crate::model::ProxyClass;
 /// change costs a sidecar its route tables and listeners (whose TCP and TLS chains
 /// follow `tcp`/`tls` routes, as in Istio). Gateways read them in LDS (TLS and TCP
 /// routes) and proxyless clients throughout.
+///
+/// The name table (NDS) reads services and what decides which of them a proxy sees;
+/// as Istio (`ndsNeedsPush`), Gateways, VirtualServices, DestinationRules and
+/// WorkloadEntries (whose addresses reach it as service endpoint changes) do not push it.
 pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
+    if let TypeUrl::NameTable = type_url {
+        return !matches!(
+            kind,
+            ConfigKind::Gateway
+                | ConfigKind::VirtualService
+                | ConfigKind::DestinationRule
+                | ConfigKind::WorkloadEntry
+        );
+    }
     match (class, kind) {
         (ProxyClass::Sidecar, ConfigKind::VirtualService) => {
             matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
@@ -195,10 +209,61 @@ mod tests {
         assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
-                assert_eq!(scope.touch(class, t), Touch::Everything);
+                let want = if t == TypeUrl::NameTable {
+                    Touch::Nothing
+                } else {
+                    Touch::Everything
+                };
+                assert_eq!(scope.touch(class, t), want, "{class:?} {t:?}");
             }
         }
         assert!(scope.rebuilds_config());
+    }
+
+    #[test]
+    fn the_name_table_follows_services_and_sidecars_not_routing_config() {
+        let touches = |key: ConfigKey, full: bool| {
+            let request = if full {
+                PushRequest::full(TriggerReason::Config, [key])
+            } else {
+                PushRequest::endpoints(&ServiceKey::new(&*key.name, &*key.namespace))
+            };
+            let scope = PushScope::new(&request);
+            CLASSES
+                .iter()
+                .map(|c| scope.touch(*c, TypeUrl::NameTable) != Touch::Nothing)
+                .collect::<Vec<bool>>()
+        };
+        for kind in [
+            ConfigKind::VirtualService,
+            ConfigKind::DestinationRule,
+            ConfigKind::Gateway,
+            ConfigKind::WorkloadEntry,
+        ] {
+            assert_eq!(
+                touches(ConfigKey::new(kind, "x", "ns"), true),
+                [false; 3],
+                "{kind:?}"
+            );
+        }
+        for kind in [
+            ConfigKind::ServiceEntry,
+            ConfigKind::Sidecar,
+            ConfigKind::MeshConfig,
+            ConfigKind::Workload,
+        ] {
+            assert_eq!(
+                touches(ConfigKey::new(kind, "x", "ns"), true),
+                [true; 3],
+                "{kind:?}"
+            );
+        }
+        let svc = ConfigKey::service(&ServiceKey::new("a.ns.svc.cluster.local", "ns"));
+        assert_eq!(
+            touches(svc, false),
+            [false; 3],
+            "endpoint-only pushes leave the table alone"
+        );
     }
 
     #[test]

@@ -25,15 +25,20 @@ pub enum TypeUrl {
     Listener,
     /// RDS.
     Route,
+    /// NDS: the DNS name table of a proxy that captures DNS (Istio's
+    /// `istio.networking.nds.v1.NameTable`; one resource, named `""`). Istio pushes
+    /// it after the ordered types.
+    NameTable,
 }
 
 impl TypeUrl {
     /// Every type, in push order.
-    pub const ALL: [TypeUrl; 4] = [
+    pub const ALL: [TypeUrl; 5] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
         TypeUrl::Listener,
         TypeUrl::Route,
+        TypeUrl::NameTable,
     ];
 
     /// The v3 type URL.
@@ -45,6 +50,7 @@ impl TypeUrl {
             }
             TypeUrl::Listener => "type.googleapis.com/envoy.config.listener.v3.Listener",
             TypeUrl::Route => "type.googleapis.com/envoy.config.route.v3.RouteConfiguration",
+            TypeUrl::NameTable => "type.googleapis.com/istio.networking.nds.v1.NameTable",
         }
     }
 
@@ -53,19 +59,31 @@ impl TypeUrl {
         TypeUrl::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`).
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `nds`).
     pub const fn short(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "cds",
             TypeUrl::Endpoint => "eds",
             TypeUrl::Listener => "lds",
             TypeUrl::Route => "rds",
+            TypeUrl::NameTable => "nds",
         }
     }
 
-    /// Wildcard types: an empty subscription means "everything".
+    /// Wildcard types: an empty subscription means "everything" (Istio's own types,
+    /// NDS among them, are wildcard).
     pub const fn is_wildcard(self) -> bool {
-        matches!(self, TypeUrl::Cluster | TypeUrl::Listener)
+        matches!(
+            self,
+            TypeUrl::Cluster | TypeUrl::Listener | TypeUrl::NameTable
+        )
+    }
+
+    /// Whether a generator that has nothing for the proxy sends nothing rather than an
+    /// empty response: NDS, for a proxy that does not capture DNS (Istio sends no
+    /// response when its generator returns none).
+    pub const fn silent_when_empty(self) -> bool {
+        matches!(self, TypeUrl::NameTable)
     }
 }
 

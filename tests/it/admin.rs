@@ -84,8 +84,9 @@ async fn metrics_version_and_debug_endpoints() {
         assert!(paths.contains(&required), "{paths:?}");
     }
     for path in &paths {
-        if *path == "/debug/config_dump" {
-            // Needs ?proxyID=; see config_dump_shows_what_a_proxy_was_sent_as_envoy_json.
+        if matches!(*path, "/debug/config_dump" | "/debug/ndsz") {
+            // Need ?proxyID=; see config_dump_shows_what_a_proxy_was_sent_as_envoy_json
+            // and nds.rs.
             assert_eq!(http_get(server.bound().http, path).await.0, 400);
             assert_eq!(http_get(monitoring, path).await.0, 400);
             continue;

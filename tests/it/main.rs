@@ -17,6 +17,7 @@ mod kube_instances;
 mod mesh;
 mod mock_file;
 mod multicluster;
+mod nds;
 mod rbac;
 mod secure;
 mod serviceentry;
