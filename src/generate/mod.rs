@@ -266,6 +266,10 @@ pub struct ListenerInput {
     pub client: Arc<ClientView>,
     /// The ports of the proxy's own service instances (sidecars; empty for gateways).
     pub inbound: Vec<lds::InboundPort>,
+    /// The proxy's address when it is an endpoint of a headless service, which then
+    /// gives it no per-endpoint listener for itself; `None` otherwise, so that proxies
+    /// that differ only in their address share listeners.
+    pub headless_self: Option<std::net::IpAddr>,
 }
 
 /// One listener of a [`ListenerInput`]: the cache key of its encoding.
@@ -298,7 +302,7 @@ impl ListenerInput {
         if self.client.is_router() {
             lds::gateway_listeners(snapshot, &self.client)
         } else {
-            lds::sidecar_listeners(snapshot, &self.client, &self.inbound)
+            lds::sidecar_listeners_at(snapshot, &self.client, &self.inbound, self.headless_self)
         }
     }
 }
@@ -312,6 +316,11 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             Vec::new()
         } else {
             inbound_ports(snapshot, proxy)
+        },
+        headless_self: if proxy.is_router() {
+            None
+        } else {
+            headless_self(snapshot, proxy)
         },
     });
     input
@@ -332,6 +341,18 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             })
         })
         .collect()
+}
+
+/// The proxy's first address when a headless service has an endpoint there (Istio
+/// compares the first address only).
+fn headless_self(snapshot: &Snapshot, proxy: &Proxy) -> Option<std::net::IpAddr> {
+    let ip = *proxy.ip_addresses.first()?;
+    snapshot
+        .services_at(&ip)
+        .iter()
+        .filter_map(|key| snapshot.services().get(key))
+        .any(|s| s.resolution == meshfed_registry::Resolution::Passthrough)
+        .then_some(ip)
 }
 
 /// The ports a sidecar serves: its Sidecar's `ingress` ports when it has any (the

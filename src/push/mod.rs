@@ -172,6 +172,32 @@ pub fn moved_addresses(
     moved
 }
 
+/// Makes an endpoint-only push that changes a headless service's endpoints a full
+/// push of that service, as Istio does: such a service's endpoints are its sidecars'
+/// per-endpoint listeners and its name-table entry, not only its EDS.
+pub fn promote_headless(request: &mut PushRequest, snapshot: &Snapshot) {
+    if !request.is_endpoints_only() {
+        return;
+    }
+    let headless: Vec<meshfed_registry::ConfigKey> = request
+        .configs_updated
+        .iter()
+        .filter(|k| k.kind == ConfigKind::Endpoints)
+        .map(|k| ServiceKey::new(&*k.name, &*k.namespace))
+        .filter(|key| {
+            snapshot
+                .services()
+                .get(key)
+                .is_some_and(|s| s.resolution == meshfed_registry::Resolution::Passthrough)
+        })
+        .map(|key| meshfed_registry::ConfigKey::service(&key))
+        .collect();
+    if !headless.is_empty() {
+        request.full = true;
+        request.configs_updated.extend(headless);
+    }
+}
+
 type ByAddress<'a> = BTreeMap<
     IpAddr,
     Vec<(
@@ -274,11 +300,12 @@ impl Pipeline {
 
     /// Builds a new snapshot for `request`, swaps it in and queues the push on every
     /// connection.
-    pub fn apply(&self, request: PushRequest, merged_events: u32) {
+    pub fn apply(&self, mut request: PushRequest, merged_events: u32) {
         let started = Instant::now();
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
-        let scope = PushScope::new(&request);
         let previous = self.snapshot.load_full();
+        promote_headless(&mut request, &previous);
+        let scope = PushScope::new(&request);
         let next = Snapshot::build(
             &previous,
             &scope,

@@ -10,6 +10,7 @@ mod consul;
 mod delta;
 mod deploy;
 mod drain;
+mod headless;
 mod hostile;
 mod interop;
 mod kube;

@@ -85,7 +85,18 @@ pub fn sidecar_listeners(
     proxy: &ClientView,
     inbound: &[InboundPort],
 ) -> Vec<Listener> {
-    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound);
+    sidecar_listeners_at(snapshot, proxy, inbound, None)
+}
+
+/// [`sidecar_listeners`] of a proxy at `own_ip` that is an endpoint of a headless
+/// service: it gets no per-endpoint listener for itself.
+pub fn sidecar_listeners_at(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    inbound: &[InboundPort],
+    own_ip: Option<std::net::IpAddr>,
+) -> Vec<Listener> {
+    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound, own_ip);
     // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
     #[cfg(any(test, feature = "testing"))]
     out.iter().for_each(crate::xds::pgv::assert_message_valid);
@@ -96,6 +107,7 @@ fn sidecar_listeners_unchecked(
     snapshot: &Snapshot,
     proxy: &ClientView,
     inbound: &[InboundPort],
+    own_ip: Option<std::net::IpAddr>,
 ) -> Vec<Listener> {
     let mut out = Vec::new();
     // Without interception nothing reaches a capture listener: only bound ports.
@@ -104,7 +116,7 @@ fn sidecar_listeners_unchecked(
         out.push(outbound::virtual_outbound(snapshot, proxy));
         out.push(virtual_inbound(snapshot, &captured));
     }
-    out.extend(outbound::outbound_listeners(snapshot, proxy));
+    out.extend(outbound::outbound_listeners(snapshot, proxy, own_ip));
     out.extend(bound_inbound_listeners(inbound));
     out
 }

@@ -36,7 +36,12 @@
 //! NONE` (or `DEFAULT` on a proxy with `INTERCEPTION_MODE: NONE`) makes a real bound
 //! listener, on `bind` or else `127.0.0.1`.
 //!
-//! Not built (yet): per-endpoint listeners of headless TCP services, `<hostname>:<port>`
+//! Headless services (resolution NONE, no address): their TCP and Auto ports get one
+//! listener per endpoint IP, `<podIP>_<port>`, from the catch-all egress listener (not
+//! for the proxy's own address; a ServiceEntry without endpoints keeps the wildcard
+//! listener, a Kubernetes service without endpoints gets none).
+//!
+//! Not built (yet): `<hostname>:<port>`
 //! route tables for sniffed services on a VIP (they use the shared `<port>` table,
 //! which holds their virtual host too), and Istio's per-egress-listener route tables:
 //! the `<port>` table of an HTTP egress port holds every visible service with that
@@ -300,8 +305,13 @@ struct Entry {
     bound: bool,
 }
 
-/// The per-port outbound listeners, sorted by name.
-pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
+/// The per-port outbound listeners, sorted by name. `own_ip`: the proxy's address
+/// when it is an endpoint of a headless service (it gets no listener for itself).
+pub(super) fn outbound_listeners(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    own_ip: Option<IpAddr>,
+) -> Vec<Listener> {
     let ns = proxy.namespace.as_str();
     let virtual_services: Vec<&Arc<Config<VirtualService>>> =
         snapshot.sidecar_virtual_services(ns, &proxy.labels);
@@ -387,6 +397,21 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
                     bind,
                     bound: group.bound,
                 };
+                // A headless service's TCP and Auto ports of the catch-all get one
+                // listener per endpoint instead of the wildcard one.
+                if group.port.is_none()
+                    && bind.is_none()
+                    && let Some(ips) = headless_endpoints(&ctx, class, own_ip)
+                {
+                    for ip in &ips {
+                        let ctx = ServiceCtx {
+                            bind: Some(ip.as_str()),
+                            ..ctx
+                        };
+                        add_service_port(&mut entries, &ctx, class);
+                    }
+                    continue;
+                }
                 add_service_port(&mut entries, &ctx, class);
             }
         }
@@ -406,6 +431,54 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
     out
 }
 
+/// The endpoint addresses that get their own `<ip>_<port>` listener for a headless
+/// service's port (Istio's listeners for StatefulSets and other headless services:
+/// TCP traffic to a pod IP cannot be told apart on a shared wildcard listener).
+/// `None` when the port is not such a port, or for a service outside Kubernetes with
+/// no endpoint on it (a ServiceEntry with resolution NONE and no endpoints): it keeps
+/// the wildcard listener. A Kubernetes service without endpoints gets no listener.
+/// Host-name endpoints and the proxy's own address are left out.
+///
+/// Istio also leaves a non-Kubernetes service with a label selector out of the
+/// wildcard fallback; services here do not carry their selector, so such a
+/// ServiceEntry (`workloadSelector`, no WorkloadEntry yet) keeps the wildcard listener.
+fn headless_endpoints(
+    ctx: &ServiceCtx<'_>,
+    class: Class,
+    own_ip: Option<IpAddr>,
+) -> Option<BTreeSet<String>> {
+    let service = ctx.service;
+    if service.resolution != Resolution::Passthrough
+        || class == Class::Http
+        || service
+            .address_for_proxy(ctx.proxy.cluster_id.as_ref(), ctx.proxy.uses_auto_allocated)
+            .is_some()
+        || !service_cidrs(service, ctx.proxy).is_empty()
+    {
+        return None;
+    }
+    let port = service.port(ctx.port)?;
+    let on_port: Vec<&meshfed_registry::Endpoint> = ctx
+        .snapshot
+        .shards(&service.key())
+        .into_iter()
+        .flat_map(|s| s.iter())
+        .map(|(_, ep)| ep)
+        .filter(|ep| ep.ports.contains_key(&*port.name))
+        .collect();
+    if on_port.is_empty() && service.provider != meshfed_registry::ProviderId::Kubernetes {
+        return None;
+    }
+    Some(
+        on_port
+            .into_iter()
+            .filter(|ep| ep.hostname.is_none() && Some(ep.address) != own_ip)
+            .map(|ep| ep.address.to_string())
+            .collect(),
+    )
+}
+
+#[derive(Clone, Copy)]
 struct ServiceCtx<'a> {
     snapshot: &'a Snapshot,
     proxy: &'a ClientView,
@@ -676,9 +749,9 @@ fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
         if out.is_empty() {
             // Without a VIP the listener is shared by every such service on the port:
             // SNI is the only way to tell them apart. Headless services are the
-            // exception: Istio gives each endpoint its own `<podIP>_<port>` listener
-            // (no SNI there); meshfed does not build those yet, so their chain on the
-            // wildcard listener matches any SNI, as that listener would.
+            // exception: each endpoint has its own `<podIP>_<port>` listener (no SNI
+            // there), and a headless ServiceEntry without endpoints keeps the wildcard
+            // listener with a chain that matches any SNI.
             let headless = ctx.service.resolution == Resolution::Passthrough;
             let vip_bound = bind != "0.0.0.0" || headless;
             let server_names = if !service_cidrs.is_empty() || !vip_bound {
@@ -1666,5 +1739,150 @@ mod tests {
         let mut sorted = outbound.clone();
         sorted.sort();
         assert_eq!(outbound, sorted);
+    }
+
+    /// One registry posing as a provider, with its services and their endpoints.
+    type Registry = (
+        meshfed_registry::ProviderId,
+        Vec<(Service, Vec<meshfed_registry::Endpoint>)>,
+    );
+
+    /// A snapshot of services with endpoints.
+    fn snapshot_with_endpoints(registries: Vec<Registry>) -> Snapshot {
+        use meshfed_registry::{
+            Aggregate, EndpointIndex, MemoryRegistry, PushRequest, TriggerReason, UpdateSink,
+        };
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _rx) = UpdateSink::new(index.clone());
+        let aggregate = Aggregate::new("c1");
+        for (i, (provider, services)) in registries.into_iter().enumerate() {
+            let reg = MemoryRegistry::with_provider(provider, format!("c{}", i + 1), sink.clone());
+            for (s, eps) in services {
+                let key = s.key();
+                reg.add_service(s);
+                reg.set_endpoints(&key, eps);
+            }
+            aggregate.add_registry(Arc::new(reg));
+        }
+        Snapshot::build(
+            &Snapshot::empty(),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
+            &aggregate,
+            &index,
+            Arc::new(default_mesh()),
+            &|m| {
+                crate::push::config_index::ConfigIndex::new(
+                    ConfigSet::default(),
+                    "cluster.local",
+                    m,
+                )
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn headless_tcp_and_auto_ports_get_a_listener_per_endpoint() {
+        use meshfed_registry::{Endpoint, ProviderId};
+        let ports = [
+            ("http", 80, Protocol::Http),
+            ("auto", 81, Protocol::Unsupported),
+            ("tcp", 82, Protocol::Tcp),
+            ("tls", 83, Protocol::Tls),
+        ];
+        let headless = |host: &str| {
+            let mut s = no_vip(host, "default", &ports);
+            s.resolution = Resolution::Passthrough;
+            s
+        };
+        let ep = |ip: &str| {
+            ports
+                .iter()
+                .fold(Endpoint::new(ip.parse().unwrap()), |e, (name, port, _)| {
+                    e.with_port(name, *port)
+                })
+        };
+        let mut by_name = Endpoint::new("10.1.0.9".parse().unwrap()).with_port("tcp", 82);
+        by_name.hostname = Some("db-0.example.com".into());
+        let only_http = Endpoint::new("10.1.0.7".parse().unwrap()).with_port("http", 80);
+        let snap = snapshot_with_endpoints(vec![
+            (
+                ProviderId::Kubernetes,
+                vec![
+                    (
+                        headless("db.default.svc.cluster.local"),
+                        vec![ep("10.1.0.1"), ep("10.1.0.2"), by_name, only_http],
+                    ),
+                    (headless("empty.default.svc.cluster.local"), vec![]),
+                ],
+            ),
+            (
+                ProviderId::External,
+                vec![(
+                    {
+                        let mut s = headless("ext.example.com");
+                        s.ports =
+                            vec![meshfed_registry::Port::new("tcp", 9000, Protocol::Tcp).unwrap()];
+                        s
+                    },
+                    vec![],
+                )],
+            ),
+        ]);
+        let p = proxy(
+            "sidecar~10.1.0.2~db-1.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let all = super::super::sidecar_listeners_at(
+            &snap,
+            &p.client_view(),
+            &[],
+            Some("10.1.0.2".parse().unwrap()),
+        );
+        assert_eq!(
+            names(&all)[2..],
+            [
+                "0.0.0.0_80",
+                "0.0.0.0_9000",
+                "10.1.0.1_81",
+                "10.1.0.1_82",
+                "10.1.0.1_83",
+            ],
+            "one listener per endpoint IP of each TCP/Auto port (not the proxy's own, not a \
+             host name, not an endpoint without the port); HTTP on the wildcard; a \
+             Kubernetes service without endpoints gets none, a ServiceEntry the wildcard"
+        );
+        let tcp_listener = named(&all, "10.1.0.1_82");
+        assert_eq!(
+            cluster(&tcp_listener.filter_chains[0]),
+            "outbound|82||db.default.svc.cluster.local"
+        );
+        let tls_listener = named(&all, "10.1.0.1_83");
+        assert!(
+            server_names(&tls_listener.filter_chains[0]).is_empty(),
+            "no SNI on a pod IP"
+        );
+        assert_eq!(
+            cluster(&named(&all, "0.0.0.0_9000").filter_chains[0]),
+            "outbound|9000||ext.example.com"
+        );
+
+        // Another proxy (not an endpoint) gets both endpoints' listeners.
+        let other = listeners_of(&snap, "10.9.9.9");
+        assert!(
+            ["10.1.0.1_82", "10.1.0.2_82"]
+                .iter()
+                .all(|n| other.iter().any(|l| l.name == *n)),
+            "{:?}",
+            names(&other)
+        );
+    }
+
+    fn listeners_of(snap: &Snapshot, ip: &str) -> Vec<Listener> {
+        let p = proxy(
+            &format!("sidecar~{ip}~app.default~default.svc.cluster.local"),
+            serde_json::json!({}),
+        );
+        sidecar_listeners(snap, &p.client_view(), &[])
     }
 }
