@@ -342,12 +342,65 @@ impl Snapshot {
         labels: &'a BTreeMap<String, String>,
     ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         // A Sidecar without egress listeners imports everything (`*/*`), as in Istio.
-        let egress = self.sidecar_imports(namespace, labels);
+        self.services_imported(namespace, self.sidecar_imports(namespace, labels))
+    }
+
+    /// The services the route table of `port` of a sidecar in `namespace` with
+    /// `labels` is built from: those of the Sidecar egress listener that serves the
+    /// port ([`Snapshot::route_imports`]), not of every egress listener.
+    pub fn route_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a BTreeMap<String, String>,
+        port: u16,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        self.services_imported(namespace, self.route_imports(namespace, labels, port))
+    }
+
+    /// The mesh VirtualServices the route table of `port` applies (see
+    /// [`Snapshot::route_services`]).
+    pub fn route_virtual_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a BTreeMap<String, String>,
+        port: u16,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
+        self.virtual_services_imported(namespace, self.route_imports(namespace, labels, port))
+    }
+
+    fn services_imported<'a>(
+        &'a self,
+        namespace: &'a str,
+        imports: Option<Vec<&'a str>>,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         self.services
             .visible_to(namespace)
-            .filter(move |s| match &egress {
+            .filter(move |s| match &imports {
                 None => true,
                 Some(hosts) => hosts.iter().any(|h| egress_host_matches(h, namespace, s)),
+            })
+    }
+
+    /// The egress `hosts` of the Sidecar egress listener whose route table is `port`
+    /// (Istio's `GetEgressListenerForRDS`): in order, the first listener with that
+    /// port, or the catch-all (no port) when it comes first; none (empty) when no
+    /// listener serves the port. `None`: no Sidecar egress listeners, everything.
+    fn route_imports<'a>(
+        &'a self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        port: u16,
+    ) -> Option<Vec<&'a str>> {
+        self.config
+            .sidecar_for(namespace, labels)
+            .filter(|sc| !sc.spec.egress.is_empty())
+            .map(|sc| {
+                sc.spec
+                    .egress
+                    .iter()
+                    .find(|e| e.port.as_ref().is_none_or(|p| p.number == u32::from(port)))
+                    .map(|e| e.hosts.iter().map(String::as_str).collect())
+                    .unwrap_or_default()
             })
     }
 
@@ -381,7 +434,27 @@ impl Snapshot {
         namespace: &'a str,
         labels: &'a BTreeMap<String, String>,
     ) -> Vec<&'a Arc<Config<VirtualService>>> {
-        let imports = self.sidecar_imports(namespace, labels);
+        self.virtual_services_imported(namespace, self.sidecar_imports(namespace, labels))
+    }
+
+    /// The mesh VirtualServices one Sidecar egress listener with these `hosts`
+    /// imports (`None`: everything exported to the namespace).
+    pub fn egress_virtual_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        hosts: Option<&'a [String]>,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
+        self.virtual_services_imported(
+            namespace,
+            hosts.map(|h| h.iter().map(String::as_str).collect()),
+        )
+    }
+
+    fn virtual_services_imported<'a>(
+        &'a self,
+        namespace: &'a str,
+        imports: Option<Vec<&'a str>>,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
         self.config
             .virtual_services(namespace, MESH_GATEWAY)
             .filter(|vs| match &imports {

@@ -41,11 +41,13 @@
 //! for the proxy's own address; a ServiceEntry without endpoints keeps the wildcard
 //! listener, a Kubernetes service without endpoints gets none).
 //!
-//! Not built (yet): `<hostname>:<port>`
-//! route tables for sniffed services on a VIP (they use the shared `<port>` table,
-//! which holds their virtual host too), and Istio's per-egress-listener route tables:
-//! the `<port>` table of an HTTP egress port holds every visible service with that
-//! port, not only that listener's (Istio leaves out services without the port too).
+//! Each egress listener's chains follow the VirtualServices its own `hosts` import; the
+//! `<port>` route table is built from the egress listener serving that port
+//! (`rds::sidecar_route_config`).
+//!
+//! Not built (yet): `<hostname>:<port>` route tables for sniffed services on a VIP
+//! (they use the shared `<port>` table, which holds their virtual host too), and the
+//! all-ports table of an `HTTP_PROXY` egress port.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -313,8 +315,6 @@ pub(super) fn outbound_listeners(
     own_ip: Option<IpAddr>,
 ) -> Vec<Listener> {
     let ns = proxy.namespace.as_str();
-    let virtual_services: Vec<&Arc<Config<VirtualService>>> =
-        snapshot.sidecar_virtual_services(ns, &proxy.labels);
     // One service per hostname, as the proxy resolves names, oldest first (Istio's
     // SidecarScope order: the first service wins conflicts on a port).
     let mut seen = HashSet::new();
@@ -350,6 +350,10 @@ pub(super) fn outbound_listeners(
             (None, true) => Some("127.0.0.1"),
             (None, false) => None,
         };
+        // The VirtualServices of this egress listener's hosts, as in Istio (each
+        // listener's TCP and TLS routes come from what it imports).
+        let virtual_services: Vec<&Arc<Config<VirtualService>>> =
+            snapshot.egress_virtual_services(ns, group.hosts);
         for service in &services {
             if let Some(hosts) = &group.hosts
                 && !hosts.iter().any(|h| egress_host_matches(h, ns, service))
