@@ -382,10 +382,19 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
                                 ingress.bind.clone()
                             }
                         });
+                    let tls = ingress
+                        .tls
+                        .as_ref()
+                        .and_then(lds::ingress_tls::IngressTls::from_settings);
+                    let mut protocol = meshfed_registry::Protocol::parse(&port.protocol);
+                    if tls.is_some() {
+                        protocol = lds::ingress_tls::IngressTls::after_termination(protocol);
+                    }
                     Some(lds::InboundPort {
                         target_port: number,
-                        http: meshfed_registry::Protocol::parse(&port.protocol).is_http(),
+                        http: protocol.is_http(),
                         bind,
+                        tls,
                     })
                 })
                 .collect()

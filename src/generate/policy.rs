@@ -1000,7 +1000,7 @@ fn default_common_tls_context() -> CommonTlsContext {
     }
 }
 
-fn combined_validation(
+pub(crate) fn combined_validation(
     sans: Vec<SubjectAltNameMatcher>,
     crl: Option<DataSource>,
     sds: SdsSecretConfig,

@@ -39,6 +39,7 @@ use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
 use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use prost::{Message, Name};
 
+pub mod ingress_tls;
 mod outbound;
 
 use outbound::tcp_proxy_filter;
@@ -66,6 +67,8 @@ pub struct InboundPort {
     /// ingress port with `captureMode: NONE`, or `DEFAULT` on a proxy without
     /// interception); `None` for a chain of `virtualInbound`.
     pub bind: Option<String>,
+    /// TLS the port terminates (Sidecar `ingress[].tls`).
+    pub tls: Option<ingress_tls::IngressTls>,
 }
 
 impl InboundPort {
@@ -75,6 +78,7 @@ impl InboundPort {
             target_port,
             http,
             bind: None,
+            tls: None,
         }
     }
 }
@@ -134,6 +138,7 @@ fn bound_inbound_listeners(inbound: &[InboundPort]) -> Vec<Listener> {
             address: Some(socket(bind, p.target_port)),
             traffic_direction: TrafficDirection::Inbound as i32,
             filter_chains: vec![inbound_chain(p)],
+            listener_filters: p.tls.iter().map(|_| tls_inspector()).collect(),
             ..Default::default()
         })
         .collect()
@@ -162,9 +167,29 @@ fn inbound_chain(p: &InboundPort) -> FilterChain {
             destination_port: Some(UInt32Value {
                 value: u32::from(p.target_port),
             }),
+            transport_protocol: if p.tls.is_some() {
+                ingress_tls::TLS_TRANSPORT.into()
+            } else {
+                String::new()
+            },
             ..Default::default()
         }),
         filters: vec![filter],
+        transport_socket: p
+            .tls
+            .as_ref()
+            .map(ingress_tls::IngressTls::transport_socket),
+        ..Default::default()
+    }
+}
+
+/// The TLS inspector, for listeners with a chain matching TLS.
+fn tls_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: outbound::TLS_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+            &envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector::default(),
+        ))),
         ..Default::default()
     }
 }
@@ -198,13 +223,16 @@ fn virtual_inbound(snapshot: &Snapshot, inbound: &[&InboundPort]) -> Listener {
         name: VIRTUAL_INBOUND.into(),
         address: Some(socket("0.0.0.0", port)),
         traffic_direction: TrafficDirection::Inbound as i32,
-        listener_filters: vec![ListenerFilter {
+        listener_filters: std::iter::once(ListenerFilter {
             name: "envoy.filters.listener.original_dst".into(),
             config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
                 &OriginalDst::default(),
             ))),
             ..Default::default()
-        }],
+        })
+        // Ports terminating TLS match on it.
+        .chain(inbound.iter().any(|p| p.tls.is_some()).then(tls_inspector))
+        .collect(),
         filter_chains: chains,
         ..Default::default()
     }
@@ -726,6 +754,7 @@ mod tests {
                     target_port: 9000,
                     http: false,
                     bind: Some("127.0.0.1".into()),
+                    tls: None,
                 },
             ]
         );
