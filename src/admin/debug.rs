@@ -72,7 +72,7 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
     },
     DebugEndpoint {
         path: "push_status",
-        description: "The last pushes: version, reasons, changes, build time, connections",
+        description: "The last pushes: version, reasons, changes, build time, connections; the conflicts met generating the current snapshot (dropped listener chains)",
         handler: push_status,
     },
     DebugEndpoint {
@@ -364,7 +364,9 @@ fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             v
         })
         .collect();
-    Ok(json!({"connections": state.connections.len(), "pushes": history}))
+    // What generating the current snapshot's resources dropped (Istio's ProxyStatus).
+    let conflicts = to_json(&state.pipeline.snapshot().load().conflicts().all());
+    Ok(json!({"connections": state.connections.len(), "pushes": history, "conflicts": conflicts}))
 }
 
 fn networkz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

@@ -214,6 +214,30 @@ fn by_address(shards: Option<&Arc<meshfed_registry::EndpointShards>>) -> ByAddre
     map
 }
 
+#[derive(Debug)]
+struct SnapshotMetrics(Arc<ArcSwap<Snapshot>>);
+
+impl prometheus_client::collector::Collector for SnapshotMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let snapshot = self.0.load();
+        for (name, help) in snapshot::ConflictLog::GAUGES {
+            let count = snapshot.conflicts().count(name);
+            let metric = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            prometheus_client::metrics::gauge::ConstGauge::new(count as i64).encode(metric)?;
+        }
+        Ok(())
+    }
+}
+
 /// The connections one push was queued on.
 #[derive(Clone, Debug, Default)]
 pub struct Queued {
@@ -278,6 +302,13 @@ impl Pipeline {
     /// The current snapshot handle (shared with the ADS server).
     pub fn snapshot(&self) -> &Arc<ArcSwap<Snapshot>> {
         &self.snapshot
+    }
+
+    /// Registers the gauges read from the current snapshot on every scrape: Istio's
+    /// `pilot_conflict_outbound_listener_*` (listeners where a service's chain was
+    /// dropped while generating this snapshot's listeners).
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(SnapshotMetrics(self.snapshot.clone())));
     }
 
     /// The last pushes, newest first.

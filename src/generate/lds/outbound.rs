@@ -18,7 +18,7 @@
 //!     connection manager chain.
 //! - Several services on one (bind, port) merge as in Istio: HTTP and TCP mixed become
 //!   sniffed, TCP chains with the same match keep the first service (oldest first) and
-//!   the later one is dropped (logged at debug with Istio's metric name
+//!   the later one is dropped (counted by listener in Istio's gauge
 //!   `pilot_conflict_outbound_listener_tcp_over_current_tcp`), Auto replaces an HTTP entry
 //!   on a specific bind (a wildcard HTTP entry is sniffed already and keeps its place).
 //! - Finishing: `tls_inspector` when a chain matches SNI or ALPN, then `http_inspector`
@@ -642,10 +642,11 @@ fn add_service_port(
 /// Appends the incoming chains that match differently from every chain already there;
 /// the others lose to the older service.
 fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_>) {
+    use crate::push::snapshot::ConflictLog;
     for chain in incoming {
         if entry.chains.iter().any(|c| c.conflicts_with(&chain)) {
             tracing::debug!(
-                metric = "pilot_conflict_outbound_listener_tcp_over_current_tcp",
+                metric = ConflictLog::TCP_OVER_CURRENT_TCP,
                 "outbound listener {}_{}: a chain of {} ({}) dropped, an older service on this \
                  port matches the same traffic",
                 entry.bind,
@@ -653,9 +654,29 @@ fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_
                 ctx.service.hostname,
                 ctx.protocol
             );
+            let listener = format!("{}_{}", entry.bind, entry.port);
+            ctx.snapshot.conflicts().record(
+                ConflictLog::TCP_OVER_CURRENT_TCP,
+                &listener,
+                format!(
+                    "Listener={listener} Accepted={} Rejected={} ({})",
+                    protocol_name(entry.protocol),
+                    protocol_name(ctx.protocol),
+                    ctx.service.hostname
+                ),
+            );
             continue;
         }
         entry.chains.push(chain);
+    }
+}
+
+/// A protocol as Istio's conflict messages name it.
+fn protocol_name(protocol: Protocol) -> &'static str {
+    match class_of(protocol) {
+        Some(Class::Http) => "HTTP",
+        Some(Class::Tcp) => "TCP",
+        _ => "UNKNOWN",
     }
 }
 
@@ -1743,6 +1764,64 @@ mod tests {
         let mut sorted = outbound.clone();
         sorted.sort();
         assert_eq!(outbound, sorted);
+    }
+
+    #[test]
+    fn dropped_tcp_chains_are_counted_per_listener_in_the_snapshot() {
+        use crate::push::snapshot::ConflictLog;
+        let tcp = |host: &str, secs: u64| {
+            created(
+                no_vip(host, "default", &[("tcp", 9000, Protocol::Tcp)]),
+                secs,
+            )
+        };
+        let snap = snapshot(
+            vec![
+                tcp("a.example.com", 1),
+                tcp("b.example.com", 2),
+                tcp("c.example.com", 3),
+                created(
+                    service(
+                        "d.default.svc.cluster.local",
+                        "default",
+                        "10.0.0.4",
+                        &[("tcp", 9000, Protocol::Tcp)],
+                    ),
+                    4,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        assert_eq!(snap.conflicts().count(ConflictLog::TCP_OVER_CURRENT_TCP), 0);
+        let p = proxy(
+            "sidecar~10.0.0.99~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let all = sidecar_listeners(&snap, &p.client_view(), &[]);
+        assert_eq!(
+            cluster(&named(&all, "0.0.0.0_9000").filter_chains[0]),
+            "outbound|9000||a.example.com"
+        );
+        let log = snap.conflicts().all();
+        let dropped = &log[ConflictLog::TCP_OVER_CURRENT_TCP];
+        assert_eq!(
+            dropped.keys().collect::<Vec<_>>(),
+            ["0.0.0.0_9000"],
+            "one listener, however many services lost on it; the VIP-bound one is alone"
+        );
+        assert_eq!(
+            dropped["0.0.0.0_9000"],
+            "Listener=0.0.0.0_9000 Accepted=TCP Rejected=TCP (c.example.com)"
+        );
+        assert_eq!(
+            snap.conflicts().count(ConflictLog::HTTP_OVER_CURRENT_TCP),
+            0
+        );
+        assert_eq!(
+            snap.conflicts().count(ConflictLog::TCP_OVER_CURRENT_HTTP),
+            0
+        );
     }
 
     /// One registry posing as a provider, with its services and their endpoints.
