@@ -20,15 +20,9 @@ use meshfed_registry::{Endpoint, Protocol, Resolution, Service, ServiceKey};
 
 use crate::support::*;
 
-// Why the listed vectors fail today (issue 18).
-const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-less DNS ServiceEntry (DNS_AUTO_ALLOCATE), so no \
-    <vip>_443 listener";
-
-/// Vectors expected to fail today: (vector name, reason).
-const KNOWN_GAPS: &[(&str, &str)] = &[(
-    "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
-    NO_ADDRESS_AUTO_ALLOCATION,
-)];
+/// Vectors expected to fail today: (vector name, reason). Empty: every ported vector
+/// passes.
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 /// What Istio expects of a call; `None` fields are not checked, `error: None` means
 /// the call must succeed.
