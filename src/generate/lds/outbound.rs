@@ -31,8 +31,9 @@
 //!
 //! Sidecar egress listeners, in order: one with a `port` gives every service of its
 //! `hosts` a listener on that port with the port's protocol (TCP chains to the
-//! service's port of that number, or its only port); one without gives the services
-//! of its hosts their own ports. `bind` replaces the class's address; `captureMode:
+//! service's port of that number, or its only port); one without (the catch-all, last)
+//! gives the services of its hosts their own ports, but adds nothing to a listener an
+//! egress listener with a port built (Istio locks those entries). `bind` replaces the class's address; `captureMode:
 //! NONE` (or `DEFAULT` on a proxy with `INTERCEPTION_MODE: NONE`) makes a real bound
 //! listener, on `bind` or else `127.0.0.1`.
 //!
@@ -305,6 +306,9 @@ struct Entry {
     chains: Vec<ChainOpts>,
     /// Binds a real port (Sidecar egress captureMode NONE).
     bound: bool,
+    /// Built by a Sidecar egress listener with a port before the catch-all: the
+    /// catch-all's services do not join it (Istio's `locked` entries).
+    locked: bool,
 }
 
 /// The per-port outbound listeners, sorted by name. `own_ip`: the proxy's address
@@ -343,6 +347,10 @@ pub(super) fn outbound_listeners(
     ];
     let mut entries: BTreeMap<(String, u16), Entry> = BTreeMap::new();
     for group in egress_groups(snapshot, proxy) {
+        if group.port.is_none() {
+            // The catch-all comes last: what the listeners with a port built is theirs.
+            entries.values_mut().for_each(|e| e.locked = true);
+        }
         // A listener that binds a real port and names no address binds the loopback
         // address (Istio's actualLocalHost).
         let bind = match (group.bind, group.bound) {
@@ -562,6 +570,9 @@ fn add_service_port(
             .map_or(wildcard, |ip| ip.to_string()),
     };
     let key = (bind.clone(), ctx.port);
+    if entries.get(&key).is_some_and(|e| e.locked) {
+        return;
+    }
     let current = entries.get(&key).map(|e| e.protocol);
 
     #[derive(PartialEq)]
@@ -626,6 +637,7 @@ fn add_service_port(
                     protocol,
                     chains,
                     bound: ctx.bound,
+                    locked: false,
                 },
             );
         }
@@ -1764,6 +1776,59 @@ mod tests {
         let mut sorted = outbound.clone();
         sorted.sort();
         assert_eq!(outbound, sorted);
+    }
+
+    #[test]
+    fn the_catch_all_adds_nothing_to_a_listener_an_egress_port_built() {
+        use meshfed_api::networking::v1alpha3::{IstioEgressListener, SidecarPort};
+        let sidecar = Sidecar {
+            egress: vec![
+                IstioEgressListener {
+                    port: Some(SidecarPort {
+                        number: 9000,
+                        protocol: "TCP".into(),
+                        name: "tcp".into(),
+                        ..Default::default()
+                    }),
+                    hosts: vec!["./a.example.com".into()],
+                    ..Default::default()
+                },
+                IstioEgressListener {
+                    hosts: vec!["./*".into()],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let all = listeners(
+            vec![
+                no_vip("a.example.com", "default", &[("tcp", 9000, Protocol::Tcp)]),
+                no_vip(
+                    "b.example.com",
+                    "default",
+                    &[("http", 9000, Protocol::Http)],
+                ),
+                no_vip(
+                    "c.example.com",
+                    "default",
+                    &[("http", 9100, Protocol::Http)],
+                ),
+            ],
+            ConfigSet {
+                sidecars: vec![config("default", sidecar)],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_9000");
+        assert_eq!(l.filter_chains.len(), 1, "{l:?}");
+        assert_eq!(cluster(&l.filter_chains[0]), "outbound|9000||a.example.com");
+        assert!(
+            inspectors(l).is_empty(),
+            "b's HTTP port does not turn the listener into a sniffed one"
+        );
+        // The catch-all's own ports are built as usual.
+        named(&all, "0.0.0.0_9100");
     }
 
     #[test]
