@@ -34,9 +34,9 @@ use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// NDS for `proxy`: its name table as the one resource of the type, named `""` as
 /// Istio sends it; nothing for a proxy that does not capture DNS (metadata
-/// `DNS_CAPTURE`) or has no table (gateways). The table is built per proxy and not
-/// cached: headless services' entries read endpoints, which endpoint-only pushes do
-/// not account for.
+/// `DNS_CAPTURE`) or has no table (gateways). The table is built per proxy, on the
+/// full pushes that can change it, and not cached (proxies in one namespace with the
+/// same labels, cluster, network and auto-allocation flag could share it).
 pub fn resources(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     if !proxy.captures_dns() {
         return Vec::new();
