@@ -391,10 +391,9 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
                         protocol = lds::ingress_tls::IngressTls::after_termination(protocol);
                     }
                     Some(lds::InboundPort {
-                        target_port: number,
-                        http: protocol.is_http(),
                         bind,
                         tls,
+                        ..lds::InboundPort::for_protocol(number, protocol)
                     })
                 })
                 .collect()
@@ -402,7 +401,7 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
         None if proxy.interception_none() => Vec::new(),
         None => instances::proxy_instances(snapshot, proxy)
             .into_iter()
-            .map(|i| lds::InboundPort::captured(i.target_port, i.port.protocol.is_http()))
+            .map(|i| lds::InboundPort::for_protocol(i.target_port, i.port.protocol))
             .collect(),
     };
     // Stable sort: the first declaration of a port is kept.

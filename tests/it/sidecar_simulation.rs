@@ -439,6 +439,102 @@ fn headless_services() -> Scenario {
     s
 }
 
+/// TestInbound, its `Disable` variant (the port mTLS mode meshfed's inbound chains
+/// have, without PeerAuthentication): a workload of a STATIC ServiceEntry receiving
+/// TCP, HTTP and unnamed-protocol ports, plain and TLS (not terminated), and traffic to
+/// other addresses passing through. Not ported: the mTLS calls (the simulator has no
+/// mTLS call mode) and the PERMISSIVE and STRICT variants. Chain names are not compared
+/// (Istio's `0.0.0.0_81`, `virtualInbound` are meshfed's `inbound|81||`,
+/// `virtualInbound-catchall-tcp`).
+fn inbound() -> Scenario {
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: se}
+spec:
+  hosts: [foo.bar]
+  endpoints:
+  - address: 1.1.1.1
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {name: tcp, number: 70, protocol: TCP}
+  - {name: http, number: 80, protocol: HTTP}
+  - {name: auto, number: 81}
+",
+    );
+    let inbound = |call: Call| call.mode(CallMode::Inbound);
+    let cluster = |c: &str| Expect {
+        listener: Some("virtualInbound".into()),
+        cluster: Some(c.into()),
+        ..Default::default()
+    };
+    let http = |port: u16| Expect {
+        virtual_host: Some(format!("inbound|http|{port}")),
+        cluster: Some(format!("inbound|{port}||")),
+        ..Default::default()
+    };
+    let protocol_error = Expect {
+        error: Some("protocol error"),
+        ..Default::default()
+    };
+    let calls: Vec<(&str, Call, Expect)> = vec![
+        ("tcp", Call::tcp(70), cluster("inbound|70||")),
+        ("http to tcp", Call::http(70), cluster("inbound|70||")),
+        ("tls to tcp", Call::tcp(70).tls(), cluster("inbound|70||")),
+        (
+            "https to tcp",
+            Call::http(70).tls(),
+            cluster("inbound|70||"),
+        ),
+        ("http", Call::http(80), http(80)),
+        ("tls to http", Call::tcp(80).tls(), protocol_error.clone()),
+        (
+            "https to http",
+            Call::http(80).tls(),
+            protocol_error.clone(),
+        ),
+        ("tcp to http", Call::tcp(80), protocol_error),
+        ("auto port http", Call::http(81), http(81)),
+        ("auto port http2", Call::http2(81), http(81)),
+        ("auto port tcp", Call::tcp(81), cluster("inbound|81||")),
+        (
+            "tls to auto port",
+            Call::tcp(81).tls(),
+            cluster("inbound|81||"),
+        ),
+        (
+            "https to auto port",
+            Call::http(81).tls(),
+            cluster("inbound|81||"),
+        ),
+        (
+            "passthrough http",
+            Call::http(82).to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+        (
+            "passthrough tcp",
+            Call::tcp(82).to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+        (
+            "passthrough tls",
+            Call::tcp(82).tls().to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+        (
+            "passthrough https",
+            Call::http(82).tls().to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+    ];
+    for (name, call, expect) in calls {
+        s.call(format!("TestInbound/Disable/{name}"), inbound(call), expect);
+    }
+    s
+}
+
 /// TestInboundSidecarTLSModes, the cases with the port's PeerAuthentication mode
 /// DISABLE (meshfed has no PeerAuthentication: inbound ports are never mesh mTLS, so
 /// the Sidecar `ingress[].tls` is what the port gets): TLS terminated with the files the
@@ -1484,6 +1580,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(service_entries());
     scenarios.extend(inbound_clusters());
     scenarios.extend(inbound_sidecar_tls_modes());
+    scenarios.push(inbound());
 
     let mut passed = 0;
     let mut gaps = 0;

@@ -316,4 +316,63 @@ mod tests {
         );
         assert!(bound.filter_chains[0].transport_socket.is_some());
     }
+
+    #[test]
+    fn inspectors_run_only_on_the_ports_that_need_them() {
+        use envoy_types::pb::envoy::config::listener::v3::listener_filter_chain_match_predicate::Rule;
+        let snap = snapshot(Vec::new(), ConfigSet::default(), default_mesh());
+        let p = proxy(
+            "sidecar~10.0.0.9~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let inbound = [
+            InboundPort::for_protocol(81, Protocol::Unsupported),
+            InboundPort::for_protocol(82, Protocol::Unsupported),
+            InboundPort::for_protocol(83, Protocol::Http),
+            InboundPort {
+                tls: IngressTls::from_settings(&settings(TlSmode::Simple, "")),
+                ..InboundPort::for_protocol(9443, Protocol::Tcp)
+            },
+        ];
+        let all = sidecar_listeners(&snap, &p.client_view(), &inbound);
+        let vi = all.iter().find(|l| l.name == VIRTUAL_INBOUND).unwrap();
+        let enabled_on = |name: &str| -> Vec<i32> {
+            let f = vi.listener_filters.iter().find(|f| f.name == name).unwrap();
+            let Some(Rule::NotMatch(inner)) = f.filter_disabled.as_ref().unwrap().rule.as_ref()
+            else {
+                panic!("{f:?}");
+            };
+            let ranges = match inner.rule.as_ref().unwrap() {
+                Rule::OrMatch(set) => set.rules.iter().map(|r| r.rule.clone().unwrap()).collect(),
+                other => vec![other.clone()],
+            };
+            ranges
+                .into_iter()
+                .map(|r| match r {
+                    Rule::DestinationPortRange(range) => {
+                        assert_eq!(range.end, range.start + 1);
+                        range.start
+                    }
+                    other => panic!("{other:?}"),
+                })
+                .collect()
+        };
+        assert_eq!(
+            enabled_on("envoy.filters.listener.http_inspector"),
+            [81, 82]
+        );
+        assert_eq!(enabled_on("envoy.filters.listener.tls_inspector"), [9443]);
+        let names: Vec<&str> = vi.filter_chains.iter().map(|c| c.name.as_str()).collect();
+        assert!(
+            names.starts_with(&[
+                "virtualInbound-blackhole",
+                "inbound|81||-http",
+                "inbound|81||",
+                "inbound|82||-http",
+                "inbound|82||",
+                "inbound|83||",
+            ]),
+            "{names:?}"
+        );
+    }
 }
