@@ -910,6 +910,7 @@ impl Server {
         // Each component defines the metrics of the state it owns; they are read on
         // every scrape.
         aggregate.register_metrics(&mut metrics_registry);
+        pipeline.register_metrics(&mut metrics_registry);
         if let Some(status) = &mock_status {
             status.register_metrics(&mut metrics_registry);
         }

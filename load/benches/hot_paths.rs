@@ -255,16 +255,18 @@ fn load_assignments(snapshot: &Snapshot, proxy: &Proxy, names: &BTreeSet<String>
     )
 }
 
+/// The types a sidecar without DNS capture subscribes to, in push order.
+const ENVOY_TYPES: [TypeUrl; 4] = [
+    TypeUrl::Cluster,
+    TypeUrl::Endpoint,
+    TypeUrl::Listener,
+    TypeUrl::Route,
+];
+
 /// A sidecar's whole config, CDS, EDS, LDS and RDS in push order.
 fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [Vec<Resource>; 4] {
     let none = BTreeSet::new();
-    [
-        TypeUrl::Cluster,
-        TypeUrl::Endpoint,
-        TypeUrl::Listener,
-        TypeUrl::Route,
-    ]
-    .map(|type_url| {
+    ENVOY_TYPES.map(|type_url| {
         let subscription = match type_url {
             TypeUrl::Cluster | TypeUrl::Listener => Subscription {
                 wildcard: true,
@@ -274,7 +276,7 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
                 wildcard: false,
                 names: &subs.eds,
             },
-            TypeUrl::Route => Subscription {
+            TypeUrl::Route | TypeUrl::NameTable => Subscription {
                 wildcard: false,
                 names: &subs.rds,
             },
@@ -299,7 +301,7 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
 /// codec does; returns the bytes written.
 fn encode(version: &str, config: &[Vec<Resource>; 4], buf: &mut Vec<u8>) -> usize {
     let mut total = 0;
-    for (type_url, resources) in TypeUrl::ALL.into_iter().zip(config) {
+    for (type_url, resources) in ENVOY_TYPES.into_iter().zip(config) {
         let response = SotwResponse {
             version_info: version.to_string(),
             resources: resources.iter().map(|r| r.body.clone()).collect(),

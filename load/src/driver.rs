@@ -613,7 +613,7 @@ fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {
 fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
     let mut out = BTreeMap::new();
     let mut total = Received::default();
-    for type_url in crate::proxy::FOLLOWED_TYPES {
+    for type_url in crate::proxy::FOLLOWED {
         let t = &recorder.types[type_url as usize];
         let r = Received {
             responses: t.responses.load(Ordering::Relaxed),

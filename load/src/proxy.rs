@@ -165,16 +165,16 @@ impl Subscription {
     }
 }
 
-/// A decoded resource: what the proxy keeps of it.
-/// The types a simulated proxy subscribes to and follows (no secrets: sidecars get
-/// theirs from their agent).
-pub const FOLLOWED_TYPES: [TypeUrl; 4] = [
+/// The types a simulated proxy subscribes to and follows: not secrets (sidecars get
+/// theirs from their agent), not NDS (the simulated agents do not capture DNS).
+pub const FOLLOWED: [TypeUrl; 4] = [
     TypeUrl::Cluster,
     TypeUrl::Endpoint,
     TypeUrl::Listener,
     TypeUrl::Route,
 ];
 
+/// A decoded resource: what the proxy keeps of it.
 enum Decoded {
     /// A cluster and its EDS name, when it is an EDS cluster.
     Cluster(Option<Arc<str>>),
@@ -185,8 +185,8 @@ enum Decoded {
     /// A route configuration, the clusters it sends to (proxyless only) and the newest
     /// config change its route names show.
     Route(Vec<Arc<str>>, Option<u32>),
-    /// A secret (never subscribed to by simulated proxies; kept out of their state).
-    Secret,
+    /// A type the tool does not follow (SDS, NDS: never subscribed to).
+    Other,
 }
 
 /// A simulated proxy's protocol state (see the module docs).
@@ -424,7 +424,8 @@ impl ProxyState {
                 }
             },
             // A Secret's name is field 1, as a route configuration's.
-            TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Decoded::Secret),
+            TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Decoded::Other),
+            TypeUrl::NameTable => (intern(""), Decoded::Other),
         })
     }
 
@@ -434,7 +435,7 @@ impl ProxyState {
             TypeUrl::Endpoint => Box::new(self.assignments.keys()),
             TypeUrl::Listener => Box::new(self.listeners.keys()),
             TypeUrl::Route => Box::new(self.routes.keys()),
-            TypeUrl::Secret => Box::new(std::iter::empty()),
+            TypeUrl::Secret | TypeUrl::NameTable => Box::new(std::iter::empty()),
         }
     }
 
@@ -444,7 +445,7 @@ impl ProxyState {
             TypeUrl::Endpoint => self.assignments.contains_key(name),
             TypeUrl::Listener => self.listeners.contains_key(name),
             TypeUrl::Route => self.routes.contains_key(name),
-            TypeUrl::Secret => false,
+            TypeUrl::Secret | TypeUrl::NameTable => false,
         }
     }
 
@@ -498,7 +499,7 @@ impl ProxyState {
                     }
                     self.routes.insert(name, clusters);
                 }
-                Decoded::Secret => {}
+                Decoded::Other => {}
             }
         }
         for name in removed {
@@ -522,7 +523,7 @@ impl ProxyState {
                 TypeUrl::Route => {
                     self.routes.remove(&name);
                 }
-                TypeUrl::Secret => {}
+                TypeUrl::Secret | TypeUrl::NameTable => {}
             }
         }
         let sub = &mut self.subs[type_url as usize];
@@ -701,7 +702,7 @@ impl ProxyState {
     /// namespace`) and no other, and every endpoint of each such (sidecars) or watched
     /// (proxyless) service's assignment.
     pub fn gap(&self, consistent: bool) -> Option<String> {
-        for type_url in FOLLOWED_TYPES {
+        for type_url in FOLLOWED {
             if let Some(gap) = self.unresolved(type_url) {
                 return Some(gap);
             }
@@ -757,7 +758,7 @@ impl ProxyState {
 
     /// Names subscribed and never sent, by type (see [`ProxyState::resolved`]).
     pub fn unserved(&self) -> Vec<(TypeUrl, Arc<str>)> {
-        FOLLOWED_TYPES
+        FOLLOWED
             .into_iter()
             .flat_map(|t| {
                 let sub = &self.subs[t as usize];

@@ -146,7 +146,11 @@ fn parse_types(list: &str) -> Result<Vec<TypeUrl>, String> {
             DUMP_ORDER
                 .into_iter()
                 .find(|t| t.short() == s)
-                .ok_or_else(|| format!("unknown type {s:?} in ?types= (use cds, eds, lds, rds)"))
+                .ok_or_else(|| {
+                    format!(
+                        "unknown type {s:?} in ?types= (use cds, eds, lds, rds; NDS: /debug/ndsz)"
+                    )
+                })
         })
         .collect::<Result<_, _>>()?;
     Ok(DUMP_ORDER
@@ -157,7 +161,10 @@ fn parse_types(list: &str) -> Result<Vec<TypeUrl>, String> {
 
 /// The connection `id` names: its connection id exactly, else the newest connection of
 /// the proxy with that proxy id or node id.
-fn find_connection(connections: &Connections, id: &str) -> Option<Arc<ConnectionHandle>> {
+pub(super) fn find_connection(
+    connections: &Connections,
+    id: &str,
+) -> Option<Arc<ConnectionHandle>> {
     let all = connections.all();
     if let Some(exact) = all.iter().find(|c| c.id == id) {
         return Some(exact.clone());
@@ -224,12 +231,12 @@ struct TypeDump {
 
 impl TypeDump {
     /// The admin `*ConfigDump` message of this type, packed in an `Any`.
-    fn to_any(&self) -> Any {
+    fn to_any(&self) -> Option<Any> {
         let version = self.sent.version.clone().unwrap_or_default();
         let last_updated = self.sent.last_sent.map(timestamp);
         let status = self.sent.status as i32;
         let resources = self.resources.iter().cloned();
-        match self.type_url {
+        Some(match self.type_url {
             TypeUrl::Cluster => pack(&ClustersConfigDump {
                 version_info: version.clone(),
                 dynamic_active_clusters: resources
@@ -287,7 +294,9 @@ impl TypeDump {
             }),
             // Never dumped (private keys); `/debug/sdsz` lists names and errors.
             TypeUrl::Secret => pack(&SecretsConfigDump::default()),
-        }
+            // Not an Envoy type: `/debug/ndsz` shows it.
+            TypeUrl::NameTable => return None,
+        })
     }
 }
 
@@ -310,8 +319,8 @@ fn timestamp(t: SystemTime) -> Timestamp {
 fn render_config_dump(renderer: &Renderer, dumps: &[TypeDump]) -> Result<Value, String> {
     let configs = dumps
         .iter()
-        .map(|dump| {
-            let any = dump.to_any();
+        .filter_map(|dump| Some((dump, dump.to_any()?)))
+        .map(|(dump, any)| {
             renderer
                 .render_any(&any.type_url, &any.value)
                 .map_err(|e| format!("rendering the {} dump: {e}", dump.type_url.short()))

@@ -41,6 +41,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         handler: super::config_dump::config_dump,
     },
     DebugEndpoint {
+        path: "ndsz",
+        description: "?proxyID=<id>: the DNS name table (NDS) of that proxy from the current snapshot; 404 when it does not capture DNS",
+        handler: ndsz,
+    },
+    DebugEndpoint {
         path: "registryz",
         description: "Every merged service with the registries it came from, merge conflicts and who won, registry state",
         handler: registryz,
@@ -67,7 +72,7 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
     },
     DebugEndpoint {
         path: "push_status",
-        description: "The last pushes: version, reasons, changes, build time, connections",
+        description: "The last pushes: version, reasons, changes, build time, connections; the conflicts met generating the current snapshot (dropped listener chains)",
         handler: push_status,
     },
     DebugEndpoint {
@@ -174,6 +179,34 @@ fn sdsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         Some(sds) => sds.debug(),
         None => json!({"enabled": false}),
     })
+}
+
+/// `/debug/ndsz?proxyID=`: what NDS gives that proxy now, as proto3 JSON.
+fn ndsz(state: &AdminState, query: &BTreeMap<String, String>) -> Answer {
+    let Some(id) = query.get("proxyID").filter(|id| !id.is_empty()) else {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "missing ?proxyID=<proxy id, node id or connection id> (see /debug/syncz)\n".into(),
+        ));
+    };
+    let Some(connection) = super::config_dump::find_connection(&state.connections, id) else {
+        return Err((
+            StatusCode::NOT_FOUND,
+            format!(
+                "no connected proxy with id {:?}\n",
+                clip(id, NODE_ID_LOG_MAX)
+            ),
+        ));
+    };
+    if !connection.proxy.captures_dns() {
+        return Err((
+            StatusCode::NOT_FOUND,
+            "DNS capture is not enabled for this proxy (metadata DNS_CAPTURE)\n".into(),
+        ));
+    }
+    let snapshot = state.pipeline.snapshot().load_full();
+    let table = crate::generate::nds::name_table(&snapshot, &connection.proxy).unwrap_or_default();
+    Ok(to_json(&table))
 }
 
 fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
@@ -343,7 +376,9 @@ fn push_status(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             v
         })
         .collect();
-    Ok(json!({"connections": state.connections.len(), "pushes": history}))
+    // What generating the current snapshot's resources dropped (Istio's ProxyStatus).
+    let conflicts = to_json(&state.pipeline.snapshot().load().conflicts().all());
+    Ok(json!({"connections": state.connections.len(), "pushes": history, "conflicts": conflicts}))
 }
 
 fn networkz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

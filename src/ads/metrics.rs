@@ -147,14 +147,16 @@ impl XdsMetrics {
             .inc();
     }
 
-    /// Records a NACK of `type_url`.
+    /// Records a NACK of `type_url` (NDS has no counter of its own, as in Istio).
     pub fn record_reject(&self, type_url: TypeUrl) {
         self.total_rejects.inc();
-        self.rejects[TypeUrl::ALL
+        if let Some(counter) = TypeUrl::ALL
             .iter()
             .position(|t| *t == type_url)
-            .unwrap_or(0)]
-        .inc();
+            .and_then(|i| self.rejects.get(i))
+        {
+            counter.inc();
+        }
     }
 
     /// Records one response sent.
@@ -178,6 +180,7 @@ impl XdsMetrics {
             TypeUrl::Listener => "lds_senderr",
             TypeUrl::Route => "rds_senderr",
             TypeUrl::Secret => "sds_senderr",
+            TypeUrl::NameTable => "nds_senderr",
         };
         self.pushes.get_or_create(&type_label(label)).inc();
     }

@@ -672,6 +672,9 @@ fn build<F: FlavourIo>(
                 &ctx.options,
             ),
         };
+        if resources.is_empty() && type_url.silent_when_empty() {
+            return None;
+        }
         let partial = !matches!(scope, Scope::All);
         F::respond(
             &mut state,

@@ -70,7 +70,7 @@ pub(super) fn generate(
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
-        TypeUrl::Endpoint | TypeUrl::Secret => Vec::new(),
+        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable => Vec::new(),
     }
 }
 

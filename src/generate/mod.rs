@@ -81,6 +81,9 @@ pub fn generate(
         // hostnames: the proxy is resolved only when something is in scope.
         return load_assignments(snapshot, proxy, subscription, scope, options);
     }
+    if type_url == TypeUrl::NameTable {
+        return nds::resources(snapshot, proxy);
+    }
     let proxy = &*snapshot.proxy_view(proxy);
     // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.
     if proxy.generator == Generator::Grpc {
@@ -90,7 +93,7 @@ pub fn generate(
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
-        TypeUrl::Endpoint | TypeUrl::Secret => Vec::new(), // answered above
+        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable => Vec::new(), // answered above
     }
 }
 
@@ -311,6 +314,10 @@ pub struct ListenerInput {
     /// The service ports a gateway's workload serves (port translation and
     /// gateway-service selection; empty for sidecars).
     pub targets: Vec<gateway::GatewayTarget>,
+    /// The proxy's address when it is an endpoint of a headless service, which then
+    /// gives it no per-endpoint listener for itself; `None` otherwise, so that proxies
+    /// that differ only in their address share listeners.
+    pub headless_self: Option<std::net::IpAddr>,
 }
 
 /// One listener of a [`ListenerInput`]: the cache key of its encoding.
@@ -343,7 +350,7 @@ impl ListenerInput {
         if self.client.is_router() {
             lds::gateway_listeners(snapshot, &self.client, &self.targets)
         } else {
-            lds::sidecar_listeners(snapshot, &self.client, &self.inbound)
+            lds::sidecar_listeners_at(snapshot, &self.client, &self.inbound, self.headless_self)
         }
     }
 }
@@ -359,6 +366,11 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             inbound_ports(snapshot, proxy)
         },
         targets: router_targets(snapshot, proxy),
+        headless_self: if proxy.is_router() {
+            None
+        } else {
+            headless_self(snapshot, proxy)
+        },
     });
     input
         .generate(snapshot)
@@ -389,6 +401,18 @@ fn router_targets(snapshot: &Snapshot, proxy: &Proxy) -> Vec<gateway::GatewayTar
     }
 }
 
+/// The proxy's first address when a headless service has an endpoint there (Istio
+/// compares the first address only).
+fn headless_self(snapshot: &Snapshot, proxy: &Proxy) -> Option<std::net::IpAddr> {
+    let ip = *proxy.ip_addresses.first()?;
+    snapshot
+        .services_at(&ip)
+        .iter()
+        .filter_map(|key| snapshot.services().get(key))
+        .any(|s| s.resolution == meshfed_registry::Resolution::Passthrough)
+        .then_some(ip)
+}
+
 /// The ports a sidecar serves: its Sidecar's `ingress` ports when it has any (the
 /// first listener of a port wins, as in Istio), else the target ports of its own
 /// services (none on a proxy without interception, which must declare them).
@@ -416,10 +440,18 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
                                 ingress.bind.clone()
                             }
                         });
+                    let tls = ingress
+                        .tls
+                        .as_ref()
+                        .and_then(lds::ingress_tls::IngressTls::from_settings);
+                    let mut protocol = meshfed_registry::Protocol::parse(&port.protocol);
+                    if tls.is_some() {
+                        protocol = lds::ingress_tls::IngressTls::after_termination(protocol);
+                    }
                     Some(lds::InboundPort {
-                        target_port: number,
-                        http: meshfed_registry::Protocol::parse(&port.protocol).is_http(),
                         bind,
+                        tls,
+                        ..lds::InboundPort::for_protocol(number, protocol)
                     })
                 })
                 .collect()
@@ -427,7 +459,7 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
         None if proxy.interception_none() => Vec::new(),
         None => instances::proxy_instances(snapshot, proxy)
             .into_iter()
-            .map(|i| lds::InboundPort::captured(i.target_port, i.port.protocol.is_http()))
+            .map(|i| lds::InboundPort::for_protocol(i.target_port, i.port.protocol))
             .collect(),
     };
     // Stable sort: the first declaration of a port is kept.

@@ -26,13 +26,79 @@ use std::net::IpAddr;
 
 use meshfed_api::networking::nds::v1::NameTable;
 use meshfed_api::networking::nds::v1::name_table::NameInfo;
-use meshfed_registry::{ProviderId, Resolution, Service};
+use meshfed_registry::{ClusterId, NetworkId, ProviderId, Resolution, Service};
 
+use crate::model::ProxyClass;
 use crate::model::proxy::Proxy;
+use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 
-/// The NDS type URL.
-pub const NAME_TABLE_TYPE: &str = "type.googleapis.com/istio.networking.nds.v1.NameTable";
+/// NDS for `proxy`: its name table as the one resource of the type, named `""` as
+/// Istio sends it; nothing for a proxy that does not capture DNS (metadata
+/// `DNS_CAPTURE`) or has no table (gateways). Proxies with the same [`NdsInput`]
+/// share one encoded table per snapshot; it is rebuilt on the pushes that touch NDS
+/// (headless services' endpoint changes among them: they are full pushes).
+pub fn resources(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    if !proxy.captures_dns() || proxy.is_router() {
+        return Vec::new();
+    }
+    let input = NdsInput::for_proxy(snapshot, proxy);
+    snapshot
+        .cache()
+        .get_or_insert(input, |input| {
+            Some(EncodedResource::encode(
+                TypeUrl::NameTable,
+                "",
+                &input.table(snapshot),
+            ))
+        })
+        .into_iter()
+        .collect()
+}
+
+/// What a sidecar's name table is built from, and its cache key.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct NdsInput {
+    /// Config namespace and workload labels (which services the Sidecar imports).
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    /// Which cluster's VIPs apply.
+    pub cluster_id: Option<ClusterId>,
+    /// Which headless endpoints are reachable directly.
+    pub network: NetworkId,
+    /// Whether auto-allocated addresses are used.
+    pub auto: bool,
+}
+
+impl CacheInput for NdsInput {
+    const TYPE: TypeUrl = TypeUrl::NameTable;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl NdsInput {
+    /// The input of `proxy`, as the snapshot knows its workload.
+    pub fn for_proxy(snapshot: &Snapshot, proxy: &Proxy) -> NdsInput {
+        let view = snapshot.proxy_view(proxy);
+        NdsInput {
+            namespace: view.namespace.clone(),
+            labels: view.labels.clone(),
+            cluster_id: proxy.cluster_id.clone(),
+            network: proxy.network.clone(),
+            auto: proxy.uses_auto_allocated_ips(),
+        }
+    }
+
+    /// The table, from the input and the snapshot alone.
+    pub fn table(&self, snapshot: &Snapshot) -> NameTable {
+        table(snapshot, self)
+    }
+}
 
 /// The `.clusterset.local` suffix of Kubernetes multi-cluster services, whose entries
 /// carry no short name (to avoid clashing with the `cluster.local` service's).
@@ -43,11 +109,13 @@ pub fn name_table(snapshot: &Snapshot, proxy: &Proxy) -> Option<NameTable> {
     if proxy.is_router() {
         return None;
     }
-    let view = snapshot.proxy_view(proxy);
-    let auto = proxy.uses_auto_allocated_ips();
+    Some(table(snapshot, &NdsInput::for_proxy(snapshot, proxy)))
+}
+
+fn table(snapshot: &Snapshot, input: &NdsInput) -> NameTable {
     let mut table: BTreeMap<String, NameInfo> = BTreeMap::new();
-    for service in snapshot.visible_services(&view.namespace, &view.labels) {
-        let ips = addresses(snapshot, proxy, service, auto);
+    for service in snapshot.visible_services(&input.namespace, &input.labels) {
+        let ips = addresses(snapshot, input, service);
         if ips.is_empty() {
             continue;
         }
@@ -82,15 +150,15 @@ pub fn name_table(snapshot: &Snapshot, proxy: &Proxy) -> Option<NameTable> {
             Some(_) => {}
         }
     }
-    Some(NameTable {
+    NameTable {
         table: table.into_iter().collect(),
         name_info: None,
-    })
+    }
 }
 
 /// The IPs the proxy's DNS answers for `service` (empty: no entry).
-fn addresses(snapshot: &Snapshot, proxy: &Proxy, service: &Service, auto: bool) -> Vec<IpAddr> {
-    if let Some(ip) = service.address_for_proxy(proxy.cluster_id.as_ref(), auto) {
+fn addresses(snapshot: &Snapshot, input: &NdsInput, service: &Service) -> Vec<IpAddr> {
+    if let Some(ip) = service.address_for_proxy(input.cluster_id.as_ref(), input.auto) {
         // Every VIP of the cluster the address came from (dual stack, several
         // ServiceEntry addresses); an auto-allocated address alone.
         let cluster_vips = service
@@ -118,8 +186,8 @@ fn addresses(snapshot: &Snapshot, proxy: &Proxy, service: &Service, auto: bool) 
             continue;
         }
         let same_network = ep.network.as_str().is_empty()
-            || proxy.network.as_str().is_empty()
-            || ep.network == proxy.network;
+            || input.network.as_str().is_empty()
+            || ep.network == input.network;
         if same_network && !out.contains(&ep.address) {
             out.push(ep.address);
         }
@@ -265,6 +333,37 @@ mod tests {
             3,
             "a proxy without a network takes every endpoint"
         );
+    }
+
+    #[test]
+    fn capturing_proxies_with_the_same_view_share_one_table_and_others_get_none() {
+        let snap = snapshot(vec![(
+            ProviderId::Mock,
+            vec![(
+                service("a.ns.svc.cluster.local", ProviderId::Mock, &["10.96.0.1"]),
+                vec![],
+            )],
+        )]);
+        let capturing = |id: &str, network: &str| {
+            Proxy::from_node(Some(&Node {
+                id: format!("sidecar~{id}~a-1.ns~ns.svc.cluster.local"),
+                metadata: Some(json_to_struct(
+                    &serde_json::json!({"DNS_CAPTURE": "true", "NETWORK": network}),
+                )),
+                ..Default::default()
+            }))
+            .unwrap()
+        };
+        let one = resources(&snap, &capturing("10.9.9.1", "n1"));
+        let two = resources(&snap, &capturing("10.9.9.2", "n1"));
+        assert_eq!((one.len(), &*one[0].name), (1, ""));
+        assert!(Arc::ptr_eq(&one[0], &two[0]), "one encoding for both");
+        let elsewhere = resources(&snap, &capturing("10.9.9.3", "n2"));
+        assert!(
+            !Arc::ptr_eq(&one[0], &elsewhere[0]),
+            "another network, another key"
+        );
+        assert!(resources(&snap, &proxy(serde_json::json!({}))).is_empty());
     }
 
     #[test]

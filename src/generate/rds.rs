@@ -151,9 +151,10 @@ pub fn service_virtual_host(
 fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &ClientView, port: u16) -> Vec<VirtualHost> {
     let ns = proxy.namespace.as_str();
     let ctx = RouteCtx::sidecar(snapshot, proxy, port);
-    // The services on this port, one per hostname, as the proxy resolves each name.
+    // The services on this port, one per hostname, as the proxy resolves each name;
+    // with Sidecar egress listeners, those of the listener serving this port.
     let mut services: BTreeMap<&str, &Arc<Service>> = BTreeMap::new();
-    for s in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
+    for s in snapshot.route_services(&proxy.namespace, &proxy.labels, port) {
         let host = s.hostname.as_str();
         if services.contains_key(host) {
             continue;
@@ -167,7 +168,7 @@ fn sidecar_virtual_hosts(snapshot: &Snapshot, proxy: &ClientView, port: u16) -> 
     let routable = |s: &Service| s.port(port).is_some_and(http_or_sniffed);
 
     let virtual_services: Vec<&Arc<Config<VirtualService>>> =
-        snapshot.sidecar_virtual_services(ns, &proxy.labels);
+        snapshot.route_virtual_services(ns, &proxy.labels, port);
     let routes: Vec<Vec<Route>> = virtual_services
         .iter()
         .map(|vs| vs_routes(&ctx, vs))
@@ -2466,6 +2467,83 @@ mod tests {
                 Request::new("db-0.db.default.svc.cluster.local", 8080, "/")
             ),
             outbound(8080, "", "db.default.svc.cluster.local")
+        );
+    }
+
+    #[test]
+    fn an_egress_listener_with_a_port_has_a_route_table_of_its_own_hosts() {
+        use meshfed_api::networking::v1alpha3::{IstioEgressListener, SidecarPort};
+        let other = service(
+            "other.default.svc.cluster.local",
+            "default",
+            &[(9080, Protocol::Http), (8080, Protocol::Http)],
+            Some("10.0.0.4"),
+        );
+        let mut services = bookinfo();
+        services.push(other);
+        let egress = |port: Option<u32>, hosts: &[&str]| IstioEgressListener {
+            port: port.map(|number| SidecarPort {
+                number,
+                protocol: "HTTP".into(),
+                name: format!("http-{number}"),
+                ..Default::default()
+            }),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            ..Default::default()
+        };
+        let sidecar_cfg = Sidecar {
+            egress: vec![
+                egress(Some(9080), &["./reviews.default.svc.cluster.local"]),
+                egress(None, &["./*"]),
+            ],
+            ..Default::default()
+        };
+        let reviews_vs = cfg(
+            "default",
+            "reviews",
+            1,
+            vs(&[REVIEWS], vec![to(vec![dest(RATINGS, "")])]),
+        );
+        let other_vs = cfg(
+            "default",
+            "other",
+            1,
+            vs(
+                &["other.default.svc.cluster.local"],
+                vec![to(vec![dest(PRODUCTPAGE, "")])],
+            ),
+        );
+        let set = ConfigSet {
+            sidecars: vec![cfg("default", "default", 1, sidecar_cfg)],
+            virtual_services: vec![reviews_vs, other_vs],
+            ..Default::default()
+        };
+        let snap = snapshot(services, set);
+        let proxy = sidecar("default", &[]).client_view();
+        let rc = sidecar_route_config(&snap, &proxy, 9080);
+        assert_eq!(
+            names(&rc),
+            ["reviews.default.svc.cluster.local:9080", ALLOW_ANY],
+            "only the hosts of the egress listener on 9080"
+        );
+        assert_eq!(
+            cluster(&rc, Request::new(REVIEWS, 9080, "/")),
+            outbound(9080, "", RATINGS),
+            "with the VirtualService that listener imports"
+        );
+        // Another port: the catch-all's hosts and VirtualServices.
+        let rc = sidecar_route_config(&snap, &proxy, 8080);
+        assert_eq!(
+            names(&rc),
+            ["other.default.svc.cluster.local:8080", ALLOW_ANY]
+        );
+        assert_eq!(
+            cluster(
+                &rc,
+                Request::new("other.default.svc.cluster.local", 8080, "/")
+            ),
+            outbound(9080, "", PRODUCTPAGE),
+            "(productpage's only port)"
         );
     }
 

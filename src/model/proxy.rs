@@ -212,6 +212,12 @@ impl Proxy {
         }
     }
 
+    /// Whether the proxy's agent answers DNS from a name table (metadata `DNS_CAPTURE`,
+    /// set from `ISTIO_META_DNS_CAPTURE`): only such a proxy is served NDS.
+    pub fn captures_dns(&self) -> bool {
+        self.bool_meta("DNS_CAPTURE")
+    }
+
     /// Whether the proxy uses ServiceEntries' auto-allocated addresses (Istio's
     /// `nodeUsesAutoallocatedIPs` with the legacy allocator): metadata
     /// `DNS_AUTO_ALLOCATE` (`ISTIO_META_DNS_AUTO_ALLOCATE`) and `DNS_CAPTURE`

@@ -181,6 +181,32 @@ pub fn moved_addresses(
     moved
 }
 
+/// Makes an endpoint-only push that changes a headless service's endpoints a full
+/// push of that service, as Istio does: such a service's endpoints are its sidecars'
+/// per-endpoint listeners and its name-table entry, not only its EDS.
+pub fn promote_headless(request: &mut PushRequest, snapshot: &Snapshot) {
+    if !request.is_endpoints_only() {
+        return;
+    }
+    let headless: Vec<meshfed_registry::ConfigKey> = request
+        .configs_updated
+        .iter()
+        .filter(|k| k.kind == ConfigKind::Endpoints)
+        .map(|k| ServiceKey::new(&*k.name, &*k.namespace))
+        .filter(|key| {
+            snapshot
+                .services()
+                .get(key)
+                .is_some_and(|s| s.resolution == meshfed_registry::Resolution::Passthrough)
+        })
+        .map(|key| meshfed_registry::ConfigKey::service(&key))
+        .collect();
+    if !headless.is_empty() {
+        request.full = true;
+        request.configs_updated.extend(headless);
+    }
+}
+
 type ByAddress<'a> = BTreeMap<
     IpAddr,
     Vec<(
@@ -195,6 +221,30 @@ fn by_address(shards: Option<&Arc<meshfed_registry::EndpointShards>>) -> ByAddre
         map.entry(ep.address).or_default().push((shard, ep));
     }
     map
+}
+
+#[derive(Debug)]
+struct SnapshotMetrics(Arc<ArcSwap<Snapshot>>);
+
+impl prometheus_client::collector::Collector for SnapshotMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let snapshot = self.0.load();
+        for (name, help) in snapshot::ConflictLog::GAUGES {
+            let count = snapshot.conflicts().count(name);
+            let metric = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            prometheus_client::metrics::gauge::ConstGauge::new(count as i64).encode(metric)?;
+        }
+        Ok(())
+    }
 }
 
 /// The connections one push was queued on.
@@ -263,6 +313,13 @@ impl Pipeline {
         &self.snapshot
     }
 
+    /// Registers the gauges read from the current snapshot on every scrape: Istio's
+    /// `pilot_conflict_outbound_listener_*` (listeners where a service's chain was
+    /// dropped while generating this snapshot's listeners).
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        registry.register_collector(Box::new(SnapshotMetrics(self.snapshot.clone())));
+    }
+
     /// The last pushes, newest first.
     pub fn history(&self) -> Vec<PushRecord> {
         self.history
@@ -283,11 +340,12 @@ impl Pipeline {
 
     /// Builds a new snapshot for `request`, swaps it in and queues the push on every
     /// connection.
-    pub fn apply(&self, request: PushRequest, merged_events: u32) {
+    pub fn apply(&self, mut request: PushRequest, merged_events: u32) {
         let started = Instant::now();
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
-        let scope = PushScope::new(&request);
         let previous = self.snapshot.load_full();
+        promote_headless(&mut request, &previous);
+        let scope = PushScope::new(&request);
         let next = Snapshot::build(
             &previous,
             &scope,

@@ -19,11 +19,13 @@ use meshfed_registry::{
 };
 
 use crate::mesh::{MeshSettings, default_mesh_config};
+use crate::model::ProxyClass;
 use crate::model::proxy::Proxy;
 use crate::networks::NetworkView;
 use crate::push::cache::ResourceCache;
 use crate::push::config_index::{Config, ConfigIndex, MESH_GATEWAY};
-use crate::xds::deps::PushScope;
+use crate::xds::TypeUrl;
+use crate::xds::deps::{PushScope, Touch};
 use meshfed_api::networking::v1alpha3::VirtualService;
 
 /// The endpoint shards of every service, as a snapshot holds them: looked up for every
@@ -213,6 +215,69 @@ pub struct Snapshot {
     by_address: OnceLock<HashMap<IpAddr, Vec<ServiceKey>>>,
     /// Split-horizon networks ([`Snapshot::network_view`]).
     network_view: OnceLock<Arc<NetworkView>>,
+    /// Conflicts generators met while building this snapshot's resources.
+    conflicts: Arc<ConflictLog>,
+}
+
+/// The conflicts met while generating a snapshot's resources (Istio's push-context
+/// `ProxyStatus`): per metric, the listeners where something was dropped, each with
+/// the last message. Istio's gauges of the same names count the listeners.
+#[derive(Debug, Default)]
+pub struct ConflictLog(Mutex<BTreeMap<&'static str, BTreeMap<String, String>>>);
+
+impl ConflictLog {
+    /// A service's TCP chain dropped because an older service's chain on the same
+    /// listener matches the same traffic (Istio records every chain merge conflict
+    /// under this name, whatever the protocols).
+    pub const TCP_OVER_CURRENT_TCP: &'static str =
+        "pilot_conflict_outbound_listener_tcp_over_current_tcp";
+    /// Registered by Istio; its listener builder no longer records it (HTTP meeting
+    /// TCP on a port is sniffed, not a conflict): always 0.
+    pub const HTTP_OVER_CURRENT_TCP: &'static str =
+        "pilot_conflict_outbound_listener_http_over_current_tcp";
+    /// Registered by Istio, never recorded by its listener builder: always 0.
+    pub const TCP_OVER_CURRENT_HTTP: &'static str =
+        "pilot_conflict_outbound_listener_tcp_over_current_http";
+
+    /// Every conflict gauge, with Istio's help text.
+    pub const GAUGES: [(&'static str, &'static str); 3] = [
+        (
+            Self::HTTP_OVER_CURRENT_TCP,
+            "Number of conflicting wildcard http listeners with current wildcard tcp listener.",
+        ),
+        (
+            Self::TCP_OVER_CURRENT_HTTP,
+            "Number of conflicting wildcard tcp listeners with current wildcard http listener.",
+        ),
+        (
+            Self::TCP_OVER_CURRENT_TCP,
+            "Number of conflicting tcp listeners with current tcp listener.",
+        ),
+    ];
+
+    /// Records a conflict of kind `metric` on `listener`.
+    pub fn record(&self, metric: &'static str, listener: &str, message: String) {
+        self.0
+            .lock()
+            .expect("conflict log poisoned")
+            .entry(metric)
+            .or_default()
+            .insert(listener.to_string(), message);
+    }
+
+    /// How many listeners had a conflict of kind `metric`.
+    pub fn count(&self, metric: &str) -> usize {
+        self.0
+            .lock()
+            .expect("conflict log poisoned")
+            .get(metric)
+            .map_or(0, BTreeMap::len)
+    }
+
+    /// Every conflict: metric -> listener -> message.
+    pub fn all(&self) -> BTreeMap<&'static str, BTreeMap<String, String>> {
+        self.0.lock().expect("conflict log poisoned").clone()
+    }
 }
 
 impl Snapshot {
@@ -273,6 +338,7 @@ impl Snapshot {
             built_at: SystemTime::now(),
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
+            conflicts: Arc::default(),
         }
     }
 
@@ -321,7 +387,19 @@ impl Snapshot {
             built_at: now,
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
+            // Sidecar listeners are rebuilt (and their conflicts met again) only when
+            // the push touches them; otherwise what was met still stands.
+            conflicts: if scope.touch(ProxyClass::Sidecar, TypeUrl::Listener) == Touch::Nothing {
+                previous.conflicts.clone()
+            } else {
+                Arc::default()
+            },
         }
+    }
+
+    /// The conflicts met while generating this snapshot's resources.
+    pub fn conflicts(&self) -> &ConflictLog {
+        &self.conflicts
     }
 
     /// Upstream connect timeout (meshConfig `connectTimeout`).
@@ -342,12 +420,65 @@ impl Snapshot {
         labels: &'a BTreeMap<String, String>,
     ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         // A Sidecar without egress listeners imports everything (`*/*`), as in Istio.
-        let egress = self.sidecar_imports(namespace, labels);
+        self.services_imported(namespace, self.sidecar_imports(namespace, labels))
+    }
+
+    /// The services the route table of `port` of a sidecar in `namespace` with
+    /// `labels` is built from: those of the Sidecar egress listener that serves the
+    /// port ([`Snapshot::route_imports`]), not of every egress listener.
+    pub fn route_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a BTreeMap<String, String>,
+        port: u16,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
+        self.services_imported(namespace, self.route_imports(namespace, labels, port))
+    }
+
+    /// The mesh VirtualServices the route table of `port` applies (see
+    /// [`Snapshot::route_services`]).
+    pub fn route_virtual_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        labels: &'a BTreeMap<String, String>,
+        port: u16,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
+        self.virtual_services_imported(namespace, self.route_imports(namespace, labels, port))
+    }
+
+    fn services_imported<'a>(
+        &'a self,
+        namespace: &'a str,
+        imports: Option<Vec<&'a str>>,
+    ) -> impl Iterator<Item = &'a Arc<Service>> + 'a {
         self.services
             .visible_to(namespace)
-            .filter(move |s| match &egress {
+            .filter(move |s| match &imports {
                 None => true,
                 Some(hosts) => hosts.iter().any(|h| egress_host_matches(h, namespace, s)),
+            })
+    }
+
+    /// The egress `hosts` of the Sidecar egress listener whose route table is `port`
+    /// (Istio's `GetEgressListenerForRDS`): in order, the first listener with that
+    /// port, or the catch-all (no port) when it comes first; none (empty) when no
+    /// listener serves the port. `None`: no Sidecar egress listeners, everything.
+    fn route_imports<'a>(
+        &'a self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+        port: u16,
+    ) -> Option<Vec<&'a str>> {
+        self.config
+            .sidecar_for(namespace, labels)
+            .filter(|sc| !sc.spec.egress.is_empty())
+            .map(|sc| {
+                sc.spec
+                    .egress
+                    .iter()
+                    .find(|e| e.port.as_ref().is_none_or(|p| p.number == u32::from(port)))
+                    .map(|e| e.hosts.iter().map(String::as_str).collect())
+                    .unwrap_or_default()
             })
     }
 
@@ -381,7 +512,27 @@ impl Snapshot {
         namespace: &'a str,
         labels: &'a BTreeMap<String, String>,
     ) -> Vec<&'a Arc<Config<VirtualService>>> {
-        let imports = self.sidecar_imports(namespace, labels);
+        self.virtual_services_imported(namespace, self.sidecar_imports(namespace, labels))
+    }
+
+    /// The mesh VirtualServices one Sidecar egress listener with these `hosts`
+    /// imports (`None`: everything exported to the namespace).
+    pub fn egress_virtual_services<'a>(
+        &'a self,
+        namespace: &'a str,
+        hosts: Option<&'a [String]>,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
+        self.virtual_services_imported(
+            namespace,
+            hosts.map(|h| h.iter().map(String::as_str).collect()),
+        )
+    }
+
+    fn virtual_services_imported<'a>(
+        &'a self,
+        namespace: &'a str,
+        imports: Option<Vec<&'a str>>,
+    ) -> Vec<&'a Arc<Config<VirtualService>>> {
         self.config
             .virtual_services(namespace, MESH_GATEWAY)
             .filter(|vs| match &imports {
@@ -517,6 +668,56 @@ mod tests {
     use meshfed_registry::{ExportTo, ProviderId};
 
     use super::*;
+
+    #[test]
+    fn conflicts_last_until_a_push_rebuilds_the_listeners() {
+        use meshfed_registry::{
+            Aggregate, ConfigKey, ConfigKind, EndpointIndex, PushRequest, ServiceKey, TriggerReason,
+        };
+        let aggregate = Aggregate::new("c1");
+        let index = EndpointIndex::new();
+        let build = |previous: &Snapshot, request: PushRequest| {
+            Snapshot::build(
+                previous,
+                &PushScope::new(&request),
+                &aggregate,
+                &index,
+                Arc::new(previous.mesh().clone()),
+                &|_| ConfigIndex::default(),
+                1,
+            )
+        };
+        let first = build(
+            &Snapshot::empty(),
+            PushRequest::forced(TriggerReason::Global),
+        );
+        first.conflicts().record(
+            ConflictLog::TCP_OVER_CURRENT_TCP,
+            "0.0.0.0_9000",
+            "x".into(),
+        );
+        let key = ServiceKey::new("a.ns.svc.cluster.local", "ns");
+        let endpoints_only = build(&first, PushRequest::endpoints(&key));
+        assert_eq!(
+            endpoints_only
+                .conflicts()
+                .count(ConflictLog::TCP_OVER_CURRENT_TCP),
+            1,
+            "listeners stand, so do their conflicts"
+        );
+        let rebuilt = build(
+            &endpoints_only,
+            PushRequest::full(
+                TriggerReason::Config,
+                [ConfigKey::new(ConfigKind::VirtualService, "r", "ns")],
+            ),
+        );
+        assert_eq!(
+            rebuilt.conflicts().count(ConflictLog::TCP_OVER_CURRENT_TCP),
+            0,
+            "met again as listeners are rebuilt"
+        );
+    }
 
     #[test]
     fn version_is_rfc3339_and_counter() {

@@ -13,6 +13,7 @@
 //! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
 //! | Secret   | Secret, Gateway only (no other type reads Secret) | no                   |
+//! | NameTable| services, Sidecars, mesh config, networks, workloads | no (every service) |
 //!
 //! Endpoint-only changes reach EDS alone, for the changed services only. Clusters
 //! whose content reads endpoints (inline DNS load assignments, the identities behind
@@ -35,10 +36,21 @@ use crate::model::ProxyClass;
 ///
 /// Secrets (SDS) read Secrets and Gateways (which authorize `kubernetes-gateway://`
 /// names) only, and nothing else reads Secrets.
+///
+/// The name table (NDS) reads services and what decides which of them a proxy sees;
+/// as Istio (`ndsNeedsPush`), Gateways, VirtualServices, DestinationRules and
+/// WorkloadEntries (whose addresses reach it as service endpoint changes) do not push it.
 pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
     match (class, type_url, kind) {
         (_, TypeUrl::Secret, kind) => matches!(kind, ConfigKind::Secret | ConfigKind::Gateway),
         (_, _, ConfigKind::Secret) => false,
+        (_, TypeUrl::NameTable, kind) => !matches!(
+            kind,
+            ConfigKind::Gateway
+                | ConfigKind::VirtualService
+                | ConfigKind::DestinationRule
+                | ConfigKind::WorkloadEntry
+        ),
         (ProxyClass::Sidecar, _, ConfigKind::VirtualService) => {
             matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
         }
@@ -204,15 +216,61 @@ mod tests {
         assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
-                let expected = if t == TypeUrl::Secret {
+                let want = if t == TypeUrl::Secret || t == TypeUrl::NameTable {
                     Touch::Nothing
                 } else {
                     Touch::Everything
                 };
-                assert_eq!(scope.touch(class, t), expected);
+                assert_eq!(scope.touch(class, t), want, "{class:?} {t:?}");
             }
         }
         assert!(scope.rebuilds_config());
+    }
+
+    #[test]
+    fn the_name_table_follows_services_and_sidecars_not_routing_config() {
+        let touches = |key: ConfigKey, full: bool| {
+            let request = if full {
+                PushRequest::full(TriggerReason::Config, [key])
+            } else {
+                PushRequest::endpoints(&ServiceKey::new(&*key.name, &*key.namespace))
+            };
+            let scope = PushScope::new(&request);
+            CLASSES
+                .iter()
+                .map(|c| scope.touch(*c, TypeUrl::NameTable) != Touch::Nothing)
+                .collect::<Vec<bool>>()
+        };
+        for kind in [
+            ConfigKind::VirtualService,
+            ConfigKind::DestinationRule,
+            ConfigKind::Gateway,
+            ConfigKind::WorkloadEntry,
+        ] {
+            assert_eq!(
+                touches(ConfigKey::new(kind, "x", "ns"), true),
+                [false; 3],
+                "{kind:?}"
+            );
+        }
+        for kind in [
+            ConfigKind::ServiceEntry,
+            ConfigKind::Sidecar,
+            ConfigKind::MeshConfig,
+            ConfigKind::Workload,
+        ] {
+            assert_eq!(
+                touches(ConfigKey::new(kind, "x", "ns"), true),
+                [true; 3],
+                "{kind:?}"
+            );
+        }
+        let svc = ConfigKey::service(&ServiceKey::new("a.ns.svc.cluster.local", "ns"));
+        assert_eq!(
+            touches(svc, false),
+            [false; 3],
+            "endpoint-only pushes leave the table alone"
+        );
     }
 
     #[test]

@@ -27,16 +27,21 @@ pub enum TypeUrl {
     Route,
     /// SDS: gateway credentials (`crate::sds`).
     Secret,
+    /// NDS: the DNS name table of a proxy that captures DNS (Istio's
+    /// `istio.networking.nds.v1.NameTable`; one resource, named `""`). Istio pushes
+    /// it after the ordered types.
+    NameTable,
 }
 
 impl TypeUrl {
     /// Every type, in push order.
-    pub const ALL: [TypeUrl; 5] = [
+    pub const ALL: [TypeUrl; 6] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
         TypeUrl::Listener,
         TypeUrl::Route,
         TypeUrl::Secret,
+        TypeUrl::NameTable,
     ];
 
     /// The v3 type URL.
@@ -51,6 +56,7 @@ impl TypeUrl {
             TypeUrl::Secret => {
                 "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
             }
+            TypeUrl::NameTable => "type.googleapis.com/istio.networking.nds.v1.NameTable",
         }
     }
 
@@ -59,7 +65,7 @@ impl TypeUrl {
         TypeUrl::ALL.into_iter().find(|t| t.as_str() == s)
     }
 
-    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`).
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`).
     pub const fn short(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "cds",
@@ -67,12 +73,24 @@ impl TypeUrl {
             TypeUrl::Listener => "lds",
             TypeUrl::Route => "rds",
             TypeUrl::Secret => "sds",
+            TypeUrl::NameTable => "nds",
         }
     }
 
-    /// Wildcard types: an empty subscription means "everything".
+    /// Wildcard types: an empty subscription means "everything" (Istio's own types,
+    /// NDS among them, are wildcard).
     pub const fn is_wildcard(self) -> bool {
-        matches!(self, TypeUrl::Cluster | TypeUrl::Listener)
+        matches!(
+            self,
+            TypeUrl::Cluster | TypeUrl::Listener | TypeUrl::NameTable
+        )
+    }
+
+    /// Whether a generator that has nothing for the proxy sends nothing rather than an
+    /// empty response: NDS, for a proxy that does not capture DNS (Istio sends no
+    /// response when its generator returns none).
+    pub const fn silent_when_empty(self) -> bool {
+        matches!(self, TypeUrl::NameTable)
     }
 }
 

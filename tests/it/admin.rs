@@ -84,8 +84,9 @@ async fn metrics_version_and_debug_endpoints() {
         assert!(paths.contains(&required), "{paths:?}");
     }
     for path in &paths {
-        if *path == "/debug/config_dump" {
-            // Needs ?proxyID=; see config_dump_shows_what_a_proxy_was_sent_as_envoy_json.
+        if matches!(*path, "/debug/config_dump" | "/debug/ndsz") {
+            // Need ?proxyID=; see config_dump_shows_what_a_proxy_was_sent_as_envoy_json
+            // and nds.rs.
             assert_eq!(http_get(server.bound().http, path).await.0, 400);
             assert_eq!(http_get(monitoring, path).await.0, 400);
             continue;
@@ -499,5 +500,64 @@ async fn debug_pages_clip_a_huge_nack_detail_and_node_id() {
     assert!(error.len() <= ERROR_DETAIL_LOG_MAX + 32, "{}", error.len());
     let proxy_id = syncz[0]["proxyId"].as_str().unwrap();
     assert!(proxy_id.len() <= NODE_ID_LOG_MAX + 32, "{}", proxy_id.len());
+    server.shutdown().await;
+}
+
+/// Istio's conflict gauges: a TCP service dropped from a listener where an older one
+/// matches the same traffic is counted by listener, once a sidecar's listeners are
+/// built; the HTTP siblings Istio registers stay 0.
+#[tokio::test]
+async fn dropped_outbound_chains_are_counted_in_istios_conflict_gauges() {
+    let server = FakeServer::builder().start().await.unwrap();
+    let reg = server.mock_registry("c1");
+    for (host, created) in [("a.example.com", 1), ("b.example.com", 2)] {
+        let mut svc = service(
+            host,
+            "default",
+            &[("tcp", 9000, meshfed_registry::Protocol::Tcp)],
+        );
+        svc.creation_time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(created);
+        reg.add_service(svc);
+    }
+    server.sync().await;
+    let gauge = |metrics: &str, name: &str| metric(metrics, name);
+    let (_, before) = http_get(server.bound().monitoring, "/metrics").await;
+    assert_eq!(
+        gauge(
+            &before,
+            "pilot_conflict_outbound_listener_tcp_over_current_tcp"
+        ),
+        Some(0.0),
+        "{before}"
+    );
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.0.0.1~app.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    client.recv_type(TypeUrl::Listener).await.unwrap();
+    let (_, after) = http_get(server.bound().monitoring, "/metrics").await;
+    assert_eq!(
+        gauge(
+            &after,
+            "pilot_conflict_outbound_listener_tcp_over_current_tcp"
+        ),
+        Some(1.0),
+        "{after}"
+    );
+    for sibling in [
+        "pilot_conflict_outbound_listener_http_over_current_tcp",
+        "pilot_conflict_outbound_listener_tcp_over_current_http",
+    ] {
+        assert_eq!(gauge(&after, sibling), Some(0.0), "{after}");
+    }
+    let status = get_json(server.bound().http, "/debug/push_status").await;
+    assert_eq!(
+        status["conflicts"]["pilot_conflict_outbound_listener_tcp_over_current_tcp"]["0.0.0.0_9000"],
+        "Listener=0.0.0.0_9000 Accepted=TCP Rejected=TCP (b.example.com)",
+        "{status:#}"
+    );
     server.shutdown().await;
 }

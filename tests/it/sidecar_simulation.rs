@@ -20,15 +20,9 @@ use meshfed_registry::{Endpoint, Protocol, Resolution, Service, ServiceKey};
 
 use crate::support::*;
 
-// Why the listed vectors fail today (issue 18).
-const NO_ADDRESS_AUTO_ALLOCATION: &str = "no auto-allocated VIP for an address-less DNS ServiceEntry (DNS_AUTO_ALLOCATE), so no \
-    <vip>_443 listener";
-
-/// Vectors expected to fail today: (vector name, reason).
-const KNOWN_GAPS: &[(&str, &str)] = &[(
-    "TestServiceEntryDuplicatedHostname/service entries with reused hosts should have auto allocated the same IP address/HTTPS call",
-    NO_ADDRESS_AUTO_ALLOCATION,
-)];
+/// Vectors expected to fail today: (vector name, reason). Empty: every ported vector
+/// passes.
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 /// What Istio expects of a call; `None` fields are not checked, `error: None` means
 /// the call must succeed.
@@ -443,6 +437,201 @@ fn headless_services() -> Scenario {
         );
     }
     s
+}
+
+/// TestInbound, its `Disable` variant (the port mTLS mode meshfed's inbound chains
+/// have, without PeerAuthentication): a workload of a STATIC ServiceEntry receiving
+/// TCP, HTTP and unnamed-protocol ports, plain and TLS (not terminated), and traffic to
+/// other addresses passing through. Not ported: the mTLS calls (the simulator has no
+/// mTLS call mode) and the PERMISSIVE and STRICT variants. Chain names are not compared
+/// (Istio's `0.0.0.0_81`, `virtualInbound` are meshfed's `inbound|81||`,
+/// `virtualInbound-catchall-tcp`).
+fn inbound() -> Scenario {
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: se}
+spec:
+  hosts: [foo.bar]
+  endpoints:
+  - address: 1.1.1.1
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {name: tcp, number: 70, protocol: TCP}
+  - {name: http, number: 80, protocol: HTTP}
+  - {name: auto, number: 81}
+",
+    );
+    let inbound = |call: Call| call.mode(CallMode::Inbound);
+    let cluster = |c: &str| Expect {
+        listener: Some("virtualInbound".into()),
+        cluster: Some(c.into()),
+        ..Default::default()
+    };
+    let http = |port: u16| Expect {
+        virtual_host: Some(format!("inbound|http|{port}")),
+        cluster: Some(format!("inbound|{port}||")),
+        ..Default::default()
+    };
+    let protocol_error = Expect {
+        error: Some("protocol error"),
+        ..Default::default()
+    };
+    let calls: Vec<(&str, Call, Expect)> = vec![
+        ("tcp", Call::tcp(70), cluster("inbound|70||")),
+        ("http to tcp", Call::http(70), cluster("inbound|70||")),
+        ("tls to tcp", Call::tcp(70).tls(), cluster("inbound|70||")),
+        (
+            "https to tcp",
+            Call::http(70).tls(),
+            cluster("inbound|70||"),
+        ),
+        ("http", Call::http(80), http(80)),
+        ("tls to http", Call::tcp(80).tls(), protocol_error.clone()),
+        (
+            "https to http",
+            Call::http(80).tls(),
+            protocol_error.clone(),
+        ),
+        ("tcp to http", Call::tcp(80), protocol_error),
+        ("auto port http", Call::http(81), http(81)),
+        ("auto port http2", Call::http2(81), http(81)),
+        ("auto port tcp", Call::tcp(81), cluster("inbound|81||")),
+        (
+            "tls to auto port",
+            Call::tcp(81).tls(),
+            cluster("inbound|81||"),
+        ),
+        (
+            "https to auto port",
+            Call::http(81).tls(),
+            cluster("inbound|81||"),
+        ),
+        (
+            "passthrough http",
+            Call::http(82).to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+        (
+            "passthrough tcp",
+            Call::tcp(82).to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+        (
+            "passthrough tls",
+            Call::tcp(82).tls().to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+        (
+            "passthrough https",
+            Call::http(82).tls().to("1.2.3.4"),
+            cluster("InboundPassthroughCluster"),
+        ),
+    ];
+    for (name, call, expect) in calls {
+        s.call(format!("TestInbound/Disable/{name}"), inbound(call), expect);
+    }
+    s
+}
+
+/// TestInboundSidecarTLSModes, the cases with the port's PeerAuthentication mode
+/// DISABLE (meshfed has no PeerAuthentication: inbound ports are never mesh mTLS, so
+/// the Sidecar `ingress[].tls` is what the port gets): TLS terminated with the files the
+/// Sidecar names; plaintext finds no chain. Not ported: the calls made with mesh mTLS
+/// (the simulator has no mTLS call mode) and the STRICT case. Istio names the chain
+/// `1.1.1.1_9080`, meshfed `inbound|9080||`: the chain name is not compared.
+fn inbound_sidecar_tls_modes() -> Vec<Scenario> {
+    let sidecar = |protocol: &str, mode: &str, ca: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: sidecar, namespace: default, labels: {{app: foo}}}}
+spec:
+  workloadSelector: {{labels: {{app: foo}}}}
+  ingress:
+  - defaultEndpoint: 0.0.0.0:9080
+    port: {{name: tls, number: 9080, protocol: {protocol}}}
+    tls:
+      mode: {mode}
+      privateKey: httpbinkey.pem
+      serverCertificate: httpbin.pem{ca}
+"
+        )
+    };
+    let ca = "\n      caCertificates: rootCA.pem";
+    let inbound = |call: Call| call.mode(CallMode::Inbound);
+    let ok = |http: bool| Expect {
+        listener: Some("virtualInbound".into()),
+        cluster: Some("inbound|9080||".into()),
+        virtual_host: http.then(|| "inbound|http|9080".into()),
+        route: http.then(|| "default".into()),
+        ..Default::default()
+    };
+    let no_chain = Expect {
+        error: Some("no filter chain"),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    type TlsCase = (&'static str, &'static str, &'static str, &'static str, bool);
+    let cases: [TlsCase; 4] = [
+        (
+            "sidecar http over TLS simple mode with peer auth on port disabled",
+            "HTTPS",
+            "SIMPLE",
+            "",
+            true,
+        ),
+        (
+            "sidecar TCP over TLS simple mode with peer auth on port disabled",
+            "TLS",
+            "SIMPLE",
+            "",
+            false,
+        ),
+        (
+            "sidecar http over mTLS mutual mode with peer auth on port disabled",
+            "HTTPS",
+            "MUTUAL",
+            ca,
+            true,
+        ),
+        (
+            "sidecar tcp over mTLS mutual mode with peer auth on port disabled",
+            "TLS",
+            "MUTUAL",
+            ca,
+            false,
+        ),
+    ];
+    for (case, protocol, mode, ca, http) in cases {
+        let mut s = Scenario::new(sidecar(protocol, mode, ca));
+        s.metadata = serde_json::json!({"LABELS": {"app": "foo"}});
+        let plain = if http {
+            Call::http(9080)
+        } else {
+            Call::tcp(9080)
+        };
+        if mode == "SIMPLE" {
+            let name = if http {
+                "http over tls"
+            } else {
+                "tcp over tls"
+            };
+            s.call(
+                format!("TestInboundSidecarTLSModes/{case}/{name}"),
+                inbound(plain.clone().tls()),
+                ok(http),
+            );
+        }
+        s.call(
+            format!("TestInboundSidecarTLSModes/{case}/plaintext"),
+            inbound(plain),
+            no_chain.clone(),
+        );
+        out.push(s);
+    }
+    out
 }
 
 /// Istio's two-ServiceEntry template of `serviceentry_simulation_test.go`.
@@ -1390,6 +1579,8 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(sidecar_routes());
     scenarios.extend(service_entries());
     scenarios.extend(inbound_clusters());
+    scenarios.extend(inbound_sidecar_tls_modes());
+    scenarios.push(inbound());
 
     let mut passed = 0;
     let mut gaps = 0;

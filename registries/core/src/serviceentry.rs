@@ -29,7 +29,9 @@
 //!   account, else `disabled`;
 //! - host-name addresses are only served by DNS services (EDS needs IPs);
 //! - several ServiceEntries with the same host in one namespace make one service: the
-//!   oldest defines it, endpoints are concatenated in creation order (for
+//!   oldest defines it, newer ones with the same resolution, labels and exportTo add
+//!   the ports it lacks (Istio merges them in its SidecarScope), endpoints are
+//!   concatenated in creation order (for
 //!   DNS_ROUND_ROBIN only the first contributor of each port counts: Envoy's
 //!   LOGICAL_DNS takes one endpoint).
 //!
@@ -132,13 +134,14 @@ pub fn convert(
                 .push(ServiceWithEndpoints { service, endpoints });
         }
     }
-    let mut services: BTreeMap<ServiceKey, ServiceWithEndpoints> = contributions
-        .into_iter()
-        .map(|(key, parts)| (key, merge(parts)))
-        .collect();
     // Istio allocates over its services sorted by creation time (then host, then
-    // namespace); the order decides who keeps its first slot on a collision.
-    let mut order: Vec<&mut Service> = services.values_mut().map(|s| &mut s.service).collect();
+    // namespace); the order decides who keeps its first slot on a collision. Each
+    // entry's service takes a slot of its own, as in Istio: entries sharing a host
+    // get the address of whichever of their slots comes first.
+    let mut order: Vec<&mut Service> = contributions
+        .values_mut()
+        .flat_map(|parts| parts.iter_mut().map(|p| &mut p.service))
+        .collect();
     order.sort_by(|a, b| {
         (a.creation_time, &a.hostname, &a.namespace).cmp(&(
             b.creation_time,
@@ -147,14 +150,38 @@ pub fn convert(
         ))
     });
     auto_allocation::allocate(order);
-    services
+    contributions
+        .into_iter()
+        .map(|(key, parts)| (key, merge(parts)))
+        .collect()
+}
+
+/// Whether a newer entry's ports join the service an older one defines (Istio's
+/// `canMergeServices` in its SidecarScope): same resolution, labels and exportTo.
+fn can_merge(oldest: &Service, newer: &Service) -> bool {
+    oldest.resolution == newer.resolution
+        && oldest.labels == newer.labels
+        && oldest.export_to == newer.export_to
 }
 
 /// One service out of the contributions of several ServiceEntries (oldest first).
 fn merge(parts: Vec<ServiceWithEndpoints>) -> ServiceWithEndpoints {
     let mut parts = parts.into_iter();
     let first = parts.next().expect("a key has at least one contribution");
-    let service = first.service;
+    let mut service = first.service;
+    let parts: Vec<ServiceWithEndpoints> = parts.collect();
+    // Ports a newer entry adds (by number) join, when the entries can merge.
+    for part in &parts {
+        if !can_merge(&service, &part.service) {
+            continue;
+        }
+        for port in &part.service.ports {
+            if !service.ports.iter().any(|p| p.port == port.port) {
+                service.ports.push(port.clone());
+            }
+        }
+    }
+    let parts = parts.into_iter();
     let round_robin = service.resolution == Resolution::DnsRoundRobinLb;
     let dns = matches!(
         service.resolution,
@@ -1131,10 +1158,12 @@ mod tests {
         let all = convert(&ses, &[], &config());
         assert_eq!(all.len(), 2);
         let got = &all[&ServiceKey::new("a.example.com", "ns")];
+        let ports: Vec<u16> = got.service.ports.iter().map(|p| p.port.get()).collect();
         assert_eq!(
-            got.service.ports.len(),
-            1,
-            "the oldest entry defines the service"
+            ports,
+            [80, 90],
+            "the oldest entry defines the service; a newer one of the same resolution \
+             adds its other ports, one of another resolution nothing"
         );
         assert_eq!(
             got.service.creation_time,
@@ -1157,6 +1186,35 @@ mod tests {
         ];
         let got = one(&same, &[], "a.example.com", "ns");
         assert_eq!(addresses(&got.endpoints), ["10.0.0.1", "10.0.0.2"]);
+    }
+
+    /// TestServiceEntryDuplicatedHostname: two entries for one host each take a slot,
+    /// and both (one service here) get the address of the slot walked first.
+    #[test]
+    fn entries_sharing_a_host_share_the_address_of_their_first_slot() {
+        let entry = |name: &str, number: u32, protocol: &str| {
+            let mut spec = se(&["istio.io"], SeResolution::Dns);
+            spec.ports = vec![port(name, number, protocol, 0)];
+            spec
+        };
+        let ses = [
+            obj("default", "istio-http", entry("http", 80, "HTTP")),
+            obj("default", "istio-https", entry("https", 443, "HTTPS")),
+        ];
+        let got = one(&ses, &[], "istio.io", "default");
+        let ports: Vec<u16> = got.service.ports.iter().map(|p| p.port.get()).collect();
+        assert_eq!(ports, [80, 443]);
+        assert_eq!(
+            got.service.auto_allocated_ipv4,
+            Some("240.240.91.120".parse().unwrap()),
+            "the second entry's slot (23324) comes before the first's (31277)"
+        );
+        // One entry alone keeps its own slot.
+        let alone = one(&ses[..1], &[], "istio.io", "default");
+        assert_eq!(
+            alone.service.auto_allocated_ipv4,
+            Some("240.240.122.168".parse().unwrap())
+        );
     }
 
     #[test]

@@ -34,6 +34,7 @@ use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
 use prost::{Message, Name};
 
 mod gateway;
+pub mod ingress_tls;
 mod outbound;
 
 pub use gateway::ALL_ISTIO_MTLS_ALPNS;
@@ -64,6 +65,11 @@ pub struct InboundPort {
     /// ingress port with `captureMode: NONE`, or `DEFAULT` on a proxy without
     /// interception); `None` for a chain of `virtualInbound`.
     pub bind: Option<String>,
+    /// TLS the port terminates (Sidecar `ingress[].tls`).
+    pub tls: Option<ingress_tls::IngressTls>,
+    /// The port's protocol is unnamed: plain HTTP (detected by the HTTP inspector)
+    /// goes to an HTTP chain, anything else to a TCP chain (Istio's inbound sniffing).
+    pub sniffed: bool,
 }
 
 impl InboundPort {
@@ -73,6 +79,16 @@ impl InboundPort {
             target_port,
             http,
             bind: None,
+            tls: None,
+            sniffed: false,
+        }
+    }
+
+    /// A chain of `virtualInbound` for a port of `protocol` (unnamed: sniffed).
+    pub fn for_protocol(target_port: u16, protocol: meshfed_registry::Protocol) -> InboundPort {
+        InboundPort {
+            sniffed: protocol == meshfed_registry::Protocol::Unsupported,
+            ..InboundPort::captured(target_port, protocol.is_http())
         }
     }
 }
@@ -83,7 +99,18 @@ pub fn sidecar_listeners(
     proxy: &ClientView,
     inbound: &[InboundPort],
 ) -> Vec<Listener> {
-    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound);
+    sidecar_listeners_at(snapshot, proxy, inbound, None)
+}
+
+/// [`sidecar_listeners`] of a proxy at `own_ip` that is an endpoint of a headless
+/// service: it gets no per-endpoint listener for itself.
+pub fn sidecar_listeners_at(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    inbound: &[InboundPort],
+    own_ip: Option<std::net::IpAddr>,
+) -> Vec<Listener> {
+    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound, own_ip);
     // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
     #[cfg(any(test, feature = "testing"))]
     out.iter().for_each(crate::xds::pgv::assert_message_valid);
@@ -94,6 +121,7 @@ fn sidecar_listeners_unchecked(
     snapshot: &Snapshot,
     proxy: &ClientView,
     inbound: &[InboundPort],
+    own_ip: Option<std::net::IpAddr>,
 ) -> Vec<Listener> {
     let mut out = Vec::new();
     // Without interception nothing reaches a capture listener: only bound ports.
@@ -102,7 +130,7 @@ fn sidecar_listeners_unchecked(
         out.push(outbound::virtual_outbound(snapshot, proxy));
         out.push(virtual_inbound(snapshot, &captured));
     }
-    out.extend(outbound::outbound_listeners(snapshot, proxy));
+    out.extend(outbound::outbound_listeners(snapshot, proxy, own_ip));
     out.extend(bound_inbound_listeners(inbound));
     out
 }
@@ -119,7 +147,8 @@ fn bound_inbound_listeners(inbound: &[InboundPort]) -> Vec<Listener> {
             name: format!("{bind}_{}", p.target_port),
             address: Some(socket(bind, p.target_port)),
             traffic_direction: TrafficDirection::Inbound as i32,
-            filter_chains: vec![inbound_chain(p)],
+            filter_chains: inbound_chains(p),
+            listener_filters: inbound_listener_filters(std::iter::once(p)),
             ..Default::default()
         })
         .collect()
@@ -148,9 +177,120 @@ fn inbound_chain(p: &InboundPort) -> FilterChain {
             destination_port: Some(UInt32Value {
                 value: u32::from(p.target_port),
             }),
+            transport_protocol: if p.tls.is_some() {
+                ingress_tls::TLS_TRANSPORT.into()
+            } else {
+                String::new()
+            },
             ..Default::default()
         }),
         filters: vec![filter],
+        transport_socket: p
+            .tls
+            .as_ref()
+            .map(ingress_tls::IngressTls::transport_socket),
+        ..Default::default()
+    }
+}
+
+/// Whether a port's unnamed protocol is sniffed: plain HTTP to an HTTP chain, anything
+/// else to a TCP chain (not when it terminates TLS: that chain serves the port alone).
+fn sniffs(p: &InboundPort) -> bool {
+    p.sniffed && !p.http && p.tls.is_none()
+}
+
+/// The chains of one inbound port: its own, or for a sniffed port an HTTP chain for
+/// plain HTTP/1.1 and h2c before a TCP one, both matching `raw_buffer` as Istio's
+/// plaintext inbound chains do (the HTTP chain is named `<cluster>-http`: chain names
+/// are unique in a listener).
+fn inbound_chains(p: &InboundPort) -> Vec<FilterChain> {
+    if !sniffs(p) {
+        return vec![inbound_chain(p)];
+    }
+    let raw_buffer = |mut chain: FilterChain| {
+        if let Some(m) = chain.filter_chain_match.as_mut() {
+            m.transport_protocol = "raw_buffer".into();
+        }
+        chain
+    };
+    let mut http = raw_buffer(inbound_chain(&InboundPort {
+        http: true,
+        ..p.clone()
+    }));
+    http.name.push_str("-http");
+    if let Some(m) = http.filter_chain_match.as_mut() {
+        m.application_protocols = vec!["http/1.1".into(), "h2c".into()];
+    }
+    vec![http, raw_buffer(inbound_chain(p))]
+}
+
+/// The listener filters inbound chains need after `original_dst`, each running only
+/// on the ports that need it (Istio disables them per destination port): the TLS
+/// inspector for ports terminating TLS, the HTTP inspector for sniffed ports. Without
+/// the TLS inspector a port sees every connection as `raw_buffer`.
+fn inbound_listener_filters<'a>(
+    ports: impl Iterator<Item = &'a InboundPort> + Clone,
+) -> Vec<ListenerFilter> {
+    let tls: Vec<u16> = ports
+        .clone()
+        .filter(|p| p.tls.is_some())
+        .map(|p| p.target_port)
+        .collect();
+    let sniffed: Vec<u16> = ports.filter(|p| sniffs(p)).map(|p| p.target_port).collect();
+    let mut out = Vec::new();
+    if !tls.is_empty() {
+        out.push(ListenerFilter {
+            filter_disabled: Some(unless_port(&tls)),
+            ..tls_inspector()
+        });
+    }
+    if !sniffed.is_empty() {
+        out.push(ListenerFilter {
+            name: outbound::HTTP_INSPECTOR.into(),
+            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+                &envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector::default(),
+            ))),
+            filter_disabled: Some(unless_port(&sniffed)),
+        });
+    }
+    out
+}
+
+/// A listener filter predicate true for every destination port but `ports`.
+fn unless_port(
+    ports: &[u16],
+) -> envoy_types::pb::envoy::config::listener::v3::ListenerFilterChainMatchPredicate {
+    use envoy_types::pb::envoy::config::listener::v3::ListenerFilterChainMatchPredicate;
+    use envoy_types::pb::envoy::config::listener::v3::listener_filter_chain_match_predicate::{
+        MatchSet, Rule,
+    };
+    use envoy_types::pb::envoy::r#type::v3::Int32Range;
+    let port = |p: u16| ListenerFilterChainMatchPredicate {
+        rule: Some(Rule::DestinationPortRange(Int32Range {
+            start: i32::from(p),
+            end: i32::from(p) + 1,
+        })),
+    };
+    let any = match ports {
+        [one] => port(*one),
+        many => ListenerFilterChainMatchPredicate {
+            rule: Some(Rule::OrMatch(MatchSet {
+                rules: many.iter().map(|p| port(*p)).collect(),
+            })),
+        },
+    };
+    ListenerFilterChainMatchPredicate {
+        rule: Some(Rule::NotMatch(Box::new(any))),
+    }
+}
+
+/// The TLS inspector, for listeners with a chain matching TLS.
+fn tls_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: outbound::TLS_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+            &envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector::default(),
+        ))),
         ..Default::default()
     }
 }
@@ -172,7 +312,7 @@ fn virtual_inbound(snapshot: &Snapshot, inbound: &[&InboundPort]) -> Listener {
     let mut seen = std::collections::BTreeSet::new();
     for p in inbound {
         if seen.insert(p.target_port) {
-            chains.push(inbound_chain(p));
+            chains.extend(inbound_chains(p));
         }
     }
     chains.push(FilterChain {
@@ -184,13 +324,16 @@ fn virtual_inbound(snapshot: &Snapshot, inbound: &[&InboundPort]) -> Listener {
         name: VIRTUAL_INBOUND.into(),
         address: Some(socket("0.0.0.0", port)),
         traffic_direction: TrafficDirection::Inbound as i32,
-        listener_filters: vec![ListenerFilter {
+        listener_filters: std::iter::once(ListenerFilter {
             name: "envoy.filters.listener.original_dst".into(),
             config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
                 &OriginalDst::default(),
             ))),
             ..Default::default()
-        }],
+        })
+        // Ports terminating TLS or sniffed match on what the inspectors find.
+        .chain(inbound_listener_filters(inbound.iter().copied()))
+        .collect(),
         filter_chains: chains,
         ..Default::default()
     }
@@ -614,6 +757,8 @@ pub(crate) mod tests {
                     target_port: 9000,
                     http: false,
                     bind: Some("127.0.0.1".into()),
+                    tls: None,
+                    sniffed: false,
                 },
             ]
         );

@@ -18,7 +18,7 @@
 //!     connection manager chain.
 //! - Several services on one (bind, port) merge as in Istio: HTTP and TCP mixed become
 //!   sniffed, TCP chains with the same match keep the first service (oldest first) and
-//!   the later one is dropped (logged at debug with Istio's metric name
+//!   the later one is dropped (counted by listener in Istio's gauge
 //!   `pilot_conflict_outbound_listener_tcp_over_current_tcp`), Auto replaces an HTTP entry
 //!   on a specific bind (a wildcard HTTP entry is sniffed already and keeps its place).
 //! - Finishing: `tls_inspector` when a chain matches SNI or ALPN, then `http_inspector`
@@ -31,16 +31,24 @@
 //!
 //! Sidecar egress listeners, in order: one with a `port` gives every service of its
 //! `hosts` a listener on that port with the port's protocol (TCP chains to the
-//! service's port of that number, or its only port); one without gives the services
-//! of its hosts their own ports. `bind` replaces the class's address; `captureMode:
+//! service's port of that number, or its only port); one without (the catch-all, last)
+//! gives the services of its hosts their own ports, but adds nothing to a listener an
+//! egress listener with a port built (Istio locks those entries). `bind` replaces the class's address; `captureMode:
 //! NONE` (or `DEFAULT` on a proxy with `INTERCEPTION_MODE: NONE`) makes a real bound
 //! listener, on `bind` or else `127.0.0.1`.
 //!
-//! Not built (yet): per-endpoint listeners of headless TCP services, `<hostname>:<port>`
-//! route tables for sniffed services on a VIP (they use the shared `<port>` table,
-//! which holds their virtual host too), and Istio's per-egress-listener route tables:
-//! the `<port>` table of an HTTP egress port holds every visible service with that
-//! port, not only that listener's (Istio leaves out services without the port too).
+//! Headless services (resolution NONE, no address): their TCP and Auto ports get one
+//! listener per endpoint IP, `<podIP>_<port>`, from the catch-all egress listener (not
+//! for the proxy's own address; a ServiceEntry without endpoints keeps the wildcard
+//! listener, a Kubernetes service without endpoints gets none).
+//!
+//! Each egress listener's chains follow the VirtualServices its own `hosts` import; the
+//! `<port>` route table is built from the egress listener serving that port
+//! (`rds::sidecar_route_config`).
+//!
+//! Not built (yet): `<hostname>:<port>` route tables for sniffed services on a VIP
+//! (they use the shared `<port>` table, which holds their virtual host too), and the
+//! all-ports table of an `HTTP_PROXY` egress port.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
@@ -298,13 +306,19 @@ struct Entry {
     chains: Vec<ChainOpts>,
     /// Binds a real port (Sidecar egress captureMode NONE).
     bound: bool,
+    /// Built by a Sidecar egress listener with a port before the catch-all: the
+    /// catch-all's services do not join it (Istio's `locked` entries).
+    locked: bool,
 }
 
-/// The per-port outbound listeners, sorted by name.
-pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec<Listener> {
+/// The per-port outbound listeners, sorted by name. `own_ip`: the proxy's address
+/// when it is an endpoint of a headless service (it gets no listener for itself).
+pub(super) fn outbound_listeners(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    own_ip: Option<IpAddr>,
+) -> Vec<Listener> {
     let ns = proxy.namespace.as_str();
-    let virtual_services: Vec<&Arc<Config<VirtualService>>> =
-        snapshot.sidecar_virtual_services(ns, &proxy.labels);
     // One service per hostname, as the proxy resolves names, oldest first (Istio's
     // SidecarScope order: the first service wins conflicts on a port).
     let mut seen = HashSet::new();
@@ -333,6 +347,10 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
     ];
     let mut entries: BTreeMap<(String, u16), Entry> = BTreeMap::new();
     for group in egress_groups(snapshot, proxy) {
+        if group.port.is_none() {
+            // The catch-all comes last: what the listeners with a port built is theirs.
+            entries.values_mut().for_each(|e| e.locked = true);
+        }
         // A listener that binds a real port and names no address binds the loopback
         // address (Istio's actualLocalHost).
         let bind = match (group.bind, group.bound) {
@@ -340,6 +358,10 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
             (None, true) => Some("127.0.0.1"),
             (None, false) => None,
         };
+        // The VirtualServices of this egress listener's hosts, as in Istio (each
+        // listener's TCP and TLS routes come from what it imports).
+        let virtual_services: Vec<&Arc<Config<VirtualService>>> =
+            snapshot.egress_virtual_services(ns, group.hosts);
         for service in &services {
             if let Some(hosts) = &group.hosts
                 && !hosts.iter().any(|h| egress_host_matches(h, ns, service))
@@ -387,6 +409,21 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
                     bind,
                     bound: group.bound,
                 };
+                // A headless service's TCP and Auto ports of the catch-all get one
+                // listener per endpoint instead of the wildcard one.
+                if group.port.is_none()
+                    && bind.is_none()
+                    && let Some(ips) = headless_endpoints(&ctx, class, own_ip)
+                {
+                    for ip in &ips {
+                        let ctx = ServiceCtx {
+                            bind: Some(ip.as_str()),
+                            ..ctx
+                        };
+                        add_service_port(&mut entries, &ctx, class);
+                    }
+                    continue;
+                }
                 add_service_port(&mut entries, &ctx, class);
             }
         }
@@ -406,6 +443,54 @@ pub(super) fn outbound_listeners(snapshot: &Snapshot, proxy: &ClientView) -> Vec
     out
 }
 
+/// The endpoint addresses that get their own `<ip>_<port>` listener for a headless
+/// service's port (Istio's listeners for StatefulSets and other headless services:
+/// TCP traffic to a pod IP cannot be told apart on a shared wildcard listener).
+/// `None` when the port is not such a port, or for a service outside Kubernetes with
+/// no endpoint on it (a ServiceEntry with resolution NONE and no endpoints): it keeps
+/// the wildcard listener. A Kubernetes service without endpoints gets no listener.
+/// Host-name endpoints and the proxy's own address are left out.
+///
+/// Istio also leaves a non-Kubernetes service with a label selector out of the
+/// wildcard fallback; services here do not carry their selector, so such a
+/// ServiceEntry (`workloadSelector`, no WorkloadEntry yet) keeps the wildcard listener.
+fn headless_endpoints(
+    ctx: &ServiceCtx<'_>,
+    class: Class,
+    own_ip: Option<IpAddr>,
+) -> Option<BTreeSet<String>> {
+    let service = ctx.service;
+    if service.resolution != Resolution::Passthrough
+        || class == Class::Http
+        || service
+            .address_for_proxy(ctx.proxy.cluster_id.as_ref(), ctx.proxy.uses_auto_allocated)
+            .is_some()
+        || !service_cidrs(service, ctx.proxy).is_empty()
+    {
+        return None;
+    }
+    let port = service.port(ctx.port)?;
+    let on_port: Vec<&meshfed_registry::Endpoint> = ctx
+        .snapshot
+        .shards(&service.key())
+        .into_iter()
+        .flat_map(|s| s.iter())
+        .map(|(_, ep)| ep)
+        .filter(|ep| ep.ports.contains_key(&*port.name))
+        .collect();
+    if on_port.is_empty() && service.provider != meshfed_registry::ProviderId::Kubernetes {
+        return None;
+    }
+    Some(
+        on_port
+            .into_iter()
+            .filter(|ep| ep.hostname.is_none() && Some(ep.address) != own_ip)
+            .map(|ep| ep.address.to_string())
+            .collect(),
+    )
+}
+
+#[derive(Clone, Copy)]
 struct ServiceCtx<'a> {
     snapshot: &'a Snapshot,
     proxy: &'a ClientView,
@@ -485,6 +570,9 @@ fn add_service_port(
             .map_or(wildcard, |ip| ip.to_string()),
     };
     let key = (bind.clone(), ctx.port);
+    if entries.get(&key).is_some_and(|e| e.locked) {
+        return;
+    }
     let current = entries.get(&key).map(|e| e.protocol);
 
     #[derive(PartialEq)]
@@ -549,6 +637,7 @@ fn add_service_port(
                     protocol,
                     chains,
                     bound: ctx.bound,
+                    locked: false,
                 },
             );
         }
@@ -565,10 +654,11 @@ fn add_service_port(
 /// Appends the incoming chains that match differently from every chain already there;
 /// the others lose to the older service.
 fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_>) {
+    use crate::push::snapshot::ConflictLog;
     for chain in incoming {
         if entry.chains.iter().any(|c| c.conflicts_with(&chain)) {
             tracing::debug!(
-                metric = "pilot_conflict_outbound_listener_tcp_over_current_tcp",
+                metric = ConflictLog::TCP_OVER_CURRENT_TCP,
                 "outbound listener {}_{}: a chain of {} ({}) dropped, an older service on this \
                  port matches the same traffic",
                 entry.bind,
@@ -576,9 +666,29 @@ fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_
                 ctx.service.hostname,
                 ctx.protocol
             );
+            let listener = format!("{}_{}", entry.bind, entry.port);
+            ctx.snapshot.conflicts().record(
+                ConflictLog::TCP_OVER_CURRENT_TCP,
+                &listener,
+                format!(
+                    "Listener={listener} Accepted={} Rejected={} ({})",
+                    protocol_name(entry.protocol),
+                    protocol_name(ctx.protocol),
+                    ctx.service.hostname
+                ),
+            );
             continue;
         }
         entry.chains.push(chain);
+    }
+}
+
+/// A protocol as Istio's conflict messages name it.
+fn protocol_name(protocol: Protocol) -> &'static str {
+    match class_of(protocol) {
+        Some(Class::Http) => "HTTP",
+        Some(Class::Tcp) => "TCP",
+        _ => "UNKNOWN",
     }
 }
 
@@ -676,9 +786,9 @@ fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
         if out.is_empty() {
             // Without a VIP the listener is shared by every such service on the port:
             // SNI is the only way to tell them apart. Headless services are the
-            // exception: Istio gives each endpoint its own `<podIP>_<port>` listener
-            // (no SNI there); meshfed does not build those yet, so their chain on the
-            // wildcard listener matches any SNI, as that listener would.
+            // exception: each endpoint has its own `<podIP>_<port>` listener (no SNI
+            // there), and a headless ServiceEntry without endpoints keeps the wildcard
+            // listener with a chain that matches any SNI.
             let headless = ctx.service.resolution == Resolution::Passthrough;
             let vip_bound = bind != "0.0.0.0" || headless;
             let server_names = if !service_cidrs.is_empty() || !vip_bound {
@@ -1690,5 +1800,261 @@ mod tests {
         let mut sorted = outbound.clone();
         sorted.sort();
         assert_eq!(outbound, sorted);
+    }
+
+    #[test]
+    fn the_catch_all_adds_nothing_to_a_listener_an_egress_port_built() {
+        use meshfed_api::networking::v1alpha3::{IstioEgressListener, SidecarPort};
+        let sidecar = Sidecar {
+            egress: vec![
+                IstioEgressListener {
+                    port: Some(SidecarPort {
+                        number: 9000,
+                        protocol: "TCP".into(),
+                        name: "tcp".into(),
+                        ..Default::default()
+                    }),
+                    hosts: vec!["./a.example.com".into()],
+                    ..Default::default()
+                },
+                IstioEgressListener {
+                    hosts: vec!["./*".into()],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let all = listeners(
+            vec![
+                no_vip("a.example.com", "default", &[("tcp", 9000, Protocol::Tcp)]),
+                no_vip(
+                    "b.example.com",
+                    "default",
+                    &[("http", 9000, Protocol::Http)],
+                ),
+                no_vip(
+                    "c.example.com",
+                    "default",
+                    &[("http", 9100, Protocol::Http)],
+                ),
+            ],
+            ConfigSet {
+                sidecars: vec![config("default", sidecar)],
+                ..Default::default()
+            },
+            default_mesh(),
+        );
+        let l = named(&all, "0.0.0.0_9000");
+        assert_eq!(l.filter_chains.len(), 1, "{l:?}");
+        assert_eq!(cluster(&l.filter_chains[0]), "outbound|9000||a.example.com");
+        assert!(
+            inspectors(l).is_empty(),
+            "b's HTTP port does not turn the listener into a sniffed one"
+        );
+        // The catch-all's own ports are built as usual.
+        named(&all, "0.0.0.0_9100");
+    }
+
+    #[test]
+    fn dropped_tcp_chains_are_counted_per_listener_in_the_snapshot() {
+        use crate::push::snapshot::ConflictLog;
+        let tcp = |host: &str, secs: u64| {
+            created(
+                no_vip(host, "default", &[("tcp", 9000, Protocol::Tcp)]),
+                secs,
+            )
+        };
+        let snap = snapshot(
+            vec![
+                tcp("a.example.com", 1),
+                tcp("b.example.com", 2),
+                tcp("c.example.com", 3),
+                created(
+                    service(
+                        "d.default.svc.cluster.local",
+                        "default",
+                        "10.0.0.4",
+                        &[("tcp", 9000, Protocol::Tcp)],
+                    ),
+                    4,
+                ),
+            ],
+            ConfigSet::default(),
+            default_mesh(),
+        );
+        assert_eq!(snap.conflicts().count(ConflictLog::TCP_OVER_CURRENT_TCP), 0);
+        let p = proxy(
+            "sidecar~10.0.0.99~app.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let all = sidecar_listeners(&snap, &p.client_view(), &[]);
+        assert_eq!(
+            cluster(&named(&all, "0.0.0.0_9000").filter_chains[0]),
+            "outbound|9000||a.example.com"
+        );
+        let log = snap.conflicts().all();
+        let dropped = &log[ConflictLog::TCP_OVER_CURRENT_TCP];
+        assert_eq!(
+            dropped.keys().collect::<Vec<_>>(),
+            ["0.0.0.0_9000"],
+            "one listener, however many services lost on it; the VIP-bound one is alone"
+        );
+        assert_eq!(
+            dropped["0.0.0.0_9000"],
+            "Listener=0.0.0.0_9000 Accepted=TCP Rejected=TCP (c.example.com)"
+        );
+        assert_eq!(
+            snap.conflicts().count(ConflictLog::HTTP_OVER_CURRENT_TCP),
+            0
+        );
+        assert_eq!(
+            snap.conflicts().count(ConflictLog::TCP_OVER_CURRENT_HTTP),
+            0
+        );
+    }
+
+    /// One registry posing as a provider, with its services and their endpoints.
+    type Registry = (
+        meshfed_registry::ProviderId,
+        Vec<(Service, Vec<meshfed_registry::Endpoint>)>,
+    );
+
+    /// A snapshot of services with endpoints.
+    fn snapshot_with_endpoints(registries: Vec<Registry>) -> Snapshot {
+        use meshfed_registry::{
+            Aggregate, EndpointIndex, MemoryRegistry, PushRequest, TriggerReason, UpdateSink,
+        };
+        let index = Arc::new(EndpointIndex::new());
+        let (sink, _rx) = UpdateSink::new(index.clone());
+        let aggregate = Aggregate::new("c1");
+        for (i, (provider, services)) in registries.into_iter().enumerate() {
+            let reg = MemoryRegistry::with_provider(provider, format!("c{}", i + 1), sink.clone());
+            for (s, eps) in services {
+                let key = s.key();
+                reg.add_service(s);
+                reg.set_endpoints(&key, eps);
+            }
+            aggregate.add_registry(Arc::new(reg));
+        }
+        Snapshot::build(
+            &Snapshot::empty(),
+            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
+            &aggregate,
+            &index,
+            Arc::new(default_mesh()),
+            &|m| {
+                crate::push::config_index::ConfigIndex::new(
+                    ConfigSet::default(),
+                    "cluster.local",
+                    m,
+                )
+            },
+            1,
+        )
+    }
+
+    #[test]
+    fn headless_tcp_and_auto_ports_get_a_listener_per_endpoint() {
+        use meshfed_registry::{Endpoint, ProviderId};
+        let ports = [
+            ("http", 80, Protocol::Http),
+            ("auto", 81, Protocol::Unsupported),
+            ("tcp", 82, Protocol::Tcp),
+            ("tls", 83, Protocol::Tls),
+        ];
+        let headless = |host: &str| {
+            let mut s = no_vip(host, "default", &ports);
+            s.resolution = Resolution::Passthrough;
+            s
+        };
+        let ep = |ip: &str| {
+            ports
+                .iter()
+                .fold(Endpoint::new(ip.parse().unwrap()), |e, (name, port, _)| {
+                    e.with_port(name, *port)
+                })
+        };
+        let mut by_name = Endpoint::new("10.1.0.9".parse().unwrap()).with_port("tcp", 82);
+        by_name.hostname = Some("db-0.example.com".into());
+        let only_http = Endpoint::new("10.1.0.7".parse().unwrap()).with_port("http", 80);
+        let snap = snapshot_with_endpoints(vec![
+            (
+                ProviderId::Kubernetes,
+                vec![
+                    (
+                        headless("db.default.svc.cluster.local"),
+                        vec![ep("10.1.0.1"), ep("10.1.0.2"), by_name, only_http],
+                    ),
+                    (headless("empty.default.svc.cluster.local"), vec![]),
+                ],
+            ),
+            (
+                ProviderId::External,
+                vec![(
+                    {
+                        let mut s = headless("ext.example.com");
+                        s.ports =
+                            vec![meshfed_registry::Port::new("tcp", 9000, Protocol::Tcp).unwrap()];
+                        s
+                    },
+                    vec![],
+                )],
+            ),
+        ]);
+        let p = proxy(
+            "sidecar~10.1.0.2~db-1.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let all = super::super::sidecar_listeners_at(
+            &snap,
+            &p.client_view(),
+            &[],
+            Some("10.1.0.2".parse().unwrap()),
+        );
+        assert_eq!(
+            names(&all)[2..],
+            [
+                "0.0.0.0_80",
+                "0.0.0.0_9000",
+                "10.1.0.1_81",
+                "10.1.0.1_82",
+                "10.1.0.1_83",
+            ],
+            "one listener per endpoint IP of each TCP/Auto port (not the proxy's own, not a \
+             host name, not an endpoint without the port); HTTP on the wildcard; a \
+             Kubernetes service without endpoints gets none, a ServiceEntry the wildcard"
+        );
+        let tcp_listener = named(&all, "10.1.0.1_82");
+        assert_eq!(
+            cluster(&tcp_listener.filter_chains[0]),
+            "outbound|82||db.default.svc.cluster.local"
+        );
+        let tls_listener = named(&all, "10.1.0.1_83");
+        assert!(
+            server_names(&tls_listener.filter_chains[0]).is_empty(),
+            "no SNI on a pod IP"
+        );
+        assert_eq!(
+            cluster(&named(&all, "0.0.0.0_9000").filter_chains[0]),
+            "outbound|9000||ext.example.com"
+        );
+
+        // Another proxy (not an endpoint) gets both endpoints' listeners.
+        let other = listeners_of(&snap, "10.9.9.9");
+        assert!(
+            ["10.1.0.1_82", "10.1.0.2_82"]
+                .iter()
+                .all(|n| other.iter().any(|l| l.name == *n)),
+            "{:?}",
+            names(&other)
+        );
+    }
+
+    fn listeners_of(snap: &Snapshot, ip: &str) -> Vec<Listener> {
+        let p = proxy(
+            &format!("sidecar~{ip}~app.default~default.svc.cluster.local"),
+            serde_json::json!({}),
+        );
+        sidecar_listeners(snap, &p.client_view(), &[])
     }
 }
