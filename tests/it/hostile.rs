@@ -427,6 +427,30 @@ async fn a_device_as_the_mock_file_is_refused_and_sigterm_ends_the_process() {
             .unwrap(),
     );
     wait_for_ready_file(&mut child.0, &ready).await;
+    // The log, line by line, as the process writes it: the refusal is awaited before
+    // SIGTERM (readiness does not wait for a mock file that cannot be read).
+    let stdout = child.0.stdout.take().unwrap();
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut log = String::new();
+    tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.recv().await {
+            log.push_str(&line);
+            log.push('\n');
+            if line.contains("/dev/zero") && line.contains("not a regular file") {
+                return;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the device was not refused:\n{log}"));
     let status = std::process::Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()
@@ -444,14 +468,14 @@ async fn a_device_as_the_mock_file_is_refused_and_sigterm_ends_the_process() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let mut log = String::new();
-    std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut log).unwrap();
+    reader.join().unwrap();
+    while let Ok(line) = lines.try_recv() {
+        log.push_str(&line);
+        log.push('\n');
+    }
     // SIGTERM right after start-up drains and exits 0 (not killed by the signal).
-    assert!(exit.success(), "{exit:?}");
-    assert!(
-        log.contains("/dev/zero") && log.contains("not a regular file"),
-        "{log}"
-    );
+    assert!(exit.success(), "{exit:?}\n{log}");
+    assert!(log.contains("meshfed stopped"), "{log}");
 }
 
 #[tokio::test]
