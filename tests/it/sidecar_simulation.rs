@@ -13,9 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
 use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route, route_action};
-use meshfed::ads::TypeUrl;
 use meshfed::generate::simulate::{Call, CallMode, CallResult, SimError, simulate_call};
-use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
+use meshfed::testing::{AdsClient, FakeServer, ProxyConfig, node_with};
 use meshfed_registry::{Endpoint, Protocol, Resolution, Service, ServiceKey};
 
 use crate::support::*;
@@ -159,22 +158,11 @@ async fn fetch(scenario: &Scenario) -> (FakeServer, Proxy) {
     )
     .await
     .unwrap();
-    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
-    let clusters = client.recv_clusters().await.unwrap();
-    client.subscribe(TypeUrl::Listener, &[]).await.unwrap();
-    let listeners: Vec<Listener> =
-        decode_all(&client.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
-    let names: BTreeSet<String> = listeners
-        .iter()
-        .flat_map(|l| meshfed::generate::lds::references(l).1)
-        .collect();
-    let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let routes = if names.is_empty() {
-        Vec::new()
-    } else {
-        client.subscribe(TypeUrl::Route, &names).await.unwrap();
-        decode_all(&client.recv_type(TypeUrl::Route).await.unwrap()).unwrap()
-    };
+    let ProxyConfig {
+        clusters,
+        listeners,
+        routes,
+    } = client.fetch_config().await.unwrap();
     (
         server,
         Proxy {
