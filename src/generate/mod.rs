@@ -347,6 +347,8 @@ impl ListenerInput {
         &self,
         snapshot: &Snapshot,
     ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Listener> {
+        #[cfg(test)]
+        tests::LISTENER_GENERATIONS.with(|n| n.set(n.get() + 1));
         if self.client.is_router() {
             lds::gateway_listeners(snapshot, &self.client, &self.targets)
         } else {
@@ -372,24 +374,57 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             headless_self(snapshot, proxy)
         },
     });
-    input
-        .generate(snapshot)
-        .into_iter()
-        .filter(|l| sub.wildcard || sub.names.contains(&l.name))
-        .filter_map(|listener| {
+    // Proxies with the same input share its listeners: the first one generates them
+    // and caches each encoding and, under the key with the empty name (no listener has
+    // it), the list of their names; the others find everything in the cache and
+    // generate nothing.
+    let mut generated: Option<Vec<envoy_types::pb::envoy::config::listener::v3::Listener>> = None;
+    let names_key = ListenerKey {
+        input: input.clone(),
+        name: Arc::from(""),
+    };
+    let Some(names) = snapshot.cache().get_or_insert(names_key, |key| {
+        let listeners = generated.insert(key.input.generate(snapshot));
+        Some(listener_names(listeners.iter().map(|l| l.name.as_str())))
+    }) else {
+        return Vec::new();
+    };
+    let names = std::str::from_utf8(&names.body.value).unwrap_or_default();
+    names
+        .split('\n')
+        .filter(|name| !name.is_empty())
+        .filter(|name| sub.wildcard || sub.names.contains(*name))
+        .filter_map(|name| {
             let key = ListenerKey {
                 input: input.clone(),
-                name: Arc::from(listener.name.as_str()),
+                name: Arc::from(name),
             };
             snapshot.cache().get_or_insert(key, |key| {
+                let listeners = generated.get_or_insert_with(|| key.input.generate(snapshot));
+                let listener = listeners.iter().find(|l| *l.name == *key.name)?;
                 Some(EncodedResource::encode(
                     TypeUrl::Listener,
                     key.name.clone(),
-                    &listener,
+                    listener,
                 ))
             })
         })
         .collect()
+}
+
+/// The cached list of an input's listener names (one per line): an entry of the
+/// resource cache that is never sent (see [`listeners`]).
+fn listener_names<'a>(names: impl Iterator<Item = &'a str>) -> Resource {
+    let text = names.collect::<Vec<_>>().join("\n");
+    Arc::new(EncodedResource {
+        name: Arc::from(""),
+        body: crate::xds::wire::SharedAny {
+            type_url: TypeUrl::Listener.as_str(),
+            value: bytes::Bytes::from(text),
+        },
+        version: Arc::from(""),
+        placeholder: true,
+    })
 }
 
 /// The service ports a router's workload serves; empty for other proxies.
@@ -527,4 +562,82 @@ fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Reso
                 .get_or_insert(input, |input| input.generate(snapshot))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use meshfed_registry::{Port, Protocol, ProviderId, Service};
+
+    use super::*;
+    use crate::generate::lds::tests::{default_mesh, proxy, snapshot};
+    use crate::push::config_index::ConfigSet;
+
+    thread_local! {
+        /// How many times this thread generated a listener set.
+        pub(super) static LISTENER_GENERATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    }
+
+    #[test]
+    fn sidecars_with_the_same_input_share_one_generation_of_their_listeners() {
+        let services: Vec<Service> = (0..20)
+            .map(|i| {
+                let mut s = Service::new(
+                    format!("s{i}.default.svc.cluster.local"),
+                    "default",
+                    ProviderId::Mock,
+                    "c1",
+                );
+                s.cluster_vips
+                    .insert("c1".into(), vec![format!("10.0.0.{i}").parse().unwrap()]);
+                s.ports
+                    .push(Port::new("tcp", 9000 + i, Protocol::Tcp).unwrap());
+                s
+            })
+            .collect();
+        let snap = snapshot(services, ConfigSet::default(), default_mesh());
+        let all = BTreeSet::new();
+        let sub = || Subscription {
+            wildcard: true,
+            names: &all,
+        };
+        let first = proxy(
+            "sidecar~10.1.0.1~a-1.default~default.svc.cluster.local",
+            serde_json::json!({"app": "a"}),
+        );
+        let second = proxy(
+            "sidecar~10.1.0.2~a-2.default~default.svc.cluster.local",
+            serde_json::json!({"app": "a"}),
+        );
+        let generations = || LISTENER_GENERATIONS.with(|n| n.get());
+        let before = snap.cache().stats();
+        let a = listeners(&snap, &first, sub());
+        assert_eq!(generations(), 1);
+        let after_first = snap.cache().stats();
+        // The name list and every listener: one miss each.
+        assert_eq!(after_first.misses - before.misses, a.len() as u64 + 1);
+        let b = listeners(&snap, &second, sub());
+        let after_second = snap.cache().stats();
+        assert_eq!(
+            after_second.misses, after_first.misses,
+            "nothing encoded again"
+        );
+        assert_eq!(generations(), 1, "nothing generated again");
+        assert_eq!(after_second.hits - after_first.hits, b.len() as u64 + 1);
+        assert!(a.len() > 20, "{} listeners", a.len());
+        assert!(a.iter().zip(&b).all(|(x, y)| Arc::ptr_eq(x, y)));
+        // A named subscription gets those listeners, from the cache.
+        let one: BTreeSet<String> = [a[3].name.to_string()].into();
+        let named = listeners(
+            &snap,
+            &second,
+            Subscription {
+                wildcard: false,
+                names: &one,
+            },
+        );
+        assert_eq!(named.len(), 1);
+        assert!(Arc::ptr_eq(&named[0], &a[3]));
+    }
 }

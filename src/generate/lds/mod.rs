@@ -541,7 +541,7 @@ pub(crate) mod tests {
         )
     }
 
-    pub(super) fn proxy(id: &str, labels: serde_json::Value) -> Proxy {
+    pub(crate) fn proxy(id: &str, labels: serde_json::Value) -> Proxy {
         let node = envoy_types::pb::envoy::config::core::v3::Node {
             id: id.into(),
             metadata: Some(json_to_struct(
