@@ -200,14 +200,11 @@ mod tests {
     use std::sync::Arc;
 
     use envoy_types::pb::envoy::config::core::v3::Node;
-    use meshfed_registry::{
-        Aggregate, ClusterId, Endpoint, EndpointIndex, MemoryRegistry, NetworkId, Port, Protocol,
-        PushRequest, TriggerReason, UpdateSink,
-    };
+    use meshfed_registry::{ClusterId, Endpoint, NetworkId, Port, Protocol};
 
     use super::*;
+    use crate::generate::lds::outbound::tests::{Registry, snapshot_with_endpoints};
     use crate::model::proxy::json_to_struct;
-    use crate::push::config_index::ConfigIndex;
 
     fn service(host: &str, provider: ProviderId, vips: &[&str]) -> Service {
         let mut s = Service::new(host, "ns", provider, "c1");
@@ -221,31 +218,8 @@ mod tests {
         s
     }
 
-    /// One registry posing as `provider`, with its services and their endpoints.
-    type Registry = (ProviderId, Vec<(Service, Vec<Endpoint>)>);
-
     fn snapshot(registries: Vec<Registry>) -> Snapshot {
-        let index = Arc::new(EndpointIndex::new());
-        let (sink, _rx) = UpdateSink::new(index.clone());
-        let aggregate = Aggregate::new("c1");
-        for (i, (provider, services)) in registries.into_iter().enumerate() {
-            let reg = MemoryRegistry::with_provider(provider, format!("c{}", i + 1), sink.clone());
-            for (s, eps) in services {
-                let key = s.key();
-                reg.add_service(s);
-                reg.set_endpoints(&key, eps);
-            }
-            aggregate.add_registry(Arc::new(reg));
-        }
-        Snapshot::build(
-            &Snapshot::empty(),
-            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
-            &aggregate,
-            &index,
-            Arc::new(Snapshot::empty().mesh().clone()),
-            &|_| ConfigIndex::default(),
-            1,
-        )
+        snapshot_with_endpoints(registries)
     }
 
     fn proxy(meta: serde_json::Value) -> Proxy {

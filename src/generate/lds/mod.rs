@@ -35,7 +35,7 @@ use prost::{Message, Name};
 
 mod gateway;
 pub mod ingress_tls;
-mod outbound;
+pub(crate) mod outbound;
 
 pub use gateway::ALL_ISTIO_MTLS_ALPNS;
 

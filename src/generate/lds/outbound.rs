@@ -1050,7 +1050,7 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
@@ -1914,13 +1914,14 @@ mod tests {
     }
 
     /// One registry posing as a provider, with its services and their endpoints.
-    type Registry = (
+    pub(crate) type Registry = (
         meshfed_registry::ProviderId,
         Vec<(Service, Vec<meshfed_registry::Endpoint>)>,
     );
 
-    /// A snapshot of services with endpoints.
-    fn snapshot_with_endpoints(registries: Vec<Registry>) -> Snapshot {
+    /// A snapshot of services with endpoints (one registry per entry, clusters `c1`,
+    /// `c2`, ...), the default mesh and no config.
+    pub(crate) fn snapshot_with_endpoints(registries: Vec<Registry>) -> Snapshot {
         use meshfed_registry::{
             Aggregate, EndpointIndex, MemoryRegistry, PushRequest, TriggerReason, UpdateSink,
         };
