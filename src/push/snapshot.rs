@@ -459,6 +459,19 @@ impl Snapshot {
             })
     }
 
+    /// The egress listeners of the Sidecar scoping a proxy in `namespace` with
+    /// `labels`; `None` without Sidecar or without egress listeners.
+    fn sidecar_egress(
+        &self,
+        namespace: &str,
+        labels: &BTreeMap<String, String>,
+    ) -> Option<&[meshfed_api::networking::v1alpha3::IstioEgressListener]> {
+        self.config
+            .sidecar_for(namespace, labels)
+            .map(|sc| sc.spec.egress.as_slice())
+            .filter(|egress| !egress.is_empty())
+    }
+
     /// The egress `hosts` of the Sidecar egress listener whose route table is `port`
     /// (Istio's `GetEgressListenerForRDS`): in order, the first listener with that
     /// port, or the catch-all (no port) when it comes first; none (empty) when no
@@ -469,17 +482,13 @@ impl Snapshot {
         labels: &BTreeMap<String, String>,
         port: u16,
     ) -> Option<Vec<&'a str>> {
-        self.config
-            .sidecar_for(namespace, labels)
-            .filter(|sc| !sc.spec.egress.is_empty())
-            .map(|sc| {
-                sc.spec
-                    .egress
-                    .iter()
-                    .find(|e| e.port.as_ref().is_none_or(|p| p.number == u32::from(port)))
-                    .map(|e| e.hosts.iter().map(String::as_str).collect())
-                    .unwrap_or_default()
-            })
+        self.sidecar_egress(namespace, labels).map(|egress| {
+            egress
+                .iter()
+                .find(|e| e.port.as_ref().is_none_or(|p| p.number == u32::from(port)))
+                .map(|e| e.hosts.iter().map(String::as_str).collect())
+                .unwrap_or_default()
+        })
     }
 
     /// The egress `hosts` entries of the Sidecar of a proxy in `namespace` with
@@ -490,16 +499,12 @@ impl Snapshot {
         namespace: &str,
         labels: &BTreeMap<String, String>,
     ) -> Option<Vec<&'a str>> {
-        self.config
-            .sidecar_for(namespace, labels)
-            .filter(|sc| !sc.spec.egress.is_empty())
-            .map(|sc| {
-                sc.spec
-                    .egress
-                    .iter()
-                    .flat_map(|e| e.hosts.iter().map(String::as_str))
-                    .collect()
-            })
+        self.sidecar_egress(namespace, labels).map(|egress| {
+            egress
+                .iter()
+                .flat_map(|e| e.hosts.iter().map(String::as_str))
+                .collect()
+        })
     }
 
     /// The mesh VirtualServices a sidecar in `namespace` with `labels` applies: those
