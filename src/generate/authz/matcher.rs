@@ -63,7 +63,9 @@ pub fn suffix(v: &str, ignore_case: bool) -> StringMatcher {
 
 /// A value with wildcards, matched against strings that start with `pfx` followed by
 /// the value: `*` matches anything non-empty (whatever the prefix), `*x` becomes a
-/// suffix match (a regex when there is a prefix), `x*` a prefix match.
+/// suffix match (a regex when there is a prefix), `x*` a prefix match. As in Istio,
+/// the rest of a `*x` value goes into the regex unescaped (so `.` or `[0]` in it are
+/// regex syntax).
 pub fn string_with_prefix(v: &str, pfx: &str) -> StringMatcher {
     if v == "*" {
         regex(".+")
@@ -71,7 +73,7 @@ pub fn string_with_prefix(v: &str, pfx: &str) -> StringMatcher {
         if pfx.is_empty() {
             suffix(rest, false)
         } else {
-            regex(&format!("{}.*{}", quote_meta(pfx), quote_meta(rest)))
+            regex(&format!("{pfx}.*{rest}"))
         }
     } else if let Some(rest) = v.strip_suffix('*') {
         prefix(&format!("{pfx}{rest}"), false)

@@ -22,6 +22,8 @@ pub mod trust_domain;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod vectors;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

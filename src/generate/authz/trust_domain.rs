@@ -28,7 +28,9 @@ impl TrustDomains {
     }
 
     /// The principals with every one in a known trust domain expanded to all of them;
-    /// others (a wildcard or unknown trust domain, not of the `td/ns/x/sa/y` form) stay.
+    /// others (a wildcard-only or unknown trust domain, not of the `td/ns/x/sa/y` form)
+    /// stay. A trust domain with a leading or trailing `*` is known when it matches one
+    /// of ours; it is kept as written for the domains it matches.
     pub fn expand(&self, principals: &[String]) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         let mut add = |p: String| {
@@ -44,16 +46,31 @@ impl TrustDomains {
                 add(p.clone());
                 continue;
             }
-            let known = td == CLUSTER_LOCAL || self.domains.iter().any(|d| d == td);
+            let known = td == CLUSTER_LOCAL || self.domains.iter().any(|d| td_matches(td, d));
             if !known {
                 add(p.clone());
                 continue;
             }
             let rest = &p[td.len()..];
             for d in &self.domains {
-                add(format!("{d}{rest}"));
+                if td_matches(td, d) {
+                    add(p.clone());
+                } else {
+                    add(format!("{d}{rest}"));
+                }
             }
         }
         out
+    }
+}
+
+/// Whether the trust domain of a principal (possibly `*x` or `x*`) matches `domain`.
+fn td_matches(pattern: &str, domain: &str) -> bool {
+    if let Some(sfx) = pattern.strip_prefix('*') {
+        domain.ends_with(sfx)
+    } else if let Some(pfx) = pattern.strip_suffix('*') {
+        domain.starts_with(pfx)
+    } else {
+        pattern == domain
     }
 }
