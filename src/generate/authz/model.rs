@@ -441,9 +441,10 @@ fn permission_of(attr: &Attr, v: &str) -> Result<Permission, String> {
 fn principal_of(attr: &Attr, v: &str, t: &Target<'_>) -> Result<Principal, String> {
     Ok(match attr {
         Attr::SrcPrincipal => authenticated(m::string_with_prefix(v, SPIFFE)),
-        Attr::SrcNamespace => {
-            authenticated(m::regex(&format!(".*/ns/{}/.*", v.replace('*', ".*"))))
-        }
+        Attr::SrcNamespace => authenticated(m::regex(&format!(
+            ".*/ns/{}/.*",
+            m::quote_meta(v).replace("\\*", ".*")
+        ))),
         Attr::SrcServiceAccount => {
             let (ns, sa) = v.split_once('/').unwrap_or((t.namespace, v));
             if ns.is_empty() || sa.is_empty() || sa.contains('/') {
@@ -485,18 +486,17 @@ fn principal_of(attr: &Attr, v: &str, t: &Target<'_>) -> Result<Principal, Strin
     })
 }
 
-/// `iss/sub` (split at the last `/`): the token's issuer AND subject. A value
-/// without `/` (`*`, `*suffix`, ...) matches on the issuer alone.
+/// `iss/sub` (split at the last `/`; without one the subject is empty): the token's
+/// issuer AND subject. `*` is any token (an issuer is present).
 fn request_principal(v: &str) -> Principal {
-    match v.rsplit_once('/') {
-        Some((iss, sub)) if !iss.is_empty() && !sub.is_empty() => {
-            prin(principal::Identifier::AndIds(principal::Set {
-                ids: vec![
-                    jwt(&["payload", "iss"], m::string(iss)),
-                    jwt(&["payload", "sub"], m::string(sub)),
-                ],
-            }))
-        }
-        _ => jwt(&["payload", "iss"], m::string(v)),
+    if v == "*" {
+        return jwt(&["payload", "iss"], m::string(v));
     }
+    let (iss, sub) = v.rsplit_once('/').unwrap_or((v, ""));
+    prin(principal::Identifier::AndIds(principal::Set {
+        ids: vec![
+            jwt(&["payload", "iss"], m::string(iss)),
+            jwt(&["payload", "sub"], m::string(sub)),
+        ],
+    }))
 }
