@@ -13,7 +13,8 @@
 //!   `istio.io/dry-run: "true"` go to `shadow_rules` (stat prefix
 //!   `istio_dry_run_allow_` / `istio_dry_run_deny_`) and are not enforced.
 //! - CUSTOM: per provider (sorted by name) an RBAC filter whose policies are shadow
-//!   rules (stat prefix `istio_ext_authz_`, names prefixed `istio-ext-authz-`) for an
+//!   rules (stat prefix `istio_ext_authz_`, names prefixed
+//!   `istio-ext-authz-<provider>-`) for an
 //!   `ext_authz` filter to read; the `ext_authz` filter itself is not built here.
 
 pub mod matcher;
@@ -167,8 +168,9 @@ fn policy_name(name_prefix: &str, ns: &str, name: &str, i: usize) -> String {
     format!("{name_prefix}ns[{ns}]-policy[{name}]-rule[{i}]")
 }
 
-/// Translates a group of policies of one action into RBAC rules; `custom` puts
-/// every policy in the shadow rules under ext_authz names.
+/// Translates a group of policies of one action into RBAC rules. CUSTOM policies
+/// (all of one provider) go to the shadow rules, named
+/// `istio-ext-authz-<provider>-ns[..]-policy[..]-rule[..]`.
 pub fn build(policies: &[Ap], action: Action, tcp: bool, opts: &AuthzOptions) -> Built {
     let rbac_action = match action {
         Action::Allow => rbac::Action::Allow,
@@ -181,10 +183,12 @@ pub fn build(policies: &[Ap], action: Action, tcp: bool, opts: &AuthzOptions) ->
         Effect::DenyOrAudit
     };
     let custom = action == Action::Custom;
-    let name_prefix = if custom {
-        format!("{EXT_AUTHZ_NAME_PREFIX}-")
-    } else {
-        String::new()
+    let name_prefix = match (custom, policies.first().map(|p| &p.spec.action_detail)) {
+        (true, Some(Some(ActionDetail::Provider(p)))) => {
+            format!("{EXT_AUTHZ_NAME_PREFIX}-{}-", p.name)
+        }
+        (true, _) => format!("{EXT_AUTHZ_NAME_PREFIX}-"),
+        (false, _) => String::new(),
     };
     let empty = || Rbac {
         action: rbac_action as i32,

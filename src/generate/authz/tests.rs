@@ -499,7 +499,7 @@ spec: {action: CUSTOM, provider: {name: p}, rules: [{to: [{operation: {paths: [/
     assert!(
         shadow
             .policies
-            .contains_key("istio-ext-authz-ns[foo]-policy[ext]-rule[0]")
+            .contains_key("istio-ext-authz-p-ns[foo]-policy[ext]-rule[0]")
     );
     // AUDIT logs; a policy without rules never matches.
     let audit = configs[1].rules.as_ref().expect("audit rules");
