@@ -196,6 +196,47 @@ pub fn metadata_list(
     )
 }
 
+/// A value matcher for any of `values` (each with the usual wildcards).
+pub fn any_of(values: &[String]) -> ValueMatcher {
+    ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
+            value_matchers: values
+                .iter()
+                .map(|v| ValueMatcher {
+                    match_pattern: Some(value_matcher::MatchPattern::StringMatch(string(v))),
+                })
+                .collect(),
+        })),
+    }
+}
+
+/// A metadata matcher for a value that is any of `values`.
+pub fn metadata_any_of(filter: &str, path: &[&str], values: &[String]) -> MetadataMatcher {
+    metadata_value(filter, path, any_of(values))
+}
+
+/// A metadata matcher for a JWT claim that is any of `values`, or a list holding one
+/// of them.
+pub fn claim_any_of(filter: &str, path: &[&str], values: &[String]) -> MetadataMatcher {
+    let any = any_of(values);
+    let list = ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(
+            ListMatcher {
+                match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(any.clone()))),
+            },
+        ))),
+    };
+    metadata_value(
+        filter,
+        path,
+        ValueMatcher {
+            match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
+                value_matchers: vec![list, any],
+            })),
+        },
+    )
+}
+
 /// An IP or CIDR block (`1.2.3.4`, `10.0.0.0/8`, `::1`) as a range with the host
 /// bits cleared.
 pub fn cidr(v: &str) -> Result<CidrRange, String> {

@@ -83,6 +83,14 @@ impl Attr {
         )
     }
 
+    /// Matched with one matcher for all the values of the field (newer proxies).
+    fn aggregated(&self) -> bool {
+        matches!(
+            self,
+            Attr::Audiences | Attr::Presenter | Attr::Claims(_) | Attr::EnvoyFilter { .. }
+        )
+    }
+
     fn is_source(&self) -> bool {
         matches!(
             self,
@@ -279,6 +287,11 @@ pub fn rule_policy(rule: &Rule, t: &Target<'_>) -> Result<Policy, String> {
     for fields in &permission_lists {
         let mut and = Vec::new();
         for f in fields {
+            if let Some((yes, no)) = aggregated(f, t, permission_all)? {
+                and.extend(yes);
+                and.extend(no.map(perm_not));
+                continue;
+            }
             let (or, not) = values_of(f, t, |v| permission_of(&f.attr, v))?;
             if !or.is_empty() {
                 and.push(perm(permission::Rule::OrRules(permission::Set {
@@ -303,6 +316,11 @@ pub fn rule_policy(rule: &Rule, t: &Target<'_>) -> Result<Policy, String> {
         let mut and = Vec::new();
         for f in fields {
             let f = expand_principals(f, t.trust_domains);
+            if let Some((yes, no)) = aggregated(&f, t, principal_all)? {
+                and.extend(yes);
+                and.extend(no.map(prin_not));
+                continue;
+            }
             let (or, not) = values_of(&f, t, |v| principal_of(&f.attr, v, t))?;
             if !or.is_empty() {
                 and.push(prin(principal::Identifier::OrIds(principal::Set {
@@ -366,6 +384,52 @@ fn values_of<T>(
         Ok(out)
     };
     Ok((each(&f.values)?, each(&f.not_values)?))
+}
+
+/// For a field matched as a whole (see [`Attr::aggregated`]): the matcher of its
+/// values and of its not-values; `None` when the field is matched value by value.
+#[allow(clippy::type_complexity)]
+fn aggregated<T>(
+    f: &Field,
+    t: &Target<'_>,
+    all: fn(&Attr, &[String]) -> T,
+) -> Result<Option<(Option<T>, Option<T>)>, String> {
+    if !(t.extended_jwt && f.attr.aggregated()) {
+        return Ok(None);
+    }
+    if t.tcp && f.attr.http_only() {
+        return match t.effect {
+            Effect::Allow => Err(format!("{} is HTTP only", f.key)),
+            Effect::DenyOrAudit => Ok(Some((None, None))),
+        };
+    }
+    let of = |values: &[String]| (!values.is_empty()).then(|| all(&f.attr, values));
+    Ok(Some((of(&f.values), of(&f.not_values))))
+}
+
+fn permission_all(attr: &Attr, values: &[String]) -> Permission {
+    match attr {
+        Attr::EnvoyFilter { filter, key } => perm(permission::Rule::Metadata(m::metadata_any_of(
+            filter,
+            &[key],
+            values,
+        ))),
+        other => unreachable!("{other:?} is not matched as a whole on the destination"),
+    }
+}
+
+fn principal_all(attr: &Attr, values: &[String]) -> Principal {
+    let path: Vec<&str> = match attr {
+        Attr::Audiences => vec!["payload", "aud"],
+        Attr::Presenter => vec!["payload", "azp"],
+        Attr::Claims(keys) => std::iter::once("payload")
+            .chain(keys.iter().map(String::as_str))
+            .collect(),
+        other => unreachable!("{other:?} is not matched as a whole on the source"),
+    };
+    prin(principal::Identifier::Metadata(m::claim_any_of(
+        JWT_FILTER, &path, values,
+    )))
 }
 
 fn perm(rule: permission::Rule) -> Permission {
@@ -486,17 +550,27 @@ fn principal_of(attr: &Attr, v: &str, t: &Target<'_>) -> Result<Principal, Strin
     })
 }
 
-/// `iss/sub` (split at the last `/`; without one the subject is empty): the token's
-/// issuer AND subject. `*` is any token (an issuer is present).
+/// `iss/sub` (split at the last `/`): the token's issuer AND subject. A value without
+/// `/` is an issuer with an empty subject; `*` is any issuer and subject, `*x` any
+/// issuer with a subject ending in `x`, `x*` an issuer starting with `x` (or, with a
+/// `/`, that issuer and a subject starting with the rest).
 fn request_principal(v: &str) -> Principal {
-    if v == "*" {
-        return jwt(&["payload", "iss"], m::string(v));
-    }
-    let (iss, sub) = v.rsplit_once('/').unwrap_or((v, ""));
+    let any = || m::regex(".+");
+    let (iss, sub) = if v == "*" {
+        (any(), any())
+    } else if let Some(rest) = v.strip_prefix('*') {
+        (any(), m::suffix(rest, false))
+    } else if let Some(start) = v.strip_suffix('*') {
+        match start.rsplit_once('/') {
+            Some((iss, "")) => (m::exact(iss, false), any()),
+            Some((iss, sub)) => (m::exact(iss, false), m::prefix(sub, false)),
+            None => (m::prefix(start, false), any()),
+        }
+    } else {
+        let (iss, sub) = v.rsplit_once('/').unwrap_or((v, ""));
+        (m::exact(iss, false), m::exact(sub, false))
+    };
     prin(principal::Identifier::AndIds(principal::Set {
-        ids: vec![
-            jwt(&["payload", "iss"], m::string(iss)),
-            jwt(&["payload", "sub"], m::string(sub)),
-        ],
+        ids: vec![jwt(&["payload", "iss"], iss), jwt(&["payload", "sub"], sub)],
     }))
 }

@@ -342,13 +342,15 @@ fn jwt_fields_read_the_jwt_payload() {
         )
     );
     assert_eq!(metadata(&both.ids[1]).1, vec!["payload", "sub"]);
-    assert_eq!(metadata(&rp[1]).1, vec!["payload", "iss"]);
-    assert_eq!(metadata(&or_ids(&ids[1])[0]).1, vec!["payload", "aud"]);
-    assert_eq!(metadata(&or_ids(&ids[2])[0]).1, vec!["payload", "azp"]);
-    assert_eq!(
-        metadata(&or_ids(&ids[3])[0]).1,
-        vec!["payload", "groups", "inner"]
-    );
+    // `*`: any issuer AND any subject.
+    let Some(principal::Identifier::AndIds(any)) = &rp[1].identifier else {
+        panic!("iss AND sub")
+    };
+    assert_eq!(metadata(&any.ids[1]).1, vec!["payload", "sub"]);
+    // Claims: one matcher per field (newer proxies), not one per value.
+    assert_eq!(metadata(&ids[1]).1, vec!["payload", "aud"]);
+    assert_eq!(metadata(&ids[2]).1, vec!["payload", "azp"]);
+    assert_eq!(metadata(&ids[3]).1, vec!["payload", "groups", "inner"]);
 }
 
 #[test]

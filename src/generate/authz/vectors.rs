@@ -1,6 +1,7 @@
 //! Istio's authorization builder vectors (`pilot/pkg/security/authz/builder/testdata`):
 //! policies in, RBAC filter configs out, stored under `tests/data/authz/{http,tcp}` as
-//! `<case>.policy.yaml` and `<case>.rbac[-<n>].yaml`. Both sides are read into the
+//! `<case>.policy.yaml` and `<case>.rbac[-<n>].yaml` (for `single-policy` and
+//! `allow-full-rule` Istio's `extended-*` expectation, the one for current proxies). Both sides are read into the
 //! Envoy proto through the compiled-in descriptors and compared as proto3 JSON.
 //!
 //! Normalized on both sides before comparing, because they are equivalent for Envoy
@@ -32,6 +33,9 @@ struct Vector {
     tcp: bool,
     outputs: usize,
     trust_domain: Option<(&'static str, &'static [&'static str])>,
+    /// Istio's `extended-*` expectation (JWT claims and envoy filter metadata matched
+    /// per field, for current proxies) rather than the per-value one.
+    extended: bool,
 }
 
 const fn v(name: &'static str, tcp: bool, outputs: usize) -> Vector {
@@ -40,6 +44,18 @@ const fn v(name: &'static str, tcp: bool, outputs: usize) -> Vector {
         tcp,
         outputs,
         trust_domain: None,
+        extended: false,
+    }
+}
+
+/// A vector whose stored expectation is Istio's `extended-*` one.
+const fn ext(name: &'static str) -> Vector {
+    Vector {
+        name,
+        tcp: false,
+        outputs: 1,
+        trust_domain: None,
+        extended: true,
     }
 }
 
@@ -49,6 +65,7 @@ const fn td(name: &'static str, domain: &'static str, aliases: &'static [&'stati
         tcp: false,
         outputs: 1,
         trust_domain: Some((domain, aliases)),
+        extended: false,
     }
 }
 
@@ -73,7 +90,8 @@ const VECTORS: &[Vector] = &[
         &["old-td", "some-trustdomain"],
     ),
     v("deny-and-allow", false, 2),
-    v("single-policy", false, 1),
+    ext("single-policy"),
+    ext("allow-full-rule"),
     v("multiple-policies", false, 1),
     // Istio's second filter (ext_authz) is not built here; the RBAC one is compared.
     v("custom-grpc-provider", false, 1),
@@ -245,7 +263,7 @@ fn run(pool: &DescriptorPool, case: &Vector) -> Result<(), String> {
                 TrustDomains::new(d, &a.iter().map(|s| s.to_string()).collect::<Vec<_>>())
             })
             .unwrap_or_default(),
-        extended_jwt: false,
+        extended_jwt: case.extended,
     };
     let got: Vec<Vec<u8>> = if case.tcp {
         network_filters(&selected, &opts)
