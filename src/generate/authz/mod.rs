@@ -14,8 +14,10 @@
 //!   `istio_dry_run_allow_` / `istio_dry_run_deny_`) and are not enforced.
 //! - CUSTOM: per provider (sorted by name) an RBAC filter whose policies are shadow
 //!   rules (stat prefix `istio_ext_authz_`, names prefixed
-//!   `istio-ext-authz-<provider>-`) for an
-//!   `ext_authz` filter to read; the `ext_authz` filter itself is not built here.
+//!   `istio-ext-authz-<provider>-`) for an `ext_authz` filter to read; the
+//!   `ext_authz` filter itself is not built here. CUSTOM policies of an unknown
+//!   provider, or of several providers at once, become one DENY filter instead
+//!   (names suffixed `-deny-due-to-bad-CUSTOM-action`).
 
 pub mod matcher;
 pub mod model;
@@ -26,7 +28,7 @@ mod tests;
 #[cfg(test)]
 mod vectors;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
@@ -66,8 +68,15 @@ type Ap = Arc<Config<AuthorizationPolicy>>;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct AuthzOptions {
     pub trust_domains: TrustDomains,
-    /// JWT claim matches accept a string claim as well as a list (Envoy ≥ 1.21).
+    /// JWT claims and envoy filter metadata matched with one matcher per field that
+    /// also accepts a string claim where a list is expected (current proxies).
     pub extended_jwt: bool,
+    /// The ext_authz providers CUSTOM policies may name (the mesh config's usable
+    /// `extensionProviders`); `None` accepts any name.
+    pub custom_providers: Option<BTreeSet<String>>,
+    /// Whether CUSTOM policies of different providers may apply to one workload
+    /// (Istio's `PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS`, off by default).
+    pub multiple_custom_providers: bool,
 }
 
 impl AuthzOptions {
@@ -76,6 +85,8 @@ impl AuthzOptions {
         AuthzOptions {
             trust_domains: TrustDomains::new(&mesh.trust_domain, &mesh.trust_domain_aliases),
             extended_jwt: true,
+            custom_providers: None,
+            multiple_custom_providers: false,
         }
     }
 }
@@ -164,31 +175,60 @@ pub fn never_matching() -> Policy {
     }
 }
 
-fn policy_name(name_prefix: &str, ns: &str, name: &str, i: usize) -> String {
-    format!("{name_prefix}ns[{ns}]-policy[{name}]-rule[{i}]")
+/// What a group of policies becomes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Group<'a> {
+    /// ALLOW, DENY or AUDIT rules (dry-run policies as shadow rules).
+    Enforced(Action),
+    /// The policies of one CUSTOM provider: shadow rules marking what ext_authz checks.
+    Custom(&'a str),
+    /// CUSTOM policies that cannot be sent to their provider: denied instead.
+    BadCustom,
 }
+
+/// The suffix of the policies of CUSTOM actions that cannot be applied.
+const BAD_CUSTOM_SUFFIX: &str = "-deny-due-to-bad-CUSTOM-action";
 
 /// Translates a group of policies of one action into RBAC rules. CUSTOM policies
 /// (all of one provider) go to the shadow rules, named
 /// `istio-ext-authz-<provider>-ns[..]-policy[..]-rule[..]`.
 pub fn build(policies: &[Ap], action: Action, tcp: bool, opts: &AuthzOptions) -> Built {
-    let rbac_action = match action {
-        Action::Allow => rbac::Action::Allow,
-        Action::Deny | Action::Custom => rbac::Action::Deny,
-        Action::Audit => rbac::Action::Log,
+    let group = match action {
+        Action::Custom => Group::Custom(policies.first().map(|p| provider(p)).unwrap_or("")),
+        other => Group::Enforced(other),
     };
-    let effect = if action == Action::Allow {
-        Effect::Allow
-    } else {
-        Effect::DenyOrAudit
+    build_group(policies, group, tcp, opts)
+}
+
+fn provider(p: &Config<AuthorizationPolicy>) -> &str {
+    match &p.spec.action_detail {
+        Some(ActionDetail::Provider(pr)) => &pr.name,
+        None => "",
+    }
+}
+
+fn build_group(policies: &[Ap], group: Group<'_>, tcp: bool, opts: &AuthzOptions) -> Built {
+    let rbac_action = match group {
+        Group::Enforced(Action::Allow) => rbac::Action::Allow,
+        Group::Enforced(Action::Audit) => rbac::Action::Log,
+        Group::Enforced(_) | Group::Custom(_) | Group::BadCustom => rbac::Action::Deny,
     };
-    let custom = action == Action::Custom;
-    let name_prefix = match (custom, policies.first().map(|p| &p.spec.action_detail)) {
-        (true, Some(Some(ActionDetail::Provider(p)))) => {
-            format!("{EXT_AUTHZ_NAME_PREFIX}-{}-", p.name)
-        }
-        (true, _) => format!("{EXT_AUTHZ_NAME_PREFIX}-"),
-        (false, _) => String::new(),
+    // A CUSTOM rule with a condition the chain cannot check is dropped whole (as for
+    // ALLOW): ext_authz is asked about fewer requests, never about more.
+    let effect = match group {
+        Group::Enforced(Action::Allow) | Group::Custom(_) => Effect::Allow,
+        _ => Effect::DenyOrAudit,
+    };
+    let (name_prefix, name_suffix) = match group {
+        Group::Enforced(_) => (String::new(), ""),
+        Group::Custom(provider) => (format!("{EXT_AUTHZ_NAME_PREFIX}-{provider}-"), ""),
+        Group::BadCustom => (format!("{EXT_AUTHZ_NAME_PREFIX}-"), BAD_CUSTOM_SUFFIX),
+    };
+    let name = |p: &Config<AuthorizationPolicy>, i: usize| {
+        format!(
+            "{name_prefix}ns[{}]-policy[{}]-rule[{i}]{name_suffix}",
+            p.namespace, p.name
+        )
     };
     let empty = || Rbac {
         action: rbac_action as i32,
@@ -197,7 +237,12 @@ pub fn build(policies: &[Ap], action: Action, tcp: bool, opts: &AuthzOptions) ->
     };
     let mut out = Built::default();
     for p in policies {
-        let rbac = if is_dry_run(p) && !custom {
+        let shadow = match group {
+            Group::Enforced(_) => is_dry_run(p),
+            Group::Custom(_) => true,
+            Group::BadCustom => false,
+        };
+        let rbac = if shadow {
             out.shadow.get_or_insert_with(empty)
         } else {
             out.rules.get_or_insert_with(empty)
@@ -210,17 +255,13 @@ pub fn build(policies: &[Ap], action: Action, tcp: bool, opts: &AuthzOptions) ->
             extended_jwt: opts.extended_jwt,
         };
         if p.spec.rules.is_empty() {
-            rbac.policies.insert(
-                policy_name(&name_prefix, &p.namespace, &p.name, 0),
-                never_matching(),
-            );
+            rbac.policies.insert(name(p, 0), never_matching());
             continue;
         }
         for (i, rule) in p.spec.rules.iter().enumerate() {
             match model::rule_policy(rule, &target) {
                 Ok(policy) => {
-                    rbac.policies
-                        .insert(policy_name(&name_prefix, &p.namespace, &p.name, i), policy);
+                    rbac.policies.insert(name(p, i), policy);
                 }
                 Err(e) => tracing::debug!(
                     namespace = %p.namespace, name = %p.name, rule = i, tcp,
@@ -228,10 +269,6 @@ pub fn build(policies: &[Ap], action: Action, tcp: bool, opts: &AuthzOptions) ->
                 ),
             }
         }
-    }
-    if custom {
-        // Every CUSTOM policy is enforced by ext_authz; RBAC only marks the requests.
-        out.shadow = out.rules.take();
     }
     out
 }
@@ -247,6 +284,14 @@ fn shadow_prefix(shadow: &Option<Rbac>) -> &'static str {
     }
 }
 
+fn group_shadow_prefix(group: Group<'_>, shadow: &Option<Rbac>) -> &'static str {
+    match group {
+        Group::Enforced(_) => shadow_prefix(shadow),
+        Group::Custom(_) => EXT_AUTHZ_SHADOW_PREFIX,
+        Group::BadCustom => "",
+    }
+}
+
 fn pack<M: Message + Name>(m: &M) -> Any {
     Any {
         type_url: M::type_url(),
@@ -255,18 +300,35 @@ fn pack<M: Message + Name>(m: &M) -> Any {
 }
 
 /// The groups in filter order: CUSTOM (one per provider, sorted), AUDIT, DENY, ALLOW.
-fn groups(selected: &Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(bool, Built)> {
+fn groups<'a>(selected: &'a Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(Group<'a>, Built)> {
     let mut out = Vec::new();
-    let mut providers: BTreeMap<String, Vec<Ap>> = BTreeMap::new();
+    let mut providers: BTreeMap<&str, Vec<Ap>> = BTreeMap::new();
     for p in &selected.custom {
-        let name = match &p.spec.action_detail {
-            Some(ActionDetail::Provider(pr)) => pr.name.clone(),
-            None => String::new(),
-        };
-        providers.entry(name).or_default().push(Arc::clone(p));
+        providers
+            .entry(provider(p))
+            .or_default()
+            .push(Arc::clone(p));
     }
-    for list in providers.values() {
-        out.push((true, build(list, Action::Custom, tcp, opts)));
+    let unknown = |name: &str| {
+        opts.custom_providers
+            .as_ref()
+            .is_some_and(|known| !known.contains(name))
+    };
+    let bad = (providers.len() > 1 && !opts.multiple_custom_providers)
+        || providers.keys().any(|name| unknown(name));
+    if bad {
+        // Istio refuses the whole CUSTOM group and denies what it would have checked.
+        out.push((
+            Group::BadCustom,
+            build_group(&selected.custom, Group::BadCustom, tcp, opts),
+        ));
+    } else {
+        for (name, list) in &providers {
+            out.push((
+                Group::Custom(name),
+                build_group(list, Group::Custom(name), tcp, opts),
+            ));
+        }
     }
     for (list, action) in [
         (&selected.audit, Action::Audit),
@@ -274,7 +336,10 @@ fn groups(selected: &Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(bool, Bui
         (&selected.allow, Action::Allow),
     ] {
         if !list.is_empty() {
-            out.push((false, build(list, action, tcp, opts)));
+            out.push((
+                Group::Enforced(action),
+                build_group(list, Group::Enforced(action), tcp, opts),
+            ));
         }
     }
     out
@@ -284,21 +349,12 @@ fn groups(selected: &Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(bool, Bui
 pub fn http_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<HttpFilter> {
     groups(selected, false, opts)
         .into_iter()
-        .map(|(custom, b)| {
-            let config = if custom {
-                HttpRbac {
-                    shadow_rules: b.shadow,
-                    shadow_rules_stat_prefix: EXT_AUTHZ_SHADOW_PREFIX.into(),
-                    ..Default::default()
-                }
-            } else {
-                let prefix = shadow_prefix(&b.shadow);
-                HttpRbac {
-                    rules: b.rules,
-                    shadow_rules: b.shadow,
-                    shadow_rules_stat_prefix: prefix.into(),
-                    ..Default::default()
-                }
+        .map(|(group, b)| {
+            let config = HttpRbac {
+                shadow_rules_stat_prefix: group_shadow_prefix(group, &b.shadow).into(),
+                rules: b.rules,
+                shadow_rules: b.shadow,
+                ..Default::default()
             };
             HttpFilter {
                 name: HTTP_RBAC.into(),
@@ -313,23 +369,13 @@ pub fn http_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<HttpFilter>
 pub fn network_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<Filter> {
     groups(selected, true, opts)
         .into_iter()
-        .map(|(custom, b)| {
-            let config = if custom {
-                NetworkRbac {
-                    shadow_rules: b.shadow,
-                    shadow_rules_stat_prefix: EXT_AUTHZ_SHADOW_PREFIX.into(),
-                    stat_prefix: TCP_STAT_PREFIX.into(),
-                    ..Default::default()
-                }
-            } else {
-                let prefix = shadow_prefix(&b.shadow);
-                NetworkRbac {
-                    rules: b.rules,
-                    shadow_rules: b.shadow,
-                    shadow_rules_stat_prefix: prefix.into(),
-                    stat_prefix: TCP_STAT_PREFIX.into(),
-                    ..Default::default()
-                }
+        .map(|(group, b)| {
+            let config = NetworkRbac {
+                shadow_rules_stat_prefix: group_shadow_prefix(group, &b.shadow).into(),
+                rules: b.rules,
+                shadow_rules: b.shadow,
+                stat_prefix: TCP_STAT_PREFIX.into(),
+                ..Default::default()
             };
             Filter {
                 name: NETWORK_RBAC.into(),

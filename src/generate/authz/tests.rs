@@ -2,7 +2,7 @@
 
 #![allow(deprecated)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -575,4 +575,94 @@ fn dry_run_annotation_values() {
         p.annotations.insert(DRY_RUN_ANNOTATION.into(), v.into());
         assert_eq!(is_dry_run(&p), want, "{v}");
     }
+}
+
+#[test]
+fn custom_with_unknown_or_several_providers_denies() {
+    let text = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: a, namespace: foo}
+spec: {action: CUSTOM, provider: {name: one}, rules: [{to: [{operation: {paths: [/a]}}]}]}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: b, namespace: foo}
+spec: {action: CUSTOM, provider: {name: two}, rules: [{to: [{operation: {paths: [/b]}}]}]}
+";
+    let all = policies(text);
+    let labels = BTreeMap::new();
+    let known: BTreeSet<String> = ["one".to_string(), "two".to_string()].into();
+    let mut opts = AuthzOptions {
+        custom_providers: Some(known),
+        ..AuthzOptions::default()
+    };
+    // Two providers without the multiple-provider switch: one DENY filter.
+    let s = select(&all, "istio-system", "foo", &labels);
+    let configs: Vec<HttpRbac> = http_filters(&s, &opts).iter().map(http_config).collect();
+    assert_eq!(configs.len(), 1);
+    let rules = configs[0].rules.as_ref().expect("enforced");
+    assert_eq!(
+        rules.action,
+        envoy_types::pb::envoy::config::rbac::v3::rbac::Action::Deny as i32
+    );
+    assert!(
+        rules.policies.contains_key(
+            "istio-ext-authz-ns[foo]-policy[b]-rule[0]-deny-due-to-bad-CUSTOM-action"
+        )
+    );
+    assert!(configs[0].shadow_rules.is_none());
+    assert_eq!(configs[0].shadow_rules_stat_prefix, "");
+    // With the switch: one shadow filter per provider, sorted by provider.
+    opts.multiple_custom_providers = true;
+    let configs: Vec<HttpRbac> = http_filters(&s, &opts).iter().map(http_config).collect();
+    assert_eq!(configs.len(), 2);
+    assert!(configs.iter().all(|c| c.rules.is_none()));
+    let shadow = configs[1].shadow_rules.as_ref().expect("shadow");
+    assert!(
+        shadow
+            .policies
+            .contains_key("istio-ext-authz-two-ns[foo]-policy[b]-rule[0]")
+    );
+    // An unknown provider is refused too.
+    opts.custom_providers = Some(["one".to_string()].into());
+    let only_b = select(&all[1..], "istio-system", "foo", &labels);
+    let configs: Vec<HttpRbac> = http_filters(&only_b, &opts)
+        .iter()
+        .map(http_config)
+        .collect();
+    assert!(configs[0].rules.is_some());
+}
+
+#[test]
+fn custom_on_tcp_drops_rules_with_http_fields() {
+    let td = TrustDomains::default();
+    let text = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: c, namespace: foo}
+spec:
+  action: CUSTOM
+  provider: {name: p}
+  rules:
+  - to: [{operation: {methods: [GET], ports: ['80']}}]
+  - to: [{operation: {ports: ['81']}}]
+";
+    let s = select(&policies(text), "istio-system", "foo", &BTreeMap::new());
+    let filters = network_filters(&s, &AuthzOptions::default());
+    let Some(filter::ConfigType::TypedConfig(any)) = &filters[0].config_type else {
+        panic!("typed config")
+    };
+    let rbac = NetworkRbac::decode(any.value.as_slice()).expect("a network RBAC");
+    let shadow = rbac.shadow_rules.expect("shadow rules");
+    let names: BTreeSet<&String> = shadow.policies.keys().collect();
+    assert_eq!(names.len(), 1);
+    assert!(
+        shadow
+            .policies
+            .contains_key("istio-ext-authz-p-ns[foo]-policy[c]-rule[1]")
+    );
+    // The same rule of a DENY policy keeps the port.
+    let r = rule("to: [{operation: {methods: [GET], ports: ['80']}}]");
+    assert!(rule_policy(&r, &target(true, Effect::DenyOrAudit, &td)).is_ok());
 }

@@ -36,6 +36,8 @@ struct Vector {
     /// Istio's `extended-*` expectation (JWT claims and envoy filter metadata matched
     /// per field, for current proxies) rather than the per-value one.
     extended: bool,
+    /// The usable ext_authz providers of the mesh config.
+    providers: &'static [&'static str],
 }
 
 const fn v(name: &'static str, tcp: bool, outputs: usize) -> Vector {
@@ -45,6 +47,7 @@ const fn v(name: &'static str, tcp: bool, outputs: usize) -> Vector {
         outputs,
         trust_domain: None,
         extended: false,
+        providers: &["default"],
     }
 }
 
@@ -56,6 +59,7 @@ const fn ext(name: &'static str) -> Vector {
         outputs: 1,
         trust_domain: None,
         extended: true,
+        providers: &["default"],
     }
 }
 
@@ -66,6 +70,7 @@ const fn td(name: &'static str, domain: &'static str, aliases: &'static [&'stati
         outputs: 1,
         trust_domain: Some((domain, aliases)),
         extended: false,
+        providers: &["default"],
     }
 }
 
@@ -95,9 +100,17 @@ const VECTORS: &[Vector] = &[
     v("multiple-policies", false, 1),
     // Istio's second filter (ext_authz) is not built here; the RBAC one is compared.
     v("custom-grpc-provider", false, 1),
+    // Two providers at once (without Istio's multiple-provider flag).
+    v("custom-bad-multiple-providers", false, 1),
+    // The provider is not usable (Istio's test gives it an invalid port and path).
+    Vector {
+        providers: &[],
+        ..v("custom-bad-invalid-config", false, 1)
+    },
     v("dry-run-allow-and-deny", false, 2),
     v("allow-both-http-tcp", true, 1),
     v("audit-both-http-tcp", true, 1),
+    v("custom-both-http-tcp", true, 1),
     v("allow-only-http", true, 1),
     v("deny-both-http-tcp", true, 1),
     v("dry-run-mix", true, 1),
@@ -137,6 +150,13 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
          that matched `requestPrincipals` on the `istio_authn` filter's \
          `request.auth.principal` metadata, where later releases (and we, see the \
          single-policy vector) match the JWT payload's `iss` and `sub`",
+    ),
+    (
+        "tcp/custom-both-http-tcp",
+        "the rules match (HTTP-only rules dropped whole); the stored expectation is of \
+         the Istio release that named CUSTOM shadow policies `istio-ext-authz-ns[..]`, \
+         later releases (and we, see http/custom-grpc-provider) put the provider in: \
+         `istio-ext-authz-default-ns[..]`",
     ),
     (
         "http/trust-domain-multiple-aliases",
@@ -264,6 +284,8 @@ fn run(pool: &DescriptorPool, case: &Vector) -> Result<(), String> {
             })
             .unwrap_or_default(),
         extended_jwt: case.extended,
+        custom_providers: Some(case.providers.iter().map(|p| p.to_string()).collect()),
+        multiple_custom_providers: false,
     };
     let got: Vec<Vec<u8>> = if case.tcp {
         network_filters(&selected, &opts)
