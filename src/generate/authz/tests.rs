@@ -666,3 +666,45 @@ spec:
     let r = rule("to: [{operation: {methods: [GET], ports: ['80']}}]");
     assert!(rule_policy(&r, &target(true, Effect::DenyOrAudit, &td)).is_ok());
 }
+
+#[test]
+fn envoy_field_rules_reach_the_rbac_config() {
+    // The vector test checks every built filter against Envoy's PGV rules; this
+    // makes sure the check sees inside the RBAC config (an empty header name breaks
+    // `HeaderMatcher.name`).
+    let mut rbac = envoy_types::pb::envoy::config::rbac::v3::Rbac::default();
+    let mut policy = never_matching();
+    policy.permissions = vec![Permission {
+        rule: Some(permission::Rule::Header(m::header("", "x"))),
+    }];
+    rbac.policies.insert("p".into(), policy);
+    let config = HttpRbac {
+        rules: Some(rbac),
+        ..Default::default()
+    };
+    let filter = HttpFilter {
+        name: HTTP_RBAC.into(),
+        config_type: Some(http_filter::ConfigType::TypedConfig(
+            envoy_types::pb::google::protobuf::Any {
+                type_url: "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC".into(),
+                value: config.encode_to_vec(),
+            },
+        )),
+        ..Default::default()
+    };
+    let broken = std::panic::catch_unwind(|| crate::xds::pgv::assert_message_valid(&filter));
+    assert!(broken.is_err(), "an empty header name passed the PGV check");
+}
+
+#[test]
+fn options_from_the_mesh_config() {
+    let mesh = meshfed_api::mesh::v1alpha1::MeshConfig {
+        trust_domain: "td.example".into(),
+        trust_domain_aliases: vec!["old.example".into()],
+        ..Default::default()
+    };
+    let opts = AuthzOptions::from_mesh(&mesh);
+    assert_eq!(opts.trust_domains.domains(), ["td.example", "old.example"]);
+    assert!(opts.extended_jwt);
+    assert!(opts.custom_providers.is_none());
+}

@@ -287,16 +287,19 @@ fn run(pool: &DescriptorPool, case: &Vector) -> Result<(), String> {
         custom_providers: Some(case.providers.iter().map(|p| p.to_string()).collect()),
         multiple_custom_providers: false,
     };
+    // Every filter also has to pass Envoy's own field rules (PGV).
     let got: Vec<Vec<u8>> = if case.tcp {
-        network_filters(&selected, &opts)
+        let filters = network_filters(&selected, &opts);
+        filters
             .iter()
-            .map(Message::encode_to_vec)
-            .collect()
+            .for_each(crate::xds::pgv::assert_message_valid);
+        filters.iter().map(Message::encode_to_vec).collect()
     } else {
-        http_filters(&selected, &opts)
+        let filters = http_filters(&selected, &opts);
+        filters
             .iter()
-            .map(Message::encode_to_vec)
-            .collect()
+            .for_each(crate::xds::pgv::assert_message_valid);
+        filters.iter().map(Message::encode_to_vec).collect()
     };
     if got.len() != case.outputs {
         return Err(format!("{} filters, want {}", got.len(), case.outputs));
