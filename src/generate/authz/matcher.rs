@@ -162,38 +162,18 @@ fn metadata_value(filter: &str, path: &[&str], v: ValueMatcher) -> MetadataMatch
     }
 }
 
-/// A metadata matcher for a value that is a list (any element matches) or, when
-/// `or_string`, either such a list or the string itself.
-pub fn metadata_list(
-    filter: &str,
-    path: &[&str],
-    m: StringMatcher,
-    or_string: bool,
-) -> MetadataMatcher {
-    let string_value = ValueMatcher {
-        match_pattern: Some(value_matcher::MatchPattern::StringMatch(m)),
-    };
+/// A metadata matcher for a value that is a list with an element matching `m`.
+pub fn metadata_list(filter: &str, path: &[&str], m: StringMatcher) -> MetadataMatcher {
     let list = ValueMatcher {
         match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(
             ListMatcher {
-                match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(
-                    string_value.clone(),
-                ))),
+                match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(ValueMatcher {
+                    match_pattern: Some(value_matcher::MatchPattern::StringMatch(m)),
+                }))),
             },
         ))),
     };
-    if !or_string {
-        return metadata_value(filter, path, list);
-    }
-    metadata_value(
-        filter,
-        path,
-        ValueMatcher {
-            match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
-                value_matchers: vec![list, string_value],
-            })),
-        },
-    )
+    metadata_value(filter, path, list)
 }
 
 /// A value matcher for any of `values` (each with the usual wildcards).

@@ -43,7 +43,9 @@ pub struct Target<'a> {
     /// The policy's namespace (default of `serviceAccounts` entries).
     pub namespace: &'a str,
     pub trust_domains: &'a TrustDomains,
-    /// Match JWT list claims also when the claim is a plain string.
+    /// Current proxies: JWT claims (a string or a list) and envoy filter metadata
+    /// matched with one matcher per field; otherwise one list matcher per value, as
+    /// Istio does for older proxies.
     pub extended_jwt: bool,
 }
 
@@ -493,7 +495,7 @@ fn permission_of(attr: &Attr, v: &str) -> Result<Permission, String> {
         Attr::Sni => perm(permission::Rule::RequestedServerName(m::string(v))),
         Attr::EnvoyFilter { filter, key } => {
             let matcher = match v.strip_prefix('[').and_then(|x| x.strip_suffix(']')) {
-                Some(inner) => m::metadata_list(filter, &[key], m::string(inner), false),
+                Some(inner) => m::metadata_list(filter, &[key], m::string(inner)),
                 None => m::metadata(filter, &[key], m::string(v)),
             };
             perm(permission::Rule::Metadata(matcher))
@@ -527,13 +529,11 @@ fn principal_of(attr: &Attr, v: &str, t: &Target<'_>) -> Result<Principal, Strin
             JWT_FILTER,
             &["payload", "aud"],
             m::string(v),
-            t.extended_jwt,
         ))),
         Attr::Presenter => prin(principal::Identifier::Metadata(m::metadata_list(
             JWT_FILTER,
             &["payload", "azp"],
             m::string(v),
-            t.extended_jwt,
         ))),
         Attr::Claims(path) => {
             let mut full = vec!["payload"];
@@ -542,7 +542,6 @@ fn principal_of(attr: &Attr, v: &str, t: &Target<'_>) -> Result<Principal, Strin
                 JWT_FILTER,
                 &full,
                 m::string(v),
-                t.extended_jwt,
             )))
         }
         Attr::Header(name) => prin(principal::Identifier::Header(m::header(name, v))),

@@ -708,3 +708,26 @@ fn options_from_the_mesh_config() {
     assert!(opts.extended_jwt);
     assert!(opts.custom_providers.is_none());
 }
+
+#[test]
+fn claims_for_older_proxies_are_matched_value_by_value() {
+    let td = TrustDomains::default();
+    let r = rule("when: [{key: request.auth.audiences, values: [a, b]}]");
+    let t = Target {
+        extended_jwt: false,
+        ..target(false, Effect::Allow, &td)
+    };
+    let p = rule_policy(&r, &t).expect("a policy");
+    let values = or_ids(&principal_ids(&p)[0]);
+    assert_eq!(values.len(), 2);
+    let Some(principal::Identifier::Metadata(md)) = &values[0].identifier else {
+        panic!("metadata")
+    };
+    let value = md.value.as_ref().and_then(|v| v.match_pattern.as_ref());
+    assert!(matches!(
+        value,
+        Some(
+            envoy_types::pb::envoy::r#type::matcher::v3::value_matcher::MatchPattern::ListMatch(_)
+        )
+    ));
+}
