@@ -45,7 +45,7 @@ use meshfed_api::security::v1beta1::AuthorizationPolicy;
 use meshfed_api::security::v1beta1::authorization_policy::{Action, ActionDetail};
 use prost::{Message, Name};
 
-use crate::push::config_index::Config;
+use crate::push::config_index::{Config, ConfigIndex};
 use model::{Effect, Target};
 use trust_domain::TrustDomains;
 
@@ -149,6 +149,21 @@ pub fn select(
         list.push(Arc::clone(p));
     }
     out
+}
+
+/// [`select`] over a snapshot's AuthorizationPolicies, with the root namespace of its
+/// mesh config.
+pub fn select_in(
+    index: &ConfigIndex,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> Selected {
+    select(
+        index.authorization_policies(),
+        &index.root_namespace,
+        namespace,
+        labels,
+    )
 }
 
 /// The enforced and shadow rules of one group of policies.

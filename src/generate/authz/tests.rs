@@ -731,3 +731,32 @@ fn claims_for_older_proxies_are_matched_value_by_value() {
         )
     ));
 }
+
+#[test]
+fn selection_from_the_config_index_uses_the_mesh_root_namespace() {
+    let text = "\
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: mesh-wide, namespace: mesh-root}
+spec: {action: DENY, rules: [{}]}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: default-root, namespace: istio-system}
+spec: {action: DENY, rules: [{}]}
+";
+    let set = crate::push::config_index::ConfigSet {
+        authorization_policies: policies(text).iter().map(|p| (**p).clone()).collect(),
+        ..Default::default()
+    };
+    let mut config = crate::mesh::default_mesh_config();
+    config.root_namespace = "mesh-root".into();
+    let mesh = crate::mesh::MeshSettings {
+        config,
+        ..Default::default()
+    };
+    let index = crate::push::config_index::ConfigIndex::new(set, "cluster.local", &mesh);
+    let s = select_in(&index, "app", &BTreeMap::new());
+    let names: Vec<&str> = s.deny.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["mesh-wide"]);
+}
