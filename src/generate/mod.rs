@@ -10,6 +10,7 @@
 //! share them.
 
 pub mod authn;
+pub mod authz;
 pub mod cds;
 pub mod eds;
 pub mod gateway;
