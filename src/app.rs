@@ -525,9 +525,9 @@ impl ConfigStores {
             let mut not_enforced = Vec::new();
             for store in &stores {
                 for object in store.all() {
-                    if object.kind.is_security() {
+                    if let Some(gap) = meshfed_registry::config::validate::not_enforced(&object) {
                         not_enforced.push(format!(
-                            "{} {}/{} ({})",
+                            "{} {}/{} ({}): {gap}",
                             object.kind, object.namespace, object.name, object.source
                         ));
                     }
@@ -540,9 +540,8 @@ impl ConfigStores {
             if *last != not_enforced {
                 if !not_enforced.is_empty() {
                     tracing::warn!(
-                        objects = %not_enforced.join(", "),
-                        "security.istio.io objects are read and validated but not enforced yet: \
-                         no mTLS, authorization or JWT filters are built from them"
+                        objects = %not_enforced.join("; "),
+                        "security.istio.io objects meshfed does not fully apply yet"
                     );
                 }
                 *last = not_enforced;

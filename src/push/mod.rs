@@ -54,8 +54,8 @@ pub struct PushMetrics {
     pub virtual_services: Gauge,
     /// `meshfed_config_rejected`: config objects rejected (invalid) right now.
     pub config_rejected: Gauge,
-    /// `meshfed_config_not_enforced`: valid config objects of kinds meshfed reads but does
-    /// not apply yet (the security.istio.io kinds).
+    /// `meshfed_config_not_enforced`: valid config objects meshfed reads but does not
+    /// fully apply yet (the security.istio.io kinds; see `validate::not_enforced`).
     pub config_not_enforced: Gauge,
 }
 
@@ -107,7 +107,7 @@ impl PushMetrics {
         );
         registry.register(
             "meshfed_config_not_enforced",
-            "Valid Istio config objects of kinds meshfed reads and validates but does not apply to proxies yet (PeerAuthentication, RequestAuthentication, AuthorizationPolicy)",
+            "Valid Istio config objects meshfed reads and validates but does not fully apply to proxies yet (PeerAuthentication, RequestAuthentication; AuthorizationPolicy beyond sidecar inbound chains, or CUSTOM)",
             m.config_not_enforced.clone(),
         );
         m

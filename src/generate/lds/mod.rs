@@ -124,20 +124,21 @@ fn sidecar_listeners_unchecked(
     own_ip: Option<std::net::IpAddr>,
 ) -> Vec<Listener> {
     let mut out = Vec::new();
+    let authz = InboundAuthz::for_workload(snapshot, &proxy.namespace, &proxy.labels);
     // Without interception nothing reaches a capture listener: only bound ports.
     if !proxy.interception_none {
         let captured: Vec<&InboundPort> = inbound.iter().filter(|p| p.bind.is_none()).collect();
         out.push(outbound::virtual_outbound(snapshot, proxy));
-        out.push(virtual_inbound(snapshot, &captured));
+        out.push(virtual_inbound(snapshot, &captured, &authz));
     }
     out.extend(outbound::outbound_listeners(snapshot, proxy, own_ip));
-    out.extend(bound_inbound_listeners(inbound));
+    out.extend(bound_inbound_listeners(inbound, &authz));
     out
 }
 
 /// The real inbound listeners `<bind>_<port>` of the bound ports: the port's chain
 /// alone, without `original_dst` (the connection is addressed to the listener).
-fn bound_inbound_listeners(inbound: &[InboundPort]) -> Vec<Listener> {
+fn bound_inbound_listeners(inbound: &[InboundPort], authz: &InboundAuthz) -> Vec<Listener> {
     let mut seen = std::collections::BTreeSet::new();
     inbound
         .iter()
@@ -147,29 +148,63 @@ fn bound_inbound_listeners(inbound: &[InboundPort]) -> Vec<Listener> {
             name: format!("{bind}_{}", p.target_port),
             address: Some(socket(bind, p.target_port)),
             traffic_direction: TrafficDirection::Inbound as i32,
-            filter_chains: inbound_chains(p),
+            filter_chains: inbound_chains(p, authz),
             listener_filters: inbound_listener_filters(std::iter::once(p)),
             ..Default::default()
         })
         .collect()
 }
 
+/// The authorization filters of a workload's inbound chains (its AuthorizationPolicies
+/// through [`crate::generate::authz`]): RBAC before the router of HTTP chains and
+/// before the TCP proxy of the others. Empty without policies.
+#[derive(Clone, Debug, Default)]
+pub struct InboundAuthz {
+    http: Vec<HttpFilter>,
+    network: Vec<Filter>,
+}
+
+impl InboundAuthz {
+    /// The filters of the policies selecting a workload of `namespace` with `labels`.
+    pub fn for_workload(
+        snapshot: &Snapshot,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> InboundAuthz {
+        let selected = crate::generate::authz::select_in(snapshot.config(), namespace, labels);
+        if selected.is_empty() {
+            return InboundAuthz::default();
+        }
+        let opts = crate::generate::authz::AuthzOptions::from_mesh(&snapshot.mesh().config);
+        InboundAuthz {
+            http: crate::generate::authz::http_filters(&selected, &opts),
+            network: crate::generate::authz::network_filters(&selected, &opts),
+        }
+    }
+}
+
 /// The chain of one inbound port: HTTP through an inline route to
-/// `inbound|<port>||`, else a TCP proxy to it.
-fn inbound_chain(p: &InboundPort) -> FilterChain {
+/// `inbound|<port>||`, else a TCP proxy to it; the workload's RBAC filters first.
+fn inbound_chain(p: &InboundPort, authz: &InboundAuthz) -> FilterChain {
     let cluster = cds::inbound_name(p.target_port);
     let bind = p.bind.as_deref().unwrap_or("0.0.0.0");
-    let filter = if p.http {
-        hcm_filter(
+    let filters = if p.http {
+        vec![hcm_filter_with(
             &format!("inbound_{bind}_{}", p.target_port),
             http_connection_manager::RouteSpecifier::RouteConfig(inbound_route(
                 &cluster,
                 p.target_port,
             )),
             false,
-        )
+            &authz.http,
+        )]
     } else {
-        tcp_proxy_filter(&cluster)
+        authz
+            .network
+            .iter()
+            .cloned()
+            .chain(std::iter::once(tcp_proxy_filter(&cluster)))
+            .collect()
     };
     FilterChain {
         name: cluster.clone(),
@@ -184,7 +219,7 @@ fn inbound_chain(p: &InboundPort) -> FilterChain {
             },
             ..Default::default()
         }),
-        filters: vec![filter],
+        filters,
         transport_socket: p
             .tls
             .as_ref()
@@ -203,9 +238,9 @@ fn sniffs(p: &InboundPort) -> bool {
 /// plain HTTP/1.1 and h2c before a TCP one, both matching `raw_buffer` as Istio's
 /// plaintext inbound chains do (the HTTP chain is named `<cluster>-http`: chain names
 /// are unique in a listener).
-fn inbound_chains(p: &InboundPort) -> Vec<FilterChain> {
+fn inbound_chains(p: &InboundPort, authz: &InboundAuthz) -> Vec<FilterChain> {
     if !sniffs(p) {
-        return vec![inbound_chain(p)];
+        return vec![inbound_chain(p, authz)];
     }
     let raw_buffer = |mut chain: FilterChain| {
         if let Some(m) = chain.filter_chain_match.as_mut() {
@@ -213,15 +248,18 @@ fn inbound_chains(p: &InboundPort) -> Vec<FilterChain> {
         }
         chain
     };
-    let mut http = raw_buffer(inbound_chain(&InboundPort {
-        http: true,
-        ..p.clone()
-    }));
+    let mut http = raw_buffer(inbound_chain(
+        &InboundPort {
+            http: true,
+            ..p.clone()
+        },
+        authz,
+    ));
     http.name.push_str("-http");
     if let Some(m) = http.filter_chain_match.as_mut() {
         m.application_protocols = vec!["http/1.1".into(), "h2c".into()];
     }
-    vec![http, raw_buffer(inbound_chain(p))]
+    vec![http, raw_buffer(inbound_chain(p, authz))]
 }
 
 /// The listener filters inbound chains need after `original_dst`, each running only
@@ -295,7 +333,11 @@ fn tls_inspector() -> ListenerFilter {
     }
 }
 
-fn virtual_inbound(snapshot: &Snapshot, inbound: &[&InboundPort]) -> Listener {
+fn virtual_inbound(
+    snapshot: &Snapshot,
+    inbound: &[&InboundPort],
+    authz: &InboundAuthz,
+) -> Listener {
     let port = u16::try_from(snapshot.mesh().config.proxy_inbound_listen_port).unwrap_or(15006);
     // Connections addressed to the capture port itself would loop.
     let mut chains: Vec<FilterChain> = vec![FilterChain {
@@ -312,7 +354,7 @@ fn virtual_inbound(snapshot: &Snapshot, inbound: &[&InboundPort]) -> Listener {
     let mut seen = std::collections::BTreeSet::new();
     for p in inbound {
         if seen.insert(p.target_port) {
-            chains.extend(inbound_chains(p));
+            chains.extend(inbound_chains(p, authz));
         }
     }
     chains.push(FilterChain {
@@ -397,17 +439,31 @@ pub fn hcm_filter(
     routes: http_connection_manager::RouteSpecifier,
     edge: bool,
 ) -> Filter {
+    hcm_filter_with(stat_prefix, routes, edge, &[])
+}
+
+/// [`hcm_filter`] with `filters` before the router.
+fn hcm_filter_with(
+    stat_prefix: &str,
+    routes: http_connection_manager::RouteSpecifier,
+    edge: bool,
+    filters: &[HttpFilter],
+) -> Filter {
     let hcm = HttpConnectionManager {
         stat_prefix: stat_prefix.to_string(),
         codec_type: http_connection_manager::CodecType::Auto as i32,
         route_specifier: Some(routes),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
-                &Router::default(),
-            ))),
-            ..Default::default()
-        }],
+        http_filters: filters
+            .iter()
+            .cloned()
+            .chain(std::iter::once(HttpFilter {
+                name: "envoy.filters.http.router".into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack(
+                    &Router::default(),
+                ))),
+                ..Default::default()
+            }))
+            .collect(),
         use_remote_address: Some(BoolValue { value: edge }),
         ..Default::default()
     };
@@ -570,6 +626,119 @@ pub(crate) mod tests {
             config: crate::mesh::default_mesh_config(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn authorization_policies_put_rbac_on_the_inbound_chains_of_the_workloads_they_select() {
+        use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
+        use meshfed_api::security::v1beta1 as sec;
+        use meshfed_api::r#type::v1beta1::WorkloadSelector;
+
+        let policy = |name: &str, action: sec::authorization_policy::Action, app: &str| Config {
+            name: name.into(),
+            namespace: "default".into(),
+            labels: Default::default(),
+            annotations: Default::default(),
+            creation_time: std::time::UNIX_EPOCH,
+            spec: sec::AuthorizationPolicy {
+                selector: Some(WorkloadSelector {
+                    match_labels: [("app".to_string(), app.to_string())].into(),
+                }),
+                action: action as i32,
+                rules: vec![sec::Rule {
+                    to: vec![sec::rule::To {
+                        operation: Some(sec::Operation {
+                            methods: vec!["POST".into()],
+                            ports: vec!["9000".into()],
+                            ..Default::default()
+                        }),
+                    }],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        };
+        let set = ConfigSet {
+            authorization_policies: vec![
+                policy("deny-post", sec::authorization_policy::Action::Deny, "a"),
+                policy("other", sec::authorization_policy::Action::Allow, "b"),
+            ],
+            ..Default::default()
+        };
+        let snap = snapshot(vec![], set, default_mesh());
+        let inbound = [
+            InboundPort::captured(8080, true),
+            InboundPort::captured(9000, false),
+        ];
+        let chains_of = |labels: serde_json::Value| {
+            let p = proxy(
+                "sidecar~10.0.0.1~a.default~default.svc.cluster.local",
+                labels,
+            );
+            let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
+            let vi = listeners
+                .into_iter()
+                .find(|l| l.name == VIRTUAL_INBOUND)
+                .unwrap();
+            let filters = |port: u16| -> Vec<Filter> {
+                vi.filter_chains
+                    .iter()
+                    .find(|c| c.name == cds::inbound_name(port))
+                    .unwrap()
+                    .filters
+                    .clone()
+            };
+            (filters(8080), filters(9000))
+        };
+        let http_filter_names = |filters: &[Filter]| -> Vec<String> {
+            let Some(filter::ConfigType::TypedConfig(any)) = &filters[0].config_type else {
+                panic!("typed")
+            };
+            HttpConnectionManager::decode(any.value.as_slice())
+                .unwrap()
+                .http_filters
+                .into_iter()
+                .map(|f| f.name)
+                .collect()
+        };
+
+        // Selected (app: a): DENY RBAC before the router, and on the TCP chain before
+        // the TCP proxy; the policy of app: b does not apply.
+        let (http, tcp) = chains_of(serde_json::json!({"app": "a"}));
+        assert_eq!(
+            http_filter_names(&http),
+            vec!["envoy.filters.http.rbac", "envoy.filters.http.router"]
+        );
+        let names: Vec<&str> = tcp.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "envoy.filters.network.rbac",
+                "envoy.filters.network.tcp_proxy"
+            ]
+        );
+        let Some(filter::ConfigType::TypedConfig(any)) = &tcp[0].config_type else {
+            panic!("typed")
+        };
+        let rbac = NetworkRbac::decode(any.value.as_slice()).unwrap();
+        assert_eq!(rbac.stat_prefix, "tcp.");
+        let rules = rbac.rules.unwrap();
+        assert_eq!(
+            rules.action,
+            envoy_types::pb::envoy::config::rbac::v3::rbac::Action::Deny as i32
+        );
+        assert!(
+            rules
+                .policies
+                .contains_key("ns[default]-policy[deny-post]-rule[0]"),
+            "{:?}",
+            rules.policies.keys()
+        );
+
+        // Not selected (app: c): no RBAC at all.
+        let (http, tcp) = chains_of(serde_json::json!({"app": "c"}));
+        assert_eq!(http_filter_names(&http), vec!["envoy.filters.http.router"]);
+        assert_eq!(tcp.len(), 1);
     }
 
     #[test]

@@ -613,9 +613,9 @@ mod tests {
             // object's own warnings.
             let (not_enforced, rest): (Vec<String>, Vec<String>) = text(&report.warnings)
                 .into_iter()
-                .partition(|w| w.contains("is read and validated but not enforced by meshfed yet"));
+                .partition(|w| w.contains("enforced"));
             assert_eq!(not_enforced.len(), 1, "{not_enforced:?}");
-            assert!(not_enforced[0].contains(&format!("{kind} foo/p: spec: {kind} is read")));
+            assert!(not_enforced[0].contains(&format!("{kind} foo/p: spec: {kind} ")));
             Ok(rest)
         } else {
             Err(text(&report.errors))
