@@ -1132,6 +1132,104 @@ pub(crate) mod tests {
         assert!(bytes > 0);
     }
 
+    /// Issue 20's measure: the LDS of one istio-reference sidecar (namespace `ns-0`,
+    /// app `svc-0`) without and with 100 AuthorizationPolicies across the 10
+    /// namespaces (per namespace: 5 namespace-wide ones, 5 selecting one app), and the
+    /// time to generate it (printed, not asserted: a debug build measures little).
+    #[test]
+    fn lds_of_an_istio_reference_sidecar_with_100_authorization_policies() {
+        use meshfed_api::security::v1beta1 as sec;
+        use meshfed_api::r#type::v1beta1::WorkloadSelector;
+        let services: Vec<Service> = (0..1000u32)
+            .map(|j| {
+                let vip = std::net::Ipv4Addr::from(
+                    u32::from(std::net::Ipv4Addr::new(10, 96, 0, 0)) + j + 1,
+                );
+                service(
+                    &format!("svc-{j}.ns-{}.svc.cluster.local", j % 10),
+                    &format!("ns-{}", j % 10),
+                    &vip.to_string(),
+                    &[("http", 8080, Protocol::Http)],
+                )
+            })
+            .collect();
+        let policies: Vec<Config<sec::AuthorizationPolicy>> = (0..100u32)
+            .map(|i| {
+                let ns = format!("ns-{}", i % 10);
+                let k = i / 10;
+                Config {
+                    name: format!("policy-{i}"),
+                    namespace: ns.clone(),
+                    labels: Default::default(),
+                    annotations: Default::default(),
+                    creation_time: std::time::UNIX_EPOCH,
+                    spec: sec::AuthorizationPolicy {
+                        selector: (k >= 5).then(|| WorkloadSelector {
+                            match_labels: [("app".to_string(), format!("svc-{}", (k - 5) * 10))]
+                                .into(),
+                        }),
+                        action: if k % 2 == 0 {
+                            sec::authorization_policy::Action::Allow
+                        } else {
+                            sec::authorization_policy::Action::Deny
+                        } as i32,
+                        rules: vec![sec::Rule {
+                            from: vec![sec::rule::From {
+                                source: Some(sec::Source {
+                                    principals: vec![format!(
+                                        "cluster.local/ns/{ns}/sa/client-{k}"
+                                    )],
+                                    ..Default::default()
+                                }),
+                            }],
+                            to: vec![sec::rule::To {
+                                operation: Some(sec::Operation {
+                                    methods: vec!["GET".into(), "POST".into()],
+                                    paths: vec![format!("/api/v{k}/*")],
+                                    ..Default::default()
+                                }),
+                            }],
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    },
+                }
+            })
+            .collect();
+        let p = proxy(
+            "sidecar~172.16.0.1~svc-0-1.ns-0~ns-0.svc.cluster.local",
+            serde_json::json!({"app": "svc-0"}),
+        );
+        let inbound = [InboundPort::captured(9080, true)];
+        let measure = |set: ConfigSet| {
+            let snap = snapshot(services.clone(), set, default_mesh());
+            let view = p.client_view();
+            let start = std::time::Instant::now();
+            let rounds = 20;
+            let mut listeners = Vec::new();
+            for _ in 0..rounds {
+                listeners = sidecar_listeners(&snap, &view, &inbound);
+            }
+            let per = start.elapsed() / rounds;
+            let bytes: usize = listeners
+                .iter()
+                .map(|l| pack(l).encode_to_vec().len())
+                .sum();
+            (bytes, per)
+        };
+        let (plain, plain_time) = measure(ConfigSet::default());
+        let (with, with_time) = measure(ConfigSet {
+            authorization_policies: policies,
+            ..Default::default()
+        });
+        println!(
+            "LDS per istio-reference sidecar: {plain} bytes ({plain_time:?} to generate), \
+             with 100 AuthorizationPolicies: {with} bytes ({with_time:?})"
+        );
+        // The 5 namespace-wide policies of ns-0 and the one selecting svc-0 apply.
+        assert!(with > plain, "{with} <= {plain}");
+    }
+
     #[test]
     fn gateway_listeners_from_selected_gateways() {
         let gw = Gateway {
