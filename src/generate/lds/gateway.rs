@@ -40,13 +40,12 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
 use envoy_types::pb::google::protobuf::BoolValue;
 use meshfed_api::networking::v1alpha3::server_tls_settings::{TlSmode, TlsProtocol};
 use meshfed_api::networking::v1alpha3::{
-    L4MatchAttributes, RouteDestination, ServerTlsSettings, TlsMatchAttributes, VirtualService,
+    L4MatchAttributes, ServerTlsSettings, TlsMatchAttributes, VirtualService,
 };
 use meshfed_registry::Protocol;
 
-use super::outbound::{TLS_INSPECTOR, rds_connection_manager, tcp_proxy_filter};
+use super::outbound::{TLS_INSPECTOR, rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
 use super::{pack, socket};
-use crate::generate::cds;
 use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
 use crate::generate::policy::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
@@ -251,7 +250,13 @@ fn tcp_route_filter(
         for tcp in &vs.spec.tcp {
             let applies = tcp.r#match.is_empty() || tcp.r#match.iter().any(|m| l4_match(m, server));
             if applies && !tcp.route.is_empty() {
-                return Some(route_filter(snapshot, vs, &tcp.route, server.port()));
+                return Some(routes_tcp_proxy(
+                    snapshot,
+                    vs,
+                    &tcp.route,
+                    &vs.namespace,
+                    server.port(),
+                ));
             }
         }
     }
@@ -303,7 +308,13 @@ fn passthrough_chains(
                     sni: m.sni_hosts.clone(),
                     alpn: Vec::new(),
                     tls: None,
-                    filters: vec![route_filter(snapshot, vs, &tls.route, server.port())],
+                    filters: vec![routes_tcp_proxy(
+                        snapshot,
+                        vs,
+                        &tls.route,
+                        &vs.namespace,
+                        server.port(),
+                    )],
                 });
             }
         }
@@ -329,39 +340,6 @@ fn auto_passthrough_chains(
             }
         })
         .collect()
-}
-
-/// The TCP proxy of a gateway `tcp`/`tls` route: one destination, or weighted ones.
-fn route_filter(
-    snapshot: &Snapshot,
-    vs: &Config<VirtualService>,
-    routes: &[RouteDestination],
-    server_port: u16,
-) -> Filter {
-    let cluster = |r: &RouteDestination| {
-        let Some(d) = r.destination.as_ref() else {
-            return cds::BLACK_HOLE.to_string();
-        };
-        let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
-            Some(n) => u16::try_from(n).unwrap_or(server_port),
-            None => match snapshot.services().resolve(&d.host, &vs.namespace) {
-                Some(s) if s.ports.len() == 1 => s.ports[0].port.get(),
-                _ => server_port,
-            },
-        };
-        cds::outbound_name(port, &d.subset, &d.host)
-    };
-    if routes.len() == 1 {
-        return tcp_proxy_filter(&cluster(&routes[0]));
-    }
-    super::outbound::weighted_tcp_proxy(
-        &format!("{}.{}", vs.name, vs.namespace),
-        routes
-            .iter()
-            .filter(|r| r.weight > 0)
-            .map(|r| (cluster(r), u32::try_from(r.weight).unwrap_or(0)))
-            .collect(),
-    )
 }
 
 /// The connection manager of a gateway chain (Istio's gateway defaults: the gateway is

@@ -853,26 +853,35 @@ fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
     out
 }
 
-/// The TCP proxy of a `tcp`/`tls` route: one cluster, or weighted clusters with the
-/// stat prefix `<vs>.<namespace>`.
+/// The TCP proxy of a `tcp`/`tls` route on a service's listener (destinations resolved
+/// from the proxy's namespace, the listener's port by default).
 fn route_filter(
     ctx: &ServiceCtx<'_>,
     vs: &Config<VirtualService>,
     routes: &[RouteDestination],
+) -> Filter {
+    routes_tcp_proxy(ctx.snapshot, vs, routes, &ctx.proxy.namespace, ctx.port)
+}
+
+/// The TCP proxy of a `tcp`/`tls` route: one cluster, or weighted clusters with the
+/// stat prefix `<vs>.<namespace>`. A destination without port takes its service's
+/// only port (the service as seen from `namespace`), else `default_port`.
+pub(super) fn routes_tcp_proxy(
+    snapshot: &Snapshot,
+    vs: &Config<VirtualService>,
+    routes: &[RouteDestination],
+    namespace: &str,
+    default_port: u16,
 ) -> Filter {
     let cluster = |r: &RouteDestination| {
         let Some(d) = r.destination.as_ref() else {
             return cds::BLACK_HOLE.to_string();
         };
         let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
-            Some(n) => u16::try_from(n).unwrap_or(ctx.port),
-            None => match ctx
-                .snapshot
-                .services()
-                .resolve(&d.host, &ctx.proxy.namespace)
-            {
+            Some(n) => u16::try_from(n).unwrap_or(default_port),
+            None => match snapshot.services().resolve(&d.host, namespace) {
                 Some(s) if s.ports.len() == 1 => s.ports[0].port.get(),
-                _ => ctx.port,
+                _ => default_port,
             },
         };
         cds::outbound_name(port, &d.subset, &d.host)

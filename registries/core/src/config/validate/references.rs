@@ -19,6 +19,7 @@ use std::path::Path;
 use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use meshfed_api::networking::v1alpha3::{Gateway, Server, VirtualService};
 
+use super::common::hosts_match;
 use crate::config::model::{ConfigObject, Spec};
 use crate::config::source::{Diagnostic, Severity};
 use crate::model::Protocol;
@@ -246,21 +247,9 @@ fn hosts_meet(server: &Server, gw_ns: &str, vs_ns: &str, hosts: &[String]) -> bo
                 full = format!("{v}.{vs_ns}.svc.cluster.local");
                 full.as_str()
             };
-            overlaps(host, v)
+            hosts_match(host, v)
         })
     })
-}
-
-fn overlaps(a: &str, b: &str) -> bool {
-    covers(a, b) || covers(b, a)
-}
-
-fn covers(pattern: &str, host: &str) -> bool {
-    pattern == "*"
-        || pattern == host
-        || pattern
-            .strip_prefix('*')
-            .is_some_and(|suffix| host.ends_with(suffix))
 }
 
 #[cfg(test)]
