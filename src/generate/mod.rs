@@ -532,10 +532,23 @@ impl RouteInput {
     /// The route table, from the input and the snapshot alone; `None` when the proxy
     /// has no table of that name.
     pub fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
-        let config = if self.client.is_router() {
-            rds::gateway_route_config(snapshot, &self.client, &self.targets, &self.name)?
-        } else {
-            rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?)
+        let merged = self
+            .client
+            .is_router()
+            .then(|| gateway::MergedGateway::build(snapshot, &self.client.labels, &self.targets));
+        self.generate_in(snapshot, merged.as_ref())
+    }
+
+    /// [`RouteInput::generate`] with the router's merged Gateways (built from this
+    /// input) at hand, so the tables of one proxy share one merge.
+    fn generate_in(
+        &self,
+        snapshot: &Snapshot,
+        merged: Option<&gateway::MergedGateway>,
+    ) -> Option<Resource> {
+        let config = match merged {
+            Some(merged) => rds::gateway_route_config(snapshot, &self.client, merged, &self.name)?,
+            None => rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?),
         };
         Some(EncodedResource::encode(
             TypeUrl::Route,
@@ -550,6 +563,8 @@ impl RouteInput {
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     let client = Arc::new(proxy.client_view());
     let targets = Arc::new(router_targets(snapshot, proxy));
+    // A router's Gateways are merged once for all its tables (on the first miss).
+    let merged = std::cell::OnceCell::new();
     sub.names
         .iter()
         .filter_map(|name| {
@@ -558,9 +573,18 @@ fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Reso
                 name: Arc::from(name.as_str()),
                 targets: targets.clone(),
             };
-            snapshot
-                .cache()
-                .get_or_insert(input, |input| input.generate(snapshot))
+            snapshot.cache().get_or_insert(input, |input| {
+                let merged = input.client.is_router().then(|| {
+                    merged.get_or_init(|| {
+                        gateway::MergedGateway::build(
+                            snapshot,
+                            &input.client.labels,
+                            &input.targets,
+                        )
+                    })
+                });
+                input.generate_in(snapshot, merged)
+            })
         })
         .collect()
 }

@@ -72,7 +72,7 @@ use meshfed_registry::{Port, Protocol, ProviderId, Resolution, Service};
 use prost::{Message, Name};
 
 use super::cds;
-use crate::generate::gateway::{GatewayTarget, MergedGateway, MergedServer};
+use crate::generate::gateway::{MergedGateway, MergedServer};
 use crate::model::{ClientView, Generator};
 use crate::push::config_index::{Config, MESH_GATEWAY, fqdn, host_matches};
 use crate::push::snapshot::Snapshot;
@@ -555,10 +555,10 @@ impl<'a> GatewayRouteName<'a> {
 pub fn gateway_route_config(
     snapshot: &Snapshot,
     proxy: &ClientView,
-    targets: &[GatewayTarget],
+    merged: &MergedGateway,
     route_name: &str,
 ) -> Option<RouteConfiguration> {
-    let out = gateway_route_config_unchecked(snapshot, proxy, targets, route_name);
+    let out = gateway_route_config_unchecked(snapshot, proxy, merged, route_name);
     // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
     #[cfg(any(test, feature = "testing"))]
     out.iter().for_each(crate::xds::pgv::assert_message_valid);
@@ -568,11 +568,10 @@ pub fn gateway_route_config(
 fn gateway_route_config_unchecked(
     snapshot: &Snapshot,
     proxy: &ClientView,
-    targets: &[GatewayTarget],
+    merged: &MergedGateway,
     route_name: &str,
 ) -> Option<RouteConfiguration> {
     GatewayRouteName::parse(route_name)?;
-    let merged = MergedGateway::build(snapshot, &proxy.labels, targets);
     let servers: Vec<&MergedServer> = merged.route_servers(route_name).collect();
     if servers.is_empty() {
         return Some(route_configuration(route_name.to_string(), Vec::new()));
@@ -3254,7 +3253,13 @@ mod tests {
     #[test]
     fn gateway_routes_are_bound_only_to_their_gateway() {
         let snap = gateway_snapshot();
-        let rc = gateway_route_config(&snap, &router().client_view(), &[], "http.80").unwrap();
+        let rc = gateway_route_config(
+            &snap,
+            &router().client_view(),
+            &MergedGateway::build(&snap, &router().labels, &[]),
+            "http.80",
+        )
+        .unwrap();
         assert_eq!(rc.name, "http.80");
         assert_eq!(
             cluster(
@@ -3283,16 +3288,33 @@ mod tests {
         );
         // The other gateway's router sees its own VirtualService only.
         let other = node("router", "istio-system", &[("istio", "other")], None);
-        let rc = gateway_route_config(&snap, &other.client_view(), &[], "http.80").unwrap();
+        let rc = gateway_route_config(
+            &snap,
+            &other.client_view(),
+            &MergedGateway::build(&snap, &other.labels, &[]),
+            "http.80",
+        )
+        .unwrap();
         assert_eq!(
             cluster(&rc, Request::new("bookinfo.example.com", 80, "/")),
             outbound(9080, "", RATINGS)
         );
         // No server on the port: an empty table; not a gateway route name: nothing.
-        let empty = gateway_route_config(&snap, &router().client_view(), &[], "http.81").unwrap();
+        let empty = gateway_route_config(
+            &snap,
+            &router().client_view(),
+            &MergedGateway::build(&snap, &router().labels, &[]),
+            "http.81",
+        )
+        .unwrap();
         assert!(empty.virtual_hosts.is_empty());
         assert_eq!(
-            gateway_route_config(&snap, &router().client_view(), &[], "9080"),
+            gateway_route_config(
+                &snap,
+                &router().client_view(),
+                &MergedGateway::build(&snap, &router().labels, &[]),
+                "9080"
+            ),
             None
         );
     }
@@ -3300,7 +3322,13 @@ mod tests {
     #[test]
     fn https_redirect_and_terminated_https() {
         let snap = gateway_snapshot();
-        let rc = gateway_route_config(&snap, &router().client_view(), &[], "http.80").unwrap();
+        let rc = gateway_route_config(
+            &snap,
+            &router().client_view(),
+            &MergedGateway::build(&snap, &router().labels, &[]),
+            "http.80",
+        )
+        .unwrap();
         assert_eq!(
             lands(&rc, Request::new("secure.example.com", 80, "/login")),
             RouteOutcome::Redirect {
@@ -3326,7 +3354,13 @@ mod tests {
             "",
             "passthrough"
         );
-        let rc = gateway_route_config(&snap, &router().client_view(), &[], https_name).unwrap();
+        let rc = gateway_route_config(
+            &snap,
+            &router().client_view(),
+            &MergedGateway::build(&snap, &router().labels, &[]),
+            https_name,
+        )
+        .unwrap();
         assert_eq!(
             cluster(&rc, Request::new("secure.example.com", 443, "/").tls()),
             outbound(9080, "", REVIEWS)
@@ -3365,7 +3399,13 @@ mod tests {
             ..Default::default()
         };
         let snap = snapshot(bookinfo(), set);
-        let rc = gateway_route_config(&snap, &router().client_view(), &[], "http.8080").unwrap();
+        let rc = gateway_route_config(
+            &snap,
+            &router().client_view(),
+            &MergedGateway::build(&snap, &router().labels, &[]),
+            "http.8080",
+        )
+        .unwrap();
         assert_eq!(names(&rc), vec!["blackhole:8080"]);
         assert_eq!(
             simulate::route(&rc, &Request::new("x", 8080, "/")),
@@ -3383,7 +3423,13 @@ mod tests {
                 9080,
             ),
             sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80),
-            gateway_route_config(&snap, &router().client_view(), &[], "http.80").unwrap(),
+            gateway_route_config(
+                &snap,
+                &router().client_view(),
+                &MergedGateway::build(&snap, &router().labels, &[]),
+                "http.80",
+            )
+            .unwrap(),
         ];
         tables[2].name = "gw".into();
         let clusters: Vec<Cluster> = tables
