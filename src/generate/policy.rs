@@ -959,7 +959,7 @@ fn simple_or_mutual_context(
                 return None;
             }
             common.tls_certificate_sds_secret_configs = vec![agent_sds(
-                &format!("file-cert:{}~{}", tls.client_certificate, tls.private_key),
+                &file_cert_name(&tls.client_certificate, &tls.private_key),
                 false,
             )];
         }
@@ -975,7 +975,7 @@ fn simple_or_mutual_context(
             combined_validation(
                 san_matchers(&sans),
                 crl,
-                agent_sds(&format!("file-root:{ca}"), false),
+                agent_sds(&file_root_name(ca), false),
             )
         });
     }
@@ -1071,6 +1071,35 @@ pub fn agent_sds(name: &str, no_fetch_timeout: bool) -> SdsSecretConfig {
             initial_fetch_timeout: no_fetch_timeout.then(PbDuration::default),
             ..Default::default()
         }),
+    }
+}
+
+/// The agent's SDS name of mounted certificate and key files.
+pub fn file_cert_name(cert: &str, key: &str) -> String {
+    format!("file-cert:{cert}~{key}")
+}
+
+/// The agent's SDS name of a mounted CA bundle.
+pub fn file_root_name(ca: &str) -> String {
+    format!("file-root:{ca}")
+}
+
+/// A server's certificate (gateway, Sidecar ingress): its files, or without both the
+/// workload's own (`default`).
+pub fn server_cert_name(cert: &str, key: &str) -> String {
+    if cert.is_empty() || key.is_empty() {
+        SDS_DEFAULT.to_string()
+    } else {
+        file_cert_name(cert, key)
+    }
+}
+
+/// The CA a server validates clients with: its file, or the mesh root (`ROOTCA`).
+pub fn server_root_name(ca: &str) -> String {
+    if ca.is_empty() {
+        SDS_ROOT.to_string()
+    } else {
+        file_root_name(ca)
     }
 }
 

@@ -49,7 +49,7 @@ use super::{pack, socket};
 use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
 use crate::generate::policy::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
-    san_matchers,
+    san_matchers, server_cert_name, server_root_name,
 };
 use crate::model::ClientView;
 use crate::push::config_index::{Config, host_matches};
@@ -425,18 +425,10 @@ pub(crate) fn downstream_tls(
         }
     } else {
         // Certificates mounted in the gateway pod, served by its agent over SDS.
-        let cert = if t.server_certificate.is_empty() || t.private_key.is_empty() {
-            SDS_DEFAULT.to_string()
-        } else {
-            format!("file-cert:{}~{}", t.server_certificate, t.private_key)
-        };
+        let cert = server_cert_name(&t.server_certificate, &t.private_key);
         common.tls_certificate_sds_secret_configs = vec![agent_sds(&cert, cert == SDS_DEFAULT)];
         if validate_client {
-            let root = if t.ca_certificates.is_empty() {
-                SDS_ROOT.to_string()
-            } else {
-                format!("file-root:{}", t.ca_certificates)
-            };
+            let root = server_root_name(&t.ca_certificates);
             common.validation_context_type = Some(combined_validation(
                 san_matchers(&t.subject_alt_names),
                 None,

@@ -81,20 +81,12 @@ impl IngressTls {
 
     /// The SDS name of the serving certificate.
     pub fn certificate_name(&self) -> String {
-        if self.server_certificate.is_empty() || self.private_key.is_empty() {
-            SDS_DEFAULT.to_string()
-        } else {
-            format!("file-cert:{}~{}", self.server_certificate, self.private_key)
-        }
+        crate::generate::policy::server_cert_name(&self.server_certificate, &self.private_key)
     }
 
     /// The SDS name of the CA validating clients.
     pub fn root_name(&self) -> String {
-        if self.ca_certificates.is_empty() {
-            SDS_ROOT.to_string()
-        } else {
-            format!("file-root:{}", self.ca_certificates)
-        }
+        crate::generate::policy::server_root_name(&self.ca_certificates)
     }
 
     /// The downstream TLS context of the chain.
