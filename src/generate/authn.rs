@@ -168,8 +168,100 @@ pub fn inferred_namespace_mode(snapshot: &Snapshot, namespace: &str) -> MtlsMode
         .unwrap_or(MtlsMode::Permissive)
 }
 
+/// Cipher suites of inbound mesh mTLS unless `meshMTLS.cipherSuites` names others
+/// (Istio's `SupportedCiphers`).
+pub const INBOUND_MTLS_CIPHERS: [&str; 6] = [
+    "ECDHE-ECDSA-AES256-GCM-SHA384",
+    "ECDHE-RSA-AES256-GCM-SHA384",
+    "ECDHE-ECDSA-AES128-GCM-SHA256",
+    "ECDHE-RSA-AES128-GCM-SHA256",
+    "AES256-GCM-SHA384",
+    "AES128-GCM-SHA256",
+];
+
+/// The server side of mesh mTLS on an inbound chain (Istio's `BuildInboundTLS`): the
+/// agent's workload certificate (`default`) and root (`ROOTCA`) over SDS, a client
+/// certificate required and accepted when its URI SAN is in the mesh trust domain or
+/// one of its aliases, TLS 1.2 (1.3 with `meshMTLS.minProtocolVersion: TLSV1_3`) to
+/// 1.3. TCP chains offer `istio-peer-exchange` before `h2`, `http/1.1` so peers can
+/// exchange metadata; HTTP chains offer `h2`, `http/1.1` only (`istio` must never be
+/// negotiated: it only selects the chain).
+pub fn inbound_mtls_context(
+    mesh: &meshfed_api::mesh::v1alpha1::MeshConfig,
+    tcp: bool,
+) -> envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
+        CommonTlsContext, DownstreamTlsContext, SubjectAltNameMatcher, TlsParameters,
+        subject_alt_name_matcher, tls_parameters,
+    };
+    use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
+    use meshfed_api::mesh::v1alpha1::mesh_config::tls_config::TlsProtocol;
+
+    use crate::generate::policy::{SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation};
+
+    let alpn: &[&str] = if tcp {
+        &["istio-peer-exchange", "h2", "http/1.1"]
+    } else {
+        &["h2", "http/1.1"]
+    };
+    let mesh_mtls = mesh.mesh_m_tls.as_ref();
+    let min = match mesh_mtls.map(|t| TlsProtocol::try_from(t.min_protocol_version)) {
+        Some(Ok(TlsProtocol::Tlsv13)) => tls_parameters::TlsProtocol::TlSv13,
+        _ => tls_parameters::TlsProtocol::TlSv12,
+    };
+    let ciphers: Vec<String> = match mesh_mtls {
+        Some(t) if !t.cipher_suites.is_empty() => t.cipher_suites.clone(),
+        _ => INBOUND_MTLS_CIPHERS.iter().map(|c| c.to_string()).collect(),
+    };
+    let trust_domain = if mesh.trust_domain.is_empty() {
+        "cluster.local"
+    } else {
+        mesh.trust_domain.as_str()
+    };
+    let domains = crate::generate::authz::trust_domain::TrustDomains::new(
+        trust_domain,
+        &mesh.trust_domain_aliases,
+    );
+    let sans = domains
+        .domains()
+        .iter()
+        .map(|td| SubjectAltNameMatcher {
+            san_type: subject_alt_name_matcher::SanType::Uri as i32,
+            matcher: Some(StringMatcher {
+                match_pattern: Some(string_matcher::MatchPattern::Prefix(format!(
+                    "spiffe://{td}/"
+                ))),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect();
+    DownstreamTlsContext {
+        common_tls_context: Some(CommonTlsContext {
+            tls_params: Some(TlsParameters {
+                tls_minimum_protocol_version: min as i32,
+                tls_maximum_protocol_version: tls_parameters::TlsProtocol::TlSv13 as i32,
+                cipher_suites: ciphers,
+                ..Default::default()
+            }),
+            alpn_protocols: alpn.iter().map(|a| a.to_string()).collect(),
+            tls_certificate_sds_secret_configs: vec![agent_sds(SDS_DEFAULT, true)],
+            validation_context_type: Some(combined_validation(
+                sans,
+                None,
+                agent_sds(SDS_ROOT, true),
+            )),
+            ..Default::default()
+        }),
+        require_client_certificate: Some(envoy_types::pb::google::protobuf::BoolValue {
+            value: true,
+        }),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::time::{Duration, SystemTime};
 
     use meshfed_api::security::v1beta1::peer_authentication::MutualTls;
@@ -179,7 +271,7 @@ mod tests {
     use crate::generate::lds::tests::{default_mesh, snapshot as build};
     use crate::push::config_index::ConfigSet;
 
-    fn pa(
+    pub(crate) fn pa(
         ns: &str,
         name: &str,
         age: u64,

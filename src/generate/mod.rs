@@ -480,13 +480,27 @@ pub(crate) fn inbound_ports(snapshot: &Snapshot, proxy: &Proxy) -> Vec<lds::Inbo
                         .tls
                         .as_ref()
                         .and_then(lds::ingress_tls::IngressTls::from_settings);
-                    let mut protocol = meshfed_registry::Protocol::parse(&port.protocol);
-                    if tls.is_some() {
-                        protocol = lds::ingress_tls::IngressTls::after_termination(protocol);
-                    }
+                    let declared = meshfed_registry::Protocol::parse(&port.protocol);
+                    let protocol = if tls.is_some() {
+                        lds::ingress_tls::IngressTls::after_termination(declared)
+                    } else {
+                        declared
+                    };
+                    // Istio names a Sidecar ingress chain after its bind, else after
+                    // the proxy's first address.
+                    let name_bind = if !ingress.bind.is_empty() {
+                        ingress.bind.clone()
+                    } else {
+                        proxy
+                            .ip_addresses
+                            .first()
+                            .map_or_else(|| wildcard.to_string(), |ip| ip.to_string())
+                    };
                     Some(lds::InboundPort {
                         bind,
+                        declared: tls.is_some().then(|| lds::inbound::PortClass::of(declared)),
                         tls,
+                        name_bind,
                         ..lds::InboundPort::for_protocol(number, protocol)
                     })
                 })

@@ -216,6 +216,11 @@ pub enum SimError {
     /// Plaintext into a chain that terminates TLS.
     #[error("invalid TLS: chain {0} expects a TLS handshake")]
     TlsError(String),
+    /// The chain's TLS and the call disagree on mutual TLS: a client certificate
+    /// required from a call without one, or a mesh mTLS call into a chain that does
+    /// not require it.
+    #[error("invalid mTLS: chain {0}")]
+    MtlsError(String),
     /// The chain's HTTP connection manager names a route table RDS did not send.
     #[error("route configuration {0:?} was not served")]
     RouteConfigNotFound(String),

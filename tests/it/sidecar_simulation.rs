@@ -427,16 +427,65 @@ fn headless_services() -> Scenario {
     s
 }
 
-/// TestInbound, its `Disable` variant (the port mTLS mode meshfed's inbound chains
-/// have, without PeerAuthentication): a workload of a STATIC ServiceEntry receiving
-/// TCP, HTTP and unnamed-protocol ports, plain and TLS (not terminated), and traffic to
-/// other addresses passing through. Not ported: the mTLS calls (the simulator has no
-/// mTLS call mode) and the PERMISSIVE and STRICT variants. Chain names are not compared
-/// (Istio's `0.0.0.0_81`, `virtualInbound` are meshfed's `inbound|81||`,
-/// `virtualInbound-catchall-tcp`).
-fn inbound() -> Scenario {
-    let mut s = Scenario::new(
-        "apiVersion: networking.istio.io/v1
+/// A mesh-wide PeerAuthentication in the root namespace (Istio's `mtlsMode`).
+fn mesh_mtls(mode: &str) -> String {
+    format!(
+        "apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {{name: default, namespace: istio-system}}
+spec:
+  mtls: {{mode: {mode}}}
+---
+"
+    )
+}
+
+/// What one TestInbound call reaches under a mode.
+#[derive(Clone, Copy)]
+enum In {
+    /// The cluster.
+    Cluster(&'static str),
+    /// The inbound HTTP route of a port (`inbound|http|<port>` to `inbound|<port>||`).
+    Http(u16),
+    /// The chain and the cluster (`virtualInbound`).
+    Chain(&'static str, &'static str),
+    /// An error.
+    Err(&'static str),
+}
+
+impl In {
+    fn expect(self) -> Expect {
+        match self {
+            In::Cluster(c) => Expect::cluster(c),
+            In::Http(port) => Expect {
+                virtual_host: Some(format!("inbound|http|{port}")),
+                cluster: Some(format!("inbound|{port}||")),
+                ..Default::default()
+            },
+            In::Chain(chain, cluster) => Expect {
+                listener: Some("virtualInbound".into()),
+                filter_chain: Some(chain.into()),
+                cluster: Some(cluster.into()),
+                ..Default::default()
+            },
+            In::Err(e) => Expect {
+                error: Some(e),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+const NO_CHAIN: In = In::Err("no filter chain");
+const PROTOCOL: In = In::Err("protocol error");
+const MTLS: In = In::Err("invalid mTLS");
+
+/// TestInbound: a workload of a STATIC ServiceEntry receiving TCP, HTTP and
+/// unnamed-protocol ports over plaintext, TLS (not terminated) and mesh mTLS, and
+/// traffic to other addresses passing through, with the mesh-wide PeerAuthentication
+/// DISABLE, PERMISSIVE and STRICT: 23 calls in each of the three modes.
+fn inbound() -> Vec<Scenario> {
+    let se = "apiVersion: networking.istio.io/v1
 kind: ServiceEntry
 metadata: {name: se}
 spec:
@@ -449,87 +498,149 @@ spec:
   - {name: tcp, number: 70, protocol: TCP}
   - {name: http, number: 80, protocol: HTTP}
   - {name: auto, number: 81}
-",
-    );
-    let inbound = |call: Call| call.mode(CallMode::Inbound);
-    let cluster = |c: &str| Expect {
-        listener: Some("virtualInbound".into()),
-        cluster: Some(c.into()),
-        ..Default::default()
-    };
-    let http = |port: u16| Expect {
-        virtual_host: Some(format!("inbound|http|{port}")),
-        cluster: Some(format!("inbound|{port}||")),
-        ..Default::default()
-    };
-    let protocol_error = Expect {
-        error: Some("protocol error"),
-        ..Default::default()
-    };
-    let calls: Vec<(&str, Call, Expect)> = vec![
-        ("tcp", Call::tcp(70), cluster("inbound|70||")),
-        ("http to tcp", Call::http(70), cluster("inbound|70||")),
-        ("tls to tcp", Call::tcp(70).tls(), cluster("inbound|70||")),
+---
+";
+    let tcp70 = In::Cluster("inbound|70||");
+    let auto_tcp = In::Chain("0.0.0.0_81", "inbound|81||");
+    let pass = In::Cluster("InboundPassthroughCluster");
+    let pass_http = In::Chain("virtualInbound-catchall-http", "InboundPassthroughCluster");
+    let pass_tcp = In::Chain("virtualInbound", "InboundPassthroughCluster");
+    let elsewhere = |c: Call| c.to("1.2.3.4");
+    // (name, call, DISABLE, PERMISSIVE, STRICT)
+    let cases: Vec<(&str, Call, [In; 3])> = vec![
+        ("tcp", Call::tcp(70), [tcp70, tcp70, NO_CHAIN]),
+        ("http to tcp", Call::http(70), [tcp70, tcp70, NO_CHAIN]),
+        ("tls to tcp", Call::tcp(70).tls(), [tcp70, tcp70, MTLS]),
+        ("https to tcp", Call::http(70).tls(), [tcp70, tcp70, MTLS]),
         (
-            "https to tcp",
-            Call::http(70).tls(),
-            cluster("inbound|70||"),
+            "mtls tcp to tcp",
+            Call::tcp(70).mtls(),
+            [tcp70, tcp70, tcp70],
         ),
-        ("http", Call::http(80), http(80)),
-        ("tls to http", Call::tcp(80).tls(), protocol_error.clone()),
+        (
+            "mtls http to tcp",
+            Call::http(70).mtls(),
+            [tcp70, tcp70, tcp70],
+        ),
+        (
+            "http",
+            Call::http(80),
+            [In::Http(80), In::Http(80), NO_CHAIN],
+        ),
+        (
+            "tls to http",
+            Call::tcp(80).tls(),
+            [PROTOCOL, NO_CHAIN, MTLS],
+        ),
         (
             "https to http",
             Call::http(80).tls(),
-            protocol_error.clone(),
+            [PROTOCOL, NO_CHAIN, MTLS],
         ),
-        ("tcp to http", Call::tcp(80), protocol_error),
-        ("auto port http", Call::http(81), http(81)),
-        ("auto port http2", Call::http2(81), http(81)),
-        ("auto port tcp", Call::tcp(81), cluster("inbound|81||")),
+        (
+            "mtls to http",
+            Call::http(80).mtls(),
+            [PROTOCOL, In::Http(80), In::Http(80)],
+        ),
+        ("tcp to http", Call::tcp(80), [PROTOCOL, PROTOCOL, NO_CHAIN]),
+        (
+            "auto port http",
+            Call::http(81),
+            [In::Http(81), In::Http(81), NO_CHAIN],
+        ),
+        (
+            "auto port http2",
+            Call::http2(81),
+            [In::Http(81), In::Http(81), NO_CHAIN],
+        ),
+        (
+            "auto port tcp",
+            Call::tcp(81),
+            [auto_tcp, auto_tcp, NO_CHAIN],
+        ),
         (
             "tls to auto port",
             Call::tcp(81).tls(),
-            cluster("inbound|81||"),
+            [auto_tcp, auto_tcp, MTLS],
         ),
         (
             "https to auto port",
             Call::http(81).tls(),
-            cluster("inbound|81||"),
+            [auto_tcp, auto_tcp, MTLS],
+        ),
+        (
+            "mtls tcp to auto port",
+            Call::tcp(81).mtls(),
+            [In::Cluster("inbound|81||"), auto_tcp, auto_tcp],
+        ),
+        (
+            "mtls http to auto port",
+            Call::http(81).mtls(),
+            [In::Cluster("inbound|81||"), In::Http(81), In::Http(81)],
         ),
         (
             "passthrough http",
-            Call::http(82).to("1.2.3.4"),
-            cluster("InboundPassthroughCluster"),
+            elsewhere(Call::http(82)),
+            [pass_http, pass_http, NO_CHAIN],
         ),
         (
             "passthrough tcp",
-            Call::tcp(82).to("1.2.3.4"),
-            cluster("InboundPassthroughCluster"),
+            elsewhere(Call::tcp(82)),
+            [pass_tcp, pass_tcp, NO_CHAIN],
         ),
         (
             "passthrough tls",
-            Call::tcp(82).tls().to("1.2.3.4"),
-            cluster("InboundPassthroughCluster"),
+            elsewhere(Call::tcp(82).tls()),
+            [pass_tcp, pass, MTLS],
         ),
         (
             "passthrough https",
-            Call::http(82).tls().to("1.2.3.4"),
-            cluster("InboundPassthroughCluster"),
+            elsewhere(Call::http(82).tls()),
+            [pass, pass, MTLS],
+        ),
+        (
+            "passthrough mtls",
+            elsewhere(Call::http(82).mtls()),
+            [pass, pass, pass],
         ),
     ];
-    for (name, call, expect) in calls {
-        s.call(format!("TestInbound/Disable/{name}"), inbound(call), expect);
-    }
-    s
+    ["Disable", "Permissive", "Strict"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, variant)| {
+            let mut s = Scenario::new(format!("{se}{}", mesh_mtls(&variant.to_ascii_uppercase())));
+            for (name, call, want) in &cases {
+                s.call(
+                    format!("TestInbound/{variant}/{name}"),
+                    call.clone().mode(CallMode::Inbound),
+                    want[i].expect(),
+                );
+            }
+            s
+        })
+        .collect()
 }
 
-/// TestInboundSidecarTLSModes, the cases with the port's PeerAuthentication mode
-/// DISABLE (meshfed has no PeerAuthentication: inbound ports are never mesh mTLS, so
-/// the Sidecar `ingress[].tls` is what the port gets): TLS terminated with the files the
-/// Sidecar names; plaintext finds no chain. Not ported: the calls made with mesh mTLS
-/// (the simulator has no mTLS call mode) and the STRICT case. Istio names the chain
-/// `1.1.1.1_9080`, meshfed `inbound|9080||`: the chain name is not compared.
+/// TestInboundSidecarTLSModes: a Sidecar `ingress[].tls` (SIMPLE or MUTUAL, HTTPS or
+/// TLS) on port 9080 of a workload whose PeerAuthentication is STRICT with the port
+/// DISABLE (the Sidecar's TLS terminates) or STRICT (mesh mTLS wins), called over TLS,
+/// plaintext and mTLS. A call names the SDS secret its chain must present to count as
+/// an mTLS chain (Istio's `MtlsSecretConfigName`).
 fn inbound_sidecar_tls_modes() -> Vec<Scenario> {
+    let peer_auth = |mode: &str| {
+        format!(
+            "apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {{name: peer-auth, namespace: default}}
+spec:
+  selector: {{matchLabels: {{app: foo}}}}
+  mtls: {{mode: STRICT}}
+  portLevelMtls:
+    9080: {{mode: {mode}}}
+---
+"
+        )
+    };
     let sidecar = |protocol: &str, mode: &str, ca: &str| {
         format!(
             "apiVersion: networking.istio.io/v1
@@ -548,78 +659,107 @@ spec:
         )
     };
     let ca = "\n      caCertificates: rootCA.pem";
+    let file = "file-cert:httpbin.pem~httpbinkey.pem";
     let inbound = |call: Call| call.mode(CallMode::Inbound);
-    let ok = |http: bool| Expect {
+    let ok = |vh: bool| Expect {
         listener: Some("virtualInbound".into()),
+        filter_chain: Some("1.1.1.1_9080".into()),
         cluster: Some("inbound|9080||".into()),
-        virtual_host: http.then(|| "inbound|http|9080".into()),
-        route: http.then(|| "default".into()),
+        virtual_host: vh.then(|| "inbound|http|9080".into()),
+        route: vh.then(|| "default".into()),
         ..Default::default()
     };
-    let no_chain = Expect {
-        error: Some("no filter chain"),
+    let err = |e: &'static str| Expect {
+        error: Some(e),
         ..Default::default()
     };
-    let mut out = Vec::new();
-    type TlsCase = (&'static str, &'static str, &'static str, &'static str, bool);
-    let cases: [TlsCase; 4] = [
+    type Case = (&'static str, String, Vec<(&'static str, Call, Expect)>);
+    let cases: Vec<Case> = vec![
         (
             "sidecar http over TLS simple mode with peer auth on port disabled",
-            "HTTPS",
-            "SIMPLE",
-            "",
-            true,
+            peer_auth("DISABLE") + &sidecar("HTTPS", "SIMPLE", ""),
+            vec![
+                ("http over tls", Call::http(9080).tls(), ok(true)),
+                ("plaintext", Call::http(9080), err("no filter chain")),
+                (
+                    "http over mTLS",
+                    Call::http(9080).mtls().mtls_secret(file),
+                    err("invalid mTLS"),
+                ),
+            ],
         ),
         (
             "sidecar TCP over TLS simple mode with peer auth on port disabled",
-            "TLS",
-            "SIMPLE",
-            "",
-            false,
+            peer_auth("DISABLE") + &sidecar("TLS", "SIMPLE", ""),
+            vec![
+                ("tcp over tls", Call::tcp(9080).tls(), ok(false)),
+                ("plaintext", Call::tcp(9080), err("no filter chain")),
+                (
+                    "tcp over mTLS",
+                    Call::tcp(9080).mtls().mtls_secret(file),
+                    err("invalid mTLS"),
+                ),
+            ],
         ),
         (
             "sidecar http over mTLS mutual mode with peer auth on port disabled",
-            "HTTPS",
-            "MUTUAL",
-            ca,
-            true,
+            peer_auth("DISABLE") + &sidecar("HTTPS", "MUTUAL", ca),
+            vec![
+                (
+                    "http over mtls",
+                    Call::http(9080).mtls().mtls_secret(file),
+                    ok(false),
+                ),
+                ("plaintext", Call::http(9080), err("no filter chain")),
+                (
+                    "http over tls",
+                    Call::http(9080).tls().mtls_secret(file),
+                    err("invalid mTLS"),
+                ),
+            ],
         ),
         (
             "sidecar tcp over mTLS mutual mode with peer auth on port disabled",
-            "TLS",
-            "MUTUAL",
-            ca,
-            false,
+            peer_auth("DISABLE") + &sidecar("TLS", "MUTUAL", ca),
+            vec![
+                (
+                    "tcp over mtls",
+                    Call::tcp(9080).mtls().mtls_secret(file),
+                    ok(false),
+                ),
+                ("plaintext", Call::tcp(9080), err("no filter chain")),
+                (
+                    "http over tls",
+                    Call::tcp(9080).tls().mtls_secret(file),
+                    err("invalid mTLS"),
+                ),
+            ],
+        ),
+        (
+            "sidecar http over TLS SIMPLE mode with peer auth on port STRICT",
+            peer_auth("STRICT") + &sidecar("TLS", "MUTUAL", ca),
+            vec![
+                ("http over tls", Call::http(9080).tls(), err("invalid mTLS")),
+                ("plaintext", Call::http(9080), err("no filter chain")),
+                ("http over mtls", Call::http(9080).mtls(), ok(false)),
+            ],
         ),
     ];
-    for (case, protocol, mode, ca, http) in cases {
-        let mut s = Scenario::new(sidecar(protocol, mode, ca));
-        s.metadata = serde_json::json!({"LABELS": {"app": "foo"}});
-        let plain = if http {
-            Call::http(9080)
-        } else {
-            Call::tcp(9080)
-        };
-        if mode == "SIMPLE" {
-            let name = if http {
-                "http over tls"
-            } else {
-                "tcp over tls"
-            };
-            s.call(
-                format!("TestInboundSidecarTLSModes/{case}/{name}"),
-                inbound(plain.clone().tls()),
-                ok(http),
-            );
-        }
-        s.call(
-            format!("TestInboundSidecarTLSModes/{case}/plaintext"),
-            inbound(plain),
-            no_chain.clone(),
-        );
-        out.push(s);
-    }
-    out
+    cases
+        .into_iter()
+        .map(|(case, config, calls)| {
+            let mut s = Scenario::new(config);
+            s.metadata = serde_json::json!({"LABELS": {"app": "foo"}});
+            for (name, call, expect) in calls {
+                s.call(
+                    format!("TestInboundSidecarTLSModes/{case}/{name}"),
+                    inbound(call),
+                    expect,
+                );
+            }
+            s
+        })
+        .collect()
 }
 
 /// Istio's two-ServiceEntry template of `serviceentry_simulation_test.go`.
@@ -1568,7 +1708,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(service_entries());
     scenarios.extend(inbound_clusters());
     scenarios.extend(inbound_sidecar_tls_modes());
-    scenarios.push(inbound());
+    scenarios.extend(inbound());
 
     let mut passed = 0;
     let mut gaps = 0;

@@ -229,9 +229,25 @@ mod tests {
         assert_eq!(IngressTls::after_termination(Protocol::Tls), Protocol::Tcp);
     }
 
+    /// The mesh with mTLS off: a Sidecar's TLS applies only there.
+    fn mtls_off() -> ConfigSet {
+        use meshfed_api::security::v1beta1::peer_authentication::mutual_tls::Mode;
+        ConfigSet {
+            peer_authentications: vec![crate::generate::authn::tests::pa(
+                "istio-system",
+                "default",
+                0,
+                &[],
+                Mode::Disable,
+                &[],
+            )],
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn a_terminating_port_matches_tls_behind_the_tls_inspector() {
-        let snap = snapshot(Vec::new(), ConfigSet::default(), default_mesh());
+        let snap = snapshot(Vec::new(), mtls_off(), default_mesh());
         let p = proxy(
             "sidecar~10.0.0.9~app.default~default.svc.cluster.local",
             serde_json::json!({}),
@@ -260,7 +276,9 @@ mod tests {
             filters,
             [
                 "envoy.filters.listener.original_dst",
-                "envoy.filters.listener.tls_inspector"
+                "envoy.filters.listener.tls_inspector",
+                // For the plaintext passthrough chains.
+                "envoy.filters.listener.http_inspector"
             ]
         );
         let chain = |name: &str| {
@@ -269,7 +287,7 @@ mod tests {
                 .find(|c| c.name == name)
                 .unwrap_or_else(|| panic!("no chain {name}"))
         };
-        let tls_chain = chain("inbound|9080||");
+        let tls_chain = chain("0.0.0.0_9080");
         assert_eq!(
             tls_chain
                 .filter_chain_match
@@ -290,7 +308,7 @@ mod tests {
                 .name,
             "file-cert:httpbin.pem~httpbinkey.pem"
         );
-        let plain = chain("inbound|9090||");
+        let plain = chain("0.0.0.0_9090");
         assert!(plain.transport_socket.is_none());
         assert_eq!(
             plain
@@ -298,7 +316,7 @@ mod tests {
                 .as_ref()
                 .unwrap()
                 .transport_protocol,
-            ""
+            "raw_buffer"
         );
 
         let bound = all.iter().find(|l| l.name == "127.0.0.1_9443").unwrap();
@@ -312,7 +330,7 @@ mod tests {
     #[test]
     fn inspectors_run_only_on_the_ports_that_need_them() {
         use envoy_types::pb::envoy::config::listener::v3::listener_filter_chain_match_predicate::Rule;
-        let snap = snapshot(Vec::new(), ConfigSet::default(), default_mesh());
+        let snap = snapshot(Vec::new(), mtls_off(), default_mesh());
         let p = proxy(
             "sidecar~10.0.0.9~app.default~default.svc.cluster.local",
             serde_json::json!({}),
@@ -328,17 +346,19 @@ mod tests {
         ];
         let all = sidecar_listeners(&snap, &p.client_view(), &inbound);
         let vi = all.iter().find(|l| l.name == VIRTUAL_INBOUND).unwrap();
-        let enabled_on = |name: &str| -> Vec<i32> {
+        // The ports a predicate names, and whether it is negated (filter enabled only
+        // there) or not (filter disabled there).
+        let ports_of = |name: &str| -> (bool, Vec<i32>) {
             let f = vi.listener_filters.iter().find(|f| f.name == name).unwrap();
-            let Some(Rule::NotMatch(inner)) = f.filter_disabled.as_ref().unwrap().rule.as_ref()
-            else {
-                panic!("{f:?}");
+            let (negated, inner) = match f.filter_disabled.as_ref().unwrap().rule.as_ref() {
+                Some(Rule::NotMatch(inner)) => (true, inner.as_ref().clone()),
+                _ => (false, f.filter_disabled.clone().unwrap()),
             };
             let ranges = match inner.rule.as_ref().unwrap() {
                 Rule::OrMatch(set) => set.rules.iter().map(|r| r.rule.clone().unwrap()).collect(),
                 other => vec![other.clone()],
             };
-            ranges
+            let ports = ranges
                 .into_iter()
                 .map(|r| match r {
                     Rule::DestinationPortRange(range) => {
@@ -347,24 +367,34 @@ mod tests {
                     }
                     other => panic!("{other:?}"),
                 })
-                .collect()
+                .collect();
+            (negated, ports)
         };
+        // The plaintext passthrough chains sniff HTTP on every undeclared port: the
+        // HTTP inspector is on by default and off where no chain needs it.
         assert_eq!(
-            enabled_on("envoy.filters.listener.http_inspector"),
-            [81, 82]
+            ports_of("envoy.filters.listener.http_inspector"),
+            (false, vec![83, 9443, 15006])
         );
-        assert_eq!(enabled_on("envoy.filters.listener.tls_inspector"), [9443]);
+        // Only port 9443 terminates TLS.
+        assert_eq!(
+            ports_of("envoy.filters.listener.tls_inspector"),
+            (true, vec![9443])
+        );
         let names: Vec<&str> = vi.filter_chains.iter().map(|c| c.name.as_str()).collect();
-        assert!(
-            names.starts_with(&[
+        assert_eq!(
+            names,
+            [
                 "virtualInbound-blackhole",
-                "inbound|81||-http",
-                "inbound|81||",
-                "inbound|82||-http",
-                "inbound|82||",
-                "inbound|83||",
-            ]),
-            "{names:?}"
+                "virtualInbound-catchall-http",
+                "virtualInbound",
+                "0.0.0.0_81",
+                "0.0.0.0_81",
+                "0.0.0.0_82",
+                "0.0.0.0_82",
+                "0.0.0.0_83",
+                "0.0.0.0_9443",
+            ]
         );
     }
 }

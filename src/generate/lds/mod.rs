@@ -13,35 +13,32 @@
 //! named by `credentialName` (SDS) and routed through the same route table.
 
 use envoy_types::pb::envoy::config::core::v3::{
-    AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, TrafficDirection, address,
-    config_source, socket_address,
+    AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, address, config_source,
+    socket_address,
 };
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+    Filter, Listener, ListenerFilter, filter, listener_filter,
 };
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
     route_match,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
 };
 #[cfg(any(test, feature = "testing"))]
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
-use envoy_types::pb::google::protobuf::{Any, BoolValue, UInt32Value};
+use envoy_types::pb::google::protobuf::{Any, BoolValue};
 use prost::{Message, Name};
 
 mod gateway;
+pub mod inbound;
 pub mod ingress_tls;
 pub(crate) mod outbound;
 
 pub use gateway::ALL_ISTIO_MTLS_ALPNS;
 
-use outbound::tcp_proxy_filter;
-
-use super::cds;
 use crate::generate::gateway::{GatewayTarget, MergedGateway};
 use crate::model::ClientView;
 use crate::push::snapshot::Snapshot;
@@ -70,6 +67,12 @@ pub struct InboundPort {
     /// The port's protocol is unnamed: plain HTTP (detected by the HTTP inspector)
     /// goes to an HTTP chain, anything else to a TCP chain (Istio's inbound sniffing).
     pub sniffed: bool,
+    /// The address in the names of the port's chains (`<name_bind>_<port>`): the
+    /// wildcard for service ports, the proxy's address for Sidecar ingress ports.
+    pub name_bind: String,
+    /// For a port with `tls`: its class as declared, before termination (the port is
+    /// not terminated where mesh mTLS is on).
+    pub declared: Option<inbound::PortClass>,
 }
 
 impl InboundPort {
@@ -81,6 +84,8 @@ impl InboundPort {
             bind: None,
             tls: None,
             sniffed: false,
+            name_bind: "0.0.0.0".into(),
+            declared: None,
         }
     }
 
@@ -125,34 +130,17 @@ fn sidecar_listeners_unchecked(
 ) -> Vec<Listener> {
     let mut out = Vec::new();
     let authz = InboundAuthz::for_workload(snapshot, &proxy.namespace, &proxy.labels);
+    let mtls = crate::generate::authn::workload_mtls(snapshot, &proxy.namespace, &proxy.labels);
+    let ctx = inbound::InboundContext::new(snapshot, &authz, mtls);
     // Without interception nothing reaches a capture listener: only bound ports.
     if !proxy.interception_none {
         let captured: Vec<&InboundPort> = inbound.iter().filter(|p| p.bind.is_none()).collect();
         out.push(outbound::virtual_outbound(snapshot, proxy));
-        out.push(virtual_inbound(snapshot, &captured, &authz));
+        out.push(inbound::virtual_inbound(snapshot, &captured, &ctx));
     }
     out.extend(outbound::outbound_listeners(snapshot, proxy, own_ip));
-    out.extend(bound_inbound_listeners(inbound, &authz));
+    out.extend(inbound::bound_listeners(inbound, &ctx));
     out
-}
-
-/// The real inbound listeners `<bind>_<port>` of the bound ports: the port's chain
-/// alone, without `original_dst` (the connection is addressed to the listener).
-fn bound_inbound_listeners(inbound: &[InboundPort], authz: &InboundAuthz) -> Vec<Listener> {
-    let mut seen = std::collections::BTreeSet::new();
-    inbound
-        .iter()
-        .filter_map(|p| Some((p, p.bind.as_deref()?)))
-        .filter(|(p, bind)| seen.insert((bind.to_string(), p.target_port)))
-        .map(|(p, bind)| Listener {
-            name: format!("{bind}_{}", p.target_port),
-            address: Some(socket(bind, p.target_port)),
-            traffic_direction: TrafficDirection::Inbound as i32,
-            filter_chains: inbound_chains(p, authz),
-            listener_filters: inbound_listener_filters(std::iter::once(p)),
-            ..Default::default()
-        })
-        .collect()
 }
 
 /// The authorization filters of a workload's inbound chains (its AuthorizationPolicies
@@ -183,145 +171,6 @@ impl InboundAuthz {
     }
 }
 
-/// The chain of one inbound port: HTTP through an inline route to
-/// `inbound|<port>||`, else a TCP proxy to it; the workload's RBAC filters first.
-fn inbound_chain(p: &InboundPort, authz: &InboundAuthz) -> FilterChain {
-    let cluster = cds::inbound_name(p.target_port);
-    let bind = p.bind.as_deref().unwrap_or("0.0.0.0");
-    let filters = if p.http {
-        vec![hcm_filter_with(
-            &format!("inbound_{bind}_{}", p.target_port),
-            http_connection_manager::RouteSpecifier::RouteConfig(inbound_route(
-                &cluster,
-                p.target_port,
-            )),
-            false,
-            &authz.http,
-        )]
-    } else {
-        authz
-            .network
-            .iter()
-            .cloned()
-            .chain(std::iter::once(tcp_proxy_filter(&cluster)))
-            .collect()
-    };
-    FilterChain {
-        name: cluster.clone(),
-        filter_chain_match: Some(FilterChainMatch {
-            destination_port: Some(UInt32Value {
-                value: u32::from(p.target_port),
-            }),
-            transport_protocol: if p.tls.is_some() {
-                ingress_tls::TLS_TRANSPORT.into()
-            } else {
-                String::new()
-            },
-            ..Default::default()
-        }),
-        filters,
-        transport_socket: p
-            .tls
-            .as_ref()
-            .map(ingress_tls::IngressTls::transport_socket),
-        ..Default::default()
-    }
-}
-
-/// Whether a port's unnamed protocol is sniffed: plain HTTP to an HTTP chain, anything
-/// else to a TCP chain (not when it terminates TLS: that chain serves the port alone).
-fn sniffs(p: &InboundPort) -> bool {
-    p.sniffed && !p.http && p.tls.is_none()
-}
-
-/// The chains of one inbound port: its own, or for a sniffed port an HTTP chain for
-/// plain HTTP/1.1 and h2c before a TCP one, both matching `raw_buffer` as Istio's
-/// plaintext inbound chains do (the HTTP chain is named `<cluster>-http`: chain names
-/// are unique in a listener).
-fn inbound_chains(p: &InboundPort, authz: &InboundAuthz) -> Vec<FilterChain> {
-    if !sniffs(p) {
-        return vec![inbound_chain(p, authz)];
-    }
-    let raw_buffer = |mut chain: FilterChain| {
-        if let Some(m) = chain.filter_chain_match.as_mut() {
-            m.transport_protocol = "raw_buffer".into();
-        }
-        chain
-    };
-    let mut http = raw_buffer(inbound_chain(
-        &InboundPort {
-            http: true,
-            ..p.clone()
-        },
-        authz,
-    ));
-    http.name.push_str("-http");
-    if let Some(m) = http.filter_chain_match.as_mut() {
-        m.application_protocols = vec!["http/1.1".into(), "h2c".into()];
-    }
-    vec![http, raw_buffer(inbound_chain(p, authz))]
-}
-
-/// The listener filters inbound chains need after `original_dst`, each running only
-/// on the ports that need it (Istio disables them per destination port): the TLS
-/// inspector for ports terminating TLS, the HTTP inspector for sniffed ports. Without
-/// the TLS inspector a port sees every connection as `raw_buffer`.
-fn inbound_listener_filters<'a>(
-    ports: impl Iterator<Item = &'a InboundPort> + Clone,
-) -> Vec<ListenerFilter> {
-    let tls: Vec<u16> = ports
-        .clone()
-        .filter(|p| p.tls.is_some())
-        .map(|p| p.target_port)
-        .collect();
-    let sniffed: Vec<u16> = ports.filter(|p| sniffs(p)).map(|p| p.target_port).collect();
-    let mut out = Vec::new();
-    if !tls.is_empty() {
-        out.push(ListenerFilter {
-            filter_disabled: Some(unless_port(&tls)),
-            ..tls_inspector()
-        });
-    }
-    if !sniffed.is_empty() {
-        out.push(ListenerFilter {
-            name: outbound::HTTP_INSPECTOR.into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-                &envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector::default(),
-            ))),
-            filter_disabled: Some(unless_port(&sniffed)),
-        });
-    }
-    out
-}
-
-/// A listener filter predicate true for every destination port but `ports`.
-fn unless_port(
-    ports: &[u16],
-) -> envoy_types::pb::envoy::config::listener::v3::ListenerFilterChainMatchPredicate {
-    use envoy_types::pb::envoy::config::listener::v3::ListenerFilterChainMatchPredicate;
-    use envoy_types::pb::envoy::config::listener::v3::listener_filter_chain_match_predicate::{
-        MatchSet, Rule,
-    };
-    use envoy_types::pb::envoy::r#type::v3::Int32Range;
-    let port = |p: u16| ListenerFilterChainMatchPredicate {
-        rule: Some(Rule::DestinationPortRange(Int32Range {
-            start: i32::from(p),
-            end: i32::from(p) + 1,
-        })),
-    };
-    let any = match ports {
-        [one] => port(*one),
-        many => ListenerFilterChainMatchPredicate {
-            rule: Some(Rule::OrMatch(MatchSet {
-                rules: many.iter().map(|p| port(*p)).collect(),
-            })),
-        },
-    };
-    ListenerFilterChainMatchPredicate {
-        rule: Some(Rule::NotMatch(Box::new(any))),
-    }
-}
-
 /// The TLS inspector, for listeners with a chain matching TLS.
 fn tls_inspector() -> ListenerFilter {
     ListenerFilter {
@@ -333,54 +182,7 @@ fn tls_inspector() -> ListenerFilter {
     }
 }
 
-fn virtual_inbound(
-    snapshot: &Snapshot,
-    inbound: &[&InboundPort],
-    authz: &InboundAuthz,
-) -> Listener {
-    let port = u16::try_from(snapshot.mesh().config.proxy_inbound_listen_port).unwrap_or(15006);
-    // Connections addressed to the capture port itself would loop.
-    let mut chains: Vec<FilterChain> = vec![FilterChain {
-        name: "virtualInbound-blackhole".into(),
-        filter_chain_match: Some(FilterChainMatch {
-            destination_port: Some(UInt32Value {
-                value: u32::from(port),
-            }),
-            ..Default::default()
-        }),
-        filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
-        ..Default::default()
-    }];
-    let mut seen = std::collections::BTreeSet::new();
-    for p in inbound {
-        if seen.insert(p.target_port) {
-            chains.extend(inbound_chains(p, authz));
-        }
-    }
-    chains.push(FilterChain {
-        name: "virtualInbound-catchall-tcp".into(),
-        filters: vec![tcp_proxy_filter(INBOUND_PASSTHROUGH)],
-        ..Default::default()
-    });
-    Listener {
-        name: VIRTUAL_INBOUND.into(),
-        address: Some(socket("0.0.0.0", port)),
-        traffic_direction: TrafficDirection::Inbound as i32,
-        listener_filters: std::iter::once(ListenerFilter {
-            name: "envoy.filters.listener.original_dst".into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-                &OriginalDst::default(),
-            ))),
-            ..Default::default()
-        })
-        // Ports terminating TLS or sniffed match on what the inspectors find.
-        .chain(inbound_listener_filters(inbound.iter().copied()))
-        .collect(),
-        filter_chains: chains,
-        ..Default::default()
-    }
-}
-
+/// The inline route table of an inbound HTTP chain: every request to `cluster`.
 fn inbound_route(cluster: &str, port: u16) -> RouteConfiguration {
     RouteConfiguration {
         name: cluster.to_string(),
@@ -683,7 +485,7 @@ pub(crate) mod tests {
             let filters = |port: u16| -> Vec<Filter> {
                 vi.filter_chains
                     .iter()
-                    .find(|c| c.name == cds::inbound_name(port))
+                    .find(|c| c.name == format!("0.0.0.0_{port}"))
                     .unwrap()
                     .filters
                     .clone()
@@ -799,14 +601,15 @@ pub(crate) mod tests {
             vec!["BlackHoleCluster", "PassthroughCluster"],
             "loop guard, then the catch-all"
         );
-        let (inbound_clusters, _) = references(&listeners[1]);
+        let (mut inbound_clusters, _) = references(&listeners[1]);
+        inbound_clusters.dedup();
         assert_eq!(
             inbound_clusters,
             vec![
                 "BlackHoleCluster",
+                "InboundPassthroughCluster",
                 "inbound|8080||",
                 "inbound|9000||",
-                "InboundPassthroughCluster"
             ]
         );
         assert_eq!(listeners[2].bind_to_port, Some(BoolValue { value: false }));
@@ -920,14 +723,22 @@ pub(crate) mod tests {
         assert_eq!(
             inbound,
             vec![
-                InboundPort::captured(7070, true),
-                InboundPort::captured(8080, true),
+                InboundPort {
+                    name_bind: "10.0.0.1".into(),
+                    ..InboundPort::captured(7070, true)
+                },
+                InboundPort {
+                    name_bind: "10.0.0.1".into(),
+                    ..InboundPort::captured(8080, true)
+                },
                 InboundPort {
                     target_port: 9000,
                     http: false,
                     bind: Some("127.0.0.1".into()),
                     tls: None,
                     sniffed: false,
+                    name_bind: "127.0.0.1".into(),
+                    declared: None,
                 },
             ]
         );
@@ -937,20 +748,30 @@ pub(crate) mod tests {
             names,
             vec!["virtualOutbound", "virtualInbound", "127.0.0.1_9000"]
         );
+        let mut clusters = references(&listeners[1]).0;
+        clusters.dedup();
         assert_eq!(
-            references(&listeners[1]).0,
+            clusters,
             vec![
                 "BlackHoleCluster",
+                "InboundPassthroughCluster",
                 "inbound|7070||",
                 "inbound|8080||",
-                "InboundPassthroughCluster"
             ],
             "the bound port is not a chain of virtualInbound"
         );
         let bound = &listeners[2];
         assert_eq!(bound.address, Some(socket("127.0.0.1", 9000)));
-        assert!(bound.listener_filters.is_empty(), "no original_dst");
-        assert_eq!(references(bound).0, vec!["inbound|9000||"]);
+        assert!(
+            bound
+                .listener_filters
+                .iter()
+                .all(|f| f.name != "envoy.filters.listener.original_dst"),
+            "no original_dst"
+        );
+        let mut clusters = references(bound).0;
+        clusters.dedup();
+        assert_eq!(clusters, vec!["inbound|9000||"]);
 
         // Without interception, DEFAULT binds too (on the wildcard), and there is no
         // virtualInbound (so an IPTABLES port has nowhere to be) nor virtualOutbound.

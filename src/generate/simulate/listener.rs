@@ -59,6 +59,9 @@ pub enum TlsMode {
     Plaintext,
     /// TLS originated by the application (SNI and ALPN in its ClientHello).
     Tls,
+    /// Mesh mutual TLS from a client sidecar: a client certificate and the Istio
+    /// ALPNs (`istio-http/1.1`, `istio-h2`, `istio`).
+    Mtls,
 }
 
 /// How the connection reaches the proxy.
@@ -91,6 +94,10 @@ pub struct Call {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub mode: CallMode,
+    /// The certificate a chain must present for the call to count as mTLS: a chain
+    /// whose first certificate is this SDS secret and that requires a client
+    /// certificate is an mTLS chain (Istio's `MtlsSecretConfigName`, `default`).
+    pub mtls_secret: String,
 }
 
 impl Call {
@@ -106,6 +113,7 @@ impl Call {
             path: "/".to_string(),
             headers: Vec::new(),
             mode: CallMode::Outbound,
+            mtls_secret: crate::generate::policy::SDS_DEFAULT.to_string(),
         }
     }
 
@@ -153,6 +161,18 @@ impl Call {
         self
     }
 
+    /// Over mesh mutual TLS.
+    pub fn mtls(mut self) -> Call {
+        self.tls = TlsMode::Mtls;
+        self
+    }
+
+    /// The SDS secret of the chains the call counts as mTLS chains.
+    pub fn mtls_secret(mut self, name: &str) -> Call {
+        self.mtls_secret = name.to_string();
+        self
+    }
+
     pub fn sni(mut self, sni: &str) -> Call {
         self.sni = Some(sni.to_string());
         self
@@ -169,7 +189,7 @@ impl Call {
     }
 
     fn is_tls(&self) -> bool {
-        self.tls == TlsMode::Tls
+        self.tls != TlsMode::Plaintext
     }
 
     /// The SNI the TLS inspector reports: the one the call names (taken as given even
@@ -190,6 +210,13 @@ impl Call {
         }
         if let Some(a) = &self.alpn {
             return Some(a);
+        }
+        if self.tls == TlsMode::Mtls {
+            return Some(match self.protocol {
+                CallProtocol::Http => "istio-http/1.1",
+                CallProtocol::Http2 => "istio-h2",
+                CallProtocol::Tcp => "istio",
+            });
         }
         match self.protocol {
             CallProtocol::Http => Some("http/1.1"),
@@ -279,6 +306,9 @@ fn simulate(
     if terminates_tls && !call.is_tls() {
         return Err(SimError::TlsError(chain_label()));
     }
+    if terminates_tls && requires_mtls(chain, &call.mtls_secret) != (call.tls == TlsMode::Mtls) {
+        return Err(SimError::MtlsError(chain_label()));
+    }
     let mut result = CallResult {
         listener: l.name.clone(),
         filter_chain: chain.name.clone(),
@@ -353,6 +383,30 @@ fn simulate(
         }
     }
     Ok(result)
+}
+
+/// Whether a chain terminating TLS is a mutual TLS chain of `secret`: its first
+/// certificate is that SDS secret and it requires a client certificate.
+fn requires_mtls(chain: &FilterChain, secret: &str) -> bool {
+    use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTlsContext;
+    let Some(envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType::TypedConfig(
+        any,
+    )) = chain
+        .transport_socket
+        .as_ref()
+        .and_then(|t| t.config_type.as_ref())
+    else {
+        return false;
+    };
+    let Ok(ctx) = DownstreamTlsContext::decode(any.value.as_slice()) else {
+        return false;
+    };
+    let first = ctx
+        .common_tls_context
+        .as_ref()
+        .and_then(|c| c.tls_certificate_sds_secret_configs.first())
+        .map(|s| s.name.as_str());
+    first == Some(secret) && ctx.require_client_certificate.is_some_and(|b| b.value)
 }
 
 /// The HTTP request the call carries, as the route table sees it.
