@@ -762,6 +762,219 @@ spec:
         .collect()
 }
 
+/// A PeerAuthentication of the `default` namespace selecting `app: foo`, with
+/// `portLevelMtls` for port 9000 when given.
+fn foo_peer_auth(mode: &str, port_9000: Option<&str>) -> String {
+    let ports = port_9000
+        .map(|m| format!("  portLevelMtls:\n    9000: {{mode: {m}}}\n"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {{name: default}}
+spec:
+  selector: {{matchLabels: {{app: foo}}}}
+  mtls: {{mode: {mode}}}
+{ports}---
+"
+    )
+}
+
+/// `peer_authentication_simulation_test.go`: TestPeerAuthenticationPassthrough (the
+/// workload and port-level modes on the passthrough chains, with and without a
+/// service on port 8000; mTLS calls offer ALPN `istio`) and
+/// TestPeerAuthenticationWithSidecar (STRICT with port 9090 DISABLE, on chains from
+/// services, a Sidecar's ingress ports or both).
+fn peer_authentication() -> Vec<Scenario> {
+    let se_8000 = "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: se}
+spec:
+  hosts: [foo.bar]
+  endpoints:
+  - address: 1.1.1.1
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {name: http, number: 8000, protocol: HTTP}
+---
+";
+    let pass = In::Cluster("InboundPassthroughCluster");
+    let http = |port: u16, mtls: bool| {
+        let c = Call::http(port).mode(CallMode::Inbound);
+        if mtls { c.mtls().alpn("istio") } else { c }
+    };
+    let mut out = Vec::new();
+    let mut scenario = |name: &str, config: String, calls: Vec<(&str, Call, In)>| {
+        let mut s = Scenario::new(config);
+        s.metadata = serde_json::json!({"LABELS": {"app": "foo"}});
+        for (call, c, want) in calls {
+            s.call(format!("{name}/{call}"), c, want.expect());
+        }
+        out.push(s);
+    };
+    let p = "TestPeerAuthenticationPassthrough";
+    scenario(
+        &format!("{p}/global disable"),
+        foo_peer_auth("DISABLE", None),
+        vec![
+            ("mtls", http(8000, true), pass),
+            ("plaintext", http(8000, false), pass),
+        ],
+    );
+    scenario(
+        &format!("{p}/global strict"),
+        foo_peer_auth("STRICT", None),
+        vec![
+            ("plaintext", http(8000, false), NO_CHAIN),
+            ("mtls", http(8000, true), pass),
+        ],
+    );
+    scenario(
+        &format!("{p}/global permissive"),
+        foo_peer_auth("PERMISSIVE", None),
+        vec![
+            ("plaintext", http(8000, false), pass),
+            ("mtls", http(8000, true), pass),
+        ],
+    );
+    let four = |p8000: In, m8000: In, p9000: In, m9000: In| {
+        vec![
+            ("plaintext on port 8000", http(8000, false), p8000),
+            ("mtls on port 8000", http(8000, true), m8000),
+            ("plaintext port 9000", http(9000, false), p9000),
+            ("mtls port 9000", http(9000, true), m9000),
+        ]
+    };
+    let inbound_8000 = In::Cluster("inbound|8000||");
+    scenario(
+        &format!("{p}/global disable and port 9000 strict"),
+        foo_peer_auth("DISABLE", Some("STRICT")),
+        four(pass, pass, NO_CHAIN, pass),
+    );
+    scenario(
+        &format!("{p}/global disable and port 9000 strict not in service"),
+        foo_peer_auth("DISABLE", Some("STRICT")) + se_8000,
+        four(inbound_8000, PROTOCOL, NO_CHAIN, pass),
+    );
+    scenario(
+        &format!("{p}/global strict and port 9000 plaintext"),
+        foo_peer_auth("STRICT", Some("DISABLE")),
+        four(NO_CHAIN, pass, pass, pass),
+    );
+    scenario(
+        &format!("{p}/global strict and port 9000 plaintext not in service"),
+        foo_peer_auth("STRICT", Some("DISABLE")) + se_8000,
+        four(NO_CHAIN, inbound_8000, pass, pass),
+    );
+    scenario(
+        &format!("{p}/global plaintext and port 9000 permissive"),
+        foo_peer_auth("DISABLE", Some("PERMISSIVE")),
+        four(pass, pass, pass, pass),
+    );
+    scenario(
+        &format!("{p}/global plaintext and port 9000 permissive not in service"),
+        foo_peer_auth("DISABLE", Some("PERMISSIVE")) + se_8000,
+        four(inbound_8000, PROTOCOL, pass, pass),
+    );
+
+    let pa = "apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: default}
+spec:
+  selector: {matchLabels: {app: foo}}
+  mtls: {mode: STRICT}
+  portLevelMtls:
+    9090: {mode: DISABLE}
+---
+";
+    let sidecar = |ports: &[(u16, &str)]| {
+        let ingress: String = ports
+            .iter()
+            .map(|(port, name)| {
+                format!(
+                    "  - defaultEndpoint: 127.0.0.1:{port}\n    port: {{name: {name}, number: {port}, protocol: TCP}}\n"
+                )
+            })
+            .collect();
+        format!(
+            "apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {{name: sidecar, labels: {{app: foo}}}}
+spec:
+  workloadSelector: {{labels: {{app: foo}}}}
+  ingress:
+{ingress}  egress:
+  - hosts: [\"*/*\"]
+---
+"
+        )
+    };
+    let full = sidecar(&[(8080, "tls"), (9090, "plaintext")]);
+    let partial = sidecar(&[(8080, "tls")]);
+    let entry = |ports: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {{name: se}}
+spec:
+  hosts: [foo.bar]
+  endpoints:
+  - address: 1.1.1.1
+    labels: {{app: foo}}
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports: {ports}
+---
+"
+        )
+    };
+    let with_ports = entry(
+        "[{name: tls, number: 8080, protocol: TCP}, {name: plaintext, number: 9090, protocol: TCP}]",
+    );
+    let no_ports = entry("[{name: random, number: 5050, protocol: TCP}]");
+    let tcp = |port: u16, mtls: bool| {
+        let c = Call::tcp(port).mode(CallMode::Inbound);
+        if mtls { c.mtls() } else { c }
+    };
+    let four = |t8080: In, p9090: In, t9090: In| {
+        vec![
+            ("plaintext on tls port", tcp(8080, false), NO_CHAIN),
+            ("tls on tls port", tcp(8080, true), t8080),
+            ("plaintext on plaintext port", tcp(9090, false), p9090),
+            ("tls on plaintext port", tcp(9090, true), t9090),
+        ]
+    };
+    let (c8080, c9090) = (In::Cluster("inbound|8080||"), In::Cluster("inbound|9090||"));
+    let w = "TestPeerAuthenticationWithSidecar";
+    scenario(
+        &format!("{w}/service, no sidecar"),
+        format!("{pa}{with_ports}"),
+        four(c8080, c9090, c9090),
+    );
+    scenario(
+        &format!("{w}/service, full sidecar"),
+        format!("{pa}{full}{with_ports}"),
+        four(c8080, c9090, c9090),
+    );
+    scenario(
+        &format!("{w}/no service, no sidecar"),
+        format!("{pa}{no_ports}"),
+        four(pass, pass, pass),
+    );
+    scenario(
+        &format!("{w}/no service, full sidecar"),
+        format!("{pa}{full}{no_ports}"),
+        four(c8080, c9090, c9090),
+    );
+    scenario(
+        &format!("{w}/service, partial sidecar"),
+        format!("{pa}{partial}{with_ports}"),
+        four(c8080, pass, pass),
+    );
+    out
+}
+
 /// Istio's two-ServiceEntry template of `serviceentry_simulation_test.go`.
 fn two_entries(addresses: [&str; 2], protocol: &str, tls_route: bool) -> String {
     let mut out = String::new();
@@ -1709,6 +1922,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(inbound_clusters());
     scenarios.extend(inbound_sidecar_tls_modes());
     scenarios.extend(inbound());
+    scenarios.extend(peer_authentication());
 
     let mut passed = 0;
     let mut gaps = 0;
