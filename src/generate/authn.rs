@@ -364,4 +364,59 @@ pub(crate) mod tests {
         assert_eq!(inferred_namespace_mode(&s, "bar"), MtlsMode::Disable);
         assert_eq!(inferred_namespace_mode(&s, "baz"), MtlsMode::Strict);
     }
+
+    #[test]
+    fn clients_skip_auto_mtls_to_namespaces_whose_policy_disables_it() {
+        use crate::generate::lds::tests::{proxy, service};
+        use meshfed_registry::Protocol;
+        use prost::Message;
+
+        let services = vec![
+            service(
+                "a.legacy.svc.cluster.local",
+                "legacy",
+                "10.0.0.1",
+                &[("http", 80, Protocol::Http)],
+            ),
+            service(
+                "b.default.svc.cluster.local",
+                "default",
+                "10.0.0.2",
+                &[("http", 80, Protocol::Http)],
+            ),
+        ];
+        let set = ConfigSet {
+            peer_authentications: vec![pa("legacy", "default", 0, &[], PaMode::Disable, &[])],
+            ..Default::default()
+        };
+        let snap = build(services, set, default_mesh());
+        let client = proxy(
+            "sidecar~10.0.9.1~c.default~default.svc.cluster.local",
+            serde_json::json!({}),
+        );
+        let cluster = |host: &str| {
+            let svc = snap
+                .services()
+                .all()
+                .iter()
+                .find(|s| s.hostname.as_str() == host)
+                .unwrap()
+                .clone();
+            let port = svc.ports[0].clone();
+            let r = crate::generate::cds::cached_outbound(&snap, &client, &svc, &port, "").unwrap();
+            envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(r.body.value.clone())
+                .unwrap()
+        };
+        assert!(
+            cluster("a.legacy.svc.cluster.local")
+                .transport_socket_matches
+                .is_empty()
+        );
+        assert_eq!(
+            cluster("b.default.svc.cluster.local")
+                .transport_socket_matches
+                .len(),
+            2
+        );
+    }
 }

@@ -210,6 +210,8 @@ pub struct OutboundRequest<'a> {
     /// A gateway's SNI-DNAT cluster: named by the SNI form, no upstream TLS (the
     /// client's mTLS passes through), Istio mTLS endpoints only.
     pub sni_dnat: bool,
+    /// The mode clients infer for the service's namespace is DISABLE (no auto mTLS).
+    pub peer_mtls_disabled: bool,
 }
 
 /// What an outbound cluster may know of the client proxy: its node type and, for DNS
@@ -347,6 +349,7 @@ fn outbound_cluster_for_unchecked(req: &OutboundRequest<'_>) -> Option<Cluster> 
         service_entry: service.provider == ProviderId::External,
         passthrough_resolution: service.resolution == Resolution::Passthrough,
         all_endpoints_istio_mtls: all_endpoints_istio_mtls(req.shards, port),
+        peer_mtls_disabled: req.peer_mtls_disabled,
         rule_has_selector: rule.is_some_and(|r| r.workload_selector.is_some()),
         proxy_locality,
         proxy_labels: &proxy_labels,
@@ -632,6 +635,7 @@ fn inbound_cluster_unchecked(req: &InboundRequest<'_>) -> Cluster {
         service_entry: false,
         passthrough_resolution: false,
         all_endpoints_istio_mtls: false,
+        peer_mtls_disabled: false,
         rule_has_selector: false,
         proxy_locality: &no_locality,
         proxy_labels: &no_labels,
@@ -768,6 +772,9 @@ pub struct OutboundClusterInput {
     pub shards: SharedShards,
     /// The SNI-DNAT twin (see [`OutboundRequest::sni_dnat`]).
     pub sni_dnat: bool,
+    /// See [`OutboundRequest::peer_mtls_disabled`]: a PeerAuthentication change that
+    /// turns it makes a new key.
+    pub peer_mtls_disabled: bool,
 }
 
 /// Endpoint shards in a cache key, compared by identity: a changed shard is a new
@@ -824,6 +831,7 @@ impl OutboundClusterInput {
             mesh: &snapshot.mesh().config,
             client: &self.client,
             sni_dnat: self.sni_dnat,
+            peer_mtls_disabled: self.peer_mtls_disabled,
         })?;
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
@@ -873,6 +881,10 @@ pub fn cached_outbound_as(
         client: ClusterClient::for_proxy(proxy, service),
         shards,
         sni_dnat,
+        peer_mtls_disabled: crate::generate::authn::inferred_namespace_mode(
+            snapshot,
+            service.namespace.as_str(),
+        ) == crate::generate::authn::MtlsMode::Disable,
     };
     snapshot
         .cache()
@@ -1342,6 +1354,7 @@ mod tests {
         subset: &'static str,
         mesh: MeshConfig,
         proxy: Proxy,
+        peer_mtls_disabled: bool,
     }
 
     impl Case {
@@ -1354,6 +1367,7 @@ mod tests {
                 subset: "",
                 mesh: default_mesh_config(),
                 proxy: proxy_in("default", "10.0.0.1", "sidecar"),
+                peer_mtls_disabled: false,
             }
         }
 
@@ -1367,6 +1381,7 @@ mod tests {
                 mesh: &self.mesh,
                 client: &ClusterClient::for_proxy(&self.proxy, &self.service),
                 sni_dnat: false,
+                peer_mtls_disabled: self.peer_mtls_disabled,
             })
         }
 
@@ -2181,6 +2196,11 @@ mod tests {
         case.mesh.enable_auto_mtls = Some(false.into());
         assert!(case.cluster().transport_socket_matches.is_empty());
         case.mesh.enable_auto_mtls = Some(true.into());
+        // Nor when the destination's namespace (or the mesh) disables mTLS.
+        case.peer_mtls_disabled = true;
+        assert!(case.cluster().transport_socket_matches.is_empty());
+        assert!(case.cluster().transport_socket.is_none());
+        case.peer_mtls_disabled = false;
 
         // Passthrough destinations: plain mTLS only when every endpoint takes it.
         case.service.resolution = Resolution::Passthrough;

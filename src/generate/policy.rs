@@ -361,6 +361,9 @@ pub struct PolicyContext<'a> {
     /// Every endpoint of the port takes Istio mTLS (auto mTLS for passthrough
     /// traffic needs that).
     pub all_endpoints_istio_mtls: bool,
+    /// Clients infer the destination's PeerAuthentication mode as DISABLE (the
+    /// namespace's policy, else the mesh's): no auto mTLS.
+    pub peer_mtls_disabled: bool,
     /// The DestinationRule selects workloads (credentialName then works on sidecars).
     pub rule_has_selector: bool,
     /// Client locality, for locality settings on inline load assignments.
@@ -783,7 +786,11 @@ pub fn upstream_tls_settings(
                 .and_then(|lb| lb.lb_policy.as_ref()),
             Some(LbPolicy::Simple(s)) if *s == SimpleLb::Passthrough as i32
         );
-    if ctx.mesh_external || !auto || (passthrough && !ctx.all_endpoints_istio_mtls) {
+    if ctx.mesh_external
+        || !auto
+        || ctx.peer_mtls_disabled
+        || (passthrough && !ctx.all_endpoints_istio_mtls)
+    {
         return (None, false);
     }
     (

@@ -364,7 +364,7 @@ pub(crate) mod tests {
     use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
     use meshfed_api::mesh::v1alpha1::mesh_config::outbound_traffic_policy::Mode as MeshOutboundMode;
 
-    pub(super) fn service(
+    pub(crate) fn service(
         host: &str,
         ns: &str,
         vip: &str,

@@ -256,11 +256,6 @@ pub fn validate(obj: &ConfigObject) -> Validation {
 pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
     use meshfed_api::security::v1beta1::authorization_policy::Action;
     match &obj.spec {
-        Spec::PeerAuthentication(_) => Some(
-            "PeerAuthentication is read and validated but not enforced by meshfed yet: \
-             proxies get no inbound mTLS chains from it"
-                .into(),
-        ),
         Spec::RequestAuthentication(_) => Some(
             "RequestAuthentication is read and validated but not enforced by meshfed yet: \
              proxies get no JWT filter from it"

@@ -609,13 +609,15 @@ mod tests {
         };
         if report.errors.is_empty() {
             assert_eq!(report.objects.len(), 1, "{report:?}");
-            // Every security object says it is not enforced yet; the rest are the
-            // object's own warnings.
+            // A security object meshfed does not fully enforce says so once; the rest
+            // are the object's own warnings.
             let (not_enforced, rest): (Vec<String>, Vec<String>) = text(&report.warnings)
                 .into_iter()
                 .partition(|w| w.contains("enforced"));
-            assert_eq!(not_enforced.len(), 1, "{not_enforced:?}");
-            assert!(not_enforced[0].contains(&format!("{kind} foo/p: spec: {kind} ")));
+            assert!(not_enforced.len() <= 1, "{not_enforced:?}");
+            for w in &not_enforced {
+                assert!(w.contains(&format!("{kind} foo/p: spec: {kind} ")), "{w}");
+            }
             Ok(rest)
         } else {
             Err(text(&report.errors))
