@@ -364,6 +364,13 @@ fn rule(f: &mut Findings, at: &FieldPath, rule: &sec::Rule, action: Action) {
             if name.ends_with("pBlocks") || name.ends_with("IpBlocks") {
                 f.check(&field, check_ips(values));
             }
+            if name == "principals" || name == "notPrincipals" {
+                for (k, v) in values.iter().enumerate() {
+                    if let Some(why) = principal_never_matches(v) {
+                        f.warn(&field.index(k), why);
+                    }
+                }
+            }
         }
         tcp_in_from |= !(src.principals.is_empty()
             && src.not_principals.is_empty()
@@ -592,6 +599,27 @@ fn check_attribute(key: &str, values: &[String]) -> Result<(), String> {
     }
 }
 
+/// Why a peer principal as written can never equal a peer's identity, if it cannot.
+/// Istio accepts these and builds a matcher that never matches (`spiffe://` is
+/// prepended to the value; `*` is a wildcard only as its first or last character).
+fn principal_never_matches(p: &str) -> Option<String> {
+    if p.starts_with("spiffe://") {
+        return Some(format!(
+            "principal {p:?} never matches: principals are written without the \
+             `spiffe://` scheme (`<trust domain>/ns/<namespace>/sa/<service account>`)"
+        ));
+    }
+    let inner = p.strip_prefix('*').unwrap_or(p);
+    let inner = inner.strip_suffix('*').unwrap_or(inner);
+    if p != "*" && (inner.contains('*') || (p.starts_with('*') && p.ends_with('*'))) {
+        return Some(format!(
+            "principal {p:?} never matches: `*` is a wildcard only as the first or the \
+             last character of a principal"
+        ));
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use std::path::Path;
@@ -632,6 +660,19 @@ mod tests {
             ),
             Ok(w) => panic!("accepted ({w:?}), wanted {want:?}"),
         }
+    }
+
+    #[test]
+    fn principals_that_never_match_are_warned_about() {
+        let warnings = check(
+            "AuthorizationPolicy",
+            "  rules:\n  - from:\n    - source:\n        principals: [\"spiffe://cluster.local/ns/a/sa/b\", \"cluster.local/ns/*/sa/b\", \"*\", \"*-suffix\", \"prefix-*\"]\n        notPrincipals: [\"*mid*\"]\n",
+        )
+        .unwrap();
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+        assert!(warnings[0].contains("principals[0]") && warnings[0].contains("spiffe://"));
+        assert!(warnings[1].contains("principals[1]") && warnings[1].contains("first or the last"));
+        assert!(warnings[2].contains("notPrincipals[0]"));
     }
 
     #[test]
