@@ -351,7 +351,14 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     };
     objects.sort_by_key(key);
     rejected.sort_by_key(key);
-    Ok(json!({"objects": objects, "rejected": rejected}))
+    // Security policies whose selector no endpoint carries (Istio's IST0127).
+    let snapshot = state.pipeline.snapshot().load();
+    let selecting_nothing = crate::generate::authn::policies_selecting_nothing(&snapshot);
+    Ok(json!({
+        "objects": objects,
+        "rejected": rejected,
+        "selectingNoWorkload": selecting_nothing,
+    }))
 }
 
 fn clusterz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

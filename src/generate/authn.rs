@@ -168,6 +168,52 @@ pub fn inferred_namespace_mode(snapshot: &Snapshot, namespace: &str) -> MtlsMode
         .unwrap_or(MtlsMode::Permissive)
 }
 
+/// The security policies with a workload selector that no endpoint of the snapshot
+/// carries (Istio's analyzer warning IST0127, "no matching workloads"): in the
+/// policy's namespace, or in any namespace for a policy of the root namespace. Each
+/// entry is `Kind namespace/name: labels`. Such a policy applies to nothing until a
+/// workload with those labels appears.
+pub fn policies_selecting_nothing(snapshot: &Snapshot) -> Vec<String> {
+    let root = snapshot.config().root_namespace.as_str();
+    let selected = |ns: &str, selector: &BTreeMap<String, String>| {
+        snapshot.services().all().iter().any(|svc| {
+            (ns == root || svc.namespace.as_str() == ns)
+                && snapshot.shards(&svc.key()).is_some_and(|shards| {
+                    shards
+                        .iter()
+                        .any(|(_, ep)| selector.iter().all(|(k, v)| ep.labels.get(k) == Some(v)))
+                })
+        })
+    };
+    let mut out = Vec::new();
+    let mut check =
+        |kind: &str, ns: &str, name: &str, selector: Option<&BTreeMap<String, String>>| {
+            let Some(selector) = selector.filter(|s| !s.is_empty()) else {
+                return;
+            };
+            if !selected(ns, selector) {
+                let labels: Vec<String> =
+                    selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                out.push(format!("{kind} {ns}/{name}: {}", labels.join(",")));
+            }
+        };
+    let config = snapshot.config();
+    for p in config.peer_authentications() {
+        let sel = p.spec.selector.as_ref().map(|s| &s.match_labels);
+        check("PeerAuthentication", &p.namespace, &p.name, sel);
+    }
+    for p in config.request_authentications() {
+        let sel = p.spec.selector.as_ref().map(|s| &s.match_labels);
+        check("RequestAuthentication", &p.namespace, &p.name, sel);
+    }
+    for p in config.authorization_policies() {
+        let sel = p.spec.selector.as_ref().map(|s| &s.match_labels);
+        check("AuthorizationPolicy", &p.namespace, &p.name, sel);
+    }
+    out.sort();
+    out
+}
+
 /// Cipher suites of inbound mesh mTLS unless `meshMTLS.cipherSuites` names others
 /// (Istio's `SupportedCiphers`).
 pub const INBOUND_MTLS_CIPHERS: [&str; 6] = [
@@ -417,6 +463,48 @@ pub(crate) mod tests {
                 .transport_socket_matches
                 .len(),
             2
+        );
+    }
+
+    #[test]
+    fn policies_whose_selector_matches_no_endpoint_are_listed() {
+        use crate::generate::lds::tests::service;
+        use meshfed_registry::{Endpoint, Protocol};
+
+        let mut ep = Endpoint::new("10.1.0.1".parse().unwrap());
+        ep.labels.insert("app".into(), "a".into());
+        let services = vec![(
+            service(
+                "a.foo.svc.cluster.local",
+                "foo",
+                "10.0.0.1",
+                &[("http", 80, Protocol::Http)],
+            ),
+            vec![ep],
+        )];
+        let set = ConfigSet {
+            peer_authentications: vec![
+                pa("foo", "matches", 0, &[("app", "a")], PaMode::Strict, &[]),
+                pa("foo", "nothing", 0, &[("app", "zzz")], PaMode::Strict, &[]),
+                pa(
+                    "bar",
+                    "other-namespace",
+                    0,
+                    &[("app", "a")],
+                    PaMode::Strict,
+                    &[],
+                ),
+                pa("foo", "namespace-wide", 0, &[], PaMode::Strict, &[]),
+            ],
+            ..Default::default()
+        };
+        let snap = crate::generate::lds::tests::snapshot_with(services, set, default_mesh());
+        assert_eq!(
+            policies_selecting_nothing(&snap),
+            vec![
+                "PeerAuthentication bar/other-namespace: app=a".to_string(),
+                "PeerAuthentication foo/nothing: app=zzz".to_string(),
+            ]
         );
     }
 }

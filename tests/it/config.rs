@@ -212,6 +212,46 @@ async fn config_dir_drives_clusters_routes_and_listeners_consistently() {
 }
 
 #[tokio::test]
+async fn configz_lists_security_policies_whose_selector_matches_no_workload() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("policies.yaml"),
+        "apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: v1-only, namespace: default}
+spec:
+  selector: {matchLabels: {version: v1}}
+  rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: typo, namespace: default}
+spec:
+  selector: {matchLabels: {version: v9}}
+  rules: [{}]
+---
+apiVersion: security.istio.io/v1
+kind: PeerAuthentication
+metadata: {name: other-namespace, namespace: prod}
+spec:
+  selector: {matchLabels: {version: v1}}
+  mtls: {mode: STRICT}
+",
+    )
+    .unwrap();
+    let server = setup(dir.path()).await;
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    assert_eq!(
+        configz["selectingNoWorkload"],
+        serde_json::json!([
+            "AuthorizationPolicy default/typo: version=v9",
+            "PeerAuthentication prod/other-namespace: version=v1"
+        ])
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn an_invalid_object_is_rejected_alone_and_shown_in_configz() {
     let dir = tempfile::tempdir().unwrap();
     let bad_vs = VIRTUAL_SERVICE.replace("weight: 20", "weight: 30");

@@ -380,12 +380,26 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn snapshot(services: Vec<Service>, set: ConfigSet, mesh: MeshSettings) -> Snapshot {
+        let services = services.into_iter().map(|s| (s, Vec::new())).collect();
+        snapshot_with(services, set, mesh)
+    }
+
+    /// [`snapshot`] of services with their endpoints.
+    pub(crate) fn snapshot_with(
+        services: Vec<(Service, Vec<meshfed_registry::Endpoint>)>,
+        set: ConfigSet,
+        mesh: MeshSettings,
+    ) -> Snapshot {
         let index = Arc::new(EndpointIndex::new());
         let (sink, _rx) = UpdateSink::new(index.clone());
         let aggregate = Aggregate::new("c1");
         let reg = MemoryRegistry::new("c1", sink);
-        for s in services {
+        for (s, eps) in services {
+            let key = s.key();
             reg.add_service(s);
+            if !eps.is_empty() {
+                reg.set_endpoints(&key, eps);
+            }
         }
         aggregate.add_registry(Arc::new(reg));
         Snapshot::build(
