@@ -10,6 +10,10 @@
 //!   same selector (IST0145, ConflictingGateways): another protocol on the same port
 //!   and bind, or a TLS host already taken on it. Istio drops such a server, so does
 //!   meshfed.
+//! - a Sidecar `ingress[].tls` on a port whose PeerAuthentication mode is not DISABLE:
+//!   mesh mTLS wins there and the Sidecar's TLS is not used (Istio applies it only on
+//!   DISABLE ports). The root namespace is taken to be `istio-system` (the files carry
+//!   no mesh config).
 //!
 //! These are warnings: the objects are valid and are used.
 
@@ -17,7 +21,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
-use meshfed_api::networking::v1alpha3::{Gateway, Server, VirtualService};
+use meshfed_api::networking::v1alpha3::{Gateway, Server, Sidecar, VirtualService};
+use meshfed_api::security::v1beta1::PeerAuthentication;
 
 use super::common::hosts_match;
 use crate::config::model::{ConfigObject, Spec};
@@ -30,10 +35,14 @@ pub(crate) fn cross_object_warnings<'a>(
 ) -> Vec<Diagnostic> {
     let mut gateways: Vec<(&ConfigObject, &Gateway, &Path)> = Vec::new();
     let mut virtual_services: Vec<(&ConfigObject, &VirtualService, &Path)> = Vec::new();
+    let mut sidecars: Vec<(&ConfigObject, &Sidecar, &Path)> = Vec::new();
+    let mut peer_auths: Vec<(&ConfigObject, &PeerAuthentication)> = Vec::new();
     for (obj, file) in objects {
         match &obj.spec {
             Spec::Gateway(g) => gateways.push((obj, g, file)),
             Spec::VirtualService(vs) => virtual_services.push((obj, vs, file)),
+            Spec::Sidecar(sc) => sidecars.push((obj, sc, file)),
+            Spec::PeerAuthentication(pa) => peer_auths.push((obj, pa)),
             _ => {}
         }
     }
@@ -215,7 +224,64 @@ pub(crate) fn cross_object_warnings<'a>(
             }
         }
     }
+    for (obj, sidecar, file) in &sidecars {
+        for (i, ingress) in sidecar.ingress.iter().enumerate() {
+            let Some(port) = ingress.port.as_ref().filter(|_| ingress.tls.is_some()) else {
+                continue;
+            };
+            if !mtls_disabled_on(&peer_auths, obj, sidecar, port.number) {
+                out.push(warn(
+                    obj,
+                    file,
+                    format!("spec.ingress[{i}].tls"),
+                    format!(
+                        "not used: port {} accepts mesh mTLS (no PeerAuthentication of namespace {} or {ROOT_NAMESPACE} sets DISABLE for it), and a Sidecar's TLS applies only where the port's mode is DISABLE",
+                        port.number, obj.namespace
+                    ),
+                ));
+            }
+        }
+    }
     out
+}
+
+/// The root namespace `meshfed validate` assumes (Istio's default).
+const ROOT_NAMESPACE: &str = "istio-system";
+
+/// Whether some PeerAuthentication could make `port` DISABLE for the Sidecar's
+/// workloads: one of the Sidecar's namespace (without selector, or with a selector the
+/// Sidecar's workload selector implies) or the root namespace's mesh policy, setting
+/// DISABLE for the port or workload-wide.
+fn mtls_disabled_on(
+    peer_auths: &[(&ConfigObject, &PeerAuthentication)],
+    sidecar_obj: &ConfigObject,
+    sidecar: &Sidecar,
+    port: u32,
+) -> bool {
+    use meshfed_api::security::v1beta1::peer_authentication::mutual_tls::Mode;
+    let sidecar_labels = sidecar.workload_selector.as_ref().map(|s| &s.labels);
+    peer_auths.iter().any(|(obj, pa)| {
+        let selector = pa
+            .selector
+            .as_ref()
+            .map(|s| &s.match_labels)
+            .filter(|l| !l.is_empty());
+        let applies = match selector {
+            None => obj.namespace == sidecar_obj.namespace || obj.namespace == ROOT_NAMESPACE,
+            Some(sel) => {
+                obj.namespace == sidecar_obj.namespace
+                    && sidecar_labels.is_some_and(|l| sel.iter().all(|(k, v)| l.get(k) == Some(v)))
+            }
+        };
+        // A port-level mode other than UNSET decides; else the policy's own.
+        let mode = pa
+            .port_level_mtls
+            .get(&port)
+            .filter(|m| m.mode != Mode::Unset as i32)
+            .or(pa.mtls.as_ref())
+            .map(|m| m.mode);
+        applies && mode == Some(Mode::Disable as i32)
+    })
 }
 
 /// `(namespace, name)` of a VirtualService's `gateways` entry: `ns/name`, or a name
@@ -262,6 +328,62 @@ mod tests {
         let report = validate_text(Path::new("gw.yaml"), yaml);
         assert!(report.errors.is_empty(), "{:?}", report.errors);
         report.warnings.iter().map(|w| w.to_string()).collect()
+    }
+
+    #[test]
+    fn sidecar_ingress_tls_on_a_port_with_mesh_mtls_is_warned_about() {
+        let sidecar = "apiVersion: networking.istio.io/v1
+kind: Sidecar
+metadata: {name: sc, namespace: default}
+spec:
+  workloadSelector: {labels: {app: foo}}
+  ingress:
+  - port: {number: 9080, protocol: HTTPS, name: https}
+    defaultEndpoint: 127.0.0.1:9080
+    tls: {mode: SIMPLE, serverCertificate: c.pem, privateKey: k.pem}
+";
+        let w = warnings(sidecar);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains("spec.ingress[0].tls: not used: port 9080 accepts mesh mTLS"),
+            "{w:?}"
+        );
+        let pa = |ns: &str, selector: &str, mode: &str, port_mode: &str| {
+            let ports = if selector.is_empty() {
+                String::new()
+            } else {
+                format!("  portLevelMtls:\n    9080: {{mode: {port_mode}}}\n")
+            };
+            format!(
+                "---\napiVersion: security.istio.io/v1\nkind: PeerAuthentication\nmetadata: {{name: pa, namespace: {ns}}}\nspec:\n{selector}  mtls: {{mode: {mode}}}\n{ports}"
+            )
+        };
+        let foo = "  selector: {matchLabels: {app: foo}}\n";
+        // The port (or the workload, or the mesh) DISABLE: used.
+        assert!(
+            warnings(&(sidecar.to_string() + &pa("default", foo, "STRICT", "DISABLE"))).is_empty()
+        );
+        assert!(
+            warnings(&(sidecar.to_string() + &pa("default", foo, "DISABLE", "UNSET"))).is_empty()
+        );
+        assert!(
+            warnings(&(sidecar.to_string() + &pa("istio-system", "", "DISABLE", "UNSET")))
+                .is_empty()
+        );
+        // Overridden for the port, another workload, another namespace: not used.
+        assert_eq!(
+            warnings(&(sidecar.to_string() + &pa("default", foo, "DISABLE", "STRICT"))).len(),
+            1
+        );
+        let bar = "  selector: {matchLabels: {app: bar}}\n";
+        assert_eq!(
+            warnings(&(sidecar.to_string() + &pa("default", bar, "DISABLE", "DISABLE"))).len(),
+            1
+        );
+        assert_eq!(
+            warnings(&(sidecar.to_string() + &pa("prod", "", "DISABLE", "DISABLE"))).len(),
+            1
+        );
     }
 
     const GATEWAY: &str = "apiVersion: networking.istio.io/v1
