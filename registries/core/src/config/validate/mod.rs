@@ -29,6 +29,7 @@ use crate::config::model::{ConfigObject, Kind, Spec};
 
 pub use destination_rule::validate_destination_rule;
 pub use gateway::validate_gateway;
+pub use http_route::jwt_routing_claim;
 pub use mesh::{validate_mesh_config, validate_mesh_networks};
 pub(crate) use references::cross_object_warnings;
 pub use security::{
