@@ -262,9 +262,18 @@ pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
              proxies get no inbound mTLS chains from it"
                 .into(),
         ),
+        Spec::RequestAuthentication(ra)
+            if ra.target_ref.is_some() || !ra.target_refs.is_empty() =>
+        {
+            Some(
+                "RequestAuthentication with targetRef(s) is not enforced by meshfed yet: \
+                 Gateway API gateways get no JWT filter from it"
+                    .into(),
+            )
+        }
         Spec::RequestAuthentication(_) => Some(
-            "RequestAuthentication is read and validated but not enforced by meshfed yet: \
-             proxies get no JWT filter from it"
+            "RequestAuthentication is enforced on sidecars' inbound HTTP chains only: \
+             gateways and proxyless gRPC servers do not validate its tokens yet"
                 .into(),
         ),
         Spec::AuthorizationPolicy(ap) if ap.action() == Action::Custom => Some(
