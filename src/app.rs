@@ -513,7 +513,12 @@ impl ConfigStores {
     }
 
     /// Builds the snapshot's config index from every store.
-    fn source(&self, domain: &str, metrics: Arc<PushMetrics>) -> ConfigSourceFn {
+    fn source(
+        &self,
+        domain: &str,
+        metrics: Arc<PushMetrics>,
+        jwks: crate::jwks::JwksResolver,
+    ) -> ConfigSourceFn {
         let stores = self.all();
         let domain = domain.to_string();
         // The security objects last warned about, so a WARN goes out when they change.
@@ -546,7 +551,10 @@ impl ConfigStores {
                 }
                 *last = not_enforced;
             }
-            ConfigIndex::new(set, &domain, mesh)
+            // The keys of the RequestAuthentications as fetched so far; new ones are
+            // fetched now and push when they arrive.
+            let keys = jwks.table_for(&set.request_authentications);
+            ConfigIndex::new(set, &domain, mesh).with_jwks(keys)
         })
     }
 }
@@ -611,13 +619,24 @@ impl Server {
             &shutdown,
             &mut tasks,
         )));
+        // RequestAuthentication keys, fetched by the control plane and inlined.
+        if let Err(e) = crate::jwks::check_fetch_mode(
+            std::env::var(crate::jwks::REMOTE_JWKS_ENV).ok().as_deref(),
+        ) {
+            warn!("{e}");
+        }
+        let jwks = crate::jwks::JwksResolver::new(
+            sink.clone(),
+            Arc::new(crate::jwks::JwksMetrics::new(&mut metrics_registry)),
+        );
+        tasks.spawn(jwks.clone().run(shutdown.clone()));
         let pipeline = Arc::new(Pipeline::new(
             aggregate.clone(),
             index,
             connections.clone(),
             push_metrics.clone(),
             mesh_settings.clone(),
-            config_stores.source(&config.domain, push_metrics),
+            config_stores.source(&config.domain, push_metrics, jwks),
         ));
 
         for (path, which) in [

@@ -13,6 +13,7 @@ pub mod ca;
 pub mod cert_service;
 pub mod drain;
 pub mod generate;
+pub mod jwks;
 pub mod logging;
 pub mod mesh;
 pub mod metrics;

@@ -27,7 +27,7 @@
 //! RS256 there), never an HMAC one; fetched keys are refreshed on a fixed interval
 //! and refetches are rate limited (go-oidc refetches on every miss).
 
-mod keys;
+pub(crate) mod keys;
 
 use std::str::FromStr;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

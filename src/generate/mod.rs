@@ -16,6 +16,7 @@ pub mod eds;
 pub mod gateway;
 pub mod grpc;
 pub mod instances;
+pub mod jwt;
 pub mod lds;
 pub mod nds;
 pub mod policy;

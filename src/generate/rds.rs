@@ -54,7 +54,7 @@ use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
 use envoy_types::pb::envoy::extensions::retry::host::previous_hosts::v3::PreviousHostsPredicate;
 use envoy_types::pb::envoy::extensions::retry::priority::previous_priorities::v3::PreviousPrioritiesConfig;
 use envoy_types::pb::envoy::r#type::matcher::v3::{
-    RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher,
+    MetadataMatcher, RegexMatchAndSubstitute, RegexMatcher, StringMatcher, string_matcher,
 };
 use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent::DenominatorType};
 use envoy_types::pb::google::protobuf::{
@@ -879,11 +879,6 @@ fn source_matches(ctx: &RouteCtx<'_>, vs_ns: &str, m: &HttpMatchRequest) -> bool
         && (m.source_namespace.is_empty() || m.source_namespace == ctx.proxy.namespace)
 }
 
-/// Header names that Istio turns into JWT-claim metadata matchers.
-fn is_jwt_claim(name: &str) -> bool {
-    name.starts_with("@request.auth.claims")
-}
-
 fn translate_route(
     ctx: &RouteCtx<'_>,
     vs: &Config<VirtualService>,
@@ -895,15 +890,6 @@ fn translate_route(
             return None;
         }
         if !source_matches(ctx, &vs.namespace, m) {
-            return None;
-        }
-        // JWT-claim routing needs metadata matchers from the authn filter, which meshfed
-        // does not configure: leave the route out rather than match without the claim.
-        if m.headers
-            .keys()
-            .chain(m.without_headers.keys())
-            .any(|h| is_jwt_claim(h))
-        {
             return None;
         }
     }
@@ -1239,12 +1225,28 @@ fn translate_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
     let Some(m) = m else {
         return out;
     };
+    // JWT-claim keys match the payload jwt_authn verified (Istio's
+    // `translateMetadataMatch`), the others headers.
+    use meshfed_registry::config::validate::jwt_routing_claim as claim;
+    for (map, invert) in [(&m.headers, false), (&m.without_headers, true)] {
+        for (name, sm) in map {
+            if let Some(mut matcher) = translate_metadata_match(name, sm) {
+                matcher.invert = invert;
+                out.dynamic_metadata.push(matcher);
+            }
+        }
+    }
     let mut headers: Vec<HeaderMatcher> = m
         .headers
         .iter()
+        .filter(|(name, _)| claim(name).is_none())
         .map(|(name, sm)| header_matcher(name, sm))
         .collect();
-    for (name, sm) in &m.without_headers {
+    for (name, sm) in m
+        .without_headers
+        .iter()
+        .filter(|(name, _)| claim(name).is_none())
+    {
         let mut hm = header_matcher(name, sm);
         hm.invert_match = true;
         // treat_missing_header_as_empty conflicts with present_match.
@@ -1287,6 +1289,47 @@ fn translate_match(m: Option<&HttpMatchRequest>) -> RouteMatch {
         })
         .collect();
     out
+}
+
+/// Istio's `translateMetadataMatch`: a header key naming a JWT claim matches the
+/// claim in the verified payload; `None` for ordinary header names.
+fn translate_metadata_match(name: &str, sm: &StringMatch) -> Option<MetadataMatcher> {
+    let path = meshfed_registry::config::validate::jwt_routing_claim(name)?;
+    Some(jwt_claim_matcher(&path, string_matcher_of(sm), false))
+}
+
+/// A route's match on the JWT claim at `path` of the verified payload
+/// (`MetadataMatcherForJWTClaims`): the claim is a string matching `m`, or a list
+/// with such an element; `invert` for `withoutHeaders`.
+fn jwt_claim_matcher(path: &[&str], m: StringMatcher, invert: bool) -> MetadataMatcher {
+    use envoy_types::pb::envoy::r#type::matcher::v3::{
+        ListMatcher, OrMatcher, ValueMatcher, list_matcher, metadata_matcher, value_matcher,
+    };
+    let string = ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::StringMatch(m)),
+    };
+    let list = ValueMatcher {
+        match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(
+            ListMatcher {
+                match_pattern: Some(list_matcher::MatchPattern::OneOf(Box::new(string.clone()))),
+            },
+        ))),
+    };
+    MetadataMatcher {
+        filter: crate::generate::jwt::JWT_FILTER.into(),
+        path: std::iter::once(crate::generate::jwt::PAYLOAD_IN_METADATA)
+            .chain(path.iter().copied())
+            .map(|key| metadata_matcher::PathSegment {
+                segment: Some(metadata_matcher::path_segment::Segment::Key(key.into())),
+            })
+            .collect(),
+        value: Some(ValueMatcher {
+            match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
+                value_matchers: vec![list, string],
+            })),
+        }),
+        invert,
+    }
 }
 
 /// An empty match, or the regex `*` (not a regex: Istio reads it as "present").
@@ -3447,5 +3490,184 @@ mod tests {
             .collect();
         let problems = simulate::check_consistency(&clusters, &[], &tables, &BTreeSet::new());
         assert!(problems.is_empty(), "{problems:?}");
+    }
+}
+
+#[cfg(test)]
+mod jwt_claim_tests {
+    use envoy_types::pb::envoy::r#type::matcher::v3::{
+        ListMatcher, OrMatcher, ValueMatcher, list_matcher, metadata_matcher, value_matcher,
+    };
+    use meshfed_api::networking::v1alpha3::{HttpMatchRequest, StringMatch};
+
+    use super::*;
+
+    fn sm(t: MatchType) -> StringMatch {
+        StringMatch {
+            match_type: Some(t),
+        }
+    }
+
+    fn string(p: string_matcher::MatchPattern) -> StringMatcher {
+        StringMatcher {
+            match_pattern: Some(p),
+            ..Default::default()
+        }
+    }
+
+    /// Istio's `MetadataMatcherForJWTClaims`, written out: filter jwt_authn, path
+    /// `payload` then the claims, the claim a string or a list holding one.
+    fn for_claims(claims: &[&str], m: StringMatcher) -> MetadataMatcher {
+        let value = ValueMatcher {
+            match_pattern: Some(value_matcher::MatchPattern::StringMatch(m)),
+        };
+        MetadataMatcher {
+            filter: "envoy.filters.http.jwt_authn".into(),
+            path: std::iter::once("payload")
+                .chain(claims.iter().copied())
+                .map(|k| metadata_matcher::PathSegment {
+                    segment: Some(metadata_matcher::path_segment::Segment::Key(k.into())),
+                })
+                .collect(),
+            value: Some(ValueMatcher {
+                match_pattern: Some(value_matcher::MatchPattern::OrMatch(OrMatcher {
+                    value_matchers: vec![
+                        ValueMatcher {
+                            match_pattern: Some(value_matcher::MatchPattern::ListMatch(Box::new(
+                                ListMatcher {
+                                    match_pattern: Some(list_matcher::MatchPattern::OneOf(
+                                        Box::new(value.clone()),
+                                    )),
+                                },
+                            ))),
+                        },
+                        value,
+                    ],
+                })),
+            }),
+            invert: false,
+        }
+    }
+
+    /// Istio's `TestTranslateMetadataMatch` (`networking/core/route/route_test.go`).
+    #[test]
+    fn translate_metadata_match_vectors_of_istio_pass() {
+        use string_matcher::MatchPattern as P;
+        let exact = || sm(MatchType::Exact("exact".into()));
+        let exact_m = || string(P::Exact("exact".into()));
+        let none: [&str; 9] = [
+            "@request.auth.claims",
+            "@request.auth.claims-",
+            "request.auth.claims.",
+            "@request.auth.claims.",
+            "@request.auth.claims-abc",
+            "x-some-other-header",
+            "@request.auth.claims[key1",
+            "@request.auth.claims]key1",
+            "@request.auth.claimskey1",
+        ];
+        for name in none {
+            assert_eq!(translate_metadata_match(name, &exact()), None, "{name}");
+        }
+        let cases: Vec<(&str, StringMatch, MetadataMatcher)> = vec![
+            (
+                "@request.auth.claims.key1",
+                exact(),
+                for_claims(&["key1"], exact_m()),
+            ),
+            (
+                "@request.auth.claims.key1.KEY2",
+                exact(),
+                for_claims(&["key1", "KEY2"], exact_m()),
+            ),
+            (
+                "@request.auth.claims.key1-key2",
+                exact(),
+                for_claims(&["key1-key2"], exact_m()),
+            ),
+            (
+                "@request.auth.claims.prefix",
+                sm(MatchType::Prefix("prefix".into())),
+                for_claims(&["prefix"], string(P::Prefix("prefix".into()))),
+            ),
+            (
+                "@request.auth.claims.regex",
+                sm(MatchType::Regex(".+?\\..+?\\..+?".into())),
+                for_claims(
+                    &["regex"],
+                    string(P::SafeRegex(RegexMatcher {
+                        regex: ".+?\\..+?\\..+?".into(),
+                        ..Default::default()
+                    })),
+                ),
+            ),
+            (
+                "@request.auth.claims.[key1]",
+                exact(),
+                for_claims(&["[key1]"], exact_m()),
+            ),
+            (
+                "@request.auth.claims[key1]",
+                exact(),
+                for_claims(&["key1"], exact_m()),
+            ),
+            (
+                "@request.auth.claims[key1][key2]",
+                exact(),
+                for_claims(&["key1", "key2"], exact_m()),
+            ),
+            (
+                "@request.auth.claims[test-issuer-2@istio.io]",
+                exact(),
+                for_claims(&["test-issuer-2@istio.io"], exact_m()),
+            ),
+            (
+                "@request.auth.claims[test-issuer-2@istio.io][key1]",
+                exact(),
+                for_claims(&["test-issuer-2@istio.io", "key1"], exact_m()),
+            ),
+        ];
+        for (name, m, want) in cases {
+            assert_eq!(translate_metadata_match(name, &m), Some(want), "{name}");
+        }
+    }
+
+    #[test]
+    fn claim_keys_become_dynamic_metadata_and_without_headers_inverts_them() {
+        let m = HttpMatchRequest {
+            headers: [
+                (
+                    "@request.auth.claims.group".to_string(),
+                    sm(MatchType::Exact("admin".into())),
+                ),
+                ("x-user".to_string(), sm(MatchType::Exact("u".into()))),
+            ]
+            .into(),
+            without_headers: [(
+                "@request.auth.claims[tier][level]".to_string(),
+                sm(MatchType::Exact("free".into())),
+            )]
+            .into(),
+            ..Default::default()
+        };
+        let out = translate_match(Some(&m));
+        let headers: Vec<&str> = out.headers.iter().map(|h| h.name.as_str()).collect();
+        assert_eq!(headers, ["x-user"], "claims are not headers");
+        assert_eq!(
+            out.dynamic_metadata,
+            [
+                for_claims(
+                    &["group"],
+                    string(string_matcher::MatchPattern::Exact("admin".into()))
+                ),
+                MetadataMatcher {
+                    invert: true,
+                    ..for_claims(
+                        &["tier", "level"],
+                        string(string_matcher::MatchPattern::Exact("free".into()))
+                    )
+                },
+            ]
+        );
     }
 }

@@ -44,6 +44,8 @@ pub struct ConfigIndex {
     authorization_policies: Vec<Arc<Config<sec::AuthorizationPolicy>>>,
     default_vs_export: Vec<String>,
     default_dr_export: Vec<String>,
+    /// JWKS documents fetched for the RequestAuthentications (see [`crate::jwks`]).
+    jwks: Arc<crate::generate::jwt::JwksTable>,
 }
 
 /// Inputs to [`ConfigIndex::new`].
@@ -134,7 +136,19 @@ impl ConfigIndex {
             authorization_policies: order(set.authorization_policies),
             default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
+            jwks: Arc::default(),
         }
+    }
+
+    /// The index with the JWKS documents fetched for its RequestAuthentications.
+    pub fn with_jwks(mut self, jwks: Arc<crate::generate::jwt::JwksTable>) -> ConfigIndex {
+        self.jwks = jwks;
+        self
+    }
+
+    /// The JWKS documents fetched for the RequestAuthentications, by issuer and URI.
+    pub fn jwks(&self) -> &crate::generate::jwt::JwksTable {
+        &self.jwks
     }
 
     /// VirtualServices bound to `gateway` (`mesh` for sidecars, `ns/name` for a

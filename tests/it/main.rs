@@ -14,6 +14,7 @@ mod gateway_simulation;
 mod headless;
 mod hostile;
 mod interop;
+mod jwt;
 mod kube;
 mod kube_instances;
 mod mesh;

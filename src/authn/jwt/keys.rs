@@ -250,7 +250,7 @@ pub(super) struct ProviderMetadata {
     pub(super) id_token_signing_alg_values_supported: Vec<String>,
 }
 
-pub(super) fn http_client(timeout: Duration) -> Result<reqwest::Client, String> {
+pub(crate) fn http_client(timeout: Duration) -> Result<reqwest::Client, String> {
     // reqwest is built without a crypto provider of its own; ring is the one in
     // the build, and reqwest panics when none is installed.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -293,7 +293,7 @@ async fn fetch_jwks(client: &reqwest::Client, url: &Url) -> Result<Vec<Verifying
 }
 
 /// A GET that must succeed with a body of bounded size.
-async fn get(client: &reqwest::Client, url: &Url) -> Result<Vec<u8>, String> {
+pub(crate) async fn get(client: &reqwest::Client, url: &Url) -> Result<Vec<u8>, String> {
     let mut response = client
         .get(url.clone())
         .send()
@@ -317,7 +317,7 @@ async fn get(client: &reqwest::Client, url: &Url) -> Result<Vec<u8>, String> {
 }
 
 /// `text` as an http or https URL.
-pub(super) fn http_url(text: &str) -> Result<Url, String> {
+pub(crate) fn http_url(text: &str) -> Result<Url, String> {
     let url = Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
     match url.scheme() {
         "http" | "https" => Ok(url),

@@ -144,8 +144,9 @@ fn sidecar_listeners_unchecked(
 }
 
 /// The authorization filters of a workload's inbound chains (its AuthorizationPolicies
-/// through [`crate::generate::authz`]): RBAC before the router of HTTP chains and
-/// before the TCP proxy of the others. Empty without policies.
+/// through [`crate::generate::authz`], its RequestAuthentications through
+/// [`crate::generate::jwt`]): `jwt_authn` and RBAC before the router of HTTP chains,
+/// RBAC before the TCP proxy of the others. Empty without policies.
 #[derive(Clone, Debug, Default)]
 pub struct InboundAuthz {
     http: Vec<HttpFilter>,
@@ -159,14 +160,29 @@ impl InboundAuthz {
         namespace: &str,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> InboundAuthz {
-        let selected = crate::generate::authz::select_in(snapshot.config(), namespace, labels);
-        if selected.is_empty() {
+        use crate::generate::authz;
+        let selected = authz::select_in(snapshot.config(), namespace, labels);
+        let jwt = crate::generate::jwt::jwt_filter(snapshot, namespace, labels, true);
+        if selected.is_empty() && jwt.is_none() {
             return InboundAuthz::default();
         }
-        let opts = crate::generate::authz::AuthzOptions::from_mesh(&snapshot.mesh().config);
+        let opts = authz::AuthzOptions::from_mesh(&snapshot.mesh().config);
+        // Istio's HTTP order: the CUSTOM group, jwt_authn, then AUDIT, DENY, ALLOW
+        // (RBAC reads the payload jwt_authn writes).
+        let custom = authz::Selected {
+            custom: selected.custom.clone(),
+            ..Default::default()
+        };
+        let rest = authz::Selected {
+            custom: Vec::new(),
+            ..selected.clone()
+        };
+        let mut http = authz::http_filters(&custom, &opts);
+        http.extend(jwt);
+        http.extend(authz::http_filters(&rest, &opts));
         InboundAuthz {
-            http: crate::generate::authz::http_filters(&selected, &opts),
-            network: crate::generate::authz::network_filters(&selected, &opts),
+            http,
+            network: authz::network_filters(&selected, &opts),
         }
     }
 }

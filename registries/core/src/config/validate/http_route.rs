@@ -64,6 +64,26 @@ const GRPC_STATUSES: &[&str] = &[
 /// Header-name prefix of JWT claim based routing (gateways only).
 const JWT_CLAIM_PREFIX: &str = "@request.auth.claims";
 
+/// The claim path of a header-match key that routes on a JWT claim (Istio's
+/// `jwt.ToRoutingClaim`): `@request.auth.claims.a.b` or `@request.auth.claims[a][b]`
+/// (the prefix in any case) gives `[a, b]`; `None` for other keys and for a key with
+/// an empty claim name.
+pub fn jwt_routing_claim(name: &str) -> Option<Vec<&str>> {
+    let prefix = name.get(..JWT_CLAIM_PREFIX.len())?;
+    if !prefix.eq_ignore_ascii_case(JWT_CLAIM_PREFIX) {
+        return None;
+    }
+    let rest = &name[JWT_CLAIM_PREFIX.len()..];
+    let claims: Vec<&str> = if let Some(dotted) = rest.strip_prefix('.') {
+        dotted.split('.').collect()
+    } else if let Some(inner) = rest.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+        inner.split("][").collect()
+    } else {
+        return None;
+    };
+    (!claims.iter().any(|c| c.is_empty())).then_some(claims)
+}
+
 /// What an HTTP rule is, for the delegate rules.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum RouteType {
@@ -301,16 +321,17 @@ fn validate_http_match(
         for (name, sm) in map {
             let here = at.field(field).key(name);
             if field != "queryParams" {
-                if name.starts_with(JWT_CLAIM_PREFIX) {
-                    if !applies_to_gateway {
-                        f.error(
-                            &here,
-                            format!(
-                                "JWT claim based routing (key: {name}) is only supported for gateways"
-                            ),
-                        );
-                    }
-                } else {
+                // Istio checks the prefix as written for the gateway rule, and the
+                // claim syntax (prefix in any case) before the header-name rule.
+                if name.starts_with(JWT_CLAIM_PREFIX) && !applies_to_gateway {
+                    f.error(
+                        &here,
+                        format!(
+                            "JWT claim based routing (key: {name}) is only supported for gateways"
+                        ),
+                    );
+                }
+                if jwt_routing_claim(name).is_none() {
                     f.check(&here, validate_match_header_name(name));
                 }
             }
@@ -810,6 +831,78 @@ mod tests {
             "spec.http[0].match[0].sourceLabels[app]",
             "invalid label value",
         );
+    }
+
+    /// Istio's `TestToRoutingClaim` (`pkg/jwt/routing_test.go`).
+    #[test]
+    fn jwt_routing_claims_parse_as_istio_parses_them() {
+        let cases: [(&str, Option<&[&str]>); 19] = [
+            ("@request.auth.claims", None),
+            ("@request.auth.claims-", None),
+            ("request.auth.claims.", None),
+            ("@request.auth.claims.", None),
+            ("@request.auth.claims-abc", None),
+            ("x-some-other-header", None),
+            ("@request.auth.claims.key1", Some(&["key1"])),
+            ("@request.auth.claims.key1.KEY2", Some(&["key1", "KEY2"])),
+            ("@request.auth.claims.key1-key2", Some(&["key1-key2"])),
+            ("@request.auth.claims[]", None),
+            ("@request.auth.claims[key1", None),
+            ("@request.auth.claims]key1", None),
+            ("@request.auth.claims.[key1]", Some(&["[key1]"])),
+            ("@request.auth.claims[key1]", Some(&["key1"])),
+            ("@request.auth.claims[key1][key2]", Some(&["key1", "key2"])),
+            ("@request.auth.claims[key1][KEY2]", Some(&["key1", "KEY2"])),
+            ("@request.auth.claims[key1] [key2]", Some(&["key1] [key2"])),
+            (
+                "@request.auth.claims[test-issuer-2@istio.io]",
+                Some(&["test-issuer-2@istio.io"]),
+            ),
+            (
+                "@request.auth.claims[test-issuer-2@istio.io][key1]",
+                Some(&["test-issuer-2@istio.io", "key1"]),
+            ),
+        ];
+        for (name, want) in cases {
+            assert_eq!(jwt_routing_claim(name).as_deref(), want, "{name}");
+        }
+        // The prefix in any case.
+        assert_eq!(
+            jwt_routing_claim("@Request.Auth.Claims[group]").as_deref(),
+            Some(&["group"][..])
+        );
+    }
+
+    #[test]
+    fn jwt_claim_keys_are_accepted_on_gateways_and_malformed_ones_refused() {
+        let on_gateway = |m: &str| {
+            check(&format!(
+                "hosts: [a.example.com]\ngateways: [gw, mesh]\nhttp:\n- match: [{m}]\n  route: [{{destination: {{host: a}}}}]\n"
+            ))
+        };
+        for key in [
+            "@request.auth.claims.group",
+            "@request.auth.claims[nested][key]",
+            "@Request.Auth.Claims.group",
+        ] {
+            assert_ok(&on_gateway(&format!(
+                "{{headers: {{\"{key}\": {{exact: a}}}}}}"
+            )));
+            assert_ok(&on_gateway(&format!(
+                "{{withoutHeaders: {{\"{key}\": {{exact: a}}}}}}"
+            )));
+        }
+        for key in [
+            "@request.auth.claims.",
+            "@request.auth.claims[]",
+            "@request.auth.claims[a",
+        ] {
+            assert_error(
+                &on_gateway(&format!("{{headers: {{\"{key}\": {{exact: a}}}}}}")),
+                &format!("spec.http[0].match[0].headers[{key}]"),
+                "header name",
+            );
+        }
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::config::model::{ConfigObject, Kind, Spec};
 
 pub use destination_rule::validate_destination_rule;
 pub use gateway::validate_gateway;
+pub use http_route::jwt_routing_claim;
 pub use mesh::{validate_mesh_config, validate_mesh_networks};
 pub(crate) use references::cross_object_warnings;
 pub use security::{
@@ -256,9 +257,18 @@ pub fn validate(obj: &ConfigObject) -> Validation {
 pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
     use meshfed_api::security::v1beta1::authorization_policy::Action;
     match &obj.spec {
+        Spec::RequestAuthentication(ra)
+            if ra.target_ref.is_some() || !ra.target_refs.is_empty() =>
+        {
+            Some(
+                "RequestAuthentication with targetRef(s) is not enforced by meshfed yet: \
+                 Gateway API gateways get no JWT filter from it"
+                    .into(),
+            )
+        }
         Spec::RequestAuthentication(_) => Some(
-            "RequestAuthentication is read and validated but not enforced by meshfed yet: \
-             proxies get no JWT filter from it"
+            "RequestAuthentication is enforced on sidecars' inbound HTTP chains only: \
+             gateways and proxyless gRPC servers do not validate its tokens yet"
                 .into(),
         ),
         Spec::AuthorizationPolicy(ap) if ap.action() == Action::Custom => Some(

@@ -753,6 +753,33 @@ mod tests {
     }
 
     #[test]
+    fn request_authentication_says_where_it_is_enforced() {
+        let gap = |spec: &str| -> String {
+            let yaml = format!(
+                "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: p, namespace: foo}}\nspec:\n{spec}"
+            );
+            let report = validate_text(Path::new("p.yaml"), &yaml);
+            assert!(report.errors.is_empty(), "{report:?}");
+            report
+                .warnings
+                .iter()
+                .map(|d| d.to_string())
+                .find(|w| w.contains("enforced"))
+                .unwrap()
+        };
+        let selected = gap("  jwtRules: [{issuer: i, jwksUri: 'https://i/keys'}]\n");
+        assert!(
+            selected.contains("enforced on sidecars' inbound HTTP chains only"),
+            "{selected}"
+        );
+        assert!(!selected.contains("not enforced"), "{selected}");
+        let targeted = gap(
+            "  targetRef: {kind: Gateway, group: gateway.networking.k8s.io, name: gw}\n  jwtRules: [{issuer: i}]\n",
+        );
+        assert!(targeted.contains("not enforced"), "{targeted}");
+    }
+
+    #[test]
     fn authorization_policy() {
         let allow = "  selector: {matchLabels: {app: httpbin}}\n  rules:\n  - from:\n    - source: {principals: [cluster.local/ns/default/sa/sleep]}\n    - source: {namespaces: [test], notIpBlocks: [10.0.0.0/8]}\n    to:\n    - operation: {methods: [GET], paths: [\"/info*\", \"/api/{*}/x/{**}\"], ports: [\"8080\"]}\n    when:\n    - key: \"request.auth.claims[iss]\"\n      values: [https://accounts.google.com]\n";
         assert_eq!(check("AuthorizationPolicy", allow), Ok(vec![]));

@@ -77,7 +77,8 @@ pub fn validate_virtual_service(namespace: &str, vs: &net::VirtualService) -> Va
             &spec.field("http").index(i),
             http,
             route_type,
-            applies_to_gateway,
+            // Istio's `appliesToGateway`: some gateway other than `mesh`.
+            vs.gateways.iter().any(|g| g != MESH_GATEWAY),
         );
     }
     for (i, tls) in vs.tls.iter().enumerate() {

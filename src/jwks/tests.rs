@@ -1,0 +1,230 @@
+//! The resolver against loopback HTTP servers (port 0, no sleeps: fetches are
+//! awaited through [`JwksResolver::wait_fetched`]).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::UNIX_EPOCH;
+
+use axum::Router;
+use axum::routing::get as route_get;
+use meshfed_api::security::v1beta1::JwtRule;
+use meshfed_registry::{EndpointIndex, RegistryEvent};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::*;
+use crate::generate::jwt::{fake_jwks, jwt_authentication};
+
+const KEYS_1: &str = r#"{"keys":[{"kty":"RSA","kid":"one","e":"AQAB","n":"sA"}]}"#;
+const KEYS_2: &str = r#"{"keys":[{"kty":"RSA","kid":"two","e":"AQAB","n":"sQ"}]}"#;
+
+/// A loopback issuer: `/keys` serves a swappable document (fetches counted) and
+/// `/.well-known/openid-configuration` points at it.
+struct Issuer {
+    url: String,
+    keys: Arc<Mutex<String>>,
+    fetches: Arc<AtomicUsize>,
+}
+
+impl Issuer {
+    async fn serve(keys: &str) -> Issuer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shared = Arc::new(Mutex::new(keys.to_string()));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let discovery =
+            serde_json::json!({"issuer": url, "jwks_uri": format!("{url}/keys")}).to_string();
+        let (doc, count) = (shared.clone(), fetches.clone());
+        let app = Router::new()
+            .route(
+                "/keys",
+                route_get(move || {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let body = doc.lock().unwrap().clone();
+                    async move { body }
+                }),
+            )
+            .route(
+                "/.well-known/openid-configuration",
+                route_get(move || async move { discovery }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Issuer {
+            url,
+            keys: shared,
+            fetches,
+        }
+    }
+}
+
+fn ra(name: &str, issuer: &str, uri: &str) -> Config<RequestAuthentication> {
+    Config {
+        name: name.into(),
+        namespace: "ns".into(),
+        labels: Default::default(),
+        annotations: Default::default(),
+        creation_time: UNIX_EPOCH,
+        spec: RequestAuthentication {
+            jwt_rules: vec![JwtRule {
+                issuer: issuer.into(),
+                jwks_uri: uri.into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        },
+    }
+}
+
+fn resolver() -> (
+    JwksResolver,
+    UnboundedReceiver<RegistryEvent>,
+    Arc<JwksMetrics>,
+) {
+    let (sink, rx) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+    let metrics = Arc::new(JwksMetrics::default());
+    (JwksResolver::new(sink, metrics.clone()), rx, metrics)
+}
+
+/// The inline document the generator gives the only rule of `policy`.
+fn inlined(policy: &Config<RequestAuthentication>, table: &JwksTable) -> String {
+    let rule = &policy.spec.jwt_rules[0];
+    let config = jwt_authentication(&[rule], table, false).unwrap();
+    let provider = &config.providers["origins-0"];
+    use envoy_types::pb::envoy::config::core::v3::data_source::Specifier;
+    use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::jwt_provider::JwksSourceSpecifier;
+    match &provider.jwks_source_specifier {
+        Some(JwksSourceSpecifier::LocalJwks(ds)) => match &ds.specifier {
+            Some(Specifier::InlineString(s)) => s.clone(),
+            other => panic!("{other:?}"),
+        },
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The RequestAuthentication keys of the next push request.
+fn pushed(rx: &mut UnboundedReceiver<RegistryEvent>) -> Vec<String> {
+    match rx.try_recv() {
+        Ok(RegistryEvent::Push(request)) => {
+            assert!(request.full);
+            request
+                .configs_updated
+                .iter()
+                .map(|k| {
+                    assert_eq!(k.kind, ConfigKind::RequestAuthentication);
+                    format!("{}/{}", k.namespace, k.name)
+                })
+                .collect()
+        }
+        other => panic!("no push: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_jwks_uri_is_fetched_inlined_and_pushed_and_a_key_change_pushes_again() {
+    let issuer = Issuer::serve(KEYS_1).await;
+    let (resolver, mut rx, metrics) = resolver();
+    let policy = ra("jwt", &issuer.url, &format!("{}/keys", issuer.url));
+    // Not fetched yet: tokens are refused meanwhile.
+    let table = resolver.table_for([&policy]);
+    assert_eq!(
+        inlined(&policy, &table),
+        fake_jwks(&format!("{}/keys", issuer.url))
+    );
+    resolver.wait_fetched(1).await;
+    assert_eq!(pushed(&mut rx), ["ns/jwt"]);
+    let table = resolver.table_for([&policy]);
+    assert_eq!(inlined(&policy, &table), KEYS_1);
+    assert_eq!(metrics.fetch_success.get(), 1);
+    // Rebuilding the index does not fetch again.
+    assert_eq!(issuer.fetches.load(Ordering::SeqCst), 1);
+    // A refresh with the same keys pushes nothing; new keys push.
+    assert!(!resolver.refresh().await);
+    assert!(rx.try_recv().is_err(), "unchanged keys push nothing");
+    *issuer.keys.lock().unwrap() = KEYS_2.into();
+    assert!(!resolver.refresh().await);
+    assert_eq!(pushed(&mut rx), ["ns/jwt"]);
+    assert_eq!(inlined(&policy, &resolver.table_for([&policy])), KEYS_2);
+    assert_eq!(metrics.fetch_success.get(), 3);
+}
+
+#[tokio::test]
+async fn an_unreachable_jwks_uri_gives_the_fake_jwks_and_counts_a_failure() {
+    let closed = {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    let uri = format!("http://{closed}/keys");
+    let (resolver, mut rx, metrics) = resolver();
+    let policy = ra("jwt", "https://issuer.example", &uri);
+    resolver.table_for([&policy]);
+    resolver.wait_fetched(1).await;
+    assert_eq!(metrics.fetch_fail.get(), 1);
+    assert_eq!(metrics.fetch_success.get(), 0);
+    assert!(rx.try_recv().is_err(), "nothing changed for the proxies");
+    let table = resolver.table_for([&policy]);
+    assert!(table.is_empty());
+    assert_eq!(inlined(&policy, &table), fake_jwks(&uri));
+    // The refresh tries again, and fails again.
+    assert!(resolver.refresh().await);
+    assert_eq!(metrics.fetch_fail.get(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_refresh_keeps_the_keys_fetched_before() {
+    let issuer = Issuer::serve(KEYS_1).await;
+    let (resolver, mut rx, _) = resolver();
+    let policy = ra("jwt", &issuer.url, &format!("{}/keys", issuer.url));
+    resolver.table_for([&policy]);
+    resolver.wait_fetched(1).await;
+    pushed(&mut rx);
+    *issuer.keys.lock().unwrap() = "not a key set".into();
+    assert!(resolver.refresh().await, "not a JWKS: a failure");
+    assert!(rx.try_recv().is_err());
+    assert_eq!(inlined(&policy, &resolver.table_for([&policy])), KEYS_1);
+}
+
+#[tokio::test]
+async fn without_jwks_uri_the_keys_are_found_through_oidc_discovery() {
+    let issuer = Issuer::serve(KEYS_1).await;
+    let (resolver, mut rx, metrics) = resolver();
+    let policy = ra("oidc", &issuer.url, "");
+    resolver.table_for([&policy]);
+    resolver.wait_fetched(1).await;
+    assert_eq!(pushed(&mut rx), ["ns/oidc"]);
+    assert_eq!(inlined(&policy, &resolver.table_for([&policy])), KEYS_1);
+    // The discovery document and the keys.
+    assert_eq!(metrics.fetch_success.get(), 2);
+}
+
+#[tokio::test]
+async fn keys_no_policy_names_are_forgotten_and_inline_keys_are_never_fetched() {
+    let issuer = Issuer::serve(KEYS_1).await;
+    let (resolver, _rx, _) = resolver();
+    let policy = ra("jwt", &issuer.url, &format!("{}/keys", issuer.url));
+    resolver.table_for([&policy]);
+    resolver.wait_fetched(1).await;
+    assert_eq!(resolver.table_for([&policy]).len(), 1);
+    let mut inline = ra("inline", "https://other", "");
+    inline.spec.jwt_rules[0].jwks = KEYS_2.into();
+    assert!(resolver.table_for([&inline]).is_empty());
+    assert!(!resolver.refresh().await, "nothing left to fetch");
+    assert_eq!(issuer.fetches.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn refreshes_back_off_after_failures_as_istio_does() {
+    let m = Duration::from_secs(60);
+    assert_eq!(next_refresh(REFRESH_INTERVAL, false, false), 20 * m);
+    assert_eq!(next_refresh(REFRESH_INTERVAL, true, false), m);
+    assert_eq!(next_refresh(m, true, true), 2 * m);
+    assert_eq!(next_refresh(32 * m, true, true), 60 * m);
+    assert_eq!(next_refresh(60 * m, true, true), 60 * m);
+    assert_eq!(next_refresh(4 * m, false, true), 20 * m);
+}
+
+#[test]
+fn only_the_control_plane_fetch_mode_is_accepted_quietly() {
+    assert!(check_fetch_mode(None).is_ok());
+    assert!(check_fetch_mode(Some("false")).is_ok());
+    assert!(check_fetch_mode(Some("istiod")).is_ok());
+    assert!(check_fetch_mode(Some("true")).is_err());
+    assert!(check_fetch_mode(Some("hybrid")).is_err());
+}
