@@ -1106,7 +1106,8 @@ async fn every_gateway_server_kind_is_served() {
             expect("https.443.https-optional.all-kinds.istio-system"),
         ),
         (
-            gw(Call::http(443).tls().host("istio.example.com")),
+            // ISTIO_MUTUAL: the client presents a mesh certificate.
+            gw(Call::http(443).mtls().host("istio.example.com")),
             expect("https.443.https-istio.all-kinds.istio-system"),
         ),
         (

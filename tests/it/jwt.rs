@@ -22,10 +22,7 @@ const REVIEWS: &str = "reviews.default.svc.cluster.local";
 /// The inline JWKS of the `jwt_authn` filter on the inbound chain of port 9080.
 fn inbound_jwks(listeners: &[Listener]) -> Option<String> {
     let vi = listeners.iter().find(|l| l.name == "virtualInbound")?;
-    let chain = vi
-        .filter_chains
-        .iter()
-        .find(|c| c.name == "inbound|9080||")?;
+    let chain = vi.filter_chains.iter().find(|c| c.name == "0.0.0.0_9080")?;
     let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
         return None;
     };
@@ -108,7 +105,7 @@ spec:
     for _ in 0..5 {
         let listeners: Vec<Listener> =
             decode_all(&client.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
-        let jwks = inbound_jwks(&listeners).expect("a jwt_authn filter on inbound|9080||");
+        let jwks = inbound_jwks(&listeners).expect("a jwt_authn filter on 0.0.0.0_9080");
         if jwks == KEYS {
             break;
         }

@@ -413,7 +413,6 @@ mod inbound {
     use meshfed_api::security::v1beta1 as sec;
 
     use super::*;
-    use crate::generate::cds;
     use crate::generate::lds::tests::{default_mesh, proxy, snapshot};
     use crate::generate::lds::{InboundPort, VIRTUAL_INBOUND, sidecar_listeners};
     use crate::push::config_index::ConfigSet;
@@ -463,7 +462,7 @@ mod inbound {
         let chain = vi
             .filter_chains
             .iter()
-            .find(|c| c.name == cds::inbound_name(8080))
+            .find(|c| c.name == "0.0.0.0_8080")
             .unwrap();
         let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
             panic!("typed")
@@ -490,7 +489,7 @@ mod inbound {
             .unwrap();
         vi.filter_chains
             .iter()
-            .find(|c| c.name == cds::inbound_name(9000))
+            .find(|c| c.name == "0.0.0.0_9000")
             .unwrap()
             .filters
             .clone()
