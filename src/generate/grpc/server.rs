@@ -106,8 +106,6 @@ pub fn server_listener(snapshot: &Snapshot, proxy: &Proxy, name: &str) -> Option
     snapshot.cache().get_or_insert(input, |input| {
         let filters = rbac_filters(snapshot, &input.namespace, &input.labels);
         let listener = listener(&input.name, &input.host, input.port, input.mode, filters);
-        #[cfg(any(test, feature = "testing"))]
-        crate::xds::pgv::assert_message_valid(&listener);
         Some(EncodedResource::encode(
             TypeUrl::Listener,
             input.name.clone(),

@@ -5,8 +5,13 @@
 //! `default`). The TLS contexts therefore only name a plugin instance and a
 //! certificate: the workload's own certificate is `default`/`default`, the roots
 //! `default`/`ROOTCA`, as Istio's grpc generator names them (`buildCommonTLSContext`).
-//! Each is sent in the current field and in the deprecated one, as Istio does, so gRPC
-//! releases from before and after the field moved both find it.
+//!
+//! They are sent in the fields gRPC reads since 1.66 (`tls_certificate_provider_instance`
+//! and the validation context's `ca_certificate_provider_instance`). Istio also sends
+//! the deprecated fields older gRPC read, inside a `combined_validation_context`; Envoy
+//! refuses that form without an SDS secret, which gRPC refuses in turn, so meshfed
+//! keeps to the form both accept, and proxyless clients and servers need gRPC 1.66 or
+//! later for mTLS.
 
 use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
@@ -29,28 +34,19 @@ pub const ROOT_CERT: &str = "ROOTCA";
 /// A TLS context that presents the workload certificate and verifies the peer against
 /// the mesh roots, accepting only the identities `sans` (any when empty; servers
 /// cannot check SANs, so theirs is always empty).
+#[allow(deprecated)] // gRPC reads `match_subject_alt_names`, not the typed matchers.
 pub fn common_tls_context(sans: &[String]) -> CommonTlsContext {
     let plugin = |cert: &str| CertificateProviderPluginInstance {
         instance_name: PROVIDER_INSTANCE.into(),
         certificate_name: cert.into(),
     };
-    let legacy = |cert: &str| common_tls_context::CertificateProviderInstance {
-        instance_name: PROVIDER_INSTANCE.into(),
-        certificate_name: cert.into(),
-    };
-    #[allow(deprecated)]
     CommonTlsContext {
         tls_certificate_provider_instance: Some(plugin(IDENTITY_CERT)),
-        tls_certificate_certificate_provider_instance: Some(legacy(IDENTITY_CERT)),
         validation_context_type: Some(
-            common_tls_context::ValidationContextType::CombinedValidationContext(
-                common_tls_context::CombinedCertificateValidationContext {
-                    default_validation_context: Some(CertificateValidationContext {
-                        ca_certificate_provider_instance: Some(plugin(ROOT_CERT)),
-                        match_subject_alt_names: sans.iter().map(|s| exact(s)).collect(),
-                        ..Default::default()
-                    }),
-                    validation_context_certificate_provider_instance: Some(legacy(ROOT_CERT)),
+            common_tls_context::ValidationContextType::ValidationContext(
+                CertificateValidationContext {
+                    ca_certificate_provider_instance: Some(plugin(ROOT_CERT)),
+                    match_subject_alt_names: sans.iter().map(|s| exact(s)).collect(),
                     ..Default::default()
                 },
             ),
