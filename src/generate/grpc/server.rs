@@ -62,6 +62,9 @@ use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 
+#[cfg(test)]
+mod tests;
+
 /// The prefix of the listener names xDS-enabled gRPC servers ask for (Istio's
 /// `grpcxds.ServerListenerNamePrefix`).
 pub const SERVER_LISTENER_PREFIX: &str = "xds.istio.io/grpc/lds/inbound/";
