@@ -257,8 +257,10 @@ pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
     use meshfed_api::security::v1beta1::authorization_policy::Action;
     match &obj.spec {
         Spec::PeerAuthentication(_) => Some(
-            "PeerAuthentication is read and validated but not enforced by meshfed yet: \
-             proxies get no inbound mTLS chains from it"
+            "PeerAuthentication is enforced by proxyless gRPC servers only (STRICT, or \
+             PERMISSIVE on workloads labelled security.istio.io/tlsMode: istio, is mTLS; \
+             gRPC cannot serve both on one port, so other PERMISSIVE ports are plaintext): \
+             sidecars get no inbound mTLS chains from it yet"
                 .into(),
         ),
         Spec::RequestAuthentication(_) => Some(
@@ -271,9 +273,17 @@ pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
              ext_authz filter is built, so requests are not sent to the provider"
                 .into(),
         ),
+        Spec::AuthorizationPolicy(ap) if ap.action() == Action::Audit => Some(
+            "AuthorizationPolicy with action AUDIT is enforced on sidecars' inbound chains \
+             only: gateways do not apply it yet, and proxyless gRPC servers have no audit \
+             action"
+                .into(),
+        ),
         Spec::AuthorizationPolicy(_) => Some(
-            "AuthorizationPolicy is enforced on sidecars' inbound chains only: gateways and \
-             proxyless gRPC servers do not apply it yet"
+            "AuthorizationPolicy is enforced on sidecars' inbound chains and by proxyless \
+             gRPC servers (a condition gRPC cannot check, such as a path template or a \
+             grpc-* header, makes an ALLOW rule match nothing and a DENY rule match without \
+             it): gateways do not apply it yet"
                 .into(),
         ),
         _ => None,
