@@ -334,3 +334,38 @@ spec:
     .await;
     m.t.finish(vec![a, b, c]).await;
 }
+
+#[tokio::test]
+async fn grpcio_client_accepts_only_the_server_identities_its_cluster_names() {
+    let Some(m) = Mesh::start().await else {
+        return;
+    };
+    // The rule names an identity the greeter does not have: the client refuses the
+    // greeter's certificate.
+    m.t.apply(
+        "apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: greeter, namespace: default}
+spec:
+  host: greeter
+  trafficPolicy:
+    tls: {mode: ISTIO_MUTUAL, subjectAltNames: [spiffe://cluster.local/ns/default/sa/impostor]}
+",
+    );
+    m.t.apply(&peer_authentication("STRICT"));
+    let _greeter = m.greeter().await;
+    let mut a = m.mtls_client("a").await;
+    m.until(&mut a, "the greeter's identity refused", |r| {
+        r.starts_with("ERR UNAVAILABLE")
+    })
+    .await;
+    // Without `subjectAltNames`, the service's account (its endpoint's) is expected.
+    m.t.apply(ISTIO_MUTUAL);
+    m.until(
+        &mut a,
+        "a served once the greeter's identity is expected",
+        served_to(&spiffe("a")),
+    )
+    .await;
+    m.t.finish(vec![a]).await;
+}
