@@ -10,6 +10,9 @@
 //!   RDS `outbound|<port>||<fqdn>` over ADS. A name without a port matches every port
 //!   of the service, each listener named `<requested host>:<port>` (as Istio does, so
 //!   gRPC clients in practice always name the port). Unknown names are left out.
+//!   A name `xds.istio.io/grpc/lds/inbound/<ip>:<port>` is an xDS-enabled gRPC
+//!   server's own listener, with mTLS and RBAC from the workload's policies
+//!   ([`server`]).
 //! - **RDS**: for `outbound|<port>||<fqdn>`, one virtual host for that service (gRPC
 //!   rejects configs whose domains belong to other services), whose domains are the
 //!   names a client may dial, and one default route to the cluster of the same name.
@@ -22,7 +25,9 @@
 //!   does-not-exist timer. Subset clusters `outbound|<port>|<subset>|<host>` (the
 //!   destinations of VirtualService routes to DestinationRule subsets) are EDS
 //!   clusters of the same form; EDS selects their endpoints by the subset's labels
-//!   (none for a subset the rule in force does not define).
+//!   (none for a subset the rule in force does not define). A cluster whose
+//!   DestinationRule says `ISTIO_MUTUAL` carries Istio mTLS through gRPC's certificate
+//!   providers ([`tls`]).
 //! - **EDS** is the normal generator.
 //!
 //! Every resource is cached in the snapshot's resource cache under a view digest that

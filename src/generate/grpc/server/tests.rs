@@ -193,6 +193,20 @@ fn a_strict_server_listener_is_named_and_addressed_as_asked_and_requires_client_
         other => panic!("no socket address: {other:?}"),
     }
     assert!(l.listener_filters.is_empty() && l.use_original_dst.is_none());
+    // A server on every address asks for `[::]:<port>`.
+    let any = format!("{SERVER_LISTENER_PREFIX}[::]:8080");
+    let out = fetch(
+        &snap,
+        &proxy(&[]),
+        TypeUrl::Listener,
+        std::slice::from_ref(&any),
+    );
+    let wildcard = Listener::decode(out[0].body.value.clone()).unwrap();
+    assert_eq!(wildcard.name, any);
+    match wildcard.address.and_then(|a| a.address) {
+        Some(address::Address::SocketAddress(s)) => assert_eq!(s.address, "::"),
+        other => panic!("no socket address: {other:?}"),
+    }
     let chain = &l.filter_chains[0];
     assert_eq!(chain.name, "inbound-mtls");
     assert!(chain.filter_chain_match.is_none());
