@@ -359,9 +359,10 @@ pub fn fit_policy(policy: &mut Policy, wider: bool) -> bool {
 }
 
 /// A header gRPC refuses to match on (gRFC A41: its own `grpc-*` headers and
-/// `:scheme`).
+/// `:scheme`). Header names are case-insensitive; gRPC compares them lower-cased.
 fn unmatchable_header(h: &HeaderMatcher) -> bool {
-    h.name == ":scheme" || h.name.starts_with("grpc-")
+    let name = h.name.to_ascii_lowercase();
+    name == ":scheme" || name.starts_with("grpc-")
 }
 
 /// `any` when the rule should match more, `not any` when less: a matcher gRPC cannot

@@ -430,7 +430,7 @@ fn matchers_grpc_rejects_stand_for_always_or_never_on_the_safe_side() {
     assert_eq!(p, and(vec![not_perm(any_perm()), not_perm(any_perm())]));
     // DENY (wider): the reverse.
     let mut p = and(vec![
-        header_perm("grpc-tag"),
+        header_perm("Grpc-Tag"),
         not_perm(header_perm(":scheme")),
     ]);
     assert!(fit_permission(&mut p, true));
