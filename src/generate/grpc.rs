@@ -10,6 +10,9 @@
 //!   RDS `outbound|<port>||<fqdn>` over ADS. A name without a port matches every port
 //!   of the service, each listener named `<requested host>:<port>` (as Istio does, so
 //!   gRPC clients in practice always name the port). Unknown names are left out.
+//!   A name `xds.istio.io/grpc/lds/inbound/<ip>:<port>` is an xDS-enabled gRPC
+//!   server's own listener, with mTLS and RBAC from the workload's policies
+//!   ([`server`]).
 //! - **RDS**: for `outbound|<port>||<fqdn>`, one virtual host for that service (gRPC
 //!   rejects configs whose domains belong to other services), whose domains are the
 //!   names a client may dial, and one default route to the cluster of the same name.
@@ -22,7 +25,9 @@
 //!   does-not-exist timer. Subset clusters `outbound|<port>|<subset>|<host>` (the
 //!   destinations of VirtualService routes to DestinationRule subsets) are EDS
 //!   clusters of the same form; EDS selects their endpoints by the subset's labels
-//!   (none for a subset the rule in force does not define).
+//!   (none for a subset the rule in force does not define). A cluster whose
+//!   DestinationRule says `ISTIO_MUTUAL` carries Istio mTLS through gRPC's certificate
+//!   providers ([`tls`]).
 //! - **EDS** is the normal generator.
 //!
 //! Every resource is cached in the snapshot's resource cache under a view digest that
@@ -42,6 +47,9 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 use envoy_types::pb::google::protobuf::Any;
 use meshfed_registry::{Hostname, Port, Service};
 use prost::Message;
+
+pub mod server;
+pub mod tls;
 
 use super::Subscription;
 use super::cds::{self, ClusterName, Direction};
@@ -171,6 +179,12 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
         }
     }
     for requested in sub.names {
+        if server::is_server_listener(requested) {
+            if let Some(listener) = server::server_listener(snapshot, proxy, requested) {
+                out.insert(requested.clone(), listener);
+            }
+            continue;
+        }
         let (host, wanted) = split_listener_name(requested);
         let Some(service) = resolve_requested(snapshot, proxy, host, wanted) else {
             continue;
@@ -431,7 +445,8 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
                 return None;
             }
             let lb = grpc_lb(snapshot, proxy, &parsed);
-            Some(cached_eds_cluster(snapshot, name, parsed.hostname, lb))
+            let tls = grpc_tls(snapshot, proxy, &parsed);
+            Some(cached_eds_cluster(snapshot, name, parsed.hostname, lb, tls))
         })
         .collect()
 }
@@ -479,13 +494,55 @@ fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Grp
     }
 }
 
-/// The input of a proxyless client's cluster, and its cache key: the name and the
-/// load balancer the DestinationRule in force picks.
+/// The identities a proxyless client accepts from a destination it reaches over Istio
+/// mTLS, or `None` for plaintext. As Istio's grpc generator (`applyTLS`), only an
+/// explicit `ISTIO_MUTUAL` in the DestinationRule in force (subset and port settings
+/// merged) turns mTLS on: there is no auto mTLS, because a client that does not use
+/// xDS credentials ignores it and gRPC cannot reach a PERMISSIVE server over TLS
+/// (see [`server`]). The identities are the rule's `subjectAltNames`, else the
+/// service's accounts. SIMPLE and MUTUAL (certificates from files) are not served to
+/// gRPC, as in Istio.
+fn grpc_tls(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Option<Vec<String>> {
+    use meshfed_api::networking::v1alpha3::client_tls_settings::TlSmode;
+    let service = snapshot
+        .services()
+        .resolve(cluster.hostname, &proxy.namespace)?;
+    let rule = snapshot.config().destination_rule(
+        &proxy.namespace,
+        service.namespace.as_str(),
+        service.hostname.as_str(),
+    )?;
+    let tls = super::policy::destination_policy(&rule.spec, cluster.port, cluster.subset)?.tls?;
+    match TlSmode::try_from(tls.mode) {
+        Ok(TlSmode::IstioMutual) => {}
+        Ok(TlSmode::Simple | TlSmode::Mutual) => {
+            tracing::debug!(
+                rule = %format!("{}/{}", rule.namespace, rule.name), cluster = cluster.hostname,
+                "DestinationRule TLS SIMPLE/MUTUAL is not applied to proxyless gRPC clients"
+            );
+            return None;
+        }
+        _ => return None,
+    }
+    if !tls.subject_alt_names.is_empty() {
+        return Some(tls.subject_alt_names);
+    }
+    Some(cds::service_accounts(
+        service,
+        snapshot.shards(&service.key()).map(|s| &**s),
+        &snapshot.mesh().config,
+    ))
+}
+
+/// The input of a proxyless client's cluster, and its cache key: the name, the load
+/// balancer the DestinationRule in force picks, and the identities of Istio mTLS to
+/// the destination (`None`: plaintext).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct GrpcClusterInput {
     pub name: Arc<str>,
     pub hostname: Hostname,
     pub lb: GrpcLb,
+    pub tls: Option<Vec<String>>,
 }
 
 impl CacheInput for GrpcClusterInput {
@@ -498,11 +555,18 @@ impl CacheInput for GrpcClusterInput {
     }
 }
 
-fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str, lb: GrpcLb) -> Resource {
+fn cached_eds_cluster(
+    snapshot: &Snapshot,
+    name: &str,
+    hostname: &str,
+    lb: GrpcLb,
+    tls: Option<Vec<String>>,
+) -> Resource {
     let input = GrpcClusterInput {
         name: Arc::from(name),
         hostname: Hostname::new(hostname),
         lb,
+        tls,
     };
     snapshot
         .cache()
@@ -527,6 +591,7 @@ fn cached_eds_cluster(snapshot: &Snapshot, name: &str, hostname: &str, lb: GrpcL
                     }
                 }
             }
+            cluster.transport_socket = input.tls.as_deref().map(tls::upstream_socket);
             Some(EncodedResource::encode(
                 TypeUrl::Cluster,
                 input.name.clone(),

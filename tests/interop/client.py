@@ -1,11 +1,15 @@
 """A proxyless gRPC client driven line by line, for meshfed's interop tests.
 
 Needs GRPC_XDS_BOOTSTRAP_CONFIG (inline bootstrap JSON) or GRPC_XDS_BOOTSTRAP.
-Usage: client.py [deadline_seconds]   (per-RPC deadline, default 5)
+Usage: client.py [deadline_seconds] [xds]
+  deadline_seconds  per-RPC deadline, default 5
+  xds               channels use xDS credentials (grpc.xds_channel_credentials with a
+                    plaintext fallback): TLS as the clusters meshfed sends say, with the
+                    bootstrap's certificate_providers; without it, plaintext always
 
 Prints "ready", then reads commands from stdin, one per line:
   call N TARGET [METHOD] [KEY=VALUE ...]
-                  N RPCs through grpc.insecure_channel("xds:///TARGET") (one channel per
+                  N RPCs through a channel to "xds:///TARGET" (one channel per
                   target, kept for the whole run), each carrying the KEY=VALUE pairs as
                   request metadata (keys lowercase). METHOD is
                     say     /harness.Echo/Say (the default)
@@ -19,9 +23,11 @@ Prints "ready", then reads commands from stdin, one per line:
 import sys
 
 import grpc
+import grpc.experimental
 from grpc_health.v1 import health_pb2
 
 deadline = float(sys.argv[1]) if len(sys.argv) > 1 else 5.0
+xds_credentials = len(sys.argv) > 2 and sys.argv[2] == "xds"
 channels = {}
 sent = 0
 
@@ -54,7 +60,13 @@ METHODS = {"say": say, "health": health}
 def call(target: str, count: int, method, metadata) -> None:
     channel = channels.get(target)
     if channel is None:
-        channel = grpc.insecure_channel(f"xds:///{target}")
+        if xds_credentials:
+            credentials = grpc.xds_channel_credentials(
+                grpc.experimental.insecure_channel_credentials()
+            )
+            channel = grpc.secure_channel(f"xds:///{target}", credentials)
+        else:
+            channel = grpc.insecure_channel(f"xds:///{target}")
         channels[target] = channel
     for _ in range(count):
         try:

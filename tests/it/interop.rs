@@ -43,7 +43,7 @@ use crate::support::*;
 const CLIENT_NODE: &str = "sidecar~127.0.0.1~client.default~default.svc.cluster.local";
 const ECHO: &str = "echo.default.svc.cluster.local";
 /// How long a Python process may take to start (importing grpc) under a loaded machine.
-const STARTUP: Duration = Duration::from_secs(30);
+pub(crate) const STARTUP: Duration = Duration::from_secs(30);
 /// Deadline of each RPC the client makes.
 const RPC_DEADLINE_S: u64 = 5;
 /// How long a test waits for the client to converge on a change.
@@ -492,7 +492,7 @@ async fn grpc_generator_over_delta() {
 
 /// A CA-backed control plane for the secure-port cases: its CA directory and the
 /// serving name `localhost` (the name grpcio checks for `localhost:PORT`).
-async fn secure_interop(ca_dir: &Path) -> Option<Interop> {
+pub(crate) async fn secure_interop(ca_dir: &Path) -> Option<Interop> {
     let ca_dir = ca_dir.to_path_buf();
     Interop::start_with(move |b| {
         b.configure(move |c| {
@@ -518,7 +518,7 @@ fn secure_bootstrap(t: &Interop, files: serde_json::Value) -> serde_json::Value 
 }
 
 /// Writes a workload certificate for `identity` and the root as files for grpcio.
-fn workload_files(ca_dir: &Path, out: &Path, identity: &str) -> serde_json::Value {
+pub(crate) fn workload_files(ca_dir: &Path, out: &Path, identity: &str) -> serde_json::Value {
     let (chain, key) = crate::secure::issue(ca_dir, identity);
     std::fs::write(out.join("cert-chain.pem"), chain).unwrap();
     std::fs::write(out.join("key.pem"), key).unwrap();
@@ -740,13 +740,13 @@ async fn run_csr(
 
 /// One interop test: a control plane with a mock registry, and the Python interpreter
 /// that runs backends and clients. Everything it spawns dies with it.
-struct Interop {
-    python: PathBuf,
+pub(crate) struct Interop {
+    pub(crate) python: PathBuf,
     /// `None` while stopped ([`Interop::stop_server`]).
     server: Option<FakeServer>,
-    registry: MemoryRegistry,
+    pub(crate) registry: MemoryRegistry,
     /// The ADS address, kept across restarts.
-    ads: SocketAddr,
+    pub(crate) ads: SocketAddr,
     /// While stopped, the ADS port stays bound (not listening: clients are refused) so
     /// no other test's server can take it and receive this test's clients.
     reserved: Option<TcpSocket>,
@@ -774,12 +774,12 @@ impl Interop {
         })
     }
 
-    fn server(&self) -> &FakeServer {
+    pub(crate) fn server(&self) -> &FakeServer {
         self.server.as_ref().expect("the control plane is stopped")
     }
 
     /// Waits until the registry changes made so far reached the connections.
-    async fn sync(&self) {
+    pub(crate) async fn sync(&self) {
         self.server().sync().await;
     }
 
@@ -795,7 +795,7 @@ impl Interop {
 
     /// Applies Istio config objects (YAML, `---` between objects) through the
     /// in-memory store, failing on any the store rejects.
-    fn apply(&self, yaml: &str) {
+    pub(crate) fn apply(&self, yaml: &str) {
         for document in serde_norway::Deserializer::from_str(yaml) {
             let value = serde_json::Value::deserialize(document).expect("YAML");
             match decode(&value, "memory") {
@@ -866,7 +866,7 @@ impl Interop {
 
     /// Calls `target` until the last `run` replies satisfy `done` (see
     /// [`GrpcClient::call_until`]).
-    async fn converge(
+    pub(crate) async fn converge(
         &self,
         client: &mut GrpcClient,
         target: &str,
@@ -923,7 +923,7 @@ impl Interop {
     /// Fails if any client rejected any response, then stops the clients (before the
     /// server, so they cannot reconnect to whatever binds its port next) and the
     /// server.
-    async fn finish(mut self, clients: Vec<GrpcClient>) {
+    pub(crate) async fn finish(mut self, clients: Vec<GrpcClient>) {
         let server = self.server.take().expect("the control plane is stopped");
         assert_no_rejections(&server, &clients.iter().collect::<Vec<_>>()).await;
         for client in clients {
@@ -1013,7 +1013,7 @@ fn script(name: &str) -> PathBuf {
 }
 
 /// A Python process with piped stdio, killed when dropped, never sent through a proxy.
-fn python_command(python: &Path, script_name: &str) -> Command {
+pub(crate) fn python_command(python: &Path, script_name: &str) -> Command {
     let mut command = Command::new(python);
     command
         .arg(script(script_name))
@@ -1037,10 +1037,10 @@ fn python_command(python: &Path, script_name: &str) -> Command {
 
 /// The last lines a process wrote to stderr, for failure messages.
 #[derive(Clone, Default)]
-struct StderrTail(Arc<Mutex<Vec<String>>>);
+pub(crate) struct StderrTail(Arc<Mutex<Vec<String>>>);
 
 impl StderrTail {
-    fn capture(child: &mut Child) -> StderrTail {
+    pub(crate) fn capture(child: &mut Child) -> StderrTail {
         let tail = StderrTail::default();
         let stderr = child.stderr.take().expect("stderr is piped");
         let lines = tail.0.clone();
@@ -1057,13 +1057,13 @@ impl StderrTail {
         tail
     }
 
-    fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         self.0.lock().unwrap().join("\n")
     }
 }
 
 /// Reads the next stdout line, failing with the process's stderr after `timeout`.
-async fn next_line(
+pub(crate) async fn next_line(
     lines: &mut Lines<BufReader<ChildStdout>>,
     timeout: Duration,
     what: &str,
@@ -1122,11 +1122,11 @@ impl Upstream {
 }
 
 /// A proxyless gRPC client (`tests/interop/client.py`) bootstrapped to an ADS address.
-struct GrpcClient {
+pub(crate) struct GrpcClient {
     child: Child,
     stdin: ChildStdin,
     stdout: Lines<BufReader<ChildStdout>>,
-    stderr: StderrTail,
+    pub(crate) stderr: StderrTail,
 }
 
 impl GrpcClient {
@@ -1135,9 +1135,20 @@ impl GrpcClient {
     }
 
     /// A client with its own bootstrap (TLS to the secure port).
-    async fn start_with(python: &Path, bootstrap: &serde_json::Value) -> GrpcClient {
+    pub(crate) async fn start_with(python: &Path, bootstrap: &serde_json::Value) -> GrpcClient {
+        GrpcClient::start_with_args(python, bootstrap, &[]).await
+    }
+
+    /// [`GrpcClient::start_with`] passing `args` to `client.py` after the deadline
+    /// (`xds`: xDS channel credentials).
+    pub(crate) async fn start_with_args(
+        python: &Path,
+        bootstrap: &serde_json::Value,
+        args: &[&str],
+    ) -> GrpcClient {
         let mut child = python_command(python, "client.py")
             .arg(RPC_DEADLINE_S.to_string())
+            .args(args)
             .stdin(Stdio::piped())
             .env("GRPC_XDS_BOOTSTRAP_CONFIG", bootstrap.to_string())
             .spawn()
@@ -1156,14 +1167,14 @@ impl GrpcClient {
     }
 
     /// Kills the client and waits for it to exit.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         let _ = self.child.kill().await;
     }
 
     /// `n` RPCs as `rpc` says (`TARGET [say|health] [KEY=VALUE ...]`: `xds:///TARGET`,
     /// the method, request metadata); one `OK served-by:<backend>:<reply>` /
     /// `ERR <code> <details>` each.
-    async fn call(&mut self, rpc: &str, n: usize) -> Vec<String> {
+    pub(crate) async fn call(&mut self, rpc: &str, n: usize) -> Vec<String> {
         self.stdin
             .write_all(format!("call {n} {rpc}\n").as_bytes())
             .await
@@ -1210,7 +1221,7 @@ impl GrpcClient {
 }
 
 /// gRPC's bootstrap for `ads`, as an app would get it from Istio's agent.
-fn bootstrap(ads: SocketAddr) -> serde_json::Value {
+pub(crate) fn bootstrap(ads: SocketAddr) -> serde_json::Value {
     serde_json::json!({
         "xds_servers": [{
             "server_uri": ads.to_string(),

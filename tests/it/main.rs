@@ -11,6 +11,7 @@ mod delta;
 mod deploy;
 mod drain;
 mod gateway_simulation;
+mod grpc_security;
 mod headless;
 mod hostile;
 mod interop;

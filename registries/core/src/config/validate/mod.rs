@@ -276,9 +276,17 @@ pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
              ext_authz filter is built, so requests are not sent to the provider"
                 .into(),
         ),
+        Spec::AuthorizationPolicy(ap) if ap.action() == Action::Audit => Some(
+            "AuthorizationPolicy with action AUDIT is enforced on sidecars' inbound chains \
+             only: gateways do not apply it yet, and proxyless gRPC servers have no audit \
+             action"
+                .into(),
+        ),
         Spec::AuthorizationPolicy(_) => Some(
-            "AuthorizationPolicy is enforced on sidecars' inbound chains only: gateways and \
-             proxyless gRPC servers do not apply it yet"
+            "AuthorizationPolicy is enforced on sidecars' inbound chains and by proxyless \
+             gRPC servers (a condition gRPC cannot check, such as a path template or a \
+             grpc-* header, makes an ALLOW rule match nothing and a DENY rule match without \
+             it): gateways do not apply it yet"
                 .into(),
         ),
         _ => None,

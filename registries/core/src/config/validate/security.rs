@@ -910,3 +910,45 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod enforcement_tests {
+    use std::path::Path;
+
+    use crate::config::validate_text;
+
+    /// The "not enforced" warning of one security object.
+    fn gap(kind: &str, spec: &str) -> String {
+        let yaml = format!(
+            "apiVersion: security.istio.io/v1\nkind: {kind}\nmetadata: {{name: p, namespace: foo}}\nspec:\n{spec}"
+        );
+        let report = validate_text(Path::new("p.yaml"), &yaml);
+        assert!(report.errors.is_empty(), "{report:?}");
+        report
+            .warnings
+            .iter()
+            .map(|d| d.to_string())
+            .find(|w| w.contains("enforced"))
+            .expect("a warning about enforcement")
+    }
+
+    #[test]
+    fn proxyless_grpc_servers_are_named_as_enforcing_peer_and_authorization_policies() {
+        let allow = gap("AuthorizationPolicy", "  action: ALLOW\n  rules: [{}]\n");
+        assert!(
+            allow.contains("enforced on sidecars' inbound chains and by proxyless gRPC servers"),
+            "{allow}"
+        );
+        assert!(!allow.contains("gRPC servers do not"), "{allow}");
+        let audit = gap("AuthorizationPolicy", "  action: AUDIT\n  rules: [{}]\n");
+        assert!(
+            audit.contains("proxyless gRPC servers have no audit action"),
+            "{audit}"
+        );
+        let pa = gap("PeerAuthentication", "  mtls: {mode: STRICT}\n");
+        assert!(
+            pa.contains("enforced by proxyless gRPC servers only"),
+            "{pa}"
+        );
+    }
+}
