@@ -90,6 +90,17 @@ impl ServiceIndex {
         first
     }
 
+    /// The namespaces defining a service under `hostname`, whatever their exportTo
+    /// (Istio's `ServiceIndex.HostnameAndNamespace`).
+    pub fn namespaces_of(&self, hostname: &str) -> Vec<String> {
+        self.by_hostname
+            .get(hostname)
+            .into_iter()
+            .flatten()
+            .map(|&i| self.services[i].namespace.to_string())
+            .collect()
+    }
+
     /// The service under exactly this key.
     pub fn get(&self, key: &ServiceKey) -> Option<&Arc<Service>> {
         self.by_hostname

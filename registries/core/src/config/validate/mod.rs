@@ -29,7 +29,9 @@ use crate::config::model::{ConfigObject, Kind, Spec};
 
 pub use destination_rule::validate_destination_rule;
 pub use gateway::validate_gateway;
-pub use mesh::{validate_mesh_config, validate_mesh_networks};
+pub use mesh::{
+    ext_authz_status, validate_extension_providers, validate_mesh_config, validate_mesh_networks,
+};
 pub(crate) use references::cross_object_warnings;
 pub use security::{
     validate_authorization_policy, validate_peer_authentication, validate_request_authentication,
