@@ -382,6 +382,9 @@ impl Pipeline {
             HashSet::new()
         };
         drop(previous);
+        // Which proxies depend on the changed objects reads the new mesh's root
+        // namespace (security policies of one namespace reach that namespace only).
+        let scope = scope.with_root_namespace(&next.config().root_namespace);
         self.snapshot.store(Arc::new(next));
         let queued = self.connections.enqueue(&scope, &moved);
         let connections = queued.count;
