@@ -107,7 +107,7 @@ impl PushMetrics {
         );
         registry.register(
             "meshfed_config_not_enforced",
-            "Valid Istio config objects meshfed reads and validates but does not fully apply to proxies yet (PeerAuthentication, RequestAuthentication; AuthorizationPolicy beyond sidecar inbound chains, or CUSTOM)",
+            "Valid Istio config objects meshfed reads and validates but does not fully apply to proxies yet (PeerAuthentication, RequestAuthentication; AuthorizationPolicy on proxyless gRPC servers, or CUSTOM naming no ext_authz provider)",
             m.config_not_enforced.clone(),
         );
         m

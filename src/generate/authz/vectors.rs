@@ -364,9 +364,12 @@ fn providers(mesh: &str) -> super::ext_authz::Resolved {
     })
 }
 
+/// One output file of a vector (`<dir>/<case>.rbac[-<n>]`) and whether it matched.
+type FileResult = (String, Result<(), String>);
+
 /// Runs one vector: per output file (`<dir>/<case>.rbac[-<n>]`), `Ok` when it
 /// matches, else the difference; a wrong number of filters is an error of the case.
-fn run(pool: &DescriptorPool, case: &Vector) -> Result<Vec<(String, Result<(), String>)>, String> {
+fn run(pool: &DescriptorPool, case: &Vector) -> Result<Vec<FileResult>, String> {
     let dir_name = if case.tcp { "tcp" } else { "http" };
     let dir = data_dir().join(dir_name);
     let read = |file: String| {

@@ -254,9 +254,20 @@ pub fn validate(obj: &ConfigObject) -> Validation {
 }
 
 /// What meshfed does not apply yet of a valid object, said where the user looks
-/// (`meshfed validate`, the store's warnings); `None` when it is applied.
+/// (`meshfed validate`, the store's warnings); `None` when it is applied. Without
+/// the mesh config, see [`not_enforced_in`].
 pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
-    use meshfed_api::security::v1beta1::authorization_policy::Action;
+    not_enforced_in(obj, None)
+}
+
+/// [`not_enforced`], knowing the mesh config: a CUSTOM AuthorizationPolicy whose
+/// provider is not an ext_authz extension provider of it is said to deny instead.
+pub fn not_enforced_in(
+    obj: &ConfigObject,
+    mesh: Option<&meshfed_api::mesh::v1alpha1::MeshConfig>,
+) -> Option<String> {
+    use meshfed_api::mesh::v1alpha1::mesh_config::extension_provider::Provider;
+    use meshfed_api::security::v1beta1::authorization_policy::{Action, ActionDetail};
     match &obj.spec {
         Spec::PeerAuthentication(_) => Some(
             "PeerAuthentication is read and validated but not enforced by meshfed yet: \
@@ -268,16 +279,37 @@ pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
              proxies get no JWT filter from it"
                 .into(),
         ),
-        Spec::AuthorizationPolicy(ap) if ap.action() == Action::Custom => Some(
-            "AuthorizationPolicy with action CUSTOM is not enforced by meshfed yet: no \
-             ext_authz filter is built, so requests are not sent to the provider"
-                .into(),
-        ),
-        Spec::AuthorizationPolicy(_) => Some(
-            "AuthorizationPolicy is enforced on sidecars' inbound chains only: gateways and \
-             proxyless gRPC servers do not apply it yet"
-                .into(),
-        ),
+        Spec::AuthorizationPolicy(ap) => {
+            let provider = match &ap.action_detail {
+                Some(ActionDetail::Provider(p)) => p.name.as_str(),
+                None => "",
+            };
+            let ext_authz = |p: &meshfed_api::mesh::v1alpha1::mesh_config::ExtensionProvider| {
+                p.name == provider
+                    && matches!(
+                        p.provider,
+                        Some(Provider::EnvoyExtAuthzHttp(_) | Provider::EnvoyExtAuthzGrpc(_))
+                    )
+            };
+            match mesh {
+                Some(mesh)
+                    if ap.action() == Action::Custom
+                        && !mesh.extension_providers.iter().any(ext_authz) =>
+                {
+                    Some(format!(
+                        "AuthorizationPolicy with action CUSTOM names provider {provider:?}, \
+                         which is not an ext_authz extension provider of the mesh config \
+                         (envoyExtAuthzHttp or envoyExtAuthzGrpc): its rules deny the requests \
+                         they match instead"
+                    ))
+                }
+                _ => Some(
+                    "AuthorizationPolicy is enforced on sidecars' inbound chains and on \
+                     gateways only: proxyless gRPC servers do not apply it yet"
+                        .into(),
+                ),
+            }
+        }
         _ => None,
     }
 }
