@@ -372,3 +372,145 @@ fn enabled_metadata(filter: &str, provider: &str) -> MetadataMatcher {
         invert: false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::generate::authz::vectors::policies;
+    use crate::generate::authz::{AuthzOptions, http_filters, network_filters, select};
+
+    /// `authz.foo...` is defined in foo; `shared.example.com` in two namespaces.
+    fn registry(host: &str) -> Vec<String> {
+        match host {
+            "authz.foo.svc.cluster.local" => vec!["foo".into()],
+            "shared.example.com" => vec!["a".into(), "b".into()],
+            _ => Vec::new(),
+        }
+    }
+
+    #[test]
+    fn the_provider_service_is_looked_up_as_istio_looks_it_up() {
+        assert_eq!(
+            lookup_cluster("authz.foo.svc.cluster.local", 9000, &registry).unwrap(),
+            (
+                "authz.foo.svc.cluster.local".to_string(),
+                "outbound|9000||authz.foo.svc.cluster.local".to_string()
+            )
+        );
+        assert_eq!(
+            lookup_cluster("b/shared.example.com", 80, &registry)
+                .unwrap()
+                .1,
+            "outbound|80||shared.example.com"
+        );
+        let ambiguous = lookup_cluster("shared.example.com", 80, &registry).unwrap_err();
+        assert!(ambiguous.contains("multiple namespaces"), "{ambiguous}");
+        let wrong_ns =
+            lookup_cluster("bar/authz.foo.svc.cluster.local", 80, &registry).unwrap_err();
+        assert!(wrong_ns.contains("could not find service"), "{wrong_ns}");
+        assert!(lookup_cluster("", 80, &registry).is_err());
+    }
+
+    fn mesh(providers: serde_json::Value) -> MeshConfig {
+        serde_json::from_value(serde_json::json!({ "extensionProviders": providers })).unwrap()
+    }
+
+    #[test]
+    fn unusable_providers_are_kept_with_their_reason_and_other_kinds_left_out() {
+        let resolved = resolve(
+            &mesh(serde_json::json!([
+                {"name": "ok", "envoyExtAuthzGrpc": {"service": "authz.foo.svc.cluster.local", "port": 9000}},
+                {"name": "missing", "envoyExtAuthzGrpc": {"service": "nope.foo.svc.cluster.local", "port": 9000}},
+                {"name": "wildcard", "envoyExtAuthzHttp": {"service": "authz.foo.svc.cluster.local", "port": 9000, "includeRequestHeadersInCheck": ["*"]}},
+                {"name": "tracing", "zipkin": {"service": "z.foo.svc.cluster.local", "port": 9411}}
+            ])),
+            &registry,
+        );
+        assert!(resolved["ok"].is_ok());
+        assert!(
+            resolved["missing"]
+                .as_ref()
+                .unwrap_err()
+                .contains("could not find service")
+        );
+        assert!(
+            resolved["wildcard"]
+                .as_ref()
+                .unwrap_err()
+                .contains("single wildcard")
+        );
+        assert!(!resolved.contains_key("tracing"));
+    }
+
+    /// The filter names of the selected CUSTOM policy (provider `provider`) on HTTP
+    /// and TCP chains.
+    fn filters_for(provider: &str, mesh: &MeshConfig) -> (Vec<String>, Vec<String>) {
+        let text = format!(
+            "apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {{name: ext, namespace: foo}}
+spec: {{action: CUSTOM, provider: {{name: {provider}}}, rules: [{{to: [{{operation: {{ports: [\"80\"]}}}}]}}]}}
+"
+        );
+        let all = policies(&text);
+        let selected = select(&all, "istio-system", "foo", &BTreeMap::new());
+        let opts = AuthzOptions {
+            custom_providers: Some(resolve(mesh, &registry)),
+            ..AuthzOptions::default()
+        };
+        let http = http_filters(&selected, &opts);
+        let tcp = network_filters(&selected, &opts);
+        http.iter().for_each(crate::xds::pgv::assert_message_valid);
+        tcp.iter().for_each(crate::xds::pgv::assert_message_valid);
+        (
+            http.into_iter().map(|f| f.name).collect(),
+            tcp.into_iter().map(|f| f.name).collect(),
+        )
+    }
+
+    #[test]
+    fn a_grpc_provider_checks_requests_and_connections_an_http_one_requests_only() {
+        let providers = mesh(serde_json::json!([
+            {"name": "grpc", "envoyExtAuthzGrpc": {"service": "authz.foo.svc.cluster.local", "port": 9000}},
+            {"name": "http", "envoyExtAuthzHttp": {"service": "authz.foo.svc.cluster.local", "port": 8000}},
+            {"name": "tracing", "zipkin": {"service": "z.foo.svc.cluster.local", "port": 9411}}
+        ]));
+        assert_eq!(
+            filters_for("grpc", &providers),
+            (
+                vec![
+                    super::super::HTTP_RBAC.to_string(),
+                    HTTP_EXT_AUTHZ.to_string()
+                ],
+                vec![
+                    super::super::NETWORK_RBAC.to_string(),
+                    NETWORK_EXT_AUTHZ.to_string()
+                ]
+            )
+        );
+        assert_eq!(
+            filters_for("http", &providers),
+            (
+                vec![
+                    super::super::HTTP_RBAC.to_string(),
+                    HTTP_EXT_AUTHZ.to_string()
+                ],
+                vec![]
+            )
+        );
+        // A provider of another kind, or none by that name: one DENY RBAC filter, no
+        // ext_authz.
+        for name in ["tracing", "unknown"] {
+            assert_eq!(
+                filters_for(name, &providers),
+                (
+                    vec![super::super::HTTP_RBAC.to_string()],
+                    vec![super::super::NETWORK_RBAC.to_string()]
+                ),
+                "{name}"
+            );
+        }
+    }
+}
