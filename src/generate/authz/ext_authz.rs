@@ -457,7 +457,7 @@ spec: {{action: CUSTOM, provider: {{name: {provider}}}, rules: [{{to: [{{operati
         let all = policies(&text);
         let selected = select(&all, "istio-system", "foo", &BTreeMap::new());
         let opts = AuthzOptions {
-            custom_providers: Some(resolve(mesh, &registry)),
+            custom_providers: Some(Arc::new(resolve(mesh, &registry))),
             ..AuthzOptions::default()
         };
         let http = http_filters(&selected, &opts);

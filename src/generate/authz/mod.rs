@@ -77,7 +77,7 @@ pub struct AuthzOptions {
     /// `extensionProviders` of an ext_authz kind, resolved against the registry), with
     /// their filters or why they cannot be used. `None` accepts any name and builds
     /// the shadow RBAC filters alone (no registry to resolve providers with).
-    pub custom_providers: Option<ext_authz::Resolved>,
+    pub custom_providers: Option<Arc<ext_authz::Resolved>>,
     /// Whether CUSTOM policies of different providers may apply to one workload
     /// (Istio's `PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS`, off by default).
     pub multiple_custom_providers: bool,
@@ -87,13 +87,9 @@ impl AuthzOptions {
     /// The options of a snapshot: its mesh config's trust domains, and its ext_authz
     /// providers resolved against its services (Istio's `LookupCluster`).
     pub fn for_snapshot(snapshot: &crate::push::snapshot::Snapshot) -> AuthzOptions {
-        let mesh = &snapshot.mesh().config;
-        let services = snapshot.services();
         AuthzOptions {
-            custom_providers: Some(ext_authz::resolve(mesh, &|host| {
-                services.namespaces_of(host)
-            })),
-            ..AuthzOptions::from_mesh(mesh)
+            custom_providers: Some(Arc::clone(snapshot.ext_authz_providers())),
+            ..AuthzOptions::from_mesh(&snapshot.mesh().config)
         }
     }
 
@@ -362,8 +358,10 @@ fn groups<'a>(selected: &'a Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(Gr
     }
     if !bad.is_empty() {
         // Istio refuses the whole CUSTOM group and denies what it would have checked.
+        // Said once per snapshot for broken providers (`Snapshot::ext_authz_providers`)
+        // and per object for unknown ones (`validate::not_enforced_in`).
         for p in &selected.custom {
-            tracing::warn!(
+            tracing::debug!(
                 namespace = %p.namespace, name = %p.name, provider = provider(p),
                 "CUSTOM AuthorizationPolicy cannot be sent to its provider, its rules deny \
                  instead: {}", bad.join("; ")

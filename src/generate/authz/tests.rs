@@ -593,7 +593,7 @@ spec: {action: CUSTOM, provider: {name: two}, rules: [{to: [{operation: {paths: 
     let all = policies(text);
     let labels = BTreeMap::new();
     let mut opts = AuthzOptions {
-        custom_providers: Some(known_providers(&["one", "two"])),
+        custom_providers: Some(Arc::new(known_providers(&["one", "two"]))),
         ..AuthzOptions::default()
     };
     // Two providers without the multiple-provider switch: one DENY filter.
@@ -624,7 +624,7 @@ spec: {action: CUSTOM, provider: {name: two}, rules: [{to: [{operation: {paths: 
             .contains_key("istio-ext-authz-two-ns[foo]-policy[b]-rule[0]")
     );
     // An unknown provider is refused too.
-    opts.custom_providers = Some(known_providers(&["one"]));
+    opts.custom_providers = Some(Arc::new(known_providers(&["one"])));
     let only_b = select(&all[1..], "istio-system", "foo", &labels);
     let configs: Vec<HttpRbac> = http_filters(&only_b, &opts)
         .iter()

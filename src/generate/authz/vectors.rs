@@ -389,7 +389,7 @@ fn run(pool: &DescriptorPool, case: &Vector) -> Result<Vec<FileResult>, String> 
             })
             .unwrap_or_default(),
         extended_jwt: case.extended,
-        custom_providers: Some(providers(case.mesh)),
+        custom_providers: Some(Arc::new(providers(case.mesh))),
         multiple_custom_providers: false,
     };
     // Every filter also has to pass Envoy's own field rules (PGV).
