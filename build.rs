@@ -31,6 +31,7 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/config/endpoint/v3/endpoint.proto",
     "envoy/config/listener/v3/listener.proto",
     "envoy/config/route/v3/route.proto",
+    "envoy/extensions/filters/http/buffer/v3/buffer.proto",
     "envoy/extensions/filters/http/cors/v3/cors.proto",
     "envoy/extensions/filters/http/ext_authz/v3/ext_authz.proto",
     "envoy/extensions/filters/http/fault/v3/fault.proto",

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use envoy_types::pb::envoy::config::core::v3::{
     ApiVersion, GrpcService, HeaderValue, HttpUri, grpc_service, http_uri,
 };
+use envoy_types::pb::envoy::extensions::filters::http::buffer::v3::Buffer;
 use envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::{
     AuthorizationRequest, AuthorizationResponse, BufferSettings, ExtAuthz as HttpExtAuthz,
     HttpService, ext_authz,
@@ -29,7 +30,7 @@ use envoy_types::pb::envoy::r#type::matcher::v3::{
     string_matcher, value_matcher,
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::mesh::v1alpha1::mesh_config::extension_provider::{
     EnvoyExternalAuthorizationGrpcProvider as GrpcProvider,
@@ -41,6 +42,11 @@ use super::{EXT_AUTHZ_NAME_PREFIX, HTTP_RBAC, NETWORK_RBAC, TCP_STAT_PREFIX};
 
 /// Name of the HTTP ext_authz filter.
 pub const HTTP_EXT_AUTHZ: &str = "envoy.filters.http.ext_authz";
+/// Name of the HTTP buffer filter placed before ext_authz for large bodies.
+pub const HTTP_BUFFER: &str = "envoy.filters.http.buffer";
+/// Envoy's default per-connection buffer limit (1 MiB): a provider asking for a
+/// larger request body gets a buffer filter allowing that much, as in Istio.
+const DEFAULT_BUFFER_LIMIT: u32 = 1024 * 1024;
 /// Name of the network ext_authz filter.
 pub const NETWORK_EXT_AUTHZ: &str = "envoy.filters.network.ext_authz";
 /// The dynamic metadata key the CUSTOM shadow RBAC filter writes its matched policy
@@ -52,6 +58,9 @@ const DEFAULT_TIMEOUT_SECS: i64 = 600;
 /// The filter configs of one usable provider.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExtAuthz {
+    /// For HTTP chains, before `http`: a buffer large enough for the request body
+    /// the provider wants when that is over Envoy's default limit.
+    pub buffer: Option<Buffer>,
     /// For HTTP chains (both kinds).
     pub http: Option<HttpExtAuthz>,
     /// For TCP chains (gRPC providers only).
@@ -242,6 +251,7 @@ fn http_provider(
         ..Default::default()
     };
     Ok(ExtAuthz {
+        buffer: large_body_buffer(p.include_request_body_in_check.as_ref()),
         http: Some(HttpExtAuthz {
             status_on_error: status,
             failure_mode_allow: p.fail_open,
@@ -285,6 +295,7 @@ fn grpc_provider(
         ..Default::default()
     };
     Ok(ExtAuthz {
+        buffer: large_body_buffer(p.include_request_body_in_check.as_ref()),
         http: Some(HttpExtAuthz {
             status_on_error: status,
             failure_mode_allow: p.fail_open,
@@ -316,6 +327,14 @@ fn timeout(t: Option<&meshfed_api::Duration>) -> PbDuration {
             nanos: 0,
         },
     }
+}
+
+/// A buffer filter for a request body larger than Envoy's default limit.
+fn large_body_buffer(b: Option<&RequestBody>) -> Option<Buffer> {
+    let bytes = b?.max_request_bytes;
+    (bytes > DEFAULT_BUFFER_LIMIT).then_some(Buffer {
+        max_request_bytes: Some(UInt32Value { value: bytes }),
+    })
 }
 
 fn body(b: &RequestBody) -> BufferSettings {

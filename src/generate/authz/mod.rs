@@ -430,6 +430,13 @@ pub fn http_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<HttpFilter>
         if let Group::Custom(name) = group
             && let Some(ext) = provider_filters(opts, name).and_then(|e| e.http.as_ref())
         {
+            if let Some(buffer) = provider_filters(opts, name).and_then(|e| e.buffer.as_ref()) {
+                out.push(HttpFilter {
+                    name: ext_authz::HTTP_BUFFER.into(),
+                    config_type: Some(http_filter::ConfigType::TypedConfig(pack(buffer))),
+                    ..Default::default()
+                });
+            }
             out.push(HttpFilter {
                 name: ext_authz::HTTP_EXT_AUTHZ.into(),
                 config_type: Some(http_filter::ConfigType::TypedConfig(pack(ext))),

@@ -85,6 +85,13 @@ const GRPC_DEFAULTS: &str = "- name: default
 const HTTP_DEFAULTS: &str = "- name: default
   envoyExtAuthzHttp: {service: foo/my-custom-ext-authz.foo.svc.cluster.local, port: 9000, failOpen: true, statusOnError: '403'}
 ";
+/// An HTTP provider asking for a request body over Envoy's 1 MiB default buffer.
+const HTTP_LARGE_BODY: &str = "- name: default
+  envoyExtAuthzHttp:
+    service: foo/my-custom-ext-authz.foo.svc.cluster.local
+    port: 9000
+    includeRequestBodyInCheck: {maxRequestBytes: 1048577}
+";
 /// Istio's `meshConfigInvalid`: unknown service, port out of range, relative path
 /// prefix, unknown status.
 const INVALID: &str = "- name: default
@@ -171,6 +178,12 @@ const VECTORS: &[Vector] = &[
         false,
         2,
         HTTP_DEFAULTS,
+    ),
+    custom(
+        "custom-http-provider-with-max-request-body-bigger-than-1MiB",
+        false,
+        3,
+        HTTP_LARGE_BODY,
     ),
     // Two providers at once (without Istio's multiple-provider flag).
     custom("custom-bad-multiple-providers", false, 1, HTTP),
