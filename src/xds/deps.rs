@@ -8,8 +8,8 @@
 //!
 //! | type     | reads config kinds                           | derived from one service |
 //! |----------|----------------------------------------------|--------------------------|
-//! | Cluster  | all; sidecars: all but VirtualService         | yes (outbound clusters)  |
-//! | Endpoint | all; sidecars: all but VirtualService         | yes                      |
+//! | Cluster  | all but AuthorizationPolicy, RequestAuthentication; sidecars: nor VirtualService | yes (outbound clusters) |
+//! | Endpoint | all but AuthorizationPolicy, RequestAuthentication; sidecars: nor VirtualService | yes |
 //! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
 //! | Secret   | Secret, Gateway only (no other type reads Secret) | no                   |
@@ -51,6 +51,14 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
                 | ConfigKind::DestinationRule
                 | ConfigKind::WorkloadEntry
         ),
+        // As Istio (`skippedCdsConfigs`, `skippedEdsConfigs`): authorization and
+        // request authentication end up in listeners (and routes), never in clusters
+        // or endpoints. PeerAuthentication does reach clusters (auto mTLS).
+        (
+            _,
+            TypeUrl::Cluster | TypeUrl::Endpoint,
+            ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication,
+        ) => false,
         (ProxyClass::Sidecar, _, ConfigKind::VirtualService) => {
             matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
         }
@@ -261,6 +269,33 @@ mod tests {
             let scope = PushScope::new(&root).with_root_namespace("istio-system");
             assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"), "{kind:?}");
         }
+        // Neither reaches clusters or endpoints; PeerAuthentication does (auto mTLS).
+        for kind in [
+            ConfigKind::AuthorizationPolicy,
+            ConfigKind::RequestAuthentication,
+        ] {
+            let request =
+                PushRequest::full(TriggerReason::Config, [ConfigKey::new(kind, "p", "foo")]);
+            let scope = PushScope::new(&request);
+            for class in CLASSES {
+                for t in [TypeUrl::Cluster, TypeUrl::Endpoint] {
+                    assert_eq!(
+                        scope.touch(class, t),
+                        Touch::Nothing,
+                        "{kind:?} {class:?} {t:?}"
+                    );
+                }
+                assert_eq!(scope.touch(class, TypeUrl::Listener), Touch::Everything);
+            }
+        }
+        let pa = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::PeerAuthentication, "p", "foo")],
+        );
+        assert_eq!(
+            PushScope::new(&pa).touch(ProxyClass::Sidecar, TypeUrl::Cluster),
+            Touch::Everything
+        );
         // Any other changed object in the same push concerns everyone again.
         let mixed = PushRequest::full(
             TriggerReason::Config,
