@@ -138,6 +138,11 @@ fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
             return Err(format!("{field}: entries must not be empty"));
         }
     }
+    // Istio's ValidateMeshConfig refuses a mesh config with a broken extension provider.
+    if let Err(errors) = meshfed_registry::config::validate::validate_extension_providers(m) {
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        return Err(text.join("; "));
+    }
     Ok(())
 }
 
@@ -522,6 +527,28 @@ mod tests {
 
     fn p() -> &'static Path {
         Path::new("mesh.yaml")
+    }
+
+    #[test]
+    fn extension_providers_are_read_from_the_mesh_file_and_bad_ones_refuse_it() {
+        let m = parse_mesh_config(
+            p(),
+            "extensionProviders:\n- name: authz\n  envoyExtAuthzGrpc: {service: foo/authz.foo.svc.cluster.local, port: 9000, timeout: 2s, failOpen: true}\n- name: zipkin\n  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}\n",
+        )
+        .expect("valid providers load");
+        assert_eq!(m.extension_providers.len(), 2);
+        assert_eq!(m.extension_providers[0].name, "authz");
+        let bad = parse_mesh_config(
+            p(),
+            "extensionProviders:\n- name: authz\n  envoyExtAuthzHttp: {service: foo/authz.foo.svc.cluster.local, port: 0}\n",
+        );
+        let Err(MeshError::Invalid { reason, .. }) = bad else {
+            panic!("a provider without a port refuses the file: {bad:?}")
+        };
+        assert!(
+            reason.contains("extensionProviders[0].envoyExtAuthzHttp.port"),
+            "{reason}"
+        );
     }
 
     #[test]

@@ -299,6 +299,9 @@ impl PushTargets for Connections {
         }
         let all = self.all();
         for c in &all {
+            if !scope.affects_proxy(c.class, c.proxy.namespace.as_str()) {
+                continue;
+            }
             let touched = {
                 let state = c.state.lock().expect("state poisoned");
                 state.watches.iter().any(|(t, watch)| {

@@ -107,7 +107,7 @@ impl PushMetrics {
         );
         registry.register(
             "meshfed_config_not_enforced",
-            "Valid Istio config objects meshfed reads and validates but does not fully apply to proxies yet (PeerAuthentication; RequestAuthentication and AuthorizationPolicy beyond sidecar inbound chains, or CUSTOM)",
+            "Valid Istio config objects meshfed reads and validates but does not fully apply to proxies yet (see `meshfed validate` and the WARN log for each: RequestAuthentication on proxyless gRPC servers or with targetRef, AUDIT or CUSTOM AuthorizationPolicies on proxyless gRPC servers, CUSTOM naming no ext_authz provider)",
             m.config_not_enforced.clone(),
         );
         m
@@ -382,6 +382,9 @@ impl Pipeline {
             HashSet::new()
         };
         drop(previous);
+        // Which proxies depend on the changed objects reads the new mesh's root
+        // namespace (security policies of one namespace reach that namespace only).
+        let scope = scope.with_root_namespace(&next.config().root_namespace);
         self.snapshot.store(Arc::new(next));
         let queued = self.connections.enqueue(&scope, &moved);
         let connections = queued.count;

@@ -90,6 +90,17 @@ impl ServiceIndex {
         first
     }
 
+    /// The namespaces defining a service under `hostname`, whatever their exportTo
+    /// (Istio's `ServiceIndex.HostnameAndNamespace`).
+    pub fn namespaces_of(&self, hostname: &str) -> Vec<String> {
+        self.by_hostname
+            .get(hostname)
+            .into_iter()
+            .flatten()
+            .map(|&i| self.services[i].namespace.to_string())
+            .collect()
+    }
+
     /// The service under exactly this key.
     pub fn get(&self, key: &ServiceKey) -> Option<&Arc<Service>> {
         self.by_hostname
@@ -215,6 +226,9 @@ pub struct Snapshot {
     by_address: OnceLock<HashMap<IpAddr, Vec<ServiceKey>>>,
     /// Split-horizon networks ([`Snapshot::network_view`]).
     network_view: OnceLock<Arc<NetworkView>>,
+    /// The mesh config's ext_authz providers resolved against the services
+    /// ([`Snapshot::ext_authz_providers`]).
+    ext_authz: OnceLock<Arc<crate::generate::authz::ext_authz::Resolved>>,
     /// Conflicts generators met while building this snapshot's resources.
     conflicts: Arc<ConflictLog>,
 }
@@ -338,6 +352,7 @@ impl Snapshot {
             built_at: SystemTime::now(),
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
+            ext_authz: OnceLock::new(),
             conflicts: Arc::default(),
         }
     }
@@ -387,6 +402,7 @@ impl Snapshot {
             built_at: now,
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
+            ext_authz: OnceLock::new(),
             // Sidecar listeners are rebuilt (and their conflicts met again) only when
             // the push touches them; otherwise what was met still stands.
             conflicts: if scope.touch(ProxyClass::Sidecar, TypeUrl::Listener) == Touch::Nothing {
@@ -553,6 +569,28 @@ impl Snapshot {
     pub fn network_view(&self) -> &Arc<NetworkView> {
         self.network_view
             .get_or_init(|| Arc::new(NetworkView::new(&self.mesh.networks, &self.gateways)))
+    }
+
+    /// The mesh config's ext_authz providers, resolved once per snapshot against its
+    /// services (Istio's `LookupCluster`); a provider that cannot be used is logged
+    /// here, once.
+    pub fn ext_authz_providers(&self) -> &Arc<crate::generate::authz::ext_authz::Resolved> {
+        self.ext_authz.get_or_init(|| {
+            let services = self.services();
+            let resolved = crate::generate::authz::ext_authz::resolve(&self.mesh.config, &|host| {
+                services.namespaces_of(host)
+            });
+            for (name, result) in &resolved {
+                if let Err(e) = result {
+                    tracing::warn!(
+                        provider = %name,
+                        "ext_authz extension provider cannot be used; CUSTOM policies naming it \
+                         deny what they match: {e}"
+                    );
+                }
+            }
+            Arc::new(resolved)
+        })
     }
 
     /// The endpoint shards of a service.

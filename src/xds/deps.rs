@@ -8,8 +8,8 @@
 //!
 //! | type     | reads config kinds                           | derived from one service |
 //! |----------|----------------------------------------------|--------------------------|
-//! | Cluster  | all; sidecars: all but VirtualService         | yes (outbound clusters)  |
-//! | Endpoint | all; sidecars: all but VirtualService         | yes                      |
+//! | Cluster  | all but AuthorizationPolicy, RequestAuthentication; sidecars: nor VirtualService | yes (outbound clusters) |
+//! | Endpoint | all but AuthorizationPolicy, RequestAuthentication; sidecars: nor VirtualService | yes |
 //! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
 //! | Secret   | Secret, Gateway only (no other type reads Secret) | no                   |
@@ -51,8 +51,46 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
                 | ConfigKind::DestinationRule
                 | ConfigKind::WorkloadEntry
         ),
+        // As Istio (`skippedCdsConfigs`, `skippedEdsConfigs`): authorization and
+        // request authentication end up in listeners (and routes), never in clusters
+        // or endpoints. PeerAuthentication does reach clusters (auto mTLS).
+        (
+            _,
+            TypeUrl::Cluster | TypeUrl::Endpoint,
+            ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication,
+        ) => false,
         (ProxyClass::Sidecar, _, ConfigKind::VirtualService) => {
             matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
+        }
+        _ => true,
+    }
+}
+
+/// Whether a `class` proxy of `namespace` depends on the changed object `key`, as
+/// Istio's `SidecarScope.DependsOnConfig` decides for the kinds it scopes to
+/// namespaces (`clusterScopedKnownConfigTypes`): a PeerAuthentication,
+/// RequestAuthentication or AuthorizationPolicy concerns the sidecars (and proxyless
+/// gRPC nodes, sidecars to Istio) of its own namespace, or all of them from the root
+/// namespace. Istio does not look at the policy's selector here, nor at clients
+/// whose auto mTLS follows a PeerAuthentication of another namespace. Gateways
+/// depend on everything, as in Istio; so does every proxy when the root namespace
+/// is not known, and on every other kind.
+pub fn depends_on(
+    class: ProxyClass,
+    namespace: &str,
+    root_namespace: Option<&str>,
+    key: &meshfed_registry::ConfigKey,
+) -> bool {
+    let scoped_class = matches!(class, ProxyClass::Sidecar | ProxyClass::Grpc);
+    let security = matches!(
+        key.kind,
+        ConfigKind::PeerAuthentication
+            | ConfigKind::RequestAuthentication
+            | ConfigKind::AuthorizationPolicy
+    );
+    match root_namespace {
+        Some(root) if scoped_class && security => {
+            &*key.namespace == root || &*key.namespace == namespace
         }
         _ => true,
     }
@@ -81,6 +119,7 @@ pub struct PushScope<'a> {
     request: &'a PushRequest,
     hosts: HashSet<&'a str>,
     only_services: bool,
+    root_namespace: Option<String>,
 }
 
 impl<'a> PushScope<'a> {
@@ -94,7 +133,28 @@ impl<'a> PushScope<'a> {
             request,
             hosts: request.updated_hostnames().collect(),
             only_services,
+            root_namespace: None,
         }
+    }
+
+    /// The same scope, knowing the mesh's root namespace: without it, security
+    /// policy changes reach every proxy (see [`PushScope::affects_proxy`]).
+    pub fn with_root_namespace(mut self, root_namespace: &str) -> Self {
+        self.root_namespace = Some(root_namespace.to_string());
+        self
+    }
+
+    /// Whether the push concerns a `class` proxy of `namespace` at all (Istio's
+    /// `ConfigAffectsProxy`): some changed object is one it depends on, by
+    /// [`depends_on`]. Forced pushes and pushes naming no object concern every proxy.
+    pub fn affects_proxy(&self, class: ProxyClass, namespace: &str) -> bool {
+        let request = self.request;
+        request.forced
+            || request.configs_updated.is_empty()
+            || request
+                .configs_updated
+                .iter()
+                .any(|k| depends_on(class, namespace, self.root_namespace.as_deref(), k))
     }
 
     /// The request read.
@@ -183,6 +243,73 @@ mod tests {
     use super::*;
 
     const CLASSES: [ProxyClass; 3] = [ProxyClass::Sidecar, ProxyClass::Router, ProxyClass::Grpc];
+
+    #[test]
+    fn a_security_policy_change_concerns_the_sidecars_of_its_namespace_or_all_from_the_root() {
+        for kind in [
+            ConfigKind::PeerAuthentication,
+            ConfigKind::RequestAuthentication,
+            ConfigKind::AuthorizationPolicy,
+        ] {
+            let request =
+                PushRequest::full(TriggerReason::Config, [ConfigKey::new(kind, "p", "foo")]);
+            let scope = PushScope::new(&request).with_root_namespace("istio-system");
+            assert!(scope.affects_proxy(ProxyClass::Sidecar, "foo"), "{kind:?}");
+            assert!(scope.affects_proxy(ProxyClass::Grpc, "foo"), "{kind:?}");
+            assert!(!scope.affects_proxy(ProxyClass::Sidecar, "bar"), "{kind:?}");
+            assert!(!scope.affects_proxy(ProxyClass::Grpc, "bar"), "{kind:?}");
+            // Gateways depend on every policy, as in Istio.
+            assert!(scope.affects_proxy(ProxyClass::Router, "bar"), "{kind:?}");
+            // Without the root namespace nothing is skipped.
+            assert!(PushScope::new(&request).affects_proxy(ProxyClass::Sidecar, "bar"));
+            let root = PushRequest::full(
+                TriggerReason::Config,
+                [ConfigKey::new(kind, "p", "istio-system")],
+            );
+            let scope = PushScope::new(&root).with_root_namespace("istio-system");
+            assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"), "{kind:?}");
+        }
+        // Neither reaches clusters or endpoints; PeerAuthentication does (auto mTLS).
+        for kind in [
+            ConfigKind::AuthorizationPolicy,
+            ConfigKind::RequestAuthentication,
+        ] {
+            let request =
+                PushRequest::full(TriggerReason::Config, [ConfigKey::new(kind, "p", "foo")]);
+            let scope = PushScope::new(&request);
+            for class in CLASSES {
+                for t in [TypeUrl::Cluster, TypeUrl::Endpoint] {
+                    assert_eq!(
+                        scope.touch(class, t),
+                        Touch::Nothing,
+                        "{kind:?} {class:?} {t:?}"
+                    );
+                }
+                assert_eq!(scope.touch(class, TypeUrl::Listener), Touch::Everything);
+            }
+        }
+        let pa = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::PeerAuthentication, "p", "foo")],
+        );
+        assert_eq!(
+            PushScope::new(&pa).touch(ProxyClass::Sidecar, TypeUrl::Cluster),
+            Touch::Everything
+        );
+        // Any other changed object in the same push concerns everyone again.
+        let mixed = PushRequest::full(
+            TriggerReason::Config,
+            [
+                ConfigKey::new(ConfigKind::AuthorizationPolicy, "p", "foo"),
+                ConfigKey::new(ConfigKind::VirtualService, "r", "baz"),
+            ],
+        );
+        let scope = PushScope::new(&mixed).with_root_namespace("istio-system");
+        assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"));
+        let forced = PushRequest::forced(TriggerReason::Global);
+        let scope = PushScope::new(&forced).with_root_namespace("istio-system");
+        assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"));
+    }
 
     #[test]
     fn endpoint_changes_touch_eds_of_the_changed_services_only() {

@@ -561,3 +561,70 @@ async fn dropped_outbound_chains_are_counted_in_istios_conflict_gauges() {
     );
     server.shutdown().await;
 }
+
+/// The push records naming a change of `kind` `namespace/name`, newest first.
+fn pushes_of(server: &FakeServer, change: &str) -> Vec<Value> {
+    server
+        .server()
+        .pipeline()
+        .history()
+        .into_iter()
+        .filter(|p| p.changes.iter().any(|c| c == change))
+        .map(|p| serde_json::json!({"connections": p.connections, "proxies": p.proxies}))
+        .collect()
+}
+
+/// As Istio's `DependsOnConfig` for the namespace-scoped security kinds: a policy of
+/// one namespace reaches the sidecars of that namespace (and the gateways); one of the
+/// root namespace reaches every proxy.
+#[tokio::test]
+async fn a_security_policy_change_pushes_only_the_proxies_of_its_namespace() {
+    use meshfed_api::security::v1beta1 as sec;
+    use meshfed_registry::config::ConfigObject;
+    let server = FakeServer::builder().start().await.unwrap();
+    server.sync().await;
+    let mut sidecars = Vec::new();
+    for id in [
+        "sidecar~10.0.0.1~a.foo~foo.svc.cluster.local",
+        "sidecar~10.0.0.2~b.bar~bar.svc.cluster.local",
+    ] {
+        let mut c = AdsClient::connect(server.grpc_addr(), node(id))
+            .await
+            .unwrap();
+        c.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+        c.recv_type(TypeUrl::Listener).await.unwrap();
+        sidecars.push(c);
+    }
+    let apply = |namespace: &str, kind_spec: sec::AuthorizationPolicy| {
+        server
+            .config_store()
+            .apply(ConfigObject::new(namespace, "p", kind_spec))
+            .expect("valid policy");
+    };
+    // A policy of foo: only a.foo.
+    apply("foo", sec::AuthorizationPolicy::default());
+    let change = "AuthorizationPolicy/foo/p";
+    let pushes = eventually("the foo policy's push", || async {
+        let p = pushes_of(&server, change);
+        (!p.is_empty()).then_some(p)
+    })
+    .await;
+    assert_eq!(pushes[0]["connections"], 1, "{pushes:?}");
+    assert!(
+        pushes[0]["proxies"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("a.foo-"),
+        "{pushes:?}"
+    );
+    // A policy of the root namespace: both.
+    apply("istio-system", sec::AuthorizationPolicy::default());
+    let change = "AuthorizationPolicy/istio-system/p";
+    let pushes = eventually("the root policy's push", || async {
+        let p = pushes_of(&server, change);
+        (!p.is_empty()).then_some(p)
+    })
+    .await;
+    assert_eq!(pushes[0]["connections"], 2, "{pushes:?}");
+    server.shutdown().await;
+}

@@ -14,11 +14,13 @@
 //!   `istio_dry_run_allow_` / `istio_dry_run_deny_`) and are not enforced.
 //! - CUSTOM: per provider (sorted by name) an RBAC filter whose policies are shadow
 //!   rules (stat prefix `istio_ext_authz_`, names prefixed
-//!   `istio-ext-authz-<provider>-`) for an `ext_authz` filter to read; the
-//!   `ext_authz` filter itself is not built here. CUSTOM policies of an unknown
-//!   provider, or of several providers at once, become one DENY filter instead
-//!   (names suffixed `-deny-due-to-bad-CUSTOM-action`).
+//!   `istio-ext-authz-<provider>-`), followed by the provider's `ext_authz` filter
+//!   ([`ext_authz`]) that checks only what they matched. An HTTP provider has no
+//!   network filter: its policies are skipped on TCP chains. CUSTOM policies of an
+//!   unknown or unusable provider, or of several providers at once, become one DENY
+//!   filter instead (names suffixed `-deny-due-to-bad-CUSTOM-action`).
 
+pub mod ext_authz;
 pub mod matcher;
 pub mod model;
 pub mod trust_domain;
@@ -28,7 +30,7 @@ mod tests;
 #[cfg(test)]
 mod vectors;
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
@@ -60,27 +62,39 @@ pub const DRY_RUN_ANNOTATION: &str = "istio.io/dry-run";
 const DRY_RUN_ALLOW_PREFIX: &str = "istio_dry_run_allow_";
 const DRY_RUN_DENY_PREFIX: &str = "istio_dry_run_deny_";
 const EXT_AUTHZ_SHADOW_PREFIX: &str = "istio_ext_authz_";
-const EXT_AUTHZ_NAME_PREFIX: &str = "istio-ext-authz";
+pub(crate) const EXT_AUTHZ_NAME_PREFIX: &str = "istio-ext-authz";
 
 type Ap = Arc<Config<AuthorizationPolicy>>;
 
 /// Mesh-wide settings the translation depends on.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct AuthzOptions {
     pub trust_domains: TrustDomains,
     /// JWT claims and envoy filter metadata matched with one matcher per field that
     /// also accepts a string claim where a list is expected (current proxies).
     pub extended_jwt: bool,
-    /// The ext_authz providers CUSTOM policies may name (the mesh config's usable
-    /// `extensionProviders`); `None` accepts any name.
-    pub custom_providers: Option<BTreeSet<String>>,
+    /// The ext_authz providers CUSTOM policies may name (the mesh config's
+    /// `extensionProviders` of an ext_authz kind, resolved against the registry), with
+    /// their filters or why they cannot be used. `None` accepts any name and builds
+    /// the shadow RBAC filters alone (no registry to resolve providers with).
+    pub custom_providers: Option<Arc<ext_authz::Resolved>>,
     /// Whether CUSTOM policies of different providers may apply to one workload
     /// (Istio's `PILOT_ENABLE_MULTIPLE_CUSTOM_AUTHZ_PROVIDERS`, off by default).
     pub multiple_custom_providers: bool,
 }
 
 impl AuthzOptions {
-    /// The options of a mesh config (trust domain and aliases).
+    /// The options of a snapshot: its mesh config's trust domains, and its ext_authz
+    /// providers resolved against its services (Istio's `LookupCluster`).
+    pub fn for_snapshot(snapshot: &crate::push::snapshot::Snapshot) -> AuthzOptions {
+        AuthzOptions {
+            custom_providers: Some(Arc::clone(snapshot.ext_authz_providers())),
+            ..AuthzOptions::from_mesh(&snapshot.mesh().config)
+        }
+    }
+
+    /// The options of a mesh config alone (trust domain and aliases; CUSTOM
+    /// providers unresolved: see [`AuthzOptions::for_snapshot`]).
     pub fn from_mesh(mesh: &meshfed_api::mesh::v1alpha1::MeshConfig) -> AuthzOptions {
         AuthzOptions {
             trust_domains: TrustDomains::new(&mesh.trust_domain, &mesh.trust_domain_aliases),
@@ -324,21 +338,50 @@ fn groups<'a>(selected: &'a Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(Gr
             .or_default()
             .push(Arc::clone(p));
     }
-    let unknown = |name: &str| {
-        opts.custom_providers
-            .as_ref()
-            .is_some_and(|known| !known.contains(name))
+    let unusable = |name: &str| match &opts.custom_providers {
+        None => None,
+        Some(known) => match known.get(name) {
+            None => Some(format!(
+                "no ext_authz extension provider {name:?} in the mesh config (known: {:?})",
+                known.keys().collect::<Vec<_>>()
+            )),
+            Some(Err(e)) => Some(e.clone()),
+            Some(Ok(_)) => None,
+        },
     };
-    let bad = (providers.len() > 1 && !opts.multiple_custom_providers)
-        || providers.keys().any(|name| unknown(name));
-    if bad {
+    let mut bad: Vec<String> = providers.keys().filter_map(|n| unusable(n)).collect();
+    if providers.len() > 1 && !opts.multiple_custom_providers {
+        bad.push(format!(
+            "only 1 provider can be used per workload, found multiple providers: {:?}",
+            providers.keys().collect::<Vec<_>>()
+        ));
+    }
+    if !bad.is_empty() {
         // Istio refuses the whole CUSTOM group and denies what it would have checked.
+        // Said once per snapshot for broken providers (`Snapshot::ext_authz_providers`)
+        // and per object for unknown ones (`validate::not_enforced_in`).
+        for p in &selected.custom {
+            tracing::debug!(
+                namespace = %p.namespace, name = %p.name, provider = provider(p),
+                "CUSTOM AuthorizationPolicy cannot be sent to its provider, its rules deny \
+                 instead: {}", bad.join("; ")
+            );
+        }
         out.push((
             Group::BadCustom,
             build_group(&selected.custom, Group::BadCustom, tcp, opts),
         ));
     } else {
         for (name, list) in &providers {
+            if tcp && provider_filters(opts, name).is_some_and(|e| e.tcp.is_none()) {
+                // An HTTP-only provider cannot check connections: Istio skips its
+                // policies on TCP chains.
+                tracing::debug!(
+                    provider = name,
+                    "CUSTOM policies of an HTTP provider skipped on TCP"
+                );
+                continue;
+            }
             out.push((
                 Group::Custom(name),
                 build_group(list, Group::Custom(name), tcp, opts),
@@ -360,42 +403,74 @@ fn groups<'a>(selected: &'a Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(Gr
     out
 }
 
-/// The HTTP RBAC filters for the selected policies.
-pub fn http_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<HttpFilter> {
-    groups(selected, false, opts)
-        .into_iter()
-        .map(|(group, b)| {
-            let config = HttpRbac {
-                shadow_rules_stat_prefix: group_shadow_prefix(group, &b.shadow).into(),
-                rules: b.rules,
-                shadow_rules: b.shadow,
-                ..Default::default()
-            };
-            HttpFilter {
-                name: HTTP_RBAC.into(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(pack(&config))),
-                ..Default::default()
-            }
-        })
-        .collect()
+/// The resolved filters of a usable provider (`None` when providers are unresolved).
+fn provider_filters<'o>(opts: &'o AuthzOptions, name: &str) -> Option<&'o ext_authz::ExtAuthz> {
+    match opts.custom_providers.as_ref()?.get(name)? {
+        Ok(e) => Some(e),
+        Err(_) => None,
+    }
 }
 
-/// The network RBAC filters for the selected policies.
-pub fn network_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<Filter> {
-    groups(selected, true, opts)
-        .into_iter()
-        .map(|(group, b)| {
-            let config = NetworkRbac {
-                shadow_rules_stat_prefix: group_shadow_prefix(group, &b.shadow).into(),
-                rules: b.rules,
-                shadow_rules: b.shadow,
-                stat_prefix: TCP_STAT_PREFIX.into(),
-                ..Default::default()
-            };
-            Filter {
-                name: NETWORK_RBAC.into(),
-                config_type: Some(filter::ConfigType::TypedConfig(pack(&config))),
+/// The HTTP authorization filters for the selected policies: RBAC filters in Istio's
+/// order, each CUSTOM provider's RBAC followed by its `ext_authz` filter.
+pub fn http_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<HttpFilter> {
+    let mut out = Vec::new();
+    for (group, b) in groups(selected, false, opts) {
+        let config = HttpRbac {
+            shadow_rules_stat_prefix: group_shadow_prefix(group, &b.shadow).into(),
+            rules: b.rules,
+            shadow_rules: b.shadow,
+            ..Default::default()
+        };
+        out.push(HttpFilter {
+            name: HTTP_RBAC.into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack(&config))),
+            ..Default::default()
+        });
+        if let Group::Custom(name) = group
+            && let Some(ext) = provider_filters(opts, name).and_then(|e| e.http.as_ref())
+        {
+            if let Some(buffer) = provider_filters(opts, name).and_then(|e| e.buffer.as_ref()) {
+                out.push(HttpFilter {
+                    name: ext_authz::HTTP_BUFFER.into(),
+                    config_type: Some(http_filter::ConfigType::TypedConfig(pack(buffer))),
+                    ..Default::default()
+                });
             }
-        })
-        .collect()
+            out.push(HttpFilter {
+                name: ext_authz::HTTP_EXT_AUTHZ.into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(pack(ext))),
+                ..Default::default()
+            });
+        }
+    }
+    out
+}
+
+/// The network authorization filters for the selected policies: RBAC filters in
+/// Istio's order, each gRPC CUSTOM provider's RBAC followed by its `ext_authz`.
+pub fn network_filters(selected: &Selected, opts: &AuthzOptions) -> Vec<Filter> {
+    let mut out = Vec::new();
+    for (group, b) in groups(selected, true, opts) {
+        let config = NetworkRbac {
+            shadow_rules_stat_prefix: group_shadow_prefix(group, &b.shadow).into(),
+            rules: b.rules,
+            shadow_rules: b.shadow,
+            stat_prefix: TCP_STAT_PREFIX.into(),
+            ..Default::default()
+        };
+        out.push(Filter {
+            name: NETWORK_RBAC.into(),
+            config_type: Some(filter::ConfigType::TypedConfig(pack(&config))),
+        });
+        if let Group::Custom(name) = group
+            && let Some(ext) = provider_filters(opts, name).and_then(|e| e.tcp.as_ref())
+        {
+            out.push(Filter {
+                name: ext_authz::NETWORK_EXT_AUTHZ.into(),
+                config_type: Some(filter::ConfigType::TypedConfig(pack(ext))),
+            });
+        }
+    }
+    out
 }

@@ -592,9 +592,8 @@ spec: {action: CUSTOM, provider: {name: two}, rules: [{to: [{operation: {paths: 
 ";
     let all = policies(text);
     let labels = BTreeMap::new();
-    let known: BTreeSet<String> = ["one".to_string(), "two".to_string()].into();
     let mut opts = AuthzOptions {
-        custom_providers: Some(known),
+        custom_providers: Some(Arc::new(known_providers(&["one", "two"]))),
         ..AuthzOptions::default()
     };
     // Two providers without the multiple-provider switch: one DENY filter.
@@ -625,7 +624,7 @@ spec: {action: CUSTOM, provider: {name: two}, rules: [{to: [{operation: {paths: 
             .contains_key("istio-ext-authz-two-ns[foo]-policy[b]-rule[0]")
     );
     // An unknown provider is refused too.
-    opts.custom_providers = Some(["one".to_string()].into());
+    opts.custom_providers = Some(Arc::new(known_providers(&["one"])));
     let only_b = select(&all[1..], "istio-system", "foo", &labels);
     let configs: Vec<HttpRbac> = http_filters(&only_b, &opts)
         .iter()
@@ -759,4 +758,17 @@ spec: {action: DENY, rules: [{}]}
     let s = select_in(&index, "app", &BTreeMap::new());
     let names: Vec<&str> = s.deny.iter().map(|p| p.name.as_str()).collect();
     assert_eq!(names, ["mesh-wide"]);
+}
+
+/// Usable providers without filters (the RBAC side alone is under test).
+fn known_providers(names: &[&str]) -> super::ext_authz::Resolved {
+    names
+        .iter()
+        .map(|n| {
+            (
+                n.to_string(),
+                Ok(Arc::new(super::ext_authz::ExtAuthz::default())),
+            )
+        })
+        .collect()
 }

@@ -31,7 +31,7 @@ use envoy_types::pb::envoy::config::listener::v3::{
 };
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager,
+    HttpConnectionManager, HttpFilter, http_connection_manager,
 };
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, common_tls_context,
@@ -64,6 +64,69 @@ pub const ALL_ISTIO_MTLS_ALPNS: [&str; 5] = [
     "istio-h2",
 ];
 
+/// The authorization filters of a gateway (its AuthorizationPolicies, selected as a
+/// workload's are, by the router's namespace and labels): Istio puts the HTTP ones
+/// in every gateway connection manager before the router, and the network ones
+/// before the terminal filter of every TCP chain (TCP and TLS servers, PASSTHROUGH
+/// and AUTO_PASSTHROUGH chains alike).
+#[derive(Debug, Default)]
+struct GatewayAuthz {
+    http: Vec<HttpFilter>,
+    network: Vec<Filter>,
+}
+
+impl GatewayAuthz {
+    fn for_router(snapshot: &Snapshot, proxy: &ClientView) -> GatewayAuthz {
+        let selected =
+            crate::generate::authz::select_in(snapshot.config(), &proxy.namespace, &proxy.labels);
+        if selected.is_empty() {
+            return GatewayAuthz::default();
+        }
+        let opts = crate::generate::authz::AuthzOptions::for_snapshot(snapshot);
+        GatewayAuthz {
+            http: crate::generate::authz::http_filters(&selected, &opts),
+            network: crate::generate::authz::network_filters(&selected, &opts),
+        }
+    }
+
+    /// Puts the filters on a chain: into its connection manager, or before its
+    /// network filters.
+    fn apply(&self, chain: &mut ChainOpts) {
+        let is_hcm = chain.filters.first().is_some_and(|f| f.name == HCM_FILTER);
+        if !is_hcm {
+            chain.filters.splice(0..0, self.network.iter().cloned());
+            return;
+        }
+        if self.http.is_empty() {
+            return;
+        }
+        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+            return;
+        };
+        let Ok(mut hcm) = <HttpConnectionManager as prost::Message>::decode(any.value.as_slice())
+        else {
+            return;
+        };
+        // After authentication (if any), before CORS, fault injection and the router.
+        let at = hcm
+            .http_filters
+            .iter()
+            .position(|f| {
+                matches!(
+                    f.name.as_str(),
+                    "envoy.filters.http.cors"
+                        | "envoy.filters.http.fault"
+                        | "envoy.filters.http.router"
+                )
+            })
+            .unwrap_or(hcm.http_filters.len());
+        hcm.http_filters.splice(at..at, self.http.iter().cloned());
+        chain.filters[0].config_type = Some(filter::ConfigType::TypedConfig(pack(&hcm)));
+    }
+}
+
+const HCM_FILTER: &str = "envoy.filters.network.http_connection_manager";
+
 /// What one filter chain is made of before it becomes one.
 struct ChainOpts {
     sni: Vec<String>,
@@ -86,6 +149,7 @@ pub(super) fn listeners(
     let mut tls_hosts: HashMap<u16, HashMap<String, String>> = HashMap::new();
     // `gatewayTopology.numTrustedProxies` is not modelled: no hop is trusted.
     let num_trusted_hops = 0;
+    let authz = GatewayAuthz::for_router(snapshot, proxy);
     for port in &merged.ports {
         let bind = if port.bind.is_empty() {
             "0.0.0.0".to_string()
@@ -93,7 +157,7 @@ pub(super) fn listeners(
             port.bind.clone()
         };
         let name = format!("{bind}_{}", port.number);
-        let chains = port_chains(
+        let mut chains = port_chains(
             snapshot,
             proxy,
             merged,
@@ -102,6 +166,7 @@ pub(super) fn listeners(
             num_trusted_hops,
             &mut tls_hosts,
         );
+        chains.iter_mut().for_each(|c| authz.apply(c));
         match by_name.iter_mut().find(|(n, ..)| *n == name) {
             Some(entry) => entry.3.extend(chains),
             None => by_name.push((name, port.number, bind, chains)),
@@ -362,7 +427,7 @@ fn gateway_hcm(stat_prefix: &str, route: &str, num_trusted_hops: u32) -> Filter 
         ..rds_connection_manager(stat_prefix, route)
     };
     Filter {
-        name: "envoy.filters.network.http_connection_manager".into(),
+        name: HCM_FILTER.into(),
         config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
     }
 }
@@ -546,5 +611,245 @@ fn finish(name: String, bind: &str, port: u16, chains: Vec<ChainOpts>) -> Listen
             Vec::new()
         },
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use envoy_types::pb::envoy::config::listener::v3::Listener;
+    use meshfed_api::networking::v1alpha3::{Gateway, Port as GwPort, Server, ServerTlsSettings};
+    use meshfed_api::security::v1beta1 as sec;
+    use meshfed_api::r#type::v1beta1::WorkloadSelector;
+    use meshfed_registry::Protocol;
+    use prost::Message;
+
+    use super::super::gateway_listeners;
+    use super::super::tests::{default_mesh, proxy, service, snapshot};
+    use super::*;
+    use crate::push::config_index::ConfigSet;
+
+    fn config<T>(name: &str, namespace: &str, spec: T) -> Config<T> {
+        Config {
+            name: name.into(),
+            namespace: namespace.into(),
+            labels: Default::default(),
+            annotations: Default::default(),
+            creation_time: std::time::UNIX_EPOCH,
+            spec,
+        }
+    }
+
+    /// A gateway with an HTTP server on 80 and an AUTO_PASSTHROUGH one on 15443, a
+    /// DENY and a CUSTOM policy (ext_authz provider `authz`, gRPC) selecting
+    /// `istio: ingressgateway`, and a policy selecting something else.
+    fn setup() -> Snapshot {
+        let server = |number: u32, protocol: &str, tls: Option<ServerTlsSettings>| Server {
+            port: Some(GwPort {
+                number,
+                protocol: protocol.into(),
+                name: format!("p{number}"),
+                ..Default::default()
+            }),
+            hosts: vec!["*.local".into()],
+            tls,
+            ..Default::default()
+        };
+        let gw = Gateway {
+            selector: [("gw".to_string(), "yes".to_string())].into(),
+            servers: vec![
+                server(80, "HTTP", None),
+                server(
+                    15443,
+                    "TLS",
+                    Some(ServerTlsSettings {
+                        mode: TlSmode::AutoPassthrough as i32,
+                        ..Default::default()
+                    }),
+                ),
+            ],
+        };
+        let policy =
+            |name: &str, action: sec::authorization_policy::Action, key: &str, value: &str| {
+                config(
+                    name,
+                    "istio-system",
+                    sec::AuthorizationPolicy {
+                        selector: Some(WorkloadSelector {
+                            match_labels: [(key.to_string(), value.to_string())].into(),
+                        }),
+                        action: action as i32,
+                        action_detail: (action == sec::authorization_policy::Action::Custom).then(
+                            || {
+                                sec::authorization_policy::ActionDetail::Provider(
+                                    sec::authorization_policy::ExtensionProvider {
+                                        name: "authz".into(),
+                                    },
+                                )
+                            },
+                        ),
+                        rules: vec![sec::Rule {
+                            from: vec![sec::rule::From {
+                                source: Some(sec::Source {
+                                    ip_blocks: vec!["10.1.0.0/16".into()],
+                                    ..Default::default()
+                                }),
+                            }],
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    },
+                )
+            };
+        let set = ConfigSet {
+            gateways: vec![config("gw", "istio-system", gw)],
+            authorization_policies: vec![
+                policy(
+                    "deny",
+                    sec::authorization_policy::Action::Deny,
+                    "istio",
+                    "ingressgateway",
+                ),
+                policy(
+                    "ext",
+                    sec::authorization_policy::Action::Custom,
+                    "istio",
+                    "ingressgateway",
+                ),
+                policy(
+                    "other",
+                    sec::authorization_policy::Action::Allow,
+                    "app",
+                    "x",
+                ),
+            ],
+            ..Default::default()
+        };
+        let mut mesh = default_mesh();
+        mesh.config.extension_providers = serde_json::from_value(serde_json::json!([
+            {"name": "authz", "envoyExtAuthzGrpc": {"service": "authz.default.svc.cluster.local", "port": 9000}}
+        ]))
+        .expect("providers");
+        let services = vec![
+            service(
+                "backend.default.svc.cluster.local",
+                "default",
+                "10.0.0.20",
+                &[("http", 8080, Protocol::Http)],
+            ),
+            service(
+                "authz.default.svc.cluster.local",
+                "default",
+                "10.0.0.21",
+                &[("grpc", 9000, Protocol::Grpc)],
+            ),
+        ];
+        snapshot(services, set, mesh)
+    }
+
+    fn chain_filters(l: &Listener) -> Vec<Vec<String>> {
+        l.filter_chains
+            .iter()
+            .map(|c| {
+                let mut names = Vec::new();
+                for f in &c.filters {
+                    names.push(f.name.clone());
+                    if f.name == HCM_FILTER
+                        && let Some(filter::ConfigType::TypedConfig(any)) = &f.config_type
+                    {
+                        let hcm = HttpConnectionManager::decode(any.value.as_slice()).unwrap();
+                        names.extend(
+                            hcm.http_filters
+                                .into_iter()
+                                .map(|h| format!("  {}", h.name)),
+                        );
+                    }
+                }
+                names
+            })
+            .collect()
+    }
+
+    #[test]
+    fn policies_selecting_a_gateway_put_rbac_and_ext_authz_on_all_its_chains() {
+        let snap = setup();
+        let router = proxy(
+            "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
+            serde_json::json!({"gw": "yes", "istio": "ingressgateway"}),
+        );
+        let listeners = gateway_listeners(&snap, &router.client_view(), &[]);
+        let by_name = |n: &str| listeners.iter().find(|l| l.name == n).expect(n);
+        assert_eq!(
+            chain_filters(by_name("0.0.0.0_80")),
+            vec![vec![
+                "envoy.filters.network.http_connection_manager",
+                "  envoy.filters.http.rbac",
+                "  envoy.filters.http.ext_authz",
+                "  envoy.filters.http.rbac",
+                "  envoy.filters.http.router",
+            ]]
+        );
+        let passthrough = chain_filters(by_name("0.0.0.0_15443"));
+        assert!(!passthrough.is_empty());
+        for chain in passthrough {
+            assert_eq!(
+                chain,
+                vec![
+                    "envoy.filters.network.rbac",
+                    "envoy.filters.network.ext_authz",
+                    "envoy.filters.network.rbac",
+                    "envoy.filters.network.tcp_proxy",
+                ]
+            );
+        }
+        // The ext_authz filter calls the provider's outbound cluster.
+        let hcm_any = match &by_name("0.0.0.0_80").filter_chains[0].filters[0].config_type {
+            Some(filter::ConfigType::TypedConfig(any)) => any.clone(),
+            _ => panic!("typed"),
+        };
+        let hcm = HttpConnectionManager::decode(hcm_any.value.as_slice()).unwrap();
+        let Some(envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType::TypedConfig(ext)) =
+            &hcm.http_filters[1].config_type
+        else {
+            panic!("typed")
+        };
+        let ext =
+            envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::ExtAuthz::decode(
+                ext.value.as_slice(),
+            )
+            .unwrap();
+        let Some(envoy_types::pb::envoy::extensions::filters::http::ext_authz::v3::ext_authz::Services::GrpcService(g)) = ext.services else {
+            panic!("grpc service")
+        };
+        let Some(
+            envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier::EnvoyGrpc(e),
+        ) = g.target_specifier
+        else {
+            panic!("envoy grpc")
+        };
+        assert_eq!(
+            e.cluster_name,
+            "outbound|9000||authz.default.svc.cluster.local"
+        );
+    }
+
+    #[test]
+    fn policies_not_selecting_a_gateway_leave_its_chains_alone() {
+        let snap = setup();
+        let router = proxy(
+            "router~10.0.0.9~gw.istio-system~istio-system.svc.cluster.local",
+            serde_json::json!({"gw": "yes", "istio": "egressgateway"}),
+        );
+        let listeners = gateway_listeners(&snap, &router.client_view(), &[]);
+        assert_eq!(listeners.len(), 2, "the Gateway selects this router too");
+        for l in &listeners {
+            for chain in chain_filters(l) {
+                assert!(
+                    chain
+                        .iter()
+                        .all(|n| !n.contains("rbac") && !n.contains("ext_authz")),
+                    "{chain:?}"
+                );
+            }
+        }
     }
 }

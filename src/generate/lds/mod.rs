@@ -166,7 +166,7 @@ impl InboundAuthz {
         if selected.is_empty() && jwt.is_none() {
             return InboundAuthz::default();
         }
-        let opts = authz::AuthzOptions::from_mesh(&snapshot.mesh().config);
+        let opts = authz::AuthzOptions::for_snapshot(snapshot);
         // Istio's HTTP order: the CUSTOM group, jwt_authn, then AUDIT, DENY, ALLOW
         // (RBAC reads the payload jwt_authn writes).
         let custom = authz::Selected {

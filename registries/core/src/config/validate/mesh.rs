@@ -176,7 +176,119 @@ pub fn validate_mesh_config(config: &mesh::MeshConfig) -> Validation {
             "mesh TLS does not support ECDH curves configuration",
         );
     }
+    validate_extension_providers_into(&mut f, config);
     f.finish()
+}
+
+/// Validates `extensionProviders` as Istio's `ValidateMeshConfig` does: names unique
+/// and not empty, every ext_authz provider with a port in 1..=65535, a service
+/// `[<namespace>/]<hostname>`, a known `statusOnError` code and a `pathPrefix`
+/// starting with `/`. Field paths are `extensionProviders[<i>].<field>`.
+pub fn validate_extension_providers(config: &mesh::MeshConfig) -> Validation {
+    let mut f = Findings::new();
+    validate_extension_providers_into(&mut f, config);
+    f.finish()
+}
+
+fn validate_extension_providers_into(f: &mut Findings, config: &mesh::MeshConfig) {
+    use mesh::mesh_config::extension_provider::Provider;
+    let mut seen = std::collections::BTreeSet::new();
+    for (i, provider) in config.extension_providers.iter().enumerate() {
+        let at = FieldPath::root().field("extensionProviders").index(i);
+        if provider.name.is_empty() {
+            f.error(&at.field("name"), "empty extension provider name");
+        } else if !seen.insert(provider.name.as_str()) {
+            f.error(
+                &at.field("name"),
+                format!("duplicate extension provider name {}", provider.name),
+            );
+        }
+        match &provider.provider {
+            None => f.error(&at, "the provider kind is not set"),
+            Some(Provider::EnvoyExtAuthzHttp(http)) => {
+                let here = at.field("envoyExtAuthzHttp");
+                validate_ext_authz_target(
+                    f,
+                    &here,
+                    &http.service,
+                    http.port,
+                    &http.status_on_error,
+                );
+                if !http.path_prefix.is_empty() && !http.path_prefix.starts_with('/') {
+                    f.error(
+                        &here.field("pathPrefix"),
+                        format!(
+                            "pathPrefix should begin with `/` but found {:?}",
+                            http.path_prefix
+                        ),
+                    );
+                }
+            }
+            Some(Provider::EnvoyExtAuthzGrpc(grpc)) => {
+                let here = at.field("envoyExtAuthzGrpc");
+                validate_ext_authz_target(
+                    f,
+                    &here,
+                    &grpc.service,
+                    grpc.port,
+                    &grpc.status_on_error,
+                );
+            }
+            // Tracing, metrics and access-log providers: read, not used.
+            Some(_) => {}
+        }
+    }
+}
+
+/// The service, port and `statusOnError` checks both ext_authz kinds share.
+fn validate_ext_authz_target(
+    f: &mut Findings,
+    at: &FieldPath,
+    service: &str,
+    port: u32,
+    status_on_error: &str,
+) {
+    f.check(&at.field("port"), validate_port(port));
+    f.check(&at.field("service"), validate_provider_service(service));
+    if !status_on_error.is_empty() && ext_authz_status(status_on_error).is_none() {
+        f.error(
+            &at.field("statusOnError"),
+            format!("unsupported statusOnError value {status_on_error}"),
+        );
+    }
+}
+
+/// Istio's rule for a provider's `service`: a host name or an IP address, or
+/// `<namespace>/<hostname>` without wildcards.
+fn validate_provider_service(service: &str) -> Result<(), String> {
+    if service.is_empty() {
+        return Err("service must not be empty".into());
+    }
+    match service.split_once('/') {
+        None if validate_fqdn(service).is_ok() || is_ip(service) => Ok(()),
+        None => Err(format!("invalid service fmt {service}")),
+        Some((namespace, host)) => {
+            if !is_dns1123_label(namespace) {
+                return Err(format!(
+                    "invalid namespace {namespace:?} in service {service}"
+                ));
+            }
+            validate_fqdn(host)
+        }
+    }
+}
+
+/// The HTTP status codes Envoy's `envoy.type.v3.StatusCode` names (what
+/// `statusOnError` may give), as the number.
+pub fn ext_authz_status(text: &str) -> Option<i32> {
+    const CODES: &[i32] = &[
+        100, 200, 201, 202, 203, 204, 205, 206, 207, 208, 226, 300, 301, 302, 303, 304, 305, 307,
+        308, 400, 401, 402, 403, 404, 405, 406, 407, 408, 409, 410, 411, 412, 413, 414, 415, 416,
+        417, 421, 422, 423, 424, 426, 428, 429, 431, 500, 501, 502, 503, 504, 505, 506, 507, 508,
+        510, 511,
+    ];
+    let code: i32 = text.parse().ok()?;
+    CODES.contains(&code).then_some(code)
 }
 
 fn validate_trust_domain(domain: &str) -> Result<(), String> {
@@ -269,5 +381,63 @@ networks:
             "invalid exportTo value",
         );
         assert_error(&result, "serviceSettings[0].hosts[0]", "invalid");
+    }
+
+    #[test]
+    fn extension_providers_are_validated_as_istio_validates_them() {
+        let ok: mesh::MeshConfig = spec(
+            r#"
+extensionProviders:
+- name: http
+  envoyExtAuthzHttp: {service: foo/authz.foo.svc.cluster.local, port: 8000, pathPrefix: /check, statusOnError: "503"}
+- name: grpc
+  envoyExtAuthzGrpc: {service: authz.foo.svc.cluster.local, port: 9000}
+- name: tracing
+  zipkin: {service: zipkin.istio-system.svc.cluster.local, port: 9411}
+"#,
+        );
+        assert_ok(&validate_mesh_config(&ok));
+        let bad: mesh::MeshConfig = spec(
+            r#"
+extensionProviders:
+- name: a
+  envoyExtAuthzHttp: {service: "foo/my authz", port: 999999, pathPrefix: check, statusOnError: "999"}
+- name: a
+  envoyExtAuthzGrpc: {service: "", port: 9000}
+- envoyExtAuthzGrpc: {service: x.y, port: 1}
+"#,
+        );
+        let result = validate_extension_providers(&bad);
+        assert_error(
+            &result,
+            "extensionProviders[0].envoyExtAuthzHttp.port",
+            "1..65535",
+        );
+        assert_error(
+            &result,
+            "extensionProviders[0].envoyExtAuthzHttp.service",
+            "invalid",
+        );
+        assert_error(
+            &result,
+            "extensionProviders[0].envoyExtAuthzHttp.pathPrefix",
+            "begin with",
+        );
+        assert_error(
+            &result,
+            "extensionProviders[0].envoyExtAuthzHttp.statusOnError",
+            "unsupported",
+        );
+        assert_error(&result, "extensionProviders[1].name", "duplicate");
+        assert_error(
+            &result,
+            "extensionProviders[1].envoyExtAuthzGrpc.service",
+            "must not be empty",
+        );
+        assert_error(
+            &result,
+            "extensionProviders[2].name",
+            "empty extension provider name",
+        );
     }
 }

@@ -30,7 +30,9 @@ use crate::config::model::{ConfigObject, Kind, Spec};
 pub use destination_rule::validate_destination_rule;
 pub use gateway::validate_gateway;
 pub use http_route::jwt_routing_claim;
-pub use mesh::{validate_mesh_config, validate_mesh_networks};
+pub use mesh::{
+    ext_authz_status, validate_extension_providers, validate_mesh_config, validate_mesh_networks,
+};
 pub(crate) use references::cross_object_warnings;
 pub use security::{
     validate_authorization_policy, validate_peer_authentication, validate_request_authentication,
@@ -253,9 +255,20 @@ pub fn validate(obj: &ConfigObject) -> Validation {
 }
 
 /// What meshfed does not apply yet of a valid object, said where the user looks
-/// (`meshfed validate`, the store's warnings); `None` when it is applied.
+/// (`meshfed validate`, the store's warnings); `None` when it is applied. Without
+/// the mesh config, see [`not_enforced_in`].
 pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
-    use meshfed_api::security::v1beta1::authorization_policy::Action;
+    not_enforced_in(obj, None)
+}
+
+/// [`not_enforced`], knowing the mesh config: a CUSTOM AuthorizationPolicy whose
+/// provider is not an ext_authz extension provider of it is said to deny instead.
+pub fn not_enforced_in(
+    obj: &ConfigObject,
+    mesh: Option<&meshfed_api::mesh::v1alpha1::MeshConfig>,
+) -> Option<String> {
+    use meshfed_api::mesh::v1alpha1::mesh_config::extension_provider::Provider;
+    use meshfed_api::security::v1beta1::authorization_policy::{Action, ActionDetail};
     match &obj.spec {
         Spec::RequestAuthentication(ra)
             if ra.target_ref.is_some() || !ra.target_refs.is_empty() =>
@@ -271,24 +284,40 @@ pub fn not_enforced(obj: &ConfigObject) -> Option<String> {
              gateways and proxyless gRPC servers do not validate its tokens yet"
                 .into(),
         ),
-        Spec::AuthorizationPolicy(ap) if ap.action() == Action::Custom => Some(
-            "AuthorizationPolicy with action CUSTOM is not enforced by meshfed yet: no \
-             ext_authz filter is built, so requests are not sent to the provider"
-                .into(),
-        ),
-        Spec::AuthorizationPolicy(ap) if ap.action() == Action::Audit => Some(
-            "AuthorizationPolicy with action AUDIT is enforced on sidecars' inbound chains \
-             only: gateways do not apply it yet, and proxyless gRPC servers have no audit \
-             action"
-                .into(),
-        ),
-        Spec::AuthorizationPolicy(_) => Some(
-            "AuthorizationPolicy is enforced on sidecars' inbound chains and by proxyless \
-             gRPC servers (a condition gRPC cannot check, such as a path template or a \
-             grpc-* header, makes an ALLOW rule match nothing and a DENY rule match without \
-             it): gateways do not apply it yet"
-                .into(),
-        ),
+        Spec::AuthorizationPolicy(ap) => {
+            let provider = match &ap.action_detail {
+                Some(ActionDetail::Provider(p)) => p.name.as_str(),
+                None => "",
+            };
+            let ext_authz = |p: &meshfed_api::mesh::v1alpha1::mesh_config::ExtensionProvider| {
+                p.name == provider
+                    && matches!(
+                        p.provider,
+                        Some(Provider::EnvoyExtAuthzHttp(_) | Provider::EnvoyExtAuthzGrpc(_))
+                    )
+            };
+            match (ap.action(), mesh) {
+                (Action::Custom, Some(mesh)) if !mesh.extension_providers.iter().any(ext_authz) => {
+                    Some(format!(
+                        "AuthorizationPolicy with action CUSTOM names provider {provider:?}, \
+                         which is not an ext_authz extension provider of the mesh config \
+                         (envoyExtAuthzHttp or envoyExtAuthzGrpc): its rules deny the requests \
+                         they match instead"
+                    ))
+                }
+                (Action::Custom, _) => Some(
+                    "AuthorizationPolicy with action CUSTOM is enforced on sidecars and \
+                     gateways: proxyless gRPC servers have no ext_authz and do not apply it"
+                        .into(),
+                ),
+                (Action::Audit, _) => Some(
+                    "AuthorizationPolicy with action AUDIT is enforced on sidecars and \
+                     gateways: proxyless gRPC servers have no audit action"
+                        .into(),
+                ),
+                _ => None,
+            }
+        }
         _ => None,
     }
 }

@@ -880,6 +880,42 @@ mod tests {
     }
 
     #[test]
+    fn custom_policies_are_said_to_deny_when_their_provider_is_not_an_ext_authz_one() {
+        use crate::config::validate::not_enforced_in;
+        let object = |provider: &str| {
+            let yaml = format!(
+                "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: p, namespace: foo}}\nspec:\n  action: CUSTOM\n  provider: {{name: {provider}}}\n  rules: [{{to: [{{operation: {{paths: [/a]}}}}]}}]\n"
+            );
+            let parsed = crate::config::source::parse_text(Path::new("p.yaml"), &yaml);
+            parsed
+                .entries
+                .into_iter()
+                .find_map(|e| match e {
+                    crate::config::source::Entry::Object { obj, .. } => Some(obj),
+                    _ => None,
+                })
+                .expect("one valid object")
+        };
+        let mesh: meshfed_api::mesh::v1alpha1::MeshConfig = serde_json::from_value(serde_json::json!({
+            "extensionProviders": [
+                {"name": "authz", "envoyExtAuthzGrpc": {"service": "a.foo.svc.cluster.local", "port": 9000}},
+                {"name": "zipkin", "zipkin": {"service": "z.foo.svc.cluster.local", "port": 9411}}
+            ]
+        }))
+        .unwrap();
+        let known = not_enforced_in(&object("authz"), Some(&mesh)).unwrap();
+        assert!(
+            known.contains("enforced on sidecars' inbound chains and on gateways"),
+            "{known}"
+        );
+        assert!(!known.contains("CUSTOM"), "{known}");
+        for other in ["zipkin", "missing"] {
+            let gap = not_enforced_in(&object(other), Some(&mesh)).unwrap();
+            assert!(gap.contains("not an ext_authz extension provider"), "{gap}");
+        }
+    }
+
+    #[test]
     fn security_kinds_are_read_in_v1_and_v1beta1_only() {
         for version in ["v1", "v1beta1"] {
             let yaml = format!(
