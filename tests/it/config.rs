@@ -382,10 +382,10 @@ fn encoding_checks_envoys_rules_in_tests() {
 }
 
 /// Security policies in the config directory are read and validated; those meshfed
-/// does not fully apply (here the AuthorizationPolicy) are counted in
-/// `meshfed_config_not_enforced` (and logged at warn) rather than silently ignored, the
-/// PeerAuthentication is applied and not counted, and an invalid one is rejected like
-/// any object.
+/// does not fully apply (here the AUDIT policy, which proxyless gRPC servers cannot
+/// apply) are counted in `meshfed_config_not_enforced` (and logged at warn) rather than
+/// silently ignored, the PeerAuthentication and the ALLOW policy are applied by every
+/// proxy and not counted, and an invalid one is rejected like any object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn security_policies_are_counted_as_not_enforced() {
     let dir = tempfile::tempdir().unwrap();
@@ -400,6 +400,11 @@ apiVersion: security.istio.io/v1beta1
 kind: AuthorizationPolicy
 metadata: {name: allow-nothing, namespace: foo}
 spec: {}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: audit, namespace: foo}
+spec: {action: AUDIT, rules: [{}]}
 ---
 apiVersion: security.istio.io/v1
 kind: RequestAuthentication

@@ -64,8 +64,9 @@ pub const ALL_ISTIO_MTLS_ALPNS: [&str; 5] = [
     "istio-h2",
 ];
 
-/// The authorization filters of a gateway (its AuthorizationPolicies, selected as a
-/// workload's are, by the router's namespace and labels): Istio puts the HTTP ones
+/// The authorization filters of a gateway (its AuthorizationPolicies and
+/// RequestAuthentications, selected as a workload's are, by the router's namespace and
+/// labels): Istio puts the HTTP ones
 /// in every gateway connection manager before the router, and the network ones
 /// before the terminal filter of every TCP chain (TCP and TLS servers, PASSTHROUGH
 /// and AUTO_PASSTHROUGH chains alike).
@@ -76,16 +77,14 @@ struct GatewayAuthz {
 }
 
 impl GatewayAuthz {
+    /// The router's AuthorizationPolicies and RequestAuthentications, in the order of a
+    /// sidecar's (see [`super::InboundAuthz`]).
     fn for_router(snapshot: &Snapshot, proxy: &ClientView) -> GatewayAuthz {
         let selected =
-            crate::generate::authz::select_in(snapshot.config(), &proxy.namespace, &proxy.labels);
-        if selected.is_empty() {
-            return GatewayAuthz::default();
-        }
-        let opts = crate::generate::authz::AuthzOptions::for_snapshot(snapshot);
+            super::InboundAuthz::select(snapshot, &proxy.namespace, &proxy.labels, false);
         GatewayAuthz {
-            http: crate::generate::authz::http_filters(&selected, &opts),
-            network: crate::generate::authz::network_filters(&selected, &opts),
+            http: selected.http,
+            network: selected.network,
         }
     }
 
@@ -722,6 +721,24 @@ mod tests {
                     "x",
                 ),
             ],
+            request_authentications: vec![Config {
+                name: "jwt".into(),
+                namespace: "istio-system".into(),
+                labels: Default::default(),
+                annotations: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: sec::RequestAuthentication {
+                    selector: Some(meshfed_api::r#type::v1beta1::WorkloadSelector {
+                        match_labels: [("istio".to_string(), "ingressgateway".to_string())].into(),
+                    }),
+                    jwt_rules: vec![sec::JwtRule {
+                        issuer: "https://issuer.example.com".into(),
+                        jwks: r#"{"keys":[{"kty":"oct","k":"c2VjcmV0"}]}"#.into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            }],
             ..Default::default()
         };
         let mut mesh = default_mesh();
@@ -784,6 +801,7 @@ mod tests {
                 "envoy.filters.network.http_connection_manager",
                 "  envoy.filters.http.rbac",
                 "  envoy.filters.http.ext_authz",
+                "  envoy.filters.http.jwt_authn",
                 "  envoy.filters.http.rbac",
                 "  envoy.filters.http.router",
             ]]
@@ -830,6 +848,17 @@ mod tests {
             e.cluster_name,
             "outbound|9000||authz.default.svc.cluster.local"
         );
+        // A gateway's jwt_authn clears the route cache: routes may match the claims.
+        let Some(envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_filter::ConfigType::TypedConfig(jwt)) =
+            &hcm.http_filters[2].config_type
+        else {
+            panic!("typed")
+        };
+        let jwt = envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::JwtAuthentication::decode(
+            jwt.value.as_slice(),
+        )
+        .unwrap();
+        assert!(jwt.providers["origins-0"].clear_route_cache);
     }
 
     #[test]

@@ -154,15 +154,28 @@ pub struct InboundAuthz {
 }
 
 impl InboundAuthz {
-    /// The filters of the policies selecting a workload of `namespace` with `labels`.
+    /// The filters of the policies selecting a sidecar's workload of `namespace` with
+    /// `labels`.
     pub fn for_workload(
         snapshot: &Snapshot,
         namespace: &str,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> InboundAuthz {
+        InboundAuthz::select(snapshot, namespace, labels, true)
+    }
+
+    /// The filters of the policies selecting a proxy of `namespace` with `labels`: a
+    /// sidecar, or a gateway (whose `jwt_authn` clears the route cache so routes can
+    /// match the verified claims).
+    fn select(
+        snapshot: &Snapshot,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+        sidecar: bool,
+    ) -> InboundAuthz {
         use crate::generate::authz;
         let selected = authz::select_in(snapshot.config(), namespace, labels);
-        let jwt = crate::generate::jwt::jwt_filter(snapshot, namespace, labels, true);
+        let jwt = crate::generate::jwt::jwt_filter(snapshot, namespace, labels, sidecar);
         if selected.is_empty() && jwt.is_none() {
             return InboundAuthz::default();
         }

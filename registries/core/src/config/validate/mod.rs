@@ -280,8 +280,9 @@ pub fn not_enforced_in(
             )
         }
         Spec::RequestAuthentication(_) => Some(
-            "RequestAuthentication is enforced on sidecars' inbound HTTP chains only: \
-             gateways and proxyless gRPC servers do not validate its tokens yet"
+            "RequestAuthentication is enforced on sidecars' inbound HTTP chains and on \
+             gateways: proxyless gRPC servers do not validate its tokens (nor do they in \
+             Istio)"
                 .into(),
         ),
         Spec::AuthorizationPolicy(ap) => {
