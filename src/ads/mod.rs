@@ -299,7 +299,7 @@ impl PushTargets for Connections {
         }
         let all = self.all();
         for c in &all {
-            if !scope.affects_proxy(c.class, c.proxy.namespace.as_str()) {
+            if !scope.affects_proxy(c.class, c.proxy.namespace.as_str(), &c.proxy.labels) {
                 continue;
             }
             let touched = {

@@ -381,10 +381,14 @@ impl Pipeline {
         } else {
             HashSet::new()
         };
-        drop(previous);
         // Which proxies depend on the changed objects reads the new mesh's root
-        // namespace (security policies of one namespace reach that namespace only).
-        let scope = scope.with_root_namespace(&next.config().root_namespace);
+        // namespace (security policies of one namespace reach that namespace only) and
+        // the changed policies' selectors, before and after.
+        let selectors = policy_selectors(&request, &previous, &next);
+        drop(previous);
+        let scope = scope
+            .with_root_namespace(&next.config().root_namespace)
+            .with_policy_selectors(selectors);
         self.snapshot.store(Arc::new(next));
         let queued = self.connections.enqueue(&scope, &moved);
         let connections = queued.count;
@@ -457,4 +461,50 @@ impl Pipeline {
         })
         .await;
     }
+}
+
+/// The workload selectors of the security policies a push changes, in the previous
+/// and the next snapshot (see [`crate::xds::deps::depends_on`]).
+fn policy_selectors(
+    request: &PushRequest,
+    previous: &Snapshot,
+    next: &Snapshot,
+) -> std::collections::HashMap<meshfed_registry::ConfigKey, crate::xds::deps::PolicySelectors> {
+    use meshfed_api::r#type::v1beta1::WorkloadSelector;
+    fn labels(
+        selector: Option<&WorkloadSelector>,
+    ) -> Option<std::collections::BTreeMap<String, String>> {
+        selector
+            .map(|s| s.match_labels.clone())
+            .filter(|l| !l.is_empty())
+    }
+    let mut out = std::collections::HashMap::new();
+    for key in &request.configs_updated {
+        let mut versions = Vec::new();
+        for snapshot in [previous, next] {
+            let config = snapshot.config();
+            let found = |ns: &str, name: &str| &*key.namespace == ns && &*key.name == name;
+            let selector = match key.kind {
+                ConfigKind::PeerAuthentication => config
+                    .peer_authentications()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::RequestAuthentication => config
+                    .request_authentications()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::AuthorizationPolicy => config
+                    .authorization_policies()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| labels(p.spec.selector.as_ref())),
+                _ => continue,
+            };
+            versions.extend(selector);
+        }
+        out.insert(key.clone(), versions);
+    }
+    out
 }

@@ -66,20 +66,29 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
     }
 }
 
-/// Whether a `class` proxy of `namespace` depends on the changed object `key`, as
-/// Istio's `SidecarScope.DependsOnConfig` decides for the kinds it scopes to
-/// namespaces (`clusterScopedKnownConfigTypes`): a PeerAuthentication,
-/// RequestAuthentication or AuthorizationPolicy concerns the sidecars (and proxyless
-/// gRPC nodes, sidecars to Istio) of its own namespace, or all of them from the root
-/// namespace. Istio does not look at the policy's selector here, nor at clients
-/// whose auto mTLS follows a PeerAuthentication of another namespace. Gateways
-/// depend on everything, as in Istio; so does every proxy when the root namespace
-/// is not known, and on every other kind.
+/// The workload selectors of a changed security policy, before and after the change
+/// (each `None` when that version selects its whole namespace, absent when that
+/// version does not exist).
+pub type PolicySelectors = Vec<Option<std::collections::BTreeMap<String, String>>>;
+
+/// Whether a `class` proxy of `namespace` with `labels` depends on the changed object
+/// `key`. For the kinds Istio's `SidecarScope.DependsOnConfig` scopes to namespaces
+/// (`clusterScopedKnownConfigTypes`), a PeerAuthentication, RequestAuthentication or
+/// AuthorizationPolicy concerns the sidecars (and proxyless gRPC nodes, sidecars to
+/// Istio) of its own namespace, or all of them from the root namespace. Knowing the
+/// policy's selectors (`selectors`, old and new), meshfed narrows further, to the
+/// proxies either version selects. A PeerAuthentication without selector (the mesh's
+/// or a namespace's) concerns every proxy: clients in any namespace infer the
+/// destination's mTLS mode from it (auto mTLS), where Istio would leave them to the
+/// next push. Gateways depend on everything, as in Istio; so does every proxy when
+/// the root namespace is not known, and on every other kind.
 pub fn depends_on(
     class: ProxyClass,
     namespace: &str,
+    labels: &std::collections::BTreeMap<String, String>,
     root_namespace: Option<&str>,
     key: &meshfed_registry::ConfigKey,
+    selectors: Option<&PolicySelectors>,
 ) -> bool {
     let scoped_class = matches!(class, ProxyClass::Sidecar | ProxyClass::Grpc);
     let security = matches!(
@@ -88,10 +97,21 @@ pub fn depends_on(
             | ConfigKind::RequestAuthentication
             | ConfigKind::AuthorizationPolicy
     );
-    match root_namespace {
-        Some(root) if scoped_class && security => {
-            &*key.namespace == root || &*key.namespace == namespace
-        }
+    let Some(root) = root_namespace.filter(|_| scoped_class && security) else {
+        return true;
+    };
+    let namespace_wide = selectors.is_none_or(|v| v.iter().any(Option::is_none));
+    if key.kind == ConfigKind::PeerAuthentication && namespace_wide {
+        return true;
+    }
+    if &*key.namespace != root && &*key.namespace != namespace {
+        return false;
+    }
+    match selectors {
+        Some(versions) if !namespace_wide => versions
+            .iter()
+            .flatten()
+            .any(|selector| selector.iter().all(|(k, v)| labels.get(k) == Some(v))),
         _ => true,
     }
 }
@@ -120,6 +140,7 @@ pub struct PushScope<'a> {
     hosts: HashSet<&'a str>,
     only_services: bool,
     root_namespace: Option<String>,
+    selectors: std::collections::HashMap<meshfed_registry::ConfigKey, PolicySelectors>,
 }
 
 impl<'a> PushScope<'a> {
@@ -134,6 +155,7 @@ impl<'a> PushScope<'a> {
             hosts: request.updated_hostnames().collect(),
             only_services,
             root_namespace: None,
+            selectors: Default::default(),
         }
     }
 
@@ -144,17 +166,38 @@ impl<'a> PushScope<'a> {
         self
     }
 
-    /// Whether the push concerns a `class` proxy of `namespace` at all (Istio's
-    /// `ConfigAffectsProxy`): some changed object is one it depends on, by
+    /// The same scope, knowing the selectors of the changed security policies (see
+    /// [`depends_on`]).
+    pub fn with_policy_selectors(
+        mut self,
+        selectors: std::collections::HashMap<meshfed_registry::ConfigKey, PolicySelectors>,
+    ) -> Self {
+        self.selectors = selectors;
+        self
+    }
+
+    /// Whether the push concerns a `class` proxy of `namespace` with `labels` at all
+    /// (Istio's `ConfigAffectsProxy`): some changed object is one it depends on, by
     /// [`depends_on`]. Forced pushes and pushes naming no object concern every proxy.
-    pub fn affects_proxy(&self, class: ProxyClass, namespace: &str) -> bool {
+    pub fn affects_proxy(
+        &self,
+        class: ProxyClass,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
         let request = self.request;
         request.forced
             || request.configs_updated.is_empty()
-            || request
-                .configs_updated
-                .iter()
-                .any(|k| depends_on(class, namespace, self.root_namespace.as_deref(), k))
+            || request.configs_updated.iter().any(|k| {
+                depends_on(
+                    class,
+                    namespace,
+                    labels,
+                    self.root_namespace.as_deref(),
+                    k,
+                    self.selectors.get(k),
+                )
+            })
     }
 
     /// The request read.
@@ -244,30 +287,101 @@ mod tests {
 
     const CLASSES: [ProxyClass; 3] = [ProxyClass::Sidecar, ProxyClass::Router, ProxyClass::Grpc];
 
+    fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
     #[test]
     fn a_security_policy_change_concerns_the_sidecars_of_its_namespace_or_all_from_the_root() {
+        let none = labels(&[]);
         for kind in [
             ConfigKind::PeerAuthentication,
             ConfigKind::RequestAuthentication,
             ConfigKind::AuthorizationPolicy,
         ] {
-            let request =
-                PushRequest::full(TriggerReason::Config, [ConfigKey::new(kind, "p", "foo")]);
-            let scope = PushScope::new(&request).with_root_namespace("istio-system");
-            assert!(scope.affects_proxy(ProxyClass::Sidecar, "foo"), "{kind:?}");
-            assert!(scope.affects_proxy(ProxyClass::Grpc, "foo"), "{kind:?}");
-            assert!(!scope.affects_proxy(ProxyClass::Sidecar, "bar"), "{kind:?}");
-            assert!(!scope.affects_proxy(ProxyClass::Grpc, "bar"), "{kind:?}");
+            let key = ConfigKey::new(kind, "p", "foo");
+            let request = PushRequest::full(TriggerReason::Config, [key.clone()]);
+            // A policy with a selector (unknown selectors: namespace-wide, as Istio).
+            let selecting = |selector: PolicySelectors| {
+                PushScope::new(&request)
+                    .with_root_namespace("istio-system")
+                    .with_policy_selectors([(key.clone(), selector)].into())
+            };
+            let scope = selecting(vec![Some(labels(&[("app", "a")]))]);
+            assert!(
+                scope.affects_proxy(ProxyClass::Sidecar, "foo", &labels(&[("app", "a")])),
+                "{kind:?}"
+            );
+            assert!(
+                scope.affects_proxy(
+                    ProxyClass::Grpc,
+                    "foo",
+                    &labels(&[("app", "a"), ("v", "1")])
+                ),
+                "{kind:?}"
+            );
+            assert!(
+                !scope.affects_proxy(ProxyClass::Sidecar, "foo", &labels(&[("app", "b")])),
+                "{kind:?}"
+            );
+            assert!(
+                !scope.affects_proxy(ProxyClass::Sidecar, "bar", &labels(&[("app", "a")])),
+                "{kind:?}"
+            );
             // Gateways depend on every policy, as in Istio.
-            assert!(scope.affects_proxy(ProxyClass::Router, "bar"), "{kind:?}");
+            assert!(
+                scope.affects_proxy(ProxyClass::Router, "bar", &none),
+                "{kind:?}"
+            );
+            // A selector change concerns the proxies of both versions.
+            let scope = selecting(vec![
+                Some(labels(&[("app", "a")])),
+                Some(labels(&[("app", "b")])),
+            ]);
+            assert!(
+                scope.affects_proxy(ProxyClass::Sidecar, "foo", &labels(&[("app", "b")])),
+                "{kind:?}"
+            );
+            assert!(
+                !scope.affects_proxy(ProxyClass::Sidecar, "foo", &labels(&[("app", "c")])),
+                "{kind:?}"
+            );
             // Without the root namespace nothing is skipped.
-            assert!(PushScope::new(&request).affects_proxy(ProxyClass::Sidecar, "bar"));
+            assert!(PushScope::new(&request).affects_proxy(ProxyClass::Sidecar, "bar", &none));
             let root = PushRequest::full(
                 TriggerReason::Config,
                 [ConfigKey::new(kind, "p", "istio-system")],
             );
             let scope = PushScope::new(&root).with_root_namespace("istio-system");
-            assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"), "{kind:?}");
+            assert!(
+                scope.affects_proxy(ProxyClass::Sidecar, "bar", &none),
+                "{kind:?}"
+            );
+        }
+        // A namespace-wide AuthorizationPolicy or RequestAuthentication concerns its
+        // namespace; a namespace-wide PeerAuthentication every proxy (clients' auto mTLS).
+        for (kind, elsewhere) in [
+            (ConfigKind::AuthorizationPolicy, false),
+            (ConfigKind::RequestAuthentication, false),
+            (ConfigKind::PeerAuthentication, true),
+        ] {
+            let key = ConfigKey::new(kind, "p", "foo");
+            let request = PushRequest::full(TriggerReason::Config, [key.clone()]);
+            let scope = PushScope::new(&request)
+                .with_root_namespace("istio-system")
+                .with_policy_selectors([(key.clone(), vec![None])].into());
+            assert!(
+                scope.affects_proxy(ProxyClass::Sidecar, "foo", &none),
+                "{kind:?}"
+            );
+            assert_eq!(
+                scope.affects_proxy(ProxyClass::Sidecar, "bar", &none),
+                elsewhere,
+                "{kind:?}"
+            );
         }
         // Neither reaches clusters or endpoints; PeerAuthentication does (auto mTLS).
         for kind in [
@@ -305,10 +419,10 @@ mod tests {
             ],
         );
         let scope = PushScope::new(&mixed).with_root_namespace("istio-system");
-        assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"));
+        assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar", &none));
         let forced = PushRequest::forced(TriggerReason::Global);
         let scope = PushScope::new(&forced).with_root_namespace("istio-system");
-        assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar"));
+        assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar", &none));
     }
 
     #[test]

@@ -628,3 +628,115 @@ async fn a_security_policy_change_pushes_only_the_proxies_of_its_namespace() {
     assert_eq!(pushes[0]["connections"], 2, "{pushes:?}");
     server.shutdown().await;
 }
+
+/// Beyond Istio's namespace rule: a policy with a selector reaches the proxies it
+/// selects (before or after the change), and a namespace-wide PeerAuthentication
+/// every proxy, since clients' auto mTLS follows it.
+#[tokio::test]
+async fn a_security_policy_change_pushes_only_the_proxies_it_selects() {
+    use meshfed_api::security::v1beta1 as sec;
+    use meshfed_api::r#type::v1beta1::WorkloadSelector;
+    use meshfed_registry::config::ConfigObject;
+    let server = FakeServer::builder().start().await.unwrap();
+    server.sync().await;
+    let mut sidecars = Vec::new();
+    for (id, app) in [
+        ("sidecar~10.0.0.1~a.foo~foo.svc.cluster.local", "a"),
+        ("sidecar~10.0.0.2~b.foo~foo.svc.cluster.local", "b"),
+        ("sidecar~10.0.0.3~c.bar~bar.svc.cluster.local", "a"),
+    ] {
+        let mut c = AdsClient::connect(
+            server.grpc_addr(),
+            meshfed::testing::node_with(id, serde_json::json!({"LABELS": {"app": app}})),
+        )
+        .await
+        .unwrap();
+        c.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+        c.recv_type(TypeUrl::Listener).await.unwrap();
+        c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+        c.recv_type(TypeUrl::Cluster).await.unwrap();
+        sidecars.push(c);
+    }
+    let selector = |app: &str| {
+        Some(WorkloadSelector {
+            match_labels: [("app".to_string(), app.to_string())].into(),
+        })
+    };
+    let pushed = |change: &'static str| {
+        let server = &server;
+        async move {
+            let pushes = eventually(change, || async {
+                let p = pushes_of(server, change);
+                (!p.is_empty()).then_some(p)
+            })
+            .await;
+            let mut ids: Vec<String> = pushes[0]["proxies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p.as_str().unwrap().split('-').next().unwrap().to_string())
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    // An AuthorizationPolicy selecting app=a in foo: a.foo only.
+    server
+        .config_store()
+        .apply(ConfigObject::new(
+            "foo",
+            "only-a",
+            sec::AuthorizationPolicy {
+                selector: selector("a"),
+                ..Default::default()
+            },
+        ))
+        .expect("valid policy");
+    assert_eq!(pushed("AuthorizationPolicy/foo/only-a").await, ["a.foo"]);
+    // Moving its selector to app=b: the proxies of both versions.
+    server
+        .config_store()
+        .apply(ConfigObject::new(
+            "foo",
+            "only-a",
+            sec::AuthorizationPolicy {
+                selector: selector("b"),
+                rules: vec![sec::Rule::default()],
+                ..Default::default()
+            },
+        ))
+        .expect("valid policy");
+    let pushes = eventually("the selector change's push", || async {
+        let p = pushes_of(&server, "AuthorizationPolicy/foo/only-a");
+        (p.len() >= 2).then_some(p)
+    })
+    .await;
+    let proxies = |push: &Value| -> Vec<String> {
+        let mut ids: Vec<String> = push["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap().split('-').next().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert!(
+        pushes.iter().any(|p| proxies(p) == ["a.foo", "b.foo"]),
+        "{pushes:?}"
+    );
+    // A namespace-wide PeerAuthentication: every proxy, for clients' auto mTLS.
+    server
+        .config_store()
+        .apply(ConfigObject::new(
+            "foo",
+            "default",
+            sec::PeerAuthentication::default(),
+        ))
+        .expect("valid policy");
+    assert_eq!(
+        pushed("PeerAuthentication/foo/default").await,
+        ["a.foo", "b.foo", "c.bar"]
+    );
+    server.shutdown().await;
+}
