@@ -387,14 +387,10 @@ fn describe(e: &jsonwebtoken::errors::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::keys::REFRESH;
+    use super::test_issuer::Issuer;
     use super::*;
     use jsonwebtoken::jwk::Jwk;
-    use std::sync::Arc;
-    use std::sync::Mutex;
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    use axum::Router;
-    use axum::routing::get as route_get;
     use jsonwebtoken::{EncodingKey, Header, encode};
     use serde_json::{Value, json};
     use tonic::metadata::MetadataMap;
@@ -503,63 +499,13 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
         claims
     }
 
-    /// A loopback issuer serving its JWKS (swappable, fetches counted) and its
-    /// OIDC discovery document.
-    struct Issuer {
-        url: String,
-        jwks: Arc<Mutex<String>>,
-        fetches: Arc<AtomicUsize>,
-    }
-
-    impl Issuer {
-        async fn serve(jwks: String) -> Issuer {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let url = format!("http://{}", listener.local_addr().unwrap());
-            let shared = Arc::new(Mutex::new(jwks));
-            let fetches = Arc::new(AtomicUsize::new(0));
-            let discovery = json!({
-                "issuer": url,
-                "jwks_uri": format!("{url}/keys"),
-                "id_token_signing_alg_values_supported": ["RS256", "ES256"],
-            })
-            .to_string();
-            let (keys, count) = (shared.clone(), fetches.clone());
-            let app = Router::new()
-                .route(
-                    "/keys",
-                    route_get(move || {
-                        count.fetch_add(1, Ordering::SeqCst);
-                        let body = keys.lock().unwrap().clone();
-                        async move { body }
-                    }),
-                )
-                .route(
-                    "/.well-known/openid-configuration",
-                    route_get(move || async move { discovery }),
-                );
-            tokio::spawn(async move { axum::serve(listener, app).await });
-            Issuer {
-                url,
-                jwks: shared,
-                fetches,
-            }
-        }
-
-        fn rule(&self) -> JwtRule {
-            JwtRule {
-                issuer: self.url.clone(),
-                jwks_uri: format!("{}/keys", self.url),
-                audiences: vec![AUD.into()],
-                ..Default::default()
-            }
-        }
-
-        fn rotate(&self, jwks: String) {
-            *self.jwks.lock().unwrap() = jwks;
-        }
-
-        fn fetches(&self) -> usize {
-            self.fetches.load(Ordering::SeqCst)
+    /// The JWT rule of a loopback issuer, for audience [`AUD`].
+    fn rule(issuer: &Issuer) -> JwtRule {
+        JwtRule {
+            issuer: issuer.url.clone(),
+            jwks_uri: format!("{}/keys", issuer.url),
+            audiences: vec![AUD.into()],
+            ..Default::default()
         }
     }
 
@@ -661,7 +607,7 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
     async fn tokens_are_refused_with_the_reason() {
         let key = Signer::ec("ec-1");
         let issuer = Issuer::serve(jwks(&[&key])).await;
-        let authn = JwtAuthenticator::new(issuer.rule(), TD.into())
+        let authn = JwtAuthenticator::new(rule(&issuer), TD.into())
             .await
             .unwrap();
         let good = claims(&issuer.url);
@@ -730,7 +676,7 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
         let issuer = Issuer::serve(jwks(&[&key])).await;
         let rule = JwtRule {
             audiences: vec![],
-            ..issuer.rule()
+            ..rule(&issuer)
         };
         let authn = JwtAuthenticator::new(rule, TD.into()).await.unwrap();
         let why = refusal(&authn, &key.mint(&claims(&issuer.url))).await;
@@ -743,7 +689,7 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
         let issuer = Issuer::serve(jwks(&[&rsa, &ec])).await;
         let rule = JwtRule {
             jwks_uri: String::new(),
-            ..issuer.rule()
+            ..rule(&issuer)
         };
         let authn = JwtAuthenticator::new(rule.clone(), TD.into())
             .await
@@ -776,7 +722,7 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
     async fn an_unknown_kid_refetches_at_most_once_a_minute() {
         let (old, new) = (Signer::ec("old"), Signer::ec("new"));
         let issuer = Issuer::serve(jwks(&[&old])).await;
-        let authn = JwtAuthenticator::new(issuer.rule(), TD.into())
+        let authn = JwtAuthenticator::new(rule(&issuer), TD.into())
             .await
             .unwrap();
         let t0 = Instant::now();
@@ -814,7 +760,7 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
     async fn keys_are_refreshed_on_an_interval_and_kept_when_the_refresh_fails() {
         let key = Signer::ec("ec-1");
         let issuer = Issuer::serve(jwks(&[&key])).await;
-        let authn = JwtAuthenticator::new(issuer.rule(), TD.into())
+        let authn = JwtAuthenticator::new(rule(&issuer), TD.into())
             .await
             .unwrap();
         let token = key.mint(&claims(&issuer.url));
@@ -857,5 +803,67 @@ n7o+j1Cb29fRPnInctCk+sfUKKoDZslM3T0mRYq+vbWuUi7Bew==\n\
     async fn closed_port() -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         listener.local_addr().unwrap()
+    }
+}
+
+/// A loopback OIDC issuer for tests: `/keys` serves a swappable JWKS (fetches
+/// counted) and `/.well-known/openid-configuration` points at it.
+#[cfg(test)]
+pub(crate) mod test_issuer {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::routing::get as route_get;
+
+    pub(crate) struct Issuer {
+        pub(crate) url: String,
+        jwks: Arc<Mutex<String>>,
+        fetches: Arc<AtomicUsize>,
+    }
+
+    impl Issuer {
+        pub(crate) async fn serve(jwks: String) -> Issuer {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let shared = Arc::new(Mutex::new(jwks));
+            let fetches = Arc::new(AtomicUsize::new(0));
+            let discovery = serde_json::json!({
+                "issuer": url,
+                "jwks_uri": format!("{url}/keys"),
+                "id_token_signing_alg_values_supported": ["RS256", "ES256"],
+            })
+            .to_string();
+            let (keys, count) = (shared.clone(), fetches.clone());
+            let app = Router::new()
+                .route(
+                    "/keys",
+                    route_get(move || {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        let body = keys.lock().unwrap().clone();
+                        async move { body }
+                    }),
+                )
+                .route(
+                    "/.well-known/openid-configuration",
+                    route_get(move || async move { discovery }),
+                );
+            tokio::spawn(async move { axum::serve(listener, app).await });
+            Issuer {
+                url,
+                jwks: shared,
+                fetches,
+            }
+        }
+
+        /// Serves `jwks` from now on.
+        pub(crate) fn rotate(&self, jwks: String) {
+            *self.jwks.lock().unwrap() = jwks;
+        }
+
+        /// How many times `/keys` was fetched.
+        pub(crate) fn fetches(&self) -> usize {
+            self.fetches.load(Ordering::SeqCst)
+        }
     }
 }

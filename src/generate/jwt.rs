@@ -128,11 +128,16 @@ pub fn select(
 ) -> Vec<Ra> {
     let mut chosen: Vec<Ra> = policies
         .iter()
-        .filter(|p| p.namespace == namespace || p.namespace == root_namespace)
-        .filter(|p| p.spec.target_ref.is_none() && p.spec.target_refs.is_empty())
-        .filter(|p| match &p.spec.selector {
-            None => true,
-            Some(s) => s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        .filter(|p| {
+            let targeted = p.spec.target_ref.is_some() || !p.spec.target_refs.is_empty();
+            crate::generate::authz::applies_to_workload(
+                &p.namespace,
+                p.spec.selector.as_ref(),
+                targeted,
+                root_namespace,
+                namespace,
+                labels,
+            )
         })
         .cloned()
         .collect();

@@ -1,11 +1,8 @@
 //! The resolver against loopback HTTP servers (port 0, no sleeps: fetches are
 //! awaited through [`JwksResolver::wait_fetched`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::UNIX_EPOCH;
 
-use axum::Router;
-use axum::routing::get as route_get;
 use meshfed_api::security::v1beta1::JwtRule;
 use meshfed_registry::{EndpointIndex, RegistryEvent};
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -16,44 +13,7 @@ use crate::generate::jwt::{fake_jwks, jwt_authentication};
 const KEYS_1: &str = r#"{"keys":[{"kty":"RSA","kid":"one","e":"AQAB","n":"sA"}]}"#;
 const KEYS_2: &str = r#"{"keys":[{"kty":"RSA","kid":"two","e":"AQAB","n":"sQ"}]}"#;
 
-/// A loopback issuer: `/keys` serves a swappable document (fetches counted) and
-/// `/.well-known/openid-configuration` points at it.
-struct Issuer {
-    url: String,
-    keys: Arc<Mutex<String>>,
-    fetches: Arc<AtomicUsize>,
-}
-
-impl Issuer {
-    async fn serve(keys: &str) -> Issuer {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let shared = Arc::new(Mutex::new(keys.to_string()));
-        let fetches = Arc::new(AtomicUsize::new(0));
-        let discovery =
-            serde_json::json!({"issuer": url, "jwks_uri": format!("{url}/keys")}).to_string();
-        let (doc, count) = (shared.clone(), fetches.clone());
-        let app = Router::new()
-            .route(
-                "/keys",
-                route_get(move || {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let body = doc.lock().unwrap().clone();
-                    async move { body }
-                }),
-            )
-            .route(
-                "/.well-known/openid-configuration",
-                route_get(move || async move { discovery }),
-            );
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        Issuer {
-            url,
-            keys: shared,
-            fetches,
-        }
-    }
-}
+use crate::authn::jwt::test_issuer::Issuer;
 
 fn ra(name: &str, issuer: &str, uri: &str) -> Config<RequestAuthentication> {
     Config {
@@ -119,7 +79,7 @@ fn pushed(rx: &mut UnboundedReceiver<RegistryEvent>) -> Vec<String> {
 
 #[tokio::test]
 async fn a_jwks_uri_is_fetched_inlined_and_pushed_and_a_key_change_pushes_again() {
-    let issuer = Issuer::serve(KEYS_1).await;
+    let issuer = Issuer::serve(KEYS_1.into()).await;
     let (resolver, mut rx, metrics) = resolver();
     let policy = ra("jwt", &issuer.url, &format!("{}/keys", issuer.url));
     // Not fetched yet: tokens are refused meanwhile.
@@ -134,11 +94,11 @@ async fn a_jwks_uri_is_fetched_inlined_and_pushed_and_a_key_change_pushes_again(
     assert_eq!(inlined(&policy, &table), KEYS_1);
     assert_eq!(metrics.fetch_success.get(), 1);
     // Rebuilding the index does not fetch again.
-    assert_eq!(issuer.fetches.load(Ordering::SeqCst), 1);
+    assert_eq!(issuer.fetches(), 1);
     // A refresh with the same keys pushes nothing; new keys push.
     assert!(!resolver.refresh().await);
     assert!(rx.try_recv().is_err(), "unchanged keys push nothing");
-    *issuer.keys.lock().unwrap() = KEYS_2.into();
+    issuer.rotate(KEYS_2.into());
     assert!(!resolver.refresh().await);
     assert_eq!(pushed(&mut rx), ["ns/jwt"]);
     assert_eq!(inlined(&policy, &resolver.table_for([&policy])), KEYS_2);
@@ -169,13 +129,13 @@ async fn an_unreachable_jwks_uri_gives_the_fake_jwks_and_counts_a_failure() {
 
 #[tokio::test]
 async fn a_failed_refresh_keeps_the_keys_fetched_before() {
-    let issuer = Issuer::serve(KEYS_1).await;
+    let issuer = Issuer::serve(KEYS_1.into()).await;
     let (resolver, mut rx, _) = resolver();
     let policy = ra("jwt", &issuer.url, &format!("{}/keys", issuer.url));
     resolver.table_for([&policy]);
     resolver.wait_fetched(1).await;
     pushed(&mut rx);
-    *issuer.keys.lock().unwrap() = "not a key set".into();
+    issuer.rotate("not a key set".into());
     assert!(resolver.refresh().await, "not a JWKS: a failure");
     assert!(rx.try_recv().is_err());
     assert_eq!(inlined(&policy, &resolver.table_for([&policy])), KEYS_1);
@@ -183,7 +143,7 @@ async fn a_failed_refresh_keeps_the_keys_fetched_before() {
 
 #[tokio::test]
 async fn without_jwks_uri_the_keys_are_found_through_oidc_discovery() {
-    let issuer = Issuer::serve(KEYS_1).await;
+    let issuer = Issuer::serve(KEYS_1.into()).await;
     let (resolver, mut rx, metrics) = resolver();
     let policy = ra("oidc", &issuer.url, "");
     resolver.table_for([&policy]);
@@ -196,7 +156,7 @@ async fn without_jwks_uri_the_keys_are_found_through_oidc_discovery() {
 
 #[tokio::test]
 async fn keys_no_policy_names_are_forgotten_and_inline_keys_are_never_fetched() {
-    let issuer = Issuer::serve(KEYS_1).await;
+    let issuer = Issuer::serve(KEYS_1.into()).await;
     let (resolver, _rx, _) = resolver();
     let policy = ra("jwt", &issuer.url, &format!("{}/keys", issuer.url));
     resolver.table_for([&policy]);
@@ -206,7 +166,7 @@ async fn keys_no_policy_names_are_forgotten_and_inline_keys_are_never_fetched() 
     inline.spec.jwt_rules[0].jwks = KEYS_2.into();
     assert!(resolver.table_for([&inline]).is_empty());
     assert!(!resolver.refresh().await, "nothing left to fetch");
-    assert_eq!(issuer.fetches.load(Ordering::SeqCst), 1);
+    assert_eq!(issuer.fetches(), 1);
 }
 
 #[test]

@@ -131,6 +131,24 @@ pub fn is_dry_run(p: &Config<AuthorizationPolicy>) -> bool {
     )
 }
 
+/// Whether a policy (AuthorizationPolicy or RequestAuthentication) of `policy_namespace`
+/// applies to an ordinary workload of `namespace` with `labels` (Istio's
+/// `policyattachment.go`): it is of the workload's namespace or the root namespace, it
+/// attaches by selector and not by `targetRef(s)` (those are for Gateway API gateways),
+/// and its selector, if any, is a subset of the labels (an empty one selects all).
+pub fn applies_to_workload(
+    policy_namespace: &str,
+    selector: Option<&meshfed_api::r#type::v1beta1::WorkloadSelector>,
+    targeted: bool,
+    root_namespace: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    (policy_namespace == namespace || policy_namespace == root_namespace)
+        && !targeted
+        && selector.is_none_or(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
 /// The policies that apply to an ordinary (sidecar) workload of `namespace` with
 /// `labels`.
 pub fn select(
@@ -141,11 +159,16 @@ pub fn select(
 ) -> Selected {
     let mut chosen: Vec<&Ap> = policies
         .iter()
-        .filter(|p| p.namespace == namespace || p.namespace == root_namespace)
-        .filter(|p| p.spec.target_ref.is_none() && p.spec.target_refs.is_empty())
-        .filter(|p| match &p.spec.selector {
-            None => true,
-            Some(s) => s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)),
+        .filter(|p| {
+            let targeted = p.spec.target_ref.is_some() || !p.spec.target_refs.is_empty();
+            applies_to_workload(
+                &p.namespace,
+                p.spec.selector.as_ref(),
+                targeted,
+                root_namespace,
+                namespace,
+                labels,
+            )
         })
         .collect();
     chosen.sort_by(|a, b| {

@@ -541,10 +541,12 @@ mod inbound {
             ],
             ..Default::default()
         };
+        // The CUSTOM policy names no provider of the mesh config: Istio's DENY in its
+        // place, still ahead of jwt_authn.
         assert_eq!(
             described(&http_filters(set.clone())),
             [
-                "rbac-shadow:istio_ext_authz_",
+                "rbac:1",
                 "envoy.filters.http.jwt_authn",
                 "rbac:1",
                 "rbac:0",

@@ -317,17 +317,7 @@ pub fn virtual_inbound(
     ctx: &InboundContext<'_>,
 ) -> Listener {
     let port = u16::try_from(snapshot.mesh().config.proxy_inbound_listen_port).unwrap_or(15006);
-    let mut chains = vec![FilterChain {
-        name: BLACKHOLE_CHAIN.into(),
-        filter_chain_match: Some(FilterChainMatch {
-            destination_port: Some(UInt32Value {
-                value: u32::from(port),
-            }),
-            ..Default::default()
-        }),
-        filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
-        ..Default::default()
-    }];
+    let mut chains = vec![outbound::loop_guard(BLACKHOLE_CHAIN, port)];
     chains.extend(passthrough_chains(inbound, ctx));
     let mut seen = std::collections::BTreeSet::new();
     for p in inbound {

@@ -105,17 +105,7 @@ pub(super) fn virtual_outbound(snapshot: &Snapshot, proxy: &ClientView) -> Liste
         use_original_dst: Some(BoolValue { value: true }),
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains: vec![
-            FilterChain {
-                name: VIRTUAL_OUTBOUND_BLACKHOLE.into(),
-                filter_chain_match: Some(FilterChainMatch {
-                    destination_port: Some(UInt32Value {
-                        value: u32::from(port),
-                    }),
-                    ..Default::default()
-                }),
-                filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
-                ..Default::default()
-            },
+            loop_guard(VIRTUAL_OUTBOUND_BLACKHOLE, port),
             FilterChain {
                 name: VIRTUAL_OUTBOUND_CATCHALL.into(),
                 filters: vec![tcp_proxy_filter(&catch_all_cluster(snapshot, proxy))],
@@ -968,6 +958,22 @@ pub(super) fn rds_connection_manager(stat_prefix: &str, route: &str) -> HttpConn
 }
 
 /// A TCP proxy to one cluster, the cluster name as stat prefix.
+/// The chain of a capture listener for connections addressed to its own port, which
+/// would loop: they go to the black hole.
+pub(super) fn loop_guard(name: &str, port: u16) -> FilterChain {
+    FilterChain {
+        name: name.into(),
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(port),
+            }),
+            ..Default::default()
+        }),
+        filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
+        ..Default::default()
+    }
+}
+
 pub(super) fn tcp_proxy_filter(cluster: &str) -> Filter {
     let proxy = TcpProxy {
         stat_prefix: cluster.to_string(),

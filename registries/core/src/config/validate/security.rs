@@ -752,21 +752,43 @@ mod tests {
         );
     }
 
+    /// The "not enforced" warning of one security object, if any.
+    fn gap(kind: &str, spec: &str) -> Option<String> {
+        let yaml = format!(
+            "apiVersion: security.istio.io/v1\nkind: {kind}\nmetadata: {{name: p, namespace: foo}}\nspec:\n{spec}"
+        );
+        let report = validate_text(Path::new("p.yaml"), &yaml);
+        assert!(report.errors.is_empty(), "{report:?}");
+        report
+            .warnings
+            .iter()
+            .map(|d| d.to_string())
+            .find(|w| w.contains("enforced"))
+    }
+
+    #[test]
+    fn only_what_some_proxy_kind_does_not_apply_is_reported() {
+        // Sidecars, gateways and proxyless gRPC servers all apply ALLOW and DENY
+        // policies and PeerAuthentications.
+        assert_eq!(
+            gap("AuthorizationPolicy", "  action: ALLOW\n  rules: [{}]\n"),
+            None
+        );
+        assert_eq!(
+            gap("AuthorizationPolicy", "  action: DENY\n  rules: [{}]\n"),
+            None
+        );
+        assert_eq!(gap("PeerAuthentication", "  mtls: {mode: STRICT}\n"), None);
+        let audit = gap("AuthorizationPolicy", "  action: AUDIT\n  rules: [{}]\n").unwrap();
+        assert!(
+            audit.contains("proxyless gRPC servers have no audit action"),
+            "{audit}"
+        );
+    }
+
     #[test]
     fn request_authentication_says_where_it_is_enforced() {
-        let gap = |spec: &str| -> String {
-            let yaml = format!(
-                "apiVersion: security.istio.io/v1\nkind: RequestAuthentication\nmetadata: {{name: p, namespace: foo}}\nspec:\n{spec}"
-            );
-            let report = validate_text(Path::new("p.yaml"), &yaml);
-            assert!(report.errors.is_empty(), "{report:?}");
-            report
-                .warnings
-                .iter()
-                .map(|d| d.to_string())
-                .find(|w| w.contains("enforced"))
-                .unwrap()
-        };
+        let gap = |spec: &str| gap("RequestAuthentication", spec).unwrap();
         let selected = gap("  jwtRules: [{issuer: i, jwksUri: 'https://i/keys'}]\n");
         assert!(
             selected.contains("enforced on sidecars' inbound HTTP chains and on gateways"),
@@ -942,47 +964,6 @@ mod tests {
         assert!(
             report.objects.is_empty() && report.errors.is_empty(),
             "{report:?}"
-        );
-    }
-}
-
-#[cfg(test)]
-mod enforcement_tests {
-    use std::path::Path;
-
-    use crate::config::validate_text;
-
-    /// The "not enforced" warning of one security object, if any.
-    fn gap(kind: &str, spec: &str) -> Option<String> {
-        let yaml = format!(
-            "apiVersion: security.istio.io/v1\nkind: {kind}\nmetadata: {{name: p, namespace: foo}}\nspec:\n{spec}"
-        );
-        let report = validate_text(Path::new("p.yaml"), &yaml);
-        assert!(report.errors.is_empty(), "{report:?}");
-        report
-            .warnings
-            .iter()
-            .map(|d| d.to_string())
-            .find(|w| w.contains("enforced"))
-    }
-
-    #[test]
-    fn only_what_some_proxy_kind_does_not_apply_is_reported() {
-        // Sidecars, gateways and proxyless gRPC servers all apply ALLOW and DENY
-        // policies and PeerAuthentications.
-        assert_eq!(
-            gap("AuthorizationPolicy", "  action: ALLOW\n  rules: [{}]\n"),
-            None
-        );
-        assert_eq!(
-            gap("AuthorizationPolicy", "  action: DENY\n  rules: [{}]\n"),
-            None
-        );
-        assert_eq!(gap("PeerAuthentication", "  mtls: {mode: STRICT}\n"), None);
-        let audit = gap("AuthorizationPolicy", "  action: AUDIT\n  rules: [{}]\n").unwrap();
-        assert!(
-            audit.contains("proxyless gRPC servers have no audit action"),
-            "{audit}"
         );
     }
 }
