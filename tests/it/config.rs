@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use meshfed::ads::TypeUrl;
 use meshfed::generate::simulate::{self, Request, RouteOutcome};
-use meshfed::testing::{AdsClient, FakeServer, decode_all, node_with};
+use meshfed::testing::{AdsClient, FakeServer, ProxyConfig, decode_all, node_with};
 use meshfed_registry::{Protocol, ServiceKey};
 
 use crate::support::*;
@@ -207,6 +207,93 @@ async fn config_dir_drives_clusters_routes_and_listeners_consistently() {
         unchanged().await,
         ["meshfed_xds_pushes_unchanged{type=\"lds\"} 1"],
         "no CDS/EDS generated for the edit; LDS generated and found unchanged"
+    );
+    server.shutdown().await;
+}
+
+/// Bad security input, as Istio treats it: an unknown action and a malformed JWKS are
+/// rejected alone (object, field, reason in `/debug/configz`); a principal that can
+/// never match and a selector that matches nothing are accepted and reported; the
+/// sidecar the odd principal's policy selects still gets listeners Envoy accepts (the
+/// test build checks every resource against Envoy's validation rules).
+#[tokio::test]
+async fn bad_security_input_is_rejected_or_reported_and_never_reaches_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        r#"apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: unknown-action, namespace: default}
+spec: {action: MAYBE, rules: [{}]}
+---
+apiVersion: security.istio.io/v1
+kind: RequestAuthentication
+metadata: {name: bad-jwks, namespace: default}
+spec:
+  jwtRules:
+  - {issuer: me, jwks: '{"keys": "none"}'}
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: spiffe-principal, namespace: default}
+spec:
+  selector: {matchLabels: {version: v1}}
+  rules:
+  - from: [{source: {principals: ["spiffe://cluster.local/ns/default/sa/a", "a*b"]}}]
+---
+apiVersion: security.istio.io/v1
+kind: AuthorizationPolicy
+metadata: {name: selects-nothing, namespace: default}
+spec:
+  selector: {matchLabels: {app: nosuch}}
+  rules: [{}]
+"#,
+    )
+    .unwrap();
+    let server = setup(dir.path()).await;
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    let mut applied: Vec<&str> = configz["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    applied.sort();
+    assert_eq!(applied, ["selects-nothing", "spiffe-principal"]);
+    let rejected = configz["rejected"].to_string();
+    assert!(
+        rejected.contains("unknown-action") && rejected.contains("spec.action"),
+        "{rejected}"
+    );
+    assert!(
+        rejected.contains("bad-jwks") && rejected.contains("jwks"),
+        "{rejected}"
+    );
+    assert_eq!(
+        configz["selectingNoWorkload"],
+        serde_json::json!(["AuthorizationPolicy default/selects-nothing: app=nosuch"])
+    );
+    // The sidecar of reviews v1 gets its RBAC, built from the odd principals.
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "sidecar~10.0.0.1~reviews-v1.default~default.svc.cluster.local",
+            serde_json::json!({"LABELS": {"version": "v1"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let ProxyConfig { listeners, .. } = client.fetch_config().await.unwrap();
+    let inbound = listeners
+        .iter()
+        .find(|l| l.name == "virtualInbound")
+        .expect("virtualInbound");
+    // The RBAC config is nested in Anys: look for the principal in the encoding.
+    let bytes = prost::Message::encode_to_vec(inbound);
+    let needle = b"spiffe://spiffe://cluster.local/ns/default/sa/a";
+    assert!(
+        bytes.windows(needle.len()).any(|w| w == needle),
+        "the principal as Istio writes it (it never matches)"
     );
     server.shutdown().await;
 }
