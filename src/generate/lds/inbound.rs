@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::listener::v3::{
-    FilterChain, FilterChainMatch, Listener, ListenerFilter, ListenerFilterChainMatchPredicate,
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, ListenerFilterChainMatchPredicate,
     listener_filter,
     listener_filter_chain_match_predicate::{MatchSet, Rule},
 };
@@ -160,33 +160,33 @@ fn options(mode: MtlsMode, class: PortClass) -> &'static [ChainOption] {
 }
 
 /// What every inbound chain of one workload shares: its authorization filters, its
-/// mTLS modes and the mTLS server contexts.
+/// mTLS modes and the mTLS server sockets (built once).
 pub struct InboundContext<'a> {
     pub authz: &'a InboundAuthz,
     pub mtls: WorkloadMtls,
-    tls_http: DownstreamTlsContext,
-    tls_tcp: DownstreamTlsContext,
+    tls_http: TransportSocket,
+    tls_tcp: TransportSocket,
 }
 
 impl<'a> InboundContext<'a> {
     pub fn new(snapshot: &Snapshot, authz: &'a InboundAuthz, mtls: WorkloadMtls) -> Self {
         let mesh = &snapshot.mesh().config;
+        let socket = |ctx: DownstreamTlsContext| TransportSocket {
+            name: TLS_SOCKET.into(),
+            config_type: Some(transport_socket::ConfigType::TypedConfig(pack(&ctx))),
+        };
         InboundContext {
             authz,
             mtls,
-            tls_http: inbound_mtls_context(mesh, false),
-            tls_tcp: inbound_mtls_context(mesh, true),
+            tls_http: socket(inbound_mtls_context(mesh, false)),
+            tls_tcp: socket(inbound_mtls_context(mesh, true)),
         }
     }
 
     fn mtls_socket(&self, protocol: ChainProtocol) -> TransportSocket {
-        let ctx = match protocol {
-            Http => &self.tls_http,
-            Tcp => &self.tls_tcp,
-        };
-        TransportSocket {
-            name: TLS_SOCKET.into(),
-            config_type: Some(transport_socket::ConfigType::TypedConfig(pack(ctx))),
+        match protocol {
+            Http => self.tls_http.clone(),
+            Tcp => self.tls_tcp.clone(),
         }
     }
 }
@@ -200,6 +200,10 @@ struct ChainTarget<'a> {
     /// Destination port to match; 0 for none.
     port: u16,
     stat_prefix: String,
+    /// The filters of the target's HTTP and TCP chains, built once: a port's mTLS and
+    /// plaintext chains carry the same ones.
+    http_filters: std::cell::OnceCell<Vec<Filter>>,
+    tcp_filters: std::cell::OnceCell<Vec<Filter>>,
 }
 
 /// The chains of one declared port.
@@ -214,6 +218,8 @@ pub fn port_chains(p: &InboundPort, ctx: &InboundContext<'_>) -> Vec<FilterChain
         cluster: &cluster,
         port: p.target_port,
         stat_prefix: format!("inbound_{bind}_{}", p.target_port),
+        http_filters: Default::default(),
+        tcp_filters: Default::default(),
     };
     // A Sidecar's own TLS applies only where mesh mTLS is off.
     if let Some(tls) = p.tls.as_ref().filter(|_| mode == MtlsMode::Disable) {
@@ -259,6 +265,8 @@ fn passthrough_chains(declared: &[&InboundPort], ctx: &InboundContext<'_>) -> Ve
                 cluster: INBOUND_PASSTHROUGH,
                 port,
                 stat_prefix: INBOUND_PASSTHROUGH.to_string(),
+                http_filters: Default::default(),
+                tcp_filters: Default::default(),
             };
             options(mode, PortClass::Auto)
                 .iter()
@@ -273,23 +281,27 @@ fn passthrough_chains(declared: &[&InboundPort], ctx: &InboundContext<'_>) -> Ve
 /// option does.
 fn chain(target: &ChainTarget<'_>, o: ChainOption, ctx: &InboundContext<'_>) -> FilterChain {
     let filters = match o.protocol {
-        Http => vec![hcm_filter_with(
-            &target.stat_prefix,
-            http_connection_manager::RouteSpecifier::RouteConfig(super::inbound_route(
-                target.cluster,
-                target.port,
-            )),
-            false,
-            &ctx.authz.http,
-        )],
-        Tcp => ctx
-            .authz
-            .network
-            .iter()
-            .cloned()
-            .chain(std::iter::once(tcp_proxy_filter(target.cluster)))
-            .collect(),
-    };
+        Http => target.http_filters.get_or_init(|| {
+            vec![hcm_filter_with(
+                &target.stat_prefix,
+                http_connection_manager::RouteSpecifier::RouteConfig(super::inbound_route(
+                    target.cluster,
+                    target.port,
+                )),
+                false,
+                &ctx.authz.http,
+            )]
+        }),
+        Tcp => target.tcp_filters.get_or_init(|| {
+            ctx.authz
+                .network
+                .iter()
+                .cloned()
+                .chain(std::iter::once(tcp_proxy_filter(target.cluster)))
+                .collect()
+        }),
+    }
+    .clone();
     FilterChain {
         name: match o.protocol {
             Http => target.http_name.to_string(),
