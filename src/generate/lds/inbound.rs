@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::core::v3::{TransportSocket, transport_socket};
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, ListenerFilterChainMatchPredicate,
-    listener_filter,
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter,
+    ListenerFilterChainMatchPredicate, listener_filter,
     listener_filter_chain_match_predicate::{MatchSet, Rule},
 };
 use envoy_types::pb::envoy::extensions::filters::listener::original_dst::v3::OriginalDst;

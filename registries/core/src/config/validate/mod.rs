@@ -285,6 +285,14 @@ pub fn not_enforced_in(
              Istio)"
                 .into(),
         ),
+        Spec::AuthorizationPolicy(ap) if ap.target_ref.is_some() || !ap.target_refs.is_empty() => {
+            Some(
+                "AuthorizationPolicy with targetRef(s) is not enforced by meshfed: it attaches \
+                 to Gateway API gateways, which meshfed does not serve (sidecars and Istio \
+                 gateways take selector policies only, as in Istio)"
+                    .into(),
+            )
+        }
         Spec::AuthorizationPolicy(ap) => {
             let provider = match &ap.action_detail {
                 Some(ActionDetail::Provider(p)) => p.name.as_str(),

@@ -779,6 +779,12 @@ mod tests {
             None
         );
         assert_eq!(gap("PeerAuthentication", "  mtls: {mode: STRICT}\n"), None);
+        let targeted = gap(
+            "AuthorizationPolicy",
+            "  targetRef: {kind: Gateway, group: gateway.networking.k8s.io, name: gw}\n  rules: [{}]\n",
+        )
+        .unwrap();
+        assert!(targeted.contains("Gateway API gateways"), "{targeted}");
         let audit = gap("AuthorizationPolicy", "  action: AUDIT\n  rules: [{}]\n").unwrap();
         assert!(
             audit.contains("proxyless gRPC servers have no audit action"),
