@@ -211,6 +211,76 @@ async fn config_dir_drives_clusters_routes_and_listeners_consistently() {
     server.shutdown().await;
 }
 
+/// `examples/security` (the README's security example) on the bundled mock registry:
+/// every object applies, none is rejected, the CUSTOM provider is found, and the
+/// sidecar of reviews gets STRICT mTLS with its JWT and RBAC filters.
+#[tokio::test]
+async fn the_security_example_applies_to_the_bundled_mock_registry() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/security");
+    let validate = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(root.join("config"))
+        .output()
+        .unwrap();
+    assert!(
+        validate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&validate.stdout)
+    );
+    let mesh = root.join("mesh.yaml");
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .config_dir(root.join("config"))
+        .configure(move |c| c.mesh_config = Some(mesh))
+        .start()
+        .await
+        .unwrap();
+    let http = server.bound().http;
+    eventually("the example to load", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    server.sync().await;
+    let configz = get_json(http, "/debug/configz").await;
+    assert_eq!(configz["objects"].as_array().unwrap().len(), 6, "{configz}");
+    assert_eq!(configz["rejected"], serde_json::json!([]));
+    assert_eq!(configz["selectingNoWorkload"], serde_json::json!([]));
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "sidecar~127.0.1.1~reviews-v1.bookinfo~bookinfo.svc.cluster.local",
+            serde_json::json!({"LABELS": {"app": "reviews", "version": "v1"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let ProxyConfig { listeners, .. } = client.fetch_config().await.unwrap();
+    let inbound = listeners
+        .iter()
+        .find(|l| l.name == "virtualInbound")
+        .expect("virtualInbound");
+    let port: Vec<_> = inbound
+        .filter_chains
+        .iter()
+        .filter(|c| c.name == "0.0.0.0_19080")
+        .collect();
+    assert_eq!(port.len(), 1, "STRICT: the mTLS chain only");
+    assert!(port[0].transport_socket.is_some());
+    let bytes = prost::Message::encode_to_vec(port[0]);
+    for needle in [
+        &b"envoy.filters.http.jwt_authn"[..],
+        b"envoy.filters.http.rbac",
+        b"spiffe://cluster.local/ns/bookinfo/sa/productpage",
+    ] {
+        assert!(
+            bytes.windows(needle.len()).any(|w| w == needle),
+            "{}",
+            String::from_utf8_lossy(needle)
+        );
+    }
+    server.shutdown().await;
+}
+
 /// Bad security input, as Istio treats it: an unknown action and a malformed JWKS are
 /// rejected alone (object, field, reason in `/debug/configz`); a principal that can
 /// never match and a selector that matches nothing are accepted and reported; the
