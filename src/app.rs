@@ -623,14 +623,16 @@ impl Server {
             &mut tasks,
         )));
         // RequestAuthentication keys, fetched by the control plane and inlined.
-        if let Err(e) = crate::jwks::check_fetch_mode(
+        let (fetch_mode, unknown) = crate::generate::jwt::JwksFetchMode::parse(
             std::env::var(crate::jwks::REMOTE_JWKS_ENV).ok().as_deref(),
-        ) {
+        );
+        if let Some(e) = unknown {
             warn!("{e}");
         }
-        let jwks = crate::jwks::JwksResolver::new(
+        let jwks = crate::jwks::JwksResolver::with_mode(
             sink.clone(),
             Arc::new(crate::jwks::JwksMetrics::new(&mut metrics_registry)),
+            fetch_mode,
         );
         tasks.spawn(jwks.clone().run(shutdown.clone()));
         let pipeline = Arc::new(Pipeline::new(

@@ -1,8 +1,11 @@
 //! The control plane's JWKS resolver (Istio's `JwksResolver`,
-//! `pilot/pkg/model/jwks_resolver.go`, in its default mode
-//! `PILOT_JWT_ENABLE_REMOTE_JWKS=false`): the keys of every RequestAuthentication
-//! rule without inline `jwks` are fetched here and inlined into the proxies'
-//! `jwt_authn` filters, so proxies never reach the issuer themselves.
+//! `pilot/pkg/model/jwks_resolver.go`). In the default mode
+//! (`PILOT_JWT_ENABLE_REMOTE_JWKS=false`) the keys of every RequestAuthentication rule
+//! without inline `jwks` are fetched here and inlined into the proxies' `jwt_authn`
+//! filters, so proxies never reach the issuer themselves. With `envoy` (`true`), rules
+//! with `jwksUri` are left to the proxies (`remote_jwks`, see
+//! [`crate::generate::jwt`]); with `hybrid`, keys are fetched here too, for the hosts
+//! that are no service of the registry.
 //!
 //! - What to fetch: [`JwksResolver::table_for`] is called whenever the snapshot's
 //!   config index is rebuilt, with the RequestAuthentications in force. Keys
@@ -35,7 +38,7 @@ use prometheus_client::registry::Registry;
 use tracing::{debug, info, warn};
 
 use crate::drain::Shutdown;
-use crate::generate::jwt::{DEFAULT_TIMEOUT, JwksKey, JwksTable};
+use crate::generate::jwt::{DEFAULT_TIMEOUT, JwksFetchMode, JwksKey, JwksTable};
 use crate::push::config_index::Config;
 
 /// How often fetched keys are fetched again (Istio's default
@@ -76,19 +79,6 @@ impl JwksMetrics {
     }
 }
 
-/// Reads `PILOT_JWT_ENABLE_REMOTE_JWKS`: meshfed implements Istio's default (`false`,
-/// also spelled `istiod`) only; any other value is warned about and the keys are
-/// fetched by the control plane all the same.
-pub fn check_fetch_mode(value: Option<&str>) -> Result<(), String> {
-    match value.map(str::to_ascii_lowercase).as_deref() {
-        None | Some("" | "false" | "istiod") => Ok(()),
-        Some(other) => Err(format!(
-            "{REMOTE_JWKS_ENV}={other}: meshfed fetches JWKS in the control plane only \
-             (Istio's default mode); proxies get the keys inline"
-        )),
-    }
-}
-
 /// One key the resolver follows.
 #[derive(Debug)]
 struct Entry {
@@ -114,6 +104,8 @@ struct Inner {
     sink: UpdateSink,
     metrics: Arc<JwksMetrics>,
     runtime: tokio::runtime::Handle,
+    /// Who fetches the keys of rules with `jwksUri` (`PILOT_JWT_ENABLE_REMOTE_JWKS`).
+    mode: JwksFetchMode,
     /// Fetch results recorded so far (a sync point: [`JwksResolver::wait_fetched`]).
     fetched: tokio::sync::watch::Sender<u64>,
 }
@@ -122,11 +114,24 @@ impl JwksResolver {
     /// A resolver that asks for pushes on `sink`; it must be created inside a Tokio
     /// runtime, where it starts its fetches.
     pub fn new(sink: UpdateSink, metrics: Arc<JwksMetrics>) -> JwksResolver {
+        JwksResolver::with_mode(sink, metrics, JwksFetchMode::Istiod)
+    }
+
+    /// A resolver for the fetch `mode`: with `envoy`, proxies fetch the keys of rules
+    /// with `jwksUri` themselves and only OIDC discovery is done here; with `hybrid`,
+    /// every key is fetched here too, for the hosts that are no service of the
+    /// registry (which generation decides).
+    pub fn with_mode(
+        sink: UpdateSink,
+        metrics: Arc<JwksMetrics>,
+        mode: JwksFetchMode,
+    ) -> JwksResolver {
         JwksResolver {
             inner: Arc::new(Inner {
                 entries: Mutex::default(),
                 sink,
                 metrics,
+                mode,
                 runtime: tokio::runtime::Handle::current(),
                 fetched: tokio::sync::watch::Sender::new(0),
             }),
@@ -139,7 +144,10 @@ impl JwksResolver {
         &self,
         policies: impl IntoIterator<Item = &'a Config<RequestAuthentication>>,
     ) -> Arc<JwksTable> {
-        let wanted = wanted(policies);
+        let mut wanted = wanted(policies);
+        if self.inner.mode == JwksFetchMode::Envoy {
+            wanted.retain(|key, _| key.jwks_uri.is_empty());
+        }
         let mut entries = self.inner.entries.lock().expect("jwks poisoned");
         entries.retain(|key, _| wanted.contains_key(key));
         let mut fetch = Vec::new();
@@ -156,12 +164,15 @@ impl JwksResolver {
             entry.timeout = timeout;
             entry.users = users;
         }
-        let table = Arc::new(JwksTable::new(
-            entries
-                .iter()
-                .filter_map(|(k, e)| Some((k.clone(), e.document.clone()?)))
-                .collect(),
-        ));
+        let table = Arc::new(
+            JwksTable::new(
+                entries
+                    .iter()
+                    .filter_map(|(k, e)| Some((k.clone(), e.document.clone()?)))
+                    .collect(),
+            )
+            .with_mode(self.inner.mode),
+        );
         drop(entries);
         for key in fetch {
             let resolver = self.clone();

@@ -17,12 +17,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source};
+use envoy_types::pb::envoy::config::core::v3::{DataSource, HttpUri, data_source, http_uri};
 use envoy_types::pb::envoy::config::route::v3::{RouteMatch, route_match};
 use envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::{
     JwtAuthentication, JwtClaimToHeader, JwtHeader, JwtProvider, JwtRequirement,
-    JwtRequirementAndList, JwtRequirementOrList, RequirementRule, jwt_provider, jwt_requirement,
-    requirement_rule,
+    JwtRequirementAndList, JwtRequirementOrList, RemoteJwks, RequirementRule, jwt_provider,
+    jwt_requirement, requirement_rule,
 };
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpFilter, http_filter,
@@ -64,31 +64,101 @@ impl JwksKey {
     }
 }
 
-/// The JWKS documents the control plane fetched, by key: carried in the snapshot's
-/// config index so that generation reads them without IO.
+/// Who fetches the keys of a rule with `jwksUri` (Istio's `PILOT_JWT_ENABLE_REMOTE_JWKS`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum JwksFetchMode {
+    /// The control plane fetches and inlines them (`false`, `istiod`; the default).
+    #[default]
+    Istiod,
+    /// Envoy fetches them (`remote_jwks`) through the outbound cluster of the URI's
+    /// host, which must be a service of the registry (`true`, `envoy`).
+    Envoy,
+    /// Envoy fetches them when the URI's host is a service of the registry, the
+    /// control plane otherwise (`hybrid`).
+    Hybrid,
+}
+
+impl JwksFetchMode {
+    /// The mode a value of `PILOT_JWT_ENABLE_REMOTE_JWKS` names, as Istio reads it (any
+    /// other value is Istio's default); the error says an unknown value was ignored.
+    pub fn parse(value: Option<&str>) -> (JwksFetchMode, Option<String>) {
+        match value.map(str::to_ascii_lowercase).as_deref() {
+            None | Some("" | "false" | "istiod") => (JwksFetchMode::Istiod, None),
+            Some("true" | "envoy") => (JwksFetchMode::Envoy, None),
+            Some("hybrid") => (JwksFetchMode::Hybrid, None),
+            Some(other) => (
+                JwksFetchMode::Istiod,
+                Some(format!(
+                    "PILOT_JWT_ENABLE_REMOTE_JWKS={other} is none of false, istiod, true, envoy, \
+                     hybrid: the control plane fetches JWKS (Istio's default)"
+                )),
+            ),
+        }
+    }
+}
+
+/// The JWKS documents the control plane fetched, by key, and who fetches what: carried
+/// in the snapshot's config index so that generation reads them without IO.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct JwksTable(BTreeMap<JwksKey, Arc<str>>);
+pub struct JwksTable {
+    documents: BTreeMap<JwksKey, Arc<str>>,
+    mode: JwksFetchMode,
+}
 
 impl JwksTable {
-    /// A table of these documents.
+    /// A table of these documents, in the default mode (the control plane fetches).
     pub fn new(documents: BTreeMap<JwksKey, Arc<str>>) -> JwksTable {
-        JwksTable(documents)
+        JwksTable {
+            documents,
+            mode: JwksFetchMode::Istiod,
+        }
+    }
+
+    /// The same table in `mode`.
+    pub fn with_mode(mut self, mode: JwksFetchMode) -> JwksTable {
+        self.mode = mode;
+        self
+    }
+
+    /// Who fetches the keys of rules with `jwksUri`.
+    pub fn mode(&self) -> JwksFetchMode {
+        self.mode
     }
 
     /// The fetched document of `key`, if any.
     pub fn get(&self, key: &JwksKey) -> Option<&str> {
-        self.0.get(key).map(|d| &**d)
+        self.documents.get(key).map(|d| &**d)
     }
 
     /// How many documents it holds.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.documents.len()
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.documents.is_empty()
     }
+}
+
+/// The outbound cluster of a service `host`:`port` of the registry, if it has one
+/// (Istio's `LookupCluster`), for the remote JWKS modes.
+pub type ClusterLookup<'a> = &'a dyn Fn(&str, u32) -> Option<String>;
+
+/// Host and port of a `jwksUri` (Istio's `ParseJwksURI`): the port given, else 443
+/// for `https` and 80 for `http`.
+pub fn parse_jwks_uri(uri: &str) -> Result<(String, u32), String> {
+    let url = reqwest::Url::parse(uri).map_err(|e| format!("jwksUri {uri:?}: {e}"))?;
+    let host = url
+        .host_str()
+        .ok_or_else(|| format!("jwksUri {uri:?} has no host"))?;
+    let port = match (url.port(), url.scheme()) {
+        (Some(p), _) => u32::from(p),
+        (None, "https") => 443,
+        (None, "http") => 80,
+        (None, other) => return Err(format!("jwksUri {uri:?}: scheme {other} is not http(s)")),
+    };
+    Ok((host.to_string(), port))
 }
 
 /// The JWKS served in place of keys that could not be fetched (Istio's
@@ -181,7 +251,15 @@ pub fn jwt_filter(
 ) -> Option<HttpFilter> {
     let index = snapshot.config();
     let selected = select_in(index, namespace, labels);
-    let config = jwt_authentication(&rules(&selected), index.jwks(), !is_sidecar)?;
+    let services = snapshot.services();
+    let lookup = |host: &str, port: u32| {
+        crate::generate::authz::ext_authz::lookup_cluster(host, port, &|h| {
+            services.namespaces_of(h)
+        })
+        .ok()
+        .map(|(_, cluster)| cluster)
+    };
+    let config = jwt_authentication_in(&rules(&selected), index.jwks(), &lookup, !is_sidecar)?;
     Some(http_filter(&config))
 }
 
@@ -207,6 +285,16 @@ pub fn jwt_authentication(
     keys: &JwksTable,
     clear_route_cache: bool,
 ) -> Option<JwtAuthentication> {
+    jwt_authentication_in(rules, keys, &|_, _| None, clear_route_cache)
+}
+
+/// [`jwt_authentication`] with the registry's clusters for the remote JWKS modes.
+pub fn jwt_authentication_in(
+    rules: &[&JwtRule],
+    keys: &JwksTable,
+    lookup: ClusterLookup<'_>,
+    clear_route_cache: bool,
+) -> Option<JwtAuthentication> {
     if rules.is_empty() {
         return None;
     }
@@ -215,7 +303,10 @@ pub fn jwt_authentication(
     let mut any_provider = Vec::new();
     for (i, rule) in rules.iter().enumerate() {
         let name = format!("origins-{i}");
-        providers.insert(name.clone(), provider(rule, keys, clear_route_cache));
+        providers.insert(
+            name.clone(),
+            provider(rule, keys, lookup, clear_route_cache),
+        );
         each_or_missing.push(requires_any(vec![
             provider_name(&name),
             JwtRequirement {
@@ -265,7 +356,12 @@ fn requires_any(requirements: Vec<JwtRequirement>) -> JwtRequirement {
 }
 
 /// One rule as a provider: every JWTRule field mapped as Istio maps it.
-fn provider(rule: &JwtRule, keys: &JwksTable, clear_route_cache: bool) -> JwtProvider {
+fn provider(
+    rule: &JwtRule,
+    keys: &JwksTable,
+    lookup: ClusterLookup<'_>,
+    clear_route_cache: bool,
+) -> JwtProvider {
     JwtProvider {
         issuer: rule.issuer.clone(),
         audiences: rule.audiences.clone(),
@@ -295,12 +391,68 @@ fn provider(rule: &JwtRule, keys: &JwksTable, clear_route_cache: bool) -> JwtPro
             .collect(),
         from_params: rule.from_params.clone(),
         from_cookies: rule.from_cookies.clone(),
-        jwks_source_specifier: Some(jwt_provider::JwksSourceSpecifier::LocalJwks(DataSource {
-            specifier: Some(data_source::Specifier::InlineString(local_jwks(rule, keys))),
-            ..Default::default()
-        })),
+        jwks_source_specifier: Some(jwks_source(rule, keys, lookup)),
         ..Default::default()
     }
+}
+
+/// Where the provider gets its keys (Istio's `convertToEnvoyJwtConfig`): in the remote
+/// modes, a rule with `jwksUri` whose host is a service of the registry is fetched by
+/// Envoy through its outbound cluster (cached 5 minutes); when it is not, `hybrid`
+/// falls back to the control plane's fetch and `envoy` still names the cluster
+/// `outbound|<port>||<host>` Istio would (the fetch fails until a ServiceEntry defines
+/// it). Everything else is inline.
+fn jwks_source(
+    rule: &JwtRule,
+    keys: &JwksTable,
+    lookup: ClusterLookup<'_>,
+) -> jwt_provider::JwksSourceSpecifier {
+    let local = || {
+        jwt_provider::JwksSourceSpecifier::LocalJwks(DataSource {
+            specifier: Some(data_source::Specifier::InlineString(local_jwks(rule, keys))),
+            ..Default::default()
+        })
+    };
+    if keys.mode() == JwksFetchMode::Istiod || rule.jwks_uri.is_empty() {
+        return local();
+    }
+    let (host, port) = parse_jwks_uri(&rule.jwks_uri).unwrap_or_else(|e| {
+        tracing::warn!(issuer = %rule.issuer, "{e}");
+        (String::new(), 0)
+    });
+    let cluster = match lookup(&host, port) {
+        Some(cluster) => cluster,
+        None if keys.mode() == JwksFetchMode::Hybrid => return local(),
+        None => {
+            tracing::warn!(
+                issuer = %rule.issuer, uri = %rule.jwks_uri,
+                "the JWKS host is no service of the registry: define it (a ServiceEntry) or \
+                 set PILOT_JWT_ENABLE_REMOTE_JWKS to hybrid or istiod; until then Envoy \
+                 cannot fetch the keys and refuses every token of this issuer"
+            );
+            format!("outbound|{port}||{host}")
+        }
+    };
+    let timeout = rule
+        .timeout
+        .and_then(|d| std::time::Duration::try_from(d).ok())
+        .filter(|d| !d.is_zero())
+        .unwrap_or(DEFAULT_TIMEOUT);
+    jwt_provider::JwksSourceSpecifier::RemoteJwks(RemoteJwks {
+        http_uri: Some(HttpUri {
+            uri: rule.jwks_uri.clone(),
+            timeout: Some(envoy_types::pb::google::protobuf::Duration {
+                seconds: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
+                nanos: i32::try_from(timeout.subsec_nanos()).unwrap_or(0),
+            }),
+            http_upstream_type: Some(http_uri::HttpUpstreamType::Cluster(cluster)),
+        }),
+        cache_duration: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 300,
+            nanos: 0,
+        }),
+        ..Default::default()
+    })
 }
 
 /// The rule's inline `jwks`, else the fetched document, else the fake JWKS.

@@ -181,10 +181,44 @@ fn refreshes_back_off_after_failures_as_istio_does() {
 }
 
 #[test]
-fn only_the_control_plane_fetch_mode_is_accepted_quietly() {
-    assert!(check_fetch_mode(None).is_ok());
-    assert!(check_fetch_mode(Some("false")).is_ok());
-    assert!(check_fetch_mode(Some("istiod")).is_ok());
-    assert!(check_fetch_mode(Some("true")).is_err());
-    assert!(check_fetch_mode(Some("hybrid")).is_err());
+fn fetch_modes_are_read_as_istio_reads_them() {
+    use crate::generate::jwt::JwksFetchMode;
+    for (value, mode) in [
+        (None, JwksFetchMode::Istiod),
+        (Some("false"), JwksFetchMode::Istiod),
+        (Some("istiod"), JwksFetchMode::Istiod),
+        (Some("true"), JwksFetchMode::Envoy),
+        (Some("Envoy"), JwksFetchMode::Envoy),
+        (Some("hybrid"), JwksFetchMode::Hybrid),
+    ] {
+        assert_eq!(JwksFetchMode::parse(value), (mode, None), "{value:?}");
+    }
+    let (mode, warning) = JwksFetchMode::parse(Some("sometimes"));
+    assert_eq!(mode, JwksFetchMode::Istiod);
+    assert!(warning.unwrap().contains("sometimes"));
+}
+
+#[tokio::test]
+async fn in_envoy_mode_only_oidc_discovery_is_fetched_here() {
+    use crate::generate::jwt::JwksFetchMode;
+    let followed = |mode: JwksFetchMode| {
+        let (sink, _rx) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+        let resolver = JwksResolver::with_mode(sink, Arc::new(JwksMetrics::default()), mode);
+        // Loopback addresses nothing listens on: the fetches fail, which is fine here.
+        let with_uri = ra("uri", "https://a.example", "http://127.0.0.1:1/keys");
+        let discovery = ra("oidc", "http://127.0.0.1:1", "");
+        let table = resolver.table_for([&with_uri, &discovery]);
+        assert_eq!(table.mode(), mode);
+        let entries = resolver.inner.entries.lock().unwrap();
+        entries.keys().map(|k| k.issuer.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(followed(JwksFetchMode::Envoy), ["http://127.0.0.1:1"]);
+    assert_eq!(
+        followed(JwksFetchMode::Hybrid),
+        ["http://127.0.0.1:1", "https://a.example"]
+    );
+    assert_eq!(
+        followed(JwksFetchMode::Istiod),
+        ["http://127.0.0.1:1", "https://a.example"]
+    );
 }

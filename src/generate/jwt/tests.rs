@@ -168,8 +168,8 @@ fn decoded(f: &HttpFilter) -> JwtAuthentication {
     JwtAuthentication::decode(any.value.as_slice()).unwrap()
 }
 
-/// Istio's `TestJwtFilter`, minus the four cases of the remote JWKS modes (`Envoy`,
-/// `Hybrid`), which meshfed does not implement.
+/// Istio's `TestJwtFilter`, the cases in the default fetch mode (the remote modes are
+/// in [`remote_jwks_modes_follow_istio`]).
 #[test]
 fn jwt_filter_vectors_of_istio_pass() {
     let cases: Vec<(&str, Vec<Ra>, Option<JwtAuthentication>)> = vec![
@@ -278,6 +278,80 @@ fn jwt_filter_vectors_of_istio_pass() {
         assert_eq!(got.as_ref().map(decoded), expected, "{name}");
     }
     assert_eq!(total, 9, "ported TestJwtFilter cases");
+}
+
+/// The remote JWKS modes of Istio's `TestJwtFilter` ("JWT policy with Mesh cluster as
+/// issuer and remote jwks enabled", "... non Mesh cluster ...") and the `envoy` mode's
+/// stand-in cluster for a host the registry does not know.
+#[test]
+fn remote_jwks_modes_follow_istio() {
+    const MESH_URI: &str = "http://jwt-token-issuer.mesh:7443/jwks";
+    const MESH_CLUSTER: &str = "outbound|7443||jwt-token-issuer.mesh.svc.cluster.local";
+    // The registry knows the issuer's host (as Istio's test registers it).
+    let lookup = |host: &str, port: u32| {
+        (host == "jwt-token-issuer.mesh" && port == 7443).then(|| MESH_CLUSTER.to_string())
+    };
+    let remote = |issuer: &str, uri: &str, cluster: &str| {
+        JwtProvider {
+        jwks_source_specifier: Some(jwt_provider::JwksSourceSpecifier::RemoteJwks(
+            envoy_types::pb::envoy::extensions::filters::http::jwt_authn::v3::RemoteJwks {
+                http_uri: Some(envoy_types::pb::envoy::config::core::v3::HttpUri {
+                    uri: uri.into(),
+                    timeout: Some(envoy_types::pb::google::protobuf::Duration {
+                        seconds: 5,
+                        nanos: 0,
+                    }),
+                    http_upstream_type: Some(
+                        envoy_types::pb::envoy::config::core::v3::http_uri::HttpUpstreamType::Cluster(
+                            cluster.into(),
+                        ),
+                    ),
+                }),
+                cache_duration: Some(envoy_types::pb::google::protobuf::Duration {
+                    seconds: 300,
+                    nanos: 0,
+                }),
+                ..Default::default()
+            },
+        )),
+        ..expected_provider(issuer, "")
+    }
+    };
+    let mesh_rule = rule("mesh cluster", MESH_URI);
+    let outside_rule = rule(FOO, GOOD_URI);
+    let run = |mode: JwksFetchMode, r: &JwtRule| {
+        jwt_authentication_in(&[r], &fetched().with_mode(mode), &lookup, false).unwrap()
+    };
+    for mode in [JwksFetchMode::Envoy, JwksFetchMode::Hybrid] {
+        assert_eq!(
+            run(mode, &mesh_rule),
+            single(remote("mesh cluster", MESH_URI, MESH_CLUSTER)),
+            "{mode:?}"
+        );
+    }
+    // Not a service: hybrid falls back to the keys the control plane fetched...
+    assert_eq!(
+        run(JwksFetchMode::Hybrid, &outside_rule),
+        single(expected_provider(FOO, PUB_KEY_1))
+    );
+    // ... envoy names the cluster a ServiceEntry would define.
+    assert_eq!(
+        run(JwksFetchMode::Envoy, &outside_rule),
+        single(remote(FOO, GOOD_URI, "outbound|1||127.0.0.1"))
+    );
+    // Inline keys and the default mode stay inline.
+    assert_eq!(
+        run(JwksFetchMode::Envoy, &inline(BAR, "inline-jwks-data")),
+        single(expected_provider(BAR, "inline-jwks-data"))
+    );
+    assert_eq!(
+        run(JwksFetchMode::Istiod, &mesh_rule),
+        single(expected_provider("mesh cluster", &fake_jwks(MESH_URI)))
+    );
+    assert_eq!(
+        parse_jwks_uri("https://issuer.example.com/keys"),
+        Ok(("issuer.example.com".to_string(), 443))
+    );
 }
 
 /// Istio's `TestConvertToEnvoyJwtConfig` (rules in the order given: sorting is the
