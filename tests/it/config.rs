@@ -211,6 +211,13 @@ async fn config_dir_drives_clusters_routes_and_listeners_consistently() {
     server.shutdown().await;
 }
 
+/// Whether `text` is in the encoding of `message` (filter configs are nested in Anys,
+/// so this finds a name or a principal anywhere in a listener or chain).
+fn encodes(message: &impl prost::Message, text: &str) -> bool {
+    let bytes = message.encode_to_vec();
+    bytes.windows(text.len()).any(|w| w == text.as_bytes())
+}
+
 /// `examples/security` (the README's security example) on the bundled mock registry:
 /// every object applies, none is rejected, the CUSTOM provider is found, and the
 /// sidecar of reviews gets STRICT mTLS with its JWT and RBAC filters.
@@ -266,17 +273,12 @@ async fn the_security_example_applies_to_the_bundled_mock_registry() {
         .collect();
     assert_eq!(port.len(), 1, "STRICT: the mTLS chain only");
     assert!(port[0].transport_socket.is_some());
-    let bytes = prost::Message::encode_to_vec(port[0]);
     for needle in [
-        &b"envoy.filters.http.jwt_authn"[..],
-        b"envoy.filters.http.rbac",
-        b"spiffe://cluster.local/ns/bookinfo/sa/productpage",
+        "envoy.filters.http.jwt_authn",
+        "envoy.filters.http.rbac",
+        "spiffe://cluster.local/ns/bookinfo/sa/productpage",
     ] {
-        assert!(
-            bytes.windows(needle.len()).any(|w| w == needle),
-            "{}",
-            String::from_utf8_lossy(needle)
-        );
+        assert!(encodes(port[0], needle), "{needle}");
     }
     server.shutdown().await;
 }
@@ -358,11 +360,8 @@ spec:
         .iter()
         .find(|l| l.name == "virtualInbound")
         .expect("virtualInbound");
-    // The RBAC config is nested in Anys: look for the principal in the encoding.
-    let bytes = prost::Message::encode_to_vec(inbound);
-    let needle = b"spiffe://spiffe://cluster.local/ns/default/sa/a";
     assert!(
-        bytes.windows(needle.len()).any(|w| w == needle),
+        encodes(inbound, "spiffe://spiffe://cluster.local/ns/default/sa/a"),
         "the principal as Istio writes it (it never matches)"
     );
     server.shutdown().await;
