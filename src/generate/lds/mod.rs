@@ -4,9 +4,10 @@
 //! - `virtualOutbound` (15001) and one outbound listener per (bind, port): see
 //!   [`outbound`] for Istio's classes, binds, chains and merge rules.
 //! - `virtualInbound` (15006): a chain refusing traffic addressed to 15006 itself
-//!   (`virtualInbound-blackhole`), one filter chain per port of the proxy's own services
-//!   (HTTP -> `inbound|<port>||` through an inline route, TCP -> TCP proxy), then a
-//!   catch-all to `InboundPassthroughCluster`.
+//!   (`virtualInbound-blackhole`), the passthrough chains to
+//!   `InboundPassthroughCluster`, and the chains of each port of the proxy's own services
+//!   per PeerAuthentication mode (HTTP -> `inbound|<port>||` through an inline route,
+//!   TCP -> TCP proxy; mTLS or plaintext): see [`inbound`].
 //!
 //! Gateway (router): one bound listener per Gateway server port, `0.0.0.0_<port>`, HTTP
 //! servers through RDS `http.<port>`, HTTPS servers terminated with the certificate
