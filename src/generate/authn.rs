@@ -153,18 +153,49 @@ pub fn workload_mtls(
 
 /// The mode clients assume for the workloads of `namespace` (Istio's
 /// `BestEffortInferServiceMTLSMode`): the namespace policy's, else the mesh
-/// policy's, else PERMISSIVE. Workload policies are not looked at.
+/// policy's, else PERMISSIVE. Workload policies are not looked at. Clusters ask it for
+/// every service, so the modes of all namespaces are read from the policies once per
+/// snapshot.
 pub fn inferred_namespace_mode(snapshot: &Snapshot, namespace: &str) -> MtlsMode {
-    let c = candidates(snapshot, namespace, None);
-    [c.namespace, c.mesh]
-        .into_iter()
-        .flatten()
-        .find_map(|pa| {
+    /// Mesh-wide and per-namespace modes set by policies (their own type, for
+    /// `Snapshot::derived`).
+    struct Inferred {
+        mesh: Option<MtlsMode>,
+        namespaces: std::collections::HashMap<String, MtlsMode>,
+    }
+    let inferred = snapshot.derived(|snapshot| {
+        let mode_of = |pa: &Arc<Config<PeerAuthentication>>| {
             pa.spec
                 .mtls
                 .as_ref()
                 .and_then(|m| MtlsMode::from_policy(m.mode))
-        })
+        };
+        let mesh = candidates(snapshot, "", None).mesh.and_then(mode_of);
+        // The namespace policy of each namespace: its oldest without selector (the
+        // policies are oldest first), as `candidates` picks it.
+        let root = snapshot.config().root_namespace.as_str();
+        let mut seen = std::collections::HashSet::new();
+        let mut namespaces = std::collections::HashMap::new();
+        for pa in snapshot.config().peer_authentications() {
+            let selects = pa
+                .spec
+                .selector
+                .as_ref()
+                .is_some_and(|s| !s.match_labels.is_empty());
+            if selects || pa.namespace == root || !seen.insert(pa.namespace.as_str()) {
+                continue;
+            }
+            if let Some(mode) = mode_of(pa) {
+                namespaces.insert(pa.namespace.clone(), mode);
+            }
+        }
+        Inferred { mesh, namespaces }
+    });
+    inferred
+        .namespaces
+        .get(namespace)
+        .copied()
+        .or(inferred.mesh)
         .unwrap_or(MtlsMode::Permissive)
 }
 

@@ -45,7 +45,7 @@ pub struct ConfigIndex {
     default_vs_export: Vec<String>,
     default_dr_export: Vec<String>,
     /// JWKS documents fetched for the RequestAuthentications (see [`crate::jwks`]).
-    jwks: Arc<crate::generate::jwt::JwksTable>,
+    jwks: Arc<crate::push::jwks_table::JwksTable>,
 }
 
 /// Inputs to [`ConfigIndex::new`].
@@ -141,13 +141,13 @@ impl ConfigIndex {
     }
 
     /// The index with the JWKS documents fetched for its RequestAuthentications.
-    pub fn with_jwks(mut self, jwks: Arc<crate::generate::jwt::JwksTable>) -> ConfigIndex {
+    pub fn with_jwks(mut self, jwks: Arc<crate::push::jwks_table::JwksTable>) -> ConfigIndex {
         self.jwks = jwks;
         self
     }
 
     /// The JWKS documents fetched for the RequestAuthentications, by issuer and URI.
-    pub fn jwks(&self) -> &crate::generate::jwt::JwksTable {
+    pub fn jwks(&self) -> &crate::push::jwks_table::JwksTable {
         &self.jwks
     }
 

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod config_index;
 pub mod debounce;
 pub mod delegate;
+pub mod jwks_table;
 pub mod snapshot;
 pub mod watch;
 

@@ -226,9 +226,9 @@ pub struct Snapshot {
     by_address: OnceLock<HashMap<IpAddr, Vec<ServiceKey>>>,
     /// Split-horizon networks ([`Snapshot::network_view`]).
     network_view: OnceLock<Arc<NetworkView>>,
-    /// The mesh config's ext_authz providers resolved against the services
-    /// ([`Snapshot::ext_authz_providers`]).
-    ext_authz: OnceLock<Arc<crate::generate::authz::ext_authz::Resolved>>,
+    /// Values the generators derive from the whole snapshot, once per snapshot, by
+    /// type ([`Snapshot::derived`]).
+    derived: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
     /// Conflicts generators met while building this snapshot's resources.
     conflicts: Arc<ConflictLog>,
 }
@@ -352,7 +352,7 @@ impl Snapshot {
             built_at: SystemTime::now(),
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
-            ext_authz: OnceLock::new(),
+            derived: Mutex::default(),
             conflicts: Arc::default(),
         }
     }
@@ -402,7 +402,7 @@ impl Snapshot {
             built_at: now,
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
-            ext_authz: OnceLock::new(),
+            derived: Mutex::default(),
             // Sidecar listeners are rebuilt (and their conflicts met again) only when
             // the push touches them; otherwise what was met still stands.
             conflicts: if scope.touch(ProxyClass::Sidecar, TypeUrl::Listener) == Touch::Nothing {
@@ -571,26 +571,36 @@ impl Snapshot {
             .get_or_init(|| Arc::new(NetworkView::new(&self.mesh.networks, &self.gateways)))
     }
 
-    /// The mesh config's ext_authz providers, resolved once per snapshot against its
-    /// services (Istio's `LookupCluster`); a provider that cannot be used is logged
-    /// here, once.
-    pub fn ext_authz_providers(&self) -> &Arc<crate::generate::authz::ext_authz::Resolved> {
-        self.ext_authz.get_or_init(|| {
-            let services = self.services();
-            let resolved = crate::generate::authz::ext_authz::resolve(&self.mesh.config, &|host| {
-                services.namespaces_of(host)
-            });
-            for (name, result) in &resolved {
-                if let Err(e) = result {
-                    tracing::warn!(
-                        provider = %name,
-                        "ext_authz extension provider cannot be used; CUSTOM policies naming it \
-                         deny what they match: {e}"
-                    );
-                }
+    /// The value of type `T` derived from this snapshot, built by `build` on first use
+    /// and shared afterwards (what upper layers compute from the whole snapshot: the
+    /// ext_authz providers resolved against the services, the mTLS modes clients infer).
+    /// Each use needs a type of its own. Two first uses at once may both build; one
+    /// value is kept.
+    pub fn derived<T: std::any::Any + Send + Sync>(
+        &self,
+        build: impl FnOnce(&Snapshot) -> T,
+    ) -> Arc<T> {
+        let id = std::any::TypeId::of::<T>();
+        let found = self
+            .derived
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned();
+        let value = match found {
+            Some(v) => v,
+            // Built without the lock: `build` may read other derived values.
+            None => {
+                let built: Arc<dyn std::any::Any + Send + Sync> = Arc::new(build(self));
+                self.derived
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(id)
+                    .or_insert(built)
+                    .clone()
             }
-            Arc::new(resolved)
-        })
+        };
+        value.downcast::<T>().expect("keyed by its type")
     }
 
     /// The endpoint shards of a service.

@@ -70,6 +70,31 @@ pub struct ExtAuthz {
 /// A provider by name: its filters, or why it cannot be used.
 pub type Resolved = BTreeMap<String, Result<Arc<ExtAuthz>, String>>;
 
+/// The snapshot's mesh-config providers resolved against its services (Istio's
+/// `LookupCluster`), once per snapshot; a provider that cannot be used is logged then,
+/// once.
+pub fn providers(snapshot: &crate::push::snapshot::Snapshot) -> Arc<Resolved> {
+    /// The per-snapshot value (its own type, for `Snapshot::derived`).
+    struct Providers(Arc<Resolved>);
+    let derived = snapshot.derived(|snapshot| {
+        let services = snapshot.services();
+        let resolved = resolve(&snapshot.mesh().config, &|host| {
+            services.namespaces_of(host)
+        });
+        for (name, result) in &resolved {
+            if let Err(e) = result {
+                tracing::warn!(
+                    provider = %name,
+                    "ext_authz extension provider cannot be used; CUSTOM policies naming it \
+                     deny what they match: {e}"
+                );
+            }
+        }
+        Providers(Arc::new(resolved))
+    });
+    Arc::clone(&derived.0)
+}
+
 /// The ext_authz providers of a mesh config, resolved with `namespaces_of`, which
 /// lists the namespaces defining a service under a hostname. Providers of other
 /// kinds (tracing, logging, ...) are left out: a CUSTOM policy naming one is refused.

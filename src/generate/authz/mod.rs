@@ -88,7 +88,7 @@ impl AuthzOptions {
     /// providers resolved against its services (Istio's `LookupCluster`).
     pub fn for_snapshot(snapshot: &crate::push::snapshot::Snapshot) -> AuthzOptions {
         AuthzOptions {
-            custom_providers: Some(Arc::clone(snapshot.ext_authz_providers())),
+            custom_providers: Some(ext_authz::providers(snapshot)),
             ..AuthzOptions::from_mesh(&snapshot.mesh().config)
         }
     }
@@ -381,7 +381,7 @@ fn groups<'a>(selected: &'a Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(Gr
     }
     if !bad.is_empty() {
         // Istio refuses the whole CUSTOM group and denies what it would have checked.
-        // Said once per snapshot for broken providers (`Snapshot::ext_authz_providers`)
+        // Said once per snapshot for broken providers (`ext_authz::providers`)
         // and per object for unknown ones (`validate::not_enforced_in`).
         for p in &selected.custom {
             tracing::debug!(
