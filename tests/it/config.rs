@@ -62,12 +62,7 @@ async fn setup(dir: &Path) -> FakeServer {
     let mut v2 = endpoint("10.0.0.2", "http", 9080, "r1/z1");
     v2.labels.insert("version".into(), "v2".into());
     reg.set_endpoints(&ServiceKey::new(REVIEWS, "default"), vec![v1, v2]);
-    let http = server.bound().http;
-    eventually("the config directory to load", || async move {
-        (http_get(http, "/ready").await.0 == 200).then_some(())
-    })
-    .await;
-    server.sync().await;
+    ready_and_synced(&server).await;
     server
 }
 
@@ -242,13 +237,8 @@ async fn the_security_example_applies_to_the_bundled_mock_registry() {
         .start()
         .await
         .unwrap();
-    let http = server.bound().http;
-    eventually("the example to load", || async move {
-        (http_get(http, "/ready").await.0 == 200).then_some(())
-    })
-    .await;
-    server.sync().await;
-    let configz = get_json(http, "/debug/configz").await;
+    ready_and_synced(&server).await;
+    let configz = get_json(server.bound().http, "/debug/configz").await;
     assert_eq!(configz["objects"].as_array().unwrap().len(), 6, "{configz}");
     assert_eq!(configz["rejected"], serde_json::json!([]));
     assert_eq!(configz["selectingNoWorkload"], serde_json::json!([]));
@@ -577,11 +567,7 @@ spec:
         .await
         .unwrap();
     let (http, monitoring) = (server.bound().http, server.bound().monitoring);
-    eventually("the config directory to load", || async move {
-        (http_get(http, "/ready").await.0 == 200).then_some(())
-    })
-    .await;
-    server.sync().await;
+    ready_and_synced(&server).await;
     let metrics = http_get(monitoring, "/metrics").await.1;
     assert_eq!(
         metric(&metrics, "meshfed_config_not_enforced"),

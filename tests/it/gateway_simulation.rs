@@ -211,12 +211,7 @@ async fn fetch_with(config: &str, services: &[(Service, Vec<Endpoint>)]) -> (Fak
         reg.add_service(svc.clone());
         reg.set_endpoints(&svc.key(), eps.clone());
     }
-    let http = server.bound().http;
-    eventually("the config directory to load", || async move {
-        (http_get(http, "/ready").await.0 == 200).then_some(())
-    })
-    .await;
-    server.sync().await;
+    ready_and_synced(&server).await;
     let mut client = AdsClient::connect(
         server.grpc_addr(),
         node_with(

@@ -82,12 +82,7 @@ spec:
         &ServiceKey::new(REVIEWS, "default"),
         vec![endpoint("10.0.0.1", "http", 9080, "r1/z1")],
     );
-    let http = server.bound().http;
-    eventually("the config directory to load", || async move {
-        (http_get(http, "/ready").await.0 == 200).then_some(())
-    })
-    .await;
-    server.sync().await;
+    ready_and_synced(&server).await;
 
     let mut client = AdsClient::connect(
         server.grpc_addr(),

@@ -139,12 +139,7 @@ async fn fetch(scenario: &Scenario) -> (FakeServer, Proxy) {
             );
         }
     }
-    let http = server.bound().http;
-    eventually("the config directory to load", || async move {
-        (http_get(http, "/ready").await.0 == 200).then_some(())
-    })
-    .await;
-    server.sync().await;
+    ready_and_synced(&server).await;
     let ns = scenario.namespace;
     let ip = scenario.node_ip;
     let mut metadata = scenario.metadata.clone();

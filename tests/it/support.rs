@@ -130,6 +130,17 @@ pub async fn embedded_server() -> meshfed::testing::FakeServer {
     server
 }
 
+/// Waits until `server` is ready (its config directory and registries loaded) and
+/// every change so far is in its snapshot.
+pub async fn ready_and_synced(server: &meshfed::testing::FakeServer) {
+    let http = server.bound().http;
+    eventually("the server to be ready", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    server.sync().await;
+}
+
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
