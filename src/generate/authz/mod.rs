@@ -42,11 +42,10 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
     HttpFilter, http_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as NetworkRbac;
-use envoy_types::pb::google::protobuf::Any;
 use meshfed_api::security::v1beta1::AuthorizationPolicy;
 use meshfed_api::security::v1beta1::authorization_policy::{Action, ActionDetail};
-use prost::{Message, Name};
 
+use crate::generate::policy::pack;
 use crate::push::config_index::{Config, ConfigIndex};
 use model::{Effect, Target};
 use trust_domain::TrustDomains;
@@ -341,13 +340,6 @@ fn group_shadow_prefix(group: Group<'_>, shadow: &Option<Rbac>) -> &'static str 
         Group::Enforced(_) => shadow_prefix(shadow),
         Group::Custom(_) => EXT_AUTHZ_SHADOW_PREFIX,
         Group::BadCustom => "",
-    }
-}
-
-fn pack<M: Message + Name>(m: &M) -> Any {
-    Any {
-        type_url: M::type_url(),
-        value: m.encode_to_vec(),
     }
 }
 

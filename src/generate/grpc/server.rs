@@ -48,14 +48,13 @@ use envoy_types::pb::envoy::extensions::filters::http::rbac::v3::Rbac as HttpRba
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
 };
-use envoy_types::pb::google::protobuf::Any;
 use meshfed_api::security::v1beta1::AuthorizationPolicy;
 use meshfed_api::security::v1beta1::authorization_policy::Action;
-use prost::{Message, Name};
 
 use super::{RequestedPort, split_listener_name};
 use crate::generate::authn::{self, MtlsMode};
 use crate::generate::authz::{self, AuthzOptions, model};
+use crate::generate::policy::pack;
 use crate::model::{Proxy, ProxyClass};
 use crate::push::cache::CacheInput;
 use crate::push::config_index::Config;
@@ -229,13 +228,6 @@ fn inbound_routes(port: u16) -> RouteConfiguration {
             ..Default::default()
         }],
         ..Default::default()
-    }
-}
-
-fn pack<M: Message + Name>(m: &M) -> Any {
-    Any {
-        type_url: M::type_url(),
-        value: m.encode_to_vec(),
     }
 }
 

@@ -19,7 +19,7 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     DownstreamTlsContext, UpstreamTlsContext, common_tls_context,
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
-use envoy_types::pb::google::protobuf::{Any, BoolValue};
+use envoy_types::pb::google::protobuf::BoolValue;
 use prost::{Message, Name};
 
 /// The name gRPC requires on a TLS transport socket.
@@ -82,9 +82,8 @@ pub fn downstream_socket() -> TransportSocket {
 fn socket<M: Message + Name>(context: &M) -> TransportSocket {
     TransportSocket {
         name: TRANSPORT_SOCKET.into(),
-        config_type: Some(transport_socket::ConfigType::TypedConfig(Any {
-            type_url: M::type_url(),
-            value: context.encode_to_vec(),
-        })),
+        config_type: Some(transport_socket::ConfigType::TypedConfig(
+            crate::generate::policy::pack(context),
+        )),
     }
 }

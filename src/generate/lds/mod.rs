@@ -30,7 +30,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 };
 #[cfg(any(test, feature = "testing"))]
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
-use envoy_types::pb::google::protobuf::{Any, BoolValue};
+use envoy_types::pb::google::protobuf::BoolValue;
 use prost::{Message, Name};
 
 mod gateway;
@@ -41,6 +41,7 @@ pub(crate) mod outbound;
 pub use gateway::ALL_ISTIO_MTLS_ALPNS;
 
 use crate::generate::gateway::{GatewayTarget, MergedGateway};
+use crate::generate::policy::pack;
 use crate::model::ClientView;
 use crate::push::snapshot::Snapshot;
 
@@ -312,13 +313,6 @@ fn socket(address: &str, port: u16) -> envoy_types::pb::envoy::config::core::v3:
             port_specifier: Some(socket_address::PortSpecifier::PortValue(u32::from(port))),
             ..Default::default()
         })),
-    }
-}
-
-fn pack<M: Message + Name>(m: &M) -> Any {
-    Any {
-        type_url: M::type_url(),
-        value: m.encode_to_vec(),
     }
 }
 

@@ -20,6 +20,7 @@ use super::*;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
 use crate::model::proxy::json_to_struct;
 use crate::push::config_index::{ConfigIndex, ConfigSet};
+use prost::Message;
 
 const ECHO: &str = "echo.default.svc.cluster.local";
 const IP: &str = "10.0.0.1";
