@@ -414,18 +414,33 @@ pub(crate) mod tests {
         set: ConfigSet,
         mesh: MeshSettings,
     ) -> Snapshot {
+        snapshot_of(vec![(ProviderId::Mock, services)], set, mesh)
+    }
+
+    /// One registry posing as a provider, with its services and their endpoints.
+    pub(crate) type Registry = (ProviderId, Vec<(Service, Vec<meshfed_registry::Endpoint>)>);
+
+    /// A snapshot of registries (clusters `c1`, `c2`, ...), config and mesh.
+    pub(crate) fn snapshot_of(
+        registries: Vec<Registry>,
+        set: ConfigSet,
+        mesh: MeshSettings,
+    ) -> Snapshot {
         let index = Arc::new(EndpointIndex::new());
         let (sink, _rx) = UpdateSink::new(index.clone());
         let aggregate = Aggregate::new("c1");
-        let reg = MemoryRegistry::new("c1", sink);
-        for (s, eps) in services {
-            let key = s.key();
-            reg.add_service(s);
-            if !eps.is_empty() {
-                reg.set_endpoints(&key, eps);
+        for (i, (provider, services)) in registries.into_iter().enumerate() {
+            let reg = MemoryRegistry::with_provider(provider, format!("c{}", i + 1), sink.clone());
+            reg.mark_synced();
+            for (s, eps) in services {
+                let key = s.key();
+                reg.add_service(s);
+                if !eps.is_empty() {
+                    reg.set_endpoints(&key, eps);
+                }
             }
+            aggregate.add_registry(Arc::new(reg));
         }
-        aggregate.add_registry(Arc::new(reg));
         Snapshot::build(
             &Snapshot::empty(),
             &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),

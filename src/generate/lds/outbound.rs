@@ -1928,45 +1928,12 @@ pub(crate) mod tests {
         );
     }
 
-    /// One registry posing as a provider, with its services and their endpoints.
-    pub(crate) type Registry = (
-        meshfed_registry::ProviderId,
-        Vec<(Service, Vec<meshfed_registry::Endpoint>)>,
-    );
+    pub(crate) use super::super::tests::Registry;
 
     /// A snapshot of services with endpoints (one registry per entry, clusters `c1`,
     /// `c2`, ...), the default mesh and no config.
     pub(crate) fn snapshot_with_endpoints(registries: Vec<Registry>) -> Snapshot {
-        use meshfed_registry::{
-            Aggregate, EndpointIndex, MemoryRegistry, PushRequest, TriggerReason, UpdateSink,
-        };
-        let index = Arc::new(EndpointIndex::new());
-        let (sink, _rx) = UpdateSink::new(index.clone());
-        let aggregate = Aggregate::new("c1");
-        for (i, (provider, services)) in registries.into_iter().enumerate() {
-            let reg = MemoryRegistry::with_provider(provider, format!("c{}", i + 1), sink.clone());
-            for (s, eps) in services {
-                let key = s.key();
-                reg.add_service(s);
-                reg.set_endpoints(&key, eps);
-            }
-            aggregate.add_registry(Arc::new(reg));
-        }
-        Snapshot::build(
-            &Snapshot::empty(),
-            &crate::xds::deps::PushScope::new(&PushRequest::forced(TriggerReason::Global)),
-            &aggregate,
-            &index,
-            Arc::new(default_mesh()),
-            &|m| {
-                crate::push::config_index::ConfigIndex::new(
-                    ConfigSet::default(),
-                    "cluster.local",
-                    m,
-                )
-            },
-            1,
-        )
+        super::super::tests::snapshot_of(registries, ConfigSet::default(), default_mesh())
     }
 
     #[test]
