@@ -480,7 +480,17 @@ fn policy_selectors(
             .filter(|l| !l.is_empty())
     }
     let mut out = std::collections::HashMap::new();
-    for key in &request.configs_updated {
+    let security = |k: &&meshfed_registry::ConfigKey| {
+        matches!(
+            k.kind,
+            ConfigKind::PeerAuthentication
+                | ConfigKind::RequestAuthentication
+                | ConfigKind::AuthorizationPolicy
+        )
+    };
+    // Only security policies have selectors that narrow a push (endpoint pushes name
+    // thousands of other keys).
+    for key in request.configs_updated.iter().filter(security) {
         let mut versions = Vec::new();
         for snapshot in [previous, next] {
             let config = snapshot.config();
@@ -501,7 +511,7 @@ fn policy_selectors(
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
-                _ => continue,
+                _ => None,
             };
             versions.extend(selector);
         }

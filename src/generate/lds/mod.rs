@@ -31,6 +31,7 @@ use envoy_types::pb::envoy::extensions::filters::network::http_connection_manage
 #[cfg(any(test, feature = "testing"))]
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::google::protobuf::BoolValue;
+#[cfg(any(test, feature = "testing"))]
 use prost::{Message, Name};
 
 mod gateway;
