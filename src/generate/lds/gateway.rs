@@ -64,63 +64,21 @@ pub const ALL_ISTIO_MTLS_ALPNS: [&str; 5] = [
     "istio-h2",
 ];
 
-/// The authorization filters of a gateway (its AuthorizationPolicies and
+/// The authorization filters of a gateway: its AuthorizationPolicies and
 /// RequestAuthentications, selected as a workload's are, by the router's namespace and
-/// labels): Istio puts the HTTP ones
-/// in every gateway connection manager before the router, and the network ones
-/// before the terminal filter of every TCP chain (TCP and TLS servers, PASSTHROUGH
-/// and AUTO_PASSTHROUGH chains alike).
-#[derive(Debug, Default)]
-struct GatewayAuthz {
-    http: Vec<HttpFilter>,
-    network: Vec<Filter>,
+/// labels, in a sidecar's order (see [`super::InboundAuthz`]). Istio puts the HTTP ones
+/// in every gateway connection manager before the router ([`gateway_hcm`]), and the
+/// network ones before the terminal filter of every TCP chain (TCP and TLS servers,
+/// PASSTHROUGH and AUTO_PASSTHROUGH chains alike).
+fn router_authz(snapshot: &Snapshot, proxy: &ClientView) -> super::InboundAuthz {
+    super::InboundAuthz::select(snapshot, &proxy.namespace, &proxy.labels, false)
 }
 
-impl GatewayAuthz {
-    /// The router's AuthorizationPolicies and RequestAuthentications, in the order of a
-    /// sidecar's (see [`super::InboundAuthz`]).
-    fn for_router(snapshot: &Snapshot, proxy: &ClientView) -> GatewayAuthz {
-        let selected =
-            super::InboundAuthz::select(snapshot, &proxy.namespace, &proxy.labels, false);
-        GatewayAuthz {
-            http: selected.http,
-            network: selected.network,
-        }
-    }
-
-    /// Puts the filters on a chain: into its connection manager, or before its
-    /// network filters.
-    fn apply(&self, chain: &mut ChainOpts) {
-        let is_hcm = chain.filters.first().is_some_and(|f| f.name == HCM_FILTER);
-        if !is_hcm {
-            chain.filters.splice(0..0, self.network.iter().cloned());
-            return;
-        }
-        if self.http.is_empty() {
-            return;
-        }
-        let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
-            return;
-        };
-        let Ok(mut hcm) = <HttpConnectionManager as prost::Message>::decode(any.value.as_slice())
-        else {
-            return;
-        };
-        // After authentication (if any), before CORS, fault injection and the router.
-        let at = hcm
-            .http_filters
-            .iter()
-            .position(|f| {
-                matches!(
-                    f.name.as_str(),
-                    "envoy.filters.http.cors"
-                        | "envoy.filters.http.fault"
-                        | "envoy.filters.http.router"
-                )
-            })
-            .unwrap_or(hcm.http_filters.len());
-        hcm.http_filters.splice(at..at, self.http.iter().cloned());
-        chain.filters[0].config_type = Some(filter::ConfigType::TypedConfig(pack(&hcm)));
+/// Puts the network authorization filters before a TCP chain's filters (connection
+/// managers got the HTTP ones when they were built).
+fn apply_network_authz(authz: &super::InboundAuthz, chain: &mut ChainOpts) {
+    if chain.filters.first().is_some_and(|f| f.name != HCM_FILTER) {
+        chain.filters.splice(0..0, authz.network.iter().cloned());
     }
 }
 
@@ -146,9 +104,7 @@ pub(super) fn listeners(
     let mut by_name: Vec<(String, u16, String, Vec<ChainOpts>)> = Vec::new();
     // Passthrough SNI names already used per listener port (bind-aware).
     let mut tls_hosts: HashMap<u16, HashMap<String, String>> = HashMap::new();
-    // `gatewayTopology.numTrustedProxies` is not modelled: no hop is trusted.
-    let num_trusted_hops = 0;
-    let authz = GatewayAuthz::for_router(snapshot, proxy);
+    let authz = router_authz(snapshot, proxy);
     for port in &merged.ports {
         let bind = if port.bind.is_empty() {
             "0.0.0.0".to_string()
@@ -162,10 +118,12 @@ pub(super) fn listeners(
             merged,
             port,
             &name,
-            num_trusted_hops,
+            &authz.http,
             &mut tls_hosts,
         );
-        chains.iter_mut().for_each(|c| authz.apply(c));
+        chains
+            .iter_mut()
+            .for_each(|c| apply_network_authz(&authz, c));
         match by_name.iter_mut().find(|(n, ..)| *n == name) {
             Some(entry) => entry.3.extend(chains),
             None => by_name.push((name, port.number, bind, chains)),
@@ -189,7 +147,7 @@ fn port_chains(
     merged: &MergedGateway,
     port: &ServerPort,
     listener: &str,
-    num_trusted_hops: u32,
+    http_authz: &[HttpFilter],
     tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
 ) -> Vec<ChainOpts> {
     if Protocol::parse(&port.protocol).is_http() {
@@ -201,7 +159,7 @@ fn port_chains(
             filters: vec![gateway_hcm(
                 &format!("outbound_{listener};"),
                 route,
-                num_trusted_hops,
+                http_authz,
             )],
         }];
     }
@@ -220,11 +178,7 @@ fn port_chains(
                 sni: server.sni_hosts.clone(),
                 alpn: Vec::new(),
                 tls: tls.map(|t| downstream_tls(snapshot, t, false)),
-                filters: vec![gateway_hcm(
-                    &stat_prefix,
-                    &server.route_name,
-                    num_trusted_hops,
-                )],
+                filters: vec![gateway_hcm(&stat_prefix, &server.route_name, http_authz)],
             });
             continue;
         }
@@ -407,11 +361,18 @@ fn auto_passthrough_chains(
 }
 
 /// The connection manager of a gateway chain (Istio's gateway defaults: the gateway is
-/// the edge, client certificate details are sanitized and set).
-fn gateway_hcm(stat_prefix: &str, route: &str, num_trusted_hops: u32) -> Filter {
+/// the edge, client certificate details are sanitized and set), with the router's
+/// authorization filters before the router. `gatewayTopology.numTrustedProxies` is not
+/// modelled: no hop is trusted.
+fn gateway_hcm(stat_prefix: &str, route: &str, authz: &[HttpFilter]) -> Filter {
+    let base = rds_connection_manager(stat_prefix, route);
     let hcm = HttpConnectionManager {
         use_remote_address: Some(BoolValue { value: true }),
-        xff_num_trusted_hops: num_trusted_hops,
+        http_filters: authz
+            .iter()
+            .cloned()
+            .chain(base.http_filters.clone())
+            .collect(),
         forward_client_cert_details: http_connection_manager::ForwardClientCertDetails::SanitizeSet
             as i32,
         set_current_client_cert_details: Some(
@@ -423,7 +384,7 @@ fn gateway_hcm(stat_prefix: &str, route: &str, num_trusted_hops: u32) -> Filter 
                 ..Default::default()
             },
         ),
-        ..rds_connection_manager(stat_prefix, route)
+        ..base
     };
     Filter {
         name: HCM_FILTER.into(),

@@ -957,7 +957,6 @@ pub(super) fn rds_connection_manager(stat_prefix: &str, route: &str) -> HttpConn
     }
 }
 
-/// A TCP proxy to one cluster, the cluster name as stat prefix.
 /// The chain of a capture listener for connections addressed to its own port, which
 /// would loop: they go to the black hole.
 pub(super) fn loop_guard(name: &str, port: u16) -> FilterChain {
@@ -974,6 +973,7 @@ pub(super) fn loop_guard(name: &str, port: u16) -> FilterChain {
     }
 }
 
+/// A TCP proxy to one cluster, the cluster name as stat prefix.
 pub(super) fn tcp_proxy_filter(cluster: &str) -> Filter {
     let proxy = TcpProxy {
         stat_prefix: cluster.to_string(),
