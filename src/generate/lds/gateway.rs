@@ -27,9 +27,8 @@ use envoy_types::pb::envoy::config::core::v3::{
     TrafficDirection, TransportSocket, transport_socket,
 };
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+    Filter, FilterChain, FilterChainMatch, Listener, filter,
 };
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_connection_manager,
 };
@@ -44,7 +43,7 @@ use meshfed_api::networking::v1alpha3::{
 };
 use meshfed_registry::Protocol;
 
-use super::outbound::{TLS_INSPECTOR, rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
+use super::outbound::{rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
 use super::{pack, socket};
 use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
 use crate::generate::policy::{
@@ -560,13 +559,7 @@ fn finish(name: String, bind: &str, port: u16, chains: Vec<ChainOpts>) -> Listen
         traffic_direction: TrafficDirection::Outbound as i32,
         filter_chains,
         listener_filters: if needs_inspector {
-            vec![ListenerFilter {
-                name: TLS_INSPECTOR.into(),
-                config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-                    &TlsInspector::default(),
-                ))),
-                ..Default::default()
-            }]
+            vec![super::tls_inspector()]
         } else {
             Vec::new()
         },

@@ -425,11 +425,8 @@ fn inspectors(chains: &[FilterChain]) -> Vec<ListenerFilter> {
     if need.values().any(|n| n.1) {
         let off: Vec<u16> = need.iter().filter(|(_, n)| !n.1).map(|(p, _)| *p).collect();
         out.push(ListenerFilter {
-            name: outbound::HTTP_INSPECTOR.into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-                &envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector::default(),
-            ))),
             filter_disabled: (!off.is_empty()).then(|| any_port(&off)),
+            ..super::http_inspector()
         });
     }
     out

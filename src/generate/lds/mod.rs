@@ -203,6 +203,17 @@ impl InboundAuthz {
     }
 }
 
+/// The HTTP inspector, for listeners with a chain matching plaintext HTTP ALPNs.
+fn http_inspector() -> ListenerFilter {
+    ListenerFilter {
+        name: outbound::HTTP_INSPECTOR.into(),
+        config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
+            &envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector::default(),
+        ))),
+        ..Default::default()
+    }
+}
+
 /// The TLS inspector, for listeners with a chain matching TLS.
 fn tls_inspector() -> ListenerFilter {
     ListenerFilter {

@@ -59,7 +59,6 @@ use envoy_types::pb::envoy::config::listener::v3::{
     Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
 };
 use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
-use envoy_types::pb::envoy::extensions::filters::listener::http_inspector::v3::HttpInspector;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
@@ -1008,13 +1007,7 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
         });
     }
     let timeout = if needs_http_inspector {
-        listener_filters.push(ListenerFilter {
-            name: HTTP_INSPECTOR.into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-                &HttpInspector::default(),
-            ))),
-            ..Default::default()
-        });
+        listener_filters.push(super::http_inspector());
         PbDuration {
             seconds: i64::try_from(detection_timeout.as_secs()).unwrap_or(i64::MAX),
             nanos: i32::try_from(detection_timeout.subsec_nanos()).unwrap_or(0),
