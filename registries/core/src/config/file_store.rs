@@ -830,7 +830,10 @@ mod tests {
             ])
         );
         assert_eq!(names(&store), ["VirtualService b", "VirtualService b2"]);
-        assert_eq!(counts(&store).1, 0, "nothing was rejected");
+        // Nothing stays rejected. (A reload may have read the in-place append half
+        // written and rejected it then, so the count of failed reloads is not asserted:
+        // on a loaded machine that happens.)
+        assert_eq!(store.rejected(), [], "nothing is rejected");
 
         stop.send(()).unwrap();
         tokio::time::timeout(WAIT, task)
