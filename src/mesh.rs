@@ -13,7 +13,8 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use meshfed_api::mesh::v1alpha1::{MeshConfig, MeshNetworks, mesh_config};
-use meshfed_registry::read::{Backoff, ReadError, read_watched_file, read_watched_file_blocking};
+use meshfed_registry::follow::{FileOptions, FollowOptions, Read, Reload, Settle, WatchedFile};
+use meshfed_registry::read::{ReadError, read_watched_file_blocking};
 use meshfed_registry::watch::PathWatcher;
 use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
 use tracing::{error, info, warn};
@@ -302,106 +303,116 @@ pub fn follow(
     max_file_size: u64,
     shutdown: impl Future<Output = ()>,
 ) -> Result<impl Future<Output = ()>, MeshError> {
-    let mut watcher = PathWatcher::watch(&path, false).map_err(|e| MeshError::Invalid {
+    let watcher = PathWatcher::watch(&path, false).map_err(|e| MeshError::Invalid {
         path: path.display().to_string(),
         reason: format!("cannot watch: {e}"),
     })?;
+    let options = FileOptions {
+        max_file_size,
+        ..FileOptions::default()
+    };
+    let mut follower = MeshFollower {
+        file: WatchedFile::new(path.clone(), options),
+        which,
+        settings,
+        sink,
+        held_content: true,
+    };
     Ok(async move {
-        let mut last: Option<Vec<u8>> = None;
-        let mut backoff = Backoff::default();
-        let mut failure: Option<String> = None;
-        let mut empty_since: Option<tokio::time::Instant> = None;
-        // Whether the settings in force came from a file with content (load_initial's
-        // read included), so that an emptied file waits before it resets them.
-        let mut held_content = true;
-        let mut again: Option<std::time::Duration> = None;
-        let mut shutdown = std::pin::pin!(shutdown);
-        loop {
-            let retry = async {
-                match again {
-                    Some(delay) => tokio::time::sleep(delay).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = &mut shutdown => return,
-                () = retry => {}
-                tick = watcher.changed() => {
-                    if tick.is_none() {
-                        error!("{}: watcher stopped; changes will need a restart", path.display());
-                        return;
-                    }
-                }
-            }
-            again = None;
-            let read = tokio::select! {
-                () = &mut shutdown => return,
-                read = read_watched_file(&path, max_file_size) => read,
-            };
-            let bytes = match read {
-                Ok(b) => {
-                    backoff.reset();
-                    failure = None;
-                    b
-                }
-                Err(err) if err.is_missing() => {
-                    if last.is_some() {
-                        warn!("{err}; keeping the last good content");
-                    }
-                    last = None;
-                    empty_since = None;
-                    continue;
-                }
-                Err(err) => {
-                    let delay = backoff.next_delay();
-                    let message = err.to_string();
-                    if err.is_changing() || failure.as_deref() == Some(message.as_str()) {
-                        tracing::debug!("{message}; reading again in {delay:?}");
-                    } else {
-                        warn!("{message}; keeping the last good content, retrying in {delay:?}");
-                    }
-                    failure = Some(message);
-                    again = Some(delay);
-                    continue;
-                }
-            };
-            let blank = meshfed_registry::read::is_blank;
-            if blank(&bytes) && held_content {
-                // Emptied: a writer may have truncated the file and not written yet.
-                let now = tokio::time::Instant::now();
-                let waited = now.duration_since(*empty_since.get_or_insert(now));
-                if waited < EMPTY_SETTLE {
-                    again = Some(EMPTY_SETTLE - waited);
-                    continue;
-                }
-                warn!(
-                    "{}: the file has stayed empty for {EMPTY_SETTLE:?}; applying the defaults",
-                    path.display()
-                );
-            }
-            empty_since = None;
-            held_content = !blank(&bytes);
-            if last.as_deref() == Some(bytes.as_slice()) {
-                continue;
-            }
-            last = Some(bytes.clone());
-            let text = String::from_utf8_lossy(&bytes);
-            let current = settings.load_full();
-            let mut next = (*current).clone();
-            let applied = match which {
-                MeshFile::Config => parse_mesh_config(&path, &text).map(|c| next.config = c),
-                MeshFile::Networks => parse_mesh_networks(&path, &text).map(|n| next.networks = n),
-            };
-            match applied {
-                Ok(()) => {
-                    if publish(&settings, &current, next, &sink) {
-                        info!(file = %path.display(), "mesh file reloaded; pushing to every proxy");
-                    }
-                }
-                Err(err) => error!("{err}; keeping the previous content"),
-            }
+        // The caller read the file at start-up (`load_initial`): wait for a change.
+        let options = FollowOptions::default();
+        let followed =
+            meshfed_registry::follow::follow(&mut [watcher], &mut follower, options, shutdown)
+                .await;
+        if followed.is_err() {
+            error!(
+                "{}: watcher stopped; changes will need a restart",
+                path.display()
+            );
         }
     })
+}
+
+/// The reload step of one followed mesh file.
+struct MeshFollower {
+    file: WatchedFile,
+    which: MeshFile,
+    settings: Arc<ArcSwap<MeshSettings>>,
+    sink: UpdateSink,
+    /// Whether the settings in force came from a file with content (load_initial's
+    /// read included), so that an emptied file waits before it resets them.
+    held_content: bool,
+}
+
+impl Reload for MeshFollower {
+    async fn reload(&mut self) -> Option<std::time::Duration> {
+        match self.file.read().await {
+            Read::Unchanged => None,
+            Read::Content => self.apply(),
+            Read::Missing {
+                error, had_content, ..
+            } => {
+                if had_content {
+                    warn!("{error}; keeping the last good content");
+                }
+                None
+            }
+            Read::Changing { error, delay } => {
+                tracing::debug!("{error}; reading again in {delay:?}");
+                Some(delay)
+            }
+            Read::Failed {
+                error,
+                repeated,
+                delay,
+            } => {
+                if repeated {
+                    tracing::debug!("{error}; reading again in {delay:?}");
+                } else {
+                    warn!("{error}; keeping the last good content, retrying in {delay:?}");
+                }
+                Some(delay)
+            }
+        }
+    }
+}
+
+impl MeshFollower {
+    /// Applies the content just read (the defaults for a blank file, once it has
+    /// stayed blank for [`EMPTY_SETTLE`]).
+    fn apply(&mut self) -> Option<std::time::Duration> {
+        let path = self.file.path().to_path_buf();
+        let blank = meshfed_registry::read::is_blank(self.file.content());
+        // Emptied: a writer may have truncated the file and not written yet.
+        match self
+            .file
+            .settle(blank && self.held_content, tokio::time::Instant::now())
+        {
+            Settle::Apply => {}
+            Settle::Wait { remaining, .. } => return Some(remaining),
+            Settle::Settled => warn!(
+                "{}: the file has stayed empty for {EMPTY_SETTLE:?}; applying the defaults",
+                path.display()
+            ),
+        }
+        self.held_content = !blank;
+        let text = String::from_utf8_lossy(self.file.content());
+        let current = self.settings.load_full();
+        let mut next = (*current).clone();
+        let applied = match self.which {
+            MeshFile::Config => parse_mesh_config(&path, &text).map(|c| next.config = c),
+            MeshFile::Networks => parse_mesh_networks(&path, &text).map(|n| next.networks = n),
+        };
+        match applied {
+            Ok(()) => {
+                if publish(&self.settings, &current, next, &self.sink) {
+                    info!(file = %path.display(), "mesh file reloaded; pushing to every proxy");
+                }
+            }
+            Err(err) => error!("{err}; keeping the previous content"),
+        }
+        None
+    }
 }
 
 /// Swaps `next` in if it differs from `current` and forces a push naming what changed

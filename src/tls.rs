@@ -316,28 +316,40 @@ impl SecureTls {
         if watchers.is_empty() {
             return shutdown.await;
         }
-        let changed = async {
-            loop {
-                let ticks = watchers.iter_mut().map(|w| Box::pin(w.changed()));
-                let (result, _, _) = futures::future::select_all(ticks).await;
-                if result.is_none() {
-                    error!("watching the serving TLS files stopped; changes will not be picked up");
-                    return;
-                }
-                match self.reload(&source) {
-                    Ok(()) => {
-                        info!(cert = %files.cert.display(), "serving TLS certificate reloaded")
-                    }
-                    Err(err) => warn!(
-                        "serving TLS files changed but do not load; the previous certificate stays: {err}"
-                    ),
-                }
-            }
+        let mut reloader = ServingReload {
+            tls: &self,
+            source: &source,
+            cert: &files.cert,
         };
-        tokio::select! {
-            () = changed => {}
-            () = shutdown => {}
+        // The files were loaded when the state was built: wait for a change.
+        let options = meshfed_registry::follow::FollowOptions::default();
+        let followed =
+            meshfed_registry::follow::follow(&mut watchers, &mut reloader, options, shutdown).await;
+        if followed.is_err() {
+            error!("watching the serving TLS files stopped; changes will not be picked up");
         }
+    }
+}
+
+/// The reload step of the serving files: any change of the three rebuilds the
+/// configuration (no retry: the next change reloads again).
+struct ServingReload<'a> {
+    tls: &'a SecureTls,
+    source: &'a ServingSource,
+    cert: &'a Path,
+}
+
+impl meshfed_registry::follow::Reload for ServingReload<'_> {
+    async fn reload(&mut self) -> Option<Duration> {
+        match self.tls.reload(self.source) {
+            Ok(()) => {
+                info!(cert = %self.cert.display(), "serving TLS certificate reloaded")
+            }
+            Err(err) => warn!(
+                "serving TLS files changed but do not load; the previous certificate stays: {err}"
+            ),
+        }
+        None
     }
 }
 

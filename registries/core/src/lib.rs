@@ -10,6 +10,8 @@
 //!   behind one view with an explicit merge policy.
 //! - [`memory`]: the in-memory (mock) registry; [`mock_file`]: the same, fed from a
 //!   watched YAML file.
+//! - [`follow`]: the one driver of every watched file (the follow loop, settle,
+//!   backoff, last good content, the emptied-file rule).
 //! - [`watch`]: watching config files and directories so that every kind of writer
 //!   (in place, atomic rename, ConfigMap symlink swap) is noticed; [`read`]: reading
 //!   them (regular files only, a size limit, settled content, retries).
@@ -24,6 +26,7 @@ pub mod aggregate;
 pub mod config;
 pub mod endpoints;
 pub mod events;
+pub mod follow;
 pub mod memory;
 pub mod metrics;
 pub mod mock_file;

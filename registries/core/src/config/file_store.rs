@@ -50,6 +50,7 @@ use crate::config::store::{
     ConfigStore, Objects, Published, RejectedConfig, StoreCore, changed_keys,
 };
 use crate::events::{ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
+use crate::follow::{FollowOptions, Reload, Settle, follow, settle_empty};
 use crate::metrics::encode_gauges;
 use crate::read::{Backoff, EMPTY_SETTLE, is_blank, read_watched_file_blocking};
 use crate::watch::{PathWatcher, WatchError};
@@ -243,34 +244,25 @@ pub async fn run_config_dir(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), WatchError> {
     // Watch before the first read, so that a change in between is not lost.
-    let mut watcher = PathWatcher::watch(&dir, true)?;
+    let watcher = PathWatcher::watch(&dir, true)?;
     let mut reloader = Reloader::new(dir, store, max_file_size);
-    let mut shutdown = std::pin::pin!(shutdown);
-    let mut again = tokio::select! {
-        () = &mut shutdown => return Ok(()),
-        next = reloader.reload() => next,
+    let options = FollowOptions {
+        read_at_start: true,
     };
-    reloader.store.inner.core.mark_synced();
-    loop {
-        let retry = async {
-            match again {
-                Some(delay) => tokio::time::sleep(delay).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            () = retry => {}
-            tick = watcher.changed() => if tick.is_none() {
-                let err = WatchError::Stopped { path: reloader.dir };
-                tracing::error!("{err}; the config store keeps its current content");
-                return Err(err);
-            },
-        }
-        again = tokio::select! {
-            () = &mut shutdown => return Ok(()),
-            next = reloader.reload() => next,
-        };
+    let result = follow(&mut [watcher], &mut reloader, options, shutdown).await;
+    if let Err(err) = &result {
+        tracing::error!("{err}; the config store keeps its current content");
+    }
+    result
+}
+
+impl Reload for Reloader {
+    async fn reload(&mut self) -> Option<Duration> {
+        Reloader::reload(self).await
+    }
+
+    fn started(&mut self) {
+        self.store.inner.core.mark_synced();
     }
 }
 
@@ -538,9 +530,10 @@ fn read_dir(
                             .and_then(|s| s.get(&path))
                             .is_some_and(|b| b.as_ref().is_ok_and(|b| !is_blank(b)));
                     if had_content {
-                        let since = *emptied.entry(path.clone()).or_insert(now);
-                        let waited = now.duration_since(since);
-                        if waited < EMPTY_SETTLE {
+                        let mut since = emptied.get(&path).copied();
+                        let settle = settle_empty(&mut since, now, EMPTY_SETTLE);
+                        emptied.extend(since.map(|since| (path.clone(), since)));
+                        if let Settle::Wait { waited, .. } = settle {
                             let message = format!(
                                 "emptied {waited:?} ago: its objects stay until it has been empty \
                                  for {EMPTY_SETTLE:?} (a writer may still be filling it)"
