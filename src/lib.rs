@@ -21,6 +21,7 @@ pub mod model;
 pub mod networks;
 pub mod push;
 pub mod readiness;
+pub mod registries;
 pub mod sds;
 pub mod testing;
 pub mod tls;
