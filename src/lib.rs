@@ -18,6 +18,8 @@ pub mod logging;
 pub mod mesh;
 pub mod metrics;
 pub mod model;
+#[cfg(test)]
+mod module_circles;
 pub mod networks;
 pub mod push;
 pub mod readiness;

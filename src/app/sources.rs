@@ -140,3 +140,124 @@ fn mesh_gateway_lookup(core: &Core) -> MeshGatewayLookup {
             .collect()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+
+    use meshfed_registry::source::{BoxError, BoxFuture, SourceReadiness, StartedSource};
+    use meshfed_registry::{MemoryRegistry, ProviderId, ServiceRegistry};
+    use prometheus_client::metrics::counter::Counter;
+
+    use super::*;
+
+    /// A registry from outside this workspace, as a crate would add it: its own
+    /// provider name, a readiness gate and a metric.
+    #[derive(Debug)]
+    struct Nacos {
+        synced: Arc<AtomicBool>,
+    }
+
+    #[derive(Debug)]
+    struct NacosReadiness(Arc<AtomicBool>);
+
+    impl SourceReadiness for NacosReadiness {
+        fn pending(&self, _within_remote_timeout: bool) -> Vec<String> {
+            if self.0.load(Ordering::Acquire) {
+                Vec::new()
+            } else {
+                vec!["nacos naming service".to_string()]
+            }
+        }
+    }
+
+    impl RegistrySource for Nacos {
+        fn start<'a>(
+            &'a self,
+            ctx: SourceContext<'a>,
+        ) -> BoxFuture<'a, Result<StartedSource, BoxError>> {
+            Box::pin(async move {
+                let registry = MemoryRegistry::with_provider(
+                    ProviderId::Named("Nacos"),
+                    "nacos-dc1",
+                    ctx.sink.clone(),
+                );
+                registry.mark_synced();
+                ctx.aggregate.add_registry(Arc::new(registry.clone()));
+                let requests = Counter::<u64>::default();
+                requests.inc();
+                Ok(StartedSource {
+                    readiness: Some(Arc::new(NacosReadiness(self.synced.clone()))),
+                    metrics: Some(Box::new(move |r| {
+                        r.register("nacos_requests", "Requests to Nacos", requests)
+                    })),
+                    handle: Some(Arc::new(registry)),
+                })
+            })
+        }
+    }
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let response = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_registry_from_another_crate_starts_through_the_trait() {
+        let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let synced = Arc::new(AtomicBool::new(false));
+        let mut config = DiscoveryConfig {
+            grpc_addr: None,
+            secure_grpc_addr: None,
+            http_addr: local,
+            monitoring_addr: local,
+            mock: meshfed_registry::source::MockSource::None,
+            drain_duration: std::time::Duration::ZERO,
+            ..DiscoveryConfig::default()
+        };
+        config.add_registry(Arc::new(Nacos {
+            synced: synced.clone(),
+        }));
+        assert_eq!(config.registries.len(), 1);
+        let server = crate::app::Server::start(config).await.unwrap();
+        let shards: Vec<String> = server
+            .aggregate()
+            .registries()
+            .iter()
+            .map(|r| r.shard_key().to_string())
+            .collect();
+        assert!(
+            shards.contains(&"Nacos/nacos-dc1".to_string()),
+            "{shards:?}"
+        );
+
+        let bound = server.bound();
+        let (status, body) = get(bound.http, "/ready").await;
+        assert_eq!(status, 503);
+        assert!(body.contains("nacos naming service"), "{body}");
+        synced.store(true, Ordering::Release);
+        let (status, body) = get(bound.http, "/ready").await;
+        assert_eq!(status, 200, "{body}");
+        let (_, metrics) = get(bound.monitoring, "/metrics").await;
+        assert!(metrics.contains("nacos_requests_total 1"), "{metrics}");
+        server.shutdown().await;
+    }
+
+    #[test]
+    fn built_in_kinds_keep_their_typed_settings() {
+        let mut config = DiscoveryConfig::default();
+        config.add_registry(Arc::new(meshfed_registry::source::MockSource::None));
+        config.add_registry(Arc::new(crate::app::ConsulSettings::new("http://c:8500")));
+        assert!(matches!(
+            config.mock,
+            meshfed_registry::source::MockSource::None
+        ));
+        assert_eq!(
+            config.consul.as_ref().map(|c| c.url.as_str()),
+            Some("http://c:8500")
+        );
+        assert!(config.registries.is_empty());
+    }
+}

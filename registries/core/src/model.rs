@@ -702,6 +702,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn providers_are_written_and_read_by_name() {
+        for (provider, name) in [
+            (ProviderId::Kubernetes, "\"Kubernetes\""),
+            (ProviderId::External, "\"External\""),
+            (ProviderId::Consul, "\"Consul\""),
+            (ProviderId::Mock, "\"Mock\""),
+            (ProviderId::Named("Nacos"), "\"Nacos\""),
+        ] {
+            assert_eq!(serde_json::to_string(&provider).unwrap(), name);
+        }
+        let read: ProviderId = serde_json::from_str("\"Consul\"").unwrap();
+        assert_eq!(read, ProviderId::Consul);
+        assert!(serde_json::from_str::<ProviderId>("\"Nacos\"").is_err());
+        assert_eq!(
+            ShardKey::new(ProviderId::Named("Nacos"), "dc1").to_string(),
+            "Nacos/dc1"
+        );
+    }
+
+    #[test]
     fn protocol_parse_is_case_insensitive_and_unknown_sniffs() {
         assert_eq!(Protocol::parse("gRPC"), Protocol::Grpc);
         assert_eq!(Protocol::parse("HTTP2"), Protocol::Http2);
