@@ -509,6 +509,33 @@ impl DiscoveryArgs {
         Ok(sources)
     }
 
+    /// The mesh CA the flags ask for (`kube`: with the Kubernetes registry).
+    fn ca_source(&self, kube: bool) -> anyhow::Result<Option<meshfed::app::CaSource>> {
+        if self.cacerts_dir.is_some() && self.ca_dir.is_none() && !kube {
+            bail!(
+                "--cacertsDir needs --caDir or the Kubernetes registry (the mesh CA is off without them)"
+            );
+        }
+        if !self.enable_ca_server && (self.ca_dir.is_some() || self.cacerts_dir.is_some()) {
+            bail!("--caDir and --cacertsDir need --enableCAServer=true");
+        }
+        let ca = match (&self.ca_dir, kube) {
+            _ if !self.enable_ca_server => None,
+            (Some(dir), _) => Some(meshfed::app::CaSource::Dir {
+                cacerts: self.cacerts_dir.clone(),
+                self_signed_dir: dir.clone(),
+            }),
+            (None, true) => Some(meshfed::app::CaSource::Kubernetes {
+                cacerts: self.cacerts_dir.clone(),
+            }),
+            (None, false) => None,
+        };
+        if self.root_cert_file.is_some() && ca.is_none() {
+            bail!("--rootCertFile needs the mesh CA (--caDir, or the Kubernetes registry)");
+        }
+        Ok(ca)
+    }
+
     fn into_config(self) -> anyhow::Result<DiscoveryConfig> {
         let mut registries = DiscoveryConfig {
             mock: MockSource::None,
@@ -524,28 +551,7 @@ impl DiscoveryArgs {
             registries,
             ..
         } = registries;
-        if self.cacerts_dir.is_some() && self.ca_dir.is_none() && kubernetes.is_none() {
-            bail!(
-                "--cacertsDir needs --caDir or the Kubernetes registry (the mesh CA is off without them)"
-            );
-        }
-        if !self.enable_ca_server && (self.ca_dir.is_some() || self.cacerts_dir.is_some()) {
-            bail!("--caDir and --cacertsDir need --enableCAServer=true");
-        }
-        let ca = match (&self.ca_dir, &kubernetes) {
-            _ if !self.enable_ca_server => None,
-            (Some(dir), _) => Some(meshfed::app::CaSource::Dir {
-                cacerts: self.cacerts_dir.clone(),
-                self_signed_dir: dir.clone(),
-            }),
-            (None, Some(_)) => Some(meshfed::app::CaSource::Kubernetes {
-                cacerts: self.cacerts_dir.clone(),
-            }),
-            (None, None) => None,
-        };
-        if self.root_cert_file.is_some() && ca.is_none() {
-            bail!("--rootCertFile needs the mesh CA (--caDir, or the Kubernetes registry)");
-        }
+        let ca = self.ca_source(kubernetes.is_some())?;
         if self.debounce_max < self.debounce_after {
             bail!(
                 "--debounceMax ({:?}) must not be shorter than --debounceAfter ({:?})",

@@ -236,7 +236,7 @@ fn resolve(module: &[String], path: &str) -> Option<Vec<String>> {
                 base.pop()?;
             }
             "self" => {}
-            s if s.is_empty() => {}
+            "" => {}
             s => base.push(s.to_string()),
         }
     }

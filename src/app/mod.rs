@@ -358,7 +358,41 @@ impl Wiring {
         };
         let readiness = self.readiness();
         let ctx = self.xds_context(xds_metrics, &readiness, &sds);
-        let ca_metrics = match &ca {
+        self.serve_xds(listeners.grpc, secure, ctx, ca.as_ref(), trust_domain)
+            .await?;
+        self.register_metrics();
+        self.serve_admin(listeners.http, listeners.monitoring, readiness, ca, sds);
+        info!(
+            grpc = ?bound.grpc, secure_grpc = ?bound.secure_grpc, http = %bound.http, monitoring = %bound.monitoring,
+            registries = ?self.core.aggregate.registries().iter().map(|r| r.shard_key().to_string()).collect::<Vec<_>>(),
+            "meshfed discovery serving"
+        );
+        Ok(Server {
+            bound,
+            trigger,
+            drain_trigger,
+            drain_duration: self.config.drain_duration,
+            tasks: self.tasks,
+            drain_deadline: self.config.drain_deadline,
+            mock_status: self.registries.mock_status(),
+            aggregate: self.core.aggregate,
+            sink: self.core.sink,
+            pipeline: self.core.pipeline,
+            connections: self.core.connections,
+            config_stores: self.core.config_stores,
+        })
+    }
+
+    /// Serves ADS (and CreateCertificate, with a CA) on the plaintext and secure ports.
+    async fn serve_xds(
+        &mut self,
+        grpc: Option<tokio::net::TcpListener>,
+        secure: Option<tokio::net::TcpListener>,
+        ctx: Arc<XdsContext>,
+        ca: Option<&secure::LoadedCa>,
+        trust_domain: String,
+    ) -> anyhow::Result<()> {
+        let ca_metrics = match ca {
             Some((ca, _)) => Some(secure::publish_root(
                 &self.config,
                 ca,
@@ -370,9 +404,9 @@ impl Wiring {
             )?),
             None => None,
         };
-        let ca_ref = ca.as_ref().map(|(ca, _)| ca);
+        let ca_ref = ca.map(|(ca, _)| ca);
         let transport_metrics = TransportMetrics::new(&mut self.metrics_registry);
-        if let Some(grpc) = listeners.grpc {
+        if let Some(grpc) = grpc {
             serve::serve_plaintext(
                 grpc,
                 &self.config.xds_limits,
@@ -403,7 +437,18 @@ impl Wiring {
             )
             .await?;
         }
-        self.register_metrics();
+        Ok(())
+    }
+
+    /// Serves `/ready`, `/metrics` and the debug endpoints.
+    fn serve_admin(
+        &mut self,
+        http: tokio::net::TcpListener,
+        monitoring: tokio::net::TcpListener,
+        readiness: Arc<Readiness>,
+        ca: Option<secure::LoadedCa>,
+        sds: Arc<crate::sds::Sds>,
+    ) {
         let admin_state = AdminState {
             aggregate: self.core.aggregate.clone(),
             pipeline: self.core.pipeline.clone(),
@@ -415,38 +460,19 @@ impl Wiring {
             multicluster: self.registries.remotes(),
             generator: self.config.generator,
             readiness,
-            ca: ca.clone(),
+            ca,
             sds: Some(sds),
         };
         self.tasks.spawn(serve::serve_http(
-            listeners.http,
+            http,
             admin::http_router(admin_state.clone()),
             self.shutdown.clone(),
         ));
         self.tasks.spawn(serve::serve_http(
-            listeners.monitoring,
+            monitoring,
             admin::monitoring_router(admin_state),
             self.shutdown.clone(),
         ));
-        info!(
-            grpc = ?bound.grpc, secure_grpc = ?bound.secure_grpc, http = %bound.http, monitoring = %bound.monitoring,
-            registries = ?self.core.aggregate.registries().iter().map(|r| r.shard_key().to_string()).collect::<Vec<_>>(),
-            "meshfed discovery serving"
-        );
-        Ok(Server {
-            bound,
-            trigger,
-            drain_trigger,
-            drain_duration: self.config.drain_duration,
-            tasks: self.tasks,
-            drain_deadline: self.config.drain_deadline,
-            mock_status: self.registries.mock_status(),
-            aggregate: self.core.aggregate,
-            sink: self.core.sink,
-            pipeline: self.core.pipeline,
-            connections: self.core.connections,
-            config_stores: self.core.config_stores,
-        })
     }
 
     /// Readiness, checked until ready by a task of its own so that the latch is set as

@@ -146,7 +146,7 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use meshfed_registry::source::{BoxError, BoxFuture, SourceReadiness, StartedSource};
-    use meshfed_registry::{MemoryRegistry, ProviderId, ServiceRegistry};
+    use meshfed_registry::{MemoryRegistry, ProviderId};
     use prometheus_client::metrics::counter::Counter;
 
     use super::*;
