@@ -18,9 +18,12 @@ pub mod logging;
 pub mod mesh;
 pub mod metrics;
 pub mod model;
+#[cfg(test)]
+mod module_circles;
 pub mod networks;
 pub mod push;
 pub mod readiness;
+pub mod registries;
 pub mod sds;
 pub mod testing;
 pub mod tls;

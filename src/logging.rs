@@ -15,7 +15,7 @@
 use std::borrow::Cow;
 use std::fmt::{self, Write as _};
 use std::io::IsTerminal;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use tracing::field::{Field, Visit};
 use tracing_subscriber::field::RecordFields;
@@ -188,18 +188,34 @@ fn use_colours() -> bool {
     std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
 }
 
-/// Istio scope names and the modules they cover.
-pub const SCOPES: &[(&str, &str)] = &[
-    ("ads", "meshfed::ads"),
-    ("push", "meshfed::push"),
-    ("model", "meshfed_registry"),
-    ("registry", "meshfed_registry"),
-    ("kube", "meshfed_kube"),
-    ("consul", "meshfed_consul"),
-    ("mesh", "meshfed::mesh"),
-    ("admin", "meshfed::admin"),
-    ("app", "meshfed::app"),
-];
+/// Istio scope names and the modules they cover: the server's, `meshfed-registry`'s,
+/// and every registry kind's ([`crate::registries::KINDS`]).
+pub static SCOPES: LazyLock<Vec<(&'static str, &'static str)>> = LazyLock::new(|| {
+    let mut scopes = vec![("ads", "meshfed::ads"), ("push", "meshfed::push")];
+    scopes.extend(meshfed_registry::LOG_SCOPES);
+    for kind in crate::registries::KINDS {
+        scopes.extend(kind.log_scopes());
+    }
+    scopes.extend([
+        ("mesh", "meshfed::mesh"),
+        ("admin", "meshfed::admin"),
+        ("app", "meshfed::app"),
+    ]);
+    scopes
+});
+
+/// The crates whose logs `default:<level>` sets: this one, `meshfed-registry` and
+/// every registry kind's; everything else stays at `warn`.
+fn own_crates() -> Vec<&'static str> {
+    let mut crates = vec!["meshfed"];
+    for (_, target) in SCOPES.iter() {
+        let krate = target.split("::").next().unwrap_or(target);
+        if !crates.contains(&krate) {
+            crates.push(krate);
+        }
+    }
+    crates
+}
 
 const LEVELS: &[&str] = &["none", "error", "warn", "info", "debug", "trace"];
 
@@ -241,9 +257,11 @@ pub fn translate(spec: &str) -> Result<String, String> {
         directives.extend(targets.iter().map(|t| format!("{t}={level}")));
     }
     // Dependencies stay at warn unless asked for: their info logs are noise here.
-    let mut all = vec![format!(
-        "warn,meshfed={default},meshfed_registry={default},meshfed_kube={default},meshfed_consul={default}"
-    )];
+    let mut first = "warn".to_string();
+    for krate in own_crates() {
+        let _ = write!(first, ",{krate}={default}");
+    }
+    let mut all = vec![first];
     all.extend(directives);
     Ok(all.join(","))
 }
@@ -418,5 +436,24 @@ mod tests {
         let err = translate("pilot:debug").unwrap_err();
         assert!(err.contains("unknown scope \"pilot\""), "{err}");
         assert!(translate("ads:loud").unwrap_err().contains("unknown level"));
+    }
+
+    #[test]
+    fn registry_crates_bring_their_scopes() {
+        let scopes: Vec<&str> = SCOPES.iter().map(|(s, _)| *s).collect();
+        assert_eq!(
+            scopes,
+            [
+                "ads", "push", "model", "registry", "kube", "consul", "mesh", "admin", "app"
+            ]
+        );
+        assert!(translate("default:debug").unwrap().starts_with(
+            "warn,meshfed=debug,meshfed_registry=debug,meshfed_kube=debug,meshfed_consul=debug"
+        ));
+        assert!(
+            translate("consul:warn")
+                .unwrap()
+                .ends_with("meshfed_consul=warn")
+        );
     }
 }

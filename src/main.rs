@@ -3,18 +3,18 @@
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{ArgMatches, Args, FromArgMatches, Parser, Subcommand};
 use meshfed::ads::transport::XdsLimits;
-use meshfed::app::{
-    ConsulSettings, DiscoveryConfig, KubeSettings, KubeSource, MockSource, RemoteSecretSettings,
-    Server,
-};
+use meshfed::app::{DiscoveryConfig, MockSource, Server};
 use meshfed::generate::GeneratorOptions;
 use meshfed::generate::eds::EdsOptions;
 use meshfed::push::debounce::DebounceConfig;
+use meshfed::registries::KINDS;
+use meshfed_registry::source::{CommonSettings, RegistrySource};
 
 /// jemalloc rather than glibc's malloc: a push allocates and frees hundreds of
 /// kilobytes per proxy in bursts, which glibc's heap keeps after they are freed. With
@@ -149,27 +149,13 @@ struct DiscoveryArgs {
     /// present, else Mock (the bundled example).
     #[arg(long = "registries", value_delimiter = ',')]
     registries: Option<Vec<String>>,
-    /// Kubeconfig for the local cluster (else KUBECONFIG, else in-cluster config).
-    #[arg(long = "kubeconfig")]
-    kubeconfig: Option<PathBuf>,
-    /// Only publish services of these namespaces (comma separated; default all).
-    #[arg(long = "appNamespace", value_delimiter = ',')]
-    app_namespace: Vec<String>,
+    /// Every registry kind's own flags (`meshfed::registries::KINDS`).
+    #[command(flatten)]
+    registry_flags: RegistryFlags,
     /// Istio's system namespace (its `topology.istio.io/network` label is the
     /// cluster's default network).
     #[arg(long = "systemNamespace", default_value = "istio-system")]
     system_namespace: String,
-    /// Namespace of the remote-cluster Secrets (labelled `istio/multiCluster=true`, one
-    /// data key per cluster id holding its kubeconfig) in the local cluster. Empty
-    /// turns remote clusters off.
-    #[arg(long = "clusterRegistriesNamespace", default_value = "istio-system")]
-    cluster_registries_namespace: String,
-    /// Kubeconfig options remote-cluster Secrets may use although they run a command or
-    /// read the control plane's files (comma separated): exec, tokenFile,
-    /// clientCertificate, clientKey, certificateAuthority, an auth provider name, or
-    /// all. Refused by default.
-    #[arg(long = "allowInsecureKubeconfig", value_delimiter = ',')]
-    allow_insecure_kubeconfig: Vec<String>,
     /// How long after start readiness waits for the remote clusters that the Secrets
     /// name then (Istio's PILOT_REMOTE_CLUSTER_TIMEOUT); a cluster still syncing after
     /// it keeps syncing in the background. Remote clusters added later never affect
@@ -223,10 +209,6 @@ struct DiscoveryArgs {
     /// changes apply live; an invalid object is rejected alone.
     #[arg(long = "configDir")]
     config_dir: Option<PathBuf>,
-    /// YAML file for the Mock registry (watched; edits apply live). Without it the
-    /// bundled example is served.
-    #[arg(long = "mockRegistryFile")]
-    mock_registry_file: Option<PathBuf>,
     /// Size limit in bytes of every watched file (--mockRegistryFile, --configDir
     /// files, --meshConfig, --networksConfig). A larger file is refused (the last good
     /// content stays); only regular files are read.
@@ -353,33 +335,6 @@ struct DiscoveryArgs {
     /// Answer debug endpoints for non-loopback callers too.
     #[arg(long = "debugAllowRemote", default_value_t = false)]
     debug_allow_remote: bool,
-    /// Consul HTTP API address (with `--registries Consul`).
-    #[arg(long = "consulserverURL", default_value = "http://127.0.0.1:8500")]
-    consul_url: String,
-    /// Consul: delay before retrying a failed query, doubled per further failure up to
-    /// 30s. Changes are followed with blocking queries, not polled.
-    #[arg(long = "consulserverInterval", default_value = "2s", value_parser = parse_duration)]
-    consul_interval: Duration,
-    /// Consul ACL token, sent as X-Consul-Token (else --consulTokenFile, else the
-    /// CONSUL_HTTP_TOKEN environment variable).
-    #[arg(long = "consulToken")]
-    consul_token: Option<String>,
-    /// File holding the Consul ACL token.
-    #[arg(long = "consulTokenFile")]
-    consul_token_file: Option<PathBuf>,
-    /// PEM CA certificate(s) to trust for an https Consul URL.
-    #[arg(long = "consulCACert")]
-    consul_ca_cert: Option<PathBuf>,
-    /// Consul datacenter to read; also the registry's cluster id. Default: the agent's.
-    #[arg(long = "consulDatacenter")]
-    consul_datacenter: Option<String>,
-    /// Consul services become `<name>.<suffix>`; `{dc}` in the suffix is replaced by the
-    /// datacenter (`service.{dc}.consul`).
-    #[arg(long = "consulDomainSuffix", default_value = "service.consul")]
-    consul_domain_suffix: String,
-    /// Mesh namespace of the Consul services.
-    #[arg(long = "consulNamespace", default_value = "default")]
-    consul_namespace: String,
     /// Log levels in Istio's form `scope:level,...` (e.g. `default:info,ads:debug`);
     /// scopes: default, ads, push, model, registry, kube, consul, mesh, admin, app.
     /// RUST_LOG (tracing syntax) overrides it. Changeable at run time via /logging.
@@ -397,6 +352,32 @@ struct DiscoveryArgs {
     /// clean shutdown. `/ready` on httpAddr says when the registries have synced.
     #[arg(long = "readyFile")]
     ready_file: Option<PathBuf>,
+}
+
+/// The flags of every registry kind (`meshfed::registries::KINDS`), each kind's own
+/// `clap::Args`; kept as parsed and read by the kinds `--registries` names.
+#[derive(Clone, Debug)]
+struct RegistryFlags(ArgMatches);
+
+impl FromArgMatches for RegistryFlags {
+    fn from_arg_matches(matches: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(RegistryFlags(matches.clone()))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &ArgMatches) -> Result<(), clap::Error> {
+        self.0 = matches.clone();
+        Ok(())
+    }
+}
+
+impl Args for RegistryFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        KINDS.iter().fold(cmd, |cmd, kind| kind.augment_args(cmd))
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 /// Writes the `--readyFile` JSON for `bound` to `path` atomically.
@@ -452,29 +433,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl DiscoveryArgs {
-    fn consul_settings(&self) -> anyhow::Result<ConsulSettings> {
-        let token = match (&self.consul_token, &self.consul_token_file) {
-            (Some(token), _) => Some(token.clone()),
-            (None, Some(file)) => Some(
-                std::fs::read_to_string(file)
-                    .with_context(|| format!("--consulTokenFile {}", file.display()))?
-                    .trim()
-                    .to_string(),
-            ),
-            (None, None) => std::env::var("CONSUL_HTTP_TOKEN").ok(),
-        };
-        Ok(ConsulSettings {
-            token: token.filter(|t| !t.is_empty()),
-            ca_cert: self.consul_ca_cert.clone(),
-            datacenter: self.consul_datacenter.clone(),
-            domain_suffix: self.consul_domain_suffix.clone(),
-            namespace: self.consul_namespace.as_str().into(),
-            retry_interval: self.consul_interval,
-            max_retry_interval: self.consul_interval.max(Duration::from_secs(30)),
-            ..ConsulSettings::new(&self.consul_url)
-        })
-    }
-
     fn secure_settings(&self) -> anyhow::Result<meshfed::app::SecureSettings> {
         let tls_files = match (&self.tls_cert_file, &self.tls_key_file, &self.ca_cert_file) {
             (None, None, None) => None,
@@ -515,56 +473,45 @@ impl DiscoveryArgs {
         })
     }
 
-    fn into_config(self) -> anyhow::Result<DiscoveryConfig> {
-        let mut mock = MockSource::None;
-        let mut kubernetes = None;
-        let mut consul = None;
-        let registries = self.registries.clone().unwrap_or_else(|| {
-            let kube_present = self.kubeconfig.is_some()
-                || std::env::var_os("KUBECONFIG").is_some()
-                || std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-            vec![if kube_present { "Kubernetes" } else { "Mock" }.to_string()]
+    /// The registries `--registries` names (by default Kubernetes when a kubeconfig is
+    /// found, else the mock registry's bundled example), each built from its kind's
+    /// flags; a kind not named must not have been given flags.
+    fn registry_sources(&self) -> anyhow::Result<Vec<Arc<dyn RegistrySource>>> {
+        let flags = &self.registry_flags.0;
+        let names = self.registries.clone().unwrap_or_else(|| {
+            let detected = KINDS.iter().find(|k| k.detected(flags));
+            vec![detected.map_or("Mock", |k| k.name()).to_string()]
         });
-        for registry in &registries {
-            match registry.trim() {
-                "Kubernetes" | "kubernetes" => {
-                    kubernetes = Some(KubeSettings {
-                        source: KubeSource::Kubeconfig(self.kubeconfig.clone()),
-                        namespaces: if self.app_namespace.is_empty() {
-                            meshfed_kube::NamespaceFilter::All
-                        } else {
-                            meshfed_kube::NamespaceFilter::Names(
-                                self.app_namespace.iter().cloned().collect(),
-                            )
-                        },
-                        system_namespace: self.system_namespace.clone(),
-                        remote_secrets: RemoteSecretSettings {
-                            namespace: Some(self.cluster_registries_namespace.clone())
-                                .filter(|ns| !ns.is_empty()),
-                            allow_insecure: self.allow_insecure_kubeconfig.clone(),
-                        },
-                    });
-                }
-                "Mock" | "mock" => {
-                    mock = match &self.mock_registry_file {
-                        Some(path) => MockSource::File(path.clone()),
-                        None => MockSource::Embedded,
-                    }
-                }
-                "Consul" | "consul" => consul = Some(self.consul_settings()?),
-                "" => {}
-                other => bail!(
-                    "--registries: unknown or not yet supported registry {other:?} (supported: Kubernetes, Consul, Mock)"
-                ),
-            }
+        let common = CommonSettings {
+            cluster_id: self.cluster_id.as_str().into(),
+            system_namespace: self.system_namespace.clone(),
+        };
+        let mut selected: Vec<&str> = Vec::new();
+        let mut sources = Vec::new();
+        for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+            let Some(kind) = meshfed::registries::kind(name) else {
+                let supported: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+                bail!(
+                    "--registries: unknown or not yet supported registry {name:?} (supported: {})",
+                    supported.join(", ")
+                );
+            };
+            sources.push(
+                kind.source(flags, &common)
+                    .map_err(|e| anyhow::anyhow!(e))?,
+            );
+            selected.push(kind.name());
         }
-        if kubernetes.is_none() && self.kubeconfig.is_some() {
-            bail!("--kubeconfig needs the Kubernetes registry in --registries");
+        for kind in KINDS.iter().filter(|k| !selected.contains(&k.name())) {
+            kind.check_unselected(flags)
+                .map_err(|e| anyhow::anyhow!(e))?;
         }
-        if matches!(mock, MockSource::None) && self.mock_registry_file.is_some() {
-            bail!("--mockRegistryFile needs the Mock registry in --registries");
-        }
-        if self.cacerts_dir.is_some() && self.ca_dir.is_none() && kubernetes.is_none() {
+        Ok(sources)
+    }
+
+    /// The mesh CA the flags ask for (`kube`: with the Kubernetes registry).
+    fn ca_source(&self, kube: bool) -> anyhow::Result<Option<meshfed::app::CaSource>> {
+        if self.cacerts_dir.is_some() && self.ca_dir.is_none() && !kube {
             bail!(
                 "--cacertsDir needs --caDir or the Kubernetes registry (the mesh CA is off without them)"
             );
@@ -572,20 +519,39 @@ impl DiscoveryArgs {
         if !self.enable_ca_server && (self.ca_dir.is_some() || self.cacerts_dir.is_some()) {
             bail!("--caDir and --cacertsDir need --enableCAServer=true");
         }
-        let ca = match (&self.ca_dir, &kubernetes) {
+        let ca = match (&self.ca_dir, kube) {
             _ if !self.enable_ca_server => None,
             (Some(dir), _) => Some(meshfed::app::CaSource::Dir {
                 cacerts: self.cacerts_dir.clone(),
                 self_signed_dir: dir.clone(),
             }),
-            (None, Some(_)) => Some(meshfed::app::CaSource::Kubernetes {
+            (None, true) => Some(meshfed::app::CaSource::Kubernetes {
                 cacerts: self.cacerts_dir.clone(),
             }),
-            (None, None) => None,
+            (None, false) => None,
         };
         if self.root_cert_file.is_some() && ca.is_none() {
             bail!("--rootCertFile needs the mesh CA (--caDir, or the Kubernetes registry)");
         }
+        Ok(ca)
+    }
+
+    fn into_config(self) -> anyhow::Result<DiscoveryConfig> {
+        let mut registries = DiscoveryConfig {
+            mock: MockSource::None,
+            ..DiscoveryConfig::default()
+        };
+        for source in self.registry_sources()? {
+            registries.add_registry(source);
+        }
+        let DiscoveryConfig {
+            mock,
+            kubernetes,
+            consul,
+            registries,
+            ..
+        } = registries;
+        let ca = self.ca_source(kubernetes.is_some())?;
         if self.debounce_max < self.debounce_after {
             bail!(
                 "--debounceMax ({:?}) must not be shorter than --debounceAfter ({:?})",
@@ -611,6 +577,7 @@ impl DiscoveryArgs {
             kubernetes,
             kube_config_store: self.kube_config_store,
             consul,
+            registries,
             config_dir: self.config_dir,
             debounce: DebounceConfig {
                 quiet: self.debounce_after,

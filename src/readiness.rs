@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use meshfed_registry::config::ConfigStore;
+use meshfed_registry::source::SourceReadiness;
 use meshfed_registry::{Aggregate, ClusterId, ProviderId};
 use tokio::time::Instant;
 use tracing::info;
@@ -20,7 +21,9 @@ use tracing::info;
 pub struct Readiness {
     aggregate: Arc<Aggregate>,
     stores: Vec<Arc<dyn ConfigStore>>,
-    multicluster: Option<Arc<meshfed_kube::SecretController>>,
+    /// What the registry sources wait for beyond their registries (the remote-cluster
+    /// Secrets and the clusters they name).
+    gates: Vec<Arc<dyn SourceReadiness>>,
     local_cluster: ClusterId,
     started: Instant,
     remote_timeout: Duration,
@@ -33,18 +36,19 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    /// Readiness of a server that starts now.
+    /// Readiness of a server that starts now, waiting for `aggregate`'s registries,
+    /// `stores` and the sources' own `gates`.
     pub fn new(
         aggregate: Arc<Aggregate>,
         stores: Vec<Arc<dyn ConfigStore>>,
-        multicluster: Option<Arc<meshfed_kube::SecretController>>,
+        gates: impl IntoIterator<Item = Arc<dyn SourceReadiness>>,
         local_cluster: ClusterId,
         remote_timeout: Duration,
     ) -> Self {
         Readiness {
             aggregate,
             stores,
-            multicluster,
+            gates: gates.into_iter().collect(),
             local_cluster,
             started: Instant::now(),
             remote_timeout,
@@ -84,19 +88,9 @@ impl Readiness {
         // Clusters named by remote-cluster Secrets; their registries are judged by the
         // start-up rule, not as local ones.
         let mut remote: BTreeSet<ClusterId> = BTreeSet::new();
-        if let Some(multicluster) = &self.multicluster {
-            if !multicluster.has_synced() {
-                pending.push("remote cluster secrets (initial list)".to_string());
-            }
-            for cluster in multicluster.clusters() {
-                if !cluster.synced && waiting_for_remotes {
-                    pending.push(format!(
-                        "remote cluster {} (waited for at most {:?} after start, --remoteClusterTimeout)",
-                        cluster.cluster, self.remote_timeout
-                    ));
-                }
-                remote.insert(cluster.cluster);
-            }
+        for gate in &self.gates {
+            pending.extend(gate.pending(waiting_for_remotes));
+            remote.extend(gate.remote_clusters());
         }
         for registry in self.aggregate.registries() {
             if registry.has_synced() {

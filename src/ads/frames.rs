@@ -355,8 +355,9 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
     }
 }
 
-/// The largest request message accepted (tonic's default limit).
-pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
+/// The largest request message accepted (tonic's default limit); the transport's
+/// per-connection byte budget always admits one.
+pub use super::transport::MAX_REQUEST;
 
 /// Why reading a request failed.
 #[derive(Debug)]

@@ -312,6 +312,11 @@ fn is_per_connection(err: &io::Error) -> bool {
     )
 }
 
+/// The largest request message accepted (tonic's default limit): the request framing
+/// (`frames`) refuses larger ones, and a connection's request-byte budget always
+/// admits one whole message with its 5-byte gRPC header.
+pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
+
 /// The first and the longest pause after a failed accept.
 const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
 
@@ -330,9 +335,7 @@ impl Acceptor {
     /// Accepts from `listener`.
     pub fn new(listener: TcpListener, mut limits: XdsLimits, metrics: TransportMetrics) -> Self {
         // One whole request message always fits.
-        limits.connection_request_bytes = limits
-            .connection_request_bytes
-            .max(super::frames::MAX_REQUEST + 5);
+        limits.connection_request_bytes = limits.connection_request_bytes.max(MAX_REQUEST + 5);
         Acceptor {
             listener,
             limits,

@@ -17,6 +17,8 @@
 //! - [`blocking`]: the blocking-query index rules ([`BlockingIndex`]) and the loops.
 //! - [`convert`]: the pure conversions (ports, protocol, labels, health, ...).
 //! - [`registry`]: the read handle and its counters ([`ConsulStats`]).
+//! - [`source`]: the registry as the server starts it ([`ConsulKind`]: `--registries
+//!   Consul` and the `--consul*` flags).
 //! - `fake` (feature `test-support`): a fake Consul HTTP API for tests here and in
 //!   the crates that use this one.
 
@@ -27,9 +29,11 @@ pub mod convert;
 #[cfg(feature = "test-support")]
 pub mod fake;
 pub mod registry;
+pub mod source;
 mod writer;
 
 pub use api::{ApiError, ConsulClient};
 pub use blocking::{BlockingIndex, IndexMove};
 pub use config::{ConsulConfig, DATACENTER_PLACEHOLDER, Error, Result};
 pub use registry::{ConsulRegistry, ConsulStats};
+pub use source::{ConsulArgs, ConsulKind};

@@ -19,6 +19,8 @@
 //!   validation, the [`ConfigStore`] trait, the memory and config-directory stores.
 //! - [`serviceentry`]: the ServiceEntry / WorkloadEntry registry (provider `External`),
 //!   fed from config stores.
+//! - [`source`]: a registry as a source the server starts ([`RegistrySource`], its
+//!   command-line side [`RegistryKind`]), and the mock and ServiceEntry sources.
 //! - [`metrics`]: how the components here (and in the registry crates) define and
 //!   register the Prometheus metrics of the state they own.
 
@@ -34,6 +36,7 @@ pub mod model;
 pub mod read;
 pub mod registry;
 pub mod serviceentry;
+pub mod source;
 pub mod watch;
 
 pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices, WorkloadSources};
@@ -48,4 +51,12 @@ pub use mock_file::{
 pub use model::*;
 pub use registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};
 pub use serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
+pub use source::{RegistryKind, RegistrySource, SourceContext, StartedSource};
 pub use watch::{PathWatcher, WatchError};
+
+/// Istio log scopes of this crate (`--log_output_level scope:level`) and the tracing
+/// target each covers.
+pub const LOG_SCOPES: &[(&str, &str)] = &[
+    ("model", "meshfed_registry"),
+    ("registry", "meshfed_registry"),
+];

@@ -105,8 +105,10 @@ impl Hostname {
 }
 
 /// Which kind of registry produced a service or an endpoint shard. The names are
-/// Istio's provider ids (`External` is the ServiceEntry registry).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize, Deserialize)]
+/// Istio's provider ids (`External` is the ServiceEntry registry); a registry crate
+/// outside this workspace's built-in ones names its own ([`ProviderId::Named`]).
+/// Serialized as its name.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum ProviderId {
     /// A Kubernetes cluster (local or remote).
     Kubernetes,
@@ -116,6 +118,8 @@ pub enum ProviderId {
     Consul,
     /// The in-memory mock registry (tests, demos, the mock-registry file).
     Mock,
+    /// Any other registry, by the provider name it gives itself (`Nacos`, `Eureka`).
+    Named(&'static str),
 }
 
 impl ProviderId {
@@ -126,6 +130,7 @@ impl ProviderId {
             ProviderId::External => "External",
             ProviderId::Consul => "Consul",
             ProviderId::Mock => "Mock",
+            ProviderId::Named(name) => name,
         }
     }
 }
@@ -133,6 +138,30 @@ impl ProviderId {
 impl fmt::Display for ProviderId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl Serialize for ProviderId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ProviderId {
+    /// The built-in providers by name; a [`ProviderId::Named`] one is never read back.
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Ok(match name.as_str() {
+            "Kubernetes" => ProviderId::Kubernetes,
+            "External" => ProviderId::External,
+            "Consul" => ProviderId::Consul,
+            "Mock" => ProviderId::Mock,
+            other => {
+                return Err(serde::de::Error::custom(format!(
+                    "unknown provider {other:?} (known: Kubernetes, External, Consul, Mock)"
+                )));
+            }
+        })
     }
 }
 
@@ -671,6 +700,26 @@ pub struct ServiceTarget {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn providers_are_written_and_read_by_name() {
+        for (provider, name) in [
+            (ProviderId::Kubernetes, "\"Kubernetes\""),
+            (ProviderId::External, "\"External\""),
+            (ProviderId::Consul, "\"Consul\""),
+            (ProviderId::Mock, "\"Mock\""),
+            (ProviderId::Named("Nacos"), "\"Nacos\""),
+        ] {
+            assert_eq!(serde_json::to_string(&provider).unwrap(), name);
+        }
+        let read: ProviderId = serde_json::from_str("\"Consul\"").unwrap();
+        assert_eq!(read, ProviderId::Consul);
+        assert!(serde_json::from_str::<ProviderId>("\"Nacos\"").is_err());
+        assert_eq!(
+            ShardKey::new(ProviderId::Named("Nacos"), "dc1").to_string(),
+            "Nacos/dc1"
+        );
+    }
 
     #[test]
     fn protocol_parse_is_case_insensitive_and_unknown_sniffs() {

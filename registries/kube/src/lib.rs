@@ -20,6 +20,9 @@
 //!   and the `SubjectAccessReview` that authorizes a proxy to read them.
 //! - [`root_cert`]: the root certificate published to every namespace
 //!   (ConfigMap `istio-ca-root-cert`) by the leader.
+//! - [`source`]: the registry as the server starts it ([`KubeKind`]: `--registries
+//!   Kubernetes` and its flags; [`KubeSettings`]; [`KubeCluster`], the client it hands
+//!   back).
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
 //!   format, for tests here and in the crates that use this one.
 
@@ -34,6 +37,7 @@ pub mod multicluster;
 pub mod registry;
 pub mod root_cert;
 pub mod secrets;
+pub mod source;
 mod state;
 pub mod token_review;
 mod writer;
@@ -57,3 +61,4 @@ pub use secrets::{SecretData, SecretUpdate, follow_secret, may_list_secrets};
 pub use token_review::{ReviewedAccount, TokenReviewError, review_token};
 pub mod crd;
 pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};
+pub use source::{KubeArgs, KubeCluster, KubeKind, KubeSettings, KubeSource, RemoteSecretSettings};

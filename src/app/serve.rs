@@ -1,0 +1,136 @@
+//! The gRPC (xDS, CreateCertificate) and HTTP (admin, monitoring) servers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tracing::error;
+
+use crate::ads::server::{AdsService, XdsContext};
+use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
+use crate::ca::Ca;
+use crate::cert_service::{CaMetrics, CertificateService};
+use crate::drain::Shutdown;
+
+pub(super) async fn serve_grpc<IO, IE>(
+    incoming: impl futures::Stream<Item = Result<IO, IE>> + Send + 'static,
+    limits: XdsLimits,
+    ads: AdsService,
+    certificates: Option<CertificateService>,
+    mut shutdown: Shutdown,
+) where
+    IO: tokio::io::AsyncRead
+        + tokio::io::AsyncWrite
+        + tonic::transport::server::Connected<ConnectInfo = XdsConnectInfo>
+        + Unpin
+        + Send
+        + 'static,
+    IE: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut server = tonic::transport::Server::builder()
+        // Istio's GRPC_KEEPALIVE_INTERVAL and GRPC_KEEPALIVE_TIMEOUT.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .max_concurrent_streams(limits.max_concurrent_streams);
+    if let Some(age) = limits.max_connection_age {
+        // Istio's grace after the GOAWAY of an aged connection.
+        server = server
+            .max_connection_age(age)
+            .max_connection_age_grace(Duration::from_secs(10));
+    }
+    let result = server
+        // Any call on the port (every service mounted here) ends the handshake
+        // deadline of its connection.
+        .layer(tonic::service::InterceptorLayer::new(
+            |request: tonic::Request<()>| {
+                if let Some(info) = request.extensions().get::<XdsConnectInfo>() {
+                    info.control.stream_started();
+                }
+                Ok(request)
+            },
+        ))
+        .add_service(ads)
+        .add_optional_service(certificates)
+        .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
+        .await;
+    if let Err(err) = result {
+        error!("xDS server failed: {err}");
+    }
+}
+
+pub(super) async fn serve_http(
+    listener: TcpListener,
+    router: axum::Router,
+    mut shutdown: Shutdown,
+) {
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    if let Err(err) = axum::serve(listener, service)
+        .with_graceful_shutdown(async move { shutdown.wait().await })
+        .await
+    {
+        error!("admin HTTP server failed: {err}");
+    }
+}
+
+/// The plaintext listeners, bound.
+pub(super) struct Listeners {
+    /// The plaintext xDS port, unless turned off.
+    pub(super) grpc: Option<TcpListener>,
+    pub(super) http: TcpListener,
+    pub(super) monitoring: TcpListener,
+}
+
+impl Listeners {
+    /// Binds the plaintext xDS, HTTP and monitoring addresses.
+    pub(super) async fn bind(config: &super::DiscoveryConfig) -> anyhow::Result<Listeners> {
+        let grpc = match config.grpc_addr {
+            Some(addr) => Some(
+                TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the xDS address {addr} (--grpcAddr)"))?,
+            ),
+            None => None,
+        };
+        let http = TcpListener::bind(config.http_addr).await.with_context(|| {
+            format!("binding the HTTP address {} (--httpAddr)", config.http_addr)
+        })?;
+        let monitoring = TcpListener::bind(config.monitoring_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "binding the monitoring address {} (--monitoringAddr)",
+                    config.monitoring_addr
+                )
+            })?;
+        Ok(Listeners {
+            grpc,
+            http,
+            monitoring,
+        })
+    }
+}
+
+/// Serves ADS on the plaintext port. CreateCertificate is there too but has no
+/// authenticator and refuses every caller, as istiod does on 15010.
+pub(super) fn serve_plaintext(
+    listener: TcpListener,
+    limits: &XdsLimits,
+    ctx: Arc<XdsContext>,
+    ca: Option<(&Arc<Ca>, CaMetrics)>,
+    transport_metrics: TransportMetrics,
+    draining: Shutdown,
+    tasks: &mut JoinSet<()>,
+) {
+    let certificates = ca.map(|(ca, metrics)| CertificateService::new(ca.clone(), None, metrics));
+    let acceptor = Acceptor::new(listener, limits.clone(), transport_metrics);
+    tasks.spawn(serve_grpc(
+        acceptor.into_stream(),
+        limits.clone(),
+        AdsService::new(ctx),
+        certificates,
+        draining,
+    ));
+}
