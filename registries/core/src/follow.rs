@@ -19,6 +19,11 @@
 //!   the file and fills it later (`{ sleep 1; cat good.yaml; } > file`) is not a
 //!   deletion of everything in it.
 //!
+//! The config directory uses the loop and [`settle_empty`] per file (it reads many
+//! files, with its own listing); the serving TLS files use the loop only (their three
+//! files are read together whenever the configuration is rebuilt, and a rebuild that
+//! fails waits for the next change).
+//!
 //! Parsing, applying, logging and metrics stay with each user: they differ per file
 //! (what "empty" means, the texts of the logs, the names of the metrics), and the
 //! driver hands the user each decision as a value ([`Read`], [`Settle`]) so the user
