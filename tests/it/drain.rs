@@ -95,13 +95,14 @@ fn mock_registry(services: usize) -> String {
 }
 
 /// One simulated proxy that follows CDS, reconnecting to the next address when its
-/// stream ends, until it holds `want` clusters named in `needed`.
+/// stream ends, until it holds `want` clusters named in `needed`. It hands back its
+/// client, so its stream stays open while the caller counts the server's connections.
 async fn follow(
     addrs: [std::net::SocketAddr; 2],
     first: usize,
     id: String,
     needed: String,
-) -> (usize, Instant) {
+) -> (usize, Instant, AdsClient) {
     let mut at = first;
     let mut reconnects = 0;
     loop {
@@ -121,7 +122,7 @@ async fn follow(
         loop {
             match client.recv_clusters().await {
                 Ok(clusters) if clusters.iter().any(|c| c.name == needed) => {
-                    return (reconnects, Instant::now());
+                    return (reconnects, Instant::now(), client);
                 }
                 Ok(_) => continue,
                 Err(_) => break,
@@ -193,16 +194,19 @@ async fn when_one_of_two_replicas_stops_every_proxy_moves_to_the_other_and_is_cu
         .expect("every proxy is current within a minute");
     let mut moved = 0;
     let mut last = stopped;
+    let mut clients = Vec::new();
     for result in results {
-        let (reconnects, at) = result.unwrap();
+        let (reconnects, at, client) = result.unwrap();
         moved += usize::from(reconnects > 0);
         last = last.max(at);
+        clients.push(client);
     }
     assert_eq!(
         moved, 100,
         "the proxies of the stopped replica moved, the others stayed"
     );
     assert_eq!(b.server().connections().len(), 200);
+    drop(clients);
     eprintln!(
         "failover: 100 of 200 proxies moved; all 200 current {:?} after the replica began to stop (drain 1 s)",
         last - stopped
