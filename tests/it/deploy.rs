@@ -268,10 +268,18 @@ fn the_pods_run_as_non_root_on_a_read_only_filesystem() {
     assert_eq!(hpa["spec"]["minReplicas"], spec["replicas"]);
 }
 
-/// The arguments name only flags `meshfed discovery` has (read from src/main.rs).
+/// The arguments name only flags `meshfed discovery` has (read from src/main.rs and
+/// the registry crates' flags in their `source` modules).
 #[test]
 fn the_arguments_are_flags_the_binary_has() {
-    let main = read(&root().join("src/main.rs"));
+    let main = [
+        "src/main.rs",
+        "registries/kube/src/source.rs",
+        "registries/consul/src/source.rs",
+        "registries/core/src/source/mock.rs",
+    ]
+    .map(|file| read(&root().join(file)))
+    .concat();
     let known: BTreeSet<&str> = main
         .split("long = \"")
         .skip(1)
