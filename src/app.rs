@@ -12,9 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 use arc_swap::ArcSwap;
 use meshfed_kube::{KubeConfigStore, KubeConfigStoreConfig};
-use meshfed_registry::config::{
-    ConfigObject, ConfigStore, FileConfigStore, MemoryConfigStore, Spec, run_config_dir,
-};
+use meshfed_registry::config::{ConfigStore, FileConfigStore, MemoryConfigStore, run_config_dir};
 use meshfed_registry::mock_file::{self, MockFileStatus};
 use meshfed_registry::serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
 use meshfed_registry::{
@@ -37,10 +35,10 @@ use crate::cert_service::{CaMetrics, CertificateService};
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::generate::GeneratorOptions;
 use crate::mesh::{self, MeshFile, MeshSettings};
-use crate::push::config_index::{Config, ConfigIndex, ConfigSet};
+use crate::push::config_source::{IgnoredMetrics, config_source};
 use crate::push::debounce::DebounceConfig;
 use crate::push::snapshot::Snapshot;
-use crate::push::{ConfigSourceFn, Pipeline, PushMetrics};
+use crate::push::{Pipeline, PushMetrics};
 use crate::readiness::Readiness;
 
 /// The mock registry served when no file is given: a small echo service, so a
@@ -511,79 +509,6 @@ impl ConfigStores {
         tasks.spawn(registry.clone().run(async move { stop.wait().await }));
         registry
     }
-
-    /// Builds the snapshot's config index from every store.
-    fn source(
-        &self,
-        domain: &str,
-        metrics: Arc<PushMetrics>,
-        jwks: crate::jwks::JwksResolver,
-    ) -> ConfigSourceFn {
-        let stores = self.all();
-        let domain = domain.to_string();
-        // The security objects last warned about, so a WARN goes out when they change.
-        let warned: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
-        Arc::new(move |mesh| {
-            let mut set = ConfigSet::default();
-            let rejected: usize = stores.iter().map(|s| s.rejected().len()).sum();
-            metrics.config_rejected.set(rejected as i64);
-            let mut not_enforced = Vec::new();
-            for store in &stores {
-                for object in store.all() {
-                    if let Some(gap) = meshfed_registry::config::validate::not_enforced_in(
-                        &object,
-                        Some(&mesh.config),
-                    ) {
-                        not_enforced.push(format!(
-                            "{} {}/{} ({}): {gap}",
-                            object.kind, object.namespace, object.name, object.source
-                        ));
-                    }
-                    add_to_set(&mut set, &object);
-                }
-            }
-            metrics.config_not_enforced.set(not_enforced.len() as i64);
-            not_enforced.sort();
-            let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
-            if *last != not_enforced {
-                if !not_enforced.is_empty() {
-                    tracing::warn!(
-                        objects = %not_enforced.join("; "),
-                        "security.istio.io objects meshfed does not fully apply yet"
-                    );
-                }
-                *last = not_enforced;
-            }
-            // The keys of the RequestAuthentications as fetched so far; new ones are
-            // fetched now and push when they arrive.
-            let keys = jwks.table_for(&set.request_authentications);
-            ConfigIndex::new(set, &domain, mesh).with_jwks(keys)
-        })
-    }
-}
-
-fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
-    fn wrap<T: Clone>(o: &ConfigObject, spec: &T) -> Config<T> {
-        Config {
-            name: o.name.clone(),
-            namespace: o.namespace.clone(),
-            labels: o.labels.clone(),
-            annotations: o.annotations.clone(),
-            creation_time: o.creation_time,
-            spec: spec.clone(),
-        }
-    }
-    match &object.spec {
-        Spec::VirtualService(vs) => set.virtual_services.push(wrap(object, vs)),
-        Spec::DestinationRule(dr) => set.destination_rules.push(wrap(object, dr)),
-        Spec::Gateway(g) => set.gateways.push(wrap(object, g)),
-        Spec::Sidecar(sc) => set.sidecars.push(wrap(object, sc)),
-        Spec::PeerAuthentication(pa) => set.peer_authentications.push(wrap(object, pa)),
-        Spec::RequestAuthentication(ra) => set.request_authentications.push(wrap(object, ra)),
-        Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(wrap(object, ap)),
-        // ServiceEntry and WorkloadEntry feed the service registry, not the indexes.
-        Spec::ServiceEntry(_) | Spec::WorkloadEntry(_) => {}
-    }
 }
 
 impl Server {
@@ -641,7 +566,15 @@ impl Server {
             connections.clone(),
             push_metrics.clone(),
             mesh_settings.clone(),
-            config_stores.source(&config.domain, push_metrics, jwks),
+            {
+                IgnoredMetrics::register(config_stores.all(), &mut metrics_registry);
+                config_source(
+                    config_stores.all(),
+                    &config.domain,
+                    push_metrics,
+                    move |ra| jwks.table_for(ra),
+                )
+            },
         ));
 
         for (path, which) in [

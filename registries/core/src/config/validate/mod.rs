@@ -233,17 +233,7 @@ pub fn validate(obj: &ConfigObject) -> Validation {
             ),
         );
     }
-    let spec = match &obj.spec {
-        Spec::VirtualService(s) => validate_virtual_service(&obj.namespace, s),
-        Spec::DestinationRule(s) => validate_destination_rule(&obj.namespace, s),
-        Spec::Gateway(s) => validate_gateway(s),
-        Spec::ServiceEntry(s) => validate_service_entry(&obj.namespace, s),
-        Spec::WorkloadEntry(s) => validate_workload_entry(s),
-        Spec::Sidecar(s) => validate_sidecar(&obj.namespace, s),
-        Spec::PeerAuthentication(s) => validate_peer_authentication(s),
-        Spec::RequestAuthentication(s) => validate_request_authentication(s),
-        Spec::AuthorizationPolicy(s) => validate_authorization_policy(s),
-    };
+    let spec = obj.spec.validate_spec(&obj.namespace);
     match spec {
         Ok(warnings) => findings.warnings.extend(warnings),
         Err(errors) => findings.errors.extend(errors),
