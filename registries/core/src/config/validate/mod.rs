@@ -1,7 +1,8 @@
 //! Validation of config objects, after Istio's `pkg/config/validation`.
 //!
 //! [`validate`] checks one [`ConfigObject`]: its metadata and its spec, with the rules of
-//! its kind (one submodule per kind). The answer is either the list of warnings (the
+//! its kind (the validator its declaration in [`crate::config::kinds`] names; one
+//! submodule per kind or family of kinds). The answer is either the list of warnings (the
 //! object is usable) or the list of every error found, each naming the field
 //! ([`FieldPath`], e.g. `spec.http[0].route[1].weight`) and the reason. Warnings are
 //! Istio's warnings: legal but probably not what was meant (a deprecated field, a
@@ -10,16 +11,18 @@
 //! Where Istio's rules and this module differ, the module doc of the kind says so.
 
 mod common;
-mod destination_rule;
-mod gateway;
 mod http_route;
 mod mesh;
 mod references;
 pub mod regex;
-mod security;
-mod service_entry;
-mod sidecar;
-mod virtual_service;
+// The per-kind validators: each kind's declaration (`crate::config::kinds`) names its
+// validator by path.
+pub(crate) mod destination_rule;
+pub(crate) mod gateway;
+pub(crate) mod security;
+pub(crate) mod service_entry;
+pub(crate) mod sidecar;
+pub(crate) mod virtual_service;
 
 use std::fmt;
 
