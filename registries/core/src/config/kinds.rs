@@ -407,6 +407,16 @@ declare_kinds! {
                 .without(Reader::Clusters)
                 .without(Reader::Endpoints),
         },
+        /// The template and readiness probe of workloads that register themselves
+        /// (VMs). Read, validated and listed; auto-registration does not use it yet.
+        WorkloadGroup {
+            spec: net::WorkloadGroup,
+            group: NETWORKING,
+            plural: "workloadgroups",
+            validate: |_, s| v::service_entry::validate_workload_group(s),
+            feeds: Feeds::Nothing,
+            readers: Readers::NONE,
+        },
     }
     other_config_kinds {
         /// Only the endpoints of a service changed: EDS for that hostname only.
