@@ -1,4 +1,4 @@
-//! Compiles meshfed's own `.proto` files (under `istio/`) at build time.
+//! Compiles meshfed's own `.proto` files (every one under `istio/`) at build time.
 //!
 //! protox (a pure-Rust protobuf compiler, so no system `protoc`) parses the
 //! files into a descriptor set; prost-build generates the Rust types;
@@ -7,27 +7,28 @@
 //! except `google.protobuf.Duration`, which maps to the crate's own
 //! `Duration` (same wire format, Go-style text form).
 
-use std::{env, error::Error, fs, path::PathBuf};
+use std::{
+    env,
+    error::Error,
+    fs,
+    path::{Path, PathBuf},
+};
 
 use prost::Message;
 
-/// Every `.proto` file of the crate, relative to the crate root.
-const PROTOS: &[&str] = &[
-    "istio/type/v1beta1/selector.proto",
-    "istio/networking/v1alpha3/virtual_service.proto",
-    "istio/networking/v1alpha3/destination_rule.proto",
-    "istio/networking/v1alpha3/gateway.proto",
-    "istio/networking/v1alpha3/service_entry.proto",
-    "istio/networking/v1alpha3/workload_entry.proto",
-    "istio/networking/v1alpha3/sidecar.proto",
-    "istio/networking/nds/v1/nds.proto",
-    "istio/mesh/v1alpha1/config.proto",
-    "istio/mesh/v1alpha1/network.proto",
-    "istio/v1/auth/ca.proto",
-    "istio/security/v1beta1/peer_authentication.proto",
-    "istio/security/v1beta1/request_authentication.proto",
-    "istio/security/v1beta1/authorization_policy.proto",
-];
+/// Every `.proto` file under `dir`, relative to the crate root, sorted (so a new
+/// file is compiled without being listed anywhere).
+fn protos(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), Box<dyn Error>> {
+    for entry in fs::read_dir(root.join(dir))? {
+        let name = dir.join(entry?.file_name());
+        if root.join(&name).is_dir() {
+            protos(root, &name, out)?;
+        } else if name.extension().is_some_and(|e| e == "proto") {
+            out.push(name);
+        }
+    }
+    Ok(())
+}
 
 fn main() -> Result<(), Box<dyn Error>> {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR")?);
@@ -35,11 +36,14 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=istio");
-    for proto in PROTOS {
-        println!("cargo:rerun-if-changed={proto}");
+    let mut found = Vec::new();
+    protos(&root, Path::new("istio"), &mut found)?;
+    found.sort();
+    for proto in &found {
+        println!("cargo:rerun-if-changed={}", proto.display());
     }
 
-    let files: Vec<PathBuf> = PROTOS.iter().map(|p| root.join(p)).collect();
+    let files: Vec<PathBuf> = found.iter().map(|p| root.join(p)).collect();
     let fds = protox::compile(&files, [&root])?;
 
     // Keep the encoded descriptor set: pbjson-build reads it, and the crate

@@ -109,6 +109,10 @@ struct ValidateArgs {
     /// Files or directories to check.
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     files: Vec<PathBuf>,
+    /// Also fail (exit 1) on objects of kinds meshfed does not read (another group,
+    /// or an Istio kind not supported yet), which are otherwise warnings.
+    #[arg(long = "strict")]
+    strict: bool,
 }
 
 fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
@@ -122,19 +126,28 @@ fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
         reports.push(validate_text(std::path::Path::new("<stdin>"), &text));
     }
     reports.extend(validate_files(&files));
-    let (mut objects, mut errors) = (0, 0);
+    let (mut objects, mut errors, mut ignored) = (0, 0, 0);
     for report in &reports {
         objects += report.objects.len() + report.secrets.len();
         errors += report.errors.len();
+        ignored += report.skipped.len();
         for d in report.errors.iter().chain(&report.warnings) {
             println!("{d}");
         }
+        for d in &report.skipped {
+            println!("warning: {d}; meshfed does not apply it");
+        }
     }
+    let ignored_note = if ignored == 0 {
+        String::new()
+    } else {
+        format!(", {ignored} ignored (kinds meshfed does not read)")
+    };
     println!(
-        "{objects} valid object(s), {errors} error(s) in {} file(s)",
+        "{objects} valid object(s), {errors} error(s){ignored_note} in {} file(s)",
         reports.len()
     );
-    Ok(if errors == 0 {
+    Ok(if errors == 0 && !(args.strict && ignored > 0) {
         std::process::ExitCode::SUCCESS
     } else {
         std::process::ExitCode::FAILURE

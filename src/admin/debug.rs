@@ -333,7 +333,10 @@ fn endpoint_shardz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
 fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let mut objects: Vec<Value> = Vec::new();
     let mut rejected: Vec<Value> = Vec::new();
+    // Objects of kinds meshfed does not read (found in config files, not applied).
+    let mut ignored: Vec<Value> = Vec::new();
     for store in &state.config_stores {
+        ignored.extend(store.ignored().iter().map(to_json));
         for o in store.all() {
             objects.push(json!({
                 "kind": o.kind.as_str(), "namespace": o.namespace, "name": o.name, "source": o.source,
@@ -351,12 +354,14 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     };
     objects.sort_by_key(key);
     rejected.sort_by_key(key);
+    ignored.sort_by_key(key);
     // Security policies whose selector no endpoint carries (Istio's IST0127).
     let snapshot = state.pipeline.snapshot().load();
     let selecting_nothing = crate::generate::authn::policies_selecting_nothing(&snapshot);
     Ok(json!({
         "objects": objects,
         "rejected": rejected,
+        "ignored": ignored,
         "selectingNoWorkload": selecting_nothing,
     }))
 }

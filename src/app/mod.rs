@@ -45,6 +45,7 @@ use crate::ads::server::XdsContext;
 use crate::ads::transport::TransportMetrics;
 use crate::drain::{self, Shutdown, ShutdownTrigger};
 use crate::mesh::{self, MeshFile, MeshSettings};
+use crate::push::config_source::{IgnoredMetrics, config_source};
 use crate::push::snapshot::Snapshot;
 use crate::push::{Pipeline, PushMetrics};
 use crate::readiness::Readiness;
@@ -138,7 +139,15 @@ impl Core {
             connections.clone(),
             push_metrics.clone(),
             mesh_settings.clone(),
-            config_stores.source(&config.domain, push_metrics, jwks),
+            {
+                IgnoredMetrics::register(config_stores.all(), metrics_registry);
+                config_source(
+                    config_stores.all(),
+                    &config.domain,
+                    push_metrics,
+                    move |ra| jwks.table_for(ra),
+                )
+            },
         ));
         let core = Core {
             mesh: mesh_settings,

@@ -7,23 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use meshfed_api::networking::v1alpha3::{DestinationRule, Gateway, Sidecar, VirtualService};
 use meshfed_api::security::v1beta1 as sec;
 
 use crate::mesh::MeshSettings;
 
-/// One config object of a kind, with the metadata generators need.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Config<T> {
-    pub name: String,
-    pub namespace: String,
-    pub labels: BTreeMap<String, String>,
-    pub annotations: BTreeMap<String, String>,
-    pub creation_time: SystemTime,
-    pub spec: T,
-}
+pub use super::config_object::Config;
 
 /// The `gateways` value that means "sidecars".
 pub const MESH_GATEWAY: &str = "mesh";
@@ -374,7 +364,7 @@ pub fn host_matches(pattern: &str, host: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use std::time::{Duration, SystemTime};
 
     use meshfed_api::networking::v1alpha3::WorkloadSelector;
 

@@ -31,7 +31,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use meshfed_api::networking::v1alpha3::string_match::MatchType;
 use meshfed_api::networking::v1alpha3::{HttpMatchRequest, HttpRoute, StringMatch, VirtualService};
 
-use super::config_index::Config;
+use super::config_object::Config;
 
 /// Merges delegates into their roots; returns the VirtualServices that stand (every
 /// one with hosts, roots merged), in input order.

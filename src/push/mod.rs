@@ -4,6 +4,8 @@
 
 pub mod cache;
 pub mod config_index;
+pub mod config_object;
+pub mod config_source;
 pub mod debounce;
 pub mod delegate;
 pub mod jwks_table;

@@ -22,6 +22,7 @@
 
 use std::collections::HashSet;
 
+use meshfed_registry::config::kinds::Reader;
 use meshfed_registry::{ConfigKind, PushRequest};
 
 use super::TypeUrl;
@@ -40,29 +41,26 @@ use crate::model::ProxyClass;
 /// The name table (NDS) reads services and what decides which of them a proxy sees;
 /// as Istio (`ndsNeedsPush`), Gateways, VirtualServices, DestinationRules and
 /// WorkloadEntries (whose addresses reach it as service endpoint changes) do not push it.
+///
+/// For config kinds the answer is their declaration's
+/// [`Readers`](meshfed_registry::config::kinds::Readers), which says the above kind by kind.
 pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
-    match (class, type_url, kind) {
-        (_, TypeUrl::Secret, kind) => matches!(kind, ConfigKind::Secret | ConfigKind::Gateway),
-        (_, _, ConfigKind::Secret) => false,
-        (_, TypeUrl::NameTable, kind) => !matches!(
-            kind,
-            ConfigKind::Gateway
-                | ConfigKind::VirtualService
-                | ConfigKind::DestinationRule
-                | ConfigKind::WorkloadEntry
-        ),
-        // As Istio (`skippedCdsConfigs`, `skippedEdsConfigs`): authorization and
-        // request authentication end up in listeners (and routes), never in clusters
-        // or endpoints. PeerAuthentication does reach clusters (auto mTLS).
-        (
-            _,
-            TypeUrl::Cluster | TypeUrl::Endpoint,
-            ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication,
-        ) => false,
-        (ProxyClass::Sidecar, _, ConfigKind::VirtualService) => {
-            matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
-        }
-        _ => true,
+    let reader = match type_url {
+        TypeUrl::Cluster => Reader::Clusters,
+        TypeUrl::Endpoint => Reader::Endpoints,
+        TypeUrl::Listener => Reader::Listeners,
+        TypeUrl::Route => Reader::Routes,
+        TypeUrl::Secret => Reader::Secrets,
+        TypeUrl::NameTable => Reader::NameTable,
+    };
+    match kind.object_kind() {
+        Some(kind) => kind
+            .info()
+            .readers
+            .reads(matches!(class, ProxyClass::Sidecar), reader),
+        // Secrets are read by SDS alone; services, endpoints, the mesh, networks and
+        // workloads by every other type.
+        None => matches!(kind, ConfigKind::Secret) == matches!(type_url, TypeUrl::Secret),
     }
 }
 
@@ -286,6 +284,62 @@ mod tests {
     use super::*;
 
     const CLASSES: [ProxyClass; 3] = [ProxyClass::Sidecar, ProxyClass::Router, ProxyClass::Grpc];
+
+    /// The table as it was written before the kinds declared their readers.
+    const fn reads_as_written(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
+        match (class, type_url, kind) {
+            (_, TypeUrl::Secret, kind) => {
+                matches!(kind, ConfigKind::Secret | ConfigKind::Gateway)
+            }
+            (_, _, ConfigKind::Secret) => false,
+            (_, TypeUrl::NameTable, kind) => !matches!(
+                kind,
+                ConfigKind::Gateway
+                    | ConfigKind::VirtualService
+                    | ConfigKind::DestinationRule
+                    | ConfigKind::WorkloadEntry
+            ),
+            (
+                _,
+                TypeUrl::Cluster | TypeUrl::Endpoint,
+                ConfigKind::AuthorizationPolicy | ConfigKind::RequestAuthentication,
+            ) => false,
+            (ProxyClass::Sidecar, _, ConfigKind::VirtualService) => {
+                matches!(type_url, TypeUrl::Route | TypeUrl::Listener)
+            }
+            _ => true,
+        }
+    }
+
+    #[test]
+    fn declared_readers_answer_as_the_written_table() {
+        for kind in [
+            ConfigKind::ServiceEntry,
+            ConfigKind::Endpoints,
+            ConfigKind::VirtualService,
+            ConfigKind::DestinationRule,
+            ConfigKind::Gateway,
+            ConfigKind::Sidecar,
+            ConfigKind::WorkloadEntry,
+            ConfigKind::PeerAuthentication,
+            ConfigKind::RequestAuthentication,
+            ConfigKind::AuthorizationPolicy,
+            ConfigKind::MeshConfig,
+            ConfigKind::MeshNetworks,
+            ConfigKind::Workload,
+            ConfigKind::Secret,
+        ] {
+            for class in CLASSES {
+                for type_url in TypeUrl::ALL {
+                    assert_eq!(
+                        reads(class, type_url, kind),
+                        reads_as_written(class, type_url, kind),
+                        "{class:?} {type_url:?} {kind:?}"
+                    );
+                }
+            }
+        }
+    }
 
     fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
         pairs

@@ -378,6 +378,12 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
     ),
     (
         "ClusterRole",
+        "networking.istio.io",
+        "workloadgroups",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
         "security.istio.io",
         "peerauthentications",
         &["list", "watch"],

@@ -16,6 +16,7 @@ mod headless;
 mod hostile;
 mod interop;
 mod jwt;
+mod kinds;
 mod kube;
 mod kube_instances;
 mod mesh;

@@ -18,32 +18,7 @@ use tokio::time::Instant;
 use crate::endpoints::{EndpointIndex, EndpointPush};
 use crate::model::{Endpoint, ServiceKey, ShardKey};
 
-/// The kind of object a [`ConfigKey`] names.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
-pub enum ConfigKind {
-    /// A service (from any registry) changed: clusters and listeners may change.
-    ServiceEntry,
-    /// Only the endpoints of a service changed: EDS for that hostname only.
-    Endpoints,
-    VirtualService,
-    DestinationRule,
-    Gateway,
-    Sidecar,
-    WorkloadEntry,
-    PeerAuthentication,
-    RequestAuthentication,
-    AuthorizationPolicy,
-    /// The mesh-wide configuration.
-    MeshConfig,
-    /// meshNetworks or network gateways.
-    MeshNetworks,
-    /// A proxy's own workload changed (a pod's labels or addresses): the proxies
-    /// running as it get new labels and inbound config. Name = the workload (pod) name.
-    Workload,
-    /// A Secret holding gateway credentials (SDS): only the proxies that requested it
-    /// get a push, and only of secrets. Name and namespace are the Secret's.
-    Secret,
-}
+pub use crate::config::kinds::ConfigKind;
 
 /// Names one changed object: for services and endpoints the name is the hostname.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]

@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroup;
 use kube::api::GetParams;
-use meshfed_registry::config::model::{GROUP, SECURITY_GROUP, SECURITY_VERSIONS, VERSIONS};
+use meshfed_registry::config::kinds::GROUPS;
 use meshfed_registry::config::store::{Objects, Published, StoreCore};
 use meshfed_registry::config::{ConfigObject, ConfigStore, Kind, ObjectId, RejectedConfig};
 use meshfed_registry::metrics::encode_gauges;
@@ -66,19 +66,10 @@ mod writer;
 
 pub use writer::run_kube_config;
 
-/// The plural resource name of a kind (its collection's last path segment).
+/// The plural resource name of a kind (its collection's last path segment), as
+/// declared in [`meshfed_registry::config::kinds`].
 pub fn plural(kind: Kind) -> &'static str {
-    match kind {
-        Kind::VirtualService => "virtualservices",
-        Kind::DestinationRule => "destinationrules",
-        Kind::Gateway => "gateways",
-        Kind::ServiceEntry => "serviceentries",
-        Kind::WorkloadEntry => "workloadentries",
-        Kind::Sidecar => "sidecars",
-        Kind::PeerAuthentication => "peerauthentications",
-        Kind::RequestAuthentication => "requestauthentications",
-        Kind::AuthorizationPolicy => "authorizationpolicies",
-    }
+    kind.plural()
 }
 
 /// The position of a kind in per-kind arrays.
@@ -382,10 +373,8 @@ fn is_not_found(err: &kube::Error) -> bool {
 /// is an error.
 async fn discover(client: &kube::Client) -> Result<Served, kube::Error> {
     let mut served = Served::default();
-    for (group, versions) in [
-        (GROUP, &VERSIONS[..]),
-        (SECURITY_GROUP, &SECURITY_VERSIONS[..]),
-    ] {
+    for group in GROUPS {
+        let (group, versions) = (group.name, group.versions);
         let request = kube::core::Request::new("/apis")
             .get(group, &GetParams::default())
             .map_err(kube::Error::BuildRequest)?;
@@ -439,7 +428,8 @@ mod tests {
                 "sidecars",
                 "peerauthentications",
                 "requestauthentications",
-                "authorizationpolicies"
+                "authorizationpolicies",
+                "workloadgroups"
             ]
         );
         for kind in Kind::ALL {
@@ -511,7 +501,7 @@ mod metrics_tests {
             (
                 "meshfed_kube_config_objects",
                 "Valid Istio config objects read from the Kubernetes API server, by kind",
-                [1, 1, 0, 0, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0, 0, 0, 0, 0],
             ),
             (
                 "meshfed_kube_config_watch_errors",

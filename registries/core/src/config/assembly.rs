@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::config::ignored::IgnoredConfig;
 use crate::config::model::{ConfigObject, ObjectId};
 use crate::config::secret::SecretObject;
 use crate::config::source::{Diagnostic, Entry, ParsedFile, Rejection, Severity};
@@ -27,6 +28,8 @@ pub(crate) struct Assembly {
     pub(crate) retained: BTreeSet<ObjectId>,
     pub(crate) warnings: Vec<Diagnostic>,
     pub(crate) skipped: Vec<Diagnostic>,
+    /// The objects behind `skipped`: kinds meshfed does not read.
+    pub(crate) ignored: Vec<IgnoredConfig>,
     /// The Secrets, by (namespace, name); the first definition wins.
     pub(crate) secrets: BTreeMap<(String, String), Arc<SecretObject>>,
 }
@@ -70,7 +73,10 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
                     );
                 }
                 Entry::Rejected(rejection) => out.rejected.push(rejection.clone()),
-                Entry::Skipped(note) => out.skipped.push(note.clone()),
+                Entry::Skipped(note, ignored) => {
+                    out.skipped.push(note.clone());
+                    out.ignored.push(ignored.clone());
+                }
                 Entry::Secret(secret) => {
                     let key = (secret.namespace.clone(), secret.name.clone());
                     if let Some(first) = out.secrets.get(&key) {

@@ -2,8 +2,9 @@
 //! [`ConfigObject`]s.
 //!
 //! Accepted: the kinds of [`Kind`] in their group: `networking.istio.io` (versions `v1`,
-//! `v1beta1` and `v1alpha3`) or `security.istio.io` (`v1`, `v1beta1`). Objects of other groups or other kinds are skipped (as Istio's
-//! file source does); a known kind with an unknown version of the group is an error, so
+//! `v1beta1` and `v1alpha3`) or `security.istio.io` (`v1`, `v1beta1`), as declared in
+//! [`crate::config::kinds`]. Objects of other groups or other kinds are skipped, and
+//! reported as ignored ([`crate::config::ignored`]); a known kind with an unknown version of the group is an error, so
 //! that a typo does not silently drop an object. A missing namespace is `default`; a
 //! missing `creationTimestamp` is `UNIX_EPOCH` (which the config directory store turns
 //! into the time it first saw the object).
@@ -46,6 +47,8 @@ pub struct SkippedObject {
     pub api_version: String,
     /// Its `kind`.
     pub kind: String,
+    /// Its `metadata.namespace` as written (empty when not given).
+    pub namespace: String,
     /// Its `metadata.name`, if any.
     pub name: String,
 }
@@ -134,6 +137,11 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
             return Decoded::Skipped(SkippedObject {
                 api_version: api_version.to_string(),
                 kind: kind_name.to_string(),
+                namespace: metadata
+                    .and_then(|m| m.get("namespace"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
                 name,
             });
         }

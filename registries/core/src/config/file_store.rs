@@ -43,6 +43,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use crate::config::assembly::{Placed, assemble, retain_secrets};
+use crate::config::ignored::{IgnoredConfig, IgnoredLog};
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::secret::SecretObject;
 use crate::config::source::{ParsedFile, config_files, parse_bytes};
@@ -151,6 +152,7 @@ impl Published for FileState {
 struct FileInner {
     core: StoreCore<FileState>,
     status: ConfigDirStatus,
+    ignored: IgnoredLog,
 }
 
 /// The read handle of a config directory store; [`run_config_dir`] is its writer.
@@ -167,6 +169,7 @@ impl FileConfigStore {
             inner: Arc::new(FileInner {
                 core: StoreCore::new(sink),
                 status: ConfigDirStatus::new(),
+                ignored: IgnoredLog::default(),
             }),
         }
     }
@@ -209,6 +212,10 @@ impl ConfigStore for FileConfigStore {
 
     fn rejected(&self) -> Vec<RejectedConfig> {
         self.inner.core.rejected()
+    }
+
+    fn ignored(&self) -> Vec<IgnoredConfig> {
+        self.inner.ignored.list()
     }
 
     fn has_synced(&self) -> bool {
@@ -430,9 +437,7 @@ impl Reloader {
         for warning in &assembly.warnings {
             tracing::debug!("config warning: {warning}");
         }
-        for skipped in &assembly.skipped {
-            tracing::debug!("{skipped}");
-        }
+        self.store.inner.ignored.replace(assembly.ignored);
         let total = self.store.read().objects.len();
         tracing::info!(
             dir = %self.dir.display(),

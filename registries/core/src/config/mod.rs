@@ -1,6 +1,7 @@
 //! Istio configuration objects (`networking.istio.io`): the typed model, Istio-style
 //! validation, and the stores that hold them.
 //!
+//! - [`kinds`]: every kind meshfed reads, declared once ([`Kind`], [`Spec`], [`kinds::KindInfo`]).
 //! - [`model`]: [`ConfigObject`] (Kubernetes metadata + a typed [`Spec`]).
 //! - [`decode()`]: reading Kubernetes-style objects into config objects.
 //! - [`mod@validate`]: per-kind validation after Istio's `pkg/config/validation`, reporting
@@ -18,6 +19,8 @@
 
 pub mod decode;
 pub mod file_store;
+pub mod ignored;
+pub mod kinds;
 pub mod model;
 pub mod report;
 pub mod secret;
@@ -31,6 +34,8 @@ mod time;
 
 pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
 pub use file_store::{ConfigDirStatus, FileConfigStore, run_config_dir};
+pub use ignored::IgnoredConfig;
+pub use kinds::{Feeds, KindInfo, KindSpec};
 pub use model::{ConfigObject, Kind, ObjectId, Spec, supported_api_version};
 pub use report::{Report, validate_files, validate_text};
 pub use secret::{SecretData, SecretObject};

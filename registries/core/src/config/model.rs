@@ -1,9 +1,6 @@
 //! The config object model: Kubernetes metadata plus a typed spec.
 //!
-//! The kinds are VirtualService, DestinationRule, Gateway, ServiceEntry, WorkloadEntry
-//! and Sidecar of group `networking.istio.io`, versions `v1`, `v1beta1` and `v1alpha3`
-//! (one schema), and PeerAuthentication, RequestAuthentication and AuthorizationPolicy
-//! of group `security.istio.io`, versions `v1` and `v1beta1`.
+//! The kinds, their groups and versions are declared in [`crate::config::kinds`].
 //! [`crate::config::decode()`] reads them from their Kubernetes form; [`ConfigObject`]
 //! serializes back to it.
 
@@ -13,23 +10,22 @@ use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use meshfed_api::networking::v1alpha3 as net;
-use meshfed_api::security::v1beta1 as sec;
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::config::decode::decode_spec;
 use crate::config::time::format_rfc3339;
-use crate::config::validate::FieldError;
-use crate::events::{ConfigKey, ConfigKind};
+use crate::events::ConfigKey;
+
+pub use crate::config::kinds::{Kind, KindSpec, Spec};
+use crate::config::kinds::{NETWORKING, SECURITY};
 
 /// The API group of the networking kinds.
-pub const GROUP: &str = "networking.istio.io";
+pub const GROUP: &str = NETWORKING.name;
 
 /// The versions of [`GROUP`] that are accepted (they share one schema).
 pub const VERSIONS: [&str; 3] = ["v1", "v1beta1", "v1alpha3"];
 
 /// The API group of the security kinds.
-pub const SECURITY_GROUP: &str = "security.istio.io";
+pub const SECURITY_GROUP: &str = SECURITY.name;
 
 /// The versions of [`SECURITY_GROUP`] that are accepted (one schema).
 pub const SECURITY_VERSIONS: [&str; 2] = ["v1", "v1beta1"];
@@ -41,262 +37,37 @@ pub fn supported_api_version(kind: Kind, api_version: &str) -> bool {
         .is_some_and(|(group, version)| group == kind.group() && kind.versions().contains(&version))
 }
 
-/// The config kinds meshfed reads. The order is the order of [`ConfigStore::all`]
-/// (kind, then namespace, then name).
-///
-/// [`ConfigStore::all`]: crate::config::ConfigStore::all
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
-pub enum Kind {
-    VirtualService,
-    DestinationRule,
-    Gateway,
-    ServiceEntry,
-    WorkloadEntry,
-    Sidecar,
-    PeerAuthentication,
-    RequestAuthentication,
-    AuthorizationPolicy,
-}
-
-impl Kind {
-    /// Every kind, in order.
-    pub const ALL: [Kind; 9] = [
-        Kind::VirtualService,
-        Kind::DestinationRule,
-        Kind::Gateway,
-        Kind::ServiceEntry,
-        Kind::WorkloadEntry,
-        Kind::Sidecar,
-        Kind::PeerAuthentication,
-        Kind::RequestAuthentication,
-        Kind::AuthorizationPolicy,
-    ];
-
-    /// The kind's API group.
-    pub fn group(self) -> &'static str {
-        if self.is_security() {
-            SECURITY_GROUP
-        } else {
-            GROUP
-        }
-    }
-
-    /// The versions of the kind's group that are read, preferred first.
-    pub fn versions(self) -> &'static [&'static str] {
-        if self.is_security() {
-            &SECURITY_VERSIONS
-        } else {
-            &VERSIONS
-        }
-    }
-
-    /// `<group>/<preferred version>`, written when an object is serialized.
-    pub fn api_version(self) -> &'static str {
-        if self.is_security() {
-            "security.istio.io/v1"
-        } else {
-            "networking.istio.io/v1"
-        }
-    }
-
-    /// A `security.istio.io` kind.
-    pub fn is_security(self) -> bool {
-        matches!(
-            self,
-            Kind::PeerAuthentication | Kind::RequestAuthentication | Kind::AuthorizationPolicy
-        )
-    }
-
-    /// The Kubernetes kind name (`VirtualService`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::VirtualService => "VirtualService",
-            Kind::DestinationRule => "DestinationRule",
-            Kind::Gateway => "Gateway",
-            Kind::ServiceEntry => "ServiceEntry",
-            Kind::WorkloadEntry => "WorkloadEntry",
-            Kind::Sidecar => "Sidecar",
-            Kind::PeerAuthentication => "PeerAuthentication",
-            Kind::RequestAuthentication => "RequestAuthentication",
-            Kind::AuthorizationPolicy => "AuthorizationPolicy",
-        }
-    }
-
-    /// The kind of a Kubernetes kind name (exact spelling).
-    pub fn from_name(kind: &str) -> Option<Kind> {
-        Kind::ALL.into_iter().find(|k| k.as_str() == kind)
-    }
-
-    /// The [`ConfigKind`] of push keys for objects of this kind.
-    pub fn config_kind(self) -> ConfigKind {
-        match self {
-            Kind::VirtualService => ConfigKind::VirtualService,
-            Kind::DestinationRule => ConfigKind::DestinationRule,
-            Kind::Gateway => ConfigKind::Gateway,
-            Kind::ServiceEntry => ConfigKind::ServiceEntry,
-            Kind::WorkloadEntry => ConfigKind::WorkloadEntry,
-            Kind::Sidecar => ConfigKind::Sidecar,
-            Kind::PeerAuthentication => ConfigKind::PeerAuthentication,
-            Kind::RequestAuthentication => ConfigKind::RequestAuthentication,
-            Kind::AuthorizationPolicy => ConfigKind::AuthorizationPolicy,
-        }
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// The typed spec of a config object.
-// Specs live behind `Arc` in the stores; boxing the large variants would only add an
-// indirection to every read.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug, PartialEq)]
-pub enum Spec {
-    VirtualService(net::VirtualService),
-    DestinationRule(net::DestinationRule),
-    Gateway(net::Gateway),
-    ServiceEntry(net::ServiceEntry),
-    WorkloadEntry(net::WorkloadEntry),
-    Sidecar(net::Sidecar),
-    PeerAuthentication(sec::PeerAuthentication),
-    RequestAuthentication(sec::RequestAuthentication),
-    AuthorizationPolicy(sec::AuthorizationPolicy),
-}
-
 impl Spec {
-    /// The kind this spec belongs to.
-    pub fn kind(&self) -> Kind {
-        match self {
-            Spec::VirtualService(_) => Kind::VirtualService,
-            Spec::DestinationRule(_) => Kind::DestinationRule,
-            Spec::Gateway(_) => Kind::Gateway,
-            Spec::ServiceEntry(_) => Kind::ServiceEntry,
-            Spec::WorkloadEntry(_) => Kind::WorkloadEntry,
-            Spec::Sidecar(_) => Kind::Sidecar,
-            Spec::PeerAuthentication(_) => Kind::PeerAuthentication,
-            Spec::RequestAuthentication(_) => Kind::RequestAuthentication,
-            Spec::AuthorizationPolicy(_) => Kind::AuthorizationPolicy,
-        }
-    }
-
-    /// Reads the spec of a `kind` object from its proto3 JSON form. A missing or null
-    /// spec is the empty message. Errors name the field (`spec.http[0].timeout`).
-    pub fn from_value(kind: Kind, value: &Value) -> Result<Spec, FieldError> {
-        let empty = Value::Object(serde_json::Map::new());
-        let value = if value.is_null() { &empty } else { value };
-        Ok(match kind {
-            Kind::VirtualService => Spec::VirtualService(decode_spec(value)?),
-            Kind::DestinationRule => Spec::DestinationRule(decode_spec(value)?),
-            Kind::Gateway => Spec::Gateway(decode_spec(value)?),
-            Kind::ServiceEntry => Spec::ServiceEntry(decode_spec(value)?),
-            Kind::WorkloadEntry => Spec::WorkloadEntry(decode_spec(value)?),
-            Kind::Sidecar => Spec::Sidecar(decode_spec(value)?),
-            Kind::PeerAuthentication => Spec::PeerAuthentication(decode_spec(value)?),
-            Kind::RequestAuthentication => Spec::RequestAuthentication(decode_spec(value)?),
-            Kind::AuthorizationPolicy => Spec::AuthorizationPolicy(decode_spec(value)?),
-        })
-    }
-
     /// The VirtualService, if this is one.
     pub fn as_virtual_service(&self) -> Option<&net::VirtualService> {
-        match self {
-            Spec::VirtualService(s) => Some(s),
-            _ => None,
-        }
+        self.get()
     }
 
     /// The DestinationRule, if this is one.
     pub fn as_destination_rule(&self) -> Option<&net::DestinationRule> {
-        match self {
-            Spec::DestinationRule(s) => Some(s),
-            _ => None,
-        }
+        self.get()
     }
 
     /// The Gateway, if this is one.
     pub fn as_gateway(&self) -> Option<&net::Gateway> {
-        match self {
-            Spec::Gateway(s) => Some(s),
-            _ => None,
-        }
+        self.get()
     }
 
     /// The ServiceEntry, if this is one.
     pub fn as_service_entry(&self) -> Option<&net::ServiceEntry> {
-        match self {
-            Spec::ServiceEntry(s) => Some(s),
-            _ => None,
-        }
+        self.get()
     }
 
     /// The WorkloadEntry, if this is one.
     pub fn as_workload_entry(&self) -> Option<&net::WorkloadEntry> {
-        match self {
-            Spec::WorkloadEntry(s) => Some(s),
-            _ => None,
-        }
+        self.get()
     }
 
     /// The Sidecar, if this is one.
     pub fn as_sidecar(&self) -> Option<&net::Sidecar> {
-        match self {
-            Spec::Sidecar(s) => Some(s),
-            _ => None,
-        }
+        self.get()
     }
 }
-
-impl Serialize for Spec {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match self {
-            Spec::VirtualService(v) => v.serialize(s),
-            Spec::DestinationRule(v) => v.serialize(s),
-            Spec::Gateway(v) => v.serialize(s),
-            Spec::ServiceEntry(v) => v.serialize(s),
-            Spec::WorkloadEntry(v) => v.serialize(s),
-            Spec::Sidecar(v) => v.serialize(s),
-            Spec::PeerAuthentication(v) => v.serialize(s),
-            Spec::RequestAuthentication(v) => v.serialize(s),
-            Spec::AuthorizationPolicy(v) => v.serialize(s),
-        }
-    }
-}
-
-macro_rules! spec_from {
-    ($($variant:ident),*) => {
-        $(impl From<net::$variant> for Spec {
-            fn from(spec: net::$variant) -> Spec {
-                Spec::$variant(spec)
-            }
-        })*
-    };
-}
-spec_from!(
-    VirtualService,
-    DestinationRule,
-    Gateway,
-    ServiceEntry,
-    WorkloadEntry,
-    Sidecar
-);
-
-macro_rules! security_spec_from {
-    ($($variant:ident),*) => {
-        $(impl From<sec::$variant> for Spec {
-            fn from(spec: sec::$variant) -> Spec {
-                Spec::$variant(spec)
-            }
-        })*
-    };
-}
-security_spec_from!(
-    PeerAuthentication,
-    RequestAuthentication,
-    AuthorizationPolicy
-);
 
 /// A config object: Kubernetes metadata and a typed spec.
 #[derive(Clone, Debug, PartialEq)]

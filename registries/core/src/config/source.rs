@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::config::decode::{Decoded, decode};
+use crate::config::ignored::IgnoredConfig;
 use crate::config::locate::line_of;
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::secret::SecretObject;
@@ -213,8 +214,9 @@ pub(crate) enum Entry {
     },
     /// An object (or something meant to be one) that is rejected.
     Rejected(Rejection),
-    /// Not a kind meshfed reads.
-    Skipped(Diagnostic),
+    /// Not a kind meshfed reads: the note for `meshfed validate` and the object for
+    /// the store's list of ignored objects.
+    Skipped(Diagnostic, IgnoredConfig),
     /// A valid Secret (SDS credentials).
     Secret(SecretObject),
 }
@@ -621,19 +623,28 @@ fn process_object(file: &mut ParsedFile, value: &Value, locator: &Locator<'_>) {
             }
         }
         Decoded::Secret(secret) => Entry::Secret(secret),
-        Decoded::Skipped(skipped) => Entry::Skipped(Diagnostic {
-            severity: Severity::Info,
-            file: file.path.clone(),
-            line: Some(locator.line),
-            kind: skipped.kind.clone(),
-            namespace: String::new(),
-            name: skipped.name.clone(),
-            field: String::new(),
-            message: format!(
-                "skipped: {} {} is not a kind meshfed reads",
-                skipped.api_version, skipped.kind
-            ),
-        }),
+        Decoded::Skipped(skipped) => Entry::Skipped(
+            Diagnostic {
+                severity: Severity::Info,
+                file: file.path.clone(),
+                line: Some(locator.line),
+                kind: skipped.kind.clone(),
+                namespace: skipped.namespace.clone(),
+                name: skipped.name.clone(),
+                field: String::new(),
+                message: format!(
+                    "skipped: {} {} is not a kind meshfed reads",
+                    skipped.api_version, skipped.kind
+                ),
+            },
+            IgnoredConfig {
+                kind: skipped.kind,
+                api_version: skipped.api_version,
+                namespace: skipped.namespace,
+                name: skipped.name,
+                source: source.clone(),
+            },
+        ),
         Decoded::Invalid(invalid) => {
             let id = Kind::from_name(&invalid.kind)
                 .filter(|_| !invalid.name.is_empty())
@@ -824,7 +835,7 @@ spec: {outboundTrafficPolicy: {mode: REGISTRY_ONLY}}
             .entries
             .iter()
             .filter_map(|e| match e {
-                Entry::Skipped(d) => Some(d.to_string()),
+                Entry::Skipped(d, _) => Some(d.to_string()),
                 _ => None,
             })
             .collect();

@@ -18,9 +18,11 @@ use std::sync::{Arc, RwLock};
 use serde::Serialize;
 use tokio::sync::watch;
 
+use crate::config::ignored::IgnoredConfig;
+use crate::config::kinds::Feeds;
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::validate::{FieldError, Warning, validate};
-use crate::events::{ConfigKey, ConfigKind, UpdateSink};
+use crate::events::{ConfigKey, UpdateSink};
 
 /// Read access to a config store. Reads are synchronous and never wait for the
 /// store's writer.
@@ -34,6 +36,13 @@ pub trait ConfigStore: Send + Sync + fmt::Debug {
     /// What the store rejected (and why), in a stable order (file order for files).
     fn rejected(&self) -> Vec<RejectedConfig>;
 
+    /// Objects of kinds meshfed does not read, which the store found and does not
+    /// apply ([`crate::config::ignored`]). Empty for stores that can only hold declared
+    /// kinds (memory, Kubernetes).
+    fn ignored(&self) -> Vec<IgnoredConfig> {
+        Vec::new()
+    }
+
     /// True once the initial load is complete.
     fn has_synced(&self) -> bool;
 
@@ -45,13 +54,13 @@ pub trait ConfigStore: Send + Sync + fmt::Debug {
     }
 }
 
-/// Whether a change to an object with this key is pushed as config. ServiceEntries
-/// and WorkloadEntries are not: the ServiceEntry registry pushes what they change.
+/// Whether a change to an object with this key is pushed as config: only kinds that
+/// feed the config index are ([`Feeds`]). ServiceEntries and WorkloadEntries are not
+/// (the ServiceEntry registry pushes what they change), nor kinds nothing reads yet.
 fn pushed_as_config(key: &ConfigKey) -> bool {
-    !matches!(
-        key.kind,
-        ConfigKind::ServiceEntry | ConfigKind::WorkloadEntry
-    )
+    key.kind
+        .object_kind()
+        .is_none_or(|kind| kind.info().feeds == Feeds::ConfigIndex)
 }
 
 /// Announces applied changes: moves the generation counter, then pushes the keys

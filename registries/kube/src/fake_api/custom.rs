@@ -17,6 +17,9 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
+use meshfed_registry::config::Kind;
+use meshfed_registry::config::kinds::{Group, NETWORKING, SECURITY};
+
 use super::ApiState;
 use super::http::{ApiPath, json_response, status};
 
@@ -35,23 +38,6 @@ pub struct CustomResource {
     pub namespaced: bool,
 }
 
-/// The six `networking.istio.io` kinds meshfed reads, with their plurals.
-const ISTIO_NETWORKING: [(&str, &str); 6] = [
-    ("VirtualService", "virtualservices"),
-    ("DestinationRule", "destinationrules"),
-    ("Gateway", "gateways"),
-    ("ServiceEntry", "serviceentries"),
-    ("WorkloadEntry", "workloadentries"),
-    ("Sidecar", "sidecars"),
-];
-
-/// The three `security.istio.io` kinds meshfed reads, with their plurals.
-const ISTIO_SECURITY: [(&str, &str); 3] = [
-    ("PeerAuthentication", "peerauthentications"),
-    ("RequestAuthentication", "requestauthentications"),
-    ("AuthorizationPolicy", "authorizationpolicies"),
-];
-
 impl CustomResource {
     /// A namespaced custom resource served in `versions`.
     pub fn new(group: &str, kind: &str, plural: &str, versions: &[&str]) -> CustomResource {
@@ -64,33 +50,38 @@ impl CustomResource {
         }
     }
 
-    /// Istio's VirtualService, DestinationRule, Gateway, ServiceEntry, WorkloadEntry and
-    /// Sidecar CRDs (group `networking.istio.io`), each served in `versions`.
-    pub fn istio_networking(versions: &[&str]) -> Vec<CustomResource> {
-        ISTIO_NETWORKING
-            .iter()
-            .map(|(kind, plural)| {
-                CustomResource::new("networking.istio.io", kind, plural, versions)
-            })
-            .collect()
-    }
-
-    /// Istio's PeerAuthentication, RequestAuthentication and AuthorizationPolicy CRDs
-    /// (group `security.istio.io`), each served in those of `versions` the group has
-    /// (`v1`, `v1beta1`).
-    pub fn istio_security(versions: &[&str]) -> Vec<CustomResource> {
+    /// The CRDs of every kind meshfed reads of `group` (as declared in
+    /// [`meshfed_registry::config::kinds`]), each served in those of `versions` the
+    /// group has.
+    fn istio_group(group: Group, versions: &[&str]) -> Vec<CustomResource> {
         let versions: Vec<&str> = versions
             .iter()
             .copied()
-            .filter(|v| ["v1", "v1beta1"].contains(v))
+            .filter(|v| group.versions.contains(v))
             .collect();
         if versions.is_empty() {
             return Vec::new();
         }
-        ISTIO_SECURITY
+        Kind::ALL
             .iter()
-            .map(|(kind, plural)| CustomResource::new("security.istio.io", kind, plural, &versions))
+            .map(|kind| kind.info())
+            .filter(|info| info.group == group)
+            .map(|info| CustomResource::new(group.name, info.kind, info.plural, &versions))
             .collect()
+    }
+
+    /// The CRDs of the `networking.istio.io` kinds meshfed reads (VirtualService,
+    /// DestinationRule, Gateway, ServiceEntry, WorkloadEntry, Sidecar, ...), each served
+    /// in `versions`.
+    pub fn istio_networking(versions: &[&str]) -> Vec<CustomResource> {
+        CustomResource::istio_group(NETWORKING, versions)
+    }
+
+    /// The CRDs of the `security.istio.io` kinds meshfed reads (PeerAuthentication,
+    /// RequestAuthentication, AuthorizationPolicy), each served in those of `versions`
+    /// the group has (`v1`, `v1beta1`).
+    pub fn istio_security(versions: &[&str]) -> Vec<CustomResource> {
+        CustomResource::istio_group(SECURITY, versions)
     }
 
     /// Both groups: [`CustomResource::istio_networking`] and

@@ -1,7 +1,8 @@
 //! Validation of config objects, after Istio's `pkg/config/validation`.
 //!
 //! [`validate`] checks one [`ConfigObject`]: its metadata and its spec, with the rules of
-//! its kind (one submodule per kind). The answer is either the list of warnings (the
+//! its kind (the validator its declaration in [`crate::config::kinds`] names; one
+//! submodule per kind or family of kinds). The answer is either the list of warnings (the
 //! object is usable) or the list of every error found, each naming the field
 //! ([`FieldPath`], e.g. `spec.http[0].route[1].weight`) and the reason. Warnings are
 //! Istio's warnings: legal but probably not what was meant (a deprecated field, a
@@ -10,16 +11,18 @@
 //! Where Istio's rules and this module differ, the module doc of the kind says so.
 
 mod common;
-mod destination_rule;
-mod gateway;
 mod http_route;
 mod mesh;
 mod references;
 pub mod regex;
-mod security;
-mod service_entry;
-mod sidecar;
-mod virtual_service;
+// The per-kind validators: each kind's declaration (`crate::config::kinds`) names its
+// validator by path.
+pub(crate) mod destination_rule;
+pub(crate) mod gateway;
+pub(crate) mod security;
+pub(crate) mod service_entry;
+pub(crate) mod sidecar;
+pub(crate) mod virtual_service;
 
 use std::fmt;
 
@@ -209,6 +212,11 @@ impl Findings {
         }
     }
 
+    /// The errors recorded so far, taken out.
+    pub(crate) fn into_errors(self) -> Vec<FieldError> {
+        self.errors
+    }
+
     pub(crate) fn finish(self) -> Validation {
         if self.errors.is_empty() {
             Ok(self.warnings)
@@ -233,17 +241,7 @@ pub fn validate(obj: &ConfigObject) -> Validation {
             ),
         );
     }
-    let spec = match &obj.spec {
-        Spec::VirtualService(s) => validate_virtual_service(&obj.namespace, s),
-        Spec::DestinationRule(s) => validate_destination_rule(&obj.namespace, s),
-        Spec::Gateway(s) => validate_gateway(s),
-        Spec::ServiceEntry(s) => validate_service_entry(&obj.namespace, s),
-        Spec::WorkloadEntry(s) => validate_workload_entry(s),
-        Spec::Sidecar(s) => validate_sidecar(&obj.namespace, s),
-        Spec::PeerAuthentication(s) => validate_peer_authentication(s),
-        Spec::RequestAuthentication(s) => validate_request_authentication(s),
-        Spec::AuthorizationPolicy(s) => validate_authorization_policy(s),
-    };
+    let spec = obj.spec.validate_spec(&obj.namespace);
     match spec {
         Ok(warnings) => findings.warnings.extend(warnings),
         Err(errors) => findings.errors.extend(errors),

@@ -1,5 +1,6 @@
-//! ServiceEntry and WorkloadEntry validation (Istio's `ValidateServiceEntry`,
-//! `validateWorkloadEntry`; reference §4.5).
+//! ServiceEntry, WorkloadEntry and WorkloadGroup validation (Istio's
+//! `ValidateServiceEntry`, `validateWorkloadEntry`, `ValidateWorkloadGroup`; reference
+//! §4.5).
 //!
 //! Difference from Istio: a wildcard host is rejected with DNS and DNS_ROUND_ROBIN
 //! resolution even when endpoints are given (Envoy cannot resolve a wildcard, and the
@@ -13,8 +14,8 @@ use net::service_entry::Resolution;
 
 use super::common::{
     UNIX_PREFIX, is_ip, is_wildcard_host, partial_wildcard, validate_export_to, validate_fqdn,
-    validate_ip_subnet, validate_labels, validate_port, validate_port_name, validate_protocol,
-    validate_selector_labels, validate_unix_address, validate_wildcard_domain,
+    validate_header_name, validate_ip_subnet, validate_labels, validate_port, validate_port_name,
+    validate_protocol, validate_selector_labels, validate_unix_address, validate_wildcard_domain,
 };
 use super::{FieldPath, Findings, Validation};
 use crate::model::Protocol;
@@ -325,6 +326,107 @@ pub fn validate_workload_entry(we: &net::WorkloadEntry) -> Validation {
     f.finish()
 }
 
+/// Validates a WorkloadGroup spec (Istio's `ValidateWorkloadGroup`): the template is
+/// required and its address left empty (registration fills it in), its labels and
+/// ports are valid, so are the metadata labels, and the probe (if any) has exactly one
+/// method, valid ports, non-negative timings, an HTTP or HTTPS scheme, valid header
+/// names and a command for `exec`.
+pub fn validate_workload_group(wg: &net::WorkloadGroup) -> Validation {
+    let mut f = Findings::new();
+    let spec = FieldPath::spec();
+    if let Some(meta) = &wg.metadata {
+        validate_labels(
+            &mut f,
+            &spec.field("metadata").field("labels"),
+            &meta.labels,
+        );
+    }
+    let at = spec.field("template");
+    match &wg.template {
+        None => f.error(&at, "template is required"),
+        // Istio does not validate the template as a WorkloadEntry (its address is
+        // filled in per workload when one registers), so what would make a registered
+        // workload invalid is a warning here, not a rejection.
+        Some(template) => {
+            if !template.address.is_empty() {
+                f.warn(
+                    &at.field("address"),
+                    "ignored: each workload that registers from this group gets its own address",
+                );
+            }
+            let mut inner = Findings::new();
+            check_endpoint_ports(&mut inner, &at, template, None);
+            validate_labels(&mut inner, &at.field("labels"), &template.labels);
+            for e in inner.into_errors() {
+                f.warn(
+                    &e.field,
+                    format!(
+                        "{}; a workload registering from this template would be rejected",
+                        e.reason
+                    ),
+                );
+            }
+        }
+    }
+    if let Some(probe) = &wg.probe {
+        check_readiness_probe(&mut f, &spec.field("probe"), probe);
+    }
+    f.finish()
+}
+
+/// Istio's `validateReadinessProbe`, with the gRPC method checked like the others.
+fn check_readiness_probe(f: &mut Findings, at: &FieldPath, probe: &net::ReadinessProbe) {
+    use net::readiness_probe::HealthCheckMethod;
+    for (field, value) in [
+        ("periodSeconds", probe.period_seconds),
+        ("initialDelaySeconds", probe.initial_delay_seconds),
+        ("timeoutSeconds", probe.timeout_seconds),
+        ("successThreshold", probe.success_threshold),
+        ("failureThreshold", probe.failure_threshold),
+    ] {
+        if value < 0 {
+            f.error(&at.field(field), format!("{field} must be non-negative"));
+        }
+    }
+    match &probe.health_check_method {
+        None => f.error(
+            at,
+            "a probe needs exactly one of httpGet, tcpSocket, exec or grpc",
+        ),
+        Some(HealthCheckMethod::HttpGet(http)) => {
+            let at = at.field("httpGet");
+            f.check(&at.field("port"), validate_port(http.port));
+            if !http.scheme.is_empty() && http.scheme != "HTTP" && http.scheme != "HTTPS" {
+                f.error(
+                    &at.field("scheme"),
+                    "httpGet.scheme must be one of \"HTTPS\", \"HTTP\"",
+                );
+            }
+            for (i, header) in http.http_headers.iter().enumerate() {
+                let here = at.field("httpHeaders").index(i).field("name");
+                f.check(&here, validate_header_name(&header.name));
+            }
+        }
+        Some(HealthCheckMethod::TcpSocket(tcp)) => {
+            f.check(
+                &at.field("tcpSocket").field("port"),
+                validate_port(tcp.port),
+            );
+        }
+        Some(HealthCheckMethod::Exec(exec)) => {
+            if exec.command.is_empty() {
+                f.error(
+                    &at.field("exec").field("command"),
+                    "exec.command is required",
+                );
+            }
+        }
+        Some(HealthCheckMethod::Grpc(grpc)) => {
+            f.check(&at.field("grpc").field("port"), validate_port(grpc.port));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::test_support::{assert_error, assert_ok, assert_warning, spec};
@@ -578,6 +680,155 @@ mod tests {
             &we("address: 10.0.0.1\nlabels: {app: \"a b\"}"),
             "spec.labels[app]",
             "invalid label value",
+        );
+    }
+
+    fn wg(yaml: &str) -> Validation {
+        validate_workload_group(&spec::<net::WorkloadGroup>(yaml))
+    }
+
+    /// Istio's TestValidateWorkloadGroup (pkg/config/validation): name, spec, valid.
+    /// None of its cases expects a warning. "probe nil" (a method whose message is
+    /// unset) reads from YAML as an empty method, which is invalid the same way.
+    #[test]
+    fn istio_workload_group_vectors() {
+        let cases = [
+            ("valid", "template: {}", true),
+            (
+                "invalid",
+                "template: {}\nmetadata: {labels: {\".\": \"~\"}}",
+                false,
+            ),
+            ("probe missing method", "template: {}\nprobe: {}", false),
+            ("probe nil", "template: {}\nprobe: {httpGet: {}}", false),
+            (
+                "probe http empty",
+                "template: {}\nprobe: {httpGet: {}}",
+                false,
+            ),
+            (
+                "probe http valid",
+                "template: {}\nprobe: {httpGet: {port: 5}}",
+                true,
+            ),
+            (
+                "probe tcp invalid",
+                "template: {}\nprobe: {tcpSocket: {}}",
+                false,
+            ),
+            (
+                "probe tcp valid",
+                "template: {}\nprobe: {tcpSocket: {port: 5}}",
+                true,
+            ),
+            (
+                "probe exec invalid",
+                "template: {}\nprobe: {exec: {}}",
+                false,
+            ),
+            (
+                "probe exec valid",
+                "template: {}\nprobe: {exec: {command: [foo, bar]}}",
+                true,
+            ),
+        ];
+        for (name, yaml, valid) in cases {
+            match wg(yaml) {
+                Ok(warnings) => {
+                    assert!(valid, "{name}: accepted, Istio rejects it");
+                    assert!(warnings.is_empty(), "{name}: {warnings:?}");
+                }
+                Err(errors) => assert!(!valid, "{name}: rejected: {errors:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn workload_groups() {
+        for yaml in [
+            "template: {ports: {http: 8080}, labels: {app: vm}, serviceAccount: vm}",
+            "metadata: {labels: {app: vm}, annotations: {a: b}}\ntemplate: {network: vm-net}\nprobe: {periodSeconds: 5, httpGet: {port: 8080, path: /ready, scheme: HTTPS, httpHeaders: [{name: x-probe, value: '1'}]}}",
+            "template: {}\nprobe: {tcpSocket: {port: 9000}}",
+            "template: {}\nprobe: {exec: {command: [/bin/true]}}",
+            "template: {}\nprobe: {grpc: {port: 9000, service: health}}",
+        ] {
+            let warnings = assert_ok(&wg(yaml));
+            assert!(warnings.is_empty(), "{yaml}: {warnings:?}");
+        }
+        assert_error(
+            &wg("probe: {tcpSocket: {port: 1}}"),
+            "spec.template",
+            "template is required",
+        );
+        for (yaml, field, text) in [
+            (
+                "template: {address: 10.0.0.1}",
+                "spec.template.address",
+                "ignored",
+            ),
+            (
+                "template: {ports: {http: 0}}",
+                "spec.template.ports[http]",
+                "port number 0",
+            ),
+            (
+                "template: {ports: {\"bad name\": 80}}",
+                "spec.template.ports[bad name]",
+                "would be rejected",
+            ),
+            (
+                "template: {labels: {\"a b\": x}}",
+                "spec.template.labels[a b]",
+                "would be rejected",
+            ),
+        ] {
+            let warnings = assert_ok(&wg(yaml));
+            assert!(
+                warnings
+                    .iter()
+                    .any(|w| w.field.to_string() == field && w.message.contains(text)),
+                "{yaml}: {warnings:?}"
+            );
+        }
+        assert_error(
+            &wg("metadata: {labels: {\"a b\": x}}\ntemplate: {}"),
+            "spec.metadata.labels[a b]",
+            "",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {periodSeconds: 5}"),
+            "spec.probe",
+            "exactly one of",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {timeoutSeconds: -1, tcpSocket: {port: 80}}"),
+            "spec.probe.timeoutSeconds",
+            "timeoutSeconds must be non-negative",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {httpGet: {path: /}}"),
+            "spec.probe.httpGet.port",
+            "port number 0",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {httpGet: {port: 80, scheme: FTP}}"),
+            "spec.probe.httpGet.scheme",
+            "must be one of",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {httpGet: {port: 80, httpHeaders: [{name: \"a b\"}]}}"),
+            "spec.probe.httpGet.httpHeaders[0].name",
+            "not a valid header name",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {exec: {}}"),
+            "spec.probe.exec.command",
+            "exec.command is required",
+        );
+        assert_error(
+            &wg("template: {}\nprobe: {grpc: {port: 70000}}"),
+            "spec.probe.grpc.port",
+            "port number 70000",
         );
     }
 }

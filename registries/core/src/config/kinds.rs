@@ -1,0 +1,546 @@
+//! The config kinds meshfed reads, each declared once.
+//!
+//! One entry of [`declare_kinds!`] below is everything meshfed knows of a kind: its
+//! API group (and so its versions), its Kubernetes kind and plural names, its spec
+//! type (generated from `proto/istio`), its validator, what it feeds (the config
+//! index, the service registry, or nothing yet) and which resource types read it.
+//! From the table come [`Kind`], [`Spec`] (with decoding, serialization and
+//! validation dispatch), the object kinds of [`ConfigKind`] (the push vocabulary) and
+//! [`KindInfo`]. The config directory and `meshfed validate` ([`crate::config::decode()`]),
+//! the Kubernetes CRD store and its discovery and the fake API server (`plural`,
+//! [`KindInfo::group`]), the config index ([`Feeds`]) and `xds::deps` ([`Readers`]) all
+//! read it from here.
+//!
+//! Objects of kinds that are not declared here are not dropped in silence: the file
+//! sources report them as ignored (see [`crate::config::ignored`]).
+
+use meshfed_api::networking::v1alpha3 as net;
+use meshfed_api::security::v1beta1 as sec;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::config::decode::decode_spec;
+use crate::config::validate::{self as v, FieldError, Validation};
+
+/// An API group and the versions of it that are read (one schema), preferred first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Group {
+    /// `networking.istio.io`.
+    pub name: &'static str,
+    /// `v1`, `v1beta1`, ...: preferred first.
+    pub versions: &'static [&'static str],
+    /// `<name>/<preferred version>`, written when an object is serialized.
+    pub api_version: &'static str,
+}
+
+/// `networking.istio.io`, versions `v1`, `v1beta1`, `v1alpha3`.
+pub const NETWORKING: Group = Group {
+    name: "networking.istio.io",
+    versions: &["v1", "v1beta1", "v1alpha3"],
+    api_version: "networking.istio.io/v1",
+};
+
+/// `security.istio.io`, versions `v1`, `v1beta1`.
+pub const SECURITY: Group = Group {
+    name: "security.istio.io",
+    versions: &["v1", "v1beta1"],
+    api_version: "security.istio.io/v1",
+};
+
+/// Every group some kind belongs to, in discovery order.
+pub const GROUPS: [Group; 2] = [NETWORKING, SECURITY];
+
+/// What a kind's objects feed on the serving side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Feeds {
+    /// The snapshot's config index (the server's `push::config_index::ConfigSet`);
+    /// changes push as config.
+    ConfigIndex,
+    /// The ServiceEntry registry, which pushes the services they change; changes are
+    /// not pushed as config.
+    ServiceRegistry,
+    /// Nothing yet: objects are read, validated and listed (`/debug/configz`) but no
+    /// resource depends on them, so their changes push nothing.
+    Nothing,
+}
+
+/// A family of xDS resources, named here without knowing xDS (`xds::deps` maps each
+/// resource type onto one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    Clusters,
+    Endpoints,
+    Listeners,
+    Routes,
+    /// The DNS name table (NDS).
+    NameTable,
+    /// Gateway credentials (SDS).
+    Secrets,
+}
+
+impl Reader {
+    const fn bit(self) -> u8 {
+        1 << self as u8
+    }
+}
+
+/// Which resource families may read a kind's objects: for every proxy, and (no more
+/// than that) for sidecars. Conservative: a family is left out only where no
+/// generator of it reads the kind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Readers {
+    all: u8,
+    sidecars: u8,
+}
+
+impl Readers {
+    /// Read by nothing.
+    pub const NONE: Readers = Readers {
+        all: 0,
+        sidecars: 0,
+    };
+
+    /// Every family but Secrets (gateway credentials read Secrets and Gateways only).
+    pub const DEFAULT: Readers = Readers::NONE
+        .with(Reader::Clusters)
+        .with(Reader::Endpoints)
+        .with(Reader::Listeners)
+        .with(Reader::Routes)
+        .with(Reader::NameTable);
+
+    /// These readers and `reader`.
+    pub const fn with(self, reader: Reader) -> Readers {
+        Readers {
+            all: self.all | reader.bit(),
+            sidecars: self.sidecars | reader.bit(),
+        }
+    }
+
+    /// These readers but `reader`.
+    pub const fn without(self, reader: Reader) -> Readers {
+        Readers {
+            all: self.all & !reader.bit(),
+            sidecars: self.sidecars & !reader.bit(),
+        }
+    }
+
+    /// These readers, of which sidecars only `only`.
+    pub const fn sidecars_only(self, only: &[Reader]) -> Readers {
+        let mut sidecars = 0;
+        let mut i = 0;
+        while i < only.len() {
+            sidecars |= only[i].bit();
+            i += 1;
+        }
+        Readers {
+            all: self.all,
+            sidecars: self.sidecars & sidecars,
+        }
+    }
+
+    /// Whether `reader` reads the kind for a sidecar (`sidecar`) or any other proxy.
+    pub const fn reads(self, sidecar: bool, reader: Reader) -> bool {
+        let set = if sidecar { self.sidecars } else { self.all };
+        set & reader.bit() != 0
+    }
+}
+
+/// Everything declared about one kind.
+#[derive(Clone, Copy, Debug)]
+pub struct KindInfo {
+    /// The Kubernetes kind name (`VirtualService`).
+    pub kind: &'static str,
+    /// Its API group and versions.
+    pub group: Group,
+    /// The plural resource name (`virtualservices`): the CRD's collection.
+    pub plural: &'static str,
+    /// The push key kind of its objects.
+    pub config_kind: ConfigKind,
+    /// What its objects feed.
+    pub feeds: Feeds,
+    /// Which resource families read it.
+    pub readers: Readers,
+}
+
+/// A spec type of a declared kind.
+pub trait KindSpec: Sized {
+    /// Its kind.
+    const KIND: Kind;
+
+    /// The spec, if `spec` is of this kind.
+    fn of(spec: &Spec) -> Option<&Self>;
+}
+
+/// Declares the kinds; see the module doc. Each entry: the kind's name (also its
+/// [`Kind`], [`Spec`] and [`ConfigKind`] variant), then its spec type, group, plural,
+/// validator (`fn(namespace, &spec) -> Validation`), what it feeds and its readers.
+/// `other_config_kinds` are the push keys that name no config object.
+macro_rules! declare_kinds {
+    (
+        kinds {
+            $(
+                $(#[$doc:meta])*
+                $variant:ident {
+                    spec: $spec:ty,
+                    group: $group:expr,
+                    plural: $plural:literal,
+                    validate: $validate:expr,
+                    feeds: $feeds:expr,
+                    readers: $readers:expr $(,)?
+                }
+            ),* $(,)?
+        }
+        other_config_kinds {
+            $( $(#[$odoc:meta])* $other:ident ),* $(,)?
+        }
+    ) => {
+        /// The config kinds meshfed reads. The order is the order of
+        /// [`ConfigStore::all`] (kind, then namespace, then name).
+        ///
+        /// [`ConfigStore::all`]: crate::config::ConfigStore::all
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+        pub enum Kind {
+            $( $(#[$doc])* $variant, )*
+        }
+
+        const COUNT: usize = [$(stringify!($variant)),*].len();
+
+        const KINDS: [KindInfo; COUNT] = [$(
+            KindInfo {
+                kind: stringify!($variant),
+                group: $group,
+                plural: $plural,
+                config_kind: ConfigKind::$variant,
+                feeds: $feeds,
+                readers: $readers,
+            }
+        ),*];
+
+        impl Kind {
+            /// Every kind, in order.
+            pub const ALL: [Kind; COUNT] = [$(Kind::$variant),*];
+        }
+
+        /// The kind of object a [`ConfigKey`](crate::events::ConfigKey) names: a
+        /// config kind, or a push key that names no config object.
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+        pub enum ConfigKind {
+            $( $(#[$doc])* $variant, )*
+            $( $(#[$odoc])* $other, )*
+        }
+
+        impl ConfigKind {
+            /// The config kind this key kind names objects of, if any.
+            pub const fn object_kind(self) -> Option<Kind> {
+                match self {
+                    $( ConfigKind::$variant => Some(Kind::$variant), )*
+                    _ => None,
+                }
+            }
+        }
+
+        /// The typed spec of a config object.
+        // Specs live behind `Arc` in the stores; boxing the large variants would only
+        // add an indirection to every read.
+        #[allow(clippy::large_enum_variant)]
+        #[derive(Clone, Debug, PartialEq)]
+        pub enum Spec {
+            $( $variant($spec), )*
+        }
+
+        impl Spec {
+            /// The kind this spec belongs to.
+            pub fn kind(&self) -> Kind {
+                match self {
+                    $( Spec::$variant(_) => Kind::$variant, )*
+                }
+            }
+
+            /// Reads the spec of a `kind` object from its proto3 JSON form. A missing
+            /// or null spec is the empty message. Errors name the field
+            /// (`spec.http[0].timeout`).
+            pub fn from_value(kind: Kind, value: &Value) -> Result<Spec, FieldError> {
+                let empty = Value::Object(serde_json::Map::new());
+                let value = if value.is_null() { &empty } else { value };
+                Ok(match kind {
+                    $( Kind::$variant => Spec::$variant(decode_spec(value)?), )*
+                })
+            }
+
+            /// Validates the spec with the rules of its kind; `namespace` is the
+            /// object's.
+            pub(crate) fn validate_spec(&self, namespace: &str) -> Validation {
+                match self {
+                    $( Spec::$variant(spec) => {
+                        let validate: fn(&str, &$spec) -> Validation = $validate;
+                        validate(namespace, spec)
+                    } )*
+                }
+            }
+        }
+
+        impl Serialize for Spec {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                match self {
+                    $( Spec::$variant(v) => v.serialize(s), )*
+                }
+            }
+        }
+
+        $(
+            impl From<$spec> for Spec {
+                fn from(spec: $spec) -> Spec {
+                    Spec::$variant(spec)
+                }
+            }
+
+            impl KindSpec for $spec {
+                const KIND: Kind = Kind::$variant;
+
+                fn of(spec: &Spec) -> Option<&Self> {
+                    match spec {
+                        Spec::$variant(s) => Some(s),
+                        #[allow(unreachable_patterns)]
+                        _ => None,
+                    }
+                }
+            }
+        )*
+    };
+}
+
+declare_kinds! {
+    kinds {
+        /// Routing rules for hosts (sidecars and gateways).
+        VirtualService {
+            spec: net::VirtualService,
+            group: NETWORKING,
+            plural: "virtualservices",
+            validate: |ns, s| v::validate_virtual_service(ns, s),
+            feeds: Feeds::ConfigIndex,
+            // Sidecars' clusters and endpoints never look at VirtualServices; the
+            // name table does not either (as Istio's `ndsNeedsPush`).
+            readers: Readers::DEFAULT
+                .without(Reader::NameTable)
+                .sidecars_only(&[Reader::Listeners, Reader::Routes]),
+        },
+        /// Traffic policy for a host.
+        DestinationRule {
+            spec: net::DestinationRule,
+            group: NETWORKING,
+            plural: "destinationrules",
+            validate: |ns, s| v::validate_destination_rule(ns, s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::DEFAULT.without(Reader::NameTable),
+        },
+        /// The servers of a gateway proxy.
+        Gateway {
+            spec: net::Gateway,
+            group: NETWORKING,
+            plural: "gateways",
+            validate: |_, s| v::validate_gateway(s),
+            feeds: Feeds::ConfigIndex,
+            // Gateways authorize `kubernetes-gateway://` credential names (SDS).
+            readers: Readers::DEFAULT
+                .without(Reader::NameTable)
+                .with(Reader::Secrets),
+        },
+        /// A ServiceEntry object; as a push key, also "a service (from any registry)
+        /// changed": clusters and listeners may change.
+        ServiceEntry {
+            spec: net::ServiceEntry,
+            group: NETWORKING,
+            plural: "serviceentries",
+            validate: |ns, s| v::validate_service_entry(ns, s),
+            feeds: Feeds::ServiceRegistry,
+            readers: Readers::DEFAULT,
+        },
+        /// A workload outside Kubernetes (a VM).
+        WorkloadEntry {
+            spec: net::WorkloadEntry,
+            group: NETWORKING,
+            plural: "workloadentries",
+            validate: |_, s| v::validate_workload_entry(s),
+            feeds: Feeds::ServiceRegistry,
+            // Its addresses reach the name table as service endpoint changes.
+            readers: Readers::DEFAULT.without(Reader::NameTable),
+        },
+        /// The scope of sidecars' config.
+        Sidecar {
+            spec: net::Sidecar,
+            group: NETWORKING,
+            plural: "sidecars",
+            validate: |ns, s| v::validate_sidecar(ns, s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::DEFAULT,
+        },
+        /// mTLS modes (PeerAuthentication reaches clusters through auto mTLS).
+        PeerAuthentication {
+            spec: sec::PeerAuthentication,
+            group: SECURITY,
+            plural: "peerauthentications",
+            validate: |_, s| v::validate_peer_authentication(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::DEFAULT,
+        },
+        /// JWT validation.
+        RequestAuthentication {
+            spec: sec::RequestAuthentication,
+            group: SECURITY,
+            plural: "requestauthentications",
+            validate: |_, s| v::validate_request_authentication(s),
+            feeds: Feeds::ConfigIndex,
+            // As Istio (`skippedCdsConfigs`, `skippedEdsConfigs`): listeners and
+            // routes only, never clusters or endpoints.
+            readers: Readers::DEFAULT
+                .without(Reader::Clusters)
+                .without(Reader::Endpoints),
+        },
+        /// Access control.
+        AuthorizationPolicy {
+            spec: sec::AuthorizationPolicy,
+            group: SECURITY,
+            plural: "authorizationpolicies",
+            validate: |_, s| v::validate_authorization_policy(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::DEFAULT
+                .without(Reader::Clusters)
+                .without(Reader::Endpoints),
+        },
+        /// The template and readiness probe of workloads that register themselves
+        /// (VMs). Read, validated and listed; auto-registration does not use it yet.
+        WorkloadGroup {
+            spec: net::WorkloadGroup,
+            group: NETWORKING,
+            plural: "workloadgroups",
+            validate: |_, s| v::service_entry::validate_workload_group(s),
+            feeds: Feeds::Nothing,
+            readers: Readers::NONE,
+        },
+    }
+    other_config_kinds {
+        /// Only the endpoints of a service changed: EDS for that hostname only.
+        Endpoints,
+        /// The mesh-wide configuration.
+        MeshConfig,
+        /// meshNetworks or network gateways.
+        MeshNetworks,
+        /// A proxy's own workload changed (a pod's labels or addresses): the proxies
+        /// running as it get new labels and inbound config. Name = the workload (pod)
+        /// name.
+        Workload,
+        /// A Secret holding gateway credentials (SDS): only the proxies that requested
+        /// it get a push, and only of secrets. Name and namespace are the Secret's.
+        Secret,
+    }
+}
+
+impl Kind {
+    /// Everything declared about the kind.
+    pub const fn info(self) -> &'static KindInfo {
+        &KINDS[self as usize]
+    }
+
+    /// The kind's API group.
+    pub fn group(self) -> &'static str {
+        self.info().group.name
+    }
+
+    /// The versions of the kind's group that are read, preferred first.
+    pub fn versions(self) -> &'static [&'static str] {
+        self.info().group.versions
+    }
+
+    /// `<group>/<preferred version>`, written when an object is serialized.
+    pub fn api_version(self) -> &'static str {
+        self.info().group.api_version
+    }
+
+    /// A `security.istio.io` kind.
+    pub fn is_security(self) -> bool {
+        self.info().group == SECURITY
+    }
+
+    /// The Kubernetes kind name (`VirtualService`).
+    pub fn as_str(self) -> &'static str {
+        self.info().kind
+    }
+
+    /// The plural resource name (`virtualservices`).
+    pub fn plural(self) -> &'static str {
+        self.info().plural
+    }
+
+    /// The kind of a Kubernetes kind name (exact spelling).
+    pub fn from_name(kind: &str) -> Option<Kind> {
+        Kind::ALL.into_iter().find(|k| k.as_str() == kind)
+    }
+
+    /// The [`ConfigKind`] of push keys for objects of this kind.
+    pub fn config_kind(self) -> ConfigKind {
+        self.info().config_kind
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Spec {
+    /// The spec as a `T`, if it is one.
+    pub fn get<T: KindSpec>(&self) -> Option<&T> {
+        T::of(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_consistent() {
+        for (i, kind) in Kind::ALL.into_iter().enumerate() {
+            let info = kind.info();
+            assert_eq!(kind as usize, i);
+            assert_eq!(info.kind, format!("{kind:?}"));
+            assert_eq!(info.config_kind.object_kind(), Some(kind));
+            assert_eq!(Kind::from_name(info.kind), Some(kind));
+            assert!(GROUPS.contains(&info.group), "{kind}");
+            assert!(
+                info.plural.chars().all(|c| c.is_ascii_lowercase()),
+                "{kind}"
+            );
+            assert!(info.group.api_version.ends_with(info.group.versions[0]));
+        }
+        for other in [
+            ConfigKind::Endpoints,
+            ConfigKind::MeshConfig,
+            ConfigKind::MeshNetworks,
+            ConfigKind::Workload,
+            ConfigKind::Secret,
+        ] {
+            assert_eq!(other.object_kind(), None);
+        }
+    }
+
+    #[test]
+    fn readers_narrow_sidecars_only_where_declared() {
+        let vs = Kind::VirtualService.info().readers;
+        assert!(vs.reads(false, Reader::Clusters) && !vs.reads(true, Reader::Clusters));
+        assert!(vs.reads(true, Reader::Routes) && vs.reads(true, Reader::Listeners));
+        assert!(!vs.reads(false, Reader::NameTable) && !vs.reads(false, Reader::Secrets));
+        let gw = Kind::Gateway.info().readers;
+        assert!(gw.reads(true, Reader::Secrets) && gw.reads(true, Reader::Clusters));
+        assert!(!Readers::NONE.reads(false, Reader::Routes));
+    }
+
+    #[test]
+    fn specs_are_found_by_type() {
+        let spec = Spec::from(net::Gateway::default());
+        assert!(spec.get::<net::Gateway>().is_some());
+        assert!(spec.get::<net::Sidecar>().is_none());
+        assert_eq!(<net::Gateway as KindSpec>::KIND, Kind::Gateway);
+    }
+}

@@ -1,0 +1,182 @@
+//! Assembling a snapshot's config from the config stores: every object of a kind
+//! that feeds the config index ([`Feeds::ConfigIndex`], declared in
+//! `meshfed_registry::config::kinds`) goes into its place of the [`ConfigSet`], which
+//! [`ConfigIndex::new`] indexes. The same pass counts what is rejected and what is not
+//! fully applied (and warns when that changes); [`IgnoredMetrics`] counts the objects
+//! of kinds meshfed does not read.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use meshfed_api::security::v1beta1::RequestAuthentication;
+use meshfed_registry::config::{ConfigObject, ConfigStore, Feeds, Spec};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
+use super::config_index::{ConfigIndex, ConfigSet};
+use super::config_object::Config;
+use super::jwks_table::JwksTable;
+use super::{ConfigSourceFn, PushMetrics};
+
+/// Puts `object` in its place of `set`. Objects of kinds that do not feed the config
+/// index (ServiceEntry and WorkloadEntry feed the service registry; some kinds feed
+/// nothing yet) have none.
+pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
+    match &object.spec {
+        Spec::VirtualService(vs) => set.virtual_services.push(Config::of(object, vs)),
+        Spec::DestinationRule(dr) => set.destination_rules.push(Config::of(object, dr)),
+        Spec::Gateway(g) => set.gateways.push(Config::of(object, g)),
+        Spec::Sidecar(sc) => set.sidecars.push(Config::of(object, sc)),
+        Spec::PeerAuthentication(pa) => set.peer_authentications.push(Config::of(object, pa)),
+        Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
+        Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
+        #[allow(unreachable_patterns)]
+        _ => debug_assert_ne!(
+            object.kind.info().feeds,
+            Feeds::ConfigIndex,
+            "{} feeds the config index but has no place in ConfigSet",
+            object.kind
+        ),
+    }
+}
+
+/// Builds the snapshot's config index from every store in `stores`: the objects of
+/// kinds that feed it, the mesh config and `domain`; `jwks` gives the keys of the
+/// RequestAuthentications (fetched so far; new ones are fetched and push when they
+/// arrive). Sets `meshfed_config_rejected` and `meshfed_config_not_enforced` and logs
+/// a WARN whenever the objects not fully applied change.
+pub fn config_source(
+    stores: Vec<Arc<dyn ConfigStore>>,
+    domain: &str,
+    metrics: Arc<PushMetrics>,
+    jwks: impl Fn(&[Config<RequestAuthentication>]) -> Arc<JwksTable> + Send + Sync + 'static,
+) -> ConfigSourceFn {
+    let domain = domain.to_string();
+    // The security objects last warned about, so a WARN goes out when they change.
+    let warned: Arc<Mutex<Vec<String>>> = Arc::default();
+    Arc::new(move |mesh| {
+        let mut set = ConfigSet::default();
+        let rejected: usize = stores.iter().map(|s| s.rejected().len()).sum();
+        metrics.config_rejected.set(rejected as i64);
+        let mut not_enforced = Vec::new();
+        for store in &stores {
+            for object in store.all() {
+                if let Some(gap) =
+                    meshfed_registry::config::validate::not_enforced_in(&object, Some(&mesh.config))
+                {
+                    not_enforced.push(format!(
+                        "{} {}/{} ({}): {gap}",
+                        object.kind, object.namespace, object.name, object.source
+                    ));
+                }
+                add_to_set(&mut set, &object);
+            }
+        }
+        metrics.config_not_enforced.set(not_enforced.len() as i64);
+        not_enforced.sort();
+        let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
+        if *last != not_enforced {
+            if !not_enforced.is_empty() {
+                tracing::warn!(
+                    objects = %not_enforced.join("; "),
+                    "security.istio.io objects meshfed does not fully apply yet"
+                );
+            }
+            *last = not_enforced;
+        }
+        let keys = jwks(&set.request_authentications);
+        ConfigIndex::new(set, &domain, mesh).with_jwks(keys)
+    })
+}
+
+/// `meshfed_config_ignored{kind}`: objects of kinds meshfed does not read that the
+/// stores hold right now, by kind (read when scraped; a kind seen once stays listed,
+/// at 0 when it is gone).
+#[derive(Clone)]
+pub struct IgnoredMetrics {
+    stores: Vec<Arc<dyn ConfigStore>>,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+}
+
+impl fmt::Debug for IgnoredMetrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IgnoredMetrics").finish_non_exhaustive()
+    }
+}
+
+impl IgnoredMetrics {
+    /// Counts the ignored objects of `stores` in `registry`.
+    pub fn register(stores: Vec<Arc<dyn ConfigStore>>, registry: &mut Registry) {
+        registry.register_collector(Box::new(IgnoredMetrics {
+            stores,
+            seen: Arc::default(),
+        }));
+    }
+
+    /// The current count by kind, with every kind seen before.
+    fn counts(&self) -> BTreeMap<String, i64> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts: BTreeMap<String, i64> = seen.iter().map(|kind| (kind.clone(), 0)).collect();
+        for store in &self.stores {
+            for object in store.ignored() {
+                *counts.entry(object.kind).or_default() += 1;
+            }
+        }
+        seen.extend(counts.keys().cloned());
+        counts
+    }
+}
+
+impl Collector for IgnoredMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let counts = self.counts();
+        meshfed_registry::metrics::encode_gauges(
+            &mut encoder,
+            "meshfed_config_ignored",
+            "Config objects of kinds meshfed does not read (another group, or an Istio kind not supported yet), found in config files and not applied; listed under `ignored` in /debug/configz",
+            "kind",
+            counts.iter().map(|(k, n)| (k.as_str(), *n)),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use meshfed_registry::config::{Kind, MemoryConfigStore};
+
+    use super::*;
+
+    /// Every kind declared to feed the config index has a place in the set.
+    #[test]
+    fn every_kind_that_feeds_the_index_has_a_place() {
+        let empty = serde_json::Value::Null;
+        for kind in Kind::ALL {
+            let spec = Spec::from_value(kind, &empty).unwrap();
+            let mut set = ConfigSet::default();
+            add_to_set(&mut set, &ConfigObject::new("ns", "n", spec));
+            let placed = format!("{set:?}") != format!("{:?}", ConfigSet::default());
+            assert_eq!(
+                placed,
+                kind.info().feeds == Feeds::ConfigIndex,
+                "{kind}: {:?}",
+                kind.info().feeds
+            );
+        }
+    }
+
+    #[test]
+    fn ignored_objects_are_counted_by_kind() {
+        let (sink, _events) = meshfed_registry::UpdateSink::new(Default::default());
+        let stores: Vec<Arc<dyn ConfigStore>> = vec![Arc::new(MemoryConfigStore::new(sink))];
+        let mut registry = Registry::default();
+        IgnoredMetrics::register(stores, &mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains("# TYPE meshfed_config_ignored gauge"),
+            "{text}"
+        );
+    }
+}
