@@ -18,7 +18,45 @@ use tokio::time::Instant;
 use crate::endpoints::{EndpointIndex, EndpointPush};
 use crate::model::{Endpoint, ServiceKey, ShardKey};
 
-pub use crate::config::kinds::ConfigKind;
+/// The kind of object a [`ConfigKey`] names: a config kind (one variant per kind
+/// declared in `config::kinds`, in the same order; the declaration names its variant,
+/// so a kind without one does not compile), or a push key that names no config object.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+pub enum ConfigKind {
+    /// Routing rules for hosts (sidecars and gateways).
+    VirtualService,
+    /// Traffic policy for a host.
+    DestinationRule,
+    /// The servers of a gateway proxy.
+    Gateway,
+    /// A ServiceEntry object; as a push key, also "a service (from any registry)
+    /// changed": clusters and listeners may change.
+    ServiceEntry,
+    /// A workload outside Kubernetes (a VM).
+    WorkloadEntry,
+    /// The scope of sidecars' config.
+    Sidecar,
+    /// mTLS modes.
+    PeerAuthentication,
+    /// JWT validation.
+    RequestAuthentication,
+    /// Access control.
+    AuthorizationPolicy,
+    /// The template and readiness probe of workloads that register themselves.
+    WorkloadGroup,
+    /// Only the endpoints of a service changed: EDS for that hostname only.
+    Endpoints,
+    /// The mesh-wide configuration.
+    MeshConfig,
+    /// meshNetworks or network gateways.
+    MeshNetworks,
+    /// A proxy's own workload changed (a pod's labels or addresses): the proxies
+    /// running as it get new labels and inbound config. Name = the workload (pod) name.
+    Workload,
+    /// A Secret holding gateway credentials (SDS): only the proxies that requested it
+    /// get a push, and only of secrets. Name and namespace are the Secret's.
+    Secret,
+}
 
 /// Names one changed object: for services and endpoints the name is the hostname.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]

@@ -5,7 +5,7 @@
 //! type (generated from `proto/istio`), its validator, what it feeds (the config
 //! index, the service registry, or nothing yet) and which resource types read it.
 //! From the table come [`Kind`], [`Spec`] (with decoding, serialization and
-//! validation dispatch), the object kinds of [`ConfigKind`] (the push vocabulary) and
+//! validation dispatch), the mapping of [`ConfigKind`] (the push vocabulary, which names a variant per kind) back to kinds and
 //! [`KindInfo`]. The config directory and `meshfed validate` ([`crate::config::decode()`]),
 //! the Kubernetes CRD store and its discovery and the fake API server (`plural`,
 //! [`KindInfo::group`]), the config index ([`Feeds`]) and `xds::deps` ([`Readers`]) all
@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use crate::config::decode::decode_spec;
 use crate::config::validate::{self as v, FieldError, Validation};
+use crate::events::ConfigKind;
 
 /// An API group and the versions of it that are read (one schema), preferred first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,7 +175,6 @@ pub trait KindSpec: Sized {
 /// Declares the kinds; see the module doc. Each entry: the kind's name (also its
 /// [`Kind`], [`Spec`] and [`ConfigKind`] variant), then its spec type, group, plural,
 /// validator (`fn(namespace, &spec) -> Validation`), what it feeds and its readers.
-/// `other_config_kinds` are the push keys that name no config object.
 macro_rules! declare_kinds {
     (
         kinds {
@@ -189,9 +189,6 @@ macro_rules! declare_kinds {
                     readers: $readers:expr $(,)?
                 }
             ),* $(,)?
-        }
-        other_config_kinds {
-            $( $(#[$odoc:meta])* $other:ident ),* $(,)?
         }
     ) => {
         /// The config kinds meshfed reads. The order is the order of
@@ -219,14 +216,6 @@ macro_rules! declare_kinds {
         impl Kind {
             /// Every kind, in order.
             pub const ALL: [Kind; COUNT] = [$(Kind::$variant),*];
-        }
-
-        /// The kind of object a [`ConfigKey`](crate::events::ConfigKey) names: a
-        /// config kind, or a push key that names no config object.
-        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
-        pub enum ConfigKind {
-            $( $(#[$doc])* $variant, )*
-            $( $(#[$odoc])* $other, )*
         }
 
         impl ConfigKind {
@@ -417,21 +406,6 @@ declare_kinds! {
             feeds: Feeds::Nothing,
             readers: Readers::NONE,
         },
-    }
-    other_config_kinds {
-        /// Only the endpoints of a service changed: EDS for that hostname only.
-        Endpoints,
-        /// The mesh-wide configuration.
-        MeshConfig,
-        /// meshNetworks or network gateways.
-        MeshNetworks,
-        /// A proxy's own workload changed (a pod's labels or addresses): the proxies
-        /// running as it get new labels and inbound config. Name = the workload (pod)
-        /// name.
-        Workload,
-        /// A Secret holding gateway credentials (SDS): only the proxies that requested
-        /// it get a push, and only of secrets. Name and namespace are the Secret's.
-        Secret,
     }
 }
 
