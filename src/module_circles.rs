@@ -27,7 +27,6 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[
 const NOT_YET_UNTANGLED: &[(&str, &str)] = &[
     ("meshfed_registry", "config"),
     ("meshfed_registry", "config::validate"),
-    ("meshfed_kube", ""),
     ("meshfed_kube", "fake_api"),
     ("meshfed_consul", ""),
     ("meshfed_load", ""),
