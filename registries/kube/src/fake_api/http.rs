@@ -18,6 +18,9 @@ use super::selector::Selector;
 use super::tokens::TOKEN_REVIEWS;
 use super::{ApiState, RecordedRequest, Shared, WatchMsg, WatchSub, event_line};
 
+// `custom` still takes the response helpers from here.
+pub(super) use super::response::{json_response, status};
+
 /// A request path split into its parts.
 pub(super) struct ApiPath {
     /// `/api/v1/pods`.
@@ -55,29 +58,6 @@ pub(super) fn collection_path(path: &str) -> Option<ApiPath> {
         namespace,
         name,
     })
-}
-
-pub(super) fn status(code: StatusCode, reason: &str, message: String) -> Response {
-    let body = json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code.as_u16(),
-    });
-    json_response(code, &body)
-}
-
-pub(super) fn json_response(code: StatusCode, body: &Value) -> Response {
-    Response::builder()
-        .status(code)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(Body::from(
-            serde_json::to_vec(body).expect("JSON values serialise"),
-        ))
-        .expect("static response parts are valid")
 }
 
 pub(super) async fn handle(

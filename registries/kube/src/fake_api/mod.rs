@@ -65,6 +65,7 @@ mod custom;
 mod http;
 pub mod objects;
 mod rbac;
+mod response;
 mod selector;
 mod tokens;
 
