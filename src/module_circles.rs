@@ -28,7 +28,6 @@ const NOT_YET_UNTANGLED: &[(&str, &str)] = &[
     ("meshfed_registry", "config"),
     ("meshfed_registry", "config::validate"),
     ("meshfed_kube", "fake_api"),
-    ("meshfed_load", ""),
 ];
 
 /// The crates checked: name and source folder, relative to the workspace root.
