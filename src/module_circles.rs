@@ -27,10 +27,7 @@ const KNOWN_CIRCLES: &[(&str, &str)] = &[
 const NOT_YET_UNTANGLED: &[(&str, &str)] = &[
     ("meshfed_registry", "config"),
     ("meshfed_registry", "config::validate"),
-    ("meshfed_kube", ""),
     ("meshfed_kube", "fake_api"),
-    ("meshfed_consul", ""),
-    ("meshfed_load", ""),
 ];
 
 /// The crates checked: name and source folder, relative to the workspace root.

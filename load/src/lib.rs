@@ -109,6 +109,7 @@ pub mod client;
 pub mod csr;
 pub mod driver;
 pub mod lite;
+pub mod marker;
 pub mod plan;
 pub mod procfs;
 pub mod proxy;

@@ -5,7 +5,7 @@
 
 use prost::Message;
 
-use super::registry::{marker_change, route_marker_change};
+use super::marker::{marker_change, route_marker_change};
 
 /// `envoy.service.discovery.v3.DiscoveryResponse`, with each resource's bytes kept
 /// as they arrived (`Bytes` fields decode without copying from tonic's buffer).

@@ -789,7 +789,8 @@ mod tests {
 
     use super::*;
     use crate::lite::{DeltaResourceLite, ResourceAny};
-    use crate::registry::{Registry, marker_port};
+    use crate::marker::marker_port;
+    use crate::registry::Registry;
     use crate::scenario::{Churn, Scenario};
 
     fn plan(mode: Mode) -> Arc<Plan> {

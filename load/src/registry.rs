@@ -8,11 +8,8 @@ use std::path::Path;
 use anyhow::Context;
 use serde::Serialize;
 
+use super::marker::{ROUTE_MARKER, marker_port};
 use super::scenario::{Mode, Scenario};
-
-/// Endpoint changes set an endpoint's port to `MARKER_BASE + change index`, so a proxy
-/// recognises which change an endpoint list contains.
-pub const MARKER_BASE: u16 = 20000;
 
 /// The port every endpoint serves on until a change gives it a marker.
 pub const TARGET_PORT: u16 = 9080;
@@ -23,9 +20,6 @@ pub const SERVICE_PORT: u16 = 8080;
 /// The service whose VirtualService config changes rewrite (the first one, never
 /// reserved for removal).
 pub const CONFIG_SERVICE: usize = 0;
-
-/// Config changes name the VirtualService's route `load-change-<change index>`.
-pub const ROUTE_MARKER: &str = "load-change-";
 
 /// The file config changes rewrite in the server's config directory.
 pub const VIRTUAL_SERVICE_FILE: &str = "load-virtual-service.yaml";
@@ -392,22 +386,6 @@ impl Registry {
     }
 }
 
-/// The marker port of change `index`.
-pub fn marker_port(index: usize) -> u16 {
-    MARKER_BASE + u16::try_from(index).expect("change indexes are bounded by MAX_CHANGES")
-}
-
-/// The change a marker port stands for.
-pub fn marker_change(port: u32) -> Option<u32> {
-    (port >= u32::from(MARKER_BASE) && port <= u32::from(u16::MAX))
-        .then(|| port - u32::from(MARKER_BASE))
-}
-
-/// The config change a route name stands for.
-pub fn route_marker_change(name: &str) -> Option<u32> {
-    name.strip_prefix(ROUTE_MARKER)?.parse().ok()
-}
-
 /// Namespace number `i`.
 pub fn namespace_name(i: usize) -> String {
     format!("load-{i}")
@@ -450,6 +428,7 @@ mod tests {
     use meshfed_registry::mock_file::parse_mock_registry;
 
     use super::*;
+    use crate::marker::{marker_change, route_marker_change};
     use crate::scenario::Churn;
 
     fn scenario() -> Scenario {

@@ -6,9 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// The highest number of changes one run may make: every endpoint change gets its own
-/// marker port in `MARKER_BASE..=65535`.
-pub const MAX_CHANGES: usize = (u16::MAX - super::registry::MARKER_BASE) as usize;
+use super::marker::MAX_CHANGES;
 
 /// What kind of xDS client each simulated proxy is.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize, clap::ValueEnum)]

@@ -1,25 +1,23 @@
 //! The read side of a Consul registry: [`ConsulRegistry`] (what the aggregate and the
 //! debug code read, never waiting on the writer) and its counters ([`ConsulStats`]).
+//! A registry is started, with its writer task, by `ConsulRegistry::start` in the
+//! `writer` module.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
 use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
-    ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink,
+    ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
-use tokio::task::JoinHandle;
-use tracing::info;
 
-use crate::api::ConsulClient;
-use crate::config::{ConsulConfig, Error, Result};
+use crate::config::ConsulConfig;
 
 /// What readers see: the published services and their endpoints.
 #[derive(Debug, Default)]
@@ -151,42 +149,11 @@ impl fmt::Debug for ConsulRegistry {
 }
 
 impl ConsulRegistry {
-    /// Starts following the Consul catalog at `config.url` and returns the registry
-    /// handle and the writer task, which runs until `shutdown` resolves.
-    ///
-    /// The cluster id is the datacenter: `config.datacenter`, else the agent's own,
-    /// asked once here. Then `/v1/catalog/services` and, per catalog service,
-    /// `/v1/health/service/<name>` are followed with blocking queries, each with its
-    /// own `X-Consul-Index`. Nothing reaches `sink` until the catalog and every
-    /// service in it have answered once; then every service is announced, every
-    /// endpoint shard written and `sink.synced(Consul/<dc>)` sent, and from then on
-    /// only changes are: a new, changed or removed service is a full push, an
-    /// instance or health change an incremental one for that hostname.
-    ///
-    /// Fails for invalid settings, and when no datacenter is configured and Consul
-    /// cannot be asked for it. Once started, failures are retried with backoff: the
-    /// registry keeps its last view and reports itself stale until every watch
-    /// answers again.
-    pub async fn start(
-        config: ConsulConfig,
-        sink: UpdateSink,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(Arc<ConsulRegistry>, JoinHandle<()>)> {
-        config.validate()?;
-        let client = ConsulClient::new(&config)?;
-        let datacenter = match &config.datacenter {
-            Some(dc) => dc.clone(),
-            None => {
-                let dc = client
-                    .local_datacenter()
-                    .await
-                    .map_err(|e| Error::Datacenter(e.to_string()))?;
-                info!(url = %config.url, datacenter = %dc, "consul: the agent's datacenter");
-                dc
-            }
-        };
+    /// The read side alone for `datacenter`, with nothing published yet (the writer
+    /// task feeds it).
+    pub(crate) fn new(config: ConsulConfig, datacenter: String) -> ConsulRegistry {
         let cluster = ClusterId::new(&datacenter);
-        let registry = Arc::new(ConsulRegistry {
+        ConsulRegistry {
             config: Arc::new(config),
             datacenter,
             shard: ShardKey::new(ProviderId::Consul, cluster.clone()),
@@ -195,9 +162,7 @@ impl ConsulRegistry {
             synced: AtomicBool::new(false),
             stale: AtomicBool::new(false),
             stats: Arc::default(),
-        });
-        let task = tokio::spawn(crate::writer::run(client, registry.clone(), sink, shutdown));
-        Ok((registry, task))
+        }
     }
 
     /// The settings the registry runs with.
@@ -324,7 +289,7 @@ impl ServiceRegistry for ConsulRegistry {
 mod tests {
     use std::time::Duration;
 
-    use meshfed_registry::{EndpointIndex, RegistryEvent};
+    use meshfed_registry::{EndpointIndex, RegistryEvent, UpdateSink};
     use tokio::sync::oneshot;
 
     use super::*;

@@ -10,13 +10,56 @@ use std::sync::atomic::Ordering;
 use meshfed_registry::{Endpoint, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink};
 use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc, watch};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::{AbortHandle, JoinHandle, JoinSet};
 use tracing::{debug, error, info, warn};
 
 use crate::api::{ApiError, ConsulClient};
 use crate::blocking::{self, Answer, Report, Shared, WatchId};
+use crate::config::{ConsulConfig, Error, Result};
 use crate::convert::{self, Context, Converted};
 use crate::registry::{ConsulRegistry, View};
+
+/// Starting a registry is starting its writer task.
+impl ConsulRegistry {
+    /// Starts following the Consul catalog at `config.url` and returns the registry
+    /// handle and the writer task, which runs until `shutdown` resolves.
+    ///
+    /// The cluster id is the datacenter: `config.datacenter`, else the agent's own,
+    /// asked once here. Then `/v1/catalog/services` and, per catalog service,
+    /// `/v1/health/service/<name>` are followed with blocking queries, each with its
+    /// own `X-Consul-Index`. Nothing reaches `sink` until the catalog and every
+    /// service in it have answered once; then every service is announced, every
+    /// endpoint shard written and `sink.synced(Consul/<dc>)` sent, and from then on
+    /// only changes are: a new, changed or removed service is a full push, an
+    /// instance or health change an incremental one for that hostname.
+    ///
+    /// Fails for invalid settings, and when no datacenter is configured and Consul
+    /// cannot be asked for it. Once started, failures are retried with backoff: the
+    /// registry keeps its last view and reports itself stale until every watch
+    /// answers again.
+    pub async fn start(
+        config: ConsulConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(Arc<ConsulRegistry>, JoinHandle<()>)> {
+        config.validate()?;
+        let client = ConsulClient::new(&config)?;
+        let datacenter = match &config.datacenter {
+            Some(dc) => dc.clone(),
+            None => {
+                let dc = client
+                    .local_datacenter()
+                    .await
+                    .map_err(|e| Error::Datacenter(e.to_string()))?;
+                info!(url = %config.url, datacenter = %dc, "consul: the agent's datacenter");
+                dc
+            }
+        };
+        let registry = Arc::new(ConsulRegistry::new(config, datacenter));
+        let task = tokio::spawn(run(client, registry.clone(), sink, shutdown));
+        Ok((registry, task))
+    }
+}
 
 /// Runs until `shutdown` resolves; every loop is stopped with it. The registry keeps
 /// its last view afterwards.

@@ -35,6 +35,7 @@ pub mod fake_api;
 pub mod lease;
 pub mod multicluster;
 pub mod registry;
+mod resource_kind;
 pub mod root_cert;
 pub mod secrets;
 pub mod source;

@@ -20,14 +20,16 @@ use meshfed_registry::{
     UpdateSink,
 };
 use serde::de::DeserializeOwned;
+use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::config::KubeRegistryConfig;
+use crate::config::{KubeRegistryConfig, Result};
 use crate::convert::{
     ConversionError, ObjectKey, convert_namespace, convert_node, convert_pod, convert_service,
     convert_slice,
 };
-use crate::registry::{EventType, KubeRegistry, ResourceKind, SyncPhase};
+use crate::registry::{EventType, KubeRegistry, SyncPhase};
+use crate::resource_kind::ResourceKind;
 use crate::state::{ClusterState, Update};
 
 /// A watched kind: how its objects become [`Update`]s.
@@ -101,6 +103,58 @@ fn watch<K: Watched>(
         .default_backoff()
         .map(move |event| wrap(Box::new(event)))
         .boxed()
+}
+
+/// Starting a registry is starting its writer task.
+impl KubeRegistry {
+    /// Starts watching the cluster behind `client` and returns the registry handle and
+    /// the writer task, which runs until `shutdown` resolves.
+    ///
+    /// Services, EndpointSlices (`discovery.k8s.io/v1`), Pods (not Failed), Nodes and
+    /// Namespaces are listed, then watched from the listed resourceVersion; a dropped
+    /// watch resumes from the last version seen, `410 Gone` relists, and failures retry
+    /// with client-go's backoff. Nothing reaches `sink` until every kind has been listed
+    /// once; then every service is announced, every endpoint shard written and
+    /// `sink.synced(Kubernetes/<cluster>)` sent, and from then on only changes are.
+    ///
+    /// Fails only for an invalid `config`; an unreachable API server is retried (the
+    /// registry then reports not synced, or stale with its last view).
+    pub async fn start(
+        client: kube::Client,
+        config: KubeRegistryConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
+        Self::spawn(client, config, sink, shutdown, false)
+    }
+
+    /// Like [`KubeRegistry::start`], but the initial sync is held back: the registry
+    /// lists and watches everything (phase [`SyncPhase::Listed`] once every kind is
+    /// listed) and keeps applying changes, yet publishes no view and writes nothing to
+    /// `sink` until [`KubeRegistry::resume`]. Used to replace a running registry of the
+    /// same cluster (rotated credentials) without a window in which its shard is
+    /// written by both or by neither.
+    pub async fn start_paused(
+        client: kube::Client,
+        config: KubeRegistryConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
+        Self::spawn(client, config, sink, shutdown, true)
+    }
+
+    fn spawn(
+        client: kube::Client,
+        config: KubeRegistryConfig,
+        sink: UpdateSink,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        paused: bool,
+    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
+        config.validate()?;
+        let registry = Arc::new(KubeRegistry::new(config, sink.clone(), paused));
+        let task = tokio::spawn(run(client, registry.clone(), sink, shutdown));
+        Ok((registry, task))
+    }
 }
 
 /// Runs until `shutdown` resolves. The registry keeps its last view afterwards.

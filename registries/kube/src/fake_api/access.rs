@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::http::{json_response, status};
+use super::response::{json_response, status};
 
 /// The path a `SubjectAccessReview` is created at.
 pub(super) const SUBJECT_ACCESS_REVIEWS: &str =

@@ -64,7 +64,9 @@ mod access;
 mod custom;
 mod http;
 pub mod objects;
+mod path;
 mod rbac;
+mod response;
 mod selector;
 mod tokens;
 
@@ -613,7 +615,7 @@ impl FakeApiServer {
         let mine = state
             .requests
             .iter()
-            .filter(|r| http::collection_path(&r.path).is_some_and(|p| p.collection == collection));
+            .filter(|r| path::collection_path(&r.path).is_some_and(|p| p.collection == collection));
         mine.fold(
             (0, 0),
             |(l, w), r| {

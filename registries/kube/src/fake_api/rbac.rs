@@ -16,7 +16,7 @@ use axum::response::Response;
 use serde_json::{Value, json};
 
 use super::RecordedRequest;
-use super::http::json_response;
+use super::response::json_response;
 
 /// The user named in `Forbidden` messages unless [`RbacPolicy::user`] says otherwise:
 /// the service account deploy/ runs meshfed as.

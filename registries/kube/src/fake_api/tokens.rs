@@ -14,7 +14,7 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use serde_json::{Value, json};
 
-use super::http::{json_response, status};
+use super::response::{json_response, status};
 
 /// The path a `TokenReview` is created at.
 pub(super) const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";

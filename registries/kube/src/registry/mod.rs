@@ -1,9 +1,9 @@
 //! The read side of a Kubernetes registry: [`KubeRegistry`] (what the aggregate and the
-//! debug/metrics code read, never waiting on the writer) and its counters.
+//! debug/metrics code read, never waiting on the writer) and its counters. A registry
+//! is started, with its writer task, by `KubeRegistry::start` in the `writer` module.
 
 use std::collections::HashSet;
 use std::fmt;
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,10 +16,10 @@ use meshfed_registry::{
     WorkloadLookup, WorkloadQuery,
 };
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
-use crate::config::{KubeRegistryConfig, Result};
+use crate::config::KubeRegistryConfig;
 use crate::convert::{ExternalAddress, KubeAttributes, LABEL_NETWORK};
+pub use crate::resource_kind::ResourceKind;
 use crate::state::{PodChange, PodView, View, find_workload};
 
 /// Service label naming the mTLS port of a gateway labelled with
@@ -43,54 +43,6 @@ pub enum SyncPhase {
 /// How long after a watcher's last error the registry counts as stale (see
 /// [`KubeRegistry`]'s `is_stale`): twice the longest retry backoff, plus margin.
 pub const STALE_WINDOW: Duration = Duration::from_secs(65);
-
-/// The kinds of object the registry watches.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
-pub enum ResourceKind {
-    /// `v1` Service.
-    Service,
-    /// `discovery.k8s.io/v1` EndpointSlice.
-    EndpointSlice,
-    /// `v1` Pod.
-    Pod,
-    /// `v1` Node.
-    Node,
-    /// `v1` Namespace.
-    Namespace,
-}
-
-impl ResourceKind {
-    /// Every kind, in a fixed order.
-    pub const ALL: [ResourceKind; 5] = [
-        ResourceKind::Service,
-        ResourceKind::EndpointSlice,
-        ResourceKind::Pod,
-        ResourceKind::Node,
-        ResourceKind::Namespace,
-    ];
-
-    /// The Kubernetes kind name (also the `type` label of Istio's
-    /// `pilot_k8s_reg_events`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ResourceKind::Service => "Services",
-            ResourceKind::EndpointSlice => "EndpointSlice",
-            ResourceKind::Pod => "Pods",
-            ResourceKind::Node => "Nodes",
-            ResourceKind::Namespace => "Namespaces",
-        }
-    }
-
-    pub(crate) fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for ResourceKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
 
 /// What happened to an object (the `event` label of `pilot_k8s_reg_events`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -235,57 +187,8 @@ impl fmt::Debug for KubeRegistry {
 }
 
 impl KubeRegistry {
-    /// Starts watching the cluster behind `client` and returns the registry handle and
-    /// the writer task, which runs until `shutdown` resolves.
-    ///
-    /// Services, EndpointSlices (`discovery.k8s.io/v1`), Pods (not Failed), Nodes and
-    /// Namespaces are listed, then watched from the listed resourceVersion; a dropped
-    /// watch resumes from the last version seen, `410 Gone` relists, and failures retry
-    /// with client-go's backoff. Nothing reaches `sink` until every kind has been listed
-    /// once; then every service is announced, every endpoint shard written and
-    /// `sink.synced(Kubernetes/<cluster>)` sent, and from then on only changes are.
-    ///
-    /// Fails only for an invalid `config`; an unreachable API server is retried (the
-    /// registry then reports not synced, or stale with its last view).
-    pub async fn start(
-        client: kube::Client,
-        config: KubeRegistryConfig,
-        sink: UpdateSink,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
-        Self::spawn(client, config, sink, shutdown, false)
-    }
-
-    /// Like [`KubeRegistry::start`], but the initial sync is held back: the registry
-    /// lists and watches everything (phase [`SyncPhase::Listed`] once every kind is
-    /// listed) and keeps applying changes, yet publishes no view and writes nothing to
-    /// `sink` until [`KubeRegistry::resume`]. Used to replace a running registry of the
-    /// same cluster (rotated credentials) without a window in which its shard is
-    /// written by both or by neither.
-    pub async fn start_paused(
-        client: kube::Client,
-        config: KubeRegistryConfig,
-        sink: UpdateSink,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
-        Self::spawn(client, config, sink, shutdown, true)
-    }
-
-    fn spawn(
-        client: kube::Client,
-        config: KubeRegistryConfig,
-        sink: UpdateSink,
-        shutdown: impl Future<Output = ()> + Send + 'static,
-        paused: bool,
-    ) -> Result<(Arc<KubeRegistry>, JoinHandle<()>)> {
-        config.validate()?;
-        let registry = Arc::new(KubeRegistry::new(config, sink.clone(), paused));
-        let task = tokio::spawn(crate::writer::run(client, registry.clone(), sink, shutdown));
-        Ok((registry, task))
-    }
-
     /// The read side alone, with nothing published yet (the writer, or a test, feeds it).
-    fn new(config: KubeRegistryConfig, sink: UpdateSink, paused: bool) -> KubeRegistry {
+    pub(crate) fn new(config: KubeRegistryConfig, sink: UpdateSink, paused: bool) -> KubeRegistry {
         KubeRegistry {
             shard: ShardKey::new(ProviderId::Kubernetes, config.cluster_id.clone()),
             config: Arc::new(config),

@@ -29,7 +29,7 @@ use crate::convert::{
     LABEL_TLS_MODE, LABEL_ZONE, NamespaceInfo, NodeInfo, ObjectKey, PodInfo, SliceEndpoint,
     SliceInfo, TargetPort, health, pod_locality, service_hostname, spiffe_id,
 };
-use crate::registry::ResourceKind;
+use crate::resource_kind::ResourceKind;
 
 mod endpoints;
 #[cfg(all(test, feature = "test-support"))]
