@@ -258,14 +258,6 @@ impl ClusterClient {
 /// with Istio's defaults (LEAST_REQUEST, circuit breakers at their maximum, auto mTLS)
 /// where it says nothing. `None` for a subset the rule does not define.
 pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
-    let out = outbound_cluster_for_unchecked(req);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    out.iter().for_each(crate::xds::pgv::assert_message_valid);
-    out
-}
-
-fn outbound_cluster_for_unchecked(req: &OutboundRequest<'_>) -> Option<Cluster> {
     let (service, port) = (req.service, req.port);
     let host = service.hostname.as_str();
     let number = port.port.get();
@@ -554,14 +546,6 @@ pub fn ingress_endpoint(default_endpoint: &str, proxy_ips: &[IpAddr]) -> Option<
 /// capture them again) and never expire; with LOCALHOST a STATIC cluster to
 /// 127.0.0.1:<targetPort>.
 pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
-    let out = inbound_cluster_unchecked(req);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    crate::xds::pgv::assert_message_valid(&out);
-    out
-}
-
-fn inbound_cluster_unchecked(req: &InboundRequest<'_>) -> Cluster {
     let name = inbound_name(req.target_port);
     let v6_only = req.v6_only;
     let localhost = req
@@ -800,8 +784,9 @@ impl std::hash::Hash for SharedShards {
     }
 }
 
-impl CacheInput for OutboundClusterInput {
+impl CacheInput<Snapshot> for OutboundClusterInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(match self.client.node_type {
             NodeType::Router => ProxyClass::Router,
@@ -811,9 +796,6 @@ impl CacheInput for OutboundClusterInput {
     fn service(&self) -> Option<&str> {
         Some(self.service.hostname.as_str())
     }
-}
-
-impl OutboundClusterInput {
     /// Builds the cluster from this input and the snapshot's indexes alone.
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let service = snapshot.services().get(&self.service)?;
@@ -886,9 +868,7 @@ pub fn cached_outbound_as(
             service.namespace.as_str(),
         ) == crate::generate::authn::MtlsMode::Disable,
     };
-    snapshot
-        .cache()
-        .get_or_insert(input, |input| input.generate(snapshot))
+    snapshot.cached(input)
 }
 
 /// A service port's clusters for `proxy`: the service-wide one, then one per subset of
@@ -930,17 +910,7 @@ pub fn cached_inbound(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
         None => service_inbound_clusters(snapshot, proxy),
     };
     let (v4, v6) = ip_families(&proxy.ip_addresses);
-    out.extend(
-        snapshot
-            .cache()
-            .get_or_insert(InboundPassthroughInput { v4, v6 }, |input| {
-                Some(EncodedResource::encode(
-                    TypeUrl::Cluster,
-                    INBOUND_PASSTHROUGH,
-                    &inbound_passthrough_for(&snapshot.mesh().config, input.v4, input.v6),
-                ))
-            }),
-    );
+    out.extend(snapshot.cached(InboundPassthroughInput { v4, v6 }));
     out
 }
 
@@ -977,11 +947,7 @@ fn sidecar_ingress_clusters(
             endpoint,
             v6_only: v6_only(&proxy.ip_addresses),
         };
-        out.extend(
-            snapshot
-                .cache()
-                .get_or_insert(input, |input| input.generate(snapshot)),
-        );
+        out.extend(snapshot.cached(input));
     }
     out
 }
@@ -997,17 +963,15 @@ pub struct SidecarIngressClusterInput {
     pub v6_only: bool,
 }
 
-impl CacheInput for SidecarIngressClusterInput {
+impl CacheInput<Snapshot> for SidecarIngressClusterInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
     fn service(&self) -> Option<&str> {
         None
     }
-}
-
-impl SidecarIngressClusterInput {
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let (ns, name) = &self.sidecar;
         let sidecar = snapshot.config().sidecar_by_name(ns, name)?;
@@ -1070,11 +1034,7 @@ fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource>
             sidecar: sidecar.clone(),
             v6_only,
         };
-        out.extend(
-            snapshot
-                .cache()
-                .get_or_insert(input, |input| input.generate(snapshot)),
-        );
+        out.extend(snapshot.cached(input));
     }
     out
 }
@@ -1092,8 +1052,9 @@ pub struct InboundClusterInput {
     pub v6_only: bool,
 }
 
-impl CacheInput for InboundClusterInput {
+impl CacheInput<Snapshot> for InboundClusterInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
@@ -1101,9 +1062,6 @@ impl CacheInput for InboundClusterInput {
         // Built from the proxy's instances, which any service's endpoints may change.
         None
     }
-}
-
-impl InboundClusterInput {
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let service = snapshot.services().get(&self.service)?;
         let port = service.port(self.port)?;
@@ -1148,13 +1106,21 @@ pub struct InboundPassthroughInput {
     pub v6: bool,
 }
 
-impl CacheInput for InboundPassthroughInput {
+impl CacheInput<Snapshot> for InboundPassthroughInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
     fn service(&self) -> Option<&str> {
         None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            INBOUND_PASSTHROUGH,
+            &inbound_passthrough_for(&snapshot.mesh().config, self.v4, self.v6),
+        ))
     }
 }
 
@@ -1165,33 +1131,34 @@ pub struct SpecialClusterInput {
     pub name: &'static str,
 }
 
-impl CacheInput for SpecialClusterInput {
+impl CacheInput<Snapshot> for SpecialClusterInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         None
     }
     fn service(&self) -> Option<&str> {
         None
     }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let mesh = &snapshot.mesh().config;
+        let cluster = if self.name == BLACK_HOLE {
+            black_hole(mesh)
+        } else {
+            passthrough(mesh)
+        };
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            self.name,
+            &cluster,
+        ))
+    }
 }
 
 /// `BlackHoleCluster` or `PassthroughCluster`, from the snapshot's cache.
 pub fn cached_special(snapshot: &Snapshot, name: &'static str) -> Resource {
     snapshot
-        .cache()
-        .get_or_insert(SpecialClusterInput { name }, |input| {
-            let mesh = &snapshot.mesh().config;
-            let cluster = if input.name == BLACK_HOLE {
-                black_hole(mesh)
-            } else {
-                passthrough(mesh)
-            };
-            Some(EncodedResource::encode(
-                TypeUrl::Cluster,
-                input.name,
-                &cluster,
-            ))
-        })
+        .cached(SpecialClusterInput { name })
         .expect("special clusters always generate")
 }
 

@@ -133,19 +133,6 @@ pub fn load_assignment_for(
     shards: Option<&EndpointShards>,
     selection: &EndpointSelection<'_>,
 ) -> ClusterLoadAssignment {
-    let out = load_assignment_for_unchecked(cluster_name, port, shards, selection);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    crate::xds::pgv::assert_message_valid(&out);
-    out
-}
-
-fn load_assignment_for_unchecked(
-    cluster_name: &str,
-    port: &Port,
-    shards: Option<&EndpointShards>,
-    selection: &EndpointSelection<'_>,
-) -> ClusterLoadAssignment {
     let mut by_locality: BTreeMap<&Locality, Vec<Entry<'_>>> = BTreeMap::new();
     for (shard, ep) in shards.into_iter().flat_map(|s| s.iter()) {
         let Some(&target) = ep.ports.get(&port.name) else {
@@ -382,16 +369,6 @@ pub struct EdsInput {
     pub options: EdsOptions,
 }
 
-impl CacheInput for EdsInput {
-    const TYPE: TypeUrl = TypeUrl::Endpoint;
-    fn class(&self) -> Option<ProxyClass> {
-        None
-    }
-    fn service(&self) -> Option<&str> {
-        Some(host_of(&self.name))
-    }
-}
-
 /// The locality setting in force for `port` and `subset` under `rule`, and whether
 /// failover applies (outlier detection is set); only when it changes anything.
 fn locality_setting(
@@ -479,9 +456,20 @@ impl EdsInput {
             },
         }
     }
+}
+
+impl CacheInput<Snapshot> for EdsInput {
+    const TYPE: TypeUrl = TypeUrl::Endpoint;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn service(&self) -> Option<&str> {
+        Some(host_of(&self.name))
+    }
 
     /// Builds the assignment from this input and the snapshot's indexes alone.
-    pub fn generate(&self, snapshot: &Snapshot) -> Resource {
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let found = self.service.as_ref().and_then(|key| {
             let service = snapshot.services().get(key)?;
             let cluster = ClusterName::parse(&self.name)?;
@@ -518,7 +506,11 @@ impl EdsInput {
                 let shards = snapshot.shards(&service.key()).map(|s| &**s);
                 let cla =
                     load_assignment_for(&self.name, port, shards, &view.selection(self.options));
-                EncodedResource::encode(TypeUrl::Endpoint, self.name.clone(), &cla)
+                Some(EncodedResource::encode(
+                    TypeUrl::Endpoint,
+                    self.name.clone(),
+                    &cla,
+                ))
             }
             // A watched cluster whose service, port or subset is gone gets an empty
             // assignment (a placeholder, see EncodedResource), so a SotW client never
@@ -528,7 +520,11 @@ impl EdsInput {
                     cluster_name: self.name.to_string(),
                     ..Default::default()
                 };
-                EncodedResource::encode_placeholder(TypeUrl::Endpoint, self.name.clone(), &empty)
+                Some(EncodedResource::encode_placeholder(
+                    TypeUrl::Endpoint,
+                    self.name.clone(),
+                    &empty,
+                ))
             }
         }
     }

@@ -270,9 +270,7 @@ fn load_assignments(
         .filter_map(|name| {
             let parsed = ClusterName::parse(name)?;
             let input = EdsInput::for_proxy(snapshot, proxy, name, &parsed, options.eds);
-            snapshot
-                .cache()
-                .get_or_insert(input, |input| Some(input.generate(snapshot)))
+            snapshot.cached(input)
         })
         .collect()
 }
@@ -322,24 +320,51 @@ pub struct ListenerInput {
     pub headless_self: Option<std::net::IpAddr>,
 }
 
-/// One listener of a [`ListenerInput`]: the cache key of its encoding.
+/// Every listener of a [`ListenerInput`], generated at once and encoded, in order: an
+/// entry of the cache that is never sent, which each listener's [`ListenerKey`] reads.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct ListenerSetKey(Arc<ListenerInput>);
+
+impl CacheInput<Snapshot> for ListenerSetKey {
+    const TYPE: TypeUrl = TypeUrl::Listener;
+    type Output = Arc<[Resource]>;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(self.0.class())
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<[Resource]>> {
+        Some(
+            self.0
+                .generate(snapshot)
+                .iter()
+                .map(|l| EncodedResource::encode(TypeUrl::Listener, l.name.as_str(), l))
+                .collect(),
+        )
+    }
+}
+
+/// One listener of a [`ListenerInput`]: the cache key of its encoding, taken from the
+/// input's [`ListenerSetKey`].
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct ListenerKey {
     input: Arc<ListenerInput>,
     name: Arc<str>,
 }
 
-impl CacheInput for ListenerKey {
+impl CacheInput<Snapshot> for ListenerKey {
     const TYPE: TypeUrl = TypeUrl::Listener;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
-        Some(if self.input.client.is_router() {
-            ProxyClass::Router
-        } else {
-            ProxyClass::Sidecar
-        })
+        Some(self.input.class())
     }
     fn service(&self) -> Option<&str> {
         None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let set = snapshot.cached(ListenerSetKey(self.input.clone()))?;
+        set.iter().find(|l| l.name == self.name).cloned()
     }
 }
 
@@ -357,10 +382,21 @@ impl ListenerInput {
             lds::sidecar_listeners_at(snapshot, &self.client, &self.inbound, self.headless_self)
         }
     }
+
+    fn class(&self) -> ProxyClass {
+        if self.client.is_router() {
+            ProxyClass::Router
+        } else {
+            ProxyClass::Sidecar
+        }
+    }
 }
 
 /// LDS for Envoy: a gateway's listeners, or a sidecar's capture, outbound and inbound
-/// listeners. Each encoding is cached under the input and the listener's name.
+/// listeners. Proxies with the same input share its listeners: the first one generates
+/// them all once ([`ListenerSetKey`]) and caches each encoding under the input and the
+/// listener's name ([`ListenerKey`]); the others find everything in the cache and
+/// generate nothing.
 fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     let input = Arc::new(ListenerInput {
         client: Arc::new(proxy.client_view()),
@@ -376,57 +412,18 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             headless_self(snapshot, proxy)
         },
     });
-    // Proxies with the same input share its listeners: the first one generates them
-    // and caches each encoding and, under the key with the empty name (no listener has
-    // it), the list of their names; the others find everything in the cache and
-    // generate nothing.
-    let mut generated: Option<Vec<envoy_types::pb::envoy::config::listener::v3::Listener>> = None;
-    let names_key = ListenerKey {
-        input: input.clone(),
-        name: Arc::from(""),
-    };
-    let Some(names) = snapshot.cache().get_or_insert(names_key, |key| {
-        let listeners = generated.insert(key.input.generate(snapshot));
-        Some(listener_names(listeners.iter().map(|l| l.name.as_str())))
-    }) else {
+    let Some(set) = snapshot.cached(ListenerSetKey(input.clone())) else {
         return Vec::new();
     };
-    let names = std::str::from_utf8(&names.body.value).unwrap_or_default();
-    names
-        .split('\n')
-        .filter(|name| !name.is_empty())
-        .filter(|name| sub.wildcard || sub.names.contains(*name))
-        .filter_map(|name| {
-            let key = ListenerKey {
+    set.iter()
+        .filter(|l| sub.wildcard || sub.names.contains(&*l.name))
+        .filter_map(|l| {
+            snapshot.cached(ListenerKey {
                 input: input.clone(),
-                name: Arc::from(name),
-            };
-            snapshot.cache().get_or_insert(key, |key| {
-                let listeners = generated.get_or_insert_with(|| key.input.generate(snapshot));
-                let listener = listeners.iter().find(|l| *l.name == *key.name)?;
-                Some(EncodedResource::encode(
-                    TypeUrl::Listener,
-                    key.name.clone(),
-                    listener,
-                ))
+                name: l.name.clone(),
             })
         })
         .collect()
-}
-
-/// The cached list of an input's listener names (one per line): an entry of the
-/// resource cache that is never sent (see [`listeners`]).
-fn listener_names<'a>(names: impl Iterator<Item = &'a str>) -> Resource {
-    let text = names.collect::<Vec<_>>().join("\n");
-    Arc::new(EncodedResource {
-        name: Arc::from(""),
-        body: crate::xds::wire::SharedAny {
-            type_url: TypeUrl::Listener.as_str(),
-            value: bytes::Bytes::from(text),
-        },
-        version: Arc::from(""),
-        placeholder: true,
-    })
 }
 
 /// The service ports a router's workload serves; empty for other proxies.
@@ -529,8 +526,9 @@ pub struct RouteInput {
     pub targets: Arc<Vec<gateway::GatewayTarget>>,
 }
 
-impl CacheInput for RouteInput {
+impl CacheInput<Snapshot> for RouteInput {
     const TYPE: TypeUrl = TypeUrl::Route;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(if self.client.is_router() {
             ProxyClass::Router
@@ -541,29 +539,19 @@ impl CacheInput for RouteInput {
     fn service(&self) -> Option<&str> {
         None
     }
-}
 
-impl RouteInput {
     /// The route table, from the input and the snapshot alone; `None` when the proxy
-    /// has no table of that name.
-    pub fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
-        let merged = self
-            .client
-            .is_router()
-            .then(|| gateway::MergedGateway::build(snapshot, &self.client.labels, &self.targets));
-        self.generate_in(snapshot, merged.as_ref())
-    }
-
-    /// [`RouteInput::generate`] with the router's merged Gateways (built from this
-    /// input) at hand, so the tables of one proxy share one merge.
-    fn generate_in(
-        &self,
-        snapshot: &Snapshot,
-        merged: Option<&gateway::MergedGateway>,
-    ) -> Option<Resource> {
-        let config = match merged {
-            Some(merged) => rds::gateway_route_config(snapshot, &self.client, merged, &self.name)?,
-            None => rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?),
+    /// has no table of that name. A router's tables read its merged Gateways through
+    /// the cache ([`MergedGatewayKey`]), so they share one merge.
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let config = if self.client.is_router() {
+            let merged = snapshot.cached(MergedGatewayKey {
+                labels: self.client.labels.clone(),
+                targets: self.targets.clone(),
+            })?;
+            rds::gateway_route_config(snapshot, &self.client, &merged, &self.name)?
+        } else {
+            rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?)
         };
         Some(EncodedResource::encode(
             TypeUrl::Route,
@@ -573,32 +561,44 @@ impl RouteInput {
     }
 }
 
+/// The Gateways applying to a router, merged (see [`gateway::MergedGateway`]): an
+/// entry of the cache that is never sent, read by the router's route tables.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct MergedGatewayKey {
+    labels: std::collections::BTreeMap<String, String>,
+    targets: Arc<Vec<gateway::GatewayTarget>>,
+}
+
+impl CacheInput<Snapshot> for MergedGatewayKey {
+    const TYPE: TypeUrl = TypeUrl::Route;
+    type Output = Arc<gateway::MergedGateway>;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Router)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<gateway::MergedGateway>> {
+        Some(Arc::new(gateway::MergedGateway::build(
+            snapshot,
+            &self.labels,
+            &self.targets,
+        )))
+    }
+}
+
 /// RDS for Envoy: a sidecar's per-port tables (`"80"`) or a gateway's (`http.80`).
 /// Only requested names are answered (RDS is never wildcard).
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     let client = Arc::new(proxy.client_view());
     let targets = Arc::new(router_targets(snapshot, proxy));
-    // A router's Gateways are merged once for all its tables (on the first miss).
-    let merged = std::cell::OnceCell::new();
     sub.names
         .iter()
         .filter_map(|name| {
-            let input = RouteInput {
+            snapshot.cached(RouteInput {
                 client: client.clone(),
                 name: Arc::from(name.as_str()),
                 targets: targets.clone(),
-            };
-            snapshot.cache().get_or_insert(input, |input| {
-                let merged = input.client.is_router().then(|| {
-                    merged.get_or_init(|| {
-                        gateway::MergedGateway::build(
-                            snapshot,
-                            &input.client.labels,
-                            &input.targets,
-                        )
-                    })
-                });
-                input.generate_in(snapshot, merged)
             })
         })
         .collect()

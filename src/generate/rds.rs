@@ -106,18 +106,6 @@ pub fn sidecar_route_config(
     proxy: &ClientView,
     port: u16,
 ) -> RouteConfiguration {
-    let out = sidecar_route_config_unchecked(snapshot, proxy, port);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    crate::xds::pgv::assert_message_valid(&out);
-    out
-}
-
-fn sidecar_route_config_unchecked(
-    snapshot: &Snapshot,
-    proxy: &ClientView,
-    port: u16,
-) -> RouteConfiguration {
     let mut virtual_hosts = sidecar_virtual_hosts(snapshot, proxy, port);
     virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
     virtual_hosts.push(catch_all_virtual_host(snapshot, proxy));
@@ -553,19 +541,6 @@ impl<'a> GatewayRouteName<'a> {
 /// the name is not a gateway route name; an empty table when no server of a Gateway
 /// selecting the proxy has that name (a gateway deleted while Envoy drains).
 pub fn gateway_route_config(
-    snapshot: &Snapshot,
-    proxy: &ClientView,
-    merged: &MergedGateway,
-    route_name: &str,
-) -> Option<RouteConfiguration> {
-    let out = gateway_route_config_unchecked(snapshot, proxy, merged, route_name);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    out.iter().for_each(crate::xds::pgv::assert_message_valid);
-    out
-}
-
-fn gateway_route_config_unchecked(
     snapshot: &Snapshot,
     proxy: &ClientView,
     merged: &MergedGateway,

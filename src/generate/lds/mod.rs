@@ -118,19 +118,6 @@ pub fn sidecar_listeners_at(
     inbound: &[InboundPort],
     own_ip: Option<std::net::IpAddr>,
 ) -> Vec<Listener> {
-    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound, own_ip);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    out.iter().for_each(crate::xds::pgv::assert_message_valid);
-    out
-}
-
-fn sidecar_listeners_unchecked(
-    snapshot: &Snapshot,
-    proxy: &ClientView,
-    inbound: &[InboundPort],
-    own_ip: Option<std::net::IpAddr>,
-) -> Vec<Listener> {
     let mut out = Vec::new();
     let authz = InboundAuthz::for_workload(snapshot, &proxy.namespace, &proxy.labels);
     let mtls = crate::generate::authn::workload_mtls(snapshot, &proxy.namespace, &proxy.labels);
@@ -261,11 +248,7 @@ pub fn gateway_listeners(
     targets: &[GatewayTarget],
 ) -> Vec<Listener> {
     let merged = MergedGateway::build(snapshot, &proxy.labels, targets);
-    let out = gateway::listeners(snapshot, proxy, &merged);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    out.iter().for_each(crate::xds::pgv::assert_message_valid);
-    out
+    gateway::listeners(snapshot, proxy, &merged)
 }
 
 fn ads_config() -> ConfigSource {
