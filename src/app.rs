@@ -596,11 +596,6 @@ impl Server {
         let mut metrics_registry = Registry::default();
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
-        metrics_registry.register(
-            "pilot_total_rejected_configs",
-            "Total number of configs that Pilot had to reject or ignore (type gateway: Gateway servers dropped by the merge of a gateway's Gateways)",
-            crate::generate::gateway::REJECTED_CONFIGS.clone(),
-        );
 
         let mesh_settings = mesh::load_initial(
             config.mesh_config.as_deref(),
@@ -934,6 +929,9 @@ impl Server {
         // every scrape.
         aggregate.register_metrics(&mut metrics_registry);
         pipeline.register_metrics(&mut metrics_registry);
+        metrics_registry.register_collector(Box::new(
+            crate::push::snapshot::RejectedConfigsMetric(pipeline.snapshot().clone()),
+        ));
         if let Some(status) = &mock_status {
             status.register_metrics(&mut metrics_registry);
         }

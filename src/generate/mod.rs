@@ -30,7 +30,7 @@ use std::sync::Arc;
 use meshfed_registry::Service;
 
 use crate::model::{ClientView, Generator, Proxy, ProxyClass};
-use crate::push::cache::CacheInput;
+use crate::push::cache::{CacheInput, Findings};
 use crate::push::snapshot::Snapshot;
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 use cds::{ClusterName, Direction};
@@ -325,23 +325,36 @@ pub struct ListenerInput {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct ListenerSetKey(Arc<ListenerInput>);
 
+/// What a [`ListenerSetKey`] generates.
+#[derive(Debug)]
+struct ListenerSet {
+    listeners: Vec<Resource>,
+    /// What building them found wrong in the config (outbound conflicts, rejected
+    /// Gateway servers): read by `/debug/push_status` and the metrics.
+    findings: Findings,
+}
+
 impl CacheInput<Snapshot> for ListenerSetKey {
     const TYPE: TypeUrl = TypeUrl::Listener;
-    type Output = Arc<[Resource]>;
+    type Output = Arc<ListenerSet>;
     fn class(&self) -> Option<ProxyClass> {
         Some(self.0.class())
     }
     fn service(&self) -> Option<&str> {
         None
     }
-    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<[Resource]>> {
-        Some(
-            self.0
-                .generate(snapshot)
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<ListenerSet>> {
+        let (listeners, findings) = self.0.generate(snapshot);
+        Some(Arc::new(ListenerSet {
+            listeners: listeners
                 .iter()
                 .map(|l| EncodedResource::encode(TypeUrl::Listener, l.name.as_str(), l))
                 .collect(),
-        )
+            findings,
+        }))
+    }
+    fn findings(set: &Arc<ListenerSet>) -> Option<&Findings> {
+        Some(&set.findings)
     }
 }
 
@@ -364,22 +377,26 @@ impl CacheInput<Snapshot> for ListenerKey {
     }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let set = snapshot.cached(ListenerSetKey(self.input.clone()))?;
-        set.iter().find(|l| l.name == self.name).cloned()
+        set.listeners.iter().find(|l| l.name == self.name).cloned()
     }
 }
 
 impl ListenerInput {
-    /// Every listener of this input, from the input and the snapshot alone.
+    /// Every listener of this input, from the input and the snapshot alone, with
+    /// what building them found wrong in the config.
     pub fn generate(
         &self,
         snapshot: &Snapshot,
-    ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Listener> {
+    ) -> (
+        Vec<envoy_types::pb::envoy::config::listener::v3::Listener>,
+        Findings,
+    ) {
         #[cfg(test)]
         tests::LISTENER_GENERATIONS.with(|n| n.set(n.get() + 1));
         if self.client.is_router() {
-            lds::gateway_listeners(snapshot, &self.client, &self.targets)
+            lds::gateway_listener_set(snapshot, &self.client, &self.targets)
         } else {
-            lds::sidecar_listeners_at(snapshot, &self.client, &self.inbound, self.headless_self)
+            lds::sidecar_listener_set(snapshot, &self.client, &self.inbound, self.headless_self)
         }
     }
 
@@ -415,7 +432,8 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
     let Some(set) = snapshot.cached(ListenerSetKey(input.clone())) else {
         return Vec::new();
     };
-    set.iter()
+    set.listeners
+        .iter()
         .filter(|l| sub.wildcard || sub.names.contains(&*l.name))
         .filter_map(|l| {
             snapshot.cached(ListenerKey {

@@ -60,6 +60,49 @@ pub trait CacheInput<Cx: ?Sized>: Hash + Eq + Debug + Send + Sync + 'static {
     /// The value, from this input and the context alone; `None` means "no such
     /// resource" (not cached).
     fn generate(&self, cx: &Cx) -> Option<Self::Output>;
+
+    /// What generating `output` found wrong in the config, when its output records
+    /// it (see [`Findings`]).
+    fn findings(output: &Self::Output) -> Option<&Findings> {
+        let _ = output;
+        None
+    }
+}
+
+/// What generating a value found wrong in the config: facts of the config, part of
+/// the value generated (never written anywhere else), so they stand while the value
+/// stands in the cache and go with it. A snapshot's findings are those of the values
+/// its cache holds ([`ResourceCache::findings`]): what building the connected
+/// proxies' resources met, as Istio reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Findings {
+    /// Conflicts: metric name -> listener -> message (Istio's `ProxyStatus`).
+    pub conflicts:
+        std::collections::BTreeMap<&'static str, std::collections::BTreeMap<String, String>>,
+    /// Rejected or ignored configs: `(type, name)` -> how many parts of it were
+    /// dropped (`pilot_total_rejected_configs`).
+    pub rejected: std::collections::BTreeMap<(&'static str, String), u64>,
+}
+
+impl Findings {
+    /// Whether nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.conflicts.is_empty() && self.rejected.is_empty()
+    }
+
+    /// Adds `other`'s findings: conflicts by listener (the last message stands),
+    /// rejections summed.
+    pub fn merge(&mut self, other: &Findings) {
+        for (metric, listeners) in &other.conflicts {
+            let mine = self.conflicts.entry(metric).or_default();
+            for (listener, message) in listeners {
+                mine.insert(listener.clone(), message.clone());
+            }
+        }
+        for (config, count) in &other.rejected {
+            *self.rejected.entry(config.clone()).or_default() += count;
+        }
+    }
 }
 
 /// An entry with its types erased, compared only with entries of its own type.
@@ -68,6 +111,7 @@ trait ErasedEntry: Debug + Send + Sync {
     fn type_url(&self) -> TypeUrl;
     fn class(&self) -> Option<ProxyClass>;
     fn service(&self) -> Option<&str>;
+    fn findings(&self) -> Option<&Findings>;
 }
 
 /// An input with the value it generated.
@@ -95,6 +139,9 @@ impl<K: CacheInput<Cx>, Cx: ?Sized + 'static> ErasedEntry for Typed<K, Cx> {
     }
     fn service(&self) -> Option<&str> {
         self.input.service()
+    }
+    fn findings(&self) -> Option<&Findings> {
+        K::findings(&self.output)
     }
 }
 
@@ -249,6 +296,20 @@ impl ResourceCache {
             }
         }
         next
+    }
+
+    /// The findings of every value in the cache, merged.
+    pub fn findings(&self) -> Findings {
+        let mut out = Findings::default();
+        for shard in self.shards.iter() {
+            let shard = shard.read().expect("cache shard poisoned");
+            for entry in shard.values().flatten() {
+                if let Some(found) = entry.findings() {
+                    out.merge(found);
+                }
+            }
+        }
+        out
     }
 
     /// Current figures.

@@ -19,13 +19,11 @@ use meshfed_registry::{
 };
 
 use crate::mesh::{MeshSettings, default_mesh_config};
-use crate::model::ProxyClass;
 use crate::model::proxy::Proxy;
 use crate::networks::NetworkView;
 use crate::push::cache::{CacheInput, ResourceCache};
 use crate::push::config_index::{Config, ConfigIndex, MESH_GATEWAY};
-use crate::xds::TypeUrl;
-use crate::xds::deps::{PushScope, Touch};
+use crate::xds::deps::PushScope;
 use meshfed_api::networking::v1alpha3::VirtualService;
 
 /// The endpoint shards of every service, as a snapshot holds them: looked up for every
@@ -229,15 +227,14 @@ pub struct Snapshot {
     /// Values the generators derive from the whole snapshot, once per snapshot, by
     /// type ([`Snapshot::derived`]).
     derived: Mutex<HashMap<std::any::TypeId, Arc<dyn std::any::Any + Send + Sync>>>,
-    /// Conflicts generators met while building this snapshot's resources.
-    conflicts: Arc<ConflictLog>,
 }
 
 /// The conflicts met while generating a snapshot's resources (Istio's push-context
 /// `ProxyStatus`): per metric, the listeners where something was dropped, each with
-/// the last message. Istio's gauges of the same names count the listeners.
-#[derive(Debug, Default)]
-pub struct ConflictLog(Mutex<BTreeMap<&'static str, BTreeMap<String, String>>>);
+/// the last message. Istio's gauges of the same names count the listeners. Read from
+/// the findings of the values in the snapshot's cache ([`Snapshot::conflicts`]).
+#[derive(Clone, Debug, Default)]
+pub struct ConflictLog(BTreeMap<&'static str, BTreeMap<String, String>>);
 
 impl ConflictLog {
     /// A service's TCP chain dropped because an older service's chain on the same
@@ -269,28 +266,40 @@ impl ConflictLog {
         ),
     ];
 
-    /// Records a conflict of kind `metric` on `listener`.
-    pub fn record(&self, metric: &'static str, listener: &str, message: String) {
-        self.0
-            .lock()
-            .expect("conflict log poisoned")
-            .entry(metric)
-            .or_default()
-            .insert(listener.to_string(), message);
-    }
-
     /// How many listeners had a conflict of kind `metric`.
     pub fn count(&self, metric: &str) -> usize {
-        self.0
-            .lock()
-            .expect("conflict log poisoned")
-            .get(metric)
-            .map_or(0, BTreeMap::len)
+        self.0.get(metric).map_or(0, BTreeMap::len)
     }
 
     /// Every conflict: metric -> listener -> message.
     pub fn all(&self) -> BTreeMap<&'static str, BTreeMap<String, String>> {
-        self.0.lock().expect("conflict log poisoned").clone()
+        self.0.clone()
+    }
+}
+
+/// `pilot_total_rejected_configs{type,name}`: the configs parts of which the current
+/// snapshot's generated resources leave out (see [`Snapshot::rejected_configs`]).
+#[derive(Debug)]
+pub struct RejectedConfigsMetric(pub Arc<arc_swap::ArcSwap<Snapshot>>);
+
+impl prometheus_client::collector::Collector for RejectedConfigsMetric {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let mut family = encoder.encode_descriptor(
+            "pilot_total_rejected_configs",
+            "Total number of configs that Pilot had to reject or ignore (type gateway: Gateway servers dropped by the merge of a gateway's Gateways)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for ((kind, name), count) in self.0.load().rejected_configs() {
+            let labels = [("type", kind), ("name", name.as_str())];
+            prometheus_client::metrics::gauge::ConstGauge::new(count as i64)
+                .encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
@@ -360,7 +369,6 @@ impl Snapshot {
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
             derived: Mutex::default(),
-            conflicts: Arc::default(),
         }
     }
 
@@ -410,19 +418,22 @@ impl Snapshot {
             by_address: OnceLock::new(),
             network_view: OnceLock::new(),
             derived: Mutex::default(),
-            // Sidecar listeners are rebuilt (and their conflicts met again) only when
-            // the push touches them; otherwise what was met still stands.
-            conflicts: if scope.touch(ProxyClass::Sidecar, TypeUrl::Listener) == Touch::Nothing {
-                previous.conflicts.clone()
-            } else {
-                Arc::default()
-            },
         }
     }
 
-    /// The conflicts met while generating this snapshot's resources.
-    pub fn conflicts(&self) -> &ConflictLog {
-        &self.conflicts
+    /// The conflicts met while generating the resources this snapshot's cache holds
+    /// (they stand while those resources stand: a push that leaves sidecar listeners
+    /// alone keeps them).
+    pub fn conflicts(&self) -> ConflictLog {
+        ConflictLog(self.cache.findings().conflicts)
+    }
+
+    /// The configs parts of which the resources in this snapshot's cache leave out
+    /// (Gateway servers dropped by a router's merge, TLS matches of VirtualServices
+    /// whose SNI names a gateway port already routes): `(type, name)` -> how many,
+    /// summed over the distinct proxies' inputs that met them.
+    pub fn rejected_configs(&self) -> BTreeMap<(&'static str, String), u64> {
+        self.cache.findings().rejected
     }
 
     /// Upstream connect timeout (meshConfig `connectTimeout`).
@@ -728,6 +739,8 @@ mod tests {
     use meshfed_registry::{ExportTo, ProviderId};
 
     use super::*;
+    use crate::model::ProxyClass;
+    use crate::xds::TypeUrl;
 
     #[test]
     fn conflicts_last_until_a_push_rebuilds_the_listeners() {
@@ -751,11 +764,32 @@ mod tests {
             &Snapshot::empty(),
             PushRequest::forced(TriggerReason::Global),
         );
-        first.conflicts().record(
-            ConflictLog::TCP_OVER_CURRENT_TCP,
-            "0.0.0.0_9000",
-            "x".into(),
-        );
+        // A sidecar's listeners that met a conflict, as the cache holds them.
+        #[derive(Clone, PartialEq, Eq, Hash, Debug)]
+        struct SidecarListeners;
+        impl CacheInput<Snapshot> for SidecarListeners {
+            const TYPE: TypeUrl = TypeUrl::Listener;
+            type Output = Arc<crate::push::cache::Findings>;
+            fn class(&self) -> Option<ProxyClass> {
+                Some(ProxyClass::Sidecar)
+            }
+            fn service(&self) -> Option<&str> {
+                None
+            }
+            fn generate(&self, _: &Snapshot) -> Option<Self::Output> {
+                let mut found = crate::push::cache::Findings::default();
+                found
+                    .conflicts
+                    .entry(ConflictLog::TCP_OVER_CURRENT_TCP)
+                    .or_default()
+                    .insert("0.0.0.0_9000".into(), "x".into());
+                Some(Arc::new(found))
+            }
+            fn findings(output: &Self::Output) -> Option<&crate::push::cache::Findings> {
+                Some(output)
+            }
+        }
+        first.cached(SidecarListeners);
         let key = ServiceKey::new("a.ns.svc.cluster.local", "ns");
         let endpoints_only = build(&first, PushRequest::endpoints(&key));
         assert_eq!(

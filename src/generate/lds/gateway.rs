@@ -51,6 +51,7 @@ use crate::generate::policy::{
     san_matchers, server_cert_name, server_root_name,
 };
 use crate::model::ClientView;
+use crate::push::cache::Findings;
 use crate::push::config_index::{Config, host_matches};
 use crate::push::snapshot::Snapshot;
 
@@ -96,6 +97,7 @@ pub(super) fn listeners(
     snapshot: &Snapshot,
     proxy: &ClientView,
     merged: &MergedGateway,
+    found: &mut Findings,
 ) -> Vec<Listener> {
     // Listener name -> (port, bind, chains); several server ports (HTTPS and TLS on
     // 443) can share one listener.
@@ -119,6 +121,7 @@ pub(super) fn listeners(
             &name,
             &authz.http,
             &mut tls_hosts,
+            found,
         );
         chains
             .iter_mut()
@@ -148,6 +151,7 @@ fn port_chains(
     listener: &str,
     http_authz: &[HttpFilter],
     tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
+    found: &mut Findings,
 ) -> Vec<ChainOpts> {
     if Protocol::parse(&port.protocol).is_http() {
         let route = merged.by_port.get(port).map_or("", |(_, r)| r.as_str());
@@ -211,7 +215,9 @@ fn port_chains(
             Some(t) if t.mode() == TlSmode::AutoPassthrough => {
                 out.extend(auto_passthrough_chains(snapshot, proxy, server));
             }
-            Some(_) => out.extend(passthrough_chains(snapshot, proxy, server, port, tls_hosts)),
+            Some(_) => out.extend(passthrough_chains(
+                snapshot, proxy, server, port, tls_hosts, found,
+            )),
         }
     }
     out
@@ -287,6 +293,7 @@ fn passthrough_chains(
     server: &MergedServer,
     port: &ServerPort,
     tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
+    found: &mut Findings,
 ) -> Vec<ChainOpts> {
     let mut out = Vec::new();
     let bind = &server.server().bind;
@@ -310,12 +317,10 @@ fn passthrough_chains(
                         sni = ?duplicates,
                         "VirtualService tls match skipped: its SNI names are already routed on this gateway port"
                     );
-                    crate::generate::gateway::REJECTED_CONFIGS
-                        .get_or_create(&[
-                            ("type", "gateway".to_string()),
-                            ("name", server.gateway_name()),
-                        ])
-                        .inc();
+                    *found
+                        .rejected
+                        .entry(("gateway", server.gateway_name()))
+                        .or_default() += 1;
                     continue;
                 }
                 for h in &m.sni_hosts {

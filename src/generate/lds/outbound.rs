@@ -50,6 +50,7 @@
 //! (they use the shared `<port>` table, which holds their virtual host too), and the
 //! all-ports table of an `HTTP_PROXY` egress port.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -74,8 +75,9 @@ use super::{VIRTUAL_OUTBOUND, ads_config, pack, socket};
 use crate::generate::cds;
 use crate::generate::rds::{OutboundPolicy, outbound_policy};
 use crate::model::ClientView;
+use crate::push::cache::Findings;
 use crate::push::config_index::{Config, MESH_GATEWAY, host_matches};
-use crate::push::snapshot::{Snapshot, egress_host_matches};
+use crate::push::snapshot::{ConflictLog, Snapshot, egress_host_matches};
 
 /// Chain of `virtualOutbound` that refuses traffic addressed to the capture port.
 pub const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
@@ -300,13 +302,16 @@ struct Entry {
     locked: bool,
 }
 
-/// The per-port outbound listeners, sorted by name. `own_ip`: the proxy's address
-/// when it is an endpoint of a headless service (it gets no listener for itself).
+/// The per-port outbound listeners, sorted by name, with the conflicts met (chains
+/// dropped because an older service's chain matches the same traffic). `own_ip`: the
+/// proxy's address when it is an endpoint of a headless service (it gets no listener
+/// for itself).
 pub(super) fn outbound_listeners(
     snapshot: &Snapshot,
     proxy: &ClientView,
     own_ip: Option<IpAddr>,
-) -> Vec<Listener> {
+) -> (Vec<Listener>, Findings) {
+    let found = RefCell::new(Findings::default());
     let ns = proxy.namespace.as_str();
     // One service per hostname, as the proxy resolves names, oldest first (Istio's
     // SidecarScope order: the first service wins conflicts on a port).
@@ -390,6 +395,7 @@ pub(super) fn outbound_listeners(
                 }
                 let ctx = ServiceCtx {
                     snapshot,
+                    found: &found,
                     proxy,
                     service,
                     port: p,
@@ -429,7 +435,7 @@ pub(super) fn outbound_listeners(
         .map(|e| finish(e, &catch_all, timeout))
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+    (out, found.into_inner())
 }
 
 /// The endpoint addresses that get their own `<ip>_<port>` listener for a headless
@@ -482,6 +488,8 @@ fn headless_endpoints(
 #[derive(Clone, Copy)]
 struct ServiceCtx<'a> {
     snapshot: &'a Snapshot,
+    /// What building the listeners found wrong in the config.
+    found: &'a RefCell<Findings>,
     proxy: &'a ClientView,
     service: &'a Service,
     /// The listener port (a service port, or a Sidecar egress listener's port).
@@ -643,7 +651,6 @@ fn add_service_port(
 /// Appends the incoming chains that match differently from every chain already there;
 /// the others lose to the older service.
 fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_>) {
-    use crate::push::snapshot::ConflictLog;
     for chain in incoming {
         if entry.chains.iter().any(|c| c.conflicts_with(&chain)) {
             tracing::debug!(
@@ -656,16 +663,18 @@ fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_
                 ctx.protocol
             );
             let listener = format!("{}_{}", entry.bind, entry.port);
-            ctx.snapshot.conflicts().record(
-                ConflictLog::TCP_OVER_CURRENT_TCP,
-                &listener,
-                format!(
-                    "Listener={listener} Accepted={} Rejected={} ({})",
-                    protocol_name(entry.protocol),
-                    protocol_name(ctx.protocol),
-                    ctx.service.hostname
-                ),
+            let message = format!(
+                "Listener={listener} Accepted={} Rejected={} ({})",
+                protocol_name(entry.protocol),
+                protocol_name(ctx.protocol),
+                ctx.service.hostname
             );
+            ctx.found
+                .borrow_mut()
+                .conflicts
+                .entry(ConflictLog::TCP_OVER_CURRENT_TCP)
+                .or_default()
+                .insert(listener, message);
             continue;
         }
         entry.chains.push(chain);
@@ -1899,6 +1908,20 @@ pub(crate) mod tests {
         assert_eq!(
             cluster(&named(&all, "0.0.0.0_9000").filter_chains[0]),
             "outbound|9000||a.example.com"
+        );
+        // The listeners as a connection gets them: through the snapshot's cache, whose
+        // entries carry what building them found.
+        let everything = BTreeSet::new();
+        crate::generate::generate(
+            crate::xds::TypeUrl::Listener,
+            &snap,
+            &p,
+            crate::generate::Subscription {
+                wildcard: true,
+                names: &everything,
+            },
+            crate::generate::Scope::All,
+            &Default::default(),
         );
         let log = snap.conflicts().all();
         let dropped = &log[ConflictLog::TCP_OVER_CURRENT_TCP];
