@@ -1,5 +1,5 @@
 //! CDS: an outbound cluster per service port and per DestinationRule subset, with the
-//! rule's traffic policy (see [`super::policy`]); a sidecar's inbound clusters for its
+//! rule's traffic policy (see [`super::traffic_policy`]); a sidecar's inbound clusters for its
 //! own service ports; and Istio's special clusters.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,101 +29,25 @@ use meshfed_registry::{
 };
 use prost::{Message, Name};
 
+use super::cluster_build::{self, ClusterBuild, PolicyContext};
 use super::eds::{self, EdsOptions, EndpointSelection};
 use super::instances::{self, ProxyInstance};
-use super::policy::{self, ClusterBuild, PolicyContext};
+use super::{destination_rule, proto, traffic_policy};
 use crate::model::ProxyClass;
 use crate::model::proxy::{NodeType, Proxy};
 use crate::push::cache::CacheInput;
 use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
+use crate::xds::names::{
+    BLACK_HOLE, Direction, INBOUND_PASSTHROUGH, PASSTHROUGH, inbound_name, outbound_name, sni_name,
+};
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 
-/// Drops traffic to unknown destinations (outboundTrafficPolicy REGISTRY_ONLY).
-pub const BLACK_HOLE: &str = "BlackHoleCluster";
-/// Forwards traffic to unknown destinations as addressed (ALLOW_ANY).
-pub const PASSTHROUGH: &str = "PassthroughCluster";
-/// Inbound traffic to ports no service claims, forwarded to the original destination.
-pub const INBOUND_PASSTHROUGH: &str = "InboundPassthroughCluster";
 /// Source address of a sidecar's own connections to its workload, which iptables lets
 /// through instead of capturing them again.
 pub const INBOUND_PASSTHROUGH_BIND_V4: &str = "127.0.0.6";
 /// IPv6 form of [`INBOUND_PASSTHROUGH_BIND_V4`].
 pub const INBOUND_PASSTHROUGH_BIND_V6: &str = "::6";
-
-/// Which way a cluster name points.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Direction {
-    Inbound,
-    Outbound,
-}
-
-/// A parsed `direction|port|subset|hostname` cluster name.
-#[derive(Clone, PartialEq, Eq, Debug)]
-pub struct ClusterName<'a> {
-    pub direction: Direction,
-    pub port: u16,
-    pub subset: &'a str,
-    pub hostname: &'a str,
-    /// The SNI form `outbound_.<port>_.<subset>_.<hostname>`: a gateway's SNI-DNAT
-    /// cluster (AUTO_PASSTHROUGH), which only has Istio mTLS endpoints.
-    pub sni_dnat: bool,
-}
-
-impl<'a> ClusterName<'a> {
-    /// Parses `outbound|80||reviews.default.svc.cluster.local` (or `inbound|...`), and
-    /// the SNI-DNAT form `outbound_.80_._.reviews.default.svc.cluster.local`.
-    pub fn parse(name: &'a str) -> Option<ClusterName<'a>> {
-        if let Some(rest) = name.strip_prefix("outbound_.") {
-            let mut parts = rest.splitn(3, "_.");
-            let port = parts.next()?.parse().ok()?;
-            let subset = parts.next()?;
-            let hostname = parts.next().filter(|h| !h.is_empty())?;
-            return Some(ClusterName {
-                direction: Direction::Outbound,
-                port,
-                subset,
-                hostname,
-                sni_dnat: true,
-            });
-        }
-        let mut parts = name.split('|');
-        let direction = match parts.next()? {
-            "outbound" => Direction::Outbound,
-            "inbound" => Direction::Inbound,
-            _ => return None,
-        };
-        let port = parts.next()?.parse().ok()?;
-        let subset = parts.next()?;
-        let hostname = parts.next()?;
-        if parts.next().is_some() {
-            return None;
-        }
-        Some(ClusterName {
-            direction,
-            port,
-            subset,
-            hostname,
-            sni_dnat: false,
-        })
-    }
-}
-
-/// `outbound|<port>|<subset>|<hostname>`.
-pub fn outbound_name(port: u16, subset: &str, hostname: &str) -> String {
-    format!("outbound|{port}|{subset}|{hostname}")
-}
-
-/// `inbound|<targetPort>||`.
-pub fn inbound_name(target_port: u16) -> String {
-    format!("inbound|{target_port}||")
-}
-
-/// The SNI (and DNS SRV) form `outbound_.<port>_.<subset>_.<hostname>`, sent with Istio
-/// mTLS so that east-west gateways can route by it.
-pub fn sni_name(port: u16, subset: &str, hostname: &str) -> String {
-    format!("outbound_.{port}_.{subset}_.{hostname}")
-}
 
 /// Cluster-wide settings from the mesh config.
 #[derive(Clone, Copy, Debug)]
@@ -183,8 +107,10 @@ pub fn outbound_cluster(
         }
     }
     if port.protocol.is_http2() {
-        c.typed_extension_protocol_options
-            .insert(policy::HTTP_PROTOCOL_OPTIONS.to_string(), http2_options());
+        c.typed_extension_protocol_options.insert(
+            cluster_build::HTTP_PROTOCOL_OPTIONS.to_string(),
+            http2_options(),
+        );
     }
     c
 }
@@ -264,11 +190,11 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
     let rule = req.rule.map(|r| &r.spec);
     let subset = match (rule, req.subset) {
         (_, "") => None,
-        (Some(rule), name) => Some(policy::subset(rule, name)?),
+        (Some(rule), name) => Some(destination_rule::subset(rule, name)?),
         (None, _) => return None,
     };
     let traffic_policy: Option<TrafficPolicy> =
-        rule.and_then(|r| policy::destination_policy(r, number, req.subset));
+        rule.and_then(|r| destination_rule::destination_policy(r, number, req.subset));
     let sni = sni_name(number, req.subset, host);
     let name = if req.sni_dnat {
         sni.clone()
@@ -305,7 +231,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         // Deprecated in favour of typed DNS cluster configs, still what istiod sends.
         #[allow(deprecated)]
         {
-            c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(policy::pb_duration);
+            c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(proto::pb_duration);
             c.respect_dns_ttl = true;
         }
         c.load_assignment = Some(eds::load_assignment_for(
@@ -346,7 +272,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         proxy_locality,
         proxy_labels: &proxy_labels,
     };
-    policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
+    traffic_policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
     let mut c = build.build();
     if req.sni_dnat {
         c.transport_socket = None;
@@ -624,7 +550,7 @@ pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
         proxy_locality: &no_locality,
         proxy_labels: &no_labels,
     };
-    policy::apply_traffic_policy(&mut build, req.policy, &ctx);
+    traffic_policy::apply_traffic_policy(&mut build, req.policy, &ctx);
     let mut c = build.build();
     // Connections to the loopback address are not captured again; any other would be
     // without the "magic" source address.
@@ -677,7 +603,7 @@ pub fn passthrough(mesh: &MeshConfig) -> Cluster {
             }),
             ..Default::default()
         }),
-        upstream_protocol_options: Some(policy::use_downstream_protocol()),
+        upstream_protocol_options: Some(cluster_build::use_downstream_protocol()),
         ..Default::default()
     };
     let c = Cluster {
@@ -688,14 +614,14 @@ pub fn passthrough(mesh: &MeshConfig) -> Cluster {
         )),
         lb_policy: cluster::LbPolicy::ClusterProvided as i32,
         typed_extension_protocol_options: [(
-            policy::HTTP_PROTOCOL_OPTIONS.to_string(),
-            policy::pack(&options),
+            cluster_build::HTTP_PROTOCOL_OPTIONS.to_string(),
+            proto::pack(&options),
         )]
         .into(),
         ..Default::default()
     };
     let mut build = ClusterBuild::new(c);
-    policy::apply_connection_pool(&mut build, mesh, &Default::default());
+    traffic_policy::apply_connection_pool(&mut build, mesh, &Default::default());
     build.build()
 }
 
@@ -850,7 +776,9 @@ pub fn cached_outbound_as(
         snapshot
             .config()
             .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
-    if !subset.is_empty() && rule.is_none_or(|r| policy::subset(&r.spec, subset).is_none()) {
+    if !subset.is_empty()
+        && rule.is_none_or(|r| destination_rule::subset(&r.spec, subset).is_none())
+    {
         return None;
     }
     let key = service.key();
@@ -1077,7 +1005,7 @@ impl CacheInput<Snapshot> for InboundClusterInput {
             .and_then(|s| s.spec.inbound_connection_pool);
         let mut traffic_policy = rule
             .and_then(|r| r.spec.traffic_policy.as_ref())
-            .map(|p| policy::port_level_policy(p, port.port.get()).0);
+            .map(|p| destination_rule::port_level_policy(p, port.port.get()).0);
         if let Some(pool) = sidecar_pool {
             traffic_policy
                 .get_or_insert_with(Default::default)
@@ -1163,7 +1091,7 @@ pub fn cached_special(snapshot: &Snapshot, name: &'static str) -> Resource {
 }
 
 fn connect_timeout(mesh: &MeshConfig) -> PbDuration {
-    policy::pb_duration(
+    proto::pb_duration(
         mesh.connect_timeout
             .unwrap_or(meshfed_api::Duration::new(10, 0)),
     )
@@ -1375,7 +1303,7 @@ mod tests {
     }
 
     fn http_options(c: &Cluster) -> HttpProtocolOptions {
-        let any = &c.typed_extension_protocol_options[policy::HTTP_PROTOCOL_OPTIONS];
+        let any = &c.typed_extension_protocol_options[cluster_build::HTTP_PROTOCOL_OPTIONS];
         HttpProtocolOptions::decode(any.value.as_slice()).unwrap()
     }
 
@@ -1525,33 +1453,6 @@ mod tests {
             cluster::LbPolicy::ClusterProvided as i32
         );
         assert_eq!(black_hole(&mesh).name, "BlackHoleCluster");
-    }
-
-    #[test]
-    fn cluster_names_parse() {
-        let n = ClusterName::parse("outbound|80|v1|reviews.default.svc.cluster.local").unwrap();
-        assert_eq!(
-            (n.direction, n.port, n.subset, n.hostname),
-            (
-                Direction::Outbound,
-                80,
-                "v1",
-                "reviews.default.svc.cluster.local"
-            )
-        );
-        assert!(ClusterName::parse("outbound|x||h").is_none());
-        assert!(ClusterName::parse("BlackHoleCluster").is_none());
-        assert!(ClusterName::parse("outbound|80||h|extra").is_none());
-        let n = ClusterName::parse("inbound|8080||").unwrap();
-        assert_eq!(
-            (n.direction, n.port, n.hostname),
-            (Direction::Inbound, 8080, "")
-        );
-        assert_eq!(
-            sni_name(80, "v1", "a.b"),
-            "outbound_.80_.v1_.a.b",
-            "Istio's SNI form"
-        );
     }
 
     #[test]
@@ -1726,7 +1627,7 @@ mod tests {
             !case
                 .cluster()
                 .typed_extension_protocol_options
-                .contains_key(policy::HTTP_PROTOCOL_OPTIONS)
+                .contains_key(cluster_build::HTTP_PROTOCOL_OPTIONS)
         );
         case.rule = None;
         assert!(
@@ -1738,7 +1639,7 @@ mod tests {
             !case
                 .cluster()
                 .typed_extension_protocol_options
-                .contains_key(policy::HTTP_PROTOCOL_OPTIONS),
+                .contains_key(cluster_build::HTTP_PROTOCOL_OPTIONS),
             "but not TCP ports"
         );
         case.port = 9080;
@@ -1991,7 +1892,7 @@ mod tests {
         );
         assert!(
             !c.typed_extension_protocol_options
-                .contains_key(policy::HTTP_PROTOCOL_OPTIONS),
+                .contains_key(cluster_build::HTTP_PROTOCOL_OPTIONS),
             "SNI and SANs given: no auto SNI"
         );
 

@@ -23,13 +23,13 @@ use meshfed_registry::{
     TlsMode,
 };
 
-use super::cds::ClusterName;
-use super::policy;
+use super::destination_rule;
 use crate::model::{Proxy, ProxyClass};
 use crate::networks::{Gateway, NetworkView};
 use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
-use crate::push::watch::host_of;
+use crate::xds::names::ClusterName;
+use crate::xds::names::host_of;
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Options that change which endpoints are sent.
@@ -46,7 +46,7 @@ pub struct EdsOptions {
 /// Locality load balancing for one client (Istio's ApplyLocalityLoadBalancer inputs).
 #[derive(Clone, Copy, Debug)]
 pub struct LocalityLb<'a> {
-    /// The setting in force (see `policy::locality_lb_setting`).
+    /// The setting in force (see `destination_rule::locality_lb_setting`).
     pub setting: &'a LocalityLoadBalancerSetting,
     /// The client's locality.
     pub proxy_locality: &'a Locality,
@@ -377,11 +377,11 @@ fn locality_setting(
     port: u16,
     subset: &str,
 ) -> Option<(LocalityLoadBalancerSetting, bool)> {
-    let traffic_policy = rule.and_then(|r| policy::destination_policy(r, port, subset));
+    let traffic_policy = rule.and_then(|r| destination_rule::destination_policy(r, port, subset));
     let failover = traffic_policy
         .as_ref()
         .is_some_and(|p| p.outlier_detection.is_some());
-    policy::locality_lb_setting(
+    destination_rule::locality_lb_setting(
         mesh,
         traffic_policy
             .as_ref()
@@ -413,7 +413,7 @@ impl EdsInput {
         });
         // A subset the rule in force does not define: nothing to send.
         let subset_ok = cluster.subset.is_empty()
-            || rule.is_some_and(|r| policy::subset(&r.spec, cluster.subset).is_some());
+            || rule.is_some_and(|r| destination_rule::subset(&r.spec, cluster.subset).is_some());
         let service = service.filter(|_| subset_ok);
         let locality = service.and_then(|_| {
             let (setting, failover) = locality_setting(
@@ -481,7 +481,11 @@ impl CacheInput<Snapshot> for EdsInput {
             let subset_labels = if cluster.subset.is_empty() {
                 None
             } else {
-                Some(policy::subset(&rule?.spec, cluster.subset)?.labels.clone())
+                Some(
+                    destination_rule::subset(&rule?.spec, cluster.subset)?
+                        .labels
+                        .clone(),
+                )
             };
             let view = AssignmentView {
                 subset_labels,

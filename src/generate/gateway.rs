@@ -492,7 +492,7 @@ pub struct PassthroughDestination<'a> {
 impl PassthroughDestination<'_> {
     /// `outbound_.<port>_.<subset>_.<host>`: the SNI and the cluster name.
     pub fn name(&self) -> String {
-        super::cds::sni_name(
+        crate::xds::names::sni_name(
             self.port.port.get(),
             self.subset,
             self.service.hostname.as_str(),

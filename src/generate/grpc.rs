@@ -51,11 +51,12 @@ use prost::Message;
 pub mod server;
 pub mod tls;
 
-use super::Subscription;
-use super::cds::{self, ClusterName, Direction};
+use super::cds;
+use super::subscription::Subscription;
 use crate::model::{ClientView, Proxy, ProxyClass};
 use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
+use crate::xds::names::{ClusterName, Direction};
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Name of Envoy's (and gRPC's) terminal HTTP filter.
@@ -282,7 +283,7 @@ pub fn api_listener(name: &str, hostname: &str, port: u16, fault: bool) -> Liste
         http_filters: http_filters(fault),
         route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
             config_source: Some(cds::ads_source()),
-            route_config_name: cds::outbound_name(port, "", hostname),
+            route_config_name: crate::xds::names::outbound_name(port, "", hostname),
         })),
         ..Default::default()
     };
@@ -467,7 +468,8 @@ fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Grp
     ) else {
         return GrpcLb::RoundRobin;
     };
-    let policy = super::policy::destination_policy(&rule.spec, cluster.port, cluster.subset);
+    let policy =
+        super::destination_rule::destination_policy(&rule.spec, cluster.port, cluster.subset);
     match policy
         .and_then(|p| p.load_balancer)
         .and_then(|lb| lb.lb_policy)
@@ -502,7 +504,9 @@ fn grpc_tls(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Op
         service.namespace.as_str(),
         service.hostname.as_str(),
     )?;
-    let tls = super::policy::destination_policy(&rule.spec, cluster.port, cluster.subset)?.tls?;
+    let tls =
+        super::destination_rule::destination_policy(&rule.spec, cluster.port, cluster.subset)?
+            .tls?;
     match TlSmode::try_from(tls.mode) {
         Ok(TlSmode::IstioMutual) => {}
         Ok(TlSmode::Simple | TlSmode::Mutual) => {

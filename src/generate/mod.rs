@@ -12,6 +12,8 @@
 pub mod authn;
 pub mod authz;
 pub mod cds;
+pub mod cluster_build;
+pub mod destination_rule;
 pub mod eds;
 pub mod gateway;
 pub mod grpc;
@@ -19,12 +21,15 @@ pub mod instances;
 pub mod jwt;
 pub mod lds;
 pub mod nds;
-pub mod policy;
+pub mod proto;
 pub mod rds;
 #[cfg(any(test, feature = "testing"))]
 pub mod simulate;
+pub mod subscription;
+pub mod traffic_policy;
+pub mod upstream_tls;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use meshfed_registry::Service;
@@ -32,35 +37,15 @@ use meshfed_registry::Service;
 use crate::model::{ClientView, Generator, Proxy, ProxyClass};
 use crate::push::cache::{CacheInput, Findings};
 use crate::push::snapshot::Snapshot;
+use crate::xds::names::{ClusterName, Direction};
 use crate::xds::{EncodedResource, Resource, TypeUrl};
-use cds::{ClusterName, Direction};
 use eds::{EdsInput, EdsOptions};
+pub use subscription::{Scope, Subscription};
 
 /// Generator settings that come from flags and the mesh config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GeneratorOptions {
     pub eds: EdsOptions,
-}
-
-/// What a connection subscribed to for one type.
-#[derive(Clone, Copy, Debug)]
-pub struct Subscription<'a> {
-    /// Everything of the type (CDS/LDS with no names, or Delta `*`).
-    pub wildcard: bool,
-    /// Explicitly named resources.
-    pub names: &'a BTreeSet<String>,
-}
-
-/// How much of a type a push needs.
-#[derive(Clone, Copy, Debug)]
-pub enum Scope<'a> {
-    /// Every subscribed resource.
-    All,
-    /// Only resources derived from these hostnames (incremental EDS).
-    Hostnames(&'a HashSet<&'a str>),
-    /// Only these names (incremental EDS through the watch index: the watched names
-    /// of the changed hostnames).
-    Names(&'a BTreeSet<String>),
 }
 
 /// Generates the resources of `type_url` that `proxy` subscribed to. Generators see
@@ -113,9 +98,12 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
             }
         }
         out.extend(sni_dnat_clusters(snapshot, proxy));
-        out.push(cds::cached_special(snapshot, cds::BLACK_HOLE));
+        out.push(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE));
         if !proxy.is_router() {
-            out.push(cds::cached_special(snapshot, cds::PASSTHROUGH));
+            out.push(cds::cached_special(
+                snapshot,
+                crate::xds::names::PASSTHROUGH,
+            ));
         }
         if sidecar {
             out.extend(cds::cached_inbound(snapshot, proxy));
@@ -126,11 +114,18 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
     sub.names
         .iter()
         .filter_map(|name| match name.as_str() {
-            cds::BLACK_HOLE => Some(cds::cached_special(snapshot, cds::BLACK_HOLE)),
-            cds::PASSTHROUGH => Some(cds::cached_special(snapshot, cds::PASSTHROUGH)),
+            crate::xds::names::BLACK_HOLE => {
+                Some(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE))
+            }
+            crate::xds::names::PASSTHROUGH => Some(cds::cached_special(
+                snapshot,
+                crate::xds::names::PASSTHROUGH,
+            )),
             _ => {
                 let parsed = ClusterName::parse(name).map(|p| p.direction);
-                if name == cds::INBOUND_PASSTHROUGH || parsed == Some(Direction::Inbound) {
+                if name == crate::xds::names::INBOUND_PASSTHROUGH
+                    || parsed == Some(Direction::Inbound)
+                {
                     if !sidecar {
                         return None;
                     }
@@ -222,7 +217,7 @@ fn load_assignments(
                     None => in_scope.extend(
                         names
                             .iter()
-                            .filter(|n| crate::push::watch::host_of(n) == *host)
+                            .filter(|n| crate::xds::names::host_of(n) == *host)
                             .map(String::as_str),
                     ),
                 }
@@ -231,7 +226,7 @@ fn load_assignments(
         Scope::Hostnames(hosts) => in_scope.extend(
             names
                 .iter()
-                .filter(|n| hosts.contains(crate::push::watch::host_of(n)))
+                .filter(|n| hosts.contains(crate::xds::names::host_of(n)))
                 .map(String::as_str),
         ),
         // Names handed over by the watch index that are still watched, by host: those
@@ -241,7 +236,7 @@ fn load_assignments(
             let mut by_host: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
             for n in changed.iter().filter_map(|n| names.get(n)) {
                 by_host
-                    .entry(crate::push::watch::host_of(n))
+                    .entry(crate::xds::names::host_of(n))
                     .or_default()
                     .push(n);
             }
@@ -296,8 +291,8 @@ fn cluster_names(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> Vec<S
         .flat_map(|p| {
             subsets.iter().flat_map(move |subset| {
                 let host = service.hostname.as_str();
-                let plain = cds::outbound_name(p.port.get(), subset, host);
-                let sni = router.then(|| cds::sni_name(p.port.get(), subset, host));
+                let plain = crate::xds::names::outbound_name(p.port.get(), subset, host);
+                let sni = router.then(|| crate::xds::names::sni_name(p.port.get(), subset, host));
                 std::iter::once(plain).chain(sni)
             })
         })

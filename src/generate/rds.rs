@@ -71,7 +71,6 @@ use meshfed_api::networking::v1alpha3::{
 use meshfed_registry::{Port, Protocol, ProviderId, Resolution, Service};
 use prost::{Message, Name};
 
-use super::cds;
 use crate::generate::gateway::{MergedGateway, MergedServer};
 use crate::model::{ClientView, Generator};
 use crate::push::config_index::{Config, MESH_GATEWAY, fqdn, host_matches};
@@ -457,7 +456,7 @@ fn catch_all_virtual_host(snapshot: &Snapshot, proxy: &ClientView) -> VirtualHos
                 Some(d) => {
                     outbound_cluster_name(d.port.map_or(0, |p| p.number), &d.subset, &d.host)
                 }
-                None => cds::PASSTHROUGH.to_string(),
+                None => crate::xds::names::PASSTHROUGH.to_string(),
             };
             let mut action = RouteAction {
                 cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cluster)),
@@ -1044,9 +1043,9 @@ fn default_route(ctx: &RouteCtx<'_>, service: &Service, port: &Port) -> Route {
     let number = port.port.get();
     let hostname = service.hostname.as_str();
     let mut action = RouteAction {
-        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(cds::outbound_name(
-            number, "", hostname,
-        ))),
+        cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
+            crate::xds::names::outbound_name(number, "", hostname),
+        )),
         retry_policy: retry_policy(ctx.default_retry(), false),
         ..Default::default()
     };
@@ -1379,7 +1378,7 @@ fn route_operation(r: &Route, vs_name: &str, port: u16) -> String {
         cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(c)),
         ..
     })) = &r.action
-        && let Some(parsed) = cds::ClusterName::parse(c)
+        && let Some(parsed) = crate::xds::names::ClusterName::parse(c)
     {
         return format!("{}:{}{path}", parsed.hostname, parsed.port);
     }
@@ -1610,27 +1609,6 @@ fn mirror_policy(
     }
 }
 
-/// gRPC status codes by name (the names Istio accepts in `abort.grpcStatus`).
-const GRPC_STATUS: [&str; 17] = [
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-];
-
 /// Istio's `TranslateFault`: fixed delays and HTTP/gRPC aborts (exponential delays and
 /// HTTP/2 errors are not supported and dropped); `None` when nothing is left.
 fn translate_fault(f: &istio::HttpFaultInjection) -> Option<HttpFault> {
@@ -1655,8 +1633,8 @@ fn translate_fault(f: &istio::HttpFaultInjection) -> Option<HttpFault> {
                 fault_abort::ErrorType::HttpStatus(*s as u32)
             }
             http_fault_injection::abort::ErrorType::GrpcStatus(name) => {
-                let code = GRPC_STATUS.iter().position(|n| n == name)?;
-                fault_abort::ErrorType::GrpcStatus(code as u32)
+                let code = meshfed_registry::config::validate::grpc_status_code(name)?;
+                fault_abort::ErrorType::GrpcStatus(code)
             }
             http_fault_injection::abort::ErrorType::Http2Error(_) => return None,
         };
@@ -2431,7 +2409,7 @@ mod tests {
         assert!(domains.contains(&"reviews.default:9080".to_string()));
         assert_eq!(
             cluster(&other, Request::new("reviews", 9080, "/")),
-            cds::PASSTHROUGH,
+            crate::xds::names::PASSTHROUGH,
             "`reviews` from another namespace is someone else's name"
         );
         assert_eq!(
@@ -2569,7 +2547,7 @@ mod tests {
         let unknown = || Request::new("example.org", 80, "/");
         let snap = snapshot(bookinfo(), ConfigSet::default());
         let rc = sidecar_route_config(&snap, &sidecar("default", &[]).client_view(), 80);
-        assert_eq!(cluster(&rc, unknown()), cds::PASSTHROUGH);
+        assert_eq!(cluster(&rc, unknown()), crate::xds::names::PASSTHROUGH);
         assert_eq!(matched(&rc, unknown()).name, ALLOW_ANY);
 
         let snap = snapshot_with(

@@ -54,7 +54,7 @@ use meshfed_api::security::v1beta1::authorization_policy::Action;
 use super::{RequestedPort, split_listener_name};
 use crate::generate::authn::{self, MtlsMode};
 use crate::generate::authz::{self, AuthzOptions, model};
-use crate::generate::policy::pack;
+use crate::generate::proto::pack;
 use crate::model::{Proxy, ProxyClass};
 use crate::push::cache::CacheInput;
 use crate::push::config_index::Config;

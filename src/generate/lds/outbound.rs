@@ -72,7 +72,6 @@ use meshfed_api::networking::v1alpha3::{
 use meshfed_registry::{Protocol, Resolution, Service};
 
 use super::{VIRTUAL_OUTBOUND, ads_config, pack, socket};
-use crate::generate::cds;
 use crate::generate::rds::{OutboundPolicy, outbound_policy};
 use crate::model::ClientView;
 use crate::push::cache::Findings;
@@ -130,15 +129,17 @@ fn catch_all_cluster(snapshot: &Snapshot, proxy: &ClientView) -> String {
     match outbound_policy(snapshot, proxy) {
         OutboundPolicy::AllowAny {
             egress_proxy: Some(d),
-        } => cds::outbound_name(
+        } => crate::xds::names::outbound_name(
             d.port
                 .and_then(|p| u16::try_from(p.number).ok())
                 .unwrap_or(0),
             &d.subset,
             &d.host,
         ),
-        OutboundPolicy::AllowAny { egress_proxy: None } => cds::PASSTHROUGH.to_string(),
-        OutboundPolicy::RegistryOnly => cds::BLACK_HOLE.to_string(),
+        OutboundPolicy::AllowAny { egress_proxy: None } => {
+            crate::xds::names::PASSTHROUGH.to_string()
+        }
+        OutboundPolicy::RegistryOnly => crate::xds::names::BLACK_HOLE.to_string(),
     }
 }
 
@@ -748,7 +749,7 @@ fn service_cidrs(service: &Service, proxy: &ClientView) -> Vec<String> {
 /// The TCP (or, for HTTPS/TLS ports, SNI) chains of one service port.
 fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
     let service_cidrs = service_cidrs(ctx.service, ctx.proxy);
-    let default_cluster = cds::outbound_name(
+    let default_cluster = crate::xds::names::outbound_name(
         if ctx.service.ports.len() == 1 {
             ctx.service.ports[0].port.get()
         } else {
@@ -873,7 +874,7 @@ pub(super) fn routes_tcp_proxy(
 ) -> Filter {
     let cluster = |r: &RouteDestination| {
         let Some(d) = r.destination.as_ref() else {
-            return cds::BLACK_HOLE.to_string();
+            return crate::xds::names::BLACK_HOLE.to_string();
         };
         let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
             Some(n) => u16::try_from(n).unwrap_or(default_port),
@@ -882,7 +883,7 @@ pub(super) fn routes_tcp_proxy(
                 _ => default_port,
             },
         };
-        cds::outbound_name(port, &d.subset, &d.host)
+        crate::xds::names::outbound_name(port, &d.subset, &d.host)
     };
     if routes.len() == 1 {
         return tcp_proxy_filter(&cluster(&routes[0]));
@@ -976,7 +977,7 @@ pub(super) fn loop_guard(name: &str, port: u16) -> FilterChain {
             }),
             ..Default::default()
         }),
-        filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
+        filters: vec![tcp_proxy_filter(crate::xds::names::BLACK_HOLE)],
         ..Default::default()
     }
 }
