@@ -15,11 +15,11 @@ pub mod cds;
 pub mod cluster_build;
 pub mod destination_rule;
 pub mod eds;
-pub mod gateway;
 pub mod grpc;
 pub mod instances;
 pub mod jwt;
 pub mod lds;
+pub mod merged_gateway;
 pub mod nds;
 pub mod proto;
 pub mod rds;
@@ -163,16 +163,16 @@ fn sni_dnat_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     if !proxy.is_router() {
         return Vec::new();
     }
-    let merged = gateway::MergedGateway::build(
+    let merged = merged_gateway::MergedGateway::build(
         snapshot,
         &proxy.labels,
-        &gateway::gateway_targets(snapshot, proxy),
+        &merged_gateway::gateway_targets(snapshot, proxy),
     );
     if merged.auto_passthrough_hosts.is_empty() {
         return Vec::new();
     }
     let hosts: Vec<String> = merged.auto_passthrough_hosts.into_iter().collect();
-    gateway::passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &hosts)
+    merged_gateway::passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &hosts)
         .into_iter()
         .filter_map(|d| cds::cached_outbound_as(snapshot, proxy, d.service, d.port, d.subset, true))
         .collect()
@@ -308,7 +308,7 @@ pub struct ListenerInput {
     pub inbound: Vec<lds::InboundPort>,
     /// The service ports a gateway's workload serves (port translation and
     /// gateway-service selection; empty for sidecars).
-    pub targets: Vec<gateway::GatewayTarget>,
+    pub targets: Vec<merged_gateway::GatewayTarget>,
     /// The proxy's address when it is an endpoint of a headless service, which then
     /// gives it no per-endpoint listener for itself; `None` otherwise, so that proxies
     /// that differ only in their address share listeners.
@@ -440,9 +440,9 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
 }
 
 /// The service ports a router's workload serves; empty for other proxies.
-fn router_targets(snapshot: &Snapshot, proxy: &Proxy) -> Vec<gateway::GatewayTarget> {
+fn router_targets(snapshot: &Snapshot, proxy: &Proxy) -> Vec<merged_gateway::GatewayTarget> {
     if proxy.is_router() {
-        gateway::gateway_targets(snapshot, proxy)
+        merged_gateway::gateway_targets(snapshot, proxy)
     } else {
         Vec::new()
     }
@@ -536,7 +536,7 @@ pub struct RouteInput {
     pub client: Arc<ClientView>,
     pub name: Arc<str>,
     /// A gateway's service targets (see [`ListenerInput::targets`]).
-    pub targets: Arc<Vec<gateway::GatewayTarget>>,
+    pub targets: Arc<Vec<merged_gateway::GatewayTarget>>,
 }
 
 impl CacheInput<Snapshot> for RouteInput {
@@ -574,25 +574,25 @@ impl CacheInput<Snapshot> for RouteInput {
     }
 }
 
-/// The Gateways applying to a router, merged (see [`gateway::MergedGateway`]): an
+/// The Gateways applying to a router, merged (see [`merged_gateway::MergedGateway`]): an
 /// entry of the cache that is never sent, read by the router's route tables.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct MergedGatewayKey {
     labels: std::collections::BTreeMap<String, String>,
-    targets: Arc<Vec<gateway::GatewayTarget>>,
+    targets: Arc<Vec<merged_gateway::GatewayTarget>>,
 }
 
 impl CacheInput<Snapshot> for MergedGatewayKey {
     const TYPE: TypeUrl = TypeUrl::Route;
-    type Output = Arc<gateway::MergedGateway>;
+    type Output = Arc<merged_gateway::MergedGateway>;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Router)
     }
     fn service(&self) -> Option<&str> {
         None
     }
-    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<gateway::MergedGateway>> {
-        Some(Arc::new(gateway::MergedGateway::build(
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<merged_gateway::MergedGateway>> {
+        Some(Arc::new(merged_gateway::MergedGateway::build(
             snapshot,
             &self.labels,
             &self.targets,

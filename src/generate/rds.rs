@@ -71,7 +71,7 @@ use meshfed_api::networking::v1alpha3::{
 use meshfed_registry::{Port, Protocol, ProviderId, Resolution, Service};
 use prost::{Message, Name};
 
-use crate::generate::gateway::{MergedGateway, MergedServer};
+use crate::generate::merged_gateway::{MergedGateway, MergedServer};
 use crate::model::{ClientView, Generator};
 use crate::push::config_index::{Config, MESH_GATEWAY, fqdn, host_matches};
 use crate::push::snapshot::Snapshot;
@@ -3342,11 +3342,11 @@ mod tests {
         let https_name = "https.443.https.ingress.istio-system";
         let gw = &snap.config().gateways().next().unwrap().clone();
         assert_eq!(
-            crate::generate::gateway::route_name(&gw.spec.servers[2], 443, gw),
+            crate::generate::merged_gateway::route_name(&gw.spec.servers[2], 443, gw),
             https_name
         );
         assert_eq!(
-            crate::generate::gateway::route_name(&gw.spec.servers[3], 443, gw),
+            crate::generate::merged_gateway::route_name(&gw.spec.servers[3], 443, gw),
             "",
             "passthrough"
         );

@@ -1,5 +1,5 @@
 //! Gateway (router) listeners, built from the merged Gateways of the router
-//! ([`crate::generate::gateway::MergedGateway`]) the way Istio builds them
+//! ([`crate::generate::merged_gateway::MergedGateway`]) the way Istio builds them
 //! (`networking/core/gateway.go`).
 //!
 //! One listener per resolved port and bind, `<bind>_<port>` (`0.0.0.0_<port>` without
@@ -45,7 +45,7 @@ use meshfed_registry::Protocol;
 
 use super::outbound::{rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
 use super::{pack, socket};
-use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
+use crate::generate::merged_gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
 use crate::generate::upstream_tls::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
     san_matchers, server_cert_name, server_root_name,
@@ -170,7 +170,7 @@ fn port_chains(
     for server in merged.port_servers(port) {
         let s = server.server();
         let tls = s.tls.as_ref();
-        let passthrough = crate::generate::gateway::is_passthrough(s);
+        let passthrough = crate::generate::merged_gateway::is_passthrough(s);
         if server.protocol() == Protocol::Https && tls.is_some() && !passthrough {
             let stat_prefix = if s.name.is_empty() {
                 format!("outbound_{listener};")

@@ -41,7 +41,7 @@ pub(crate) mod outbound;
 
 pub use gateway::ALL_ISTIO_MTLS_ALPNS;
 
-use crate::generate::gateway::{GatewayTarget, MergedGateway};
+use crate::generate::merged_gateway::{GatewayTarget, MergedGateway};
 use crate::generate::proto::pack;
 use crate::model::ClientView;
 use crate::push::cache::Findings;
