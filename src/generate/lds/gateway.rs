@@ -45,7 +45,9 @@ use meshfed_registry::Protocol;
 
 use super::outbound::{rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
 use super::{pack, socket};
-use crate::generate::merged_gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
+use crate::generate::merged_gateway::{
+    MergedGateway, MergedServer, ServerPort, passthrough_destinations,
+};
 use crate::generate::upstream_tls::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
     san_matchers, server_cert_name, server_root_name,
