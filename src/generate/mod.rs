@@ -19,6 +19,7 @@ pub mod grpc;
 pub mod instances;
 pub mod jwt;
 pub mod lds;
+pub mod locality_lb;
 pub mod merged_gateway;
 pub mod nds;
 pub mod proto;

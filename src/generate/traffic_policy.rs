@@ -391,10 +391,10 @@ fn apply_locality_config(
         );
     }
     if let (Some(cla), Some(s)) = (c.load_assignment.as_mut(), setting) {
-        super::eds::apply_locality_lb(
+        super::locality_lb::apply_locality_lb(
             cla,
             None,
-            &super::eds::LocalityLb {
+            &super::locality_lb::LocalityLb {
                 setting: s,
                 proxy_locality: ctx.proxy_locality,
                 proxy_labels: ctx.proxy_labels,
