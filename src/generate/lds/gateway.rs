@@ -106,7 +106,10 @@ pub(super) fn listeners(
     // In the order the ports were first merged.
     let mut by_name: Vec<(String, u16, String, Vec<ChainOpts>)> = Vec::new();
     // Passthrough SNI names already used per listener port (bind-aware).
-    let mut tls_hosts: HashMap<u16, HashMap<String, String>> = HashMap::new();
+    let mut shared = Passthrough {
+        tls_hosts: HashMap::new(),
+        found,
+    };
     let authz = router_authz(snapshot, proxy);
     for port in &merged.ports {
         let bind = if port.bind.is_empty() {
@@ -122,8 +125,7 @@ pub(super) fn listeners(
             port,
             &name,
             &authz.http,
-            &mut tls_hosts,
-            found,
+            &mut shared,
         );
         chains
             .iter_mut()
@@ -145,6 +147,14 @@ pub(super) fn listeners(
         .collect()
 }
 
+/// What the PASSTHROUGH servers of one router share while their chains are built.
+struct Passthrough<'a> {
+    /// SNI names already used per listener port (bind-aware): port -> host -> bind.
+    tls_hosts: HashMap<u16, HashMap<String, String>>,
+    /// What was left out (TLS matches whose SNI names a port already routes).
+    found: &'a mut Findings,
+}
+
 fn port_chains(
     snapshot: &Snapshot,
     proxy: &ClientView,
@@ -152,8 +162,7 @@ fn port_chains(
     port: &ServerPort,
     listener: &str,
     http_authz: &[HttpFilter],
-    tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
-    found: &mut Findings,
+    shared: &mut Passthrough<'_>,
 ) -> Vec<ChainOpts> {
     if Protocol::parse(&port.protocol).is_http() {
         let route = merged.by_port.get(port).map_or("", |(_, r)| r.as_str());
@@ -217,9 +226,7 @@ fn port_chains(
             Some(t) if t.mode() == TlSmode::AutoPassthrough => {
                 out.extend(auto_passthrough_chains(snapshot, proxy, server));
             }
-            Some(_) => out.extend(passthrough_chains(
-                snapshot, proxy, server, port, tls_hosts, found,
-            )),
+            Some(_) => out.extend(passthrough_chains(snapshot, proxy, server, port, shared)),
         }
     }
     out
@@ -294,8 +301,7 @@ fn passthrough_chains(
     proxy: &ClientView,
     server: &MergedServer,
     port: &ServerPort,
-    tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
-    found: &mut Findings,
+    state: &mut Passthrough<'_>,
 ) -> Vec<ChainOpts> {
     let mut out = Vec::new();
     let bind = &server.server().bind;
@@ -305,7 +311,7 @@ fn passthrough_chains(
                 continue;
             }
             for m in tls.r#match.iter().filter(|m| tls_match(m, server)) {
-                let known = tls_hosts.entry(port.number).or_default();
+                let known = state.tls_hosts.entry(port.number).or_default();
                 let duplicates: Vec<&String> = m
                     .sni_hosts
                     .iter()
@@ -319,7 +325,8 @@ fn passthrough_chains(
                         sni = ?duplicates,
                         "VirtualService tls match skipped: its SNI names are already routed on this gateway port"
                     );
-                    *found
+                    *state
+                        .found
                         .rejected
                         .entry(("gateway", server.gateway_name()))
                         .or_default() += 1;
