@@ -695,3 +695,123 @@ mod tests {
         assert!(Arc::ptr_eq(&named[0], &a[3]));
     }
 }
+
+/// The modules of `generate/` import one another in one direction only: no two import
+/// each other, directly or through others, and none imports this parent module (which
+/// calls into them). Read from the sources' production part (before `#[cfg(test)]`).
+#[cfg(test)]
+mod import_order {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    /// The text of a file before its tests, without comments.
+    fn production(path: &Path) -> String {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines()
+            .take_while(|l| !l.starts_with("#[cfg(test)]"))
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every `.rs` file of a module (its file, or its folder but `tests.rs`), with how
+    /// many `super::` lead from the file to `generate`.
+    fn files(root: &Path, module: &str) -> Vec<(std::path::PathBuf, usize)> {
+        let mut out = Vec::new();
+        let file = root.join(format!("{module}.rs"));
+        if file.exists() {
+            out.push((file, 1));
+        }
+        let mut stack = vec![(root.join(module), 1)];
+        while let Some((dir, depth)) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.map(Result::unwrap) {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().to_string();
+                if p.is_dir() {
+                    stack.push((p, depth + 1));
+                } else if name == "mod.rs" {
+                    out.push((p, depth));
+                } else if name.ends_with(".rs") && name != "tests.rs" {
+                    out.push((p, depth + 1));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn generators_import_one_another_in_one_direction() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/generate");
+        let modules: BTreeSet<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n != "mod.rs")
+            .map(|n| n.trim_end_matches(".rs").to_string())
+            .filter(|n| n != "simulate")
+            .collect();
+        let ident = |s: &str| -> String {
+            s.chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for module in &modules {
+            let mine = deps.entry(module.clone()).or_default();
+            for (file, depth) in files(&root, module) {
+                let text = production(&file);
+                let mut named = Vec::new();
+                for (i, _) in text.match_indices("crate::generate::") {
+                    named.push(ident(&text[i + "crate::generate::".len()..]));
+                }
+                let up = "super::".repeat(depth);
+                for (i, _) in text.match_indices(&up) {
+                    if text[..i].ends_with("super::") {
+                        continue;
+                    }
+                    let rest = &text[i + up.len()..];
+                    if rest.starts_with("super::") {
+                        continue;
+                    }
+                    match rest.strip_prefix('{') {
+                        Some(group) => named.extend(
+                            group[..group.find('}').unwrap()]
+                                .split(',')
+                                .map(|n| ident(n.trim())),
+                        ),
+                        None => named.push(ident(rest)),
+                    }
+                }
+                for name in named.into_iter().filter(|n| !n.is_empty()) {
+                    if modules.contains(&name) {
+                        if name != *module {
+                            mine.insert(name);
+                        }
+                    } else {
+                        mine.insert("the parent module".to_string());
+                    }
+                }
+            }
+        }
+        for (module, used) in &deps {
+            assert!(
+                !used.contains("the parent module"),
+                "generate::{module} uses generate/mod.rs, which uses it"
+            );
+            // Depth-first: does anything `module` uses lead back to it?
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<&String> = used.iter().collect();
+            while let Some(next) = stack.pop() {
+                assert!(
+                    next != module,
+                    "generate::{module} is in an import circle: {deps:#?}"
+                );
+                if seen.insert(next) {
+                    stack.extend(deps.get(next).into_iter().flatten());
+                }
+            }
+        }
+    }
+}
