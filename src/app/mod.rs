@@ -203,11 +203,6 @@ impl Server {
         let mut metrics_registry = Registry::default();
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
-        metrics_registry.register(
-            "pilot_total_rejected_configs",
-            "Total number of configs that Pilot had to reject or ignore (type gateway: Gateway servers dropped by the merge of a gateway's Gateways)",
-            crate::generate::gateway::REJECTED_CONFIGS.clone(),
-        );
         let mut tasks = JoinSet::new();
         let (core, events) = Core::start(
             &config,
@@ -561,6 +556,9 @@ impl Wiring {
         }
         self.core.aggregate.register_metrics(registry);
         self.core.pipeline.register_metrics(registry);
+        registry.register_collector(Box::new(crate::push::snapshot::RejectedConfigsMetric(
+            self.core.pipeline.snapshot().clone(),
+        )));
         for started in &mut self.registries.started {
             if let Some(register) = started.metrics.take() {
                 register(registry);

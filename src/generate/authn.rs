@@ -274,7 +274,7 @@ pub fn inbound_mtls_context(
     use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
     use meshfed_api::mesh::v1alpha1::mesh_config::tls_config::TlsProtocol;
 
-    use crate::generate::policy::{SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation};
+    use crate::generate::upstream_tls::{SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation};
 
     let alpn: &[&str] = if tcp {
         &["istio-peer-exchange", "h2", "http/1.1"]

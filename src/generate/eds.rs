@@ -4,7 +4,7 @@
 //! Istio's locality load balancing (distribute weights, failover priorities) for the
 //! requesting proxy.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::{
@@ -16,20 +16,20 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 };
 use envoy_types::pb::google::protobuf::{Struct, UInt32Value, Value, value};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
-use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
 use meshfed_api::networking::v1alpha3::{DestinationRule, LocalityLoadBalancerSetting};
 use meshfed_registry::{
     Endpoint, EndpointShards, HealthStatus, Locality, NetworkId, Port, ServiceKey, ShardKey,
     TlsMode,
 };
 
-use super::cds::ClusterName;
-use super::policy;
+use super::destination_rule;
+use super::locality_lb::*;
 use crate::model::{Proxy, ProxyClass};
 use crate::networks::{Gateway, NetworkView};
 use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
-use crate::push::watch::host_of;
+use crate::xds::names::ClusterName;
+use crate::xds::names::host_of;
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Options that change which endpoints are sent.
@@ -41,20 +41,6 @@ pub struct EdsOptions {
     /// Only endpoints that take Istio mTLS (a gateway's SNI-DNAT clusters: the
     /// client's mTLS passes through, so a plaintext endpoint could not answer it).
     pub mtls_only: bool,
-}
-
-/// Locality load balancing for one client (Istio's ApplyLocalityLoadBalancer inputs).
-#[derive(Clone, Copy, Debug)]
-pub struct LocalityLb<'a> {
-    /// The setting in force (see `policy::locality_lb_setting`).
-    pub setting: &'a LocalityLoadBalancerSetting,
-    /// The client's locality.
-    pub proxy_locality: &'a Locality,
-    /// The client's labels (failoverPriority compares them with the endpoints').
-    pub proxy_labels: &'a BTreeMap<String, String>,
-    /// Outlier detection is configured: failover only works then, so it is only
-    /// applied then.
-    pub failover: bool,
 }
 
 /// Which endpoints a load assignment carries and how they are prioritised.
@@ -128,19 +114,6 @@ pub fn load_assignment(
 /// The load assignment for `cluster_name` of port `port`, restricted to a subset and
 /// prioritised for a client as `selection` says.
 pub fn load_assignment_for(
-    cluster_name: &str,
-    port: &Port,
-    shards: Option<&EndpointShards>,
-    selection: &EndpointSelection<'_>,
-) -> ClusterLoadAssignment {
-    let out = load_assignment_for_unchecked(cluster_name, port, shards, selection);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    crate::xds::pgv::assert_message_valid(&out);
-    out
-}
-
-fn load_assignment_for_unchecked(
     cluster_name: &str,
     port: &Port,
     shards: Option<&EndpointShards>,
@@ -382,16 +355,6 @@ pub struct EdsInput {
     pub options: EdsOptions,
 }
 
-impl CacheInput for EdsInput {
-    const TYPE: TypeUrl = TypeUrl::Endpoint;
-    fn class(&self) -> Option<ProxyClass> {
-        None
-    }
-    fn service(&self) -> Option<&str> {
-        Some(host_of(&self.name))
-    }
-}
-
 /// The locality setting in force for `port` and `subset` under `rule`, and whether
 /// failover applies (outlier detection is set); only when it changes anything.
 fn locality_setting(
@@ -400,11 +363,11 @@ fn locality_setting(
     port: u16,
     subset: &str,
 ) -> Option<(LocalityLoadBalancerSetting, bool)> {
-    let traffic_policy = rule.and_then(|r| policy::destination_policy(r, port, subset));
+    let traffic_policy = rule.and_then(|r| destination_rule::destination_policy(r, port, subset));
     let failover = traffic_policy
         .as_ref()
         .is_some_and(|p| p.outlier_detection.is_some());
-    policy::locality_lb_setting(
+    destination_rule::locality_lb_setting(
         mesh,
         traffic_policy
             .as_ref()
@@ -436,7 +399,7 @@ impl EdsInput {
         });
         // A subset the rule in force does not define: nothing to send.
         let subset_ok = cluster.subset.is_empty()
-            || rule.is_some_and(|r| policy::subset(&r.spec, cluster.subset).is_some());
+            || rule.is_some_and(|r| destination_rule::subset(&r.spec, cluster.subset).is_some());
         let service = service.filter(|_| subset_ok);
         let locality = service.and_then(|_| {
             let (setting, failover) = locality_setting(
@@ -479,9 +442,20 @@ impl EdsInput {
             },
         }
     }
+}
+
+impl CacheInput<Snapshot> for EdsInput {
+    const TYPE: TypeUrl = TypeUrl::Endpoint;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn service(&self) -> Option<&str> {
+        Some(host_of(&self.name))
+    }
 
     /// Builds the assignment from this input and the snapshot's indexes alone.
-    pub fn generate(&self, snapshot: &Snapshot) -> Resource {
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let found = self.service.as_ref().and_then(|key| {
             let service = snapshot.services().get(key)?;
             let cluster = ClusterName::parse(&self.name)?;
@@ -493,7 +467,11 @@ impl EdsInput {
             let subset_labels = if cluster.subset.is_empty() {
                 None
             } else {
-                Some(policy::subset(&rule?.spec, cluster.subset)?.labels.clone())
+                Some(
+                    destination_rule::subset(&rule?.spec, cluster.subset)?
+                        .labels
+                        .clone(),
+                )
             };
             let view = AssignmentView {
                 subset_labels,
@@ -518,7 +496,11 @@ impl EdsInput {
                 let shards = snapshot.shards(&service.key()).map(|s| &**s);
                 let cla =
                     load_assignment_for(&self.name, port, shards, &view.selection(self.options));
-                EncodedResource::encode(TypeUrl::Endpoint, self.name.clone(), &cla)
+                Some(EncodedResource::encode(
+                    TypeUrl::Endpoint,
+                    self.name.clone(),
+                    &cla,
+                ))
             }
             // A watched cluster whose service, port or subset is gone gets an empty
             // assignment (a placeholder, see EncodedResource), so a SotW client never
@@ -528,7 +510,11 @@ impl EdsInput {
                     cluster_name: self.name.to_string(),
                     ..Default::default()
                 };
-                EncodedResource::encode_placeholder(TypeUrl::Endpoint, self.name.clone(), &empty)
+                Some(EncodedResource::encode_placeholder(
+                    TypeUrl::Endpoint,
+                    self.name.clone(),
+                    &empty,
+                ))
             }
         }
     }
@@ -573,225 +559,6 @@ impl AssignmentView {
                     ipv6: *ipv6,
                 }),
         }
-    }
-}
-
-/// Istio's topology labels, which failoverPriority may name.
-pub const LABEL_REGION: &str = "topology.kubernetes.io/region";
-/// Zone label.
-pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-/// Subzone label.
-pub const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
-/// Network label.
-pub const LABEL_NETWORK: &str = "topology.istio.io/network";
-/// Cluster label.
-pub const LABEL_CLUSTER: &str = "topology.istio.io/cluster";
-
-/// Labels with Istio's topology labels added where missing (AugmentLabels): cluster,
-/// region, zone, subzone, network.
-pub fn augment_labels(
-    labels: &BTreeMap<String, String>,
-    cluster: &str,
-    locality: &Locality,
-    network: &str,
-) -> BTreeMap<String, String> {
-    let mut out = labels.clone();
-    for (key, value) in [
-        (LABEL_CLUSTER, cluster),
-        (LABEL_REGION, locality.region.as_str()),
-        (LABEL_ZONE, locality.zone.as_str()),
-        (LABEL_SUBZONE, locality.subzone.as_str()),
-        (LABEL_NETWORK, network),
-    ] {
-        if !value.is_empty() {
-            out.entry(key.to_string())
-                .or_insert_with(|| value.to_string());
-        }
-    }
-    out
-}
-
-/// Applies a locality setting to a load assignment for one client (Istio's
-/// ApplyLocalityLoadBalancer): `distribute` reweights (and empties) locality groups;
-/// otherwise, when failover is on, groups get priorities by failoverPriority labels
-/// (which needs `endpoint_labels`, the labels of each group's endpoints in order) and
-/// by region/zone/subzone proximity and the `failover` rules.
-pub fn apply_locality_lb(
-    cla: &mut ClusterLoadAssignment,
-    endpoint_labels: Option<&[Vec<BTreeMap<String, String>>]>,
-    lb: &LocalityLb<'_>,
-) {
-    let s = lb.setting;
-    if !s.distribute.is_empty() {
-        apply_locality_weights(cla, lb.proxy_locality, &s.distribute);
-    } else if lb.failover {
-        if !s.failover_priority.is_empty() {
-            if let Some(labels) = endpoint_labels {
-                apply_failover_priorities(cla, labels, lb.proxy_labels, &s.failover_priority);
-            }
-            if !s.failover.is_empty() {
-                apply_locality_failover(cla, lb.proxy_locality, &s.failover);
-            }
-        } else {
-            apply_locality_failover(cla, lb.proxy_locality, &s.failover);
-        }
-    }
-}
-
-fn split_locality(rule: &str) -> (&str, &str, &str) {
-    let mut parts = rule.split('/');
-    let region = parts.next().unwrap_or("");
-    let zone = parts.next().unwrap_or("");
-    let subzone = parts.next().unwrap_or("");
-    (region, zone, subzone)
-}
-
-/// Istio's LocalityMatch: `*` matches anything, a missing zone/subzone too.
-fn locality_match(region: &str, zone: &str, subzone: &str, rule: &str) -> bool {
-    let (r, z, s) = split_locality(rule);
-    (r == "*" || r == region)
-        && (z == "*" || z.is_empty() || z == zone)
-        && (s == "*" || s.is_empty() || s == subzone)
-}
-
-fn parts(l: Option<&EnvoyLocality>) -> (&str, &str, &str) {
-    l.map(|l| (l.region.as_str(), l.zone.as_str(), l.sub_zone.as_str()))
-        .unwrap_or(("", "", ""))
-}
-
-/// `distribute`: the first rule whose `from` matches the client reweights every
-/// locality group matched by one of its `to` entries (a `to` matching several groups
-/// shares its weight in proportion to theirs, rounded up) and empties the others.
-fn apply_locality_weights(
-    cla: &mut ClusterLoadAssignment,
-    proxy: &Locality,
-    distribute: &[Distribute],
-) {
-    let Some(rule) = distribute
-        .iter()
-        .find(|d| locality_match(&proxy.region, &proxy.zone, &proxy.subzone, &d.from))
-    else {
-        return;
-    };
-    let mut unmatched: BTreeSet<usize> = (0..cla.endpoints.len()).collect();
-    for (to, weight) in &rule.to {
-        let mut matched: Vec<(usize, u32)> = Vec::new();
-        let mut total = 0u64;
-        for (i, group) in cla.endpoints.iter().enumerate() {
-            if !unmatched.contains(&i) {
-                continue;
-            }
-            let (r, z, s) = parts(group.locality.as_ref());
-            if locality_match(r, z, s, to) {
-                let original = group.load_balancing_weight.map_or(1, |w| w.value);
-                matched.push((i, original));
-                total += u64::from(original);
-            }
-        }
-        for (i, original) in matched {
-            unmatched.remove(&i);
-            let share = (u64::from(original) * u64::from(*weight)) as f64 / total as f64;
-            if share > 0.0 {
-                cla.endpoints[i].load_balancing_weight = Some(UInt32Value {
-                    value: share.ceil() as u32,
-                });
-            }
-        }
-    }
-    for i in unmatched {
-        cla.endpoints[i].lb_endpoints.clear();
-    }
-}
-
-/// Proximity priorities: 0 same subzone, 1 same zone, 2 same region, 3 elsewhere, 4 a
-/// region other than the `failover` target of the client's region. Combined with
-/// priorities already set (times 5), then renumbered 0..N without gaps.
-fn apply_locality_failover(
-    cla: &mut ClusterLoadAssignment,
-    proxy: &Locality,
-    failover: &[Failover],
-) {
-    for group in &mut cla.endpoints {
-        let (r, z, s) = parts(group.locality.as_ref());
-        let mut priority = if proxy.region != r {
-            3
-        } else if proxy.zone != z {
-            2
-        } else if proxy.subzone != s {
-            1
-        } else {
-            0
-        };
-        if priority == 3
-            && let Some(rule) = failover.iter().find(|f| f.from == proxy.region)
-            && r != rule.to
-        {
-            priority = 4;
-        }
-        group.priority = group.priority * 5 + priority;
-    }
-    compact_priorities(&mut cla.endpoints);
-}
-
-/// failoverPriority: within each locality group, an endpoint's priority is 0 when it
-/// agrees with the client on every listed label, else `n - i` where label `i` is the
-/// first that differs (`key=value` entries compare with the given value instead of the
-/// client's). Groups split by priority; priorities renumbered without gaps.
-fn apply_failover_priorities(
-    cla: &mut ClusterLoadAssignment,
-    labels: &[Vec<BTreeMap<String, String>>],
-    proxy_labels: &BTreeMap<String, String>,
-    failover_priority: &[String],
-) {
-    if proxy_labels.is_empty() || labels.is_empty() {
-        return;
-    }
-    let lowest = failover_priority.len() as u32;
-    let rules: Vec<(&str, Option<&str>)> = failover_priority
-        .iter()
-        .map(|l| match l.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (l.as_str(), None),
-        })
-        .collect();
-    let mut out = Vec::new();
-    for (group, group_labels) in cla.endpoints.drain(..).zip(labels) {
-        let mut by_priority: BTreeMap<u32, Vec<LbEndpoint>> = BTreeMap::new();
-        for (ep, ep_labels) in group.lb_endpoints.iter().zip(group_labels) {
-            let mut priority = 0;
-            for (j, (key, value)) in rules.iter().enumerate() {
-                let wanted = value.or_else(|| proxy_labels.get(*key).map(String::as_str));
-                if wanted != ep_labels.get(*key).map(String::as_str) {
-                    priority = lowest - j as u32;
-                    break;
-                }
-            }
-            by_priority.entry(priority).or_default().push(ep.clone());
-        }
-        for (priority, lb_endpoints) in by_priority {
-            let weight = lb_endpoints
-                .iter()
-                .map(|e| e.load_balancing_weight.map_or(0, |w| w.value))
-                .fold(0u32, u32::saturating_add);
-            out.push(LocalityLbEndpoints {
-                locality: group.locality.clone(),
-                lb_endpoints,
-                priority,
-                load_balancing_weight: Some(UInt32Value { value: weight }),
-                ..Default::default()
-            });
-        }
-    }
-    cla.endpoints = out;
-    compact_priorities(&mut cla.endpoints);
-}
-
-/// Priorities must run 0..N without gaps.
-fn compact_priorities(groups: &mut [LocalityLbEndpoints]) {
-    let used: BTreeSet<u32> = groups.iter().map(|g| g.priority).collect();
-    let rank: BTreeMap<u32, u32> = used.into_iter().zip(0..).collect();
-    for g in groups {
-        g.priority = rank[&g.priority];
     }
 }
 
@@ -852,6 +619,7 @@ fn tls_mode_metadata(mode: &str) -> Metadata {
 
 #[cfg(test)]
 mod tests {
+    use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
     use meshfed_registry::{Protocol, ProviderId, ShardKey};
 
     use super::*;

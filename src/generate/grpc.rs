@@ -51,11 +51,12 @@ use prost::Message;
 pub mod server;
 pub mod tls;
 
-use super::Subscription;
-use super::cds::{self, ClusterName, Direction};
+use super::cds;
+use super::subscription::Subscription;
 use crate::model::{ClientView, Proxy, ProxyClass};
 use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
+use crate::xds::names::{ClusterName, Direction};
 use crate::xds::{EncodedResource, Resource, TypeUrl};
 
 /// Name of Envoy's (and gRPC's) terminal HTTP filter.
@@ -227,13 +228,22 @@ pub struct GrpcListenerInput {
     pub fault: bool,
 }
 
-impl CacheInput for GrpcListenerInput {
+impl CacheInput<Snapshot> for GrpcListenerInput {
     const TYPE: TypeUrl = TypeUrl::Listener;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Grpc)
     }
     fn service(&self) -> Option<&str> {
         Some(self.hostname.as_str())
+    }
+    fn generate(&self, _: &Snapshot) -> Option<Resource> {
+        let listener = api_listener(&self.name, self.hostname.as_str(), self.port, self.fault);
+        Some(EncodedResource::encode(
+            TypeUrl::Listener,
+            self.name.clone(),
+            &listener,
+        ))
     }
 }
 
@@ -250,22 +260,7 @@ fn cached_listener(
         port: port.port.get(),
         fault: routes_inject_faults(snapshot, proxy, service),
     };
-    snapshot
-        .cache()
-        .get_or_insert(input, |input| {
-            let listener = api_listener(
-                &input.name,
-                input.hostname.as_str(),
-                input.port,
-                input.fault,
-            );
-            Some(EncodedResource::encode(
-                TypeUrl::Listener,
-                input.name.clone(),
-                &listener,
-            ))
-        })
-        .expect("listeners always generate")
+    snapshot.cached(input).expect("listeners always generate")
 }
 
 /// Whether any route of `service` port `port` injects faults, which needs the fault
@@ -288,7 +283,7 @@ pub fn api_listener(name: &str, hostname: &str, port: u16, fault: bool) -> Liste
         http_filters: http_filters(fault),
         route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
             config_source: Some(cds::ads_source()),
-            route_config_name: cds::outbound_name(port, "", hostname),
+            route_config_name: crate::xds::names::outbound_name(port, "", hostname),
         })),
         ..Default::default()
     };
@@ -358,18 +353,17 @@ pub struct GrpcRouteInput {
     pub name: Arc<str>,
 }
 
-impl CacheInput for GrpcRouteInput {
+impl CacheInput<Snapshot> for GrpcRouteInput {
     const TYPE: TypeUrl = TypeUrl::Route;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Grpc)
     }
     fn service(&self) -> Option<&str> {
         None
     }
-}
 
-impl GrpcRouteInput {
-    fn generate(&self, snapshot: &Snapshot) -> Resource {
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let name = &*self.name;
         let found = ClusterName::parse(name).and_then(|parsed| {
             let service = snapshot
@@ -378,7 +372,7 @@ impl GrpcRouteInput {
             let port = service.port(parsed.port)?;
             Some((service, port))
         });
-        match found {
+        Some(match found {
             Some((service, port)) => EncodedResource::encode(
                 TypeUrl::Route,
                 name,
@@ -394,7 +388,7 @@ impl GrpcRouteInput {
                     ..Default::default()
                 },
             ),
-        }
+        })
     }
 }
 
@@ -403,10 +397,7 @@ fn cached_route(snapshot: &Snapshot, client: &Arc<ClientView>, name: &str) -> Re
         client: client.clone(),
         name: Arc::from(name),
     };
-    snapshot
-        .cache()
-        .get_or_insert(input, |input| Some(input.generate(snapshot)))
-        .expect("routes always generate")
+    snapshot.cached(input).expect("routes always generate")
 }
 
 /// The route table `name` (`outbound|<port>||<hostname>`) for one service port: the
@@ -477,7 +468,8 @@ fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Grp
     ) else {
         return GrpcLb::RoundRobin;
     };
-    let policy = super::policy::destination_policy(&rule.spec, cluster.port, cluster.subset);
+    let policy =
+        super::destination_rule::destination_policy(&rule.spec, cluster.port, cluster.subset);
     match policy
         .and_then(|p| p.load_balancer)
         .and_then(|lb| lb.lb_policy)
@@ -512,7 +504,9 @@ fn grpc_tls(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Op
         service.namespace.as_str(),
         service.hostname.as_str(),
     )?;
-    let tls = super::policy::destination_policy(&rule.spec, cluster.port, cluster.subset)?.tls?;
+    let tls =
+        super::destination_rule::destination_policy(&rule.spec, cluster.port, cluster.subset)?
+            .tls?;
     match TlSmode::try_from(tls.mode) {
         Ok(TlSmode::IstioMutual) => {}
         Ok(TlSmode::Simple | TlSmode::Mutual) => {
@@ -545,13 +539,42 @@ pub struct GrpcClusterInput {
     pub tls: Option<Vec<String>>,
 }
 
-impl CacheInput for GrpcClusterInput {
+impl CacheInput<Snapshot> for GrpcClusterInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Grpc)
     }
     fn service(&self) -> Option<&str> {
         Some(self.hostname.as_str())
+    }
+    fn generate(&self, _: &Snapshot) -> Option<Resource> {
+        let mut cluster = eds_cluster(&self.name);
+        match self.lb {
+            GrpcLb::RoundRobin => {}
+            GrpcLb::LeastRequest => cluster.lb_policy = cluster::LbPolicy::LeastRequest as i32,
+            GrpcLb::RingHash { minimum_ring_size } => {
+                cluster.lb_policy = cluster::LbPolicy::RingHash as i32;
+                if minimum_ring_size > 0 {
+                    cluster.lb_config = Some(cluster::LbConfig::RingHashLbConfig(
+                        cluster::RingHashLbConfig {
+                            minimum_ring_size: Some(
+                                envoy_types::pb::google::protobuf::UInt64Value {
+                                    value: minimum_ring_size,
+                                },
+                            ),
+                            ..Default::default()
+                        },
+                    ));
+                }
+            }
+        }
+        cluster.transport_socket = self.tls.as_deref().map(tls::upstream_socket);
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            self.name.clone(),
+            &cluster,
+        ))
     }
 }
 
@@ -568,37 +591,7 @@ fn cached_eds_cluster(
         lb,
         tls,
     };
-    snapshot
-        .cache()
-        .get_or_insert(input, |input| {
-            let mut cluster = eds_cluster(&input.name);
-            match input.lb {
-                GrpcLb::RoundRobin => {}
-                GrpcLb::LeastRequest => cluster.lb_policy = cluster::LbPolicy::LeastRequest as i32,
-                GrpcLb::RingHash { minimum_ring_size } => {
-                    cluster.lb_policy = cluster::LbPolicy::RingHash as i32;
-                    if minimum_ring_size > 0 {
-                        cluster.lb_config = Some(cluster::LbConfig::RingHashLbConfig(
-                            cluster::RingHashLbConfig {
-                                minimum_ring_size: Some(
-                                    envoy_types::pb::google::protobuf::UInt64Value {
-                                        value: minimum_ring_size,
-                                    },
-                                ),
-                                ..Default::default()
-                            },
-                        ));
-                    }
-                }
-            }
-            cluster.transport_socket = input.tls.as_deref().map(tls::upstream_socket);
-            Some(EncodedResource::encode(
-                TypeUrl::Cluster,
-                input.name.clone(),
-                &cluster,
-            ))
-        })
-        .expect("clusters always generate")
+    snapshot.cached(input).expect("clusters always generate")
 }
 
 /// A bare EDS cluster over ADS with round-robin balancing.

@@ -12,55 +12,41 @@
 pub mod authn;
 pub mod authz;
 pub mod cds;
+pub mod cluster_build;
+pub mod destination_rule;
 pub mod eds;
-pub mod gateway;
 pub mod grpc;
 pub mod instances;
 pub mod jwt;
 pub mod lds;
+pub mod locality_lb;
+pub mod merged_gateway;
 pub mod nds;
-pub mod policy;
+pub mod proto;
 pub mod rds;
 #[cfg(any(test, feature = "testing"))]
 pub mod simulate;
+pub mod subscription;
+pub mod traffic_policy;
+pub mod upstream_tls;
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use meshfed_registry::Service;
 
 use crate::model::{ClientView, Generator, Proxy, ProxyClass};
-use crate::push::cache::CacheInput;
+use crate::push::cache::{CacheInput, Findings};
 use crate::push::snapshot::Snapshot;
+use crate::xds::names::{ClusterName, Direction};
 use crate::xds::{EncodedResource, Resource, TypeUrl};
-use cds::{ClusterName, Direction};
 use eds::{EdsInput, EdsOptions};
+pub use subscription::{Scope, Subscription};
 
 /// Generator settings that come from flags and the mesh config.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GeneratorOptions {
     pub eds: EdsOptions,
-}
-
-/// What a connection subscribed to for one type.
-#[derive(Clone, Copy, Debug)]
-pub struct Subscription<'a> {
-    /// Everything of the type (CDS/LDS with no names, or Delta `*`).
-    pub wildcard: bool,
-    /// Explicitly named resources.
-    pub names: &'a BTreeSet<String>,
-}
-
-/// How much of a type a push needs.
-#[derive(Clone, Copy, Debug)]
-pub enum Scope<'a> {
-    /// Every subscribed resource.
-    All,
-    /// Only resources derived from these hostnames (incremental EDS).
-    Hostnames(&'a HashSet<&'a str>),
-    /// Only these names (incremental EDS through the watch index: the watched names
-    /// of the changed hostnames).
-    Names(&'a BTreeSet<String>),
 }
 
 /// Generates the resources of `type_url` that `proxy` subscribed to. Generators see
@@ -113,9 +99,12 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
             }
         }
         out.extend(sni_dnat_clusters(snapshot, proxy));
-        out.push(cds::cached_special(snapshot, cds::BLACK_HOLE));
+        out.push(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE));
         if !proxy.is_router() {
-            out.push(cds::cached_special(snapshot, cds::PASSTHROUGH));
+            out.push(cds::cached_special(
+                snapshot,
+                crate::xds::names::PASSTHROUGH,
+            ));
         }
         if sidecar {
             out.extend(cds::cached_inbound(snapshot, proxy));
@@ -126,11 +115,18 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
     sub.names
         .iter()
         .filter_map(|name| match name.as_str() {
-            cds::BLACK_HOLE => Some(cds::cached_special(snapshot, cds::BLACK_HOLE)),
-            cds::PASSTHROUGH => Some(cds::cached_special(snapshot, cds::PASSTHROUGH)),
+            crate::xds::names::BLACK_HOLE => {
+                Some(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE))
+            }
+            crate::xds::names::PASSTHROUGH => Some(cds::cached_special(
+                snapshot,
+                crate::xds::names::PASSTHROUGH,
+            )),
             _ => {
                 let parsed = ClusterName::parse(name).map(|p| p.direction);
-                if name == cds::INBOUND_PASSTHROUGH || parsed == Some(Direction::Inbound) {
+                if name == crate::xds::names::INBOUND_PASSTHROUGH
+                    || parsed == Some(Direction::Inbound)
+                {
                     if !sidecar {
                         return None;
                     }
@@ -168,16 +164,16 @@ fn sni_dnat_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     if !proxy.is_router() {
         return Vec::new();
     }
-    let merged = gateway::MergedGateway::build(
+    let merged = merged_gateway::MergedGateway::build(
         snapshot,
         &proxy.labels,
-        &gateway::gateway_targets(snapshot, proxy),
+        &merged_gateway::gateway_targets(snapshot, proxy),
     );
     if merged.auto_passthrough_hosts.is_empty() {
         return Vec::new();
     }
     let hosts: Vec<String> = merged.auto_passthrough_hosts.into_iter().collect();
-    gateway::passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &hosts)
+    merged_gateway::passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &hosts)
         .into_iter()
         .filter_map(|d| cds::cached_outbound_as(snapshot, proxy, d.service, d.port, d.subset, true))
         .collect()
@@ -222,7 +218,7 @@ fn load_assignments(
                     None => in_scope.extend(
                         names
                             .iter()
-                            .filter(|n| crate::push::watch::host_of(n) == *host)
+                            .filter(|n| crate::xds::names::host_of(n) == *host)
                             .map(String::as_str),
                     ),
                 }
@@ -231,7 +227,7 @@ fn load_assignments(
         Scope::Hostnames(hosts) => in_scope.extend(
             names
                 .iter()
-                .filter(|n| hosts.contains(crate::push::watch::host_of(n)))
+                .filter(|n| hosts.contains(crate::xds::names::host_of(n)))
                 .map(String::as_str),
         ),
         // Names handed over by the watch index that are still watched, by host: those
@@ -241,7 +237,7 @@ fn load_assignments(
             let mut by_host: std::collections::BTreeMap<&str, Vec<&str>> = Default::default();
             for n in changed.iter().filter_map(|n| names.get(n)) {
                 by_host
-                    .entry(crate::push::watch::host_of(n))
+                    .entry(crate::xds::names::host_of(n))
                     .or_default()
                     .push(n);
             }
@@ -270,9 +266,7 @@ fn load_assignments(
         .filter_map(|name| {
             let parsed = ClusterName::parse(name)?;
             let input = EdsInput::for_proxy(snapshot, proxy, name, &parsed, options.eds);
-            snapshot
-                .cache()
-                .get_or_insert(input, |input| Some(input.generate(snapshot)))
+            snapshot.cached(input)
         })
         .collect()
 }
@@ -298,8 +292,8 @@ fn cluster_names(snapshot: &Snapshot, proxy: &Proxy, service: &Service) -> Vec<S
         .flat_map(|p| {
             subsets.iter().flat_map(move |subset| {
                 let host = service.hostname.as_str();
-                let plain = cds::outbound_name(p.port.get(), subset, host);
-                let sni = router.then(|| cds::sni_name(p.port.get(), subset, host));
+                let plain = crate::xds::names::outbound_name(p.port.get(), subset, host);
+                let sni = router.then(|| crate::xds::names::sni_name(p.port.get(), subset, host));
                 std::iter::once(plain).chain(sni)
             })
         })
@@ -315,52 +309,107 @@ pub struct ListenerInput {
     pub inbound: Vec<lds::InboundPort>,
     /// The service ports a gateway's workload serves (port translation and
     /// gateway-service selection; empty for sidecars).
-    pub targets: Vec<gateway::GatewayTarget>,
+    pub targets: Vec<merged_gateway::GatewayTarget>,
     /// The proxy's address when it is an endpoint of a headless service, which then
     /// gives it no per-endpoint listener for itself; `None` otherwise, so that proxies
     /// that differ only in their address share listeners.
     pub headless_self: Option<std::net::IpAddr>,
 }
 
-/// One listener of a [`ListenerInput`]: the cache key of its encoding.
+/// Every listener of a [`ListenerInput`], generated at once and encoded, in order: an
+/// entry of the cache that is never sent, which each listener's [`ListenerKey`] reads.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct ListenerSetKey(Arc<ListenerInput>);
+
+/// What a [`ListenerSetKey`] generates.
+#[derive(Debug)]
+struct ListenerSet {
+    listeners: Vec<Resource>,
+    /// What building them found wrong in the config (outbound conflicts, rejected
+    /// Gateway servers): read by `/debug/push_status` and the metrics.
+    findings: Findings,
+}
+
+impl CacheInput<Snapshot> for ListenerSetKey {
+    const TYPE: TypeUrl = TypeUrl::Listener;
+    type Output = Arc<ListenerSet>;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(self.0.class())
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<ListenerSet>> {
+        let (listeners, findings) = self.0.generate(snapshot);
+        Some(Arc::new(ListenerSet {
+            listeners: listeners
+                .iter()
+                .map(|l| EncodedResource::encode(TypeUrl::Listener, l.name.as_str(), l))
+                .collect(),
+            findings,
+        }))
+    }
+    fn findings(set: &Arc<ListenerSet>) -> Option<&Findings> {
+        Some(&set.findings)
+    }
+}
+
+/// One listener of a [`ListenerInput`]: the cache key of its encoding, taken from the
+/// input's [`ListenerSetKey`].
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 struct ListenerKey {
     input: Arc<ListenerInput>,
     name: Arc<str>,
 }
 
-impl CacheInput for ListenerKey {
+impl CacheInput<Snapshot> for ListenerKey {
     const TYPE: TypeUrl = TypeUrl::Listener;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
-        Some(if self.input.client.is_router() {
-            ProxyClass::Router
-        } else {
-            ProxyClass::Sidecar
-        })
+        Some(self.input.class())
     }
     fn service(&self) -> Option<&str> {
         None
     }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let set = snapshot.cached(ListenerSetKey(self.input.clone()))?;
+        set.listeners.iter().find(|l| l.name == self.name).cloned()
+    }
 }
 
 impl ListenerInput {
-    /// Every listener of this input, from the input and the snapshot alone.
+    /// Every listener of this input, from the input and the snapshot alone, with
+    /// what building them found wrong in the config.
     pub fn generate(
         &self,
         snapshot: &Snapshot,
-    ) -> Vec<envoy_types::pb::envoy::config::listener::v3::Listener> {
+    ) -> (
+        Vec<envoy_types::pb::envoy::config::listener::v3::Listener>,
+        Findings,
+    ) {
         #[cfg(test)]
         tests::LISTENER_GENERATIONS.with(|n| n.set(n.get() + 1));
         if self.client.is_router() {
-            lds::gateway_listeners(snapshot, &self.client, &self.targets)
+            lds::gateway_listener_set(snapshot, &self.client, &self.targets)
         } else {
-            lds::sidecar_listeners_at(snapshot, &self.client, &self.inbound, self.headless_self)
+            lds::sidecar_listener_set(snapshot, &self.client, &self.inbound, self.headless_self)
+        }
+    }
+
+    fn class(&self) -> ProxyClass {
+        if self.client.is_router() {
+            ProxyClass::Router
+        } else {
+            ProxyClass::Sidecar
         }
     }
 }
 
 /// LDS for Envoy: a gateway's listeners, or a sidecar's capture, outbound and inbound
-/// listeners. Each encoding is cached under the input and the listener's name.
+/// listeners. Proxies with the same input share its listeners: the first one generates
+/// them all once ([`ListenerSetKey`]) and caches each encoding under the input and the
+/// listener's name ([`ListenerKey`]); the others find everything in the cache and
+/// generate nothing.
 fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     let input = Arc::new(ListenerInput {
         client: Arc::new(proxy.client_view()),
@@ -376,63 +425,25 @@ fn listeners(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<R
             headless_self(snapshot, proxy)
         },
     });
-    // Proxies with the same input share its listeners: the first one generates them
-    // and caches each encoding and, under the key with the empty name (no listener has
-    // it), the list of their names; the others find everything in the cache and
-    // generate nothing.
-    let mut generated: Option<Vec<envoy_types::pb::envoy::config::listener::v3::Listener>> = None;
-    let names_key = ListenerKey {
-        input: input.clone(),
-        name: Arc::from(""),
-    };
-    let Some(names) = snapshot.cache().get_or_insert(names_key, |key| {
-        let listeners = generated.insert(key.input.generate(snapshot));
-        Some(listener_names(listeners.iter().map(|l| l.name.as_str())))
-    }) else {
+    let Some(set) = snapshot.cached(ListenerSetKey(input.clone())) else {
         return Vec::new();
     };
-    let names = std::str::from_utf8(&names.body.value).unwrap_or_default();
-    names
-        .split('\n')
-        .filter(|name| !name.is_empty())
-        .filter(|name| sub.wildcard || sub.names.contains(*name))
-        .filter_map(|name| {
-            let key = ListenerKey {
+    set.listeners
+        .iter()
+        .filter(|l| sub.wildcard || sub.names.contains(&*l.name))
+        .filter_map(|l| {
+            snapshot.cached(ListenerKey {
                 input: input.clone(),
-                name: Arc::from(name),
-            };
-            snapshot.cache().get_or_insert(key, |key| {
-                let listeners = generated.get_or_insert_with(|| key.input.generate(snapshot));
-                let listener = listeners.iter().find(|l| *l.name == *key.name)?;
-                Some(EncodedResource::encode(
-                    TypeUrl::Listener,
-                    key.name.clone(),
-                    listener,
-                ))
+                name: l.name.clone(),
             })
         })
         .collect()
 }
 
-/// The cached list of an input's listener names (one per line): an entry of the
-/// resource cache that is never sent (see [`listeners`]).
-fn listener_names<'a>(names: impl Iterator<Item = &'a str>) -> Resource {
-    let text = names.collect::<Vec<_>>().join("\n");
-    Arc::new(EncodedResource {
-        name: Arc::from(""),
-        body: crate::xds::wire::SharedAny {
-            type_url: TypeUrl::Listener.as_str(),
-            value: bytes::Bytes::from(text),
-        },
-        version: Arc::from(""),
-        placeholder: true,
-    })
-}
-
 /// The service ports a router's workload serves; empty for other proxies.
-fn router_targets(snapshot: &Snapshot, proxy: &Proxy) -> Vec<gateway::GatewayTarget> {
+fn router_targets(snapshot: &Snapshot, proxy: &Proxy) -> Vec<merged_gateway::GatewayTarget> {
     if proxy.is_router() {
-        gateway::gateway_targets(snapshot, proxy)
+        merged_gateway::gateway_targets(snapshot, proxy)
     } else {
         Vec::new()
     }
@@ -526,11 +537,12 @@ pub struct RouteInput {
     pub client: Arc<ClientView>,
     pub name: Arc<str>,
     /// A gateway's service targets (see [`ListenerInput::targets`]).
-    pub targets: Arc<Vec<gateway::GatewayTarget>>,
+    pub targets: Arc<Vec<merged_gateway::GatewayTarget>>,
 }
 
-impl CacheInput for RouteInput {
+impl CacheInput<Snapshot> for RouteInput {
     const TYPE: TypeUrl = TypeUrl::Route;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(if self.client.is_router() {
             ProxyClass::Router
@@ -541,29 +553,19 @@ impl CacheInput for RouteInput {
     fn service(&self) -> Option<&str> {
         None
     }
-}
 
-impl RouteInput {
     /// The route table, from the input and the snapshot alone; `None` when the proxy
-    /// has no table of that name.
-    pub fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
-        let merged = self
-            .client
-            .is_router()
-            .then(|| gateway::MergedGateway::build(snapshot, &self.client.labels, &self.targets));
-        self.generate_in(snapshot, merged.as_ref())
-    }
-
-    /// [`RouteInput::generate`] with the router's merged Gateways (built from this
-    /// input) at hand, so the tables of one proxy share one merge.
-    fn generate_in(
-        &self,
-        snapshot: &Snapshot,
-        merged: Option<&gateway::MergedGateway>,
-    ) -> Option<Resource> {
-        let config = match merged {
-            Some(merged) => rds::gateway_route_config(snapshot, &self.client, merged, &self.name)?,
-            None => rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?),
+    /// has no table of that name. A router's tables read its merged Gateways through
+    /// the cache ([`MergedGatewayKey`]), so they share one merge.
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let config = if self.client.is_router() {
+            let merged = snapshot.cached(MergedGatewayKey {
+                labels: self.client.labels.clone(),
+                targets: self.targets.clone(),
+            })?;
+            rds::gateway_route_config(snapshot, &self.client, &merged, &self.name)?
+        } else {
+            rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?)
         };
         Some(EncodedResource::encode(
             TypeUrl::Route,
@@ -573,32 +575,44 @@ impl RouteInput {
     }
 }
 
+/// The Gateways applying to a router, merged (see [`merged_gateway::MergedGateway`]): an
+/// entry of the cache that is never sent, read by the router's route tables.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+struct MergedGatewayKey {
+    labels: std::collections::BTreeMap<String, String>,
+    targets: Arc<Vec<merged_gateway::GatewayTarget>>,
+}
+
+impl CacheInput<Snapshot> for MergedGatewayKey {
+    const TYPE: TypeUrl = TypeUrl::Route;
+    type Output = Arc<merged_gateway::MergedGateway>;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Router)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<merged_gateway::MergedGateway>> {
+        Some(Arc::new(merged_gateway::MergedGateway::build(
+            snapshot,
+            &self.labels,
+            &self.targets,
+        )))
+    }
+}
+
 /// RDS for Envoy: a sidecar's per-port tables (`"80"`) or a gateway's (`http.80`).
 /// Only requested names are answered (RDS is never wildcard).
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
     let client = Arc::new(proxy.client_view());
     let targets = Arc::new(router_targets(snapshot, proxy));
-    // A router's Gateways are merged once for all its tables (on the first miss).
-    let merged = std::cell::OnceCell::new();
     sub.names
         .iter()
         .filter_map(|name| {
-            let input = RouteInput {
+            snapshot.cached(RouteInput {
                 client: client.clone(),
                 name: Arc::from(name.as_str()),
                 targets: targets.clone(),
-            };
-            snapshot.cache().get_or_insert(input, |input| {
-                let merged = input.client.is_router().then(|| {
-                    merged.get_or_init(|| {
-                        gateway::MergedGateway::build(
-                            snapshot,
-                            &input.client.labels,
-                            &input.targets,
-                        )
-                    })
-                });
-                input.generate_in(snapshot, merged)
             })
         })
         .collect()
@@ -679,5 +693,125 @@ mod tests {
         );
         assert_eq!(named.len(), 1);
         assert!(Arc::ptr_eq(&named[0], &a[3]));
+    }
+}
+
+/// The modules of `generate/` import one another in one direction only: no two import
+/// each other, directly or through others, and none imports this parent module (which
+/// calls into them). Read from the sources' production part (before `#[cfg(test)]`).
+#[cfg(test)]
+mod import_order {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::Path;
+
+    /// The text of a file before its tests, without comments.
+    fn production(path: &Path) -> String {
+        let text = std::fs::read_to_string(path).unwrap();
+        text.lines()
+            .take_while(|l| !l.starts_with("#[cfg(test)]"))
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every `.rs` file of a module (its file, or its folder but `tests.rs`), with how
+    /// many `super::` lead from the file to `generate`.
+    fn files(root: &Path, module: &str) -> Vec<(std::path::PathBuf, usize)> {
+        let mut out = Vec::new();
+        let file = root.join(format!("{module}.rs"));
+        if file.exists() {
+            out.push((file, 1));
+        }
+        let mut stack = vec![(root.join(module), 1)];
+        while let Some((dir, depth)) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.map(Result::unwrap) {
+                let p = e.path();
+                let name = e.file_name().to_string_lossy().to_string();
+                if p.is_dir() {
+                    stack.push((p, depth + 1));
+                } else if name == "mod.rs" {
+                    out.push((p, depth));
+                } else if name.ends_with(".rs") && name != "tests.rs" {
+                    out.push((p, depth + 1));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn generators_import_one_another_in_one_direction() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/generate");
+        let modules: BTreeSet<String> = std::fs::read_dir(&root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n != "mod.rs")
+            .map(|n| n.trim_end_matches(".rs").to_string())
+            .filter(|n| n != "simulate")
+            .collect();
+        let ident = |s: &str| -> String {
+            s.chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        };
+        let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for module in &modules {
+            let mine = deps.entry(module.clone()).or_default();
+            for (file, depth) in files(&root, module) {
+                let text = production(&file);
+                let mut named = Vec::new();
+                for (i, _) in text.match_indices("crate::generate::") {
+                    named.push(ident(&text[i + "crate::generate::".len()..]));
+                }
+                let up = "super::".repeat(depth);
+                for (i, _) in text.match_indices(&up) {
+                    if text[..i].ends_with("super::") {
+                        continue;
+                    }
+                    let rest = &text[i + up.len()..];
+                    if rest.starts_with("super::") {
+                        continue;
+                    }
+                    match rest.strip_prefix('{') {
+                        Some(group) => named.extend(
+                            group[..group.find('}').unwrap()]
+                                .split(',')
+                                .map(|n| ident(n.trim())),
+                        ),
+                        None => named.push(ident(rest)),
+                    }
+                }
+                for name in named.into_iter().filter(|n| !n.is_empty()) {
+                    if modules.contains(&name) {
+                        if name != *module {
+                            mine.insert(name);
+                        }
+                    } else {
+                        mine.insert("the parent module".to_string());
+                    }
+                }
+            }
+        }
+        for (module, used) in &deps {
+            assert!(
+                !used.contains("the parent module"),
+                "generate::{module} uses generate/mod.rs, which uses it"
+            );
+            // Depth-first: does anything `module` uses lead back to it?
+            let mut seen = BTreeSet::new();
+            let mut stack: Vec<&String> = used.iter().collect();
+            while let Some(next) = stack.pop() {
+                assert!(
+                    next != module,
+                    "generate::{module} is in an import circle: {deps:#?}"
+                );
+                if seen.insert(next) {
+                    stack.extend(deps.get(next).into_iter().flatten());
+                }
+            }
+        }
     }
 }

@@ -44,17 +44,7 @@ pub fn resources(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
         return Vec::new();
     }
     let input = NdsInput::for_proxy(snapshot, proxy);
-    snapshot
-        .cache()
-        .get_or_insert(input, |input| {
-            Some(EncodedResource::encode(
-                TypeUrl::NameTable,
-                "",
-                &input.table(snapshot),
-            ))
-        })
-        .into_iter()
-        .collect()
+    snapshot.cached(input).into_iter().collect()
 }
 
 /// What a sidecar's name table is built from, and its cache key.
@@ -71,13 +61,21 @@ pub struct NdsInput {
     pub auto: bool,
 }
 
-impl CacheInput for NdsInput {
+impl CacheInput<Snapshot> for NdsInput {
     const TYPE: TypeUrl = TypeUrl::NameTable;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
     fn service(&self) -> Option<&str> {
         None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        Some(EncodedResource::encode(
+            TypeUrl::NameTable,
+            "",
+            &self.table(snapshot),
+        ))
     }
 }
 

@@ -13,6 +13,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use crate::xds::TypeUrl;
+use crate::xds::names::host_of;
 
 /// A connection, as the index knows it.
 pub type ConnId = u64;
@@ -22,16 +23,6 @@ type SetId = usize;
 
 fn set_id(names: &Arc<BTreeSet<String>>) -> SetId {
     Arc::as_ptr(names) as SetId
-}
-
-/// The host a resource name is derived from: the last `|` field of a cluster name
-/// (`outbound|80|v1|reviews.ns.svc.cluster.local`), or the name itself.
-pub fn host_of(name: &str) -> &str {
-    if let Some(rest) = name.strip_prefix("outbound_.") {
-        // The SNI-DNAT form `outbound_.<port>_.<subset>_.<host>`.
-        return rest.splitn(3, "_.").nth(2).unwrap_or(name);
-    }
-    name.rsplit('|').next().unwrap_or(name)
 }
 
 #[derive(Debug)]

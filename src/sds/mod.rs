@@ -496,10 +496,10 @@ impl Sds {
     /// Whether a server of the Gateways merged for `proxy` names `resource` (without
     /// `-cacert`) as its `credentialName`.
     fn referenced(snapshot: &Snapshot, proxy: &Proxy, name: &SecretName) -> bool {
-        let targets = crate::generate::gateway::gateway_targets(snapshot, proxy);
+        let targets = crate::generate::merged_gateway::gateway_targets(snapshot, proxy);
         let view = snapshot.proxy_view(proxy);
         let merged =
-            crate::generate::gateway::MergedGateway::build(snapshot, &view.labels, &targets);
+            crate::generate::merged_gateway::MergedGateway::build(snapshot, &view.labels, &targets);
         merged
             .servers
             .iter()

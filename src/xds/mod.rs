@@ -1,9 +1,11 @@
 //! xDS resource types, at the bottom of the serving side beside [`crate::model`]: the
 //! type URLs served, encoded resources shared by every connection, the wire messages
-//! that carry them, and the declared dependencies of each type ([`deps`]). Nothing
-//! here imports the rest of the crate but the model.
+//! that carry them, the declared dependencies of each type ([`deps`]) and the names
+//! resources are known by ([`names`]). Nothing here imports the rest of the crate but
+//! the model.
 
 pub mod deps;
+pub mod names;
 #[cfg(any(test, feature = "testing"))]
 pub mod pgv;
 pub mod resource;

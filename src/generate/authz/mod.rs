@@ -45,7 +45,7 @@ use envoy_types::pb::envoy::extensions::filters::network::rbac::v3::Rbac as Netw
 use meshfed_api::security::v1beta1::AuthorizationPolicy;
 use meshfed_api::security::v1beta1::authorization_policy::{Action, ActionDetail};
 
-use crate::generate::policy::pack;
+use crate::generate::proto::pack;
 use crate::push::config_index::{Config, ConfigIndex};
 use model::{Effect, Target};
 use trust_domain::TrustDomains;

@@ -54,7 +54,7 @@ use meshfed_api::security::v1beta1::authorization_policy::Action;
 use super::{RequestedPort, split_listener_name};
 use crate::generate::authn::{self, MtlsMode};
 use crate::generate::authz::{self, AuthzOptions, model};
-use crate::generate::policy::pack;
+use crate::generate::proto::pack;
 use crate::model::{Proxy, ProxyClass};
 use crate::push::cache::CacheInput;
 use crate::push::config_index::Config;
@@ -105,15 +105,7 @@ pub fn server_listener(snapshot: &Snapshot, proxy: &Proxy, name: &str) -> Option
         namespace: Arc::from(proxy.namespace.as_str()),
         labels: Arc::new(proxy.labels.clone()),
     };
-    snapshot.cache().get_or_insert(input, |input| {
-        let filters = rbac_filters(snapshot, &input.namespace, &input.labels);
-        let listener = listener(&input.name, &input.host, input.port, input.mode, filters);
-        Some(EncodedResource::encode(
-            TypeUrl::Listener,
-            input.name.clone(),
-            &listener,
-        ))
-    })
+    snapshot.cached(input)
 }
 
 /// The chain a gRPC server's port gets: mTLS or plaintext (see the module docs for
@@ -157,13 +149,23 @@ pub struct GrpcServerInput {
     pub labels: Arc<BTreeMap<String, String>>,
 }
 
-impl CacheInput for GrpcServerInput {
+impl CacheInput<Snapshot> for GrpcServerInput {
     const TYPE: TypeUrl = TypeUrl::Listener;
+    type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Grpc)
     }
     fn service(&self) -> Option<&str> {
         None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let filters = rbac_filters(snapshot, &self.namespace, &self.labels);
+        let listener = listener(&self.name, &self.host, self.port, self.mode, filters);
+        Some(EncodedResource::encode(
+            TypeUrl::Listener,
+            self.name.clone(),
+            &listener,
+        ))
     }
 }
 

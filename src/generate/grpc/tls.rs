@@ -83,7 +83,7 @@ fn socket<M: Message + Name>(context: &M) -> TransportSocket {
     TransportSocket {
         name: TRANSPORT_SOCKET.into(),
         config_type: Some(transport_socket::ConfigType::TypedConfig(
-            crate::generate::policy::pack(context),
+            crate::generate::proto::pack(context),
         )),
     }
 }

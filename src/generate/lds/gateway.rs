@@ -1,5 +1,5 @@
 //! Gateway (router) listeners, built from the merged Gateways of the router
-//! ([`crate::generate::gateway::MergedGateway`]) the way Istio builds them
+//! ([`crate::generate::merged_gateway::MergedGateway`]) the way Istio builds them
 //! (`networking/core/gateway.go`).
 //!
 //! One listener per resolved port and bind, `<bind>_<port>` (`0.0.0.0_<port>` without
@@ -45,12 +45,15 @@ use meshfed_registry::Protocol;
 
 use super::outbound::{rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
 use super::{pack, socket};
-use crate::generate::gateway::{MergedGateway, MergedServer, ServerPort, passthrough_destinations};
-use crate::generate::policy::{
+use crate::generate::merged_gateway::{
+    MergedGateway, MergedServer, ServerPort, passthrough_destinations,
+};
+use crate::generate::upstream_tls::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
     san_matchers, server_cert_name, server_root_name,
 };
 use crate::model::ClientView;
+use crate::push::cache::Findings;
 use crate::push::config_index::{Config, host_matches};
 use crate::push::snapshot::Snapshot;
 
@@ -96,13 +99,17 @@ pub(super) fn listeners(
     snapshot: &Snapshot,
     proxy: &ClientView,
     merged: &MergedGateway,
+    found: &mut Findings,
 ) -> Vec<Listener> {
     // Listener name -> (port, bind, chains); several server ports (HTTPS and TLS on
     // 443) can share one listener.
     // In the order the ports were first merged.
     let mut by_name: Vec<(String, u16, String, Vec<ChainOpts>)> = Vec::new();
     // Passthrough SNI names already used per listener port (bind-aware).
-    let mut tls_hosts: HashMap<u16, HashMap<String, String>> = HashMap::new();
+    let mut shared = Passthrough {
+        tls_hosts: HashMap::new(),
+        found,
+    };
     let authz = router_authz(snapshot, proxy);
     for port in &merged.ports {
         let bind = if port.bind.is_empty() {
@@ -118,7 +125,7 @@ pub(super) fn listeners(
             port,
             &name,
             &authz.http,
-            &mut tls_hosts,
+            &mut shared,
         );
         chains
             .iter_mut()
@@ -140,6 +147,14 @@ pub(super) fn listeners(
         .collect()
 }
 
+/// What the PASSTHROUGH servers of one router share while their chains are built.
+struct Passthrough<'a> {
+    /// SNI names already used per listener port (bind-aware): port -> host -> bind.
+    tls_hosts: HashMap<u16, HashMap<String, String>>,
+    /// What was left out (TLS matches whose SNI names a port already routes).
+    found: &'a mut Findings,
+}
+
 fn port_chains(
     snapshot: &Snapshot,
     proxy: &ClientView,
@@ -147,7 +162,7 @@ fn port_chains(
     port: &ServerPort,
     listener: &str,
     http_authz: &[HttpFilter],
-    tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
+    shared: &mut Passthrough<'_>,
 ) -> Vec<ChainOpts> {
     if Protocol::parse(&port.protocol).is_http() {
         let route = merged.by_port.get(port).map_or("", |(_, r)| r.as_str());
@@ -166,7 +181,7 @@ fn port_chains(
     for server in merged.port_servers(port) {
         let s = server.server();
         let tls = s.tls.as_ref();
-        let passthrough = crate::generate::gateway::is_passthrough(s);
+        let passthrough = crate::generate::merged_gateway::is_passthrough(s);
         if server.protocol() == Protocol::Https && tls.is_some() && !passthrough {
             let stat_prefix = if s.name.is_empty() {
                 format!("outbound_{listener};")
@@ -211,7 +226,7 @@ fn port_chains(
             Some(t) if t.mode() == TlSmode::AutoPassthrough => {
                 out.extend(auto_passthrough_chains(snapshot, proxy, server));
             }
-            Some(_) => out.extend(passthrough_chains(snapshot, proxy, server, port, tls_hosts)),
+            Some(_) => out.extend(passthrough_chains(snapshot, proxy, server, port, shared)),
         }
     }
     out
@@ -286,7 +301,7 @@ fn passthrough_chains(
     proxy: &ClientView,
     server: &MergedServer,
     port: &ServerPort,
-    tls_hosts: &mut HashMap<u16, HashMap<String, String>>,
+    state: &mut Passthrough<'_>,
 ) -> Vec<ChainOpts> {
     let mut out = Vec::new();
     let bind = &server.server().bind;
@@ -296,7 +311,7 @@ fn passthrough_chains(
                 continue;
             }
             for m in tls.r#match.iter().filter(|m| tls_match(m, server)) {
-                let known = tls_hosts.entry(port.number).or_default();
+                let known = state.tls_hosts.entry(port.number).or_default();
                 let duplicates: Vec<&String> = m
                     .sni_hosts
                     .iter()
@@ -310,12 +325,11 @@ fn passthrough_chains(
                         sni = ?duplicates,
                         "VirtualService tls match skipped: its SNI names are already routed on this gateway port"
                     );
-                    crate::generate::gateway::REJECTED_CONFIGS
-                        .get_or_create(&[
-                            ("type", "gateway".to_string()),
-                            ("name", server.gateway_name()),
-                        ])
-                        .inc();
+                    *state
+                        .found
+                        .rejected
+                        .entry(("gateway", server.gateway_name()))
+                        .or_default() += 1;
                     continue;
                 }
                 for h in &m.sni_hosts {

@@ -34,8 +34,7 @@ use super::{
     pack, socket,
 };
 use crate::generate::authn::{MtlsMode, WorkloadMtls, inbound_mtls_context};
-use crate::generate::cds;
-use crate::generate::policy::TLS_SOCKET;
+use crate::generate::upstream_tls::TLS_SOCKET;
 use crate::push::snapshot::Snapshot;
 
 /// Name of the HTTP passthrough chains.
@@ -211,7 +210,7 @@ pub fn port_chains(p: &InboundPort, ctx: &InboundContext<'_>) -> Vec<FilterChain
     let mode = ctx.mtls.port_mode(p.target_port);
     let bind = p.bind.as_deref().unwrap_or(&p.name_bind);
     let name = format!("{bind}_{}", p.target_port);
-    let cluster = cds::inbound_name(p.target_port);
+    let cluster = crate::xds::names::inbound_name(p.target_port);
     let target = ChainTarget {
         name: &name,
         http_name: &name,

@@ -22,7 +22,7 @@ use meshfed_api::networking::v1alpha3::ServerTlsSettings;
 use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use meshfed_registry::Protocol;
 
-use crate::generate::policy::{SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation};
+use crate::generate::upstream_tls::{SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation};
 
 /// The ALPN a terminating listener offers (Istio's `ALPNHttp`).
 const ALPN_HTTP: [&str; 2] = ["h2", "http/1.1"];
@@ -81,12 +81,12 @@ impl IngressTls {
 
     /// The SDS name of the serving certificate.
     pub fn certificate_name(&self) -> String {
-        crate::generate::policy::server_cert_name(&self.server_certificate, &self.private_key)
+        crate::generate::upstream_tls::server_cert_name(&self.server_certificate, &self.private_key)
     }
 
     /// The SDS name of the CA validating clients.
     pub fn root_name(&self) -> String {
-        crate::generate::policy::server_root_name(&self.ca_certificates)
+        crate::generate::upstream_tls::server_root_name(&self.ca_certificates)
     }
 
     /// The downstream TLS context of the chain.

@@ -41,9 +41,10 @@ pub(crate) mod outbound;
 
 pub use gateway::ALL_ISTIO_MTLS_ALPNS;
 
-use crate::generate::gateway::{GatewayTarget, MergedGateway};
-use crate::generate::policy::pack;
+use crate::generate::merged_gateway::{GatewayTarget, MergedGateway};
+use crate::generate::proto::pack;
 use crate::model::ClientView;
+use crate::push::cache::Findings;
 use crate::push::snapshot::Snapshot;
 
 /// The outbound capture listener.
@@ -118,19 +119,17 @@ pub fn sidecar_listeners_at(
     inbound: &[InboundPort],
     own_ip: Option<std::net::IpAddr>,
 ) -> Vec<Listener> {
-    let out = sidecar_listeners_unchecked(snapshot, proxy, inbound, own_ip);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    out.iter().for_each(crate::xds::pgv::assert_message_valid);
-    out
+    sidecar_listener_set(snapshot, proxy, inbound, own_ip).0
 }
 
-fn sidecar_listeners_unchecked(
+/// [`sidecar_listeners_at`], with what building them found wrong in the config (the
+/// outbound conflicts).
+pub fn sidecar_listener_set(
     snapshot: &Snapshot,
     proxy: &ClientView,
     inbound: &[InboundPort],
     own_ip: Option<std::net::IpAddr>,
-) -> Vec<Listener> {
+) -> (Vec<Listener>, Findings) {
     let mut out = Vec::new();
     let authz = InboundAuthz::for_workload(snapshot, &proxy.namespace, &proxy.labels);
     let mtls = crate::generate::authn::workload_mtls(snapshot, &proxy.namespace, &proxy.labels);
@@ -141,9 +140,10 @@ fn sidecar_listeners_unchecked(
         out.push(outbound::virtual_outbound(snapshot, proxy));
         out.push(inbound::virtual_inbound(snapshot, &captured, &ctx));
     }
-    out.extend(outbound::outbound_listeners(snapshot, proxy, own_ip));
+    let (outbound, found) = outbound::outbound_listeners(snapshot, proxy, own_ip);
+    out.extend(outbound);
     out.extend(inbound::bound_listeners(inbound, &ctx));
-    out
+    (out, found)
 }
 
 /// The authorization filters of a workload's inbound chains (its AuthorizationPolicies
@@ -260,12 +260,26 @@ pub fn gateway_listeners(
     proxy: &ClientView,
     targets: &[GatewayTarget],
 ) -> Vec<Listener> {
+    gateway_listener_set(snapshot, proxy, targets).0
+}
+
+/// [`gateway_listeners`], with what building them found wrong in the config: the
+/// Gateway servers the merge dropped and the VirtualService TLS matches left out.
+pub fn gateway_listener_set(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    targets: &[GatewayTarget],
+) -> (Vec<Listener>, Findings) {
     let merged = MergedGateway::build(snapshot, &proxy.labels, targets);
-    let out = gateway::listeners(snapshot, proxy, &merged);
-    // Tests fail on anything Envoy would NACK (see `crate::xds::pgv`).
-    #[cfg(any(test, feature = "testing"))]
-    out.iter().for_each(crate::xds::pgv::assert_message_valid);
-    out
+    let mut found = Findings::default();
+    for rejected in &merged.rejected {
+        *found
+            .rejected
+            .entry(("gateway", rejected.gateway.clone()))
+            .or_default() += 1;
+    }
+    let listeners = gateway::listeners(snapshot, proxy, &merged, &mut found);
+    (listeners, found)
 }
 
 fn ads_config() -> ConfigSource {

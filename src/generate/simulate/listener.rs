@@ -113,7 +113,7 @@ impl Call {
             path: "/".to_string(),
             headers: Vec::new(),
             mode: CallMode::Outbound,
-            mtls_secret: crate::generate::policy::SDS_DEFAULT.to_string(),
+            mtls_secret: crate::generate::upstream_tls::SDS_DEFAULT.to_string(),
         }
     }
 

@@ -41,7 +41,10 @@ const HTTP_METHODS: &[&str] = &[
     "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "CONNECT", "OPTIONS", "TRACE",
 ];
 
-const GRPC_STATUSES: &[&str] = &[
+/// gRPC status codes by name, in code order (the names Istio accepts in
+/// `abort.grpcStatus`): the validator checks names against it, the route generator
+/// translates them with [`grpc_status_code`].
+pub const GRPC_STATUSES: [&str; 17] = [
     "OK",
     "CANCELLED",
     "UNKNOWN",
@@ -60,6 +63,14 @@ const GRPC_STATUSES: &[&str] = &[
     "DATA_LOSS",
     "UNAUTHENTICATED",
 ];
+
+/// The code of a gRPC status name (`UNAVAILABLE` -> 14); `None` for another name.
+pub fn grpc_status_code(name: &str) -> Option<u32> {
+    GRPC_STATUSES
+        .iter()
+        .position(|n| *n == name)
+        .map(|code| code as u32)
+}
 
 /// Header-name prefix of JWT claim based routing (gateways only).
 const JWT_CLAIM_PREFIX: &str = "@request.auth.claims";

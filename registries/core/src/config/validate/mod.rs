@@ -32,7 +32,7 @@ use crate::config::model::{ConfigObject, Kind, Spec};
 
 pub use destination_rule::validate_destination_rule;
 pub use gateway::validate_gateway;
-pub use http_route::jwt_routing_claim;
+pub use http_route::{GRPC_STATUSES, grpc_status_code, jwt_routing_claim};
 pub use mesh::{
     ext_authz_status, validate_extension_providers, validate_mesh_config, validate_mesh_networks,
 };

@@ -50,32 +50,34 @@
 //! (they use the shared `<port>` table, which holds their virtual host too), and the
 //! all-ports table of an `HTTP_PROXY` egress port.
 
+mod chains;
+mod filters;
+
+use chains::*;
+pub(super) use filters::*;
+
+use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::config::core::v3::{CidrRange, TrafficDirection};
+use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, filter, listener_filter,
+    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, listener_filter,
 };
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
-};
-use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
 use meshfed_api::networking::v1alpha3::{
     L4MatchAttributes, RouteDestination, TlsMatchAttributes, VirtualService,
 };
 use meshfed_registry::{Protocol, Resolution, Service};
 
-use super::{VIRTUAL_OUTBOUND, ads_config, pack, socket};
-use crate::generate::cds;
+use super::{VIRTUAL_OUTBOUND, pack, socket};
 use crate::generate::rds::{OutboundPolicy, outbound_policy};
 use crate::model::ClientView;
+use crate::push::cache::Findings;
 use crate::push::config_index::{Config, MESH_GATEWAY, host_matches};
-use crate::push::snapshot::{Snapshot, egress_host_matches};
+use crate::push::snapshot::{ConflictLog, Snapshot, egress_host_matches};
 
 /// Chain of `virtualOutbound` that refuses traffic addressed to the capture port.
 pub const VIRTUAL_OUTBOUND_BLACKHOLE: &str = "virtualOutbound-blackhole";
@@ -87,10 +89,6 @@ pub const PASSTHROUGH_FILTER_CHAIN: &str = "PassthroughFilterChain";
 pub const TLS_INSPECTOR: &str = "envoy.filters.listener.tls_inspector";
 /// Listener filter detecting plain HTTP/1.1 and h2c.
 pub const HTTP_INSPECTOR: &str = "envoy.filters.listener.http_inspector";
-/// The ALPN values the HTTP inspector sets for plain-text HTTP.
-const PLAINTEXT_HTTP_ALPN: [&str; 2] = ["http/1.1", "h2c"];
-/// Transport protocol Envoy reports for anything that is not TLS.
-const RAW_BUFFER: &str = "raw_buffer";
 /// Envoy's status and Prometheus ports; no wildcard HTTP listener may take them.
 const ENVOY_STATUS_PORT: u16 = 15021;
 const ENVOY_PROMETHEUS_PORT: u16 = 15090;
@@ -128,162 +126,18 @@ fn catch_all_cluster(snapshot: &Snapshot, proxy: &ClientView) -> String {
     match outbound_policy(snapshot, proxy) {
         OutboundPolicy::AllowAny {
             egress_proxy: Some(d),
-        } => cds::outbound_name(
+        } => crate::xds::names::outbound_name(
             d.port
                 .and_then(|p| u16::try_from(p.number).ok())
                 .unwrap_or(0),
             &d.subset,
             &d.host,
         ),
-        OutboundPolicy::AllowAny { egress_proxy: None } => cds::PASSTHROUGH.to_string(),
-        OutboundPolicy::RegistryOnly => cds::BLACK_HOLE.to_string(),
+        OutboundPolicy::AllowAny { egress_proxy: None } => {
+            crate::xds::names::PASSTHROUGH.to_string()
+        }
+        OutboundPolicy::RegistryOnly => crate::xds::names::BLACK_HOLE.to_string(),
     }
-}
-
-/// How a service port is served (Istio's listener protocol).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Class {
-    Http,
-    Tcp,
-    Auto,
-}
-
-fn class_of(protocol: Protocol) -> Option<Class> {
-    match protocol {
-        Protocol::Udp => None,
-        p if p.is_http() => Some(Class::Http),
-        Protocol::Unsupported => Some(Class::Auto),
-        _ => Some(Class::Tcp),
-    }
-}
-
-fn is_tcp(protocol: Protocol) -> bool {
-    matches!(
-        protocol,
-        Protocol::Tcp
-            | Protocol::Https
-            | Protocol::Tls
-            | Protocol::Mongo
-            | Protocol::Redis
-            | Protocol::Mysql
-    )
-}
-
-fn is_tls(protocol: Protocol) -> bool {
-    matches!(protocol, Protocol::Https | Protocol::Tls)
-}
-
-/// One filter chain before it becomes Envoy config (Istio's `filterChainOpts`).
-#[derive(Clone, Debug)]
-struct ChainOpts {
-    server_names: Vec<String>,
-    cidrs: Vec<String>,
-    alpn: Vec<String>,
-    transport: &'static str,
-    filter: Filter,
-}
-
-impl ChainOpts {
-    fn tcp(cidrs: Vec<String>, filter: Filter) -> ChainOpts {
-        ChainOpts {
-            server_names: Vec::new(),
-            cidrs,
-            alpn: Vec::new(),
-            transport: "",
-            filter,
-        }
-    }
-
-    fn sniffed_http(filter: Filter) -> ChainOpts {
-        ChainOpts {
-            server_names: Vec::new(),
-            cidrs: Vec::new(),
-            alpn: PLAINTEXT_HTTP_ALPN.iter().map(|s| s.to_string()).collect(),
-            transport: RAW_BUFFER,
-            filter,
-        }
-    }
-
-    /// Matches every connection: no SNI (or `*`), ALPN, transport or address.
-    fn is_match_all(&self) -> bool {
-        (self.server_names.is_empty() || self.server_names.iter().any(|s| s == "*"))
-            && self.alpn.is_empty()
-            && self.transport.is_empty()
-            && self.cidrs.is_empty()
-    }
-
-    /// Whether `other` would match the same connections (Envoy refuses duplicates).
-    fn conflicts_with(&self, other: &ChainOpts) -> bool {
-        fn sni(names: &[String]) -> BTreeSet<&str> {
-            names
-                .iter()
-                .map(String::as_str)
-                .filter(|s| *s != "*")
-                .collect()
-        }
-        fn cidrs(list: &[String]) -> BTreeSet<(IpAddr, u8)> {
-            list.iter()
-                .filter_map(|c| parse_cidr(c))
-                .filter(|(ip, _)| !ip.is_unspecified())
-                .collect()
-        }
-        self.transport == other.transport
-            && self.alpn == other.alpn
-            && sni(&self.server_names) == sni(&other.server_names)
-            && cidrs(&self.cidrs) == cidrs(&other.cidrs)
-    }
-
-    fn filter_chain_match(&self) -> Option<FilterChainMatch> {
-        if self.is_match_all() {
-            return None;
-        }
-        let mut m = FilterChainMatch {
-            application_protocols: self.alpn.clone(),
-            transport_protocol: self.transport.to_string(),
-            ..Default::default()
-        };
-        if !self.server_names.iter().any(|s| s == "*") {
-            m.server_names = self.server_names.clone();
-            m.server_names.sort();
-        }
-        let mut cidrs = self.cidrs.clone();
-        cidrs.sort();
-        m.prefix_ranges = cidrs
-            .iter()
-            .filter_map(|c| parse_cidr(c))
-            .filter(|(ip, _)| !ip.is_unspecified())
-            .map(|(ip, len)| CidrRange {
-                address_prefix: ip.to_string(),
-                prefix_len: Some(UInt32Value {
-                    value: u32::from(len),
-                }),
-            })
-            .collect();
-        Some(m)
-    }
-}
-
-/// An address or CIDR, masked to its prefix (`10.1.2.3/8` is `10.0.0.0/8`).
-fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
-    let (ip, len) = match s.split_once('/') {
-        Some((ip, len)) => (ip.parse::<IpAddr>().ok()?, len.parse::<u8>().ok()?),
-        None => {
-            let ip: IpAddr = s.parse().ok()?;
-            (ip, if ip.is_ipv4() { 32 } else { 128 })
-        }
-    };
-    let masked = match ip {
-        IpAddr::V4(v4) if len <= 32 => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
-            IpAddr::from(std::net::Ipv4Addr::from(u32::from(v4) & mask))
-        }
-        IpAddr::V6(v6) if len <= 128 => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-            IpAddr::from(std::net::Ipv6Addr::from(u128::from(v6) & mask))
-        }
-        _ => return None,
-    };
-    Some((masked, len))
 }
 
 /// A listener being built: its key, the protocol it serves (Istio's entry protocol:
@@ -300,13 +154,16 @@ struct Entry {
     locked: bool,
 }
 
-/// The per-port outbound listeners, sorted by name. `own_ip`: the proxy's address
-/// when it is an endpoint of a headless service (it gets no listener for itself).
+/// The per-port outbound listeners, sorted by name, with the conflicts met (chains
+/// dropped because an older service's chain matches the same traffic). `own_ip`: the
+/// proxy's address when it is an endpoint of a headless service (it gets no listener
+/// for itself).
 pub(super) fn outbound_listeners(
     snapshot: &Snapshot,
     proxy: &ClientView,
     own_ip: Option<IpAddr>,
-) -> Vec<Listener> {
+) -> (Vec<Listener>, Findings) {
+    let found = RefCell::new(Findings::default());
     let ns = proxy.namespace.as_str();
     // One service per hostname, as the proxy resolves names, oldest first (Istio's
     // SidecarScope order: the first service wins conflicts on a port).
@@ -390,6 +247,7 @@ pub(super) fn outbound_listeners(
                 }
                 let ctx = ServiceCtx {
                     snapshot,
+                    found: &found,
                     proxy,
                     service,
                     port: p,
@@ -429,7 +287,7 @@ pub(super) fn outbound_listeners(
         .map(|e| finish(e, &catch_all, timeout))
         .collect();
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    out
+    (out, found.into_inner())
 }
 
 /// The endpoint addresses that get their own `<ip>_<port>` listener for a headless
@@ -482,6 +340,8 @@ fn headless_endpoints(
 #[derive(Clone, Copy)]
 struct ServiceCtx<'a> {
     snapshot: &'a Snapshot,
+    /// What building the listeners found wrong in the config.
+    found: &'a RefCell<Findings>,
     proxy: &'a ClientView,
     service: &'a Service,
     /// The listener port (a service port, or a Sidecar egress listener's port).
@@ -643,7 +503,6 @@ fn add_service_port(
 /// Appends the incoming chains that match differently from every chain already there;
 /// the others lose to the older service.
 fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_>) {
-    use crate::push::snapshot::ConflictLog;
     for chain in incoming {
         if entry.chains.iter().any(|c| c.conflicts_with(&chain)) {
             tracing::debug!(
@@ -656,16 +515,18 @@ fn merge_chains(entry: &mut Entry, incoming: Vec<ChainOpts>, ctx: &ServiceCtx<'_
                 ctx.protocol
             );
             let listener = format!("{}_{}", entry.bind, entry.port);
-            ctx.snapshot.conflicts().record(
-                ConflictLog::TCP_OVER_CURRENT_TCP,
-                &listener,
-                format!(
-                    "Listener={listener} Accepted={} Rejected={} ({})",
-                    protocol_name(entry.protocol),
-                    protocol_name(ctx.protocol),
-                    ctx.service.hostname
-                ),
+            let message = format!(
+                "Listener={listener} Accepted={} Rejected={} ({})",
+                protocol_name(entry.protocol),
+                protocol_name(ctx.protocol),
+                ctx.service.hostname
             );
+            ctx.found
+                .borrow_mut()
+                .conflicts
+                .entry(ConflictLog::TCP_OVER_CURRENT_TCP)
+                .or_default()
+                .insert(listener, message);
             continue;
         }
         entry.chains.push(chain);
@@ -739,7 +600,7 @@ fn service_cidrs(service: &Service, proxy: &ClientView) -> Vec<String> {
 /// The TCP (or, for HTTPS/TLS ports, SNI) chains of one service port.
 fn tcp_chains(ctx: &ServiceCtx<'_>, bind: &str) -> Vec<ChainOpts> {
     let service_cidrs = service_cidrs(ctx.service, ctx.proxy);
-    let default_cluster = cds::outbound_name(
+    let default_cluster = crate::xds::names::outbound_name(
         if ctx.service.ports.len() == 1 {
             ctx.service.ports[0].port.get()
         } else {
@@ -852,139 +713,6 @@ fn route_filter(
     routes_tcp_proxy(ctx.snapshot, vs, routes, &ctx.proxy.namespace, ctx.port)
 }
 
-/// The TCP proxy of a `tcp`/`tls` route: one cluster, or weighted clusters with the
-/// stat prefix `<vs>.<namespace>`. A destination without port takes its service's
-/// only port (the service as seen from `namespace`), else `default_port`.
-pub(super) fn routes_tcp_proxy(
-    snapshot: &Snapshot,
-    vs: &Config<VirtualService>,
-    routes: &[RouteDestination],
-    namespace: &str,
-    default_port: u16,
-) -> Filter {
-    let cluster = |r: &RouteDestination| {
-        let Some(d) = r.destination.as_ref() else {
-            return cds::BLACK_HOLE.to_string();
-        };
-        let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
-            Some(n) => u16::try_from(n).unwrap_or(default_port),
-            None => match snapshot.services().resolve(&d.host, namespace) {
-                Some(s) if s.ports.len() == 1 => s.ports[0].port.get(),
-                _ => default_port,
-            },
-        };
-        cds::outbound_name(port, &d.subset, &d.host)
-    };
-    if routes.len() == 1 {
-        return tcp_proxy_filter(&cluster(&routes[0]));
-    }
-    weighted_tcp_proxy(
-        &format!("{}.{}", vs.name, vs.namespace),
-        routes
-            .iter()
-            .filter(|r| r.weight > 0)
-            .map(|r| (cluster(r), u32::try_from(r.weight).unwrap_or(0)))
-            .collect(),
-    )
-}
-
-/// A TCP proxy splitting connections over weighted clusters.
-pub(super) fn weighted_tcp_proxy(stat_prefix: &str, clusters: Vec<(String, u32)>) -> Filter {
-    let proxy = TcpProxy {
-        stat_prefix: stat_prefix.to_string(),
-        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
-            tcp_proxy::WeightedCluster {
-                clusters: clusters
-                    .into_iter()
-                    .map(
-                        |(name, weight)| tcp_proxy::weighted_cluster::ClusterWeight {
-                            name,
-                            weight,
-                            ..Default::default()
-                        },
-                    )
-                    .collect(),
-            },
-        )),
-        ..Default::default()
-    };
-    Filter {
-        name: "envoy.filters.network.tcp_proxy".into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
-    }
-}
-
-/// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS.
-fn outbound_hcm(bind: &str, port: u16) -> Filter {
-    let hcm = HttpConnectionManager {
-        use_remote_address: Some(BoolValue { value: false }),
-        stream_idle_timeout: Some(PbDuration::default()),
-        ..rds_connection_manager(&format!("outbound_{bind}_{port};"), &port.to_string())
-    };
-    Filter {
-        name: "envoy.filters.network.http_connection_manager".into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
-    }
-}
-
-/// A connection manager with the router filter and websocket upgrades on RDS table
-/// `route` over ADS (no initial fetch timeout), as Istio builds its outbound and
-/// gateway ones; callers set what differs.
-pub(super) fn rds_connection_manager(stat_prefix: &str, route: &str) -> HttpConnectionManager {
-    HttpConnectionManager {
-        stat_prefix: stat_prefix.to_string(),
-        codec_type: http_connection_manager::CodecType::Auto as i32,
-        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
-            config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
-                initial_fetch_timeout: Some(PbDuration::default()),
-                ..ads_config()
-            }),
-            route_config_name: route.to_string(),
-        })),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
-                &Router::default(),
-            ))),
-            ..Default::default()
-        }],
-        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
-            upgrade_type: "websocket".into(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
-/// The chain of a capture listener for connections addressed to its own port, which
-/// would loop: they go to the black hole.
-pub(super) fn loop_guard(name: &str, port: u16) -> FilterChain {
-    FilterChain {
-        name: name.into(),
-        filter_chain_match: Some(FilterChainMatch {
-            destination_port: Some(UInt32Value {
-                value: u32::from(port),
-            }),
-            ..Default::default()
-        }),
-        filters: vec![tcp_proxy_filter(cds::BLACK_HOLE)],
-        ..Default::default()
-    }
-}
-
-/// A TCP proxy to one cluster, the cluster name as stat prefix.
-pub(super) fn tcp_proxy_filter(cluster: &str) -> Filter {
-    let proxy = TcpProxy {
-        stat_prefix: cluster.to_string(),
-        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
-        ..Default::default()
-    };
-    Filter {
-        name: "envoy.filters.network.tcp_proxy".into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
-    }
-}
-
 /// The listener of an entry (Istio's `buildListenerFromEntry`).
 fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration) -> Listener {
     let name = format!("{}_{}", entry.bind, entry.port);
@@ -1059,6 +787,7 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager;
     use std::time::{Duration, UNIX_EPOCH};
 
     use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
@@ -1899,6 +1628,20 @@ pub(crate) mod tests {
         assert_eq!(
             cluster(&named(&all, "0.0.0.0_9000").filter_chains[0]),
             "outbound|9000||a.example.com"
+        );
+        // The listeners as a connection gets them: through the snapshot's cache, whose
+        // entries carry what building them found.
+        let everything = BTreeSet::new();
+        crate::generate::generate(
+            crate::xds::TypeUrl::Listener,
+            &snap,
+            &p,
+            crate::generate::Subscription {
+                wildcard: true,
+                names: &everything,
+            },
+            crate::generate::Scope::All,
+            &Default::default(),
         );
         let log = snap.conflicts().all();
         let dropped = &log[ConflictLog::TCP_OVER_CURRENT_TCP];

@@ -23,19 +23,18 @@
 //! - on a port that has TLS servers, an HTTPS server needs its own route name, and a
 //!   server without TLS settings is dropped unless its bind is new.
 //!
-//! Dropped servers are logged, counted in `pilot_total_rejected_configs` and listed
-//! in [`MergedGateway::rejected`].
+//! Dropped servers are logged and listed in [`MergedGateway::rejected`]; the router's
+//! listeners report them (`pilot_total_rejected_configs`, see
+//! [`crate::push::cache::Findings`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use meshfed_api::networking::v1alpha3::{Gateway, Server};
 use meshfed_registry::Protocol;
-use prometheus_client::metrics::family::Family;
 
 use super::instances::proxy_instances;
-use crate::metrics::IstioCounter;
 use crate::model::Proxy;
 use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
@@ -46,21 +45,6 @@ pub const GATEWAY_SERVICE_ANNOTATION: &str = "internal.istio.io/gateway-service"
 /// Service label turning off the translation of server ports to target ports.
 pub const DISABLE_PORT_TRANSLATION_LABEL: &str =
     "experimental.istio.io/disable-gateway-port-translation";
-
-/// `pilot_total_rejected_configs{type="gateway",name="<ns>/<name>"}`: servers dropped
-/// by the merge, counted each time a router's Gateways are merged (as Istio counts
-/// them). Process-wide, registered by the server at start-up.
-pub static REJECTED_CONFIGS: LazyLock<Family<[(&'static str, String); 2], IstioCounter>> =
-    LazyLock::new(Family::default);
-
-fn record_rejected(gateway: &str) {
-    REJECTED_CONFIGS
-        .get_or_create(&[
-            ("type", "gateway".to_string()),
-            ("name", gateway.to_string()),
-        ])
-        .inc();
-}
 
 /// One service port served by the router's workload (a "service target").
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -326,7 +310,6 @@ impl MergedGateway {
             for (index, s) in gateway.spec.servers.iter().enumerate() {
                 let reject = |m: &mut MergedGateway, reason: String| {
                     tracing::debug!(gateway = %gateway_name, server = index, %reason, "gateway server skipped");
-                    record_rejected(&gateway_name);
                     m.rejected.push(Rejected {
                         gateway: gateway_name.clone(),
                         server: index,
@@ -509,7 +492,7 @@ pub struct PassthroughDestination<'a> {
 impl PassthroughDestination<'_> {
     /// `outbound_.<port>_.<subset>_.<host>`: the SNI and the cluster name.
     pub fn name(&self) -> String {
-        super::cds::sni_name(
+        crate::xds::names::sni_name(
             self.port.port.get(),
             self.subset,
             self.service.hostname.as_str(),

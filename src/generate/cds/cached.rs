@@ -1,0 +1,447 @@
+//! The clusters of a proxy, per snapshot, through the resource cache: the inputs (their
+//! cache keys) and the look-ups that build them for a proxy.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use meshfed_api::networking::v1alpha3::{Sidecar, TrafficPolicy};
+use meshfed_registry::{EndpointShards, Port, Protocol, Service, ServiceKey};
+
+use super::super::destination_rule;
+use super::super::instances::{self, ProxyInstance};
+use super::inbound::*;
+use super::outbound::*;
+use super::special::*;
+use crate::model::ProxyClass;
+use crate::model::proxy::{NodeType, Proxy};
+use crate::push::cache::CacheInput;
+use crate::push::config_index::Config;
+use crate::push::snapshot::Snapshot;
+use crate::xds::names::{BLACK_HOLE, INBOUND_PASSTHROUGH, inbound_name};
+use crate::xds::{EncodedResource, Resource, TypeUrl};
+
+// ---------------------------------------------------------------------------------
+// Per snapshot, through the resource cache
+
+/// The input of an outbound cluster, and its cache key: the service port and subset,
+/// the DestinationRule that applies for the client's namespace, what the cluster may
+/// know of the client, and the endpoint shards it reads (the identities behind auto
+/// mTLS; inline endpoints of DNS clusters), by identity.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct OutboundClusterInput {
+    pub service: ServiceKey,
+    pub port: u16,
+    pub subset: String,
+    /// The rule in force, `(namespace, name)`: the client's namespace decides it.
+    pub rule: Option<(String, String)>,
+    pub client: ClusterClient,
+    pub shards: SharedShards,
+    /// The SNI-DNAT twin (see [`OutboundRequest::sni_dnat`]).
+    pub sni_dnat: bool,
+    /// See [`OutboundRequest::peer_mtls_disabled`]: a PeerAuthentication change that
+    /// turns it makes a new key.
+    pub peer_mtls_disabled: bool,
+}
+
+/// Endpoint shards in a cache key, compared by identity: a changed shard is a new
+/// allocation, and the key holds it so the address is never reused while it lives.
+#[derive(Clone, Debug)]
+pub struct SharedShards(pub Option<Arc<EndpointShards>>);
+
+impl PartialEq for SharedShards {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for SharedShards {}
+
+impl std::hash::Hash for SharedShards {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.as_ref().map(Arc::as_ptr).hash(state);
+    }
+}
+
+impl CacheInput<Snapshot> for OutboundClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(match self.client.node_type {
+            NodeType::Router => ProxyClass::Router,
+            _ => ProxyClass::Sidecar,
+        })
+    }
+    fn service(&self) -> Option<&str> {
+        Some(self.service.hostname.as_str())
+    }
+    /// Builds the cluster from this input and the snapshot's indexes alone.
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let service = snapshot.services().get(&self.service)?;
+        let port = service.port(self.port)?;
+        let rule = self
+            .rule
+            .as_ref()
+            .and_then(|(ns, name)| snapshot.config().destination_rule_by_name(ns, name));
+        let cluster = outbound_cluster_for(&OutboundRequest {
+            service,
+            port,
+            shards: self.shards.0.as_deref(),
+            rule: rule.map(|r| &**r),
+            subset: &self.subset,
+            mesh: &snapshot.mesh().config,
+            client: &self.client,
+            sni_dnat: self.sni_dnat,
+            peer_mtls_disabled: self.peer_mtls_disabled,
+        })?;
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            cluster.name.clone(),
+            &cluster,
+        ))
+    }
+}
+
+/// The Envoy cluster `outbound|<port>|<subset>|<host>` for `proxy`, from the snapshot's
+/// cache (see [`OutboundClusterInput`]). `None` when `subset` is not a subset of the
+/// rule that applies.
+pub fn cached_outbound(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    port: &Port,
+    subset: &str,
+) -> Option<Resource> {
+    cached_outbound_as(snapshot, proxy, service, port, subset, false)
+}
+
+/// [`cached_outbound`], or its SNI-DNAT twin `outbound_.<port>_.<subset>_.<host>`.
+pub fn cached_outbound_as(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    port: &Port,
+    subset: &str,
+    sni_dnat: bool,
+) -> Option<Resource> {
+    let host = service.hostname.as_str();
+    let rule =
+        snapshot
+            .config()
+            .destination_rule(&proxy.namespace, service.namespace.as_str(), host);
+    if !subset.is_empty()
+        && rule.is_none_or(|r| destination_rule::subset(&r.spec, subset).is_none())
+    {
+        return None;
+    }
+    let key = service.key();
+    let shards = SharedShards(snapshot.shards(&key).cloned());
+    let input = OutboundClusterInput {
+        service: key,
+        port: port.port.get(),
+        subset: subset.to_string(),
+        rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
+        client: ClusterClient::for_proxy(proxy, service),
+        shards,
+        sni_dnat,
+        peer_mtls_disabled: crate::generate::authn::inferred_namespace_mode(
+            snapshot,
+            service.namespace.as_str(),
+        ) == crate::generate::authn::MtlsMode::Disable,
+    };
+    snapshot.cached(input)
+}
+
+/// A service port's clusters for `proxy`: the service-wide one, then one per subset of
+/// the DestinationRule that applies, in the rule's order.
+pub fn cached_service_clusters(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    port: &Port,
+) -> Vec<Resource> {
+    let mut out: Vec<Resource> = cached_outbound(snapshot, proxy, service, port, "")
+        .into_iter()
+        .collect();
+    if let Some(rule) = snapshot.config().destination_rule(
+        &proxy.namespace,
+        service.namespace.as_str(),
+        service.hostname.as_str(),
+    ) {
+        for subset in &rule.spec.subsets {
+            out.extend(cached_outbound(
+                snapshot,
+                proxy,
+                service,
+                port,
+                &subset.name,
+            ));
+        }
+    }
+    out
+}
+
+/// A sidecar's inbound clusters: one `inbound|<targetPort>||` per target port of its
+/// own service instances (the first service claiming a port decides its protocol and
+/// DestinationRule connection pool; a Sidecar `inboundConnectionPool` overrides the
+/// rule's), then `InboundPassthroughCluster`.
+pub fn cached_inbound(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    let mut out = match instances::sidecar_ingress(snapshot, proxy) {
+        Some(sidecar) => sidecar_ingress_clusters(snapshot, proxy, &sidecar),
+        None => service_inbound_clusters(snapshot, proxy),
+    };
+    let (v4, v6) = ip_families(&proxy.ip_addresses);
+    out.extend(snapshot.cached(InboundPassthroughInput { v4, v6 }));
+    out
+}
+
+/// A Sidecar's ingress clusters: `inbound|<port>||` per ingress port (the first
+/// listener of a port wins), to its `defaultEndpoint`, with the protocol of the
+/// ingress port and the port's `connectionPool` (else the Sidecar's
+/// `inboundConnectionPool`).
+pub(super) fn sidecar_ingress_clusters(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    sidecar: &Config<Sidecar>,
+) -> Vec<Resource> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (index, ingress) in sidecar.spec.ingress.iter().enumerate() {
+        let Some(number) = ingress
+            .port
+            .as_ref()
+            .and_then(|p| u16::try_from(p.number).ok())
+            .filter(|n| *n > 0)
+        else {
+            continue;
+        };
+        let Some(endpoint) = ingress_endpoint(&ingress.default_endpoint, &proxy.ip_addresses)
+        else {
+            continue;
+        };
+        if !seen.insert(number) {
+            continue;
+        }
+        let input = SidecarIngressClusterInput {
+            sidecar: (sidecar.namespace.clone(), sidecar.name.clone()),
+            index,
+            endpoint,
+            v6_only: v6_only(&proxy.ip_addresses),
+        };
+        out.extend(snapshot.cached(input));
+    }
+    out
+}
+
+/// The input of a Sidecar ingress cluster, and its cache key: the Sidecar (by name),
+/// the ingress listener's index, its endpoint as resolved for the proxy, and whether
+/// the proxy is IPv6-only.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct SidecarIngressClusterInput {
+    pub sidecar: (String, String),
+    pub index: usize,
+    pub endpoint: InboundEndpoint,
+    pub v6_only: bool,
+}
+
+impl CacheInput<Snapshot> for SidecarIngressClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let (ns, name) = &self.sidecar;
+        let sidecar = snapshot.config().sidecar_by_name(ns, name)?;
+        let ingress = sidecar.spec.ingress.get(self.index)?;
+        let sidecar_port = ingress.port.as_ref()?;
+        let number = u16::try_from(sidecar_port.number).ok()?;
+        let port = Port::new(
+            &sidecar_port.name,
+            number,
+            Protocol::parse(&sidecar_port.protocol),
+        )?;
+        let pool = ingress
+            .connection_pool
+            .or(sidecar.spec.inbound_connection_pool);
+        let policy = pool.map(|pool| TrafficPolicy {
+            connection_pool: Some(pool),
+            ..Default::default()
+        });
+        let cluster = inbound_cluster(&InboundRequest {
+            target_port: number,
+            port: &port,
+            policy: policy.as_ref(),
+            mesh: &snapshot.mesh().config,
+            v6_only: self.v6_only,
+            endpoint: self.endpoint.clone(),
+        });
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            inbound_name(number),
+            &cluster,
+        ))
+    }
+}
+
+/// The clusters of the proxy's own service instances.
+pub(super) fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+    let instances = instances::proxy_instances(snapshot, proxy);
+    let mut by_target: BTreeMap<u16, &ProxyInstance> = BTreeMap::new();
+    for instance in &instances {
+        by_target.entry(instance.target_port).or_insert(instance);
+    }
+    let sidecar = snapshot
+        .config()
+        .sidecar_for(&proxy.namespace, &proxy.labels)
+        .map(|s| (s.namespace.clone(), s.name.clone()));
+    let v6_only = v6_only(&proxy.ip_addresses);
+    let mut out = Vec::new();
+    for (target, instance) in by_target {
+        let service = &instance.service;
+        let rule = snapshot.config().destination_rule(
+            &proxy.namespace,
+            service.namespace.as_str(),
+            service.hostname.as_str(),
+        );
+        let input = InboundClusterInput {
+            target_port: target,
+            service: service.key(),
+            port: instance.port.port.get(),
+            rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
+            sidecar: sidecar.clone(),
+            v6_only,
+        };
+        out.extend(snapshot.cached(input));
+    }
+    out
+}
+
+/// The input of an inbound cluster, and its cache key: the target port, the service
+/// port it backs, the DestinationRule and Sidecar in force (by name), and whether the
+/// proxy is IPv6-only.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct InboundClusterInput {
+    pub target_port: u16,
+    pub service: ServiceKey,
+    pub port: u16,
+    pub rule: Option<(String, String)>,
+    pub sidecar: Option<(String, String)>,
+    pub v6_only: bool,
+}
+
+impl CacheInput<Snapshot> for InboundClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        // Built from the proxy's instances, which any service's endpoints may change.
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let service = snapshot.services().get(&self.service)?;
+        let port = service.port(self.port)?;
+        let config = snapshot.config();
+        let rule = self
+            .rule
+            .as_ref()
+            .and_then(|(ns, name)| config.destination_rule_by_name(ns, name));
+        let sidecar_pool = self
+            .sidecar
+            .as_ref()
+            .and_then(|(ns, name)| config.sidecar_by_name(ns, name))
+            .and_then(|s| s.spec.inbound_connection_pool);
+        let mut traffic_policy = rule
+            .and_then(|r| r.spec.traffic_policy.as_ref())
+            .map(|p| destination_rule::port_level_policy(p, port.port.get()).0);
+        if let Some(pool) = sidecar_pool {
+            traffic_policy
+                .get_or_insert_with(Default::default)
+                .connection_pool = Some(pool);
+        }
+        let cluster = inbound_cluster(&InboundRequest {
+            target_port: self.target_port,
+            port,
+            policy: traffic_policy.as_ref(),
+            mesh: &snapshot.mesh().config,
+            v6_only: self.v6_only,
+            endpoint: InboundEndpoint::Mesh,
+        });
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            inbound_name(self.target_port),
+            &cluster,
+        ))
+    }
+}
+
+/// The input of `InboundPassthroughCluster`: the proxy's IP families.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct InboundPassthroughInput {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl CacheInput<Snapshot> for InboundPassthroughInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        Some(ProxyClass::Sidecar)
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            INBOUND_PASSTHROUGH,
+            &inbound_passthrough_for(&snapshot.mesh().config, self.v4, self.v6),
+        ))
+    }
+}
+
+/// The input of `BlackHoleCluster` and `PassthroughCluster`, read from the mesh config
+/// alone.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct SpecialClusterInput {
+    pub name: &'static str,
+}
+
+impl CacheInput<Snapshot> for SpecialClusterInput {
+    const TYPE: TypeUrl = TypeUrl::Cluster;
+    type Output = Resource;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn service(&self) -> Option<&str> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
+        let mesh = &snapshot.mesh().config;
+        let cluster = if self.name == BLACK_HOLE {
+            black_hole(mesh)
+        } else {
+            passthrough(mesh)
+        };
+        Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            self.name,
+            &cluster,
+        ))
+    }
+}
+
+/// `BlackHoleCluster` or `PassthroughCluster`, from the snapshot's cache.
+pub fn cached_special(snapshot: &Snapshot, name: &'static str) -> Resource {
+    snapshot
+        .cached(SpecialClusterInput { name })
+        .expect("special clusters always generate")
+}

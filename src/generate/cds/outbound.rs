@@ -1,0 +1,353 @@
+//! Outbound clusters: one per service port and DestinationRule subset, with the rule's
+//! traffic policy, auto mTLS and Istio's endpoint metadata.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::google::protobuf::{Struct, Value, value};
+use meshfed_api::mesh::v1alpha1::MeshConfig;
+use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
+use meshfed_registry::{
+    EndpointShards, Locality, MeshLocation, Port, Protocol, ProviderId, Resolution, Service,
+    TlsMode,
+};
+
+use super::super::cluster_build::{self, ClusterBuild, PolicyContext};
+use super::super::eds::{self, EdsOptions, EndpointSelection};
+use super::super::{destination_rule, proto, traffic_policy};
+use super::base::*;
+use crate::model::proxy::{NodeType, Proxy};
+use crate::push::config_index::Config;
+use crate::xds::names::{Direction, outbound_name, sni_name};
+
+/// The policy-free outbound cluster of one service port: EDS (or DNS with inline
+/// endpoints, or ORIGINAL_DST), round robin, no TLS. Proxyless gRPC clients share it;
+/// Envoy proxies get [`outbound_cluster_for`].
+pub fn outbound_cluster(
+    service: &Service,
+    port: &Port,
+    shards: Option<&EndpointShards>,
+    options: ClusterOptions,
+) -> Cluster {
+    let name = outbound_name(port.port.get(), "", service.hostname.as_str());
+    let mut c = base_cluster(name.clone(), options);
+    match service.resolution {
+        Resolution::ClientSideLb => {
+            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::Eds as i32,
+            ));
+            c.eds_cluster_config = Some(cluster::EdsClusterConfig {
+                eds_config: Some(ads_source()),
+                service_name: name,
+            });
+        }
+        Resolution::DnsLb | Resolution::DnsRoundRobinLb => {
+            let kind = if service.resolution == Resolution::DnsLb {
+                cluster::DiscoveryType::StrictDns
+            } else {
+                cluster::DiscoveryType::LogicalDns
+            };
+            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(kind as i32));
+            c.load_assignment = Some(eds::load_assignment(
+                &name,
+                port,
+                shards,
+                EdsOptions::default(),
+            ));
+        }
+        Resolution::Passthrough => {
+            c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
+                cluster::DiscoveryType::OriginalDst as i32,
+            ));
+            c.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
+        }
+    }
+    if port.protocol.is_http2() {
+        c.typed_extension_protocol_options.insert(
+            cluster_build::HTTP_PROTOCOL_OPTIONS.to_string(),
+            http2_options(),
+        );
+    }
+    c
+}
+
+/// Everything an Envoy outbound cluster depends on. The proxy matters through its node
+/// type (gateways get EDS for passthrough services, sidecars sniff unnamed ports and
+/// cannot use `credentialName`), its IP families (DNS lookup family) and, for DNS
+/// clusters only, its locality and labels (locality load balancing of inline
+/// endpoints).
+#[derive(Clone, Copy, Debug)]
+pub struct OutboundRequest<'a> {
+    pub service: &'a Service,
+    pub port: &'a Port,
+    /// The service's endpoints: inline for DNS clusters; their identities back mTLS.
+    pub shards: Option<&'a EndpointShards>,
+    /// The DestinationRule that applies for the client.
+    pub rule: Option<&'a Config<DestinationRule>>,
+    /// The subset; empty for the service-wide cluster.
+    pub subset: &'a str,
+    pub mesh: &'a MeshConfig,
+    /// What the cluster may know of the client.
+    pub client: &'a ClusterClient,
+    /// A gateway's SNI-DNAT cluster: named by the SNI form, no upstream TLS (the
+    /// client's mTLS passes through), Istio mTLS endpoints only.
+    pub sni_dnat: bool,
+    /// The mode clients infer for the service's namespace is DISABLE (no auto mTLS).
+    pub peer_mtls_disabled: bool,
+}
+
+/// What an outbound cluster may know of the client proxy: its node type and, for DNS
+/// clusters only (their endpoints are inline), its DNS lookup family and locality.
+/// Inline assignments get locality weights and failover by locality, never
+/// failoverPriority (whose labels would need each endpoint's labels, which an inline
+/// assignment does not keep; Istio leaves it out for DNS clusters too), so the proxy's
+/// labels, cluster and network are not part of it.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ClusterClient {
+    pub node_type: NodeType,
+    pub dns: Option<DnsClient>,
+}
+
+/// The client facts an inline (DNS) load assignment reads.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct DnsClient {
+    /// `cluster::DnsLookupFamily` from the proxy's IP families.
+    pub family: i32,
+    pub locality: Locality,
+}
+
+impl ClusterClient {
+    /// The facts of `proxy` that `service`'s clusters read.
+    pub fn for_proxy(proxy: &Proxy, service: &Service) -> ClusterClient {
+        let dns = matches!(
+            service.resolution,
+            Resolution::DnsLb | Resolution::DnsRoundRobinLb
+        )
+        .then(|| DnsClient {
+            family: dns_lookup_family(&proxy.ip_addresses) as i32,
+            locality: proxy.locality.clone(),
+        });
+        ClusterClient {
+            node_type: proxy.node_type,
+            dns,
+        }
+    }
+}
+
+/// The Envoy cluster `outbound|<port>|<subset>|<host>`, as istiod builds it: the
+/// cluster type from the resolution (or ORIGINAL_DST for a PASSTHROUGH policy), HTTP/2
+/// for HTTP/2 ports, then the rule's policy for the port (merged with the subset's),
+/// with Istio's defaults (LEAST_REQUEST, circuit breakers at their maximum, auto mTLS)
+/// where it says nothing. `None` for a subset the rule does not define.
+pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
+    let (service, port) = (req.service, req.port);
+    let host = service.hostname.as_str();
+    let number = port.port.get();
+    let rule = req.rule.map(|r| &r.spec);
+    let subset = match (rule, req.subset) {
+        (_, "") => None,
+        (Some(rule), name) => Some(destination_rule::subset(rule, name)?),
+        (None, _) => return None,
+    };
+    let traffic_policy: Option<TrafficPolicy> =
+        rule.and_then(|r| destination_rule::destination_policy(r, number, req.subset));
+    let sni = sni_name(number, req.subset, host);
+    let name = if req.sni_dnat {
+        sni.clone()
+    } else {
+        outbound_name(number, req.subset, host)
+    };
+
+    let kind = match service.resolution {
+        Resolution::ClientSideLb => cluster::DiscoveryType::Eds,
+        Resolution::DnsLb => cluster::DiscoveryType::StrictDns,
+        Resolution::DnsRoundRobinLb => cluster::DiscoveryType::LogicalDns,
+        // Gateways have no original destination to forward to.
+        Resolution::Passthrough if req.client.node_type == NodeType::Router => {
+            cluster::DiscoveryType::Eds
+        }
+        Resolution::Passthrough => cluster::DiscoveryType::OriginalDst,
+    };
+    let mut c = Cluster {
+        name: name.clone(),
+        alt_stat_name: format!("{name};"),
+        cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(kind as i32)),
+        common_lb_config: Some(Default::default()),
+        ..Default::default()
+    };
+    if matches!(
+        kind,
+        cluster::DiscoveryType::StrictDns | cluster::DiscoveryType::LogicalDns
+    ) {
+        c.dns_lookup_family = req
+            .client
+            .dns
+            .as_ref()
+            .map_or(cluster::DnsLookupFamily::V4Only as i32, |d| d.family);
+        // Deprecated in favour of typed DNS cluster configs, still what istiod sends.
+        #[allow(deprecated)]
+        {
+            c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(proto::pb_duration);
+            c.respect_dns_ttl = true;
+        }
+        c.load_assignment = Some(eds::load_assignment_for(
+            &name,
+            port,
+            req.shards,
+            &EndpointSelection {
+                subset: subset.map(|s| &s.labels),
+                ..Default::default()
+            },
+        ));
+    }
+    let mut build = ClusterBuild::new(c);
+    set_upstream_protocol(&mut build, port, req.client.node_type);
+
+    let service_accounts = service_accounts(service, req.shards, req.mesh);
+    let no_locality = Locality::default();
+    // Not read for inline assignments (see ClusterClient).
+    let proxy_labels = BTreeMap::new();
+    let proxy_locality = req
+        .client
+        .dns
+        .as_ref()
+        .map_or(&no_locality, |d| &d.locality);
+    let ctx = PolicyContext {
+        direction: Direction::Outbound,
+        port,
+        mesh: req.mesh,
+        node_type: req.client.node_type,
+        service_accounts: &service_accounts,
+        istio_sni: &sni,
+        mesh_external: service.location == MeshLocation::MeshExternal,
+        service_entry: service.provider == ProviderId::External,
+        passthrough_resolution: service.resolution == Resolution::Passthrough,
+        all_endpoints_istio_mtls: all_endpoints_istio_mtls(req.shards, port),
+        peer_mtls_disabled: req.peer_mtls_disabled,
+        rule_has_selector: rule.is_some_and(|r| r.workload_selector.is_some()),
+        proxy_locality,
+        proxy_labels: &proxy_labels,
+    };
+    traffic_policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
+    let mut c = build.build();
+    if req.sni_dnat {
+        c.transport_socket = None;
+        c.transport_socket_matches.clear();
+    }
+    if c.cluster_discovery_type
+        == Some(cluster::ClusterDiscoveryType::Type(
+            cluster::DiscoveryType::Eds as i32,
+        ))
+    {
+        c.eds_cluster_config = Some(cluster::EdsClusterConfig {
+            eds_config: Some(eds_source()),
+            service_name: name,
+        });
+    }
+    c.metadata = istio_metadata(req.rule, req.subset, ctx.mesh_external);
+    Some(c)
+}
+
+/// Istio's setUpstreamProtocol: HTTP/2 ports get HTTP/2; a sidecar's unnamed
+/// (sniffed) ports use whatever protocol the downstream spoke.
+pub(super) fn set_upstream_protocol(c: &mut ClusterBuild, port: &Port, node_type: NodeType) {
+    if port.protocol.is_http2() {
+        c.set_h2();
+    } else if node_type == NodeType::Sidecar && port.protocol == Protocol::Unsupported {
+        c.set_use_downstream_protocol();
+    }
+}
+
+/// V4_ONLY for IPv4 proxies (and dual-stack ones, as Istio without dual stack
+/// enabled), V6_ONLY for IPv6-only proxies.
+pub(super) fn dns_lookup_family(ips: &[IpAddr]) -> cluster::DnsLookupFamily {
+    if !ips.is_empty() && ips.iter().all(IpAddr::is_ipv6) {
+        cluster::DnsLookupFamily::V6Only
+    } else {
+        cluster::DnsLookupFamily::V4Only
+    }
+}
+
+/// The identities a service's workloads present: the service's own and its endpoints',
+/// with every SPIFFE id of the mesh trust domain repeated under each trust domain alias.
+pub fn service_accounts(
+    service: &Service,
+    shards: Option<&EndpointShards>,
+    mesh: &MeshConfig,
+) -> Vec<String> {
+    let mut out: BTreeSet<String> = service.service_accounts.clone();
+    if let Some(shards) = shards {
+        out.extend(shards.service_accounts.iter().cloned());
+    }
+    if !mesh.trust_domain_aliases.is_empty() {
+        let expanded: Vec<String> = out
+            .iter()
+            .filter_map(|sa| sa.strip_prefix("spiffe://"))
+            .filter_map(|rest| rest.split_once('/'))
+            .flat_map(|(domain, path)| {
+                mesh.trust_domain_aliases
+                    .iter()
+                    .chain(std::iter::once(&mesh.trust_domain))
+                    .filter(move |alias| alias.as_str() != domain)
+                    .map(move |alias| format!("spiffe://{alias}/{path}"))
+            })
+            .collect();
+        out.extend(expanded);
+    }
+    out.into_iter().collect()
+}
+
+/// Whether the port has endpoints and every one takes Istio mTLS.
+pub(super) fn all_endpoints_istio_mtls(shards: Option<&EndpointShards>, port: &Port) -> bool {
+    let mut serving = shards
+        .into_iter()
+        .flat_map(|s| s.iter())
+        .filter(|(_, ep)| ep.ports.contains_key(&port.name))
+        .peekable();
+    serving.peek().is_some() && serving.all(|(_, ep)| ep.tls_mode == TlsMode::Istio)
+}
+
+/// `filter_metadata.istio`: the DestinationRule (`config`), the subset, and whether the
+/// destination is outside the mesh, as istioctl reads them.
+pub(super) fn istio_metadata(
+    rule: Option<&Config<DestinationRule>>,
+    subset: &str,
+    external: bool,
+) -> Option<Metadata> {
+    let mut fields = BTreeMap::new();
+    let string = |s: String| Value {
+        kind: Some(value::Kind::StringValue(s)),
+    };
+    if let Some(r) = rule {
+        fields.insert(
+            "config".to_string(),
+            string(format!(
+                "/apis/networking.istio.io/v1alpha3/namespaces/{}/destination-rule/{}",
+                r.namespace, r.name
+            )),
+        );
+        if !subset.is_empty() {
+            fields.insert("subset".to_string(), string(subset.to_string()));
+        }
+    }
+    if external {
+        fields.insert(
+            "external".to_string(),
+            Value {
+                kind: Some(value::Kind::BoolValue(true)),
+            },
+        );
+    }
+    (!fields.is_empty()).then(|| Metadata {
+        filter_metadata: [(
+            "istio".to_string(),
+            Struct {
+                fields: fields.into_iter().collect(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    })
+}

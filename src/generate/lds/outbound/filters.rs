@@ -1,0 +1,154 @@
+//! The network filters of outbound and gateway chains: TCP proxies of routes and
+//! clusters, the HTTP connection managers, the loop guard.
+
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, filter};
+use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+};
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
+use meshfed_api::networking::v1alpha3::{RouteDestination, VirtualService};
+
+use super::super::{ads_config, pack};
+use crate::push::config_index::Config;
+use crate::push::snapshot::Snapshot;
+
+/// The TCP proxy of a `tcp`/`tls` route: one cluster, or weighted clusters with the
+/// stat prefix `<vs>.<namespace>`. A destination without port takes its service's
+/// only port (the service as seen from `namespace`), else `default_port`.
+pub(in crate::generate::lds) fn routes_tcp_proxy(
+    snapshot: &Snapshot,
+    vs: &Config<VirtualService>,
+    routes: &[RouteDestination],
+    namespace: &str,
+    default_port: u16,
+) -> Filter {
+    let cluster = |r: &RouteDestination| {
+        let Some(d) = r.destination.as_ref() else {
+            return crate::xds::names::BLACK_HOLE.to_string();
+        };
+        let port = match d.port.map(|p| p.number).filter(|n| *n != 0) {
+            Some(n) => u16::try_from(n).unwrap_or(default_port),
+            None => match snapshot.services().resolve(&d.host, namespace) {
+                Some(s) if s.ports.len() == 1 => s.ports[0].port.get(),
+                _ => default_port,
+            },
+        };
+        crate::xds::names::outbound_name(port, &d.subset, &d.host)
+    };
+    if routes.len() == 1 {
+        return tcp_proxy_filter(&cluster(&routes[0]));
+    }
+    weighted_tcp_proxy(
+        &format!("{}.{}", vs.name, vs.namespace),
+        routes
+            .iter()
+            .filter(|r| r.weight > 0)
+            .map(|r| (cluster(r), u32::try_from(r.weight).unwrap_or(0)))
+            .collect(),
+    )
+}
+
+/// A TCP proxy splitting connections over weighted clusters.
+pub(in crate::generate::lds) fn weighted_tcp_proxy(
+    stat_prefix: &str,
+    clusters: Vec<(String, u32)>,
+) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: stat_prefix.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::WeightedClusters(
+            tcp_proxy::WeightedCluster {
+                clusters: clusters
+                    .into_iter()
+                    .map(
+                        |(name, weight)| tcp_proxy::weighted_cluster::ClusterWeight {
+                            name,
+                            weight,
+                            ..Default::default()
+                        },
+                    )
+                    .collect(),
+            },
+        )),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
+    }
+}
+
+/// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS.
+pub(super) fn outbound_hcm(bind: &str, port: u16) -> Filter {
+    let hcm = HttpConnectionManager {
+        use_remote_address: Some(BoolValue { value: false }),
+        stream_idle_timeout: Some(PbDuration::default()),
+        ..rds_connection_manager(&format!("outbound_{bind}_{port};"), &port.to_string())
+    };
+    Filter {
+        name: "envoy.filters.network.http_connection_manager".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
+    }
+}
+
+/// A connection manager with the router filter and websocket upgrades on RDS table
+/// `route` over ADS (no initial fetch timeout), as Istio builds its outbound and
+/// gateway ones; callers set what differs.
+pub(in crate::generate::lds) fn rds_connection_manager(
+    stat_prefix: &str,
+    route: &str,
+) -> HttpConnectionManager {
+    HttpConnectionManager {
+        stat_prefix: stat_prefix.to_string(),
+        codec_type: http_connection_manager::CodecType::Auto as i32,
+        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
+            config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
+                initial_fetch_timeout: Some(PbDuration::default()),
+                ..ads_config()
+            }),
+            route_config_name: route.to_string(),
+        })),
+        http_filters: vec![HttpFilter {
+            name: "envoy.filters.http.router".into(),
+            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
+                &Router::default(),
+            ))),
+            ..Default::default()
+        }],
+        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
+            upgrade_type: "websocket".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+/// The chain of a capture listener for connections addressed to its own port, which
+/// would loop: they go to the black hole.
+pub(in crate::generate::lds) fn loop_guard(name: &str, port: u16) -> FilterChain {
+    FilterChain {
+        name: name.into(),
+        filter_chain_match: Some(FilterChainMatch {
+            destination_port: Some(UInt32Value {
+                value: u32::from(port),
+            }),
+            ..Default::default()
+        }),
+        filters: vec![tcp_proxy_filter(crate::xds::names::BLACK_HOLE)],
+        ..Default::default()
+    }
+}
+
+/// A TCP proxy to one cluster, the cluster name as stat prefix.
+pub(in crate::generate::lds) fn tcp_proxy_filter(cluster: &str) -> Filter {
+    let proxy = TcpProxy {
+        stat_prefix: cluster.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(filter::ConfigType::TypedConfig(pack(&proxy))),
+    }
+}
