@@ -21,7 +21,8 @@ use meshfed_registry::config::Kind;
 use meshfed_registry::config::kinds::{Group, NETWORKING, SECURITY};
 
 use super::ApiState;
-use super::http::{ApiPath, json_response, status};
+use super::path::ApiPath;
+use super::response::{json_response, status};
 
 /// A custom resource type as a CRD declares it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -350,7 +351,7 @@ mod tests {
             "not a custom group"
         );
 
-        let mut path = super::super::http::collection_path(
+        let mut path = super::super::path::collection_path(
             "/apis/networking.istio.io/v1beta1/namespaces/a/sidecars",
         )
         .unwrap();
@@ -365,10 +366,10 @@ mod tests {
             "/apis/networking.istio.io/v1beta1/telemetries",
             "/apis/networking.istio.io/v1beta1/sidecars/name-without-namespace",
         ] {
-            let mut path = super::super::http::collection_path(missing).unwrap();
+            let mut path = super::super::path::collection_path(missing).unwrap();
             assert!(state.resolve_custom(&mut path).is_err(), "{missing}");
         }
-        let mut typed = super::super::http::collection_path("/apis/apps/v1/deployments").unwrap();
+        let mut typed = super::super::path::collection_path("/apis/apps/v1/deployments").unwrap();
         assert!(state.resolve_custom(&mut typed).unwrap().is_none());
     }
 }

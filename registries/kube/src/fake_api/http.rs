@@ -18,9 +18,8 @@ use super::selector::Selector;
 use super::tokens::TOKEN_REVIEWS;
 use super::{ApiState, RecordedRequest, Shared, WatchMsg, WatchSub, event_line};
 
-// `custom` still takes the path and the response helpers from here.
-pub(super) use super::path::{ApiPath, collection_path};
-pub(super) use super::response::{json_response, status};
+use super::path::{ApiPath, collection_path};
+use super::response::{json_response, status};
 
 pub(super) async fn handle(
     State(shared): State<Arc<Shared>>,
