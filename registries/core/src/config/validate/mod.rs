@@ -300,7 +300,6 @@ pub(crate) mod test_support {
 
 #[cfg(test)]
 mod tests {
-    use super::test_support::*;
     use super::*;
 
     #[test]
