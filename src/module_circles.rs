@@ -12,14 +12,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Folders with a circle still to be removed (a real two-way import: the kind table
-/// names validators, which read config objects of the kinds it declares). Each is
-/// struck from this list once untangled.
-const NOT_YET_UNTANGLED: &[(&str, &str)] = &[
-    ("meshfed_registry", "config"),
-    ("meshfed_registry", "config::validate"),
-];
-
 /// The crates checked: name and source folder, relative to the workspace root.
 const CRATES: &[(&str, &str)] = &[
     ("meshfed", "src"),
@@ -378,10 +370,6 @@ fn no_folder_of_any_crate_has_an_import_circle() {
     for (krate, dir) in CRATES {
         let modules = read_crate(&root.join(dir));
         for (folder, circle) in circles(&modules) {
-            let at = (*krate, folder.as_str());
-            if NOT_YET_UNTANGLED.contains(&at) {
-                continue;
-            }
             found.push(format!(
                 "{krate}: in `{}`: {}",
                 if folder.is_empty() {

@@ -63,9 +63,10 @@ pub fn config_source(
         let mut not_enforced = Vec::new();
         for store in &stores {
             for object in store.all() {
-                if let Some(gap) =
-                    meshfed_registry::config::validate::not_enforced_in(&object, Some(&mesh.config))
-                {
+                if let Some(gap) = meshfed_registry::config::validation::not_enforced_in(
+                    &object,
+                    Some(&mesh.config),
+                ) {
                     not_enforced.push(format!(
                         "{} {}/{} ({}): {gap}",
                         object.kind, object.namespace, object.name, object.source

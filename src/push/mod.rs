@@ -58,7 +58,7 @@ pub struct PushMetrics {
     /// `meshfed_config_rejected`: config objects rejected (invalid) right now.
     pub config_rejected: Gauge,
     /// `meshfed_config_not_enforced`: valid config objects meshfed reads but does not
-    /// fully apply yet (the security.istio.io kinds; see `validate::not_enforced`).
+    /// fully apply yet (the security.istio.io kinds; see `validation::not_enforced`).
     pub config_not_enforced: Gauge,
 }
 

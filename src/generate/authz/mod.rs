@@ -374,7 +374,7 @@ fn groups<'a>(selected: &'a Selected, tcp: bool, opts: &AuthzOptions) -> Vec<(Gr
     if !bad.is_empty() {
         // Istio refuses the whole CUSTOM group and denies what it would have checked.
         // Said once per snapshot for broken providers (`ext_authz::providers`)
-        // and per object for unknown ones (`validate::not_enforced_in`).
+        // and per object for unknown ones (`validation::not_enforced_in`).
         for p in &selected.custom {
             tracing::debug!(
                 namespace = %p.namespace, name = %p.name, provider = provider(p),

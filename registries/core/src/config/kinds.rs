@@ -19,7 +19,7 @@ use meshfed_api::security::v1beta1 as sec;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::config::decode::decode_spec;
+use crate::config::spec_json::decode_spec;
 use crate::config::validate::{self as v, FieldError, Validation};
 use crate::events::ConfigKind;
 

@@ -4,8 +4,9 @@
 //! - [`kinds`]: every kind meshfed reads, declared once ([`Kind`], [`Spec`], [`kinds::KindInfo`]).
 //! - [`model`]: [`ConfigObject`] (Kubernetes metadata + a typed [`Spec`]).
 //! - [`decode()`]: reading Kubernetes-style objects into config objects.
-//! - [`mod@validate`]: per-kind validation after Istio's `pkg/config/validation`, reporting
-//!   every problem with its field path ([`FieldError`]) plus non-fatal [`Warning`]s.
+//! - [`mod@validate`]: per-kind spec validation after Istio's `pkg/config/validation`,
+//!   reporting every problem with its field path ([`FieldError`]) plus non-fatal
+//!   [`Warning`]s; [`validation`]: whole objects ([`validate()`], metadata and spec).
 //! - [`source`]: reading config files (multi-document YAML, JSON, `kind: List`) with
 //!   `file:line` for every problem ([`Diagnostic`]).
 //! - [`report`]: [`validate_files`], the offline check behind `meshfed validate -f`.
@@ -27,9 +28,12 @@ pub mod secret;
 pub mod source;
 pub mod store;
 pub mod validate;
+pub mod validation;
 
 mod assembly;
 pub(crate) mod locate;
+mod references;
+pub(crate) mod spec_json;
 mod time;
 
 pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
@@ -42,6 +46,7 @@ pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};
 pub use store::{ConfigStore, MemoryConfigStore, RejectedConfig};
 pub use validate::{
-    FieldError, FieldPath, Segment, Validation, Warning, validate, validate_mesh_config,
+    FieldError, FieldPath, Segment, Validation, Warning, validate_mesh_config,
     validate_mesh_networks,
 };
+pub use validation::{not_enforced, not_enforced_in, validate};

@@ -84,7 +84,7 @@ pub fn validate_text(path: &Path, text: &str) -> Report {
 
 fn reports(parsed: &[ParsedFile]) -> Vec<Report> {
     let mut assembly = assemble(parsed, &BTreeMap::new());
-    let across = crate::config::validate::cross_object_warnings(
+    let across = crate::config::references::cross_object_warnings(
         assembly
             .objects
             .values()

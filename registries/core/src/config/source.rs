@@ -30,7 +30,8 @@ use crate::config::locate::line_of;
 use crate::config::model::{ConfigObject, Kind, ObjectId};
 use crate::config::secret::SecretObject;
 use crate::config::store::RejectedConfig;
-use crate::config::validate::{FieldError, FieldPath, Segment, Warning, validate};
+use crate::config::validate::{FieldError, FieldPath, Segment, Warning};
+use crate::config::validation::validate;
 /// How serious a [`Diagnostic`] is.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
 pub enum Severity {

@@ -21,7 +21,8 @@ use tokio::sync::watch;
 use crate::config::ignored::IgnoredConfig;
 use crate::config::kinds::Feeds;
 use crate::config::model::{ConfigObject, Kind, ObjectId};
-use crate::config::validate::{FieldError, Warning, validate};
+use crate::config::validate::{FieldError, Warning};
+use crate::config::validation::validate;
 use crate::events::{ConfigKey, UpdateSink};
 
 /// Read access to a config store. Reads are synchronous and never wait for the

@@ -12,7 +12,7 @@ use super::common::{
     validate_percentage, validate_port,
 };
 use super::regex::validate_re2;
-use super::virtual_service::{
+use super::route_common::{
     validate_destination, validate_gateway_names, validate_route_destinations,
 };
 use super::{FieldPath, Findings};

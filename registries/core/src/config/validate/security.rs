@@ -909,7 +909,7 @@ mod tests {
 
     #[test]
     fn custom_policies_are_said_to_deny_when_their_provider_is_not_an_ext_authz_one() {
-        use crate::config::validate::not_enforced_in;
+        use crate::config::validation::not_enforced_in;
         let object = |provider: &str| {
             let yaml = format!(
                 "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\nmetadata: {{name: p, namespace: foo}}\nspec:\n  action: CUSTOM\n  provider: {{name: {provider}}}\n  rules: [{{to: [{{operation: {{paths: [/a]}}}}]}}]\n"

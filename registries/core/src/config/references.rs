@@ -24,9 +24,9 @@ use meshfed_api::networking::v1alpha3::server_tls_settings::TlSmode;
 use meshfed_api::networking::v1alpha3::{Gateway, Server, Sidecar, VirtualService};
 use meshfed_api::security::v1beta1::PeerAuthentication;
 
-use super::common::hosts_match;
 use crate::config::model::{ConfigObject, Spec};
 use crate::config::source::{Diagnostic, Severity};
+use crate::config::validate::common::hosts_match;
 use crate::model::Protocol;
 
 /// Warnings about how the objects fit together; `file_of` gives each object's file.
