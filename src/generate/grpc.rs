@@ -359,9 +359,6 @@ impl CacheInput<Snapshot> for GrpcRouteInput {
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Grpc)
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
 
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let name = &*self.name;

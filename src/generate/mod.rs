@@ -336,9 +336,6 @@ impl CacheInput<Snapshot> for ListenerSetKey {
     fn class(&self) -> Option<ProxyClass> {
         Some(self.0.class())
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
     fn generate(&self, snapshot: &Snapshot) -> Option<Arc<ListenerSet>> {
         let (listeners, findings) = self.0.generate(snapshot);
         Some(Arc::new(ListenerSet {
@@ -367,9 +364,6 @@ impl CacheInput<Snapshot> for ListenerKey {
     type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
         Some(self.input.class())
-    }
-    fn service(&self) -> Option<&str> {
-        None
     }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let set = snapshot.cached(ListenerSetKey(self.input.clone()))?;
@@ -550,9 +544,6 @@ impl CacheInput<Snapshot> for RouteInput {
             ProxyClass::Sidecar
         })
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
 
     /// The route table, from the input and the snapshot alone; `None` when the proxy
     /// has no table of that name. A router's tables read its merged Gateways through
@@ -588,9 +579,6 @@ impl CacheInput<Snapshot> for MergedGatewayKey {
     type Output = Arc<merged_gateway::MergedGateway>;
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Router)
-    }
-    fn service(&self) -> Option<&str> {
-        None
     }
     fn generate(&self, snapshot: &Snapshot) -> Option<Arc<merged_gateway::MergedGateway>> {
         Some(Arc::new(merged_gateway::MergedGateway::build(

@@ -67,9 +67,6 @@ impl CacheInput<Snapshot> for NdsInput {
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         Some(EncodedResource::encode(
             TypeUrl::NameTable,

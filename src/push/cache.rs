@@ -54,8 +54,10 @@ pub trait CacheInput<Cx: ?Sized>: Hash + Eq + Debug + Send + Sync + 'static {
     fn class(&self) -> Option<ProxyClass>;
 
     /// The service (hostname) the resource is derived from, when it is derived from
-    /// exactly one; a push that changes other services keeps it.
-    fn service(&self) -> Option<&str>;
+    /// exactly one; a push that changes other services keeps it. None by default.
+    fn service(&self) -> Option<&str> {
+        None
+    }
 
     /// The value, from this input and the context alone; `None` means "no such
     /// resource" (not cached).
@@ -369,9 +371,6 @@ mod tests {
         type Output = Resource;
         fn class(&self) -> Option<ProxyClass> {
             Some(ProxyClass::Sidecar)
-        }
-        fn service(&self) -> Option<&str> {
-            None
         }
         fn generate(&self, _: &Generated) -> Option<Resource> {
             Some(res("l"))

@@ -773,9 +773,6 @@ mod tests {
             fn class(&self) -> Option<ProxyClass> {
                 Some(ProxyClass::Sidecar)
             }
-            fn service(&self) -> Option<&str> {
-                None
-            }
             fn generate(&self, _: &Snapshot) -> Option<Self::Output> {
                 let mut found = crate::push::cache::Findings::default();
                 found

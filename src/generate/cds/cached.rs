@@ -253,9 +253,6 @@ impl CacheInput<Snapshot> for SidecarIngressClusterInput {
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let (ns, name) = &self.sidecar;
         let sidecar = snapshot.config().sidecar_by_name(ns, name)?;
@@ -396,9 +393,6 @@ impl CacheInput<Snapshot> for InboundPassthroughInput {
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Sidecar)
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
@@ -419,9 +413,6 @@ impl CacheInput<Snapshot> for SpecialClusterInput {
     const TYPE: TypeUrl = TypeUrl::Cluster;
     type Output = Resource;
     fn class(&self) -> Option<ProxyClass> {
-        None
-    }
-    fn service(&self) -> Option<&str> {
         None
     }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {

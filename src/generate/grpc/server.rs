@@ -155,9 +155,6 @@ impl CacheInput<Snapshot> for GrpcServerInput {
     fn class(&self) -> Option<ProxyClass> {
         Some(ProxyClass::Grpc)
     }
-    fn service(&self) -> Option<&str> {
-        None
-    }
     fn generate(&self, snapshot: &Snapshot) -> Option<Resource> {
         let filters = rbac_filters(snapshot, &self.namespace, &self.labels);
         let listener = listener(&self.name, &self.host, self.port, self.mode, filters);
