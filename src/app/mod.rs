@@ -556,9 +556,6 @@ impl Wiring {
         }
         self.core.aggregate.register_metrics(registry);
         self.core.pipeline.register_metrics(registry);
-        registry.register_collector(Box::new(crate::push::snapshot::RejectedConfigsMetric(
-            self.core.pipeline.snapshot().clone(),
-        )));
         for started in &mut self.registries.started {
             if let Some(register) = started.metrics.take() {
                 register(registry);

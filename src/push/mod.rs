@@ -235,9 +235,10 @@ impl prometheus_client::collector::Collector for SnapshotMetrics {
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> std::fmt::Result {
         use prometheus_client::encoding::EncodeMetric;
-        let snapshot = self.0.load();
+        // One walk over the cache for every family.
+        let (conflicts, rejected) = self.0.load().findings();
         for (name, help) in snapshot::ConflictLog::GAUGES {
-            let count = snapshot.conflicts().count(name);
+            let count = conflicts.count(name);
             let metric = encoder.encode_descriptor(
                 name,
                 help,
@@ -245,6 +246,19 @@ impl prometheus_client::collector::Collector for SnapshotMetrics {
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
             prometheus_client::metrics::gauge::ConstGauge::new(count as i64).encode(metric)?;
+        }
+        // `pilot_total_rejected_configs{type,name}`: the configs parts of which the
+        // current snapshot's generated resources leave out.
+        let mut family = encoder.encode_descriptor(
+            "pilot_total_rejected_configs",
+            "Total number of configs that Pilot had to reject or ignore (type gateway: Gateway servers dropped by the merge of a gateway's Gateways)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for ((kind, name), count) in rejected {
+            let labels = [("type", kind), ("name", name.as_str())];
+            prometheus_client::metrics::gauge::ConstGauge::new(count as i64)
+                .encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }

@@ -277,32 +277,6 @@ impl ConflictLog {
     }
 }
 
-/// `pilot_total_rejected_configs{type,name}`: the configs parts of which the current
-/// snapshot's generated resources leave out (see [`Snapshot::rejected_configs`]).
-#[derive(Debug)]
-pub struct RejectedConfigsMetric(pub Arc<arc_swap::ArcSwap<Snapshot>>);
-
-impl prometheus_client::collector::Collector for RejectedConfigsMetric {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> std::fmt::Result {
-        use prometheus_client::encoding::EncodeMetric;
-        let mut family = encoder.encode_descriptor(
-            "pilot_total_rejected_configs",
-            "Total number of configs that Pilot had to reject or ignore (type gateway: Gateway servers dropped by the merge of a gateway's Gateways)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for ((kind, name), count) in self.0.load().rejected_configs() {
-            let labels = [("type", kind), ("name", name.as_str())];
-            prometheus_client::metrics::gauge::ConstGauge::new(count as i64)
-                .encode(family.encode_family(&labels)?)?;
-        }
-        Ok(())
-    }
-}
-
 impl Snapshot {
     /// Push version, `"<RFC3339 time>/<counter>"`.
     pub fn version(&self) -> &Arc<str> {
@@ -434,6 +408,13 @@ impl Snapshot {
     /// summed over the distinct proxies' inputs that met them.
     pub fn rejected_configs(&self) -> BTreeMap<(&'static str, String), u64> {
         self.cache.findings().rejected
+    }
+
+    /// [`Snapshot::conflicts`] and [`Snapshot::rejected_configs`] from one walk over
+    /// the cache (what a metrics scrape reads).
+    pub fn findings(&self) -> (ConflictLog, BTreeMap<(&'static str, String), u64>) {
+        let found = self.cache.findings();
+        (ConflictLog(found.conflicts), found.rejected)
     }
 
     /// Upstream connect timeout (meshConfig `connectTimeout`).
