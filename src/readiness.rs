@@ -4,6 +4,11 @@
 //! stays ready. A remote cluster added, replaced, failing or removed later never makes
 //! `/ready` fail nor refuses an ADS stream: its state shows in `/debug/clusterz` and in
 //! `istiod_remote_cluster_sync_status`.
+//!
+//! Like istiod, which is ready only once its initial push context is built, the server
+//! turns ready only after a snapshot built from the synced sources is in place
+//! ([`Readiness::with_first_snapshot`]): a proxy that connects at the first moment
+//! `/ready` answers 200 gets every service the registries held when they synced.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -33,7 +38,13 @@ pub struct Readiness {
     others: Vec<(String, Arc<AtomicBool>)>,
     /// Fires when the server starts draining: not ready from then on.
     draining: Option<crate::drain::Shutdown>,
+    /// Set once a snapshot built after everything else synced is in place.
+    first_snapshot: Option<Arc<AtomicBool>>,
 }
+
+/// What readiness says while the sources have synced but the snapshot built from them
+/// is not in place yet.
+pub const FIRST_SNAPSHOT: &str = "the first snapshot of the synced registries and config";
 
 impl Readiness {
     /// Readiness of a server that starts now, waiting for `aggregate`'s registries,
@@ -55,6 +66,7 @@ impl Readiness {
             ready: AtomicBool::new(false),
             others: Vec::new(),
             draining: None,
+            first_snapshot: None,
         }
     }
 
@@ -70,6 +82,19 @@ impl Readiness {
         self
     }
 
+    /// Also waits, once everything else has synced, until `built` is set: by whoever
+    /// builds a snapshot after [`Readiness::sources_synced`] turned true.
+    pub fn with_first_snapshot(mut self, built: Arc<AtomicBool>) -> Self {
+        self.first_snapshot = Some(built);
+        self
+    }
+
+    /// Whether every source has synced (the first snapshot aside): the moment to build
+    /// the snapshot that makes the server ready.
+    pub fn sources_synced(&self) -> bool {
+        self.ready.load(Ordering::Acquire) || self.pending_sources().is_empty()
+    }
+
     /// True once the server is ready; never false again after that.
     pub fn is_ready(&self) -> bool {
         self.pending().is_empty()
@@ -83,6 +108,24 @@ impl Readiness {
         if self.ready.load(Ordering::Acquire) {
             return Vec::new();
         }
+        let mut pending = self.pending_sources();
+        if pending.is_empty()
+            && let Some(built) = &self.first_snapshot
+            && !built.load(Ordering::Acquire)
+        {
+            pending.push(FIRST_SNAPSHOT.to_string());
+        }
+        if pending.is_empty() && !self.ready.swap(true, Ordering::AcqRel) {
+            info!(
+                after = ?self.started.elapsed(),
+                "ready: local registries and config synced; from now on /ready stays 200 and remote clusters sync in the background"
+            );
+        }
+        pending
+    }
+
+    /// What the sources still wait for.
+    fn pending_sources(&self) -> Vec<String> {
         let waiting_for_remotes = self.started.elapsed() < self.remote_timeout;
         let mut pending = Vec::new();
         // Clusters named by remote-cluster Secrets; their registries are judged by the
@@ -110,12 +153,6 @@ impl Readiness {
             if !synced.load(Ordering::Acquire) {
                 pending.push(what.clone());
             }
-        }
-        if pending.is_empty() && !self.ready.swap(true, Ordering::AcqRel) {
-            info!(
-                after = ?self.started.elapsed(),
-                "ready: local registries and config synced; from now on /ready stays 200 and remote clusters sync in the background"
-            );
         }
         pending
     }

@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
 use meshfed_registry::{ConfigKey, ConfigKind, PushRequest, TriggerReason};
 use serde::Serialize;
 use tokio::sync::Notify;
@@ -66,17 +67,25 @@ pub struct ConnectionHandle {
     /// The TCP connection under the stream (absent for streams not served through
     /// [`transport::Acceptor`]).
     pub transport: Option<Arc<transport::ConnControl>>,
-    /// Protocol state; locked briefly by the stream task and by debug readers.
+    /// Protocol state; written only by the connection's own stream task, which never
+    /// holds the lock while generating; read briefly by debug pages.
     pub state: Mutex<ConnectionState>,
+    /// What the connection watches, published by its stream task after each request
+    /// changed it: the push fan-out reads it without taking `state`.
+    subscriptions: ArcSwap<Subscriptions>,
     pending: Mutex<Option<Pending>>,
     wake: Notify,
 }
 
+/// What a connection watches of each type, in [`TypeUrl::ALL`] order.
+pub type Subscriptions = [Watched; TypeUrl::ALL.len()];
+
 /// A push queued on a connection and not yet taken.
 #[derive(Clone, Debug)]
 pub struct Pending {
-    /// What changed.
-    pub request: PushRequest,
+    /// What changed: one request shared by every connection it wakes (copied only
+    /// when two pushes merge on a connection that has not taken the first).
+    pub request: Arc<PushRequest>,
     /// For an incremental push found through the watch index: the EDS names of the
     /// changed services this connection watches (shared by the connections holding the
     /// same subscription). `None`: whatever the request touches.
@@ -85,7 +94,7 @@ pub struct Pending {
 
 impl Pending {
     fn merge(&mut self, other: Pending) {
-        self.request.merge(other.request);
+        Arc::make_mut(&mut self.request).merge(Arc::unwrap_or_clone(other.request));
         self.eds_names = match (self.eds_names.take(), other.eds_names) {
             (Some(a), Some(b)) => {
                 let mut union = (*a).clone();
@@ -109,16 +118,22 @@ impl ConnectionHandle {
         self.wake.notify_one();
     }
 
-    /// What this connection watches of each type (for the watch index).
-    pub fn watched(&self) -> [Watched; TypeUrl::ALL.len()] {
-        let state = self.state.lock().expect("state poisoned");
-        TypeUrl::ALL.map(|t| match state.watch(t) {
+    /// What this connection watches of each type, as last published.
+    pub fn watched(&self) -> Arc<Subscriptions> {
+        self.subscriptions.load_full()
+    }
+
+    /// Publishes what `state` watches (the stream task, after a request changed it).
+    fn publish(&self, state: &ConnectionState) -> Arc<Subscriptions> {
+        let now = Arc::new(TypeUrl::ALL.map(|t| match state.watch(t) {
             Some(w) => Watched {
                 names: Some(w.names.clone()),
                 wildcard: w.wildcard,
             },
             None => Watched::default(),
-        })
+        }));
+        self.subscriptions.store(now.clone());
+        now
     }
 
     /// Takes the merged pending push, if any.
@@ -161,6 +176,7 @@ impl Connections {
             connected_at: SystemTime::now(),
             transport,
             state: Mutex::default(),
+            subscriptions: ArcSwap::from_pointee(Default::default()),
             pending: Mutex::default(),
             wake: Notify::new(),
         });
@@ -192,16 +208,25 @@ impl Connections {
             .remove(&handle.n);
     }
 
-    /// Records a connection's subscriptions after a request changed them.
-    pub fn watches_changed(
+    /// Applies a request to a connection's protocol state (`apply`, under its lock)
+    /// and records what it then watches: published on the handle for the fan-out, and
+    /// in the watch index before any answer is generated, so a push that comes after
+    /// the snapshot the answer reads finds the connection.
+    pub fn apply_request<T>(
         &self,
         handle: &ConnectionHandle,
-        before: &[Watched; TypeUrl::ALL.len()],
-    ) {
-        let after = handle.watched();
+        apply: impl FnOnce(&mut ConnectionState) -> T,
+    ) -> T {
+        let before = handle.watched();
+        let (result, after) = {
+            let mut state = handle.state.lock().expect("state poisoned");
+            let result = apply(&mut state);
+            (result, handle.publish(&state))
+        };
         for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
             self.watches.update(handle.n, t, &before[i], &after[i]);
         }
+        result
     }
 
     /// The watch index, for debug output.
@@ -232,7 +257,7 @@ impl Connections {
 
 impl PushTargets for Connections {
     fn enqueue(&self, scope: &PushScope<'_>, moved: &HashSet<IpAddr>) -> Queued {
-        let request = scope.request();
+        let request = Arc::new(scope.request().clone());
         let mut queued: Vec<&str> = Vec::new();
         let mut count = 0;
         if scope.is_incremental() {
@@ -280,7 +305,7 @@ impl PushTargets for Connections {
                     let mut own = PushRequest::full(TriggerReason::Proxy, [key]);
                     own.start = request.start;
                     c.enqueue(Pending {
-                        request: own,
+                        request: Arc::new(own),
                         eds_names: None,
                     });
                     if !woken.iter().any(|w| w.n == c.n) {
@@ -302,14 +327,13 @@ impl PushTargets for Connections {
             if !scope.affects_proxy(c.class, c.proxy.namespace.as_str(), &c.proxy.labels) {
                 continue;
             }
-            let touched = {
-                let state = c.state.lock().expect("state poisoned");
-                state.watches.iter().any(|(t, watch)| {
-                    scope.touch(c.class, *t) != crate::xds::deps::Touch::Nothing
-                        && (*t != TypeUrl::Secret
-                            || crate::sds::Sds::wants(scope, &c.proxy, &watch.names))
+            let watched = c.watched();
+            let touched = TypeUrl::ALL.into_iter().zip(watched.iter()).any(|(t, w)| {
+                w.names.as_ref().is_some_and(|names| {
+                    scope.touch(c.class, t) != crate::xds::deps::Touch::Nothing
+                        && (t != TypeUrl::Secret || crate::sds::Sds::wants(scope, &c.proxy, names))
                 })
-            };
+            });
             if touched {
                 c.enqueue(Pending {
                     request: request.clone(),

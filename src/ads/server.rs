@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use meshfed_registry::PushRequest;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
 use tonic::Status;
@@ -501,9 +502,9 @@ async fn process_request<F: FlavourIo>(
 ) -> Result<(), Closed> {
     // The watch index learns a new subscription before the answer is generated: a
     // push that comes after the snapshot this answer reads then finds the connection.
-    let before = handle.watched();
-    let action = F::apply(&mut handle.state.lock().expect("state poisoned"), &request);
-    ctx.connections.watches_changed(handle, &before);
+    let action = ctx
+        .connections
+        .apply_request(handle, |state| F::apply(state, &request));
     match action {
         Action::Respond(type_url) => {
             if type_url == TypeUrl::Secret {
@@ -560,7 +561,7 @@ async fn push<F: FlavourIo>(
     tx: &Tx<F>,
     pending: Pending,
 ) -> Result<(), Closed> {
-    let request = &pending.request;
+    let request: &PushRequest = &pending.request;
     let push_scope = PushScope::new(request);
     // SDS may have to ask the API server (a SubjectAccessReview): done before taking a
     // push slot, so a slow API server holds back no other connection.
@@ -572,14 +573,12 @@ async fn push<F: FlavourIo>(
     ctx.metrics
         .queue_time
         .observe(queued.elapsed().as_secs_f64());
-    let watched: Vec<TypeUrl> = handle
-        .state
-        .lock()
-        .expect("state poisoned")
-        .watches
-        .keys()
-        .copied()
-        .collect();
+    let watched = handle.watched();
+    let watched = TypeUrl::ALL
+        .into_iter()
+        .zip(watched.iter())
+        .filter(|(_, w)| w.names.is_some())
+        .map(|(t, _)| t);
     let why = if request.forced {
         Why::ForcedPush
     } else {
@@ -617,14 +616,8 @@ async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
     let Some(sds) = &ctx.sds else {
         return;
     };
-    let names = match handle
-        .state
-        .lock()
-        .expect("state poisoned")
-        .watch(TypeUrl::Secret)
-    {
-        Some(watch) => watch.names.clone(),
-        None => return,
+    let Some(names) = handle.watched()[TypeUrl::Secret.index()].names.clone() else {
+        return;
     };
     let snapshot = ctx.snapshot.load_full();
     sds.prepare(&handle.id, &snapshot, &handle.proxy, &names)
@@ -652,40 +645,39 @@ fn build<F: FlavourIo>(
 ) -> Option<Built<F::Resp>> {
     let started = Instant::now();
     let snapshot = ctx.snapshot.load_full();
-    let response = {
-        let mut state = handle.state.lock().expect("state poisoned");
-        let watch = state.watch(type_url)?;
-        let subscription = Subscription {
-            wildcard: watch.wildcard,
-            names: &watch.names,
-        };
-        let resources = match (&ctx.sds, type_url) {
-            (Some(sds), TypeUrl::Secret) => {
-                sds.generate(&handle.id, &snapshot, &handle.proxy, &watch.names)
-            }
-            _ => generate(
-                type_url,
-                &snapshot,
-                &handle.proxy,
-                subscription,
-                scope,
-                &ctx.options,
-            ),
-        };
-        if resources.is_empty() && type_url.silent_when_empty() {
-            return None;
-        }
-        let partial = !matches!(scope, Scope::All);
-        F::respond(
-            &mut state,
-            &handle.id,
-            type_url,
-            snapshot.version(),
-            resources,
-            partial,
-            why,
-        )
+    // What the proxy watches, as the stream task itself last published it: the
+    // state's lock is not held while generating, only while the response is formed.
+    let watched = handle.watched();
+    let watch = &watched[type_url.index()];
+    let names = watch.names.as_ref()?;
+    let subscription = Subscription {
+        wildcard: watch.wildcard,
+        names,
     };
+    let resources = match (&ctx.sds, type_url) {
+        (Some(sds), TypeUrl::Secret) => sds.generate(&handle.id, &snapshot, &handle.proxy, names),
+        _ => generate(
+            type_url,
+            &snapshot,
+            &handle.proxy,
+            subscription,
+            scope,
+            &ctx.options,
+        ),
+    };
+    if resources.is_empty() && type_url.silent_when_empty() {
+        return None;
+    }
+    let partial = !matches!(scope, Scope::All);
+    let response = F::respond(
+        &mut handle.state.lock().expect("state poisoned"),
+        &handle.id,
+        type_url,
+        snapshot.version(),
+        resources,
+        partial,
+        why,
+    );
     match response {
         Reply::Send(response) => Some(Built {
             type_url,

@@ -283,6 +283,10 @@ pub struct Pipeline {
     mesh: Arc<ArcSwap<MeshSettings>>,
     config: ConfigSourceFn,
     counter: AtomicU64,
+    /// Held while a snapshot is built and swapped in: builds started from two tasks
+    /// (the debounced events, the snapshot readiness waits for) never interleave, so
+    /// a newer snapshot is never replaced by an older one.
+    building: Mutex<()>,
     history: Mutex<VecDeque<PushRecord>>,
     /// Registry events fully applied (pushed or, for sync events, noted).
     applied: tokio::sync::watch::Sender<u64>,
@@ -320,6 +324,7 @@ impl Pipeline {
             mesh,
             config,
             counter: AtomicU64::new(0),
+            building: Mutex::default(),
             history: Mutex::default(),
             applied: tokio::sync::watch::Sender::new(0),
         }
@@ -358,6 +363,7 @@ impl Pipeline {
     /// Builds a new snapshot for `request`, swaps it in and queues the push on every
     /// connection.
     pub fn apply(&self, mut request: PushRequest, merged_events: u32) {
+        let _building = self.building.lock().expect("pipeline poisoned");
         let started = Instant::now();
         let n = self.counter.fetch_add(1, Ordering::Relaxed) + 1;
         let previous = self.snapshot.load_full();

@@ -26,9 +26,9 @@ use crate::push::config_index::{Config, ConfigIndex, MESH_GATEWAY};
 use crate::xds::deps::PushScope;
 use meshfed_api::networking::v1alpha3::VirtualService;
 
-/// The endpoint shards of every service, as a snapshot holds them: looked up for every
-/// cluster of every proxy push, so hashed with foldhash rather than SipHash.
-pub type EndpointMap = HashMap<ServiceKey, Arc<EndpointShards>, foldhash::fast::RandomState>;
+/// The endpoint shards of every service, as a snapshot holds them (shared with the
+/// endpoint index until its next write).
+pub use meshfed_registry::endpoints::EndpointMap;
 
 /// Services after the aggregate's merge, indexed by hostname.
 #[derive(Debug, Default)]
@@ -382,7 +382,7 @@ impl Snapshot {
         Snapshot {
             version: Arc::from(format_version(now, counter)),
             services,
-            endpoints: Arc::new(endpoints.snapshot().into_iter().collect()),
+            endpoints: endpoints.snapshot(),
             gateways,
             mesh,
             config,

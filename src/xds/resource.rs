@@ -44,6 +44,11 @@ impl TypeUrl {
         TypeUrl::NameTable,
     ];
 
+    /// The type's position in [`TypeUrl::ALL`] (arrays indexed by type).
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+
     /// The v3 type URL.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -147,5 +152,17 @@ impl EncodedResource {
             Arc::try_unwrap(Self::encode(type_url, name, message)).expect("fresh resource");
         resource.placeholder = true;
         Arc::new(resource)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TypeUrl;
+
+    #[test]
+    fn index_is_the_position_in_all() {
+        for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
+            assert_eq!(t.index(), i, "{t:?}");
+        }
     }
 }

@@ -61,17 +61,29 @@ pub enum EndpointPush {
     Full,
 }
 
-/// The shared endpoint index. Writers hold the lock only to swap one entry; readers take
-/// a cheap copy of the entry map (a map of `Arc`s) when a snapshot is built.
+/// Every service's endpoint shards: the index's content, and what a snapshot holds.
+/// Looked up for every cluster of every proxy push, so hashed with foldhash rather
+/// than SipHash.
+pub type EndpointMap = HashMap<ServiceKey, Arc<EndpointShards>, foldhash::fast::RandomState>;
+
+/// The shared endpoint index. Its content is one copy-on-write map: a snapshot takes
+/// the map itself (an `Arc`, no copy), and the first write after that copies the map
+/// of `Arc`s once (never the endpoints), so a snapshot shares every unchanged shard
+/// with its predecessor. Writers hold the lock only while swapping entries; a write
+/// that changes nothing copies nothing.
 #[derive(Debug, Default)]
 pub struct EndpointIndex {
-    entries: Mutex<HashMap<ServiceKey, Arc<EndpointShards>>>,
+    entries: Mutex<Arc<EndpointMap>>,
 }
 
 impl EndpointIndex {
     /// An empty index.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Arc<EndpointMap>> {
+        self.entries.lock().expect("endpoint index poisoned")
     }
 
     /// Replaces `shard`'s endpoints for `key` and says what push that needs.
@@ -81,40 +93,40 @@ impl EndpointIndex {
         key: &ServiceKey,
         endpoints: Vec<Endpoint>,
     ) -> EndpointPush {
-        let mut entries = self.entries.lock().expect("endpoint index poisoned");
-        let created = !entries.contains_key(key);
-        let current = entries.entry(key.clone()).or_default();
-        if endpoints.is_empty() {
-            if !current.shards.contains_key(shard) {
-                return if created {
-                    EndpointPush::Full
-                } else {
-                    EndpointPush::None
-                };
+        let mut entries = self.lock();
+        let existing = entries.get(key).cloned();
+        let created = existing.is_none();
+        let current = existing.unwrap_or_default();
+        let unchanged = if endpoints.is_empty() {
+            !current.shards.contains_key(shard)
+        } else {
+            current
+                .shards
+                .get(shard)
+                .is_some_and(|old| **old == *endpoints)
+        };
+        if unchanged {
+            if created {
+                // The key is kept even with no endpoints (see the module docs).
+                Arc::make_mut(&mut entries).insert(key.clone(), current);
+                return EndpointPush::Full;
             }
-            let mut next = (**current).clone();
+            return EndpointPush::None;
+        }
+        let mut next = (*current).clone();
+        if endpoints.is_empty() {
+            // Dropping a shard keeps the key: flapping to zero and back stays
+            // incremental.
             next.shards.remove(shard);
             next.recompute_service_accounts();
-            *current = Arc::new(next);
+            Arc::make_mut(&mut entries).insert(key.clone(), Arc::new(next));
             return EndpointPush::Incremental;
         }
-        if current
-            .shards
-            .get(shard)
-            .is_some_and(|old| **old == *endpoints)
-        {
-            return if created {
-                EndpointPush::Full
-            } else {
-                EndpointPush::None
-            };
-        }
-        let mut next = (**current).clone();
         let old_accounts = std::mem::take(&mut next.service_accounts);
         next.shards.insert(shard.clone(), Arc::from(endpoints));
         next.recompute_service_accounts();
         let accounts_changed = old_accounts != next.service_accounts;
-        *current = Arc::new(next);
+        Arc::make_mut(&mut entries).insert(key.clone(), Arc::new(next));
         if created || accounts_changed {
             EndpointPush::Full
         } else {
@@ -125,66 +137,66 @@ impl EndpointIndex {
     /// Drops `shard`'s endpoints for `key` (the registry deleted the service). The key
     /// itself goes when no shard is left.
     pub fn delete_service_shard(&self, shard: &ShardKey, key: &ServiceKey) {
-        let mut entries = self.entries.lock().expect("endpoint index poisoned");
-        let Some(current) = entries.get_mut(key) else {
+        let mut entries = self.lock();
+        let Some(current) = entries.get(key) else {
             return;
         };
         if current.shards.contains_key(shard) {
             let mut next = (**current).clone();
             next.shards.remove(shard);
             next.recompute_service_accounts();
-            *current = Arc::new(next);
-        }
-        if current.shards.is_empty() {
-            entries.remove(key);
+            let map = Arc::make_mut(&mut entries);
+            if next.shards.is_empty() {
+                map.remove(key);
+            } else {
+                map.insert(key.clone(), Arc::new(next));
+            }
+        } else if current.shards.is_empty() {
+            Arc::make_mut(&mut entries).remove(key);
         }
     }
 
     /// Drops a whole registry's shard from every service (the registry was removed).
     /// Returns the keys that lost endpoints.
     pub fn remove_shard(&self, shard: &ShardKey) -> Vec<ServiceKey> {
-        let mut entries = self.entries.lock().expect("endpoint index poisoned");
-        let mut touched = Vec::new();
-        entries.retain(|key, current| {
-            if current.shards.contains_key(shard) {
-                let mut next = (**current).clone();
-                next.shards.remove(shard);
-                next.recompute_service_accounts();
-                touched.push(key.clone());
-                if next.shards.is_empty() {
-                    return false;
-                }
-                *current = Arc::new(next);
+        let mut entries = self.lock();
+        let mut touched: Vec<ServiceKey> = entries
+            .iter()
+            .filter(|(_, current)| current.shards.contains_key(shard))
+            .map(|(key, _)| key.clone())
+            .collect();
+        if touched.is_empty() {
+            return touched;
+        }
+        let map = Arc::make_mut(&mut entries);
+        for key in &touched {
+            let mut next = (*map[key]).clone();
+            next.shards.remove(shard);
+            next.recompute_service_accounts();
+            if next.shards.is_empty() {
+                map.remove(key);
+            } else {
+                map.insert(key.clone(), Arc::new(next));
             }
-            true
-        });
+        }
         touched.sort();
         touched
     }
 
     /// The shards of one service.
     pub fn get(&self, key: &ServiceKey) -> Option<Arc<EndpointShards>> {
-        self.entries
-            .lock()
-            .expect("endpoint index poisoned")
-            .get(key)
-            .cloned()
+        self.lock().get(key).cloned()
     }
 
     /// Whether the index has an entry (possibly with no endpoints) for `key`.
     pub fn contains(&self, key: &ServiceKey) -> bool {
-        self.entries
-            .lock()
-            .expect("endpoint index poisoned")
-            .contains_key(key)
+        self.lock().contains_key(key)
     }
 
-    /// A point-in-time copy of the whole index for a snapshot.
-    pub fn snapshot(&self) -> HashMap<ServiceKey, Arc<EndpointShards>> {
-        self.entries
-            .lock()
-            .expect("endpoint index poisoned")
-            .clone()
+    /// The whole index as it is now, for a snapshot: shared, not copied; later writes
+    /// do not show in it.
+    pub fn snapshot(&self) -> Arc<EndpointMap> {
+        self.lock().clone()
     }
 }
 
@@ -265,6 +277,30 @@ mod tests {
         assert_eq!(left.shards.keys().collect::<Vec<_>>(), vec![&c1]);
         assert_eq!(index.remove_shard(&c1), vec![key()]);
         assert!(!index.contains(&key()));
+    }
+
+    #[test]
+    fn a_snapshot_shares_the_map_and_a_write_copies_only_pointers() {
+        let index = EndpointIndex::new();
+        let shard = ShardKey::new(ProviderId::Mock, "c1");
+        let other = ServiceKey::new("b.ns.svc.cluster.local", "ns");
+        index.update(&shard, &key(), vec![ep("10.0.0.1")]);
+        index.update(&shard, &other, vec![ep("10.0.0.9")]);
+        let first = index.snapshot();
+        // No write in between: the same map, not a copy.
+        assert!(Arc::ptr_eq(&first, &index.snapshot()));
+        // A write that changes nothing copies nothing.
+        assert_eq!(
+            index.update(&shard, &key(), vec![ep("10.0.0.1")]),
+            EndpointPush::None
+        );
+        assert!(Arc::ptr_eq(&first, &index.snapshot()));
+        // A change: a new map whose untouched entries are the very same shards.
+        index.update(&shard, &key(), vec![ep("10.0.0.2")]);
+        let second = index.snapshot();
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert!(Arc::ptr_eq(&first[&other], &second[&other]));
+        assert!(!Arc::ptr_eq(&first[&key()], &second[&key()]));
     }
 
     #[test]

@@ -255,11 +255,11 @@ impl ClusterTask {
             .sink
             .endpoint_index()
             .snapshot()
-            .into_iter()
+            .iter()
             .filter(|(key, shards)| {
                 shards.shards.contains_key(&shard) && registry.service(key).is_none()
             })
-            .map(|(key, _)| key)
+            .map(|(key, _)| key.clone())
             .collect();
         stale.sort();
         for key in stale {
