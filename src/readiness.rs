@@ -38,13 +38,24 @@ pub struct Readiness {
     others: Vec<(String, Arc<AtomicBool>)>,
     /// Fires when the server starts draining: not ready from then on.
     draining: Option<crate::drain::Shutdown>,
-    /// Set once a snapshot built after everything else synced is in place.
-    first_snapshot: Option<Arc<AtomicBool>>,
+    /// Builds the snapshot of the synced sources, once: by the first check that finds
+    /// everything else synced (checks made meanwhile wait for it).
+    first_snapshot: Option<FirstSnapshot>,
 }
 
-/// What readiness says while the sources have synced but the snapshot built from them
-/// is not in place yet.
-pub const FIRST_SNAPSHOT: &str = "the first snapshot of the synced registries and config";
+/// The build of the snapshot readiness waits for, and whether it is done.
+struct FirstSnapshot {
+    build: Box<dyn Fn() + Send + Sync>,
+    built: std::sync::OnceLock<()>,
+}
+
+impl std::fmt::Debug for FirstSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FirstSnapshot")
+            .field("built", &self.built.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
 
 impl Readiness {
     /// Readiness of a server that starts now, waiting for `aggregate`'s registries,
@@ -82,17 +93,15 @@ impl Readiness {
         self
     }
 
-    /// Also waits, once everything else has synced, until `built` is set: by whoever
-    /// builds a snapshot after [`Readiness::sources_synced`] turned true.
-    pub fn with_first_snapshot(mut self, built: Arc<AtomicBool>) -> Self {
-        self.first_snapshot = Some(built);
+    /// Once everything else has synced, runs `build` (which builds a snapshot from the
+    /// sources and swaps it in) before turning ready. The first check that finds the
+    /// sources synced runs it; checks made meanwhile wait for it.
+    pub fn with_first_snapshot(mut self, build: impl Fn() + Send + Sync + 'static) -> Self {
+        self.first_snapshot = Some(FirstSnapshot {
+            build: Box::new(build),
+            built: std::sync::OnceLock::new(),
+        });
         self
-    }
-
-    /// Whether every source has synced (the first snapshot aside): the moment to build
-    /// the snapshot that makes the server ready.
-    pub fn sources_synced(&self) -> bool {
-        self.ready.load(Ordering::Acquire) || self.pending_sources().is_empty()
     }
 
     /// True once the server is ready; never false again after that.
@@ -108,12 +117,11 @@ impl Readiness {
         if self.ready.load(Ordering::Acquire) {
             return Vec::new();
         }
-        let mut pending = self.pending_sources();
+        let pending = self.pending_sources();
         if pending.is_empty()
-            && let Some(built) = &self.first_snapshot
-            && !built.load(Ordering::Acquire)
+            && let Some(first) = &self.first_snapshot
         {
-            pending.push(FIRST_SNAPSHOT.to_string());
+            first.built.get_or_init(|| (first.build)());
         }
         if pending.is_empty() && !self.ready.swap(true, Ordering::AcqRel) {
             info!(

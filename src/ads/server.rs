@@ -510,8 +510,9 @@ async fn process_request<F: FlavourIo>(
             if type_url == TypeUrl::Secret {
                 prepare_secrets(ctx, handle).await;
             }
+            let room = reserve::<F>(ctx, handle, tx, type_url).await?;
             if let Some(response) = build::<F>(ctx, handle, type_url, Scope::All, Why::Answer) {
-                send::<F>(ctx, handle, tx, response, &mut None).await?;
+                hand_over::<F>(ctx, room, response);
             }
         }
         Action::Nack(type_url, error) => {
@@ -550,11 +551,11 @@ async fn process_request<F: FlavourIo>(
 }
 
 /// Sends one push to one connection: every watched type the request touches, in
-/// CDS, EDS, LDS, RDS order. The push slot is held while each type is generated and
-/// handed to the stream, so a peer that reads slowly slows generation down (which
-/// bounds the memory of responses waiting for the transport); but a peer whose queue
-/// stays full for [`SLOT_HOLD`] gives its slot back and waits alone, so peers that do
-/// not read cannot hold back the rest of the mesh.
+/// CDS, EDS, LDS, RDS order. Each type first waits for room in the peer's queue, and
+/// only then takes a push slot (`--pushThrottle`) to generate it: a slot bounds the
+/// pushes generating at once and is never held while waiting for a peer, so a peer that
+/// reads slowly delays only itself, and nothing is generated before its peer can take
+/// it (the memory of responses waiting for the transport stays bounded by the queue).
 async fn push<F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
@@ -568,11 +569,6 @@ async fn push<F: FlavourIo>(
     if push_scope.touch(handle.class, TypeUrl::Secret) != Touch::Nothing {
         prepare_secrets(ctx, handle).await;
     }
-    let queued = Instant::now();
-    let mut slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
-    ctx.metrics
-        .queue_time
-        .observe(queued.elapsed().as_secs_f64());
     let watched = handle.watched();
     let watched = TypeUrl::ALL
         .into_iter()
@@ -584,6 +580,8 @@ async fn push<F: FlavourIo>(
     } else {
         Why::Push
     };
+    // Istio's queue time: from the push being taken to its first slot.
+    let mut queued = Some(Instant::now());
     for type_url in watched {
         let scope = match (push_scope.touch(handle.class, type_url), type_url) {
             (Touch::Nothing, _) => continue,
@@ -595,15 +593,19 @@ async fn push<F: FlavourIo>(
             },
             _ => Scope::All,
         };
-        if slot.is_none() {
-            // Given back while this peer's queue was full: take one again.
-            slot = Some(ctx.push_slots.acquire().await.map_err(|_| Closed)?);
+        let room = reserve::<F>(ctx, handle, tx, type_url).await?;
+        let slot = ctx.push_slots.acquire().await.map_err(|_| Closed)?;
+        if let Some(queued) = queued.take() {
+            ctx.metrics
+                .queue_time
+                .observe(queued.elapsed().as_secs_f64());
         }
-        if let Some(response) = build::<F>(ctx, handle, type_url, scope, why) {
-            send::<F>(ctx, handle, tx, response, &mut slot).await?;
+        let built = build::<F>(ctx, handle, type_url, scope, why);
+        drop(slot);
+        if let Some(response) = built {
+            hand_over::<F>(ctx, room, response);
         }
     }
-    drop(slot);
     ctx.metrics
         .convergence
         .observe(request.start.elapsed().as_secs_f64());
@@ -623,10 +625,6 @@ async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
     sds.prepare(&handle.id, &snapshot, &handle.proxy, &names)
         .await;
 }
-
-/// How long a push waits, holding its slot, for room in a peer's queue before it
-/// gives the slot back.
-const SLOT_HOLD: Duration = Duration::from_millis(500);
 
 /// One generated response, waiting to be handed to the peer.
 struct Built<R> {
@@ -692,76 +690,58 @@ fn build<F: FlavourIo>(
     }
 }
 
-/// Hands one response to the peer's stream. When the peer's queue is full, `slot` (a
-/// push slot, if held) is kept for at most [`SLOT_HOLD`] and then given back. A peer
-/// that takes no response within the send timeout has its connection closed: it cannot
-/// be told, and keeping it would pin old config in its queue.
-async fn send<F: FlavourIo>(
+/// Room for one response in the peer's queue. A peer that makes none within the send
+/// timeout has its connection closed: it cannot be told, and keeping it would pin old
+/// config in its queue.
+async fn reserve<'a, F: FlavourIo>(
     ctx: &XdsContext,
     handle: &ConnectionHandle,
-    tx: &Tx<F>,
+    tx: &'a Tx<F>,
+    type_url: TypeUrl,
+) -> Result<mpsc::Permit<'a, Outbound<F::Resp>>, Closed> {
+    let reserved = match tx.try_reserve() {
+        Ok(permit) => Ok(permit),
+        Err(mpsc::error::TrySendError::Closed(())) => Err(()),
+        Err(mpsc::error::TrySendError::Full(())) => match ctx.send_timeout {
+            None => tx.reserve().await.map_err(|_| ()),
+            Some(limit) => match tokio::time::timeout(limit, tx.reserve()).await {
+                Ok(reserved) => reserved.map_err(|_| ()),
+                Err(_) => {
+                    ctx.metrics.send_timeouts.inc();
+                    ctx.metrics.record_send_error(type_url);
+                    warn!(
+                        connection = %clip(&handle.id, NODE_ID_LOG_MAX),
+                        r#type = type_url.short(),
+                        timeout = ?limit,
+                        "proxy is not reading its xDS stream: closing its connection (--xdsSendTimeout)"
+                    );
+                    if let Some(transport) = &handle.transport {
+                        transport.close();
+                    }
+                    return Err(Closed);
+                }
+            },
+        },
+    };
+    reserved.map_err(|()| {
+        ctx.metrics.record_send_error(type_url);
+        Closed
+    })
+}
+
+/// Hands one response to the peer's stream, in the room reserved for it.
+fn hand_over<F: FlavourIo>(
+    ctx: &XdsContext,
+    room: mpsc::Permit<'_, Outbound<F::Resp>>,
     built: Built<F::Resp>,
-    slot: &mut Option<tokio::sync::SemaphorePermit<'_>>,
-) -> Result<(), Closed> {
+) {
     let Built {
         type_url,
         response,
         started,
     } = built;
     let size = response.encoded_len();
-    let waiting = Instant::now();
-    let reserved = match tx.try_reserve() {
-        Ok(permit) => Ok(permit),
-        Err(mpsc::error::TrySendError::Closed(())) => Err(()),
-        Err(mpsc::error::TrySendError::Full(())) => {
-            let hold = match ctx.send_timeout {
-                Some(limit) => SLOT_HOLD.min(limit),
-                None => SLOT_HOLD,
-            };
-            let first = if slot.is_some() {
-                tokio::time::timeout(hold, tx.reserve()).await.ok()
-            } else {
-                None
-            };
-            match first {
-                Some(reserved) => reserved.map_err(|_| ()),
-                None => {
-                    // The peer is not keeping up: let another connection generate.
-                    *slot = None;
-                    let rest = tx.reserve();
-                    match ctx.send_timeout {
-                        None => rest.await.map_err(|_| ()),
-                        Some(limit) => {
-                            let left = limit.saturating_sub(waiting.elapsed());
-                            match tokio::time::timeout(left, rest).await {
-                                Ok(reserved) => reserved.map_err(|_| ()),
-                                Err(_) => {
-                                    ctx.metrics.send_timeouts.inc();
-                                    ctx.metrics.record_send_error(type_url);
-                                    warn!(
-                                        connection = %clip(&handle.id, NODE_ID_LOG_MAX),
-                                        r#type = type_url.short(),
-                                        timeout = ?limit,
-                                        "proxy is not reading its xDS stream: closing its connection (--xdsSendTimeout)"
-                                    );
-                                    if let Some(transport) = &handle.transport {
-                                        transport.close();
-                                    }
-                                    return Err(Closed);
-                                }
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    };
-    let Ok(permit) = reserved else {
-        ctx.metrics.record_send_error(type_url);
-        return Err(Closed);
-    };
-    permit.send(Outbound::Message(response));
+    room.send(Outbound::Message(response));
     ctx.metrics
         .record_push(type_url, size, started.elapsed().as_secs_f64());
-    Ok(())
 }

@@ -22,7 +22,6 @@ mod sources;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -499,30 +498,20 @@ impl Wiring {
         if let Some((name, synced)) = self.registries.mesh_map_synced.take() {
             readiness = readiness.also_wait_for(format!("mesh ConfigMap {name}"), synced);
         }
-        let first_snapshot = Arc::new(AtomicBool::new(false));
-        let readiness = Arc::new(readiness.with_first_snapshot(first_snapshot.clone()));
-        let until_ready = readiness.clone();
+        // Istio's initial push context: what the synced sources hold is built into a
+        // snapshot before the first proxy may connect.
         let pipeline = self.core.pipeline.clone();
+        let readiness = Arc::new(readiness.with_first_snapshot(move || {
+            pipeline.apply(
+                meshfed_registry::PushRequest::forced(meshfed_registry::TriggerReason::Global),
+                0,
+            )
+        }));
+        let until_ready = readiness.clone();
         let mut stop = self.shutdown.clone();
         self.tasks.spawn(async move {
             let poll = async {
                 while !until_ready.is_ready() {
-                    if until_ready.sources_synced() && !first_snapshot.load(Ordering::Acquire) {
-                        // Istio's initial push context: what the synced sources hold,
-                        // built before the first proxy may connect.
-                        let pipeline = pipeline.clone();
-                        let _ = tokio::task::spawn_blocking(move || {
-                            pipeline.apply(
-                                meshfed_registry::PushRequest::forced(
-                                    meshfed_registry::TriggerReason::Global,
-                                ),
-                                0,
-                            )
-                        })
-                        .await;
-                        first_snapshot.store(true, Ordering::Release);
-                        continue;
-                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             };

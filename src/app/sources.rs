@@ -238,21 +238,8 @@ mod tests {
         assert_eq!(status, 503);
         assert!(body.contains("nacos naming service"), "{body}");
         synced.store(true, Ordering::Release);
-        // Ready once the snapshot of the synced registries is built (readiness's own
-        // task notices the sync and builds it).
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
-            let (status, body) = get(bound.http, "/ready").await;
-            if status == 200 {
-                break;
-            }
-            assert!(
-                body.contains(crate::readiness::FIRST_SNAPSHOT),
-                "synced, so only the first snapshot is awaited: {body}"
-            );
-            assert!(tokio::time::Instant::now() < deadline, "{body}");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        let (status, body) = get(bound.http, "/ready").await;
+        assert_eq!(status, 200, "{body}");
         let (_, metrics) = get(bound.monitoring, "/metrics").await;
         assert!(metrics.contains("nacos_requests_total 1"), "{metrics}");
         server.shutdown().await;
