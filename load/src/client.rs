@@ -9,16 +9,17 @@
 //! handshake).
 
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use prost::Message;
 use tokio::sync::{mpsc, watch};
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::{Channel, Endpoint};
 
 use super::lite::{DeltaResponseLite, SotwResponseLite};
@@ -37,7 +38,7 @@ pub struct ProxyConfig {
     pub index: usize,
     /// The run's expectations.
     pub plan: Arc<Plan>,
-    /// SotW or Delta.
+    /// SotW or Delta (or the scenario's `mixed`: the proxy's own by its index).
     pub flavour: Flavour,
     /// Where its stream goes.
     pub connection: Connection,
@@ -47,6 +48,9 @@ pub struct ProxyConfig {
     pub recorder: Arc<Recorder>,
     /// Bumped when the driver wants incomplete proxies to say what they miss.
     pub report: watch::Receiver<u64>,
+    /// The reconnect storm's phase: odd = every proxy drops its stream and its
+    /// connection now, even = every proxy reconnects now.
+    pub storm: watch::Receiver<u64>,
     /// Connect over TLS with a client certificate for the proxy's identity (own
     /// connections; shared ones are made by the driver).
     pub tls: Option<Arc<ClientTls>>,
@@ -60,8 +64,51 @@ pub enum Connection {
     /// each time its stream fails, as a proxy behind a Service lands on another
     /// replica when its own goes away.
     Own(std::sync::Arc<[SocketAddr]>),
-    /// A connection shared with other proxies (HTTP/2 multiplexing).
-    Shared(Channel),
+    /// A connection shared with other proxies (HTTP/2 multiplexing): proxy `i` uses
+    /// connection `i % k` of these.
+    Shared(Arc<SharedChannels>),
+}
+
+/// The connections shared by the proxies (`connections`), replaced whole by a
+/// reconnect storm.
+#[derive(Debug)]
+pub struct SharedChannels(std::sync::RwLock<Vec<Channel>>);
+
+impl SharedChannels {
+    /// These connections.
+    pub fn new(channels: Vec<Channel>) -> SharedChannels {
+        SharedChannels(std::sync::RwLock::new(channels))
+    }
+
+    /// The connection of proxy `index`.
+    pub fn get(&self, index: usize) -> Channel {
+        let channels = self.0.read().expect("shared channels");
+        channels[index % channels.len()].clone()
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.0.read().expect("shared channels").len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Replaces them (the old ones close once their last stream is gone).
+    pub fn replace(&self, channels: Vec<Channel>) {
+        *self.0.write().expect("shared channels") = channels;
+    }
+}
+
+/// How a stream that did not fail ended.
+#[derive(Debug, PartialEq)]
+enum Ended {
+    /// The server ended it.
+    ByServer,
+    /// The proxy dropped it for the reconnect storm.
+    Storm,
 }
 
 /// The endpoint every connection uses: flow-control windows large enough that a
@@ -187,8 +234,8 @@ pub async fn run_proxy(mut config: ProxyConfig) {
     let mut refusals = 0u32;
     loop {
         attempt.accepted = false;
-        let result = match config.flavour {
-            Flavour::Sotw => {
+        let result = match state.flavour() {
+            Flavour::Sotw | Flavour::Mixed => {
                 stream::<Sotw>(
                     &mut config,
                     &node,
@@ -214,6 +261,15 @@ pub async fn run_proxy(mut config: ProxyConfig) {
         if attempt.accepted {
             refusals = 0;
         }
+        if matches!(result, Ok(Ended::Storm)) {
+            // Dropped with every other proxy: the connection goes too, and the proxy
+            // reconnects, without backoff, when the driver says so.
+            attempt.own = None;
+            attempt.failures = 0;
+            refusals = 0;
+            let _ = config.storm.wait_for(|phase| phase % 2 == 0).await;
+            continue;
+        }
         if let Err(err) = &result
             && refused(err)
         {
@@ -226,9 +282,21 @@ pub async fn run_proxy(mut config: ProxyConfig) {
         }
         attempt.own = None;
         let err = match result {
-            Ok(()) => "stream ended by the server".to_string(),
+            Ok(_) => "stream ended by the server".to_string(),
             Err(err) => format!("{err:#}"),
         };
+        let lower = err.to_ascii_lowercase();
+        if lower.contains("reset") {
+            config
+                .recorder
+                .connection_resets
+                .fetch_add(1, Ordering::Relaxed);
+        } else if lower.contains("refused") {
+            config
+                .recorder
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+        }
         config
             .recorder
             .stream_failures
@@ -248,6 +316,7 @@ trait Flow {
     type Req: Message + Send + 'static;
     type Resp: Message + Default + Send + 'static;
     const PATH: &'static str;
+    const RESPONSE: &'static str;
     fn request(outgoing: Outgoing) -> Option<Self::Req>;
     fn set_node(request: &mut Self::Req, node: Node);
     fn handle(state: &mut ProxyState, response: Self::Resp) -> Step;
@@ -260,6 +329,7 @@ impl Flow for Sotw {
     type Resp = SotwResponseLite;
     const PATH: &'static str =
         "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
+    const RESPONSE: &'static str = "DiscoveryResponse";
 
     fn request(outgoing: Outgoing) -> Option<SotwOut> {
         match outgoing {
@@ -284,6 +354,7 @@ impl Flow for Delta {
     type Resp = DeltaResponseLite;
     const PATH: &'static str =
         "/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources";
+    const RESPONSE: &'static str = "DeltaDiscoveryResponse";
 
     fn request(outgoing: Outgoing) -> Option<DeltaDiscoveryRequest> {
         match outgoing {
@@ -320,7 +391,7 @@ async fn stream<F: Flow>(
     started: Instant,
     converged_once: &mut bool,
     attempt: &mut Attempt,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Ended> {
     let recorder = config.recorder.clone();
     let channel = match &config.connection {
         Connection::Own(_) if attempt.own.is_some() => attempt.own.clone().expect("checked"),
@@ -336,20 +407,20 @@ async fn stream<F: Flow>(
             attempt.own = Some(channel.clone());
             channel
         }
-        Connection::Shared(channel) => channel.clone(),
+        Connection::Shared(channels) => channels.get(config.index),
     };
     // Unbounded, as Envoy's send buffer is: a proxy never stops reading responses
     // because the server is slow to read its requests. A server that reads no
     // requests while it pushes, and a client that reads no responses while its
     // request queue is full, would wait on each other forever.
-    let (tx, rx) = mpsc::unbounded_channel::<F::Req>();
+    let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     let mut first = true;
     let send = |outgoing: Outgoing, first: &mut bool| {
         let mut request = F::request(outgoing)?;
         if std::mem::take(first) {
             F::set_node(&mut request, node.clone());
         }
-        Some(request)
+        Some(grpc_frame(&request))
     };
     for outgoing in state.start() {
         if let Some(request) = send(outgoing, &mut first) {
@@ -357,29 +428,27 @@ async fn stream<F: Flow>(
                 .map_err(|_| anyhow::anyhow!("request stream closed"))?;
         }
     }
-    let mut grpc = tonic::client::Grpc::new(channel)
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX);
-    grpc.ready().await?;
-    let codec = tonic_prost::ProstCodec::<F::Req, F::Resp>::default();
-    let mut inbound = grpc
-        .streaming(
-            tonic::Request::new(UnboundedReceiverStream::new(rx)),
-            PathAndQuery::from_static(F::PATH),
-            codec,
-        )
-        .await?
-        .into_inner();
+    let mut inbound = open_stream(channel, F::PATH, rx).await?;
     recorder.connected.fetch_add(1, Ordering::SeqCst);
     let _connected = Connected(&recorder);
     let mut watching: Option<Watching<'_>> = None;
     let mut report_open = true;
+    let mut storm_open = true;
     loop {
         let response = tokio::select! {
             message = inbound.message() => match message? {
-                Some(response) => response,
-                None => return Ok(()),
+                Some(bytes) => bytes,
+                None => return Ok(Ended::ByServer),
             },
+            dropped = config.storm.wait_for(|phase| phase % 2 == 1), if storm_open => {
+                if let Ok(phase) = dropped {
+                    drop(phase);
+                    return Ok(Ended::Storm);
+                }
+                // No storm will come (the driver is gone).
+                storm_open = false;
+                continue;
+            }
             changed = config.report.changed(), if report_open => {
                 report_open = changed.is_ok();
                 if report_open
@@ -394,7 +463,11 @@ async fn stream<F: Flow>(
         // A refusal comes as the stream's status, after its headers: the stream was
         // accepted once the server has sent a response.
         attempt.accepted = true;
-        let size = response.encoded_len();
+        let size = response.len();
+        let response = match F::Resp::decode(response) {
+            Ok(response) => response,
+            Err(err) => anyhow::bail!("a response that is not a {}: {err}", F::RESPONSE),
+        };
         let step = F::handle(state, response);
         if let Some((type_url, resources)) = step.received {
             recorder.received(type_url, resources, size);
@@ -435,5 +508,128 @@ async fn stream<F: Flow>(
                 services: state.watched().to_vec(),
             });
         }
+    }
+}
+
+/// A gRPC message frame: uncompressed flag, big-endian length, the message.
+fn grpc_frame(message: &impl Message) -> Bytes {
+    let len = message.encoded_len();
+    let mut buf = BytesMut::with_capacity(5 + len);
+    buf.put_u8(0);
+    buf.put_u32(u32::try_from(len).expect("an ADS request is far below 4 GiB"));
+    message.encode_raw(&mut buf);
+    buf.freeze()
+}
+
+/// The request body of a stream: the frames the proxy sends, as it sends them.
+struct RequestBody(mpsc::UnboundedReceiver<Bytes>);
+
+impl http_body::Body for RequestBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0
+            .poll_recv(cx)
+            .map(|frame| frame.map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// Opens an ADS stream on `channel`: `path` with the requests `rx` gives.
+async fn open_stream(
+    mut channel: Channel,
+    path: &'static str,
+    rx: mpsc::UnboundedReceiver<Bytes>,
+) -> anyhow::Result<Inbound> {
+    use tonic::codegen::{Service as _, http};
+    std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
+    let request = http::Request::builder()
+        .method(http::Method::POST)
+        .uri(path)
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .body(tonic::body::Body::new(RequestBody(rx)))?;
+    let response = channel.call(request).await?;
+    if let Some(status) = tonic::Status::from_header_map(response.headers())
+        && status.code() != tonic::Code::Ok
+    {
+        // A trailers-only response: the stream was refused.
+        return Err(status.into());
+    }
+    if response.status() != http::StatusCode::OK {
+        anyhow::bail!("the server answered HTTP {}", response.status());
+    }
+    Ok(Inbound {
+        body: response.into_body(),
+        buf: BytesMut::new(),
+        ended: false,
+    })
+}
+
+/// The responses of a stream, read frame by frame. Between messages nothing is kept
+/// but the start of the next one: a receive buffer that kept the capacity of the
+/// largest response (a sidecar's ~1 MB CDS or RDS) per stream was most of the tool's
+/// memory per proxy.
+struct Inbound {
+    body: tonic::body::Body,
+    buf: BytesMut,
+    ended: bool,
+}
+
+impl Inbound {
+    /// The next message; `None` once the stream ended with status OK.
+    async fn message(&mut self) -> anyhow::Result<Option<Bytes>> {
+        use http_body::Body as _;
+        loop {
+            if let Some(message) = self.take()? {
+                return Ok(Some(message));
+            }
+            if self.ended {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                anyhow::bail!("the stream ended within a message");
+            }
+            let frame = std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await;
+            match frame {
+                None => self.ended = true,
+                Some(Err(status)) => return Err(status.into()),
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => self.buf.extend_from_slice(&data),
+                    Err(frame) => {
+                        if let Some(trailers) = frame.trailers_ref()
+                            && let Some(status) = tonic::Status::from_header_map(trailers)
+                            && status.code() != tonic::Code::Ok
+                        {
+                            return Err(status.into());
+                        }
+                    }
+                },
+            }
+        }
+    }
+
+    /// A whole message from the buffer, if one is there.
+    fn take(&mut self) -> anyhow::Result<Option<Bytes>> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        if self.buf[0] != 0 {
+            anyhow::bail!("a compressed message (the tool asks for none)");
+        }
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if self.buf.len() < 5 + len {
+            self.buf.reserve(5 + len - self.buf.len());
+            return Ok(None);
+        }
+        self.buf.advance(5);
+        let message = self.buf.split_to(len).freeze();
+        // The message owns its allocation; the rest (a part of the next one, if any)
+        // moves to a buffer of its own.
+        self.buf = BytesMut::from(&self.buf[..]);
+        Ok(Some(message))
     }
 }

@@ -15,13 +15,13 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::sleep_until;
 
-use super::client::{self, Connection, ProxyConfig};
+use super::client::{self, Connection, ProxyConfig, SharedChannels};
 use super::plan::Plan;
 use super::procfs::{self, Machine, ProcessSample};
 use super::record::{Percentiles, Recorder};
 use super::registry::{ChangeKind, Registry, SIDECAR_FILE, VIRTUAL_SERVICE_FILE, write_atomically};
 use super::report::{
-    Changes, Convergence, KindFigures, ProcessUsage, Received, ServerInfo, Summary,
+    Changes, Convergence, KindFigures, ProcessUsage, Received, ReconnectStorm, ServerInfo, Summary,
 };
 use super::scenario::{Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
@@ -378,26 +378,13 @@ async fn load(
     });
 
     // --- Ramp and initial convergence.
-    let shared: Vec<tonic::transport::Channel> = if scenario.connections > 0 {
-        let mut channels = Vec::new();
-        for c in 0..scenario.connections.min(scenario.proxies) {
-            let endpoint = client::endpoint(server.grpc)?;
-            let channel = match &tls {
-                None => endpoint.connect().await.map_err(anyhow::Error::from),
-                // Proxy i uses connection i % k, and k is a multiple of the
-                // namespaces: connection c carries the proxies of namespace c % n.
-                Some(tls) => {
-                    let id = client::identity(tls, c, plan.namespaces);
-                    tls.connect(endpoint, server.grpc, &id).await
-                }
-            };
-            channels.push(channel.with_context(|| format!("connecting to {}", server.grpc))?);
-        }
-        channels
+    let shared = Arc::new(SharedChannels::new(if scenario.connections > 0 {
+        connect_shared(server.grpc, tls.as_ref(), plan, scenario, false).await?
     } else {
         Vec::new()
-    };
+    }));
     let (report_tx, report_rx) = watch::channel(0u64);
+    let (storm_tx, storm_rx) = watch::channel(0u64);
     let mut proxies = JoinSet::new();
     let ramp_start = Instant::now();
     let deadline = ramp_start + scenario.settle_timeout;
@@ -408,9 +395,9 @@ async fn load(
             )
             .await;
         }
-        let connection = match shared.len() {
-            0 => Connection::Own(server.addresses().into()),
-            k => Connection::Shared(shared[index % k].clone()),
+        let connection = match shared.is_empty() {
+            true => Connection::Own(server.addresses().into()),
+            false => Connection::Shared(shared.clone()),
         };
         proxies.spawn(client::run_proxy(ProxyConfig {
             index,
@@ -420,6 +407,7 @@ async fn load(
             cluster_id: options.cluster_id.clone(),
             recorder: recorder.clone(),
             report: report_rx.clone(),
+            storm: storm_rx.clone(),
             tls: tls.clone(),
         }));
         recorder.started.fetch_add(1, Ordering::Relaxed);
@@ -483,6 +471,30 @@ async fn load(
     while !(0..kinds.len()).all(|i| recorder.change_done(i)) && Instant::now() < until {
         tokio::time::sleep(POLL).await;
     }
+
+    // --- Reconnect storm.
+    let reconnect_storm = if scenario.churn.reconnect_storm {
+        let before = sample("before the reconnect storm");
+        let storm = storm(
+            &recorder,
+            &storm_tx,
+            &shared,
+            server,
+            tls.as_ref(),
+            plan,
+            scenario,
+        )
+        .await?;
+        let after = sample("after the reconnect storm");
+        Some(ReconnectStorm {
+            server_cpu_seconds: before
+                .zip(after)
+                .map(|(b, a)| a.cpu_seconds - b.cpu_seconds),
+            ..storm
+        })
+    } else {
+        None
+    };
     let at_end = sample("at the end");
     let tool_at_end = procfs::sample(None).ok();
 
@@ -522,6 +534,7 @@ async fn load(
             per_proxy,
         },
         changes: changes(&recorder, plan, kinds),
+        reconnect_storm,
         received: received(&recorder),
         server_usage: usage(before_ramp, after_convergence, at_end),
         load_tool: usage(tool_before_ramp, tool_after_convergence, tool_at_end),
@@ -534,9 +547,102 @@ async fn load(
         passed: false,
     };
     let passed = summary.convergence.converged == summary.convergence.proxies
-        && summary.changes.complete + summary.changes.unwatched == summary.changes.written;
+        && summary.changes.complete + summary.changes.unwatched == summary.changes.written
+        && summary
+            .reconnect_storm
+            .as_ref()
+            .is_none_or(|s| s.converged == s.proxies);
     Ok(Summary { passed, ..summary })
 }
+
+/// Connects the proxies' shared connections (`connections`), all at once; `lazy`:
+/// plaintext ones connect on their first stream (a reconnect storm: their connect
+/// failures then show as stream failures, retried).
+async fn connect_shared(
+    address: SocketAddr,
+    tls: Option<&Arc<ClientTls>>,
+    plan: &Plan,
+    scenario: &Scenario,
+    lazy: bool,
+) -> anyhow::Result<Vec<tonic::transport::Channel>> {
+    let count = scenario.connections.min(scenario.proxies);
+    let mut connecting = JoinSet::new();
+    for c in 0..count {
+        let endpoint = client::endpoint(address)?;
+        let tls = tls.cloned();
+        let namespaces = plan.namespaces;
+        connecting.spawn(async move {
+            let channel = match &tls {
+                None if lazy => Ok(endpoint.connect_lazy()),
+                None => endpoint.connect().await.map_err(anyhow::Error::from),
+                // Proxy i uses connection i % k, and k is a multiple of the
+                // namespaces: connection c carries the proxies of namespace c % n.
+                Some(tls) => {
+                    let id = client::identity(tls, c, namespaces);
+                    tls.connect(endpoint, address, &id).await
+                }
+            };
+            (
+                c,
+                channel.with_context(|| format!("connecting to {address}")),
+            )
+        });
+    }
+    let mut channels: Vec<Option<tonic::transport::Channel>> = vec![None; count];
+    while let Some(joined) = connecting.join_next().await {
+        let (c, channel) = joined.context("a connecting task")?;
+        channels[c] = Some(channel?);
+    }
+    Ok(channels.into_iter().flatten().collect())
+}
+
+/// Drops every proxy's stream and connection at once, then reconnects them all at
+/// once; measures the time until every proxy has its config again.
+async fn storm(
+    recorder: &Recorder,
+    storm_tx: &watch::Sender<u64>,
+    shared: &SharedChannels,
+    server: &ServerUnderLoad,
+    tls: Option<&Arc<ClientTls>>,
+    plan: &Plan,
+    scenario: &Scenario,
+) -> anyhow::Result<ReconnectStorm> {
+    let count = |c: &std::sync::atomic::AtomicUsize| c.load(Ordering::SeqCst);
+    let failures = count(&recorder.stream_failures);
+    let resets = count(&recorder.connection_resets);
+    let refused_connections = count(&recorder.connections_refused);
+    let refused_streams = count(&recorder.refused);
+    storm_tx.send_modify(|phase| *phase += 1);
+    let dropped = Instant::now();
+    while count(&recorder.connected) > 0 && dropped.elapsed() < STORM_DROP_TIMEOUT {
+        tokio::time::sleep(POLL).await;
+    }
+    let still_connected = count(&recorder.connected);
+    if !shared.is_empty() {
+        shared.replace(connect_shared(server.grpc, tls, plan, scenario, true).await?);
+    }
+    let go = Instant::now();
+    storm_tx.send_modify(|phase| *phase += 1);
+    let deadline = go + scenario.settle_timeout;
+    while count(&recorder.live_converged) < scenario.proxies && Instant::now() < deadline {
+        tokio::time::sleep(POLL).await;
+    }
+    let converged = count(&recorder.live_converged);
+    Ok(ReconnectStorm {
+        proxies: scenario.proxies,
+        not_dropped: still_connected,
+        converged,
+        all_converged_seconds: (converged >= scenario.proxies).then(|| go.elapsed().as_secs_f64()),
+        stream_failures: count(&recorder.stream_failures) - failures,
+        connection_resets: count(&recorder.connection_resets) - resets,
+        connections_refused: count(&recorder.connections_refused) - refused_connections,
+        refused_streams: count(&recorder.refused) - refused_streams,
+        server_cpu_seconds: None,
+    })
+}
+
+/// How long the proxies may take to drop their streams at a reconnect storm.
+const STORM_DROP_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn usage(
     before_ramp: Option<ProcessSample>,
@@ -632,7 +738,7 @@ fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::{Churn, Flavour};
+    use crate::scenario::{Churn, Decode, Flavour};
     use meshfed::testing::FakeServer;
 
     /// A tiny scenario against an in-process server following a mock-registry file
@@ -647,19 +753,6 @@ mod tests {
         config: bool,
         sidecar_scope: SidecarScope,
     ) -> Summary {
-        let with_config_dir = config || sidecar_scope != SidecarScope::Mesh;
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("registry.yaml");
-        std::fs::write(&file, "services: []\n").unwrap();
-        let config_dir = dir.path().join("config");
-        std::fs::create_dir(&config_dir).unwrap();
-        let server_config_dir = with_config_dir.then(|| config_dir.clone());
-        let server = FakeServer::builder()
-            .mock_registry_file(&file)
-            .configure(|c| c.config_dir = server_config_dir)
-            .start()
-            .await
-            .unwrap();
         let scenario = Scenario {
             name: "tiny".into(),
             services: 4,
@@ -678,11 +771,32 @@ mod tests {
                 service_adds: 1,
                 service_removes: 1,
                 config_changes: 1,
+                reconnect_storm: false,
             },
             settle_timeout: Duration::from_secs(10),
             change_timeout: Duration::from_secs(5),
             seed: 7,
+            ..Scenario::default()
         };
+        let with_config_dir = config || sidecar_scope != SidecarScope::Mesh;
+        run_tiny(scenario, with_config_dir).await
+    }
+
+    /// Runs `scenario` against an in-process server following a mock-registry file
+    /// (and a config directory, `with_config_dir`).
+    async fn run_tiny(scenario: Scenario, with_config_dir: bool) -> Summary {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry.yaml");
+        std::fs::write(&file, "services: []\n").unwrap();
+        let config_dir = dir.path().join("config");
+        std::fs::create_dir(&config_dir).unwrap();
+        let server_config_dir = with_config_dir.then(|| config_dir.clone());
+        let server = FakeServer::builder()
+            .mock_registry_file(&file)
+            .configure(|c| c.config_dir = server_config_dir)
+            .start()
+            .await
+            .unwrap();
         let summary = execute(RunOptions {
             scenario,
             target: Target::Attach {
@@ -864,6 +978,53 @@ mod tests {
             let k = &changes.by_kind[kind];
             assert_eq!((k.written, k.complete), (1, 1), "{kind}");
             assert_eq!(k.mean_watchers, 6.0);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn two_ports_mixed_flavours_and_a_reconnect_storm() {
+        // 6 sidecars, alternating SotW and Delta, over 2 shared connections, on 4
+        // services of 2 ports each: every sidecar converges on 8 clusters, sees each
+        // endpoint change in the HTTP port's assignment, then all drop their streams and
+        // connections and reconnect at once and have their config again.
+        for decode in [Decode::Lean, Decode::Full] {
+            for connections in [2, 0] {
+                let scenario = Scenario {
+                    name: "tiny-2ports".into(),
+                    services: 4,
+                    ports_per_service: 2,
+                    endpoints_per_service: 2,
+                    namespaces: 2,
+                    proxies: 6,
+                    flavour: Flavour::Mixed,
+                    decode,
+                    connections,
+                    churn: Churn {
+                        endpoint_changes: 3,
+                        reconnect_storm: true,
+                        ..Churn::default()
+                    },
+                    settle_timeout: Duration::from_secs(10),
+                    change_timeout: Duration::from_secs(5),
+                    ..Scenario::default()
+                };
+                let summary = run_tiny(scenario, false).await;
+                let report = summary.render();
+                assert!(summary.passed, "{decode:?}, {connections}: {report}");
+                assert_eq!(summary.convergence.converged, 6, "{report}");
+                let endpoint = &summary.changes.by_kind["endpoint"];
+                assert_eq!((endpoint.written, endpoint.complete), (3, 3), "{report}");
+                assert_eq!(endpoint.mean_watchers, 6.0, "{report}");
+                let storm = summary.reconnect_storm.as_ref().expect("a storm");
+                assert_eq!((storm.proxies, storm.converged), (6, 6), "{report}");
+                assert!(storm.all_converged_seconds.is_some(), "{report}");
+                assert_eq!(storm.not_dropped, 0, "{report}");
+                assert!(report.contains("reconnect storm"), "{report}");
+                assert!(report.contains("x 2 ports"), "{report}");
+                // Converged means 8 service clusters each (`ProxyState::gap`), and
+                // their 8 assignments twice: before and after the storm.
+                assert!(summary.received["eds"].resources >= 2 * 6 * 8, "{report}");
+            }
         }
     }
 

@@ -4,7 +4,8 @@
 //! talks to the server only over ADS, HTTP (`/ready`) and the files the server follows.
 //!
 //! ```text
-//! meshfed-load --scenario examples/scenarios/smoke.yaml [--proxies N] [--flavour sotw|delta]
+//! meshfed-load --scenario examples/scenarios/smoke.yaml [--proxies N]
+//!              [--flavour sotw|delta|mixed] [--decode lean|full]
 //!              [--server ADDR --mock-file PATH [--config-dir DIR] [--server-pid PID]]
 //!              [--server-binary PATH] [--json FILE]
 //!              [--tls-ca-dir DIR [--tls-server-name NAME]]
@@ -68,7 +69,9 @@
 //! sidecarScope: mesh         # mesh | namespace: one Sidecar per namespace (egress ./*)
 //!                            # in the server's config directory; sidecars import only
 //!                            # their namespace's services
-//! flavour: sotw              # sotw | delta
+//! portsPerService: 1         # 1 | 2: HTTP 8080 (+ GRPC 7070): one cluster (EDS name) per port
+//! flavour: sotw              # sotw | delta | mixed (even-numbered proxies SotW, odd Delta)
+//! decode: lean               # lean | full: what each proxy decodes and keeps (below)
 //! ramp: 100                  # proxies connected per second (0 = all at once)
 //! connections: 0             # shared HTTP/2 connections (0 = one per proxy)
 //! churn:
@@ -77,6 +80,9 @@
 //!   serviceAdds: 1
 //!   serviceRemoves: 1        # added services first, then services set aside for it
 //!   configChanges: 0         # a VirtualService route of svc-0 renamed (needs --configDir)
+//!   reconnectStorm: false    # then every proxy drops its stream and connection at once
+//!                            # and all reconnect at once: time until all have their
+//!                            # config again, failed connections (resets, refused)
 //! settleTimeout: 60s         # ramp start -> every proxy complete
 //! changeTimeout: 30s         # a change's write -> every watcher ACKed
 //! seed: 1                    # which services and endpoints change
@@ -88,6 +94,21 @@
 //! are in `examples/scenarios/`. The rate should leave each change time to be pushed
 //! (debounce 100 ms + file watch 50 ms by default) or changes merge into one push;
 //! every merged change still counts as observed when its result arrives.
+//!
+//! # What a proxy keeps
+//!
+//! Each proxy keeps, per type, the version and nonce of the last response and a table
+//! of resource names, a hash of each resource's bytes and the few fields the checks
+//! read: a cluster's EDS name, an assignment's endpoint count and newest marker port,
+//! a listener's route names, a route table's newest config marker (proxyless: its
+//! clusters) ([`tables`]). With `decode: lean` (the default) those fields are decoded
+//! once per distinct resource and shared, and proxies that hold the same resources
+//! share one table, so the tool's memory per proxy does not grow with the mesh:
+//! 20,000 sidecars of a 1,000-service mesh fit in a few hundred MB. `decode: full`
+//! has every proxy decode every resource itself and keep its own tables (memory per
+//! proxy grows with the resources it holds), a check of the sharing at small scale.
+//! Responses are read frame by frame: no receive buffer outlives its message. The
+//! report gives the tool's RSS per proxy.
 //!
 //! # The secure port
 //!
@@ -118,6 +139,7 @@ pub mod registry;
 pub mod report;
 pub mod scenario;
 pub mod server;
+pub mod tables;
 pub mod tls;
 
 use std::net::SocketAddr;
@@ -127,7 +149,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use driver::{RunOptions, Target};
-use scenario::{Flavour, Mode, Scenario};
+use scenario::{Decode, Flavour, Mode, Scenario};
 
 /// `meshfed-load` flags; the scenario file holds the rest (see the module docs).
 #[derive(Args, Debug, Clone)]
@@ -141,6 +163,10 @@ pub struct LoadArgs {
     /// Overrides the scenario's ADS flavour.
     #[arg(long, value_enum)]
     pub flavour: Option<Flavour>,
+    /// Overrides what each proxy decodes and keeps (`lean`: shared facts and tables;
+    /// `full`: every proxy decodes and keeps its own).
+    #[arg(long, value_enum)]
+    pub decode: Option<Decode>,
     /// Overrides the scenario's proxy kind.
     #[arg(long, value_enum)]
     pub mode: Option<Mode>,
@@ -214,6 +240,9 @@ impl LoadArgs {
         }
         if let Some(f) = self.flavour {
             scenario.flavour = f;
+        }
+        if let Some(d) = self.decode {
+            scenario.decode = d;
         }
         if let Some(m) = self.mode {
             scenario.mode = m;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use super::registry::{Applied, ChangeKind, Registry};
 use super::scenario::{Mode, Scenario, SidecarScope};
+use super::tables::Shared;
 
 /// A resource name the plan knows: shared text and the service it belongs to.
 #[derive(Clone, Debug)]
@@ -27,16 +28,20 @@ pub struct Plan {
     pub namespaces: usize,
     /// Endpoints every service has (the consistency check of an initial config).
     pub endpoints_per_service: usize,
+    /// Ports (so clusters) of every service.
+    pub ports_per_service: usize,
+    /// What the proxies share of what they hold (see [`Shared`]).
+    pub shared: Shared,
     /// Services each proxyless client watches.
     pub grpc_services_per_client: usize,
     /// Services present before the churn.
     pub initial_services: usize,
     /// Every change of the churn, in order, as it will be applied.
     pub changes: Vec<Applied>,
-    /// Cluster (and EDS) names: `outbound|8080||<host>` -> service.
+    /// Cluster (and EDS) names: `outbound|<port>||<host>` -> service.
     clusters: HashMap<Arc<str>, Known>,
-    /// Cluster name of each service.
-    cluster_names: Vec<Arc<str>>,
+    /// Cluster names of each service, its first port's first.
+    service_clusters: Vec<Vec<Arc<str>>>,
     /// Proxyless LDS name (`<host>:8080`) of each service.
     listener_names: Vec<Arc<str>>,
     /// Whether each service is present before the churn.
@@ -85,19 +90,22 @@ impl Plan {
                 ChangeKind::Config => config_changes.push(i),
             }
         }
-        let cluster_names: Vec<Arc<str>> =
-            (0..count).map(|s| Arc::from(dry.cluster_name(s))).collect();
-        let clusters = cluster_names
+        let service_clusters: Vec<Vec<Arc<str>>> = (0..count)
+            .map(|s| dry.cluster_names(s).into_iter().map(Arc::from).collect())
+            .collect();
+        let clusters = service_clusters
             .iter()
             .enumerate()
-            .map(|(service, name)| {
-                (
-                    name.clone(),
-                    Known {
-                        name: name.clone(),
-                        service,
-                    },
-                )
+            .flat_map(|(service, names)| {
+                names.iter().map(move |name| {
+                    (
+                        name.clone(),
+                        Known {
+                            name: name.clone(),
+                            service,
+                        },
+                    )
+                })
             })
             .collect();
         let initially_present: Vec<bool> = (0..count)
@@ -115,6 +123,8 @@ impl Plan {
             sidecar_scope: scenario.sidecar_scope,
             namespaces: scenario.namespaces,
             endpoints_per_service: scenario.endpoints_per_service,
+            ports_per_service: scenario.ports_per_service,
+            shared: Shared::new(scenario.decode),
             grpc_services_per_client: scenario.grpc_services_per_client,
             initial_services: initially_present.iter().filter(|p| **p).count(),
             changes,
@@ -122,7 +132,7 @@ impl Plan {
             listener_names: (0..count)
                 .map(|s| Arc::from(dry.grpc_listener_name(s)))
                 .collect(),
-            cluster_names,
+            service_clusters,
             initially_present,
             service_namespaces,
             initial_per_namespace,
@@ -136,7 +146,7 @@ impl Plan {
 
     /// Every service the run will ever have.
     pub fn service_count(&self) -> usize {
-        self.cluster_names.len()
+        self.service_clusters.len()
     }
 
     /// The shared text of a name the plan knows, or a new one.
@@ -152,9 +162,15 @@ impl Plan {
         self.clusters.get(name).map(|k| k.service)
     }
 
-    /// The cluster (and EDS) name of a service.
+    /// The cluster (and EDS) name of a service's first port (the one endpoint changes
+    /// show in).
     pub fn cluster_name(&self, service: usize) -> &Arc<str> {
-        &self.cluster_names[service]
+        &self.service_clusters[service][0]
+    }
+
+    /// The cluster (and EDS) names of every port of a service (`portsPerService`).
+    pub fn cluster_names(&self, service: usize) -> &[Arc<str>] {
+        &self.service_clusters[service]
     }
 
     /// The LDS name a proxyless client asks for to reach a service.
@@ -268,6 +284,7 @@ mod tests {
                 service_adds: 1,
                 service_removes: 2,
                 config_changes: 0,
+                reconnect_storm: false,
             },
             ..Scenario::default()
         };

@@ -16,8 +16,12 @@
 //! State of the world: CDS and LDS responses are the full set (what is left out is
 //! gone); EDS and RDS responses update only the resources they carry. Delta: resources
 //! are added or replaced one by one and `removed_resources` removes them.
+//!
+//! What it holds of each type is a [`Table`] of names, hashes and the facts the checks
+//! read ([`super::tables`]), shared with the proxies that hold the same
+//! (`decode: lean`).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::service::discovery::v3::{DeltaDiscoveryRequest, DiscoveryRequest};
@@ -31,6 +35,7 @@ use super::lite::{
 use super::plan::Plan;
 use super::registry::namespace_name;
 use super::scenario::{Flavour, Mode};
+use super::tables::{Facts, NameSet, Resource, Table, Update};
 use meshfed::xds::TypeUrl;
 
 /// A request to send.
@@ -42,40 +47,6 @@ pub enum Outgoing {
     Delta(DeltaDiscoveryRequest),
 }
 
-/// A subscription's names as every SotW request of the type repeats them, encoded
-/// once as field 3 of `DiscoveryRequest`. A sidecar ACKs each EDS response with all
-/// of its ~1,000 names: copying and encoding them per ACK made the tool cost more CPU
-/// than the server it measures.
-#[derive(Debug, Default, PartialEq)]
-pub struct NameList {
-    names: Vec<Arc<str>>,
-    encoded: Vec<u8>,
-}
-
-impl NameList {
-    fn new(names: &BTreeSet<Arc<str>>) -> NameList {
-        let mut encoded = Vec::new();
-        for name in names {
-            prost::encoding::encode_key(
-                3,
-                prost::encoding::WireType::LengthDelimited,
-                &mut encoded,
-            );
-            prost::encoding::encode_varint(name.len() as u64, &mut encoded);
-            encoded.extend_from_slice(name.as_bytes());
-        }
-        NameList {
-            names: names.iter().cloned().collect(),
-            encoded,
-        }
-    }
-
-    /// The names, in request order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.names.iter().map(|n| &**n)
-    }
-}
-
 /// A state-of-the-world request: `request` (its `resource_names` left empty) and the
 /// subscription's names, spliced in pre-encoded.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -83,13 +54,13 @@ pub struct SotwOut {
     /// Every field but `resource_names`.
     pub request: DiscoveryRequest,
     /// `resource_names`.
-    pub names: Arc<NameList>,
+    pub names: Arc<NameSet>,
 }
 
 impl prost::Message for SotwOut {
     fn encode_raw(&self, buf: &mut impl prost::bytes::BufMut) {
         self.request.encode_raw(buf);
-        buf.put_slice(&self.names.encoded);
+        buf.put_slice(self.names.encoded());
     }
 
     fn merge_field(
@@ -104,7 +75,7 @@ impl prost::Message for SotwOut {
     }
 
     fn encoded_len(&self) -> usize {
-        self.request.encoded_len() + self.names.encoded.len()
+        self.request.encoded_len() + self.names.encoded().len()
     }
 
     fn clear(&mut self) {
@@ -134,10 +105,8 @@ struct Subscription {
     started: bool,
     /// Subscribed to everything of the type.
     wildcard: bool,
-    /// Subscribed names.
-    names: BTreeSet<Arc<str>>,
-    /// `names` as sent in every SotW request of the type.
-    list: Arc<NameList>,
+    /// Subscribed names (shared with the proxies subscribed to the same).
+    names: Arc<NameSet>,
     /// Last accepted SotW version.
     version: String,
     /// Nonce of the last response.
@@ -160,7 +129,7 @@ impl Subscription {
                 response_nonce: self.nonce.clone(),
                 ..Default::default()
             },
-            names: self.list.clone(),
+            names: self.names.clone(),
         }
     }
 }
@@ -174,19 +143,28 @@ pub const FOLLOWED: [TypeUrl; 4] = [
     TypeUrl::Route,
 ];
 
-/// A decoded resource: what the proxy keeps of it.
-enum Decoded {
-    /// A cluster and its EDS name, when it is an EDS cluster.
-    Cluster(Option<Arc<str>>),
-    /// A load assignment: its endpoint count and the newest change marker it carries.
-    Assignment(usize, Option<u32>),
-    /// A listener and the route names it uses.
-    Listener(Vec<Arc<str>>),
-    /// A route configuration, the clusters it sends to (proxyless only) and the newest
-    /// config change its route names show.
-    Route(Vec<Arc<str>>, Option<u32>),
-    /// A type the tool does not follow (SDS, NDS: never subscribed to).
-    Other,
+/// The EDS name of a cluster's facts.
+fn eds_names(facts: &Facts) -> Vec<Arc<str>> {
+    match facts {
+        Facts::Cluster(Some(eds)) => vec![eds.clone()],
+        _ => Vec::new(),
+    }
+}
+
+/// The route names of a listener's facts.
+fn route_names(facts: &Facts) -> Vec<Arc<str>> {
+    match facts {
+        Facts::Listener(routes) => routes.clone(),
+        _ => Vec::new(),
+    }
+}
+
+/// The clusters of a route configuration's facts.
+fn route_clusters(facts: &Facts) -> Vec<Arc<str>> {
+    match facts {
+        Facts::Route(clusters, _) => clusters.clone(),
+        _ => Vec::new(),
+    }
 }
 
 /// A simulated proxy's protocol state (see the module docs).
@@ -198,10 +176,8 @@ pub struct ProxyState {
     namespace: usize,
     /// Proxyless: the services watched.
     watched: Vec<usize>,
-    clusters: HashMap<Arc<str>, Option<Arc<str>>>,
-    assignments: HashMap<Arc<str>, usize>,
-    listeners: HashMap<Arc<str>, Vec<Arc<str>>>,
-    routes: HashMap<Arc<str>, Vec<Arc<str>>>,
+    /// What it holds, by type.
+    tables: [Arc<Table>; TypeUrl::ALL.len()],
     subs: [Subscription; TypeUrl::ALL.len()],
     /// Per service: the newest endpoint change seen in its assignment.
     marker_seen: HashMap<usize, u32>,
@@ -212,7 +188,8 @@ pub struct ProxyState {
 }
 
 impl ProxyState {
-    /// Proxy number `index` of the run.
+    /// Proxy number `index` of the run, speaking `flavour` (of the scenario: with
+    /// `mixed`, the proxy's own).
     pub fn new(plan: Arc<Plan>, flavour: Flavour, index: usize) -> ProxyState {
         let watched = match plan.mode {
             Mode::Sidecar => Vec::new(),
@@ -221,13 +198,10 @@ impl ProxyState {
         let words = plan.changes.len().div_ceil(64);
         ProxyState {
             namespace: plan.proxy_namespace(index),
+            tables: std::array::from_fn(|_| plan.shared.empty()),
             plan,
-            flavour,
+            flavour: flavour.of_proxy(index),
             watched,
-            clusters: HashMap::new(),
-            assignments: HashMap::new(),
-            listeners: HashMap::new(),
-            routes: HashMap::new(),
             subs: Default::default(),
             marker_seen: HashMap::new(),
             config_seen: None,
@@ -240,18 +214,25 @@ impl ProxyState {
         self.namespace
     }
 
+    /// The flavour it speaks (`sotw` or `delta`).
+    pub fn flavour(&self) -> Flavour {
+        self.flavour
+    }
+
     /// The services a proxyless client watches (empty for sidecars).
     pub fn watched(&self) -> &[usize] {
         &self.watched
     }
 
+    /// What it holds of `type_url`.
+    pub fn table(&self, type_url: TypeUrl) -> &Arc<Table> {
+        &self.tables[type_url as usize]
+    }
+
     /// Starts (or restarts, on a new stream) the conversation: forgets what it held
     /// and returns the first requests.
     pub fn start(&mut self) -> Vec<Outgoing> {
-        self.clusters.clear();
-        self.assignments.clear();
-        self.listeners.clear();
-        self.routes.clear();
+        self.tables = std::array::from_fn(|_| self.plan.shared.empty());
         self.subs = Default::default();
         let mut step = Step::default();
         match self.plan.mode {
@@ -262,7 +243,7 @@ impl ProxyState {
                     .iter()
                     .map(|s| self.plan.listener_name(*s).clone())
                     .collect();
-                self.resubscribe(TypeUrl::Listener, names, &mut step);
+                self.resubscribe(TypeUrl::Listener, Arc::new(NameSet::new(names)), &mut step);
             }
         }
         step.requests
@@ -275,29 +256,25 @@ impl ProxyState {
             return step;
         };
         step.received = Some((type_url, response.resources.len()));
-        let decoded: Result<Vec<(Arc<str>, Decoded)>, prost::DecodeError> = response
-            .resources
-            .iter()
-            .map(|r| self.decode(type_url, &r.value))
-            .collect();
-        let decoded = match decoded {
-            Ok(decoded) => decoded,
+        let put = self.plan.shared.entries(
+            type_url,
+            response.resources.iter().map(|r| &r.value[..]),
+            |bytes| self.decode(type_url, bytes),
+        );
+        let put = match put {
+            Ok(put) => put,
             Err(err) => {
                 self.reject(type_url, &response.nonce, err, &mut step);
                 return step;
             }
         };
         // CDS and LDS responses are complete sets; EDS and RDS ones update.
-        let removed: Vec<Arc<str>> = if type_url.is_wildcard() {
-            let present: HashSet<&Arc<str>> = decoded.iter().map(|(n, _)| n).collect();
-            self.held_names(type_url)
-                .filter(|n| !present.contains(n))
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
+        let update = Update {
+            complete: type_url.is_wildcard(),
+            put,
+            remove: Vec::new(),
         };
-        self.apply(type_url, decoded, removed, &mut step);
+        self.apply(type_url, update, &mut step);
         let sub = &mut self.subs[type_url as usize];
         sub.version = response.version_info;
         sub.nonce = response.nonce;
@@ -314,14 +291,17 @@ impl ProxyState {
             return step;
         };
         step.received = Some((type_url, response.resources.len()));
-        let decoded: Result<Vec<(Arc<str>, Decoded)>, prost::DecodeError> = response
-            .resources
-            .iter()
-            .filter_map(|r| r.resource.as_ref())
-            .map(|any| self.decode(type_url, &any.value))
-            .collect();
-        let decoded = match decoded {
-            Ok(decoded) => decoded,
+        let put = self.plan.shared.entries(
+            type_url,
+            response
+                .resources
+                .iter()
+                .filter_map(|r| r.resource.as_ref())
+                .map(|any| &any.value[..]),
+            |bytes| self.decode(type_url, bytes),
+        );
+        let put = match put {
+            Ok(put) => put,
             Err(err) => {
                 self.reject(type_url, &response.nonce, err, &mut step);
                 return step;
@@ -333,15 +313,20 @@ impl ProxyState {
             .map(|n| self.plan.intern(n))
             .collect();
         let sub = &mut self.subs[type_url as usize];
-        for (name, _) in &decoded {
-            sub.gone.remove(name);
+        for e in &put {
+            sub.gone.remove(&e.resource.name);
         }
         for name in &removed {
             if sub.names.contains(name) {
                 sub.gone.insert(name.clone());
             }
         }
-        self.apply(type_url, decoded, removed, &mut step);
+        let update = Update {
+            complete: false,
+            put,
+            remove: removed,
+        };
+        self.apply(type_url, update, &mut step);
         self.follow(type_url, &mut step);
         step.requests.push(Outgoing::Delta(DeltaDiscoveryRequest {
             type_url: type_url.as_str().into(),
@@ -361,7 +346,13 @@ impl ProxyState {
         let sub = &mut self.subs[type_url as usize];
         sub.nonce = nonce.to_string();
         step.requests.push(match self.flavour {
-            Flavour::Sotw => Outgoing::Sotw(SotwOut {
+            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                response_nonce: nonce.to_string(),
+                error_detail,
+                ..Default::default()
+            }),
+            _ => Outgoing::Sotw(SotwOut {
                 request: DiscoveryRequest {
                     type_url: type_url.as_str().into(),
                     version_info: sub.version.clone(),
@@ -369,109 +360,89 @@ impl ProxyState {
                     error_detail,
                     ..Default::default()
                 },
-                names: sub.list.clone(),
-            }),
-            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
-                type_url: type_url.as_str().into(),
-                response_nonce: nonce.to_string(),
-                error_detail,
-                ..Default::default()
+                names: sub.names.clone(),
             }),
         });
         step.rejected = Some(message);
     }
 
-    fn decode(
-        &self,
-        type_url: TypeUrl,
-        bytes: &[u8],
-    ) -> Result<(Arc<str>, Decoded), prost::DecodeError> {
+    fn decode(&self, type_url: TypeUrl, bytes: &[u8]) -> Result<Resource, prost::DecodeError> {
         let intern = |n: &str| self.plan.intern(n);
-        Ok(match type_url {
+        let (name, facts) = match type_url {
             TypeUrl::Cluster => {
                 let c = ClusterLite::decode(bytes)?;
                 let eds = c.eds_name().map(intern);
-                (intern(&c.name), Decoded::Cluster(eds))
+                (intern(&c.name), Facts::Cluster(eds))
             }
             TypeUrl::Endpoint => {
                 let cla = ClaLite::decode(bytes)?;
                 let marker = cla.markers().max();
                 (
                     intern(&cla.cluster_name),
-                    Decoded::Assignment(cla.endpoint_count(), marker),
+                    Facts::Assignment(cla.endpoint_count(), marker),
                 )
             }
             TypeUrl::Listener => {
                 let l = ListenerLite::decode(bytes)?;
                 let routes = l.route_names()?.iter().map(|n| intern(n)).collect();
-                (intern(&l.name), Decoded::Listener(routes))
+                (intern(&l.name), Facts::Listener(routes))
             }
             TypeUrl::Route => match self.plan.mode {
                 // Sidecars follow no name out of routes: without config changes to
                 // look for, only the name is decoded.
                 Mode::Sidecar if !self.plan.has_config_changes() => (
                     intern(&RouteNameLite::decode(bytes)?.name),
-                    Decoded::Route(Vec::new(), None),
+                    Facts::Route(Vec::new(), None),
                 ),
                 Mode::Sidecar => {
                     let (name, marker) = route_name_and_marker(bytes)?;
-                    (intern(&name), Decoded::Route(Vec::new(), marker))
+                    (intern(&name), Facts::Route(Vec::new(), marker))
                 }
                 Mode::Grpc => {
                     let r = RouteConfigurationLite::decode(bytes)?;
                     let clusters = r.cluster_names().iter().map(|n| intern(n)).collect();
-                    (intern(&r.name), Decoded::Route(clusters, r.newest_marker()))
+                    (intern(&r.name), Facts::Route(clusters, r.newest_marker()))
                 }
             },
             // A Secret's name is field 1, as a route configuration's.
-            TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Decoded::Other),
-            TypeUrl::NameTable => (intern(""), Decoded::Other),
-        })
-    }
-
-    fn held_names(&self, type_url: TypeUrl) -> Box<dyn Iterator<Item = &Arc<str>> + '_> {
-        match type_url {
-            TypeUrl::Cluster => Box::new(self.clusters.keys()),
-            TypeUrl::Endpoint => Box::new(self.assignments.keys()),
-            TypeUrl::Listener => Box::new(self.listeners.keys()),
-            TypeUrl::Route => Box::new(self.routes.keys()),
-            TypeUrl::Secret | TypeUrl::NameTable => Box::new(std::iter::empty()),
-        }
+            TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Facts::Other),
+            TypeUrl::NameTable => (intern(""), Facts::Other),
+        };
+        Ok(Resource { name, facts })
     }
 
     fn holds(&self, type_url: TypeUrl, name: &str) -> bool {
-        match type_url {
-            TypeUrl::Cluster => self.clusters.contains_key(name),
-            TypeUrl::Endpoint => self.assignments.contains_key(name),
-            TypeUrl::Listener => self.listeners.contains_key(name),
-            TypeUrl::Route => self.routes.contains_key(name),
-            TypeUrl::Secret | TypeUrl::NameTable => false,
-        }
+        self.tables[type_url as usize].contains(name)
     }
 
     /// Stores what a response carried and notes the changes it shows.
-    fn apply(
-        &mut self,
-        type_url: TypeUrl,
-        decoded: Vec<(Arc<str>, Decoded)>,
-        removed: Vec<Arc<str>>,
-        step: &mut Step,
-    ) {
-        for (name, resource) in decoded {
-            match resource {
-                Decoded::Cluster(eds) => {
-                    if self.clusters.insert(name.clone(), eds).is_none()
+    fn apply(&mut self, type_url: TypeUrl, mut update: Update, step: &mut Step) {
+        if matches!(type_url, TypeUrl::Secret | TypeUrl::NameTable) {
+            // Not followed: nothing held.
+            update.put.clear();
+            update.remove.clear();
+            update.complete = false;
+        }
+        let old = self.tables[type_url as usize].clone();
+        for e in &update.put {
+            let name = &e.resource.name;
+            if old.get(name).is_some_and(|held| held.hash == e.hash) {
+                continue;
+            }
+            match &e.resource.facts {
+                Facts::Cluster(_) => {
+                    if !old.contains(name)
                         && let Some(change) = self
                             .plan
-                            .service_of_cluster(&name)
+                            .service_of_cluster(name)
                             .and_then(|s| self.plan.added_by(s))
                     {
                         self.note(change, step);
                     }
                 }
-                Decoded::Assignment(endpoints, marker) => {
+                Facts::Assignment(_, marker) => {
                     if let (Some(marker), Some(service)) =
-                        (marker, self.plan.service_of_cluster(&name))
+                        (*marker, self.plan.service_of_cluster(name))
                     {
                         let seen = self.marker_seen.get(&service).copied();
                         if seen.is_none_or(|s| marker > s) {
@@ -482,13 +453,9 @@ impl ProxyState {
                             }
                         }
                     }
-                    self.assignments.insert(name, endpoints);
                 }
-                Decoded::Listener(routes) => {
-                    self.listeners.insert(name, routes);
-                }
-                Decoded::Route(clusters, marker) => {
-                    if let Some(marker) = marker
+                Facts::Route(_, marker) => {
+                    if let Some(marker) = *marker
                         && self.config_seen.is_none_or(|s| marker > s)
                     {
                         let seen = self.config_seen.replace(marker);
@@ -497,35 +464,37 @@ impl ProxyState {
                             self.note(change, step);
                         }
                     }
-                    self.routes.insert(name, clusters);
                 }
-                Decoded::Other => {}
+                Facts::Listener(_) | Facts::Other => {}
             }
         }
-        for name in removed {
-            match type_url {
-                TypeUrl::Cluster => {
-                    if self.clusters.remove(&name).is_some()
-                        && let Some(change) = self
-                            .plan
-                            .service_of_cluster(&name)
-                            .and_then(|s| self.plan.removed_by(s))
-                    {
-                        self.note(change, step);
-                    }
+        // Clusters that leave: removed by name, or left out of a complete set.
+        if type_url == TypeUrl::Cluster {
+            let gone: Vec<Arc<str>> = if update.complete {
+                let present: HashSet<&str> = update.put.iter().map(|e| &*e.resource.name).collect();
+                old.names()
+                    .filter(|n| !present.contains(&***n))
+                    .cloned()
+                    .collect()
+            } else {
+                update
+                    .remove
+                    .iter()
+                    .filter(|n| old.contains(n))
+                    .cloned()
+                    .collect()
+            };
+            for name in gone {
+                if let Some(change) = self
+                    .plan
+                    .service_of_cluster(&name)
+                    .and_then(|s| self.plan.removed_by(s))
+                {
+                    self.note(change, step);
                 }
-                TypeUrl::Endpoint => {
-                    self.assignments.remove(&name);
-                }
-                TypeUrl::Listener => {
-                    self.listeners.remove(&name);
-                }
-                TypeUrl::Route => {
-                    self.routes.remove(&name);
-                }
-                TypeUrl::Secret | TypeUrl::NameTable => {}
             }
         }
+        self.tables[type_url as usize] = self.plan.shared.update(type_url, &old, update);
         let sub = &mut self.subs[type_url as usize];
         sub.responses += 1;
         sub.answered = true;
@@ -543,14 +512,14 @@ impl ProxyState {
 
     /// Moves the subscriptions that depend on what a response of `changed` changed.
     /// Only the types downstream of it are looked at: an EDS response, the common
-    /// one, moves no subscription, and rebuilding the EDS names from 1,000 clusters on
-    /// each was most of the tool's CPU.
+    /// one, moves no subscription. The names a table makes the proxy subscribe to are
+    /// worked out once per table ([`Table::derived`]), not per proxy.
     fn follow(&mut self, changed: TypeUrl, step: &mut Step) {
         let responded = |s: &Self, t: TypeUrl| s.subs[t as usize].responses > 0;
         match self.plan.mode {
             Mode::Sidecar => {
                 if changed == TypeUrl::Cluster {
-                    let eds = self.clusters.values().flatten().cloned().collect();
+                    let eds = self.table(TypeUrl::Cluster).derived(eds_names);
                     self.resubscribe(TypeUrl::Endpoint, eds, step);
                 }
                 // Listeners once the clusters are warm, as Envoy does.
@@ -562,7 +531,7 @@ impl ProxyState {
                     self.subscribe_wildcard(TypeUrl::Listener, step);
                 }
                 if changed == TypeUrl::Listener {
-                    let routes = self.listeners.values().flatten().cloned().collect();
+                    let routes = self.table(TypeUrl::Listener).derived(route_names);
                     self.resubscribe(TypeUrl::Route, routes, step);
                 }
             }
@@ -570,24 +539,18 @@ impl ProxyState {
                 // Listeners name routes, routes name clusters, clusters name EDS names.
                 let mut dirty = changed;
                 if dirty == TypeUrl::Listener {
-                    let routes = self.listeners.values().flatten().cloned().collect();
+                    let routes = self.table(TypeUrl::Listener).derived(route_names);
                     self.resubscribe(TypeUrl::Route, routes, step);
                     dirty = TypeUrl::Route;
                 }
                 if dirty == TypeUrl::Route && responded(self, TypeUrl::Route) {
-                    let sub = &self.subs[TypeUrl::Route as usize];
-                    let clusters = sub
-                        .names
-                        .iter()
-                        .filter_map(|n| self.routes.get(n))
-                        .flatten()
-                        .cloned()
-                        .collect();
+                    // The route table holds only subscribed names (see `resubscribe`).
+                    let clusters = self.table(TypeUrl::Route).derived(route_clusters);
                     self.resubscribe(TypeUrl::Cluster, clusters, step);
                     dirty = TypeUrl::Cluster;
                 }
                 if dirty == TypeUrl::Cluster && responded(self, TypeUrl::Cluster) {
-                    let eds = self.clusters.values().flatten().cloned().collect();
+                    let eds = self.table(TypeUrl::Cluster).derived(eds_names);
                     self.resubscribe(TypeUrl::Endpoint, eds, step);
                 }
             }
@@ -599,65 +562,75 @@ impl ProxyState {
         sub.started = true;
         sub.wildcard = true;
         step.requests.push(match self.flavour {
-            Flavour::Sotw => Outgoing::Sotw(SotwOut {
+            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                ..Default::default()
+            }),
+            _ => Outgoing::Sotw(SotwOut {
                 request: DiscoveryRequest {
                     type_url: type_url.as_str().into(),
                     ..Default::default()
                 },
                 names: Arc::default(),
             }),
-            Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
-                type_url: type_url.as_str().into(),
-                ..Default::default()
-            }),
         });
     }
 
     /// Subscribes `type_url` to exactly `names`, sending a request when they changed.
-    fn resubscribe(&mut self, type_url: TypeUrl, names: BTreeSet<Arc<str>>, step: &mut Step) {
+    fn resubscribe(&mut self, type_url: TypeUrl, names: Arc<NameSet>, step: &mut Step) {
         let sub = &mut self.subs[type_url as usize];
-        if sub.started && sub.names == names {
+        if sub.started && (Arc::ptr_eq(&sub.names, &names) || sub.names.set() == names.set()) {
             return;
         }
         let first = !sub.started;
         let added: Vec<String> = names
-            .iter()
-            .filter(|n| !sub.names.contains(*n))
-            .map(|n| n.to_string())
+            .names()
+            .filter(|n| !sub.names.contains(n))
+            .map(String::from)
             .collect();
-        let dropped: Vec<String> = sub
+        let dropped: Vec<Arc<str>> = sub
             .names
+            .set()
             .iter()
-            .filter(|n| !names.contains(*n))
-            .map(|n| n.to_string())
+            .filter(|n| !names.contains(n))
+            .cloned()
             .collect();
         sub.started = true;
         if !added.is_empty() {
             sub.answered = false;
         }
         sub.gone.retain(|n| names.contains(n));
-        if self.flavour == Flavour::Sotw {
-            sub.list = Arc::new(NameList::new(&names));
-        }
         sub.names = names;
         // What is no longer subscribed is dropped (EDS and RDS hold by name).
-        match type_url {
-            TypeUrl::Endpoint => self.assignments.retain(|n, _| sub.names.contains(n)),
-            TypeUrl::Route => self.routes.retain(|n, _| sub.names.contains(n)),
-            _ => {}
+        if matches!(type_url, TypeUrl::Endpoint | TypeUrl::Route) && !dropped.is_empty() {
+            let old = self.tables[type_url as usize].clone();
+            let remove = dropped
+                .iter()
+                .filter(|n| old.contains(n))
+                .cloned()
+                .collect();
+            self.tables[type_url as usize] = self.plan.shared.update(
+                type_url,
+                &old,
+                Update {
+                    remove,
+                    ..Update::default()
+                },
+            );
         }
+        let sub = &self.subs[type_url as usize];
         if first && sub.names.is_empty() {
             // Nothing to ask for yet; an empty non-wildcard request means nothing.
             return;
         }
         step.requests.push(match self.flavour {
-            Flavour::Sotw => Outgoing::Sotw(sub.sotw_request(type_url)),
             Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
                 type_url: type_url.as_str().into(),
                 resource_names_subscribe: added,
-                resource_names_unsubscribe: dropped,
+                resource_names_unsubscribe: dropped.iter().map(|n| n.to_string()).collect(),
                 ..Default::default()
             }),
+            _ => Outgoing::Sotw(sub.sotw_request(type_url)),
         });
     }
 
@@ -683,6 +656,7 @@ impl ProxyState {
         }
         let missing: Vec<&Arc<str>> = sub
             .names
+            .set()
             .iter()
             .filter(|n| !self.holds(type_url, n) && !sub.gone.contains(*n))
             .collect();
@@ -697,10 +671,10 @@ impl ProxyState {
     }
 
     /// Why the config is not complete yet; `None` once it is. With `consistent`, the
-    /// config must also match the registry the run started with: the cluster of every
-    /// service the sidecar imports (all, or its namespace's with `sidecarScope:
-    /// namespace`) and no other, and every endpoint of each such (sidecars) or watched
-    /// (proxyless) service's assignment.
+    /// config must also match the registry the run started with: every cluster (one
+    /// per port) of every service the sidecar imports (all, or its namespace's with
+    /// `sidecarScope: namespace`) and no other, and every endpoint in the assignment of
+    /// each such (sidecars) or watched (proxyless) service's cluster.
     pub fn gap(&self, consistent: bool) -> Option<String> {
         for type_url in FOLLOWED {
             if let Some(gap) = self.unresolved(type_url) {
@@ -711,20 +685,27 @@ impl ProxyState {
             return None;
         }
         let eps = self.plan.endpoints_per_service;
-        let short_assignment = |service: usize| {
-            let name = self.plan.cluster_name(service);
+        let clusters = self.table(TypeUrl::Cluster);
+        let assignments = self.table(TypeUrl::Endpoint);
+        let short_assignment = |name: &Arc<str>| {
             let eds = match self.plan.mode {
-                Mode::Sidecar => self.clusters.get(name).cloned().flatten(),
+                Mode::Sidecar => match clusters.get(name).map(|e| &e.resource.facts) {
+                    Some(Facts::Cluster(eds)) => eds.clone(),
+                    _ => None,
+                },
                 Mode::Grpc => Some(name.clone()),
             };
-            let have = eds.and_then(|n| self.assignments.get(&n).copied());
+            let have = eds.and_then(|n| match assignments.get(&n).map(|e| &e.resource.facts) {
+                Some(Facts::Assignment(count, _)) => Some(*count),
+                _ => None,
+            });
             (have != Some(eps))
                 .then(|| format!("{name}: {have:?} endpoints, the registry has {eps}"))
         };
         match self.plan.mode {
             Mode::Sidecar => {
-                let mut services = Vec::new();
-                for name in self.clusters.keys() {
+                let mut held = Vec::new();
+                for name in clusters.names() {
                     let Some(service) = self.plan.service_of_cluster(name) else {
                         continue;
                     };
@@ -735,19 +716,30 @@ impl ProxyState {
                         ));
                     }
                     if self.plan.initially_present(service) {
-                        services.push(service);
+                        held.push(name);
                     }
                 }
-                let expected = self.plan.sidecar_initial_services(self.namespace);
-                if services.len() != expected {
-                    return Some(format!(
-                        "cds has {} of the {expected} services' clusters",
-                        services.len(),
-                    ));
+                let services = self.plan.sidecar_initial_services(self.namespace);
+                let ports = self.plan.ports_per_service;
+                if held.len() != services * ports {
+                    return Some(match ports {
+                        1 => format!(
+                            "cds has {} of the {services} services' clusters",
+                            held.len()
+                        ),
+                        _ => format!(
+                            "cds has {} of the {} clusters of the {services} services",
+                            held.len(),
+                            services * ports
+                        ),
+                    });
                 }
-                services.into_iter().find_map(short_assignment)
+                held.into_iter().find_map(short_assignment)
             }
-            Mode::Grpc => self.watched.iter().copied().find_map(short_assignment),
+            Mode::Grpc => self
+                .watched
+                .iter()
+                .find_map(|s| short_assignment(self.plan.cluster_name(*s))),
         }
     }
 
@@ -763,6 +755,7 @@ impl ProxyState {
             .flat_map(|t| {
                 let sub = &self.subs[t as usize];
                 sub.names
+                    .set()
                     .iter()
                     .filter(move |n| !self.holds(t, n) && !sub.gone.contains(*n))
                     .map(move |n| (t, n.clone()))
@@ -786,6 +779,8 @@ mod tests {
         HttpConnectionManager, Rds, http_connection_manager,
     };
     use envoy_types::pb::google::protobuf::Any;
+
+    use std::collections::BTreeSet;
 
     use super::*;
     use crate::lite::{DeltaResourceLite, ResourceAny};
@@ -917,7 +912,7 @@ mod tests {
                 response_nonce: "n1".into(),
                 ..Default::default()
             },
-            names: Arc::new(NameList::new(&names)),
+            names: Arc::new(NameSet::new(names)),
         };
         let wire = out.encode_to_vec();
         assert_eq!(wire.len(), out.encoded_len());
@@ -1192,6 +1187,128 @@ mod tests {
             vec![(&cluster_name, assignment(&cluster_name, &[9080, 9080]))],
         ));
         assert!(p.is_complete(true));
+    }
+
+    #[test]
+    fn lean_proxies_share_tables_and_see_changes_in_the_http_port() {
+        for decode in [crate::scenario::Decode::Lean, crate::scenario::Decode::Full] {
+            let scenario = Scenario {
+                services: 2,
+                ports_per_service: 2,
+                endpoints_per_service: 2,
+                decode,
+                churn: Churn {
+                    endpoint_changes: 1,
+                    ..Churn::default()
+                },
+                ..Scenario::default()
+            };
+            let mut registry = Registry::new(&scenario);
+            let kinds = registry.plan(&scenario);
+            let plan = Arc::new(Plan::new(&scenario, &registry, &kinds));
+            let names: Vec<String> = (0..2)
+                .flat_map(|s| plan.cluster_names(s).iter().map(|n| n.to_string()))
+                .collect();
+            assert_eq!(names.len(), 4);
+            let sotw_config = |p: &mut ProxyState, clusters: &[String]| {
+                p.start();
+                p.on_sotw(sotw(
+                    TypeUrl::Cluster,
+                    "c",
+                    clusters.iter().map(|c| cluster(c)).collect(),
+                ));
+                p.on_sotw(sotw(
+                    TypeUrl::Endpoint,
+                    "e",
+                    clusters
+                        .iter()
+                        .map(|c| assignment(c, &[9080, 9080]))
+                        .collect(),
+                ));
+                p.on_sotw(sotw(
+                    TypeUrl::Listener,
+                    "l",
+                    vec![listener("0.0.0.0_8080", "8080")],
+                ));
+                p.on_sotw(sotw(TypeUrl::Route, "r", vec![]));
+            };
+            let mut a = ProxyState::new(plan.clone(), Flavour::Mixed, 0);
+            assert_eq!(a.flavour(), Flavour::Sotw);
+            // One port's cluster missing: not converged.
+            sotw_config(&mut a, &names[..3]);
+            assert_eq!(
+                a.gap(true).as_deref(),
+                Some("cds has 3 of the 4 clusters of the 2 services")
+            );
+            sotw_config(&mut a, &names);
+            assert!(a.is_complete(true), "{:?}", a.gap(true));
+
+            // A Delta proxy receiving the same resources holds the same tables.
+            let mut b = ProxyState::new(plan.clone(), Flavour::Mixed, 1);
+            assert_eq!(b.flavour(), Flavour::Delta);
+            b.start();
+            let delta = |t: TypeUrl, resources: Vec<(String, ResourceAny)>| DeltaResponseLite {
+                system_version_info: "v".into(),
+                resources: resources
+                    .into_iter()
+                    .map(|(name, r)| DeltaResourceLite {
+                        version: "1".into(),
+                        resource: Some(r),
+                        name,
+                    })
+                    .collect(),
+                type_url: t.as_str().into(),
+                nonce: "n".into(),
+                removed_resources: vec![],
+            };
+            b.on_delta(delta(
+                TypeUrl::Cluster,
+                names.iter().map(|n| (n.clone(), cluster(n))).collect(),
+            ));
+            b.on_delta(delta(
+                TypeUrl::Endpoint,
+                names
+                    .iter()
+                    .map(|n| (n.clone(), assignment(n, &[9080, 9080])))
+                    .collect(),
+            ));
+            b.on_delta(delta(
+                TypeUrl::Listener,
+                vec![("0.0.0.0_8080".into(), listener("0.0.0.0_8080", "8080"))],
+            ));
+            b.on_delta(delta(TypeUrl::Route, vec![]));
+            assert!(b.is_complete(true), "{:?}", b.gap(true));
+            let shared = decode == crate::scenario::Decode::Lean;
+            for t in [TypeUrl::Cluster, TypeUrl::Endpoint] {
+                assert_eq!(
+                    Arc::ptr_eq(a.table(t), b.table(t)),
+                    shared,
+                    "{decode:?} {t:?}"
+                );
+            }
+
+            // The endpoint change shows in the HTTP port's assignment: both see it,
+            // once, and (lean) move to one new table.
+            let service = plan.changes[0].service.unwrap();
+            let http = plan.cluster_name(service).to_string();
+            let marked = assignment(&http, &[9080, u32::from(marker_port(0))]);
+            let step = a.on_sotw(sotw(TypeUrl::Endpoint, "e2", vec![marked.clone()]));
+            assert_eq!(step.observed, [0]);
+            let step = b.on_delta(delta(TypeUrl::Endpoint, vec![(http.clone(), marked)]));
+            assert_eq!(step.observed, [0]);
+            assert_eq!(
+                Arc::ptr_eq(a.table(TypeUrl::Endpoint), b.table(TypeUrl::Endpoint)),
+                shared
+            );
+            let grpc = plan.cluster_names(service)[1].to_string();
+            let step = a.on_sotw(sotw(
+                TypeUrl::Endpoint,
+                "e3",
+                vec![assignment(&grpc, &[17070, 17070])],
+            ));
+            assert!(step.observed.is_empty());
+            assert!(a.is_complete(false));
+        }
     }
 
     #[test]

@@ -66,6 +66,10 @@ pub struct Recorder {
     /// Stream attempts the server refused with `RESOURCE_EXHAUSTED` (its new-stream
     /// rate limit), retried with backoff; not counted as failures.
     pub refused: AtomicUsize,
+    /// Failed stream attempts whose error says the connection was reset.
+    pub connection_resets: AtomicUsize,
+    /// Failed stream attempts whose error says the connection was refused.
+    pub connections_refused: AtomicUsize,
     /// Proxies that have had a complete initial config.
     pub converged: AtomicUsize,
     /// Converged proxies whose stream is still up: the watchers of a sidecar change.
@@ -108,6 +112,8 @@ impl Recorder {
             connected: AtomicUsize::new(0),
             stream_failures: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
+            connection_resets: AtomicUsize::new(0),
+            connections_refused: AtomicUsize::new(0),
             converged: AtomicUsize::new(0),
             live_converged: AtomicUsize::new(0),
             service_watchers: (0..services).map(|_| AtomicUsize::new(0)).collect(),

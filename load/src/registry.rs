@@ -14,8 +14,15 @@ use super::scenario::{Mode, Scenario};
 /// The port every endpoint serves on until a change gives it a marker.
 pub const TARGET_PORT: u16 = 9080;
 
-/// The one port of every service.
+/// The first port of every service (HTTP for sidecars, GRPC for proxyless clients).
 pub const SERVICE_PORT: u16 = 8080;
+
+/// The second port of a service with `portsPerService: 2` (GRPC).
+pub const GRPC_SERVICE_PORT: u16 = 7070;
+
+/// The target port of the second port's endpoints (never changed by the churn: an
+/// endpoint change moves the first port's target to a marker port).
+pub const GRPC_TARGET_PORT: u16 = 17070;
 
 /// The service whose VirtualService config changes rewrite (the first one, never
 /// reserved for removal).
@@ -91,6 +98,7 @@ pub struct Registry {
     services: Vec<ServiceModel>,
     namespaces: usize,
     endpoints_per_service: usize,
+    ports_per_service: usize,
     mode: Mode,
     next_endpoint: u32,
     added: usize,
@@ -110,6 +118,7 @@ impl Registry {
             services: Vec::with_capacity(scenario.services + scenario.churn.service_adds),
             namespaces: scenario.namespaces,
             endpoints_per_service: scenario.endpoints_per_service,
+            ports_per_service: scenario.ports_per_service,
             mode: scenario.mode,
             next_endpoint: 1,
             added: 0,
@@ -194,9 +203,19 @@ impl Registry {
         self.services[service].ns
     }
 
-    /// The CDS (and EDS) name of the service's port, as Istio names it.
+    /// The CDS (and EDS) name of the service's first port, as Istio names it: the
+    /// one endpoint changes show in.
     pub fn cluster_name(&self, service: usize) -> String {
         format!("outbound|{SERVICE_PORT}||{}", self.services[service].host)
+    }
+
+    /// The CDS (and EDS) names of every port of the service, the first port's first.
+    pub fn cluster_names(&self, service: usize) -> Vec<String> {
+        let host = &self.services[service].host;
+        [SERVICE_PORT, GRPC_SERVICE_PORT][..self.ports_per_service]
+            .iter()
+            .map(|port| format!("outbound|{port}||{host}"))
+            .collect()
     }
 
     /// The LDS name a proxyless client asks for.
@@ -313,6 +332,17 @@ impl Registry {
             Mode::Grpc => ("grpc", "GRPC"),
         };
         let mut first = true;
+        let mut ports = format!(
+            "{{\"name\": \"{port_name}\", \"port\": {SERVICE_PORT}, \"protocol\": \"{protocol}\"}}"
+        );
+        let mut second_target = String::new();
+        if self.ports_per_service > 1 {
+            let _ = write!(
+                ports,
+                ", {{\"name\": \"grpc\", \"port\": {GRPC_SERVICE_PORT}, \"protocol\": \"GRPC\"}}"
+            );
+            second_target = format!(", \"grpc\": {GRPC_TARGET_PORT}");
+        }
         for s in self.services.iter().filter(|s| s.present) {
             if !std::mem::take(&mut first) {
                 out.push(',');
@@ -321,15 +351,14 @@ impl Registry {
             let _ = write!(
                 out,
                 "\n{{\"hostname\": \"{}\", \"namespace\": \"{}\", \"addresses\": [\"{}\"], \
-                 \"ports\": [{{\"name\": \"{port_name}\", \"port\": {SERVICE_PORT}, \"protocol\": \"{protocol}\"}}], \
-                 \"endpoints\": [",
+                 \"ports\": [{ports}], \"endpoints\": [",
                 s.host, s.namespace, s.vip
             );
             for (i, (ip, port)) in s.endpoints.iter().enumerate() {
                 let comma = if i == 0 { "" } else { "," };
                 let _ = write!(
                     out,
-                    "{comma}\n  {{\"address\": \"{ip}\", \"ports\": {{\"{port_name}\": {port}}}}}"
+                    "{comma}\n  {{\"address\": \"{ip}\", \"ports\": {{\"{port_name}\": {port}{second_target}}}}}"
                 );
             }
             out.push_str("]}");
@@ -442,6 +471,7 @@ mod tests {
                 service_adds: 1,
                 service_removes: 2,
                 config_changes: 1,
+                reconnect_storm: false,
             },
             ..Scenario::default()
         }
@@ -496,6 +526,63 @@ mod tests {
                 "endpoint churn only touches watchable services"
             );
         }
+    }
+
+    #[test]
+    fn two_ports_per_service_give_two_clusters_and_changes_move_the_http_port() {
+        let sc = Scenario {
+            ports_per_service: 2,
+            ..scenario()
+        };
+        let mut registry = Registry::new(&sc);
+        assert_eq!(
+            registry.cluster_names(1),
+            [
+                "outbound|8080||svc-1.load-1.svc.cluster.local",
+                "outbound|7070||svc-1.load-1.svc.cluster.local"
+            ]
+        );
+        assert_eq!(registry.cluster_names(1)[0], registry.cluster_name(1));
+        let services = parse_mock_registry(Path::new("t.yaml"), &registry.render()).unwrap();
+        assert_eq!(services.len(), 4);
+        let ports: Vec<(String, u16, String)> = services[0]
+            .service
+            .ports
+            .iter()
+            .map(|p| {
+                (
+                    p.name.to_string(),
+                    p.port.get(),
+                    format!("{:?}", p.protocol),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("http".to_string(), 8080, "Http".to_string()),
+                ("grpc".to_string(), 7070, "Grpc".to_string())
+            ]
+        );
+        for e in &services[0].endpoints {
+            assert_eq!(e.ports.get("http"), Some(&TARGET_PORT));
+            assert_eq!(e.ports.get("grpc"), Some(&GRPC_TARGET_PORT));
+        }
+        // An endpoint change gives one endpoint's HTTP port a marker; its GRPC port stays.
+        let applied = registry.apply(0, ChangeKind::Endpoint);
+        let services = parse_mock_registry(Path::new("t.yaml"), &registry.render()).unwrap();
+        let changed = &services[applied.service.unwrap()];
+        let marked: Vec<_> = changed
+            .endpoints
+            .iter()
+            .filter(|e| e.ports.get("http") == Some(&marker_port(0)))
+            .collect();
+        assert_eq!(marked.len(), 1);
+        assert_eq!(marked[0].ports.get("grpc"), Some(&GRPC_TARGET_PORT));
+        // One port (the default) renders as before: no GRPC port.
+        let one = Registry::new(&scenario());
+        assert_eq!(one.cluster_names(0).len(), 1);
+        assert!(!one.render().contains("7070"));
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Summary {
     pub convergence: Convergence,
     /// The churn.
     pub changes: Changes,
+    /// The reconnect storm after the churn (`reconnectStorm: true`).
+    pub reconnect_storm: Option<ReconnectStorm>,
     /// Responses received by all proxies, by type (`cds`, `eds`, `lds`, `rds`, `total`).
     pub received: BTreeMap<&'static str, Received>,
     /// The server's memory and CPU, when it is a local process.
@@ -106,6 +108,32 @@ pub struct KindFigures {
     pub every_ack: Percentiles,
 }
 
+/// Every proxy dropping its stream and connection at once, then reconnecting at once.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ReconnectStorm {
+    /// Proxies run.
+    pub proxies: usize,
+    /// Streams still up when the proxies were told to reconnect (0 unless dropping
+    /// took longer than the tool waits).
+    pub not_dropped: usize,
+    /// Proxies with their config again (every subscribed name received) by the
+    /// deadline (`settleTimeout` from the reconnect).
+    pub converged: usize,
+    /// Reconnect -> every proxy has its config again (none when some never had).
+    pub all_converged_seconds: Option<f64>,
+    /// Stream attempts that failed from the reconnect on.
+    pub stream_failures: usize,
+    /// Of those, the ones whose error says the connection was reset.
+    pub connection_resets: usize,
+    /// Of those, the ones whose error says the connection was refused.
+    pub connections_refused: usize,
+    /// Streams refused by the server's rate limit (`RESOURCE_EXHAUSTED`) and retried
+    /// with Envoy's backoff (not failures).
+    pub refused_streams: usize,
+    /// The server's CPU seconds from the drop to the end of the storm.
+    pub server_cpu_seconds: Option<f64>,
+}
+
 /// Received responses of one type.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct Received {
@@ -148,6 +176,15 @@ impl Summary {
                 ch.written
             ));
         }
+        if let Some(st) = &self.reconnect_storm
+            && st.converged < st.proxies
+        {
+            problems.push(format!(
+                "{} of {} proxies did not have their config again after the reconnect storm",
+                st.proxies - st.converged,
+                st.proxies
+            ));
+        }
         if problems.is_empty() {
             "every proxy converged and every change reached every watcher".into()
         } else {
@@ -161,13 +198,15 @@ impl Summary {
         let s = &self.scenario;
         let _ = writeln!(
             out,
-            "\nmeshfed load: scenario {} ({} x {:?} {:?}, {} services x {} endpoints, {} namespaces{})",
+            "\nmeshfed load: scenario {} ({} x {:?} {:?}, {} services x {} endpoints x {} port{}, {} namespaces{})",
             s.name,
             s.proxies,
             s.mode,
             s.flavour,
             s.services,
             s.endpoints_per_service,
+            s.ports_per_service,
+            if s.ports_per_service == 1 { "" } else { "s" },
             s.namespaces,
             match s.sidecar_scope {
                 SidecarScope::Mesh => "",
@@ -274,6 +313,38 @@ impl Summary {
             }
         }
 
+        if let Some(st) = &self.reconnect_storm {
+            let _ = writeln!(
+                out,
+                "\nreconnect storm (every proxy dropped, then all reconnected at once)"
+            );
+            let _ = writeln!(
+                out,
+                "  proxies with their config again {} / {}{}",
+                st.converged,
+                st.proxies,
+                match st.all_converged_seconds {
+                    Some(secs) => format!(", all after {secs:.2} s"),
+                    None => format!(", not all within {:?}", s.settle_timeout),
+                }
+            );
+            let _ = writeln!(
+                out,
+                "  failed stream attempts          {} ({} connection resets, {} connections refused); \
+                 {} streams refused by the rate limit and retried",
+                st.stream_failures,
+                st.connection_resets,
+                st.connections_refused,
+                st.refused_streams
+            );
+            if st.not_dropped > 0 {
+                let _ = writeln!(out, "  streams not dropped in time     {}", st.not_dropped);
+            }
+            if let Some(cpu) = st.server_cpu_seconds {
+                let _ = writeln!(out, "  server CPU                      {cpu:.2} s");
+            }
+        }
+
         let _ = writeln!(out, "\nreceived by all proxies");
         let _ = writeln!(
             out,
@@ -312,6 +383,27 @@ impl Summary {
                 u.at_end.cpu_seconds - u.after_convergence.cpu_seconds,
                 u.at_end.cpu_seconds
             );
+            if what == "load tool process" {
+                let _ = writeln!(
+                    out,
+                    "  per proxy {} with every proxy connected, {} at the peak (RSS over the \
+                     RSS before the ramp, / {} proxies; decode: {:?})",
+                    bytes(
+                        u.after_convergence
+                            .rss_bytes
+                            .saturating_sub(u.before_ramp.rss_bytes)
+                            / c.proxies.max(1) as u64
+                    ),
+                    bytes(
+                        u.at_end
+                            .peak_rss_bytes
+                            .saturating_sub(u.before_ramp.rss_bytes)
+                            / c.proxies.max(1) as u64
+                    ),
+                    c.proxies,
+                    s.decode
+                );
+            }
         }
         if self.refused_streams > 0 {
             let _ = writeln!(

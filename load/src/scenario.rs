@@ -8,6 +8,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::marker::MAX_CHANGES;
 
+/// The most ports a service may have (`portsPerService`).
+pub const MAX_PORTS_PER_SERVICE: usize = 2;
+
 /// What kind of xDS client each simulated proxy is.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -29,6 +32,34 @@ pub enum Flavour {
     Sotw,
     /// `DeltaAggregatedResources`.
     Delta,
+    /// Half and half: even-numbered proxies speak SotW, odd-numbered ones Delta.
+    Mixed,
+}
+
+impl Flavour {
+    /// The flavour proxy number `index` speaks: never [`Flavour::Mixed`].
+    pub fn of_proxy(self, index: usize) -> Flavour {
+        match self {
+            Flavour::Mixed if index % 2 == 0 => Flavour::Sotw,
+            Flavour::Mixed => Flavour::Delta,
+            f => f,
+        }
+    }
+}
+
+/// How much of each resource a simulated proxy decodes and keeps.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Deserialize, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Decode {
+    /// Each resource's bytes are hashed; the few fields the checks read (EDS names,
+    /// endpoint counts, markers, route names) are decoded once per distinct resource
+    /// and shared, and proxies holding the same resources share one table of names
+    /// and hashes. No per-proxy copy of anything the proxies have in common.
+    #[default]
+    Lean,
+    /// Every proxy decodes every resource it receives itself and keeps its own tables
+    /// (what the tool did before `lean`): the check that each proxy's decoding agrees.
+    Full,
 }
 
 /// Which services a sidecar imports.
@@ -65,6 +96,10 @@ pub struct Churn {
     /// a VirtualService for the first service is renamed. They need a server that
     /// reads a config directory (`--configDir`); without one they are skipped.
     pub config_changes: usize,
+    /// After the changes, every proxy drops its stream and its connection at once,
+    /// then all reconnect at once (a rollout, a control plane restart): the report
+    /// gives the time until all have their config again and the failed connections.
+    pub reconnect_storm: bool,
 }
 
 impl Churn {
@@ -82,6 +117,9 @@ pub struct Scenario {
     pub name: String,
     /// Services in the mock registry.
     pub services: usize,
+    /// Ports of each service: 1 (HTTP 8080, or GRPC 8080 for proxyless clients) or 2
+    /// (HTTP 8080 and GRPC 7070: two clusters, so two EDS names, per service).
+    pub ports_per_service: usize,
     /// Endpoints of each service.
     pub endpoints_per_service: usize,
     /// Namespaces services and proxies are spread over (`load-0`, `load-1`, ...).
@@ -94,8 +132,10 @@ pub struct Scenario {
     pub grpc_services_per_client: usize,
     /// `mesh` or `namespace`: what each sidecar imports (see [`SidecarScope`]).
     pub sidecar_scope: SidecarScope,
-    /// `sotw` or `delta`.
+    /// `sotw`, `delta` or `mixed` (half each).
     pub flavour: Flavour,
+    /// `lean` or `full`: what each proxy decodes and keeps (see [`Decode`]).
+    pub decode: Decode,
     /// Proxies connected per second (0 = all at once).
     pub ramp: f64,
     /// HTTP/2 connections shared by the proxies (0 = one connection per proxy).
@@ -119,6 +159,7 @@ impl Default for Scenario {
         Scenario {
             name: "unnamed".into(),
             services: 10,
+            ports_per_service: 1,
             endpoints_per_service: 3,
             namespaces: 1,
             proxies: 10,
@@ -126,6 +167,7 @@ impl Default for Scenario {
             grpc_services_per_client: 10,
             sidecar_scope: SidecarScope::Mesh,
             flavour: Flavour::Sotw,
+            decode: Decode::Lean,
             ramp: 0.0,
             connections: 0,
             churn: Churn::default(),
@@ -165,6 +207,12 @@ impl Scenario {
         if self.namespaces == 0 {
             bail!("namespaces must be at least 1");
         }
+        if !(1..=MAX_PORTS_PER_SERVICE).contains(&self.ports_per_service) {
+            bail!(
+                "portsPerService must be 1 or {MAX_PORTS_PER_SERVICE} (HTTP, and GRPC), not {}",
+                self.ports_per_service
+            );
+        }
         if self.proxies == 0 {
             bail!("proxies must be at least 1");
         }
@@ -200,6 +248,12 @@ impl Scenario {
         if self.mode == Mode::Grpc {
             if self.sidecar_scope != SidecarScope::Mesh {
                 bail!("sidecarScope is for sidecars (mode: sidecar), not proxyless clients");
+            }
+            if self.ports_per_service != 1 {
+                bail!(
+                    "portsPerService is for sidecars (mode: sidecar); proxyless clients watch \
+                     one port per service"
+                );
             }
             if self.grpc_services_per_client == 0 {
                 bail!("grpcServicesPerClient must be at least 1 in grpc mode");
@@ -269,8 +323,8 @@ mod tests {
     #[test]
     fn parses_every_field() {
         let text = "name: t\nservices: 5\nendpointsPerService: 2\nnamespaces: 3\nproxies: 7\nmode: grpc\n\
-                    grpcServicesPerClient: 4\nsidecarScope: mesh\nflavour: delta\nramp: 50\nconnections: 2\n\
-                    churn: {rate: 5, endpointChanges: 10, serviceAdds: 2, serviceRemoves: 3, configChanges: 1}\n\
+                    grpcServicesPerClient: 4\nsidecarScope: mesh\nflavour: delta\ndecode: full\nportsPerService: 1\nramp: 50\nconnections: 2\n\
+                    churn: {rate: 5, endpointChanges: 10, serviceAdds: 2, serviceRemoves: 3, configChanges: 1, reconnectStorm: true}\n\
                     settleTimeout: 1m30s\nchangeTimeout: 5s\nseed: 9\n";
         let s = Scenario::parse("t.yaml", text).unwrap();
         assert_eq!(
@@ -278,6 +332,7 @@ mod tests {
             Scenario {
                 name: "t".into(),
                 services: 5,
+                ports_per_service: 1,
                 endpoints_per_service: 2,
                 namespaces: 3,
                 proxies: 7,
@@ -285,6 +340,7 @@ mod tests {
                 grpc_services_per_client: 4,
                 sidecar_scope: SidecarScope::Mesh,
                 flavour: Flavour::Delta,
+                decode: Decode::Full,
                 ramp: 50.0,
                 connections: 2,
                 churn: Churn {
@@ -293,6 +349,7 @@ mod tests {
                     service_adds: 2,
                     service_removes: 3,
                     config_changes: 1,
+                    reconnect_storm: true,
                 },
                 settle_timeout: Duration::from_secs(90),
                 change_timeout: Duration::from_secs(5),
@@ -362,6 +419,35 @@ mod tests {
     }
 
     #[test]
+    fn two_ports_mixed_flavours_and_decode_modes() {
+        let s = Scenario::parse("t.yaml", "portsPerService: 2\nflavour: mixed\n").unwrap();
+        assert_eq!(s.ports_per_service, 2);
+        assert_eq!(s.decode, Decode::Lean, "lean unless asked");
+        assert_eq!(
+            (0..4).map(|i| s.flavour.of_proxy(i)).collect::<Vec<_>>(),
+            [Flavour::Sotw, Flavour::Delta, Flavour::Sotw, Flavour::Delta]
+        );
+        assert_eq!(Flavour::Delta.of_proxy(0), Flavour::Delta);
+        assert_eq!(
+            Scenario::parse("t.yaml", "decode: full\n").unwrap().decode,
+            Decode::Full
+        );
+        for bad in ["portsPerService: 0\n", "portsPerService: 3\n"] {
+            let err = format!("{:#}", Scenario::parse("t.yaml", bad).unwrap_err());
+            assert!(err.contains("portsPerService must be 1 or 2"), "{err}");
+        }
+        let err = format!(
+            "{:#}",
+            Scenario::parse("t.yaml", "mode: grpc\nportsPerService: 2\n").unwrap_err()
+        );
+        assert!(err.contains("portsPerService is for sidecars"), "{err}");
+        let err = Scenario::parse("t.yaml", "decode: partial\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown variant `partial`"), "{err}");
+    }
+
+    #[test]
     fn sidecar_scope_needs_a_config_directory() {
         let s = Scenario::parse("t.yaml", "sidecarScope: namespace\n").unwrap();
         assert_eq!(s.sidecar_scope, SidecarScope::Namespace);
@@ -391,6 +477,34 @@ mod tests {
             (
                 "endpoint-churn-scoped.yaml",
                 include_str!("../../examples/scenarios/endpoint-churn-scoped.yaml"),
+            ),
+            (
+                "endpoint-churn-2ports-2000.yaml",
+                include_str!("../../examples/scenarios/endpoint-churn-2ports-2000.yaml"),
+            ),
+            (
+                "scale-5000.yaml",
+                include_str!("../../examples/scenarios/scale-5000.yaml"),
+            ),
+            (
+                "scale-10000.yaml",
+                include_str!("../../examples/scenarios/scale-10000.yaml"),
+            ),
+            (
+                "scale-20000.yaml",
+                include_str!("../../examples/scenarios/scale-20000.yaml"),
+            ),
+            (
+                "scale-5000-scoped.yaml",
+                include_str!("../../examples/scenarios/scale-5000-scoped.yaml"),
+            ),
+            (
+                "scale-10000-scoped.yaml",
+                include_str!("../../examples/scenarios/scale-10000-scoped.yaml"),
+            ),
+            (
+                "scale-20000-scoped.yaml",
+                include_str!("../../examples/scenarios/scale-20000-scoped.yaml"),
             ),
         ] {
             Scenario::parse(name, text).unwrap_or_else(|e| panic!("{name}: {e:#}"));
@@ -429,5 +543,88 @@ mod tests {
             unscoped,
             "the scoped scenario is endpoint-churn-500 with Sidecars"
         );
+        let two = Scenario::parse(
+            "endpoint-churn-2ports-2000.yaml",
+            include_str!("../../examples/scenarios/endpoint-churn-2ports-2000.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                two.services,
+                two.ports_per_service,
+                two.endpoints_per_service,
+                two.proxies,
+                two.flavour,
+                two.sidecar_scope,
+                two.ramp,
+                two.churn.rate,
+                two.churn.endpoint_changes,
+                two.churn.total()
+            ),
+            (
+                1000,
+                2,
+                10,
+                2000,
+                Flavour::Sotw,
+                SidecarScope::Mesh,
+                500.0,
+                0.0,
+                5,
+                5
+            )
+        );
+        for (text, proxies, connections, scope) in [
+            (
+                include_str!("../../examples/scenarios/scale-5000.yaml"),
+                5000,
+                0,
+                SidecarScope::Mesh,
+            ),
+            (
+                include_str!("../../examples/scenarios/scale-10000.yaml"),
+                10000,
+                0,
+                SidecarScope::Mesh,
+            ),
+            (
+                include_str!("../../examples/scenarios/scale-20000.yaml"),
+                20000,
+                2000,
+                SidecarScope::Mesh,
+            ),
+            (
+                include_str!("../../examples/scenarios/scale-5000-scoped.yaml"),
+                5000,
+                0,
+                SidecarScope::Namespace,
+            ),
+            (
+                include_str!("../../examples/scenarios/scale-10000-scoped.yaml"),
+                10000,
+                0,
+                SidecarScope::Namespace,
+            ),
+            (
+                include_str!("../../examples/scenarios/scale-20000-scoped.yaml"),
+                20000,
+                2000,
+                SidecarScope::Namespace,
+            ),
+        ] {
+            let s = Scenario::parse("scale", text).unwrap();
+            assert_eq!(
+                (
+                    s.proxies,
+                    s.connections,
+                    s.sidecar_scope,
+                    s.flavour,
+                    s.services,
+                    s.endpoints_per_service
+                ),
+                (proxies, connections, scope, Flavour::Mixed, 1000, 10)
+            );
+            assert!(s.churn.reconnect_storm && s.churn.config_changes == 1 && s.needs_config_dir());
+        }
     }
 }
