@@ -94,7 +94,7 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
         for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
             for port in &service.ports {
                 if port.protocol != meshfed_registry::Protocol::Udp {
-                    out.extend(cds::cached_service_clusters(snapshot, proxy, service, port));
+                    cds::cached_service_clusters(snapshot, proxy, service, port, &mut out);
                 }
             }
         }

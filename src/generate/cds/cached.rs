@@ -155,17 +155,18 @@ pub fn cached_outbound_as(
     snapshot.cached(input)
 }
 
-/// A service port's clusters for `proxy`: the service-wide one, then one per subset of
-/// the DestinationRule that applies, in the rule's order.
+/// A service port's clusters for `proxy`, added to `out`: the service-wide one, then
+/// one per subset of the DestinationRule that applies, in the rule's order. (Added to
+/// the caller's list: a sidecar's CDS visits every port of the mesh, and a list per
+/// port would allocate on every cache hit.)
 pub fn cached_service_clusters(
     snapshot: &Snapshot,
     proxy: &Proxy,
     service: &Service,
     port: &Port,
-) -> Vec<Resource> {
-    let mut out: Vec<Resource> = cached_outbound(snapshot, proxy, service, port, "")
-        .into_iter()
-        .collect();
+    out: &mut Vec<Resource>,
+) {
+    out.extend(cached_outbound(snapshot, proxy, service, port, ""));
     if let Some(rule) = snapshot.config().destination_rule(
         &proxy.namespace,
         service.namespace.as_str(),
@@ -181,7 +182,6 @@ pub fn cached_service_clusters(
             ));
         }
     }
-    out
 }
 
 /// A sidecar's inbound clusters: one `inbound|<targetPort>||` per target port of its
