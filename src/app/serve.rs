@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tracing::error;
+use tracing::{error, info};
 
 use crate::ads::server::{AdsService, XdsContext};
 use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
@@ -84,33 +84,34 @@ pub(super) struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the plaintext xDS, HTTP and monitoring addresses.
+    /// Binds the plaintext xDS, HTTP and monitoring addresses, each with the system's
+    /// maximum listen backlog.
     pub(super) async fn bind(config: &super::DiscoveryConfig) -> anyhow::Result<Listeners> {
         let grpc = match config.grpc_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the xDS address {addr} (--grpcAddr)"))?,
-            ),
+            Some(addr) => Some(listen(addr, "xDS", "--grpcAddr")?),
             None => None,
         };
-        let http = TcpListener::bind(config.http_addr).await.with_context(|| {
-            format!("binding the HTTP address {} (--httpAddr)", config.http_addr)
-        })?;
-        let monitoring = TcpListener::bind(config.monitoring_addr)
-            .await
-            .with_context(|| {
-                format!(
-                    "binding the monitoring address {} (--monitoringAddr)",
-                    config.monitoring_addr
-                )
-            })?;
+        let http = listen(config.http_addr, "HTTP", "--httpAddr")?;
+        let monitoring = listen(config.monitoring_addr, "monitoring", "--monitoringAddr")?;
         Ok(Listeners {
             grpc,
             http,
             monitoring,
         })
     }
+}
+
+/// Binds `addr` with the system's maximum backlog ([`crate::ads::transport::listen`])
+/// and says so in the log.
+pub(super) fn listen(addr: SocketAddr, what: &str, flag: &str) -> anyhow::Result<TcpListener> {
+    let (listener, backlog) = crate::ads::transport::listen(addr)
+        .with_context(|| format!("binding the {what} address {addr} ({flag})"))?;
+    info!(
+        addr = %listener.local_addr().unwrap_or(addr),
+        backlog,
+        "{what} port listening ({flag}) with backlog {backlog}"
+    );
+    Ok(listener)
 }
 
 /// Serves ADS on the plaintext port. CreateCertificate is there too but has no
