@@ -301,7 +301,7 @@ impl AsyncWrite for GuardedStream {
 
 /// Errors of `accept` that concern one connection only (it went away before it was
 /// taken); the next accept may succeed at once.
-fn is_per_connection(err: &io::Error) -> bool {
+pub(crate) fn is_per_connection(err: &io::Error) -> bool {
     matches!(
         err.kind(),
         io::ErrorKind::ConnectionAborted
