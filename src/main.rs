@@ -295,6 +295,21 @@ struct DiscoveryArgs {
     /// Address for /metrics, /version and the debug endpoints.
     #[arg(long = "monitoringAddr", default_value = "127.0.0.1:15014", value_parser = parse_addr)]
     monitoring_addr: SocketAddr,
+    /// How long a new connection to an admin port (--httpAddr, --monitoringAddr) may
+    /// take to send its first request's headers; `0s`: no limit. istiod's servers set
+    /// ReadTimeout 30s, which Go applies to the headers too.
+    #[arg(long = "adminReadHeaderTimeout", default_value = "30s", value_parser = parse_duration)]
+    admin_read_header_timeout: Duration,
+    /// How long an admin connection with no request in flight is kept; `0s`: no limit
+    /// (istiod's IdleTimeout: 90s).
+    #[arg(long = "adminIdleTimeout", default_value = "90s", value_parser = parse_duration)]
+    admin_idle_timeout: Duration,
+    /// Most connections held on each admin port, separate from --maxConnections; at the
+    /// cap a new connection replaces the longest-idle one, or is closed at accept when
+    /// every one is busy. Lowered to an eighth of the open-files limit where that is
+    /// smaller. (Go's servers, istiod's, have no cap.)
+    #[arg(long = "adminMaxConnections", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    admin_max_connections: u32,
     /// Quiet period before a push (Istio's PILOT_DEBOUNCE_AFTER).
     #[arg(long = "debounceAfter", default_value = "100ms", value_parser = parse_duration)]
     debounce_after: Duration,
@@ -627,6 +642,13 @@ impl DiscoveryArgs {
             },
             debug_open: self.debug_allow_remote,
             max_config_file_size: self.max_config_file_size,
+            admin_limits: meshfed::admin::AdminLimits {
+                read_header_timeout: (!self.admin_read_header_timeout.is_zero())
+                    .then_some(self.admin_read_header_timeout),
+                idle_timeout: (!self.admin_idle_timeout.is_zero())
+                    .then_some(self.admin_idle_timeout),
+                max_connections: self.admin_max_connections as usize,
+            },
             ..DiscoveryConfig::default()
         })
     }

@@ -506,66 +506,80 @@ impl AsyncWrite for SecureStream {
     }
 }
 
-/// Handshakes in flight at most; further accepted connections wait for a slot.
-const MAX_PENDING_HANDSHAKES: usize = 1024;
-
-/// The TLS connections of `acceptor`: each handshake runs on its own task (bounded by
-/// `timeout`), so a slow or silent client never holds up the others.
+/// The TLS connections of `acceptor`. No pool gates `accept`: every accepted
+/// connection gets its own handshake task with its own deadline (`timeout`), so a
+/// silent or slow client costs one task and one descriptor, never a slot that other
+/// clients wait for. The connection cap of the port (`--maxConnections`, in the
+/// [`Acceptor`]) counts connections in their handshake too.
 pub fn incoming(
     mut acceptor: Acceptor,
     tls: Arc<SecureTls>,
     timeout: Duration,
 ) -> impl Stream<Item = io::Result<SecureStream>> + Send {
     let (tx, rx) = mpsc::channel::<SecureStream>(64);
-    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
     tokio::spawn(async move {
         let log = Arc::new(LogLimiter::new(5, Duration::from_secs(10)));
         loop {
-            let Ok(slot) = slots.clone().acquire_owned().await else {
-                return;
-            };
             let conn = tokio::select! {
                 conn = acceptor.accept() => conn,
                 () = tx.closed() => return,
             };
-            let peer = conn.connect_info().peer;
-            let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
-            let (tx, tls, log) = (tx.clone(), tls.clone(), log.clone());
-            tokio::spawn(async move {
-                let _slot = slot;
-                let io = match tokio::time::timeout(timeout, acceptor.accept(conn)).await {
-                    Ok(Ok(io)) => io,
-                    Ok(Err(err)) => {
-                        tls.handshake_errors.inc();
-                        if let Some(suppressed) = log.allow() {
-                            warn!(peer = ?peer, suppressed, "TLS handshake on the secure xDS port failed: {err}");
-                        }
-                        return;
-                    }
-                    Err(_) => {
-                        tls.handshake_errors.inc();
-                        debug!(peer = ?peer, "TLS handshake on the secure xDS port timed out");
-                        return;
-                    }
-                };
-                let chain = io
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
-                    .unwrap_or_default();
-                let stream = SecureStream {
-                    io,
-                    peer: Arc::new(TlsPeer { chain }),
-                };
-                let _ = tx.send(stream).await;
-            });
+            tokio::spawn(handshake(
+                conn,
+                tls.clone(),
+                timeout,
+                tx.clone(),
+                log.clone(),
+            ));
         }
     });
     futures::stream::unfold(
         rx,
         |mut rx| async move { rx.recv().await.map(|s| (Ok(s), rx)) },
     )
+}
+
+/// One connection's TLS handshake, bounded by `timeout`; the connection goes to `tx`
+/// when it succeeds. Ends early when the server stops taking connections.
+async fn handshake(
+    conn: GuardedStream,
+    tls: Arc<SecureTls>,
+    timeout: Duration,
+    tx: mpsc::Sender<SecureStream>,
+    log: Arc<LogLimiter>,
+) {
+    let peer = conn.connect_info().peer;
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+    let result = tokio::select! {
+        result = tokio::time::timeout(timeout, acceptor.accept(conn)) => result,
+        () = tx.closed() => return,
+    };
+    let io = match result {
+        Ok(Ok(io)) => io,
+        Ok(Err(err)) => {
+            tls.handshake_errors.inc();
+            if let Some(suppressed) = log.allow() {
+                warn!(peer = ?peer, suppressed, "TLS handshake on the secure xDS port failed: {err}");
+            }
+            return;
+        }
+        Err(_) => {
+            tls.handshake_errors.inc();
+            debug!(peer = ?peer, "TLS handshake on the secure xDS port timed out");
+            return;
+        }
+    };
+    let chain = io
+        .get_ref()
+        .1
+        .peer_certificates()
+        .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
+        .unwrap_or_default();
+    let stream = SecureStream {
+        io,
+        peer: Arc::new(TlsPeer { chain }),
+    };
+    let _ = tx.send(stream).await;
 }
 
 #[cfg(test)]

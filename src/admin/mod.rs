@@ -1,4 +1,5 @@
-//! The admin HTTP surface: `/ready`, `/metrics`, `/version` and the debug endpoints.
+//! The admin HTTP surface: `/ready`, `/metrics`, `/version` and the debug endpoints,
+//! served under connection limits ([`serve_port`]).
 //!
 //! Debug endpoints come from one table ([`DEBUG_ENDPOINTS`]) that also drives
 //! `/debug/list` (JSON) and `/debug` (HTML index). They answer loopback callers only,
@@ -7,6 +8,7 @@
 
 mod config_dump;
 mod debug;
+mod serve;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +26,7 @@ use crate::ads::Connections;
 use crate::push::Pipeline;
 
 pub use debug::DEBUG_ENDPOINTS;
+pub use serve::{AdminLimits, AdminMetrics, AdminPort, CloseReason, serve_port};
 
 /// What the admin handlers read.
 #[derive(Clone)]

@@ -31,7 +31,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 use tracing::{debug, warn};
@@ -301,7 +301,7 @@ impl AsyncWrite for GuardedStream {
 
 /// Errors of `accept` that concern one connection only (it went away before it was
 /// taken); the next accept may succeed at once.
-fn is_per_connection(err: &io::Error) -> bool {
+pub(crate) fn is_per_connection(err: &io::Error) -> bool {
     matches!(
         err.kind(),
         io::ErrorKind::ConnectionAborted
@@ -412,6 +412,41 @@ impl Acceptor {
             Some((Ok(stream), acceptor))
         })
     }
+}
+
+/// The listen backlog where the system's maximum cannot be read: Go's (and so
+/// istiod's) fallback, `syscall.SOMAXCONN`.
+pub const FALLBACK_BACKLOG: u32 = 4096;
+
+/// The system's maximum listen backlog (`/proc/sys/net/core/somaxconn` on Linux), the
+/// backlog Go's `net.Listen` (and so istiod) listens with; [`FALLBACK_BACKLOG`] where
+/// it cannot be read.
+pub fn system_backlog() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(FALLBACK_BACKLOG)
+}
+
+/// Binds `addr` and listens with the system's maximum backlog ([`system_backlog`]),
+/// so that a reconnect storm (every proxy at once after a rollout) waits in the
+/// kernel's accept queue instead of being dropped; tokio's `TcpListener::bind`
+/// listens with 1,024. Returns the listener and its backlog (for the log). Must be
+/// called within a tokio runtime.
+pub fn listen(addr: SocketAddr) -> io::Result<(TcpListener, u32)> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // As std's (and tokio's) `bind` on Unix: a restarted server binds its port again
+    // while connections of the previous one are in TIME_WAIT.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    let backlog = system_backlog();
+    Ok((socket.listen(backlog)?, backlog))
 }
 
 /// Raises the soft open-files limit to the hard one, so that the connection count is
@@ -531,6 +566,28 @@ mod tests {
         assert!(acceptor.metrics.refused.get() >= 1);
         assert_eq!(acceptor.live.load(Ordering::Acquire), 1);
         fourth.write_all(b"x").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn listeners_take_the_system_backlog() {
+        let backlog = system_backlog();
+        assert!(backlog > 0);
+        let (listener, got) = listen("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(got, backlog);
+        let addr = listener.local_addr().unwrap();
+        // Nothing is accepted: every connect completes into the kernel's accept queue
+        // (backlog + 1 entries). With tokio's default of 1,024 the 1,026th connect
+        // would never complete; the bound only detects that failure.
+        let n = (backlog as usize).min(2_000);
+        let connects = futures::future::join_all((0..n).map(|_| TcpStream::connect(addr)));
+        let clients = tokio::time::timeout(Duration::from_secs(30), connects)
+            .await
+            .expect("every connect completes into the accept queue");
+        assert!(clients.iter().all(Result::is_ok));
+        // The same helper binds IPv6 addresses (where the host has them).
+        if let Ok((v6, _)) = listen("[::1]:0".parse().unwrap()) {
+            assert!(v6.local_addr().unwrap().is_ipv6());
+        }
     }
 
     #[test]

@@ -453,6 +453,7 @@ impl Wiring {
         ca: Option<secure::LoadedCa>,
         sds: Arc<crate::sds::Sds>,
     ) {
+        let admin_metrics = admin::AdminMetrics::new(&mut self.metrics_registry);
         let admin_state = AdminState {
             aggregate: self.core.aggregate.clone(),
             pipeline: self.core.pipeline.clone(),
@@ -467,14 +468,21 @@ impl Wiring {
             ca,
             sds: Some(sds),
         };
+        serve::log_descriptor_budget(&self.config);
         self.tasks.spawn(serve::serve_http(
             http,
             admin::http_router(admin_state.clone()),
+            admin::AdminPort::Http,
+            &self.config,
+            admin_metrics.clone(),
             self.shutdown.clone(),
         ));
         self.tasks.spawn(serve::serve_http(
             monitoring,
             admin::monitoring_router(admin_state),
+            admin::AdminPort::Monitoring,
+            &self.config,
+            admin_metrics,
             self.shutdown.clone(),
         ));
     }

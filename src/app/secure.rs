@@ -53,9 +53,7 @@ pub(super) async fn bind_secure(
             Ok(None)
         }
         Some(addr) => {
-            let listener = TcpListener::bind(addr).await.with_context(|| {
-                format!("binding the secure xDS address {addr} (--secureGrpcAddr)")
-            })?;
+            let listener = super::serve::listen(addr, "secure xDS", "--secureGrpcAddr")?;
             Ok(Some(listener))
         }
         None => Ok(None),

@@ -1,4 +1,5 @@
-//! The gRPC (xDS, CreateCertificate) and HTTP (admin, monitoring) servers.
+//! The gRPC (xDS, CreateCertificate) and HTTP (admin, monitoring) servers, and their
+//! listeners (bound with the system's maximum backlog).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -7,8 +8,9 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
-use tracing::error;
+use tracing::{error, info, warn};
 
+use crate::admin::{AdminLimits, AdminMetrics, AdminPort};
 use crate::ads::server::{AdsService, XdsContext};
 use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
 use crate::ca::Ca;
@@ -61,18 +63,58 @@ pub(super) async fn serve_grpc<IO, IE>(
     }
 }
 
-pub(super) async fn serve_http(
+/// Serves an admin port under the admin limits, after lowering the cap where the
+/// open-files limit is small (so the admin ports cannot starve xDS of descriptors).
+pub(super) fn serve_http(
     listener: TcpListener,
     router: axum::Router,
-    mut shutdown: Shutdown,
-) {
-    let service = router.into_make_service_with_connect_info::<SocketAddr>();
-    if let Err(err) = axum::serve(listener, service)
-        .with_graceful_shutdown(async move { shutdown.wait().await })
-        .await
-    {
-        error!("admin HTTP server failed: {err}");
+    port: AdminPort,
+    config: &super::DiscoveryConfig,
+    metrics: AdminMetrics,
+    shutdown: Shutdown,
+) -> impl Future<Output = ()> + Send + 'static {
+    let limits = admin_limits(config);
+    crate::admin::serve_port(listener, router, port, limits, metrics, shutdown)
+}
+
+/// The admin limits in force: `--adminMaxConnections` per port, at most an eighth of
+/// the open-files limit.
+pub(super) fn admin_limits(config: &super::DiscoveryConfig) -> AdminLimits {
+    match rlimit::Resource::NOFILE.get() {
+        Ok((soft, _)) => config.admin_limits.within_descriptors(soft).0,
+        Err(_) => config.admin_limits,
     }
+}
+
+/// Logs the descriptor budget: the open-files limit, the admin cap and the xDS cap.
+pub(super) fn log_descriptor_budget(config: &super::DiscoveryConfig) {
+    let Ok((soft, hard)) = rlimit::Resource::NOFILE.get() else {
+        warn!("cannot read the open-files limit (RLIMIT_NOFILE)");
+        return;
+    };
+    let (limits, lowered) = config.admin_limits.within_descriptors(soft);
+    if lowered {
+        warn!(
+            rlimit_nofile = soft,
+            flag = config.admin_limits.max_connections,
+            in_force = limits.max_connections,
+            "--adminMaxConnections lowered to an eighth of the open-files limit per admin port, so the admin ports keep clear of the descriptors xDS needs"
+        );
+    }
+    let xds = config.xds_limits.max_connections;
+    info!(
+        rlimit_nofile = soft,
+        rlimit_nofile_hard = hard,
+        admin_max_connections_per_port = limits.max_connections,
+        xds_max_connections = xds,
+        "descriptor budget: RLIMIT_NOFILE {soft}; admin ports at most {} connections each; xDS {}",
+        limits.max_connections,
+        if xds == 0 {
+            "uncapped (--maxConnections 0)".to_string()
+        } else {
+            format!("at most {xds} connections per port")
+        }
+    );
 }
 
 /// The plaintext listeners, bound.
@@ -84,33 +126,34 @@ pub(super) struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the plaintext xDS, HTTP and monitoring addresses.
+    /// Binds the plaintext xDS, HTTP and monitoring addresses, each with the system's
+    /// maximum listen backlog.
     pub(super) async fn bind(config: &super::DiscoveryConfig) -> anyhow::Result<Listeners> {
         let grpc = match config.grpc_addr {
-            Some(addr) => Some(
-                TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the xDS address {addr} (--grpcAddr)"))?,
-            ),
+            Some(addr) => Some(listen(addr, "xDS", "--grpcAddr")?),
             None => None,
         };
-        let http = TcpListener::bind(config.http_addr).await.with_context(|| {
-            format!("binding the HTTP address {} (--httpAddr)", config.http_addr)
-        })?;
-        let monitoring = TcpListener::bind(config.monitoring_addr)
-            .await
-            .with_context(|| {
-                format!(
-                    "binding the monitoring address {} (--monitoringAddr)",
-                    config.monitoring_addr
-                )
-            })?;
+        let http = listen(config.http_addr, "HTTP", "--httpAddr")?;
+        let monitoring = listen(config.monitoring_addr, "monitoring", "--monitoringAddr")?;
         Ok(Listeners {
             grpc,
             http,
             monitoring,
         })
     }
+}
+
+/// Binds `addr` with the system's maximum backlog ([`crate::ads::transport::listen`])
+/// and says so in the log.
+pub(super) fn listen(addr: SocketAddr, what: &str, flag: &str) -> anyhow::Result<TcpListener> {
+    let (listener, backlog) = crate::ads::transport::listen(addr)
+        .with_context(|| format!("binding the {what} address {addr} ({flag})"))?;
+    info!(
+        addr = %listener.local_addr().unwrap_or(addr),
+        backlog,
+        "{what} port listening ({flag}) with backlog {backlog}"
+    );
+    Ok(listener)
 }
 
 /// Serves ADS on the plaintext port. CreateCertificate is there too but has no

@@ -36,6 +36,9 @@ pub struct DiscoveryConfig {
     pub http_addr: SocketAddr,
     /// `/metrics`, `/version` and debug address.
     pub monitoring_addr: SocketAddr,
+    /// Limits of the two admin ports (`--adminReadHeaderTimeout`,
+    /// `--adminIdleTimeout`, `--adminMaxConnections`), each port separately.
+    pub admin_limits: crate::admin::AdminLimits,
     /// meshfed's own cluster id.
     pub cluster_id: ClusterId,
     /// DNS domain suffix (`--domain`, default `cluster.local`).
@@ -122,6 +125,7 @@ impl Default for DiscoveryConfig {
             )),
             http_addr: local(8080),
             monitoring_addr: local(15014),
+            admin_limits: crate::admin::AdminLimits::default(),
             cluster_id: ClusterId::new("Kubernetes"),
             domain: "cluster.local".into(),
             mock: MockSource::Embedded,

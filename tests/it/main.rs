@@ -6,6 +6,7 @@ mod support;
 mod admin;
 mod cli;
 mod config;
+mod connections;
 mod consul;
 mod delta;
 mod deploy;
