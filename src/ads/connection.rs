@@ -15,10 +15,9 @@
 //! with no names on CDS/LDS is a wildcard; only new subscriptions are answered; the
 //! server remembers what the client holds (name -> version) and sends differences.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, LazyLock};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::SystemTime;
 
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
@@ -38,7 +37,7 @@ static HELD_MAPS: LazyLock<Interner<HeldMap>> = LazyLock::new(Interner::default)
 /// proxy holding the same map gets the same change on an incremental push, so the new
 /// map is derived once and shared.
 fn update_held(held: &mut Arc<HeldMap>, removed: &BTreeSet<String>, sent: &[Resource]) {
-    let mut h = DefaultHasher::new();
+    let mut h = foldhash::fast::FixedState::default().build_hasher();
     removed.hash(&mut h);
     for r in sent {
         (&*r.name, &*r.version).hash(&mut h);
@@ -57,6 +56,45 @@ fn update_held(held: &mut Arc<HeldMap>, removed: &BTreeSet<String>, sent: &[Reso
 
 fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
     NAME_SETS.intern(names)
+}
+
+/// The last full responses' held maps, by the identity of their resources (see
+/// [`held_after`]). Each entry keeps its resources alive, so their addresses cannot be
+/// reused while it stands.
+type FullResponses = Vec<(Vec<Resource>, Arc<HeldMap>)>;
+static FULL_RESPONSES: LazyLock<Mutex<FullResponses>> = LazyLock::new(Mutex::default);
+
+/// How many distinct full responses [`held_after`] remembers: a push sends one per
+/// distinct config (namespaces, Sidecar scopes), the rest are repeats.
+const FULL_RESPONSES_KEPT: usize = 32;
+
+/// The shared held map of a client that accepts exactly `resources`. The same
+/// response goes to every proxy of one shape (2,000 sidecars of one mesh get the very
+/// same 2,000 clusters), so the map is built and interned once per distinct response,
+/// found again by the identity of the resources: not rebuilt (thousands of names
+/// copied, hashed and compared with the interned copy) per connection.
+fn held_after(resources: &[Resource]) -> Arc<HeldMap> {
+    let same = |kept: &[Resource]| {
+        kept.len() == resources.len() && kept.iter().zip(resources).all(|(a, b)| Arc::ptr_eq(a, b))
+    };
+    {
+        let kept = FULL_RESPONSES.lock().expect("held memo poisoned");
+        if let Some((_, held)) = kept.iter().find(|(r, _)| same(r)) {
+            return held.clone();
+        }
+    }
+    let held = HELD_MAPS.intern(
+        resources
+            .iter()
+            .map(|r| (r.name.to_string(), r.version.clone()))
+            .collect(),
+    );
+    let mut kept = FULL_RESPONSES.lock().expect("held memo poisoned");
+    if kept.len() == FULL_RESPONSES_KEPT {
+        kept.remove(0);
+    }
+    kept.push((resources.to_vec(), held.clone()));
+    held
 }
 
 /// What a connection watches for one type and where the conversation stands.
@@ -303,24 +341,19 @@ impl ConnectionState {
             return false;
         };
         let holds = |held: &HeldMap, r: &Resource| held.get(&*r.name) == Some(&r.version);
-        let same = |held: &HeldMap| {
-            held.len() == resources.len() && resources.iter().all(|r| holds(held, r))
-        };
         if partial {
             if !resources.iter().all(|r| holds(&watch.held, r)) {
                 update_held(&mut watch.held, &BTreeSet::new(), resources);
             }
             return false;
         }
-        if same(&watch.held) {
+        // Held maps are interned (all but the initial empty one): equal content is the
+        // same map.
+        let after = held_after(resources);
+        if Arc::ptr_eq(&watch.held, &after) || (watch.held.is_empty() && after.is_empty()) {
             return !always;
         }
-        watch.held = HELD_MAPS.intern(
-            resources
-                .iter()
-                .map(|r| (r.name.to_string(), r.version.clone()))
-                .collect(),
-        );
+        watch.held = after;
         false
     }
 
@@ -421,6 +454,33 @@ mod tests {
         assert!(s.sotw_unchanged(t, std::slice::from_ref(&b1), false, false));
         // An unwatched type never counts as unchanged.
         assert!(!s.sotw_unchanged(TypeUrl::Route, &[], false, false));
+    }
+
+    #[test]
+    fn connections_sent_the_same_full_response_share_one_held_map() {
+        let t = TypeUrl::Endpoint;
+        let a1 = EncodedResource::encode(t, "held-a", &"1".to_string());
+        let b1 = EncodedResource::encode(t, "held-b", &"1".to_string());
+        let full = vec![a1.clone(), b1.clone()];
+        let (mut x, mut y) = (ConnectionState::default(), ConnectionState::default());
+        for s in [&mut x, &mut y] {
+            s.on_sotw_request(&req(EDS, &["held-a", "held-b"], "", ""));
+            assert!(!s.sotw_unchanged(t, &full, false, false));
+        }
+        let held = |s: &ConnectionState| s.watch(t).unwrap().held.clone();
+        assert!(Arc::ptr_eq(&held(&x), &held(&y)));
+        assert_eq!(held(&x).len(), 2);
+        // Equal content in other allocations is the same held map too, so the
+        // repeat is recognised.
+        let again = vec![
+            EncodedResource::encode(t, "held-a", &"1".to_string()),
+            EncodedResource::encode(t, "held-b", &"1".to_string()),
+        ];
+        assert!(x.sotw_unchanged(t, &again, false, false));
+        // Changed content is not.
+        let changed = vec![a1, EncodedResource::encode(t, "held-b", &"2".to_string())];
+        assert!(!y.sotw_unchanged(t, &changed, false, false));
+        assert!(!Arc::ptr_eq(&held(&x), &held(&y)));
     }
 
     #[test]
