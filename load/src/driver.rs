@@ -23,7 +23,7 @@ use super::registry::{ChangeKind, Registry, SIDECAR_FILE, VIRTUAL_SERVICE_FILE, 
 use super::report::{
     Changes, Convergence, KindFigures, ProcessUsage, Received, ReconnectStorm, ServerInfo, Summary,
 };
-use super::scenario::{Mode, Scenario, SidecarScope};
+use super::scenario::{Decode, Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
 use super::tls::{ClientTls, TlsOptions};
 
@@ -422,6 +422,7 @@ async fn load(
         .then(|| (recorder.last_converged() - ramp_start).as_secs_f64());
     let after_convergence = sample("after convergence");
     let tool_after_convergence = procfs::sample(None).ok();
+    let shared_after_convergence = (scenario.decode == Decode::Lean).then(|| plan.shared.stats());
 
     // --- Churn.
     let churn_start = Instant::now();
@@ -535,6 +536,7 @@ async fn load(
         },
         changes: changes(&recorder, plan, kinds),
         reconnect_storm,
+        shared_after_convergence,
         received: received(&recorder),
         server_usage: usage(before_ramp, after_convergence, at_end),
         load_tool: usage(tool_before_ramp, tool_after_convergence, tool_at_end),
@@ -738,7 +740,7 @@ fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::{Churn, Decode, Flavour};
+    use crate::scenario::{Churn, Flavour};
     use meshfed::testing::FakeServer;
 
     /// A tiny scenario against an in-process server following a mock-registry file
