@@ -98,17 +98,7 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
             scenario.namespaces
         );
     }
-    let connections = match scenario.connections {
-        0 => scenario.proxies,
-        k => k.min(scenario.proxies),
-    };
-    // Here one socket per connection; a spawned server inherits the limit and needs
-    // one per proxy.
-    let needed = match options.target {
-        Target::Spawn { .. } => scenario.proxies.max(connections),
-        Target::Attach { .. } => connections,
-    };
-    procfs::ensure_open_files(needed as u64 + 256)?;
+    procfs::ensure_open_files(open_files_needed(scenario))?;
 
     let (files, scratch) = match &options.target {
         Target::Spawn { .. } => {
@@ -151,6 +141,17 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     };
     let _scratch = scratch.map(Scratch);
     run_with_files(&options, &files).await
+}
+
+/// The open files a run needs, here and in a server the tool starts (which inherits
+/// the limit): one socket per connection (per proxy, or the `connections` shared),
+/// and some to spare.
+fn open_files_needed(scenario: &Scenario) -> u64 {
+    let connections = match scenario.connections {
+        0 => scenario.proxies,
+        k => k.min(scenario.proxies),
+    };
+    connections as u64 + 256
 }
 
 /// The scratch directory of a spawned server, removed when the run ends (also when
@@ -246,10 +247,11 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
         } => {
             if let Some(pid) = pid
                 && let Ok((soft, _)) = procfs::open_files_limit(Some(*pid))
-                && soft < scenario.proxies as u64 + 64
+                && soft < open_files_needed(scenario)
             {
                 eprintln!(
-                    "warning: the server (pid {pid}) may open only {soft} files, fewer than the {} proxies need",
+                    "warning: the server (pid {pid}) may open only {soft} files, fewer than the \
+                     {} proxies' connections need",
                     scenario.proxies
                 );
             }
@@ -902,6 +904,18 @@ mod tests {
             "refusals are not failures: {report}"
         );
         assert!(report.contains("RESOURCE_EXHAUSTED"), "{report}");
+    }
+
+    #[test]
+    fn shared_connections_need_a_descriptor_each_not_one_per_proxy() {
+        let scenario = |proxies, connections| Scenario {
+            proxies,
+            connections,
+            ..Scenario::default()
+        };
+        assert_eq!(open_files_needed(&scenario(20_000, 2_000)), 2_256);
+        assert_eq!(open_files_needed(&scenario(5_000, 0)), 5_256);
+        assert_eq!(open_files_needed(&scenario(10, 50)), 266);
     }
 
     #[test]
