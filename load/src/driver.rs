@@ -406,6 +406,10 @@ async fn load(
             plan: plan.clone(),
             flavour: scenario.flavour,
             connection,
+            window: client::receive_window(match scenario.connections {
+                0 => scenario.proxies,
+                k => k.min(scenario.proxies),
+            }),
             cluster_id: options.cluster_id.clone(),
             recorder: recorder.clone(),
             report: report_rx.clone(),
@@ -572,7 +576,7 @@ async fn connect_shared(
     let count = scenario.connections.min(scenario.proxies);
     let mut connecting = JoinSet::new();
     for c in 0..count {
-        let endpoint = client::endpoint(address)?;
+        let endpoint = client::endpoint(address, client::receive_window(count))?;
         let tls = tls.cloned();
         let namespaces = plan.namespaces;
         connecting.spawn(async move {
@@ -916,6 +920,15 @@ mod tests {
         assert_eq!(open_files_needed(&scenario(20_000, 2_000)), 2_256);
         assert_eq!(open_files_needed(&scenario(5_000, 0)), 5_256);
         assert_eq!(open_files_needed(&scenario(10, 50)), 266);
+    }
+
+    #[test]
+    fn receive_windows_share_a_budget() {
+        assert_eq!(client::receive_window(1), 16 << 20);
+        assert_eq!(client::receive_window(128), 16 << 20);
+        assert_eq!(client::receive_window(2_000), 1_073_741);
+        assert_eq!(client::receive_window(20_000), 256 << 10);
+        assert!(2_000 * u64::from(client::receive_window(2_000)) <= client::RECEIVE_BUDGET);
     }
 
     #[test]
