@@ -336,7 +336,7 @@ pub async fn execute(
     let mut channels = Vec::new();
     for _ in 0..args.concurrency {
         channels.push(
-            tls.connect(client::endpoint(server)?, server, &identity)
+            tls.connect(client::endpoint(server, 16 << 20)?, server, &identity)
                 .await?,
         );
     }

@@ -23,7 +23,7 @@ use super::registry::{ChangeKind, Registry, SIDECAR_FILE, VIRTUAL_SERVICE_FILE, 
 use super::report::{
     Changes, Convergence, KindFigures, ProcessUsage, Received, ReconnectStorm, ServerInfo, Summary,
 };
-use super::scenario::{Mode, Scenario, SidecarScope};
+use super::scenario::{Decode, Mode, Scenario, SidecarScope};
 use super::server::{self, ServerUnderLoad};
 use super::tls::{ClientTls, TlsOptions};
 
@@ -98,17 +98,7 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
             scenario.namespaces
         );
     }
-    let connections = match scenario.connections {
-        0 => scenario.proxies,
-        k => k.min(scenario.proxies),
-    };
-    // Here one socket per connection; a spawned server inherits the limit and needs
-    // one per proxy.
-    let needed = match options.target {
-        Target::Spawn { .. } => scenario.proxies.max(connections),
-        Target::Attach { .. } => connections,
-    };
-    procfs::ensure_open_files(needed as u64 + 256)?;
+    procfs::ensure_open_files(open_files_needed(scenario))?;
 
     let (files, scratch) = match &options.target {
         Target::Spawn { .. } => {
@@ -151,6 +141,17 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     };
     let _scratch = scratch.map(Scratch);
     run_with_files(&options, &files).await
+}
+
+/// The open files a run needs, here and in a server the tool starts (which inherits
+/// the limit): one socket per connection (per proxy, or the `connections` shared),
+/// and some to spare.
+fn open_files_needed(scenario: &Scenario) -> u64 {
+    let connections = match scenario.connections {
+        0 => scenario.proxies,
+        k => k.min(scenario.proxies),
+    };
+    connections as u64 + 256
 }
 
 /// The scratch directory of a spawned server, removed when the run ends (also when
@@ -246,10 +247,11 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
         } => {
             if let Some(pid) = pid
                 && let Ok((soft, _)) = procfs::open_files_limit(Some(*pid))
-                && soft < scenario.proxies as u64 + 64
+                && soft < open_files_needed(scenario)
             {
                 eprintln!(
-                    "warning: the server (pid {pid}) may open only {soft} files, fewer than the {} proxies need",
+                    "warning: the server (pid {pid}) may open only {soft} files, fewer than the \
+                     {} proxies' connections need",
                     scenario.proxies
                 );
             }
@@ -404,6 +406,10 @@ async fn load(
             plan: plan.clone(),
             flavour: scenario.flavour,
             connection,
+            window: client::receive_window(match scenario.connections {
+                0 => scenario.proxies,
+                k => k.min(scenario.proxies),
+            }),
             cluster_id: options.cluster_id.clone(),
             recorder: recorder.clone(),
             report: report_rx.clone(),
@@ -422,6 +428,7 @@ async fn load(
         .then(|| (recorder.last_converged() - ramp_start).as_secs_f64());
     let after_convergence = sample("after convergence");
     let tool_after_convergence = procfs::sample(None).ok();
+    let shared_after_convergence = (scenario.decode == Decode::Lean).then(|| plan.shared.stats());
 
     // --- Churn.
     let churn_start = Instant::now();
@@ -535,6 +542,7 @@ async fn load(
         },
         changes: changes(&recorder, plan, kinds),
         reconnect_storm,
+        shared_after_convergence,
         received: received(&recorder),
         server_usage: usage(before_ramp, after_convergence, at_end),
         load_tool: usage(tool_before_ramp, tool_after_convergence, tool_at_end),
@@ -568,7 +576,7 @@ async fn connect_shared(
     let count = scenario.connections.min(scenario.proxies);
     let mut connecting = JoinSet::new();
     for c in 0..count {
-        let endpoint = client::endpoint(address)?;
+        let endpoint = client::endpoint(address, client::receive_window(count))?;
         let tls = tls.cloned();
         let namespaces = plan.namespaces;
         connecting.spawn(async move {
@@ -738,7 +746,7 @@ fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scenario::{Churn, Decode, Flavour};
+    use crate::scenario::{Churn, Flavour};
     use meshfed::testing::FakeServer;
 
     /// A tiny scenario against an in-process server following a mock-registry file
@@ -900,6 +908,27 @@ mod tests {
             "refusals are not failures: {report}"
         );
         assert!(report.contains("RESOURCE_EXHAUSTED"), "{report}");
+    }
+
+    #[test]
+    fn shared_connections_need_a_descriptor_each_not_one_per_proxy() {
+        let scenario = |proxies, connections| Scenario {
+            proxies,
+            connections,
+            ..Scenario::default()
+        };
+        assert_eq!(open_files_needed(&scenario(20_000, 2_000)), 2_256);
+        assert_eq!(open_files_needed(&scenario(5_000, 0)), 5_256);
+        assert_eq!(open_files_needed(&scenario(10, 50)), 266);
+    }
+
+    #[test]
+    fn receive_windows_share_a_budget() {
+        assert_eq!(client::receive_window(1), 16 << 20);
+        assert_eq!(client::receive_window(64), 16 << 20);
+        assert_eq!(client::receive_window(2_000), 536_870);
+        assert_eq!(client::receive_window(20_000), 256 << 10);
+        assert!(2_000 * u64::from(client::receive_window(2_000)) <= client::RECEIVE_BUDGET);
     }
 
     #[test]

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::procfs::{Machine, ProcessSample};
 use super::record::Percentiles;
 use super::scenario::{Scenario, SidecarScope};
+use super::tables::SharedStats;
 
 /// Everything a run measured.
 #[derive(Clone, Debug, Serialize)]
@@ -23,6 +24,8 @@ pub struct Summary {
     pub convergence: Convergence,
     /// The churn.
     pub changes: Changes,
+    /// With `decode: lean`, what the proxies shared once all had converged.
+    pub shared_after_convergence: Option<SharedStats>,
     /// The reconnect storm after the churn (`reconnectStorm: true`).
     pub reconnect_storm: Option<ReconnectStorm>,
     /// Responses received by all proxies, by type (`cds`, `eds`, `lds`, `rds`, `total`).
@@ -403,6 +406,14 @@ impl Summary {
                     c.proxies,
                     s.decode
                 );
+                if let Some(st) = &self.shared_after_convergence {
+                    let _ = writeln!(
+                        out,
+                        "  shared    {} distinct tables ({} entries) held by the {} proxies, \
+                         {} distinct resources decoded (after convergence)",
+                        st.tables, st.entries, c.proxies, st.resources
+                    );
+                }
             }
         }
         if self.refused_streams > 0 {

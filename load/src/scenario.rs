@@ -40,7 +40,7 @@ impl Flavour {
     /// The flavour proxy number `index` speaks: never [`Flavour::Mixed`].
     pub fn of_proxy(self, index: usize) -> Flavour {
         match self {
-            Flavour::Mixed if index % 2 == 0 => Flavour::Sotw,
+            Flavour::Mixed if index.is_multiple_of(2) => Flavour::Sotw,
             Flavour::Mixed => Flavour::Delta,
             f => f,
         }

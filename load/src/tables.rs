@@ -218,6 +218,17 @@ pub struct Update {
     pub remove: Vec<Arc<str>>,
 }
 
+/// What [`Shared`] holds, for the report.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct SharedStats {
+    /// Distinct tables some proxy holds.
+    pub tables: usize,
+    /// Their entries, all together.
+    pub entries: usize,
+    /// Distinct resources decoded.
+    pub resources: usize,
+}
+
 /// Tables by content, and each resource's facts by its bytes, shared by every proxy
 /// of a run (see the module docs).
 #[derive(Debug)]
@@ -254,6 +265,22 @@ impl Shared {
     /// How the run decodes.
     pub fn decode(&self) -> Decode {
         self.decode
+    }
+
+    /// What is shared now (lean): tables held by some proxy, their entries, and
+    /// resources decoded.
+    pub fn stats(&self) -> SharedStats {
+        let interned = self.tables.lock().expect("table interner");
+        let live: Vec<Arc<Table>> = interned
+            .by_content
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
+        SharedStats {
+            tables: live.len(),
+            entries: live.iter().map(|t| t.len()).sum(),
+            resources: self.facts.lock().expect("facts cache").len(),
+        }
     }
 
     /// The empty table.
@@ -470,6 +497,14 @@ mod tests {
             .collect();
         assert_eq!(decoded, 3, "each distinct resource is decoded once");
         assert!(Arc::ptr_eq(&tables[0], &tables[1]), "one table for both");
+        assert_eq!(
+            shared.stats(),
+            SharedStats {
+                tables: 1,
+                entries: 3,
+                resources: 3
+            }
+        );
         assert_eq!(tables[0].len(), 3);
         // An endpoint change: c1 gets a marker. The first proxy makes the new table,
         // the second takes it; the table shows the marker.
