@@ -58,10 +58,14 @@ fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
     NAME_SETS.intern(names)
 }
 
-/// The last full responses' held maps, by the identity of their resources (see
-/// [`held_after`]). Each entry keeps its resources alive, so their addresses cannot be
-/// reused while it stands.
-type FullResponses = Vec<(Vec<Resource>, Arc<HeldMap>)>;
+/// The last full responses' held maps, by a digest of the identity of their
+/// resources (see [`held_after`]), oldest first. Each entry keeps its resources alive,
+/// so their addresses cannot be reused while it stands.
+#[derive(Default)]
+struct FullResponses {
+    by_digest: std::collections::HashMap<u64, (Vec<Resource>, Arc<HeldMap>)>,
+    order: std::collections::VecDeque<u64>,
+}
 static FULL_RESPONSES: LazyLock<Mutex<FullResponses>> = LazyLock::new(Mutex::default);
 
 /// How many distinct full responses [`held_after`] remembers: a push sends one per
@@ -70,16 +74,25 @@ const FULL_RESPONSES_KEPT: usize = 32;
 
 /// The shared held map of a client that accepts exactly `resources`. The same
 /// response goes to every proxy of one shape (2,000 sidecars of one mesh get the very
-/// same 2,000 clusters), so the map is built and interned once per distinct response,
-/// found again by the identity of the resources: not rebuilt (thousands of names
-/// copied, hashed and compared with the interned copy) per connection.
+/// same 2,000 load assignments), so the map is built and interned once per distinct
+/// response, found again by the identity of the resources: not rebuilt (thousands of
+/// names copied, hashed and compared with the interned copy) per connection. A
+/// response unique to its proxy (clusters that include its own inbound ones) costs one
+/// digest of its pointers more than building the map.
 fn held_after(resources: &[Resource]) -> Arc<HeldMap> {
+    let mut h = foldhash::fast::FixedState::default().build_hasher();
+    for r in resources {
+        h.write_usize(Arc::as_ptr(r) as usize);
+    }
+    let digest = h.finish();
     let same = |kept: &[Resource]| {
         kept.len() == resources.len() && kept.iter().zip(resources).all(|(a, b)| Arc::ptr_eq(a, b))
     };
     {
         let kept = FULL_RESPONSES.lock().expect("held memo poisoned");
-        if let Some((_, held)) = kept.iter().find(|(r, _)| same(r)) {
+        if let Some((r, held)) = kept.by_digest.get(&digest)
+            && same(r)
+        {
             return held.clone();
         }
     }
@@ -90,10 +103,18 @@ fn held_after(resources: &[Resource]) -> Arc<HeldMap> {
             .collect(),
     );
     let mut kept = FULL_RESPONSES.lock().expect("held memo poisoned");
-    if kept.len() == FULL_RESPONSES_KEPT {
-        kept.remove(0);
+    if kept
+        .by_digest
+        .insert(digest, (resources.to_vec(), held.clone()))
+        .is_none()
+    {
+        kept.order.push_back(digest);
     }
-    kept.push((resources.to_vec(), held.clone()));
+    while kept.order.len() > FULL_RESPONSES_KEPT {
+        if let Some(oldest) = kept.order.pop_front() {
+            kept.by_digest.remove(&oldest);
+        }
+    }
     held
 }
 
