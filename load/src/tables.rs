@@ -476,15 +476,11 @@ mod tests {
             .unwrap()
     }
 
-    #[test]
-    fn lean_proxies_share_facts_and_tables_and_follow_a_change() {
-        let shared = Shared::new(Decode::Lean);
-        let initial: Vec<Vec<u8>> = (0..3).map(|i| bytes(&format!("c{i}"), 10, None)).collect();
-        let mut decoded = 0;
-        // Two proxies receive the same full EDS response.
-        let tables: Vec<Arc<Table>> = (0..2)
+    /// The tables of two proxies that each receive `initial` as one full EDS response.
+    fn two_proxies(shared: &Shared, initial: &[Vec<u8>], decoded: &mut usize) -> Vec<Arc<Table>> {
+        (0..2)
             .map(|_| {
-                let put = entries(&shared, &initial, &mut decoded);
+                let put = entries(shared, initial, decoded);
                 shared.update(
                     TypeUrl::Endpoint,
                     &shared.empty(),
@@ -494,7 +490,16 @@ mod tests {
                     },
                 )
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn lean_proxies_share_facts_and_tables_and_follow_a_change() {
+        let shared = Shared::new(Decode::Lean);
+        let initial: Vec<Vec<u8>> = (0..3).map(|i| bytes(&format!("c{i}"), 10, None)).collect();
+        let mut decoded = 0;
+        // Two proxies receive the same full EDS response.
+        let tables = two_proxies(&shared, &initial, &mut decoded);
         assert_eq!(decoded, 3, "each distinct resource is decoded once");
         assert!(Arc::ptr_eq(&tables[0], &tables[1]), "one table for both");
         assert_eq!(
@@ -581,19 +586,7 @@ mod tests {
         let shared = Shared::new(Decode::Full);
         let initial: Vec<Vec<u8>> = (0..3).map(|i| bytes(&format!("c{i}"), 10, None)).collect();
         let mut decoded = 0;
-        let tables: Vec<Arc<Table>> = (0..2)
-            .map(|_| {
-                let put = entries(&shared, &initial, &mut decoded);
-                shared.update(
-                    TypeUrl::Endpoint,
-                    &shared.empty(),
-                    Update {
-                        put,
-                        ..Update::default()
-                    },
-                )
-            })
-            .collect();
+        let tables = two_proxies(&shared, &initial, &mut decoded);
         assert_eq!(decoded, 6, "every proxy decodes every resource");
         assert!(!Arc::ptr_eq(&tables[0], &tables[1]));
         let put = entries(&shared, &[bytes("c1", 10, Some(4))], &mut decoded);

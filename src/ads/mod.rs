@@ -123,17 +123,27 @@ impl ConnectionHandle {
         self.subscriptions.load_full()
     }
 
-    /// Publishes what `state` watches (the stream task, after a request changed it).
-    fn publish(&self, state: &ConnectionState) -> Arc<Subscriptions> {
-        let now = Arc::new(TypeUrl::ALL.map(|t| match state.watch(t) {
+    /// Publishes what `state` watches (the stream task, after a request), unless that
+    /// is what `before` already says (the common ACK, which repeats its names): then
+    /// `None`, and nothing is stored.
+    fn publish(
+        &self,
+        state: &ConnectionState,
+        before: &Subscriptions,
+    ) -> Option<Arc<Subscriptions>> {
+        let now = TypeUrl::ALL.map(|t| match state.watch(t) {
             Some(w) => Watched {
                 names: Some(w.names.clone()),
                 wildcard: w.wildcard,
             },
             None => Watched::default(),
-        }));
+        });
+        if now.iter().zip(before).all(|(a, b)| a.same(b)) {
+            return None;
+        }
+        let now = Arc::new(now);
         self.subscriptions.store(now.clone());
-        now
+        Some(now)
     }
 
     /// Takes the merged pending push, if any.
@@ -221,10 +231,12 @@ impl Connections {
         let (result, after) = {
             let mut state = handle.state.lock().expect("state poisoned");
             let result = apply(&mut state);
-            (result, handle.publish(&state))
+            (result, handle.publish(&state, &before))
         };
-        for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
-            self.watches.update(handle.n, t, &before[i], &after[i]);
+        if let Some(after) = after {
+            for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
+                self.watches.update(handle.n, t, &before[i], &after[i]);
+            }
         }
         result
     }

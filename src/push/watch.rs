@@ -101,7 +101,8 @@ pub struct Watched {
 }
 
 impl Watched {
-    fn same(&self, other: &Watched) -> bool {
+    /// The same subscription: the same interned name set (by identity) and wildcard.
+    pub fn same(&self, other: &Watched) -> bool {
         self.wildcard == other.wildcard
             && match (&self.names, &other.names) {
                 (Some(a), Some(b)) => Arc::ptr_eq(a, b),
