@@ -360,9 +360,6 @@ impl http_body::Body for TrackedBody {
     }
 }
 
-/// The first and the longest pause after a failed accept.
-const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
-
 /// Serves `router` on `listener` under `limits` until `shutdown`; then each
 /// connection finishes its request in flight (HTTP/2: GOAWAY) and ends.
 pub async fn serve_port(
@@ -379,7 +376,7 @@ pub async fn serve_port(
     });
     let mut tasks = JoinSet::new();
     let log = LogLimiter::new(5, Duration::from_secs(10));
-    let mut backoff = ACCEPT_BACKOFF.0;
+    let mut backoff = crate::ads::transport::AcceptBackoff::default();
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -390,17 +387,14 @@ pub async fn serve_port(
             Ok(accepted) => accepted,
             Err(err) if crate::ads::transport::is_per_connection(&err) => continue,
             Err(err) => {
-                // Out of descriptors: the pending connection stays in the backlog and
-                // the listener stays readable; wait instead of spinning.
                 if let Some(suppressed) = log.allow() {
-                    warn!(port = port.label(), error = %err, retry_in = ?backoff, suppressed, "accepting an admin connection failed");
+                    warn!(port = port.label(), error = %err, retry_in = ?backoff.current(), suppressed, "accepting an admin connection failed");
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(ACCEPT_BACKOFF.1);
+                backoff.wait().await;
                 continue;
             }
         };
-        backoff = ACCEPT_BACKOFF.0;
+        backoff.reset();
         let Some(conn) = connections.admit(port, &metrics) else {
             metrics.close(port, CloseReason::Refused);
             if let Some(suppressed) = log.allow() {

@@ -317,8 +317,39 @@ pub(crate) fn is_per_connection(err: &io::Error) -> bool {
 /// admits one whole message with its 5-byte gRPC header.
 pub const MAX_REQUEST: usize = 4 * 1024 * 1024;
 
-/// The first and the longest pause after a failed accept.
-const ACCEPT_BACKOFF: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(1));
+/// The pause after a failed accept (out of descriptors or memory: the pending
+/// connection stays in the backlog and the listener stays readable, so retrying at once
+/// would spin): 5 ms, doubling up to 1 s, back to 5 ms once an accept succeeds. Shared
+/// by the xDS and the admin listeners.
+#[derive(Clone, Copy, Debug)]
+pub struct AcceptBackoff(Duration);
+
+impl AcceptBackoff {
+    const FIRST: Duration = Duration::from_millis(5);
+    const LONGEST: Duration = Duration::from_secs(1);
+
+    /// The pause the next failure waits.
+    pub fn current(&self) -> Duration {
+        self.0
+    }
+
+    /// An accept succeeded.
+    pub fn reset(&mut self) {
+        self.0 = Self::FIRST;
+    }
+
+    /// Waits out the current pause and doubles the next.
+    pub async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Self::LONGEST);
+    }
+}
+
+impl Default for AcceptBackoff {
+    fn default() -> Self {
+        AcceptBackoff(Self::FIRST)
+    }
+}
 
 /// Accepts connections of the xDS port under [`XdsLimits`].
 #[derive(Debug)]
@@ -327,7 +358,7 @@ pub struct Acceptor {
     limits: XdsLimits,
     metrics: TransportMetrics,
     live: Arc<AtomicUsize>,
-    backoff: Duration,
+    backoff: AcceptBackoff,
     log: LogLimiter,
 }
 
@@ -341,7 +372,7 @@ impl Acceptor {
             limits,
             metrics,
             live: Arc::default(),
-            backoff: ACCEPT_BACKOFF.0,
+            backoff: AcceptBackoff::default(),
             log: LogLimiter::new(5, Duration::from_secs(10)),
         }
     }
@@ -359,7 +390,7 @@ impl Acceptor {
                     if let Err(err) = io.set_nodelay(true) {
                         debug!(%peer, "TCP_NODELAY not set: {err}");
                     }
-                    self.backoff = ACCEPT_BACKOFF.0;
+                    self.backoff.reset();
                     let live = self.live.load(Ordering::Acquire);
                     if self.limits.max_connections > 0 && live >= self.limits.max_connections {
                         self.metrics.refused.inc();
@@ -391,15 +422,11 @@ impl Acceptor {
                 }
                 Err(err) if is_per_connection(&err) => continue,
                 Err(err) => {
-                    // Out of descriptors or memory: the pending connection stays in the
-                    // backlog and the listener stays readable, so retrying at once would
-                    // spin. Wait, longer each time, until an accept succeeds.
                     self.metrics.accept_errors.inc();
                     if let Some(suppressed) = self.log.allow() {
-                        warn!(error = %err, retry_in = ?self.backoff, suppressed, "accepting an xDS connection failed");
+                        warn!(error = %err, retry_in = ?self.backoff.current(), suppressed, "accepting an xDS connection failed");
                     }
-                    tokio::time::sleep(self.backoff).await;
-                    self.backoff = (self.backoff * 2).min(ACCEPT_BACKOFF.1);
+                    self.backoff.wait().await;
                 }
             }
         }
