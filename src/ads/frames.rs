@@ -14,8 +14,10 @@
 //!
 //! Requests are read by [`RequestStream`] for the same reason: tonic's decoder keeps a
 //! buffer per stream as large as the largest request (an EDS ACK naming 1,000 clusters
-//! is ~50 KB). Here a message is assembled in a buffer of exactly its size, decoded
-//! from it (names stay slices of it), and nothing is kept between messages.
+//! is ~50 KB). Here the HTTP/2 data frames of a message are kept as they arrived (no
+//! growing buffer, no copy while waiting); a message inside one frame is decoded from a
+//! slice of it, one that spans frames is copied once into a buffer of exactly its size,
+//! and nothing is kept between messages.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -384,10 +386,9 @@ impl RequestError {
 #[derive(Debug)]
 pub struct RequestStream<M> {
     body: tonic::body::Body,
-    /// Bytes of the message being assembled; empty (no allocation) between messages.
-    /// It grows with the bytes that arrived, never ahead of them by a message's
-    /// claimed length.
-    buf: BytesMut,
+    /// Bytes of the message being assembled, as they arrived; empty between messages.
+    /// Nothing is reserved ahead of the bytes by a message's claimed length.
+    buf: Arrived,
     /// The connection's budget of request bytes, shared by its streams.
     control: Option<Arc<ConnControl>>,
     /// Bytes of `buf` taken from that budget.
@@ -410,7 +411,7 @@ impl<M: Message + Default> RequestStream<M> {
     pub fn new(body: tonic::body::Body, control: Option<Arc<ConnControl>>) -> Self {
         RequestStream {
             body,
-            buf: BytesMut::new(),
+            buf: Arrived::default(),
             control,
             held: 0,
             done: false,
@@ -445,9 +446,9 @@ impl<M: Message + Default> RequestStream<M> {
                 None => self.done = true,
                 Some(Err(status)) => return Err(RequestError::Transport(status)),
                 Some(Ok(frame)) => {
-                    if let Some(data) = frame.data_ref() {
+                    if let Ok(data) = frame.into_data() {
                         self.hold(data.len())?;
-                        self.buf.extend_from_slice(data);
+                        self.buf.push(data);
                     }
                 }
             }
@@ -482,10 +483,10 @@ impl<M: Message + Default> RequestStream<M> {
 
     /// Decodes the next message if all of it has arrived.
     fn take_message(&mut self) -> Result<Option<M>, RequestError> {
-        if self.buf.len() < PREFIX_LEN {
+        let Some(prefix) = self.buf.prefix() else {
             return Ok(None);
-        }
-        if self.buf[0] != 0 {
+        };
+        if prefix[0] != 0 {
             return Err(RequestError::protocol(
                 "compressed",
                 Status::unimplemented(
@@ -493,7 +494,7 @@ impl<M: Message + Default> RequestStream<M> {
                 ),
             ));
         }
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
         if len > MAX_REQUEST {
             return Err(RequestError::protocol(
                 "oversize",
@@ -502,15 +503,11 @@ impl<M: Message + Default> RequestStream<M> {
                 )),
             ));
         }
-        let whole = PREFIX_LEN + len;
-        if self.buf.len() < whole {
+        if self.buf.len() < PREFIX_LEN + len {
             return Ok(None);
         }
-        self.buf.advance(PREFIX_LEN);
-        let body = self.buf.split_to(len).freeze();
-        // Let go of the message's allocation: an idle stream holds no buffer, and the
-        // start of the next message (if any) moves to a buffer of its own size.
-        self.buf = BytesMut::from(&self.buf[..]);
+        self.buf.take(PREFIX_LEN);
+        let body = self.buf.take(len);
         self.settle();
         M::decode(body).map(Some).map_err(|e| {
             RequestError::protocol(
@@ -518,6 +515,106 @@ impl<M: Message + Default> RequestStream<M> {
                 Status::invalid_argument(format!("malformed request message: {e}")),
             )
         })
+    }
+}
+
+/// Data frames below this size are copied when they arrive rather than kept: a kept
+/// frame pins the transport's read buffer it is a slice of, and a peer sending tiny
+/// frames must not pin a buffer per byte it is charged for.
+const KEEP_FRAME_MIN: usize = 4096;
+
+/// The request bytes that arrived and are not yet a whole message: the data frames as
+/// the transport handed them over (small ones copied), in order.
+#[derive(Debug, Default)]
+struct Arrived {
+    frames: std::collections::VecDeque<Bytes>,
+    len: usize,
+}
+
+impl Arrived {
+    fn push(&mut self, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
+        self.len += data.len();
+        let data = if data.len() < KEEP_FRAME_MIN {
+            Bytes::copy_from_slice(&data)
+        } else {
+            data
+        };
+        self.frames.push_back(data);
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The gRPC length prefix, once all of it arrived (it may span frames).
+    fn prefix(&self) -> Option<[u8; PREFIX_LEN]> {
+        if self.len < PREFIX_LEN {
+            return None;
+        }
+        let mut prefix = [0u8; PREFIX_LEN];
+        let mut at = 0;
+        for frame in &self.frames {
+            let n = frame.len().min(PREFIX_LEN - at);
+            prefix[at..at + n].copy_from_slice(&frame[..n]);
+            at += n;
+            if at == PREFIX_LEN {
+                break;
+            }
+        }
+        Some(prefix)
+    }
+
+    /// Takes the first `n` bytes (at most `len()`): a slice of the first frame when it
+    /// holds them all, else one copy of exactly `n` bytes.
+    fn take(&mut self, n: usize) -> Bytes {
+        debug_assert!(n <= self.len);
+        self.len -= n;
+        let first = self.frames.front_mut().expect("n bytes arrived");
+        let out = if first.len() >= n {
+            first.split_to(n)
+        } else {
+            let mut out = BytesMut::with_capacity(n);
+            while out.len() < n {
+                let frame = self.frames.front_mut().expect("n bytes arrived");
+                let k = frame.len().min(n - out.len());
+                out.extend_from_slice(&frame[..k]);
+                frame.advance(k);
+                if frame.is_empty() {
+                    self.frames.pop_front();
+                }
+            }
+            out.freeze()
+        };
+        match self.frames.front() {
+            Some(first) if first.is_empty() => {
+                self.frames.pop_front();
+            }
+            // The start of the next message, a small slice of a kept frame: copied, so
+            // that it does not pin the frame's buffer while the rest is awaited.
+            Some(first) if self.frames.len() == 1 && first.len() < KEEP_FRAME_MIN => {
+                self.frames[0] = Bytes::copy_from_slice(first);
+            }
+            _ => {}
+        }
+        if self.frames.is_empty() {
+            // Between messages a stream keeps no allocation at all.
+            self.frames = Default::default();
+        }
+        out
+    }
+
+    /// What the kept frames pin: the capacity of the frame list and the frames' bytes.
+    #[cfg(test)]
+    fn capacity(&self) -> usize {
+        self.frames.capacity() * std::mem::size_of::<Bytes>()
+            + self.frames.iter().map(Bytes::len).sum::<usize>()
     }
 }
 
@@ -632,14 +729,37 @@ mod tests {
         let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
         let mut requests = RequestStream::<SotwRequest>::new(tonic::body::Body::new(body), None);
         assert_eq!(requests.message().await.unwrap(), Some(one));
-        assert_eq!(
-            requests.buf.capacity(),
-            requests.buf.len(),
-            "no spare buffer kept"
-        );
+        // What is kept is the start of the next message, copied out of the frame.
+        assert_eq!(requests.buf.frames.len(), 1);
+        assert!(requests.buf.len() < KEEP_FRAME_MIN);
         assert_eq!(requests.message().await.unwrap(), Some(two));
         assert_eq!(requests.buf.capacity(), 0);
         assert_eq!(requests.message().await.unwrap(), None);
+    }
+
+    #[test]
+    fn arrived_bytes_are_sliced_from_a_frame_or_copied_once() {
+        let big = Bytes::from((0..20_000u32).map(|i| i as u8).collect::<Vec<_>>());
+        let mut arrived = Arrived::default();
+        arrived.push(big.clone());
+        // Within one kept frame: a slice of it, no copy.
+        let head = arrived.take(10_000);
+        assert_eq!(head.as_ptr(), big.as_ptr());
+        // Spanning frames: one buffer of exactly the bytes asked for.
+        arrived.push(Bytes::from(vec![7u8; 5_000]));
+        let across = arrived.take(12_000);
+        assert_eq!(&across[..10_000], &big[10_000..]);
+        assert_eq!(&across[10_000..], &[7u8; 2_000][..]);
+        // The small rest no longer points into the frame it came from.
+        assert_eq!(arrived.len(), 3_000);
+        let rest = arrived.take(3_000);
+        assert_eq!(&rest[..], &[7u8; 3_000][..]);
+        assert_eq!(arrived.capacity(), 0, "nothing kept between messages");
+        // A tiny frame is copied, so it does not pin the buffer it came in.
+        let tiny = big.slice(0..10);
+        arrived.push(tiny.clone());
+        assert_ne!(arrived.frames[0].as_ptr(), tiny.as_ptr());
+        assert_eq!(arrived.prefix(), Some([0, 1, 2, 3, 4]));
     }
 
     #[tokio::test]
