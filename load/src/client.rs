@@ -15,9 +15,10 @@ use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+use meshfed::ads::frames::{Arrived, PREFIX_LEN};
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
@@ -56,6 +57,8 @@ pub struct ProxyConfig {
     /// Connect over TLS with a client certificate for the proxy's identity (own
     /// connections; shared ones are made by the driver).
     pub tls: Option<Arc<ClientTls>>,
+    /// The receiving slot of its connection ([`crate::gate`]).
+    pub gate: Arc<crate::gate::ConnectionGate>,
 }
 
 /// How a proxy reaches the server.
@@ -446,7 +449,7 @@ async fn stream<F: Flow>(
                 .map_err(|_| anyhow::anyhow!("request stream closed"))?;
         }
     }
-    let mut inbound = open_stream(channel, F::PATH, rx).await?;
+    let mut inbound = open_stream(channel, F::PATH, rx, config.gate.clone()).await?;
     recorder.connected.fetch_add(1, Ordering::SeqCst);
     let _connected = Connected(&recorder);
     let mut watching: Option<Watching<'_>> = None;
@@ -561,6 +564,7 @@ async fn open_stream(
     mut channel: Channel,
     path: &'static str,
     rx: mpsc::UnboundedReceiver<Bytes>,
+    gate: Arc<crate::gate::ConnectionGate>,
 ) -> anyhow::Result<Inbound> {
     use tonic::codegen::{Service as _, http};
     std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
@@ -582,27 +586,36 @@ async fn open_stream(
     }
     Ok(Inbound {
         body: response.into_body(),
-        buf: BytesMut::new(),
+        buf: Arrived::default(),
         ended: false,
+        gate,
+        receiving: None,
     })
 }
 
 /// The responses of a stream, read frame by frame. Between messages nothing is kept
 /// but the start of the next one: a receive buffer that kept the capacity of the
 /// largest response (a sidecar's ~1 MB CDS or RDS) per stream was most of the tool's
-/// memory per proxy.
+/// memory per proxy. A message being received holds its connection's receiving slot
+/// ([`crate::gate`]).
 struct Inbound {
     body: tonic::body::Body,
-    buf: BytesMut,
+    buf: Arrived,
     ended: bool,
+    gate: Arc<crate::gate::ConnectionGate>,
+    /// Held while a message is partly received.
+    receiving: Option<crate::gate::Receiving>,
 }
 
 impl Inbound {
-    /// The next message; `None` once the stream ended with status OK.
+    /// The next message; `None` once the stream ended with status OK. Cancel-safe.
     async fn message(&mut self) -> anyhow::Result<Option<Bytes>> {
         use http_body::Body as _;
         loop {
             if let Some(message) = self.take()? {
+                if self.buf.is_empty() {
+                    self.receiving = None;
+                }
                 return Ok(Some(message));
             }
             if self.ended {
@@ -611,12 +624,16 @@ impl Inbound {
                 }
                 anyhow::bail!("the stream ended within a message");
             }
+            if !self.buf.is_empty() && self.receiving.is_none() {
+                // Read no further into a message until the connection may receive.
+                self.receiving = Some(self.gate.begin().await);
+            }
             let frame = std::future::poll_fn(|cx| Pin::new(&mut self.body).poll_frame(cx)).await;
             match frame {
                 None => self.ended = true,
                 Some(Err(status)) => return Err(status.into()),
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => self.buf.extend_from_slice(&data),
+                    Ok(data) => self.buf.push(data),
                     Err(frame) => {
                         if let Some(trailers) = frame.trailers_ref()
                             && let Some(status) = tonic::Status::from_header_map(trailers)
@@ -630,25 +647,21 @@ impl Inbound {
         }
     }
 
-    /// A whole message from the buffer, if one is there.
+    /// A whole message from what arrived, if one is there. What arrived grows with the
+    /// frames, not to the announced length: 20,000 streams each 1 KiB into a 1 MiB
+    /// response would otherwise hold 20 GiB.
     fn take(&mut self) -> anyhow::Result<Option<Bytes>> {
-        if self.buf.len() < 5 {
+        let Some(prefix) = self.buf.prefix() else {
             return Ok(None);
-        }
-        if self.buf[0] != 0 {
+        };
+        if prefix[0] != 0 {
             anyhow::bail!("a compressed message (the tool asks for none)");
         }
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if self.buf.len() < 5 + len {
-            // The buffer grows with what arrives, not to the announced length: 20,000
-            // streams each 1 KiB into a 1 MiB response would otherwise hold 20 GiB.
+        let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+        if self.buf.len() < PREFIX_LEN + len {
             return Ok(None);
         }
-        self.buf.advance(5);
-        let message = self.buf.split_to(len).freeze();
-        // The message owns its allocation; the rest (a part of the next one, if any)
-        // moves to a buffer of its own.
-        self.buf = BytesMut::from(&self.buf[..]);
-        Ok(Some(message))
+        self.buf.take(PREFIX_LEN);
+        Ok(Some(self.buf.take(len)))
     }
 }

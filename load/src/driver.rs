@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use tokio::time::sleep_until;
 
 use super::client::{self, Connection, ProxyConfig, SharedChannels};
+use super::gate::Gates;
 use super::plan::Plan;
 use super::procfs::{self, Machine, ProcessSample};
 use super::record::{Percentiles, Recorder};
@@ -385,6 +386,7 @@ async fn load(
     } else {
         Vec::new()
     }));
+    let gates = Gates::new(scenario.receiving_connections, shared.len());
     let (report_tx, report_rx) = watch::channel(0u64);
     let (storm_tx, storm_rx) = watch::channel(0u64);
     let mut proxies = JoinSet::new();
@@ -415,6 +417,7 @@ async fn load(
             report: report_rx.clone(),
             storm: storm_rx.clone(),
             tls: tls.clone(),
+            gate: gates.for_proxy(index),
         }));
         recorder.started.fetch_add(1, Ordering::Relaxed);
     }
@@ -1015,7 +1018,8 @@ mod tests {
         // 6 sidecars, alternating SotW and Delta, over 2 shared connections, on 4
         // services of 2 ports each: every sidecar converges on 8 clusters, sees each
         // endpoint change in the HTTP port's assignment, then all drop their streams and
-        // connections and reconnect at once and have their config again.
+        // connections and reconnect at once and have their config again. Over shared
+        // connections, one connection receives at a time.
         for decode in [Decode::Lean, Decode::Full] {
             for connections in [2, 0] {
                 let scenario = Scenario {
@@ -1028,6 +1032,8 @@ mod tests {
                     flavour: Flavour::Mixed,
                     decode,
                     connections,
+                    // Shared connections take turns receiving (one at a time).
+                    receiving_connections: connections.min(1),
                     churn: Churn {
                         endpoint_changes: 3,
                         reconnect_storm: true,

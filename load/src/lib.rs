@@ -106,8 +106,9 @@
 //! share one table, so what the tool keeps per proxy does not grow with the mesh
 //! (5,000 and 10,000 sidecars of a 1,000-service mesh: ~130-150 KiB of RSS per proxy
 //! once converged). Responses being received still take their size until they are
-//! whole: thousands of proxies waiting for their initial configs at once hold a
-//! partly received response each. `decode: full`
+//! whole: thousands of proxies waiting for their initial configs at once would hold a
+//! partly received response each; `receivingConnections: N` lets only N connections
+//! be partway through a response ([`gate`]). `decode: full`
 //! has every proxy decode every resource itself and keep its own tables (memory per
 //! proxy grows with the resources it holds), a check of the sharing at small scale.
 //! Responses are read frame by frame: no receive buffer outlives its message. The
@@ -132,6 +133,7 @@
 pub mod client;
 pub mod csr;
 pub mod driver;
+pub mod gate;
 pub mod lite;
 pub mod marker;
 pub mod plan;

@@ -140,6 +140,9 @@ pub struct Scenario {
     pub ramp: f64,
     /// HTTP/2 connections shared by the proxies (0 = one connection per proxy).
     pub connections: usize,
+    /// Connections that may be in the middle of receiving responses at once (0 = no
+    /// limit); see [`crate::gate`].
+    pub receiving_connections: usize,
     /// Changes after the initial convergence.
     pub churn: Churn,
     /// How long to wait for every proxy to have its complete initial config, from the
@@ -170,6 +173,7 @@ impl Default for Scenario {
             decode: Decode::Lean,
             ramp: 0.0,
             connections: 0,
+            receiving_connections: 0,
             churn: Churn::default(),
             settle_timeout: Duration::from_secs(60),
             change_timeout: Duration::from_secs(30),
@@ -323,7 +327,7 @@ mod tests {
     #[test]
     fn parses_every_field() {
         let text = "name: t\nservices: 5\nendpointsPerService: 2\nnamespaces: 3\nproxies: 7\nmode: grpc\n\
-                    grpcServicesPerClient: 4\nsidecarScope: mesh\nflavour: delta\ndecode: full\nportsPerService: 1\nramp: 50\nconnections: 2\n\
+                    grpcServicesPerClient: 4\nsidecarScope: mesh\nflavour: delta\ndecode: full\nportsPerService: 1\nramp: 50\nconnections: 2\nreceivingConnections: 3\n\
                     churn: {rate: 5, endpointChanges: 10, serviceAdds: 2, serviceRemoves: 3, configChanges: 1, reconnectStorm: true}\n\
                     settleTimeout: 1m30s\nchangeTimeout: 5s\nseed: 9\n";
         let s = Scenario::parse("t.yaml", text).unwrap();
@@ -343,6 +347,7 @@ mod tests {
                 decode: Decode::Full,
                 ramp: 50.0,
                 connections: 2,
+                receiving_connections: 3,
                 churn: Churn {
                     rate: 5.0,
                     endpoint_changes: 10,

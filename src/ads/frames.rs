@@ -39,7 +39,7 @@ pub const SPLICE_MIN: usize = 1024;
 /// The largest chunk of copied bytes.
 pub const CHUNK_MAX: usize = 32 * 1024;
 /// gRPC's length prefix: a compression flag and a big-endian u32 length.
-const PREFIX_LEN: usize = 5;
+pub const PREFIX_LEN: usize = 5;
 
 /// A message that can be framed as chunks, a part at a time: the head (leading
 /// fields), one part per resource, then the tail (trailing fields).
@@ -523,16 +523,18 @@ impl<M: Message + Default> RequestStream<M> {
 /// frames must not pin a buffer per byte it is charged for.
 const KEEP_FRAME_MIN: usize = 4096;
 
-/// The request bytes that arrived and are not yet a whole message: the data frames as
-/// the transport handed them over (small ones copied), in order.
+/// The bytes of a gRPC stream that arrived and are not yet a whole message: the data
+/// frames as the transport handed them over (small ones copied), in order. Also what
+/// the load tool assembles responses with.
 #[derive(Debug, Default)]
-struct Arrived {
+pub struct Arrived {
     frames: std::collections::VecDeque<Bytes>,
     len: usize,
 }
 
 impl Arrived {
-    fn push(&mut self, data: Bytes) {
+    /// Keeps a data frame.
+    pub fn push(&mut self, data: Bytes) {
         if data.is_empty() {
             return;
         }
@@ -545,16 +547,18 @@ impl Arrived {
         self.frames.push_back(data);
     }
 
-    fn len(&self) -> usize {
+    /// Bytes kept.
+    pub fn len(&self) -> usize {
         self.len
     }
 
-    fn is_empty(&self) -> bool {
+    /// Whether none are kept.
+    pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The gRPC length prefix, once all of it arrived (it may span frames).
-    fn prefix(&self) -> Option<[u8; PREFIX_LEN]> {
+    pub fn prefix(&self) -> Option<[u8; PREFIX_LEN]> {
         if self.len < PREFIX_LEN {
             return None;
         }
@@ -573,7 +577,7 @@ impl Arrived {
 
     /// Takes the first `n` bytes (at most `len()`): a slice of the first frame when it
     /// holds them all, else one copy of exactly `n` bytes.
-    fn take(&mut self, n: usize) -> Bytes {
+    pub fn take(&mut self, n: usize) -> Bytes {
         debug_assert!(n <= self.len);
         self.len -= n;
         let first = self.frames.front_mut().expect("n bytes arrived");
