@@ -176,11 +176,82 @@ pub enum Action {
     UnknownType(String),
 }
 
+/// A map keyed by [`TypeUrl`], as small as what it holds: a connection watches four or
+/// five types, and a `BTreeMap` would give each connection a node of eleven `Watch`es
+/// (~2 KB).
+#[derive(Debug, Clone)]
+pub struct TypeMap<V>(Vec<(TypeUrl, V)>);
+
+impl<V> Default for TypeMap<V> {
+    fn default() -> Self {
+        TypeMap(Vec::new())
+    }
+}
+
+impl<V> TypeMap<V> {
+    fn position(&self, t: TypeUrl) -> Result<usize, usize> {
+        self.0.binary_search_by_key(&t, |(k, _)| *k)
+    }
+
+    /// The value of `t`.
+    pub fn get(&self, t: &TypeUrl) -> Option<&V> {
+        self.position(*t).ok().map(|i| &self.0[i].1)
+    }
+
+    /// The value of `t`, to change.
+    pub fn get_mut(&mut self, t: &TypeUrl) -> Option<&mut V> {
+        self.position(*t).ok().map(|i| &mut self.0[i].1)
+    }
+
+    /// Whether `t` has a value.
+    pub fn contains_key(&self, t: &TypeUrl) -> bool {
+        self.position(*t).is_ok()
+    }
+
+    /// Sets the value of `t`.
+    pub fn insert(&mut self, t: TypeUrl, value: V) {
+        match self.position(t) {
+            Ok(i) => self.0[i].1 = value,
+            Err(i) => self.0.insert(i, (t, value)),
+        }
+    }
+
+    /// Removes the value of `t`.
+    pub fn remove(&mut self, t: &TypeUrl) -> Option<V> {
+        self.position(*t).ok().map(|i| self.0.remove(i).1)
+    }
+
+    /// The entries, in [`TypeUrl`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (&TypeUrl, &V)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+}
+
+impl<V: Default> TypeMap<V> {
+    /// The value of `t`, made default first if it has none.
+    pub fn get_or_default(&mut self, t: TypeUrl) -> &mut V {
+        let i = match self.position(t) {
+            Ok(i) => i,
+            Err(i) => {
+                self.0.insert(i, (t, V::default()));
+                i
+            }
+        };
+        &mut self.0[i].1
+    }
+}
+
+impl<V: Serialize> Serialize for TypeMap<V> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.iter())
+    }
+}
+
 /// The protocol state of one connection (either flavour).
 #[derive(Debug, Default, Serialize)]
 pub struct ConnectionState {
     /// Watches by type.
-    pub watches: BTreeMap<TypeUrl, Watch>,
+    pub watches: TypeMap<Watch>,
     /// Responses sent so far (for nonces).
     pub responses: u64,
 }
@@ -192,7 +263,7 @@ impl ConnectionState {
             return Action::UnknownType(req.type_url.clone());
         };
         if let Some(status) = &req.error_detail {
-            let watch = self.watches.entry(type_url).or_default();
+            let watch = self.watches.get_or_default(type_url);
             watch.last_error = Some(stored_error(&status.message));
             watch.nonce_nacked = Some(req.response_nonce.clone());
             return Action::Nack(type_url, stored_error(&status.message));
@@ -263,13 +334,13 @@ impl ConnectionState {
             return Action::UnknownType(req.type_url.clone());
         };
         if let Some(status) = &req.error_detail {
-            let watch = self.watches.entry(type_url).or_default();
+            let watch = self.watches.get_or_default(type_url);
             watch.last_error = Some(stored_error(&status.message));
             watch.nonce_nacked = Some(req.response_nonce.clone());
             return Action::Nack(type_url, stored_error(&status.message));
         }
         let first = !self.watches.contains_key(&type_url);
-        let watch = self.watches.entry(type_url).or_default();
+        let watch = self.watches.get_or_default(type_url);
         let mut added = false;
         let mut names: Option<BTreeSet<String>> = None;
         let mut held: Option<HeldMap> = None;
@@ -339,7 +410,7 @@ impl ConnectionState {
     pub fn record_sent(&mut self, type_url: TypeUrl, version: &str, connection_id: &str) -> String {
         self.responses += 1;
         let nonce = format!("{version}/{connection_id}/{}", self.responses);
-        let watch = self.watches.entry(type_url).or_default();
+        let watch = self.watches.get_or_default(type_url);
         watch.nonce_sent = Some(nonce.clone());
         watch.version_sent = Some(version.to_string());
         watch.last_sent = Some(SystemTime::now());
@@ -764,5 +835,27 @@ mod tests {
         // Partial (incremental) pushes never remove.
         let (send, removed) = s.delta_diff(TypeUrl::Cluster, vec![res("b", "2")], true);
         assert_eq!((send.len(), removed.len()), (1, 0));
+    }
+}
+
+#[cfg(test)]
+mod type_map_tests {
+    use super::*;
+
+    #[test]
+    fn a_type_map_keeps_type_order_and_serializes_as_a_map() {
+        let mut m = TypeMap::<u32>::default();
+        m.insert(TypeUrl::Route, 3);
+        *m.get_or_default(TypeUrl::Cluster) += 1;
+        *m.get_or_default(TypeUrl::Cluster) += 1;
+        m.insert(TypeUrl::Listener, 2);
+        assert_eq!(m.get(&TypeUrl::Cluster), Some(&2));
+        assert!(!m.contains_key(&TypeUrl::Endpoint));
+        let order: Vec<TypeUrl> = m.iter().map(|(t, _)| *t).collect();
+        assert_eq!(order, [TypeUrl::Cluster, TypeUrl::Listener, TypeUrl::Route]);
+        assert_eq!(m.remove(&TypeUrl::Listener), Some(2));
+        assert_eq!(m.get_mut(&TypeUrl::Listener), None);
+        let json = serde_json::to_value(&m).unwrap();
+        assert_eq!(json.as_object().unwrap().len(), 2);
     }
 }

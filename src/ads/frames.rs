@@ -272,8 +272,10 @@ fn write_delta_resource(out: &mut ChunkWriter, resource: &DeltaResource) {
 /// What a stream task hands to its response body.
 #[derive(Debug)]
 pub enum Outbound<M> {
-    /// One message, framed by the body as the transport takes it.
-    Message(M),
+    /// One message, framed by the body as the transport takes it. Boxed, so that the
+    /// stream's channel (tokio allocates its slots 32 at a time) costs an idle stream
+    /// 32 pointers, not 32 messages.
+    Message(Box<M>),
     /// End the stream with this status (in the trailers).
     Close(Status),
 }
@@ -337,7 +339,7 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
             }
             match ready!(this.rx.poll_recv(cx)) {
                 Some(Outbound::Message(message)) => {
-                    this.current = Some(FrameCursor::new(message));
+                    this.current = Some(FrameCursor::new(*message));
                 }
                 Some(Outbound::Close(status)) => {
                     this.done = true;
@@ -419,8 +421,10 @@ impl<M: Message + Default> RequestStream<M> {
         }
     }
 
-    /// The next message; `None` when the client ended the stream.
-    pub async fn message(&mut self) -> Result<Option<M>, RequestError> {
+    /// The next message; `None` when the client ended the stream. Boxed: a request
+    /// (a SotW one holds its `Node` inline, ~550 bytes) would otherwise take that much
+    /// room, several times over, in the future of every idle stream awaiting the next.
+    pub async fn message(&mut self) -> Result<Option<Box<M>>, RequestError> {
         loop {
             if let Some(message) = self.take_message()? {
                 return Ok(Some(message));
@@ -482,7 +486,7 @@ impl<M: Message + Default> RequestStream<M> {
     }
 
     /// Decodes the next message if all of it has arrived.
-    fn take_message(&mut self) -> Result<Option<M>, RequestError> {
+    fn take_message(&mut self) -> Result<Option<Box<M>>, RequestError> {
         let Some(prefix) = self.buf.prefix() else {
             return Ok(None);
         };
@@ -509,7 +513,7 @@ impl<M: Message + Default> RequestStream<M> {
         self.buf.take(PREFIX_LEN);
         let body = self.buf.take(len);
         self.settle();
-        M::decode(body).map(Some).map_err(|e| {
+        M::decode(body).map(|m| Some(Box::new(m))).map_err(|e| {
             RequestError::protocol(
                 "malformed",
                 Status::invalid_argument(format!("malformed request message: {e}")),
@@ -732,11 +736,11 @@ mod tests {
         drop(tx);
         let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
         let mut requests = RequestStream::<SotwRequest>::new(tonic::body::Body::new(body), None);
-        assert_eq!(requests.message().await.unwrap(), Some(one));
+        assert_eq!(requests.message().await.unwrap(), Some(Box::new(one)));
         // What is kept is the start of the next message, copied out of the frame.
         assert_eq!(requests.buf.frames.len(), 1);
         assert!(requests.buf.len() < KEEP_FRAME_MIN);
-        assert_eq!(requests.message().await.unwrap(), Some(two));
+        assert_eq!(requests.message().await.unwrap(), Some(Box::new(two)));
         assert_eq!(requests.buf.capacity(), 0);
         assert_eq!(requests.message().await.unwrap(), None);
     }
@@ -857,7 +861,9 @@ mod tests {
             resources: vec![any(4096, 7)],
             ..Default::default()
         };
-        tx.send(Outbound::Message(response.clone())).await.unwrap();
+        tx.send(Outbound::Message(Box::new(response.clone())))
+            .await
+            .unwrap();
         tx.send(Outbound::Close(Status::unavailable("bye")))
             .await
             .unwrap();
