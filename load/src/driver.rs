@@ -520,6 +520,10 @@ async fn load(
         }
     }
     proxies.shutdown().await;
+    let server_counters = match server.monitoring {
+        Some(monitoring) => server::xds_counters(monitoring).await,
+        None => BTreeMap::new(),
+    };
 
     let per_proxy = Percentiles::of(&recorder.convergence_times());
     let summary = Summary {
@@ -535,6 +539,7 @@ async fn load(
             pid: server.pid,
             spawned: server.spawned,
             tls: tls.is_some(),
+            counters: server_counters,
         },
         convergence: Convergence {
             proxies: scenario.proxies,

@@ -62,6 +62,9 @@ pub struct ServerInfo {
     pub spawned: bool,
     /// Over TLS with client certificates (the secure port).
     pub tls: bool,
+    /// Its xDS counters that are not zero at the end of the run (a server the tool
+    /// started): handshake deadlines, cut connections, refused streams.
+    pub counters: BTreeMap<String, f64>,
 }
 
 /// Initial convergence.
@@ -422,6 +425,12 @@ impl Summary {
                 "\nstreams refused by the server's rate limit (RESOURCE_EXHAUSTED) and retried: {}",
                 self.refused_streams
             );
+        }
+        if !self.server.counters.is_empty() {
+            let _ = writeln!(out, "\nserver xDS counters (non-zero, end of run)");
+            for (name, value) in &self.server.counters {
+                let _ = writeln!(out, "  {name} {value}");
+            }
         }
         if self.stream_failures > 0 || self.nacks > 0 {
             let _ = writeln!(

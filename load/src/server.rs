@@ -8,6 +8,7 @@
 //! answers 200 (registries synced: before that, streams are refused), forwards its
 //! warnings and errors to stderr, and kills it when the run ends.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -71,6 +72,8 @@ pub struct ServerUnderLoad {
     pub pid: Option<u32>,
     /// The tool started it (and stops it when dropped).
     pub spawned: bool,
+    /// Its `/metrics` address, when the tool started it.
+    pub monitoring: Option<SocketAddr>,
     child: Option<Child>,
 }
 
@@ -94,6 +97,7 @@ impl ServerUnderLoad {
             replicas: Vec::new(),
             pid,
             spawned: false,
+            monitoring: None,
             child: None,
         })
     }
@@ -170,6 +174,7 @@ impl ServerUnderLoad {
             replicas: Vec::new(),
             pid,
             spawned: true,
+            monitoring: Some(ready.monitoring_addr),
             child: Some(child),
         })
     }
@@ -222,6 +227,44 @@ async fn follow_log(stdout: tokio::process::ChildStdout) {
     }
 }
 
+/// The server's xDS counters that are not zero (`meshfed_xds_*_total`, one entry per
+/// labelled sample): what the server saw of the run's failures (handshake deadlines,
+/// connections cut for not reading, refused streams). Empty when `/metrics` does not
+/// answer.
+pub async fn xds_counters(monitoring: SocketAddr) -> BTreeMap<String, f64> {
+    let Ok(text) = http_get(monitoring, "/metrics").await else {
+        return BTreeMap::new();
+    };
+    parse_xds_counters(&text)
+}
+
+fn parse_xds_counters(text: &str) -> BTreeMap<String, f64> {
+    text.lines()
+        .filter(|line| line.starts_with("meshfed_xds_"))
+        .filter_map(|line| {
+            let (name, value) = line.rsplit_once(' ')?;
+            let metric = name.split('{').next()?;
+            let value: f64 = value.parse().ok()?;
+            (metric.ends_with("_total") && value != 0.0).then(|| (name.to_string(), value))
+        })
+        .collect()
+}
+
+/// The body of `GET http://<addr><path>` (HTTP/1.0: the server closes when done).
+async fn http_get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut all = Vec::new();
+    stream.take(16 << 20).read_to_end(&mut all).await?;
+    let text = String::from_utf8_lossy(&all);
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map_or_else(String::new, |(_, body)| body.to_string()))
+}
+
 /// Waits until `GET http://<http>/ready` answers 200.
 async fn wait_ready(http: SocketAddr) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + START_TIMEOUT;
@@ -259,4 +302,24 @@ pub fn scratch_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!("meshfed-load-{}", std::process::id()));
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn xds_counters_keep_non_zero_totals() {
+        let text = "# TYPE meshfed_xds_handshake_timeouts counter\n\
+                    meshfed_xds_handshake_timeouts_total 51\n\
+                    meshfed_xds_refused_total{reason=\"rate_limited\"} 7170\n\
+                    meshfed_xds_refused_total{reason=\"bad_node\"} 0\n\
+                    meshfed_xds_push_seconds_bucket{le=\"0.1\"} 3\n\
+                    meshfed_pushes_total 9\n";
+        let counters = super::parse_xds_counters(text);
+        assert_eq!(counters.len(), 2, "{counters:?}");
+        assert_eq!(counters["meshfed_xds_handshake_timeouts_total"], 51.0);
+        assert_eq!(
+            counters["meshfed_xds_refused_total{reason=\"rate_limited\"}"],
+            7170.0
+        );
+    }
 }
