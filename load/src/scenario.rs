@@ -468,6 +468,10 @@ mod tests {
                 include_str!("../../examples/scenarios/smoke.yaml"),
             ),
             (
+                "idle-connections.yaml",
+                include_str!("../../examples/scenarios/idle-connections.yaml"),
+            ),
+            (
                 "istio-reference.yaml",
                 include_str!("../../examples/scenarios/istio-reference.yaml"),
             ),
