@@ -18,7 +18,8 @@
 //! - sidecar outbound: `use_remote_address: false`, Envoy's own server name;
 //! - gateway: `use_remote_address: true`, `server_name: istio-envoy`, the proxy's
 //!   `gatewayTopology` (`xff_num_trusted_hops`, `forward_client_cert_details`, default
-//!   `SANITIZE_SET`) with every detail of the client certificate, empty HTTP/1 options.
+//!   `SANITIZE_SET`) with every detail of the client certificate, empty HTTP/1 options,
+//!   meshNetworks' `fromCidr` ranges as internal addresses.
 //!
 //! Telemetry (access logs, tracing, `request_id_extension`, `istio.metadata_exchange`
 //! and `istio.stats`) plugs in here: [`HcmSettings::build`] is the one place a
@@ -27,7 +28,9 @@
 
 use std::sync::LazyLock;
 
-use envoy_types::pb::envoy::config::core::v3::{Http1ProtocolOptions, Http2ProtocolOptions};
+use envoy_types::pb::envoy::config::core::v3::{
+    CidrRange, Http1ProtocolOptions, Http2ProtocolOptions,
+};
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
@@ -39,7 +42,8 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
 };
-use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
+use meshfed_api::mesh::v1alpha1::MeshNetworks;
 use meshfed_api::mesh::v1alpha1::mesh_config::proxy_path_normalization::NormalizationType;
 use meshfed_registry::Protocol;
 
@@ -48,8 +52,8 @@ use crate::model::GatewayTopology;
 use crate::push::snapshot::Snapshot;
 
 use http_connection_manager::{
-    CodecType, ForwardClientCertDetails, PathWithEscapedSlashesAction, SetCurrentClientCertDetails,
-    UpgradeConfig,
+    CodecType, ForwardClientCertDetails, InternalAddressConfig, PathWithEscapedSlashesAction,
+    SetCurrentClientCertDetails, UpgradeConfig,
 };
 
 /// Name of the network filter.
@@ -81,13 +85,16 @@ pub enum HcmClass {
 }
 
 /// What the connection managers of one proxy share: the mesh's path normalization and,
-/// for gateways, the proxy's `gatewayTopology`. Everything it holds comes from the
-/// snapshot's mesh config (which every listener input follows) or the listener input's
-/// [`crate::model::ClientView`].
-#[derive(Clone, Copy, Debug)]
+/// for gateways, the proxy's `gatewayTopology` and meshNetworks' internal ranges.
+/// Everything it holds comes from the snapshot's mesh config and networks (a change to
+/// either touches every listener) or the listener input's [`crate::model::ClientView`].
+#[derive(Clone, Debug)]
 pub struct HcmSettings {
     normalization: NormalizationType,
     topology: GatewayTopology,
+    /// meshNetworks' `fromCidr` ranges: the addresses a connection manager that uses
+    /// the remote address (a gateway's) treats as internal.
+    internal_addresses: Option<InternalAddressConfig>,
 }
 
 /// What differs between the connection managers of one proxy.
@@ -112,6 +119,7 @@ impl HcmSettings {
         HcmSettings {
             normalization,
             topology,
+            internal_addresses: internal_addresses(&snapshot.mesh().networks),
         }
     }
 
@@ -186,10 +194,49 @@ impl HcmSettings {
                     ..Default::default()
                 });
                 hcm.http_protocol_options = Some(Http1ProtocolOptions::default());
+                // Envoy treats no address as internal unless told: without this the
+                // internal headers (x-envoy-*) of mesh clients would be stripped.
+                hcm.internal_address_config = self.internal_addresses.clone();
             }
         }
         hcm
     }
+}
+
+/// Istio's `MeshNetworksToEnvoyInternalAddressConfig`: every `fromCidr` of meshNetworks
+/// (a bare address is a host range), sorted by address (IPv4 first) then length; `None`
+/// without any.
+fn internal_addresses(networks: &MeshNetworks) -> Option<InternalAddressConfig> {
+    use meshfed_api::mesh::v1alpha1::network::network_endpoints::Ne;
+    let mut prefixes: Vec<(std::net::IpAddr, u8)> = networks
+        .networks
+        .values()
+        .flat_map(|n| &n.endpoints)
+        .filter_map(|e| match &e.ne {
+            Some(Ne::FromCidr(cidr)) => crate::mesh::parse_cidr(cidr).or_else(|| {
+                let ip: std::net::IpAddr = cidr.parse().ok()?;
+                Some((ip, if ip.is_ipv4() { 32 } else { 128 }))
+            }),
+            _ => None,
+        })
+        .collect();
+    if prefixes.is_empty() {
+        return None;
+    }
+    prefixes.sort_by_key(|(ip, bits)| (ip.is_ipv6(), *ip, *bits));
+    prefixes.dedup();
+    Some(InternalAddressConfig {
+        cidr_ranges: prefixes
+            .into_iter()
+            .map(|(ip, bits)| CidrRange {
+                address_prefix: ip.to_string(),
+                prefix_len: Some(UInt32Value {
+                    value: u32::from(bits),
+                }),
+            })
+            .collect(),
+        ..Default::default()
+    })
 }
 
 /// Istio's `MeshConfigToEnvoyForwardClientCertDetails` for a gateway: `UNDEFINED` (0)

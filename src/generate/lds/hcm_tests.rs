@@ -568,3 +568,162 @@ fn listener_filter_timeouts_follow_istio() {
     assert!(l.continue_on_listener_filters_timeout);
     assert_eq!(l.listener_filters_timeout, five);
 }
+
+// Istio's TestUseRemoteAddressInternalAddressConfig (listener_builder_test.go): a
+// connection manager that uses the remote address (a gateway's) treats meshNetworks'
+// `fromCidr` ranges as internal, sorted; none without ranges. Sidecars' do not.
+#[test]
+fn gateways_treat_mesh_network_ranges_as_internal() {
+    use meshfed_api::mesh::v1alpha1::network::{NetworkEndpoints, network_endpoints::Ne};
+    use meshfed_api::mesh::v1alpha1::{MeshNetworks, Network};
+    let with_networks = |networks: MeshNetworks| {
+        let mut m = default_mesh();
+        m.networks = networks;
+        world(m, Vec::new())
+    };
+    let cidrs = |snap: &Snapshot| {
+        let [(_, inbound), (_, outbound), (_, gw)] = three(snap, serde_json::json!({}));
+        assert_eq!(inbound.internal_address_config, None);
+        assert_eq!(outbound.internal_address_config, None);
+        gw.internal_address_config.map(|c| {
+            c.cidr_ranges
+                .into_iter()
+                .map(|r| format!("{}/{}", r.address_prefix, r.prefix_len.unwrap().value))
+                .collect::<Vec<_>>()
+        })
+    };
+    // No networks, and networks without CIDRs.
+    assert_eq!(cidrs(&with_networks(MeshNetworks::default())), None);
+    let registry_only = MeshNetworks {
+        networks: [(
+            "n1".to_string(),
+            Network {
+                endpoints: vec![NetworkEndpoints {
+                    ne: Some(Ne::FromRegistry("c1".into())),
+                }],
+                ..Default::default()
+            },
+        )]
+        .into(),
+    };
+    assert_eq!(cidrs(&with_networks(registry_only)), None);
+    let populated = MeshNetworks {
+        networks: [(
+            "default".to_string(),
+            Network {
+                endpoints: vec![
+                    NetworkEndpoints {
+                        ne: Some(Ne::FromCidr("192.168.0.0/16".into())),
+                    },
+                    NetworkEndpoints {
+                        ne: Some(Ne::FromCidr("172.16.0.0/12".into())),
+                    },
+                ],
+                ..Default::default()
+            },
+        )]
+        .into(),
+    };
+    assert_eq!(
+        cidrs(&with_networks(populated)),
+        Some(vec![
+            "172.16.0.0/12".to_string(),
+            "192.168.0.0/16".to_string()
+        ])
+    );
+}
+
+// Istio's listener_test.go vectors on connection managers, without the telemetry
+// filters (`istio.metadata_exchange`, `istio.stats`, Wasm) another part adds:
+// - verifyFilterChainMatch (TestInboundListenerConfig): every inbound HTTP chain,
+//   passthrough ones included, runs grpc_stats, fault, cors, router;
+// - testInboundListenerConfigWithGrpc: a gRPC port's chain has grpc_stats;
+// - "wasm, stats, authz": CUSTOM ext_authz, then the other RBAC, before grpc_stats;
+// - TestOutboundListenerConfig_TCPFailThrough / verifyHTTPFilterChainMatch /
+//   verifyListenerFilters: the outbound HTTP chain matches raw_buffer with the
+//   plaintext HTTP ALPNs and carries istio.alpn, the default chain passes through, the
+//   listener runs the TLS then the HTTP inspector;
+// - testOutboundListenerConflict: the sniffed listener's filter timeout is the mesh's
+//   protocolDetectionTimeout (5s).
+#[test]
+fn istio_listener_test_vectors() {
+    let snap = world(
+        mesh(|m| m.protocol_detection_timeout = Some(meshfed_api::Duration::from_secs(5))),
+        Vec::new(),
+    );
+    let side = sidecar(&snap);
+    let vi = listener(&side, VIRTUAL_INBOUND);
+    let http_chains: Vec<&FilterChain> = vi
+        .filter_chains
+        .iter()
+        .filter(|c| hcm_of(c).is_some())
+        .collect();
+    // Passthrough (mTLS and plain), 8080 and 9090 (mTLS and plain each).
+    assert_eq!(http_chains.len(), 6);
+    for c in http_chains {
+        assert_eq!(
+            names(&hcm_of(c).unwrap()),
+            [GRPC_STATS_FILTER, FAULT_FILTER, CORS_FILTER, ROUTER_FILTER],
+            "{}",
+            c.name
+        );
+    }
+
+    let out = listener(&side, "0.0.0.0_8080");
+    assert_eq!(out.filter_chains.len(), 1);
+    let m = out.filter_chains[0].filter_chain_match.clone().unwrap();
+    assert_eq!(m.transport_protocol, "raw_buffer");
+    assert_eq!(m.application_protocols, ["http/1.1", "h2c"]);
+    assert!(names(&hcm_of(&out.filter_chains[0]).unwrap()).contains(&ALPN_FILTER));
+    let default = out.default_filter_chain.as_ref().expect("passthrough");
+    assert_eq!(
+        crate::generate::lds::references(&Listener {
+            filter_chains: vec![default.clone()],
+            ..Default::default()
+        })
+        .0,
+        vec![crate::xds::names::PASSTHROUGH]
+    );
+    let inspectors: Vec<&str> = out
+        .listener_filters
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect();
+    assert_eq!(
+        inspectors,
+        [
+            "envoy.filters.listener.tls_inspector",
+            "envoy.filters.listener.http_inspector"
+        ]
+    );
+    assert_eq!(out.listener_filters_timeout.map(|d| d.seconds), Some(5));
+
+    // CUSTOM (ext_authz behind its RBAC), then DENY.
+    let mut m = default_mesh();
+    m.config.extension_providers = serde_json::from_value(serde_json::json!([
+        {"name": "extauthz", "envoyExtAuthzGrpc": {"service": "a.default.svc.cluster.local", "port": 9090}}
+    ]))
+    .unwrap();
+    let mut custom = deny_admin("default", ("app", "a"));
+    custom.name = "custom".into();
+    custom.spec.action = sec::authorization_policy::Action::Custom as i32;
+    custom.spec.action_detail = Some(sec::authorization_policy::ActionDetail::Provider(
+        sec::authorization_policy::ExtensionProvider {
+            name: "extauthz".into(),
+        },
+    ));
+    let snap = world(m, vec![custom, deny_admin("default", ("app", "a"))]);
+    let side = sidecar(&snap);
+    assert_eq!(
+        names(&inbound_hcm(&side, "0.0.0.0_8080")),
+        [
+            "envoy.filters.http.rbac",
+            "envoy.filters.http.ext_authz",
+            "envoy.filters.http.rbac",
+            GRPC_STATS_FILTER,
+            FAULT_FILTER,
+            CORS_FILTER,
+            ROUTER_FILTER
+        ]
+    );
+}
