@@ -87,6 +87,11 @@ pub struct ClientView {
     /// A gateway's `gatewayTopology` from its metadata `PROXY_CONFIG` (the proxy's
     /// merged ProxyConfig); the default for other proxies, which do not read it.
     pub gateway_topology: GatewayTopology,
+    /// Metadata `HTTP10` is `1`: the proxy's connection managers accept HTTP/1.0.
+    pub http10: bool,
+    /// Metadata `IDLE_TIMEOUT` (a duration such as `30s`): the idle timeout of the
+    /// proxy's connection managers; unset or unreadable, Envoy's default.
+    pub idle_timeout: Option<std::time::Duration>,
 }
 
 /// ProxyConfig `gatewayTopology`: what a gateway's connection managers trust and
@@ -251,6 +256,12 @@ impl Proxy {
             } else {
                 GatewayTopology::default()
             },
+            http10: self.metadata.get("HTTP10").and_then(|v| v.as_str()) == Some("1"),
+            idle_timeout: self
+                .metadata
+                .get("IDLE_TIMEOUT")
+                .and_then(|v| v.as_str())
+                .and_then(|s| meshfed_registry::source::parse_duration(s).ok()),
         }
     }
 

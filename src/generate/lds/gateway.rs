@@ -161,7 +161,7 @@ fn port_chains(
     http_authz: &[HttpFilter],
     shared: &mut Passthrough<'_>,
 ) -> Vec<ChainOpts> {
-    let settings = HcmSettings::new(snapshot, proxy.gateway_topology);
+    let settings = HcmSettings::new(snapshot, proxy);
     let protocol = Protocol::parse(&port.protocol);
     if protocol.is_http() {
         let route = merged.by_port.get(port).map_or("", |(_, r)| r.as_str());

@@ -7,6 +7,8 @@
 //! Every class gets: codec `AUTO`; MeshConfig `pathNormalization` (`normalize_path`,
 //! `merge_slashes`, `path_with_escaped_slashes_action`); websocket upgrades;
 //! `stream_idle_timeout: 0s` (no idle reset of quiet streams); 100-continue proxied;
+//! the proxy's metadata `IDLE_TIMEOUT` (connection idle timeout) and `HTTP10`
+//! (HTTP/1.0 accepted);
 //! and the HTTP filters in Istio's order: the authorization filters the caller built
 //! (CUSTOM ext_authz, `jwt_authn`, RBAC), `grpc_web` on gRPC-Web ports,
 //! `grpc_stats`, `istio.alpn` (not inbound), `fault`, `cors`, then the router.
@@ -29,7 +31,7 @@
 use std::sync::LazyLock;
 
 use envoy_types::pb::envoy::config::core::v3::{
-    CidrRange, Http1ProtocolOptions, Http2ProtocolOptions,
+    CidrRange, Http1ProtocolOptions, Http2ProtocolOptions, HttpProtocolOptions,
 };
 use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
 use envoy_types::pb::envoy::extensions::filters::http::cors::v3::Cors;
@@ -48,7 +50,7 @@ use meshfed_api::mesh::v1alpha1::mesh_config::proxy_path_normalization::Normaliz
 use meshfed_registry::Protocol;
 
 use super::pack;
-use crate::model::GatewayTopology;
+use crate::model::{ClientView, GatewayTopology};
 use crate::push::snapshot::Snapshot;
 
 use http_connection_manager::{
@@ -92,6 +94,10 @@ pub enum HcmClass {
 pub struct HcmSettings {
     normalization: NormalizationType,
     topology: GatewayTopology,
+    /// The proxy accepts HTTP/1.0 (metadata `HTTP10`).
+    http10: bool,
+    /// The proxy's connection idle timeout (metadata `IDLE_TIMEOUT`).
+    idle_timeout: Option<PbDuration>,
     /// meshNetworks' `fromCidr` ranges: the addresses a connection manager that uses
     /// the remote address (a gateway's) treats as internal.
     internal_addresses: Option<InternalAddressConfig>,
@@ -108,8 +114,8 @@ pub struct HcmParts<'a> {
 }
 
 impl HcmSettings {
-    /// The settings of a proxy with `topology` under the snapshot's mesh config.
-    pub fn new(snapshot: &Snapshot, topology: GatewayTopology) -> HcmSettings {
+    /// The settings of `proxy` under the snapshot's mesh config.
+    pub fn new(snapshot: &Snapshot, proxy: &ClientView) -> HcmSettings {
         let normalization = snapshot
             .mesh()
             .config
@@ -118,7 +124,12 @@ impl HcmSettings {
             .map_or(NormalizationType::Default, |p| p.normalization());
         HcmSettings {
             normalization,
-            topology,
+            topology: proxy.gateway_topology,
+            http10: proxy.http10,
+            idle_timeout: proxy.idle_timeout.map(|d| PbDuration {
+                seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+                nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
+            }),
             internal_addresses: internal_addresses(&snapshot.mesh().networks),
         }
     }
@@ -163,6 +174,14 @@ impl HcmSettings {
                 ..Default::default()
             }],
             stream_idle_timeout: Some(PbDuration::default()),
+            common_http_protocol_options: self.idle_timeout.map(|t| HttpProtocolOptions {
+                idle_timeout: Some(t),
+                ..Default::default()
+            }),
+            http_protocol_options: self.http10.then(|| Http1ProtocolOptions {
+                accept_http_10: true,
+                ..Default::default()
+            }),
             proxy_100_continue: true,
             ..Default::default()
         };
@@ -193,7 +212,10 @@ impl HcmSettings {
                     dns: true,
                     ..Default::default()
                 });
-                hcm.http_protocol_options = Some(Http1ProtocolOptions::default());
+                hcm.http_protocol_options = Some(Http1ProtocolOptions {
+                    accept_http_10: self.http10,
+                    ..Default::default()
+                });
                 // Envoy treats no address as internal unless told: without this the
                 // internal headers (x-envoy-*) of mesh clients would be stripped.
                 hcm.internal_address_config = self.internal_addresses.clone();

@@ -727,3 +727,50 @@ fn istio_listener_test_vectors() {
         ]
     );
 }
+
+// The proxy's metadata `HTTP10` and `IDLE_TIMEOUT` reach every connection manager
+// (Istio's enableHTTP10 and the node's IdleTimeout).
+#[test]
+fn http10_and_idle_timeout_from_the_proxy_metadata() {
+    let snap = world(default_mesh(), Vec::new());
+    let meta = serde_json::json!({"HTTP10": "1", "IDLE_TIMEOUT": "90s", "LABELS": {"app": "a"}});
+    let side = sidecar_listeners(
+        &snap,
+        &proxy_with(SIDECAR, meta).client_view(),
+        &inbound_ports(),
+    );
+    let gw = gateway(
+        &snap,
+        serde_json::json!({"HTTP10": "1", "IDLE_TIMEOUT": "90s"}),
+    );
+    let expected_idle = Some(PbDuration {
+        seconds: 90,
+        nanos: 0,
+    });
+    for (class, hcm) in [
+        ("inbound", inbound_hcm(&side, "0.0.0.0_8080")),
+        ("outbound", only_hcm(listener(&side, "0.0.0.0_8080"))),
+        ("gateway", only_hcm(listener(&gw, "0.0.0.0_80"))),
+    ] {
+        assert_eq!(
+            hcm.http_protocol_options.map(|o| o.accept_http_10),
+            Some(true),
+            "{class}"
+        );
+        assert_eq!(
+            hcm.common_http_protocol_options
+                .and_then(|o| o.idle_timeout),
+            expected_idle,
+            "{class}"
+        );
+    }
+    // Without them: Envoy's defaults (a gateway still sends empty HTTP/1 options).
+    let [(_, inbound), (_, outbound), (_, gw)] = three(&snap, serde_json::json!({}));
+    assert_eq!(inbound.http_protocol_options, None);
+    assert_eq!(outbound.http_protocol_options, None);
+    assert_eq!(
+        gw.http_protocol_options,
+        Some(Http1ProtocolOptions::default())
+    );
+    assert_eq!(inbound.common_http_protocol_options, None);
+}

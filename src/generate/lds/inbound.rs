@@ -172,7 +172,12 @@ pub struct InboundContext<'a> {
 }
 
 impl<'a> InboundContext<'a> {
-    pub fn new(snapshot: &Snapshot, authz: &'a InboundAuthz, mtls: WorkloadMtls) -> Self {
+    pub fn new(
+        snapshot: &Snapshot,
+        proxy: &crate::model::ClientView,
+        authz: &'a InboundAuthz,
+        mtls: WorkloadMtls,
+    ) -> Self {
         let mesh = &snapshot.mesh().config;
         let socket = |ctx: DownstreamTlsContext| TransportSocket {
             name: TLS_SOCKET.into(),
@@ -183,7 +188,7 @@ impl<'a> InboundContext<'a> {
             mtls,
             tls_http: socket(inbound_mtls_context(mesh, false)),
             tls_tcp: socket(inbound_mtls_context(mesh, true)),
-            hcm: HcmSettings::new(snapshot, crate::model::GatewayTopology::default()),
+            hcm: HcmSettings::new(snapshot, proxy),
             // Unset is Istio's default, 0s (no timeout), not Envoy's 15 s.
             detection_timeout: Some(mesh.protocol_detection_timeout.map_or_else(
                 Default::default,

@@ -148,7 +148,7 @@ pub fn sidecar_listener_set(
     let mut out = Vec::new();
     let authz = InboundAuthz::for_workload(snapshot, &proxy.namespace, &proxy.labels);
     let mtls = crate::generate::authn::workload_mtls(snapshot, &proxy.namespace, &proxy.labels);
-    let ctx = inbound::InboundContext::new(snapshot, &authz, mtls);
+    let ctx = inbound::InboundContext::new(snapshot, proxy, &authz, mtls);
     // Without interception nothing reaches a capture listener: only bound ports.
     if !proxy.interception_none {
         let captured: Vec<&InboundPort> = inbound.iter().filter(|p| p.bind.is_none()).collect();

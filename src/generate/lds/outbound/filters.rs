@@ -85,11 +85,12 @@ pub(in crate::generate::lds) fn weighted_tcp_proxy(
 /// of `protocol`.
 pub(super) fn outbound_hcm(
     snapshot: &Snapshot,
+    proxy: &crate::model::ClientView,
     bind: &str,
     port: u16,
     protocol: Protocol,
 ) -> Filter {
-    HcmSettings::new(snapshot, crate::model::GatewayTopology::default()).filter(
+    HcmSettings::new(snapshot, proxy).filter(
         HcmClass::SidecarOutbound,
         HcmParts {
             stat_prefix: format!("outbound_{bind}_{port};"),

@@ -438,7 +438,7 @@ fn add_service_port(
                 Some(c) if is_tcp(c) => (Protocol::Unsupported, Merge::Sniff),
                 Some(_) => return,
             };
-            let hcm = outbound_hcm(ctx.snapshot, &bind, ctx.port, ctx.protocol);
+            let hcm = outbound_hcm(ctx.snapshot, ctx.proxy, &bind, ctx.port, ctx.protocol);
             (vec![ChainOpts::sniffed_http(hcm)], protocol, merge)
         }
         Class::Tcp => {
@@ -453,6 +453,7 @@ fn add_service_port(
             let mut chains = tcp_chains(ctx, &bind);
             chains.push(ChainOpts::sniffed_http(outbound_hcm(
                 ctx.snapshot,
+                ctx.proxy,
                 &bind,
                 ctx.port,
                 ctx.protocol,
