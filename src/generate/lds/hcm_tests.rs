@@ -567,6 +567,13 @@ fn listener_filter_timeouts_follow_istio() {
     let l = listener(&listeners, "127.0.0.1_7000");
     assert!(l.continue_on_listener_filters_timeout);
     assert_eq!(l.listener_filters_timeout, five);
+    assert_eq!(
+        l.max_connections_to_accept_per_socket_event
+            .map(|v| v.value),
+        Some(1)
+    );
+    let vi = listener(&sidecar(&snap), VIRTUAL_INBOUND).clone();
+    assert_eq!(vi.max_connections_to_accept_per_socket_event, None);
 }
 
 // Istio's TestUseRemoteAddressInternalAddressConfig (listener_builder_test.go): a

@@ -401,6 +401,9 @@ pub fn bound_listeners(inbound: &[InboundPort], ctx: &InboundContext<'_>) -> Vec
                 filter_chains: chains,
                 continue_on_listener_filters_timeout: true,
                 listener_filters_timeout: ctx.detection_timeout,
+                // Istio's MAX_CONNECTIONS_PER_SOCKET_EVENT_LOOP default, on the
+                // listeners that really accept from the kernel.
+                max_connections_to_accept_per_socket_event: Some(UInt32Value { value: 1 }),
                 ..Default::default()
             }
         })

@@ -1733,10 +1733,12 @@ mod tests {
             1,
             "mesh and other gateways' routes stay out"
         );
+        // Istio's gateway tables: the host alone, matched without the port.
         assert_eq!(
             vhost(&rc, "bookinfo.example.com:80").domains,
-            vec!["bookinfo.example.com", "bookinfo.example.com:80"]
+            vec!["bookinfo.example.com"]
         );
+        assert!(rc.ignore_port_in_host_matching);
         // Server hosts scoped to a namespace only take that namespace's VirtualServices.
         assert_eq!(
             cluster(&rc, Request::new("api.prod.example.com", 80, "/")),
