@@ -134,6 +134,12 @@ impl HcmSettings {
         }
     }
 
+    /// The proxy's idle timeout (metadata `IDLE_TIMEOUT`), which its inbound TCP
+    /// proxies share with its connection managers.
+    pub fn idle_timeout(&self) -> Option<PbDuration> {
+        self.idle_timeout
+    }
+
     /// The connection manager of `class` as a network filter.
     pub fn filter(&self, class: HcmClass, parts: HcmParts<'_>) -> Filter {
         Filter {

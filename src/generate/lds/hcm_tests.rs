@@ -771,6 +771,35 @@ fn http10_and_idle_timeout_from_the_proxy_metadata() {
             "{class}"
         );
     }
+    // Inbound TCP proxies close idle connections after it too (Istio's
+    // buildInboundNetworkFilters); the passthrough TCP chains included.
+    let tcp_chains: Vec<&FilterChain> = listener(&side, VIRTUAL_INBOUND)
+        .filter_chains
+        .iter()
+        .filter(|c| c.name == VIRTUAL_INBOUND)
+        .collect();
+    assert!(!tcp_chains.is_empty());
+    for c in tcp_chains {
+        let tcp = c
+            .filters
+            .iter()
+            .find_map(|f| match &f.config_type {
+                Some(filter::ConfigType::TypedConfig(any))
+                    if any.type_url
+                        == envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy::type_url() =>
+                {
+                    Some(
+                        envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::TcpProxy::decode(
+                            any.value.as_slice(),
+                        )
+                        .unwrap(),
+                    )
+                }
+                _ => None,
+            })
+            .expect("tcp proxy");
+        assert_eq!(tcp.idle_timeout, expected_idle);
+    }
     // Without them: Envoy's defaults (a gateway still sends empty HTTP/1 options).
     let [(_, inbound), (_, outbound), (_, gw)] = three(&snap, serde_json::json!({}));
     assert_eq!(inbound.http_protocol_options, None);

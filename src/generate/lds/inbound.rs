@@ -36,6 +36,7 @@ use super::{
 use crate::generate::authn::{MtlsMode, WorkloadMtls, inbound_mtls_context};
 use crate::generate::upstream_tls::TLS_SOCKET;
 use crate::push::snapshot::Snapshot;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 /// Name of the HTTP passthrough chains.
 pub const CATCHALL_HTTP: &str = "virtualInbound-catchall-http";
@@ -320,7 +321,10 @@ fn chain(target: &ChainTarget<'_>, o: ChainOption, ctx: &InboundContext<'_>) -> 
                 .network
                 .iter()
                 .cloned()
-                .chain(std::iter::once(tcp_proxy_filter(target.cluster)))
+                .chain(std::iter::once(inbound_tcp_proxy(
+                    target.cluster,
+                    ctx.hcm.idle_timeout(),
+                )))
                 .collect()
         }),
     }
@@ -341,6 +345,31 @@ fn chain(target: &ChainTarget<'_>, o: ChainOption, ctx: &InboundContext<'_>) -> 
         filters,
         transport_socket: o.mtls.then(|| ctx.mtls_socket(o.protocol)),
         ..Default::default()
+    }
+}
+
+/// The TCP proxy of an inbound chain: to `cluster`, closing connections idle for the
+/// proxy's `IDLE_TIMEOUT` when it has one (Envoy's default, an hour, otherwise).
+fn inbound_tcp_proxy(
+    cluster: &str,
+    idle_timeout: Option<envoy_types::pb::google::protobuf::Duration>,
+) -> Filter {
+    if idle_timeout.is_none() {
+        return tcp_proxy_filter(cluster);
+    }
+    let proxy = TcpProxy {
+        stat_prefix: cluster.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        idle_timeout,
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(
+            envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(pack(
+                &proxy,
+            )),
+        ),
     }
 }
 
