@@ -35,6 +35,8 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/extensions/filters/http/cors/v3/cors.proto",
     "envoy/extensions/filters/http/ext_authz/v3/ext_authz.proto",
     "envoy/extensions/filters/http/fault/v3/fault.proto",
+    "envoy/extensions/filters/http/grpc_stats/v3/config.proto",
+    "envoy/extensions/filters/http/grpc_web/v3/grpc_web.proto",
     "envoy/extensions/filters/http/rbac/v3/rbac.proto",
     "envoy/extensions/filters/http/router/v3/router.proto",
     "envoy/extensions/filters/listener/http_inspector/v3/http_inspector.proto",
@@ -72,6 +74,25 @@ package meshfed.admin.v1;
 message OpaqueAny {
   string type_url = 1;
   bytes value = 2;
+}
+"#;
+
+/// Istio's upstream ALPN override filter config (istio.io/api
+/// `envoy/config/filter/http/alpn/v2alpha1/config.proto`, the fields Istio sets), which
+/// outbound and gateway connection managers carry (`istio.alpn`).
+const ISTIO_ALPN_PROTO: &str = r#"syntax = "proto3";
+package istio.envoy.config.filter.http.alpn.v2alpha1;
+message FilterConfig {
+  enum Protocol {
+    HTTP10 = 0;
+    HTTP11 = 1;
+    HTTP2 = 2;
+  }
+  message AlpnOverride {
+    Protocol upstream_protocol = 1;
+    repeated string alpn_override = 2;
+  }
+  repeated AlpnOverride alpn_override = 1;
 }
 "#;
 
@@ -221,6 +242,10 @@ fn compile(proto_dir: &Path, out_dir: &Path) -> Result<Vec<u8>, String> {
     fs::create_dir_all(opaque.parent().expect("has a parent"))
         .and_then(|()| fs::write(&opaque, OPAQUE_ANY_PROTO))
         .map_err(|e| format!("writing {}: {e}", opaque.display()))?;
+    let alpn = local.join("istio/alpn/config.proto");
+    fs::create_dir_all(alpn.parent().expect("has a parent"))
+        .and_then(|()| fs::write(&alpn, ISTIO_ALPN_PROTO))
+        .map_err(|e| format!("writing {}: {e}", alpn.display()))?;
 
     let mut includes: Vec<PathBuf> = INCLUDE_ROOTS
         .iter()
@@ -231,12 +256,10 @@ fn compile(proto_dir: &Path, out_dir: &Path) -> Result<Vec<u8>, String> {
     let mut compiler = protox::Compiler::new(&includes).map_err(|e| format!("protox: {e}"))?;
     compiler.include_imports(true).include_source_info(false);
     compiler
-        .open_files(
-            ENTRY_FILES
-                .iter()
-                .copied()
-                .chain(["meshfed/admin/v1/opaque_any.proto"]),
-        )
+        .open_files(ENTRY_FILES.iter().copied().chain([
+            "meshfed/admin/v1/opaque_any.proto",
+            "istio/alpn/config.proto",
+        ]))
         .map_err(|e| format!("compiling envoy protos from {}: {e}", proto_dir.display()))?;
     Ok(compiler.encode_file_descriptor_set())
 }

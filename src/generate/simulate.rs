@@ -19,6 +19,9 @@
 //! HTTP route or the TCP proxy's cluster — the method of Istio's
 //! `pilot/pkg/simulation/traffic.go`.
 //!
+//! Before routing, the connection manager's path normalization and RBAC filters
+//! apply ([`normalized_path`], [`rbac_verdict`]).
+//!
 //! [`check_consistency`] cross-checks one proxy's CDS, LDS, RDS and EDS answers the way
 //! Envoy would trip over them: references to clusters or route tables that were not
 //! sent, EDS clusters whose load assignment is not served, and duplicate names or
@@ -46,8 +49,10 @@ use regex::Regex;
 
 use super::rds::referenced_clusters;
 
+mod http_filters;
 mod listener;
 
+pub use http_filters::{normalized_path, rbac_verdict};
 pub use listener::{
     Call, CallMode, CallProtocol, CallResult, TlsMode, match_filter_chain, select_listener,
     simulate_call, simulate_call_without_cds,

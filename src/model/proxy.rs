@@ -84,6 +84,70 @@ pub struct ClientView {
     /// Metadata `INTERCEPTION_MODE` is `NONE`: no traffic is redirected to the proxy,
     /// so it has no `virtualInbound` and binds its inbound listeners.
     pub interception_none: bool,
+    /// A gateway's `gatewayTopology` from its metadata `PROXY_CONFIG` (the proxy's
+    /// merged ProxyConfig); the default for other proxies, which do not read it.
+    pub gateway_topology: GatewayTopology,
+    /// Metadata `HTTP10` is `1`: the proxy's connection managers accept HTTP/1.0.
+    pub http10: bool,
+    /// Metadata `IDLE_TIMEOUT` (a duration such as `30s`): the idle timeout of the
+    /// proxy's connection managers; unset or unreadable, Envoy's default.
+    pub idle_timeout: Option<std::time::Duration>,
+}
+
+/// ProxyConfig `gatewayTopology`: what a gateway's connection managers trust and
+/// forward.
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash, Debug)]
+pub struct GatewayTopology {
+    /// `numTrustedProxies`: trusted hops in `X-Forwarded-For`.
+    pub num_trusted_proxies: u32,
+    /// `forwardClientCertDetails` as Istio numbers it (`UNDEFINED` 0, `SANITIZE` 1,
+    /// `FORWARD_ONLY` 2, `APPEND_FORWARD` 3, `SANITIZE_SET` 4, `ALWAYS_FORWARD_ONLY` 5).
+    pub forward_client_cert_details: u8,
+}
+
+impl GatewayTopology {
+    /// Reads `gatewayTopology` of a `PROXY_CONFIG` object (proto3 JSON: the enum by
+    /// name or number, the count as a number or a string); anything absent or
+    /// unreadable is left at its default.
+    pub fn from_proxy_config(proxy_config: Option<&serde_json::Value>) -> GatewayTopology {
+        let Some(t) = proxy_config.and_then(|c| c.get("gatewayTopology")) else {
+            return GatewayTopology::default();
+        };
+        let num_trusted_proxies = match t.get("numTrustedProxies") {
+            // Node metadata is a protobuf Struct: its numbers arrive as doubles.
+            Some(serde_json::Value::Number(n)) => n.as_u64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 0.0)
+                    .map(|f| f as u64)
+            }),
+            Some(serde_json::Value::String(s)) => s.parse().ok(),
+            _ => None,
+        }
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0);
+        const NAMES: [&str; 6] = [
+            "UNDEFINED",
+            "SANITIZE",
+            "FORWARD_ONLY",
+            "APPEND_FORWARD",
+            "SANITIZE_SET",
+            "ALWAYS_FORWARD_ONLY",
+        ];
+        let forward_client_cert_details = match t.get("forwardClientCertDetails") {
+            Some(serde_json::Value::String(s)) => NAMES.iter().position(|n| n == s),
+            Some(serde_json::Value::Number(n)) => n
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < NAMES.len() as f64)
+                .map(|f| f as usize),
+            _ => None,
+        }
+        .and_then(|n| u8::try_from(n).ok())
+        .unwrap_or(0);
+        GatewayTopology {
+            num_trusted_proxies,
+            forward_client_cert_details,
+        }
+    }
 }
 
 impl ClientView {
@@ -187,6 +251,17 @@ impl Proxy {
             node_type: self.node_type,
             uses_auto_allocated: self.uses_auto_allocated_ips(),
             interception_none: self.interception_none(),
+            gateway_topology: if self.is_router() {
+                GatewayTopology::from_proxy_config(self.metadata.get("PROXY_CONFIG"))
+            } else {
+                GatewayTopology::default()
+            },
+            http10: self.metadata.get("HTTP10").and_then(|v| v.as_str()) == Some("1"),
+            idle_timeout: self
+                .metadata
+                .get("IDLE_TIMEOUT")
+                .and_then(|v| v.as_str())
+                .and_then(|s| meshfed_registry::source::parse_duration(s).ok()),
         }
     }
 

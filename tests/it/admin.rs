@@ -318,8 +318,10 @@ async fn config_dump_shows_what_a_proxy_was_sent_as_envoy_json() {
         .find(|config| config["@type"] == HCM_TYPE && config["rds"].is_object())
         .unwrap_or_else(|| panic!("no expanded connection manager using RDS in {lds_dump:#}"));
     assert!(route_names.contains(hcm["rds"]["route_config_name"].as_str().unwrap()));
+    // The router closes the chain (after fault, cors and the rest).
+    let filters = hcm["http_filters"].as_array().expect("http filters");
     assert_eq!(
-        hcm["http_filters"][0]["typed_config"]["@type"],
+        filters.last().unwrap()["typed_config"]["@type"],
         "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
         "{hcm:#}"
     );

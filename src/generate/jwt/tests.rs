@@ -624,6 +624,9 @@ mod inbound {
                 "envoy.filters.http.jwt_authn",
                 "rbac:1",
                 "rbac:0",
+                "envoy.filters.http.grpc_stats",
+                "envoy.filters.http.fault",
+                "envoy.filters.http.cors",
                 "envoy.filters.http.router"
             ]
         );
@@ -653,7 +656,13 @@ mod inbound {
         };
         assert_eq!(
             described(&http_filters(set)),
-            ["envoy.filters.http.jwt_authn", "envoy.filters.http.router"]
+            [
+                "envoy.filters.http.jwt_authn",
+                "envoy.filters.http.grpc_stats",
+                "envoy.filters.http.fault",
+                "envoy.filters.http.cors",
+                "envoy.filters.http.router"
+            ]
         );
     }
 
@@ -663,6 +672,14 @@ mod inbound {
             request_authentications: vec![ra_in("other")],
             ..Default::default()
         };
-        assert_eq!(described(&http_filters(set)), ["envoy.filters.http.router"]);
+        assert_eq!(
+            described(&http_filters(set)),
+            [
+                "envoy.filters.http.grpc_stats",
+                "envoy.filters.http.fault",
+                "envoy.filters.http.cors",
+                "envoy.filters.http.router"
+            ]
+        );
     }
 }

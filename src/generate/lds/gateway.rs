@@ -27,23 +27,22 @@ use envoy_types::pb::envoy::config::core::v3::{
     TrafficDirection, TransportSocket, transport_socket,
 };
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, filter,
+    Filter, FilterChain, FilterChainMatch, Listener,
 };
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, http_connection_manager,
-};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::{
     CertificateValidationContext, CommonTlsContext, DownstreamTlsContext, common_tls_context,
     tls_parameters,
 };
-use envoy_types::pb::google::protobuf::BoolValue;
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration};
 use meshfed_api::networking::v1alpha3::server_tls_settings::{TlSmode, TlsProtocol};
 use meshfed_api::networking::v1alpha3::{
     L4MatchAttributes, ServerTlsSettings, TlsMatchAttributes, VirtualService,
 };
 use meshfed_registry::Protocol;
 
-use super::outbound::{rds_connection_manager, routes_tcp_proxy, tcp_proxy_filter};
+use super::hcm::{HCM_FILTER, HcmClass, HcmParts, HcmSettings};
+use super::outbound::{rds_routes, routes_tcp_proxy, tcp_proxy_filter};
 use super::{pack, socket};
 use crate::generate::merged_gateway::{
     MergedGateway, MergedServer, ServerPort, passthrough_destinations,
@@ -83,8 +82,6 @@ fn apply_network_authz(authz: &super::InboundAuthz, chain: &mut ChainOpts) {
         chain.filters.splice(0..0, authz.network.iter().cloned());
     }
 }
-
-const HCM_FILTER: &str = "envoy.filters.network.http_connection_manager";
 
 /// What one filter chain is made of before it becomes one.
 struct ChainOpts {
@@ -164,16 +161,20 @@ fn port_chains(
     http_authz: &[HttpFilter],
     shared: &mut Passthrough<'_>,
 ) -> Vec<ChainOpts> {
-    if Protocol::parse(&port.protocol).is_http() {
+    let settings = HcmSettings::new(snapshot, proxy);
+    let protocol = Protocol::parse(&port.protocol);
+    if protocol.is_http() {
         let route = merged.by_port.get(port).map_or("", |(_, r)| r.as_str());
         return vec![ChainOpts {
             sni: Vec::new(),
             alpn: Vec::new(),
             tls: None,
             filters: vec![gateway_hcm(
+                &settings,
                 &format!("outbound_{listener};"),
                 route,
                 http_authz,
+                protocol,
             )],
         }];
     }
@@ -192,7 +193,13 @@ fn port_chains(
                 sni: server.sni_hosts.clone(),
                 alpn: Vec::new(),
                 tls: tls.map(|t| downstream_tls(snapshot, t, false)),
-                filters: vec![gateway_hcm(&stat_prefix, &server.route_name, http_authz)],
+                filters: vec![gateway_hcm(
+                    &settings,
+                    &stat_prefix,
+                    &server.route_name,
+                    http_authz,
+                    server.protocol(),
+                )],
             });
             continue;
         }
@@ -373,36 +380,26 @@ fn auto_passthrough_chains(
         .collect()
 }
 
-/// The connection manager of a gateway chain (Istio's gateway defaults: the gateway is
-/// the edge, client certificate details are sanitized and set), with the router's
-/// authorization filters before the router. `gatewayTopology.numTrustedProxies` is not
-/// modelled: no hop is trusted.
-fn gateway_hcm(stat_prefix: &str, route: &str, authz: &[HttpFilter]) -> Filter {
-    let base = rds_connection_manager(stat_prefix, route);
-    let hcm = HttpConnectionManager {
-        use_remote_address: Some(BoolValue { value: true }),
-        http_filters: authz
-            .iter()
-            .cloned()
-            .chain(base.http_filters.clone())
-            .collect(),
-        forward_client_cert_details: http_connection_manager::ForwardClientCertDetails::SanitizeSet
-            as i32,
-        set_current_client_cert_details: Some(
-            http_connection_manager::SetCurrentClientCertDetails {
-                subject: Some(BoolValue { value: true }),
-                cert: true,
-                dns: true,
-                uri: true,
-                ..Default::default()
-            },
-        ),
-        ..base
-    };
-    Filter {
-        name: HCM_FILTER.into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
-    }
+/// The connection manager of a gateway chain on RDS table `route` (see
+/// [`super::hcm`]: the gateway is the edge, client certificate details follow the
+/// proxy's `gatewayTopology`), with the router's authorization filters before the
+/// router.
+fn gateway_hcm(
+    settings: &HcmSettings,
+    stat_prefix: &str,
+    route: &str,
+    authz: &[HttpFilter],
+    protocol: Protocol,
+) -> Filter {
+    settings.filter(
+        HcmClass::Gateway,
+        HcmParts {
+            stat_prefix: stat_prefix.to_string(),
+            routes: rds_routes(route),
+            authz,
+            protocol,
+        },
+    )
 }
 
 /// Istio's `BuildListenerTLSContext` for a gateway server.
@@ -577,13 +574,17 @@ fn finish(name: String, bind: &str, port: u16, chains: Vec<ChainOpts>) -> Listen
         } else {
             Vec::new()
         },
+        // A gateway waits for the TLS handshake as long as it takes (Istio: no
+        // listener filter timeout, and no giving up on the inspector).
+        listener_filters_timeout: Some(PbDuration::default()),
         ..Default::default()
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use envoy_types::pb::envoy::config::listener::v3::Listener;
+    use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+    use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
     use meshfed_api::networking::v1alpha3::{Gateway, Port as GwPort, Server, ServerTlsSettings};
     use meshfed_api::security::v1beta1 as sec;
     use meshfed_api::r#type::v1beta1::WorkloadSelector;
@@ -771,6 +772,10 @@ mod tests {
                 "  envoy.filters.http.ext_authz",
                 "  envoy.filters.http.jwt_authn",
                 "  envoy.filters.http.rbac",
+                "  envoy.filters.http.grpc_stats",
+                "  istio.alpn",
+                "  envoy.filters.http.fault",
+                "  envoy.filters.http.cors",
                 "  envoy.filters.http.router",
             ]]
         );

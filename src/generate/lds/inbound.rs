@@ -28,14 +28,15 @@ use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3::DownstreamTl
 use envoy_types::pb::envoy::r#type::v3::Int32Range;
 use envoy_types::pb::google::protobuf::UInt32Value;
 
+use super::hcm::{HcmClass, HcmParts, HcmSettings};
 use super::outbound::{self, tcp_proxy_filter};
 use super::{
-    INBOUND_PASSTHROUGH, InboundAuthz, InboundPort, VIRTUAL_INBOUND, hcm_filter_with, ingress_tls,
-    pack, socket,
+    INBOUND_PASSTHROUGH, InboundAuthz, InboundPort, VIRTUAL_INBOUND, ingress_tls, pack, socket,
 };
 use crate::generate::authn::{MtlsMode, WorkloadMtls, inbound_mtls_context};
 use crate::generate::upstream_tls::TLS_SOCKET;
 use crate::push::snapshot::Snapshot;
+use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 
 /// Name of the HTTP passthrough chains.
 pub const CATCHALL_HTTP: &str = "virtualInbound-catchall-http";
@@ -159,16 +160,25 @@ fn options(mode: MtlsMode, class: PortClass) -> &'static [ChainOption] {
 }
 
 /// What every inbound chain of one workload shares: its authorization filters, its
-/// mTLS modes and the mTLS server sockets (built once).
+/// mTLS modes, the mTLS server sockets (built once), the connection managers' settings
+/// and the mesh's protocol detection timeout.
 pub struct InboundContext<'a> {
     pub authz: &'a InboundAuthz,
     pub mtls: WorkloadMtls,
     tls_http: TransportSocket,
     tls_tcp: TransportSocket,
+    hcm: HcmSettings,
+    /// The mesh's `protocolDetectionTimeout`: how long the inspectors wait.
+    detection_timeout: Option<envoy_types::pb::google::protobuf::Duration>,
 }
 
 impl<'a> InboundContext<'a> {
-    pub fn new(snapshot: &Snapshot, authz: &'a InboundAuthz, mtls: WorkloadMtls) -> Self {
+    pub fn new(
+        snapshot: &Snapshot,
+        proxy: &crate::model::ClientView,
+        authz: &'a InboundAuthz,
+        mtls: WorkloadMtls,
+    ) -> Self {
         let mesh = &snapshot.mesh().config;
         let socket = |ctx: DownstreamTlsContext| TransportSocket {
             name: TLS_SOCKET.into(),
@@ -179,6 +189,15 @@ impl<'a> InboundContext<'a> {
             mtls,
             tls_http: socket(inbound_mtls_context(mesh, false)),
             tls_tcp: socket(inbound_mtls_context(mesh, true)),
+            hcm: HcmSettings::new(snapshot, proxy),
+            // Unset is Istio's default, 0s (no timeout), not Envoy's 15 s.
+            detection_timeout: Some(mesh.protocol_detection_timeout.map_or_else(
+                Default::default,
+                |d| envoy_types::pb::google::protobuf::Duration {
+                    seconds: d.seconds,
+                    nanos: d.nanos,
+                },
+            )),
         }
     }
 
@@ -199,6 +218,8 @@ struct ChainTarget<'a> {
     /// Destination port to match; 0 for none.
     port: u16,
     stat_prefix: String,
+    /// The port's protocol (the connection manager's HTTP/2 options, gRPC-Web).
+    protocol: meshfed_registry::Protocol,
     /// The filters of the target's HTTP and TCP chains, built once: a port's mTLS and
     /// plaintext chains carry the same ones.
     http_filters: std::cell::OnceCell<Vec<Filter>>,
@@ -217,6 +238,7 @@ pub fn port_chains(p: &InboundPort, ctx: &InboundContext<'_>) -> Vec<FilterChain
         cluster: &cluster,
         port: p.target_port,
         stat_prefix: format!("inbound_{bind}_{}", p.target_port),
+        protocol: p.protocol,
         http_filters: Default::default(),
         tcp_filters: Default::default(),
     };
@@ -264,6 +286,7 @@ fn passthrough_chains(declared: &[&InboundPort], ctx: &InboundContext<'_>) -> Ve
                 cluster: INBOUND_PASSTHROUGH,
                 port,
                 stat_prefix: INBOUND_PASSTHROUGH.to_string(),
+                protocol: meshfed_registry::Protocol::Unsupported,
                 http_filters: Default::default(),
                 tcp_filters: Default::default(),
             };
@@ -281,14 +304,16 @@ fn passthrough_chains(declared: &[&InboundPort], ctx: &InboundContext<'_>) -> Ve
 fn chain(target: &ChainTarget<'_>, o: ChainOption, ctx: &InboundContext<'_>) -> FilterChain {
     let filters = match o.protocol {
         Http => target.http_filters.get_or_init(|| {
-            vec![hcm_filter_with(
-                &target.stat_prefix,
-                http_connection_manager::RouteSpecifier::RouteConfig(super::inbound_route(
-                    target.cluster,
-                    target.port,
-                )),
-                false,
-                &ctx.authz.http,
+            vec![ctx.hcm.filter(
+                HcmClass::SidecarInbound,
+                HcmParts {
+                    stat_prefix: target.stat_prefix.clone(),
+                    routes: http_connection_manager::RouteSpecifier::RouteConfig(
+                        super::inbound_route(target.cluster, target.port),
+                    ),
+                    authz: &ctx.authz.http,
+                    protocol: target.protocol,
+                },
             )]
         }),
         Tcp => target.tcp_filters.get_or_init(|| {
@@ -296,7 +321,10 @@ fn chain(target: &ChainTarget<'_>, o: ChainOption, ctx: &InboundContext<'_>) -> 
                 .network
                 .iter()
                 .cloned()
-                .chain(std::iter::once(tcp_proxy_filter(target.cluster)))
+                .chain(std::iter::once(inbound_tcp_proxy(
+                    target.cluster,
+                    ctx.hcm.idle_timeout(),
+                )))
                 .collect()
         }),
     }
@@ -317,6 +345,31 @@ fn chain(target: &ChainTarget<'_>, o: ChainOption, ctx: &InboundContext<'_>) -> 
         filters,
         transport_socket: o.mtls.then(|| ctx.mtls_socket(o.protocol)),
         ..Default::default()
+    }
+}
+
+/// The TCP proxy of an inbound chain: to `cluster`, closing connections idle for the
+/// proxy's `IDLE_TIMEOUT` when it has one (Envoy's default, an hour, otherwise).
+fn inbound_tcp_proxy(
+    cluster: &str,
+    idle_timeout: Option<envoy_types::pb::google::protobuf::Duration>,
+) -> Filter {
+    if idle_timeout.is_none() {
+        return tcp_proxy_filter(cluster);
+    }
+    let proxy = TcpProxy {
+        stat_prefix: cluster.to_string(),
+        cluster_specifier: Some(tcp_proxy::ClusterSpecifier::Cluster(cluster.to_string())),
+        idle_timeout,
+        ..Default::default()
+    };
+    Filter {
+        name: "envoy.filters.network.tcp_proxy".into(),
+        config_type: Some(
+            envoy_types::pb::envoy::config::listener::v3::filter::ConfigType::TypedConfig(pack(
+                &proxy,
+            )),
+        ),
     }
 }
 
@@ -352,6 +405,8 @@ pub fn virtual_inbound(
             as i32,
         listener_filters,
         filter_chains: chains,
+        continue_on_listener_filters_timeout: true,
+        listener_filters_timeout: ctx.detection_timeout,
         ..Default::default()
     }
 }
@@ -373,6 +428,11 @@ pub fn bound_listeners(inbound: &[InboundPort], ctx: &InboundContext<'_>) -> Vec
                     envoy_types::pb::envoy::config::core::v3::TrafficDirection::Inbound as i32,
                 listener_filters: inspectors(&chains),
                 filter_chains: chains,
+                continue_on_listener_filters_timeout: true,
+                listener_filters_timeout: ctx.detection_timeout,
+                // Istio's MAX_CONNECTIONS_PER_SOCKET_EVENT_LOOP default, on the
+                // listeners that really accept from the kernel.
+                max_connections_to_accept_per_socket_event: Some(UInt32Value { value: 1 }),
                 ..Default::default()
             }
         })

@@ -17,24 +17,30 @@ use envoy_types::pb::envoy::config::core::v3::{
     AggregatedConfigSource, ApiVersion, ConfigSource, SocketAddress, address, config_source,
     socket_address,
 };
+#[cfg(any(test, feature = "testing"))]
+use envoy_types::pb::envoy::config::listener::v3::filter;
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, Listener, ListenerFilter, filter, listener_filter,
+    Filter, Listener, ListenerFilter, listener_filter,
 };
+use envoy_types::pb::envoy::config::route::v3::{RetryPolicy, route_action::MaxStreamDuration};
 use envoy_types::pb::envoy::config::route::v3::{
     Route, RouteAction, RouteConfiguration, RouteMatch, VirtualHost, route, route_action,
     route_match,
 };
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpFilter;
+#[cfg(any(test, feature = "testing"))]
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, http_connection_manager, http_filter,
+    HttpConnectionManager, http_connection_manager,
 };
 #[cfg(any(test, feature = "testing"))]
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
 use envoy_types::pb::google::protobuf::BoolValue;
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 #[cfg(any(test, feature = "testing"))]
 use prost::{Message, Name};
 
 mod gateway;
+pub mod hcm;
 pub mod inbound;
 pub mod ingress_tls;
 pub(crate) mod outbound;
@@ -77,6 +83,9 @@ pub struct InboundPort {
     /// For a port with `tls`: its class as declared, before termination (the port is
     /// not terminated where mesh mTLS is on).
     pub declared: Option<inbound::PortClass>,
+    /// The port's protocol, as its connection manager reads it (HTTP/2 options on
+    /// HTTP/2 and gRPC ports, the gRPC-Web filter).
+    pub protocol: meshfed_registry::Protocol,
 }
 
 impl InboundPort {
@@ -90,6 +99,11 @@ impl InboundPort {
             sniffed: false,
             name_bind: "0.0.0.0".into(),
             declared: None,
+            protocol: if http {
+                meshfed_registry::Protocol::Http
+            } else {
+                meshfed_registry::Protocol::Tcp
+            },
         }
     }
 
@@ -97,6 +111,7 @@ impl InboundPort {
     pub fn for_protocol(target_port: u16, protocol: meshfed_registry::Protocol) -> InboundPort {
         InboundPort {
             sniffed: protocol == meshfed_registry::Protocol::Unsupported,
+            protocol,
             ..InboundPort::captured(target_port, protocol.is_http())
         }
     }
@@ -133,7 +148,7 @@ pub fn sidecar_listener_set(
     let mut out = Vec::new();
     let authz = InboundAuthz::for_workload(snapshot, &proxy.namespace, &proxy.labels);
     let mtls = crate::generate::authn::workload_mtls(snapshot, &proxy.namespace, &proxy.labels);
-    let ctx = inbound::InboundContext::new(snapshot, &authz, mtls);
+    let ctx = inbound::InboundContext::new(snapshot, proxy, &authz, mtls);
     // Without interception nothing reaches a capture listener: only bound ports.
     if !proxy.interception_none {
         let captured: Vec<&InboundPort> = inbound.iter().filter(|p| p.bind.is_none()).collect();
@@ -214,18 +229,26 @@ fn http_inspector() -> ListenerFilter {
     }
 }
 
-/// The TLS inspector, for listeners with a chain matching TLS.
+/// The TLS inspector, for listeners with a chain matching TLS (Istio's
+/// `xdsfilters.TLSInspector`).
 fn tls_inspector() -> ListenerFilter {
     ListenerFilter {
         name: outbound::TLS_INSPECTOR.into(),
         config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-            &envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector::default(),
+            &envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector {
+                // Istio's: the ClientHello is read 512 bytes at a time (Envoy: 64 KiB).
+                initial_read_buffer_size: Some(UInt32Value { value: 512 }),
+                ..Default::default()
+            },
         ))),
         ..Default::default()
     }
 }
 
-/// The inline route table of an inbound HTTP chain: every request to `cluster`.
+/// The inline route table of an inbound HTTP chain: every request to `cluster`, with
+/// no timeout at all (Istio's `BuildDefaultHTTPInboundRoute`: neither Envoy's 15 s
+/// route timeout nor a stream limit; the `grpc-timeout` header is not read) and two
+/// retries of requests reset before they reached the application.
 fn inbound_route(cluster: &str, port: u16) -> RouteConfiguration {
     RouteConfiguration {
         name: cluster.to_string(),
@@ -242,6 +265,17 @@ fn inbound_route(cluster: &str, port: u16) -> RouteConfiguration {
                     cluster_specifier: Some(route_action::ClusterSpecifier::Cluster(
                         cluster.to_string(),
                     )),
+                    timeout: Some(PbDuration::default()),
+                    max_stream_duration: Some(MaxStreamDuration {
+                        max_stream_duration: Some(PbDuration::default()),
+                        grpc_timeout_header_max: Some(PbDuration::default()),
+                        ..Default::default()
+                    }),
+                    retry_policy: Some(RetryPolicy {
+                        retry_on: "reset-before-request".into(),
+                        num_retries: Some(UInt32Value { value: 2 }),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 })),
                 ..Default::default()
@@ -289,46 +323,6 @@ fn ads_config() -> ConfigSource {
         )),
         resource_api_version: ApiVersion::V3 as i32,
         ..Default::default()
-    }
-}
-
-/// An HTTP connection manager with the router filter.
-pub fn hcm_filter(
-    stat_prefix: &str,
-    routes: http_connection_manager::RouteSpecifier,
-    edge: bool,
-) -> Filter {
-    hcm_filter_with(stat_prefix, routes, edge, &[])
-}
-
-/// [`hcm_filter`] with `filters` before the router.
-fn hcm_filter_with(
-    stat_prefix: &str,
-    routes: http_connection_manager::RouteSpecifier,
-    edge: bool,
-    filters: &[HttpFilter],
-) -> Filter {
-    let hcm = HttpConnectionManager {
-        stat_prefix: stat_prefix.to_string(),
-        codec_type: http_connection_manager::CodecType::Auto as i32,
-        route_specifier: Some(routes),
-        http_filters: filters
-            .iter()
-            .cloned()
-            .chain(std::iter::once(HttpFilter {
-                name: "envoy.filters.http.router".into(),
-                config_type: Some(http_filter::ConfigType::TypedConfig(pack(
-                    &Router::default(),
-                ))),
-                ..Default::default()
-            }))
-            .collect(),
-        use_remote_address: Some(BoolValue { value: edge }),
-        ..Default::default()
-    };
-    Filter {
-        name: "envoy.filters.network.http_connection_manager".into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
     }
 }
 
@@ -489,7 +483,7 @@ pub(crate) mod tests {
         Proxy::from_node(Some(&node)).unwrap()
     }
 
-    fn proxy_with(id: &str, metadata: serde_json::Value) -> Proxy {
+    pub(crate) fn proxy_with(id: &str, metadata: serde_json::Value) -> Proxy {
         let mut meta = serde_json::json!({"LABELS": {}, "CLUSTER_ID": "c1"});
         for (k, v) in metadata.as_object().unwrap() {
             meta[k] = v.clone();
@@ -588,7 +582,13 @@ pub(crate) mod tests {
         let (http, tcp) = chains_of(serde_json::json!({"app": "a"}));
         assert_eq!(
             http_filter_names(&http),
-            vec!["envoy.filters.http.rbac", "envoy.filters.http.router"]
+            vec![
+                "envoy.filters.http.rbac",
+                "envoy.filters.http.grpc_stats",
+                "envoy.filters.http.fault",
+                "envoy.filters.http.cors",
+                "envoy.filters.http.router"
+            ]
         );
         let names: Vec<&str> = tcp.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
@@ -618,7 +618,15 @@ pub(crate) mod tests {
 
         // Not selected (app: c): no RBAC at all.
         let (http, tcp) = chains_of(serde_json::json!({"app": "c"}));
-        assert_eq!(http_filter_names(&http), vec!["envoy.filters.http.router"]);
+        assert_eq!(
+            http_filter_names(&http),
+            vec![
+                "envoy.filters.http.grpc_stats",
+                "envoy.filters.http.fault",
+                "envoy.filters.http.cors",
+                "envoy.filters.http.router"
+            ]
+        );
         assert_eq!(tcp.len(), 1);
     }
 
@@ -804,6 +812,7 @@ pub(crate) mod tests {
             vec![
                 InboundPort {
                     name_bind: "10.0.0.1".into(),
+                    protocol: Protocol::Grpc,
                     ..InboundPort::captured(7070, true)
                 },
                 InboundPort {
@@ -818,6 +827,7 @@ pub(crate) mod tests {
                     sniffed: false,
                     name_bind: "127.0.0.1".into(),
                     declared: None,
+                    protocol: Protocol::Tcp,
                 },
             ]
         );

@@ -109,8 +109,7 @@ pub fn gateway_route_config(
             for host in hosts {
                 let host = host.to_ascii_lowercase();
                 let vh = by_host.entry(host.clone()).or_insert_with(|| {
-                    let domains = vec![host.clone(), join_host_port(&host, port)];
-                    new_virtual_host(join_host_port(&host, port), domains, Vec::new())
+                    new_virtual_host(join_host_port(&host, port), vec![host.clone()], Vec::new())
                 });
                 vh.routes.extend(routes.iter().cloned());
                 if redirect {
@@ -122,8 +121,7 @@ pub fn gateway_route_config(
             for host in &server.hosts {
                 let host = strip_namespace(host).to_ascii_lowercase();
                 let vh = by_host.entry(host.clone()).or_insert_with(|| {
-                    let domains = vec![host.clone(), join_host_port(&host, port)];
-                    new_virtual_host(join_host_port(&host, port), domains, Vec::new())
+                    new_virtual_host(join_host_port(&host, port), vec![host.clone()], Vec::new())
                 });
                 vh.require_tls = virtual_host::TlsRequirementType::All as i32;
             }
@@ -147,7 +145,12 @@ pub fn gateway_route_config(
             .collect()
     };
     virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
-    Some(route_configuration(route_name.to_string(), virtual_hosts))
+    // Envoy gateways match hosts without their port, so each virtual host names its
+    // host once (Istio: `ignore_port_in_host_matching` for all but proxyless clients).
+    Some(RouteConfiguration {
+        ignore_port_in_host_matching: true,
+        ..route_configuration(route_name.to_string(), virtual_hosts)
+    })
 }
 
 pub(super) fn strip_namespace(host: &str) -> &str {

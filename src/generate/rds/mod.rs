@@ -1419,6 +1419,64 @@ mod tests {
         );
     }
 
+    /// Istio's route_test.go `TestBuildHTTPRoutes` timeout vectors: for Envoy a
+    /// VirtualService route's timeout (none: 0s, disabled) also caps gRPC through the
+    /// deprecated `max_grpc_timeout`, which Istio's `setTimeout` still uses for Envoy
+    /// (`max_stream_duration` only for proxyless gRPC); the default route likewise.
+    #[test]
+    #[allow(deprecated)]
+    fn istio_route_timeout_vectors() {
+        let echo = service(
+            "echo.default.svc.cluster.local",
+            "default",
+            &[(8080, Protocol::Http)],
+            Some("10.96.0.10"),
+        );
+        let envoy = node("sidecar", "default", &[], None);
+        let secs = |s: i64| {
+            Some(PbDuration {
+                seconds: s,
+                nanos: 0,
+            })
+        };
+        for (timeout, expected) in [
+            (None, secs(0)),
+            (Some(meshfed_api::Duration::from_secs(10)), secs(10)),
+            (Some(meshfed_api::Duration::from_secs(0)), secs(0)),
+        ] {
+            let set = vs_set(vec![cfg(
+                "default",
+                "echo",
+                1,
+                vs(
+                    &["echo"],
+                    vec![HttpRoute {
+                        timeout,
+                        ..to(vec![dest("echo", "")])
+                    }],
+                ),
+            )]);
+            let snap = snapshot(vec![echo.clone()], set);
+            let service = snap
+                .services()
+                .resolve("echo.default.svc.cluster.local", "default")
+                .unwrap();
+            let vh = service_virtual_host(&snap, &envoy.client_view(), service, &service.ports[0]);
+            let a = action(&vh.routes[0]);
+            assert_eq!(a.timeout, expected, "{timeout:?}");
+            assert_eq!(a.max_grpc_timeout, expected, "{timeout:?}");
+            assert_eq!(a.max_stream_duration, None, "{timeout:?}");
+        }
+        let snap = snapshot(vec![echo], ConfigSet::default());
+        let service = snap
+            .services()
+            .resolve("echo.default.svc.cluster.local", "default")
+            .unwrap();
+        let vh = service_virtual_host(&snap, &envoy.client_view(), service, &service.ports[0]);
+        let a = action(&vh.routes[0]);
+        assert_eq!((a.timeout, a.max_grpc_timeout), (secs(0), secs(0)));
+    }
+
     #[test]
     fn service_virtual_host_for_proxyless_grpc() {
         let mut echo = service(
@@ -1675,10 +1733,12 @@ mod tests {
             1,
             "mesh and other gateways' routes stay out"
         );
+        // Istio's gateway tables: the host alone, matched without the port.
         assert_eq!(
             vhost(&rc, "bookinfo.example.com:80").domains,
-            vec!["bookinfo.example.com", "bookinfo.example.com:80"]
+            vec!["bookinfo.example.com"]
         );
+        assert!(rc.ignore_port_in_host_matching);
         // Server hosts scoped to a namespace only take that namespace's VirtualServices.
         assert_eq!(
             cluster(&rc, Request::new("api.prod.example.com", 80, "/")),

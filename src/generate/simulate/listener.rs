@@ -241,7 +241,11 @@ pub struct CallResult {
     pub virtual_host: Option<String>,
     /// The route's name (HTTP; `None` when the virtual host answered itself).
     pub route: Option<String>,
-    /// Where the request or connection goes.
+    /// The `:path` the HTTP filters and routes saw: the request's after the connection
+    /// manager's normalization (HTTP).
+    pub request_path: Option<String>,
+    /// Where the request or connection goes: a connection manager's RBAC filters that
+    /// refuse the request answer it with 403.
     pub outcome: RouteOutcome,
 }
 
@@ -316,6 +320,7 @@ fn simulate(
         route_config: None,
         virtual_host: None,
         route: None,
+        request_path: None,
         outcome: RouteOutcome::DirectResponse(0),
     };
     match terminal_filter(chain)? {
@@ -331,6 +336,15 @@ fn simulate(
                     "raw TCP into the HTTP connection manager of {}",
                     chain_label()
                 )));
+            }
+            // The connection manager normalizes the path, then its filters (RBAC) run
+            // before the router picks the route.
+            let mut req = request(call, terminates_tls);
+            req.path = super::normalized_path(&hcm, &req.path);
+            result.request_path = Some(req.path.clone());
+            if let Some(status) = super::rbac_verdict(&hcm, &req, call.port)? {
+                result.outcome = RouteOutcome::DirectResponse(status);
+                return Ok(result);
             }
             let rc = match hcm.route_specifier.clone() {
                 Some(http_connection_manager::RouteSpecifier::RouteConfig(rc)) => rc,
@@ -349,7 +363,6 @@ fn simulate(
                     )));
                 }
             };
-            let req = request(call, terminates_tls);
             let m = resolve(&rc, &req)?;
             result.virtual_host = Some(m.virtual_host.name.clone());
             result.route = m.route.map(|r| r.name.clone());

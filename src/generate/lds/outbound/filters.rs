@@ -1,15 +1,17 @@
 //! The network filters of outbound and gateway chains: TCP proxies of routes and
-//! clusters, the HTTP connection managers, the loop guard.
+//! clusters, the outbound HTTP connection manager (built by [`super::super::hcm`]),
+//! the loop guard.
 
 use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChain, FilterChainMatch, filter};
-use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
+    Rds, http_connection_manager,
 };
 use envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::{TcpProxy, tcp_proxy};
-use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use meshfed_api::networking::v1alpha3::{RouteDestination, VirtualService};
+use meshfed_registry::Protocol;
 
+use super::super::hcm::{HcmClass, HcmParts, HcmSettings};
 use super::super::{ads_config, pack};
 use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
@@ -79,49 +81,37 @@ pub(in crate::generate::lds) fn weighted_tcp_proxy(
     }
 }
 
-/// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS.
-pub(super) fn outbound_hcm(bind: &str, port: u16) -> Filter {
-    let hcm = HttpConnectionManager {
-        use_remote_address: Some(BoolValue { value: false }),
-        stream_idle_timeout: Some(PbDuration::default()),
-        ..rds_connection_manager(&format!("outbound_{bind}_{port};"), &port.to_string())
-    };
-    Filter {
-        name: "envoy.filters.network.http_connection_manager".into(),
-        config_type: Some(filter::ConfigType::TypedConfig(pack(&hcm))),
-    }
+/// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS, for a port
+/// of `protocol`.
+pub(super) fn outbound_hcm(
+    snapshot: &Snapshot,
+    proxy: &crate::model::ClientView,
+    bind: &str,
+    port: u16,
+    protocol: Protocol,
+) -> Filter {
+    HcmSettings::new(snapshot, proxy).filter(
+        HcmClass::SidecarOutbound,
+        HcmParts {
+            stat_prefix: format!("outbound_{bind}_{port};"),
+            routes: rds_routes(&port.to_string()),
+            authz: &[],
+            protocol,
+        },
+    )
 }
 
-/// A connection manager with the router filter and websocket upgrades on RDS table
-/// `route` over ADS (no initial fetch timeout), as Istio builds its outbound and
-/// gateway ones; callers set what differs.
-pub(in crate::generate::lds) fn rds_connection_manager(
-    stat_prefix: &str,
-    route: &str,
-) -> HttpConnectionManager {
-    HttpConnectionManager {
-        stat_prefix: stat_prefix.to_string(),
-        codec_type: http_connection_manager::CodecType::Auto as i32,
-        route_specifier: Some(http_connection_manager::RouteSpecifier::Rds(Rds {
-            config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
-                initial_fetch_timeout: Some(PbDuration::default()),
-                ..ads_config()
-            }),
-            route_config_name: route.to_string(),
-        })),
-        http_filters: vec![HttpFilter {
-            name: "envoy.filters.http.router".into(),
-            config_type: Some(http_filter::ConfigType::TypedConfig(pack(
-                &Router::default(),
-            ))),
-            ..Default::default()
-        }],
-        upgrade_configs: vec![http_connection_manager::UpgradeConfig {
-            upgrade_type: "websocket".into(),
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
+/// Routes from RDS table `route` over ADS, with no initial fetch timeout (the
+/// connection manager waits for its routes), as Istio's outbound and gateway connection
+/// managers ask for them.
+pub(in crate::generate::lds) fn rds_routes(route: &str) -> http_connection_manager::RouteSpecifier {
+    http_connection_manager::RouteSpecifier::Rds(Rds {
+        config_source: Some(envoy_types::pb::envoy::config::core::v3::ConfigSource {
+            initial_fetch_timeout: Some(PbDuration::default()),
+            ..ads_config()
+        }),
+        route_config_name: route.to_string(),
+    })
 }
 
 /// The chain of a capture listener for connections addressed to its own port, which

@@ -63,16 +63,15 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
 use envoy_types::pb::envoy::config::listener::v3::{
-    Filter, FilterChain, FilterChainMatch, Listener, ListenerFilter, listener_filter,
+    Filter, FilterChain, FilterChainMatch, Listener,
 };
-use envoy_types::pb::envoy::extensions::filters::listener::tls_inspector::v3::TlsInspector;
-use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration, UInt32Value};
+use envoy_types::pb::google::protobuf::{BoolValue, Duration as PbDuration};
 use meshfed_api::networking::v1alpha3::{
     L4MatchAttributes, RouteDestination, TlsMatchAttributes, VirtualService,
 };
 use meshfed_registry::{Protocol, Resolution, Service};
 
-use super::{VIRTUAL_OUTBOUND, pack, socket};
+use super::{VIRTUAL_OUTBOUND, socket};
 use crate::generate::rds::{OutboundPolicy, outbound_policy};
 use crate::model::ClientView;
 use crate::push::cache::Findings;
@@ -434,12 +433,13 @@ fn add_service_port(
         Class::Http => {
             // A wildcard HTTP listener matches HTTP by ALPN and passes the rest through:
             // it is sniffed from the start.
-            let chains = vec![ChainOpts::sniffed_http(outbound_hcm(&bind, ctx.port))];
-            match current {
-                None => (chains, Protocol::Unsupported, Merge::New),
-                Some(c) if is_tcp(c) => (chains, Protocol::Unsupported, Merge::Sniff),
+            let (protocol, merge) = match current {
+                None => (Protocol::Unsupported, Merge::New),
+                Some(c) if is_tcp(c) => (Protocol::Unsupported, Merge::Sniff),
                 Some(_) => return,
-            }
+            };
+            let hcm = outbound_hcm(ctx.snapshot, ctx.proxy, &bind, ctx.port, ctx.protocol);
+            (vec![ChainOpts::sniffed_http(hcm)], protocol, merge)
         }
         Class::Tcp => {
             let chains = tcp_chains(ctx, &bind);
@@ -451,7 +451,13 @@ fn add_service_port(
         }
         Class::Auto => {
             let mut chains = tcp_chains(ctx, &bind);
-            chains.push(ChainOpts::sniffed_http(outbound_hcm(&bind, ctx.port)));
+            chains.push(ChainOpts::sniffed_http(outbound_hcm(
+                ctx.snapshot,
+                ctx.proxy,
+                &bind,
+                ctx.port,
+                ctx.protocol,
+            )));
             match current {
                 None => (chains, Protocol::Unsupported, Merge::New),
                 // Auto replaces an HTTP entry outright.
@@ -723,16 +729,7 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
         needs_http_inspector || entry.chains.iter().any(|c| !c.server_names.is_empty());
     let mut listener_filters = Vec::new();
     if needs_tls_inspector {
-        listener_filters.push(ListenerFilter {
-            name: TLS_INSPECTOR.into(),
-            config_type: Some(listener_filter::ConfigType::TypedConfig(pack(
-                &TlsInspector {
-                    initial_read_buffer_size: Some(UInt32Value { value: 512 }),
-                    ..Default::default()
-                },
-            ))),
-            ..Default::default()
-        });
+        listener_filters.push(super::tls_inspector());
     }
     let timeout = if needs_http_inspector {
         listener_filters.push(super::http_inspector());
@@ -788,6 +785,7 @@ fn finish(entry: Entry, catch_all: &str, detection_timeout: std::time::Duration)
 #[cfg(test)]
 pub(crate) mod tests {
     use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::http_connection_manager;
+    use envoy_types::pb::google::protobuf::UInt32Value;
     use std::time::{Duration, UNIX_EPOCH};
 
     use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener, filter};
