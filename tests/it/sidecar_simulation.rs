@@ -70,6 +70,9 @@ enum Check {
     /// The proxy's `inbound|…` clusters are exactly these, with these static
     /// endpoints (`ip:port` or a socket path; empty: none).
     InboundClusters(BTreeMap<String, Vec<String>>),
+    /// The hosts of each `inbound|…` cluster's `istio.services` metadata (the
+    /// telemetry of Istio's TestInboundClusters; clusters not listed have none).
+    InboundTelemetry(BTreeMap<String, Vec<String>>),
 }
 
 struct Vector {
@@ -239,8 +242,50 @@ fn static_endpoints(c: &Cluster) -> Vec<String> {
     out
 }
 
+/// The hosts of a cluster's `filter_metadata.istio.services`.
+fn metadata_services(c: &Cluster) -> Vec<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let Some(list) = c
+        .metadata
+        .as_ref()
+        .and_then(|m| m.filter_metadata.get("istio"))
+        .and_then(|s| s.fields.get("services"))
+        .and_then(|v| match &v.kind {
+            Some(Kind::ListValue(l)) => Some(l),
+            _ => None,
+        })
+    else {
+        return Vec::new();
+    };
+    list.values
+        .iter()
+        .filter_map(|v| match &v.kind {
+            Some(Kind::StructValue(s)) => s.fields.get("host"),
+            _ => None,
+        })
+        .filter_map(|h| match &h.kind {
+            Some(Kind::StringValue(h)) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn run_check(proxy: &Proxy, check: &Check) -> Result<(), String> {
     match check {
+        Check::InboundTelemetry(want) => {
+            let got: BTreeMap<String, Vec<String>> = proxy
+                .clusters
+                .iter()
+                .filter(|c| c.name.starts_with("inbound"))
+                .map(|c| (c.name.clone(), metadata_services(c)))
+                .filter(|(_, s)| !s.is_empty())
+                .collect();
+            if &got == want {
+                Ok(())
+            } else {
+                Err(format!("inbound telemetry: wanted {want:?}, got {got:?}"))
+            }
+        }
         Check::InboundClusters(want) => {
             let got: BTreeMap<String, Vec<String>> = proxy
                 .clusters
@@ -1172,8 +1217,8 @@ spec:
 /// TestInboundClusters: one `inbound|<targetPort>||` cluster per target port of the
 /// services the proxy is an instance of (shared target ports give one cluster), or
 /// per Sidecar `ingress` port; with inboundTrafficPolicy LOCALHOST they point at
-/// 127.0.0.1. Each cluster is also reached by an inbound HTTP call to its port.
-/// (Istio's telemetry metadata checks are not ported.)
+/// 127.0.0.1. Each cluster is also reached by an inbound HTTP call to its port, and
+/// names the services on its port in its `istio.services` telemetry metadata.
 fn inbound_clusters() -> Vec<Scenario> {
     const BACKEND: &str = "backend.default.svc.cluster.local";
     const ALT: &str = "backend-alt.default.svc.cluster.local";
@@ -1254,6 +1299,20 @@ fn inbound_clusters() -> Vec<Scenario> {
                 })
                 .collect();
             let variant = if localhost { "LOCALHOST/" } else { "" };
+            // Istio's telemetry: the services on each cluster's port, by hostname.
+            let mut telemetry: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for (host, _, targets) in instances {
+                for (_, target) in targets {
+                    let hosts = telemetry.entry(format!("inbound|{target}||")).or_default();
+                    hosts.push(host.to_string());
+                    hosts.sort();
+                    hosts.dedup();
+                }
+            }
+            s.vectors.push(Vector {
+                name: format!("TestInboundClusters/{variant}{case}/telemetry"),
+                check: Check::InboundTelemetry(telemetry),
+            });
             push_inbound(
                 &mut s,
                 &format!("TestInboundClusters/{variant}{case}"),
@@ -1327,6 +1386,10 @@ spec:
             })
             .collect();
         push_inbound(&mut s, &format!("TestInboundClusters/{case}"), want);
+        s.vectors.push(Vector {
+            name: format!("TestInboundClusters/{case}/telemetry"),
+            check: Check::InboundTelemetry(BTreeMap::new()),
+        });
         out.push(s);
     }
     out

@@ -386,7 +386,9 @@ mod tests {
             assert_eq!(v.unwrap().value, u32::MAX);
         }
         assert!(t.track_remaining);
-        assert!(c.metadata.is_none());
+        // Without a rule the metadata names the service only (Istio's telemetry).
+        let istio = &c.metadata.as_ref().unwrap().filter_metadata["istio"];
+        assert_eq!(istio.fields.keys().collect::<Vec<_>>(), vec!["services"]);
         // A subset needs a rule that defines it.
         case.subset = "v1";
         assert!(case.build().is_none());
@@ -1037,6 +1039,9 @@ mod tests {
                 mesh: &mesh,
                 v6_only: false,
                 endpoint,
+                services: &[],
+                stat_service: None,
+                rule: None,
             })
         };
         let endpoints = |c: &Cluster| -> Vec<Option<EnvoyAddress>> {
@@ -1084,6 +1089,9 @@ mod tests {
             mesh: &localhost,
             v6_only: false,
             endpoint: InboundEndpoint::OriginalDst,
+            services: &[],
+            stat_service: None,
+            rule: None,
         });
         assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
         assert!(c.load_assignment.is_none());
@@ -1112,6 +1120,9 @@ mod tests {
             mesh: &mesh,
             v6_only: v6_only(&ips),
             endpoint: InboundEndpoint::Mesh,
+            services: &[],
+            stat_service: None,
+            rule: None,
         });
         assert_eq!(c.name, "inbound|19080||");
         assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
@@ -1149,6 +1160,9 @@ mod tests {
             mesh: &localhost,
             v6_only: v6_only(&ips),
             endpoint: InboundEndpoint::Mesh,
+            services: &[],
+            stat_service: None,
+            rule: None,
         });
         assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
         assert!(c.upstream_bind_config.is_none());
@@ -1173,6 +1187,125 @@ mod tests {
                 .address,
             "::6"
         );
+    }
+    /// The `istio.services` entry of a cluster: (host, name, namespace).
+    fn services_of(c: &Cluster) -> Vec<(String, String, String)> {
+        let string = |v: &envoy_types::pb::google::protobuf::Value| match &v.kind {
+            Some(value::Kind::StringValue(s)) => s.clone(),
+            other => panic!("not a string: {other:?}"),
+        };
+        let istio = &c.metadata.as_ref().unwrap().filter_metadata["istio"];
+        let Some(value::Kind::ListValue(list)) = &istio.fields["services"].kind else {
+            panic!("services is not a list");
+        };
+        list.values
+            .iter()
+            .map(|v| {
+                let Some(value::Kind::StructValue(s)) = &v.kind else {
+                    panic!("service entry is not a struct");
+                };
+                (
+                    string(&s.fields["host"]),
+                    string(&s.fields["name"]),
+                    string(&s.fields["namespace"]),
+                )
+            })
+            .collect()
+    }
+
+    /// cluster_builder_test.go's metadata vectors: every outbound cluster (subsets
+    /// too) names its service; a rule adds `config` (and the subset), SIMPLE and
+    /// MUTUAL TLS add `alpn_override: "false"`, ISTIO_MUTUAL does not.
+    #[test]
+    fn metadata_names_the_service_rule_subset_and_alpn_override() {
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service.provider = ProviderId::Kubernetes;
+        let c = case.cluster();
+        assert_eq!(
+            services_of(&c),
+            vec![(
+                HOST.to_string(),
+                "reviews".to_string(),
+                "default".to_string()
+            )]
+        );
+
+        let tls = |mode: TlSmode| TrafficPolicy {
+            tls: Some(ClientTlsSettings {
+                mode: mode as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for (mode, alpn_override) in [
+            (TlSmode::Simple, true),
+            (TlSmode::Mutual, true),
+            (TlSmode::IstioMutual, false),
+            (TlSmode::Disable, false),
+        ] {
+            let mut case = Case::new(Some(tls(mode)));
+            case.rule = Some(rule(Some(tls(mode)), vec![subset("v1", None)]));
+            for subset in ["", "v1"] {
+                case.subset = subset;
+                let c = case.cluster();
+                let istio = &c.metadata.as_ref().unwrap().filter_metadata["istio"];
+                assert_eq!(
+                    istio.fields.get("alpn_override").map(|v| v.kind.clone()),
+                    alpn_override.then(|| Some(value::Kind::StringValue("false".into()))),
+                    "{mode:?} subset {subset:?}"
+                );
+                assert!(istio.fields.contains_key("config"));
+                assert_eq!(istio.fields.contains_key("subset"), !subset.is_empty());
+                assert_eq!(services_of(&c)[0].0, HOST);
+            }
+        }
+
+        // A ServiceEntry host is its own short name.
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service.provider = ProviderId::External;
+        assert_eq!(services_of(&case.cluster())[0].1, HOST);
+    }
+
+    /// MeshConfig `outboundClusterStatName` / `inboundClusterStatName` become the
+    /// clusters' `alt_stat_name` (Istio's BuildStatPrefix).
+    #[test]
+    fn cluster_stat_names_follow_the_mesh_patterns() {
+        let mut case = Case::new(None);
+        case.rule = Some(rule(None, vec![subset("v1", None)]));
+        case.subset = "v1";
+        case.service.provider = ProviderId::Kubernetes;
+        case.mesh.outbound_cluster_stat_name =
+            "%SERVICE%_%SERVICE_FQDN%_%SERVICE_PORT%_%SERVICE_PORT_NAME%_%SUBSET_NAME%".into();
+        assert_eq!(
+            case.cluster().alt_stat_name,
+            format!("reviews.default_{HOST}_8080_http_v1;")
+        );
+        case.service.provider = ProviderId::External;
+        assert_eq!(
+            case.cluster().alt_stat_name,
+            format!("{HOST}_{HOST}_8080_http_v1;")
+        );
+
+        let mut mesh = default_mesh_config();
+        mesh.inbound_cluster_stat_name = "%SERVICE%_%SERVICE_PORT%_%TARGET_PORT%".into();
+        let mut svc = service(Resolution::ClientSideLb);
+        svc.provider = ProviderId::Kubernetes;
+        let port = svc.port(8080).unwrap().clone();
+        let c = inbound_cluster(&InboundRequest {
+            target_port: 18080,
+            port: &port,
+            policy: None,
+            mesh: &mesh,
+            v6_only: false,
+            endpoint: InboundEndpoint::Mesh,
+            services: &[&svc],
+            stat_service: Some(&svc),
+            rule: None,
+        });
+        assert_eq!(c.alt_stat_name, "reviews.default_8080_18080;");
+        assert_eq!(services_of(&c)[0].0, HOST);
     }
 }
 

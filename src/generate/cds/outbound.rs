@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::Metadata;
-use envoy_types::pb::google::protobuf::{Struct, Value, value};
+use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
 use meshfed_registry::{
@@ -170,9 +170,20 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         }
         Resolution::Passthrough => cluster::DiscoveryType::OriginalDst,
     };
+    let alt_stat_name = if req.mesh.outbound_cluster_stat_name.is_empty() {
+        format!("{name};")
+    } else {
+        cluster_stat_name(
+            &req.mesh.outbound_cluster_stat_name,
+            service,
+            req.subset,
+            port,
+            None,
+        )
+    };
     let mut c = Cluster {
         name: name.clone(),
-        alt_stat_name: format!("{name};"),
+        alt_stat_name,
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(kind as i32)),
         common_lb_config: Some(Default::default()),
         ..Default::default()
@@ -246,7 +257,17 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
             service_name: name,
         });
     }
-    c.metadata = istio_metadata(req.rule, req.subset, ctx.mesh_external);
+    let tls_mode = traffic_policy
+        .as_ref()
+        .and_then(|p| p.tls.as_ref())
+        .map_or(0, |t| t.mode);
+    c.metadata = istio_metadata(&IstioMetadata {
+        services: &[service],
+        rule: req.rule,
+        subset: req.subset,
+        external: ctx.mesh_external,
+        tls_mode,
+    });
     Some(c)
 }
 
@@ -309,18 +330,68 @@ pub(super) fn all_endpoints_istio_mtls(shards: Option<&EndpointShards>, port: &P
     serving.peek().is_some() && serving.all(|(_, ep)| ep.tls_mode == TlsMode::Istio)
 }
 
-/// `filter_metadata.istio`: the DestinationRule (`config`), the subset, and whether the
-/// destination is outside the mesh, as istioctl reads them.
-pub(super) fn istio_metadata(
-    rule: Option<&Config<DestinationRule>>,
-    subset: &str,
-    external: bool,
-) -> Option<Metadata> {
+/// What a cluster's `filter_metadata.istio` says.
+pub(super) struct IstioMetadata<'a> {
+    /// The services the cluster serves (`services`, read by the telemetry filters):
+    /// an outbound cluster's own, an inbound cluster's on its port.
+    pub services: &'a [&'a Service],
+    /// The DestinationRule in force (`config`).
+    pub rule: Option<&'a Config<DestinationRule>>,
+    /// The subset (`subset`, with a rule only).
+    pub subset: &'a str,
+    /// The destination is outside the mesh (`external`).
+    pub external: bool,
+    /// The rule's TLS mode for the cluster: SIMPLE and MUTUAL set
+    /// `alpn_override: "false"` (the upstream is not an Istio peer, so Istio's ALPN
+    /// must not replace the client's).
+    pub tls_mode: i32,
+}
+
+/// The service entry of `istio.services`: host, short name and namespace, as Istio's
+/// telemetry reads them. The short name is a Kubernetes-style service's first label;
+/// a ServiceEntry host is its own name.
+pub fn service_metadata(service: &Service) -> Value {
+    let host = service.hostname.as_str();
+    let name = if service.provider == ProviderId::External {
+        host
+    } else {
+        host.split('.').next().unwrap_or(host)
+    };
+    let string = |s: &str| Value {
+        kind: Some(value::Kind::StringValue(s.to_string())),
+    };
+    Value {
+        kind: Some(value::Kind::StructValue(Struct {
+            fields: [
+                ("host".to_string(), string(host)),
+                ("name".to_string(), string(name)),
+                ("namespace".to_string(), string(service.namespace.as_str())),
+            ]
+            .into(),
+        })),
+    }
+}
+
+/// `filter_metadata.istio` as istiod sets it: `services` (telemetry), the
+/// DestinationRule (`config`), the subset, `alpn_override` and whether the destination
+/// is outside the mesh, as istioctl and the telemetry filters read them.
+pub(super) fn istio_metadata(m: &IstioMetadata<'_>) -> Option<Metadata> {
+    use meshfed_api::networking::v1alpha3::client_tls_settings::TlSmode;
     let mut fields = BTreeMap::new();
     let string = |s: String| Value {
         kind: Some(value::Kind::StringValue(s)),
     };
-    if let Some(r) = rule {
+    if !m.services.is_empty() {
+        fields.insert(
+            "services".to_string(),
+            Value {
+                kind: Some(value::Kind::ListValue(ListValue {
+                    values: m.services.iter().map(|s| service_metadata(s)).collect(),
+                })),
+            },
+        );
+    }
+    if let Some(r) = m.rule {
         fields.insert(
             "config".to_string(),
             string(format!(
@@ -328,11 +399,14 @@ pub(super) fn istio_metadata(
                 r.namespace, r.name
             )),
         );
-        if !subset.is_empty() {
-            fields.insert("subset".to_string(), string(subset.to_string()));
+        if !m.subset.is_empty() {
+            fields.insert("subset".to_string(), string(m.subset.to_string()));
+        }
+        if m.tls_mode == TlSmode::Simple as i32 || m.tls_mode == TlSmode::Mutual as i32 {
+            fields.insert("alpn_override".to_string(), string("false".to_string()));
         }
     }
-    if external {
+    if m.external {
         fields.insert(
             "external".to_string(),
             Value {
