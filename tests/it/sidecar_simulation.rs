@@ -73,6 +73,12 @@ enum Check {
     /// The hosts of each `inbound|…` cluster's `istio.services` metadata (the
     /// telemetry of Istio's TestInboundClusters; clusters not listed have none).
     InboundTelemetry(BTreeMap<String, Vec<String>>),
+    /// The inline (DNS) load assignment of `cluster` puts each endpoint address at this
+    /// priority (Istio's loadbalancer simulation vectors).
+    Priorities {
+        cluster: &'static str,
+        want: BTreeMap<String, u32>,
+    },
 }
 
 struct Vector {
@@ -272,6 +278,31 @@ fn metadata_services(c: &Cluster) -> Vec<String> {
 
 fn run_check(proxy: &Proxy, check: &Check) -> Result<(), String> {
     match check {
+        Check::Priorities { cluster, want } => {
+            use envoy_types::pb::envoy::config::core::v3::address;
+            use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint;
+            let Some(c) = proxy.clusters.iter().find(|c| c.name == *cluster) else {
+                return Err(format!("cluster {cluster} not served"));
+            };
+            let mut got = BTreeMap::new();
+            for group in c.load_assignment.iter().flat_map(|la| &la.endpoints) {
+                for lb in &group.lb_endpoints {
+                    if let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &lb.host_identifier
+                        && let Some(address::Address::SocketAddress(sa)) =
+                            e.address.as_ref().and_then(|a| a.address.as_ref())
+                    {
+                        got.insert(sa.address.clone(), group.priority);
+                    }
+                }
+            }
+            if &got == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{cluster} priorities: wanted {want:?}, got {got:?}"
+                ))
+            }
+        }
         Check::InboundTelemetry(want) => {
             let got: BTreeMap<String, Vec<String>> = proxy
                 .clusters
@@ -1963,6 +1994,99 @@ fn sidecar_routes() -> Vec<Scenario> {
     out
 }
 
+/// loadbalancer_simulation_test.go: failoverPriority splits the inline endpoints of a
+/// DNS ServiceEntry's STRICT_DNS cluster into priorities by the client's labels
+/// (TestFailoverPriorityWithDNSServiceEntry, with the rule's outlier detection that
+/// failover needs; TestFailoverPriorityWithMultiLocalityDNSServiceEntry, where the
+/// region label comes from each endpoint's locality).
+fn failover_priority_dns() -> Vec<Scenario> {
+    let mut out = Vec::new();
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: dns-service, namespace: default}
+spec:
+  hosts: [dns-service.example.org]
+  ports:
+  - {number: 443, name: https, protocol: HTTPS}
+  location: MESH_EXTERNAL
+  resolution: DNS
+  endpoints:
+  - address: www.foo.com
+    labels: {priority: \"1\"}
+  - address: www.bar.com
+    labels: {priority: \"2\"}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: dns-service, namespace: default}
+spec:
+  host: dns-service.example.org
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 4}
+    loadBalancer:
+      localityLbSetting:
+        failoverPriority: [priority]
+",
+    );
+    s.metadata = serde_json::json!({"LABELS": {"priority": "1"}});
+    s.vectors.push(Vector {
+        name: "TestFailoverPriorityWithDNSServiceEntry".into(),
+        check: Check::Priorities {
+            cluster: "outbound|443||dns-service.example.org",
+            want: [
+                ("www.foo.com".to_string(), 0),
+                ("www.bar.com".to_string(), 1),
+            ]
+            .into(),
+        },
+    });
+    out.push(s);
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: search-external, namespace: default}
+spec:
+  hosts: [search.example.internal]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports:
+  - {number: 8080, name: http, protocol: HTTP}
+  endpoints:
+  - {address: node-a.example.internal, locality: region-a}
+  - {address: node-b.example.internal, locality: region-b}
+  - {address: node-c.example.internal, locality: region-c}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: search-external, namespace: default}
+spec:
+  host: search.example.internal
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 4, interval: 30s, baseEjectionTime: 30s}
+    loadBalancer:
+      localityLbSetting:
+        enabled: true
+        failoverPriority: [topology.kubernetes.io/region]
+",
+    );
+    s.metadata = serde_json::json!({"LABELS": {"topology.kubernetes.io/region": "region-a"}});
+    s.vectors.push(Vector {
+        name: "TestFailoverPriorityWithMultiLocalityDNSServiceEntry".into(),
+        check: Check::Priorities {
+            cluster: "outbound|8080||search.example.internal",
+            want: [
+                ("node-a.example.internal".to_string(), 0),
+                ("node-b.example.internal".to_string(), 1),
+                ("node-c.example.internal".to_string(), 1),
+            ]
+            .into(),
+        },
+    });
+    out.push(s);
+    out
+}
+
 fn known_gap(name: &str) -> Option<&'static str> {
     KNOWN_GAPS
         .iter()
@@ -1981,6 +2105,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(inbound_sidecar_tls_modes());
     scenarios.extend(inbound());
     scenarios.extend(peer_authentication());
+    scenarios.extend(failover_priority_dns());
 
     let mut passed = 0;
     let mut gaps = 0;

@@ -144,7 +144,12 @@ pub fn cached_outbound_as(
         port: port.port.get(),
         subset: subset.to_string(),
         rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
-        client: ClusterClient::for_proxy(proxy, service),
+        client: ClusterClient::for_proxy_under(
+            proxy,
+            service,
+            rule.map(|r| &r.spec),
+            &snapshot.mesh().config,
+        ),
         shards,
         sni_dnat,
         peer_mtls_disabled: crate::generate::authn::inferred_namespace_mode(

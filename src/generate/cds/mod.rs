@@ -1555,8 +1555,7 @@ mod snapshot_tests {
     /// DNS clusters carry their endpoints inline, with priorities for the client's
     /// locality: two proxies in different localities get different priorities from one
     /// snapshot, while proxies that differ only in cluster, network and labels get the
-    /// same cluster (Istio applies locality failover to inline assignments but not
-    /// failoverPriority, which would need each endpoint's labels).
+    /// same cluster (no failoverPriority names a label here, so none is kept).
     #[test]
     fn dns_clusters_follow_the_client_locality_only() {
         use envoy_types::pb::envoy::config::core::v3::Node;

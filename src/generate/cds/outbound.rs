@@ -8,7 +8,9 @@ use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
-use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
+use meshfed_api::networking::v1alpha3::{
+    DestinationRule, LocalityLoadBalancerSetting, TrafficPolicy,
+};
 use meshfed_registry::{
     EndpointShards, Locality, MeshLocation, Port, Protocol, ProviderId, Resolution, Service,
     TlsMode,
@@ -16,6 +18,7 @@ use meshfed_registry::{
 
 use super::super::cluster_build::{self, ClusterBuild, PolicyContext};
 use super::super::eds::{self, EdsOptions, EndpointSelection};
+use super::super::locality_lb::augment_labels;
 use super::super::{destination_rule, proto, traffic_policy};
 use super::base::*;
 use crate::model::proxy::{NodeType, Proxy};
@@ -99,11 +102,9 @@ pub struct OutboundRequest<'a> {
 }
 
 /// What an outbound cluster may know of the client proxy: its node type and, for DNS
-/// clusters only (their endpoints are inline), its DNS lookup family and locality.
-/// Inline assignments get locality weights and failover by locality, never
-/// failoverPriority (whose labels would need each endpoint's labels, which an inline
-/// assignment does not keep; Istio leaves it out for DNS clusters too), so the proxy's
-/// labels, cluster and network are not part of it.
+/// clusters only (their endpoints are inline), its DNS lookup family, locality and the
+/// labels failoverPriority names. Only the labels a rule's failoverPriority names are
+/// kept, so clients that differ in other labels share the cluster.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct ClusterClient {
     pub node_type: NodeType,
@@ -116,24 +117,89 @@ pub struct DnsClient {
     /// `cluster::DnsLookupFamily` from the proxy's IP families.
     pub family: i32,
     pub locality: Locality,
+    /// The proxy's labels (with Istio's topology labels) that the failoverPriority of
+    /// the service's rule or the mesh names; empty without one.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl ClusterClient {
-    /// The facts of `proxy` that `service`'s clusters read.
+    /// The facts of `proxy` that `service`'s clusters read, without a rule.
     pub fn for_proxy(proxy: &Proxy, service: &Service) -> ClusterClient {
+        ClusterClient::for_proxy_under(proxy, service, None, &MeshConfig::default())
+    }
+
+    /// The facts of `proxy` that `service`'s clusters read under `rule` (the label
+    /// keys its failoverPriority settings, or the mesh's, name).
+    pub fn for_proxy_under(
+        proxy: &Proxy,
+        service: &Service,
+        rule: Option<&DestinationRule>,
+        mesh: &MeshConfig,
+    ) -> ClusterClient {
         let dns = matches!(
             service.resolution,
             Resolution::DnsLb | Resolution::DnsRoundRobinLb
         )
-        .then(|| DnsClient {
-            family: dns_lookup_family(&proxy.ip_addresses) as i32,
-            locality: proxy.locality.clone(),
+        .then(|| {
+            let keys = failover_priority_keys(rule, mesh);
+            let labels = if keys.is_empty() {
+                BTreeMap::new()
+            } else {
+                augment_labels(
+                    &proxy.labels,
+                    proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
+                    &proxy.locality,
+                    proxy.network.as_str(),
+                )
+                .into_iter()
+                .filter(|(k, _)| keys.contains(k.as_str()))
+                .collect()
+            };
+            DnsClient {
+                family: dns_lookup_family(&proxy.ip_addresses) as i32,
+                locality: proxy.locality.clone(),
+                labels,
+            }
         });
         ClusterClient {
             node_type: proxy.node_type,
             dns,
         }
     }
+}
+
+/// The label keys any failoverPriority of `rule` (service-wide, per port, per subset)
+/// or of the mesh-wide locality setting names.
+fn failover_priority_keys<'a>(
+    rule: Option<&'a DestinationRule>,
+    mesh: &'a MeshConfig,
+) -> BTreeSet<&'a str> {
+    let policies = rule.into_iter().flat_map(|r| {
+        r.traffic_policy
+            .iter()
+            .chain(r.subsets.iter().filter_map(|s| s.traffic_policy.as_ref()))
+    });
+    let mut settings: Vec<&LocalityLoadBalancerSetting> = Vec::new();
+    for p in policies {
+        settings.extend(
+            p.load_balancer
+                .as_ref()
+                .and_then(|lb| lb.locality_lb_setting.as_ref()),
+        );
+        for pl in &p.port_level_settings {
+            settings.extend(
+                pl.load_balancer
+                    .as_ref()
+                    .and_then(|lb| lb.locality_lb_setting.as_ref()),
+            );
+        }
+    }
+    settings.extend(mesh.locality_lb_setting.as_ref());
+    settings
+        .into_iter()
+        .flat_map(|s| &s.failover_priority)
+        .map(|entry| entry.split_once('=').map_or(entry.as_str(), |(k, _)| k))
+        .collect()
 }
 
 /// The Envoy cluster `outbound|<port>|<subset>|<host>`, as istiod builds it: the
@@ -188,6 +254,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         common_lb_config: Some(Default::default()),
         ..Default::default()
     };
+    let mut endpoint_labels = None;
     if matches!(
         kind,
         cluster::DiscoveryType::StrictDns | cluster::DiscoveryType::LogicalDns
@@ -203,7 +270,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
             c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(proto::pb_duration);
             c.respect_dns_ttl = true;
         }
-        c.load_assignment = Some(eds::load_assignment_for(
+        let (cla, labels) = eds::labelled_assignment(
             &name,
             port,
             req.shards,
@@ -211,20 +278,22 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
                 subset: subset.map(|s| &s.labels),
                 ..Default::default()
             },
-        ));
+        );
+        c.load_assignment = Some(cla);
+        endpoint_labels = Some(labels);
     }
     let mut build = ClusterBuild::new(c);
     set_upstream_protocol(&mut build, port, req.client.node_type);
 
     let service_accounts = service_accounts(service, req.shards, req.mesh);
     let no_locality = Locality::default();
-    // Not read for inline assignments (see ClusterClient).
-    let proxy_labels = BTreeMap::new();
+    let no_labels = BTreeMap::new();
     let proxy_locality = req
         .client
         .dns
         .as_ref()
         .map_or(&no_locality, |d| &d.locality);
+    let proxy_labels = req.client.dns.as_ref().map_or(&no_labels, |d| &d.labels);
     let ctx = PolicyContext {
         direction: Direction::Outbound,
         port,
@@ -239,7 +308,8 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         peer_mtls_disabled: req.peer_mtls_disabled,
         rule_has_selector: rule.is_some_and(|r| r.workload_selector.is_some()),
         proxy_locality,
-        proxy_labels: &proxy_labels,
+        proxy_labels,
+        endpoint_labels: endpoint_labels.as_deref(),
     };
     traffic_policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
     let mut c = build.build();
