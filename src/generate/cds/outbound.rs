@@ -37,7 +37,9 @@ pub fn outbound_cluster(
     let name = outbound_name(port.port.get(), "", service.hostname.as_str());
     let mut c = base_cluster(name.clone(), options);
     match service.resolution {
-        Resolution::ClientSideLb => {
+        // An alias has no endpoints of its own; a proxyless client that names it gets
+        // an empty EDS cluster.
+        Resolution::ClientSideLb | Resolution::Alias => {
             c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
                 cluster::DiscoveryType::Eds as i32,
             ));
@@ -206,7 +208,8 @@ fn failover_priority_keys<'a>(
 /// cluster type from the resolution (or ORIGINAL_DST for a PASSTHROUGH policy), HTTP/2
 /// for HTTP/2 ports, then the rule's policy for the port (merged with the subset's),
 /// with Istio's defaults (LEAST_REQUEST, circuit breakers at their maximum, auto mTLS)
-/// where it says nothing. `None` for a subset the rule does not define.
+/// where it says nothing. `None` for a subset the rule does not define and for an
+/// alias (ExternalName) service.
 pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
     let (service, port) = (req.service, req.port);
     let host = service.hostname.as_str();
@@ -227,6 +230,8 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
     };
 
     let kind = match service.resolution {
+        // An alias (ExternalName) gets no cluster: its name routes to its target.
+        Resolution::Alias => return None,
         Resolution::ClientSideLb => cluster::DiscoveryType::Eds,
         Resolution::DnsLb => cluster::DiscoveryType::StrictDns,
         Resolution::DnsRoundRobinLb => cluster::DiscoveryType::LogicalDns,

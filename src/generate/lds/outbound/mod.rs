@@ -173,7 +173,10 @@ pub(super) fn outbound_listeners(
         if !seen.insert(s.hostname.as_str()) {
             continue;
         }
-        if let Some(resolved) = snapshot.services().resolve(s.hostname.as_str(), ns) {
+        // An alias (ExternalName) gets no listener: its clients reach its target.
+        if let Some(resolved) = snapshot.services().resolve(s.hostname.as_str(), ns)
+            && resolved.resolution != Resolution::Alias
+        {
             services.push(resolved);
         }
     }
