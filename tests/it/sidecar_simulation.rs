@@ -2186,6 +2186,48 @@ fn external_name_aliases() -> Scenario {
     s
 }
 
+/// A sniffed (unnamed-protocol) port on a service VIP reads a route table of that
+/// service alone (Istio's `<host>:<port>` RDS name for ListenerProtocolAuto on a
+/// non-wildcard bind): HTTP to the VIP reaches the service whatever the Host header,
+/// where the shared per-port table would send a foreign Host to `allow_any`.
+fn sniffed_vip_route_tables() -> Scenario {
+    const KNOWN: &str = "known.default.svc.cluster.local";
+    const OTHER: &str = "other.default.svc.cluster.local";
+    let mut s = Scenario::new("");
+    for (host, vip, ep) in [
+        (KNOWN, "10.0.0.7", "10.1.0.7"),
+        (OTHER, "10.0.0.8", "10.1.0.8"),
+    ] {
+        let mut svc = service(host, "default", &[("auto", 7000, Protocol::Unsupported)]);
+        svc.cluster_vips
+            .insert("c1".into(), vec![vip.parse().unwrap()]);
+        s.services.push((
+            svc,
+            vec![Endpoint::new(ep.parse().unwrap()).with_port("auto", 7000)],
+        ));
+    }
+    for host in ["foo.example.com", OTHER, KNOWN] {
+        s.call(
+            format!("sniffed VIP/Host {host}"),
+            Call::http(7000).to("10.0.0.7").host(host),
+            Expect {
+                virtual_host: Some(format!("{KNOWN}:7000")),
+                cluster: Some(format!("outbound|7000||{KNOWN}")),
+                ..Default::default()
+            },
+        );
+    }
+    s.vectors.push(Vector {
+        name: "sniffed VIP/route table of the service".into(),
+        check: Check::Domain {
+            route: "known.default.svc.cluster.local:7000",
+            domain: "*".into(),
+            clusters: Some(vec![format!("outbound|7000||{KNOWN}")]),
+        },
+    });
+    s
+}
+
 fn known_gap(name: &str) -> Option<&'static str> {
     KNOWN_GAPS
         .iter()
@@ -2206,6 +2248,7 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(peer_authentication());
     scenarios.extend(failover_priority_dns());
     scenarios.push(external_name_aliases());
+    scenarios.push(sniffed_vip_route_tables());
 
     let mut passed = 0;
     let mut gaps = 0;

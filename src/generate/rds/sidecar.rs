@@ -36,6 +36,32 @@ pub fn sidecar_route_config(
     route_configuration(port.to_string(), virtual_hosts)
 }
 
+/// A sidecar route table by name: the per-port table `"<port>"`, or the table of a
+/// sniffed port on a service's own address, `"<host>:<port>"` (Istio's
+/// `getVirtualHostsForSniffedServicePort`): the one virtual host of the port's table
+/// that serves the service, answering any Host (`*`), and no catch-all. `None` for a
+/// name of neither form.
+pub fn sidecar_route_config_named(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    name: &str,
+) -> Option<RouteConfiguration> {
+    if let Ok(port) = name.parse::<u16>() {
+        return Some(sidecar_route_config(snapshot, proxy, port));
+    }
+    let (host, port) = name.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let mut virtual_hosts: Vec<VirtualHost> = sidecar_virtual_hosts(snapshot, proxy, port)
+        .into_iter()
+        .filter(|vh| vh.domains.iter().any(|d| d == name || d == host))
+        .collect();
+    if let [only] = virtual_hosts.as_mut_slice() {
+        only.domains = vec!["*".to_string()];
+    }
+    virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(route_configuration(name.to_string(), virtual_hosts))
+}
+
 /// The virtual host of one service port as `proxy` sees it: the service's domains and
 /// the routes of its VirtualService, or the default route. This is the single virtual
 /// host of a proxyless gRPC client's route table `outbound|<port>||<fqdn>`.

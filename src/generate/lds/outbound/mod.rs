@@ -454,7 +454,11 @@ fn add_service_port(
         }
         Class::Auto => {
             let mut chains = tcp_chains(ctx, &bind);
-            chains.push(ChainOpts::sniffed_http(outbound_hcm(&bind, ctx.port)));
+            let route = sniffed_route_name(&bind, ctx.port, ctx.service);
+            chains.push(ChainOpts::sniffed_http(with_route_table(
+                outbound_hcm(&bind, ctx.port),
+                &route,
+            )));
             match current {
                 None => (chains, Protocol::Unsupported, Merge::New),
                 // Auto replaces an HTTP entry outright.
