@@ -1307,6 +1307,44 @@ mod tests {
         assert_eq!(c.alt_stat_name, "reviews.default_8080_18080;");
         assert_eq!(services_of(&c)[0].0, HOST);
     }
+
+    /// cluster_builder_test.go's DNS cluster fields: the c-ares resolver with
+    /// `udp_max_queries` 100 and a 100 ms DNS jitter (Istio's defaults), the mesh
+    /// refresh rate and DNS TTLs; `InboundPassthroughCluster` keeps the passthrough
+    /// cluster's stat name, as istiod renames only the cluster.
+    #[test]
+    #[allow(deprecated)]
+    fn dns_clusters_get_istio_resolver_settings() {
+        use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service = service(Resolution::DnsLb);
+        case.shards = Some(shards(vec![ep("10.1.0.1", "v1", TlsMode::Disabled)]));
+        let c = case.cluster();
+        let resolver = c.typed_dns_resolver_config.as_ref().unwrap();
+        assert_eq!(resolver.name, "envoy.network.dns_resolver.cares");
+        let cares = CaresDnsResolverConfig::decode(
+            resolver.typed_config.as_ref().unwrap().value.as_slice(),
+        )
+        .unwrap();
+        assert_eq!(cares.udp_max_queries.unwrap().value, 100);
+        assert_eq!(
+            c.dns_jitter,
+            Some(PbDuration {
+                seconds: 0,
+                nanos: 100_000_000
+            })
+        );
+        assert!(c.respect_dns_ttl);
+        // EDS clusters get none of it.
+        let eds = Case::new(None).cluster();
+        assert!(eds.typed_dns_resolver_config.is_none() && eds.dns_jitter.is_none());
+        let mesh = default_mesh_config();
+        assert_eq!(
+            inbound_passthrough(&mesh, &[]).alt_stat_name,
+            "PassthroughCluster;"
+        );
+    }
 }
 
 /// CDS and EDS through the snapshot: which clusters a proxy gets, with which rule.

@@ -5,8 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
-use envoy_types::pb::envoy::config::core::v3::Metadata;
-use envoy_types::pb::google::protobuf::{ListValue, Struct, Value, value};
+use envoy_types::pb::envoy::config::core::v3::{Metadata, TypedExtensionConfig};
+use envoy_types::pb::google::protobuf::{
+    Duration as PbDuration, ListValue, Struct, UInt32Value, Value, value,
+};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::networking::v1alpha3::{
     DestinationRule, LocalityLoadBalancerSetting, TrafficPolicy,
@@ -269,9 +271,14 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
             .dns
             .as_ref()
             .map_or(cluster::DnsLookupFamily::V4Only as i32, |d| d.family);
+        c.typed_dns_resolver_config = Some(cares_resolver());
         // Deprecated in favour of typed DNS cluster configs, still what istiod sends.
         #[allow(deprecated)]
         {
+            c.dns_jitter = Some(PbDuration {
+                seconds: 0,
+                nanos: DNS_JITTER_NANOS,
+            });
             c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(proto::pb_duration);
             c.respect_dns_ttl = true;
         }
@@ -344,6 +351,25 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         tls_mode,
     });
     Some(c)
+}
+
+/// Istio's `PILOT_DNS_JITTER_DURATION` default (100 ms) on DNS clusters.
+const DNS_JITTER_NANOS: i32 = 100_000_000;
+/// Istio's `PILOT_DNS_CARES_UDP_MAX_QUERIES` default.
+const CARES_UDP_MAX_QUERIES: u32 = 100;
+
+/// The c-ares resolver istiod configures on DNS clusters.
+fn cares_resolver() -> TypedExtensionConfig {
+    use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
+    TypedExtensionConfig {
+        name: "envoy.network.dns_resolver.cares".into(),
+        typed_config: Some(proto::pack(&CaresDnsResolverConfig {
+            udp_max_queries: Some(UInt32Value {
+                value: CARES_UDP_MAX_QUERIES,
+            }),
+            ..Default::default()
+        })),
+    }
 }
 
 /// Istio's setUpstreamProtocol: HTTP/2 ports get HTTP/2; a sidecar's unnamed
