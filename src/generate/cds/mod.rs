@@ -1345,6 +1345,59 @@ mod tests {
             "PassthroughCluster;"
         );
     }
+
+    /// cluster_builder_test.go TestBuildDefaultCluster, "default EDS cluster" (our
+    /// outbound cluster of an HTTP port without a rule): every field istiod sets but
+    /// the upstream `istio.metadata_exchange` filter (the telemetry module's).
+    #[test]
+    fn build_default_cluster_vector() {
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service.provider = ProviderId::Kubernetes;
+        let c = case.cluster();
+        let name = "outbound|8080||reviews.default.svc.cluster.local";
+        assert_eq!(c.name, name);
+        assert_eq!(c.alt_stat_name, format!("{name};"));
+        assert_eq!(discovery(&c), cluster::DiscoveryType::Eds as i32);
+        assert_eq!(c.common_lb_config, Some(Default::default()));
+        assert_eq!(
+            c.connect_timeout,
+            Some(PbDuration {
+                seconds: 10,
+                nanos: 0
+            })
+        );
+        assert_eq!(
+            c.circuit_breakers.as_ref().unwrap().thresholds,
+            vec![crate::generate::traffic_policy::default_thresholds()]
+        );
+        assert_eq!(c.lb_policy, cluster::LbPolicy::LeastRequest as i32);
+        assert_eq!(
+            services_of(&c),
+            vec![(
+                HOST.to_string(),
+                "reviews".to_string(),
+                "default".to_string()
+            )]
+        );
+        let eds = c.eds_cluster_config.as_ref().unwrap();
+        assert_eq!(eds.service_name, name);
+        assert_eq!(eds.eds_config, Some(eds_source()));
+        assert!(c.load_assignment.is_none() && c.dns_lookup_family == 0);
+    }
+
+    /// cluster_builder_test.go TestClusterDnsLookupFamily, the vectors without
+    /// Istio's dual-stack feature (meshfed has none): IPv4 and dual-stack proxies
+    /// resolve IPv4 only, IPv6-only proxies IPv6 only.
+    #[test]
+    fn cluster_dns_lookup_family_vectors() {
+        let v4: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap()];
+        let v6: Vec<IpAddr> = vec!["2001:1::1".parse().unwrap()];
+        let dual: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "2001:1::1".parse().unwrap()];
+        assert_eq!(dns_lookup_family(&v4), cluster::DnsLookupFamily::V4Only);
+        assert_eq!(dns_lookup_family(&v6), cluster::DnsLookupFamily::V6Only);
+        assert_eq!(dns_lookup_family(&dual), cluster::DnsLookupFamily::V4Only);
+    }
 }
 
 /// CDS and EDS through the snapshot: which clusters a proxy gets, with which rule.
