@@ -2112,7 +2112,19 @@ spec:
 /// `generateVirtualHostDomains`, `buildOutboundClusters`).
 fn external_name_aliases() -> Scenario {
     const REVIEWS: &str = "reviews.default.svc.cluster.local";
-    let mut s = Scenario::new("");
+    // A VirtualService routing to the alias: Istio's GetDestinationCluster names the
+    // alias's target.
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: to-alias, namespace: default}
+spec:
+  hosts: [vs.example.com]
+  http:
+  - route:
+    - destination: {host: reviews-alias.default.svc.cluster.local, port: {number: 80}}
+",
+    );
     let mut reviews = service(REVIEWS, "default", &[("http", 80, Protocol::Http)]);
     reviews
         .cluster_vips
@@ -2167,6 +2179,11 @@ fn external_name_aliases() -> Scenario {
             },
         });
     }
+    s.call(
+        "ExternalName/VirtualService destination naming the alias".into(),
+        Call::http(80).to("10.0.0.5").host("vs.example.com"),
+        Expect::cluster(&format!("outbound|80||{REVIEWS}")),
+    );
     s.call(
         "ExternalName/alias of an unknown name, HTTP".into(),
         Call::http(80)
