@@ -233,16 +233,21 @@ pub(super) fn sidecar_ingress_clusters(
         }
         // As Istio's findOrCreateService: the service of an instance whose target port
         // is the ingress port, for telemetry.
-        let service = instances
-            .iter()
-            .find(|i| i.target_port == number)
-            .map(|i| i.service.key());
+        let instance = instances.iter().find(|i| i.target_port == number);
+        let rule = instance.and_then(|i| {
+            snapshot.config().destination_rule(
+                &proxy.namespace,
+                i.service.namespace.as_str(),
+                i.service.hostname.as_str(),
+            )
+        });
         let input = SidecarIngressClusterInput {
             sidecar: (sidecar.namespace.clone(), sidecar.name.clone()),
             index,
             endpoint,
             v6_only: v6_only(&proxy.ip_addresses),
-            service,
+            service: instance.map(|i| i.service.key()),
+            rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
         };
         out.extend(snapshot.cached(input));
     }
@@ -251,8 +256,9 @@ pub(super) fn sidecar_ingress_clusters(
 
 /// The input of a Sidecar ingress cluster, and its cache key: the Sidecar (by name),
 /// the ingress listener's index, its endpoint as resolved for the proxy, whether the
-/// proxy is IPv6-only, and the proxy's service whose target port is the ingress port
-/// (telemetry metadata and stat name).
+/// proxy is IPv6-only, the proxy's service whose target port is the ingress port
+/// (telemetry metadata and stat name) and the DestinationRule of that service, by name
+/// (its connection pool applies unless the Sidecar gives one).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct SidecarIngressClusterInput {
     pub sidecar: (String, String),
@@ -260,6 +266,7 @@ pub struct SidecarIngressClusterInput {
     pub endpoint: InboundEndpoint,
     pub v6_only: bool,
     pub service: Option<ServiceKey>,
+    pub rule: Option<(String, String)>,
 }
 
 impl CacheInput<Snapshot> for SidecarIngressClusterInput {
@@ -279,13 +286,22 @@ impl CacheInput<Snapshot> for SidecarIngressClusterInput {
             number,
             Protocol::parse(&sidecar_port.protocol),
         )?;
-        let pool = ingress
+        // Istio: the rule's policy for the ingress port, then the Sidecar's pool over it.
+        let rule = self
+            .rule
+            .as_ref()
+            .and_then(|(ns, name)| snapshot.config().destination_rule_by_name(ns, name));
+        let mut policy = rule
+            .and_then(|r| r.spec.traffic_policy.as_ref())
+            .map(|p| destination_rule::port_level_policy(p, number).0);
+        if let Some(pool) = ingress
             .connection_pool
-            .or(sidecar.spec.inbound_connection_pool);
-        let policy = pool.map(|pool| TrafficPolicy {
-            connection_pool: Some(pool),
-            ..Default::default()
-        });
+            .or(sidecar.spec.inbound_connection_pool)
+        {
+            policy
+                .get_or_insert_with(TrafficPolicy::default)
+                .connection_pool = Some(pool);
+        }
         let service = self
             .service
             .as_ref()
@@ -302,7 +318,7 @@ impl CacheInput<Snapshot> for SidecarIngressClusterInput {
             endpoint: self.endpoint.clone(),
             services: &services,
             stat_service: Some(services.first().copied().unwrap_or(&stand_in)),
-            rule: None,
+            rule: rule.map(|r| &**r),
         });
         Some(EncodedResource::encode(
             TypeUrl::Cluster,

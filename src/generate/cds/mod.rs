@@ -1804,4 +1804,70 @@ mod snapshot_tests {
         let names: Vec<&str> = all.iter().map(|r| &*r.name).collect();
         assert!(names.contains(&"outbound|9090|v2|reviews.default.svc.cluster.local"));
     }
+
+    /// A Sidecar `ingress` port backed by one of the proxy's services takes the
+    /// connection pool of that service's DestinationRule (Istio's buildInboundCluster
+    /// for Sidecar ingress), names the rule and the service in its metadata, and a
+    /// pool on the ingress port wins over the rule's.
+    #[test]
+    fn sidecar_ingress_clusters_take_the_service_rule() {
+        use meshfed_api::networking::v1alpha3::IstioIngressListener;
+        use meshfed_api::networking::v1alpha3::SidecarPort;
+        let pool = |max: i32| ConnectionPoolSettings {
+            tcp: Some(TcpSettings {
+                max_connections: max,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let set = |ingress_pool: Option<ConnectionPoolSettings>| ConfigSet {
+            destination_rules: vec![cfg(
+                "default",
+                "reviews",
+                DestinationRule {
+                    host: REVIEWS.into(),
+                    traffic_policy: Some(TrafficPolicy {
+                        connection_pool: Some(pool(7)),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )],
+            sidecars: vec![cfg(
+                "default",
+                "default",
+                Sidecar {
+                    ingress: vec![IstioIngressListener {
+                        port: Some(SidecarPort {
+                            number: 19080,
+                            protocol: "HTTP".into(),
+                            name: "http".into(),
+                            ..Default::default()
+                        }),
+                        default_endpoint: "127.0.0.1:19080".into(),
+                        connection_pool: ingress_pool,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        };
+        let proxy = proxy_in("default", "10.0.0.1", "sidecar");
+        let max = |c: &Cluster| {
+            c.circuit_breakers.as_ref().unwrap().thresholds[0]
+                .max_connections
+                .unwrap()
+                .value
+        };
+        let snap = snapshot(set(None));
+        let c = clusters(&snap, &proxy, &["inbound|19080||"]);
+        assert_eq!(max(&c[0]), 7, "the service's rule");
+        let istio = &c[0].metadata.as_ref().unwrap().filter_metadata["istio"];
+        assert!(format!("{istio:?}").contains("destination-rule/reviews"));
+        assert!(format!("{istio:?}").contains(REVIEWS));
+        let snap = snapshot(set(Some(pool(3))));
+        let c = clusters(&snap, &proxy, &["inbound|19080||"]);
+        assert_eq!(max(&c[0]), 3, "the ingress port's pool wins");
+    }
 }
