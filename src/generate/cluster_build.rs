@@ -147,8 +147,12 @@ pub struct PolicyContext<'a> {
     pub rule_has_selector: bool,
     /// Client locality, for locality settings on inline load assignments.
     pub proxy_locality: &'a Locality,
-    /// Client labels, for the same.
+    /// Client labels (with Istio's topology labels), for failoverPriority on inline
+    /// load assignments.
     pub proxy_labels: &'a BTreeMap<String, String>,
+    /// The labels of each endpoint of the inline load assignment, per locality group
+    /// (failoverPriority compares them with `proxy_labels`); `None` for EDS clusters.
+    pub endpoint_labels: Option<&'a [Vec<BTreeMap<String, String>>]>,
 }
 
 /// Whether the cluster forwards to the original destination.

@@ -119,6 +119,42 @@ pub fn load_assignment_for(
     shards: Option<&EndpointShards>,
     selection: &EndpointSelection<'_>,
 ) -> ClusterLoadAssignment {
+    let (mut cla, labels) = grouped_assignment(
+        cluster_name,
+        port,
+        shards,
+        selection,
+        selection.locality_lb.is_some(),
+    );
+    if let Some(lb) = &selection.locality_lb {
+        apply_locality_lb(&mut cla, Some(&labels), lb);
+    }
+    cla
+}
+
+/// The labels failoverPriority compares, per locality group of a load assignment and
+/// per endpoint within it, in the assignment's order.
+pub type GroupLabels = Vec<Vec<BTreeMap<String, String>>>;
+
+/// [`load_assignment_for`] without locality load balancing, with the labels of each
+/// endpoint (Istio's topology labels added), for a cluster that applies its locality
+/// setting itself (DNS clusters, whose assignment is inline).
+pub fn labelled_assignment(
+    cluster_name: &str,
+    port: &Port,
+    shards: Option<&EndpointShards>,
+    selection: &EndpointSelection<'_>,
+) -> (ClusterLoadAssignment, GroupLabels) {
+    grouped_assignment(cluster_name, port, shards, selection, true)
+}
+
+fn grouped_assignment(
+    cluster_name: &str,
+    port: &Port,
+    shards: Option<&EndpointShards>,
+    selection: &EndpointSelection<'_>,
+    want_labels: bool,
+) -> (ClusterLoadAssignment, GroupLabels) {
     let mut by_locality: BTreeMap<&Locality, Vec<Entry<'_>>> = BTreeMap::new();
     for (shard, ep) in shards.into_iter().flat_map(|s| s.iter()) {
         let Some(&target) = ep.ports.get(&port.name) else {
@@ -149,11 +185,11 @@ pub fn load_assignment_for(
         }
         by_locality.retain(|_, entries| !entries.is_empty());
     }
-    let mut labels: Vec<Vec<BTreeMap<String, String>>> = Vec::new();
+    let mut labels: GroupLabels = Vec::new();
     let endpoints = by_locality
         .into_iter()
         .map(|(locality, entries)| {
-            if selection.locality_lb.is_some() {
+            if want_labels {
                 labels.push(
                     entries
                         .iter()
@@ -182,15 +218,12 @@ pub fn load_assignment_for(
             }
         })
         .collect();
-    let mut cla = ClusterLoadAssignment {
+    let cla = ClusterLoadAssignment {
         cluster_name: cluster_name.to_string(),
         endpoints,
         ..Default::default()
     };
-    if let Some(lb) = &selection.locality_lb {
-        apply_locality_lb(&mut cla, Some(&labels), lb);
-    }
-    cla
+    (cla, labels)
 }
 
 /// One endpoint of a locality group, before encoding.

@@ -556,7 +556,7 @@ impl CacheInput<Snapshot> for RouteInput {
             })?;
             rds::gateway_route_config(snapshot, &self.client, &merged, &self.name)?
         } else {
-            rds::sidecar_route_config(snapshot, &self.client, self.name.parse().ok()?)
+            rds::sidecar_route_config_named(snapshot, &self.client, &self.name)?
         };
         Some(EncodedResource::encode(
             TypeUrl::Route,

@@ -372,7 +372,8 @@ fn ring_hash(minimum_ring_size: u64) -> cluster::LbConfig {
 /// Locality-weighted balancing is switched on when `distribute` is set, or when a
 /// failover setting is given and outlier detection is configured (failover needs
 /// outlier detection, or Envoy never leaves priority 0). Inline (DNS) load assignments
-/// get the per-client weights and priorities right away.
+/// get the per-client weights and priorities right away, failoverPriority included
+/// (Istio splits STRICT_DNS endpoints by priority too).
 fn apply_locality_config(
     c: &mut Cluster,
     setting: Option<&LocalityLoadBalancerSetting>,
@@ -393,7 +394,7 @@ fn apply_locality_config(
     if let (Some(cla), Some(s)) = (c.load_assignment.as_mut(), setting) {
         super::locality_lb::apply_locality_lb(
             cla,
-            None,
+            ctx.endpoint_labels,
             &super::locality_lb::LocalityLb {
                 setting: s,
                 proxy_locality: ctx.proxy_locality,

@@ -23,6 +23,7 @@ use meshfed_api::networking::v1alpha3::load_balancer_settings::{LbPolicy, Simple
 use meshfed_api::networking::v1alpha3::{ClientTlsSettings, TrafficPolicy};
 
 use crate::model::proxy::NodeType;
+use crate::push::snapshot::Snapshot;
 
 use super::cluster_build::*;
 use super::proto::*;
@@ -351,6 +352,15 @@ pub fn san_matchers(names: &[String]) -> Vec<SubjectAltNameMatcher> {
 /// A secret from the local agent's SDS server (cluster `sds-grpc` in the proxy's
 /// bootstrap). The workload certificate and root never time out (they always exist).
 pub fn agent_sds(name: &str, no_fetch_timeout: bool) -> SdsSecretConfig {
+    let mut sds = grpc_sds(name, SDS_CLUSTER);
+    if let Some(source) = sds.sds_config.as_mut() {
+        source.initial_fetch_timeout = no_fetch_timeout.then(PbDuration::default);
+    }
+    sds
+}
+
+/// A secret fetched over gRPC SDS from the server behind `cluster`.
+pub fn grpc_sds(name: &str, cluster: &str) -> SdsSecretConfig {
     SdsSecretConfig {
         name: name.to_string(),
         sds_config: Some(ConfigSource {
@@ -362,7 +372,7 @@ pub fn agent_sds(name: &str, no_fetch_timeout: bool) -> SdsSecretConfig {
                     grpc_services: vec![GrpcService {
                         target_specifier: Some(grpc_service::TargetSpecifier::EnvoyGrpc(
                             grpc_service::EnvoyGrpc {
-                                cluster_name: SDS_CLUSTER.to_string(),
+                                cluster_name: cluster.to_string(),
                                 ..Default::default()
                             },
                         )),
@@ -372,7 +382,6 @@ pub fn agent_sds(name: &str, no_fetch_timeout: bool) -> SdsSecretConfig {
                 },
             )),
             resource_api_version: ApiVersion::V3 as i32,
-            initial_fetch_timeout: no_fetch_timeout.then(PbDuration::default),
             ..Default::default()
         }),
     }
@@ -404,6 +413,47 @@ pub fn server_root_name(ca: &str) -> String {
         SDS_ROOT.to_string()
     } else {
         file_root_name(ca)
+    }
+}
+
+/// The prefix of a `credentialName` served by an external SDS server.
+pub const SDS_EXTERNAL_PREFIX: &str = "sds://";
+
+/// The outbound cluster of the MeshConfig `sds` extension provider that an
+/// `sds://<name>` credential names (Istio's `LookupCluster` on its service and port);
+/// `None` for other credentials, an unknown provider or a service the registry does
+/// not know (logged: the credential is then asked of istiod, which does not serve it).
+pub fn external_sds_cluster(snapshot: &Snapshot, credential: &str) -> Option<String> {
+    use meshfed_api::mesh::v1alpha1::mesh_config::extension_provider::Provider;
+    let name = credential.strip_prefix(SDS_EXTERNAL_PREFIX)?;
+    let provider = snapshot
+        .mesh()
+        .config
+        .extension_providers
+        .iter()
+        .find_map(|p| match &p.provider {
+            Some(Provider::Sds(sds)) if sds.name == name => Some(sds),
+            _ => None,
+        })?;
+    let services = snapshot.services();
+    match super::authz::ext_authz::lookup_cluster(&provider.service, provider.port, &|h| {
+        services.namespaces_of(h)
+    }) {
+        Ok((_, cluster)) => Some(cluster),
+        Err(e) => {
+            tracing::warn!(credential, error = %e, "external SDS provider has no cluster");
+            None
+        }
+    }
+}
+
+/// A server's (gateway's) `credentialName` secret: from the external SDS server's
+/// cluster when `external` names one (see [`external_sds_cluster`]), else as
+/// [`credential_sds`].
+pub fn server_credential_sds(credential: &str, external: Option<&str>) -> SdsSecretConfig {
+    match external {
+        Some(cluster) => grpc_sds(credential, cluster),
+        None => credential_sds(credential),
     }
 }
 

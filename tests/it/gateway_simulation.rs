@@ -1265,3 +1265,102 @@ async fn every_gateway_server_kind_is_served() {
     assert!(addresses[0].contains("10.1.0.1"), "{addresses:?}");
     server.shutdown().await;
 }
+
+/// A gateway `credentialName: sds://<name>` naming a MeshConfig `sds` extension provider
+/// is fetched over gRPC from that provider's cluster (Istio's
+/// `ConstructSdsSecretConfigForCredential`), the CA of a MUTUAL server and an
+/// `sds://` name no provider has keep istiod's ADS resource names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_credentials_from_an_external_sds_provider() {
+    use envoy_types::pb::envoy::config::core::v3::{config_source, grpc_service};
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("istio.yaml"),
+        gateway(
+            "gw",
+            "istio-system",
+            &[
+                "port: {number: 443, name: https, protocol: HTTPS}\nhosts: [a.example.com]\n\
+                 tls: {mode: MUTUAL, credentialName: \"sds://external\"}",
+                "port: {number: 443, name: https-b, protocol: HTTPS}\nhosts: [b.example.com]\n\
+                 tls: {mode: SIMPLE, credentialName: \"sds://nobody\"}",
+            ],
+        ),
+    )
+    .unwrap();
+    let mesh = dir.path().join("mesh.yaml");
+    std::fs::write(
+        &mesh,
+        "extensionProviders:\n- name: ext-sds\n  sds:\n    name: external\n    \
+         service: sds.istio-system.svc.cluster.local\n    port: 8080\n",
+    )
+    .unwrap();
+    let server = FakeServer::builder()
+        .config_dir(dir.path())
+        .configure(move |c| c.mesh_config = Some(mesh))
+        .start()
+        .await
+        .unwrap();
+    let mut sds = service(
+        "sds.istio-system.svc.cluster.local",
+        "istio-system",
+        &[("grpc", 8080, Protocol::Grpc)],
+    );
+    sds.cluster_vips
+        .insert("c1".into(), vec!["10.0.0.9".parse().unwrap()]);
+    server.mock_registry("c1").add_service(sds);
+    ready_and_synced(&server).await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "router~1.1.1.1~istio-ingressgateway.istio-system~istio-system.svc.cluster.local",
+            serde_json::json!({"LABELS": {"istio": "ingressgateway"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let ProxyConfig {
+        clusters,
+        listeners,
+        routes,
+    } = client.fetch_config().await.unwrap();
+    let router = Router {
+        listeners,
+        routes,
+        clusters,
+        client,
+    };
+    let (_, a) = chain_for(&router, "0.0.0.0_443", "a.example.com");
+    assert_eq!(cert_sds(&a), vec!["sds://external"]);
+    let cert = &a
+        .common_tls_context
+        .as_ref()
+        .unwrap()
+        .tls_certificate_sds_secret_configs[0];
+    let Some(config_source::ConfigSourceSpecifier::ApiConfigSource(api)) = cert
+        .sds_config
+        .as_ref()
+        .and_then(|s| s.config_source_specifier.as_ref())
+    else {
+        panic!("not a gRPC SDS source: {cert:?}");
+    };
+    assert!(matches!(
+        &api.grpc_services[0].target_specifier,
+        Some(grpc_service::TargetSpecifier::EnvoyGrpc(g))
+            if g.cluster_name == "outbound|8080||sds.istio-system.svc.cluster.local"
+    ));
+    assert!(
+        router
+            .clusters
+            .iter()
+            .any(|c| c.name == "outbound|8080||sds.istio-system.svc.cluster.local"),
+        "the gateway has the provider's cluster"
+    );
+    assert_eq!(
+        ca_sds(&a).as_deref(),
+        Some("kubernetes://sds://external-cacert")
+    );
+    let (_, b) = chain_for(&router, "0.0.0.0_443", "b.example.com");
+    assert_eq!(cert_sds(&b), vec!["kubernetes://sds://nobody"]);
+    server.shutdown().await;
+}

@@ -70,6 +70,17 @@ enum Check {
     /// The proxy's `inbound|…` clusters are exactly these, with these static
     /// endpoints (`ip:port` or a socket path; empty: none).
     InboundClusters(BTreeMap<String, Vec<String>>),
+    /// The hosts of each `inbound|…` cluster's `istio.services` metadata (the
+    /// telemetry of Istio's TestInboundClusters; clusters not listed have none).
+    InboundTelemetry(BTreeMap<String, Vec<String>>),
+    /// No cluster names this host.
+    NoClusterFor(&'static str),
+    /// The inline (DNS) load assignment of `cluster` puts each endpoint address at this
+    /// priority (Istio's loadbalancer simulation vectors).
+    Priorities {
+        cluster: &'static str,
+        want: BTreeMap<String, u32>,
+    },
 }
 
 struct Vector {
@@ -239,8 +250,88 @@ fn static_endpoints(c: &Cluster) -> Vec<String> {
     out
 }
 
+/// The hosts of a cluster's `filter_metadata.istio.services`.
+fn metadata_services(c: &Cluster) -> Vec<String> {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    let Some(list) = c
+        .metadata
+        .as_ref()
+        .and_then(|m| m.filter_metadata.get("istio"))
+        .and_then(|s| s.fields.get("services"))
+        .and_then(|v| match &v.kind {
+            Some(Kind::ListValue(l)) => Some(l),
+            _ => None,
+        })
+    else {
+        return Vec::new();
+    };
+    list.values
+        .iter()
+        .filter_map(|v| match &v.kind {
+            Some(Kind::StructValue(s)) => s.fields.get("host"),
+            _ => None,
+        })
+        .filter_map(|h| match &h.kind {
+            Some(Kind::StringValue(h)) => Some(h.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 fn run_check(proxy: &Proxy, check: &Check) -> Result<(), String> {
     match check {
+        Check::NoClusterFor(host) => {
+            let named: Vec<&str> = proxy
+                .clusters
+                .iter()
+                .map(|c| c.name.as_str())
+                .filter(|n| n.ends_with(&format!("|{host}")))
+                .collect();
+            if named.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("clusters of {host}: {named:?}"))
+            }
+        }
+        Check::Priorities { cluster, want } => {
+            use envoy_types::pb::envoy::config::core::v3::address;
+            use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint;
+            let Some(c) = proxy.clusters.iter().find(|c| c.name == *cluster) else {
+                return Err(format!("cluster {cluster} not served"));
+            };
+            let mut got = BTreeMap::new();
+            for group in c.load_assignment.iter().flat_map(|la| &la.endpoints) {
+                for lb in &group.lb_endpoints {
+                    if let Some(lb_endpoint::HostIdentifier::Endpoint(e)) = &lb.host_identifier
+                        && let Some(address::Address::SocketAddress(sa)) =
+                            e.address.as_ref().and_then(|a| a.address.as_ref())
+                    {
+                        got.insert(sa.address.clone(), group.priority);
+                    }
+                }
+            }
+            if &got == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{cluster} priorities: wanted {want:?}, got {got:?}"
+                ))
+            }
+        }
+        Check::InboundTelemetry(want) => {
+            let got: BTreeMap<String, Vec<String>> = proxy
+                .clusters
+                .iter()
+                .filter(|c| c.name.starts_with("inbound"))
+                .map(|c| (c.name.clone(), metadata_services(c)))
+                .filter(|(_, s)| !s.is_empty())
+                .collect();
+            if &got == want {
+                Ok(())
+            } else {
+                Err(format!("inbound telemetry: wanted {want:?}, got {got:?}"))
+            }
+        }
         Check::InboundClusters(want) => {
             let got: BTreeMap<String, Vec<String>> = proxy
                 .clusters
@@ -1172,8 +1263,8 @@ spec:
 /// TestInboundClusters: one `inbound|<targetPort>||` cluster per target port of the
 /// services the proxy is an instance of (shared target ports give one cluster), or
 /// per Sidecar `ingress` port; with inboundTrafficPolicy LOCALHOST they point at
-/// 127.0.0.1. Each cluster is also reached by an inbound HTTP call to its port.
-/// (Istio's telemetry metadata checks are not ported.)
+/// 127.0.0.1. Each cluster is also reached by an inbound HTTP call to its port, and
+/// names the services on its port in its `istio.services` telemetry metadata.
 fn inbound_clusters() -> Vec<Scenario> {
     const BACKEND: &str = "backend.default.svc.cluster.local";
     const ALT: &str = "backend-alt.default.svc.cluster.local";
@@ -1254,6 +1345,20 @@ fn inbound_clusters() -> Vec<Scenario> {
                 })
                 .collect();
             let variant = if localhost { "LOCALHOST/" } else { "" };
+            // Istio's telemetry: the services on each cluster's port, by hostname.
+            let mut telemetry: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for (host, _, targets) in instances {
+                for (_, target) in targets {
+                    let hosts = telemetry.entry(format!("inbound|{target}||")).or_default();
+                    hosts.push(host.to_string());
+                    hosts.sort();
+                    hosts.dedup();
+                }
+            }
+            s.vectors.push(Vector {
+                name: format!("TestInboundClusters/{variant}{case}/telemetry"),
+                check: Check::InboundTelemetry(telemetry),
+            });
             push_inbound(
                 &mut s,
                 &format!("TestInboundClusters/{variant}{case}"),
@@ -1327,6 +1432,10 @@ spec:
             })
             .collect();
         push_inbound(&mut s, &format!("TestInboundClusters/{case}"), want);
+        s.vectors.push(Vector {
+            name: format!("TestInboundClusters/{case}/telemetry"),
+            check: Check::InboundTelemetry(BTreeMap::new()),
+        });
         out.push(s);
     }
     out
@@ -1900,6 +2009,242 @@ fn sidecar_routes() -> Vec<Scenario> {
     out
 }
 
+/// loadbalancer_simulation_test.go: failoverPriority splits the inline endpoints of a
+/// DNS ServiceEntry's STRICT_DNS cluster into priorities by the client's labels
+/// (TestFailoverPriorityWithDNSServiceEntry, with the rule's outlier detection that
+/// failover needs; TestFailoverPriorityWithMultiLocalityDNSServiceEntry, where the
+/// region label comes from each endpoint's locality).
+fn failover_priority_dns() -> Vec<Scenario> {
+    let mut out = Vec::new();
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: dns-service, namespace: default}
+spec:
+  hosts: [dns-service.example.org]
+  ports:
+  - {number: 443, name: https, protocol: HTTPS}
+  location: MESH_EXTERNAL
+  resolution: DNS
+  endpoints:
+  - address: www.foo.com
+    labels: {priority: \"1\"}
+  - address: www.bar.com
+    labels: {priority: \"2\"}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: dns-service, namespace: default}
+spec:
+  host: dns-service.example.org
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 4}
+    loadBalancer:
+      localityLbSetting:
+        failoverPriority: [priority]
+",
+    );
+    s.metadata = serde_json::json!({"LABELS": {"priority": "1"}});
+    s.vectors.push(Vector {
+        name: "TestFailoverPriorityWithDNSServiceEntry".into(),
+        check: Check::Priorities {
+            cluster: "outbound|443||dns-service.example.org",
+            want: [
+                ("www.foo.com".to_string(), 0),
+                ("www.bar.com".to_string(), 1),
+            ]
+            .into(),
+        },
+    });
+    out.push(s);
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata: {name: search-external, namespace: default}
+spec:
+  hosts: [search.example.internal]
+  location: MESH_EXTERNAL
+  resolution: DNS
+  ports:
+  - {number: 8080, name: http, protocol: HTTP}
+  endpoints:
+  - {address: node-a.example.internal, locality: region-a}
+  - {address: node-b.example.internal, locality: region-b}
+  - {address: node-c.example.internal, locality: region-c}
+---
+apiVersion: networking.istio.io/v1
+kind: DestinationRule
+metadata: {name: search-external, namespace: default}
+spec:
+  host: search.example.internal
+  trafficPolicy:
+    outlierDetection: {consecutive5xxErrors: 4, interval: 30s, baseEjectionTime: 30s}
+    loadBalancer:
+      localityLbSetting:
+        enabled: true
+        failoverPriority: [topology.kubernetes.io/region]
+",
+    );
+    s.metadata = serde_json::json!({"LABELS": {"topology.kubernetes.io/region": "region-a"}});
+    s.vectors.push(Vector {
+        name: "TestFailoverPriorityWithMultiLocalityDNSServiceEntry".into(),
+        check: Check::Priorities {
+            cluster: "outbound|8080||search.example.internal",
+            want: [
+                ("node-a.example.internal".to_string(), 0),
+                ("node-b.example.internal".to_string(), 1),
+                ("node-c.example.internal".to_string(), 1),
+            ]
+            .into(),
+        },
+    });
+    out.push(s);
+    out
+}
+
+/// Kubernetes ExternalName Services as Istio HEAD treats them (aliases; no
+/// `ENABLE_EXTERNAL_NAME_ALIAS` switch any more): an alias of an in-mesh service is
+/// routed by its name to that service's cluster, with the service's routes; an alias
+/// of a name the mesh does not know has no cluster or listener of its own, so its
+/// traffic (resolved by Kubernetes DNS to the target) leaves through the passthrough
+/// cluster instead of a DNS cluster without endpoints (503). Not an Istio test file:
+/// meshfed's vectors of pilot's alias behaviour (`resolveServiceAliases`,
+/// `generateVirtualHostDomains`, `buildOutboundClusters`).
+fn external_name_aliases() -> Scenario {
+    const REVIEWS: &str = "reviews.default.svc.cluster.local";
+    // A VirtualService routing to the alias: Istio's GetDestinationCluster names the
+    // alias's target.
+    let mut s = Scenario::new(
+        "apiVersion: networking.istio.io/v1
+kind: VirtualService
+metadata: {name: to-alias, namespace: default}
+spec:
+  hosts: [vs.example.com]
+  http:
+  - route:
+    - destination: {host: reviews-alias.default.svc.cluster.local, port: {number: 80}}
+",
+    );
+    let mut reviews = service(REVIEWS, "default", &[("http", 80, Protocol::Http)]);
+    reviews
+        .cluster_vips
+        .insert("c1".into(), vec!["10.0.0.5".parse().unwrap()]);
+    s.services.push((
+        reviews,
+        vec![Endpoint::new("10.1.0.1".parse().unwrap()).with_port("http", 8080)],
+    ));
+    let alias = |name: &str, target: &str, ports: &[(&str, u16, Protocol)]| {
+        let mut a = service(
+            &format!("{name}.default.svc.cluster.local"),
+            "default",
+            ports,
+        );
+        a.resolution = Resolution::Alias;
+        a.alias_for = Some(target.into());
+        a
+    };
+    // ExternalName -> ExternalName -> reviews: resolved through the chain.
+    s.services.push((
+        alias("reviews-alias", REVIEWS, &[("http", 80, Protocol::Http)]),
+        vec![],
+    ));
+    s.services.push((
+        alias("chained", "reviews-alias.default.svc.cluster.local", &[]),
+        vec![],
+    ));
+    s.services.push((
+        alias(
+            "api",
+            "api.example.com",
+            &[("http", 80, Protocol::Http), ("tcp", 9000, Protocol::Tcp)],
+        ),
+        vec![],
+    ));
+    for host in [
+        "reviews-alias.default.svc.cluster.local",
+        "reviews-alias",
+        "chained.default.svc.cluster.local",
+    ] {
+        s.call(
+            format!("ExternalName/alias of a mesh service/{host}"),
+            Call::http(80).to("10.0.0.5").host(host),
+            Expect::cluster(&format!("outbound|80||{REVIEWS}")),
+        );
+        s.vectors.push(Vector {
+            name: format!("ExternalName/route domain/{host}"),
+            check: Check::Domain {
+                route: "80",
+                domain: host.to_string(),
+                clusters: Some(vec![format!("outbound|80||{REVIEWS}")]),
+            },
+        });
+    }
+    s.call(
+        "ExternalName/VirtualService destination naming the alias".into(),
+        Call::http(80).to("10.0.0.5").host("vs.example.com"),
+        Expect::cluster(&format!("outbound|80||{REVIEWS}")),
+    );
+    s.call(
+        "ExternalName/alias of an unknown name, HTTP".into(),
+        Call::http(80)
+            .to("93.184.216.34")
+            .host("api.default.svc.cluster.local"),
+        Expect::cluster("PassthroughCluster"),
+    );
+    s.call(
+        "ExternalName/alias of an unknown name, TCP".into(),
+        Call::tcp(9000).to("93.184.216.34"),
+        Expect::cluster("PassthroughCluster"),
+    );
+    s.vectors.push(Vector {
+        name: "ExternalName/no cluster of its own".into(),
+        check: Check::NoClusterFor("api.default.svc.cluster.local"),
+    });
+    s
+}
+
+/// A sniffed (unnamed-protocol) port on a service VIP reads a route table of that
+/// service alone (Istio's `<host>:<port>` RDS name for ListenerProtocolAuto on a
+/// non-wildcard bind): HTTP to the VIP reaches the service whatever the Host header,
+/// where the shared per-port table would send a foreign Host to `allow_any`.
+fn sniffed_vip_route_tables() -> Scenario {
+    const KNOWN: &str = "known.default.svc.cluster.local";
+    const OTHER: &str = "other.default.svc.cluster.local";
+    let mut s = Scenario::new("");
+    for (host, vip, ep) in [
+        (KNOWN, "10.0.0.7", "10.1.0.7"),
+        (OTHER, "10.0.0.8", "10.1.0.8"),
+    ] {
+        let mut svc = service(host, "default", &[("auto", 7000, Protocol::Unsupported)]);
+        svc.cluster_vips
+            .insert("c1".into(), vec![vip.parse().unwrap()]);
+        s.services.push((
+            svc,
+            vec![Endpoint::new(ep.parse().unwrap()).with_port("auto", 7000)],
+        ));
+    }
+    for host in ["foo.example.com", OTHER, KNOWN] {
+        s.call(
+            format!("sniffed VIP/Host {host}"),
+            Call::http(7000).to("10.0.0.7").host(host),
+            Expect {
+                virtual_host: Some(format!("{KNOWN}:7000")),
+                cluster: Some(format!("outbound|7000||{KNOWN}")),
+                ..Default::default()
+            },
+        );
+    }
+    s.vectors.push(Vector {
+        name: "sniffed VIP/route table of the service".into(),
+        check: Check::Domain {
+            route: "known.default.svc.cluster.local:7000",
+            domain: "*".into(),
+            clusters: Some(vec![format!("outbound|7000||{KNOWN}")]),
+        },
+    });
+    s
+}
+
 fn known_gap(name: &str) -> Option<&'static str> {
     KNOWN_GAPS
         .iter()
@@ -1918,6 +2263,9 @@ async fn istio_sidecar_simulation_vectors() {
     scenarios.extend(inbound_sidecar_tls_modes());
     scenarios.extend(inbound());
     scenarios.extend(peer_authentication());
+    scenarios.extend(failover_priority_dns());
+    scenarios.push(external_name_aliases());
+    scenarios.push(sniffed_vip_route_tables());
 
     let mut passed = 0;
     let mut gaps = 0;

@@ -356,6 +356,11 @@ pub enum Resolution {
     DnsRoundRobinLb,
     /// Forward to the original destination (ORIGINAL_DST).
     Passthrough,
+    /// A DNS alias of another name (a Kubernetes `ExternalName` Service, whose target
+    /// is [`Service::alias_for`]): no cluster or listener of its own; wherever the
+    /// target service is matched by name, the alias's name matches too (Istio's
+    /// `Alias` resolution).
+    Alias,
 }
 
 /// Whether a service is part of the mesh (its workloads run proxies) or outside it.
@@ -432,6 +437,10 @@ pub struct Service {
     /// The IPv6 address of the same allocation (`2001:2::f0f0:..`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub auto_allocated_ipv6: Option<Ipv6Addr>,
+    /// The name an [`Resolution::Alias`] service stands for (a Kubernetes
+    /// `ExternalName` Service's `spec.externalName`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alias_for: Option<Hostname>,
 }
 
 impl Service {
@@ -459,6 +468,7 @@ impl Service {
             cluster_id: cluster_id.into(),
             auto_allocated_ipv4: None,
             auto_allocated_ipv6: None,
+            alias_for: None,
         }
     }
 

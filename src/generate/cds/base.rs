@@ -12,6 +12,7 @@ use envoy_types::pb::envoy::extensions::upstreams::http::v3::{
 };
 use envoy_types::pb::google::protobuf::{Any, Duration as PbDuration};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
+use meshfed_registry::{Port, ProviderId, Service};
 use prost::{Message, Name};
 
 use super::super::proto;
@@ -93,4 +94,37 @@ pub(super) fn http2_options() -> Any {
         type_url: HttpProtocolOptions::type_url(),
         value: options.encode_to_vec(),
     }
+}
+
+/// A cluster's stat name from MeshConfig `outboundClusterStatName` /
+/// `inboundClusterStatName` (Istio's BuildStatPrefix), `;`-terminated as Istio's
+/// delimited stat prefixes are: `%SERVICE%` is `<name>.<namespace>` for a Kubernetes
+/// service and the hostname otherwise, `%SERVICE_FQDN%` the hostname, `%SERVICE_PORT%`
+/// and `%SERVICE_PORT_NAME%` the service port, `%TARGET_PORT%` the workload port
+/// (inbound clusters only), `%SUBSET_NAME%` the subset.
+pub fn cluster_stat_name(
+    pattern: &str,
+    service: &Service,
+    subset: &str,
+    port: &Port,
+    target_port: Option<u16>,
+) -> String {
+    let host = service.hostname.as_str();
+    let short = if service.provider == ProviderId::Kubernetes {
+        let name = host.split('.').next().unwrap_or(host);
+        format!("{name}.{}", service.namespace.as_str())
+    } else {
+        host.to_string()
+    };
+    let mut out = pattern
+        .replace("%SERVICE_FQDN%", host)
+        .replace("%SERVICE_PORT_NAME%", &port.name)
+        .replace("%SERVICE_PORT%", &port.port.get().to_string())
+        .replace("%SUBSET_NAME%", subset)
+        .replace("%SERVICE%", &short);
+    if let Some(target) = target_port {
+        out = out.replace("%TARGET_PORT%", &target.to_string());
+    }
+    out.push(';');
+    out
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use meshfed_api::networking::v1alpha3::{Sidecar, TrafficPolicy};
-use meshfed_registry::{EndpointShards, Port, Protocol, Service, ServiceKey};
+use meshfed_registry::{EndpointShards, Port, Protocol, ProviderId, Service, ServiceKey};
 
 use super::super::destination_rule;
 use super::super::instances::{self, ProxyInstance};
@@ -144,7 +144,12 @@ pub fn cached_outbound_as(
         port: port.port.get(),
         subset: subset.to_string(),
         rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
-        client: ClusterClient::for_proxy(proxy, service),
+        client: ClusterClient::for_proxy_under(
+            proxy,
+            service,
+            rule.map(|r| &r.spec),
+            &snapshot.mesh().config,
+        ),
         shards,
         sni_dnat,
         peer_mtls_disabled: crate::generate::authn::inferred_namespace_mode(
@@ -209,6 +214,7 @@ pub(super) fn sidecar_ingress_clusters(
 ) -> Vec<Resource> {
     let mut seen = BTreeSet::new();
     let mut out = Vec::new();
+    let instances = instances::proxy_instances(snapshot, proxy);
     for (index, ingress) in sidecar.spec.ingress.iter().enumerate() {
         let Some(number) = ingress
             .port
@@ -225,11 +231,23 @@ pub(super) fn sidecar_ingress_clusters(
         if !seen.insert(number) {
             continue;
         }
+        // As Istio's findOrCreateService: the service of an instance whose target port
+        // is the ingress port, for telemetry.
+        let instance = instances.iter().find(|i| i.target_port == number);
+        let rule = instance.and_then(|i| {
+            snapshot.config().destination_rule(
+                &proxy.namespace,
+                i.service.namespace.as_str(),
+                i.service.hostname.as_str(),
+            )
+        });
         let input = SidecarIngressClusterInput {
             sidecar: (sidecar.namespace.clone(), sidecar.name.clone()),
             index,
             endpoint,
             v6_only: v6_only(&proxy.ip_addresses),
+            service: instance.map(|i| i.service.key()),
+            rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
         };
         out.extend(snapshot.cached(input));
     }
@@ -237,14 +255,18 @@ pub(super) fn sidecar_ingress_clusters(
 }
 
 /// The input of a Sidecar ingress cluster, and its cache key: the Sidecar (by name),
-/// the ingress listener's index, its endpoint as resolved for the proxy, and whether
-/// the proxy is IPv6-only.
+/// the ingress listener's index, its endpoint as resolved for the proxy, whether the
+/// proxy is IPv6-only, the proxy's service whose target port is the ingress port
+/// (telemetry metadata and stat name) and the DestinationRule of that service, by name
+/// (its connection pool applies unless the Sidecar gives one).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct SidecarIngressClusterInput {
     pub sidecar: (String, String),
     pub index: usize,
     pub endpoint: InboundEndpoint,
     pub v6_only: bool,
+    pub service: Option<ServiceKey>,
+    pub rule: Option<(String, String)>,
 }
 
 impl CacheInput<Snapshot> for SidecarIngressClusterInput {
@@ -264,13 +286,29 @@ impl CacheInput<Snapshot> for SidecarIngressClusterInput {
             number,
             Protocol::parse(&sidecar_port.protocol),
         )?;
-        let pool = ingress
+        // Istio: the rule's policy for the ingress port, then the Sidecar's pool over it.
+        let rule = self
+            .rule
+            .as_ref()
+            .and_then(|(ns, name)| snapshot.config().destination_rule_by_name(ns, name));
+        let mut policy = rule
+            .and_then(|r| r.spec.traffic_policy.as_ref())
+            .map(|p| destination_rule::port_level_policy(p, number).0);
+        if let Some(pool) = ingress
             .connection_pool
-            .or(sidecar.spec.inbound_connection_pool);
-        let policy = pool.map(|pool| TrafficPolicy {
-            connection_pool: Some(pool),
-            ..Default::default()
-        });
+            .or(sidecar.spec.inbound_connection_pool)
+        {
+            policy
+                .get_or_insert_with(TrafficPolicy::default)
+                .connection_pool = Some(pool);
+        }
+        let service = self
+            .service
+            .as_ref()
+            .and_then(|k| snapshot.services().get(k));
+        let services: Vec<&Service> = service.map(|s| &**s).into_iter().collect();
+        // Istio's stand-in service for an ingress port no service backs.
+        let stand_in = Service::new(format!("{name}.{ns}"), ns.clone(), ProviderId::Mock, "");
         let cluster = inbound_cluster(&InboundRequest {
             target_port: number,
             port: &port,
@@ -278,6 +316,9 @@ impl CacheInput<Snapshot> for SidecarIngressClusterInput {
             mesh: &snapshot.mesh().config,
             v6_only: self.v6_only,
             endpoint: self.endpoint.clone(),
+            services: &services,
+            stat_service: Some(services.first().copied().unwrap_or(&stand_in)),
+            rule: rule.map(|r| &**r),
         });
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
@@ -290,9 +331,12 @@ impl CacheInput<Snapshot> for SidecarIngressClusterInput {
 /// The clusters of the proxy's own service instances.
 pub(super) fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     let instances = instances::proxy_instances(snapshot, proxy);
-    let mut by_target: BTreeMap<u16, &ProxyInstance> = BTreeMap::new();
+    let mut by_target: BTreeMap<u16, Vec<&ProxyInstance>> = BTreeMap::new();
     for instance in &instances {
-        by_target.entry(instance.target_port).or_insert(instance);
+        by_target
+            .entry(instance.target_port)
+            .or_default()
+            .push(instance);
     }
     let sidecar = snapshot
         .config()
@@ -300,8 +344,18 @@ pub(super) fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Ve
         .map(|s| (s.namespace.clone(), s.name.clone()));
     let v6_only = v6_only(&proxy.ip_addresses);
     let mut out = Vec::new();
-    for (target, instance) in by_target {
+    for (target, on_port) in by_target {
+        let instance = on_port[0];
         let service = &instance.service;
+        // Istio's telemetry metadata: every service on the port whose service port is
+        // the first one's, each hostname once.
+        let mut hosts = BTreeSet::new();
+        let services: Vec<ServiceKey> = on_port
+            .iter()
+            .filter(|i| i.port.port == instance.port.port)
+            .filter(|i| hosts.insert(i.service.hostname.as_str()))
+            .map(|i| i.service.key())
+            .collect();
         let rule = snapshot.config().destination_rule(
             &proxy.namespace,
             service.namespace.as_str(),
@@ -314,6 +368,7 @@ pub(super) fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Ve
             rule: rule.map(|r| (r.namespace.clone(), r.name.clone())),
             sidecar: sidecar.clone(),
             v6_only,
+            services,
         };
         out.extend(snapshot.cached(input));
     }
@@ -321,8 +376,9 @@ pub(super) fn service_inbound_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Ve
 }
 
 /// The input of an inbound cluster, and its cache key: the target port, the service
-/// port it backs, the DestinationRule and Sidecar in force (by name), and whether the
-/// proxy is IPv6-only.
+/// port it backs, the DestinationRule and Sidecar in force (by name), whether the
+/// proxy is IPv6-only, and the services its telemetry metadata names (the first is
+/// `service`).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct InboundClusterInput {
     pub target_port: u16,
@@ -331,6 +387,7 @@ pub struct InboundClusterInput {
     pub rule: Option<(String, String)>,
     pub sidecar: Option<(String, String)>,
     pub v6_only: bool,
+    pub services: Vec<ServiceKey>,
 }
 
 impl CacheInput<Snapshot> for InboundClusterInput {
@@ -364,6 +421,12 @@ impl CacheInput<Snapshot> for InboundClusterInput {
                 .get_or_insert_with(Default::default)
                 .connection_pool = Some(pool);
         }
+        let services: Vec<&Service> = self
+            .services
+            .iter()
+            .filter_map(|k| snapshot.services().get(k))
+            .map(|s| &**s)
+            .collect();
         let cluster = inbound_cluster(&InboundRequest {
             target_port: self.target_port,
             port,
@@ -371,6 +434,9 @@ impl CacheInput<Snapshot> for InboundClusterInput {
             mesh: &snapshot.mesh().config,
             v6_only: self.v6_only,
             endpoint: InboundEndpoint::Mesh,
+            services: &services,
+            stat_service: Some(service),
+            rule: rule.map(|r| &**r),
         });
         Some(EncodedResource::encode(
             TypeUrl::Cluster,

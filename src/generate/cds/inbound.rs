@@ -13,8 +13,8 @@ use envoy_types::pb::envoy::config::endpoint::v3::{
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::mesh::v1alpha1::mesh_config::inbound_traffic_policy::Mode as InboundMode;
-use meshfed_api::networking::v1alpha3::TrafficPolicy;
-use meshfed_registry::Port;
+use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
+use meshfed_registry::{Port, Service};
 
 use super::super::cluster_build::{ClusterBuild, PolicyContext};
 use super::super::eds::{self};
@@ -22,6 +22,7 @@ use super::super::traffic_policy;
 use super::base::*;
 use super::outbound::*;
 use crate::model::proxy::NodeType;
+use crate::push::config_index::Config;
 use crate::xds::names::{Direction, inbound_name};
 
 /// Everything an inbound cluster depends on.
@@ -40,6 +41,16 @@ pub struct InboundRequest<'a> {
     pub v6_only: bool,
     /// Where the cluster sends connections.
     pub endpoint: InboundEndpoint,
+    /// The services the cluster serves on `port` (its `istio.services` metadata for
+    /// telemetry), hostnames unique; empty for a Sidecar ingress port that no service
+    /// of the proxy backs.
+    pub services: &'a [&'a Service],
+    /// The service `inboundClusterStatName` is filled in with: the first of
+    /// `services`, or for a Sidecar ingress port without one, the Sidecar's stand-in
+    /// `<sidecar name>.<namespace>`.
+    pub stat_service: Option<&'a Service>,
+    /// The DestinationRule whose traffic policy applies (named in the metadata).
+    pub rule: Option<&'a Config<DestinationRule>>,
 }
 
 /// Where an inbound cluster sends connections.
@@ -116,9 +127,19 @@ pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
         InboundEndpoint::Mesh => InboundEndpoint::OriginalDst,
         other => other.clone(),
     };
+    let alt_stat_name = match req.stat_service {
+        Some(service) if !req.mesh.inbound_cluster_stat_name.is_empty() => cluster_stat_name(
+            &req.mesh.inbound_cluster_stat_name,
+            service,
+            "",
+            req.port,
+            Some(req.target_port),
+        ),
+        _ => format!("{name};"),
+    };
     let mut c = Cluster {
         name: name.clone(),
-        alt_stat_name: format!("{name};"),
+        alt_stat_name,
         common_lb_config: Some(Default::default()),
         ..Default::default()
     };
@@ -179,9 +200,23 @@ pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
         rule_has_selector: false,
         proxy_locality: &no_locality,
         proxy_labels: &no_labels,
+        endpoint_labels: None,
     };
     traffic_policy::apply_traffic_policy(&mut build, req.policy, &ctx);
     let mut c = build.build();
+    // Istio names the rule only when the services metadata exists (the rule is added
+    // to the metadata in place).
+    c.metadata = if req.services.is_empty() {
+        None
+    } else {
+        istio_metadata(&IstioMetadata {
+            services: req.services,
+            rule: req.rule.filter(|r| r.spec.traffic_policy.is_some()),
+            subset: "",
+            external: false,
+            tls_mode: 0,
+        })
+    };
     // Connections to the loopback address are not captured again; any other would be
     // without the "magic" source address.
     let to_loopback =

@@ -386,7 +386,9 @@ mod tests {
             assert_eq!(v.unwrap().value, u32::MAX);
         }
         assert!(t.track_remaining);
-        assert!(c.metadata.is_none());
+        // Without a rule the metadata names the service only (Istio's telemetry).
+        let istio = &c.metadata.as_ref().unwrap().filter_metadata["istio"];
+        assert_eq!(istio.fields.keys().collect::<Vec<_>>(), vec!["services"]);
         // A subset needs a rule that defines it.
         case.subset = "v1";
         assert!(case.build().is_none());
@@ -1037,6 +1039,9 @@ mod tests {
                 mesh: &mesh,
                 v6_only: false,
                 endpoint,
+                services: &[],
+                stat_service: None,
+                rule: None,
             })
         };
         let endpoints = |c: &Cluster| -> Vec<Option<EnvoyAddress>> {
@@ -1084,6 +1089,9 @@ mod tests {
             mesh: &localhost,
             v6_only: false,
             endpoint: InboundEndpoint::OriginalDst,
+            services: &[],
+            stat_service: None,
+            rule: None,
         });
         assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
         assert!(c.load_assignment.is_none());
@@ -1112,6 +1120,9 @@ mod tests {
             mesh: &mesh,
             v6_only: v6_only(&ips),
             endpoint: InboundEndpoint::Mesh,
+            services: &[],
+            stat_service: None,
+            rule: None,
         });
         assert_eq!(c.name, "inbound|19080||");
         assert_eq!(discovery(&c), cluster::DiscoveryType::OriginalDst as i32);
@@ -1149,6 +1160,9 @@ mod tests {
             mesh: &localhost,
             v6_only: v6_only(&ips),
             endpoint: InboundEndpoint::Mesh,
+            services: &[],
+            stat_service: None,
+            rule: None,
         });
         assert_eq!(discovery(&c), cluster::DiscoveryType::Static as i32);
         assert!(c.upstream_bind_config.is_none());
@@ -1173,6 +1187,216 @@ mod tests {
                 .address,
             "::6"
         );
+    }
+    /// The `istio.services` entry of a cluster: (host, name, namespace).
+    fn services_of(c: &Cluster) -> Vec<(String, String, String)> {
+        let string = |v: &envoy_types::pb::google::protobuf::Value| match &v.kind {
+            Some(value::Kind::StringValue(s)) => s.clone(),
+            other => panic!("not a string: {other:?}"),
+        };
+        let istio = &c.metadata.as_ref().unwrap().filter_metadata["istio"];
+        let Some(value::Kind::ListValue(list)) = &istio.fields["services"].kind else {
+            panic!("services is not a list");
+        };
+        list.values
+            .iter()
+            .map(|v| {
+                let Some(value::Kind::StructValue(s)) = &v.kind else {
+                    panic!("service entry is not a struct");
+                };
+                (
+                    string(&s.fields["host"]),
+                    string(&s.fields["name"]),
+                    string(&s.fields["namespace"]),
+                )
+            })
+            .collect()
+    }
+
+    /// cluster_builder_test.go's metadata vectors: every outbound cluster (subsets
+    /// too) names its service; a rule adds `config` (and the subset), SIMPLE and
+    /// MUTUAL TLS add `alpn_override: "false"`, ISTIO_MUTUAL does not.
+    #[test]
+    fn metadata_names_the_service_rule_subset_and_alpn_override() {
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service.provider = ProviderId::Kubernetes;
+        let c = case.cluster();
+        assert_eq!(
+            services_of(&c),
+            vec![(
+                HOST.to_string(),
+                "reviews".to_string(),
+                "default".to_string()
+            )]
+        );
+
+        let tls = |mode: TlSmode| TrafficPolicy {
+            tls: Some(ClientTlsSettings {
+                mode: mode as i32,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        for (mode, alpn_override) in [
+            (TlSmode::Simple, true),
+            (TlSmode::Mutual, true),
+            (TlSmode::IstioMutual, false),
+            (TlSmode::Disable, false),
+        ] {
+            let mut case = Case::new(Some(tls(mode)));
+            case.rule = Some(rule(Some(tls(mode)), vec![subset("v1", None)]));
+            for subset in ["", "v1"] {
+                case.subset = subset;
+                let c = case.cluster();
+                let istio = &c.metadata.as_ref().unwrap().filter_metadata["istio"];
+                assert_eq!(
+                    istio.fields.get("alpn_override").map(|v| v.kind.clone()),
+                    alpn_override.then(|| Some(value::Kind::StringValue("false".into()))),
+                    "{mode:?} subset {subset:?}"
+                );
+                assert!(istio.fields.contains_key("config"));
+                assert_eq!(istio.fields.contains_key("subset"), !subset.is_empty());
+                assert_eq!(services_of(&c)[0].0, HOST);
+            }
+        }
+
+        // A ServiceEntry host is its own short name.
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service.provider = ProviderId::External;
+        assert_eq!(services_of(&case.cluster())[0].1, HOST);
+    }
+
+    /// MeshConfig `outboundClusterStatName` / `inboundClusterStatName` become the
+    /// clusters' `alt_stat_name` (Istio's BuildStatPrefix).
+    #[test]
+    fn cluster_stat_names_follow_the_mesh_patterns() {
+        let mut case = Case::new(None);
+        case.rule = Some(rule(None, vec![subset("v1", None)]));
+        case.subset = "v1";
+        case.service.provider = ProviderId::Kubernetes;
+        case.mesh.outbound_cluster_stat_name =
+            "%SERVICE%_%SERVICE_FQDN%_%SERVICE_PORT%_%SERVICE_PORT_NAME%_%SUBSET_NAME%".into();
+        assert_eq!(
+            case.cluster().alt_stat_name,
+            format!("reviews.default_{HOST}_8080_http_v1;")
+        );
+        case.service.provider = ProviderId::External;
+        assert_eq!(
+            case.cluster().alt_stat_name,
+            format!("{HOST}_{HOST}_8080_http_v1;")
+        );
+
+        let mut mesh = default_mesh_config();
+        mesh.inbound_cluster_stat_name = "%SERVICE%_%SERVICE_PORT%_%TARGET_PORT%".into();
+        let mut svc = service(Resolution::ClientSideLb);
+        svc.provider = ProviderId::Kubernetes;
+        let port = svc.port(8080).unwrap().clone();
+        let c = inbound_cluster(&InboundRequest {
+            target_port: 18080,
+            port: &port,
+            policy: None,
+            mesh: &mesh,
+            v6_only: false,
+            endpoint: InboundEndpoint::Mesh,
+            services: &[&svc],
+            stat_service: Some(&svc),
+            rule: None,
+        });
+        assert_eq!(c.alt_stat_name, "reviews.default_8080_18080;");
+        assert_eq!(services_of(&c)[0].0, HOST);
+    }
+
+    /// cluster_builder_test.go's DNS cluster fields: the c-ares resolver with
+    /// `udp_max_queries` 100 and a 100 ms DNS jitter (Istio's defaults), the mesh
+    /// refresh rate and DNS TTLs; `InboundPassthroughCluster` keeps the passthrough
+    /// cluster's stat name, as istiod renames only the cluster.
+    #[test]
+    #[allow(deprecated)]
+    fn dns_clusters_get_istio_resolver_settings() {
+        use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service = service(Resolution::DnsLb);
+        case.shards = Some(shards(vec![ep("10.1.0.1", "v1", TlsMode::Disabled)]));
+        let c = case.cluster();
+        let resolver = c.typed_dns_resolver_config.as_ref().unwrap();
+        assert_eq!(resolver.name, "envoy.network.dns_resolver.cares");
+        let cares = CaresDnsResolverConfig::decode(
+            resolver.typed_config.as_ref().unwrap().value.as_slice(),
+        )
+        .unwrap();
+        assert_eq!(cares.udp_max_queries.unwrap().value, 100);
+        assert_eq!(
+            c.dns_jitter,
+            Some(PbDuration {
+                seconds: 0,
+                nanos: 100_000_000
+            })
+        );
+        assert!(c.respect_dns_ttl);
+        // EDS clusters get none of it.
+        let eds = Case::new(None).cluster();
+        assert!(eds.typed_dns_resolver_config.is_none() && eds.dns_jitter.is_none());
+        let mesh = default_mesh_config();
+        assert_eq!(
+            inbound_passthrough(&mesh, &[]).alt_stat_name,
+            "PassthroughCluster;"
+        );
+    }
+
+    /// cluster_builder_test.go TestBuildDefaultCluster, "default EDS cluster" (our
+    /// outbound cluster of an HTTP port without a rule): every field istiod sets but
+    /// the upstream `istio.metadata_exchange` filter (the telemetry module's).
+    #[test]
+    fn build_default_cluster_vector() {
+        let mut case = Case::new(None);
+        case.rule = None;
+        case.service.provider = ProviderId::Kubernetes;
+        let c = case.cluster();
+        let name = "outbound|8080||reviews.default.svc.cluster.local";
+        assert_eq!(c.name, name);
+        assert_eq!(c.alt_stat_name, format!("{name};"));
+        assert_eq!(discovery(&c), cluster::DiscoveryType::Eds as i32);
+        assert_eq!(c.common_lb_config, Some(Default::default()));
+        assert_eq!(
+            c.connect_timeout,
+            Some(PbDuration {
+                seconds: 10,
+                nanos: 0
+            })
+        );
+        assert_eq!(
+            c.circuit_breakers.as_ref().unwrap().thresholds,
+            vec![crate::generate::traffic_policy::default_thresholds()]
+        );
+        assert_eq!(c.lb_policy, cluster::LbPolicy::LeastRequest as i32);
+        assert_eq!(
+            services_of(&c),
+            vec![(
+                HOST.to_string(),
+                "reviews".to_string(),
+                "default".to_string()
+            )]
+        );
+        let eds = c.eds_cluster_config.as_ref().unwrap();
+        assert_eq!(eds.service_name, name);
+        assert_eq!(eds.eds_config, Some(eds_source()));
+        assert!(c.load_assignment.is_none() && c.dns_lookup_family == 0);
+    }
+
+    /// cluster_builder_test.go TestClusterDnsLookupFamily, the vectors without
+    /// Istio's dual-stack feature (meshfed has none): IPv4 and dual-stack proxies
+    /// resolve IPv4 only, IPv6-only proxies IPv6 only.
+    #[test]
+    fn cluster_dns_lookup_family_vectors() {
+        let v4: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap()];
+        let v6: Vec<IpAddr> = vec!["2001:1::1".parse().unwrap()];
+        let dual: Vec<IpAddr> = vec!["10.0.0.1".parse().unwrap(), "2001:1::1".parse().unwrap()];
+        assert_eq!(dns_lookup_family(&v4), cluster::DnsLookupFamily::V4Only);
+        assert_eq!(dns_lookup_family(&v6), cluster::DnsLookupFamily::V6Only);
+        assert_eq!(dns_lookup_family(&dual), cluster::DnsLookupFamily::V4Only);
     }
 }
 
@@ -1422,8 +1646,7 @@ mod snapshot_tests {
     /// DNS clusters carry their endpoints inline, with priorities for the client's
     /// locality: two proxies in different localities get different priorities from one
     /// snapshot, while proxies that differ only in cluster, network and labels get the
-    /// same cluster (Istio applies locality failover to inline assignments but not
-    /// failoverPriority, which would need each endpoint's labels).
+    /// same cluster (no failoverPriority names a label here, so none is kept).
     #[test]
     fn dns_clusters_follow_the_client_locality_only() {
         use envoy_types::pb::envoy::config::core::v3::Node;
@@ -1580,5 +1803,71 @@ mod snapshot_tests {
         let all = fetch(&snap, &proxy, TypeUrl::Endpoint, &[]);
         let names: Vec<&str> = all.iter().map(|r| &*r.name).collect();
         assert!(names.contains(&"outbound|9090|v2|reviews.default.svc.cluster.local"));
+    }
+
+    /// A Sidecar `ingress` port backed by one of the proxy's services takes the
+    /// connection pool of that service's DestinationRule (Istio's buildInboundCluster
+    /// for Sidecar ingress), names the rule and the service in its metadata, and a
+    /// pool on the ingress port wins over the rule's.
+    #[test]
+    fn sidecar_ingress_clusters_take_the_service_rule() {
+        use meshfed_api::networking::v1alpha3::IstioIngressListener;
+        use meshfed_api::networking::v1alpha3::SidecarPort;
+        let pool = |max: i32| ConnectionPoolSettings {
+            tcp: Some(TcpSettings {
+                max_connections: max,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let set = |ingress_pool: Option<ConnectionPoolSettings>| ConfigSet {
+            destination_rules: vec![cfg(
+                "default",
+                "reviews",
+                DestinationRule {
+                    host: REVIEWS.into(),
+                    traffic_policy: Some(TrafficPolicy {
+                        connection_pool: Some(pool(7)),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )],
+            sidecars: vec![cfg(
+                "default",
+                "default",
+                Sidecar {
+                    ingress: vec![IstioIngressListener {
+                        port: Some(SidecarPort {
+                            number: 19080,
+                            protocol: "HTTP".into(),
+                            name: "http".into(),
+                            ..Default::default()
+                        }),
+                        default_endpoint: "127.0.0.1:19080".into(),
+                        connection_pool: ingress_pool,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            )],
+            ..Default::default()
+        };
+        let proxy = proxy_in("default", "10.0.0.1", "sidecar");
+        let max = |c: &Cluster| {
+            c.circuit_breakers.as_ref().unwrap().thresholds[0]
+                .max_connections
+                .unwrap()
+                .value
+        };
+        let snap = snapshot(set(None));
+        let c = clusters(&snap, &proxy, &["inbound|19080||"]);
+        assert_eq!(max(&c[0]), 7, "the service's rule");
+        let istio = &c[0].metadata.as_ref().unwrap().filter_metadata["istio"];
+        assert!(format!("{istio:?}").contains("destination-rule/reviews"));
+        assert!(format!("{istio:?}").contains(REVIEWS));
+        let snap = snapshot(set(Some(pool(3))));
+        let c = clusters(&snap, &proxy, &["inbound|19080||"]);
+        assert_eq!(max(&c[0]), 3, "the ingress port's pool wins");
     }
 }

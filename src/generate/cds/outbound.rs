@@ -5,10 +5,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
-use envoy_types::pb::envoy::config::core::v3::Metadata;
-use envoy_types::pb::google::protobuf::{Struct, Value, value};
+use envoy_types::pb::envoy::config::core::v3::{Metadata, TypedExtensionConfig};
+use envoy_types::pb::google::protobuf::{
+    Duration as PbDuration, ListValue, Struct, UInt32Value, Value, value,
+};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
-use meshfed_api::networking::v1alpha3::{DestinationRule, TrafficPolicy};
+use meshfed_api::networking::v1alpha3::{
+    DestinationRule, LocalityLoadBalancerSetting, TrafficPolicy,
+};
 use meshfed_registry::{
     EndpointShards, Locality, MeshLocation, Port, Protocol, ProviderId, Resolution, Service,
     TlsMode,
@@ -16,6 +20,7 @@ use meshfed_registry::{
 
 use super::super::cluster_build::{self, ClusterBuild, PolicyContext};
 use super::super::eds::{self, EdsOptions, EndpointSelection};
+use super::super::locality_lb::augment_labels;
 use super::super::{destination_rule, proto, traffic_policy};
 use super::base::*;
 use crate::model::proxy::{NodeType, Proxy};
@@ -34,7 +39,9 @@ pub fn outbound_cluster(
     let name = outbound_name(port.port.get(), "", service.hostname.as_str());
     let mut c = base_cluster(name.clone(), options);
     match service.resolution {
-        Resolution::ClientSideLb => {
+        // An alias has no endpoints of its own; a proxyless client that names it gets
+        // an empty EDS cluster.
+        Resolution::ClientSideLb | Resolution::Alias => {
             c.cluster_discovery_type = Some(cluster::ClusterDiscoveryType::Type(
                 cluster::DiscoveryType::Eds as i32,
             ));
@@ -99,11 +106,9 @@ pub struct OutboundRequest<'a> {
 }
 
 /// What an outbound cluster may know of the client proxy: its node type and, for DNS
-/// clusters only (their endpoints are inline), its DNS lookup family and locality.
-/// Inline assignments get locality weights and failover by locality, never
-/// failoverPriority (whose labels would need each endpoint's labels, which an inline
-/// assignment does not keep; Istio leaves it out for DNS clusters too), so the proxy's
-/// labels, cluster and network are not part of it.
+/// clusters only (their endpoints are inline), its DNS lookup family, locality and the
+/// labels failoverPriority names. Only the labels a rule's failoverPriority names are
+/// kept, so clients that differ in other labels share the cluster.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct ClusterClient {
     pub node_type: NodeType,
@@ -116,18 +121,49 @@ pub struct DnsClient {
     /// `cluster::DnsLookupFamily` from the proxy's IP families.
     pub family: i32,
     pub locality: Locality,
+    /// The proxy's labels (with Istio's topology labels) that the failoverPriority of
+    /// the service's rule or the mesh names; empty without one.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl ClusterClient {
-    /// The facts of `proxy` that `service`'s clusters read.
+    /// The facts of `proxy` that `service`'s clusters read, without a rule.
     pub fn for_proxy(proxy: &Proxy, service: &Service) -> ClusterClient {
+        ClusterClient::for_proxy_under(proxy, service, None, &MeshConfig::default())
+    }
+
+    /// The facts of `proxy` that `service`'s clusters read under `rule` (the label
+    /// keys its failoverPriority settings, or the mesh's, name).
+    pub fn for_proxy_under(
+        proxy: &Proxy,
+        service: &Service,
+        rule: Option<&DestinationRule>,
+        mesh: &MeshConfig,
+    ) -> ClusterClient {
         let dns = matches!(
             service.resolution,
             Resolution::DnsLb | Resolution::DnsRoundRobinLb
         )
-        .then(|| DnsClient {
-            family: dns_lookup_family(&proxy.ip_addresses) as i32,
-            locality: proxy.locality.clone(),
+        .then(|| {
+            let keys = failover_priority_keys(rule, mesh);
+            let labels = if keys.is_empty() {
+                BTreeMap::new()
+            } else {
+                augment_labels(
+                    &proxy.labels,
+                    proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
+                    &proxy.locality,
+                    proxy.network.as_str(),
+                )
+                .into_iter()
+                .filter(|(k, _)| keys.contains(k.as_str()))
+                .collect()
+            };
+            DnsClient {
+                family: dns_lookup_family(&proxy.ip_addresses) as i32,
+                locality: proxy.locality.clone(),
+                labels,
+            }
         });
         ClusterClient {
             node_type: proxy.node_type,
@@ -136,11 +172,46 @@ impl ClusterClient {
     }
 }
 
+/// The label keys any failoverPriority of `rule` (service-wide, per port, per subset)
+/// or of the mesh-wide locality setting names.
+fn failover_priority_keys<'a>(
+    rule: Option<&'a DestinationRule>,
+    mesh: &'a MeshConfig,
+) -> BTreeSet<&'a str> {
+    let policies = rule.into_iter().flat_map(|r| {
+        r.traffic_policy
+            .iter()
+            .chain(r.subsets.iter().filter_map(|s| s.traffic_policy.as_ref()))
+    });
+    let mut settings: Vec<&LocalityLoadBalancerSetting> = Vec::new();
+    for p in policies {
+        settings.extend(
+            p.load_balancer
+                .as_ref()
+                .and_then(|lb| lb.locality_lb_setting.as_ref()),
+        );
+        for pl in &p.port_level_settings {
+            settings.extend(
+                pl.load_balancer
+                    .as_ref()
+                    .and_then(|lb| lb.locality_lb_setting.as_ref()),
+            );
+        }
+    }
+    settings.extend(mesh.locality_lb_setting.as_ref());
+    settings
+        .into_iter()
+        .flat_map(|s| &s.failover_priority)
+        .map(|entry| entry.split_once('=').map_or(entry.as_str(), |(k, _)| k))
+        .collect()
+}
+
 /// The Envoy cluster `outbound|<port>|<subset>|<host>`, as istiod builds it: the
 /// cluster type from the resolution (or ORIGINAL_DST for a PASSTHROUGH policy), HTTP/2
 /// for HTTP/2 ports, then the rule's policy for the port (merged with the subset's),
 /// with Istio's defaults (LEAST_REQUEST, circuit breakers at their maximum, auto mTLS)
-/// where it says nothing. `None` for a subset the rule does not define.
+/// where it says nothing. `None` for a subset the rule does not define and for an
+/// alias (ExternalName) service.
 pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
     let (service, port) = (req.service, req.port);
     let host = service.hostname.as_str();
@@ -161,6 +232,8 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
     };
 
     let kind = match service.resolution {
+        // An alias (ExternalName) gets no cluster: its name routes to its target.
+        Resolution::Alias => return None,
         Resolution::ClientSideLb => cluster::DiscoveryType::Eds,
         Resolution::DnsLb => cluster::DiscoveryType::StrictDns,
         Resolution::DnsRoundRobinLb => cluster::DiscoveryType::LogicalDns,
@@ -170,13 +243,25 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         }
         Resolution::Passthrough => cluster::DiscoveryType::OriginalDst,
     };
+    let alt_stat_name = if req.mesh.outbound_cluster_stat_name.is_empty() {
+        format!("{name};")
+    } else {
+        cluster_stat_name(
+            &req.mesh.outbound_cluster_stat_name,
+            service,
+            req.subset,
+            port,
+            None,
+        )
+    };
     let mut c = Cluster {
         name: name.clone(),
-        alt_stat_name: format!("{name};"),
+        alt_stat_name,
         cluster_discovery_type: Some(cluster::ClusterDiscoveryType::Type(kind as i32)),
         common_lb_config: Some(Default::default()),
         ..Default::default()
     };
+    let mut endpoint_labels = None;
     if matches!(
         kind,
         cluster::DiscoveryType::StrictDns | cluster::DiscoveryType::LogicalDns
@@ -186,13 +271,18 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
             .dns
             .as_ref()
             .map_or(cluster::DnsLookupFamily::V4Only as i32, |d| d.family);
+        c.typed_dns_resolver_config = Some(cares_resolver());
         // Deprecated in favour of typed DNS cluster configs, still what istiod sends.
         #[allow(deprecated)]
         {
+            c.dns_jitter = Some(PbDuration {
+                seconds: 0,
+                nanos: DNS_JITTER_NANOS,
+            });
             c.dns_refresh_rate = req.mesh.dns_refresh_rate.map(proto::pb_duration);
             c.respect_dns_ttl = true;
         }
-        c.load_assignment = Some(eds::load_assignment_for(
+        let (cla, labels) = eds::labelled_assignment(
             &name,
             port,
             req.shards,
@@ -200,20 +290,22 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
                 subset: subset.map(|s| &s.labels),
                 ..Default::default()
             },
-        ));
+        );
+        c.load_assignment = Some(cla);
+        endpoint_labels = Some(labels);
     }
     let mut build = ClusterBuild::new(c);
     set_upstream_protocol(&mut build, port, req.client.node_type);
 
     let service_accounts = service_accounts(service, req.shards, req.mesh);
     let no_locality = Locality::default();
-    // Not read for inline assignments (see ClusterClient).
-    let proxy_labels = BTreeMap::new();
+    let no_labels = BTreeMap::new();
     let proxy_locality = req
         .client
         .dns
         .as_ref()
         .map_or(&no_locality, |d| &d.locality);
+    let proxy_labels = req.client.dns.as_ref().map_or(&no_labels, |d| &d.labels);
     let ctx = PolicyContext {
         direction: Direction::Outbound,
         port,
@@ -228,7 +320,8 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         peer_mtls_disabled: req.peer_mtls_disabled,
         rule_has_selector: rule.is_some_and(|r| r.workload_selector.is_some()),
         proxy_locality,
-        proxy_labels: &proxy_labels,
+        proxy_labels,
+        endpoint_labels: endpoint_labels.as_deref(),
     };
     traffic_policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
     let mut c = build.build();
@@ -246,8 +339,37 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
             service_name: name,
         });
     }
-    c.metadata = istio_metadata(req.rule, req.subset, ctx.mesh_external);
+    let tls_mode = traffic_policy
+        .as_ref()
+        .and_then(|p| p.tls.as_ref())
+        .map_or(0, |t| t.mode);
+    c.metadata = istio_metadata(&IstioMetadata {
+        services: &[service],
+        rule: req.rule,
+        subset: req.subset,
+        external: ctx.mesh_external,
+        tls_mode,
+    });
     Some(c)
+}
+
+/// Istio's `PILOT_DNS_JITTER_DURATION` default (100 ms) on DNS clusters.
+const DNS_JITTER_NANOS: i32 = 100_000_000;
+/// Istio's `PILOT_DNS_CARES_UDP_MAX_QUERIES` default.
+const CARES_UDP_MAX_QUERIES: u32 = 100;
+
+/// The c-ares resolver istiod configures on DNS clusters.
+fn cares_resolver() -> TypedExtensionConfig {
+    use envoy_types::pb::envoy::extensions::network::dns_resolver::cares::v3::CaresDnsResolverConfig;
+    TypedExtensionConfig {
+        name: "envoy.network.dns_resolver.cares".into(),
+        typed_config: Some(proto::pack(&CaresDnsResolverConfig {
+            udp_max_queries: Some(UInt32Value {
+                value: CARES_UDP_MAX_QUERIES,
+            }),
+            ..Default::default()
+        })),
+    }
 }
 
 /// Istio's setUpstreamProtocol: HTTP/2 ports get HTTP/2; a sidecar's unnamed
@@ -309,18 +431,68 @@ pub(super) fn all_endpoints_istio_mtls(shards: Option<&EndpointShards>, port: &P
     serving.peek().is_some() && serving.all(|(_, ep)| ep.tls_mode == TlsMode::Istio)
 }
 
-/// `filter_metadata.istio`: the DestinationRule (`config`), the subset, and whether the
-/// destination is outside the mesh, as istioctl reads them.
-pub(super) fn istio_metadata(
-    rule: Option<&Config<DestinationRule>>,
-    subset: &str,
-    external: bool,
-) -> Option<Metadata> {
+/// What a cluster's `filter_metadata.istio` says.
+pub(super) struct IstioMetadata<'a> {
+    /// The services the cluster serves (`services`, read by the telemetry filters):
+    /// an outbound cluster's own, an inbound cluster's on its port.
+    pub services: &'a [&'a Service],
+    /// The DestinationRule in force (`config`).
+    pub rule: Option<&'a Config<DestinationRule>>,
+    /// The subset (`subset`, with a rule only).
+    pub subset: &'a str,
+    /// The destination is outside the mesh (`external`).
+    pub external: bool,
+    /// The rule's TLS mode for the cluster: SIMPLE and MUTUAL set
+    /// `alpn_override: "false"` (the upstream is not an Istio peer, so Istio's ALPN
+    /// must not replace the client's).
+    pub tls_mode: i32,
+}
+
+/// The service entry of `istio.services`: host, short name and namespace, as Istio's
+/// telemetry reads them. The short name is a Kubernetes-style service's first label;
+/// a ServiceEntry host is its own name.
+pub fn service_metadata(service: &Service) -> Value {
+    let host = service.hostname.as_str();
+    let name = if service.provider == ProviderId::External {
+        host
+    } else {
+        host.split('.').next().unwrap_or(host)
+    };
+    let string = |s: &str| Value {
+        kind: Some(value::Kind::StringValue(s.to_string())),
+    };
+    Value {
+        kind: Some(value::Kind::StructValue(Struct {
+            fields: [
+                ("host".to_string(), string(host)),
+                ("name".to_string(), string(name)),
+                ("namespace".to_string(), string(service.namespace.as_str())),
+            ]
+            .into(),
+        })),
+    }
+}
+
+/// `filter_metadata.istio` as istiod sets it: `services` (telemetry), the
+/// DestinationRule (`config`), the subset, `alpn_override` and whether the destination
+/// is outside the mesh, as istioctl and the telemetry filters read them.
+pub(super) fn istio_metadata(m: &IstioMetadata<'_>) -> Option<Metadata> {
+    use meshfed_api::networking::v1alpha3::client_tls_settings::TlSmode;
     let mut fields = BTreeMap::new();
     let string = |s: String| Value {
         kind: Some(value::Kind::StringValue(s)),
     };
-    if let Some(r) = rule {
+    if !m.services.is_empty() {
+        fields.insert(
+            "services".to_string(),
+            Value {
+                kind: Some(value::Kind::ListValue(ListValue {
+                    values: m.services.iter().map(|s| service_metadata(s)).collect(),
+                })),
+            },
+        );
+    }
+    if let Some(r) = m.rule {
         fields.insert(
             "config".to_string(),
             string(format!(
@@ -328,11 +500,14 @@ pub(super) fn istio_metadata(
                 r.namespace, r.name
             )),
         );
-        if !subset.is_empty() {
-            fields.insert("subset".to_string(), string(subset.to_string()));
+        if !m.subset.is_empty() {
+            fields.insert("subset".to_string(), string(m.subset.to_string()));
+        }
+        if m.tls_mode == TlSmode::Simple as i32 || m.tls_mode == TlSmode::Mutual as i32 {
+            fields.insert("alpn_override".to_string(), string("false".to_string()));
         }
     }
-    if external {
+    if m.external {
         fields.insert(
             "external".to_string(),
             Value {

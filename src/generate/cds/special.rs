@@ -82,8 +82,8 @@ pub fn ip_families(ips: &[IpAddr]) -> (bool, bool) {
 /// `InboundPassthroughCluster` for a proxy of these IP families.
 pub fn inbound_passthrough_for(mesh: &MeshConfig, v4: bool, v6: bool) -> Cluster {
     let mut c = passthrough(mesh);
+    // Istio renames the passthrough cluster and keeps its stat name.
     c.name = INBOUND_PASSTHROUGH.to_string();
-    c.alt_stat_name = format!("{INBOUND_PASSTHROUGH};");
     c.upstream_bind_config = Some(BindConfig {
         source_address: Some(bind_address(if v4 {
             INBOUND_PASSTHROUGH_BIND_V4

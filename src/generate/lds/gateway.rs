@@ -49,7 +49,7 @@ use crate::generate::merged_gateway::{
 };
 use crate::generate::upstream_tls::{
     SDS_CA_SUFFIX, SDS_DEFAULT, SDS_ROOT, agent_sds, combined_validation, credential_sds,
-    san_matchers, server_cert_name, server_root_name,
+    external_sds_cluster, san_matchers, server_cert_name, server_credential_sds, server_root_name,
 };
 use crate::model::ClientView;
 use crate::push::cache::Findings;
@@ -430,7 +430,11 @@ pub(crate) fn downstream_tls(
             ));
         }
     } else if !t.credential_name.is_empty() {
-        common.tls_certificate_sds_secret_configs = vec![credential_sds(&t.credential_name)];
+        let external = external_sds_cluster(snapshot, &t.credential_name);
+        common.tls_certificate_sds_secret_configs = vec![server_credential_sds(
+            &t.credential_name,
+            external.as_deref(),
+        )];
         if matches!(mode, TlSmode::Mutual | TlSmode::OptionalMutual) {
             let mut validation = CertificateValidationContext {
                 match_typed_subject_alt_names: san_matchers(&t.subject_alt_names),

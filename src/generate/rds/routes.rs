@@ -97,16 +97,21 @@ impl<'a> RouteCtx<'a> {
     /// the destination's, else this listener's port if the service has it, else the
     /// service's only port, else this listener's port.
     pub(super) fn destination_cluster(&self, dst: &Destination, vs_ns: &str) -> String {
-        let host = self.full_host(&dst.host, vs_ns);
+        let mut host = self.full_host(&dst.host, vs_ns);
+        let service = self.lookup(&host, vs_ns);
         let port = match dst.port.map(|p| p.number).filter(|n| *n != 0) {
             Some(n) => n,
-            None => match self.lookup(&host, vs_ns) {
+            None => match service {
                 Some(s) if s.port(self.listen_port).is_none() && s.ports.len() == 1 => {
                     u32::from(s.ports[0].port.get())
                 }
                 _ => u32::from(self.listen_port),
             },
         };
+        // An alias (ExternalName) has no cluster: Istio routes to its target's.
+        if let Some(target) = service.and_then(|s| s.alias_for.as_ref()) {
+            host = target.to_string();
+        }
         outbound_cluster_name(port, &dst.subset, &host)
     }
 

@@ -36,6 +36,32 @@ pub fn sidecar_route_config(
     route_configuration(port.to_string(), virtual_hosts)
 }
 
+/// A sidecar route table by name: the per-port table `"<port>"`, or the table of a
+/// sniffed port on a service's own address, `"<host>:<port>"` (Istio's
+/// `getVirtualHostsForSniffedServicePort`): the one virtual host of the port's table
+/// that serves the service, answering any Host (`*`), and no catch-all. `None` for a
+/// name of neither form.
+pub fn sidecar_route_config_named(
+    snapshot: &Snapshot,
+    proxy: &ClientView,
+    name: &str,
+) -> Option<RouteConfiguration> {
+    if let Ok(port) = name.parse::<u16>() {
+        return Some(sidecar_route_config(snapshot, proxy, port));
+    }
+    let (host, port) = name.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    let mut virtual_hosts: Vec<VirtualHost> = sidecar_virtual_hosts(snapshot, proxy, port)
+        .into_iter()
+        .filter(|vh| vh.domains.iter().any(|d| d == name || d == host))
+        .collect();
+    if let [only] = virtual_hosts.as_mut_slice() {
+        only.domains = vec!["*".to_string()];
+    }
+    virtual_hosts.sort_by(|a, b| a.name.cmp(&b.name));
+    Some(route_configuration(name.to_string(), virtual_hosts))
+}
+
 /// The virtual host of one service port as `proxy` sees it: the service's domains and
 /// the routes of its VirtualService, or the default route. This is the single virtual
 /// host of a proxyless gRPC client's route table `outbound|<port>||<fqdn>`.
@@ -77,10 +103,25 @@ pub(super) fn sidecar_virtual_hosts(
         }
         if let Some(resolved) = snapshot.services().resolve(host, ns)
             && resolved.port(port).is_some()
+            && resolved.resolution != Resolution::Alias
         {
             services.insert(host, resolved);
         }
     }
+    let aliases = alias_index(snapshot.route_services(&proxy.namespace, &proxy.labels, port));
+    let domains_of = |service: &Service| {
+        let (mut domains, mut alt) = virtual_host_domains(service, port, proxy);
+        for alias in aliases.get(service.hostname.as_str()).into_iter().flatten() {
+            let alias_alt = alt_hosts(alias, port, &proxy.dns_domain);
+            domains.push(alias.to_string());
+            domains.push(join_host_port(alias, port));
+            domains.extend(alias_alt.iter().cloned());
+            alt.extend(alias_alt);
+        }
+        let mut seen = HashSet::new();
+        domains.retain(|d| seen.insert(d.clone()));
+        (domains, alt)
+    };
     let routable = |s: &Service| s.port(port).is_some_and(http_or_sniffed);
 
     let virtual_services: Vec<&Arc<Config<VirtualService>>> =
@@ -119,7 +160,7 @@ pub(super) fn sidecar_virtual_hosts(
             set.add(join_host_port(&host, port), domains, &[], routes[i].clone());
         }
         for service in &owned[i] {
-            let (domains, alt) = virtual_host_domains(service, port, proxy);
+            let (domains, alt) = domains_of(service);
             let name = join_host_port(service.hostname.as_str(), port);
             set.add(name, domains, &alt, routes[i].clone());
         }
@@ -128,12 +169,55 @@ pub(super) fn sidecar_virtual_hosts(
         let Some(service_port) = service.port(port) else {
             continue;
         };
-        let (domains, alt) = virtual_host_domains(service, port, proxy);
+        let (domains, alt) = domains_of(service);
         let name = join_host_port(service.hostname.as_str(), port);
         let routes = vec![default_route(&ctx, service, service_port)];
         set.add(name, domains, &alt, routes);
     }
     set.virtual_hosts
+}
+
+/// Istio's resolved service aliases: concrete hostname -> the names of the alias
+/// (ExternalName) services that stand for it, through chains of aliases (a loop
+/// resolves to nothing, as Kubernetes DNS answers NXDOMAIN), ordered by namespace then
+/// name.
+pub(super) fn alias_index<'a>(
+    services: impl Iterator<Item = &'a Arc<Service>>,
+) -> BTreeMap<&'a str, Vec<&'a str>> {
+    let mut raw: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+    for s in services {
+        if s.resolution == Resolution::Alias
+            && let Some(target) = &s.alias_for
+        {
+            raw.insert(s.hostname.as_str(), (target.as_str(), s.namespace.as_str()));
+        }
+    }
+    let mut by_concrete: BTreeMap<&str, Vec<(&str, &str)>> = BTreeMap::new();
+    for (&alias, &(target, namespace)) in &raw {
+        let mut seen = HashSet::from([alias]);
+        let mut concrete = target;
+        let mut looped = false;
+        while let Some(&(next, _)) = raw.get(concrete) {
+            if !seen.insert(concrete) {
+                looped = true;
+                break;
+            }
+            concrete = next;
+        }
+        if !looped {
+            by_concrete
+                .entry(concrete)
+                .or_default()
+                .push((namespace, alias));
+        }
+    }
+    by_concrete
+        .into_iter()
+        .map(|(concrete, mut aliases)| {
+            aliases.sort();
+            (concrete, aliases.into_iter().map(|(_, a)| a).collect())
+        })
+        .collect()
 }
 
 /// The hosts of a VirtualService that are not services on this port: exact hosts that

@@ -358,9 +358,12 @@ pub fn convert_service(
             .collect::<Result<Vec<_>, _>>()?;
         service.cluster_vips.insert(config.cluster_id.clone(), vips);
     }
-    if external_name.is_some() {
+    if let Some(target) = &external_name {
+        // Istio's alias: clients resolve the name to the target through Kubernetes DNS
+        // (a CNAME); the mesh matches the alias's name wherever it matches the target.
+        service.resolution = Resolution::Alias;
         service.location = MeshLocation::MeshExternal;
-        service.resolution = Resolution::DnsLb;
+        service.alias_for = Some(target.to_ascii_lowercase().into());
         service.cluster_vips.clear();
     }
 
@@ -599,7 +602,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(external.service.location, MeshLocation::MeshExternal);
-        assert_eq!(external.service.resolution, Resolution::DnsLb);
+        assert_eq!(external.service.resolution, Resolution::Alias);
+        assert_eq!(
+            external.service.alias_for.as_ref().map(|h| h.as_str()),
+            Some("db.example.com")
+        );
         assert_eq!(
             external.attributes.external_name.as_deref(),
             Some("db.example.com")

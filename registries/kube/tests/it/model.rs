@@ -409,7 +409,12 @@ async fn service_kinds_and_annotations_convert() {
     let ext_key = key("default", "ext");
     let ext = h.registry.service(&ext_key).unwrap();
     assert_eq!(ext.location, meshfed_registry::MeshLocation::MeshExternal);
-    assert_eq!(ext.resolution, Resolution::DnsLb);
+    // Istio HEAD: an alias of its external name, not a DNS cluster of its own.
+    assert_eq!(ext.resolution, Resolution::Alias);
+    assert_eq!(
+        ext.alias_for.as_ref().map(|h| h.as_str()),
+        Some("api.example.com")
+    );
     let attributes = h.registry.attributes(&ext_key).unwrap();
     assert_eq!(attributes.service_type, ServiceType::ExternalName);
     assert_eq!(attributes.external_name.as_deref(), Some("api.example.com"));

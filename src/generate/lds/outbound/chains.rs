@@ -5,9 +5,13 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::CidrRange;
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChainMatch};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChainMatch, filter};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
+    HttpConnectionManager, http_connection_manager,
+};
 use envoy_types::pb::google::protobuf::UInt32Value;
-use meshfed_registry::Protocol;
+use meshfed_registry::{Protocol, Service};
+use prost::Message;
 
 /// How a service port is served (Istio's listener protocol).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,3 +163,35 @@ pub(super) fn parse_cidr(s: &str) -> Option<(IpAddr, u8)> {
 pub(super) const PLAINTEXT_HTTP_ALPN: [&str; 2] = ["http/1.1", "h2c"];
 /// Transport protocol Envoy reports for anything that is not TLS.
 pub(super) const RAW_BUFFER: &str = "raw_buffer";
+
+/// Istio's RDS table of a sniffed (unnamed-protocol) service port: a listener bound to
+/// the service's own address gets a table of that service alone, `<host>:<port>`
+/// (its virtual host answers any Host), so a foreign Host header on the VIP still
+/// reaches the service; the wildcard listener shares the per-port table `<port>`.
+pub(super) fn sniffed_route_name(bind: &str, port: u16, service: &Service) -> String {
+    let wildcard = bind
+        .parse::<IpAddr>()
+        .map_or(bind.is_empty(), |ip| ip.is_unspecified());
+    if wildcard {
+        port.to_string()
+    } else {
+        format!("{}:{port}", service.hostname)
+    }
+}
+
+/// `hcm` (a connection manager on RDS) reading route table `route` instead.
+pub(super) fn with_route_table(mut hcm: Filter, route: &str) -> Filter {
+    let Some(filter::ConfigType::TypedConfig(any)) = hcm.config_type.as_mut() else {
+        return hcm;
+    };
+    let Ok(mut manager) = HttpConnectionManager::decode(any.value.as_slice()) else {
+        return hcm;
+    };
+    if let Some(http_connection_manager::RouteSpecifier::Rds(rds)) =
+        manager.route_specifier.as_mut()
+    {
+        rds.route_config_name = route.to_string();
+        any.value = manager.encode_to_vec();
+    }
+    hcm
+}

@@ -172,7 +172,10 @@ pub(super) fn outbound_listeners(
         if !seen.insert(s.hostname.as_str()) {
             continue;
         }
-        if let Some(resolved) = snapshot.services().resolve(s.hostname.as_str(), ns) {
+        // An alias (ExternalName) gets no listener: its clients reach its target.
+        if let Some(resolved) = snapshot.services().resolve(s.hostname.as_str(), ns)
+            && resolved.resolution != Resolution::Alias
+        {
             services.push(resolved);
         }
     }
@@ -451,12 +454,10 @@ fn add_service_port(
         }
         Class::Auto => {
             let mut chains = tcp_chains(ctx, &bind);
-            chains.push(ChainOpts::sniffed_http(outbound_hcm(
-                ctx.snapshot,
-                ctx.proxy,
-                &bind,
-                ctx.port,
-                ctx.protocol,
+            let route = sniffed_route_name(&bind, ctx.port, ctx.service);
+            chains.push(ChainOpts::sniffed_http(with_route_table(
+                outbound_hcm(ctx.snapshot, ctx.proxy, &bind, ctx.port, ctx.protocol),
+                &route,
             )));
             match current {
                 None => (chains, Protocol::Unsupported, Merge::New),

@@ -234,6 +234,17 @@ fn validate_extension_providers_into(f: &mut Findings, config: &mesh::MeshConfig
                     &grpc.status_on_error,
                 );
             }
+            Some(Provider::Sds(sds)) => {
+                let here = at.field("sds");
+                if sds.name.is_empty() {
+                    f.error(&here.field("name"), "empty SDS provider name");
+                }
+                f.check(&here.field("port"), validate_port(sds.port));
+                f.check(
+                    &here.field("service"),
+                    validate_provider_service(&sds.service),
+                );
+            }
             // Tracing, metrics and access-log providers: read, not used.
             Some(_) => {}
         }
@@ -438,6 +449,28 @@ extensionProviders:
             &result,
             "extensionProviders[2].name",
             "empty extension provider name",
+        );
+    }
+
+    #[test]
+    fn sds_providers_need_a_name_a_service_and_a_port() {
+        let ok: mesh::MeshConfig = spec(
+            "extensionProviders:\n- name: sds\n  sds: {name: vault, service: vault.ns.svc.cluster.local, port: 8200}\n",
+        );
+        assert_ok(&validate_mesh_config(&ok));
+        let bad: mesh::MeshConfig =
+            spec("extensionProviders:\n- name: sds\n  sds: {service: \"\", port: 0}\n");
+        let result = validate_extension_providers(&bad);
+        assert_error(
+            &result,
+            "extensionProviders[0].sds.name",
+            "empty SDS provider",
+        );
+        assert_error(&result, "extensionProviders[0].sds.port", "1..65535");
+        assert_error(
+            &result,
+            "extensionProviders[0].sds.service",
+            "must not be empty",
         );
     }
 }
