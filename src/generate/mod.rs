@@ -27,6 +27,7 @@ pub mod rds;
 #[cfg(any(test, feature = "testing"))]
 pub mod simulate;
 pub mod subscription;
+pub mod telemetry;
 pub mod traffic_policy;
 pub mod upstream_tls;
 
