@@ -4,6 +4,8 @@
 //! `accessLogFile`/`accessLogEncoding`/`accessLogFormat` and
 //! `enableEnvoyAccessLogService`.
 
+use std::collections::BTreeMap;
+
 use envoy_types::pb::envoy::config::accesslog::v3::{
     AccessLog, AccessLogFilter, AndFilter, ExtensionFilter, ResponseFlagFilter, access_log,
     access_log_filter, extension_filter,
@@ -103,21 +105,30 @@ const PEER_STATE_WITH_WASM: [&str; 6] = [
     "wasm.downstream_peer_id",
 ];
 
+/// A `Struct` whose fields encode in the same order every time it is built with the
+/// same fields: `Struct` holds a `HashMap`, which prost encodes in iteration order, so
+/// every map here shares one hasher and gets its fields in sorted order (equal config,
+/// equal bytes, no needless pushes).
+pub fn stable_struct(fields: impl IntoIterator<Item = (String, Value)>) -> Struct {
+    static TEMPLATE: std::sync::LazyLock<std::collections::HashMap<String, Value>> =
+        std::sync::LazyLock::new(std::collections::HashMap::new);
+    let sorted: BTreeMap<String, Value> = fields.into_iter().collect();
+    let mut map = TEMPLATE.clone();
+    map.reserve(sorted.len());
+    map.extend(sorted);
+    Struct { fields: map }
+}
+
 /// The Istio default JSON format as a `Struct`.
 pub fn default_json_struct() -> Struct {
-    Struct {
-        fields: JSON_FIELDS
-            .iter()
-            .map(|(k, v)| {
-                (
-                    k.to_string(),
-                    Value {
-                        kind: Some(value::Kind::StringValue(v.to_string())),
-                    },
-                )
-            })
-            .collect(),
-    }
+    stable_struct(JSON_FIELDS.iter().map(|(k, v)| {
+        (
+            k.to_string(),
+            Value {
+                kind: Some(value::Kind::StringValue(v.to_string())),
+            },
+        )
+    }))
 }
 
 fn req_without_query() -> TypedExtensionConfig {
@@ -238,9 +249,9 @@ pub fn json_struct(text: &str) -> Result<Struct, String> {
     let serde_json::Value::Object(map) = value else {
         return Err("not a JSON object".into());
     };
-    Ok(Struct {
-        fields: map.into_iter().map(|(k, v)| (k, json_value(v))).collect(),
-    })
+    Ok(stable_struct(
+        map.into_iter().map(|(k, v)| (k, json_value(v))),
+    ))
 }
 
 fn json_value(v: serde_json::Value) -> Value {
@@ -253,9 +264,9 @@ fn json_value(v: serde_json::Value) -> Value {
         J::Array(a) => value::Kind::ListValue(envoy_types::pb::google::protobuf::ListValue {
             values: a.into_iter().map(json_value).collect(),
         }),
-        J::Object(o) => value::Kind::StructValue(Struct {
-            fields: o.into_iter().map(|(k, v)| (k, json_value(v))).collect(),
-        }),
+        J::Object(o) => value::Kind::StructValue(stable_struct(
+            o.into_iter().map(|(k, v)| (k, json_value(v))),
+        )),
     };
     Value { kind: Some(kind) }
 }
@@ -391,11 +402,14 @@ fn otel_als(p: &EnvoyOpenTelemetryLogProvider, host: &str, cluster: &str) -> Acc
     {
         formatters = json_formatters(l);
     }
+    // Sorted by key, as Istio does, so the config is stable.
     let attributes = labels
         .filter(|l| !l.fields.is_empty())
         .map(|l| KeyValueList {
             values: l
                 .fields
+                .into_iter()
+                .collect::<BTreeMap<_, _>>()
                 .into_iter()
                 .map(|(key, v)| KeyValue {
                     key,

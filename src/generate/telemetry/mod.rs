@@ -129,15 +129,12 @@ fn list(items: &[&str]) -> Value {
             values: items
                 .iter()
                 .map(|k| Value {
-                    kind: Some(value::Kind::StructValue(Struct {
-                        fields: [(
-                            k.to_string(),
-                            Value {
-                                kind: Some(value::Kind::StructValue(Struct::default())),
-                            },
-                        )]
-                        .into(),
-                    })),
+                    kind: Some(value::Kind::StructValue(access_log::stable_struct([(
+                        k.to_string(),
+                        Value {
+                            kind: Some(value::Kind::StructValue(Struct::default())),
+                        },
+                    )]))),
                 })
                 .collect(),
         })),
@@ -147,12 +144,9 @@ fn list(items: &[&str]) -> Value {
 fn typed_struct(type_url: &str, fields: Vec<(&str, Value)>) -> Any {
     any(&TypedStruct {
         type_url: type_url.into(),
-        value: Some(Struct {
-            fields: fields
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v))
-                .collect(),
-        }),
+        value: Some(access_log::stable_struct(
+            fields.into_iter().map(|(k, v)| (k.to_string(), v)),
+        )),
     })
 }
 
@@ -438,26 +432,11 @@ impl ProxyTelemetry {
             // Access logs: the Telemetry API when anything there speaks, else the
             // mesh config's legacy settings.
             let telemetry_logs = (!applicable.logging.is_empty() || default_logging).then(|| {
-                let merged = merge::merge_logs(&applicable.logging, mesh, class.mode());
-                let mut logs: Vec<(String, AccessLog, merge::LoggingSpec)> = Vec::new();
-                for (name, spec) in merged {
-                    let Some(p) = providers.fetch(&name) else {
-                        continue;
-                    };
-                    let Some(kind) = p.provider.as_ref() else {
-                        continue;
-                    };
-                    if let Some(log) = access_log::provider_log(&p.name, kind, mesh, inputs.lookup)
-                    {
-                        logs.push((p.name.clone(), log, spec));
-                    }
-                }
-                logs.sort_by(|a, b| a.0.cmp(&b.0));
-                logs
+                telemetry_logs(&applicable.logging, mesh, &providers, class, inputs.lookup)
             });
             let with_filter =
                 |extra: Option<envoy_types::pb::envoy::config::accesslog::v3::AccessLogFilter>| {
-                    move |(_, log, spec): &(String, AccessLog, merge::LoggingSpec)| {
+                    move |LogEntry { log, spec, .. }: &LogEntry| {
                         if spec.disabled {
                             return None;
                         }
@@ -549,6 +528,49 @@ impl ProxyTelemetry {
             .map(Vec::as_slice)
             .unwrap_or_default()
     }
+}
+
+/// One access log provider in force for a direction.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LogEntry {
+    /// The provider's name.
+    pub name: String,
+    /// The log it writes (without the Telemetry filter).
+    pub log: AccessLog,
+    /// Whether it is disabled and which requests it logs.
+    pub spec: merge::LoggingSpec,
+}
+
+/// The access log providers the Telemetry API puts in force for `class` (Istio's
+/// `Telemetries.AccessLogging`), sorted by provider name; providers that do not
+/// exist, write no access log (tracing, metrics, stackdriver) or whose service cannot
+/// be found are left out. An empty answer means the legacy mesh settings apply.
+pub fn telemetry_logs(
+    logging: &[&[tel::AccessLogging]],
+    mesh: &MeshConfig,
+    providers: &Providers,
+    class: ListenerClass,
+    lookup: &dyn Fn(&str, u32) -> Result<(String, String), String>,
+) -> Vec<LogEntry> {
+    let merged = merge::merge_logs(logging, mesh, class.mode());
+    let mut logs = Vec::new();
+    for (name, spec) in merged {
+        let Some(p) = providers.fetch(&name) else {
+            continue;
+        };
+        let Some(kind) = p.provider.as_ref() else {
+            continue;
+        };
+        if let Some(log) = access_log::provider_log(&p.name, kind, mesh, lookup) {
+            logs.push(LogEntry {
+                name: p.name.clone(),
+                log,
+                spec,
+            });
+        }
+    }
+    logs.sort_by(|a, b| a.name.cmp(&b.name));
+    logs
 }
 
 /// The mesh config's legacy access logs: HTTP, TCP and listener-level.

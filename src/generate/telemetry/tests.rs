@@ -635,3 +635,615 @@ metrics:
     }
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
+
+// === TestAccessLogging (telemetry_logging_test.go) ===
+
+#[test]
+fn istio_access_logging_vectors() {
+    let prometheus = "metrics: [{providers: [{name: envoy}]}]";
+    let envoy = "accessLogging: [{providers: [{name: envoy}]}]";
+    let client = "accessLogging: [{match: {mode: CLIENT}, providers: [{name: envoy}]}]";
+    let client_disabled =
+        "accessLogging: [{match: {mode: CLIENT}, providers: [{name: envoy}], disabled: true}]";
+    let sidecar_client = "selector: {matchLabels: {app: test}}\naccessLogging: [{match: {mode: CLIENT}, providers: [{name: envoy}]}]";
+    let server = "accessLogging: [{match: {mode: SERVER}, providers: [{name: envoy}]}]";
+    let server_disabled =
+        "accessLogging: [{match: {mode: SERVER}, providers: [{name: envoy}], disabled: true}]";
+    let server_and_client =
+        "accessLogging: [{match: {mode: CLIENT_AND_SERVER}, providers: [{name: envoy}]}]";
+    let stackdriver = "accessLogging: [{providers: [{name: stackdriver}]}]";
+    let empty = "accessLogging: [{}]";
+    let default_json = "accessLogging: [{providers: [{name: envoy-json}]}]";
+    let disabled = "accessLogging: [{disabled: true}]";
+    let non_existent = "accessLogging: [{providers: [{name: custom-provider}]}]";
+    let multi = "accessLogging: [{providers: [{name: envoy}]}, {providers: [{name: envoy-json}]}]";
+    let multi_disabled = "accessLogging: [{providers: [{name: envoy}]}, {providers: [{name: envoy-json}], disabled: true}]";
+    let multi_providers = "accessLogging: [{providers: [{name: envoy}, {name: envoy-json}]}, {providers: [{name: envoy}]}]";
+    let multi_filters = "accessLogging: [{match: {mode: SERVER}, providers: [{name: envoy}]}, {match: {mode: CLIENT_AND_SERVER}, providers: [{name: envoy}]}]";
+    let multi_filters_disabled = "accessLogging: [{match: {mode: SERVER}, providers: [{name: envoy}]}, {match: {mode: CLIENT_AND_SERVER}, providers: [{name: envoy}], disabled: true}]";
+    let different = "accessLogging: [{match: {mode: SERVER}, providers: [{name: envoy}]}, {match: {mode: CLIENT}, providers: [{name: envoy-json}]}]";
+    let workload_prometheus =
+        "selector: {matchLabels: {app: test}}\nmetrics: [{providers: [{name: envoy}]}]";
+    use ListenerClass::{Gateway as Gw, SidecarInbound as In, SidecarOutbound as Out};
+    type Case<'a> = (
+        &'a str,
+        Vec<(&'a str, &'a str)>,
+        ListenerClass,
+        Vec<&'a str>,
+        Option<Vec<&'a str>>,
+    );
+    let cases: Vec<Case> = vec![
+        ("empty", vec![], Out, vec![], None),
+        (
+            "prometheus-mesh",
+            vec![("istio-system", prometheus)],
+            Out,
+            vec![],
+            None,
+        ),
+        (
+            "prometheus-namespace",
+            vec![("default", prometheus)],
+            Out,
+            vec![],
+            None,
+        ),
+        (
+            "prometheus-workload",
+            vec![("default", workload_prometheus)],
+            Out,
+            vec![],
+            None,
+        ),
+        (
+            "default provider only",
+            vec![],
+            Out,
+            vec!["envoy"],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "provider only",
+            vec![("istio-system", envoy)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "client - gateway",
+            vec![("istio-system", client)],
+            Gw,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "client - outbound",
+            vec![("istio-system", client)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "client - inbound",
+            vec![("istio-system", client)],
+            In,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "client - disabled server",
+            vec![("istio-system", client), ("default", server_disabled)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "client - disabled client",
+            vec![("istio-system", client), ("default", client_disabled)],
+            Out,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "client - disabled - enabled",
+            vec![
+                ("istio-system", client),
+                ("default", client_disabled),
+                ("default", sidecar_client),
+            ],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "server - gateway",
+            vec![("istio-system", server)],
+            Gw,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "server - inbound",
+            vec![("istio-system", server)],
+            In,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "server - outbound",
+            vec![("istio-system", server)],
+            Out,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "server and client - gateway",
+            vec![("istio-system", server_and_client)],
+            Gw,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "server and client - inbound",
+            vec![("istio-system", server_and_client)],
+            In,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "server and client - outbound",
+            vec![("istio-system", server_and_client)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "override default",
+            vec![("istio-system", envoy)],
+            Out,
+            vec!["stackdriver"],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "override namespace",
+            vec![("istio-system", envoy), ("default", default_json)],
+            Out,
+            vec![],
+            Some(vec!["envoy-json"]),
+        ),
+        (
+            "empty config inherits",
+            vec![("istio-system", envoy), ("default", empty)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "stackdriver",
+            vec![("istio-system", envoy), ("default", stackdriver)],
+            Out,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "default envoy JSON",
+            vec![("istio-system", default_json)],
+            Out,
+            vec![],
+            Some(vec!["envoy-json"]),
+        ),
+        (
+            "disable config",
+            vec![("istio-system", envoy), ("default", disabled)],
+            Out,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "disable default",
+            vec![("default", disabled)],
+            Out,
+            vec!["envoy"],
+            Some(vec![]),
+        ),
+        (
+            "non existing",
+            vec![("default", non_existent)],
+            Out,
+            vec!["envoy"],
+            Some(vec![]),
+        ),
+        (
+            "server - multi filters",
+            vec![("istio-system", multi_filters)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "server - multi filters disabled",
+            vec![("istio-system", multi_filters_disabled)],
+            Out,
+            vec![],
+            Some(vec![]),
+        ),
+        (
+            "multi accesslogging",
+            vec![("istio-system", envoy), ("default", multi)],
+            Out,
+            vec![],
+            Some(vec!["envoy", "envoy-json"]),
+        ),
+        (
+            "multi accesslogging with disabled",
+            vec![("istio-system", envoy), ("default", multi_disabled)],
+            Out,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "multi accesslogging - multi providers",
+            vec![("istio-system", envoy), ("default", multi_providers)],
+            Out,
+            vec![],
+            Some(vec!["envoy", "envoy-json"]),
+        ),
+        (
+            "server and client different - inbound",
+            vec![("istio-system", different)],
+            In,
+            vec![],
+            Some(vec!["envoy"]),
+        ),
+        (
+            "server and client different - outbound",
+            vec![("istio-system", different)],
+            Out,
+            vec![],
+            Some(vec!["envoy-json"]),
+        ),
+    ];
+    let mut failed = Vec::new();
+    let count = cases.len();
+    for (name, cfgs, class, defaults, want) in cases {
+        let mut mesh = test_mesh();
+        mesh.default_providers
+            .get_or_insert_default()
+            .access_logging = defaults.iter().map(|s| s.to_string()).collect();
+        let cfgs = arcs(cfgs.iter().map(|(ns, spec)| telemetry(ns, spec)).collect());
+        let a = merge::applicable(&cfgs, "istio-system", "default", &sidecar_labels());
+        let got = (!a.logging.is_empty() || !defaults.is_empty()).then(|| {
+            super::telemetry_logs(&a.logging, &mesh, &Providers::new(&mesh), class, &no_lookup)
+                .into_iter()
+                .filter(|e| !e.spec.disabled)
+                .map(|e| e.name)
+                .collect::<Vec<_>>()
+        });
+        let want: Option<Vec<String>> = want.map(|w| w.into_iter().map(str::to_string).collect());
+        if got != want {
+            failed.push(format!("{name}: got {got:?} want {want:?}"));
+        }
+    }
+    assert_eq!(count, 33, "ported case count");
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+// === TestAccessLoggingWithFilter (telemetry_logging_test.go) ===
+
+fn file_config(
+    log: &envoy_types::pb::envoy::config::accesslog::v3::AccessLog,
+) -> envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog {
+    use envoy_types::pb::envoy::config::accesslog::v3::access_log::ConfigType;
+    let Some(ConfigType::TypedConfig(any)) = &log.config_type else {
+        panic!("no config")
+    };
+    envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog::decode(
+        any.value.as_slice(),
+    )
+    .unwrap()
+}
+
+fn default_json_labels_out()
+-> envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog {
+    use envoy_types::pb::envoy::config::core::v3::{
+        JsonFormatOptions, SubstitutionFormatString, substitution_format_string,
+    };
+    use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{
+        FileAccessLog, file_access_log,
+    };
+    #[allow(deprecated)]
+    let format = SubstitutionFormatString {
+        format: Some(substitution_format_string::Format::JsonFormat(
+            access_log::default_json_struct(),
+        )),
+        json_format_options: Some(JsonFormatOptions {
+            sort_properties: false,
+        }),
+        ..Default::default()
+    };
+    FileAccessLog {
+        path: "/dev/stdout".into(),
+        access_log_format: Some(file_access_log::AccessLogFormat::LogFormat(format)),
+    }
+}
+
+#[test]
+fn istio_access_logging_with_filter_vectors() {
+    let code400 = "accessLogging: [{providers: [{name: envoy-json}], filter: {expression: 'response.code >= 400'}}]";
+    let code500 = "accessLogging: [{providers: [{name: envoy-json}], filter: {expression: 'response.code >= 500'}}]";
+    let multi = "accessLogging: [{providers: [{name: envoy-json}], filter: {expression: 'response.code >= 500'}}, {providers: [{name: envoy-json}], filter: {expression: 'response.code >= 400'}}]";
+    let multi_nil = "accessLogging: [{providers: [{name: envoy-json}], filter: {expression: 'response.code >= 500'}}, {providers: [{name: envoy-json}]}]";
+    let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
+        (
+            "filter",
+            vec![("default", code400)],
+            Some("response.code >= 400"),
+        ),
+        (
+            "namespace-filter",
+            vec![("istio-system", code400), ("default", code500)],
+            Some("response.code >= 500"),
+        ),
+        (
+            "multi-accesslogging",
+            vec![("default", multi)],
+            Some("response.code >= 400"),
+        ),
+        (
+            "multi-accesslogging-nil",
+            vec![("default", multi_nil)],
+            None,
+        ),
+    ];
+    for (name, cfgs, want) in cases {
+        let mut mesh = test_mesh();
+        mesh.default_providers
+            .get_or_insert_default()
+            .access_logging = vec!["envoy".into()];
+        let cfgs = arcs(cfgs.iter().map(|(ns, spec)| telemetry(ns, spec)).collect());
+        let a = merge::applicable(&cfgs, "istio-system", "default", &sidecar_labels());
+        let got = super::telemetry_logs(
+            &a.logging,
+            &mesh,
+            &Providers::new(&mesh),
+            ListenerClass::SidecarOutbound,
+            &no_lookup,
+        );
+        assert_eq!(got.len(), 1, "{name}");
+        assert_eq!(got[0].name, "envoy-json", "{name}");
+        assert_eq!(
+            file_config(&got[0].log),
+            default_json_labels_out(),
+            "{name}"
+        );
+        assert_eq!(
+            got[0].spec.filter.as_ref().map(|f| f.expression.as_str()),
+            want,
+            "{name}"
+        );
+        // The built connection manager log carries the CEL filter.
+        let t = build(&mesh, &cfgs, "default", &sidecar_labels(), false);
+        let log = &t.http(ListenerClass::SidecarOutbound).access_log[0];
+        assert_eq!(log.filter.is_some(), want.is_some(), "{name}");
+    }
+}
+
+// === TestBuildOpenTelemetryAccessLogConfig, TestTelemetryAccessLog ===
+
+fn provider(
+    yaml_text: &str,
+) -> (
+    String,
+    meshfed_api::mesh::v1alpha1::mesh_config::extension_provider::Provider,
+) {
+    let p: meshfed_api::mesh::v1alpha1::mesh_config::ExtensionProvider = yaml(yaml_text);
+    (p.name, p.provider.unwrap())
+}
+
+fn grpc_lookup(_: &str, _: u32) -> Result<(String, String), String> {
+    Ok((
+        "grpc-als.foo.svc.cluster.local".into(),
+        "outbound|9811||grpc-als.foo.svc.cluster.local".into(),
+    ))
+}
+
+fn typed<M: Message + Default>(
+    log: &envoy_types::pb::envoy::config::accesslog::v3::AccessLog,
+) -> M {
+    use envoy_types::pb::envoy::config::accesslog::v3::access_log::ConfigType;
+    let Some(ConfigType::TypedConfig(any)) = &log.config_type else {
+        panic!("no config")
+    };
+    M::decode(any.value.as_slice()).unwrap()
+}
+
+fn text_out(
+    path: &str,
+    text: &str,
+) -> envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog {
+    use envoy_types::pb::envoy::config::core::v3::{
+        DataSource, SubstitutionFormatString, data_source, substitution_format_string,
+    };
+    use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{
+        FileAccessLog, file_access_log,
+    };
+    FileAccessLog {
+        path: path.into(),
+        access_log_format: Some(file_access_log::AccessLogFormat::LogFormat(
+            SubstitutionFormatString {
+                format: Some(substitution_format_string::Format::TextFormatSource(
+                    DataSource {
+                        specifier: Some(data_source::Specifier::InlineString(text.into())),
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            },
+        )),
+    }
+}
+
+#[test]
+fn istio_telemetry_access_log_vectors() {
+    use envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
+    use envoy_types::pb::envoy::extensions::access_loggers::grpc::v3::{
+        HttpGrpcAccessLogConfig, TcpGrpcAccessLogConfig,
+    };
+    use envoy_types::pb::envoy::extensions::access_loggers::open_telemetry::v3::OpenTelemetryAccessLogConfig;
+    let text_mesh = MeshConfig::default();
+    let custom = "%LOCAL_REPLY_BODY%:%RESPONSE_CODE%:path=%REQ(:path)%";
+    // stdout, stderr, custom-text
+    for (p, path, text) in [
+        (
+            "{name: stdout, envoyFileAccessLog: {path: /dev/stdout}}",
+            "/dev/stdout",
+            access_log::TEXT_FORMAT.to_string(),
+        ),
+        (
+            "{name: stderr, envoyFileAccessLog: {path: /dev/stderr}}",
+            "/dev/stderr",
+            access_log::TEXT_FORMAT.to_string(),
+        ),
+        (
+            "{name: custom-text, envoyFileAccessLog: {path: /dev/stdout, logFormat: {text: '%LOCAL_REPLY_BODY%:%RESPONSE_CODE%:path=%REQ(:path)%'}}}",
+            "/dev/stdout",
+            format!("{custom}\n"),
+        ),
+    ] {
+        let (name, kind) = provider(p);
+        let log = access_log::provider_log(&name, &kind, &text_mesh, &grpc_lookup).unwrap();
+        assert_eq!(log.name, "envoy.access_loggers.file");
+        assert_eq!(
+            typed::<FileAccessLog>(&log),
+            text_out(path, &text),
+            "{name}"
+        );
+    }
+    // default-labels: empty labels are Istio's default JSON.
+    let (name, kind) = provider(
+        "{name: envoy-json, envoyFileAccessLog: {path: /dev/stdout, logFormat: {labels: {}}}}",
+    );
+    let log = access_log::provider_log(&name, &kind, &text_mesh, &grpc_lookup).unwrap();
+    assert_eq!(typed::<FileAccessLog>(&log), default_json_labels_out());
+    // custom-labels: the labels as given.
+    let (name, kind) = provider(
+        "{name: custom-label, envoyFileAccessLog: {path: /dev/stdout, logFormat: {labels: {protocol: '%PROTOCOL%', upstream_cluster: '%UPSTREAM_CLUSTER%'}}}}",
+    );
+    let log = access_log::provider_log(&name, &kind, &text_mesh, &grpc_lookup).unwrap();
+    let got = typed::<FileAccessLog>(&log);
+    let mut want = default_json_labels_out();
+    if let Some(envoy_types::pb::envoy::extensions::access_loggers::file::v3::file_access_log::AccessLogFormat::LogFormat(f)) = want.access_log_format.as_mut() {
+        f.format = Some(envoy_types::pb::envoy::config::core::v3::substitution_format_string::Format::JsonFormat(
+            access_log::json_struct(r#"{"protocol":"%PROTOCOL%","upstream_cluster":"%UPSTREAM_CLUSTER%"}"#).unwrap(),
+        ));
+    }
+    assert_eq!(got, want);
+    // otel: body is Istio's text format, labels become sorted attributes.
+    let (name, kind) = provider(
+        "{name: otel_envoy_accesslog, envoyOtelAls: {service: otel.foo.svc.cluster.local, port: 9811, logFormat: {labels: {start_time: '%START_TIME%', protocol: '%PROTOCOL%'}}}}",
+    );
+    let log = access_log::provider_log(&name, &kind, &text_mesh, &grpc_lookup).unwrap();
+    assert_eq!(log.name, "envoy.access_loggers.open_telemetry");
+    let otel = typed::<OpenTelemetryAccessLogConfig>(&log);
+    #[allow(deprecated)]
+    let common = otel.common_config.clone().unwrap();
+    assert_eq!(common.log_name, "otel_envoy_accesslog");
+    assert_eq!(common.filter_state_objects_to_log.len(), 6);
+    assert!(otel.disable_builtin_labels);
+    let keys: Vec<&str> = otel
+        .attributes
+        .as_ref()
+        .unwrap()
+        .values
+        .iter()
+        .map(|k| k.key.as_str())
+        .collect();
+    assert_eq!(keys, ["protocol", "start_time"]);
+    assert!(matches!(
+        otel.body.as_ref().and_then(|b| b.value.as_ref()),
+        Some(envoy_types::pb::opentelemetry::proto::common::v1::any_value::Value::StringValue(s)) if s == access_log::TEXT_FORMAT
+    ));
+    // grpc-http, grpc-tcp
+    let (name, kind) = provider(
+        "{name: grpc-http-als, envoyHttpAls: {logName: grpc-http-als, service: grpc-als.foo.svc.cluster.local, port: 9811, additionalRequestHeadersToLog: [fake-request-header1], additionalResponseHeadersToLog: [fake-response-header1], additionalResponseTrailersToLog: [fake-response-trailer1], filterStateObjectsToLog: [fake-filter-state-object1, fake-filter-state-object1]}}",
+    );
+    let log = access_log::provider_log(&name, &kind, &text_mesh, &grpc_lookup).unwrap();
+    assert_eq!(log.name, "envoy.access_loggers.http_grpc");
+    let http = typed::<HttpGrpcAccessLogConfig>(&log);
+    let c = http.common_config.unwrap();
+    assert_eq!(c.log_name, "grpc-http-als");
+    assert_eq!(
+        c.filter_state_objects_to_log,
+        ["fake-filter-state-object1", "fake-filter-state-object1"]
+    );
+    assert_eq!(
+        http.additional_response_trailers_to_log,
+        ["fake-response-trailer1"]
+    );
+    let (name, kind) = provider(
+        "{name: grpc-tcp-als, envoyTcpAls: {logName: grpc-tcp-als, service: grpc-als.foo.svc.cluster.local, port: 9811, filterStateObjectsToLog: [a]}}",
+    );
+    let log = access_log::provider_log(&name, &kind, &text_mesh, &grpc_lookup).unwrap();
+    assert_eq!(log.name, "envoy.tcp_grpc_access_log");
+    let tcp = typed::<TcpGrpcAccessLogConfig>(&log);
+    let c = tcp.common_config.unwrap();
+    assert_eq!(c.log_name, "grpc-tcp-als");
+    match c.grpc_service.unwrap().target_specifier.unwrap() {
+        envoy_types::pb::envoy::config::core::v3::grpc_service::TargetSpecifier::EnvoyGrpc(g) => {
+            assert_eq!(
+                g.cluster_name,
+                "outbound|9811||grpc-als.foo.svc.cluster.local"
+            );
+            assert_eq!(g.authority, "grpc-als.foo.svc.cluster.local");
+        }
+        other => panic!("{other:?}"),
+    }
+    // builtin-fallback: the built-in `envoy` provider follows the mesh's JSON format.
+    let json_mesh = MeshConfig {
+        access_log_encoding: meshfed_api::mesh::v1alpha1::mesh_config::AccessLogEncoding::Json
+            as i32,
+        access_log_format: serde_json::to_string(&serde_json::Value::Object(
+            access_log::JSON_FIELDS
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::Value::String(v.to_string())))
+                .collect(),
+        ))
+        .unwrap(),
+        ..Default::default()
+    };
+    let (name, kind) = provider("{name: envoy, envoyFileAccessLog: {path: /dev/stdout}}");
+    let log = access_log::provider_log(&name, &kind, &json_mesh, &grpc_lookup).unwrap();
+    assert_eq!(typed::<FileAccessLog>(&log), default_json_labels_out());
+    // builtin-not-fallback: with a format of its own it does not.
+    let (name, kind) = provider(
+        "{name: envoy, envoyFileAccessLog: {path: /dev/stdout, logFormat: {text: '%LOCAL_REPLY_BODY%:%RESPONSE_CODE%:path=%REQ(:path)%'}}}",
+    );
+    let log = access_log::provider_log(&name, &kind, &json_mesh, &grpc_lookup).unwrap();
+    assert_eq!(
+        typed::<FileAccessLog>(&log),
+        text_out("/dev/stdout", &format!("{custom}\n"))
+    );
+}
+// touch
+
+#[test]
+fn equal_config_encodes_to_equal_bytes() {
+    let mut mesh = test_mesh();
+    mesh.access_log_file = "/dev/stdout".into();
+    mesh.access_log_encoding =
+        meshfed_api::mesh::v1alpha1::mesh_config::AccessLogEncoding::Json as i32;
+    mesh.access_log_format =
+        r#"{"a":"%PROTOCOL%","b":"%START_TIME%","c":{"d":"%DURATION%"}}"#.into();
+    let encode = || {
+        let t = build(&mesh, &[], "default", &sidecar_labels(), false);
+        let h = t.http(ListenerClass::SidecarOutbound);
+        (
+            h.access_log[0].encode_to_vec(),
+            h.metadata_exchange.as_ref().unwrap().encode_to_vec(),
+        )
+    };
+    let first = encode();
+    for _ in 0..20 {
+        assert_eq!(encode(), first);
+    }
+}
