@@ -1247,3 +1247,463 @@ fn equal_config_encodes_to_equal_bytes() {
         assert_eq!(encode(), first);
     }
 }
+
+// === TestConfigureTracing (networking/core/tracing_test.go) ===
+
+fn cluster_lookup(_: &str, _: u32) -> Result<(String, String), String> {
+    Ok(("testhost".into(), "testcluster".into()))
+}
+
+/// The proxy of Istio's tests: no labels, no metadata.
+fn bare_tags() -> super::tracing::ProxyTags {
+    super::tracing::ProxyTags {
+        canonical_service: "unknown".into(),
+        canonical_revision: "latest".into(),
+        mesh_id: "unknown".into(),
+        namespace: "default".into(),
+        cluster_id: "unknown".into(),
+        service_cluster: "fake-cluster".into(),
+        router: false,
+    }
+}
+
+fn tracing_spec(
+    provider: Option<&str>,
+    sampling: f64,
+    use_request_id: bool,
+    istio_tags: bool,
+) -> TracingConfig {
+    let s = TracingSpec {
+        provider: provider.map(|p| yaml(p)),
+        disabled: false,
+        random_sampling_percentage: Some(sampling),
+        custom_tags: None,
+        use_request_id_for_trace_sampling: use_request_id,
+        enable_istio_tags: istio_tags,
+    };
+    TracingConfig {
+        client: s.clone(),
+        server: s,
+    }
+}
+
+const ZIPKIN: &str = "{name: foo, zipkin: {service: zipkin, port: 9411, maxTagLength: 256}}";
+const PROXY_TRACING: &str = "tracing: {sampling: 55.55, maxPathTagLength: 13, customTags: {test: {environment: {name: FOO}}}}";
+
+fn tracing_mesh(enable: bool, providers: &[&str], proxy: Option<&str>) -> MeshConfig {
+    MeshConfig {
+        enable_tracing: enable,
+        extension_providers: providers.iter().map(|p| yaml(p)).collect(),
+        default_config: proxy.map(yaml),
+        ..Default::default()
+    }
+}
+
+/// What a test looks at: the provider (name and decoded config), sampling, max path
+/// length, tag names, spawn upstream span, and the request id extension's sampling flag.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    provider: Option<String>,
+    random: f64,
+    max_path: Option<u32>,
+    tags: Vec<String>,
+    spawn: bool,
+    uuid_sampling: bool,
+}
+
+fn seen(t: &super::tracing::HcmTracing) -> Option<Seen> {
+    use envoy_types::pb::envoy::extensions::request_id::uuid::v3::UuidRequestIdConfig;
+    let tr = t.tracing.as_ref()?;
+    let uuid = UuidRequestIdConfig::decode(
+        t.request_id_extension
+            .as_ref()
+            .unwrap()
+            .typed_config
+            .as_ref()
+            .unwrap()
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(tr.client_sampling.as_ref().unwrap().value, 100.0);
+    assert_eq!(tr.overall_sampling.as_ref().unwrap().value, 100.0);
+    Some(Seen {
+        provider: tr.provider.as_ref().map(|p| p.name.clone()),
+        random: tr.random_sampling.as_ref().unwrap().value,
+        max_path: tr.max_path_tag_length.as_ref().map(|v| v.value),
+        tags: tr.custom_tags.iter().map(|t| t.tag.clone()).collect(),
+        spawn: tr.spawn_upstream_span.as_ref().is_some_and(|b| b.value),
+        uuid_sampling: uuid.use_request_id_for_trace_sampling.unwrap().value,
+    })
+}
+
+fn default_tags(extra: &[&str]) -> Vec<String> {
+    let mut tags: Vec<String> = [
+        "istio.authorization.dry_run.allow_policy.name",
+        "istio.authorization.dry_run.allow_policy.result",
+        "istio.authorization.dry_run.deny_policy.name",
+        "istio.authorization.dry_run.deny_policy.result",
+        "istio.canonical_revision",
+        "istio.canonical_service",
+        "istio.cluster_id",
+        "istio.mesh_id",
+        "istio.namespace",
+    ]
+    .iter()
+    .chain(extra)
+    .map(|s| s.to_string())
+    .collect();
+    tags.sort();
+    tags
+}
+
+fn expect(
+    provider: Option<&str>,
+    random: f64,
+    max_path: Option<u32>,
+    tags: Vec<String>,
+    uuid_sampling: bool,
+) -> Option<Seen> {
+    Some(Seen {
+        provider: provider.map(str::to_string),
+        random,
+        max_path,
+        tags,
+        spawn: provider == Some("envoy.tracers.skywalking"),
+        uuid_sampling,
+    })
+}
+
+#[test]
+fn istio_configure_tracing_vectors() {
+    let server = ListenerClass::SidecarInbound;
+    let zipkin = Some("envoy.tracers.zipkin");
+    let skywalking = "{name: foo, skywalking: {service: skywalking-oap.istio-system.svc.cluster.local, port: 11800}}";
+    let otel_grpc = "{name: opentelemetry, opentelemetry: {service: otel-collector, port: 4317, maxTagLength: 256}}";
+    let otel_http = "{name: opentelemetry, opentelemetry: {service: my-o11y-backend, port: 443, maxTagLength: 256, http: {path: /v1/traces, timeout: 3s, headers: [{name: custom-header, value: custom-value}]}}}";
+    let otel_metadata = "{name: opentelemetry, opentelemetry: {service: tracing.example.com, port: 8090, maxTagLength: 256, grpc: {timeout: 3s, initialMetadata: [{name: Authentication, value: token-xxxxx}]}}}";
+    let datadog = "{name: datadog, datadog: {service: datadog, port: 8126, maxTagLength: 256}}";
+    let zipkin_path = "{name: foo, zipkin: {service: zipkin, port: 9411, maxTagLength: 256, path: /custom/path/api/v2/spans}}";
+    let zipkin_64 = "{name: foo, zipkin: {service: zipkin, port: 9411, maxTagLength: 256, enable64bitTraceId: true}}";
+    let mut default_providers = tracing_spec(Some(ZIPKIN), 55.5, false, true);
+    default_providers.client.disabled = true;
+    // Istio's client-only and server-only specs: useRequestIdForTraceSampling false,
+    // Istio tags on.
+    let mut client_only = tracing_spec(Some(skywalking), 99.999, false, true);
+    client_only.server.disabled = true;
+    let mut server_only = tracing_spec(Some(skywalking), 99.999, false, true);
+    server_only.client.disabled = true;
+    let env = |extra: bool| {
+        if extra {
+            default_tags(&["test"])
+        } else {
+            default_tags(&[])
+        }
+    };
+    let cases: Vec<(&str, Option<TracingConfig>, MeshConfig, Option<Seen>)> = vec![
+        (
+            "no telemetry api",
+            None,
+            tracing_mesh(true, &[], Some(PROXY_TRACING)),
+            expect(None, 55.55, Some(13), env(true), true),
+        ),
+        (
+            "default providers",
+            Some(default_providers),
+            tracing_mesh(false, &[ZIPKIN], None),
+            expect(zipkin, 55.5, Some(256), env(false), false),
+        ),
+        (
+            "no telemetry api and nil custom tag",
+            None,
+            tracing_mesh(
+                true,
+                &[],
+                Some("tracing: {sampling: 55.55, maxPathTagLength: 13, customTags: {test: {}}}"),
+            ),
+            expect(None, 55.55, Some(13), env(false), true),
+        ),
+        (
+            "only telemetry api (no provider)",
+            Some(tracing_spec(None, 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[ZIPKIN],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(None, 99.999, None, env(true), true),
+        ),
+        (
+            "only telemetry api (no provider) and disabled istio tags",
+            Some(tracing_spec(None, 99.999, true, false)),
+            tracing_mesh(
+                false,
+                &[ZIPKIN],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(None, 99.999, None, vec!["test".into()], true),
+        ),
+        (
+            "only telemetry api (no provider) with nil custom tag",
+            Some(tracing_spec(None, 99.999, true, true)),
+            tracing_mesh(false, &[ZIPKIN], Some("tracing: {customTags: {test: {}}}")),
+            expect(None, 99.999, None, env(false), true),
+        ),
+        (
+            "only telemetry api (with provider)",
+            Some(tracing_spec(Some(ZIPKIN), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[ZIPKIN],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(zipkin, 99.999, Some(256), env(true), true),
+        ),
+        (
+            "zipkin enable 64bit trace id",
+            Some(tracing_spec(Some(zipkin_64), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[zipkin_64],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(zipkin, 99.999, Some(256), env(true), true),
+        ),
+        (
+            "both tracing enabled (no provider)",
+            Some(tracing_spec(None, 99.999, true, true)),
+            tracing_mesh(true, &[ZIPKIN], Some(PROXY_TRACING)),
+            expect(None, 99.999, Some(13), env(true), true),
+        ),
+        (
+            "both tracing disabled (no provider)",
+            Some(tracing_spec(None, 99.999, true, true)),
+            tracing_mesh(false, &[ZIPKIN], Some(PROXY_TRACING)),
+            expect(None, 99.999, Some(13), env(true), true),
+        ),
+        (
+            "both tracing enabled (with provider)",
+            Some(tracing_spec(Some(ZIPKIN), 99.999, true, true)),
+            tracing_mesh(true, &[ZIPKIN], Some(PROXY_TRACING)),
+            expect(zipkin, 99.999, Some(256), env(true), true),
+        ),
+        (
+            "both tracing disabled (with provider)",
+            Some(tracing_spec(Some(ZIPKIN), 99.999, true, true)),
+            tracing_mesh(false, &[ZIPKIN], Some(PROXY_TRACING)),
+            expect(zipkin, 99.999, Some(256), env(true), true),
+        ),
+        (
+            "basic config (with datadog provider)",
+            Some(tracing_spec(Some(datadog), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[datadog],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(
+                Some("envoy.tracers.datadog"),
+                99.999,
+                Some(256),
+                env(true),
+                true,
+            ),
+        ),
+        (
+            "basic config (with skywalking provider)",
+            Some(tracing_spec(Some(skywalking), 99.999, false, true)),
+            tracing_mesh(
+                false,
+                &[skywalking],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(
+                Some("envoy.tracers.skywalking"),
+                99.999,
+                None,
+                env(true),
+                false,
+            ),
+        ),
+        (
+            "basic config (with opentelemetry provider via grpc)",
+            Some(tracing_spec(Some(otel_grpc), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[otel_grpc],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(
+                Some("envoy.tracers.opentelemetry"),
+                99.999,
+                Some(256),
+                env(true),
+                true,
+            ),
+        ),
+        (
+            "basic config (with opentelemetry provider via http)",
+            Some(tracing_spec(Some(otel_http), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[otel_http],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(
+                Some("envoy.tracers.opentelemetry"),
+                99.999,
+                Some(256),
+                env(true),
+                true,
+            ),
+        ),
+        (
+            "client-only config for server",
+            Some(client_only),
+            tracing_mesh(false, &[skywalking], None),
+            None,
+        ),
+        (
+            "server-only config for skywalking server",
+            Some(server_only),
+            tracing_mesh(
+                false,
+                &[skywalking],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(
+                Some("envoy.tracers.skywalking"),
+                99.999,
+                None,
+                default_tags(&["test"]),
+                false,
+            ),
+        ),
+        (
+            "invalid provider",
+            Some(tracing_spec(
+                Some("{name: foo, prometheus: {}}"),
+                99.999,
+                true,
+                true,
+            )),
+            tracing_mesh(true, &[ZIPKIN], Some(PROXY_TRACING)),
+            None,
+        ),
+        (
+            "basic config (with opentelemetry provider via grpc with initial metadata)",
+            Some(tracing_spec(Some(otel_metadata), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[otel_metadata],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(
+                Some("envoy.tracers.opentelemetry"),
+                99.999,
+                Some(256),
+                env(true),
+                true,
+            ),
+        ),
+        (
+            "only telemetry api (with provider, custom zipkin path)",
+            Some(tracing_spec(Some(zipkin_path), 99.999, true, true)),
+            tracing_mesh(
+                false,
+                &[zipkin_path],
+                Some("tracing: {customTags: {test: {environment: {name: FOO}}}}"),
+            ),
+            expect(zipkin, 99.999, Some(256), env(true), true),
+        ),
+    ];
+    assert_eq!(cases.len(), 21);
+    let mut failed = Vec::new();
+    for (name, spec, mesh, want) in cases {
+        let got = super::tracing::hcm_tracing(
+            spec.as_ref(),
+            &mesh,
+            server,
+            &bare_tags(),
+            &cluster_lookup,
+        );
+        // Every answer carries a request id extension.
+        assert!(got.request_id_extension.is_some(), "{name}");
+        let got = seen(&got);
+        if got != want {
+            failed.push(format!("{name}: got {got:?}\n want {want:?}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+#[test]
+fn tracing_providers_are_built_as_istio_builds_them() {
+    use envoy_types::pb::envoy::config::trace::v3::{
+        DatadogConfig, OpenTelemetryConfig, ZipkinConfig, tracing::http::ConfigType,
+    };
+    let provider_config = |p: &str, mesh: &MeshConfig| {
+        let spec = tracing_spec(Some(p), 10.0, true, true);
+        let t = super::tracing::hcm_tracing(
+            Some(&spec),
+            mesh,
+            ListenerClass::SidecarOutbound,
+            &bare_tags(),
+            &cluster_lookup,
+        );
+        match t.tracing.unwrap().provider.unwrap().config_type.unwrap() {
+            ConfigType::TypedConfig(a) => a,
+        }
+    };
+    let mesh = MeshConfig::default();
+    // Zipkin: the collector's cluster and host, /api/v2/spans, 128-bit ids, JSON v2.
+    let z = ZipkinConfig::decode(provider_config(ZIPKIN, &mesh).value.as_slice()).unwrap();
+    assert_eq!(
+        (z.collector_cluster.as_str(), z.collector_hostname.as_str()),
+        ("testcluster", "testhost")
+    );
+    assert_eq!(z.collector_endpoint, "/api/v2/spans");
+    assert!(z.trace_id_128bit);
+    assert_eq!(
+        z.shared_span_context,
+        Some(envoy_types::pb::google::protobuf::BoolValue { value: false })
+    );
+    let z64 = ZipkinConfig::decode(
+        provider_config("{name: foo, zipkin: {service: zipkin, port: 9411, enable64bitTraceId: true, path: /custom/path/api/v2/spans}}", &mesh).value.as_slice(),
+    )
+    .unwrap();
+    assert!(!z64.trace_id_128bit);
+    assert_eq!(z64.collector_endpoint, "/custom/path/api/v2/spans");
+    // Datadog: the proxy's service cluster as the service name.
+    let d = DatadogConfig::decode(
+        provider_config(
+            "{name: datadog, datadog: {service: datadog, port: 8126}}",
+            &mesh,
+        )
+        .value
+        .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(d.service_name, "fake-cluster");
+    // OpenTelemetry over HTTP: the collector host joined with the path, headers set.
+    let o = OpenTelemetryConfig::decode(
+        provider_config("{name: otel, opentelemetry: {service: my-o11y-backend, port: 443, http: {path: /v1/traces, timeout: 3s, headers: [{name: custom-header, value: custom-value}]}}}", &mesh).value.as_slice(),
+    )
+    .unwrap();
+    let http = o.http_service.unwrap();
+    assert_eq!(http.http_uri.as_ref().unwrap().uri, "testhost/v1/traces");
+    assert_eq!(http.http_uri.as_ref().unwrap().timeout.unwrap().seconds, 3);
+    assert_eq!(
+        http.request_headers_to_add[0].header.as_ref().unwrap().key,
+        "custom-header"
+    );
+    // ... and over gRPC with initial metadata.
+    let o = OpenTelemetryConfig::decode(
+        provider_config("{name: otel, opentelemetry: {service: tracing.example.com, port: 8090, grpc: {timeout: 3s, initialMetadata: [{name: Authentication, value: token-xxxxx}]}}}", &mesh).value.as_slice(),
+    )
+    .unwrap();
+    let g = o.grpc_service.unwrap();
+    assert_eq!(g.initial_metadata[0].key, "Authentication");
+    assert_eq!(g.initial_metadata[0].value, "token-xxxxx");
+    assert_eq!(o.service_name, "fake-cluster");
+}

@@ -317,21 +317,20 @@ pub fn hcm_tracing(
             request_id_extension: Some(uuid_extension(true)),
         };
     }
-    let Some(provider) = spec.provider.as_ref() else {
-        return HcmTracing {
-            tracing: None,
-            request_id_extension: Some(uuid_extension(true)),
-        };
-    };
-    let (mut tracing, custom_sampler) = match provider_tracing(provider, tags, lookup) {
-        Ok(t) => t,
-        Err(e) => {
-            ::tracing::warn!(provider = %provider.name, "not able to configure requested tracing provider: {e}");
-            return HcmTracing {
-                tracing: None,
-                request_id_extension: Some(uuid_extension(true)),
-            };
-        }
+    // A spec without a provider still samples and tags (the tracer then comes from
+    // the bootstrap), as Istio does.
+    let (mut tracing, custom_sampler) = match spec.provider.as_ref() {
+        Some(provider) => match provider_tracing(provider, tags, lookup) {
+            Ok(t) => t,
+            Err(e) => {
+                ::tracing::warn!(provider = %provider.name, "not able to configure requested tracing provider: {e}");
+                return HcmTracing {
+                    tracing: None,
+                    request_id_extension: Some(uuid_extension(true)),
+                };
+            }
+        },
+        None => (http_connection_manager::Tracing::default(), false),
     };
     let sampling = if custom_sampler {
         100.0
