@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::accesslog::v3::AccessLog;
 use envoy_types::pb::envoy::config::cluster::v3::Filter as ClusterFilter;
-use envoy_types::pb::envoy::config::listener::v3::{Filter, filter};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, Listener, filter};
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, RequestIdExtension, http_connection_manager, http_filter,
 };
@@ -596,4 +596,93 @@ fn legacy_logs(mesh: &MeshConfig) -> (Vec<AccessLog>, Vec<AccessLog>, Vec<Access
         }
     }
     (http, tcp, listener)
+}
+
+// === Applying it to built listeners ===
+
+const HCM_FILTER: &str = "envoy.filters.network.http_connection_manager";
+const TCP_PROXY_FILTER: &str = "envoy.filters.network.tcp_proxy";
+
+fn listener_class(listener: &Listener, router: bool) -> ListenerClass {
+    use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+    if router {
+        ListenerClass::Gateway
+    } else if listener.traffic_direction == TrafficDirection::Inbound as i32 {
+        ListenerClass::SidecarInbound
+    } else {
+        ListenerClass::SidecarOutbound
+    }
+}
+
+impl ProxyTelemetry {
+    /// Puts the telemetry into `listeners` as Istio's listener builder does, per
+    /// listener direction (a gateway's are all [`ListenerClass::Gateway`]): every
+    /// connection manager gets [`HttpTelemetry::apply`]; every chain ending in a TCP
+    /// proxy gets the stats filters before it and its access logs; inbound chains
+    /// start with the metadata exchange network filter; the capture listeners and a
+    /// gateway's listeners get the listener-level access logs.
+    pub fn apply_to_listeners(&self, listeners: &mut [Listener], router: bool) {
+        for l in listeners.iter_mut() {
+            let class = listener_class(l, router);
+            let http = self.http(class);
+            let tcp = self.tcp(class);
+            let chains = l
+                .filter_chains
+                .iter_mut()
+                .chain(l.default_filter_chain.as_mut());
+            for chain in chains {
+                apply_to_chain(&mut chain.filters, http, tcp);
+            }
+            // The capture listeners (lds::VIRTUAL_OUTBOUND, lds::VIRTUAL_INBOUND).
+            let capture = l.name == "virtualOutbound" || l.name == "virtualInbound";
+            if router || capture {
+                l.access_log
+                    .extend(self.listener_access_log(class).iter().cloned());
+            }
+        }
+    }
+}
+
+fn typed(f: &Filter) -> Option<&Any> {
+    match &f.config_type {
+        Some(filter::ConfigType::TypedConfig(a)) => Some(a),
+        _ => None,
+    }
+}
+
+fn apply_to_chain(filters: &mut Vec<Filter>, http: &HttpTelemetry, tcp: &TcpTelemetry) {
+    let mut has_terminal = false;
+    let mut i = 0;
+    while i < filters.len() {
+        let name = filters[i].name.clone();
+        if name == HCM_FILTER {
+            has_terminal = true;
+            if let Some(any) = typed(&filters[i])
+                && let Ok(mut hcm) = HttpConnectionManager::decode(any.value.as_slice())
+            {
+                http.apply(&mut hcm);
+                filters[i].config_type = Some(filter::ConfigType::TypedConfig(any_of(&hcm)));
+            }
+        } else if name == TCP_PROXY_FILTER {
+            has_terminal = true;
+            if let Some(any) = typed(&filters[i])
+                && let Ok(mut proxy) = TcpProxy::decode(any.value.as_slice())
+            {
+                tcp.apply(&mut proxy);
+                filters[i].config_type = Some(filter::ConfigType::TypedConfig(any_of(&proxy)));
+            }
+            for (k, f) in tcp.stats.iter().enumerate() {
+                filters.insert(i + k, f.clone());
+            }
+            i += tcp.stats.len();
+        }
+        i += 1;
+    }
+    if has_terminal && let Some(mx) = &tcp.metadata_exchange {
+        filters.insert(0, mx.clone());
+    }
+}
+
+fn any_of<M: Message + Name>(m: &M) -> Any {
+    crate::generate::proto::pack(m)
 }

@@ -1707,3 +1707,145 @@ fn tracing_providers_are_built_as_istio_builds_them() {
     assert_eq!(g.initial_metadata[0].value, "token-xxxxx");
     assert_eq!(o.service_name, "fake-cluster");
 }
+
+#[test]
+fn listeners_get_filters_logs_and_tracing_where_istio_puts_them() {
+    use envoy_types::pb::envoy::config::core::v3::TrafficDirection;
+    use envoy_types::pb::envoy::config::listener::v3::{FilterChain, Listener};
+    use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
+    let hcm = HttpConnectionManager {
+        http_filters: vec![
+            HttpFilter {
+                name: "envoy.filters.http.rbac".into(),
+                ..Default::default()
+            },
+            HttpFilter {
+                name: "envoy.filters.http.router".into(),
+                config_type: Some(http_filter::ConfigType::TypedConfig(
+                    any(&Router::default()),
+                )),
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let hcm_filter = Filter {
+        name: HCM_FILTER.into(),
+        config_type: Some(filter::ConfigType::TypedConfig(any(&hcm))),
+    };
+    let tcp_filter = Filter {
+        name: TCP_PROXY_FILTER.into(),
+        config_type: Some(filter::ConfigType::TypedConfig(any(&TcpProxy::default()))),
+    };
+    let listener = |name: &str, direction: TrafficDirection| Listener {
+        name: name.into(),
+        traffic_direction: direction as i32,
+        filter_chains: vec![
+            FilterChain {
+                filters: vec![hcm_filter.clone()],
+                ..Default::default()
+            },
+            FilterChain {
+                filters: vec![
+                    Filter {
+                        name: "envoy.filters.network.rbac".into(),
+                        config_type: None,
+                    },
+                    tcp_filter.clone(),
+                ],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let mut mesh = test_mesh();
+    mesh.access_log_file = "/dev/stdout".into();
+    let t = build(&mesh, &[], "default", &sidecar_labels(), false);
+    let mut listeners = vec![
+        listener("virtualInbound", TrafficDirection::Inbound),
+        listener("0.0.0.0_8080", TrafficDirection::Outbound),
+    ];
+    t.apply_to_listeners(&mut listeners, false);
+    let names = |chain: &FilterChain| {
+        chain
+            .filters
+            .iter()
+            .map(|f| f.name.clone())
+            .collect::<Vec<_>>()
+    };
+    let http_names = |chain: &FilterChain| {
+        let h = HttpConnectionManager::decode(
+            super::typed(chain.filters.last().unwrap())
+                .unwrap()
+                .value
+                .as_slice(),
+        )
+        .unwrap();
+        (
+            h.http_filters
+                .iter()
+                .map(|f| f.name.clone())
+                .collect::<Vec<_>>(),
+            h,
+        )
+    };
+    // Inbound: metadata exchange first on every chain, stats before the TCP proxy.
+    let inbound = &listeners[0];
+    assert_eq!(names(&inbound.filter_chains[0]), [MX_FILTER, HCM_FILTER]);
+    assert_eq!(
+        names(&inbound.filter_chains[1]),
+        [
+            MX_FILTER,
+            "envoy.filters.network.rbac",
+            STATS_FILTER,
+            TCP_PROXY_FILTER
+        ]
+    );
+    let (filters, h) = http_names(&inbound.filter_chains[0]);
+    assert_eq!(
+        filters,
+        [
+            MX_FILTER,
+            "envoy.filters.http.rbac",
+            STATS_FILTER,
+            "envoy.filters.http.router"
+        ]
+    );
+    assert_eq!(h.access_log.len(), 1);
+    assert!(h.tracing.is_some(), "enableTracing is on by default");
+    assert!(h.request_id_extension.is_some());
+    assert_eq!(
+        inbound.access_log.len(),
+        1,
+        "listener-level log on the capture listener"
+    );
+    let tcp = TcpProxy::decode(
+        super::typed(inbound.filter_chains[1].filters.last().unwrap())
+            .unwrap()
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(tcp.access_log.len(), 1);
+    // Outbound: no metadata exchange network filter (the cluster does it), no
+    // listener-level log on a per-port listener.
+    let outbound = &listeners[1];
+    assert_eq!(names(&outbound.filter_chains[0]), [HCM_FILTER]);
+    assert_eq!(
+        names(&outbound.filter_chains[1]),
+        ["envoy.filters.network.rbac", STATS_FILTER, TCP_PROXY_FILTER]
+    );
+    assert!(outbound.access_log.is_empty());
+    // The inbound stats config differs from the outbound one (host header fallback).
+    let stats = |chain: &FilterChain| {
+        StatsPluginConfig::decode(
+            super::typed(&chain.filters[chain.filters.len() - 2])
+                .unwrap()
+                .value
+                .as_slice(),
+        )
+        .unwrap()
+    };
+    assert!(stats(&inbound.filter_chains[1]).disable_host_header_fallback);
+    assert!(!stats(&outbound.filter_chains[1]).disable_host_header_fallback);
+}
