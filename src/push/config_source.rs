@@ -83,7 +83,7 @@ pub fn config_source(
             if !not_enforced.is_empty() {
                 tracing::warn!(
                     objects = %not_enforced.join("; "),
-                    "security.istio.io objects meshfed does not fully apply yet"
+                    "config objects meshfed does not fully apply yet"
                 );
             }
             *last = not_enforced;

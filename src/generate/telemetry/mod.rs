@@ -619,8 +619,8 @@ impl ProxyTelemetry {
     /// listener direction (a gateway's are all [`ListenerClass::Gateway`]): every
     /// connection manager gets [`HttpTelemetry::apply`]; every chain ending in a TCP
     /// proxy gets the stats filters before it and its access logs; inbound chains
-    /// start with the metadata exchange network filter; the capture listeners and a
-    /// gateway's listeners get the listener-level access logs.
+    /// start with the metadata exchange network filter; every listener gets the
+    /// listener-level access logs (Istio's `buildListener` sets them on each).
     pub fn apply_to_listeners(&self, listeners: &mut [Listener], router: bool) {
         for l in listeners.iter_mut() {
             let class = listener_class(l, router);
@@ -633,12 +633,8 @@ impl ProxyTelemetry {
             for chain in chains {
                 apply_to_chain(&mut chain.filters, http, tcp);
             }
-            // The capture listeners (lds::VIRTUAL_OUTBOUND, lds::VIRTUAL_INBOUND).
-            let capture = l.name == "virtualOutbound" || l.name == "virtualInbound";
-            if router || capture {
-                l.access_log
-                    .extend(self.listener_access_log(class).iter().cloned());
-            }
+            l.access_log
+                .extend(self.listener_access_log(class).iter().cloned());
         }
     }
 }
@@ -685,4 +681,31 @@ fn apply_to_chain(filters: &mut Vec<Filter>, http: &HttpTelemetry, tcp: &TcpTele
 
 fn any_of<M: Message + Name>(m: &M) -> Any {
     crate::generate::proto::pack(m)
+}
+
+/// The Telemetry objects of `snapshot` naming providers its mesh config does not
+/// define or that cannot do what they are named for (Istio's analyzer findings), for
+/// `/debug/configz`: kind, namespace, name, field and message, sorted.
+pub fn provider_findings(snapshot: &Snapshot) -> Vec<serde_json::Value> {
+    let mesh = &snapshot.mesh().config;
+    let mut out: Vec<serde_json::Value> = snapshot
+        .config()
+        .telemetries()
+        .iter()
+        .flat_map(|t| {
+            meshfed_registry::config::validate::unknown_providers(&t.spec, mesh)
+                .into_iter()
+                .map(|(field, message)| {
+                    serde_json::json!({
+                        "kind": "Telemetry",
+                        "namespace": t.namespace,
+                        "name": t.name,
+                        "field": field,
+                        "message": message,
+                    })
+                })
+        })
+        .collect();
+    out.sort_by_key(|v| v.to_string());
+    out
 }

@@ -1827,15 +1827,15 @@ fn listeners_get_filters_logs_and_tracing_where_istio_puts_them() {
     )
     .unwrap();
     assert_eq!(tcp.access_log.len(), 1);
-    // Outbound: no metadata exchange network filter (the cluster does it), no
-    // listener-level log on a per-port listener.
+    // Outbound: no metadata exchange network filter (the cluster does it); the
+    // listener-level log is on every listener.
     let outbound = &listeners[1];
     assert_eq!(names(&outbound.filter_chains[0]), [HCM_FILTER]);
     assert_eq!(
         names(&outbound.filter_chains[1]),
         ["envoy.filters.network.rbac", STATS_FILTER, TCP_PROXY_FILTER]
     );
-    assert!(outbound.access_log.is_empty());
+    assert_eq!(outbound.access_log.len(), 1);
     // The inbound stats config differs from the outbound one (host header fallback).
     let stats = |chain: &FilterChain| {
         StatsPluginConfig::decode(
