@@ -664,7 +664,15 @@ fn apply_to_chain(filters: &mut Vec<Filter>, http: &HttpTelemetry, tcp: &TcpTele
             if let Some(any) = typed(&filters[i])
                 && let Ok(mut proxy) = TcpProxy::decode(any.value.as_slice())
             {
-                tcp.apply(&mut proxy);
+                // Istio logs nothing on the black hole's TCP proxies.
+                let black_hole = matches!(
+                    &proxy.cluster_specifier,
+                    Some(envoy_types::pb::envoy::extensions::filters::network::tcp_proxy::v3::tcp_proxy::ClusterSpecifier::Cluster(c))
+                        if c == crate::xds::names::BLACK_HOLE
+                );
+                if !black_hole {
+                    tcp.apply(&mut proxy);
+                }
                 filters[i].config_type = Some(filter::ConfigType::TypedConfig(any_of(&proxy)));
             }
             for (k, f) in tcp.stats.iter().enumerate() {

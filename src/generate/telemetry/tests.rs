@@ -1849,3 +1849,177 @@ fn listeners_get_filters_logs_and_tracing_where_istio_puts_them() {
     assert!(stats(&inbound.filter_chains[1]).disable_host_header_fallback);
     assert!(!stats(&outbound.filter_chains[1]).disable_host_header_fallback);
 }
+
+// === accesslog_test.go (networking/core) ===
+
+#[test]
+fn istio_listener_access_log_vectors() {
+    use envoy_types::pb::envoy::config::core::v3::substitution_format_string::Format;
+    use envoy_types::pb::envoy::extensions::access_loggers::file::v3::{
+        FileAccessLog, file_access_log,
+    };
+    use meshfed_api::mesh::v1alpha1::mesh_config::AccessLogEncoding::{Json, Text};
+    let default_json = access_log::default_json_struct();
+    let cases = [
+        (
+            "valid json object",
+            Json,
+            r#"{"foo": "bar"}"#,
+            Some(access_log::json_struct(r#"{"foo":"bar"}"#).unwrap()),
+            None,
+        ),
+        (
+            "valid nested json object",
+            Json,
+            r#"{"foo": {"bar": "ha"}}"#,
+            Some(access_log::json_struct(r#"{"foo":{"bar":"ha"}}"#).unwrap()),
+            None,
+        ),
+        (
+            "invalid json object",
+            Json,
+            "foo",
+            Some(default_json.clone()),
+            None,
+        ),
+        (
+            "incorrect json type",
+            Json,
+            "[]",
+            Some(default_json.clone()),
+            None,
+        ),
+        (
+            "incorrect json type (string)",
+            Json,
+            r#""{}""#,
+            Some(default_json.clone()),
+            None,
+        ),
+        (
+            "default json format",
+            Json,
+            "",
+            Some(default_json.clone()),
+            None,
+        ),
+        (
+            "default text format",
+            Text,
+            "",
+            None,
+            Some(access_log::TEXT_FORMAT),
+        ),
+    ];
+    for (name, encoding, format, want_json, want_text) in cases {
+        let mut mesh = crate::mesh::default_mesh_config();
+        mesh.access_log_file = "foo".into();
+        mesh.access_log_encoding = encoding as i32;
+        mesh.access_log_format = format.into();
+        let t = build(&mesh, &[], "default", &sidecar_labels(), false);
+        for class in [
+            ListenerClass::SidecarInbound,
+            ListenerClass::SidecarOutbound,
+        ] {
+            let listener = t.listener_access_log(class);
+            assert!(
+                listener[0].filter.is_some(),
+                "{name}: the listener log filters NR"
+            );
+            let logs = [
+                &listener[0],
+                &t.http(class).access_log[0],
+                &t.tcp(class).access_log[0],
+            ];
+            assert!(t.tcp(class).access_log[0].filter.is_none(), "{name}");
+            for log in logs {
+                let f: FileAccessLog = typed(log);
+                assert_eq!(f.path, "foo");
+                let Some(file_access_log::AccessLogFormat::LogFormat(lf)) = f.access_log_format
+                else {
+                    panic!("{name}")
+                };
+                match (lf.format.unwrap(), &want_json, want_text) {
+                    (Format::JsonFormat(j), Some(w), _) => assert_eq!(&j, w, "{name}"),
+                    (Format::TextFormatSource(src), _, Some(w)) => assert_eq!(
+                        src.specifier,
+                        Some(envoy_types::pb::envoy::config::core::v3::data_source::Specifier::InlineString(w.into())),
+                        "{name}"
+                    ),
+                    (other, _, _) => panic!("{name}: {other:?}"),
+                }
+            }
+        }
+    }
+}
+
+/// TestSetTCPAccessLog and TestSetHttpAccessLog: the same four proxies, TCP proxy and
+/// connection manager alike.
+#[test]
+fn istio_set_tcp_and_http_access_log_vectors() {
+    use envoy_types::pb::envoy::extensions::access_loggers::file::v3::FileAccessLog;
+    let mut mesh = crate::mesh::default_mesh_config();
+    mesh.access_log_file = "/dev/stdout".into();
+    mesh.extension_providers = yaml(
+        "[{name: envoy-json, envoyFileAccessLog: {path: /dev/stdout, logFormat: {labels: {}}}}]",
+    );
+    let cfgs = arcs(vec![
+        telemetry_named(
+            "default",
+            "test",
+            "selector: {matchLabels: {app: test}}\naccessLogging: [{providers: [{name: envoy-json}]}]",
+        ),
+        telemetry_named(
+            "default",
+            "test-with-server-accesslog-filter",
+            "selector: {matchLabels: {app: test-with-server-accesslog-filter}}\naccessLogging: [{match: {mode: SERVER}, providers: [{name: envoy-json}]}]",
+        ),
+        telemetry_named(
+            "default",
+            "test-disable-accesslog",
+            "selector: {matchLabels: {app: test-disable-accesslog}}\naccessLogging: [{providers: [{name: envoy}], disabled: true}]",
+        ),
+    ]);
+    let default_out = text_out("/dev/stdout", access_log::TEXT_FORMAT);
+    let json_out = default_json_labels_out();
+    let cases = [
+        (
+            "telemetry",
+            "test",
+            ListenerClass::SidecarInbound,
+            Some(&json_out),
+        ),
+        (
+            "log-selector-unmatched-telemetry",
+            "test-with-server-accesslog-filter",
+            ListenerClass::SidecarOutbound,
+            Some(&default_out),
+        ),
+        (
+            "without-telemetry",
+            "without-telemetry",
+            ListenerClass::SidecarInbound,
+            Some(&default_out),
+        ),
+        (
+            "disable-accesslog",
+            "test-disable-accesslog",
+            ListenerClass::SidecarInbound,
+            None,
+        ),
+    ];
+    for (name, app, class, want) in cases {
+        let labels: BTreeMap<String, String> = [("app".to_string(), app.to_string())].into();
+        let t = build(&mesh, &cfgs, "default", &labels, false);
+        for logs in [&t.tcp(class).access_log, &t.http(class).access_log] {
+            match want {
+                Some(w) => {
+                    assert_eq!(logs.len(), 1, "{name}");
+                    assert_eq!(&typed::<FileAccessLog>(&logs[0]), w, "{name}");
+                    assert!(logs[0].filter.is_none(), "{name}");
+                }
+                None => assert!(logs.is_empty(), "{name}"),
+            }
+        }
+    }
+}
