@@ -452,7 +452,7 @@ pub fn provider_log(
     name: &str,
     provider: &Provider,
     mesh: &MeshConfig,
-    lookup: &dyn Fn(&str, u32) -> Result<(String, String), String>,
+    lookup: &super::ClusterLookup<'_>,
 ) -> Option<AccessLog> {
     let found = |kind: &str, service: &str, port: u32| match lookup(service, port) {
         Ok(found) => Some(found),

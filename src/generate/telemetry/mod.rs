@@ -343,6 +343,10 @@ pub struct ProxyTelemetry {
     pub applied: Vec<String>,
 }
 
+/// Istio's `LookupCluster`: a provider's `[<namespace>/]<hostname>` and port to the
+/// hostname and its outbound cluster, or why there is none.
+pub type ClusterLookup<'a> = dyn Fn(&str, u32) -> Result<(String, String), String> + 'a;
+
 /// The snapshot-level inputs telemetry reads.
 pub struct MeshInputs<'a> {
     /// The mesh config.
@@ -350,7 +354,7 @@ pub struct MeshInputs<'a> {
     /// Every Telemetry, in Istio's order (oldest first).
     pub telemetries: &'a [Arc<Config<tel::Telemetry>>],
     /// `[<namespace>/]<hostname>` and port to (hostname, outbound cluster).
-    pub lookup: &'a dyn Fn(&str, u32) -> Result<(String, String), String>,
+    pub lookup: &'a ClusterLookup<'a>,
 }
 
 /// The proxy facts telemetry reads (all in a listener's cache key).
@@ -550,7 +554,7 @@ pub fn telemetry_logs(
     mesh: &MeshConfig,
     providers: &Providers,
     class: ListenerClass,
-    lookup: &dyn Fn(&str, u32) -> Result<(String, String), String>,
+    lookup: &ClusterLookup<'_>,
 ) -> Vec<LogEntry> {
     let merged = merge::merge_logs(logging, mesh, class.mode());
     let mut logs = Vec::new();

@@ -2,6 +2,9 @@
 //! (`pilot/pkg/model/telemetry_test.go`, `telemetry_logging_test.go`,
 //! `pilot/pkg/networking/core/tracing_test.go`, `accesslog_test.go`), ported.
 
+// The vector tables are tuples, as Istio's test tables are structs.
+#![allow(clippy::type_complexity)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -1274,7 +1277,7 @@ fn tracing_spec(
     istio_tags: bool,
 ) -> TracingConfig {
     let s = TracingSpec {
-        provider: provider.map(|p| yaml(p)),
+        provider: provider.map(yaml),
         disabled: false,
         random_sampling_percentage: Some(sampling),
         custom_tags: None,

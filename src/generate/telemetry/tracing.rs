@@ -273,7 +273,7 @@ pub fn hcm_tracing(
     mesh: &MeshConfig,
     class: ListenerClass,
     tags: &ProxyTags,
-    lookup: &dyn Fn(&str, u32) -> Result<(String, String), String>,
+    lookup: &super::ClusterLookup<'_>,
 ) -> HcmTracing {
     let proxy_cfg = proxy_tracing(mesh);
     let max_path = proxy_cfg
@@ -382,7 +382,7 @@ fn http_provider(
 fn provider_tracing(
     provider: &ExtensionProvider,
     tags: &ProxyTags,
-    lookup: &dyn Fn(&str, u32) -> Result<(String, String), String>,
+    lookup: &super::ClusterLookup<'_>,
 ) -> Result<(http_connection_manager::Tracing, bool), String> {
     let cluster = |service: &str, port: u32| {
         lookup(service, port).map_err(|e| {

@@ -46,6 +46,9 @@ fn spec(kind: Kind, variant: u32) -> Value {
         Kind::RequestAuthentication => json!({"jwtRules": [{"issuer": host}]}),
         Kind::AuthorizationPolicy => json!({"rules": [{"to": [{"operation": {"hosts": [host]}}]}]}),
         Kind::WorkloadGroup => json!({"template": {"labels": {"version": format!("v{variant}")}}}),
+        Kind::Telemetry => {
+            json!({"tracing": [{"randomSamplingPercentage": f64::from(variant % 100)}]})
+        }
     }
 }
 

@@ -233,28 +233,27 @@ pub fn unknown_providers(t: &tel::Telemetry, mesh: &MeshConfig) -> Vec<(String, 
             }
             return;
         };
-        let fits = match (&p.provider, want) {
+        let fits = matches!(
+            (&p.provider, want),
             (
                 Some(
                     Provider::Zipkin(_)
-                    | Provider::Datadog(_)
-                    | Provider::Skywalking(_)
-                    | Provider::Opentelemetry(_),
+                        | Provider::Datadog(_)
+                        | Provider::Skywalking(_)
+                        | Provider::Opentelemetry(_),
                 ),
                 Use::Tracing,
-            ) => true,
-            (Some(Provider::Prometheus(_)), Use::Metrics) => true,
-            (
-                Some(
-                    Provider::EnvoyFileAccessLog(_)
-                    | Provider::EnvoyHttpAls(_)
-                    | Provider::EnvoyTcpAls(_)
-                    | Provider::EnvoyOtelAls(_),
-                ),
-                Use::Logging,
-            ) => true,
-            _ => false,
-        };
+            ) | (Some(Provider::Prometheus(_)), Use::Metrics)
+                | (
+                    Some(
+                        Provider::EnvoyFileAccessLog(_)
+                            | Provider::EnvoyHttpAls(_)
+                            | Provider::EnvoyTcpAls(_)
+                            | Provider::EnvoyOtelAls(_),
+                    ),
+                    Use::Logging,
+                )
+        );
         if !fits {
             let what = match want {
                 Use::Tracing => "tracing",
