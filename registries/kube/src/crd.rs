@@ -429,7 +429,8 @@ mod tests {
                 "peerauthentications",
                 "requestauthentications",
                 "authorizationpolicies",
-                "workloadgroups"
+                "workloadgroups",
+                "telemetries"
             ]
         );
         for kind in Kind::ALL {
