@@ -53,6 +53,17 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/extensions/transport_sockets/tls/v3/secret.proto",
     "envoy/extensions/transport_sockets/tls/v3/tls.proto",
     "envoy/extensions/upstreams/http/v3/http_protocol_options.proto",
+    // Telemetry: access loggers, their filters and formatters, tracers, request ids.
+    "envoy/extensions/access_loggers/file/v3/file.proto",
+    "envoy/extensions/access_loggers/grpc/v3/als.proto",
+    "envoy/extensions/access_loggers/open_telemetry/v3/logs_service.proto",
+    "envoy/extensions/access_loggers/filters/cel/v3/cel.proto",
+    "envoy/extensions/formatter/req_without_query/v3/req_without_query.proto",
+    "envoy/config/trace/v3/zipkin.proto",
+    "envoy/config/trace/v3/datadog.proto",
+    "envoy/config/trace/v3/skywalking.proto",
+    "envoy/config/trace/v3/opentelemetry.proto",
+    "envoy/extensions/request_id/uuid/v3/uuid.proto",
 ];
 
 /// Import roots inside envoy-types' `proto/` directory.
@@ -95,6 +106,42 @@ message FilterConfig {
   repeated AlpnOverride alpn_override = 1;
 }
 "#;
+
+/// Messages of Istio's proxy that listeners carry and envoy-types has no `.proto` of:
+/// `udpa.type.v1.TypedStruct` (metadata exchange configs) and the fields of
+/// `stats.PluginConfig` meshfed sets (`istio.stats`). Kept in sync with
+/// `src/generate/telemetry/mod.rs`.
+const ISTIO_PROXY_PROTOS: &[(&str, &str)] = &[
+    (
+        "udpa/type/v1/typed_struct.proto",
+        r#"syntax = "proto3";
+package udpa.type.v1;
+import "google/protobuf/struct.proto";
+message TypedStruct {
+  string type_url = 1;
+  google.protobuf.Struct value = 2;
+}
+"#,
+    ),
+    (
+        "stats/config.proto",
+        r#"syntax = "proto3";
+package stats;
+import "google/protobuf/duration.proto";
+message MetricConfig {
+  map<string, string> dimensions = 1;
+  string name = 2;
+  repeated string tags_to_remove = 3;
+  bool drop = 5;
+}
+message PluginConfig {
+  bool disable_host_header_fallback = 6;
+  google.protobuf.Duration tcp_reporting_duration = 7;
+  repeated MetricConfig metrics = 8;
+}
+"#,
+    ),
+];
 
 const OUTPUT: &str = "config_dump_descriptors.bin";
 
@@ -247,6 +294,12 @@ fn compile(proto_dir: &Path, out_dir: &Path) -> Result<Vec<u8>, String> {
         .and_then(|()| fs::write(&alpn, ISTIO_ALPN_PROTO))
         .map_err(|e| format!("writing {}: {e}", alpn.display()))?;
 
+    for (name, text) in ISTIO_PROXY_PROTOS {
+        let path = local.join(name);
+        fs::create_dir_all(path.parent().expect("has a parent"))
+            .and_then(|()| fs::write(&path, text))
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    }
     let mut includes: Vec<PathBuf> = INCLUDE_ROOTS
         .iter()
         .map(|r| proto_dir.join(r))
@@ -256,10 +309,16 @@ fn compile(proto_dir: &Path, out_dir: &Path) -> Result<Vec<u8>, String> {
     let mut compiler = protox::Compiler::new(&includes).map_err(|e| format!("protox: {e}"))?;
     compiler.include_imports(true).include_source_info(false);
     compiler
-        .open_files(ENTRY_FILES.iter().copied().chain([
-            "meshfed/admin/v1/opaque_any.proto",
-            "istio/alpn/config.proto",
-        ]))
+        .open_files(
+            ENTRY_FILES
+                .iter()
+                .copied()
+                .chain([
+                    "meshfed/admin/v1/opaque_any.proto",
+                    "istio/alpn/config.proto",
+                ])
+                .chain(ISTIO_PROXY_PROTOS.iter().map(|(name, _)| *name)),
+        )
         .map_err(|e| format!("compiling envoy protos from {}: {e}", proto_dir.display()))?;
     Ok(compiler.encode_file_descriptor_set())
 }

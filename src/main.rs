@@ -113,10 +113,23 @@ struct ValidateArgs {
     /// or an Istio kind not supported yet), which are otherwise warnings.
     #[arg(long = "strict")]
     strict: bool,
+    /// The mesh config the objects are served with (as `discovery --meshConfig`):
+    /// Telemetry naming a provider it does not define is warned about. Default:
+    /// Istio's default mesh config (built-in providers only).
+    #[arg(long = "meshConfig")]
+    mesh_config: Option<PathBuf>,
 }
 
 fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
-    use meshfed_registry::config::{validate_files, validate_text};
+    use meshfed_registry::config::{validate_files_in, validate_text};
+    let mesh = match &args.mesh_config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            meshfed::mesh::parse_mesh_config(path, &text)?
+        }
+        None => meshfed::mesh::default_mesh_config(),
+    };
     let mut reports = Vec::new();
     let (stdin, files): (Vec<PathBuf>, Vec<PathBuf>) =
         args.files.into_iter().partition(|p| p.as_os_str() == "-");
@@ -125,7 +138,7 @@ fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).context("reading stdin")?;
         reports.push(validate_text(std::path::Path::new("<stdin>"), &text));
     }
-    reports.extend(validate_files(&files));
+    reports.extend(validate_files_in(&files, Some(&mesh)));
     let (mut objects, mut errors, mut ignored) = (0, 0, 0);
     for report in &reports {
         objects += report.objects.len() + report.secrets.len();

@@ -70,6 +70,14 @@ pub fn default_mesh_config() -> MeshConfig {
     m.outbound_traffic_policy = Some(mesh_config::OutboundTrafficPolicy {
         mode: mesh_config::outbound_traffic_policy::Mode::AllowAny as i32,
     });
+    // Telemetry: Istio traces by default (the sampling and tags of
+    // `defaultConfig.tracing`) and reports its standard metrics through the built-in
+    // `prometheus` provider.
+    m.enable_tracing = true;
+    m.default_providers = Some(mesh_config::DefaultProviders {
+        metrics: vec!["prometheus".into()],
+        ..Default::default()
+    });
     m
 }
 

@@ -125,6 +125,27 @@ pub mod security {
     }
 }
 
+/// `telemetry.istio.io`: Telemetry.
+pub mod telemetry {
+    /// Generated from `istio/telemetry/v1alpha1/telemetry.proto` (served as `v1`
+    /// and `v1alpha1`).
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::nursery,
+        rustdoc::all,
+        deprecated
+    )]
+    pub mod v1alpha1 {
+        include!(concat!(env!("OUT_DIR"), "/istio.telemetry.v1alpha1.rs"));
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/istio.telemetry.v1alpha1.serde.rs"
+        ));
+    }
+}
+
 /// The encoded `google.protobuf.FileDescriptorSet` of every `.proto` file of
 /// this crate (with imports and source comments), for reflection-based
 /// tooling such as schema dumps or dynamic validation.

@@ -358,11 +358,14 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     // Security policies whose selector no endpoint carries (Istio's IST0127).
     let snapshot = state.pipeline.snapshot().load();
     let selecting_nothing = crate::generate::authn::policies_selecting_nothing(&snapshot);
+    // Telemetry naming providers the mesh config does not define (Istio's analyzers).
+    let unknown_providers = crate::generate::telemetry::provider_findings(&snapshot);
     Ok(json!({
         "objects": objects,
         "rejected": rejected,
         "ignored": ignored,
         "selectingNoWorkload": selecting_nothing,
+        "telemetryProviders": unknown_providers,
     }))
 }
 

@@ -27,6 +27,7 @@ pub mod rds;
 #[cfg(any(test, feature = "testing"))]
 pub mod simulate;
 pub mod subscription;
+pub mod telemetry;
 pub mod traffic_policy;
 pub mod upstream_tls;
 
@@ -383,11 +384,15 @@ impl ListenerInput {
     ) {
         #[cfg(test)]
         tests::LISTENER_GENERATIONS.with(|n| n.set(n.get() + 1));
-        if self.client.is_router() {
+        let (mut listeners, findings) = if self.client.is_router() {
             lds::gateway_listener_set(snapshot, &self.client, &self.targets)
         } else {
             lds::sidecar_listener_set(snapshot, &self.client, &self.inbound, self.headless_self)
-        }
+        };
+        // Access logs, tracing, stats and metadata exchange, from the same input.
+        telemetry::ProxyTelemetry::new(snapshot, &self.client)
+            .apply_to_listeners(&mut listeners, self.client.is_router());
+        (listeners, findings)
     }
 
     fn class(&self) -> ProxyClass {

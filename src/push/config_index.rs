@@ -32,6 +32,7 @@ pub struct ConfigIndex {
     peer_authentications: Vec<Arc<Config<sec::PeerAuthentication>>>,
     request_authentications: Vec<Arc<Config<sec::RequestAuthentication>>>,
     authorization_policies: Vec<Arc<Config<sec::AuthorizationPolicy>>>,
+    telemetries: Vec<Arc<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>>,
     default_vs_export: Vec<String>,
     default_dr_export: Vec<String>,
     /// JWKS documents fetched for the RequestAuthentications (see [`crate::jwks`]).
@@ -48,6 +49,7 @@ pub struct ConfigSet {
     pub peer_authentications: Vec<Config<sec::PeerAuthentication>>,
     pub request_authentications: Vec<Config<sec::RequestAuthentication>>,
     pub authorization_policies: Vec<Config<sec::AuthorizationPolicy>>,
+    pub telemetries: Vec<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>,
 }
 
 impl ConfigIndex {
@@ -124,6 +126,7 @@ impl ConfigIndex {
             peer_authentications: order(set.peer_authentications),
             request_authentications: order(set.request_authentications),
             authorization_policies: order(set.authorization_policies),
+            telemetries: order(set.telemetries),
             default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
             jwks: Arc::default(),
@@ -248,6 +251,12 @@ impl ConfigIndex {
     /// Every AuthorizationPolicy, oldest first (then namespace and name).
     pub fn authorization_policies(&self) -> &[Arc<Config<sec::AuthorizationPolicy>>] {
         &self.authorization_policies
+    }
+
+    /// Every Telemetry, oldest first (then namespace and name): the order Istio
+    /// picks the first one of a scope in.
+    pub fn telemetries(&self) -> &[Arc<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>] {
+        &self.telemetries
     }
 
     /// Every Gateway, oldest first (then namespace and name).

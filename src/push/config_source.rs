@@ -32,6 +32,7 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::PeerAuthentication(pa) => set.peer_authentications.push(Config::of(object, pa)),
         Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
         Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
+        Spec::Telemetry(t) => set.telemetries.push(Config::of(object, t)),
         #[allow(unreachable_patterns)]
         _ => debug_assert_ne!(
             object.kind.info().feeds,
@@ -82,7 +83,7 @@ pub fn config_source(
             if !not_enforced.is_empty() {
                 tracing::warn!(
                     objects = %not_enforced.join("; "),
-                    "security.istio.io objects meshfed does not fully apply yet"
+                    "config objects meshfed does not fully apply yet"
                 );
             }
             *last = not_enforced;

@@ -508,9 +508,10 @@ fn policy_selectors(
             ConfigKind::PeerAuthentication
                 | ConfigKind::RequestAuthentication
                 | ConfigKind::AuthorizationPolicy
+                | ConfigKind::Telemetry
         )
     };
-    // Only security policies have selectors that narrow a push (endpoint pushes name
+    // Only security policies and Telemetry have selectors that narrow a push (endpoint pushes name
     // thousands of other keys).
     for key in request.configs_updated.iter().filter(security) {
         let mut versions = Vec::new();
@@ -530,6 +531,11 @@ fn policy_selectors(
                     .map(|p| labels(p.spec.selector.as_ref())),
                 ConfigKind::AuthorizationPolicy => config
                     .authorization_policies()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::Telemetry => config
+                    .telemetries()
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),

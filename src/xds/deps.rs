@@ -89,11 +89,14 @@ pub fn depends_on(
     selectors: Option<&PolicySelectors>,
 ) -> bool {
     let scoped_class = matches!(class, ProxyClass::Sidecar | ProxyClass::Grpc);
+    // Telemetry is scoped the same way: the root namespace's reaches every proxy,
+    // a namespace's its own proxies, a selector's the workloads it selects.
     let security = matches!(
         key.kind,
         ConfigKind::PeerAuthentication
             | ConfigKind::RequestAuthentication
             | ConfigKind::AuthorizationPolicy
+            | ConfigKind::Telemetry
     );
     let Some(root) = root_namespace.filter(|_| scoped_class && security) else {
         return true;
@@ -341,6 +344,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn telemetry_is_read_by_listeners_only() {
+        for class in [ProxyClass::Sidecar, ProxyClass::Router] {
+            for type_url in [
+                TypeUrl::Cluster,
+                TypeUrl::Endpoint,
+                TypeUrl::Route,
+                TypeUrl::Secret,
+                TypeUrl::NameTable,
+            ] {
+                assert!(
+                    !reads(class, type_url, ConfigKind::Telemetry),
+                    "{type_url:?}"
+                );
+            }
+            assert!(reads(class, TypeUrl::Listener, ConfigKind::Telemetry));
+        }
+    }
+
     fn labels(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
         pairs
             .iter()
@@ -355,6 +377,7 @@ mod tests {
             ConfigKind::PeerAuthentication,
             ConfigKind::RequestAuthentication,
             ConfigKind::AuthorizationPolicy,
+            ConfigKind::Telemetry,
         ] {
             let key = ConfigKey::new(kind, "p", "foo");
             let request = PushRequest::full(TriggerReason::Config, [key.clone()]);

@@ -400,6 +400,12 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "authorizationpolicies",
         &["list", "watch"],
     ),
+    (
+        "ClusterRole",
+        "telemetry.istio.io",
+        "telemetries",
+        &["list", "watch"],
+    ),
     // registries/kube/src/token_review.rs: Kubernetes JWT authentication.
     (
         "ClusterRole",
@@ -471,6 +477,10 @@ fn rbac_grants_only_what_the_code_reads_and_writes() {
                 for (group, versions) in [
                     (m::GROUP, &m::VERSIONS[..]),
                     (m::SECURITY_GROUP, &m::SECURITY_VERSIONS[..]),
+                    (
+                        meshfed_registry::config::kinds::TELEMETRY.name,
+                        meshfed_registry::config::kinds::TELEMETRY.versions,
+                    ),
                 ] {
                     expected.push(format!("/apis/{group}"));
                     expected.extend(versions.iter().map(|v| format!("/apis/{group}/{v}")));

@@ -23,7 +23,12 @@ const REVIEWS: &str = "reviews.default.svc.cluster.local";
 fn inbound_jwks(listeners: &[Listener]) -> Option<String> {
     let vi = listeners.iter().find(|l| l.name == "virtualInbound")?;
     let chain = vi.filter_chains.iter().find(|c| c.name == "0.0.0.0_9080")?;
-    let Some(filter::ConfigType::TypedConfig(any)) = &chain.filters[0].config_type else {
+    // The connection manager (after the metadata exchange filter).
+    let hcm = chain
+        .filters
+        .iter()
+        .find(|f| f.name == "envoy.filters.network.http_connection_manager")?;
+    let Some(filter::ConfigType::TypedConfig(any)) = &hcm.config_type else {
         return None;
     };
     let hcm = HttpConnectionManager::decode(any.value.as_slice()).ok()?;

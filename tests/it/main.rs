@@ -30,4 +30,5 @@ mod secure;
 mod serviceentry;
 mod sidecar_simulation;
 mod sotw;
+mod telemetry;
 mod vm_bridge;

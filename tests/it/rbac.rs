@@ -182,7 +182,9 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
     let policy = deploy_rbac().without_discovery_defaults();
     c1.enforce(policy.clone());
     let c2 = EnforcedApi::start().await;
-    c1.install_crds(CustomResource::istio(&["v1", "v1beta1", "v1alpha3"]));
+    c1.install_crds(CustomResource::istio(&[
+        "v1", "v1beta1", "v1alpha3", "v1alpha1",
+    ]));
     populate(&c1, "10.96.0.7", "10.1.0.1");
     populate(&c2, "10.97.0.7", "10.2.0.1");
     c1.apply(&objects::config_map(

@@ -44,6 +44,8 @@ pub enum ConfigKind {
     AuthorizationPolicy,
     /// The template and readiness probe of workloads that register themselves.
     WorkloadGroup,
+    /// Metrics, access logging and tracing of workloads.
+    Telemetry,
     /// Only the endpoints of a service changed: EDS for that hostname only.
     Endpoints,
     /// The mesh-wide configuration.

@@ -429,7 +429,8 @@ mod tests {
                 "peerauthentications",
                 "requestauthentications",
                 "authorizationpolicies",
-                "workloadgroups"
+                "workloadgroups",
+                "telemetries"
             ]
         );
         for kind in Kind::ALL {
@@ -501,7 +502,7 @@ mod metrics_tests {
             (
                 "meshfed_kube_config_objects",
                 "Valid Istio config objects read from the Kubernetes API server, by kind",
-                [1, 1, 0, 0, 0, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ),
             (
                 "meshfed_kube_config_watch_errors",

@@ -86,7 +86,7 @@ impl CacheInput<Snapshot> for OutboundClusterInput {
             .rule
             .as_ref()
             .and_then(|(ns, name)| snapshot.config().destination_rule_by_name(ns, name));
-        let cluster = outbound_cluster_for(&OutboundRequest {
+        let mut cluster = outbound_cluster_for(&OutboundRequest {
             service,
             port,
             shards: self.shards.0.as_deref(),
@@ -97,6 +97,10 @@ impl CacheInput<Snapshot> for OutboundClusterInput {
             sni_dnat: self.sni_dnat,
             peer_mtls_disabled: self.peer_mtls_disabled,
         })?;
+        // Istio's `applyMetadataExchange`: outbound clusters exchange peer metadata.
+        cluster
+            .filters
+            .push(crate::generate::telemetry::upstream_metadata_exchange());
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
             cluster.name.clone(),

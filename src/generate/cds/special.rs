@@ -61,7 +61,11 @@ pub fn passthrough(mesh: &MeshConfig) -> Cluster {
     };
     let mut build = ClusterBuild::new(c);
     traffic_policy::apply_connection_pool(&mut build, mesh, &Default::default());
-    build.build()
+    let mut c = build.build();
+    // Istio's `applyMetadataExchange`, as on every outbound cluster.
+    c.filters
+        .push(crate::generate::telemetry::upstream_metadata_exchange());
+    c
 }
 
 /// `InboundPassthroughCluster`: [`passthrough`] for inbound traffic to ports no service
@@ -82,8 +86,10 @@ pub fn ip_families(ips: &[IpAddr]) -> (bool, bool) {
 /// `InboundPassthroughCluster` for a proxy of these IP families.
 pub fn inbound_passthrough_for(mesh: &MeshConfig, v4: bool, v6: bool) -> Cluster {
     let mut c = passthrough(mesh);
-    // Istio renames the passthrough cluster and keeps its stat name.
+    // Istio renames the passthrough cluster, keeps its stat name and drops its
+    // (outbound) metadata exchange.
     c.name = INBOUND_PASSTHROUGH.to_string();
+    c.filters.clear();
     c.upstream_bind_config = Some(BindConfig {
         source_address: Some(bind_address(if v4 {
             INBOUND_PASSTHROUGH_BIND_V4
@@ -101,4 +107,20 @@ pub fn inbound_passthrough_for(mesh: &MeshConfig, v4: bool, v6: bool) -> Cluster
         ..Default::default()
     });
     c
+}
+
+#[cfg(test)]
+mod metadata_exchange_tests {
+    use super::*;
+
+    #[test]
+    fn the_passthrough_cluster_exchanges_metadata_and_the_inbound_one_does_not() {
+        let mesh = crate::mesh::default_mesh_config();
+        let outbound = passthrough(&mesh);
+        assert_eq!(
+            outbound.filters,
+            [crate::generate::telemetry::upstream_metadata_exchange()]
+        );
+        assert!(inbound_passthrough(&mesh, &[]).filters.is_empty());
+    }
 }

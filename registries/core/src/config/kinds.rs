@@ -16,6 +16,7 @@
 
 use meshfed_api::networking::v1alpha3 as net;
 use meshfed_api::security::v1beta1 as sec;
+use meshfed_api::telemetry::v1alpha1 as tel;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -48,8 +49,15 @@ pub const SECURITY: Group = Group {
     api_version: "security.istio.io/v1",
 };
 
+/// `telemetry.istio.io`, versions `v1`, `v1alpha1`.
+pub const TELEMETRY: Group = Group {
+    name: "telemetry.istio.io",
+    versions: &["v1", "v1alpha1"],
+    api_version: "telemetry.istio.io/v1",
+};
+
 /// Every group some kind belongs to, in discovery order.
-pub const GROUPS: [Group; 2] = [NETWORKING, SECURITY];
+pub const GROUPS: [Group; 3] = [NETWORKING, SECURITY, TELEMETRY];
 
 /// What a kind's objects feed on the serving side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -405,6 +413,16 @@ declare_kinds! {
             validate: |_, s| v::service_entry::validate_workload_group(s),
             feeds: Feeds::Nothing,
             readers: Readers::NONE,
+        },
+        /// Metrics, access logging and tracing of workloads: read by the connection
+        /// managers and TCP proxies of listeners only.
+        Telemetry {
+            spec: tel::Telemetry,
+            group: TELEMETRY,
+            plural: "telemetries",
+            validate: |_, s| v::validate_telemetry(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::NONE.with(Reader::Listeners),
         },
     }
 }

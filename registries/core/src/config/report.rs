@@ -44,6 +44,16 @@ impl Report {
 /// wins). One report per file; the caller decides the exit code (non-zero when any
 /// report is not [`Report::is_ok`]).
 pub fn validate_files(paths: &[PathBuf]) -> Vec<Report> {
+    validate_files_in(paths, None)
+}
+
+/// [`validate_files`], knowing the mesh config the objects are served with: a
+/// Telemetry naming a provider that is not one of its extension providers (or one
+/// that cannot do what it is named for) is warned about, as Istio's analyzers do.
+pub fn validate_files_in(
+    paths: &[PathBuf],
+    mesh: Option<&meshfed_api::mesh::v1alpha1::MeshConfig>,
+) -> Vec<Report> {
     let mut files = Vec::new();
     let mut problems = Vec::new();
     for path in paths {
@@ -72,18 +82,47 @@ pub fn validate_files(paths: &[PathBuf]) -> Vec<Report> {
             )),
         }
     }
-    reports(&parsed)
+    reports(&parsed, mesh)
 }
 
 /// Checks the text of one file (e.g. read from stdin); `path` names it in messages and
 /// decides JSON (`.json`) or YAML.
 pub fn validate_text(path: &Path, text: &str) -> Report {
     let parsed = [parse_text(path, text)];
-    reports(&parsed).remove(0)
+    reports(&parsed, None).remove(0)
 }
 
-fn reports(parsed: &[ParsedFile]) -> Vec<Report> {
+fn reports(
+    parsed: &[ParsedFile],
+    mesh: Option<&meshfed_api::mesh::v1alpha1::MeshConfig>,
+) -> Vec<Report> {
     let mut assembly = assemble(parsed, &BTreeMap::new());
+    if let Some(mesh) = mesh {
+        let found = assembly.objects.values().flat_map(|p| {
+            let crate::config::model::Spec::Telemetry(t) = &p.obj.spec else {
+                return Vec::new();
+            };
+            crate::config::validate::unknown_providers(t, mesh)
+                .into_iter()
+                .map(|(field, message)| Diagnostic {
+                    severity: crate::config::source::Severity::Warning,
+                    file: p.file.clone(),
+                    line: p
+                        .obj
+                        .source
+                        .rsplit_once(':')
+                        .and_then(|(_, l)| l.parse().ok()),
+                    kind: p.obj.kind.to_string(),
+                    namespace: p.obj.namespace.clone(),
+                    name: p.obj.name.clone(),
+                    field,
+                    message,
+                })
+                .collect()
+        });
+        let found: Vec<Diagnostic> = found.collect();
+        assembly.warnings.extend(found);
+    }
     let across = crate::config::references::cross_object_warnings(
         assembly
             .objects

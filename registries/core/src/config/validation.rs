@@ -105,6 +105,21 @@ pub fn not_enforced_in(
                 _ => None,
             }
         }
+        Spec::Telemetry(t) if t.target_ref.is_some() || !t.target_refs.is_empty() => Some(
+            "Telemetry with targetRef(s) is not applied by meshfed: it attaches to Gateway \
+             API resources, which meshfed does not serve"
+                .into(),
+        ),
+        Spec::Telemetry(t) => {
+            let found = crate::config::validate::unknown_providers(t, mesh?);
+            (!found.is_empty()).then(|| {
+                found
+                    .iter()
+                    .map(|(field, why)| format!("{field}: {why}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })
+        }
         _ => None,
     }
 }

@@ -85,11 +85,16 @@ impl CustomResource {
         CustomResource::istio_group(SECURITY, versions)
     }
 
-    /// Both groups: [`CustomResource::istio_networking`] and
-    /// [`CustomResource::istio_security`].
+    /// Every Istio group meshfed reads: [`CustomResource::istio_networking`],
+    /// [`CustomResource::istio_security`] and `telemetry.istio.io` (in those of
+    /// `versions` each group has).
     pub fn istio(versions: &[&str]) -> Vec<CustomResource> {
         let mut out = CustomResource::istio_networking(versions);
         out.extend(CustomResource::istio_security(versions));
+        out.extend(CustomResource::istio_group(
+            meshfed_registry::config::kinds::TELEMETRY,
+            versions,
+        ));
         out
     }
 

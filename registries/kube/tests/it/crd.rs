@@ -46,6 +46,9 @@ fn spec(kind: Kind, variant: u32) -> Value {
         Kind::RequestAuthentication => json!({"jwtRules": [{"issuer": host}]}),
         Kind::AuthorizationPolicy => json!({"rules": [{"to": [{"operation": {"hosts": [host]}}]}]}),
         Kind::WorkloadGroup => json!({"template": {"labels": {"version": format!("v{variant}")}}}),
+        Kind::Telemetry => {
+            json!({"tracing": [{"randomSamplingPercentage": f64::from(variant % 100)}]})
+        }
     }
 }
 
@@ -181,7 +184,7 @@ async fn with_istio_crds(versions: &[&str]) -> FakeApiServer {
 
 #[tokio::test]
 async fn every_kind_is_created_updated_and_deleted_through_the_api() {
-    let api = with_istio_crds(&["v1", "v1beta1", "v1alpha3"]).await;
+    let api = with_istio_crds(&["v1", "v1beta1", "v1alpha3", "v1alpha1"]).await;
     // One object exists before the store starts: it comes with the initial list.
     api.apply_custom(&istio(
         "v1",
@@ -225,8 +228,14 @@ async fn every_kind_is_created_updated_and_deleted_through_the_api() {
             "{kind}: ServiceEntries and WorkloadEntries are left to their registry"
         );
 
+        // An older version of the kind's group (telemetry.istio.io has no v1beta1).
+        let older = if kind.versions().contains(&"v1beta1") {
+            "v1beta1"
+        } else {
+            "v1alpha1"
+        };
         s.api
-            .apply_custom(&istio("v1beta1", kind.as_str(), "ns", &name, spec(kind, 2)));
+            .apply_custom(&istio(older, kind.as_str(), "ns", &name, spec(kind, 2)));
         let want = meshfed_registry::config::Spec::from_value(kind, &spec(kind, 2)).unwrap();
         s.until("updated", |st| {
             st.get(kind, "ns", &name)
@@ -487,7 +496,9 @@ async fn discovery_picks_v1beta1_when_only_that_and_older_are_served() {
     ));
     let mut s = Running::synced(api).await;
     for kind in Kind::ALL {
-        assert_eq!(s.store.served_version(kind), Some("v1beta1"), "{kind}");
+        // telemetry.istio.io serves neither version: its kind is not served.
+        let want = kind.versions().contains(&"v1beta1").then_some("v1beta1");
+        assert_eq!(s.store.served_version(kind), want, "{kind}");
     }
     assert_eq!(s.names(), ["DestinationRule ns/old"]);
 

@@ -23,6 +23,7 @@ pub(crate) mod gateway;
 pub(crate) mod security;
 pub(crate) mod service_entry;
 pub(crate) mod sidecar;
+pub(crate) mod telemetry;
 pub(crate) mod virtual_service;
 
 use std::fmt;
@@ -40,6 +41,7 @@ pub use security::{
 };
 pub use service_entry::{validate_service_entry, validate_workload_entry};
 pub use sidecar::validate_sidecar;
+pub use telemetry::{BUILTIN_PROVIDERS, unknown_providers, validate_telemetry};
 pub use virtual_service::validate_virtual_service;
 
 /// The outcome of a validation: warnings when the object may be used, every error

@@ -159,7 +159,7 @@ fn selector(f: &mut Findings, spec: &FieldPath, selector: Option<&WorkloadSelect
     }
 }
 
-fn targets(
+pub(crate) fn targets(
     f: &mut Findings,
     spec: &FieldPath,
     sel: Option<&WorkloadSelector>,
