@@ -345,16 +345,15 @@ fn gateway_lb_endpoint(gateway: &Gateway, weight: u32) -> LbEndpoint {
     let string = |s: &str| Value {
         kind: Some(value::Kind::StringValue(s.to_string())),
     };
-    metadata.filter_metadata.insert(
+    let mut filter_metadata: Vec<(String, Struct)> = metadata.filter_metadata.drain().collect();
+    filter_metadata.push((
         "istio".to_string(),
-        Struct {
-            fields: [
-                ("network".to_string(), string(gateway.network.as_str())),
-                ("cluster".to_string(), string(gateway.cluster.as_str())),
-            ]
-            .into(),
-        },
-    );
+        crate::generate::proto::stable_struct([
+            ("network".to_string(), string(gateway.network.as_str())),
+            ("cluster".to_string(), string(gateway.cluster.as_str())),
+        ]),
+    ));
+    metadata.filter_metadata = crate::generate::proto::stable_map(filter_metadata);
     LbEndpoint {
         host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
             address: Some(socket(gateway.address.to_string(), gateway.port)),
@@ -639,13 +638,10 @@ fn tls_mode_metadata(mode: &str) -> Metadata {
         },
     )];
     Metadata {
-        filter_metadata: [(
+        filter_metadata: crate::generate::proto::stable_map([(
             "envoy.transport_socket_match".to_string(),
-            Struct {
-                fields: fields.into(),
-            },
-        )]
-        .into(),
+            crate::generate::proto::stable_struct(fields),
+        )]),
         ..Default::default()
     }
 }

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
 use envoy_types::pb::envoy::config::core::v3::{Metadata, TypedExtensionConfig};
 use envoy_types::pb::google::protobuf::{
-    Duration as PbDuration, ListValue, Struct, UInt32Value, Value, value,
+    Duration as PbDuration, ListValue, UInt32Value, Value, value,
 };
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::networking::v1alpha3::{
@@ -462,14 +462,13 @@ pub fn service_metadata(service: &Service) -> Value {
         kind: Some(value::Kind::StringValue(s.to_string())),
     };
     Value {
-        kind: Some(value::Kind::StructValue(Struct {
-            fields: [
+        kind: Some(value::Kind::StructValue(
+            crate::generate::proto::stable_struct([
                 ("host".to_string(), string(host)),
                 ("name".to_string(), string(name)),
                 ("namespace".to_string(), string(service.namespace.as_str())),
-            ]
-            .into(),
-        })),
+            ]),
+        )),
     }
 }
 
@@ -516,13 +515,10 @@ pub(super) fn istio_metadata(m: &IstioMetadata<'_>) -> Option<Metadata> {
         );
     }
     (!fields.is_empty()).then(|| Metadata {
-        filter_metadata: [(
+        filter_metadata: crate::generate::proto::stable_map([(
             "istio".to_string(),
-            Struct {
-                fields: fields.into_iter().collect(),
-            },
-        )]
-        .into(),
+            crate::generate::proto::stable_struct(fields),
+        )]),
         ..Default::default()
     })
 }

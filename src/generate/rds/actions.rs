@@ -18,7 +18,7 @@ use envoy_types::pb::envoy::extensions::filters::http::fault::v3::{
 };
 use envoy_types::pb::envoy::r#type::matcher::v3::{StringMatcher, string_matcher};
 use envoy_types::pb::envoy::r#type::v3::{FractionalPercent, fractional_percent::DenominatorType};
-use envoy_types::pb::google::protobuf::{Any, BoolValue, Struct, Value, value::Kind};
+use envoy_types::pb::google::protobuf::{Any, BoolValue, Value, value::Kind};
 use meshfed_api::networking::v1alpha3::{
     self as istio, HttpRoute, VirtualService, http_body, http_fault_injection, http_redirect,
 };
@@ -41,12 +41,10 @@ pub(super) fn config_metadata(vs: &Config<VirtualService>) -> Metadata {
         },
     );
     let mut metadata = Metadata::default();
-    metadata.filter_metadata.insert(
+    metadata.filter_metadata = crate::generate::proto::stable_map([(
         "istio".to_string(),
-        Struct {
-            fields: fields.into_iter().collect(),
-        },
-    );
+        crate::generate::proto::stable_struct(fields),
+    )]);
     metadata
 }
 

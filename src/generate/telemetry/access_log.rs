@@ -105,19 +105,7 @@ const PEER_STATE_WITH_WASM: [&str; 6] = [
     "wasm.downstream_peer_id",
 ];
 
-/// A `Struct` whose fields encode in the same order every time it is built with the
-/// same fields: `Struct` holds a `HashMap`, which prost encodes in iteration order, so
-/// every map here shares one hasher and gets its fields in sorted order (equal config,
-/// equal bytes, no needless pushes).
-pub fn stable_struct(fields: impl IntoIterator<Item = (String, Value)>) -> Struct {
-    static TEMPLATE: std::sync::LazyLock<std::collections::HashMap<String, Value>> =
-        std::sync::LazyLock::new(std::collections::HashMap::new);
-    let sorted: BTreeMap<String, Value> = fields.into_iter().collect();
-    let mut map = TEMPLATE.clone();
-    map.reserve(sorted.len());
-    map.extend(sorted);
-    Struct { fields: map }
-}
+pub use crate::generate::proto::stable_struct;
 
 /// The Istio default JSON format as a `Struct`.
 pub fn default_json_struct() -> Struct {
