@@ -40,12 +40,13 @@ pub(super) fn config_metadata(vs: &Config<VirtualService>) -> Metadata {
             kind: Some(Kind::StringValue(path)),
         },
     );
-    let mut metadata = Metadata::default();
-    metadata.filter_metadata = crate::generate::proto::stable_map([(
-        "istio".to_string(),
-        crate::generate::proto::stable_struct(fields),
-    )]);
-    metadata
+    Metadata {
+        filter_metadata: crate::generate::proto::stable_map([(
+            "istio".to_string(),
+            crate::generate::proto::stable_struct(fields),
+        )]),
+        ..Default::default()
+    }
 }
 
 #[derive(Default)]
