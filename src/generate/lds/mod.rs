@@ -1035,16 +1035,25 @@ pub(crate) mod tests {
             serde_json::json!({}),
         );
         let inbound = [InboundPort::captured(9080, true)];
-        let listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
-        let bytes: usize = listeners
-            .iter()
-            .map(|l| pack(l).encode_to_vec().len())
-            .sum();
+        let mut listeners = sidecar_listeners(&snap, &p.client_view(), &inbound);
+        let size = |listeners: &[Listener]| -> usize {
+            listeners
+                .iter()
+                .map(|l| pack(l).encode_to_vec().len())
+                .sum()
+        };
+        let bytes = size(&listeners);
+        // With the mesh's default telemetry (Istio's: prometheus metrics, tracing on at
+        // 1%, no access log), as the listener input puts it in.
+        crate::generate::telemetry::ProxyTelemetry::new(&snap, &p.client_view())
+            .apply_to_listeners(&mut listeners, false);
+        let with_telemetry = size(&listeners);
         println!(
-            "LDS per istio-reference sidecar: {} listeners, {bytes} bytes",
+            "LDS per istio-reference sidecar: {} listeners, {bytes} bytes; \
+             {with_telemetry} bytes with the default telemetry",
             listeners.len()
         );
-        assert!(bytes > 0);
+        assert!(with_telemetry > bytes);
     }
 
     /// Issue 20's measure: the LDS of one istio-reference sidecar (namespace `ns-0`,
