@@ -75,6 +75,26 @@ pub const GRPC_WEB_FILTER: &str = "envoy.filters.http.grpc_web";
 /// The `Server` header of inbound and gateway responses.
 pub const ISTIO_SERVER_NAME: &str = "istio-envoy";
 
+/// MeshConfig `pathNormalization` as the connection manager's `normalize_path`,
+/// `merge_slashes` and `path_with_escaped_slashes_action` (Istio's
+/// `buildHTTPConnectionManager`).
+pub fn path_normalization(
+    normalization: NormalizationType,
+) -> (bool, bool, PathWithEscapedSlashesAction) {
+    match normalization {
+        NormalizationType::None => (false, false, PathWithEscapedSlashesAction::KeepUnchanged),
+        NormalizationType::Default | NormalizationType::Base => {
+            (true, false, PathWithEscapedSlashesAction::KeepUnchanged)
+        }
+        NormalizationType::MergeSlashes => {
+            (true, true, PathWithEscapedSlashesAction::KeepUnchanged)
+        }
+        NormalizationType::DecodeAndMergeSlashes => {
+            (true, true, PathWithEscapedSlashesAction::UnescapeAndForward)
+        }
+    }
+}
+
 /// Which connection manager: Istio's listener classes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HcmClass {
@@ -152,18 +172,7 @@ impl HcmSettings {
 
     /// The connection manager of `class`.
     pub fn build(&self, class: HcmClass, parts: HcmParts<'_>) -> HttpConnectionManager {
-        let (normalize, merge_slashes, escaped_slashes) = match self.normalization {
-            NormalizationType::None => (false, false, PathWithEscapedSlashesAction::KeepUnchanged),
-            NormalizationType::Default | NormalizationType::Base => {
-                (true, false, PathWithEscapedSlashesAction::KeepUnchanged)
-            }
-            NormalizationType::MergeSlashes => {
-                (true, true, PathWithEscapedSlashesAction::KeepUnchanged)
-            }
-            NormalizationType::DecodeAndMergeSlashes => {
-                (true, true, PathWithEscapedSlashesAction::UnescapeAndForward)
-            }
-        };
+        let (normalize, merge_slashes, escaped_slashes) = path_normalization(self.normalization);
         let mut hcm = HttpConnectionManager {
             codec_type: CodecType::Auto as i32,
             stat_prefix: parts.stat_prefix,

@@ -257,18 +257,8 @@ mod tests {
 
     /// A connection manager configured as Istio configures it for `normalization`.
     fn hcm(normalization: NormalizationType) -> HttpConnectionManager {
-        let (normalize, merge, action) = match normalization {
-            NormalizationType::None => (false, false, PathWithEscapedSlashesAction::KeepUnchanged),
-            NormalizationType::Default | NormalizationType::Base => {
-                (true, false, PathWithEscapedSlashesAction::KeepUnchanged)
-            }
-            NormalizationType::MergeSlashes => {
-                (true, true, PathWithEscapedSlashesAction::KeepUnchanged)
-            }
-            NormalizationType::DecodeAndMergeSlashes => {
-                (true, true, PathWithEscapedSlashesAction::UnescapeAndForward)
-            }
-        };
+        let (normalize, merge, action) =
+            crate::generate::lds::hcm::path_normalization(normalization);
         HttpConnectionManager {
             normalize_path: Some(BoolValue { value: normalize }),
             merge_slashes: merge,
