@@ -5,13 +5,9 @@ use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use envoy_types::pb::envoy::config::core::v3::CidrRange;
-use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChainMatch, filter};
-use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
-    HttpConnectionManager, http_connection_manager,
-};
+use envoy_types::pb::envoy::config::listener::v3::{Filter, FilterChainMatch};
 use envoy_types::pb::google::protobuf::UInt32Value;
 use meshfed_registry::{Protocol, Service};
-use prost::Message;
 
 /// How a service port is served (Istio's listener protocol).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,21 +173,4 @@ pub(super) fn sniffed_route_name(bind: &str, port: u16, service: &Service) -> St
     } else {
         format!("{}:{port}", service.hostname)
     }
-}
-
-/// `hcm` (a connection manager on RDS) reading route table `route` instead.
-pub(super) fn with_route_table(mut hcm: Filter, route: &str) -> Filter {
-    let Some(filter::ConfigType::TypedConfig(any)) = hcm.config_type.as_mut() else {
-        return hcm;
-    };
-    let Ok(mut manager) = HttpConnectionManager::decode(any.value.as_slice()) else {
-        return hcm;
-    };
-    if let Some(http_connection_manager::RouteSpecifier::Rds(rds)) =
-        manager.route_specifier.as_mut()
-    {
-        rds.route_config_name = route.to_string();
-        any.value = manager.encode_to_vec();
-    }
-    hcm
 }

@@ -81,20 +81,22 @@ pub(in crate::generate::lds) fn weighted_tcp_proxy(
     }
 }
 
-/// The connection manager of an outbound HTTP chain: RDS `<port>` over ADS, for a port
-/// of `protocol`.
+/// The connection manager of an outbound HTTP chain: RDS table `route` over ADS (the
+/// port's shared `<port>`, or a sniffed VIP's own `<host>:<port>`), for a port of
+/// `protocol`.
 pub(super) fn outbound_hcm(
     snapshot: &Snapshot,
     proxy: &crate::model::ClientView,
     bind: &str,
     port: u16,
     protocol: Protocol,
+    route: &str,
 ) -> Filter {
     HcmSettings::new(snapshot, proxy).filter(
         HcmClass::SidecarOutbound,
         HcmParts {
             stat_prefix: format!("outbound_{bind}_{port};"),
-            routes: rds_routes(&port.to_string()),
+            routes: rds_routes(route),
             authz: &[],
             protocol,
         },

@@ -441,7 +441,15 @@ fn add_service_port(
                 Some(c) if is_tcp(c) => (Protocol::Unsupported, Merge::Sniff),
                 Some(_) => return,
             };
-            let hcm = outbound_hcm(ctx.snapshot, ctx.proxy, &bind, ctx.port, ctx.protocol);
+            let route = ctx.port.to_string();
+            let hcm = outbound_hcm(
+                ctx.snapshot,
+                ctx.proxy,
+                &bind,
+                ctx.port,
+                ctx.protocol,
+                &route,
+            );
             (vec![ChainOpts::sniffed_http(hcm)], protocol, merge)
         }
         Class::Tcp => {
@@ -455,8 +463,12 @@ fn add_service_port(
         Class::Auto => {
             let mut chains = tcp_chains(ctx, &bind);
             let route = sniffed_route_name(&bind, ctx.port, ctx.service);
-            chains.push(ChainOpts::sniffed_http(with_route_table(
-                outbound_hcm(ctx.snapshot, ctx.proxy, &bind, ctx.port, ctx.protocol),
+            chains.push(ChainOpts::sniffed_http(outbound_hcm(
+                ctx.snapshot,
+                ctx.proxy,
+                &bind,
+                ctx.port,
+                ctx.protocol,
                 &route,
             )));
             match current {
