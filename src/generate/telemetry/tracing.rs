@@ -156,27 +156,49 @@ fn istio_tags(p: &ProxyTags) -> Vec<CustomTag> {
     ]
 }
 
+/// Where a custom tag's value comes from, as both the Telemetry API and MeshConfig
+/// `defaultConfig.tracing` say it (two messages of the same shape).
+enum TagSource<'a> {
+    Literal(&'a str),
+    Environment(&'a str, &'a str),
+    Header(&'a str, &'a str),
+}
+
+/// Envoy's custom tag `name` from `source`.
+fn custom_tag(name: &str, source: TagSource<'_>) -> CustomTag {
+    let r#type = match source {
+        TagSource::Literal(value) => custom_tag::Type::Literal(custom_tag::Literal {
+            value: value.to_string(),
+        }),
+        TagSource::Environment(name, default_value) => {
+            custom_tag::Type::Environment(custom_tag::Environment {
+                name: name.to_string(),
+                default_value: default_value.to_string(),
+            })
+        }
+        TagSource::Header(name, default_value) => {
+            custom_tag::Type::RequestHeader(custom_tag::Header {
+                name: name.to_string(),
+                default_value: default_value.to_string(),
+            })
+        }
+    };
+    CustomTag {
+        tag: name.to_string(),
+        r#type: Some(r#type),
+    }
+}
+
 fn telemetry_tags(tags: &BTreeMap<String, tel::tracing::CustomTag>) -> Vec<CustomTag> {
     use tel::tracing::custom_tag::Type;
     tags.iter()
         .filter_map(|(name, t)| {
-            let r#type = match t.r#type.as_ref()? {
-                Type::Literal(l) => custom_tag::Type::Literal(custom_tag::Literal {
-                    value: l.value.clone(),
-                }),
-                Type::Environment(e) => custom_tag::Type::Environment(custom_tag::Environment {
-                    name: e.name.clone(),
-                    default_value: e.default_value.clone(),
-                }),
-                Type::Header(h) => custom_tag::Type::RequestHeader(custom_tag::Header {
-                    name: h.name.clone(),
-                    default_value: h.default_value.clone(),
-                }),
+            let source = match t.r#type.as_ref()? {
+                Type::Literal(l) => TagSource::Literal(&l.value),
+                Type::Environment(e) => TagSource::Environment(&e.name, &e.default_value),
+                Type::Header(h) => TagSource::Header(&h.name, &h.default_value),
             };
-            Some(CustomTag {
-                tag: name.clone(),
-                r#type: Some(r#type),
-            })
+            Some(custom_tag(name, source))
         })
         .collect()
 }
@@ -189,23 +211,12 @@ fn proxy_config_tags(tracing: Option<&ProxyTracing>) -> Vec<CustomTag> {
     t.custom_tags
         .iter()
         .filter_map(|(name, tag)| {
-            let r#type = match tag.r#type.as_ref()? {
-                Type::Literal(l) => custom_tag::Type::Literal(custom_tag::Literal {
-                    value: l.value.clone(),
-                }),
-                Type::Environment(e) => custom_tag::Type::Environment(custom_tag::Environment {
-                    name: e.name.clone(),
-                    default_value: e.default_value.clone(),
-                }),
-                Type::Header(h) => custom_tag::Type::RequestHeader(custom_tag::Header {
-                    name: h.name.clone(),
-                    default_value: h.default_value.clone(),
-                }),
+            let source = match tag.r#type.as_ref()? {
+                Type::Literal(l) => TagSource::Literal(&l.value),
+                Type::Environment(e) => TagSource::Environment(&e.name, &e.default_value),
+                Type::Header(h) => TagSource::Header(&h.name, &h.default_value),
             };
-            Some(CustomTag {
-                tag: name.clone(),
-                r#type: Some(r#type),
-            })
+            Some(custom_tag(name, source))
         })
         .collect()
 }
