@@ -583,6 +583,11 @@ impl Arrived {
     /// holds them all, else one copy of exactly `n` bytes.
     pub fn take(&mut self, n: usize) -> Bytes {
         debug_assert!(n <= self.len);
+        if n == 0 {
+            // An empty message (a valid encoding of a request with every field unset)
+            // may follow a prefix that used up the last frame.
+            return Bytes::new();
+        }
         self.len -= n;
         let first = self.frames.front_mut().expect("n bytes arrived");
         let out = if first.len() >= n {
@@ -768,6 +773,29 @@ mod tests {
         arrived.push(tiny.clone());
         assert_ne!(arrived.frames[0].as_ptr(), tiny.as_ptr());
         assert_eq!(arrived.prefix(), Some([0, 1, 2, 3, 4]));
+    }
+
+    #[tokio::test]
+    async fn an_empty_message_ending_its_frame_is_a_default_request() {
+        // The fuzzer's input: a 5-byte prefix claiming 0 bytes, alone in its frame.
+        for step in [1, 5, 255] {
+            let wire = [0u8, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            let chunks: Vec<Result<Frame<Bytes>, Status>> = wire
+                .chunks(step)
+                .map(|c| Ok(Frame::data(Bytes::copy_from_slice(c))))
+                .collect();
+            let body = http_body_util::StreamBody::new(futures::stream::iter(chunks));
+            let control = Arc::new(ConnControl::new(64 * 1024));
+            let mut requests = RequestStream::<crate::xds::wire::SotwRequest>::new(
+                tonic::body::Body::new(body),
+                Some(control.clone()),
+            );
+            for _ in 0..2 {
+                assert_eq!(requests.message().await.unwrap(), Some(Box::default()));
+            }
+            assert_eq!(requests.message().await.unwrap(), None);
+            assert_eq!(control.held(), 0);
+        }
     }
 
     #[tokio::test]
