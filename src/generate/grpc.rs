@@ -44,7 +44,8 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
-use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::google::protobuf::{Any, Value, value};
 use meshfed_registry::{Hostname, Port, Service};
 use prost::Message;
 
@@ -434,7 +435,11 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
             }
             let lb = grpc_lb(snapshot, proxy, &parsed);
             let tls = grpc_tls(snapshot, proxy, &parsed);
-            Some(cached_eds_cluster(snapshot, name, parsed.hostname, lb, tls))
+            let labels = snapshot
+                .services()
+                .resolve(parsed.hostname, &proxy.namespace)
+                .map(|s| csm_labels(s));
+            Some(cached_eds_cluster(snapshot, name, parsed.hostname, lb, tls, labels))
         })
         .collect()
 }
@@ -525,15 +530,37 @@ fn grpc_tls(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Op
     ))
 }
 
+/// The filter metadata key gRPC's service-mesh observability reads from a cluster to
+/// label the metrics of calls to it (`csm.service_name`, `csm.service_namespace_name`).
+pub const CSM_TELEMETRY_LABELS: &str = "com.google.csm.telemetry_labels";
+
+/// The destination labels a proxyless client puts on its metrics: the service's name
+/// and namespace, named as the `istio.services` cluster metadata names them for Envoy.
+fn csm_labels(service: &Service) -> CsmLabels {
+    CsmLabels {
+        service_name: cds::service_name(service).to_string(),
+        service_namespace: service.namespace.as_str().to_string(),
+    }
+}
+
+/// The destination service of a proxyless client's cluster, for its metrics.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct CsmLabels {
+    pub service_name: String,
+    pub service_namespace: String,
+}
+
 /// The input of a proxyless client's cluster, and its cache key: the name, the load
-/// balancer the DestinationRule in force picks, and the identities of Istio mTLS to
-/// the destination (`None`: plaintext).
+/// balancer the DestinationRule in force picks, the identities of Istio mTLS to the
+/// destination (`None`: plaintext) and the destination service's telemetry labels
+/// (`None`: no such service).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct GrpcClusterInput {
     pub name: Arc<str>,
     pub hostname: Hostname,
     pub lb: GrpcLb,
     pub tls: Option<Vec<String>>,
+    pub labels: Option<CsmLabels>,
 }
 
 impl CacheInput<Snapshot> for GrpcClusterInput {
@@ -567,6 +594,24 @@ impl CacheInput<Snapshot> for GrpcClusterInput {
             }
         }
         cluster.transport_socket = self.tls.as_deref().map(tls::upstream_socket);
+        if let Some(labels) = &self.labels {
+            let string = |s: &str| Value {
+                kind: Some(value::Kind::StringValue(s.to_string())),
+            };
+            cluster.metadata = Some(Metadata {
+                filter_metadata: crate::generate::proto::stable_map([(
+                    CSM_TELEMETRY_LABELS.to_string(),
+                    crate::generate::proto::stable_struct([
+                        ("service_name".to_string(), string(&labels.service_name)),
+                        (
+                            "service_namespace".to_string(),
+                            string(&labels.service_namespace),
+                        ),
+                    ]),
+                )]),
+                ..Default::default()
+            });
+        }
         Some(EncodedResource::encode(
             TypeUrl::Cluster,
             self.name.clone(),
@@ -581,12 +626,14 @@ fn cached_eds_cluster(
     hostname: &str,
     lb: GrpcLb,
     tls: Option<Vec<String>>,
+    labels: Option<CsmLabels>,
 ) -> Resource {
     let input = GrpcClusterInput {
         name: Arc::from(name),
         hostname: Hostname::new(hostname),
         lb,
         tls,
+        labels,
     };
     snapshot.cached(input).expect("clusters always generate")
 }
@@ -672,6 +719,49 @@ mod tests {
             &|m| crate::push::config_index::ConfigIndex::new(set.clone(), "cluster.local", m),
             1,
         )
+    }
+
+    #[test]
+    fn cds_carries_the_destination_service_for_grpc_observability() {
+        let snap = snapshot(vec![service(
+            "echo.default.svc.cluster.local",
+            "default",
+            &[7070],
+            Resolution::ClientSideLb,
+        )]);
+        let out = run(
+            &snap,
+            TypeUrl::Cluster,
+            &[
+                "outbound|7070||echo.default.svc.cluster.local",
+                "outbound|7070||nowhere.default.svc.cluster.local",
+            ],
+        );
+        let clusters: Vec<Cluster> = out.iter().map(decode).collect();
+        let labels = |c: &Cluster| {
+            c.metadata.as_ref().map(|m| {
+                let mut fields: Vec<(String, String)> = m.filter_metadata[CSM_TELEMETRY_LABELS]
+                    .fields
+                    .iter()
+                    .map(|(k, v)| match &v.kind {
+                        Some(value::Kind::StringValue(s)) => (k.clone(), s.clone()),
+                        other => panic!("{k}: {other:?}"),
+                    })
+                    .collect();
+                fields.sort();
+                fields
+            })
+        };
+        let echo = clusters.iter().find(|c| c.name.contains("echo")).unwrap();
+        assert_eq!(
+            labels(echo),
+            Some(vec![
+                ("service_name".to_string(), "echo".to_string()),
+                ("service_namespace".to_string(), "default".to_string()),
+            ])
+        );
+        let unknown = clusters.iter().find(|c| c.name.contains("nowhere")).unwrap();
+        assert_eq!(labels(unknown), None);
     }
 
     #[test]

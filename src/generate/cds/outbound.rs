@@ -451,13 +451,20 @@ pub(super) struct IstioMetadata<'a> {
 /// The service entry of `istio.services`: host, short name and namespace, as Istio's
 /// telemetry reads them. The short name is a Kubernetes-style service's first label;
 /// a ServiceEntry host is its own name.
-pub fn service_metadata(service: &Service) -> Value {
+/// A service's name as telemetry labels it: a ServiceEntry's host, else the
+/// hostname's first label (the Kubernetes Service name).
+pub fn service_name(service: &Service) -> &str {
     let host = service.hostname.as_str();
-    let name = if service.provider == ProviderId::External {
+    if service.provider == ProviderId::External {
         host
     } else {
         host.split('.').next().unwrap_or(host)
-    };
+    }
+}
+
+pub fn service_metadata(service: &Service) -> Value {
+    let host = service.hostname.as_str();
+    let name = service_name(service);
     let string = |s: &str| Value {
         kind: Some(value::Kind::StringValue(s.to_string())),
     };
