@@ -126,6 +126,9 @@ fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
+            for warning in meshfed::mesh::mesh_config_warnings(path, &text) {
+                println!("{warning}");
+            }
             meshfed::mesh::parse_mesh_config(path, &text)?
         }
         None => meshfed::mesh::default_mesh_config(),

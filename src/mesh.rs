@@ -97,6 +97,9 @@ pub fn parse_mesh_config(path: &Path, text: &str) -> Result<MeshConfig, MeshErro
             "a mesh config must be a YAML mapping of MeshConfig fields".into(),
         ));
     }
+    for field in unsupported_fields(MESH_CONFIG, &file) {
+        warn!(file = %path.display(), field, "mesh config field not supported by meshfed, ignored");
+    }
     let mut merged = serde_json::to_value(default_mesh_config()).expect("MeshConfig serialises");
     merge(&mut merged, file);
     let config: MeshConfig =
@@ -116,10 +119,113 @@ pub fn parse_mesh_networks(path: &Path, text: &str) -> Result<MeshNetworks, Mesh
     }
     let value: serde_json::Value =
         serde_norway::from_str(text).map_err(|e| invalid(format!("not valid YAML: {e}")))?;
+    for field in unsupported_fields(MESH_NETWORKS, &value) {
+        warn!(file = %path.display(), field, "meshNetworks field not supported by meshfed, ignored");
+    }
     let networks: MeshNetworks =
         serde_json::from_value(value).map_err(|e| invalid(format!("MeshNetworks: {e}")))?;
     validate_mesh_networks(&networks).map_err(invalid)?;
     Ok(networks)
+}
+
+const MESH_CONFIG: &str = "istio.mesh.v1alpha1.MeshConfig";
+const MESH_NETWORKS: &str = "istio.mesh.v1alpha1.MeshNetworks";
+
+/// Istio's ProxyConfig fields (`defaultConfig`) that configure the agent and Envoy's
+/// bootstrap rather than xDS. The agent reads them (and passes what istiod needs in
+/// the node's `PROXY_CONFIG` metadata), so meshfed accepts them without modelling them.
+const AGENT_PROXY_CONFIG_FIELDS: &[&str] = &[
+    "configPath",
+    "binaryPath",
+    "serviceCluster",
+    "tracingServiceName",
+    "drainDuration",
+    "parentShutdownDuration",
+    "discoveryAddress",
+    "discoveryRefreshDelay",
+    "zipkinAddress",
+    "statsdUdpAddress",
+    "envoyMetricsServiceAddress",
+    "proxyAdminPort",
+    "availabilityZone",
+    "controlPlaneAuthPolicy",
+    "customConfigFile",
+    "statNameLength",
+    "concurrency",
+    "proxyBootstrapTemplatePath",
+    "interceptionMode",
+    "sds",
+    "envoyAccessLogService",
+    "envoyMetricsService",
+    "proxyMetadata",
+    "runtimeValues",
+    "statusPort",
+    "extraStatTags",
+    "gatewayTopology",
+    "terminationDrainDuration",
+    "readinessProbe",
+    "proxyStatsMatcher",
+    "holdApplicationUntilProxyStarts",
+    "caCertificatesPem",
+    "image",
+    "privateKeyProvider",
+    "proxyHeaders",
+    "fileFlushInterval",
+    "fileFlushMinSizeKb",
+];
+
+/// `defaultConfig.tracing` fields that pick the bootstrap's tracer (the agent's).
+const AGENT_TRACING_FIELDS: &[&str] = &[
+    "zipkin",
+    "lightstep",
+    "datadog",
+    "stackdriver",
+    "openCensusAgent",
+    "tlsSettings",
+];
+
+/// The fields of a mesh config (`MESH_CONFIG`) or meshNetworks document that meshfed
+/// neither models nor leaves to the agent, by path (`extensionProviders[1].zipkin.x`):
+/// typos, and Istio fields meshfed does not support. The generated readers skip them
+/// as istiod skips unknown fields, so they are named here to be warned about.
+pub fn unsupported_fields(message: &str, document: &serde_json::Value) -> Vec<String> {
+    let agent = |path: &str| {
+        let Some(rest) = path
+            .strip_prefix("defaultConfig.")
+            .or_else(|| path.strip_prefix("default_config."))
+        else {
+            return false;
+        };
+        let mut parts = rest.splitn(3, '.');
+        let first = camel_case(parts.next().unwrap_or_default());
+        match parts.next() {
+            None => AGENT_PROXY_CONFIG_FIELDS.contains(&first.as_str()),
+            Some(second) => {
+                first == "tracing" && AGENT_TRACING_FIELDS.contains(&camel_case(second).as_str())
+            }
+        }
+    };
+    meshfed_api::unknown_fields::unknown_fields(message, document)
+        .into_iter()
+        .filter(|p| !agent(p))
+        .collect()
+}
+
+/// The warnings `meshfed validate --meshConfig` prints for a mesh config file: one per
+/// field meshfed ignores.
+pub fn mesh_config_warnings(path: &Path, text: &str) -> Vec<String> {
+    let Ok(document) = serde_norway::from_str::<serde_json::Value>(text) else {
+        return Vec::new();
+    };
+    unsupported_fields(MESH_CONFIG, &document)
+        .into_iter()
+        .map(|field| {
+            format!(
+                "warning: {}: {field}: not a mesh config field meshfed supports; ignored",
+                path.display()
+            )
+        })
+        .collect()
 }
 
 fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
@@ -567,6 +673,51 @@ mod tests {
         assert!(
             reason.contains("extensionProviders[0].envoyExtAuthzHttp.port"),
             "{reason}"
+        );
+    }
+
+    #[test]
+    fn fields_meshfed_ignores_are_named_and_agent_settings_are_not() {
+        let text = "\
+defaultConfig:
+  discoveryAddress: istiod:15012
+  proxy_metadata: {ISTIO_META_DNS_CAPTURE: \"true\"}
+  tracing: {sampling: 5, zipkin: {address: z:9411}, samplng: 3}
+  holdApplicationUntilProxyStarts: true
+  discoverAddress: typo
+enableTracing: true
+enableTracng: true
+extensionProviders:
+- name: z
+  zipkin: {service: z.ns.svc.cluster.local, port: 9411, traceContextOption: USE_B3_WITH_W3C_PROPAGATION}
+";
+        let document: serde_json::Value = serde_norway::from_str(text).unwrap();
+        assert_eq!(
+            unsupported_fields(MESH_CONFIG, &document),
+            vec![
+                "defaultConfig.discoverAddress",
+                "defaultConfig.tracing.samplng",
+                "enableTracng",
+                "extensionProviders[0].zipkin.traceContextOption",
+            ]
+        );
+        let warnings = mesh_config_warnings(p(), text);
+        assert_eq!(warnings.len(), 4);
+        assert!(
+            warnings[2]
+                .ends_with(": enableTracng: not a mesh config field meshfed supports; ignored"),
+            "{}",
+            warnings[2]
+        );
+        // The file still loads, with what it sets that meshfed reads.
+        assert!(parse_mesh_config(p(), text).unwrap().enable_tracing);
+        let networks: serde_json::Value = serde_norway::from_str(
+            "networks: {n1: {endpoints: [{fromRegistry: c1}], gateways: [{address: 1.1.1.1, port: 15443, weight: 1}]}}",
+        )
+        .unwrap();
+        assert_eq!(
+            unsupported_fields(MESH_NETWORKS, &networks),
+            vec!["networks[n1].gateways[0].weight"]
         );
     }
 

@@ -152,6 +152,8 @@ pub mod telemetry {
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/meshfed_api_descriptor.bin"));
 
+pub mod unknown_fields;
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;

@@ -37,6 +37,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::{Cluster, cluster};
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::config::listener::v3::{ApiListener, Listener};
 use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
 use envoy_types::pb::envoy::extensions::filters::http::fault::v3::HttpFault;
@@ -44,7 +45,6 @@ use envoy_types::pb::envoy::extensions::filters::http::router::v3::Router;
 use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::{
     HttpConnectionManager, HttpFilter, Rds, http_connection_manager, http_filter,
 };
-use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::google::protobuf::{Any, Value, value};
 use meshfed_registry::{Hostname, Port, Service};
 use prost::Message;
@@ -439,7 +439,14 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
                 .services()
                 .resolve(parsed.hostname, &proxy.namespace)
                 .map(|s| csm_labels(s));
-            Some(cached_eds_cluster(snapshot, name, parsed.hostname, lb, tls, labels))
+            Some(cached_eds_cluster(
+                snapshot,
+                name,
+                parsed.hostname,
+                lb,
+                tls,
+                labels,
+            ))
         })
         .collect()
 }
@@ -760,7 +767,10 @@ mod tests {
                 ("service_namespace".to_string(), "default".to_string()),
             ])
         );
-        let unknown = clusters.iter().find(|c| c.name.contains("nowhere")).unwrap();
+        let unknown = clusters
+            .iter()
+            .find(|c| c.name.contains("nowhere"))
+            .unwrap();
         assert_eq!(labels(unknown), None);
     }
 
