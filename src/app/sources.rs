@@ -84,6 +84,8 @@ pub(super) async fn start(
     };
     let mesh_gateways = mesh_gateway_lookup(core);
     let trust_domain = core.mesh.load().config.trust_domain.clone();
+    // WorkloadEntries, from the ServiceEntry source to the Kubernetes one.
+    let workload_entries = meshfed_registry::WorkloadEntryFeed::new();
     let mut started = Vec::new();
     for source in sources(config, core) {
         let ctx = SourceContext {
@@ -93,6 +95,7 @@ pub(super) async fn start(
             max_file_size: config.max_config_file_size,
             remote_cluster_timeout: config.remote_cluster_timeout,
             mesh_gateways: &mesh_gateways,
+            workload_entries: &workload_entries,
             aggregate: &core.aggregate,
             sink: &core.sink,
             stop: &stop,
