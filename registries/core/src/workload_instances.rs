@@ -126,6 +126,8 @@ pub type WorkloadEntrySet = BTreeMap<String, Arc<NamespaceEntries>>;
 #[derive(Clone, Debug)]
 pub struct WorkloadEntryFeed {
     sender: Arc<watch::Sender<Arc<WorkloadEntrySet>>>,
+    /// False for [`WorkloadEntryFeed::disabled`]: publishing does nothing.
+    enabled: bool,
 }
 
 impl Default for WorkloadEntryFeed {
@@ -147,6 +149,16 @@ impl WorkloadEntryFeed {
     pub fn new() -> WorkloadEntryFeed {
         WorkloadEntryFeed {
             sender: Arc::new(watch::Sender::new(Arc::default())),
+            enabled: true,
+        }
+    }
+
+    /// A feed that stays empty whatever is published to it: Services select no
+    /// WorkloadEntries (`PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES=false`).
+    pub fn disabled() -> WorkloadEntryFeed {
+        WorkloadEntryFeed {
+            enabled: false,
+            ..WorkloadEntryFeed::new()
         }
     }
 
@@ -169,6 +181,9 @@ impl WorkloadEntryFeed {
     /// the namespaces whose entries changed get a new `Arc`; subscribers are woken only
     /// when one did. Returns whether anything changed.
     pub fn publish(&self, objects: &[Arc<ConfigObject>]) -> bool {
+        if !self.enabled {
+            return false;
+        }
         let mut next: BTreeMap<String, NamespaceEntries> = BTreeMap::new();
         for obj in objects {
             if let Some(instance) = WorkloadEntryInstance::from_object(obj) {
@@ -318,10 +333,14 @@ mod tests {
             Some("2.2.2.3".parse().unwrap())
         );
 
-        assert!(feed.publish(&[a]));
+        assert!(feed.publish(&[a.clone()]));
         let third = rx.borrow_and_update().clone();
         assert!(!third.contains_key("b"));
         let gone = changed_entries(Some(&second["b"]), None);
         assert!(gone[0].0.is_some() && gone[0].1.is_none());
+
+        let off = WorkloadEntryFeed::disabled();
+        assert!(!off.publish(&[a]));
+        assert!(off.current().is_empty());
     }
 }
