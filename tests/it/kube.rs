@@ -581,6 +581,22 @@ async fn a_service_selects_workload_entries_of_its_namespace_into_its_endpoints(
         .unwrap();
     recv_addresses(&mut client, CLUSTER, &["10.1.0.1", "10.5.0.9"]).await;
 
+    // The VM's own proxy serves the Service's port (Istio finds the Services its entry
+    // is selected by).
+    let mut vm_proxy = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.5.0.9~reviews-vm.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    vm_proxy.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let clusters = vm_proxy.recv_clusters().await.unwrap();
+    assert!(
+        clusters.iter().any(|c| c.name == "inbound|80||"),
+        "{:?}",
+        clusters.iter().map(|c| &c.name).collect::<Vec<_>>()
+    );
+
     // The entry is deleted: the VM leaves the service's endpoints.
     api.delete_custom(
         "networking.istio.io",

@@ -251,9 +251,12 @@ fn istio_known_gaps() {
         "endpoints gained several addresses: port the dual-stack vectors"
     );
 
-    // TestWorkloadInstanceHandler_WorkloadInstanceIndex: Istio indexes the entries by
-    // IP so that a VM's proxy finds the Kubernetes Services its entry is selected by
-    // (GetProxyServiceTargets). A proxy's own workload is looked up among pods only.
+    // TestWorkloadInstanceHandler_WorkloadInstanceIndex checks Istio's by-IP index of
+    // the entries (GetByIP), through which a VM's proxy finds the Kubernetes Services
+    // its entry is selected by. The registry keeps no such index: a proxy's own
+    // workload is looked up among pods, and a VM's proxy gets those Services by its IP
+    // matching their endpoints, which hold the selected entries (the end-to-end test
+    // `a_service_selects_workload_entries_of_its_namespace_into_its_endpoints`).
     let mut s = multiple_endpoints_fixture();
     let feed = WorkloadEntryFeed::new();
     set_entries(&mut s, &feed, &[prod_app_entry()]);
