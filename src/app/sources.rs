@@ -84,6 +84,9 @@ pub(super) async fn start(
     };
     let mesh_gateways = mesh_gateway_lookup(core);
     let trust_domain = core.mesh.load().config.trust_domain.clone();
+    // WorkloadEntries, from the ServiceEntry source to the Kubernetes one.
+    let workload_entries =
+        workload_entry_feed(std::env::var(SELECT_WORKLOAD_ENTRIES_ENV).ok().as_deref())?;
     let mut started = Vec::new();
     for source in sources(config, core) {
         let ctx = SourceContext {
@@ -93,6 +96,7 @@ pub(super) async fn start(
             max_file_size: config.max_config_file_size,
             remote_cluster_timeout: config.remote_cluster_timeout,
             mesh_gateways: &mesh_gateways,
+            workload_entries: &workload_entries,
             aggregate: &core.aggregate,
             sink: &core.sink,
             stop: &stop,
@@ -124,6 +128,23 @@ pub(super) async fn start(
         lease_state,
         mesh_map_synced,
     })
+}
+
+/// Istio's switch for Kubernetes Services selecting WorkloadEntries (on by default).
+pub const SELECT_WORKLOAD_ENTRIES_ENV: &str = "PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES";
+
+/// The WorkloadEntry feed `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES` asks for: unset or
+/// true, one the Kubernetes registry reads; false, one that stays empty. Takes Go's
+/// boolean spellings, as Istio reads the variable.
+fn workload_entry_feed(value: Option<&str>) -> anyhow::Result<meshfed_registry::WorkloadEntryFeed> {
+    use meshfed_registry::WorkloadEntryFeed;
+    match value {
+        None | Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(WorkloadEntryFeed::new()),
+        Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(WorkloadEntryFeed::disabled()),
+        Some(other) => Err(anyhow::anyhow!(
+            "{SELECT_WORKLOAD_ENTRIES_ENV}={other:?} is not a boolean (true or false)"
+        )),
+    }
 }
 
 /// meshNetworks `registryServiceName` gateways, read live so reloads apply.
@@ -243,6 +264,27 @@ mod tests {
         let (_, metrics) = get(bound.monitoring, "/metrics").await;
         assert!(metrics.contains("nacos_requests_total 1"), "{metrics}");
         server.shutdown().await;
+    }
+
+    #[test]
+    fn select_workload_entries_reads_gos_booleans_and_rejects_the_rest() {
+        let feed = |v| workload_entry_feed(v).unwrap();
+        let obj = Arc::new(meshfed_registry::config::ConfigObject::new(
+            "ns",
+            "vm",
+            meshfed_api::networking::v1alpha3::WorkloadEntry {
+                address: "10.0.0.1".into(),
+                ..Default::default()
+            },
+        ));
+        for on in [None, Some("true"), Some("1"), Some("True")] {
+            assert!(feed(on).publish(std::slice::from_ref(&obj)), "{on:?}");
+        }
+        for off in [Some("false"), Some("0"), Some("F")] {
+            assert!(!feed(off).publish(std::slice::from_ref(&obj)), "{off:?}");
+        }
+        let err = workload_entry_feed(Some("yes")).unwrap_err().to_string();
+        assert!(err.contains(SELECT_WORKLOAD_ENTRIES_ENV), "{err}");
     }
 
     #[test]

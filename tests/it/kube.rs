@@ -483,3 +483,140 @@ async fn one_replica_holds_the_lease_and_hands_it_over_when_it_stops() {
     );
     b.shutdown().await;
 }
+
+/// The addresses of the endpoints in a load assignment.
+fn lb_addresses(
+    cla: &envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment,
+) -> Vec<String> {
+    use envoy_types::pb::envoy::config::core::v3::address::Address;
+    use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+    cla.endpoints
+        .iter()
+        .flat_map(|l| &l.lb_endpoints)
+        .filter_map(|e| match e.host_identifier.as_ref()? {
+            HostIdentifier::Endpoint(ep) => match ep.address.as_ref()?.address.as_ref()? {
+                Address::SocketAddress(s) => Some(s.address.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+/// Reads load assignments until `cluster`'s addresses are `want` (sorted).
+async fn recv_addresses(client: &mut AdsClient, cluster: &str, want: &[&str]) {
+    recv_until(
+        client,
+        TypeUrl::Endpoint,
+        |clas: &[envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment]| {
+            let cla = clas.iter().find(|c| c.cluster_name == cluster)?;
+            let mut got = lb_addresses(cla);
+            got.sort();
+            (got == want).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_service_selects_workload_entries_of_its_namespace_into_its_endpoints() {
+    let api = EnforcedApi::start().await;
+    api.install_crds(CustomResource::istio_networking(&[
+        "v1", "v1beta1", "v1alpha3",
+    ]));
+    api.apply(&objects::node("node-1", "r1", "z1"));
+    api.apply(&objects::service(
+        "default",
+        "reviews",
+        "10.96.0.7",
+        &[("http", 80)],
+    ));
+    api.apply(&objects::pod(
+        "default",
+        "reviews-1",
+        "reviews",
+        "10.1.0.1",
+        "node-1",
+    ));
+    api.apply(&objects::slice(
+        "default",
+        "reviews-abc",
+        "reviews",
+        &[("http", 9080)],
+        &[("10.1.0.1", "reviews-1")],
+    ));
+    // A VM running reviews, and one in another namespace that must stay out.
+    let vm = |namespace: &str| {
+        objects::istio(
+            "v1",
+            "WorkloadEntry",
+            namespace,
+            "reviews-vm",
+            serde_json::json!({"address": "10.5.0.9", "labels": {"app": "reviews"}}),
+        )
+    };
+    api.apply_custom(&vm("default"));
+    api.apply_custom(&objects::istio(
+        "v1",
+        "WorkloadEntry",
+        "other",
+        "reviews-vm",
+        serde_json::json!({"address": "10.6.0.9", "labels": {"app": "reviews"}}),
+    ));
+
+    let server = start(&api).await;
+    wait_ready(&api, server.bound().http).await;
+    server.sync().await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.2.0.1~app.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    client.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    client.recv_clusters().await.unwrap();
+    client
+        .subscribe(TypeUrl::Endpoint, &[CLUSTER])
+        .await
+        .unwrap();
+    recv_addresses(&mut client, CLUSTER, &["10.1.0.1", "10.5.0.9"]).await;
+
+    // The VM's own proxy serves the Service's port (Istio finds the Services its entry
+    // is selected by).
+    let mut vm_proxy = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.5.0.9~reviews-vm.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    vm_proxy.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    let clusters = vm_proxy.recv_clusters().await.unwrap();
+    assert!(
+        clusters.iter().any(|c| c.name == "inbound|80||"),
+        "{:?}",
+        clusters.iter().map(|c| &c.name).collect::<Vec<_>>()
+    );
+
+    // The entry is deleted: the VM leaves the service's endpoints.
+    api.delete_custom(
+        "networking.istio.io",
+        "WorkloadEntry",
+        "default",
+        "reviews-vm",
+    )
+    .expect("the entry existed");
+    recv_addresses(&mut client, CLUSTER, &["10.1.0.1"]).await;
+
+    // Back again, then the Service's selector no longer matches it.
+    api.apply_custom(&vm("default"));
+    recv_addresses(&mut client, CLUSTER, &["10.1.0.1", "10.5.0.9"]).await;
+    let mut reviews = objects::service("default", "reviews", "10.96.0.7", &[("http", 80)]);
+    reviews.spec.as_mut().unwrap().selector = Some(
+        [("app".to_string(), "reviews-v2".to_string())]
+            .into_iter()
+            .collect(),
+    );
+    api.apply(&reviews);
+    recv_addresses(&mut client, CLUSTER, &["10.1.0.1"]).await;
+    server.shutdown().await;
+}

@@ -21,6 +21,8 @@
 //!   fed from config stores.
 //! - [`source`]: a registry as a source the server starts ([`RegistrySource`], its
 //!   command-line side [`RegistryKind`]), and the mock and ServiceEntry sources.
+//! - [`workload_instances`]: the WorkloadEntries the ServiceEntry registry publishes
+//!   for Kubernetes Services to select.
 //! - [`metrics`]: how the components here (and in the registry crates) define and
 //!   register the Prometheus metrics of the state they own.
 
@@ -38,6 +40,7 @@ pub mod registry;
 pub mod serviceentry;
 pub mod source;
 pub mod watch;
+pub mod workload_instances;
 
 pub use aggregate::{Aggregate, Conflict, ConflictReason, MergedServices, WorkloadSources};
 pub use config::{ConfigStore, FileConfigStore, MemoryConfigStore, RejectedConfig};
@@ -53,6 +56,7 @@ pub use registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuer
 pub use serviceentry::{ServiceEntryConfig, ServiceEntryRegistry};
 pub use source::{RegistryKind, RegistrySource, SourceContext, StartedSource};
 pub use watch::{PathWatcher, WatchError};
+pub use workload_instances::{WorkloadEntryFeed, WorkloadEntryInstance};
 
 /// Istio log scopes of this crate (`--log_output_level scope:level`) and the tracing
 /// target each covers.

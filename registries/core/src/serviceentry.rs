@@ -70,6 +70,7 @@ use crate::model::{
     Resolution, Service, ServiceKey, ShardKey, TlsMode,
 };
 use crate::registry::ServiceRegistry;
+use crate::workload_instances::WorkloadEntryFeed;
 
 pub use conversion::convert;
 
@@ -137,6 +138,9 @@ struct Inner {
     state: RwLock<Arc<Content>>,
     /// Serialises refreshes (the diff must see the state it replaces).
     refreshing: Mutex<()>,
+    /// Where every refresh publishes the WorkloadEntries it read, for Kubernetes
+    /// Services to select ([`crate::workload_instances`]).
+    workload_feed: Option<WorkloadEntryFeed>,
 }
 
 /// The ServiceEntry / WorkloadEntry registry. A cheap handle; clones share one
@@ -156,6 +160,17 @@ impl ServiceEntryRegistry {
         stores: Vec<Arc<dyn ConfigStore>>,
         sink: UpdateSink,
     ) -> ServiceEntryRegistry {
+        Self::with_workload_feed(config, stores, sink, None)
+    }
+
+    /// Like [`ServiceEntryRegistry::new`], and every refresh also publishes the
+    /// WorkloadEntries it read to `feed` (for the Kubernetes registries' Services).
+    pub fn with_workload_feed(
+        config: ServiceEntryConfig,
+        stores: Vec<Arc<dyn ConfigStore>>,
+        sink: UpdateSink,
+        feed: Option<WorkloadEntryFeed>,
+    ) -> ServiceEntryRegistry {
         let shard = ShardKey::new(ProviderId::External, config.cluster_id.clone());
         let registry = ServiceEntryRegistry {
             inner: Arc::new(Inner {
@@ -166,6 +181,7 @@ impl ServiceEntryRegistry {
                 synced: AtomicBool::new(false),
                 state: RwLock::new(Arc::default()),
                 refreshing: Mutex::new(()),
+                workload_feed: feed,
             }),
         };
         registry.step();
@@ -243,6 +259,9 @@ impl ServiceEntryRegistry {
         for store in &self.inner.stores {
             service_entries.extend(store.list(Kind::ServiceEntry));
             workload_entries.extend(store.list(Kind::WorkloadEntry));
+        }
+        if let Some(feed) = &self.inner.workload_feed {
+            feed.publish(&workload_entries);
         }
         let next = convert(&service_entries, &workload_entries, &self.inner.config);
         let previous = self.read();

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use meshfed_registry::{ClusterId, NetworkId};
+use meshfed_registry::{ClusterId, NetworkId, WorkloadEntryFeed};
 
 /// Errors starting a Kubernetes registry or building its client.
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +148,10 @@ pub struct KubeRegistryConfig {
     /// The meshNetworks `registryServiceName` gateways this cluster resolves (read at
     /// every use, so a meshNetworks reload applies without a restart).
     pub mesh_gateways: MeshGateways,
+    /// The WorkloadEntries this cluster's Services select (Istio's
+    /// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`): the config cluster's registry gets
+    /// the ServiceEntry registry's feed; remote clusters none.
+    pub workload_entries: WorkloadEntryFeed,
 }
 
 impl Default for KubeRegistryConfig {
@@ -159,6 +163,7 @@ impl Default for KubeRegistryConfig {
             system_namespace: "istio-system".to_string(),
             namespaces: NamespaceFilter::All,
             mesh_gateways: MeshGateways::none(),
+            workload_entries: WorkloadEntryFeed::none(),
         }
     }
 }

@@ -224,6 +224,7 @@ impl KubeSettings {
             system_namespace: self.system_namespace.clone(),
             namespaces: self.namespaces.clone(),
             mesh_gateways,
+            workload_entries: ctx.workload_entries.clone(),
         };
         let (registry, writer) = KubeRegistry::start(
             client.clone(),

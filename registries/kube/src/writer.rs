@@ -15,6 +15,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use meshfed_registry::workload_instances::WorkloadEntrySet;
 use meshfed_registry::{
     ConfigKey, ConfigKind, NetworkGateway, PushRequest, ServiceRegistry, ShardKey, TriggerReason,
     UpdateSink,
@@ -179,7 +180,9 @@ pub(crate) async fn run(
         watch(&client, config, Incoming::Namespace),
     ]);
     let mut hold = registry.hold.subscribe();
+    let mut workload_entries = registry.config.workload_entries.subscribe();
     let mut writer = Writer::new(registry, sink);
+    writer.workload_entries(workload_entries.borrow_and_update().clone());
     info!(shard = %writer.shard, "kubernetes registry: listing");
     tokio::pin!(shutdown);
     loop {
@@ -191,6 +194,13 @@ pub(crate) async fn run(
                     break;
                 }
                 writer.changed();
+            }
+            // The WorkloadEntries this cluster's Services select changed.
+            changed = workload_entries.changed() => {
+                if changed.is_ok() {
+                    let next = workload_entries.borrow_and_update().clone();
+                    writer.workload_entries(next);
+                }
             }
             item = incoming.next() => match item {
                 Some(Incoming::Service(e)) => writer.on_event(*e),
@@ -348,6 +358,12 @@ impl Writer {
         self.state.apply(update);
     }
 
+    /// Applies a new set of WorkloadEntries (see `state::workload_entries`).
+    fn workload_entries(&mut self, next: Arc<WorkloadEntrySet>) {
+        self.state.set_workload_entries(next);
+        self.changed();
+    }
+
     /// After a change: before the first full sync nothing is told; at it, everything
     /// is; afterwards only what changed.
     fn changed(&mut self) {
@@ -432,5 +448,8 @@ impl Writer {
                 .set_objects(kind, self.state.count(kind));
         }
         self.registry.stats.set_pending(self.state.pending_pods());
+        self.registry
+            .stats
+            .set_workload_entries_without_address(self.state.workload_entries_without_address());
     }
 }

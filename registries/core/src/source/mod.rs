@@ -32,6 +32,7 @@ use tokio::task::JoinSet;
 use crate::aggregate::Aggregate;
 use crate::events::UpdateSink;
 use crate::model::{ClusterId, NetworkId};
+use crate::workload_instances::WorkloadEntryFeed;
 
 pub use mock::{EMBEDDED_MOCK_REGISTRY, MockArgs, MockKind, MockSource};
 pub use service_entries::ServiceEntrySource;
@@ -217,6 +218,9 @@ pub struct SourceContext<'a> {
     pub remote_cluster_timeout: Duration,
     /// meshNetworks `registryServiceName` gateways.
     pub mesh_gateways: &'a MeshGatewayLookup,
+    /// The WorkloadEntries the ServiceEntry source publishes, for the Services of the
+    /// config cluster's Kubernetes registry to select.
+    pub workload_entries: &'a WorkloadEntryFeed,
     /// Where the source adds its registries.
     pub aggregate: &'a Arc<Aggregate>,
     /// Where its registries report changes.

@@ -24,7 +24,12 @@ impl RegistrySource for ServiceEntrySource {
                 cluster_id: ctx.cluster_id.clone(),
                 trust_domain: ctx.trust_domain.to_string(),
             };
-            let registry = ServiceEntryRegistry::new(config, self.stores.clone(), ctx.sink.clone());
+            let registry = ServiceEntryRegistry::with_workload_feed(
+                config,
+                self.stores.clone(),
+                ctx.sink.clone(),
+                Some(ctx.workload_entries.clone()),
+            );
             ctx.tasks.spawn(registry.clone().run(ctx.stop.wait()));
             ctx.aggregate.add_registry(Arc::new(registry.clone()));
             Ok(StartedSource {

@@ -148,6 +148,9 @@ impl ClusterTask {
         };
         let registry_config = KubeRegistryConfig {
             cluster_id: self.cluster.clone(),
+            // Istio hands the config cluster's WorkloadEntries to the config cluster's
+            // registry only; a remote cluster's Services select none of them.
+            workload_entries: WorkloadEntryFeed::none(),
             ..self.config.registry.clone()
         };
         let (stop, stopped) = oneshot::channel::<()>();

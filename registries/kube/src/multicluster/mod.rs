@@ -41,7 +41,7 @@ use kube::runtime::watcher::{self, Event};
 use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
     Aggregate, ClusterId, NetworkGateway, ProviderId, PushRequest, Service, ServiceRegistry,
-    ShardKey, TriggerReason, UpdateSink, WorkloadLookup,
+    ShardKey, TriggerReason, UpdateSink, WorkloadEntryFeed, WorkloadLookup,
 };
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;

@@ -23,6 +23,8 @@ use meshfed_registry::{
     TlsMode, WorkloadInstance, WorkloadQuery,
 };
 
+use meshfed_registry::workload_instances::WorkloadEntrySet;
+
 use crate::config::KubeRegistryConfig;
 use crate::convert::{
     ConvertedService, LABEL_CLUSTER, LABEL_HOSTNAME, LABEL_NETWORK, LABEL_REGION, LABEL_SUBZONE,
@@ -35,6 +37,9 @@ mod endpoints;
 #[cfg(all(test, feature = "test-support"))]
 mod tests;
 mod workload;
+mod workload_entries;
+#[cfg(all(test, feature = "test-support"))]
+mod workload_entries_tests;
 
 use workload::add_topology_labels;
 pub(crate) use workload::find_workload;
@@ -203,6 +208,12 @@ pub(crate) struct Flush {
 pub(crate) struct ClusterState {
     config: Arc<KubeRegistryConfig>,
     services: HashMap<ObjectKey, ConvertedService>,
+    /// Namespace -> names of its services (the Services a WorkloadEntry may join).
+    services_by_namespace: HashMap<Namespace, BTreeSet<Arc<str>>>,
+    /// The WorkloadEntries Services select, by namespace.
+    workload_entries: Arc<WorkloadEntrySet>,
+    /// Selected WorkloadEntries left out for having no address, per service.
+    without_address: HashMap<ObjectKey, usize>,
     slices: HashMap<ObjectKey, SliceInfo>,
     /// Service (namespace, name) -> names of its slices, sorted so merging is stable.
     slices_by_service: HashMap<ObjectKey, BTreeSet<Arc<str>>>,
@@ -239,6 +250,9 @@ impl ClusterState {
         ClusterState {
             config,
             services: HashMap::new(),
+            services_by_namespace: HashMap::new(),
+            workload_entries: Arc::default(),
+            without_address: HashMap::new(),
             slices: HashMap::new(),
             slices_by_service: HashMap::new(),
             pods: HashMap::new(),
@@ -271,6 +285,12 @@ impl ClusterState {
     /// Endpoint addresses waiting for their pod.
     pub(crate) fn pending_pods(&self) -> usize {
         self.pending_total
+    }
+
+    /// WorkloadEntries selected by a Service but left out of its endpoints for having
+    /// no address, summed over the Services.
+    pub(crate) fn workload_entries_without_address(&self) -> usize {
+        self.without_address.values().sum()
     }
 
     /// Whether an object is held.
@@ -316,8 +336,17 @@ impl ClusterState {
 
     fn apply_service(&mut self, key: ObjectKey, next: Option<ConvertedService>) {
         let changed = match next {
-            Some(next) => self.services.insert(key.clone(), next.clone()) != Some(next),
-            None => self.services.remove(&key).is_some(),
+            Some(next) => {
+                self.services_by_namespace
+                    .entry(key.namespace.clone())
+                    .or_default()
+                    .insert(key.name.clone());
+                self.services.insert(key.clone(), next.clone()) != Some(next)
+            }
+            None => {
+                remove_from(&mut self.services_by_namespace, &key.namespace, &key.name);
+                self.services.remove(&key).is_some()
+            }
         };
         if changed {
             self.dirty_services.insert(key.clone());
