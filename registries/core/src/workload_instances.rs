@@ -333,7 +333,7 @@ mod tests {
             Some("2.2.2.3".parse().unwrap())
         );
 
-        assert!(feed.publish(&[a.clone()]));
+        assert!(feed.publish(std::slice::from_ref(&a)));
         let third = rx.borrow_and_update().clone();
         assert!(!third.contains_key("b"));
         let gone = changed_entries(Some(&second["b"]), None);
