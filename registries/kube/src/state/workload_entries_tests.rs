@@ -159,10 +159,7 @@ fn istio_workload_instance_handler_multiple_endpoints() {
     // Vector 2: the service's endpoints as read back hold both.
     let service = s.published.services[&s.service_key(&ObjectKey::new("nsA", "svc1"))].clone();
     let (mut all, _) = s.endpoints_of(&ObjectKey::new("nsA", "svc1"), &service);
-    all.extend(
-        s.workload_entry_endpoints(&ObjectKey::new("nsA", "svc1"), &service)
-            .0,
-    );
+    all.extend(s.workload_entry_endpoints(&ObjectKey::new("nsA", "svc1"), &service));
     let addresses: Vec<String> = all.iter().map(|e| e.address.to_string()).collect();
     assert_eq!(addresses, ["172.0.1.1", "2.2.2.2"]);
 
@@ -374,15 +371,20 @@ fn a_numeric_target_port_yields_to_the_entrys_port_for_the_service_port_name() {
 }
 
 #[test]
-fn entries_without_an_address_are_counted_not_served() {
+fn entries_without_an_address_are_kept_without_one() {
     let mut s = multiple_endpoints_fixture();
     let mut spec = we("", &[("app", "prod-app")]);
     spec["network"] = "vm-net".into();
     let feed = WorkloadEntryFeed::new();
     set_entries(&mut s, &feed, &[obj("nsA", "vm", spec)]);
-    assert_eq!(written(&s.flush())[SVC1], ["172.0.1.1:1001"]);
-    assert_eq!(s.workload_entries_without_address(), 1);
-    set_entries(&mut s, &feed, &[]);
-    s.flush();
-    assert_eq!(s.workload_entries_without_address(), 0);
+    let flush = s.flush();
+    let eps = &flush.endpoints[0].1;
+    assert_eq!(eps.len(), 2);
+    let vm = &eps[1];
+    assert!(
+        vm.address.is_unspecified() && vm.hostname.is_none(),
+        "{vm:?}"
+    );
+    assert_eq!(vm.network.as_str(), "vm-net");
+    assert_eq!(vm.ports.get("tcp-port"), Some(&8080));
 }
