@@ -1,7 +1,15 @@
 //! Services selecting WorkloadEntries, driven with literal updates. The `istio_*`
 //! tests port the WorkloadEntry vectors of Istio's
-//! `pilot/pkg/serviceregistry/kube/controller/controller_test.go`;
-//! [`istio_known_gaps`] lists those that cannot pass yet, and fails when one does.
+//! `pilot/pkg/serviceregistry/kube/controller/controller_test.go`; `istio_known_gaps`
+//! lists those that cannot pass yet, and fails when one does.
+//!
+//! Count: `TestWorkloadInstanceHandlerMultipleEndpoints` 4 of 4 checks, with one address
+//! per entry (the entry's second, IPv6 address they also expect is a gap); `TestEndpoints_WorkloadInstances` (and
+//! the older `TestInstancesByPort_WorkloadInstances`) 3 of 4 (the IPv6 address is a
+//! gap); `TestUpdateEdsCacheOnServiceUpdate` 1 of 1 with the feature on (its
+//! feature-off half has no counterpart: a changed Service always has its endpoints
+//! rewritten here); `TestWorkloadInstanceHandler_WorkloadInstanceIndex` 0 of 10 (Istio's
+//! by-IP index; see the gap).
 
 use k8s_openapi::api::core::v1::Service as KubeService;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
