@@ -70,7 +70,6 @@ use crate::model::{
     Resolution, Service, ServiceKey, ShardKey, TlsMode,
 };
 use crate::registry::ServiceRegistry;
-use crate::workload_instances::WorkloadEntryFeed;
 
 pub use conversion::convert;
 
@@ -140,7 +139,7 @@ struct Inner {
     refreshing: Mutex<()>,
     /// Where every refresh publishes the WorkloadEntries it read, for Kubernetes
     /// Services to select ([`crate::workload_instances`]).
-    workload_feed: Option<WorkloadEntryFeed>,
+    workload_feed: Option<crate::workload_instances::WorkloadEntryFeed>,
 }
 
 /// The ServiceEntry / WorkloadEntry registry. A cheap handle; clones share one
@@ -169,7 +168,7 @@ impl ServiceEntryRegistry {
         config: ServiceEntryConfig,
         stores: Vec<Arc<dyn ConfigStore>>,
         sink: UpdateSink,
-        feed: Option<WorkloadEntryFeed>,
+        feed: Option<crate::workload_instances::WorkloadEntryFeed>,
     ) -> ServiceEntryRegistry {
         let shard = ShardKey::new(ProviderId::External, config.cluster_id.clone());
         let registry = ServiceEntryRegistry {

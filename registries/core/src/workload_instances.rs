@@ -123,11 +123,23 @@ pub type WorkloadEntrySet = BTreeMap<String, Arc<NamespaceEntries>>;
 /// The channel from the ServiceEntry registry to the Kubernetes registries. Cheap to
 /// clone; clones share one channel. [`WorkloadEntryFeed::none`] is a feed nobody
 /// publishes to (a registry that subscribes sees no entries).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct WorkloadEntryFeed {
     sender: Arc<watch::Sender<Arc<WorkloadEntrySet>>>,
     /// False for [`WorkloadEntryFeed::disabled`]: publishing does nothing.
     enabled: bool,
+}
+
+/// Counts, not the entries (a registry's settings are logged with their feed).
+impl std::fmt::Debug for WorkloadEntryFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = self.sender.borrow();
+        f.debug_struct("WorkloadEntryFeed")
+            .field("enabled", &self.enabled)
+            .field("namespaces", &set.len())
+            .field("entries", &set.values().map(|n| n.len()).sum::<usize>())
+            .finish()
+    }
 }
 
 impl Default for WorkloadEntryFeed {

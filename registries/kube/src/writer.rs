@@ -448,8 +448,5 @@ impl Writer {
                 .set_objects(kind, self.state.count(kind));
         }
         self.registry.stats.set_pending(self.state.pending_pods());
-        self.registry
-            .stats
-            .set_workload_entries_without_address(self.state.workload_entries_without_address());
     }
 }

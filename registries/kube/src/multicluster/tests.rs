@@ -43,6 +43,10 @@ struct Harness {
 }
 
 async fn start() -> Harness {
+    start_with(KubeRegistryConfig::default()).await
+}
+
+async fn start_with(registry: KubeRegistryConfig) -> Harness {
     let local = FakeApiServer::start().await.unwrap();
     let aggregate = Arc::new(Aggregate::new("c1"));
     let index = Arc::new(EndpointIndex::new());
@@ -50,7 +54,7 @@ async fn start() -> Harness {
     let (stop, stopped) = oneshot::channel::<()>();
     let (controller, task) = SecretController::start(
         local.client(),
-        MulticlusterConfig::new("c1", KubeRegistryConfig::default()),
+        MulticlusterConfig::new("c1", registry),
         aggregate.clone(),
         sink,
         async move {
@@ -423,5 +427,39 @@ async fn a_remote_that_is_down_keeps_its_endpoints_and_blocks_nobody() {
         "{url} is down; c2 keeps its endpoints"
     );
     assert!(h.registered("c2"));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn remote_clusters_services_select_no_config_cluster_workload_entries() {
+    // The config cluster's WorkloadEntries, one of them selected by `app: reviews`.
+    let feed = WorkloadEntryFeed::new();
+    let value = serde_json::json!({
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "WorkloadEntry",
+        "metadata": {"name": "reviews-vm", "namespace": "default"},
+        "spec": {"address": "10.9.0.9", "labels": {"app": "reviews"}},
+    });
+    let meshfed_registry::config::Decoded::Object(entry) =
+        meshfed_registry::config::decode(&value, "test")
+    else {
+        panic!("not a WorkloadEntry");
+    };
+    assert!(feed.publish(&[Arc::new(entry)]));
+    let h = start_with(KubeRegistryConfig {
+        workload_entries: feed,
+        ..KubeRegistryConfig::default()
+    })
+    .await;
+    let remote = FakeApiServer::start().await.unwrap();
+    remote_cluster(&remote);
+    h.local.apply(&objects::remote_secret(
+        NS,
+        "istio-remote-secret-c2",
+        &[("c2", &remote.kubeconfig())],
+    ));
+    h.until("c2's endpoints", |h| !h.shard_endpoints("c2").is_empty())
+        .await;
+    assert_eq!(h.shard_endpoints("c2"), ["10.2.0.1"]);
     h.stop().await;
 }

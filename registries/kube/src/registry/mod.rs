@@ -79,7 +79,6 @@ pub struct KubeStats {
     relists: [AtomicU64; 5],
     objects: [AtomicU64; 5],
     endpoints_pending_pod: AtomicU64,
-    workload_entries_without_address: AtomicU64,
 }
 
 impl KubeStats {
@@ -121,19 +120,6 @@ impl KubeStats {
     /// `pilot_k8s_endpoints_pending_pod`).
     pub fn endpoints_pending_pod(&self) -> u64 {
         self.endpoints_pending_pod.load(Ordering::Relaxed)
-    }
-
-    /// Gauge: WorkloadEntries without an address that a Service selects, left out of
-    /// its endpoints (summed over the Services; Istio sends them as their network's
-    /// gateway).
-    pub fn workload_entries_without_address(&self) -> u64 {
-        self.workload_entries_without_address
-            .load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn set_workload_entries_without_address(&self, n: usize) {
-        self.workload_entries_without_address
-            .store(n as u64, Ordering::Relaxed);
     }
 
     pub(crate) fn count_event(&self, kind: ResourceKind, event: EventType) {

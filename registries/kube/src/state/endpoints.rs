@@ -36,7 +36,6 @@ impl ClusterState {
                     view.remove(&mesh_key);
                     out.deleted.push(mesh_key);
                     self.set_pending(&key, 0);
-                    self.set_without_address(&key, 0);
                 }
             }
         }
@@ -76,28 +75,11 @@ impl ClusterState {
                 continue; // Istio writes no endpoints for `exportTo: ~` services
             }
             let (mut endpoints, pending) = self.endpoints_of(&key, service);
-            let (selected, without_address) = self.workload_entry_endpoints(&key, service);
-            endpoints.extend(selected);
+            endpoints.extend(self.workload_entry_endpoints(&key, service));
             self.set_pending(&key, pending);
-            self.set_without_address(&key, without_address);
             out.endpoints.push((mesh_key, endpoints));
         }
         out
-    }
-
-    fn set_without_address(&mut self, key: &ObjectKey, count: usize) {
-        let before = if count == 0 {
-            self.without_address.remove(key)
-        } else {
-            self.without_address.insert(key.clone(), count)
-        };
-        if count > before.unwrap_or(0) {
-            tracing::warn!(
-                service = %key,
-                count,
-                "WorkloadEntries without an address selected by a Service are left out of its endpoints"
-            );
-        }
     }
 
     pub(super) fn set_pending(&mut self, key: &ObjectKey, pending: usize) {

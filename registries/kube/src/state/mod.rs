@@ -212,8 +212,6 @@ pub(crate) struct ClusterState {
     services_by_namespace: HashMap<Namespace, BTreeSet<Arc<str>>>,
     /// The WorkloadEntries Services select, by namespace.
     workload_entries: Arc<WorkloadEntrySet>,
-    /// Selected WorkloadEntries left out for having no address, per service.
-    without_address: HashMap<ObjectKey, usize>,
     slices: HashMap<ObjectKey, SliceInfo>,
     /// Service (namespace, name) -> names of its slices, sorted so merging is stable.
     slices_by_service: HashMap<ObjectKey, BTreeSet<Arc<str>>>,
@@ -252,7 +250,6 @@ impl ClusterState {
             services: HashMap::new(),
             services_by_namespace: HashMap::new(),
             workload_entries: Arc::default(),
-            without_address: HashMap::new(),
             slices: HashMap::new(),
             slices_by_service: HashMap::new(),
             pods: HashMap::new(),
@@ -285,12 +282,6 @@ impl ClusterState {
     /// Endpoint addresses waiting for their pod.
     pub(crate) fn pending_pods(&self) -> usize {
         self.pending_total
-    }
-
-    /// WorkloadEntries selected by a Service but left out of its endpoints for having
-    /// no address, summed over the Services.
-    pub(crate) fn workload_entries_without_address(&self) -> usize {
-        self.without_address.values().sum()
     }
 
     /// Whether an object is held.

@@ -10,6 +10,8 @@
 //! - per service port: a numeric `targetPort` gives the port, unless the entry's
 //!   `ports` names the service port (then that port); a named `targetPort` takes the
 //!   entry's port of that name, and without one the entry does not serve that port;
+//! - an entry without an address is kept as an endpoint without one (split-horizon EDS
+//!   sends it as its network's gateway);
 //! - the entry's network, locality, weight, TLS mode and service account
 //!   (`spiffe://<trust domain>/ns/<namespace>/sa/<name>`) carry over; its labels get
 //!   the topology labels (cluster, locality, network) as a pod's do; it is healthy.
@@ -76,37 +78,36 @@ impl ClusterState {
     }
 
     /// The endpoints the WorkloadEntries selected by `service` give it, in entry-name
-    /// order, and how many selected entries were left out for having no address.
+    /// order.
     pub(super) fn workload_entry_endpoints(
         &self,
         key: &ObjectKey,
         service: &ConvertedService,
-    ) -> (Vec<Endpoint>, usize) {
+    ) -> Vec<Endpoint> {
         if !selects_workload_entries(service) {
-            return (Vec::new(), 0);
+            return Vec::new();
         }
         let Some(entries) = self.workload_entries.get(key.namespace.as_str()) else {
-            return (Vec::new(), 0);
+            return Vec::new();
         };
         let mut out = Vec::new();
-        let mut without_address = 0;
         for entry in selected(entries, &service.attributes.selector) {
-            let Some(address) = entry.address else {
-                // Istio sends such an entry as its network's gateway; that needs an
-                // endpoint without an address, which the model does not have yet.
-                without_address += 1;
-                continue;
-            };
             let ports = entry_ports(entry, service);
             if ports.is_empty() {
                 continue;
             }
-            let mut endpoint = Endpoint::new(address);
+            let mut endpoint = match entry.address {
+                Some(address) => Endpoint::new(address),
+                // Reachable only through its network's gateway, as in Istio: the model's
+                // endpoint without an address (the unspecified IP, no hostname), which
+                // EDS never sends as an IP.
+                None => Endpoint::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+            };
             endpoint.ports = ports;
             self.fill_from_entry(&mut endpoint, entry, key.namespace.as_str());
             out.push(endpoint);
         }
-        (out, without_address)
+        out
     }
 
     fn fill_from_entry(
