@@ -274,6 +274,100 @@ pub fn registry_service_gateways(
     out
 }
 
+/// A WorkloadEntry (or a ServiceEntry's inline endpoint) without an address that split
+/// horizon cannot place: no client reaches it (`/debug/configz` `unplacedWorkloads`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnplacedWorkload {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    /// The field that is empty, e.g. `spec.address`, `spec.endpoints[1].address`.
+    pub field: String,
+    /// Its network (empty when it names none).
+    pub network: String,
+    pub reason: String,
+}
+
+/// The address-less workloads of `objects` whose network has no gateway in `view`
+/// (or that name no network), sorted by kind, namespace, name and field. Such an entry
+/// is kept (it is sent as its network's gateway once one appears) but reaches no
+/// client until then.
+pub fn unplaced_workloads<'a>(
+    objects: impl IntoIterator<Item = &'a meshfed_registry::config::ConfigObject>,
+    view: &NetworkView,
+) -> Vec<UnplacedWorkload> {
+    use meshfed_api::networking::v1alpha3::WorkloadEntry;
+    let mut out = Vec::new();
+    let mut check = |obj: &meshfed_registry::config::ConfigObject,
+                     kind: &'static str,
+                     field: String,
+                     we: &WorkloadEntry,
+                     extra: Option<&BTreeMap<String, String>>| {
+        if !we.address.is_empty() {
+            return;
+        }
+        let network = if we.network.is_empty() {
+            extra
+                .and_then(|l| l.get(LABEL_NETWORK))
+                .or_else(|| we.labels.get(LABEL_NETWORK))
+                .cloned()
+                .unwrap_or_default()
+        } else {
+            we.network.clone()
+        };
+        let reason = if network.is_empty() {
+            "no address and no network: nothing can reach it".to_string()
+        } else if view
+            .by_network
+            .get(&NetworkId::new(&network))
+            .is_none_or(Vec::is_empty)
+        {
+            format!(
+                "no address, and network {network:?} has no gateway: it is sent only as its \
+                 network's gateway, so no client reaches it"
+            )
+        } else {
+            return;
+        };
+        out.push(UnplacedWorkload {
+            kind,
+            namespace: obj.namespace.clone(),
+            name: obj.name.clone(),
+            field,
+            network,
+            reason,
+        });
+    };
+    for obj in objects {
+        if let Some(we) = obj.spec.as_workload_entry() {
+            check(
+                obj,
+                "WorkloadEntry",
+                "spec.address".into(),
+                we,
+                Some(&obj.labels),
+            );
+        } else if let Some(se) = obj.spec.as_service_entry() {
+            for (i, we) in se.endpoints.iter().enumerate() {
+                check(
+                    obj,
+                    "ServiceEntry",
+                    format!("spec.endpoints[{i}].address"),
+                    we,
+                    None,
+                );
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.kind, &a.namespace, &a.name, &a.field).cmp(&(b.kind, &b.namespace, &b.name, &b.field))
+    });
+    out
+}
+
+/// The label that names a workload's network.
+const LABEL_NETWORK: &str = "topology.istio.io/network";
+
 /// `/debug/networkz`: every network (from meshNetworks or from a gateway), how its
 /// endpoints are placed, and its gateways with where each came from. Sorted.
 pub fn networkz(networks: &MeshNetworks, view: &NetworkView) -> serde_json::Value {

@@ -235,6 +235,20 @@ impl Proxy {
             .unwrap_or("")
     }
 
+    /// Metadata `REQUESTED_NETWORK_VIEW`: the networks the proxy asks to see, a
+    /// comma-separated list (Istio's `StringList`, split on `,` as sent), sorted and
+    /// deduplicated; `None` when unset or empty (every network).
+    pub fn requested_network_view(&self) -> Option<Vec<NetworkId>> {
+        let raw = self.metadata.get("REQUESTED_NETWORK_VIEW")?.as_str()?;
+        if raw.is_empty() {
+            return None;
+        }
+        let mut networks: Vec<NetworkId> = raw.split(',').map(NetworkId::new).collect();
+        networks.sort();
+        networks.dedup();
+        Some(networks)
+    }
+
     /// True for gateways (`router` nodes).
     pub fn is_router(&self) -> bool {
         self.node_type == NodeType::Router
