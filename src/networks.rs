@@ -544,6 +544,67 @@ mod tests {
     }
 
     #[test]
+    fn address_less_workloads_without_a_gateway_are_unplaced() {
+        use meshfed_api::networking::v1alpha3 as net;
+        use meshfed_registry::config::ConfigObject;
+        let we = |name: &str, address: &str, network: &str| {
+            ConfigObject::new(
+                "vms",
+                name,
+                net::WorkloadEntry {
+                    address: address.into(),
+                    network: network.into(),
+                    ..Default::default()
+                },
+            )
+        };
+        let se = ConfigObject::new(
+            "vms",
+            "inline",
+            net::ServiceEntry {
+                hosts: vec!["a.example.com".into()],
+                endpoints: vec![
+                    net::WorkloadEntry {
+                        address: "10.0.0.1".into(),
+                        ..Default::default()
+                    },
+                    net::WorkloadEntry {
+                        network: "n3".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            },
+        );
+        let objects = [
+            we("behind-gateway", "", "n2"),
+            we("with-address", "10.0.0.2", "n3"),
+            we("no-gateway", "", "n3"),
+            se,
+        ];
+        let view = NetworkView::new(&networks(MESH), &[gw("n2", "c2", "2.2.2.2", "test")]);
+        let unplaced = unplaced_workloads(objects.iter(), &view);
+        let got: Vec<(&str, &str, &str, &str)> = unplaced
+            .iter()
+            .map(|u| {
+                (
+                    u.kind,
+                    u.name.as_str(),
+                    u.field.as_str(),
+                    u.network.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("ServiceEntry", "inline", "spec.endpoints[1].address", "n3"),
+                ("WorkloadEntry", "no-gateway", "spec.address", "n3"),
+            ]
+        );
+    }
+
+    #[test]
     fn registry_service_names_go_to_the_clusters_of_their_network() {
         let n = networks(MESH);
         let c2 = registry_service_gateways(&n, &"c2".into());

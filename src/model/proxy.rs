@@ -537,6 +537,24 @@ mod tests {
     }
 
     #[test]
+    fn requested_network_view_is_a_comma_separated_list() {
+        let view = |meta: serde_json::Value| {
+            let n = node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", meta);
+            Proxy::from_node(Some(&n)).unwrap().requested_network_view()
+        };
+        assert_eq!(view(serde_json::json!({})), None);
+        assert_eq!(
+            view(serde_json::json!({"REQUESTED_NETWORK_VIEW": ""})),
+            None
+        );
+        assert_eq!(
+            view(serde_json::json!({"REQUESTED_NETWORK_VIEW": "vm,n1,vm"})),
+            Some(vec![NetworkId::new("n1"), NetworkId::new("vm")]),
+            "sorted and deduplicated, split on commas as sent"
+        );
+    }
+
+    #[test]
     fn auto_allocated_addresses_need_dns_auto_allocate_and_dns_capture() {
         let uses = |meta: serde_json::Value| {
             let n = node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", meta);

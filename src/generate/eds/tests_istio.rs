@@ -1275,3 +1275,73 @@ fn istio_vectors() {
     assert_eq!(count("eds_sh/"), (4, 4), "eds_sh_test.go");
     assert_eq!(count("mesh_network/"), (19, 25), "mesh_network_test.go");
 }
+
+/// What split horizon reads is in the cache key: the PeerAuthentications (only when
+/// some network has a gateway) and the requested network view.
+#[test]
+fn the_eds_key_carries_peer_authentications_and_the_network_view() {
+    use crate::generate::lds::tests::{proxy, service};
+    let networks = mesh_networks(serde_json::json!({"networks": {"network-2": {
+        "gateways": [{"address": "192.0.2.20", "port": 15443}]}}}));
+    let svc = service(
+        "a.ns.svc.cluster.local",
+        "ns",
+        "10.96.0.1",
+        &[("http", 80, Protocol::Http)],
+    );
+    let build = |policies, networks: &MeshNetworks| {
+        let mut mesh = default_mesh();
+        mesh.networks = networks.clone();
+        build_snapshot(
+            vec![svc.clone()],
+            ConfigSet {
+                peer_authentications: policies,
+                ..Default::default()
+            },
+            mesh,
+        )
+    };
+    let name = "outbound|80||a.ns.svc.cluster.local";
+    let cluster = ClusterName::parse(name).unwrap();
+    let key = |snapshot: &Snapshot, proxy: &Proxy| {
+        EdsInput::for_proxy(snapshot, proxy, name, &cluster, EdsOptions::default())
+    };
+    let client = proxy(
+        "sidecar~10.0.0.1~c.ns~ns.svc.cluster.local",
+        serde_json::json!({}),
+    );
+    let plain = build(vec![], &networks);
+    let disabled = build(
+        vec![pa("istio-system", "off", 1, &[], PaMode::Disable, &[])],
+        &networks,
+    );
+    assert!(key(&plain, &client).peer_authn.is_some());
+    assert_ne!(
+        key(&plain, &client),
+        key(&disabled, &client),
+        "a PeerAuthentication change is a different key under split horizon"
+    );
+    let flat = MeshNetworks::default();
+    assert_eq!(
+        key(&build(vec![], &flat), &client),
+        key(
+            &build(
+                vec![pa("istio-system", "off", 1, &[], PaMode::Disable, &[])],
+                &flat
+            ),
+            &client
+        ),
+        "one flat network: PeerAuthentications do not change EDS"
+    );
+    let viewing = proxy(
+        "sidecar~10.0.0.1~c.ns~ns.svc.cluster.local",
+        serde_json::json!({}),
+    );
+    let mut viewing = viewing;
+    viewing.metadata = Arc::new(serde_json::json!({"REQUESTED_NETWORK_VIEW": "network-2"}));
+    assert_eq!(
+        key(&plain, &viewing).network_view,
+        Some(vec![NetworkId::new("network-2")])
+    );
+    assert_ne!(key(&plain, &viewing), key(&plain, &client));
+}
