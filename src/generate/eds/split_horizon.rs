@@ -97,6 +97,10 @@ impl NetworkVisibility<'_> {
     }
 }
 
+/// Whether PeerAuthentication disables mTLS for a workload of a namespace, with these
+/// labels, on this port.
+pub type PeerDisabled<'a> = dyn Fn(&str, &BTreeMap<String, String>, u16) -> bool + 'a;
+
 /// Whether the client originates Istio mTLS to an endpoint (Istio's `mtlsChecker`):
 /// the DestinationRule's TLS mode for the cluster when it sets one (only
 /// `ISTIO_MUTUAL` counts); else the endpoint must take Istio mTLS and its
@@ -109,7 +113,7 @@ pub struct MtlsCheck<'a> {
     pub namespace: &'a str,
     /// Whether PeerAuthentication disables mTLS for a workload of a namespace with
     /// these labels on this port.
-    pub peer_disabled: &'a dyn Fn(&str, &BTreeMap<String, String>, u16) -> bool,
+    pub peer_disabled: &'a PeerDisabled<'a>,
 }
 
 impl std::fmt::Debug for MtlsCheck<'_> {

@@ -337,7 +337,7 @@ fn port_tls(port: u32, mode: TlSmode) -> PortTrafficPolicy {
     PortTrafficPolicy {
         port: Some(PortSelector { number: port }),
         tls: tls(mode),
-        ..Default::default()
+        ..PortTrafficPolicy::default()
     }
 }
 
@@ -369,7 +369,6 @@ fn mtls_cases() -> Vec<MtlsCase> {
             tls: tls(mode),
             ..Default::default()
         }),
-        ..Default::default()
     };
     let case = |name, policies, rule, disabled, subset| MtlsCase {
         name,
@@ -1093,8 +1092,11 @@ fn with_ports(
 }
 
 fn empty_address_workload_entry_vectors(out: &mut Vec<(String, Result<(), String>)>) {
+    /// (network, address, version) of a WorkloadEntry.
     type Entry = (&'static str, &'static str, &'static str);
-    let cases: Vec<(&str, Vec<Entry>, Vec<(&str, Vec<(&str, u32)>)>)> = vec![
+    /// (subset, expected endpoints) of the client's clusters.
+    type Expectation = (&'static str, Vec<(&'static str, u32)>);
+    let cases: Vec<(&str, Vec<Entry>, Vec<Expectation>)> = vec![
         (
             "single subset",
             vec![
