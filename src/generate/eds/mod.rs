@@ -45,8 +45,9 @@ pub struct EdsOptions {
     /// Send unhealthy (and draining) endpoints marked as such instead of dropping them
     /// (Istio's `PILOT_SEND_UNHEALTHY_ENDPOINTS`).
     pub send_unhealthy: bool,
-    /// Only endpoints that take Istio mTLS (a gateway's SNI-DNAT clusters: the
-    /// client's mTLS passes through, so a plaintext endpoint could not answer it).
+    /// Only endpoints the client sends Istio mTLS ([`MtlsCheck`] when given, else the
+    /// endpoint's TLS mode): a gateway's SNI-DNAT clusters, where the client's mTLS
+    /// passes through, so a plaintext endpoint could not answer it.
     pub mtls_only: bool,
 }
 
@@ -1103,23 +1104,18 @@ mod tests {
     }
 
     #[test]
-    fn vector_a_proxy_without_network_sees_every_endpoint_directly() {
-        // Proxy with empty NETWORK, endpoints in N2 with a gateway: Istio's
-        // Proxy.InNetwork holds when either network is unset (IsSameOrEmpty), so every
-        // endpoint is direct (reference §6.5 said "gateway used"; Istio's
-        // ep_filters.go at HEAD does not).
+    fn vector_a_proxy_without_network_uses_the_gateway() {
+        // Proxy with empty NETWORK and endpoints in N2 with gateway -> gateway used.
         let v = view(&[gateway("N2", "c2", "1.1.1.1")]);
         let (eps, _) = split(&two_networks(TlsMode::Istio), &v, "", &["10.0.0.9"]);
-        let addresses: Vec<&str> = eps.iter().map(|e| e.0.as_str()).collect();
         assert_eq!(
-            addresses,
-            [
-                "10.0.0.1:8080",
-                "10.0.0.2:8080",
-                "10.1.0.1:8080",
-                "10.1.0.2:8080",
-                "10.1.0.3:8080"
-            ]
+            eps,
+            vec![
+                row("10.0.0.1:8080", 1, "istio"),
+                row("10.0.0.2:8080", 1, "istio"),
+                row("1.1.1.1:15443", 3, "istio"),
+            ],
+            "N1 has no gateway, so its endpoints stay direct"
         );
     }
 

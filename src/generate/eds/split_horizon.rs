@@ -73,10 +73,12 @@ impl<'a> NetworkFilter<'a> {
     }
 }
 
-/// Istio's `Proxy.InNetwork`: the client is on `network`, or either network is
-/// unset.
+/// Whether a client on `client` is on `network`: the same network, or an endpoint
+/// without a network. Istio's `Proxy.InNetwork` also holds for a client without a
+/// network; meshfed sends such a client remote networks' gateways instead (README,
+/// Differences from istiod).
 pub fn in_network(client: &NetworkId, network: &NetworkId) -> bool {
-    client.is_empty() || network.is_empty() || client == network
+    network.is_empty() || client == network
 }
 
 /// The networks a client asked to see (`REQUESTED_NETWORK_VIEW`): it sees endpoints
@@ -175,8 +177,8 @@ fn policy_tls_mode(policy: &TrafficPolicy, port: u16) -> Option<i32> {
 
 /// Split horizon over one locality group (Istio's `EndpointsByNetworkFilter`). Every
 /// weight is scaled by the gateway lcm. An endpoint is sent directly when the client
-/// is on its network (or either network is unset) or its network has no gateway, and
-/// only if it has an address. Otherwise its weight is split evenly among the gateways
+/// is on its network ([`in_network`]) or its network has no gateway, and only if it
+/// has an address. Otherwise its weight is split evenly among the gateways
 /// of its (network, cluster), or of its network, that the client's IP family reaches;
 /// it is dropped when none does, when the client would not send it Istio mTLS (the
 /// gateway passes TLS through by SNI), or when it is not healthy. Each gateway with a
