@@ -368,6 +368,64 @@ pub fn unplaced_workloads<'a>(
 /// The label that names a workload's network.
 const LABEL_NETWORK: &str = "topology.istio.io/network";
 
+/// `meshfed_unplaced_workloads{network}`: address-less WorkloadEntries and inline
+/// endpoints that no client reaches (their network has no gateway, or they name no
+/// network), by network, computed when scraped from the config stores and the current
+/// network view. The same entries are listed under `unplacedWorkloads` in
+/// `/debug/configz`.
+pub struct UnplacedMetrics {
+    stores: Vec<std::sync::Arc<dyn meshfed_registry::ConfigStore>>,
+    view: Box<dyn Fn() -> std::sync::Arc<NetworkView> + Send + Sync>,
+}
+
+impl std::fmt::Debug for UnplacedMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnplacedMetrics").finish_non_exhaustive()
+    }
+}
+
+impl UnplacedMetrics {
+    /// Registers the gauge in `registry`, reading `stores` and the network view `view`
+    /// returns (the current snapshot's).
+    pub fn register(
+        stores: Vec<std::sync::Arc<dyn meshfed_registry::ConfigStore>>,
+        view: impl Fn() -> std::sync::Arc<NetworkView> + Send + Sync + 'static,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        registry.register_collector(Box::new(UnplacedMetrics {
+            stores,
+            view: Box::new(view),
+        }));
+    }
+
+    /// Unplaced entries by network.
+    fn counts(&self) -> BTreeMap<String, i64> {
+        let objects: Vec<_> = self.stores.iter().flat_map(|s| s.all()).collect();
+        let view = (self.view)();
+        let mut counts = BTreeMap::new();
+        for u in unplaced_workloads(objects.iter().map(|o| &**o), &view) {
+            *counts.entry(u.network).or_default() += 1;
+        }
+        counts
+    }
+}
+
+impl prometheus_client::collector::Collector for UnplacedMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        let counts = self.counts();
+        meshfed_registry::metrics::encode_gauges(
+            &mut encoder,
+            "meshfed_unplaced_workloads",
+            "WorkloadEntries (and ServiceEntry inline endpoints) without an address that no client reaches: their network has no gateway, or they name no network; listed under unplacedWorkloads in /debug/configz",
+            "network",
+            counts.iter().map(|(n, c)| (n.as_str(), *c)),
+        )
+    }
+}
+
 /// `/debug/networkz`: every network (from meshNetworks or from a gateway), how its
 /// endpoints are placed, and its gateways with where each came from. Sorted.
 pub fn networkz(networks: &MeshNetworks, view: &NetworkView) -> serde_json::Value {

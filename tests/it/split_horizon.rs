@@ -155,6 +155,11 @@ async fn an_address_less_vm_is_reached_through_its_network_gateway() {
     assert_eq!(unplaced[0]["name"], "vm-3");
     assert_eq!(unplaced[0]["field"], "spec.address");
     assert_eq!(unplaced[0]["network"], "network-3");
+    let (_, metrics) = http_get(server.bound().monitoring, "/metrics").await;
+    assert!(
+        metrics.contains("meshfed_unplaced_workloads{network=\"network-3\"} 1"),
+        "{metrics}"
+    );
 
     // mTLS disabled for the VMs (a workload policy of their namespace, the client in
     // another one): the gateway cannot carry plaintext, so network-1 loses them.
