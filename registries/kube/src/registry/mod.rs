@@ -411,7 +411,8 @@ impl ServiceRegistry for KubeRegistry {
 
     /// Gateways into the networks behind this cluster (reference §6.3):
     /// - services labelled `topology.istio.io/network=<net>` that listen on their mTLS
-    ///   port ([`LABEL_GATEWAY_PORT`], default 15443): one gateway per external address;
+    ///   port ([`LABEL_GATEWAY_PORT`], default 15443), or list no port at all (then
+    ///   that port is assumed): one gateway per external address;
     /// - the meshNetworks `registryServiceName` entries of the networks listing this
     ///   cluster under `fromRegistry` ([`KubeRegistryConfig::mesh_gateways`]): that
     ///   service's external addresses, with the port meshNetworks gives.
@@ -446,10 +447,11 @@ impl ServiceRegistry for KubeRegistry {
                 .get(LABEL_GATEWAY_PORT)
                 .and_then(|p| p.parse::<u16>().ok())
                 .unwrap_or(DEFAULT_GATEWAY_PORT);
-            if port == 0 || service.port(port).is_none() {
-                // Istio (getGatewayDetails at HEAD) takes a labelled service as a
-                // gateway only if it lists the mTLS port (or HBONE's 15008, for ambient
-                // clients, which meshfed does not serve).
+            // A service listing ports is a gateway only if one of them is the mTLS
+            // port (or HBONE's 15008, for ambient clients, which meshfed does not
+            // serve). One that lists none is a gateway on the mTLS port, as Istio's
+            // `getGatewayDetails` defaults it without looking at the service's ports.
+            if port == 0 || (!service.ports.is_empty() && service.port(port).is_none()) {
                 continue;
             }
             let source = format!(

@@ -145,11 +145,11 @@ async fn gateways_come_from_labelled_services_and_mesh_networks() {
     task.abort();
 }
 
-/// Istio at HEAD (`getGatewayDetails`, `buildSvcGatways`): a labelled service is a
-/// gateway only if it lists its mTLS port; a `gatewayPort` label that is not a number
-/// leaves the default 15443.
+/// Istio (`getGatewayDetails`, reference §6.3): a labelled service that lists ports is
+/// a gateway only if one is its mTLS port; one that lists none is a gateway on the
+/// mTLS port; a `gatewayPort` label that is not a number leaves the default 15443.
 #[tokio::test]
-async fn labelled_gateways_need_their_mtls_port_listed() {
+async fn labelled_gateways_list_their_mtls_port_or_none() {
     let api = FakeApiServer::start().await.unwrap();
     let mut no_ports = gateway_service(
         "no-ports",
@@ -159,6 +159,12 @@ async fn labelled_gateways_need_their_mtls_port_listed() {
     );
     no_ports.spec.as_mut().unwrap().ports = None;
     api.apply(&no_ports);
+    api.apply(&gateway_service(
+        "other-port",
+        &[("topology.istio.io/network", "n2")],
+        8443,
+        "192.0.2.32",
+    ));
     api.apply(&gateway_service(
         "bad-port-label",
         &[
@@ -178,15 +184,20 @@ async fn labelled_gateways_need_their_mtls_port_listed() {
     .await
     .unwrap();
     registry.wait_for(SyncPhase::Synced).await;
-    let gateways: Vec<(String, u16)> = registry
+    let mut gateways: Vec<(String, u16)> = registry
         .network_gateways()
         .into_iter()
         .map(|g| (g.address.to_string(), g.port))
         .collect();
+    gateways.sort();
     assert_eq!(
         gateways,
-        vec![("192.0.2.31".to_string(), 15443)],
-        "the service listing no port is not a gateway; the bad label defaults to 15443"
+        vec![
+            ("192.0.2.30".to_string(), 15443),
+            ("192.0.2.31".to_string(), 15443),
+        ],
+        "the service listing no port is a gateway on 15443, the bad label defaults to \
+         15443, a service listing only another port is none"
     );
     task.abort();
 }

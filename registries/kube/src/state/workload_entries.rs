@@ -98,10 +98,9 @@ impl ClusterState {
             }
             let mut endpoint = match entry.address {
                 Some(address) => Endpoint::new(address),
-                // Reachable only through its network's gateway, as in Istio: the model's
-                // endpoint without an address (the unspecified IP, no hostname), which
-                // EDS never sends as an IP.
-                None => Endpoint::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED)),
+                // Reachable only through its network's gateway, as in Istio: EDS never
+                // sends an endpoint without an address as an IP.
+                None => Endpoint::without_address(),
             };
             endpoint.ports = ports;
             self.fill_from_entry(&mut endpoint, entry, key.namespace.as_str());
