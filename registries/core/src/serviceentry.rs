@@ -39,9 +39,12 @@
 //! (masked), not as VIPs.
 //!
 //! Not supported (left out, logged at debug level): `unix://` endpoint addresses, endpoints
-//! without an address (reachable only through their network's gateway in Istio), the
-//! `proxy.istio.io/health-checks-enabled` health conditions and NONE's passthrough
-//! target ports.
+//! without an address (reachable only through their network's gateway in Istio), and
+//! NONE's passthrough target ports.
+//!
+//! A selected WorkloadEntry annotated `proxy.istio.io/health-checks-enabled: "true"`
+//! is healthy only while its `Healthy` condition is `True`
+//! ([`workload_entry_health`]); an unhealthy endpoint leaves EDS.
 //!
 //! Services without addresses get Istio's legacy auto-allocated addresses
 //! ([`auto_allocation`]); proxies use them only when they ask (`DNS_AUTO_ALLOCATE` and
@@ -71,7 +74,7 @@ use crate::model::{
 };
 use crate::registry::ServiceRegistry;
 
-pub use conversion::convert;
+pub use conversion::{ANNOTATION_HEALTH_CHECKS, convert, workload_entry_health};
 
 /// The label that sets an endpoint's TLS mode (`istio` or `disabled`).
 pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";

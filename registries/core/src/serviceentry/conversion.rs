@@ -2,6 +2,7 @@
 //! endpoints (the rules are in the module docs of [`super`]).
 
 use super::*;
+use crate::model::HealthStatus;
 
 /// Converts ServiceEntries and WorkloadEntries (objects of other kinds are ignored)
 /// into services with their endpoints, one per `(hostname, namespace)`. Pure; see the
@@ -222,8 +223,9 @@ fn endpoints_for(
     if let Some(selector) = &se.workload_selector {
         return workloads
             .selected(namespace, &selector.labels)
-            .filter_map(|(name, we, labels)| {
-                let ep = workload_endpoint(we, labels, namespace, &se.ports, dns, config);
+            .filter_map(|(name, we, labels, health)| {
+                let ep = workload_endpoint(we, labels, namespace, &se.ports, dns, config)
+                    .map(|ep| Endpoint { health, ..ep });
                 if ep.is_none() {
                     tracing::debug!(
                         "WorkloadEntry {namespace}/{name} (selected by ServiceEntry {namespace}/{}): address {:?} left out",
@@ -325,7 +327,7 @@ fn workload_endpoint(
 
 /// WorkloadEntries by namespace, each with its effective labels, sorted by name.
 struct Workloads<'a> {
-    by_namespace: BTreeMap<&'a str, Vec<(&'a str, &'a net::WorkloadEntry, Labels)>>,
+    by_namespace: BTreeMap<&'a str, Vec<(&'a str, &'a net::WorkloadEntry, Labels, HealthStatus)>>,
 }
 
 type Labels = BTreeMap<String, String>;
@@ -343,10 +345,10 @@ impl<'a> Workloads<'a> {
             by_namespace
                 .entry(obj.namespace.as_str())
                 .or_default()
-                .push((obj.name.as_str(), we, labels));
+                .push((obj.name.as_str(), we, labels, workload_entry_health(obj)));
         }
         for list in by_namespace.values_mut() {
-            list.sort_by_key(|(name, _, _)| *name);
+            list.sort_by_key(|(name, _, _, _)| *name);
         }
         Workloads { by_namespace }
     }
@@ -356,12 +358,35 @@ impl<'a> Workloads<'a> {
         &'s self,
         namespace: &str,
         selector: &'s BTreeMap<String, String>,
-    ) -> impl Iterator<Item = (&'a str, &'a net::WorkloadEntry, Labels)> + 's {
+    ) -> impl Iterator<Item = (&'a str, &'a net::WorkloadEntry, Labels, HealthStatus)> + 's {
         self.by_namespace
             .get(namespace)
             .into_iter()
             .flatten()
-            .filter(|(_, _, labels)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
-            .map(|(name, we, labels)| (*name, *we, labels.clone()))
+            .filter(|(_, _, labels, _)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+            .map(|(name, we, labels, health)| (*name, *we, labels.clone(), *health))
+    }
+}
+
+/// The annotation that makes a WorkloadEntry's `Healthy` condition count (set on
+/// auto-registered entries whose proxy has a readiness probe).
+pub const ANNOTATION_HEALTH_CHECKS: &str = "proxy.istio.io/health-checks-enabled";
+
+/// A WorkloadEntry's health as Istio's `IsHealthy` reads it: healthy unless its
+/// `proxy.istio.io/health-checks-enabled` annotation is `"true"`; then healthy only
+/// with a `Healthy` condition whose status is `True` (unhealthy until the agent has
+/// reported).
+pub fn workload_entry_health(obj: &ConfigObject) -> HealthStatus {
+    if obj
+        .annotations
+        .get(ANNOTATION_HEALTH_CHECKS)
+        .map(String::as_str)
+        != Some("true")
+    {
+        return HealthStatus::Healthy;
+    }
+    match obj.condition("Healthy") {
+        Some(c) if c.status == "True" => HealthStatus::Healthy,
+        _ => HealthStatus::Unhealthy,
     }
 }
