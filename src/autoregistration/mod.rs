@@ -81,8 +81,9 @@ pub struct Settings {
     /// connected for longer than 1.5 times it is swept.
     pub max_connection_age: Option<Duration>,
     /// Require the proxy's verified identity to match the entry's namespace and
-    /// service account (`PILOT_WORKLOAD_ENTRY_VALIDATE_IDENTITY`... Istio's
-    /// `ValidateWorkloadEntryIdentity`, on by default).
+    /// service account (Istio's `ValidateWorkloadEntryIdentity`, on by default; a
+    /// stream on the plaintext port carries no identity, so its proxy cannot register
+    /// unless this is off).
     pub validate_identity: bool,
 }
 
