@@ -529,6 +529,31 @@ mod tests {
     }
 
     #[test]
+    fn health_reports_are_not_subscriptions() {
+        let mut s = ConnectionState::default();
+        let mut unhealthy = req(HEALTH_TYPE_URL, &[], "", "");
+        unhealthy.error_detail = Some(Status {
+            code: 13,
+            message: "probe failed".into(),
+            details: vec![],
+        });
+        assert!(matches!(
+            s.on_sotw_request(&req(HEALTH_TYPE_URL, &[], "", "")),
+            Action::Health(None)
+        ));
+        assert!(matches!(
+            s.on_sotw_request(&unhealthy),
+            Action::Health(Some(m)) if m == "probe failed"
+        ));
+        let delta = DeltaDiscoveryRequest {
+            type_url: HEALTH_TYPE_URL.into(),
+            ..Default::default()
+        };
+        assert!(matches!(s.on_delta_request(&delta), Action::Health(None)));
+        assert!(TypeUrl::ALL.iter().all(|t| s.watch(*t).is_none()));
+    }
+
+    #[test]
     fn a_push_that_repeats_the_last_full_response_is_skipped() {
         let mut s = ConnectionState::default();
         s.on_sotw_request(&req(EDS, &["a", "b"], "", ""));

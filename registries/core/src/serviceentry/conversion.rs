@@ -390,3 +390,123 @@ pub fn workload_entry_health(obj: &ConfigObject) -> HealthStatus {
         _ => HealthStatus::Unhealthy,
     }
 }
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+    use crate::config::{Condition, Decoded, decode};
+
+    fn entry(annotation: Option<&str>, healthy: Option<&str>) -> Arc<ConfigObject> {
+        let mut obj = ConfigObject::new(
+            "vm",
+            "billing-10.9.0.5",
+            net::WorkloadEntry {
+                address: "10.9.0.5".into(),
+                labels: [("app".to_string(), "billing".to_string())].into(),
+                ..Default::default()
+            },
+        );
+        if let Some(value) = annotation {
+            obj.annotations
+                .insert(ANNOTATION_HEALTH_CHECKS.into(), value.into());
+        }
+        if let Some(status) = healthy {
+            obj.conditions.push(Condition {
+                kind: "Healthy".into(),
+                status: status.into(),
+                reason: String::new(),
+                message: String::new(),
+                last_probe_time: None,
+                last_transition_time: None,
+            });
+        }
+        Arc::new(obj)
+    }
+
+    #[test]
+    fn health_checked_entries_follow_their_healthy_condition() {
+        let se = Arc::new(ConfigObject::new(
+            "vm",
+            "billing",
+            net::ServiceEntry {
+                hosts: vec!["billing.vm.internal".into()],
+                ports: vec![net::ServicePort {
+                    number: 8080,
+                    name: "http".into(),
+                    protocol: "HTTP".into(),
+                    ..Default::default()
+                }],
+                resolution: SeResolution::Static as i32,
+                workload_selector: Some(net::WorkloadSelector {
+                    labels: [("app".to_string(), "billing".to_string())].into(),
+                }),
+                ..Default::default()
+            },
+        ));
+        let config = ServiceEntryConfig {
+            cluster_id: "c1".into(),
+            trust_domain: "cluster.local".into(),
+        };
+        for (annotation, condition, want) in [
+            (None, None, HealthStatus::Healthy),
+            (None, Some("False"), HealthStatus::Healthy),
+            (Some("false"), Some("False"), HealthStatus::Healthy),
+            (Some("true"), None, HealthStatus::Unhealthy),
+            (Some("true"), Some("False"), HealthStatus::Unhealthy),
+            (Some("true"), Some("True"), HealthStatus::Healthy),
+        ] {
+            let we = entry(annotation, condition);
+            assert_eq!(
+                workload_entry_health(&we),
+                want,
+                "{annotation:?} {condition:?}"
+            );
+            let all = convert(std::slice::from_ref(&se), &[we], &config);
+            let svc = all
+                .get(&crate::model::ServiceKey::new("billing.vm.internal", "vm"))
+                .unwrap();
+            assert_eq!(
+                svc.endpoints[0].health, want,
+                "{annotation:?} {condition:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn status_conditions_are_decoded_and_count_as_content() {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "WorkloadEntry",
+            "metadata": {"name": "e", "namespace": "vm"},
+            "spec": {"address": "10.9.0.5"},
+            "status": {"conditions": [
+                {"type": "Healthy", "status": "False", "message": "probe failed",
+                 "lastProbeTime": "2026-01-02T03:04:05.123456789Z"},
+                {"status": "True"}
+            ]}
+        });
+        let Decoded::Object(obj) = decode(&value, "test") else {
+            panic!("not decoded");
+        };
+        let healthy = obj.condition("Healthy").expect("decoded");
+        assert_eq!(
+            (healthy.status.as_str(), healthy.message.as_str()),
+            ("False", "probe failed")
+        );
+        assert!(healthy.last_probe_time.is_some());
+        assert_eq!(
+            obj.conditions.len(),
+            1,
+            "a condition without a type is left out"
+        );
+        let mut changed = obj.clone();
+        changed.conditions[0].status = "True".into();
+        assert!(!changed.same_content(&obj));
+        // Written back in the Kubernetes form.
+        let back = serde_json::to_value(&obj).unwrap();
+        assert_eq!(
+            back["status"]["conditions"][0]["lastProbeTime"],
+            "2026-01-02T03:04:05.123456789Z"
+        );
+    }
+}
