@@ -26,9 +26,8 @@ impl Controller {
 
     /// Istio's `shouldCleanupEntry`.
     fn should_clean_up(&self, entry: &ConfigObject) -> bool {
-        if !is_auto_registered(entry)
-            && !(is_health_checked(entry) && entry::has_health_condition(entry))
-        {
+        let health_checked = is_health_checked(entry) && entry::has_health_condition(entry);
+        if !is_auto_registered(entry) && !health_checked {
             return false;
         }
         let now = self.now();
