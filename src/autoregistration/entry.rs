@@ -253,3 +253,39 @@ pub fn takes_health_reports(obj: &ConfigObject) -> bool {
 pub fn has_health_condition(obj: &ConfigObject) -> bool {
     obj.condition(CONDITION_HEALTHY).is_some()
 }
+
+/// The entries of VMs that connect (auto-registered, or health-checked with a
+/// controller annotation) in `stores`, for `/debug/registryz`: where each is, which
+/// instance holds it and since when, and its health.
+pub fn debug_list(
+    stores: &[std::sync::Arc<dyn meshfed_registry::config::ConfigStore>],
+) -> Vec<serde_json::Value> {
+    let mut out: Vec<serde_json::Value> = stores
+        .iter()
+        .flat_map(|s| s.list(meshfed_registry::config::Kind::WorkloadEntry))
+        .filter(|e| is_auto_registered(e) || is_health_checked(e))
+        .map(|e| {
+            let spec = e.spec.as_workload_entry();
+            let annotation = |key: &str| e.annotations.get(key).cloned();
+            let health = e.condition(CONDITION_HEALTHY);
+            serde_json::json!({
+                "namespace": e.namespace,
+                "name": e.name,
+                "address": spec.map(|s| s.address.clone()),
+                "network": spec.map(|s| s.network.clone()),
+                "group": annotation(ANNOTATION_GROUP),
+                "controller": annotation(ANNOTATION_CONTROLLER),
+                "connected_at": annotation(ANNOTATION_CONNECTED_AT),
+                "disconnected_at": annotation(ANNOTATION_DISCONNECTED_AT),
+                "health_checks": e.annotations.get(ANNOTATION_HEALTH_CHECKS),
+                "healthy": health.map(|c| c.status.clone()),
+                "health_message": health.map(|c| c.message.clone()).filter(|m| !m.is_empty()),
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (a["namespace"].as_str(), a["name"].as_str())
+            .cmp(&(b["namespace"].as_str(), b["name"].as_str()))
+    });
+    out
+}

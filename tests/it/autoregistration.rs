@@ -334,15 +334,20 @@ async fn outside_kubernetes_the_entry_lives_in_memory_and_shows_in_the_debug_pag
     let mut client = watcher(server.grpc_addr()).await;
     report_health(&mut vm, None).await;
     until_endpoints(&mut client, &[VM_IP]).await;
-    // The entry is an object of the in-memory store (configz); its endpoint is in the
-    // ServiceEntry registry's shard of the service (endpointz), and the service in
-    // registryz.
+    // The entry is an object of the in-memory store (configz), listed with its
+    // connection and health in registryz; its endpoint is in the ServiceEntry
+    // registry's shard of the service (endpointz).
     let configz = get_json(http, "/debug/configz").await.to_string();
     assert!(configz.contains(ENTRY), "{configz}");
     let endpointz = get_json(http, "/debug/endpointz").await.to_string();
     assert!(endpointz.contains(VM_IP), "{endpointz}");
-    let registryz = get_json(http, "/debug/registryz").await.to_string();
-    assert!(registryz.contains("billing.vm.internal"), "{registryz}");
+    let registryz = get_json(http, "/debug/registryz").await;
+    let listed = &registryz["workload_entries"][0];
+    assert_eq!(listed["name"], ENTRY, "{registryz}");
+    assert_eq!(listed["address"], VM_IP);
+    assert_eq!(listed["group"], "billing");
+    assert_eq!(listed["healthy"], "True");
+    assert!(listed["connected_at"].is_string());
 
     drop(vm);
     until_endpoints(&mut client, &[]).await;
