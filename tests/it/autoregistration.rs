@@ -160,6 +160,17 @@ fn entry_writes(api: &FakeApiServer, replica: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until `server`'s config store holds the VM's entry (its writes start from
+/// that view).
+async fn seen_by(server: &FakeServer) {
+    let http = server.bound().http;
+    eventually("the server to see the entry", || async move {
+        let configz = get_json(http, "/debug/configz").await.to_string();
+        configz.contains(ENTRY).then_some(())
+    })
+    .await;
+}
+
 fn bearer(token: &str) -> MetadataMap {
     let mut metadata = MetadataMap::new();
     metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
@@ -224,6 +235,8 @@ async fn a_vm_registers_follows_its_health_in_eds_and_is_removed_after_the_grace
     assert_eq!(created["spec"]["serviceAccount"], "billing");
     assert_eq!(created["spec"]["labels"]["version"], "v1");
 
+    // Health reports are written from replica a's view of the entry.
+    seen_by(&a).await;
     // Another proxy, on replica b: no endpoint until the VM reports healthy.
     let mut client = watcher(b.grpc_addr()).await;
     until_endpoints(&mut client, &[]).await;
@@ -274,14 +287,15 @@ async fn a_vm_registers_follows_its_health_in_eds_and_is_removed_after_the_grace
 /// identities), reports it healthy and disconnects it, waiting for each write: the
 /// entry is created, its status and annotations updated, then deleted. The RBAC test
 /// uses it to exercise the WorkloadEntry rules of deploy/rbac.yaml.
-pub(crate) async fn register_report_and_leave(api: &FakeApiServer, grpc: SocketAddr) {
+pub(crate) async fn register_report_and_leave(api: &FakeApiServer, server: &FakeServer) {
     api.apply(&objects::namespace("vm", &[]));
     api.apply_custom(&workload_group());
-    let mut vm = AdsClient::connect(grpc, vm_node(VM_IP, "billing"))
+    let mut vm = AdsClient::connect(server.grpc_addr(), vm_node(VM_IP, "billing"))
         .await
         .unwrap();
     vm.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
     eventually("the VM's WorkloadEntry", || async { entry(api) }).await;
+    seen_by(server).await;
     report_health(&mut vm, None).await;
     eventually("the Healthy condition", || async {
         healthy_condition(&entry(api)?).filter(|(s, _)| s == "True")
@@ -358,4 +372,71 @@ async fn outside_kubernetes_the_entry_lives_in_memory_and_shows_in_the_debug_pag
             .then_some(())
     })
     .await;
+}
+
+#[tokio::test]
+async fn an_entry_left_by_a_stopped_replica_is_removed_by_the_next_one() {
+    let api = EnforcedApi::start().await;
+    for ns in ["default", "istio-system", "vm"] {
+        api.apply(&objects::namespace(ns, &[]));
+    }
+    api.install_crds(CustomResource::istio(&[
+        "v1", "v1beta1", "v1alpha3", "v1alpha1",
+    ]));
+    api.apply_custom(&workload_group());
+    let in_an_hour = SystemTime::now() + Duration::from_secs(3600);
+    let replica = |identity: &str| {
+        let token = api.issue_token("istio-system", identity, &[], in_an_hour, None);
+        let client = api.client_with_token(&token);
+        let identity = identity.to_string();
+        FakeServer::builder().configure(move |c| {
+            crate::secure::kube_ca(c, client);
+            c.lease = Some(meshfed::app::LeaseSettings {
+                identity: Some(identity),
+                ..Default::default()
+            });
+            c.workload_entries.grace_period = Duration::from_millis(200);
+        })
+    };
+    let a = replica("a").start().await.unwrap();
+    let http = a.bound().http;
+    eventually("ready", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    let root = crate::secure::published_root(&api, "default").await;
+    let token = api.issue_token("vm", "billing", &["istio-ca"], in_an_hour, None);
+    let tls = ClientTls {
+        roots_pem: root,
+        identity: None,
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let channel = tls_channel(a.secure_grpc_addr(), &tls).await.unwrap();
+    let mut vm = AdsClient::over(channel, bearer(&token), vm_node(VM_IP, "billing"))
+        .await
+        .unwrap();
+    vm.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    eventually("the VM's WorkloadEntry", || async { entry(&api) }).await;
+    seen_by(&a).await;
+
+    // The replica stops: its stream to the VM ends and the entry is marked
+    // disconnected, but its grace-period check goes with it. The VM does not come back.
+    a.shutdown().await;
+    drop(vm);
+    let left = entry(&api).expect("left behind");
+    assert!(
+        left["metadata"]["annotations"]["istio.io/disconnectedAt"].is_string(),
+        "{left}"
+    );
+
+    // The next replica's sweep (every ten grace periods) removes it.
+    let b = replica("b").start().await.unwrap();
+    eventually("the entry swept by the new replica", || async {
+        entry(&api).is_none().then_some(())
+    })
+    .await;
+    let by_b = entry_writes(&api, "b");
+    assert_eq!(by_b.len(), 1, "{by_b:?}");
+    assert!(by_b[0].starts_with("DELETE "), "{by_b:?}");
+    b.shutdown().await;
 }
