@@ -616,6 +616,18 @@ impl WorkloadHooks for Controller {
         connection: &'a str,
         proxy: &'a Proxy,
     ) -> BoxFuture<'a, Result<(), tonic::Status>> {
+        let named = |key: &str| {
+            proxy
+                .metadata
+                .get(key)
+                .and_then(|v| v.as_str())
+                .is_some_and(|v| !v.is_empty())
+        };
+        if !named("AUTO_REGISTER_GROUP") && !named("WORKLOAD_ENTRY") {
+            // Neither a VM that registers nor one that reports health: nothing to do
+            // (most proxies; no bookkeeping either).
+            return Box::pin(std::future::ready(Ok(())));
+        }
         Box::pin(async move {
             let connected_at = self.now();
             self.on_connect(connection, Workload::of(proxy), connected_at)
