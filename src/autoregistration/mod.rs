@@ -186,8 +186,8 @@ pub struct Controller {
     work: mpsc::UnboundedSender<(Instant, Work)>,
     work_rx: Mutex<Option<mpsc::UnboundedReceiver<(Instant, Work)>>>,
     metrics: Arc<AutoRegistrationMetrics>,
-    /// Wall-clock time at `origin`: the controller's clock follows tokio's, so tests
-    /// with a paused clock see time pass as the controller does.
+    /// Wall-clock and tokio time when the controller was made: its clock follows
+    /// tokio's from there, so tests with a paused clock see time pass as it does.
     epoch: (SystemTime, Instant),
 }
 
