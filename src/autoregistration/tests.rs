@@ -614,7 +614,14 @@ fn workload_entry_from_group() {
         (ANNOTATION_GROUP.to_string(), "wg-a".to_string()),
         ("foo".to_string(), "bar".to_string()),
     ]);
-    // Istio also sets an owner reference to the group (see README, Differences).
+    // Known gap: Istio also sets the group as the entry's controlling owner reference
+    // (README, Differences); this fails once meshfed writes one, so the gap is
+    // revisited.
+    let written = serde_json::to_value(&got).unwrap();
+    assert!(
+        written["metadata"]["ownerReferences"].is_null(),
+        "known gap closed: drop it from the README and compare the owner reference"
+    );
     assert_eq!(got.spec, want.spec);
     assert_eq!(got.labels, want.labels);
     assert_eq!(got.annotations, want.annotations);
