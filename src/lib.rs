@@ -9,6 +9,7 @@ pub mod admin;
 pub mod ads;
 pub mod app;
 pub mod authn;
+pub mod autoregistration;
 pub mod ca;
 pub mod cert_service;
 pub mod drain;

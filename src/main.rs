@@ -365,6 +365,19 @@ struct DiscoveryArgs {
     /// Helm chart sets 30m).
     #[arg(long = "keepaliveMaxServerConnectionAge", default_value = "0s", value_parser = parse_duration)]
     max_connection_age: Duration,
+    /// How long the WorkloadEntry of an auto-registered workload (a VM) is kept after
+    /// its proxy disconnected; default `$PILOT_WORKLOAD_ENTRY_GRACE_PERIOD`, else 10s.
+    #[arg(long = "workloadEntryGracePeriod", value_parser = parse_duration)]
+    workload_entry_grace_period: Option<Duration>,
+    /// Create WorkloadEntries for proxies that connect with
+    /// ISTIO_META_AUTO_REGISTER_GROUP; default
+    /// `$PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION`, else true.
+    #[arg(long = "workloadEntryAutoRegistration", action = clap::ArgAction::Set)]
+    workload_entry_auto_registration: Option<bool>,
+    /// Take istio-agent health reports into WorkloadEntries' Healthy condition;
+    /// default `$PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS`, else true.
+    #[arg(long = "workloadEntryHealthChecks", action = clap::ArgAction::Set)]
+    workload_entry_health_checks: Option<bool>,
     /// Send unhealthy endpoints marked UNHEALTHY instead of dropping them (Istio's
     /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
     #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
@@ -665,8 +678,56 @@ impl DiscoveryArgs {
                     .then_some(self.admin_idle_timeout),
                 max_connections: self.admin_max_connections as usize,
             },
+            workload_entries: meshfed::autoregistration::Settings {
+                grace_period: flag_or_env(
+                    self.workload_entry_grace_period,
+                    "PILOT_WORKLOAD_ENTRY_GRACE_PERIOD",
+                    parse_duration,
+                )?
+                .unwrap_or(meshfed::autoregistration::DEFAULT_GRACE_PERIOD),
+                auto_registration: flag_or_env(
+                    self.workload_entry_auto_registration,
+                    "PILOT_ENABLE_WORKLOAD_ENTRY_AUTOREGISTRATION",
+                    parse_go_bool,
+                )?
+                .unwrap_or(true),
+                health_checks: flag_or_env(
+                    self.workload_entry_health_checks,
+                    "PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS",
+                    parse_go_bool,
+                )?
+                .unwrap_or(true),
+                ..Default::default()
+            },
             ..DiscoveryConfig::default()
         })
+    }
+}
+
+/// A flag's value, else its Istio environment variable's (a bad value is an error
+/// naming the variable).
+fn flag_or_env<T>(
+    flag: Option<T>,
+    env: &str,
+    parse: fn(&str) -> Result<T, String>,
+) -> anyhow::Result<Option<T>> {
+    if flag.is_some() {
+        return Ok(flag);
+    }
+    match std::env::var(env) {
+        Ok(value) if !value.is_empty() => parse(&value)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("${env}: {e}")),
+        _ => Ok(None),
+    }
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it.
+fn parse_go_bool(s: &str) -> Result<bool, String> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(format!("{s:?} is not a boolean")),
     }
 }
 

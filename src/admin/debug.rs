@@ -47,7 +47,7 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
     },
     DebugEndpoint {
         path: "registryz",
-        description: "Every merged service with the registries it came from, merge conflicts and who won, registry state",
+        description: "Every merged service with the registries it came from, merge conflicts and who won, registry state, and the WorkloadEntries of connected VMs (auto-registered or health-checked)",
         handler: registryz,
     },
     DebugEndpoint {
@@ -310,6 +310,7 @@ fn registryz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "registries": registries,
         "services": services,
         "conflicts": to_json(&snapshot.services().conflicts()),
+        "workload_entries": crate::autoregistration::entry::debug_list(&state.config_stores),
     }))
 }
 

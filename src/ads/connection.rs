@@ -174,7 +174,14 @@ pub enum Action {
     Unsubscribed(TypeUrl),
     /// A type this server does not serve.
     UnknownType(String),
+    /// A workload's health report ([`HEALTH_TYPE_URL`]): the error of its failed
+    /// probe, or `None` when healthy. Not a subscription; never answered.
+    Health(Option<String>),
 }
+
+/// The type URL of the health reports an istio-agent sends on its ADS stream when its
+/// readiness probe changes (Istio's `HealthInfoType`).
+pub const HEALTH_TYPE_URL: &str = "istio.io/health";
 
 /// A map keyed by [`TypeUrl`], as small as what it holds: a connection watches four or
 /// five types, and a `BTreeMap` would give each connection a node of eleven `Watch`es
@@ -259,6 +266,9 @@ pub struct ConnectionState {
 impl ConnectionState {
     /// Applies a state-of-the-world request.
     pub fn on_sotw_request(&mut self, req: &SotwRequest) -> Action {
+        if req.type_url == HEALTH_TYPE_URL {
+            return Action::Health(req.error_detail.as_ref().map(|s| s.message.clone()));
+        }
         let Some(type_url) = TypeUrl::parse(&req.type_url) else {
             return Action::UnknownType(req.type_url.clone());
         };
@@ -330,6 +340,9 @@ impl ConnectionState {
 
     /// Applies a Delta request.
     pub fn on_delta_request(&mut self, req: &DeltaDiscoveryRequest) -> Action {
+        if req.type_url == HEALTH_TYPE_URL {
+            return Action::Health(req.error_detail.as_ref().map(|s| s.message.clone()));
+        }
         let Some(type_url) = TypeUrl::parse(&req.type_url) else {
             return Action::UnknownType(req.type_url.clone());
         };
@@ -513,6 +526,31 @@ mod tests {
 
     fn sent(state: &mut ConnectionState, t: TypeUrl) -> String {
         state.record_sent(t, "v1", "c-1")
+    }
+
+    #[test]
+    fn health_reports_are_not_subscriptions() {
+        let mut s = ConnectionState::default();
+        let mut unhealthy = req(HEALTH_TYPE_URL, &[], "", "");
+        unhealthy.error_detail = Some(Status {
+            code: 13,
+            message: "probe failed".into(),
+            details: vec![],
+        });
+        assert!(matches!(
+            s.on_sotw_request(&req(HEALTH_TYPE_URL, &[], "", "")),
+            Action::Health(None)
+        ));
+        assert!(matches!(
+            s.on_sotw_request(&unhealthy),
+            Action::Health(Some(m)) if m == "probe failed"
+        ));
+        let delta = DeltaDiscoveryRequest {
+            type_url: HEALTH_TYPE_URL.into(),
+            ..Default::default()
+        };
+        assert!(matches!(s.on_delta_request(&delta), Action::Health(None)));
+        assert!(TypeUrl::ALL.iter().all(|t| s.watch(*t).is_none()));
     }
 
     #[test]

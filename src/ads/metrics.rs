@@ -39,7 +39,9 @@ pub struct XdsMetrics {
     /// already holds exactly that config.
     pub unchanged: CounterByType,
     /// `meshfed_xds_request_errors{reason}`: streams refused for a protocol error
-    /// (`malformed`, `compressed`, `oversize`, `truncated`, `buffer_limit`, `bad_node`).
+    /// (`malformed`, `compressed`, `oversize`, `truncated`, `buffer_limit`, `bad_node`),
+    /// or because the WorkloadEntry controller refused the proxy
+    /// (`registration_failed`).
     pub request_errors: Family<ReasonLabel, Counter>,
     /// `meshfed_xds_send_timeouts`: connections closed because the peer took no
     /// response within `--xdsSendTimeout`.

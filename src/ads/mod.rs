@@ -38,6 +38,24 @@ use crate::push::{PUSHED_IDS, PushTargets, Queued};
 pub use crate::xds::TypeUrl;
 use crate::xds::deps::PushScope;
 
+/// What the ADS server tells the WorkloadEntry controller
+/// ([`crate::autoregistration`]) about the streams of the secure and plaintext ports.
+pub trait WorkloadHooks: Send + Sync + std::fmt::Debug {
+    /// A proxy connected on `connection` (after authentication); an error ends the
+    /// stream with that status.
+    fn connected<'a>(
+        &'a self,
+        connection: &'a str,
+        proxy: &'a Proxy,
+    ) -> futures::future::BoxFuture<'a, Result<(), tonic::Status>>;
+    /// The stream of `connection` ended (called for every connection `connected`
+    /// accepted).
+    fn disconnected<'a>(&'a self, connection: &'a str) -> futures::future::BoxFuture<'a, ()>;
+    /// A health report (an `istio.io/health` request) on `connection`: the probe's
+    /// error, or `None` when healthy.
+    fn health(&self, connection: &str, error: Option<&str>);
+}
+
 /// Which ADS flavour a stream speaks.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
 pub enum Flavour {

@@ -72,6 +72,8 @@ pub struct XdsContext {
     pub stream_rate: Option<StreamRateLimiter>,
     /// Gateway credentials (SDS); `None`: the Secret type is answered empty.
     pub sds: Option<Arc<crate::sds::Sds>>,
+    /// The WorkloadEntry controller (auto-registration and health); `None`: off.
+    pub workloads: Option<Arc<dyn super::WorkloadHooks>>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -434,6 +436,21 @@ async fn run_stream<F: FlavourIo>(
         }
     }
     let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
+    if let Some(hooks) = &ctx.workloads
+        && let Err(status) = hooks.connected(&handle.id, &handle.proxy).await
+    {
+        ctx.connections.deregister(&handle);
+        Box::pin(refuse::<F>(
+            &ctx,
+            &tx,
+            peer,
+            Some(&handle.id),
+            "registration_failed",
+            status,
+        ))
+        .await;
+        return;
+    }
     ctx.metrics.connected.inc();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), node = %clip(&handle.proxy.node_id, NODE_ID_LOG_MAX), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
     let mut shutdown = ctx.shutdown.clone();
@@ -498,6 +515,9 @@ async fn run_stream<F: FlavourIo>(
     ctx.connections.deregister(&handle);
     if let Some(sds) = &ctx.sds {
         sds.forget(&handle.id);
+    }
+    if let Some(hooks) = &ctx.workloads {
+        hooks.disconnected(&handle.id).await;
     }
     ctx.metrics.connected.dec();
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
@@ -564,6 +584,12 @@ async fn process_request<F: FlavourIo>(
                 sds.forget(&handle.id);
             }
             debug!(connection = %handle.id, r#type = type_url.short(), "unsubscribed")
+        }
+        Action::Health(error) => {
+            // Answered with nothing, as Istio does.
+            if let Some(hooks) = &ctx.workloads {
+                hooks.health(&handle.id, error.as_deref());
+            }
         }
         Action::UnknownType(url) => {
             debug!(connection = %handle.id, %url, "ignoring request for an unserved type")

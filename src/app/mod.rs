@@ -19,6 +19,7 @@ mod serve;
 mod settings;
 mod shutdown;
 mod sources;
+mod workloads;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -367,7 +368,16 @@ impl Wiring {
             monitoring: listeners.monitoring.local_addr()?,
         };
         let readiness = self.readiness();
-        let ctx = self.xds_context(xds_metrics, &readiness, &sds);
+        let workloads = workloads::start(
+            &self.config,
+            &self.core.config_stores,
+            self.registries.kube_client(),
+            self.config.lease.clone().unwrap_or_default().identity(),
+            &mut self.metrics_registry,
+            &self.shutdown,
+            &mut self.tasks,
+        );
+        let ctx = self.xds_context(xds_metrics, &readiness, &sds, workloads);
         self.serve_xds(listeners.grpc, secure, ctx, ca.as_ref(), trust_domain)
             .await?;
         self.register_metrics();
@@ -543,6 +553,7 @@ impl Wiring {
         metrics: Arc<XdsMetrics>,
         readiness: &Arc<Readiness>,
         sds: &Arc<crate::sds::Sds>,
+        workloads: Option<Arc<crate::autoregistration::Controller>>,
     ) -> Arc<XdsContext> {
         let config = &self.config;
         let ready_check = readiness.clone();
@@ -562,6 +573,7 @@ impl Wiring {
                 .max_requests_per_second
                 .map(crate::ads::rate::StreamRateLimiter::new),
             sds: Some(sds.clone()),
+            workloads: workloads.map(|c| c as Arc<dyn crate::ads::WorkloadHooks>),
         })
     }
 

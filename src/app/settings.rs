@@ -94,6 +94,9 @@ pub struct DiscoveryConfig {
     pub max_config_file_size: u64,
     /// Run-time log level control for `/logging` (set by the binary).
     pub log_control: Option<crate::logging::LogControl>,
+    /// WorkloadEntry auto-registration and health (`--workloadEntryGracePeriod`, ...);
+    /// its `max_connection_age` is taken from `xds_limits`.
+    pub workload_entries: crate::autoregistration::Settings,
 }
 
 impl DiscoveryConfig {
@@ -149,6 +152,7 @@ impl Default for DiscoveryConfig {
             drain_duration: Duration::from_secs(5),
             max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
+            workload_entries: crate::autoregistration::Settings::default(),
         }
     }
 }

@@ -326,6 +326,20 @@ fn the_istio_config_map_is_read_and_valid() {
 /// that needs it. A new watcher or write needs a line here and a rule in
 /// deploy/rbac.yaml.
 const GRANTS: &[(&str, &str, &str, &[&str])] = &[
+    // src/autoregistration via registries/kube/src/workload_entry_writer.rs: the
+    // WorkloadEntries of auto-registered VMs and their Healthy condition.
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "workloadentries",
+        &["create", "update", "delete"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "workloadentries/status",
+        &["update"],
+    ),
     // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
     // (and Namespaces for the config store's label selectors, crd/writer.rs, and for
     // root-cert distribution, root_cert.rs).

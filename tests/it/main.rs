@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod autoregistration;
 mod cli;
 mod config;
 mod connections;

@@ -208,6 +208,9 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
                 system_namespace: NS.into(),
                 remote_secrets: RemoteSecretSettings::default(),
             });
+            // A VM registers on the plaintext port (no identity to check).
+            c.workload_entries.validate_identity = false;
+            c.workload_entries.grace_period = Duration::from_millis(200);
         })
         .start()
         .await
@@ -230,6 +233,7 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
     .await;
 
     security_pieces(&c1).await;
+    crate::autoregistration::register_report_and_leave(&c1, &server).await;
 
     // Every watcher lists, then watches: wait (bounded) until each grant was used,
     // and name what is left if one never is.

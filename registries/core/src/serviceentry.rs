@@ -42,9 +42,12 @@
 //! [`Endpoint::without_address`]: split-horizon EDS sends them as their network's
 //! gateway to clients of other networks, and never as an IP.
 //!
-//! Not supported (left out, logged at debug level): `unix://` endpoint addresses, the
-//! `proxy.istio.io/health-checks-enabled` health conditions and NONE's passthrough
-//! target ports.
+//! Not supported (left out, logged at debug level): `unix://` endpoint addresses and
+//! NONE's passthrough target ports.
+//!
+//! A selected WorkloadEntry annotated `proxy.istio.io/health-checks-enabled: "true"`
+//! is healthy only while its `Healthy` condition is `True`
+//! ([`workload_entry_health`]); an unhealthy endpoint leaves EDS.
 //!
 //! Services without addresses get Istio's legacy auto-allocated addresses
 //! ([`auto_allocation`]); proxies use them only when they ask (`DNS_AUTO_ALLOCATE` and
@@ -74,7 +77,7 @@ use crate::model::{
 };
 use crate::registry::ServiceRegistry;
 
-pub use conversion::convert;
+pub use conversion::{ANNOTATION_HEALTH_CHECKS, convert, workload_entry_health};
 
 /// The label that sets an endpoint's TLS mode (`istio` or `disabled`).
 pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";

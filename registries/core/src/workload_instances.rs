@@ -25,7 +25,10 @@
 //! - TLS mode: the `security.istio.io/tlsMode` label, else `istio` when the entry has
 //!   a service account, else `disabled`;
 //! - ports (service port name or target port name -> port on the workload), weight
-//!   and the service account's name as given.
+//!   and the service account's name as given;
+//! - health: a health-checked entry (`proxy.istio.io/health-checks-enabled`) whose
+//!   `Healthy` condition is not `True` is unhealthy, and leaves EDS like any
+//!   unhealthy endpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -34,7 +37,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::config::ConfigObject;
-use crate::model::{Locality, NetworkId, TlsMode};
+use crate::model::{HealthStatus, Locality, NetworkId, TlsMode};
 
 /// The label that sets an endpoint's TLS mode.
 const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
@@ -64,6 +67,9 @@ pub struct WorkloadEntryInstance {
     pub service_account: String,
     /// From the TLS mode label, else the service account.
     pub tls_mode: TlsMode,
+    /// Unhealthy while a health-checked entry's `Healthy` condition is not `True`
+    /// ([`crate::serviceentry::workload_entry_health`]).
+    pub health: HealthStatus,
 }
 
 impl WorkloadEntryInstance {
@@ -103,6 +109,7 @@ impl WorkloadEntryInstance {
             weight: we.weight,
             service_account: we.service_account.clone(),
             tls_mode,
+            health: crate::serviceentry::workload_entry_health(obj),
         })
     }
 

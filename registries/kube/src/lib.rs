@@ -41,6 +41,7 @@ pub mod secrets;
 pub mod source;
 mod state;
 pub mod token_review;
+pub mod workload_entry_writer;
 mod writer;
 
 pub use ca_secret::{CaSecretError, CacertsPems, load_or_create_self_signed, read_cacerts};
@@ -63,3 +64,4 @@ pub use token_review::{ReviewedAccount, TokenReviewError, review_token};
 pub mod crd;
 pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};
 pub use source::{KubeArgs, KubeCluster, KubeKind, KubeSettings, KubeSource, RemoteSecretSettings};
+pub use workload_entry_writer::{EntryWriteError, WorkloadEntryWriter};

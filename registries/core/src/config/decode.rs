@@ -177,9 +177,37 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
             resource_version: meta.resource_version,
             source: source.to_string(),
             spec,
+            conditions: read_conditions(map.get("status")),
         }),
         _ => invalid(meta.namespace, errors),
     }
+}
+
+/// `status.conditions`: entries without a `type` and times that do not parse are
+/// left out (status is written by controllers, never by the user, so it is not
+/// validated).
+fn read_conditions(status: Option<&Value>) -> Vec<crate::config::model::Condition> {
+    let Some(Value::Array(list)) = status.and_then(|s| s.get("conditions")) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|c| {
+            let text = |f: &str| c.get(f).and_then(Value::as_str).unwrap_or_default();
+            let time = |f: &str| {
+                c.get(f)
+                    .and_then(Value::as_str)
+                    .and_then(|t| parse_rfc3339(t).ok())
+            };
+            (!text("type").is_empty()).then(|| crate::config::model::Condition {
+                kind: text("type").to_string(),
+                status: text("status").to_string(),
+                reason: text("reason").to_string(),
+                message: text("message").to_string(),
+                last_probe_time: time("lastProbeTime"),
+                last_transition_time: time("lastTransitionTime"),
+            })
+        })
+        .collect()
 }
 
 /// The metadata fields meshfed keeps.

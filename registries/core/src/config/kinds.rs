@@ -405,7 +405,8 @@ declare_kinds! {
                 .without(Reader::Endpoints),
         },
         /// The template and readiness probe of workloads that register themselves
-        /// (VMs). Read, validated and listed; auto-registration does not use it yet.
+        /// (VMs): read by the WorkloadEntry controller when a proxy connects with
+        /// `AUTO_REGISTER_GROUP` (`meshfed::autoregistration`); pushes nothing.
         WorkloadGroup {
             spec: net::WorkloadGroup,
             group: NETWORKING,

@@ -35,12 +35,13 @@ pub(crate) mod locate;
 mod references;
 pub(crate) mod spec_json;
 mod time;
+pub use time::{format_rfc3339, parse_rfc3339};
 
 pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
 pub use file_store::{ConfigDirStatus, FileConfigStore, run_config_dir};
 pub use ignored::IgnoredConfig;
 pub use kinds::{Feeds, KindInfo, KindSpec};
-pub use model::{ConfigObject, Kind, ObjectId, Spec, supported_api_version};
+pub use model::{Condition, ConfigObject, Kind, ObjectId, Spec, supported_api_version};
 pub use report::{Report, validate_files, validate_files_in, validate_text};
 pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};

@@ -93,6 +93,49 @@ pub struct ConfigObject {
     pub source: String,
     /// The spec.
     pub spec: Spec,
+    /// `status.conditions` (Istio's `IstioCondition`s; a WorkloadEntry's `Healthy`
+    /// condition decides whether its endpoint is served). Empty when not given.
+    pub conditions: Vec<Condition>,
+}
+
+/// One entry of `status.conditions`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Condition {
+    /// `type` (e.g. `Healthy`).
+    pub kind: String,
+    /// `status`: `True`, `False` or `Unknown`.
+    pub status: String,
+    /// `reason`.
+    pub reason: String,
+    /// `message`.
+    pub message: String,
+    /// `lastProbeTime`.
+    pub last_probe_time: Option<SystemTime>,
+    /// `lastTransitionTime`.
+    pub last_transition_time: Option<SystemTime>,
+}
+
+impl Condition {
+    /// The Kubernetes form (`{type, status, ...}`).
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        out.insert("type".into(), self.kind.clone().into());
+        out.insert("status".into(), self.status.clone().into());
+        for (key, value) in [("reason", &self.reason), ("message", &self.message)] {
+            if !value.is_empty() {
+                out.insert(key.into(), value.clone().into());
+            }
+        }
+        for (key, value) in [
+            ("lastProbeTime", self.last_probe_time),
+            ("lastTransitionTime", self.last_transition_time),
+        ] {
+            if let Some(t) = value {
+                out.insert(key.into(), format_rfc3339(t).into());
+            }
+        }
+        serde_json::Value::Object(out)
+    }
 }
 
 impl ConfigObject {
@@ -110,7 +153,13 @@ impl ConfigObject {
             resource_version: String::new(),
             source: "memory".to_string(),
             spec,
+            conditions: Vec::new(),
         }
+    }
+
+    /// The condition of this `type`, if any.
+    pub fn condition(&self, kind: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.kind == kind)
     }
 
     /// The push key of this object: its kind's [`ConfigKind`], name and namespace.
@@ -130,11 +179,13 @@ impl ConfigObject {
 
     /// Whether a change from `other` to `self` needs a push: the spec, labels or
     /// annotations differ (as Istio's `NeedsPush`; the source, resource version and
-    /// creation time do not count).
+    /// creation time do not count), or its status conditions do (a WorkloadEntry's
+    /// health changes its endpoint).
     pub fn same_content(&self, other: &ConfigObject) -> bool {
         self.spec == other.spec
             && self.labels == other.labels
             && self.annotations == other.annotations
+            && self.conditions == other.conditions
     }
 }
 
@@ -163,6 +214,8 @@ impl Serialize for ConfigObject {
             kind: Kind,
             metadata: Metadata<'a>,
             spec: &'a Spec,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            status: Option<serde_json::Value>,
         }
         Object {
             api_version: self.kind.api_version(),
@@ -177,6 +230,11 @@ impl Serialize for ConfigObject {
                 resource_version: &self.resource_version,
             },
             spec: &self.spec,
+            status: (!self.conditions.is_empty()).then(|| {
+                serde_json::json!({
+                    "conditions": self.conditions.iter().map(Condition::to_json).collect::<Vec<_>>()
+                })
+            }),
         }
         .serialize(s)
     }

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Parses an RFC 3339 timestamp (`YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)`, `T` or `t`
 /// or a space between date and time).
-pub(crate) fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
+pub fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
     let bad =
         || format!("{s:?} is not an RFC 3339 timestamp (expected e.g. \"2024-05-01T12:00:00Z\")");
     let b = s.as_bytes();
@@ -81,7 +81,7 @@ pub(crate) fn parse_rfc3339(s: &str) -> Result<SystemTime, String> {
 }
 
 /// Formats a time as RFC 3339 in UTC, with a fraction only when there is one.
-pub(crate) fn format_rfc3339(t: SystemTime) -> String {
+pub fn format_rfc3339(t: SystemTime) -> String {
     let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
         Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
         Err(e) => {

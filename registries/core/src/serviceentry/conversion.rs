@@ -2,6 +2,7 @@
 //! endpoints (the rules are in the module docs of [`super`]).
 
 use super::*;
+use crate::model::HealthStatus;
 
 /// Converts ServiceEntries and WorkloadEntries (objects of other kinds are ignored)
 /// into services with their endpoints, one per `(hostname, namespace)`. Pure; see the
@@ -222,8 +223,9 @@ fn endpoints_for(
     if let Some(selector) = &se.workload_selector {
         return workloads
             .selected(namespace, &selector.labels)
-            .filter_map(|(name, we, labels)| {
-                let ep = workload_endpoint(we, labels, namespace, &se.ports, dns, config);
+            .filter_map(|(name, we, labels, health)| {
+                let ep = workload_endpoint(we, labels, namespace, &se.ports, dns, config)
+                    .map(|ep| Endpoint { health, ..ep });
                 if ep.is_none() {
                     tracing::debug!(
                         "WorkloadEntry {namespace}/{name} (selected by ServiceEntry {namespace}/{}): address {:?} left out",
@@ -329,7 +331,7 @@ fn workload_endpoint(
 
 /// WorkloadEntries by namespace, each with its effective labels, sorted by name.
 struct Workloads<'a> {
-    by_namespace: BTreeMap<&'a str, Vec<(&'a str, &'a net::WorkloadEntry, Labels)>>,
+    by_namespace: BTreeMap<&'a str, Vec<(&'a str, &'a net::WorkloadEntry, Labels, HealthStatus)>>,
 }
 
 type Labels = BTreeMap<String, String>;
@@ -347,10 +349,10 @@ impl<'a> Workloads<'a> {
             by_namespace
                 .entry(obj.namespace.as_str())
                 .or_default()
-                .push((obj.name.as_str(), we, labels));
+                .push((obj.name.as_str(), we, labels, workload_entry_health(obj)));
         }
         for list in by_namespace.values_mut() {
-            list.sort_by_key(|(name, _, _)| *name);
+            list.sort_by_key(|(name, _, _, _)| *name);
         }
         Workloads { by_namespace }
     }
@@ -360,12 +362,155 @@ impl<'a> Workloads<'a> {
         &'s self,
         namespace: &str,
         selector: &'s BTreeMap<String, String>,
-    ) -> impl Iterator<Item = (&'a str, &'a net::WorkloadEntry, Labels)> + 's {
+    ) -> impl Iterator<Item = (&'a str, &'a net::WorkloadEntry, Labels, HealthStatus)> + 's {
         self.by_namespace
             .get(namespace)
             .into_iter()
             .flatten()
-            .filter(|(_, _, labels)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
-            .map(|(name, we, labels)| (*name, *we, labels.clone()))
+            .filter(|(_, _, labels, _)| selector.iter().all(|(k, v)| labels.get(k) == Some(v)))
+            .map(|(name, we, labels, health)| (*name, *we, labels.clone(), *health))
+    }
+}
+
+/// The annotation that makes a WorkloadEntry's `Healthy` condition count (set on
+/// auto-registered entries whose proxy has a readiness probe).
+pub const ANNOTATION_HEALTH_CHECKS: &str = "proxy.istio.io/health-checks-enabled";
+
+/// A WorkloadEntry's health as Istio's `IsHealthy` reads it: healthy unless its
+/// `proxy.istio.io/health-checks-enabled` annotation is `"true"`; then healthy only
+/// with a `Healthy` condition whose status is `True` (unhealthy until the agent has
+/// reported).
+pub fn workload_entry_health(obj: &ConfigObject) -> HealthStatus {
+    if obj
+        .annotations
+        .get(ANNOTATION_HEALTH_CHECKS)
+        .map(String::as_str)
+        != Some("true")
+    {
+        return HealthStatus::Healthy;
+    }
+    match obj.condition("Healthy") {
+        Some(c) if c.status == "True" => HealthStatus::Healthy,
+        _ => HealthStatus::Unhealthy,
+    }
+}
+
+#[cfg(test)]
+mod health_tests {
+    use super::*;
+    use crate::config::{Condition, Decoded, decode};
+
+    fn entry(annotation: Option<&str>, healthy: Option<&str>) -> Arc<ConfigObject> {
+        let mut obj = ConfigObject::new(
+            "vm",
+            "billing-10.9.0.5",
+            net::WorkloadEntry {
+                address: "10.9.0.5".into(),
+                labels: [("app".to_string(), "billing".to_string())].into(),
+                ..Default::default()
+            },
+        );
+        if let Some(value) = annotation {
+            obj.annotations
+                .insert(ANNOTATION_HEALTH_CHECKS.into(), value.into());
+        }
+        if let Some(status) = healthy {
+            obj.conditions.push(Condition {
+                kind: "Healthy".into(),
+                status: status.into(),
+                reason: String::new(),
+                message: String::new(),
+                last_probe_time: None,
+                last_transition_time: None,
+            });
+        }
+        Arc::new(obj)
+    }
+
+    #[test]
+    fn health_checked_entries_follow_their_healthy_condition() {
+        let se = Arc::new(ConfigObject::new(
+            "vm",
+            "billing",
+            net::ServiceEntry {
+                hosts: vec!["billing.vm.internal".into()],
+                ports: vec![net::ServicePort {
+                    number: 8080,
+                    name: "http".into(),
+                    protocol: "HTTP".into(),
+                    ..Default::default()
+                }],
+                resolution: SeResolution::Static as i32,
+                workload_selector: Some(net::WorkloadSelector {
+                    labels: [("app".to_string(), "billing".to_string())].into(),
+                }),
+                ..Default::default()
+            },
+        ));
+        let config = ServiceEntryConfig {
+            cluster_id: "c1".into(),
+            trust_domain: "cluster.local".into(),
+        };
+        for (annotation, condition, want) in [
+            (None, None, HealthStatus::Healthy),
+            (None, Some("False"), HealthStatus::Healthy),
+            (Some("false"), Some("False"), HealthStatus::Healthy),
+            (Some("true"), None, HealthStatus::Unhealthy),
+            (Some("true"), Some("False"), HealthStatus::Unhealthy),
+            (Some("true"), Some("True"), HealthStatus::Healthy),
+        ] {
+            let we = entry(annotation, condition);
+            assert_eq!(
+                workload_entry_health(&we),
+                want,
+                "{annotation:?} {condition:?}"
+            );
+            let all = convert(std::slice::from_ref(&se), &[we], &config);
+            let svc = all
+                .get(&crate::model::ServiceKey::new("billing.vm.internal", "vm"))
+                .unwrap();
+            assert_eq!(
+                svc.endpoints[0].health, want,
+                "{annotation:?} {condition:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn status_conditions_are_decoded_and_count_as_content() {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "WorkloadEntry",
+            "metadata": {"name": "e", "namespace": "vm"},
+            "spec": {"address": "10.9.0.5"},
+            "status": {"conditions": [
+                {"type": "Healthy", "status": "False", "message": "probe failed",
+                 "lastProbeTime": "2026-01-02T03:04:05.123456789Z"},
+                {"status": "True"}
+            ]}
+        });
+        let Decoded::Object(obj) = decode(&value, "test") else {
+            panic!("not decoded");
+        };
+        let healthy = obj.condition("Healthy").expect("decoded");
+        assert_eq!(
+            (healthy.status.as_str(), healthy.message.as_str()),
+            ("False", "probe failed")
+        );
+        assert!(healthy.last_probe_time.is_some());
+        assert_eq!(
+            obj.conditions.len(),
+            1,
+            "a condition without a type is left out"
+        );
+        let mut changed = obj.clone();
+        changed.conditions[0].status = "True".into();
+        assert!(!changed.same_content(&obj));
+        // Written back in the Kubernetes form.
+        let back = serde_json::to_value(&obj).unwrap();
+        assert_eq!(
+            back["status"]["conditions"][0]["lastProbeTime"],
+            "2026-01-02T03:04:05.123456789Z"
+        );
     }
 }

@@ -119,9 +119,23 @@ pub(super) async fn handle(
 /// 404 for a replace of a missing one, 409 `Conflict` when a replace names a
 /// `resourceVersion` that is no longer current (optimistic concurrency, which leader
 /// election relies on).
+///
+/// Custom resources are written in any served version, under the collection every
+/// version shares; their `status` is a subresource, as Istio's CRDs declare it: a
+/// replace of the object keeps the stored status, and `PUT .../<name>/status`
+/// replaces only the status.
 fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Response {
-    let Some(path) = collection_path(path) else {
+    let Some(mut path) = collection_path(path) else {
         return not_found();
+    };
+    let custom = match state.resolve_custom(&mut path) {
+        Ok(custom) => custom.is_some(),
+        Err(NotServed) => return not_found(),
+    };
+    let status_only = match path.subresource.as_deref() {
+        None => false,
+        Some("status") if custom && !create => true,
+        Some(_) => return not_found(),
     };
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
         return status(
@@ -180,8 +194,26 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
                     ),
                 );
             }
+            if status_only {
+                let mut next = old.clone();
+                next["status"] = value["status"].take();
+                value = next;
+            } else if custom {
+                match old.get("status") {
+                    Some(kept) => value["status"] = kept.clone(),
+                    None => {
+                        if let Some(map) = value.as_object_mut() {
+                            map.remove("status");
+                        }
+                    }
+                }
+            }
         }
-        (true, None) => {}
+        (true, None) => {
+            if custom && let Some(map) = value.as_object_mut() {
+                map.remove("status");
+            }
+        }
     }
     let api_version = value["apiVersion"]
         .as_str()
@@ -207,9 +239,12 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
 
 /// DELETE of a named object: `200` with the object's last state, or `404`.
 fn delete(state: &mut ApiState, path: &str) -> Response {
-    let Some(path) = collection_path(path) else {
+    let Some(mut path) = collection_path(path) else {
         return not_found();
     };
+    if state.resolve_custom(&mut path).is_err() || path.subresource.is_some() {
+        return not_found();
+    }
     let Some(name) = path.name.clone() else {
         return status(
             StatusCode::METHOD_NOT_ALLOWED,

@@ -11,6 +11,8 @@ pub(super) struct ApiPath {
     pub(super) plural: String,
     pub(super) namespace: Option<String>,
     pub(super) name: Option<String>,
+    /// `status` of `.../<name>/status`.
+    pub(super) subresource: Option<String>,
 }
 
 /// `path` split into its parts; `None` for a path that names no collection.
@@ -25,11 +27,19 @@ pub(super) fn collection_path(path: &str) -> Option<ApiPath> {
         ),
         _ => return None,
     };
-    let (namespace, plural, name) = match rest {
-        [plural] => (None, *plural, None),
-        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural, None),
-        ["namespaces", ns, plural, name] => (Some(ns.to_string()), *plural, Some(name.to_string())),
-        [plural, name] => (None, *plural, Some(name.to_string())),
+    let (namespace, plural, name, subresource) = match rest {
+        [plural] => (None, *plural, None, None),
+        ["namespaces", ns, plural] => (Some(ns.to_string()), *plural, None, None),
+        ["namespaces", ns, plural, name] => {
+            (Some(ns.to_string()), *plural, Some(name.to_string()), None)
+        }
+        ["namespaces", ns, plural, name, sub] => (
+            Some(ns.to_string()),
+            *plural,
+            Some(name.to_string()),
+            Some(sub.to_string()),
+        ),
+        [plural, name] => (None, *plural, Some(name.to_string()), None),
         _ => return None,
     };
     Some(ApiPath {
@@ -38,5 +48,6 @@ pub(super) fn collection_path(path: &str) -> Option<ApiPath> {
         plural: plural.to_string(),
         namespace,
         name,
+        subresource,
     })
 }

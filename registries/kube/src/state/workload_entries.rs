@@ -121,6 +121,7 @@ impl ClusterState {
         endpoint.locality = entry.locality.clone();
         endpoint.weight = entry.weight.max(1);
         endpoint.tls_mode = entry.tls_mode;
+        endpoint.health = entry.health;
         endpoint.service_account = (!entry.service_account.is_empty())
             .then(|| spiffe_id(&config.trust_domain, namespace, &entry.service_account));
         let mut labels = entry.labels.clone();

@@ -396,3 +396,38 @@ fn entries_without_an_address_are_kept_without_one() {
     assert_eq!(vm.network.as_str(), "vm-net");
     assert_eq!(vm.ports.get("tcp-port"), Some(&8080));
 }
+
+#[test]
+fn a_health_checked_entry_follows_its_healthy_condition() {
+    let entry = |healthy: &str| {
+        let value = serde_json::json!({
+            "apiVersion": "networking.istio.io/v1",
+            "kind": "WorkloadEntry",
+            "metadata": {
+                "name": "vm", "namespace": "nsA",
+                "annotations": {"proxy.istio.io/health-checks-enabled": "true"},
+            },
+            "spec": we("10.10.10.10", &[("app", "prod-app")]),
+            "status": {"conditions": [{"type": "Healthy", "status": healthy}]},
+        });
+        match decode(&value, "test") {
+            Decoded::Object(o) => Arc::new(o),
+            other => panic!("not a WorkloadEntry: {other:?}"),
+        }
+    };
+    for (condition, want) in [
+        ("False", meshfed_registry::HealthStatus::Unhealthy),
+        ("True", meshfed_registry::HealthStatus::Healthy),
+    ] {
+        let mut s = multiple_endpoints_fixture();
+        let feed = WorkloadEntryFeed::new();
+        set_entries(&mut s, &feed, &[entry(condition)]);
+        let flush = s.flush();
+        let vm = flush.endpoints[0]
+            .1
+            .iter()
+            .find(|e| e.address.to_string() == "10.10.10.10")
+            .expect("the entry is selected");
+        assert_eq!(vm.health, want, "Healthy condition {condition}");
+    }
+}
