@@ -290,6 +290,14 @@ async fn a_vm_registers_follows_its_health_in_eds_and_is_removed_after_the_grace
 pub(crate) async fn register_report_and_leave(api: &FakeApiServer, server: &FakeServer) {
     api.apply(&objects::namespace("vm", &[]));
     api.apply_custom(&workload_group());
+    // A VM naming a group the server does not hold yet is refused (and its agent
+    // reconnects); this one connects once, after the server has the group.
+    let http = server.bound().http;
+    eventually("the server to see the WorkloadGroup", || async move {
+        let configz = get_json(http, "/debug/configz").await.to_string();
+        configz.contains("\"kind\":\"WorkloadGroup\"").then_some(())
+    })
+    .await;
     let mut vm = AdsClient::connect(server.grpc_addr(), vm_node(VM_IP, "billing"))
         .await
         .unwrap();

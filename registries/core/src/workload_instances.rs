@@ -68,7 +68,7 @@ pub struct WorkloadEntryInstance {
     /// From the TLS mode label, else the service account.
     pub tls_mode: TlsMode,
     /// Unhealthy while a health-checked entry's `Healthy` condition is not `True`
-    /// ([`crate::serviceentry::workload_entry_health`]).
+    /// ([`workload_entry_health`]).
     pub health: HealthStatus,
 }
 
@@ -109,7 +109,7 @@ impl WorkloadEntryInstance {
             weight: we.weight,
             service_account: we.service_account.clone(),
             tls_mode,
-            health: crate::serviceentry::workload_entry_health(obj),
+            health: workload_entry_health(obj),
         })
     }
 
@@ -117,6 +117,29 @@ impl WorkloadEntryInstance {
     /// nothing (a Service without a selector selects no workload).
     pub fn selected_by(&self, selector: &BTreeMap<String, String>) -> bool {
         !selector.is_empty() && selector.iter().all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+}
+
+/// The annotation that makes a WorkloadEntry's `Healthy` condition count (set on
+/// auto-registered entries whose proxy has a readiness probe).
+pub const ANNOTATION_HEALTH_CHECKS: &str = "proxy.istio.io/health-checks-enabled";
+
+/// A WorkloadEntry's health as Istio's `IsHealthy` reads it: healthy unless its
+/// `proxy.istio.io/health-checks-enabled` annotation is `"true"`; then healthy only
+/// with a `Healthy` condition whose status is `True` (unhealthy until the agent has
+/// reported).
+pub fn workload_entry_health(obj: &ConfigObject) -> HealthStatus {
+    if obj
+        .annotations
+        .get(ANNOTATION_HEALTH_CHECKS)
+        .map(String::as_str)
+        != Some("true")
+    {
+        return HealthStatus::Healthy;
+    }
+    match obj.condition("Healthy") {
+        Some(c) if c.status == "True" => HealthStatus::Healthy,
+        _ => HealthStatus::Unhealthy,
     }
 }
 

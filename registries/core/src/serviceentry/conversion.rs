@@ -372,28 +372,7 @@ impl<'a> Workloads<'a> {
     }
 }
 
-/// The annotation that makes a WorkloadEntry's `Healthy` condition count (set on
-/// auto-registered entries whose proxy has a readiness probe).
-pub const ANNOTATION_HEALTH_CHECKS: &str = "proxy.istio.io/health-checks-enabled";
-
-/// A WorkloadEntry's health as Istio's `IsHealthy` reads it: healthy unless its
-/// `proxy.istio.io/health-checks-enabled` annotation is `"true"`; then healthy only
-/// with a `Healthy` condition whose status is `True` (unhealthy until the agent has
-/// reported).
-pub fn workload_entry_health(obj: &ConfigObject) -> HealthStatus {
-    if obj
-        .annotations
-        .get(ANNOTATION_HEALTH_CHECKS)
-        .map(String::as_str)
-        != Some("true")
-    {
-        return HealthStatus::Healthy;
-    }
-    match obj.condition("Healthy") {
-        Some(c) if c.status == "True" => HealthStatus::Healthy,
-        _ => HealthStatus::Unhealthy,
-    }
-}
+pub use crate::workload_instances::{ANNOTATION_HEALTH_CHECKS, workload_entry_health};
 
 #[cfg(test)]
 mod health_tests {
