@@ -68,12 +68,14 @@ mod path;
 mod rbac;
 mod response;
 mod selector;
+mod service_accounts;
 mod tokens;
 
 pub use custom::CustomResource;
 pub use rbac::{
     DEFAULT_DISCOVERY_URLS, DEFAULT_USER, Grant, PolicyRule, RbacPolicy, RequestAttributes, Scope,
 };
+pub use service_accounts::FAKE_CLUSTER_CA;
 pub use tokens::API_SERVER_AUDIENCE;
 
 /// One request the server received.
