@@ -11,6 +11,7 @@ pub mod app;
 pub mod authn;
 pub mod ca;
 pub mod cert_service;
+pub mod cli;
 pub mod drain;
 pub mod generate;
 pub mod jwks;
