@@ -170,3 +170,42 @@ pub fn run(args: RemoteSecretArgs) -> anyhow::Result<std::process::ExitCode> {
     print!("{}", created.secret.to_yaml());
     Ok(std::process::ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// deploy/remote: the reader account, a ClusterRole and a binding of one to the
+    /// other, and a kustomization that installs exactly that file.
+    #[test]
+    fn the_reader_manifest_binds_the_reader_account_to_its_role() {
+        let objects = reader_objects();
+        let kinds: Vec<&str> = objects.iter().filter_map(|o| o["kind"].as_str()).collect();
+        assert_eq!(
+            kinds,
+            ["ServiceAccount", "ClusterRole", "ClusterRoleBinding"]
+        );
+        let (account, role, binding) = (&objects[0], &objects[1], &objects[2]);
+        assert_eq!(
+            account["metadata"]["name"],
+            meshfed_kube::remote_secret::READER_SERVICE_ACCOUNT
+        );
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0]["name"], account["metadata"]["name"]);
+        let rules = role["rules"].as_array().unwrap();
+        assert!(
+            rules
+                .iter()
+                .flat_map(|r| r["verbs"].as_array().unwrap())
+                .all(|v| v == "list" || v == "watch"),
+            "the reader only lists and watches: {rules:?}"
+        );
+        let kustomization: Value =
+            serde_norway::from_str(include_str!("../../deploy/remote/kustomization.yaml")).unwrap();
+        assert_eq!(
+            kustomization["resources"],
+            serde_json::json!(["reader.yaml"])
+        );
+        assert_eq!(kustomization["namespace"], "istio-system");
+    }
+}
