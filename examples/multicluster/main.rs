@@ -345,15 +345,17 @@ async fn main() -> anyhow::Result<()> {
          its gateway, weighted by how many endpoints stand behind it, so traffic splits\n\
          2:3 between c1 and c2 from either side."
     );
-    println!(
-        "\nEast-west: GET http://{RATINGS}:9080/ from a sidecar in n1 (ratings runs only in c2):"
-    );
-    trace_east_west(&server, RATINGS, "10.97.0.8").await?;
+    // The VMs first: the test of this example reads the `ratings` trace from
+    // "East-west:" to the end.
     println!(
         "\nTo VMs without a route: GET http://{VM_RATINGS}:9080/ from a sidecar in n1 \
          (two WorkloadEntries in n2, no address):"
     );
     trace_east_west(&server, VM_RATINGS, "240.240.0.1").await?;
+    println!(
+        "\nEast-west: GET http://{RATINGS}:9080/ from a sidecar in n1 (ratings runs only in c2):"
+    );
+    trace_east_west(&server, RATINGS, "10.97.0.8").await?;
     server.shutdown().await;
     Ok(())
 }
