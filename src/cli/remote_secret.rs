@@ -56,7 +56,8 @@ pub struct RemoteSecretArgs {
     pub service_account: Option<String>,
     /// Create the reader service account (with its ClusterRole and binding, as in
     /// deploy/remote) when it does not exist.
-    #[arg(long = "create-service-account", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "create-service-account", default_value_t = true, action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub create_service_account: bool,
     /// The token Secret (type kubernetes.io/service-account-token, naming the service
     /// account) to take the token from; default: the first such Secret, else one

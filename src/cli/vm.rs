@@ -64,7 +64,8 @@ pub struct BootstrapArgs {
     #[arg(long = "autoregister")]
     pub autoregister: bool,
     /// Capture the VM's DNS queries (port 53) to the agent (ISTIO_META_DNS_CAPTURE).
-    #[arg(long = "capture-dns", default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long = "capture-dns", default_value_t = true, action = clap::ArgAction::Set,
+        num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub capture_dns: bool,
     /// The VM's own IP (ISTIO_SVC_IP).
     #[arg(long = "internalIP")]

@@ -343,9 +343,13 @@ async fn vm_bootstrap_from_files_without_kubernetes() {
         "c1",
         "--rootCert",
         &s(&path("root.pem")),
+        "--capture-dns=false",
     ])
     .await;
     assert!(ok, "{stderr}");
+    let env2 = std::fs::read_to_string(out2.join("cluster.env")).unwrap();
+    assert!(!env2.contains("DNS_CAPTURE"), "--capture-dns=false: {env2}");
+    assert!(env.contains("ISTIO_META_DNS_CAPTURE='true'\n"), "on by default: {env}");
     assert!(stderr.contains("No Kubernetes API"), "{stderr}");
     assert!(stderr.contains("istio-token not written"), "{stderr}");
     assert!(stderr.contains("Use --ingressIP"), "{stderr}");
