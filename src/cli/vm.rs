@@ -139,7 +139,19 @@ pub async fn bootstrap(args: &BootstrapArgs) -> anyhow::Result<PathBuf> {
         bail!("the flags --internalIP and --externalIP are mutually exclusive");
     }
     let kube = client(args).await?;
-    let output = prepare(args, kube.as_ref()).await?;
+    let output = prepare(args, kube.as_ref()).await.map_err(|err| {
+        // A cluster found by default but not meant: say how to do without it.
+        let from_kube = err
+            .downcast_ref::<meshfed_kube::vm_bootstrap::BootstrapKubeError>()
+            .is_some();
+        if from_kube && args.file.is_some() && args.kubeconfig.is_none() {
+            err.context(
+                "asking the Kubernetes API of the default kubeconfig; --offline uses the files given only",
+            )
+        } else {
+            err
+        }
+    })?;
     for note in &output.notes {
         eprintln!("{note}");
     }

@@ -349,7 +349,10 @@ async fn vm_bootstrap_from_files_without_kubernetes() {
     assert!(ok, "{stderr}");
     let env2 = std::fs::read_to_string(out2.join("cluster.env")).unwrap();
     assert!(!env2.contains("DNS_CAPTURE"), "--capture-dns=false: {env2}");
-    assert!(env.contains("ISTIO_META_DNS_CAPTURE='true'\n"), "on by default: {env}");
+    assert!(
+        env.contains("ISTIO_META_DNS_CAPTURE='true'\n"),
+        "on by default: {env}"
+    );
     assert!(stderr.contains("No Kubernetes API"), "{stderr}");
     assert!(stderr.contains("istio-token not written"), "{stderr}");
     assert!(stderr.contains("Use --ingressIP"), "{stderr}");
@@ -869,4 +872,49 @@ mod with_kubernetes {
         );
         server.shutdown().await;
     }
+}
+
+/// A kubeconfig found by default (here one whose API server is not there) is used as
+/// istioctl uses it; when asking it fails, the error says how to do without it.
+#[tokio::test]
+async fn vm_bootstrap_names_offline_when_the_default_cluster_fails() {
+    let home = tempfile::tempdir().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap();
+    drop(listener);
+    std::fs::create_dir(home.path().join(".kube")).unwrap();
+    std::fs::write(
+        home.path().join(".kube/config"),
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: gone\n  cluster: {{server: http://{closed}}}\n\
+             users:\n- name: u\n  user: {{}}\ncontexts:\n- name: gone\n  context: {{cluster: gone, user: u}}\n\
+             current-context: gone\n"
+        ),
+    )
+    .unwrap();
+    let wg = home.path().join("wg.yaml");
+    std::fs::write(&wg, WORKLOAD_GROUP).unwrap();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["vm", "bootstrap", "-f"])
+        .arg(&wg)
+        .arg("-o")
+        .arg(home.path().join("out"))
+        .args(["--clusterID", "c1"])
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", home.path())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--offline uses the files given only"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("reading ConfigMap istio-system/istio"),
+        "{stderr}"
+    );
+    assert!(!home.path().join("out").exists());
 }
