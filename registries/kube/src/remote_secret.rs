@@ -662,3 +662,195 @@ mod tests {
         }
     }
 }
+
+/// istioctl's TestCreateRemoteSecrets and TestGetServiceAccountSecretToken vectors
+/// against the fake API server.
+#[cfg(all(test, feature = "test-support"))]
+mod fake_api_tests {
+    use super::*;
+    use crate::fake_api::{FakeApiServer, objects};
+
+    const NS: &str = "istio-system-test";
+    const SA: &str = "test-service-account";
+    const UID: &str = "54643f96-eca0-11e9-bb97-42010a80000a";
+
+    fn token_secret(name: &str, ca: &str, token: &str) -> Secret {
+        let mut data: Vec<(&str, &[u8])> = Vec::new();
+        if !ca.is_empty() {
+            data.push(("ca.crt", ca.as_bytes()));
+        }
+        if !token.is_empty() {
+            data.push(("token", token.as_bytes()));
+        }
+        let mut secret = objects::secret(NS, name, SERVICE_ACCOUNT_TOKEN_TYPE, &data);
+        secret.metadata.annotations =
+            Some([(SERVICE_ACCOUNT_NAME_KEY.to_string(), SA.to_string())].into());
+        secret
+    }
+
+    async fn cluster(secrets: &[Secret]) -> FakeApiServer {
+        let api = FakeApiServer::start().await.unwrap();
+        let mut kube_system = objects::namespace("kube-system", &[]);
+        kube_system.metadata.uid = Some(UID.into());
+        api.apply(&kube_system);
+        api.apply(&objects::service_account(NS, SA));
+        for secret in secrets {
+            api.apply(secret);
+        }
+        api
+    }
+
+    fn opts() -> RemoteSecretOptions {
+        RemoteSecretOptions {
+            service_account: Some(SA.into()),
+            server: Some("server".into()),
+            token_wait: Duration::from_millis(10),
+            ..RemoteSecretOptions::new(NS)
+        }
+    }
+
+    async fn run(api: &FakeApiServer, opts: &RemoteSecretOptions) -> Result<RemoteSecret> {
+        create_remote_secret(&api.client(), "https://unused", opts)
+            .await
+            .map(|c| c.secret)
+    }
+
+    #[tokio::test]
+    async fn istioctl_create_remote_secrets_vectors() {
+        // fail to create remote secret token
+        let api = cluster(&[token_secret("saSecret", "caData", "")]).await;
+        let err = run(&api, &opts()).await.unwrap_err();
+        assert!(err.to_string().contains("no \"token\" data found"), "{err}");
+
+        // success with default cluster name
+        let api = cluster(&[token_secret("saSecret", "caData", "token")]).await;
+        let secret = run(&api, &opts()).await.unwrap();
+        assert_eq!(secret.name, format!("istio-remote-secret-{UID}"));
+        assert_eq!((secret.key.as_str(), secret.cluster.as_str()), (UID, UID));
+        assert_eq!(secret.namespace, NS);
+        assert!(
+            secret.kubeconfig.contains("    token: token\n"),
+            "{}",
+            secret.kubeconfig
+        );
+        assert!(
+            secret
+                .kubeconfig
+                .contains("certificate-authority-data: Y2FEYXRh\n")
+        );
+
+        // success with type 'config' and custom cluster name
+        let config = RemoteSecretOptions {
+            cluster_name: Some("primary".into()),
+            secret_type: SecretType::Config,
+            ..opts()
+        };
+        let secret = run(&api, &config).await.unwrap();
+        assert_eq!((secret.name.as_str(), secret.key.as_str()), CONFIG_SECRET);
+
+        // success when specific secret name provided (the account has two)
+        let api = cluster(&[
+            token_secret("saSecret", "caData", "token"),
+            token_secret("saSecret2", "caData", "token2"),
+        ])
+        .await;
+        let named = RemoteSecretOptions {
+            cluster_name: Some("primary".into()),
+            secret_name: Some("saSecret2".into()),
+            ..opts()
+        };
+        let secret = run(&api, &named).await.unwrap();
+        assert_eq!(secret.name, "istio-remote-secret-primary");
+        assert!(secret.kubeconfig.contains("token: token2\n"));
+
+        // fail when non-existing secret name provided
+        let missing = RemoteSecretOptions {
+            secret_name: Some("nonexistingSecret".into()),
+            ..opts()
+        };
+        let err = run(&api, &missing).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("could not get specified secret istio-system-test/nonexistingSecret"),
+            "{err}"
+        );
+        // a named Secret of another account is refused
+        let mut other = token_secret("other", "caData", "token");
+        other.metadata.annotations =
+            Some([(SERVICE_ACCOUNT_NAME_KEY.to_string(), "someone".to_string())].into());
+        api.apply(&other);
+        let wrong = RemoteSecretOptions {
+            secret_name: Some("other".into()),
+            ..opts()
+        };
+        let err = run(&api, &wrong).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("secret istio-system-test/other does not reference ServiceAccount test-service-account"),
+            "{err}"
+        );
+
+        // the server override and tls-server-name
+        let tls = RemoteSecretOptions {
+            cluster_name: Some("primary".into()),
+            server: Some("gateway".into()),
+            tls_server_name: Some("server".into()),
+            ..opts()
+        };
+        let secret = run(&api, &tls).await.unwrap();
+        assert!(
+            secret
+                .kubeconfig
+                .contains("    server: gateway\n    tls-server-name: server\n"),
+            "{}",
+            secret.kubeconfig
+        );
+
+        // missing service account, not to be created
+        let no_sa = RemoteSecretOptions {
+            service_account: Some("nobody".into()),
+            create_service_account: false,
+            ..opts()
+        };
+        let err = run(&api, &no_sa).await.unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "could not get access token to read resources from local kube-apiserver: \
+                 failed retrieving service account nobody.istio-system-test"
+            ),
+            "{err}"
+        );
+    }
+
+    /// istioctl's "success after wait": the token controller fills the Secret after
+    /// the command first read it.
+    #[tokio::test]
+    async fn the_token_is_waited_for() {
+        let api = cluster(&[token_secret("saSecret", "caData", "")]).await;
+        let filler = {
+            let requests = || api.requests();
+            let filled = token_secret("saSecret", "caData", "late-token");
+            let api = &api;
+            async move {
+                while !requests()
+                    .iter()
+                    .any(|r| r.method == "GET" && r.path.ends_with("/secrets"))
+                {
+                    tokio::task::yield_now().await;
+                }
+                api.apply(&filled);
+            }
+        };
+        let wait = RemoteSecretOptions {
+            token_retries: 500,
+            ..opts()
+        };
+        let (secret, ()) = tokio::join!(run(&api, &wait), filler);
+        let secret = secret.unwrap();
+        assert!(
+            secret.kubeconfig.contains("token: late-token\n"),
+            "{}",
+            secret.kubeconfig
+        );
+    }
+}
