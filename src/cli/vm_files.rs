@@ -588,6 +588,16 @@ mod tests {
         assert_eq!(files.notes.len(), 1, "template labels are noted");
     }
 
+    /// istioctl's TestWorkloadEntryToPodPortsMeta.
+    #[test]
+    fn pod_ports_metadata() {
+        let ports = [("HTTP".to_string(), 80), ("HTTPS".to_string(), 443)].into();
+        assert_eq!(
+            pod_ports(&ports),
+            r#"[{"name":"HTTP","containerPort":80,"protocol":""},{"name":"HTTPS","containerPort":443,"protocol":""}]"#
+        );
+    }
+
     #[test]
     fn quoting_and_bad_annotations() {
         assert_eq!(shell_quote(""), "''");
