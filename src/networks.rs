@@ -274,6 +274,158 @@ pub fn registry_service_gateways(
     out
 }
 
+/// A WorkloadEntry (or a ServiceEntry's inline endpoint) without an address that split
+/// horizon cannot place: no client reaches it (`/debug/configz` `unplacedWorkloads`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnplacedWorkload {
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+    /// The field that is empty, e.g. `spec.address`, `spec.endpoints[1].address`.
+    pub field: String,
+    /// Its network (empty when it names none).
+    pub network: String,
+    pub reason: String,
+}
+
+/// The address-less workloads of `objects` whose network has no gateway in `view`
+/// (or that name no network), sorted by kind, namespace, name and field. Such an entry
+/// is kept (it is sent as its network's gateway once one appears) but reaches no
+/// client until then.
+pub fn unplaced_workloads<'a>(
+    objects: impl IntoIterator<Item = &'a meshfed_registry::config::ConfigObject>,
+    view: &NetworkView,
+) -> Vec<UnplacedWorkload> {
+    use meshfed_api::networking::v1alpha3::WorkloadEntry;
+    let mut out = Vec::new();
+    let mut check = |obj: &meshfed_registry::config::ConfigObject,
+                     kind: &'static str,
+                     field: String,
+                     we: &WorkloadEntry,
+                     extra: Option<&BTreeMap<String, String>>| {
+        if !we.address.is_empty() {
+            return;
+        }
+        let network = if we.network.is_empty() {
+            extra
+                .and_then(|l| l.get(LABEL_NETWORK))
+                .or_else(|| we.labels.get(LABEL_NETWORK))
+                .cloned()
+                .unwrap_or_default()
+        } else {
+            we.network.clone()
+        };
+        let reason = if network.is_empty() {
+            "no address and no network: nothing can reach it".to_string()
+        } else if view
+            .by_network
+            .get(&NetworkId::new(&network))
+            .is_none_or(Vec::is_empty)
+        {
+            format!(
+                "no address, and network {network:?} has no gateway: it is sent only as its \
+                 network's gateway, so no client reaches it"
+            )
+        } else {
+            return;
+        };
+        out.push(UnplacedWorkload {
+            kind,
+            namespace: obj.namespace.clone(),
+            name: obj.name.clone(),
+            field,
+            network,
+            reason,
+        });
+    };
+    for obj in objects {
+        if let Some(we) = obj.spec.as_workload_entry() {
+            check(
+                obj,
+                "WorkloadEntry",
+                "spec.address".into(),
+                we,
+                Some(&obj.labels),
+            );
+        } else if let Some(se) = obj.spec.as_service_entry() {
+            for (i, we) in se.endpoints.iter().enumerate() {
+                check(
+                    obj,
+                    "ServiceEntry",
+                    format!("spec.endpoints[{i}].address"),
+                    we,
+                    None,
+                );
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.kind, &a.namespace, &a.name, &a.field).cmp(&(b.kind, &b.namespace, &b.name, &b.field))
+    });
+    out
+}
+
+/// The label that names a workload's network.
+const LABEL_NETWORK: &str = "topology.istio.io/network";
+
+/// `meshfed_unplaced_workloads{network}`: address-less WorkloadEntries and inline
+/// endpoints that no client reaches (their network has no gateway, or they name no
+/// network), by network, computed when scraped from the config stores and the current
+/// network view. The same entries are listed under `unplacedWorkloads` in
+/// `/debug/configz`.
+pub struct UnplacedMetrics {
+    stores: Vec<std::sync::Arc<dyn meshfed_registry::ConfigStore>>,
+    view: Box<dyn Fn() -> std::sync::Arc<NetworkView> + Send + Sync>,
+}
+
+impl std::fmt::Debug for UnplacedMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnplacedMetrics").finish_non_exhaustive()
+    }
+}
+
+impl UnplacedMetrics {
+    /// Registers the gauge in `registry`, reading `stores` and the network view `view`
+    /// returns (the current snapshot's).
+    pub fn register(
+        stores: Vec<std::sync::Arc<dyn meshfed_registry::ConfigStore>>,
+        view: impl Fn() -> std::sync::Arc<NetworkView> + Send + Sync + 'static,
+        registry: &mut prometheus_client::registry::Registry,
+    ) {
+        registry.register_collector(Box::new(UnplacedMetrics {
+            stores,
+            view: Box::new(view),
+        }));
+    }
+
+    /// Unplaced entries by network.
+    fn counts(&self) -> BTreeMap<String, i64> {
+        let objects: Vec<_> = self.stores.iter().flat_map(|s| s.all()).collect();
+        let view = (self.view)();
+        let mut counts = BTreeMap::new();
+        for u in unplaced_workloads(objects.iter().map(|o| &**o), &view) {
+            *counts.entry(u.network).or_default() += 1;
+        }
+        counts
+    }
+}
+
+impl prometheus_client::collector::Collector for UnplacedMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        let counts = self.counts();
+        meshfed_registry::metrics::encode_gauges(
+            &mut encoder,
+            "meshfed_unplaced_workloads",
+            "WorkloadEntries (and ServiceEntry inline endpoints) without an address that no client reaches: their network has no gateway, or they name no network; listed under unplacedWorkloads in /debug/configz",
+            "network",
+            counts.iter().map(|(n, c)| (n.as_str(), *c)),
+        )
+    }
+}
+
 /// `/debug/networkz`: every network (from meshNetworks or from a gateway), how its
 /// endpoints are placed, and its gateways with where each came from. Sorted.
 pub fn networkz(networks: &MeshNetworks, view: &NetworkView) -> serde_json::Value {
@@ -447,6 +599,67 @@ mod tests {
         );
         assert!(!NetworkView::new(&MeshNetworks::default(), &[]).has_gateways());
         assert_eq!(NetworkView::default().lcm(), 1);
+    }
+
+    #[test]
+    fn address_less_workloads_without_a_gateway_are_unplaced() {
+        use meshfed_api::networking::v1alpha3 as net;
+        use meshfed_registry::config::ConfigObject;
+        let we = |name: &str, address: &str, network: &str| {
+            ConfigObject::new(
+                "vms",
+                name,
+                net::WorkloadEntry {
+                    address: address.into(),
+                    network: network.into(),
+                    ..Default::default()
+                },
+            )
+        };
+        let se = ConfigObject::new(
+            "vms",
+            "inline",
+            net::ServiceEntry {
+                hosts: vec!["a.example.com".into()],
+                endpoints: vec![
+                    net::WorkloadEntry {
+                        address: "10.0.0.1".into(),
+                        ..Default::default()
+                    },
+                    net::WorkloadEntry {
+                        network: "n3".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            },
+        );
+        let objects = [
+            we("behind-gateway", "", "n2"),
+            we("with-address", "10.0.0.2", "n3"),
+            we("no-gateway", "", "n3"),
+            se,
+        ];
+        let view = NetworkView::new(&networks(MESH), &[gw("n2", "c2", "2.2.2.2", "test")]);
+        let unplaced = unplaced_workloads(objects.iter(), &view);
+        let got: Vec<(&str, &str, &str, &str)> = unplaced
+            .iter()
+            .map(|u| {
+                (
+                    u.kind,
+                    u.name.as_str(),
+                    u.field.as_str(),
+                    u.network.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("ServiceEntry", "inline", "spec.endpoints[1].address", "n3"),
+                ("WorkloadEntry", "no-gateway", "spec.address", "n3"),
+            ]
+        );
     }
 
     #[test]

@@ -360,12 +360,18 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let selecting_nothing = crate::generate::authn::policies_selecting_nothing(&snapshot);
     // Telemetry naming providers the mesh config does not define (Istio's analyzers).
     let unknown_providers = crate::generate::telemetry::provider_findings(&snapshot);
+    // WorkloadEntries without an address whose network has no gateway: no client
+    // reaches them.
+    let all: Vec<_> = state.config_stores.iter().flat_map(|s| s.all()).collect();
+    let unplaced =
+        crate::networks::unplaced_workloads(all.iter().map(|o| &**o), snapshot.network_view());
     Ok(json!({
         "objects": objects,
         "rejected": rejected,
         "ignored": ignored,
         "selectingNoWorkload": selecting_nothing,
         "telemetryProviders": unknown_providers,
+        "unplacedWorkloads": unplaced,
     }))
 }
 

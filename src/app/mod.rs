@@ -149,6 +149,12 @@ impl Core {
                 )
             },
         ));
+        let snapshot = pipeline.snapshot().clone();
+        crate::networks::UnplacedMetrics::register(
+            config_stores.all(),
+            move || snapshot.load().network_view().clone(),
+            metrics_registry,
+        );
         let core = Core {
             mesh: mesh_settings,
             sink,

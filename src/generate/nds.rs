@@ -177,7 +177,7 @@ fn addresses(snapshot: &Snapshot, input: &NdsInput, service: &Service) -> Vec<Ip
         .iter()
         .flat_map(|s| s.iter())
     {
-        if ep.hostname.is_some() || !ep.ports.contains_key(&first.name) {
+        if ep.hostname.is_some() || !ep.has_address() || !ep.ports.contains_key(&first.name) {
             continue;
         }
         let same_network = ep.network.as_str().is_empty()

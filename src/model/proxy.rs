@@ -235,6 +235,20 @@ impl Proxy {
             .unwrap_or("")
     }
 
+    /// Metadata `REQUESTED_NETWORK_VIEW`: the networks the proxy asks to see, a
+    /// comma-separated list (Istio's `StringList`, split on `,` as sent), sorted and
+    /// deduplicated; `None` when unset or empty (every network).
+    pub fn requested_network_view(&self) -> Option<Vec<NetworkId>> {
+        let raw = self.metadata.get("REQUESTED_NETWORK_VIEW")?.as_str()?;
+        if raw.is_empty() {
+            return None;
+        }
+        let mut networks: Vec<NetworkId> = raw.split(',').map(NetworkId::new).collect();
+        networks.sort();
+        networks.dedup();
+        Some(networks)
+    }
+
     /// True for gateways (`router` nodes).
     pub fn is_router(&self) -> bool {
         self.node_type == NodeType::Router
@@ -520,6 +534,24 @@ mod tests {
         assert_eq!(p.labels["app"], "reviews");
         assert_eq!(p.ip_addresses.len(), 2);
         assert_eq!(p.generator, Generator::Envoy);
+    }
+
+    #[test]
+    fn requested_network_view_is_a_comma_separated_list() {
+        let view = |meta: serde_json::Value| {
+            let n = node("sidecar~10.0.0.1~a.ns~ns.svc.cluster.local", meta);
+            Proxy::from_node(Some(&n)).unwrap().requested_network_view()
+        };
+        assert_eq!(view(serde_json::json!({})), None);
+        assert_eq!(
+            view(serde_json::json!({"REQUESTED_NETWORK_VIEW": ""})),
+            None
+        );
+        assert_eq!(
+            view(serde_json::json!({"REQUESTED_NETWORK_VIEW": "vm,n1,vm"})),
+            Some(vec![NetworkId::new("n1"), NetworkId::new("vm")]),
+            "sorted and deduplicated, split on commas as sent"
+        );
     }
 
     #[test]

@@ -543,6 +543,14 @@ fn policy_selectors(
             };
             versions.extend(selector);
         }
+        // Under split horizon a PeerAuthentication also decides which remote endpoints
+        // any client reaches through a gateway (EDS): it concerns every proxy, as one
+        // without selector does.
+        if key.kind == ConfigKind::PeerAuthentication
+            && (previous.network_view().has_gateways() || next.network_view().has_gateways())
+        {
+            versions.push(None);
+        }
         out.insert(key.clone(), versions);
     }
     out

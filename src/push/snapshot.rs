@@ -615,7 +615,7 @@ impl Snapshot {
         let index = self.by_address.get_or_init(|| {
             let mut index: HashMap<IpAddr, Vec<ServiceKey>> = HashMap::new();
             for (key, shards) in self.endpoints.iter() {
-                for (_, ep) in shards.iter() {
+                for (_, ep) in shards.iter().filter(|(_, ep)| ep.has_address()) {
                     let keys = index.entry(ep.address).or_default();
                     if !keys.contains(key) {
                         keys.push(key.clone());

@@ -30,5 +30,6 @@ mod secure;
 mod serviceentry;
 mod sidecar_simulation;
 mod sotw;
+mod split_horizon;
 mod telemetry;
 mod vm_bridge;

@@ -653,6 +653,19 @@ impl Endpoint {
         }
     }
 
+    /// A healthy, weight-1 endpoint without an address (a WorkloadEntry that names a
+    /// network and no address): reachable only through its network's gateway, never
+    /// served as an IP.
+    pub fn without_address() -> Endpoint {
+        Endpoint::new(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+    }
+
+    /// False for an endpoint made by [`Endpoint::without_address`]: no hostname and
+    /// the unspecified IP.
+    pub fn has_address(&self) -> bool {
+        self.hostname.is_some() || !self.address.is_unspecified()
+    }
+
     /// What a client connects to: the hostname of a DNS endpoint, else the IP.
     pub fn connect_address(&self) -> String {
         match &self.hostname {

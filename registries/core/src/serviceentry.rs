@@ -38,8 +38,11 @@
 //! CIDR addresses wider than one host are kept as the service's `cluster_cidrs`
 //! (masked), not as VIPs.
 //!
-//! Not supported (left out, logged at debug level): `unix://` endpoint addresses, endpoints
-//! without an address (reachable only through their network's gateway in Istio), the
+//! Endpoints without an address (a WorkloadEntry naming only its network) are kept as
+//! [`Endpoint::without_address`]: split-horizon EDS sends them as their network's
+//! gateway to clients of other networks, and never as an IP.
+//!
+//! Not supported (left out, logged at debug level): `unix://` endpoint addresses, the
 //! `proxy.istio.io/health-checks-enabled` health conditions and NONE's passthrough
 //! target ports.
 //!
@@ -772,7 +775,18 @@ mod tests {
             we("10.0.0.1"),
         ];
         let got = one(&[obj("ns", "a", spec)], &[], "a.example.com", "ns");
-        assert_eq!(addresses(&got.endpoints), ["10.0.0.1"]);
+        let with_address: Vec<Endpoint> = got
+            .endpoints
+            .iter()
+            .filter(|e| e.has_address())
+            .cloned()
+            .collect();
+        assert_eq!(addresses(&with_address), ["10.0.0.1"]);
+        // The entry naming only its network is kept, without an address: split
+        // horizon sends it as its network's gateway.
+        let without: Vec<&Endpoint> = got.endpoints.iter().filter(|e| !e.has_address()).collect();
+        assert_eq!(without.len(), 1);
+        assert_eq!(without[0].network.as_str(), "remote");
     }
 
     #[test]

@@ -275,7 +275,8 @@ fn service_port_targets(
 
 /// A WorkloadEntry spec (inline or selected, with its effective `labels`) as an
 /// endpoint of a service with `ports`; `None` when it cannot be served (a host name
-/// outside a DNS service, a unix socket, no address).
+/// outside a DNS service, a unix socket). An entry without an address becomes an
+/// endpoint without one ([`Endpoint::without_address`]).
 fn workload_endpoint(
     we: &net::WorkloadEntry,
     labels: BTreeMap<String, String>,
@@ -286,7 +287,10 @@ fn workload_endpoint(
 ) -> Option<Endpoint> {
     let mut ep = match we.address.parse::<IpAddr>() {
         Ok(ip) => Endpoint::new(ip),
-        Err(_) if we.address.is_empty() || we.address.starts_with("unix://") => return None,
+        // Reachable only through its network's gateway (validation requires a
+        // network); split-horizon EDS sends it as that gateway to other networks.
+        Err(_) if we.address.is_empty() => Endpoint::without_address(),
+        Err(_) if we.address.starts_with("unix://") => return None,
         Err(_) if dns => Endpoint::for_hostname(we.address.as_str()),
         Err(_) => return None,
     };

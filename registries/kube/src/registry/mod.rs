@@ -440,15 +440,17 @@ impl ServiceRegistry for KubeRegistry {
             let Some(network) = service.labels.get(LABEL_NETWORK).filter(|n| !n.is_empty()) else {
                 continue;
             };
-            let port = match service.labels.get(LABEL_GATEWAY_PORT) {
-                Some(p) => match p.parse::<u16>() {
-                    Ok(p) if p != 0 => p,
-                    _ => continue,
-                },
-                None => DEFAULT_GATEWAY_PORT,
-            };
-            if service.port(port).is_none() {
-                continue; // Istio ignores a labelled service without its mTLS port
+            // A label that is not a number leaves the default, as in Istio.
+            let port = service
+                .labels
+                .get(LABEL_GATEWAY_PORT)
+                .and_then(|p| p.parse::<u16>().ok())
+                .unwrap_or(DEFAULT_GATEWAY_PORT);
+            if port == 0 || service.port(port).is_none() {
+                // Istio (getGatewayDetails at HEAD) takes a labelled service as a
+                // gateway only if it lists the mTLS port (or HBONE's 15008, for ambient
+                // clients, which meshfed does not serve).
+                continue;
             }
             let source = format!(
                 "label {LABEL_NETWORK} on service {}/{}@{cluster}",

@@ -145,6 +145,52 @@ async fn gateways_come_from_labelled_services_and_mesh_networks() {
     task.abort();
 }
 
+/// Istio at HEAD (`getGatewayDetails`, `buildSvcGatways`): a labelled service is a
+/// gateway only if it lists its mTLS port; a `gatewayPort` label that is not a number
+/// leaves the default 15443.
+#[tokio::test]
+async fn labelled_gateways_need_their_mtls_port_listed() {
+    let api = FakeApiServer::start().await.unwrap();
+    let mut no_ports = gateway_service(
+        "no-ports",
+        &[("topology.istio.io/network", "n2")],
+        15443,
+        "192.0.2.30",
+    );
+    no_ports.spec.as_mut().unwrap().ports = None;
+    api.apply(&no_ports);
+    api.apply(&gateway_service(
+        "bad-port-label",
+        &[
+            ("topology.istio.io/network", "n2"),
+            ("networking.istio.io/gatewayPort", "not-a-port"),
+        ],
+        15443,
+        "192.0.2.31",
+    ));
+    let (sink, _events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+    let (registry, task) = KubeRegistry::start(
+        api.client(),
+        KubeRegistryConfig::new("c2"),
+        sink,
+        std::future::pending(),
+    )
+    .await
+    .unwrap();
+    registry.wait_for(SyncPhase::Synced).await;
+    let gateways: Vec<(String, u16)> = registry
+        .network_gateways()
+        .into_iter()
+        .map(|g| (g.address.to_string(), g.port))
+        .collect();
+    assert_eq!(
+        gateways,
+        vec![("192.0.2.31".to_string(), 15443)],
+        "the service listing no port is not a gateway; the bad label defaults to 15443"
+    );
+    task.abort();
+}
+
 #[tokio::test]
 async fn a_paused_registry_lists_but_tells_nothing_until_resumed() {
     let api = FakeApiServer::start().await.unwrap();

@@ -333,7 +333,7 @@ fn headless_endpoints(
     Some(
         on_port
             .into_iter()
-            .filter(|ep| ep.hostname.is_none() && Some(ep.address) != own_ip)
+            .filter(|ep| ep.hostname.is_none() && ep.has_address() && Some(ep.address) != own_ip)
             .map(|ep| ep.address.to_string())
             .collect(),
     )

@@ -277,7 +277,13 @@ fn check_workload_entry(
         }
         f.warn(
             &address,
-            format!("address is unset with network {:?}", we.network),
+            format!(
+                "address is unset with network {:?}: clients of other networks reach it \
+                 through that network's gateway, no client reaches it directly, and it \
+                 gets no traffic while the network has no gateway (see /debug/configz \
+                 unplacedWorkloads)",
+                we.network
+            ),
         );
     }
     let unix = we.address.starts_with(UNIX_PREFIX);

@@ -14,12 +14,19 @@ use envoy_types::pb::envoy::config::core::v3::{
 use envoy_types::pb::envoy::config::endpoint::v3::{
     ClusterLoadAssignment, Endpoint as EnvoyEndpoint, LbEndpoint, LocalityLbEndpoints, lb_endpoint,
 };
-use envoy_types::pb::google::protobuf::{Struct, UInt32Value, Value, value};
+use envoy_types::pb::google::protobuf::{UInt32Value, Value, value};
 use meshfed_api::mesh::v1alpha1::MeshConfig;
 use meshfed_api::networking::v1alpha3::{DestinationRule, LocalityLoadBalancerSetting};
 use meshfed_registry::{
     Endpoint, EndpointShards, HealthStatus, Locality, NetworkId, Port, ServiceKey, ShardKey,
-    TlsMode,
+};
+
+mod split_horizon;
+#[cfg(test)]
+mod tests_istio;
+
+pub use split_horizon::{
+    MtlsCheck, NetworkFilter, NetworkVisibility, in_network, mtls_enabled, rule_tls_mode,
 };
 
 use super::destination_rule;
@@ -38,8 +45,9 @@ pub struct EdsOptions {
     /// Send unhealthy (and draining) endpoints marked as such instead of dropping them
     /// (Istio's `PILOT_SEND_UNHEALTHY_ENDPOINTS`).
     pub send_unhealthy: bool,
-    /// Only endpoints that take Istio mTLS (a gateway's SNI-DNAT clusters: the
-    /// client's mTLS passes through, so a plaintext endpoint could not answer it).
+    /// Only endpoints the client sends Istio mTLS ([`MtlsCheck`] when given, else the
+    /// endpoint's TLS mode): a gateway's SNI-DNAT clusters, where the client's mTLS
+    /// passes through, so a plaintext endpoint could not answer it.
     pub mtls_only: bool,
 }
 
@@ -54,43 +62,15 @@ pub struct EndpointSelection<'a> {
     pub locality_lb: Option<LocalityLb<'a>>,
     /// Split horizon for the requesting client's network (none: one flat network).
     pub network: Option<NetworkFilter<'a>>,
-}
-
-/// Split-horizon EDS for one client (reference §6.4): the client's network and IP
-/// families, and the mesh's networks and gateways.
-#[derive(Clone, Copy, Debug)]
-pub struct NetworkFilter<'a> {
-    /// Every network's gateways and the meshNetworks endpoint rules.
-    pub view: &'a NetworkView,
-    /// The client's network (metadata `NETWORK`; empty when unset).
-    pub proxy_network: &'a NetworkId,
-    /// The client has an IPv4 address (can reach IPv4 gateways).
-    pub ipv4: bool,
-    /// The client has an IPv6 address.
-    pub ipv6: bool,
-}
-
-impl<'a> NetworkFilter<'a> {
-    /// The filter for `proxy` (a client without any IP reaches both families).
-    pub fn for_proxy(view: &'a NetworkView, proxy: &'a Proxy) -> Self {
-        let ipv4 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv4());
-        let ipv6 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv6());
-        let none = !ipv4 && !ipv6;
-        NetworkFilter {
-            view,
-            proxy_network: &proxy.network,
-            ipv4: ipv4 || none,
-            ipv6: ipv6 || none,
-        }
-    }
-
-    fn reaches(&self, gateway: &Gateway) -> bool {
-        if gateway.address.is_ipv4() {
-            self.ipv4
-        } else {
-            self.ipv6
-        }
-    }
+    /// The networks the client asked to see (none: every network).
+    pub visibility: Option<NetworkVisibility<'a>>,
+    /// Whether the client sends Istio mTLS to an endpoint (none: the endpoint's own
+    /// TLS mode says): decides which remote endpoints go through a gateway and which
+    /// endpoints an SNI-DNAT cluster keeps.
+    pub mtls: Option<&'a MtlsCheck<'a>>,
+    /// Leave out endpoints that carry a hostname instead of an IP (an EDS cluster:
+    /// only DNS clusters resolve names).
+    pub ips_only: bool,
 }
 
 /// The load assignment for `cluster_name` of `service` port `port`.
@@ -156,16 +136,31 @@ fn grouped_assignment(
     want_labels: bool,
 ) -> (ClusterLoadAssignment, GroupLabels) {
     let mut by_locality: BTreeMap<&Locality, Vec<Entry<'_>>> = BTreeMap::new();
+    let split = selection.network.filter(NetworkFilter::multi_network);
     for (shard, ep) in shards.into_iter().flat_map(|s| s.iter()) {
         let Some(&target) = ep.ports.get(&port.name) else {
             continue;
         };
-        if selection.options.mtls_only && ep.tls_mode != meshfed_registry::TlsMode::Istio {
+        if selection.options.mtls_only && !mtls_enabled(selection.mtls, ep, target) {
             continue;
         }
         if selection
             .subset
             .is_some_and(|labels| !labels.iter().all(|(k, v)| ep.labels.get(k) == Some(v)))
+        {
+            continue;
+        }
+        if selection.ips_only && ep.hostname.is_some() {
+            continue;
+        }
+        if selection.visibility.is_some_and(|v| !v.shows(ep, shard)) {
+            continue;
+        }
+        // An endpoint without an address is only ever sent as its network's gateway,
+        // to a client of another network (Istio's filterIstioEndpoint).
+        if !ep.has_address()
+            && split
+                .is_none_or(|f| in_network(f.proxy_network, &f.view.endpoint_network(ep, shard)))
         {
             continue;
         }
@@ -176,12 +171,17 @@ fn grouped_assignment(
         by_locality.entry(&ep.locality).or_default().push(Entry {
             lb: lb_endpoint(ep, target, health, weight),
             weight,
-            origin: Origin::Endpoint { shard, ep },
+            origin: Origin::Endpoint {
+                shard,
+                ep,
+                port: target,
+            },
         });
     }
-    if let Some(filter) = selection.network.filter(|f| f.view.has_gateways()) {
+    if let Some(filter) = split {
         for entries in by_locality.values_mut() {
-            *entries = split_horizon(std::mem::take(entries), &filter);
+            *entries =
+                split_horizon::split_horizon(std::mem::take(entries), &filter, selection.mtls);
         }
         by_locality.retain(|_, entries| !entries.is_empty());
     }
@@ -240,6 +240,8 @@ enum Origin<'a> {
     Endpoint {
         shard: &'a ShardKey,
         ep: &'a Endpoint,
+        /// The port the workload listens on for the cluster's service port.
+        port: u16,
     },
     /// A network gateway standing in for a remote network's workloads.
     Gateway(&'a Gateway),
@@ -250,7 +252,7 @@ impl Entry<'_> {
     /// by meshNetworks when it has none), or a gateway's cluster and network.
     fn labels(&self, network: Option<&NetworkFilter<'_>>) -> BTreeMap<String, String> {
         match &self.origin {
-            Origin::Endpoint { shard, ep } => {
+            Origin::Endpoint { shard, ep, .. } => {
                 let cluster = if ep.cluster_id.is_empty() {
                     shard.cluster.as_str()
                 } else {
@@ -270,107 +272,14 @@ impl Entry<'_> {
     }
 }
 
-/// Split horizon over one locality group (reference §6.4, Istio's
-/// `EndpointsByNetworkFilter`). Every weight is scaled by the gateway lcm. An endpoint
-/// is sent directly when it is on the client's network, has no network, or its
-/// network has no gateway (a client without a network still goes through the gateway
-/// of a network that has one). Otherwise its weight is split evenly among the gateways
-/// of its (network, cluster), or of its network, that the client's IP family reaches;
-/// it is dropped when none does or when it does not take Istio mTLS (the gateway
-/// passes TLS through by SNI), or when it is not healthy. Each gateway with a share
-/// becomes one endpoint (sorted by address and port) carrying the sum, at least 1,
-/// marked `tlsMode: istio`.
-fn split_horizon<'a>(entries: Vec<Entry<'a>>, filter: &NetworkFilter<'a>) -> Vec<Entry<'a>> {
-    let scale = filter.view.lcm();
-    let mut out = Vec::with_capacity(entries.len());
-    let mut totals: BTreeMap<
-        (
-            std::net::IpAddr,
-            u16,
-            &NetworkId,
-            &meshfed_registry::ClusterId,
-        ),
-        (&'a Gateway, u32),
-    > = BTreeMap::new();
-    for mut entry in entries {
-        let Origin::Endpoint { shard, ep } = entry.origin else {
-            out.push(entry);
-            continue;
-        };
-        let network = filter.view.endpoint_network(ep, shard);
-        let cluster = if ep.cluster_id.is_empty() {
-            &shard.cluster
-        } else {
-            &ep.cluster_id
-        };
-        let weight = entry.weight.saturating_mul(scale);
-        let gateways = filter.view.gateways_for(&network, cluster);
-        if network.is_empty() || network == *filter.proxy_network || gateways.is_empty() {
-            entry.weight = weight;
-            entry.lb.load_balancing_weight = Some(UInt32Value { value: weight });
-            out.push(entry);
-            continue;
-        }
-        let reachable: Vec<&'a Gateway> = gateways.iter().filter(|g| filter.reaches(g)).collect();
-        if reachable.is_empty()
-            || ep.tls_mode != TlsMode::Istio
-            || ep.health != HealthStatus::Healthy
-        {
-            continue;
-        }
-        let share = weight / reachable.len() as u32;
-        for g in reachable {
-            let total = totals
-                .entry((g.address, g.port, &g.network, &g.cluster))
-                .or_insert((g, 0));
-            total.1 = total.1.saturating_add(share);
-        }
-    }
-    for (gateway, total) in totals.into_values() {
-        let weight = total.max(1);
-        out.push(Entry {
-            lb: gateway_lb_endpoint(gateway, weight),
-            weight,
-            origin: Origin::Gateway(gateway),
-        });
-    }
-    out
-}
-
-/// A gateway as an endpoint: its address and mTLS port, `tlsMode: istio` (the client
-/// must originate Istio mTLS, whose SNI routes through the gateway) and Istio's
-/// `network` / `cluster` metadata.
-fn gateway_lb_endpoint(gateway: &Gateway, weight: u32) -> LbEndpoint {
-    let mut metadata = tls_mode_metadata(TlsMode::Istio.as_str());
-    let string = |s: &str| Value {
-        kind: Some(value::Kind::StringValue(s.to_string())),
-    };
-    let mut filter_metadata: Vec<(String, Struct)> = metadata.filter_metadata.drain().collect();
-    filter_metadata.push((
-        "istio".to_string(),
-        crate::generate::proto::stable_struct([
-            ("network".to_string(), string(gateway.network.as_str())),
-            ("cluster".to_string(), string(gateway.cluster.as_str())),
-        ]),
-    ));
-    metadata.filter_metadata = crate::generate::proto::stable_map(filter_metadata);
-    LbEndpoint {
-        host_identifier: Some(lb_endpoint::HostIdentifier::Endpoint(EnvoyEndpoint {
-            address: Some(socket(gateway.address.to_string(), gateway.port)),
-            ..Default::default()
-        })),
-        health_status: EnvoyHealth::Healthy as i32,
-        load_balancing_weight: Some(UInt32Value { value: weight }),
-        metadata: Some(metadata),
-    }
-}
-
 /// The input of one proxy's load assignment for a cluster, and its cache key: the
 /// cluster, the service it resolves to for the proxy, the DestinationRule that applies
 /// for the proxy (its subset labels, its locality load balancing) and, only where they
 /// change anything, the proxy's locality with the labels failoverPriority can name
-/// (when a locality setting applies) and its network and IP families (when some
-/// network has a gateway: split horizon).
+/// (when a locality setting applies), its network and IP families with the
+/// PeerAuthentications (when some network has a gateway: split horizon; the policies
+/// decide which remote endpoints may go through a gateway), and the networks it asked
+/// to see (`REQUESTED_NETWORK_VIEW`).
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub struct EdsInput {
     /// The cluster name, `outbound|<port>|<subset>|<host>`.
@@ -384,6 +293,12 @@ pub struct EdsInput {
     pub locality: Option<(Locality, BTreeMap<String, String>)>,
     /// The proxy's network and IP families (v4, v6), when split horizon applies.
     pub network: Option<(NetworkId, bool, bool)>,
+    /// A digest of every PeerAuthentication, when split horizon applies or only
+    /// mTLS endpoints are sent ([`peer_authn_digest`]): which endpoints take mTLS
+    /// depends on them.
+    pub peer_authn: Option<u64>,
+    /// The networks the proxy asked to see (sorted, deduplicated), when it named any.
+    pub network_view: Option<Vec<NetworkId>>,
     pub options: EdsOptions,
 }
 
@@ -460,6 +375,13 @@ impl EdsInput {
             let f = NetworkFilter::for_proxy(networks, proxy);
             (proxy.network.clone(), f.ipv4, f.ipv6)
         });
+        let options = EdsOptions {
+            mtls_only: cluster.sni_dnat,
+            ..options
+        };
+        let peer_authn = (service.is_some() && (network.is_some() || options.mtls_only))
+            .then(|| peer_authn_digest(snapshot));
+        let network_view = service.and_then(|_| proxy.requested_network_view());
         EdsInput {
             name: Arc::from(name),
             service: service.map(|s| s.key()),
@@ -468,10 +390,9 @@ impl EdsInput {
                 .map(|r| (r.namespace.clone(), r.name.clone())),
             locality,
             network,
-            options: EdsOptions {
-                mtls_only: cluster.sni_dnat,
-                ..options
-            },
+            peer_authn,
+            network_view,
+            options,
         }
     }
 }
@@ -519,15 +440,32 @@ impl CacheInput<Snapshot> for EdsInput {
                 network: self
                     .network
                     .as_ref()
-                    .map(|(n, v4, v6)| (snapshot.network_view().clone(), n.clone(), *v4, *v6)),
+                    .map(|(n, v4, v6)| (n.clone(), *v4, *v6)),
+                networks: snapshot.network_view().clone(),
+                visible: self.network_view.clone(),
+                mtls_rule: rule.and_then(|r| rule_tls_mode(&r.spec, cluster.subset, cluster.port)),
             };
             Some((service, port, view))
         });
         match found {
             Some((service, port, view)) => {
                 let shards = snapshot.shards(&service.key()).map(|s| &**s);
-                let cla =
-                    load_assignment_for(&self.name, port, shards, &view.selection(self.options));
+                let peer_disabled = |namespace: &str, labels: &BTreeMap<String, String>, port| {
+                    super::authn::workload_mtls(snapshot, namespace, labels).port_mode(port)
+                        == super::authn::MtlsMode::Disable
+                };
+                let check = MtlsCheck {
+                    rule: view.mtls_rule,
+                    namespace: service.namespace.as_str(),
+                    peer_disabled: &peer_disabled,
+                };
+                let mtls = self.peer_authn.is_some().then_some(&check);
+                let cla = load_assignment_for(
+                    &self.name,
+                    port,
+                    shards,
+                    &view.selection(self.options, mtls),
+                );
                 Some(EncodedResource::encode(
                     TypeUrl::Endpoint,
                     self.name.clone(),
@@ -563,13 +501,24 @@ struct AssignmentView {
         Locality,
         BTreeMap<String, String>,
     )>,
-    /// Split horizon: the networks, the proxy's network and IP families (v4, v6).
-    network: Option<(Arc<NetworkView>, NetworkId, bool, bool)>,
+    /// Split horizon: the proxy's network and IP families (v4, v6).
+    network: Option<(NetworkId, bool, bool)>,
+    /// The mesh's networks and gateways.
+    networks: Arc<NetworkView>,
+    /// The networks the proxy asked to see.
+    visible: Option<Vec<NetworkId>>,
+    /// The TLS mode the DestinationRule sets for the cluster (`Some(true)`: Istio
+    /// mTLS).
+    mtls_rule: Option<bool>,
 }
 
 impl AssignmentView {
     /// The selection to build the assignment with.
-    pub fn selection(&self, options: EdsOptions) -> EndpointSelection<'_> {
+    pub fn selection<'a>(
+        &'a self,
+        options: EdsOptions,
+        mtls: Option<&'a MtlsCheck<'a>>,
+    ) -> EndpointSelection<'a> {
         EndpointSelection {
             options,
             subset: self.subset_labels.as_ref(),
@@ -584,14 +533,38 @@ impl AssignmentView {
             network: self
                 .network
                 .as_ref()
-                .map(|(view, proxy_network, ipv4, ipv6)| NetworkFilter {
-                    view,
+                .map(|(proxy_network, ipv4, ipv6)| NetworkFilter {
+                    view: &self.networks,
                     proxy_network,
                     ipv4: *ipv4,
                     ipv6: *ipv6,
                 }),
+            visibility: self.visible.as_deref().map(|networks| NetworkVisibility {
+                view: &self.networks,
+                networks,
+            }),
+            mtls,
+            ips_only: true,
         }
     }
+}
+
+/// A digest of every PeerAuthentication of `snapshot` (namespace, name, creation time
+/// and spec), computed once per snapshot: the part of an [`EdsInput`] that changes
+/// when any of them does.
+pub fn peer_authn_digest(snapshot: &Snapshot) -> u64 {
+    struct Digest(u64);
+    snapshot
+        .derived(|snapshot| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for pa in snapshot.config().peer_authentications() {
+                (&pa.namespace, &pa.name, pa.creation_time).hash(&mut h);
+                format!("{:?}", pa.spec).hash(&mut h);
+            }
+            Digest(h.finish())
+        })
+        .0
 }
 
 /// Envoy health for an endpoint, or `None` when it must not be sent.
@@ -649,7 +622,7 @@ fn tls_mode_metadata(mode: &str) -> Metadata {
 #[cfg(test)]
 mod tests {
     use meshfed_api::networking::v1alpha3::locality_load_balancer_setting::{Distribute, Failover};
-    use meshfed_registry::{Protocol, ProviderId, ShardKey};
+    use meshfed_registry::{Protocol, ProviderId, ShardKey, TlsMode};
 
     use super::*;
 
