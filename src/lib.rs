@@ -12,6 +12,7 @@ pub mod authn;
 pub mod autoregistration;
 pub mod ca;
 pub mod cert_service;
+pub mod cli;
 pub mod drain;
 pub mod generate;
 pub mod jwks;

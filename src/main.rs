@@ -45,6 +45,21 @@ enum Command {
     /// flags; see the README's "Load testing").
     #[command(disable_help_flag = true)]
     Load(LoadArgs),
+    /// Joining a VM to the mesh (`meshfed vm bootstrap`).
+    #[command(subcommand)]
+    Vm(VmCommand),
+    /// Print the Secret (kubeconfig for the reader service account) that lets meshfed
+    /// in another cluster read this one, as `istioctl create-remote-secret` does.
+    CreateRemoteSecret(meshfed::cli::remote_secret::RemoteSecretArgs),
+}
+
+/// `meshfed vm ...`.
+#[derive(Subcommand, Debug)]
+enum VmCommand {
+    /// Write the files a VM's istio-agent needs for a WorkloadGroup (cluster.env,
+    /// mesh.yaml, root-cert.pem, istio-token, hosts), as `istioctl x workload entry
+    /// configure` does.
+    Bootstrap(Box<meshfed::cli::vm::BootstrapArgs>),
 }
 
 /// `meshfed load ARGS...`: everything goes to `meshfed-load` as given.
@@ -784,5 +799,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             result
         }
         Command::Load(args) => load(args),
+        Command::Vm(VmCommand::Bootstrap(args)) => meshfed::cli::vm::run(*args),
+        Command::CreateRemoteSecret(args) => meshfed::cli::remote_secret::run(args),
     }
 }

@@ -21,7 +21,12 @@
 //! only in `c2`; the example traces a request from a sidecar in `n1` to it through the
 //! simulator: the sidecar's listener, route and cluster, the gateway endpoint its EDS
 //! sends and the SNI its mTLS carries, the east-west gateway's SNI filter chain and
-//! SNI-DNAT cluster, and the `c2` endpoints that cluster's EDS sends. See README.md
+//! SNI-DNAT cluster, and the `c2` endpoints that cluster's EDS sends.
+//!
+//! Two VMs in `n2` run `ratings.vm.local` (a ServiceEntry selecting two WorkloadEntries
+//! with network `n2` and no address: nothing outside `n2` has a route to them, as with
+//! VMs behind NAT). The example traces a request from `n1` to them the same way: the
+//! sidecar's EDS sends `n2`'s gateway in their place, weighted by both. See README.md
 //! beside this file for the same against real clusters.
 
 use std::time::Duration;
@@ -45,6 +50,41 @@ use prost::Message;
 const CLUSTER: &str = "outbound|80||reviews.default.svc.cluster.local";
 const SYSTEM: &str = "istio-system";
 const RATINGS: &str = "ratings.default.svc.cluster.local";
+const VM_RATINGS: &str = "ratings.vm.local";
+
+/// `ratings.vm.local`: two VMs in network `n2` with no address meshfed could route to
+/// (Istio's TestEmptyAddressWorkloadEntry): reached from other networks through `n2`'s
+/// east-west gateway only.
+const VMS: &str = "apiVersion: networking.istio.io/v1
+kind: ServiceEntry
+metadata:
+  name: ratings-vm
+  namespace: default
+spec:
+  hosts: [ratings.vm.local]
+  location: MESH_INTERNAL
+  resolution: STATIC
+  ports:
+  - {number: 9080, name: http, protocol: HTTP}
+  workloadSelector:
+    labels: {app: ratings-vm}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ratings-vm-1, namespace: default}
+spec:
+  network: n2
+  serviceAccount: ratings-vm
+  labels: {app: ratings-vm}
+---
+apiVersion: networking.istio.io/v1
+kind: WorkloadEntry
+metadata: {name: ratings-vm-2, namespace: default}
+spec:
+  network: n2
+  serviceAccount: ratings-vm
+  labels: {app: ratings-vm}
+";
 
 /// Istio's east-west gateway (`samples/multicluster/expose-services.yaml`): every
 /// `*.local` service reachable through 15443 by the SNI of Istio mTLS.
@@ -226,6 +266,7 @@ async fn main() -> anyhow::Result<()> {
     let config = dir.path().join("config");
     std::fs::create_dir(&config)?;
     std::fs::write(config.join("east-west-gateway.yaml"), EAST_WEST_GATEWAY)?;
+    std::fs::write(config.join("vms.yaml"), VMS)?;
     let client = c1.client();
     let server = FakeServer::builder()
         .cluster_id("c1")
@@ -270,6 +311,7 @@ async fn main() -> anyhow::Result<()> {
                 .iter()
                 .any(|g| g.network.as_str() == "n2")
             && snapshot.services().resolve(RATINGS, "default").is_some()
+            && snapshot.services().resolve(VM_RATINGS, "default").is_some()
             && !snapshot.config().gateways().collect::<Vec<_>>().is_empty()
         {
             break;
@@ -303,7 +345,17 @@ async fn main() -> anyhow::Result<()> {
          its gateway, weighted by how many endpoints stand behind it, so traffic splits\n\
          2:3 between c1 and c2 from either side."
     );
-    trace_east_west(&server).await?;
+    // The VMs first: the test of this example reads the `ratings` trace from
+    // "East-west:" to the end.
+    println!(
+        "\nTo VMs without a route: GET http://{VM_RATINGS}:9080/ from a sidecar in n1 \
+         (two WorkloadEntries in n2, no address):"
+    );
+    trace_east_west(&server, VM_RATINGS, "240.240.0.1").await?;
+    println!(
+        "\nEast-west: GET http://{RATINGS}:9080/ from a sidecar in n1 (ratings runs only in c2):"
+    );
+    trace_east_west(&server, RATINGS, "10.97.0.8").await?;
     server.shutdown().await;
     Ok(())
 }
@@ -354,18 +406,16 @@ fn istio_sni(cluster: &Cluster) -> Option<String> {
     Some(UpstreamTlsContext::decode(any.value.as_slice()).ok()?.sni)
 }
 
-/// A request from a sidecar in n1 to `ratings`, which runs only in c2, hop by hop.
-async fn trace_east_west(server: &FakeServer) -> anyhow::Result<()> {
-    println!(
-        "\nEast-west: GET http://{RATINGS}:9080/ from a sidecar in n1 (ratings runs only in c2):"
-    );
+/// A request from a sidecar in n1 to `host` (at `ip`), which runs only in n2, hop by
+/// hop.
+async fn trace_east_west(server: &FakeServer, host: &str, ip: &str) -> anyhow::Result<()> {
     let mut sidecar = fetch(
         server,
         "sidecar~10.1.0.9~productpage.default~default.svc.cluster.local",
         serde_json::json!({"NETWORK": "n1", "CLUSTER_ID": "c1"}),
     )
     .await?;
-    let call = Call::http(9080).to("10.97.0.8").host(RATINGS);
+    let call = Call::http(9080).to(ip).host(host);
     let hop = simulate_call(
         &sidecar.listeners,
         &sidecar.routes,
@@ -388,7 +438,11 @@ async fn trace_east_west(server: &FakeServer) -> anyhow::Result<()> {
         .find(|c| c.name == cluster)
         .and_then(istio_sni)
         .context("the cluster originates Istio mTLS")?;
-    for line in describe(&cla) {
+    let lines = describe(&cla);
+    if lines.is_empty() {
+        println!("     EDS: (no endpoints)");
+    }
+    for line in lines {
         println!("     EDS: {line}");
     }
     println!("  2. the sidecar opens Istio mTLS to that gateway with SNI {sni}");
@@ -424,7 +478,14 @@ async fn trace_east_west(server: &FakeServer) -> anyhow::Result<()> {
     );
     let cla = gateway.endpoints(&dnat).await?;
     println!("  4. that cluster's EDS at the n2 gateway:");
-    for line in describe(&cla) {
+    let lines = describe(&cla);
+    if lines.is_empty() {
+        println!(
+            "     (none: no address is known for these workloads; the gateway reaches them \
+             only where a control plane in n2 knows their addresses)"
+        );
+    }
+    for line in lines {
         println!("     {line}");
     }
     Ok(())

@@ -767,4 +767,21 @@ async fn the_example_traces_a_request_through_the_east_west_gateway() {
         !at_gateway.contains("10.1."),
         "only c2's endpoints stand behind the gateway:\n{trace}"
     );
+    // Two address-less VMs in n2 (printed before): n1's sidecar reaches them through
+    // n2's gateway, which carries both (weight 2), by the SNI of their service.
+    let vms = stdout
+        .split_once("To VMs without a route:")
+        .and_then(|(_, t)| t.split_once("East-west:"))
+        .map(|(v, _)| v)
+        .unwrap_or_else(|| panic!("no VM trace in:\n{stdout}"));
+    assert!(
+        vms.contains(&format!(
+            "EDS: {GATEWAY_C2}       weight 2   via the n2 gateway"
+        )),
+        "{vms}"
+    );
+    assert!(
+        vms.contains("SNI filter chain outbound_.9080_._.ratings.vm.local"),
+        "{vms}"
+    );
 }

@@ -23,24 +23,32 @@
 //! - [`source`]: the registry as the server starts it ([`KubeKind`]: `--registries
 //!   Kubernetes` and its flags; [`KubeSettings`]; [`KubeCluster`], the client it hands
 //!   back).
+//! - [`remote_secret`]: `meshfed create-remote-secret`, the kubeconfig Secret another
+//!   control plane reads this cluster with; [`vm_bootstrap`]: what `meshfed vm
+//!   bootstrap` reads; [`cli_client`]: the client of those commands; [`go_yaml`]: YAML
+//!   as kubectl and istioctl print it.
 //! - `fake_api` (feature `test-support`): a fake API server speaking the real wire
 //!   format, for tests here and in the crates that use this one.
 
 pub mod ca_secret;
+pub mod cli_client;
 pub mod config;
 pub mod config_map;
 pub mod convert;
 #[cfg(feature = "test-support")]
 pub mod fake_api;
+pub mod go_yaml;
 pub mod lease;
 pub mod multicluster;
 pub mod registry;
+pub mod remote_secret;
 mod resource_kind;
 pub mod root_cert;
 pub mod secrets;
 pub mod source;
 mod state;
 pub mod token_review;
+pub mod vm_bootstrap;
 pub mod workload_entry_writer;
 mod writer;
 

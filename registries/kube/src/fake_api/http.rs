@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use super::access::SUBJECT_ACCESS_REVIEWS;
 use super::custom::{CustomView, NotServed, not_found};
 use super::selector::Selector;
+use super::service_accounts::{fill_token_secret, token_request, token_request_target};
 use super::tokens::TOKEN_REVIEWS;
 use super::{ApiState, RecordedRequest, Shared, WatchMsg, WatchSub, event_line};
 
@@ -57,6 +58,11 @@ pub(super) async fn handle(
     }
     if method == Method::POST && request.path == SUBJECT_ACCESS_REVIEWS {
         return state.access.review(&body);
+    }
+    if method == Method::POST
+        && let Some((namespace, name)) = token_request_target(&request.path)
+    {
+        return token_request(&mut state, &namespace, &name, &body);
     }
     if method == Method::DELETE {
         return delete(&mut state, &request.path);
@@ -159,6 +165,9 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
     let namespace = path.namespace.clone().unwrap_or_default();
     if !namespace.is_empty() {
         value["metadata"]["namespace"] = json!(namespace);
+    }
+    if create && path.collection == "/api/v1/secrets" {
+        fill_token_secret(state, &namespace, &mut value);
     }
     let key = (namespace, name.clone());
     let existing = state

@@ -38,7 +38,10 @@
 //! ([`FakeApiServer::client_with_token`]) is recorded as that account
 //! ([`RecordedRequest::user`]), so tests tell replicas apart. A
 //! `SubjectAccessReview` (`POST /apis/authorization.k8s.io/v1/subjectaccessreviews`)
-//! allows what the test granted with [`FakeApiServer::grant_access`].
+//! allows what the test granted with [`FakeApiServer::grant_access`]. The TokenRequest
+//! subresource (`POST .../serviceaccounts/<name>/token`) mints such tokens for an
+//! existing account, and a created `kubernetes.io/service-account-token` Secret naming
+//! one is filled with a token and [`FAKE_CLUSTER_CA`] as the token controller fills it.
 //!
 //! Simplifications: a continued LIST page reflects the current objects rather than a
 //! snapshot at the list's version (clients replay the watch from that version, so they
@@ -68,12 +71,14 @@ mod path;
 mod rbac;
 mod response;
 mod selector;
+mod service_accounts;
 mod tokens;
 
 pub use custom::CustomResource;
 pub use rbac::{
     DEFAULT_DISCOVERY_URLS, DEFAULT_USER, Grant, PolicyRule, RbacPolicy, RequestAttributes, Scope,
 };
+pub use service_accounts::FAKE_CLUSTER_CA;
 pub use tokens::API_SERVER_AUDIENCE;
 
 /// One request the server received.

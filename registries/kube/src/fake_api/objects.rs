@@ -4,13 +4,13 @@
 
 use std::collections::BTreeMap;
 
-/// The ConfigMap type, for [`super::FakeApiServer::delete`].
-pub use k8s_openapi::api::core::v1::ConfigMap;
+/// Types tests name (for [`super::FakeApiServer::delete`], or to read an object back).
+pub use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, LoadBalancerIngress, LoadBalancerStatus, Namespace, Node, NodeAddress, NodeStatus,
-    ObjectReference, Pod, PodIP, PodSpec, PodStatus, Secret, Service, ServicePort, ServiceSpec,
+    ObjectReference, Pod, PodIP, PodSpec, PodStatus, Service, ServicePort, ServiceSpec,
     ServiceStatus,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
@@ -92,6 +92,14 @@ pub fn secret(namespace: &str, name: &str, secret_type: &str, data: &[(&str, &[u
                 .map(|(k, v)| (k.to_string(), ByteString(v.to_vec())))
                 .collect(),
         ),
+        ..Default::default()
+    }
+}
+
+/// A ServiceAccount (what a TokenRequest or a token Secret names).
+pub fn service_account(namespace: &str, name: &str) -> ServiceAccount {
+    ServiceAccount {
+        metadata: meta(namespace, name, &[]),
         ..Default::default()
     }
 }
