@@ -411,7 +411,7 @@ impl Writer {
         for (key, endpoints) in flush.endpoints {
             self.sink.update_endpoints(&self.shard, &key, endpoints);
         }
-        if view_changed {
+        if view_changed || flush.nodes_changed {
             self.announce_gateways();
         }
         // A proxy running as a changed pod gets new labels and inbound config (Istio

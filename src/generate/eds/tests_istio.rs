@@ -32,8 +32,6 @@ use crate::push::config_index::ConfigSet;
 
 const AMBIENT: &str =
     "ambient waypoints (HBONE gateways, no direct route to gateway-less networks) are not served";
-const NODE_PORT: &str =
-    "NodePort gateways (node ExternalIPs, traffic.istio.io/nodeSelector) are not discovered";
 const HBONE: &str = "HBONE is not sent (Istio's test sets PILOT_PREFER_HBONE_SEND): the \
     tunnel-labelled endpoint 10.0.0.3 counts as an Istio mTLS endpoint behind network1's \
     gateway (weight 18, not 12), as it does in Istio with the default setting";
@@ -49,11 +47,6 @@ fn known_gaps() -> Vec<(String, &'static str)> {
     .iter()
     .map(|c| (format!("ep_filters/ambient/{c}"), AMBIENT))
     .collect();
-    for config in ["gateway Address", "gateway fromRegistry"] {
-        for mode in ["strict", "permissive", "disable"] {
-            gaps.push((format!("mesh_network/NodePort/{config}/{mode}"), NODE_PORT));
-        }
-    }
     // Every vector expecting network1's gateway with weight 12 (network1's endpoints
     // reached from another network, mTLS in force).
     let remote_views = [
@@ -934,14 +927,14 @@ fn mesh_networking_vectors(out: &mut Vec<(String, Result<(), String>)>) {
                         "istio-ingressgateway.istio-system.svc.cluster.local", "port": 15443}]}}}))
             };
             // What our Kubernetes registries report: cluster-2's labelled service
-            // (listing 15443) for LoadBalancer and ClusterIP external addresses,
-            // cluster-1's service by registryServiceName; nothing for NodePort.
-            let mut gateways = Vec::new();
-            if ingress != "NodePort" {
-                gateways.push(gw("network-2", "cluster-2", "3.3.3.3", 15443));
-                if config == "gateway fromRegistry" {
-                    gateways.push(gw("network-1", "cluster-1", "2.2.2.2", 15443));
-                }
+            // (listing 15443) and cluster-1's service by registryServiceName, at
+            // their external addresses, or for NodePort at the selected node's
+            // ExternalIP on the node port 25443
+            // (`registry::tests::node_port_gateways_are_the_selected_nodes_external_ips`).
+            let port = if ingress == "NodePort" { 25443 } else { 15443 };
+            let mut gateways = vec![gw("network-2", "cluster-2", "3.3.3.3", port)];
+            if config == "gateway fromRegistry" {
+                gateways.push(gw("network-1", "cluster-1", "2.2.2.2", port));
             }
             let view = NetworkView::new(&networks, &gateways);
             let (net1gw, net2gw) = if ingress == "NodePort" {
@@ -1275,7 +1268,7 @@ fn istio_vectors() {
     };
     assert_eq!(count("ep_filters/"), (60, 99), "ep_filters_test.go");
     assert_eq!(count("eds_sh/"), (4, 4), "eds_sh_test.go");
-    assert_eq!(count("mesh_network/"), (19, 25), "mesh_network_test.go");
+    assert_eq!(count("mesh_network/"), (25, 25), "mesh_network_test.go");
 }
 
 /// What split horizon reads is in the cache key: the PeerAuthentications (only when

@@ -208,6 +208,8 @@ pub struct NodeInfo {
     pub locality: Locality,
     /// `ExternalIP` addresses (NodePort gateways).
     pub external_ips: Vec<IpAddr>,
+    /// The node's labels (what a NodePort gateway's node selector matches).
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Node -> compact node. Unparseable external IPs are skipped (they only matter for
@@ -236,6 +238,7 @@ pub fn convert_node(node: &Node) -> NodeInfo {
             subzone: label(LABEL_SUBZONE, None),
         },
         external_ips,
+        labels: labels.cloned().unwrap_or_default(),
     }
 }
 

@@ -200,6 +200,10 @@ pub enum ExternalAddress {
     Hostname(String),
 }
 
+/// The annotation that makes a NodePort service a network gateway on the nodes it
+/// selects (Istio's `traffic.istio.io/nodeSelector`).
+pub const ANNOTATION_NODE_SELECTOR: &str = "traffic.istio.io/nodeSelector";
+
 /// What Istio keeps about a Kubernetes service beyond the mesh model (its
 /// `K8sAttributes`, selector, external addresses): what the multi-network gateway and
 /// proxy-target code need later, kept beside the service.
@@ -219,6 +223,11 @@ pub struct KubeAttributes {
     pub node_ports: BTreeMap<u16, u16>,
     /// LoadBalancer ingress and `spec.externalIPs`, in that order, de-duplicated.
     pub external_addresses: Vec<ExternalAddress>,
+    /// A NodePort gateway's node selector (annotation `traffic.istio.io/nodeSelector`,
+    /// a JSON map of node labels; `{}` selects every node): its external addresses are
+    /// the `ExternalIP`s of the nodes it selects, its ports their node ports. Only for
+    /// `NodePort` services, as in Istio.
+    pub node_selector: Option<BTreeMap<String, String>>,
     /// `internalTrafficPolicy: Local`: clients only use endpoints on their own node.
     pub node_local: bool,
     /// `publishNotReadyAddresses`.
@@ -462,6 +471,22 @@ pub fn convert_service(
         target_ports,
         node_ports,
         external_addresses,
+        node_selector: match (service_type, annotation(ANNOTATION_NODE_SELECTOR)) {
+            (ServiceType::NodePort, Some(json)) => {
+                match serde_json::from_str::<BTreeMap<String, String>>(json) {
+                    Ok(selector) => Some(selector),
+                    Err(e) => {
+                        tracing::warn!(
+                            service = %format!("{}/{}", key.namespace, key.name),
+                            annotation = ANNOTATION_NODE_SELECTOR,
+                            "not a JSON map of node labels, the service is no NodePort gateway: {e}"
+                        );
+                        None
+                    }
+                }
+            }
+            _ => None,
+        },
         node_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
         publish_not_ready: spec.publish_not_ready_addresses.unwrap_or(false),
         ip_family: match spec.ip_families.as_ref().and_then(|f| f.first()) {

@@ -418,10 +418,32 @@ impl ServiceRegistry for KubeRegistry {
     ///   service's external addresses, with the port meshNetworks gives.
     ///
     /// External addresses are LoadBalancer ingress IPs and `spec.externalIPs`; ingress
-    /// hostnames are not resolved, so they give no gateway.
+    /// hostnames are not resolved, so they give no gateway. A NodePort service with the
+    /// `traffic.istio.io/nodeSelector` annotation is reached instead at the
+    /// `ExternalIP`s of the nodes it selects, its port mapped to the node port.
     fn network_gateways(&self) -> Vec<NetworkGateway> {
         let view = self.view.load();
+        let pods = self.pods.load();
         let cluster = &self.config.cluster_id;
+        // A NodePort gateway (Istio's `traffic.istio.io/nodeSelector`) is reached at
+        // the ExternalIPs of the nodes it selects, on the node port of its port.
+        let reach = |attributes: &crate::convert::KubeAttributes,
+                     port: u16|
+         -> (Vec<ExternalAddress>, u16) {
+            let Some(selector) = &attributes.node_selector else {
+                return (attributes.external_addresses.clone(), port);
+            };
+            let mut ips: Vec<std::net::IpAddr> = pods
+                .nodes
+                .values()
+                .filter(|n| selector.iter().all(|(k, v)| n.labels.get(k) == Some(v)))
+                .flat_map(|n| n.external_ips.iter().copied())
+                .collect();
+            ips.sort();
+            ips.dedup();
+            let port = attributes.node_ports.get(&port).copied().unwrap_or(port);
+            (ips.into_iter().map(ExternalAddress::Ip).collect(), port)
+        };
         let mut out = Vec::new();
         let mut push = |network: &NetworkId, addresses: &[ExternalAddress], port, source: &str| {
             for address in addresses {
@@ -458,12 +480,8 @@ impl ServiceRegistry for KubeRegistry {
                 "label {LABEL_NETWORK} on service {}/{}@{cluster}",
                 service.namespace, converted.attributes.name
             );
-            push(
-                &NetworkId::new(network),
-                &converted.attributes.external_addresses,
-                port,
-                &source,
-            );
+            let (addresses, port) = reach(&converted.attributes, port);
+            push(&NetworkId::new(network), &addresses, port, &source);
         }
         for wanted in self.config.mesh_gateways.for_cluster(cluster) {
             let found = view
@@ -472,12 +490,8 @@ impl ServiceRegistry for KubeRegistry {
                 .find(|(key, _)| key.hostname.as_str() == wanted.hostname);
             if let Some((_, converted)) = found {
                 let source = format!("registryServiceName {}@{cluster}", wanted.hostname);
-                push(
-                    &wanted.network,
-                    &converted.attributes.external_addresses,
-                    wanted.port,
-                    &source,
-                );
+                let (addresses, port) = reach(&converted.attributes, wanted.port);
+                push(&wanted.network, &addresses, port, &source);
             }
         }
         out.sort();

@@ -511,3 +511,91 @@ fn a_look_up_in_a_frozen_view_pushes_a_pod_change_the_writer_could_not() {
         vec![p_key]
     );
 }
+
+/// Istio's NodePort gateways (`traffic.istio.io/nodeSelector` on a NodePort service):
+/// the ExternalIPs of the selected nodes, on the node port of the gateway port, both
+/// for a labelled service and for a meshNetworks `registryServiceName`; a node change
+/// is followed.
+#[tokio::test]
+async fn node_port_gateways_are_the_selected_nodes_external_ips() {
+    use k8s_openapi::api::core::v1::ServicePort;
+    let api = FakeApiServer::start().await.unwrap();
+    let node = |name: &str, ip: &str, gateway: bool| {
+        let mut n = objects::node(name, "r", "z");
+        n.status.as_mut().unwrap().addresses.as_mut().unwrap()[0].address = ip.to_string();
+        if gateway {
+            n.metadata
+                .labels
+                .get_or_insert_with(Default::default)
+                .insert("gateway".into(), "yes".into());
+        }
+        n
+    };
+    api.apply(&node("n1", "3.3.3.3", true));
+    api.apply(&node("n2", "4.4.4.4", false));
+    let node_port = |name: &str, labels: &[(&str, &str)], selector: &str| {
+        let mut svc = objects::service("istio-system", name, "10.96.0.50", &[("tls", 15443)]);
+        let spec = svc.spec.as_mut().unwrap();
+        spec.type_ = Some("NodePort".into());
+        spec.ports = Some(vec![ServicePort {
+            name: Some("tls".into()),
+            port: 15443,
+            node_port: Some(25443),
+            ..Default::default()
+        }]);
+        let meta = &mut svc.metadata;
+        for (k, v) in labels {
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .insert(k.to_string(), v.to_string());
+        }
+        meta.annotations
+            .get_or_insert_with(Default::default)
+            .insert("traffic.istio.io/nodeSelector".into(), selector.into());
+        svc
+    };
+    api.apply(&node_port(
+        "eastwest",
+        &[("topology.istio.io/network", "n2")],
+        r#"{"gateway": "yes"}"#,
+    ));
+    api.apply(&node_port("ingress", &[], "{}"));
+    let mut config = KubeRegistryConfig::new("c1");
+    config.mesh_gateways = MeshGateways::new(|_| {
+        vec![GatewayServiceRef {
+            network: NetworkId::new("n1"),
+            hostname: "ingress.istio-system.svc.cluster.local".into(),
+            port: 15443,
+        }]
+    });
+    let (sink, _events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+    let (registry, task) = KubeRegistry::start(api.client(), config, sink, std::future::pending())
+        .await
+        .unwrap();
+    registry.wait_for(SyncPhase::Synced).await;
+    let gateways = || {
+        let mut g: Vec<(String, String, u16)> = registry
+            .network_gateways()
+            .into_iter()
+            .map(|g| (g.network.to_string(), g.address.to_string(), g.port))
+            .collect();
+        g.sort();
+        g
+    };
+    let s = |n: &str, a: &str, p: u16| (n.to_string(), a.to_string(), p);
+    assert_eq!(
+        gateways(),
+        vec![
+            s("n1", "3.3.3.3", 25443),
+            s("n1", "4.4.4.4", 25443),
+            s("n2", "3.3.3.3", 25443),
+        ]
+    );
+    // The second node joins the east-west gateway's selection.
+    api.apply(&node("n2", "4.4.4.4", true));
+    until("the relabelled node serves the gateway", || {
+        gateways().contains(&s("n2", "4.4.4.4", 25443))
+    })
+    .await;
+    task.abort();
+}

@@ -66,6 +66,7 @@ impl ClusterState {
             .collect();
         changed_pods.sort_by(|a, b| a.key.cmp(&b.key));
         out.changed_pods = changed_pods;
+        out.nodes_changed = std::mem::take(&mut self.nodes_changed);
         for key in std::mem::take(&mut self.dirty_endpoints) {
             let mesh_key = self.service_key(&key);
             let Some(service) = self.published.services.get(&mesh_key) else {

@@ -201,6 +201,8 @@ pub(crate) struct Flush {
     pub(crate) pods: Option<Arc<PodView>>,
     /// Pods that changed, sorted by key: a proxy running as one needs a push.
     pub(crate) changed_pods: Vec<PodChange>,
+    /// A node changed: NodePort gateways are read again.
+    pub(crate) nodes_changed: bool,
 }
 
 /// Everything the watchers delivered, in compact form, plus the indexes.
@@ -239,6 +241,8 @@ pub(crate) struct ClusterState {
     pending_total: usize,
     /// The pod view must be republished.
     pods_dirty: bool,
+    /// A node changed since the last flush (NodePort gateways may have).
+    nodes_changed: bool,
     /// Pods changed since the last flush -> their IPs before the first change.
     changed_pods: HashMap<ObjectKey, Vec<IpAddr>>,
 }
@@ -264,6 +268,7 @@ impl ClusterState {
             pending: HashMap::new(),
             pending_total: 0,
             pods_dirty: true,
+            nodes_changed: false,
             changed_pods: HashMap::new(),
         }
     }
@@ -475,10 +480,12 @@ impl ClusterState {
             None => nodes.remove(&name).map(|o| o.locality),
         };
         let new_locality = self.nodes.get(&name).map(|n| n.locality.clone());
-        if old_locality == new_locality {
-            return; // only external IPs changed: no endpoint or pod depends on them
-        }
+        // The pod view carries the nodes, which NodePort gateways are read from.
         self.pods_dirty = true;
+        self.nodes_changed = true;
+        if old_locality == new_locality {
+            return; // only external IPs or labels changed: no endpoint depends on them
+        }
         // Rare (node labels seldom change): scan for endpoints placed on the node.
         let on_node: Vec<ObjectKey> = self
             .slices
