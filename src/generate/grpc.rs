@@ -433,12 +433,18 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
             if parsed.direction != Direction::Outbound {
                 return None;
             }
-            let lb = grpc_lb(snapshot, proxy, &parsed);
-            let tls = grpc_tls(snapshot, proxy, &parsed);
-            let labels = snapshot
+            // The service the client reaches under the cluster's hostname, if any.
+            let service = snapshot
                 .services()
-                .resolve(parsed.hostname, &proxy.namespace)
-                .map(|s| csm_labels(s));
+                .resolve(parsed.hostname, &proxy.namespace);
+            let (lb, tls, labels) = match service {
+                Some(service) => (
+                    grpc_lb(snapshot, proxy, service, &parsed),
+                    grpc_tls(snapshot, proxy, service, &parsed),
+                    Some(csm_labels(service)),
+                ),
+                None => (GrpcLb::RoundRobin, None, None),
+            };
             Some(cached_eds_cluster(
                 snapshot,
                 name,
@@ -462,14 +468,13 @@ pub enum GrpcLb {
     RingHash { minimum_ring_size: u64 },
 }
 
-fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> GrpcLb {
+fn grpc_lb(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    cluster: &ClusterName<'_>,
+) -> GrpcLb {
     use meshfed_api::networking::v1alpha3::load_balancer_settings::{LbPolicy, SimpleLb};
-    let Some(service) = snapshot
-        .services()
-        .resolve(cluster.hostname, &proxy.namespace)
-    else {
-        return GrpcLb::RoundRobin;
-    };
     let Some(rule) = snapshot.config().destination_rule(
         &proxy.namespace,
         service.namespace.as_str(),
@@ -503,11 +508,13 @@ fn grpc_lb(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Grp
 /// (see [`server`]). The identities are the rule's `subjectAltNames`, else the
 /// service's accounts. SIMPLE and MUTUAL (certificates from files) are not served to
 /// gRPC, as in Istio.
-fn grpc_tls(snapshot: &Snapshot, proxy: &Proxy, cluster: &ClusterName<'_>) -> Option<Vec<String>> {
+fn grpc_tls(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    service: &Service,
+    cluster: &ClusterName<'_>,
+) -> Option<Vec<String>> {
     use meshfed_api::networking::v1alpha3::client_tls_settings::TlSmode;
-    let service = snapshot
-        .services()
-        .resolve(cluster.hostname, &proxy.namespace)?;
     let rule = snapshot.config().destination_rule(
         &proxy.namespace,
         service.namespace.as_str(),

@@ -77,7 +77,8 @@ use crate::model::{
 };
 use crate::registry::ServiceRegistry;
 
-pub use conversion::{ANNOTATION_HEALTH_CHECKS, convert, workload_entry_health};
+pub use crate::workload_instances::{ANNOTATION_HEALTH_CHECKS, workload_entry_health};
+pub use conversion::convert;
 
 /// The label that sets an endpoint's TLS mode (`istio` or `disabled`).
 pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";

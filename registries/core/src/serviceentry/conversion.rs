@@ -372,12 +372,13 @@ impl<'a> Workloads<'a> {
     }
 }
 
-pub use crate::workload_instances::{ANNOTATION_HEALTH_CHECKS, workload_entry_health};
+use crate::workload_instances::workload_entry_health;
 
 #[cfg(test)]
 mod health_tests {
     use super::*;
     use crate::config::{Condition, Decoded, decode};
+    use crate::workload_instances::ANNOTATION_HEALTH_CHECKS;
 
     fn entry(annotation: Option<&str>, healthy: Option<&str>) -> Arc<ConfigObject> {
         let mut obj = ConfigObject::new(
