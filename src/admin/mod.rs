@@ -8,6 +8,7 @@
 
 mod config_dump;
 mod debug;
+mod pprof;
 mod serve;
 
 use std::net::SocketAddr;
@@ -93,7 +94,10 @@ fn debug_router(state: AdminState) -> Router<AdminState> {
     let mut router = Router::new()
         .route("/logging", get(logging).put(logging).post(logging))
         .route("/debug", get(debug_index))
-        .route("/debug/list", get(|| async { axum::Json(debug::list()) }));
+        .route("/debug/list", get(|| async { axum::Json(debug::list()) }))
+        .route("/debug/pprof/", get(pprof::index))
+        .route("/debug/pprof/profile", get(pprof::cpu))
+        .route("/debug/pprof/heap", get(pprof::heap));
     for endpoint in DEBUG_ENDPOINTS {
         router = router.route(&format!("/debug/{}", endpoint.path), get(debug::dispatch));
     }
@@ -184,6 +188,10 @@ async fn debug_index() -> Html<String> {
             e.path, e.description
         ));
     }
+    html.push_str(
+        "<tr><td><a href=\"/debug/pprof/\">/debug/pprof/</a></td><td>Profiles in pprof's format: \
+         CPU (<code>profile?seconds=N</code>) and live heap (<code>heap</code>)</td></tr>",
+    );
     html.push_str("</table></body></html>");
     Html(html)
 }

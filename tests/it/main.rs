@@ -25,6 +25,7 @@ mod mesh;
 mod mock_file;
 mod multicluster;
 mod nds;
+mod pprof;
 mod rbac;
 mod sds;
 mod secure;
