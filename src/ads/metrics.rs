@@ -132,6 +132,12 @@ impl XdsMetrics {
             "xDS connections closed because the client read no response within --xdsSendTimeout",
             m.send_timeouts.clone(),
         );
+        // A zero series for every type, so that `rate()` and alerts have a series
+        // before the first event.
+        for t in TypeUrl::ALL {
+            m.expired_nonce.get_or_create(&type_label(t.short()));
+            m.unchanged.get_or_create(&type_label(t.short()));
+        }
         m
     }
 

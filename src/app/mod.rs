@@ -208,6 +208,7 @@ impl Server {
         // says GOAWAY, and streams close one by one over the drain duration.
         let (drain_trigger, draining) = drain::channel();
         let mut metrics_registry = Registry::default();
+        crate::metrics::ProcessMetrics::register(&mut metrics_registry);
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
         let mut tasks = JoinSet::new();
