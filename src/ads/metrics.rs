@@ -135,8 +135,8 @@ impl XdsMetrics {
         // A zero series for every type, so that `rate()` and alerts have a series
         // before the first event.
         for t in TypeUrl::ALL {
-            m.expired_nonce.get_or_create(&type_label(t.short()));
-            m.unchanged.get_or_create(&type_label(t.short()));
+            drop(m.expired_nonce.get_or_create(&type_label(t.short())));
+            drop(m.unchanged.get_or_create(&type_label(t.short())));
         }
         m
     }
