@@ -19,6 +19,7 @@ use tonic::server::NamedService;
 use tracing::{debug, info, warn};
 
 use super::connection::{Action, ConnectionState};
+use super::debug::{DebugCaller, DebugResource, DebugSource, is_debug_type, other_nonce};
 use super::frames::{FrameEncode, Outbound, RequestError, RequestStream, ResponseBody};
 use super::limit::LogLimiter;
 use super::metrics::XdsMetrics;
@@ -29,10 +30,10 @@ use crate::authn::{AuthContext, Authenticators, TlsPeer, authorize_proxy};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
 use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
-use crate::model::Proxy;
+use crate::model::{Generator, Proxy};
 use crate::push::snapshot::Snapshot;
 use crate::xds::deps::{PushScope, Touch};
-use crate::xds::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
+use crate::xds::wire::{DeltaResource, DeltaResponse, SharedAny, SotwRequest, SotwResponse};
 use crate::xds::{Resource, TypeUrl};
 
 const SOTW_PATH: &str =
@@ -74,6 +75,12 @@ pub struct XdsContext {
     pub sds: Option<Arc<crate::sds::Sds>>,
     /// The WorkloadEntry controller (auto-registration and health); `None`: off.
     pub workloads: Option<Arc<dyn super::WorkloadHooks>>,
+    /// `control_plane` of every response: the encoded
+    /// [`super::debug::ControlPlaneId`], computed once.
+    pub control_plane: Bytes,
+    /// Answers Istio's debug types; set once the admin state exists (until then
+    /// they are answered with no resources).
+    pub debug: std::sync::OnceLock<Arc<dyn DebugSource>>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -189,6 +196,19 @@ trait FlavourIo: Send + Sync + 'static {
     const FLAVOUR: Flavour;
     fn node(req: &Self::Req) -> Option<&Node>;
     fn apply(state: &mut ConnectionState, req: &Self::Req) -> Action;
+    /// The type, names and nonce of a request answered outside the per-type
+    /// conversation (debug and unserved types).
+    fn other_request(req: &Self::Req) -> OtherRequest;
+    /// The response to such a request.
+    fn other_response(
+        type_url: &str,
+        version: &str,
+        nonce: String,
+        resources: Vec<DebugResource>,
+        control_plane: Bytes,
+    ) -> Self::Resp;
+    /// Sets `control_plane` on a response.
+    fn stamp(response: &mut Self::Resp, control_plane: &Bytes);
     /// Forms the response, if there is something to send.
     fn respond(
         state: &mut ConnectionState,
@@ -199,6 +219,14 @@ trait FlavourIo: Send + Sync + 'static {
         partial: bool,
         why: Why,
     ) -> Reply<Self::Resp>;
+}
+
+/// A request for a type outside the per-type conversation.
+struct OtherRequest {
+    type_url: String,
+    names: Vec<String>,
+    /// The nonce it answers: set on an ACK of an earlier answer.
+    nonce: String,
 }
 
 /// Why one type is being sent.
@@ -238,6 +266,38 @@ impl FlavourIo for Sotw {
         state.on_sotw_request(req)
     }
 
+    fn other_request(req: &SotwRequest) -> OtherRequest {
+        OtherRequest {
+            type_url: req.type_url.clone(),
+            names: req
+                .resource_names
+                .iter()
+                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .collect(),
+            nonce: req.response_nonce.clone(),
+        }
+    }
+
+    fn other_response(
+        type_url: &str,
+        version: &str,
+        nonce: String,
+        resources: Vec<DebugResource>,
+        control_plane: Bytes,
+    ) -> SotwResponse {
+        SotwResponse {
+            version_info: version.to_string(),
+            resources: resources.into_iter().map(|r| r.any).collect(),
+            type_url: type_url.to_string(),
+            nonce,
+            control_plane,
+        }
+    }
+
+    fn stamp(response: &mut SotwResponse, control_plane: &Bytes) {
+        response.control_plane = control_plane.clone();
+    }
+
     fn respond(
         state: &mut ConnectionState,
         conn_id: &str,
@@ -260,6 +320,7 @@ impl FlavourIo for Sotw {
             resources: resources.iter().map(|r| r.body.clone()).collect(),
             type_url: type_url.as_str().to_string(),
             nonce,
+            control_plane: Bytes::new(),
         })
     }
 }
@@ -278,6 +339,42 @@ impl FlavourIo for Delta {
 
     fn apply(state: &mut ConnectionState, req: &DeltaDiscoveryRequest) -> Action {
         state.on_delta_request(req)
+    }
+
+    fn other_request(req: &DeltaDiscoveryRequest) -> OtherRequest {
+        OtherRequest {
+            type_url: req.type_url.clone(),
+            names: req.resource_names_subscribe.clone(),
+            nonce: req.response_nonce.clone(),
+        }
+    }
+
+    fn other_response(
+        type_url: &str,
+        version: &str,
+        nonce: String,
+        resources: Vec<DebugResource>,
+        control_plane: Bytes,
+    ) -> DeltaResponse {
+        DeltaResponse {
+            system_version_info: version.to_string(),
+            resources: resources
+                .into_iter()
+                .map(|r| DeltaResource {
+                    version: version.into(),
+                    resource: Some(r.any),
+                    name: r.name.into(),
+                })
+                .collect(),
+            type_url: type_url.to_string(),
+            nonce,
+            removed_resources: Vec::new(),
+            control_plane,
+        }
+    }
+
+    fn stamp(response: &mut DeltaResponse, control_plane: &Bytes) {
+        response.control_plane = control_plane.clone();
     }
 
     fn respond(
@@ -307,6 +404,7 @@ impl FlavourIo for Delta {
             type_url: type_url.as_str().to_string(),
             nonce,
             removed_resources: removed,
+            control_plane: Bytes::new(),
         })
     }
 }
@@ -435,6 +533,15 @@ async fn run_stream<F: FlavourIo>(
             }
         }
     }
+    if proxy.generator == Generator::Event {
+        // istioctl: answered, never registered as a proxy, never pushed.
+        let secure = caller.is_some();
+        Box::pin(serve_debug::<F>(
+            &ctx, proxy, secure, inbound, tx, first, peer,
+        ))
+        .await;
+        return;
+    }
     let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
     if let Some(hooks) = &ctx.workloads
         && let Err(status) = hooks.connected(&handle.id, &handle.proxy).await
@@ -452,6 +559,14 @@ async fn run_stream<F: FlavourIo>(
         return;
     }
     ctx.metrics.connected.inc();
+    if let Some(generator) = &handle.proxy.generator_fallback {
+        ctx.metrics.generator_fallbacks.inc();
+        info!(
+            connection = %clip(&handle.id, NODE_ID_LOG_MAX),
+            generator = %clip(generator, NODE_ID_LOG_MAX),
+            "unknown GENERATOR node metadata: serving the default generators, as istiod does"
+        );
+    }
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), node = %clip(&handle.proxy.node_id, NODE_ID_LOG_MAX), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
     let mut shutdown = ctx.shutdown.clone();
     let mut draining = ctx.draining.clone();
@@ -523,6 +638,129 @@ async fn run_stream<F: FlavourIo>(
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
 }
 
+/// Serves a debug stream (istioctl's `GENERATOR=event` node): each request is
+/// answered on its own ([`answer_other`]); the stream is no proxy, is not in the
+/// connections, counts in no proxy gauge and gets no pushes.
+async fn serve_debug<F: FlavourIo>(
+    ctx: &XdsContext,
+    proxy: Proxy,
+    secure: bool,
+    mut inbound: RequestStream<F::Req>,
+    tx: Tx<F>,
+    first: Box<F::Req>,
+    peer: Option<SocketAddr>,
+) {
+    debug!(node = %clip(&proxy.node_id, NODE_ID_LOG_MAX), peer = ?peer, "debug xDS stream (GENERATOR=event)");
+    let caller = DebugCaller {
+        identity: proxy.verified_identity.as_deref(),
+        secure,
+    };
+    let mut shutdown = ctx.shutdown.clone();
+    let mut draining = ctx.draining.clone();
+    let mut next = Some(first);
+    loop {
+        if let Some(request) = next.take() {
+            if let Err(status) = Box::pin(answer_other::<F>(
+                ctx,
+                caller,
+                &proxy.node_id,
+                &tx,
+                &request,
+            ))
+            .await
+            {
+                let _ = tx.send(Outbound::Close(status)).await;
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.wait() => {
+                let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is shutting down"))).await;
+                return;
+            }
+            () = draining.wait() => {
+                let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is draining: reconnect to another replica"))).await;
+                return;
+            }
+            message = inbound.message() => match message {
+                Ok(Some(request)) => next = Some(request),
+                Ok(None) | Err(RequestError::Transport(_)) => return,
+                Err(RequestError::Protocol { reason, status }) => {
+                    Box::pin(refuse::<F>(ctx, &tx, peer, None, reason, status)).await;
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// Answers a request for a type outside the per-type conversation: a debug type
+/// through the [`DebugSource`], any other unserved type with no resources (istiod's
+/// status generator answers so; a client never waits out its timeout). A request
+/// carrying a nonce ACKs an earlier answer and gets none. `Err`: the status that ends
+/// the stream (a refused debug request, as istiod ends it).
+async fn answer_other<F: FlavourIo>(
+    ctx: &XdsContext,
+    caller: DebugCaller<'_>,
+    connection: &str,
+    tx: &Tx<F>,
+    request: &F::Req,
+) -> Result<(), Status> {
+    let other = F::other_request(request);
+    if !other.nonce.is_empty() {
+        return Ok(());
+    }
+    let resources = if is_debug_type(&other.type_url) {
+        let label = super::metrics::debug_type_label(&other.type_url);
+        let answer = match ctx.debug.get() {
+            Some(source) => source.answer(caller, &other.type_url, &other.names),
+            None => Ok(Vec::new()),
+        };
+        match answer {
+            Ok(resources) => {
+                ctx.metrics.record_debug(label, "answered");
+                resources
+            }
+            Err(why) => {
+                ctx.metrics.record_debug(label, "refused");
+                info!(connection = %clip(connection, NODE_ID_LOG_MAX), r#type = %clip(&other.type_url, 64), identity = ?caller.identity, error = %why, "debug request refused");
+                return Err(Status::unknown(why));
+            }
+        }
+    } else {
+        ctx.metrics.unknown_types.inc();
+        debug!(connection = %clip(connection, NODE_ID_LOG_MAX), r#type = %clip(&other.type_url, 256), "answering a request for an unserved type with no resources");
+        Vec::new()
+    };
+    let version = ctx.snapshot.load().version().to_string();
+    let nonce = other_nonce(&version);
+    let response = F::other_response(
+        &other.type_url,
+        &version,
+        nonce,
+        resources,
+        ctx.control_plane.clone(),
+    );
+    let limit = ctx.send_timeout.unwrap_or(Duration::from_secs(30));
+    match tokio::time::timeout(limit, tx.send(Outbound::Message(Box::new(response)))).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(Status::unavailable("the client does not read its stream")),
+    }
+}
+
+/// Wraps encoded bytes of a debug answer.
+pub fn debug_resource(name: String, type_url: &'static str, value: Vec<u8>) -> DebugResource {
+    DebugResource {
+        name,
+        any: SharedAny {
+            type_url,
+            value: value.into(),
+        },
+    }
+}
+
 /// When, within a drain of `window`, connection `n` is closed: spread evenly over the
 /// window by a multiplicative hash of the connection number, so consecutive
 /// connections land far apart.
@@ -591,8 +829,17 @@ async fn process_request<F: FlavourIo>(
                 hooks.health(&handle.id, error.as_deref());
             }
         }
-        Action::UnknownType(url) => {
-            debug!(connection = %handle.id, %url, "ignoring request for an unserved type")
+        Action::UnknownType(_) => {
+            let caller = DebugCaller {
+                identity: handle.proxy.verified_identity.as_deref(),
+                secure: handle.proxy.verified_identity.is_some(),
+            };
+            if let Err(status) =
+                Box::pin(answer_other::<F>(ctx, caller, &handle.id, tx, &request)).await
+            {
+                let _ = tx.send(Outbound::Close(status)).await;
+                return Err(Closed);
+            }
         }
     }
     Ok(())
@@ -715,7 +962,7 @@ fn build<F: FlavourIo>(
         return None;
     }
     let partial = !matches!(scope, Scope::All);
-    let response = F::respond(
+    let mut response = F::respond(
         &mut handle.state.lock().expect("state poisoned"),
         &handle.id,
         type_url,
@@ -724,6 +971,9 @@ fn build<F: FlavourIo>(
         partial,
         why,
     );
+    if let Reply::Send(response) = &mut response {
+        F::stamp(response, &ctx.control_plane);
+    }
     match response {
         Reply::Send(response) => Some(Built {
             type_url,

@@ -9,6 +9,7 @@ mod cli;
 mod config;
 mod connections;
 mod consul;
+mod debug_xds;
 mod delta;
 mod deploy;
 mod drain;
