@@ -763,3 +763,43 @@ async fn istio_debug_test_vectors() {
     drop((acked, nacked));
     mesh.server.shutdown().await;
 }
+
+#[tokio::test]
+async fn debug_types_are_answered_on_delta_streams_too() {
+    use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
+    use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+    let mesh = mesh().await;
+    let _proxy = proxy(mesh.plaintext_channel().await).await;
+    let mut client = AggregatedDiscoveryServiceClient::new(mesh.plaintext_channel().await);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(DeltaDiscoveryRequest {
+        node: Some(istioctl_node("istio-system", "default")),
+        type_url: SYNCZ.into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let mut responses = client
+        .delta_aggregated_resources(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let answer = responses.message().await.unwrap().unwrap();
+    assert_eq!(answer.type_url, SYNCZ);
+    assert_eq!(answer.resources.len(), 1);
+    assert_eq!(answer.resources[0].name, "app-1.default");
+    let config = ClientConfig::decode(
+        answer.resources[0]
+            .resource
+            .as_ref()
+            .unwrap()
+            .value
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(config.generic_xds_configs.len(), 5);
+    let cp = answer.control_plane.expect("control_plane");
+    assert_eq!(control_plane_json(&cp.identifier)["Component"], "meshfed");
+    drop(tx);
+    mesh.server.shutdown().await;
+}
