@@ -51,6 +51,19 @@ pub struct DebugResource {
     pub any: SharedAny,
 }
 
+impl DebugResource {
+    /// A resource of encoded `value` with `type_url`.
+    pub fn new(name: String, type_url: &'static str, value: Vec<u8>) -> Self {
+        DebugResource {
+            name,
+            any: SharedAny {
+                type_url,
+                value: value.into(),
+            },
+        }
+    }
+}
+
 /// Answers the debug types. Implemented above the admin layer (it reads the debug
 /// pages and config dumps); the ADS server holds it once the admin state exists.
 pub trait DebugSource: Send + Sync + std::fmt::Debug {

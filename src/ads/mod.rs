@@ -13,6 +13,7 @@
 pub mod connection;
 pub mod csds;
 pub mod debug;
+mod flavour;
 pub mod frames;
 pub mod intern;
 pub mod limit;

@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use meshfed_registry::PushRequest;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
@@ -18,23 +16,23 @@ use tonic::codegen::{Body, BoxFuture, Bytes, Context, Poll, Service, StdError, h
 use tonic::server::NamedService;
 use tracing::{debug, info, warn};
 
-use super::connection::{Action, ConnectionState};
-use super::debug::{DebugCaller, DebugResource, DebugSource, is_debug_type, other_nonce};
-use super::frames::{FrameEncode, Outbound, RequestError, RequestStream, ResponseBody};
+use super::connection::Action;
+use super::debug::{DebugCaller, DebugSource, is_debug_type, other_nonce};
+use super::flavour::{Delta, FlavourIo, Reply, Sotw, Why};
+use super::frames::{Outbound, RequestError, RequestStream, ResponseBody};
 use super::limit::LogLimiter;
 use super::metrics::XdsMetrics;
 use super::rate::StreamRateLimiter;
 use super::transport::{ConnControl, XdsConnectInfo};
-use super::{ConnectionHandle, Connections, Flavour, Pending};
+use super::{ConnectionHandle, Connections, Pending};
 use crate::authn::{AuthContext, Authenticators, TlsPeer, authorize_proxy};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
 use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
 use crate::model::{Generator, Proxy};
 use crate::push::snapshot::Snapshot;
+use crate::xds::TypeUrl;
 use crate::xds::deps::{PushScope, Touch};
-use crate::xds::wire::{DeltaResource, DeltaResponse, SharedAny, SotwRequest, SotwResponse};
-use crate::xds::{Resource, TypeUrl};
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -186,227 +184,6 @@ where
         http::HeaderValue::from_static("application/grpc"),
     );
     response
-}
-
-/// The two ADS flavours differ only in message shapes and in how a response is
-/// formed from generated resources.
-trait FlavourIo: Send + Sync + 'static {
-    type Req: Message + Default + Send + 'static;
-    type Resp: Message + Default + FrameEncode + Unpin + Send + 'static;
-    const FLAVOUR: Flavour;
-    fn node(req: &Self::Req) -> Option<&Node>;
-    fn apply(state: &mut ConnectionState, req: &Self::Req) -> Action;
-    /// The type, names and nonce of a request answered outside the per-type
-    /// conversation (debug and unserved types).
-    fn other_request(req: &Self::Req) -> OtherRequest;
-    /// The response to such a request.
-    fn other_response(
-        type_url: &str,
-        version: &str,
-        nonce: String,
-        resources: Vec<DebugResource>,
-        control_plane: Bytes,
-    ) -> Self::Resp;
-    /// Sets `control_plane` on a response.
-    fn stamp(response: &mut Self::Resp, control_plane: &Bytes);
-    /// Forms the response, if there is something to send.
-    fn respond(
-        state: &mut ConnectionState,
-        conn_id: &str,
-        type_url: TypeUrl,
-        version: &str,
-        resources: Vec<Resource>,
-        partial: bool,
-        why: Why,
-    ) -> Reply<Self::Resp>;
-}
-
-/// A request for a type outside the per-type conversation.
-struct OtherRequest {
-    type_url: String,
-    names: Vec<String>,
-    /// The nonce it answers: set on an ACK of an earlier answer.
-    nonce: String,
-}
-
-/// Why one type is being sent.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Why {
-    /// A direct answer to a request: always sent.
-    Answer,
-    /// A forced push: sent even when the proxy holds exactly that config (SotW).
-    ForcedPush,
-    /// A push: skipped when nothing changed for the proxy.
-    Push,
-}
-
-/// What a push of one type comes to for one connection.
-enum Reply<R> {
-    /// A response to send.
-    Send(R),
-    /// The proxy already holds exactly this config.
-    Unchanged,
-    /// Nothing to send (an incremental push that touches none of its names).
-    Nothing,
-}
-
-#[derive(Default)]
-struct Sotw;
-
-impl FlavourIo for Sotw {
-    type Req = SotwRequest;
-    type Resp = SotwResponse;
-    const FLAVOUR: Flavour = Flavour::Sotw;
-
-    fn node(req: &SotwRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-
-    fn apply(state: &mut ConnectionState, req: &SotwRequest) -> Action {
-        state.on_sotw_request(req)
-    }
-
-    fn other_request(req: &SotwRequest) -> OtherRequest {
-        OtherRequest {
-            type_url: req.type_url.clone(),
-            names: req
-                .resource_names
-                .iter()
-                .map(|n| String::from_utf8_lossy(n).into_owned())
-                .collect(),
-            nonce: req.response_nonce.clone(),
-        }
-    }
-
-    fn other_response(
-        type_url: &str,
-        version: &str,
-        nonce: String,
-        resources: Vec<DebugResource>,
-        control_plane: Bytes,
-    ) -> SotwResponse {
-        SotwResponse {
-            version_info: version.to_string(),
-            resources: resources.into_iter().map(|r| r.any).collect(),
-            type_url: type_url.to_string(),
-            nonce,
-            control_plane,
-        }
-    }
-
-    fn stamp(response: &mut SotwResponse, control_plane: &Bytes) {
-        response.control_plane = control_plane.clone();
-    }
-
-    fn respond(
-        state: &mut ConnectionState,
-        conn_id: &str,
-        type_url: TypeUrl,
-        version: &str,
-        resources: Vec<Resource>,
-        partial: bool,
-        why: Why,
-    ) -> Reply<SotwResponse> {
-        if partial && resources.is_empty() {
-            return Reply::Nothing;
-        }
-        // A forced push goes out whatever the proxy holds, as in Istio.
-        if state.sotw_unchanged(type_url, &resources, partial, why != Why::Push) {
-            return Reply::Unchanged;
-        }
-        let nonce = state.record_sent(type_url, version, conn_id);
-        Reply::Send(SotwResponse {
-            version_info: version.to_string(),
-            resources: resources.iter().map(|r| r.body.clone()).collect(),
-            type_url: type_url.as_str().to_string(),
-            nonce,
-            control_plane: Bytes::new(),
-        })
-    }
-}
-
-#[derive(Default)]
-struct Delta;
-
-impl FlavourIo for Delta {
-    type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaResponse;
-    const FLAVOUR: Flavour = Flavour::Delta;
-
-    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-
-    fn apply(state: &mut ConnectionState, req: &DeltaDiscoveryRequest) -> Action {
-        state.on_delta_request(req)
-    }
-
-    fn other_request(req: &DeltaDiscoveryRequest) -> OtherRequest {
-        OtherRequest {
-            type_url: req.type_url.clone(),
-            names: req.resource_names_subscribe.clone(),
-            nonce: req.response_nonce.clone(),
-        }
-    }
-
-    fn other_response(
-        type_url: &str,
-        version: &str,
-        nonce: String,
-        resources: Vec<DebugResource>,
-        control_plane: Bytes,
-    ) -> DeltaResponse {
-        DeltaResponse {
-            system_version_info: version.to_string(),
-            resources: resources
-                .into_iter()
-                .map(|r| DeltaResource {
-                    version: version.into(),
-                    resource: Some(r.any),
-                    name: r.name.into(),
-                })
-                .collect(),
-            type_url: type_url.to_string(),
-            nonce,
-            removed_resources: Vec::new(),
-            control_plane,
-        }
-    }
-
-    fn stamp(response: &mut DeltaResponse, control_plane: &Bytes) {
-        response.control_plane = control_plane.clone();
-    }
-
-    fn respond(
-        state: &mut ConnectionState,
-        conn_id: &str,
-        type_url: TypeUrl,
-        version: &str,
-        resources: Vec<Resource>,
-        partial: bool,
-        why: Why,
-    ) -> Reply<DeltaResponse> {
-        let (changed, removed) = state.delta_diff(type_url, resources, partial);
-        if changed.is_empty() && removed.is_empty() && why != Why::Answer {
-            return Reply::Unchanged;
-        }
-        let nonce = state.record_sent(type_url, version, conn_id);
-        Reply::Send(DeltaResponse {
-            system_version_info: version.to_string(),
-            resources: changed
-                .iter()
-                .map(|r| DeltaResource {
-                    version: r.version.clone(),
-                    resource: Some(r.body.clone()),
-                    name: r.name.clone(),
-                })
-                .collect(),
-            type_url: type_url.as_str().to_string(),
-            nonce,
-            removed_resources: removed,
-            control_plane: Bytes::new(),
-        })
-    }
 }
 
 type Tx<F> = mpsc::Sender<Outbound<<F as FlavourIo>::Resp>>;
@@ -747,17 +524,6 @@ async fn answer_other<F: FlavourIo>(
     match tokio::time::timeout(limit, tx.send(Outbound::Message(Box::new(response)))).await {
         Ok(Ok(())) => Ok(()),
         _ => Err(Status::unavailable("the client does not read its stream")),
-    }
-}
-
-/// Wraps encoded bytes of a debug answer.
-pub fn debug_resource(name: String, type_url: &'static str, value: Vec<u8>) -> DebugResource {
-    DebugResource {
-        name,
-        any: SharedAny {
-            type_url,
-            value: value.into(),
-        },
     }
 }
 

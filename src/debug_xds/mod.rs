@@ -30,7 +30,6 @@ use crate::ads::debug::{
     CONFIG_DUMP_TYPE, CONNECT_TYPE, CONNECTIONS_TYPE, DEBUG_TYPE, DebugCaller, DebugResource,
     DebugSource, SYNCZ_TYPE,
 };
-use crate::ads::server::debug_resource;
 use crate::xds::TypeUrl;
 
 /// `type.googleapis.com/envoy.service.status.v3.ClientConfig`.
@@ -123,7 +122,7 @@ impl XdsDebug {
         } else {
             crate::admin::debug::answer(&self.state, path, &query).2
         };
-        Ok(vec![debug_resource(
+        Ok(vec![DebugResource::new(
             resource.clone(),
             DEBUG_TYPE,
             body.into_bytes(),
@@ -139,7 +138,7 @@ impl XdsDebug {
             .map(|c| {
                 let config = sync_status(c);
                 let name = c.proxy.id.clone();
-                debug_resource(name, CLIENT_CONFIG_URL, config.encode_to_vec())
+                DebugResource::new(name, CLIENT_CONFIG_URL, config.encode_to_vec())
             })
             .collect()
     }
@@ -162,7 +161,7 @@ impl XdsDebug {
             .iter()
             .filter_map(|dump| {
                 let any = dump.to_any()?;
-                Some(debug_resource(
+                Some(DebugResource::new(
                     String::new(),
                     dump_type_url(dump.type_url)?,
                     any.value,
@@ -184,7 +183,7 @@ impl XdsDebug {
                     user_agent_name: c.proxy.user_agent.clone(),
                     ..Default::default()
                 };
-                debug_resource(c.proxy.id.clone(), NODE_URL, node.encode_to_vec())
+                DebugResource::new(c.proxy.id.clone(), NODE_URL, node.encode_to_vec())
             })
             .collect()
     }
