@@ -307,6 +307,7 @@ fn encode(version: &str, config: &[Vec<Resource>; 4], buf: &mut Vec<u8>) -> usiz
             resources: resources.iter().map(|r| r.body.clone()).collect(),
             type_url: type_url.as_str().to_string(),
             nonce: "1".to_string(),
+            control_plane: Default::default(),
         };
         buf.clear();
         response.encode(buf).expect("a Vec grows");

@@ -83,11 +83,24 @@ pub(super) fn config_dump(state: &AdminState, query: &BTreeMap<String, String>) 
             Some(id),
         ));
     };
+    let dumps = type_dumps(state, &connection, &types);
+    render_config_dump(renderer, &dumps)
+        .map_err(|m| error(StatusCode::INTERNAL_SERVER_ERROR, &m, Some(id)))
+}
+
+/// What one connection was sent of each of `types`, regenerated from the current
+/// snapshot: the one builder behind `/debug/config_dump`, the `istio.io/debug/config_dump`
+/// xDS type and CSDS.
+pub fn type_dumps(
+    state: &AdminState,
+    connection: &ConnectionHandle,
+    types: &[TypeUrl],
+) -> Vec<TypeDump> {
     let snapshot = state.pipeline.snapshot().load_full();
-    let dumps: Vec<TypeDump> = types
-        .into_iter()
-        .map(|type_url| {
-            let sent = SentState::of(&connection, type_url);
+    types
+        .iter()
+        .map(|&type_url| {
+            let sent = SentState::of(connection, type_url);
             let mut resources: Vec<(String, Any)> = match &sent {
                 Some(sent) if sent.version.is_some() => {
                     let subscription = Subscription {
@@ -118,13 +131,12 @@ pub(super) fn config_dump(state: &AdminState, query: &BTreeMap<String, String>) 
             resources.sort_by(|a, b| a.0.cmp(&b.0));
             TypeDump {
                 type_url,
+                watched: sent.is_some(),
                 sent: sent.unwrap_or_default(),
                 resources,
             }
         })
-        .collect();
-    render_config_dump(renderer, &dumps)
-        .map_err(|m| error(StatusCode::INTERNAL_SERVER_ERROR, &m, Some(id)))
+        .collect()
 }
 
 /// A JSON error body (the dispatcher sends it as the response text).
@@ -161,10 +173,7 @@ fn parse_types(list: &str) -> Result<Vec<TypeUrl>, String> {
 
 /// The connection `id` names: its connection id exactly, else the newest connection of
 /// the proxy with that proxy id or node id.
-pub(super) fn find_connection(
-    connections: &Connections,
-    id: &str,
-) -> Option<Arc<ConnectionHandle>> {
+pub fn find_connection(connections: &Connections, id: &str) -> Option<Arc<ConnectionHandle>> {
     let all = connections.all();
     if let Some(exact) = all.iter().find(|c| c.id == id) {
         return Some(exact.clone());
@@ -222,16 +231,38 @@ impl SentState {
 
 /// One type's part of the dump.
 #[derive(Debug)]
-struct TypeDump {
-    type_url: TypeUrl,
+pub struct TypeDump {
+    /// The type.
+    pub type_url: TypeUrl,
+    watched: bool,
     sent: SentState,
     /// The resources, name and `Any`, sorted by name.
-    resources: Vec<(String, Any)>,
+    pub resources: Vec<(String, Any)>,
 }
 
 impl TypeDump {
+    /// Version of the last response sent; `None` when the type was never answered.
+    pub fn version(&self) -> Option<&str> {
+        self.sent.version.as_deref()
+    }
+
+    /// When the last response was sent.
+    pub fn last_sent(&self) -> Option<Timestamp> {
+        self.sent.last_sent.map(timestamp)
+    }
+
+    /// The proxy's answer to the last response (ACKed, NACKed, or unknown yet).
+    pub fn status(&self) -> ClientResourceStatus {
+        self.sent.status
+    }
+
+    /// Whether the type is watched at all.
+    pub fn watched(&self) -> bool {
+        self.watched
+    }
+
     /// The admin `*ConfigDump` message of this type, packed in an `Any`.
-    fn to_any(&self) -> Option<Any> {
+    pub fn to_any(&self) -> Option<Any> {
         let version = self.sent.version.clone().unwrap_or_default();
         let last_updated = self.sent.last_sent.map(timestamp);
         let status = self.sent.status as i32;
@@ -638,6 +669,7 @@ mod tests {
             .into_iter()
             .map(|type_url| TypeDump {
                 type_url,
+                watched: true,
                 sent: sent.clone(),
                 resources: match type_url {
                     TypeUrl::Cluster => vec![(cluster.name.clone(), pack(&cluster))],

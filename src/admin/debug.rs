@@ -114,14 +114,25 @@ pub async fn dispatch(
     Query(query): Query<BTreeMap<String, String>>,
 ) -> Response {
     let path = uri.path().trim_start_matches("/debug/");
+    let (status, kind, body) = answer(&state, path, &query);
+    (status, [(header::CONTENT_TYPE, kind)], body).into_response()
+}
+
+/// The answer of the debug page at `path` (below `/debug/`): status, content type
+/// and body. Shared by the HTTP port and the `istio.io/debug` xDS type.
+pub fn answer(
+    state: &AdminState,
+    path: &str,
+    query: &BTreeMap<String, String>,
+) -> (StatusCode, &'static str, String) {
     let Some(endpoint) = DEBUG_ENDPOINTS.iter().find(|e| e.path == path) else {
         return (
             StatusCode::NOT_FOUND,
-            "no such debug endpoint; see /debug/list\n",
-        )
-            .into_response();
+            "text/plain; charset=utf-8",
+            "no such debug endpoint; see /debug/list\n".into(),
+        );
     };
-    match (endpoint.handler)(&state, &query) {
+    match (endpoint.handler)(state, query) {
         Ok(value) => {
             let body = if query.contains_key("pretty") {
                 serde_json::to_string_pretty(&value)
@@ -129,7 +140,7 @@ pub async fn dispatch(
                 serde_json::to_string(&value)
             }
             .unwrap_or_default();
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            (StatusCode::OK, "application/json", body)
         }
         Err((status, message)) => {
             // Handlers that answer errors as JSON say so; others are plain text.
@@ -138,7 +149,7 @@ pub async fn dispatch(
             } else {
                 "text/plain; charset=utf-8"
             };
-            (status, [(header::CONTENT_TYPE, kind)], message).into_response()
+            (status, kind, message)
         }
     }
 }

@@ -6,8 +6,8 @@
 //! unless the server was started with debug access opened. Every dump is sorted so two
 //! dumps can be diffed.
 
-mod config_dump;
-mod debug;
+pub mod config_dump;
+pub mod debug;
 mod pprof;
 mod serve;
 

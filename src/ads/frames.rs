@@ -221,6 +221,7 @@ impl FrameEncode for SotwResponse {
     fn write_tail(&self, out: &mut ChunkWriter) {
         out.string(4, &self.type_url);
         out.string(5, &self.nonce);
+        out.shared(6, &self.control_plane);
     }
 }
 
@@ -257,6 +258,7 @@ impl FrameEncode for DeltaResponse {
             out.key(6, name.len());
             out.small(name.len()).put_slice(name.as_bytes());
         }
+        out.shared(7, &self.control_plane);
     }
 }
 
@@ -670,6 +672,7 @@ mod tests {
             resources,
             type_url: TypeUrl::Cluster.as_str().into(),
             nonce: "n-1".into(),
+            control_plane: Bytes::from_static(b"\n\x07meshfed"),
         };
         let encoded = FrameCursor::collect(response.clone());
         assert_eq!(concat(&encoded), framed(&response));
@@ -707,6 +710,7 @@ mod tests {
             type_url: TypeUrl::Endpoint.as_str().into(),
             nonce: "n".into(),
             removed_resources: vec!["gone".into(), String::new()],
+            control_plane: Bytes::from_static(b"\n\x07meshfed"),
         };
         assert_eq!(concat(&FrameCursor::collect(delta.clone())), framed(&delta));
     }

@@ -46,6 +46,29 @@ pub struct XdsMetrics {
     /// `meshfed_xds_send_timeouts`: connections closed because the peer took no
     /// response within `--xdsSendTimeout`.
     pub send_timeouts: Counter,
+    /// `meshfed_xds_unknown_type_requests`: requests for a type this server does
+    /// not serve, answered with no resources.
+    pub unknown_types: Counter,
+    /// `meshfed_xds_generator_fallbacks`: streams whose `GENERATOR` metadata is
+    /// unknown, served by the default generators.
+    pub generator_fallbacks: Counter,
+    /// `meshfed_xds_debug_requests{type,result}`: Istio debug-type and CSDS
+    /// requests, `answered` or `refused` (authorization).
+    pub debug_requests: Family<DebugLabel, Counter>,
+}
+
+/// `type` and `result` labels of a debug request.
+pub type DebugLabel = [(&'static str, &'static str); 2];
+
+/// The bounded `type` label of a debug type URL.
+pub fn debug_type_label(type_url: &str) -> &'static str {
+    match type_url {
+        super::debug::SYNCZ_TYPE => "syncz",
+        super::debug::CONFIG_DUMP_TYPE => "config_dump",
+        super::debug::DEBUG_TYPE => "debug",
+        super::debug::CONNECTIONS_TYPE | super::debug::CONNECT_TYPE => "connections",
+        _ => "other",
+    }
 }
 
 /// A `reason` label.
@@ -68,6 +91,9 @@ impl XdsMetrics {
             unchanged: Family::default(),
             request_errors: Family::default(),
             send_timeouts: Counter::default(),
+            unknown_types: Counter::default(),
+            generator_fallbacks: Counter::default(),
+            debug_requests: Family::default(),
         };
         registry.register(
             "pilot_xds",
@@ -132,6 +158,21 @@ impl XdsMetrics {
             "xDS connections closed because the client read no response within --xdsSendTimeout",
             m.send_timeouts.clone(),
         );
+        registry.register(
+            "meshfed_xds_unknown_type_requests",
+            "xDS requests for a type this server does not serve, answered with no resources",
+            m.unknown_types.clone(),
+        );
+        registry.register(
+            "meshfed_xds_generator_fallbacks",
+            "xDS streams whose GENERATOR node metadata is unknown, served by the default generators",
+            m.generator_fallbacks.clone(),
+        );
+        registry.register(
+            "meshfed_xds_debug_requests",
+            "Istio debug-type (istio.io/debug/*) and CSDS requests, by type and result",
+            m.debug_requests.clone(),
+        );
         // A zero series for every type, so that `rate()` and alerts have a series
         // before the first event.
         for t in TypeUrl::ALL {
@@ -139,6 +180,13 @@ impl XdsMetrics {
             drop(m.unchanged.get_or_create(&type_label(t.short())));
         }
         m
+    }
+
+    /// Records a debug-type or CSDS request.
+    pub fn record_debug(&self, r#type: &'static str, result: &'static str) {
+        self.debug_requests
+            .get_or_create(&[("type", r#type), ("result", result)])
+            .inc();
     }
 
     /// Records a stream refused for a protocol error.

@@ -11,6 +11,9 @@
 //! most one push in flight and never misses a change.
 
 pub mod connection;
+pub mod csds;
+pub mod debug;
+mod flavour;
 pub mod frames;
 pub mod intern;
 pub mod limit;

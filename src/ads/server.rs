@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use envoy_types::pb::envoy::config::core::v3::Node;
-use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use meshfed_registry::PushRequest;
 use prost::Message;
 use tokio::sync::{Semaphore, mpsc};
@@ -18,22 +16,23 @@ use tonic::codegen::{Body, BoxFuture, Bytes, Context, Poll, Service, StdError, h
 use tonic::server::NamedService;
 use tracing::{debug, info, warn};
 
-use super::connection::{Action, ConnectionState};
-use super::frames::{FrameEncode, Outbound, RequestError, RequestStream, ResponseBody};
+use super::connection::Action;
+use super::debug::{DebugCaller, DebugSource, is_debug_type, other_nonce};
+use super::flavour::{Delta, FlavourIo, Reply, Sotw, Why};
+use super::frames::{Outbound, RequestError, RequestStream, ResponseBody};
 use super::limit::LogLimiter;
 use super::metrics::XdsMetrics;
 use super::rate::StreamRateLimiter;
 use super::transport::{ConnControl, XdsConnectInfo};
-use super::{ConnectionHandle, Connections, Flavour, Pending};
+use super::{ConnectionHandle, Connections, Pending};
 use crate::authn::{AuthContext, Authenticators, TlsPeer, authorize_proxy};
 use crate::drain::Shutdown;
 use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
 use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
-use crate::model::Proxy;
+use crate::model::{Generator, Proxy};
 use crate::push::snapshot::Snapshot;
+use crate::xds::TypeUrl;
 use crate::xds::deps::{PushScope, Touch};
-use crate::xds::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
-use crate::xds::{Resource, TypeUrl};
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -74,6 +73,12 @@ pub struct XdsContext {
     pub sds: Option<Arc<crate::sds::Sds>>,
     /// The WorkloadEntry controller (auto-registration and health); `None`: off.
     pub workloads: Option<Arc<dyn super::WorkloadHooks>>,
+    /// `control_plane` of every response: the encoded
+    /// [`super::debug::ControlPlaneId`], computed once.
+    pub control_plane: Bytes,
+    /// Answers Istio's debug types; set once the admin state exists (until then
+    /// they are answered with no resources).
+    pub debug: std::sync::OnceLock<Arc<dyn DebugSource>>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -179,136 +184,6 @@ where
         http::HeaderValue::from_static("application/grpc"),
     );
     response
-}
-
-/// The two ADS flavours differ only in message shapes and in how a response is
-/// formed from generated resources.
-trait FlavourIo: Send + Sync + 'static {
-    type Req: Message + Default + Send + 'static;
-    type Resp: Message + Default + FrameEncode + Unpin + Send + 'static;
-    const FLAVOUR: Flavour;
-    fn node(req: &Self::Req) -> Option<&Node>;
-    fn apply(state: &mut ConnectionState, req: &Self::Req) -> Action;
-    /// Forms the response, if there is something to send.
-    fn respond(
-        state: &mut ConnectionState,
-        conn_id: &str,
-        type_url: TypeUrl,
-        version: &str,
-        resources: Vec<Resource>,
-        partial: bool,
-        why: Why,
-    ) -> Reply<Self::Resp>;
-}
-
-/// Why one type is being sent.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Why {
-    /// A direct answer to a request: always sent.
-    Answer,
-    /// A forced push: sent even when the proxy holds exactly that config (SotW).
-    ForcedPush,
-    /// A push: skipped when nothing changed for the proxy.
-    Push,
-}
-
-/// What a push of one type comes to for one connection.
-enum Reply<R> {
-    /// A response to send.
-    Send(R),
-    /// The proxy already holds exactly this config.
-    Unchanged,
-    /// Nothing to send (an incremental push that touches none of its names).
-    Nothing,
-}
-
-#[derive(Default)]
-struct Sotw;
-
-impl FlavourIo for Sotw {
-    type Req = SotwRequest;
-    type Resp = SotwResponse;
-    const FLAVOUR: Flavour = Flavour::Sotw;
-
-    fn node(req: &SotwRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-
-    fn apply(state: &mut ConnectionState, req: &SotwRequest) -> Action {
-        state.on_sotw_request(req)
-    }
-
-    fn respond(
-        state: &mut ConnectionState,
-        conn_id: &str,
-        type_url: TypeUrl,
-        version: &str,
-        resources: Vec<Resource>,
-        partial: bool,
-        why: Why,
-    ) -> Reply<SotwResponse> {
-        if partial && resources.is_empty() {
-            return Reply::Nothing;
-        }
-        // A forced push goes out whatever the proxy holds, as in Istio.
-        if state.sotw_unchanged(type_url, &resources, partial, why != Why::Push) {
-            return Reply::Unchanged;
-        }
-        let nonce = state.record_sent(type_url, version, conn_id);
-        Reply::Send(SotwResponse {
-            version_info: version.to_string(),
-            resources: resources.iter().map(|r| r.body.clone()).collect(),
-            type_url: type_url.as_str().to_string(),
-            nonce,
-        })
-    }
-}
-
-#[derive(Default)]
-struct Delta;
-
-impl FlavourIo for Delta {
-    type Req = DeltaDiscoveryRequest;
-    type Resp = DeltaResponse;
-    const FLAVOUR: Flavour = Flavour::Delta;
-
-    fn node(req: &DeltaDiscoveryRequest) -> Option<&Node> {
-        req.node.as_ref()
-    }
-
-    fn apply(state: &mut ConnectionState, req: &DeltaDiscoveryRequest) -> Action {
-        state.on_delta_request(req)
-    }
-
-    fn respond(
-        state: &mut ConnectionState,
-        conn_id: &str,
-        type_url: TypeUrl,
-        version: &str,
-        resources: Vec<Resource>,
-        partial: bool,
-        why: Why,
-    ) -> Reply<DeltaResponse> {
-        let (changed, removed) = state.delta_diff(type_url, resources, partial);
-        if changed.is_empty() && removed.is_empty() && why != Why::Answer {
-            return Reply::Unchanged;
-        }
-        let nonce = state.record_sent(type_url, version, conn_id);
-        Reply::Send(DeltaResponse {
-            system_version_info: version.to_string(),
-            resources: changed
-                .iter()
-                .map(|r| DeltaResource {
-                    version: r.version.clone(),
-                    resource: Some(r.body.clone()),
-                    name: r.name.clone(),
-                })
-                .collect(),
-            type_url: type_url.as_str().to_string(),
-            nonce,
-            removed_resources: removed,
-        })
-    }
 }
 
 type Tx<F> = mpsc::Sender<Outbound<<F as FlavourIo>::Resp>>;
@@ -435,6 +310,15 @@ async fn run_stream<F: FlavourIo>(
             }
         }
     }
+    if proxy.generator == Generator::Event {
+        // istioctl: answered, never registered as a proxy, never pushed.
+        let secure = caller.is_some();
+        Box::pin(serve_debug::<F>(
+            &ctx, proxy, secure, inbound, tx, first, peer,
+        ))
+        .await;
+        return;
+    }
     let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
     if let Some(hooks) = &ctx.workloads
         && let Err(status) = hooks.connected(&handle.id, &handle.proxy).await
@@ -452,6 +336,14 @@ async fn run_stream<F: FlavourIo>(
         return;
     }
     ctx.metrics.connected.inc();
+    if let Some(generator) = &handle.proxy.generator_fallback {
+        ctx.metrics.generator_fallbacks.inc();
+        info!(
+            connection = %clip(&handle.id, NODE_ID_LOG_MAX),
+            generator = %clip(generator, NODE_ID_LOG_MAX),
+            "unknown GENERATOR node metadata: serving the default generators, as istiod does"
+        );
+    }
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), node = %clip(&handle.proxy.node_id, NODE_ID_LOG_MAX), flavour = ?F::FLAVOUR, peer = ?peer, "new ADS connection");
     let mut shutdown = ctx.shutdown.clone();
     let mut draining = ctx.draining.clone();
@@ -523,6 +415,118 @@ async fn run_stream<F: FlavourIo>(
     info!(connection = %clip(&handle.id, NODE_ID_LOG_MAX), reason, "ADS connection closed");
 }
 
+/// Serves a debug stream (istioctl's `GENERATOR=event` node): each request is
+/// answered on its own ([`answer_other`]); the stream is no proxy, is not in the
+/// connections, counts in no proxy gauge and gets no pushes.
+async fn serve_debug<F: FlavourIo>(
+    ctx: &XdsContext,
+    proxy: Proxy,
+    secure: bool,
+    mut inbound: RequestStream<F::Req>,
+    tx: Tx<F>,
+    first: Box<F::Req>,
+    peer: Option<SocketAddr>,
+) {
+    debug!(node = %clip(&proxy.node_id, NODE_ID_LOG_MAX), peer = ?peer, "debug xDS stream (GENERATOR=event)");
+    let caller = DebugCaller {
+        identity: proxy.verified_identity.as_deref(),
+        secure,
+    };
+    let mut shutdown = ctx.shutdown.clone();
+    let mut draining = ctx.draining.clone();
+    let mut next = Some(first);
+    loop {
+        if let Some(request) = next.take() {
+            if let Err(status) = Box::pin(answer_other::<F>(
+                ctx,
+                caller,
+                &proxy.node_id,
+                &tx,
+                &request,
+            ))
+            .await
+            {
+                let _ = tx.send(Outbound::Close(status)).await;
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            biased;
+            () = shutdown.wait() => {
+                let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is shutting down"))).await;
+                return;
+            }
+            () = draining.wait() => {
+                let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is draining: reconnect to another replica"))).await;
+                return;
+            }
+            message = inbound.message() => match message {
+                Ok(Some(request)) => next = Some(request),
+                Ok(None) | Err(RequestError::Transport(_)) => return,
+                Err(RequestError::Protocol { reason, status }) => {
+                    Box::pin(refuse::<F>(ctx, &tx, peer, None, reason, status)).await;
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// Answers a request for a type outside the per-type conversation: a debug type
+/// through the [`DebugSource`], any other unserved type with no resources (istiod's
+/// status generator answers so; a client never waits out its timeout). A request
+/// carrying a nonce ACKs an earlier answer and gets none. `Err`: the status that ends
+/// the stream (a refused debug request, as istiod ends it).
+async fn answer_other<F: FlavourIo>(
+    ctx: &XdsContext,
+    caller: DebugCaller<'_>,
+    connection: &str,
+    tx: &Tx<F>,
+    request: &F::Req,
+) -> Result<(), Status> {
+    let other = F::other_request(request);
+    if !other.nonce.is_empty() {
+        return Ok(());
+    }
+    let resources = if is_debug_type(&other.type_url) {
+        let label = super::metrics::debug_type_label(&other.type_url);
+        let answer = match ctx.debug.get() {
+            Some(source) => source.answer(caller, &other.type_url, &other.names),
+            None => Ok(Vec::new()),
+        };
+        match answer {
+            Ok(resources) => {
+                ctx.metrics.record_debug(label, "answered");
+                resources
+            }
+            Err(why) => {
+                ctx.metrics.record_debug(label, "refused");
+                info!(connection = %clip(connection, NODE_ID_LOG_MAX), r#type = %clip(&other.type_url, 64), identity = ?caller.identity, error = %why, "debug request refused");
+                return Err(Status::unknown(why));
+            }
+        }
+    } else {
+        ctx.metrics.unknown_types.inc();
+        debug!(connection = %clip(connection, NODE_ID_LOG_MAX), r#type = %clip(&other.type_url, 256), "answering a request for an unserved type with no resources");
+        Vec::new()
+    };
+    let version = ctx.snapshot.load().version().to_string();
+    let nonce = other_nonce(&version);
+    let response = F::other_response(
+        &other.type_url,
+        &version,
+        nonce,
+        resources,
+        ctx.control_plane.clone(),
+    );
+    let limit = ctx.send_timeout.unwrap_or(Duration::from_secs(30));
+    match tokio::time::timeout(limit, tx.send(Outbound::Message(Box::new(response)))).await {
+        Ok(Ok(())) => Ok(()),
+        _ => Err(Status::unavailable("the client does not read its stream")),
+    }
+}
+
 /// When, within a drain of `window`, connection `n` is closed: spread evenly over the
 /// window by a multiplicative hash of the connection number, so consecutive
 /// connections land far apart.
@@ -591,8 +595,17 @@ async fn process_request<F: FlavourIo>(
                 hooks.health(&handle.id, error.as_deref());
             }
         }
-        Action::UnknownType(url) => {
-            debug!(connection = %handle.id, %url, "ignoring request for an unserved type")
+        Action::UnknownType(_) => {
+            let caller = DebugCaller {
+                identity: handle.proxy.verified_identity.as_deref(),
+                secure: handle.proxy.verified_identity.is_some(),
+            };
+            if let Err(status) =
+                Box::pin(answer_other::<F>(ctx, caller, &handle.id, tx, &request)).await
+            {
+                let _ = tx.send(Outbound::Close(status)).await;
+                return Err(Closed);
+            }
         }
     }
     Ok(())
@@ -715,7 +728,7 @@ fn build<F: FlavourIo>(
         return None;
     }
     let partial = !matches!(scope, Scope::All);
-    let response = F::respond(
+    let mut response = F::respond(
         &mut handle.state.lock().expect("state poisoned"),
         &handle.id,
         type_url,
@@ -724,6 +737,9 @@ fn build<F: FlavourIo>(
         partial,
         why,
     );
+    if let Reply::Send(response) = &mut response {
+        F::stamp(response, &ctx.control_plane);
+    }
     match response {
         Reply::Send(response) => Some(Built {
             type_url,

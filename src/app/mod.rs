@@ -379,10 +379,23 @@ impl Wiring {
             &mut self.tasks,
         );
         let ctx = self.xds_context(xds_metrics, &readiness, &sds, workloads);
-        self.serve_xds(listeners.grpc, secure, ctx, ca.as_ref(), trust_domain)
-            .await?;
+        self.serve_xds(
+            listeners.grpc,
+            secure,
+            ctx.clone(),
+            ca.as_ref(),
+            trust_domain,
+        )
+        .await?;
         self.register_metrics();
-        self.serve_admin(listeners.http, listeners.monitoring, readiness, ca, sds);
+        self.serve_admin(
+            listeners.http,
+            listeners.monitoring,
+            readiness,
+            ca,
+            sds,
+            &ctx,
+        );
         info!(
             grpc = ?bound.grpc, secure_grpc = ?bound.secure_grpc, http = %bound.http, monitoring = %bound.monitoring,
             registries = ?self.core.aggregate.registries().iter().map(|r| r.shard_key().to_string()).collect::<Vec<_>>(),
@@ -469,6 +482,7 @@ impl Wiring {
         readiness: Arc<Readiness>,
         ca: Option<secure::LoadedCa>,
         sds: Arc<crate::sds::Sds>,
+        xds: &XdsContext,
     ) {
         let admin_metrics = admin::AdminMetrics::new(&mut self.metrics_registry);
         let admin_state = AdminState {
@@ -485,6 +499,11 @@ impl Wiring {
             ca,
             sds: Some(sds),
         };
+        // Debug over xDS and CSDS answer from the admin state.
+        let _ = xds.debug.set(Arc::new(crate::debug_xds::XdsDebug::new(
+            admin_state.clone(),
+            &self.config.secure.namespace,
+        )));
         serve::log_descriptor_budget(&self.config);
         self.tasks.spawn(serve::serve_http(
             http,
@@ -575,6 +594,8 @@ impl Wiring {
                 .map(crate::ads::rate::StreamRateLimiter::new),
             sds: Some(sds.clone()),
             workloads: workloads.map(|c| c as Arc<dyn crate::ads::WorkloadHooks>),
+            control_plane: crate::ads::debug::ControlPlaneId::from_environment().encoded(),
+            debug: std::sync::OnceLock::new(),
         })
     }
 

@@ -160,7 +160,8 @@ pub(super) async fn serve_secure(
     tasks.spawn(serve_grpc(
         crate::tls::incoming(acceptor, tls, handshake),
         config.xds_limits.clone(),
-        AdsService::secure(port.ctx, authenticators),
+        AdsService::secure(port.ctx.clone(), authenticators.clone()),
+        crate::ads::csds::Csds::server(port.ctx, Some(authenticators)),
         certificates,
         port.draining,
     ));

@@ -11,16 +11,19 @@ use tokio::task::JoinSet;
 use tracing::{error, info, warn};
 
 use crate::admin::{AdminLimits, AdminMetrics, AdminPort};
+use crate::ads::csds::Csds;
 use crate::ads::server::{AdsService, XdsContext};
 use crate::ads::transport::{Acceptor, TransportMetrics, XdsConnectInfo, XdsLimits};
 use crate::ca::Ca;
 use crate::cert_service::{CaMetrics, CertificateService};
 use crate::drain::Shutdown;
+use envoy_types::pb::envoy::service::status::v3::client_status_discovery_service_server::ClientStatusDiscoveryServiceServer;
 
 pub(super) async fn serve_grpc<IO, IE>(
     incoming: impl futures::Stream<Item = Result<IO, IE>> + Send + 'static,
     limits: XdsLimits,
     ads: AdsService,
+    csds: ClientStatusDiscoveryServiceServer<Csds>,
     certificates: Option<CertificateService>,
     mut shutdown: Shutdown,
 ) where
@@ -55,6 +58,7 @@ pub(super) async fn serve_grpc<IO, IE>(
             },
         ))
         .add_service(ads)
+        .add_service(csds)
         .add_optional_service(certificates)
         .serve_with_incoming_shutdown(incoming, async move { shutdown.wait().await })
         .await;
@@ -172,7 +176,8 @@ pub(super) fn serve_plaintext(
     tasks.spawn(serve_grpc(
         acceptor.into_stream(),
         limits.clone(),
-        AdsService::new(ctx),
+        AdsService::new(ctx.clone()),
+        Csds::server(ctx, None),
         certificates,
         draining,
     ));

@@ -45,6 +45,9 @@ pub enum Generator {
     Envoy,
     /// Proxyless gRPC clients.
     Grpc,
+    /// istioctl's debug clients (`GENERATOR=event`, Istio's status generator): the
+    /// stream asks for debug types only, is no proxy and is never pushed config.
+    Event,
 }
 
 /// The kinds of proxy whose config is generated differently, and so reads different
@@ -214,6 +217,9 @@ pub struct Proxy {
     pub locality: Locality,
     /// Generator selected by `GENERATOR`.
     pub generator: Generator,
+    /// A `GENERATOR` this server does not know, answered with the default
+    /// generators as istiod does (logged once by the stream).
+    pub generator_fallback: Option<String>,
     /// Metadata `ISTIO_VERSION`, if set.
     pub istio_version: Option<String>,
     /// Node `user_agent_name` (e.g. "envoy", "gRPC C-core linux Python").
@@ -411,15 +417,13 @@ impl Proxy {
                 ));
             }
         };
-        let generator = match str_meta("GENERATOR") {
-            None => Generator::Envoy,
-            Some("grpc") => Generator::Grpc,
-            Some(other) => {
-                return Err(NodeError::Metadata(
-                    "GENERATOR",
-                    format!("unknown generator {other:?} (known: grpc)"),
-                ));
-            }
+        // istiod falls back to the default generators for a GENERATOR it does not
+        // know; so does this server, and the stream says so once.
+        let (generator, generator_fallback) = match str_meta("GENERATOR") {
+            None => (Generator::Envoy, None),
+            Some("grpc") => (Generator::Grpc, None),
+            Some("event") => (Generator::Event, None),
+            Some(other) => (Generator::Envoy, Some(other.to_string())),
         };
         let locality = node
             .locality
@@ -442,6 +446,7 @@ impl Proxy {
             labels,
             locality,
             generator,
+            generator_fallback,
             istio_version: str_meta("ISTIO_VERSION").map(str::to_string),
             user_agent: node.user_agent_name.clone(),
             metadata: Arc::new(metadata),
@@ -596,12 +601,22 @@ mod tests {
         assert!(matches!(err, NodeError::Ip(..)), "{err}");
         let err = Proxy::from_node(None).unwrap_err();
         assert_eq!(err, NodeError::Missing);
-        let err = Proxy::from_node(Some(&node(
+        // An unknown GENERATOR is no error: the default generators answer (istiod).
+        let fallback = Proxy::from_node(Some(&node(
             "sidecar~1.1.1.1~x~d",
             serde_json::json!({"GENERATOR": "foo"}),
         )))
-        .unwrap_err();
-        assert!(err.to_string().contains("GENERATOR"), "{err}");
+        .unwrap();
+        assert_eq!(fallback.generator, Generator::Envoy);
+        assert_eq!(fallback.generator_fallback.as_deref(), Some("foo"));
+        assert_eq!(fallback.class(), ProxyClass::Sidecar);
+        let event = Proxy::from_node(Some(&node(
+            "sidecar~1.1.1.1~x~d",
+            serde_json::json!({"GENERATOR": "event"}),
+        )))
+        .unwrap();
+        assert_eq!(event.generator, Generator::Event);
+        assert_eq!(event.generator_fallback, None);
         let long = format!("sidecar~10.0.0.1~{}~d", "x".repeat(MAX_NODE_ID));
         let err = Proxy::from_node(Some(&node(&long, serde_json::json!({})))).unwrap_err();
         assert_eq!(err, NodeError::IdTooLong(long.len()));

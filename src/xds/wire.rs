@@ -70,6 +70,10 @@ pub struct SotwResponse {
     pub type_url: String,
     #[prost(string, tag = "5")]
     pub nonce: String,
+    /// `control_plane` (an encoded `envoy.config.core.v3.ControlPlane`, computed
+    /// once per server and shared by every response).
+    #[prost(bytes = "bytes", tag = "6")]
+    pub control_plane: Bytes,
 }
 
 /// `envoy.service.discovery.v3.DiscoveryRequest` as the server reads it: the resource
@@ -438,6 +442,9 @@ pub struct DeltaResponse {
     pub nonce: String,
     #[prost(string, repeated, tag = "6")]
     pub removed_resources: Vec<String>,
+    /// `control_plane`, as in [`SotwResponse::control_plane`].
+    #[prost(bytes = "bytes", tag = "7")]
+    pub control_plane: Bytes,
 }
 
 #[cfg(test)]
@@ -558,10 +565,12 @@ mod tests {
             resources: vec![any.clone()],
             type_url: crate::xds::TypeUrl::Cluster.as_str().into(),
             nonce: "n1".into(),
+            control_plane: Bytes::from_static(b"\n\x02cp"),
         };
         let decoded = DiscoveryResponse::decode(sotw.encode_to_vec().as_slice()).unwrap();
         assert_eq!(decoded.version_info, "v1");
         assert_eq!(decoded.nonce, "n1");
+        assert_eq!(decoded.control_plane.unwrap().identifier, "cp");
         assert_eq!(
             decoded.resources[0].type_url,
             crate::xds::TypeUrl::Cluster.as_str()
@@ -581,10 +590,12 @@ mod tests {
             type_url: "t".into(),
             nonce: "n2".into(),
             removed_resources: vec!["gone".into()],
+            control_plane: Bytes::from_static(b"\n\x02cp"),
         };
         let decoded = DeltaDiscoveryResponse::decode(delta.encode_to_vec().as_slice()).unwrap();
         assert_eq!(decoded.resources[0].name, cluster.name);
         assert_eq!(decoded.removed_resources, vec!["gone".to_string()]);
+        assert_eq!(decoded.control_plane.unwrap().identifier, "cp");
         let body = decoded.resources[0].resource.as_ref().unwrap();
         assert_eq!(Cluster::decode(body.value.as_slice()).unwrap(), cluster);
     }

@@ -10,6 +10,7 @@ mod config;
 mod connections;
 mod consul;
 mod dashboard;
+mod debug_xds;
 mod delta;
 mod deploy;
 mod drain;
