@@ -686,7 +686,7 @@ impl meshfed_kube::FailCloseProbe for Gate {
             meshfed_kube::webhook_config::probe_verdict(Err(
                 "admission webhook \"validation.istio.io\" denied the request".into(),
             ))
-        } else if call % 2 == 0 {
+        } else if call.is_multiple_of(2) {
             meshfed_kube::webhook_config::probe_verdict(Ok(()))
         } else {
             meshfed_kube::webhook_config::probe_verdict(Err(
