@@ -920,3 +920,71 @@ pub async fn patch_validator_once(api: &FakeApiServer) {
     .await;
     patcher.stop().await;
 }
+
+/// The whole path as deployed: meshfed on the fake API server (Kubernetes CA, leader
+/// election, deploy/rbac.yaml enforced) with deploy/webhook.yaml applied fills each
+/// configuration's `caBundle`, and that bundle is what an API server needs to trust
+/// the webhook's serving certificate under istiod's name.
+#[tokio::test]
+async fn deploy_webhook_yaml_gets_the_bundle_that_trusts_the_served_certificate() {
+    let api = EnforcedApi::start().await;
+    api.apply(&meshfed_kube::fake_api::objects::namespace(
+        "istio-system",
+        &[],
+    ));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/webhook.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut names = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let value = <Value as serde::Deserialize>::deserialize(doc).unwrap();
+        let config: ValidatingWebhookConfiguration = serde_json::from_value(value).unwrap();
+        names.push(config.metadata.name.clone().unwrap());
+        api.apply(&config);
+    }
+    assert_eq!(names.len(), 2);
+    let client = api.client();
+    let server = FakeServer::builder()
+        .configure(move |c| {
+            crate::secure::kube_ca(c, client);
+            c.https_addr = Some(SocketAddr::from(([127, 0, 0, 1], 0)));
+        })
+        .start()
+        .await
+        .unwrap();
+    let api_ref = &*api;
+    let mut bundles = Vec::new();
+    for name in &names {
+        let hooks = eventually("caBundle patched in", || async move {
+            let hooks = state(api_ref, name);
+            hooks
+                .iter()
+                .all(|(bundle, _)| bundle.is_some())
+                .then_some(hooks)
+        })
+        .await;
+        bundles.extend(hooks.into_iter().filter_map(|(bundle, _)| bundle));
+    }
+    assert!(
+        bundles.windows(2).all(|w| w[0] == w[1]),
+        "one root everywhere"
+    );
+    let wh = Webhook {
+        _dir: tempfile::tempdir().unwrap(),
+        root: bundles[0].clone(),
+        addr: server.bound().https.expect("served"),
+        server,
+    };
+    let (_, vs, _, bad) = kinds().remove(0);
+    let bad = object("networking.istio.io/v1", vs, "reviews", bad);
+    let answer = wh
+        .review(&admission_review(
+            "admission.k8s.io/v1",
+            &bad,
+            "CREATE",
+            false,
+            "e2e",
+        ))
+        .await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    assert_eq!(answer["response"]["uid"], "e2e");
+}
