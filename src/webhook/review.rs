@@ -57,10 +57,13 @@ impl FailReason {
 /// `group`, `version`, `kind` (or `resource`) of the request.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 pub struct GroupVersion {
+    /// The API group (`networking.istio.io`).
     #[serde(default)]
     pub group: String,
+    /// The version (`v1`).
     #[serde(default)]
     pub version: String,
+    /// The resource (`virtualservices`) or, read from `kind`, the kind.
     #[serde(default, alias = "kind")]
     pub resource: String,
 }
@@ -69,6 +72,7 @@ pub struct GroupVersion {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AdmissionRequest {
+    /// The request's id, echoed in the response.
     #[serde(default)]
     pub uid: String,
     /// The object's kind (`{group, version, kind}`).
@@ -77,14 +81,19 @@ pub struct AdmissionRequest {
     /// The resource (`{group, version, resource}`): the metrics' labels.
     #[serde(default)]
     pub resource: GroupVersion,
+    /// The object's name.
     #[serde(default)]
     pub name: String,
+    /// The object's namespace.
     #[serde(default)]
     pub namespace: String,
+    /// `CREATE`, `UPDATE`, `DELETE` or `CONNECT`.
     #[serde(default)]
     pub operation: String,
+    /// The object as it would be stored (absent for DELETE).
     #[serde(default)]
     pub object: Option<Value>,
+    /// Whether nothing will be stored (`kubectl apply --dry-run=server`).
     #[serde(default)]
     pub dry_run: Option<bool>,
 }
@@ -102,17 +111,23 @@ struct IncomingReview {
 /// Go's encoder).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Status {
+    /// Always empty.
     pub metadata: serde_json::Map<String, Value>,
+    /// Why the object was denied.
     pub message: String,
 }
 
 /// `AdmissionResponse` in Kubernetes' field order; empty fields left out as Go does.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct AdmissionResponse {
+    /// The request's `uid`.
     pub uid: String,
+    /// Whether the API server may go on.
     pub allowed: bool,
+    /// Why not, on a denial.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub status: Option<Status>,
+    /// What the user should know of an allowed object.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
 }
@@ -143,26 +158,35 @@ impl AdmissionResponse {
 /// The `AdmissionReview` sent back.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct OutgoingReview {
+    /// `AdmissionReview`, as the request said (empty for an undecodable body).
     #[serde(skip_serializing_if = "String::is_empty", default)]
     pub kind: String,
+    /// The request's version (`admission.k8s.io/v1` or `v1beta1`).
     #[serde(
         rename = "apiVersion",
         skip_serializing_if = "String::is_empty",
         default
     )]
     pub api_version: String,
+    /// The answer.
     pub response: AdmissionResponse,
 }
 
 /// What a review came to, for the metrics.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Verdict {
-    /// Passed validation.
-    Passed { resource: GroupVersion },
+    /// Passed validation (or a kind meshfed does not read, allowed with a warning).
+    Passed {
+        /// The request's resource.
+        resource: GroupVersion,
+    },
     /// Not passed (allowed or not), why, and whether it was a dry run.
     Failed {
+        /// The request's resource.
         resource: GroupVersion,
+        /// Why.
         reason: FailReason,
+        /// The request was a dry run.
         dry_run: bool,
     },
     /// The body was no AdmissionReview.
