@@ -598,7 +598,25 @@ async fn istio_server_test_vectors() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    passed += 2;
+    passed += 1;
+    // ... and a valid one serves (the webhook on with a CA).
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready.json");
+    let ca_dir = dir.path().join("ca");
+    let mut child = std::process::Command::new(bin)
+        .args(discovery_args(
+            &ready,
+            &["--caDir", ca_dir.to_str().unwrap()],
+        ))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let json = wait_for_ready_file(&mut child, &ready).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(json["secureGrpcAddr"].is_string(), "{json}");
+    passed += 1;
     assert_eq!(passed, 14, "server_test.go vectors passing");
 }
 
