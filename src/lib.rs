@@ -30,4 +30,5 @@ pub mod registries;
 pub mod sds;
 pub mod testing;
 pub mod tls;
+pub mod webhook;
 pub mod xds;

@@ -272,6 +272,12 @@ struct DiscoveryArgs {
     /// turns it off.
     #[arg(long = "secureGrpcAddr", default_value = "127.0.0.1:15012", value_parser = parse_optional_addr)]
     secure_grpc_addr: OptionalAddr,
+    /// The validating admission webhook's HTTPS address (Istio's 15017): `/validate`
+    /// answers Kubernetes' AdmissionReviews with `meshfed validate`'s checks, with the
+    /// secure port's serving certificate. Served when there is a mesh CA or serving
+    /// files; empty turns it off.
+    #[arg(long = "httpsAddr", default_value = "127.0.0.1:15017", value_parser = parse_optional_addr)]
+    https_addr: OptionalAddr,
     /// The secure port's serving certificate chain (PEM), with --tlsKeyFile and
     /// --caCertFile (all three or none); reloaded when any of them changes. Without
     /// them the mesh CA issues the certificate.
@@ -634,6 +640,7 @@ impl DiscoveryArgs {
         Ok(DiscoveryConfig {
             grpc_addr: self.grpc_addr.0,
             secure_grpc_addr: self.secure_grpc_addr.0,
+            https_addr: self.https_addr.0,
             secure: self.secure_settings()?,
             max_requests_per_second: Some(if self.max_requests_per_second > 0.0 {
                 self.max_requests_per_second

@@ -19,6 +19,7 @@ mod serve;
 mod settings;
 mod shutdown;
 mod sources;
+mod webhook;
 mod workloads;
 
 use std::net::SocketAddr;
@@ -69,6 +70,8 @@ pub struct Bound {
     pub secure_grpc: Option<SocketAddr>,
     pub http: SocketAddr,
     pub monitoring: SocketAddr,
+    /// The validating webhook (`--httpsAddr`), when served.
+    pub https: Option<SocketAddr>,
 }
 
 /// A running control plane.
@@ -355,7 +358,7 @@ impl Wiring {
         let trust_domain = self.core.trust_domain();
         let ca = secure::load_ca(config, &trust_domain, self.registries.kube_client()).await?;
         let secure = secure::bind_secure(config, ca.is_some()).await?;
-        let bound = Bound {
+        let mut bound = Bound {
             grpc: listeners
                 .grpc
                 .as_ref()
@@ -367,6 +370,7 @@ impl Wiring {
                 .transpose()?,
             http: listeners.http.local_addr()?,
             monitoring: listeners.monitoring.local_addr()?,
+            https: None,
         };
         let readiness = self.readiness();
         let workloads = workloads::start(
@@ -379,6 +383,18 @@ impl Wiring {
             &mut self.tasks,
         );
         let ctx = self.xds_context(xds_metrics, &readiness, &sds, workloads);
+        bound.https = webhook::serve_webhook(
+            &self.config,
+            webhook::WebhookParts {
+                ca: ca.as_ref().map(|(ca, _)| ca),
+                trust_domain: trust_domain.clone(),
+                kube_client: self.registries.kube_client(),
+                lease_state: &self.registries.lease_state,
+            },
+            &mut self.metrics_registry,
+            &self.shutdown,
+            &mut self.tasks,
+        )?;
         self.serve_xds(
             listeners.grpc,
             secure,

@@ -26,6 +26,9 @@ pub struct DiscoveryConfig {
     /// Secure ADS + CreateCertificate address (`--secureGrpcAddr`, Istio's 15012),
     /// served when there is a CA or serving files; `None` turns it off.
     pub secure_grpc_addr: Option<SocketAddr>,
+    /// The validating webhook's HTTPS address (`--httpsAddr`, Istio's 15017), served
+    /// when there is a CA or serving files; `None` (the library's default) turns it off.
+    pub https_addr: Option<SocketAddr>,
     /// TLS and authentication of the secure port.
     pub secure: SecureSettings,
     /// New xDS streams a second on both ports, burst one
@@ -122,6 +125,7 @@ impl Default for DiscoveryConfig {
         DiscoveryConfig {
             grpc_addr: Some(local(15010)),
             secure_grpc_addr: Some(local(15012)),
+            https_addr: None,
             secure: SecureSettings::default(),
             max_requests_per_second: Some(crate::ads::rate::istio_default_rate(
                 std::thread::available_parallelism().map_or(1, |n| n.get()),

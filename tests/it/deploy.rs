@@ -138,6 +138,7 @@ fn the_objects_are_the_expected_kinds() {
         "Service",
         "PodDisruptionBudget",
         "HorizontalPodAutoscaler",
+        "ValidatingWebhookConfiguration",
     ]
     .into_iter()
     .map(String::from)
@@ -449,6 +450,15 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
     ("Role", "", "secrets", &["create", "get", "list", "watch"]),
     // registries/kube/src/config_map.rs: the `istio` ConfigMap (mesh settings).
     ("Role", "", "configmaps", &["list", "watch"]),
+    // registries/kube/src/webhook_config.rs: the validating webhook's configurations
+    // (caBundle, failurePolicy) and the dry-run Gateway of its fail-close check.
+    (
+        "ClusterRole",
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        &["get", "list", "update", "watch"],
+    ),
+    ("Role", "networking.istio.io", "gateways", &["create"]),
     // registries/kube/src/lease.rs: the leader-election Leases.
     (
         "Role",
@@ -637,7 +647,10 @@ fn kubectl_kustomize_renders_the_same_objects_in_the_namespace() {
     let namespace = kustomization()["namespace"].as_str().unwrap().to_string();
     for object in &rendered {
         let kind = object["kind"].as_str().unwrap();
-        if matches!(kind, "Namespace" | "ClusterRole" | "ClusterRoleBinding") {
+        if matches!(
+            kind,
+            "Namespace" | "ClusterRole" | "ClusterRoleBinding" | "ValidatingWebhookConfiguration"
+        ) {
             continue;
         }
         assert_eq!(
@@ -653,4 +666,87 @@ fn kubectl_kustomize_renders_the_same_objects_in_the_namespace() {
         .unwrap()
         .to_string();
     assert!(image.starts_with("meshfed:"), "{image}");
+}
+
+/// deploy/webhook.yaml as Istio's charts write the validator: every CREATE and UPDATE
+/// of the Istio groups to the `istiod` Service's /validate, fail-open until meshfed
+/// switches it, no side effects, AdmissionReview v1, labelled for the revision meshfed
+/// patches; and the Service's 443 reaches --httpsAddr.
+#[test]
+fn the_validating_webhook_reaches_https_addr_as_istio_configures_it() {
+    let objects = objects();
+    let configs: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ValidatingWebhookConfiguration")
+        .collect();
+    let names: BTreeSet<&str> = configs
+        .iter()
+        .map(|c| c["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        BTreeSet::from(["istio-validator-istio-system", "istiod-default-validator"])
+    );
+    let mut selectors = BTreeSet::new();
+    for config in &configs {
+        assert_eq!(config["apiVersion"], "admissionregistration.k8s.io/v1");
+        assert_eq!(
+            config["metadata"]["labels"]["istio.io/rev"], "default",
+            "selected by meshfed's patcher (istio.io/rev=<revision>)"
+        );
+        for hook in config["webhooks"].as_array().expect("webhooks") {
+            let service = &hook["clientConfig"]["service"];
+            assert_eq!(service["name"], "istiod", "{hook}");
+            assert_eq!(service["namespace"], kustomization()["namespace"], "{hook}");
+            assert_eq!(service["path"], "/validate", "{hook}");
+            assert!(
+                service["port"].is_null() || service["port"] == 443,
+                "{hook}"
+            );
+            assert!(
+                hook["clientConfig"]["caBundle"].is_null(),
+                "meshfed fills caBundle"
+            );
+            assert_eq!(hook["failurePolicy"], "Ignore", "fail-open until ready");
+            assert_eq!(hook["sideEffects"], "None", "dry runs are allowed");
+            assert_eq!(strings(&hook["admissionReviewVersions"]), ["v1"]);
+            let rules = hook["rules"].as_array().expect("rules");
+            assert_eq!(rules.len(), 1);
+            assert_eq!(strings(&rules[0]["operations"]), ["CREATE", "UPDATE"]);
+            let groups: BTreeSet<String> = strings(&rules[0]["apiGroups"]).into_iter().collect();
+            for kind in meshfed_registry::config::Kind::ALL {
+                assert!(groups.contains(kind.group()), "{kind:?} is validated");
+            }
+            assert!(groups.contains("extensions.istio.io"));
+            assert_eq!(strings(&rules[0]["resources"]), ["*"]);
+            let expression = &hook["objectSelector"]["matchExpressions"][0];
+            assert_eq!(expression["key"], "istio.io/rev");
+            selectors.insert(expression["operator"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(
+        selectors,
+        BTreeSet::from(["DoesNotExist".to_string(), "In".to_string()]),
+        "unlabelled objects and this revision's are both validated"
+    );
+    let deployment = one(&objects, "Deployment");
+    let container = container(&deployment);
+    assert_eq!(flag(&flags(&container), "httpsAddr"), ":15017");
+    let port = container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["containerPort"] == 15017)
+        .expect("container port 15017");
+    let service = one(&objects, "Service");
+    let https = service["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["port"] == 443)
+        .expect("Service port 443 (the webhook's default)");
+    assert!(
+        https["targetPort"] == 15017 || https["targetPort"] == port["name"],
+        "{https}"
+    );
 }

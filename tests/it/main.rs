@@ -37,3 +37,4 @@ mod sotw;
 mod split_horizon;
 mod telemetry;
 mod vm_bridge;
+mod webhook;

@@ -53,6 +53,7 @@ fn populate(api: &FakeApiServer, vip: &str, ip: &str) {
 /// ConfigMap and replaced another.
 async fn security_pieces(api: &FakeApiServer) {
     let client = api.client();
+    crate::webhook::patch_validator_once(api).await;
     let token = api.issue_token(
         "default",
         "reviews",

@@ -228,6 +228,8 @@ pub fn discovery_args(ready: &std::path::Path, extra: &[&str]) -> Vec<std::ffi::
         "127.0.0.1:0",
         "--monitoringAddr",
         "127.0.0.1:0",
+        "--httpsAddr",
+        "127.0.0.1:0",
         "--readyFile",
     ]
     .iter()

@@ -49,6 +49,7 @@ pub mod source;
 mod state;
 pub mod token_review;
 pub mod vm_bootstrap;
+pub mod webhook_config;
 pub mod workload_entry_writer;
 mod writer;
 
@@ -72,4 +73,8 @@ pub use token_review::{ReviewedAccount, TokenReviewError, review_token};
 pub mod crd;
 pub use crd::{KubeConfigStats, KubeConfigStore, KubeConfigStoreConfig, run_kube_config};
 pub use source::{KubeArgs, KubeCluster, KubeKind, KubeSettings, KubeSource, RemoteSecretSettings};
+pub use webhook_config::{
+    DryRunProbe, FailCloseProbe, WebhookConfigSettings, WebhookConfigStats,
+    run_webhook_config_patcher,
+};
 pub use workload_entry_writer::{EntryWriteError, WorkloadEntryWriter};
