@@ -26,6 +26,7 @@ mod mock_file;
 mod multicluster;
 mod nds;
 mod rbac;
+mod replace_istiod;
 mod sds;
 mod secure;
 mod serviceentry;
