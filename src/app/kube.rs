@@ -32,6 +32,8 @@ pub(super) struct Platform<'a> {
     pub(super) kube: &'a KubeSettings,
     pub(super) cluster: &'a KubeCluster,
     pub(super) shutdown: &'a Shutdown,
+    /// Where the Lease reports its failures (`/debug/duties`).
+    pub(super) duties: &'a Arc<meshfed_kube::Duties>,
 }
 
 impl Platform<'_> {
@@ -67,6 +69,7 @@ impl Platform<'_> {
         let lease_config = meshfed_kube::LeaseConfig {
             duration: lease.duration,
             renew_every: lease.renew_every,
+            duties: Some(self.duties.clone()),
             ..meshfed_kube::LeaseConfig::new(namespace, &lease.name, &lease.identity())
         };
         info!(lease = %format!("{namespace}/{}", lease.name), identity = %lease_config.identity, "leader election started");

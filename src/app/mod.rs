@@ -352,8 +352,15 @@ impl Wiring {
         let config = &self.config;
         let listeners = serve::Listeners::bind(config).await?;
         let trust_domain = self.core.trust_domain();
-        let ca = secure::load_ca(config, &trust_domain, self.registries.kube_client()).await?;
-        let secure = secure::bind_secure(config, ca.is_some()).await?;
+        let duties = self.registries.duties.clone();
+        let ca = secure::load_ca(
+            config,
+            &trust_domain,
+            self.registries.kube_client(),
+            &duties,
+        )
+        .await?;
+        let secure = secure::bind_secure(config, !matches!(ca, secure::CaAtStart::Off)).await?;
         let bound = Bound {
             grpc: listeners
                 .grpc
@@ -378,10 +385,14 @@ impl Wiring {
             &mut self.tasks,
         );
         let ctx = self.xds_context(xds_metrics, &readiness, &sds, workloads);
-        self.serve_xds(listeners.grpc, secure, ctx, ca.as_ref(), trust_domain)
+        let loaded = match &ca {
+            secure::CaAtStart::Ready(loaded) => Some(loaded.clone()),
+            _ => None,
+        };
+        self.serve_xds(listeners.grpc, secure, ctx, ca, trust_domain)
             .await?;
         self.register_metrics();
-        self.serve_admin(listeners.http, listeners.monitoring, readiness, ca, sds);
+        self.serve_admin(listeners.http, listeners.monitoring, readiness, loaded, sds);
         info!(
             grpc = ?bound.grpc, secure_grpc = ?bound.secure_grpc, http = %bound.http, monitoring = %bound.monitoring,
             registries = ?self.core.aggregate.registries().iter().map(|r| r.shard_key().to_string()).collect::<Vec<_>>(),
@@ -404,34 +415,46 @@ impl Wiring {
     }
 
     /// Serves ADS (and CreateCertificate, with a CA) on the plaintext and secure ports.
+    /// A CA still awaited (its Secrets not reachable yet) leaves the secure port to a
+    /// task that serves it once the CA loads; plaintext serves at once.
     async fn serve_xds(
         &mut self,
         grpc: Option<tokio::net::TcpListener>,
         secure: Option<tokio::net::TcpListener>,
         ctx: Arc<XdsContext>,
-        ca: Option<&secure::LoadedCa>,
+        ca: secure::CaAtStart,
         trust_domain: String,
     ) -> anyhow::Result<()> {
-        let ca_metrics = match ca {
-            Some((ca, _)) => Some(secure::publish_root(
+        let serving = (!matches!(ca, secure::CaAtStart::Off)).then(|| {
+            secure::CaServing::register(
+                &mut self.metrics_registry,
+                self.registries.kube_client().is_some(),
+                &self.registries.duties,
+            )
+        });
+        let (ready, late) = match ca {
+            secure::CaAtStart::Ready((ca, _)) => (Some(ca), None),
+            secure::CaAtStart::Waiting(late) => (None, Some(late)),
+            secure::CaAtStart::Off => (None, None),
+        };
+        if let (Some(ca), Some(serving)) = (&ready, &serving) {
+            serving.publish_root(
                 &self.config,
                 ca,
                 self.registries.kube_client(),
                 &self.registries.lease_state,
-                &mut self.metrics_registry,
                 &self.shutdown,
                 &mut self.tasks,
-            )?),
-            None => None,
-        };
-        let ca_ref = ca.map(|(ca, _)| ca);
+            )?;
+        }
+        let ca_metrics = serving.as_ref().map(|s| s.metrics.clone());
         let transport_metrics = TransportMetrics::new(&mut self.metrics_registry);
         if let Some(grpc) = grpc {
             serve::serve_plaintext(
                 grpc,
                 &self.config.xds_limits,
                 ctx.clone(),
-                ca_ref.zip(ca_metrics.clone()),
+                ready.as_ref().zip(ca_metrics.clone()),
                 transport_metrics.clone(),
                 self.draining.clone(),
                 &mut self.tasks,
@@ -440,22 +463,37 @@ impl Wiring {
         if let Some(listener) = secure {
             let port = secure::SecurePort {
                 ctx,
-                ca: ca_ref.zip(ca_metrics),
+                ca: ready.zip(ca_metrics),
                 trust_domain,
                 kube_client: self.registries.kube_client().cloned(),
                 remotes: self.registries.remotes(),
                 transport_metrics,
                 draining: self.draining.clone(),
             };
-            secure::serve_secure(
-                &self.config,
-                listener,
-                port,
-                &mut self.metrics_registry,
-                &self.shutdown,
-                &mut self.tasks,
-            )
-            .await?;
+            match (late, serving) {
+                (Some(late), Some(serving)) => {
+                    self.tasks.spawn(secure::serve_late(
+                        late,
+                        self.config.clone(),
+                        listener,
+                        serving,
+                        self.registries.lease_state.clone(),
+                        port,
+                        self.shutdown.clone(),
+                    ));
+                }
+                _ => {
+                    secure::serve_secure(
+                        &self.config,
+                        listener,
+                        port,
+                        &mut self.metrics_registry,
+                        &self.shutdown,
+                        &mut self.tasks,
+                    )
+                    .await?;
+                }
+            }
         }
         Ok(())
     }
@@ -483,6 +521,7 @@ impl Wiring {
             readiness,
             ca,
             sds: Some(sds),
+            duties: self.registries.duties.clone(),
         };
         serve::log_descriptor_budget(&self.config);
         self.tasks.spawn(serve::serve_http(
@@ -588,6 +627,7 @@ impl Wiring {
                 .lease_state
                 .register_metrics(registry, &lease.name);
         }
+        self.registries.duties.register_metrics(registry);
         self.core.aggregate.register_metrics(registry);
         self.core.pipeline.register_metrics(registry);
         for started in &mut self.registries.started {

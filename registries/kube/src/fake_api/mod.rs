@@ -146,6 +146,9 @@ struct ApiState {
     crds: Vec<CustomResource>,
     /// When set, requests it does not allow are answered `403 Forbidden`.
     policy: Option<RbacPolicy>,
+    /// When set, a create in a namespace that does not exist is `404 NotFound`
+    /// (`namespaces "<ns>" not found`), as a real API server answers.
+    require_namespaces: bool,
     /// Service-account tokens minted by the test.
     tokens: tokens::TokenTable,
     /// What `SubjectAccessReview`s allow, and the reviews asked.
@@ -163,6 +166,7 @@ impl Default for ApiState {
             requests: Vec::new(),
             crds: Vec::new(),
             policy: None,
+            require_namespaces: false,
             tokens: tokens::TokenTable::default(),
             access: access::AccessTable::default(),
         }
@@ -591,6 +595,13 @@ impl FakeApiServer {
     /// enforced before. Objects written through the Rust API are not affected.
     pub fn enforce(&self, policy: RbacPolicy) {
         self.lock().policy = Some(policy);
+    }
+
+    /// From now on, creates in a namespace that does not exist are refused with
+    /// `404 NotFound` (`namespaces "<ns>" not found`), as a real API server refuses
+    /// them. Off by default, so tests need not create every namespace they use.
+    pub fn require_namespaces(&self) {
+        self.lock().require_namespaces = true;
     }
 
     /// The enforced policy, if any.
