@@ -115,3 +115,54 @@ impl Platform<'_> {
         Some((full_name, synced))
     }
 }
+
+/// Starts config status (`--enableStatus`) when there is a Kubernetes config store:
+/// the desired statuses computed every interval, and the leader's writer.
+pub(super) fn start_status(
+    config: &DiscoveryConfig,
+    store: Option<&KubeConfigStore>,
+    client: Option<&meshfed_kube::Client>,
+    parts: StatusParts,
+    registry: &mut prometheus_client::registry::Registry,
+    tasks: &mut JoinSet<()>,
+) {
+    let Some(settings) = &config.status else {
+        return;
+    };
+    let (Some(store), Some(client)) = (store, client) else {
+        tracing::warn!("--enableStatus: no Kubernetes config store, so no status is written");
+        return;
+    };
+    let (tx, rx) = tokio::sync::watch::channel(Arc::default());
+    let mut stop = parts.shutdown.clone();
+    tasks.spawn(crate::status::run_status_source(
+        store.clone(),
+        parts.connections,
+        None,
+        settings.interval,
+        tx,
+        async move { stop.wait().await },
+    ));
+    let stats = Arc::new(meshfed_kube::status::StatusStats::default());
+    stats.register_metrics(registry);
+    let mut stop = parts.shutdown.clone();
+    tasks.spawn(meshfed_kube::status::run_status_writer(
+        client.clone(),
+        store.clone(),
+        parts.lease_state,
+        settings.clone(),
+        rx,
+        stats,
+        Some(parts.duties),
+        async move { stop.wait().await },
+    ));
+    info!(qps = settings.qps, burst = settings.burst, interval = ?settings.interval, "config status on: the leader writes status.conditions (Reconciled) and status.validationMessages on Istio config objects");
+}
+
+/// What config status reads from the rest of the server.
+pub(super) struct StatusParts {
+    pub(super) connections: Arc<crate::ads::Connections>,
+    pub(super) lease_state: Arc<LeaseState>,
+    pub(super) duties: Arc<meshfed_kube::Duties>,
+    pub(super) shutdown: Shutdown,
+}

@@ -391,6 +391,19 @@ impl Wiring {
         };
         self.serve_xds(listeners.grpc, secure, ctx, ca, trust_domain)
             .await?;
+        kube::start_status(
+            &self.config,
+            self.core.config_stores.kube.as_ref(),
+            self.registries.kube_client(),
+            kube::StatusParts {
+                connections: self.core.connections.clone(),
+                lease_state: self.registries.lease_state.clone(),
+                duties: self.registries.duties.clone(),
+                shutdown: self.shutdown.clone(),
+            },
+            &mut self.metrics_registry,
+            &mut self.tasks,
+        );
         self.register_metrics();
         self.serve_admin(listeners.http, listeners.monitoring, readiness, loaded, sds);
         info!(

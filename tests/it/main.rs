@@ -33,5 +33,6 @@ mod serviceentry;
 mod sidecar_simulation;
 mod sotw;
 mod split_horizon;
+mod status;
 mod telemetry;
 mod vm_bridge;

@@ -48,6 +48,7 @@ pub mod root_cert;
 pub mod secrets;
 pub mod source;
 mod state;
+pub mod status;
 pub mod token_review;
 pub mod vm_bootstrap;
 pub mod workload_entry_writer;

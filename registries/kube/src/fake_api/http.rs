@@ -230,11 +230,20 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
                         }
                     }
                 }
+                // metadata.generation counts spec changes, as for CRDs with a status
+                // subresource.
+                let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
+                value["metadata"]["generation"] = json!(if value["spec"] == old["spec"] {
+                    generation
+                } else {
+                    generation + 1
+                });
             }
         }
         (true, None) => {
             if custom && let Some(map) = value.as_object_mut() {
                 map.remove("status");
+                value["metadata"]["generation"] = json!(1);
             }
         }
     }

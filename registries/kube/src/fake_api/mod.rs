@@ -472,6 +472,19 @@ impl FakeApiServer {
         if crd.namespaced {
             value["metadata"]["namespace"] = json!(namespace);
         }
+        // metadata.generation: 1, then one more per spec change.
+        let old = state
+            .collections
+            .get(&collection)
+            .and_then(|c| c.objects.get(&(namespace.clone(), name.clone())));
+        let generation = match old {
+            Some(old) if old["spec"] == value["spec"] => {
+                old["metadata"]["generation"].as_i64().unwrap_or(1)
+            }
+            Some(old) => old["metadata"]["generation"].as_i64().unwrap_or(1) + 1,
+            None => 1,
+        };
+        value["metadata"]["generation"] = json!(generation);
         state.store(
             collection,
             (api_version.to_string(), kind.to_string()),
