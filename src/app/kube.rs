@@ -146,14 +146,17 @@ pub(super) fn start_status(
     let stats = Arc::new(meshfed_kube::status::StatusStats::default());
     stats.register_metrics(registry);
     let mut stop = parts.shutdown.clone();
-    tasks.spawn(meshfed_kube::status::run_status_writer(
-        client.clone(),
-        store.clone(),
-        parts.lease_state,
-        settings.clone(),
-        rx,
+    let writer = meshfed_kube::status::StatusWriter {
+        client: client.clone(),
+        store: store.clone(),
+        leader: parts.lease_state,
+        settings: settings.clone(),
         stats,
-        Some(parts.duties),
+        duties: Some(parts.duties),
+    };
+    tasks.spawn(meshfed_kube::status::run_status_writer(
+        writer,
+        rx,
         async move { stop.wait().await },
     ));
     info!(qps = settings.qps, burst = settings.burst, interval = ?settings.interval, "config status on: the leader writes status.conditions (Reconciled) and status.validationMessages on Istio config objects");

@@ -188,14 +188,17 @@ async fn only_the_leader_writes_and_its_calls_are_rate_limited() {
         interval: Duration::from_millis(100),
     };
     let run = |leader: Arc<LeaseState>, stats: Arc<StatusStats>| {
-        tokio::spawn(meshfed_kube::status::run_status_writer(
-            api.client(),
-            store.clone(),
+        let writer = meshfed_kube::status::StatusWriter {
+            client: api.client(),
+            store: store.clone(),
             leader,
-            settings.clone(),
-            rx.clone(),
+            settings: settings.clone(),
             stats,
-            None,
+            duties: None,
+        };
+        tokio::spawn(meshfed_kube::status::run_status_writer(
+            writer,
+            rx.clone(),
             shutdown(),
         ))
     };

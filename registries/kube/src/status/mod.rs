@@ -36,7 +36,7 @@ use serde::Serialize;
 
 pub use merge::merged_status;
 pub use rate::TokenBucket;
-pub use writer::{StatusSettings, StatusStats, run_status_writer};
+pub use writer::{StatusSettings, StatusStats, StatusWriter, run_status_writer};
 
 /// The severity of a validation message (Istio's `AnalysisMessageBase.Level`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]

@@ -95,19 +95,36 @@ impl StatusStats {
 /// not publish a status-only change), so an unchanged object costs no API call.
 type Settled = HashMap<ObjectId, (DesiredStatus, [String; 2])>;
 
-/// Writes the statuses of `desired` on the objects of `store` until `shutdown`, only
-/// while `leader` says this replica leads, paced by `settings`. Failures are retried
-/// at the next interval and reported to the `config-status` duty.
+/// What the status writer works with.
+pub struct StatusWriter {
+    /// The config cluster.
+    pub client: kube::Client,
+    /// The objects read from it (their stored versions).
+    pub store: KubeConfigStore,
+    /// Whether this replica leads: only the leader writes.
+    pub leader: Arc<LeaseState>,
+    pub settings: StatusSettings,
+    pub stats: Arc<StatusStats>,
+    /// Where failures are reported (the `config-status` duty).
+    pub duties: Option<Arc<Duties>>,
+}
+
+/// Writes the statuses of `desired` on the objects of the writer's store until
+/// `shutdown`, only while this replica leads, paced by its settings. Failures are
+/// retried at the next interval and reported to the `config-status` duty.
 pub async fn run_status_writer(
-    client: kube::Client,
-    store: KubeConfigStore,
-    leader: Arc<LeaseState>,
-    settings: StatusSettings,
+    writer: StatusWriter,
     mut desired: watch::Receiver<DesiredStatuses>,
-    stats: Arc<StatusStats>,
-    duties: Option<Arc<Duties>>,
     shutdown: impl Future<Output = ()>,
 ) {
+    let StatusWriter {
+        client,
+        store,
+        leader,
+        settings,
+        stats,
+        duties,
+    } = writer;
     let mut shutdown = std::pin::pin!(shutdown);
     let mut bucket = TokenBucket::new(settings.qps, settings.burst);
     let mut settled = Settled::new();
