@@ -193,7 +193,7 @@ pub fn explain(err: &kube::Error, action: &str, namespace: &str) -> String {
             if status.code == 404 && status.message.starts_with("namespaces ") =>
         {
             format!(
-                "{action}: namespace {namespace} does not exist: create it (kubectl create namespace {namespace}), or set --systemNamespace / POD_NAMESPACE to the namespace meshfed runs in"
+                "{action}: namespace {namespace} does not exist: create it (kubectl create namespace {namespace}), or point --systemNamespace at the namespace meshfed runs in (deploy/deployment.yaml passes $(POD_NAMESPACE))"
             )
         }
         kube::Error::Api(status) if status.code == 403 => format!(
