@@ -13,15 +13,19 @@
 //! root bundle as one element.
 //!
 //! Keys: ring cannot generate RSA keys, so a self-signed root made here is ECDSA P-256
-//! (Istio makes RSA 2048); plugged-in RSA and ECDSA keys both sign, and CSRs of either
-//! kind are accepted.
+//! (Istio makes RSA 2048). A CA key read back (istiod's `istio-ca-secret`, `cacerts`)
+//! may be RSA in PKCS#1 (`RSA PRIVATE KEY`, what istiod writes) or PKCS#8, or ECDSA
+//! P-256/P-384 in SEC1 (`EC PRIVATE KEY`) or PKCS#8; it signs with SHA-256 for RSA and
+//! the curve's hash for ECDSA, as Go's x509 does. CSRs of either kind are accepted;
+//! the CSR's extensions are ignored (the certificate carries what the CA decides), and
+//! an RSA CSR key outside 2048..=8192 bits is refused naming its size.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rcgen::{
-    CertificateParams, CertificateSigningRequestParams, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, SanType, SerialNumber, SubjectPublicKeyInfo,
 };
 use time::OffsetDateTime;
 
@@ -182,7 +186,7 @@ impl Ca {
     /// the signing certificate (a CA), its key, the intermediates up to the root
     /// (may be empty) and the root bundle.
     pub fn from_pems(cert: String, key: &str, chain: &str, root: String) -> Result<Ca, CaError> {
-        let key = KeyPair::from_pem(key).map_err(|e| invalid("ca-key.pem", e))?;
+        let key = key_pair_from_pem(key).map_err(|e| invalid("ca-key.pem", e))?;
         if split_pem(&root).is_empty() {
             return Err(invalid("root-cert.pem", "no certificate in it"));
         }
@@ -325,8 +329,7 @@ impl Ca {
         ttl: Duration,
         max_ttl: Duration,
     ) -> Result<Vec<String>, CaError> {
-        let csr = CertificateSigningRequestParams::from_pem(csr_pem)
-            .map_err(|e| CaError::Csr(e.to_string()))?;
+        let public_key = csr_public_key(csr_pem)?;
         if ttl > max_ttl {
             return Err(CaError::Ttl {
                 requested: ttl,
@@ -375,7 +378,7 @@ impl Ca {
         let issuer = Issuer::from_ca_cert_pem(&self.signing_cert_pem, &self.key)
             .map_err(|e| invalid("ca-cert.pem", e))?;
         let leaf = params
-            .signed_by(&csr.public_key, &issuer)
+            .signed_by(&public_key, &issuer)
             .map_err(|e| invalid("signing", e))?
             .pem();
         let mut out = vec![leaf];
@@ -383,6 +386,139 @@ impl Ca {
         out.push(self.root.clone());
         Ok(out)
     }
+}
+
+/// The RSA key sizes whose CSR signatures meshfed verifies (ring's
+/// `RSA_PKCS1_2048_8192_*`).
+pub const CSR_RSA_BITS: std::ops::RangeInclusive<usize> = 2048..=8192;
+
+/// The public key of a PEM CSR whose signature verifies. Its subject and extensions
+/// are not read: the certificate carries what the CA decides (Istio ignores them too).
+fn csr_public_key(csr_pem: &str) -> Result<SubjectPublicKeyInfo, CaError> {
+    use x509_parser::prelude::FromDer;
+    use x509_parser::public_key::PublicKey;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(csr_pem.as_bytes())
+        .map_err(|e| CaError::Csr(format!("not PEM: {e}")))?;
+    let (_, csr) =
+        x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
+            .map_err(|e| CaError::Csr(format!("not a PKCS#10 certificate request: {e}")))?;
+    let spki = &csr.certification_request_info.subject_pki;
+    if let Ok(PublicKey::RSA(rsa)) = spki.parsed() {
+        let bits = unsigned_bits(rsa.modulus);
+        if !CSR_RSA_BITS.contains(&bits) {
+            return Err(CaError::Csr(format!(
+                "RSA key of {bits} bits: outside the {}..={} bits meshfed verifies",
+                CSR_RSA_BITS.start(),
+                CSR_RSA_BITS.end()
+            )));
+        }
+    }
+    csr.verify_signature().map_err(|e| {
+        CaError::Csr(format!(
+            "invalid CSR signature ({}, algorithm {}): {e}",
+            key_kind(spki),
+            csr.signature_algorithm.algorithm
+        ))
+    })?;
+    SubjectPublicKeyInfo::from_der(spki.raw).map_err(|e| CaError::Csr(e.to_string()))
+}
+
+/// "RSA 2048", "EC 256", ... for error messages.
+fn key_kind(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> String {
+    use x509_parser::public_key::PublicKey;
+    match spki.parsed() {
+        Ok(PublicKey::RSA(rsa)) => format!("RSA {} bits", unsigned_bits(rsa.modulus)),
+        Ok(PublicKey::EC(ec)) => format!("EC {} bits", ec.key_size()),
+        Ok(_) => "a key of another kind".to_string(),
+        Err(_) => "an unreadable key".to_string(),
+    }
+}
+
+/// The bit length of a big-endian unsigned integer.
+fn unsigned_bits(bytes: &[u8]) -> usize {
+    let bytes = match bytes.iter().position(|b| *b != 0) {
+        Some(first) => &bytes[first..],
+        None => return 0,
+    };
+    bytes.len() * 8 - bytes[0].leading_zeros() as usize
+}
+
+/// A CA private key from PEM: PKCS#8 (`PRIVATE KEY`), PKCS#1 RSA (`RSA PRIVATE KEY`,
+/// what istiod writes) or SEC1 ECDSA P-256/P-384 (`EC PRIVATE KEY`). ring reads only
+/// PKCS#8, so the other two are wrapped into a PKCS#8 `PrivateKeyInfo` first.
+pub fn key_pair_from_pem(text: &str) -> Result<KeyPair, String> {
+    let block = pem_block(text)?;
+    let unreadable = |kind: &str, e: rcgen::Error| format!("{kind} key not usable: {e}");
+    match block.label.as_str() {
+        "PRIVATE KEY" => {
+            KeyPair::try_from(block.contents.as_slice()).map_err(|e| unreadable("PKCS#8", e))
+        }
+        "RSA PRIVATE KEY" => KeyPair::try_from(pkcs8_of(RSA_ALGORITHM, &block.contents))
+            .map_err(|e| unreadable("PKCS#1 RSA", e) + " (RSA keys of 2048 to 4096 bits sign)"),
+        "EC PRIVATE KEY" => [EC_P256_ALGORITHM, EC_P384_ALGORITHM]
+            .iter()
+            .find_map(|alg| KeyPair::try_from(pkcs8_of(alg, &block.contents)).ok())
+            .ok_or_else(|| "SEC1 EC key not usable: only P-256 and P-384 keys sign".to_string()),
+        other => Err(format!(
+            "a PEM block \"{other}\" where a private key was expected (PRIVATE KEY, RSA PRIVATE KEY or EC PRIVATE KEY)"
+        )),
+    }
+}
+
+/// The first PEM block of `text` whose label names a private key, else the first block.
+fn pem_block(text: &str) -> Result<x509_parser::pem::Pem, String> {
+    let blocks = x509_parser::pem::Pem::iter_from_buffer(text.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("not PEM: {e}"))?;
+    let at = blocks
+        .iter()
+        .position(|b| b.label.ends_with("PRIVATE KEY"))
+        .unwrap_or(0);
+    blocks
+        .into_iter()
+        .nth(at)
+        .ok_or_else(|| "no PEM block in it".to_string())
+}
+
+/// The DER `AlgorithmIdentifier` of rsaEncryption (1.2.840.113549.1.1.1, NULL).
+const RSA_ALGORITHM: &[u8] = &[
+    0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01, 0x05, 0x00,
+];
+/// id-ecPublicKey (1.2.840.10045.2.1) on prime256v1 (1.2.840.10045.3.1.7).
+const EC_P256_ALGORITHM: &[u8] = &[
+    0x30, 0x13, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x08, 0x2a, 0x86, 0x48,
+    0xce, 0x3d, 0x03, 0x01, 0x07,
+];
+/// id-ecPublicKey on secp384r1 (1.3.132.0.34).
+const EC_P384_ALGORITHM: &[u8] = &[
+    0x30, 0x10, 0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x02, 0x01, 0x06, 0x05, 0x2b, 0x81, 0x04,
+    0x00, 0x22,
+];
+
+/// A PKCS#8 v1 `PrivateKeyInfo` (RFC 5208): version 0, `algorithm`, the key as an
+/// OCTET STRING.
+fn pkcs8_of(algorithm: &[u8], key: &[u8]) -> Vec<u8> {
+    let mut body = vec![0x02, 0x01, 0x00];
+    body.extend_from_slice(algorithm);
+    der_tlv(0x04, key, &mut body);
+    let mut out = Vec::with_capacity(body.len() + 4);
+    der_tlv(0x30, &body, &mut out);
+    out
+}
+
+/// Appends a DER tag-length-value to `out`.
+fn der_tlv(tag: u8, value: &[u8], out: &mut Vec<u8>) {
+    out.push(tag);
+    let len = value.len();
+    if len < 0x80 {
+        out.push(len as u8);
+    } else {
+        let bytes = len.to_be_bytes();
+        let skip = bytes.iter().take_while(|b| **b == 0).count();
+        out.push(0x80 | (bytes.len() - skip) as u8);
+        out.extend_from_slice(&bytes[skip..]);
+    }
+    out.extend_from_slice(value);
 }
 
 /// A random positive 128-bit serial number.
@@ -599,5 +735,91 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    /// istiod's self-signed CA as it writes it to `istio-ca-secret` (RSA 2048, PKCS#1),
+    /// and the same key as PKCS#8.
+    const ISTIOD_CERT: &str = include_str!("../tests/data/istiod-ca/ca-cert.pem");
+    const ISTIOD_KEY_PKCS1: &str = include_str!("../tests/data/istiod-ca/ca-key.pem");
+    const ISTIOD_KEY_PKCS8: &str = include_str!("../tests/data/istiod-ca/ca-key-pkcs8.pem");
+    const EC_CERT: &str = include_str!("../tests/data/istiod-ca/ec-p256-cert.pem");
+    const EC_KEY_SEC1: &str = include_str!("../tests/data/istiod-ca/ec-p256-key.pem");
+    const CSR_WITH_SKI: &str = include_str!("../tests/data/istiod-ca/csr-with-ski.pem");
+
+    fn signs_and_chains(ca: &Ca, root_pem: &str) -> String {
+        let key = KeyPair::generate().unwrap();
+        let chain = ca
+            .sign(
+                &csr(&key, &[]),
+                &["spiffe://cluster.local/ns/a/sa/b".to_string()],
+                Duration::ZERO,
+            )
+            .unwrap();
+        assert_eq!(chain.last().unwrap(), root_pem);
+        let leaf = parse(&chain[0]);
+        let leaf = leaf.parse_x509().unwrap();
+        let root = parse(root_pem);
+        let root = root.parse_x509().unwrap();
+        leaf.verify_signature(Some(root.public_key())).unwrap();
+        assert_eq!(leaf.issuer(), root.subject());
+        leaf.signature_algorithm.algorithm.to_id_string()
+    }
+
+    #[test]
+    fn istiods_pkcs1_and_pkcs8_rsa_keys_sign_with_sha256_rsa() {
+        assert!(ISTIOD_KEY_PKCS1.starts_with("-----BEGIN RSA PRIVATE KEY-----"));
+        for key in [ISTIOD_KEY_PKCS1, ISTIOD_KEY_PKCS8] {
+            let ca = Ca::from_pems(ISTIOD_CERT.into(), key, "", ISTIOD_CERT.into()).unwrap();
+            // sha256WithRSAEncryption, as Go's x509 signs with an RSA key.
+            assert_eq!(signs_and_chains(&ca, ISTIOD_CERT), "1.2.840.113549.1.1.11");
+        }
+    }
+
+    #[test]
+    fn a_sec1_ec_key_signs_with_ecdsa_sha256() {
+        assert!(EC_KEY_SEC1.starts_with("-----BEGIN EC PRIVATE KEY-----"));
+        let ca = Ca::from_pems(EC_CERT.into(), EC_KEY_SEC1, "", EC_CERT.into()).unwrap();
+        assert_eq!(signs_and_chains(&ca, EC_CERT), "1.2.840.10045.4.3.2");
+        // A key that is not the certificate's is no CA; a wrong label is named.
+        let err = key_pair_from_pem(ISTIOD_CERT).unwrap_err();
+        assert!(err.contains("\"CERTIFICATE\""), "{err}");
+        let err = key_pair_from_pem(
+            "-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n",
+        )
+        .unwrap_err();
+        assert!(err.starts_with("PKCS#1 RSA key not usable"), "{err}");
+    }
+
+    #[test]
+    fn csr_extensions_are_ignored_not_refused() {
+        let ca =
+            Ca::from_pems(ISTIOD_CERT.into(), ISTIOD_KEY_PKCS1, "", ISTIOD_CERT.into()).unwrap();
+        let id = "spiffe://cluster.local/ns/default/sa/y".to_string();
+        let chain = ca
+            .sign(CSR_WITH_SKI, std::slice::from_ref(&id), Duration::ZERO)
+            .expect("a subject key identifier in the CSR does not refuse it");
+        let leaf = parse(&chain[0]);
+        let leaf = leaf.parse_x509().unwrap();
+        let names: Vec<String> = leaf
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(names, [format!("URI({id})")]);
+        assert!(
+            leaf.subject().iter().next().is_none(),
+            "the CSR's subject is not copied"
+        );
+    }
+
+    #[test]
+    fn unsigned_bits_counts_from_the_top_bit() {
+        assert_eq!(unsigned_bits(&[0x00, 0x80, 0x00]), 16);
+        assert_eq!(unsigned_bits(&[0x01, 0xff]), 9);
+        assert_eq!(unsigned_bits(&[0, 0]), 0);
     }
 }

@@ -76,25 +76,39 @@ impl CaMetrics {
 }
 
 impl CaMetrics {
-    /// Registers Istio's expiry gauges of `ca` (seconds since the epoch):
-    /// `citadel_server_root_cert_expiry_timestamp` and
-    /// `citadel_server_cert_chain_expiry_timestamp`.
-    pub fn register_expiry(&self, registry: &mut Registry, ca: &Ca) {
-        use prometheus_client::metrics::gauge::Gauge;
-        let root: Gauge = Gauge::default();
-        root.set(ca.root_not_after().map_or(0, |t| t.unix_timestamp()));
+    /// Registers Istio's expiry gauges (seconds since the epoch; 0 until a CA is
+    /// loaded): `citadel_server_root_cert_expiry_timestamp` and
+    /// `citadel_server_cert_chain_expiry_timestamp`. Returns them, set by
+    /// [`CaExpiry::set`] once the CA is there (it may load after start).
+    pub fn register_expiry(registry: &mut Registry) -> CaExpiry {
+        let expiry = CaExpiry::default();
         registry.register(
             "citadel_server_root_cert_expiry_timestamp",
             "The unix timestamp, in seconds, when the CA root certificate will expire",
-            root,
+            expiry.root.clone(),
         );
-        let chain: Gauge = Gauge::default();
-        chain.set(ca.not_after().unix_timestamp());
         registry.register(
             "citadel_server_cert_chain_expiry_timestamp",
             "The unix timestamp, in seconds, when the CA signing certificate will expire",
-            chain,
+            expiry.chain.clone(),
         );
+        expiry
+    }
+}
+
+/// The CA's expiry gauges.
+#[derive(Debug, Default, Clone)]
+pub struct CaExpiry {
+    root: prometheus_client::metrics::gauge::Gauge,
+    chain: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl CaExpiry {
+    /// Sets the gauges from `ca`.
+    pub fn set(&self, ca: &Ca) {
+        self.root
+            .set(ca.root_not_after().map_or(0, |t| t.unix_timestamp()));
+        self.chain.set(ca.not_after().unix_timestamp());
     }
 }
 

@@ -28,6 +28,7 @@ pub mod push;
 pub mod readiness;
 pub mod registries;
 pub mod sds;
+pub mod status;
 pub mod testing;
 pub mod tls;
 pub mod webhook;

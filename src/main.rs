@@ -399,6 +399,22 @@ struct DiscoveryArgs {
     /// default `$PILOT_ENABLE_WORKLOAD_ENTRY_HEALTHCHECKS`, else true.
     #[arg(long = "workloadEntryHealthChecks", action = clap::ArgAction::Set)]
     workload_entry_health_checks: Option<bool>,
+    /// With the Kubernetes config store, the leader writes status.conditions
+    /// (Reconciled) and status.validationMessages on Istio config objects; default
+    /// `$PILOT_ENABLE_STATUS`, else false.
+    #[arg(long = "enableStatus", action = clap::ArgAction::Set)]
+    enable_status: Option<bool>,
+    /// Status API requests per second; default `$PILOT_STATUS_QPS`, else 100.
+    #[arg(long = "statusQPS")]
+    status_qps: Option<f64>,
+    /// Status API requests allowed at once above the rate; default
+    /// `$PILOT_STATUS_BURST`, else 500.
+    #[arg(long = "statusBurst")]
+    status_burst: Option<u32>,
+    /// How often statuses are compared and written; default
+    /// `$PILOT_STATUS_UPDATE_INTERVAL`, else 500ms.
+    #[arg(long = "statusUpdateInterval", value_parser = parse_duration)]
+    status_update_interval: Option<Duration>,
     /// Send unhealthy endpoints marked UNHEALTHY instead of dropping them (Istio's
     /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
     #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
@@ -511,6 +527,35 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl DiscoveryArgs {
+    /// Config status settings (flags, else Istio's variables), `None` when off.
+    fn status_settings(&self) -> anyhow::Result<Option<meshfed_kube::status::StatusSettings>> {
+        let on = flag_or_env(self.enable_status, "PILOT_ENABLE_STATUS", parse_go_bool)?;
+        if on != Some(true) {
+            return Ok(None);
+        }
+        let defaults = meshfed_kube::status::StatusSettings::default();
+        let number = |s: &str| s.parse::<f64>().map_err(|e| e.to_string());
+        let count = |s: &str| s.parse::<u32>().map_err(|e| e.to_string());
+        let qps = flag_or_env(self.status_qps, "PILOT_STATUS_QPS", number)?.unwrap_or(defaults.qps);
+        let burst =
+            flag_or_env(self.status_burst, "PILOT_STATUS_BURST", count)?.unwrap_or(defaults.burst);
+        let interval = flag_or_env(
+            self.status_update_interval,
+            "PILOT_STATUS_UPDATE_INTERVAL",
+            parse_duration,
+        )?
+        .unwrap_or(defaults.interval);
+        anyhow::ensure!(
+            qps > 0.0 && burst > 0 && !interval.is_zero(),
+            "--statusQPS, --statusBurst and --statusUpdateInterval must be positive"
+        );
+        Ok(Some(meshfed_kube::status::StatusSettings {
+            qps,
+            burst,
+            interval,
+        }))
+    }
+
     fn secure_settings(&self) -> anyhow::Result<meshfed::app::SecureSettings> {
         let tls_files = match (&self.tls_cert_file, &self.tls_key_file, &self.ca_cert_file) {
             (None, None, None) => None,
@@ -637,6 +682,7 @@ impl DiscoveryArgs {
                 self.debounce_after
             );
         }
+        let status = self.status_settings()?;
         Ok(DiscoveryConfig {
             grpc_addr: self.grpc_addr.0,
             secure_grpc_addr: self.secure_grpc_addr.0,
@@ -721,6 +767,7 @@ impl DiscoveryArgs {
                 .unwrap_or(true),
                 ..Default::default()
             },
+            status,
             ..DiscoveryConfig::default()
         })
     }

@@ -95,6 +95,11 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         description: "Resource cache of the current snapshot: hits, misses, size",
         handler: cachez,
     },
+    DebugEndpoint {
+        path: "duties",
+        description: "The optional duties (CA Secret, leader Lease, root-cert ConfigMaps, config status): state (pending, done, failing), failed attempts and the last error with what to do",
+        handler: duties,
+    },
 ];
 
 /// `/debug/list`.
@@ -164,6 +169,10 @@ fn clip_error(detail: Option<&str>) -> Option<std::borrow::Cow<'_, str>> {
 
 fn to_json<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn duties(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
+    Ok(json!({ "duties": to_json(&state.duties.views()) }))
 }
 
 fn ca(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {

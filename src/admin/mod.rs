@@ -53,6 +53,8 @@ pub struct AdminState {
     pub ca: Option<(Arc<crate::ca::Ca>, String)>,
     /// Gateway credentials (`/debug/sdsz`).
     pub sds: Option<Arc<crate::sds::Sds>>,
+    /// The optional duties and what stands in their way (`/debug/duties`).
+    pub duties: Arc<meshfed_kube::Duties>,
 }
 
 impl std::fmt::Debug for AdminState {
@@ -237,6 +239,7 @@ mod tests {
             config_stores: Vec::new(),
             ca: None,
             sds: None,
+            duties: Arc::default(),
             multicluster: None,
             generator: Default::default(),
         }

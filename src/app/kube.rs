@@ -32,6 +32,8 @@ pub(super) struct Platform<'a> {
     pub(super) kube: &'a KubeSettings,
     pub(super) cluster: &'a KubeCluster,
     pub(super) shutdown: &'a Shutdown,
+    /// Where the Lease reports its failures (`/debug/duties`).
+    pub(super) duties: &'a Arc<meshfed_kube::Duties>,
 }
 
 impl Platform<'_> {
@@ -67,6 +69,7 @@ impl Platform<'_> {
         let lease_config = meshfed_kube::LeaseConfig {
             duration: lease.duration,
             renew_every: lease.renew_every,
+            duties: Some(self.duties.clone()),
             ..meshfed_kube::LeaseConfig::new(namespace, &lease.name, &lease.identity())
         };
         info!(lease = %format!("{namespace}/{}", lease.name), identity = %lease_config.identity, "leader election started");
@@ -111,4 +114,58 @@ impl Platform<'_> {
         info!(configmap = %full_name, mesh = keys.mesh, mesh_networks = keys.networks, "following the mesh ConfigMap; /ready waits for its initial list");
         Some((full_name, synced))
     }
+}
+
+/// Starts config status (`--enableStatus`) when there is a Kubernetes config store:
+/// the desired statuses computed every interval, and the leader's writer.
+pub(super) fn start_status(
+    config: &DiscoveryConfig,
+    store: Option<&KubeConfigStore>,
+    client: Option<&meshfed_kube::Client>,
+    parts: StatusParts,
+    registry: &mut prometheus_client::registry::Registry,
+    tasks: &mut JoinSet<()>,
+) {
+    let Some(settings) = &config.status else {
+        return;
+    };
+    let (Some(store), Some(client)) = (store, client) else {
+        tracing::warn!("--enableStatus: no Kubernetes config store, so no status is written");
+        return;
+    };
+    let (tx, rx) = tokio::sync::watch::channel(Arc::default());
+    let mut stop = parts.shutdown.clone();
+    tasks.spawn(crate::status::run_status_source(
+        store.clone(),
+        parts.connections,
+        None,
+        settings.interval,
+        tx,
+        async move { stop.wait().await },
+    ));
+    let stats = Arc::new(meshfed_kube::status::StatusStats::default());
+    stats.register_metrics(registry);
+    let mut stop = parts.shutdown.clone();
+    let writer = meshfed_kube::status::StatusWriter {
+        client: client.clone(),
+        store: store.clone(),
+        leader: parts.lease_state,
+        settings: settings.clone(),
+        stats,
+        duties: Some(parts.duties),
+    };
+    tasks.spawn(meshfed_kube::status::run_status_writer(
+        writer,
+        rx,
+        async move { stop.wait().await },
+    ));
+    info!(qps = settings.qps, burst = settings.burst, interval = ?settings.interval, "config status on: the leader writes status.conditions (Reconciled) and status.validationMessages on Istio config objects");
+}
+
+/// What config status reads from the rest of the server.
+pub(super) struct StatusParts {
+    pub(super) connections: Arc<crate::ads::Connections>,
+    pub(super) lease_state: Arc<LeaseState>,
+    pub(super) duties: Arc<meshfed_kube::Duties>,
+    pub(super) shutdown: Shutdown,
 }

@@ -356,8 +356,15 @@ impl Wiring {
         let config = &self.config;
         let listeners = serve::Listeners::bind(config).await?;
         let trust_domain = self.core.trust_domain();
-        let ca = secure::load_ca(config, &trust_domain, self.registries.kube_client()).await?;
-        let secure = secure::bind_secure(config, ca.is_some()).await?;
+        let duties = self.registries.duties.clone();
+        let ca = secure::load_ca(
+            config,
+            &trust_domain,
+            self.registries.kube_client(),
+            &duties,
+        )
+        .await?;
+        let secure = secure::bind_secure(config, !matches!(ca, secure::CaAtStart::Off)).await?;
         let mut bound = Bound {
             grpc: listeners
                 .grpc
@@ -383,10 +390,14 @@ impl Wiring {
             &mut self.tasks,
         );
         let ctx = self.xds_context(xds_metrics, &readiness, &sds, workloads);
+        let loaded = match &ca {
+            secure::CaAtStart::Ready(loaded) => Some(loaded.clone()),
+            _ => None,
+        };
         bound.https = webhook::serve_webhook(
             &self.config,
             webhook::WebhookParts {
-                ca: ca.as_ref().map(|(ca, _)| ca),
+                ca: loaded.as_ref().map(|(ca, _)| ca),
                 trust_domain: trust_domain.clone(),
                 kube_client: self.registries.kube_client(),
                 lease_state: &self.registries.lease_state,
@@ -395,20 +406,27 @@ impl Wiring {
             &self.shutdown,
             &mut self.tasks,
         )?;
-        self.serve_xds(
-            listeners.grpc,
-            secure,
-            ctx.clone(),
-            ca.as_ref(),
-            trust_domain,
-        )
-        .await?;
+        self.serve_xds(listeners.grpc, secure, ctx.clone(), ca, trust_domain)
+            .await?;
+        kube::start_status(
+            &self.config,
+            self.core.config_stores.kube.as_ref(),
+            self.registries.kube_client(),
+            kube::StatusParts {
+                connections: self.core.connections.clone(),
+                lease_state: self.registries.lease_state.clone(),
+                duties: self.registries.duties.clone(),
+                shutdown: self.shutdown.clone(),
+            },
+            &mut self.metrics_registry,
+            &mut self.tasks,
+        );
         self.register_metrics();
         self.serve_admin(
             listeners.http,
             listeners.monitoring,
             readiness,
-            ca,
+            loaded,
             sds,
             &ctx,
         );
@@ -434,34 +452,46 @@ impl Wiring {
     }
 
     /// Serves ADS (and CreateCertificate, with a CA) on the plaintext and secure ports.
+    /// A CA still awaited (its Secrets not reachable yet) leaves the secure port to a
+    /// task that serves it once the CA loads; plaintext serves at once.
     async fn serve_xds(
         &mut self,
         grpc: Option<tokio::net::TcpListener>,
         secure: Option<tokio::net::TcpListener>,
         ctx: Arc<XdsContext>,
-        ca: Option<&secure::LoadedCa>,
+        ca: secure::CaAtStart,
         trust_domain: String,
     ) -> anyhow::Result<()> {
-        let ca_metrics = match ca {
-            Some((ca, _)) => Some(secure::publish_root(
+        let serving = (!matches!(ca, secure::CaAtStart::Off)).then(|| {
+            secure::CaServing::register(
+                &mut self.metrics_registry,
+                self.registries.kube_client().is_some(),
+                &self.registries.duties,
+            )
+        });
+        let (ready, late) = match ca {
+            secure::CaAtStart::Ready((ca, _)) => (Some(ca), None),
+            secure::CaAtStart::Waiting(late) => (None, Some(late)),
+            secure::CaAtStart::Off => (None, None),
+        };
+        if let (Some(ca), Some(serving)) = (&ready, &serving) {
+            serving.publish_root(
                 &self.config,
                 ca,
                 self.registries.kube_client(),
                 &self.registries.lease_state,
-                &mut self.metrics_registry,
                 &self.shutdown,
                 &mut self.tasks,
-            )?),
-            None => None,
-        };
-        let ca_ref = ca.map(|(ca, _)| ca);
+            )?;
+        }
+        let ca_metrics = serving.as_ref().map(|s| s.metrics.clone());
         let transport_metrics = TransportMetrics::new(&mut self.metrics_registry);
         if let Some(grpc) = grpc {
             serve::serve_plaintext(
                 grpc,
                 &self.config.xds_limits,
                 ctx.clone(),
-                ca_ref.zip(ca_metrics.clone()),
+                ready.as_ref().zip(ca_metrics.clone()),
                 transport_metrics.clone(),
                 self.draining.clone(),
                 &mut self.tasks,
@@ -470,22 +500,37 @@ impl Wiring {
         if let Some(listener) = secure {
             let port = secure::SecurePort {
                 ctx,
-                ca: ca_ref.zip(ca_metrics),
+                ca: ready.zip(ca_metrics),
                 trust_domain,
                 kube_client: self.registries.kube_client().cloned(),
                 remotes: self.registries.remotes(),
                 transport_metrics,
                 draining: self.draining.clone(),
             };
-            secure::serve_secure(
-                &self.config,
-                listener,
-                port,
-                &mut self.metrics_registry,
-                &self.shutdown,
-                &mut self.tasks,
-            )
-            .await?;
+            match (late, serving) {
+                (Some(late), Some(serving)) => {
+                    self.tasks.spawn(secure::serve_late(
+                        late,
+                        self.config.clone(),
+                        listener,
+                        serving,
+                        self.registries.lease_state.clone(),
+                        port,
+                        self.shutdown.clone(),
+                    ));
+                }
+                _ => {
+                    secure::serve_secure(
+                        &self.config,
+                        listener,
+                        port,
+                        &mut self.metrics_registry,
+                        &self.shutdown,
+                        &mut self.tasks,
+                    )
+                    .await?;
+                }
+            }
         }
         Ok(())
     }
@@ -514,6 +559,7 @@ impl Wiring {
             readiness,
             ca,
             sds: Some(sds),
+            duties: self.registries.duties.clone(),
         };
         // Debug over xDS and CSDS answer from the admin state.
         let _ = xds.debug.set(Arc::new(crate::debug_xds::XdsDebug::new(
@@ -626,6 +672,7 @@ impl Wiring {
                 .lease_state
                 .register_metrics(registry, &lease.name);
         }
+        self.registries.duties.register_metrics(registry);
         self.core.aggregate.register_metrics(registry);
         self.core.pipeline.register_metrics(registry);
         for started in &mut self.registries.started {

@@ -100,6 +100,10 @@ pub struct DiscoveryConfig {
     /// WorkloadEntry auto-registration and health (`--workloadEntryGracePeriod`, ...);
     /// its `max_connection_age` is taken from `xds_limits`.
     pub workload_entries: crate::autoregistration::Settings,
+    /// Config status (`--enableStatus`, Istio's `PILOT_ENABLE_STATUS`): with the
+    /// Kubernetes config store, the leader writes `status` on Istio config objects at
+    /// this pace; `None` (the default) writes nothing.
+    pub status: Option<meshfed_kube::status::StatusSettings>,
 }
 
 impl DiscoveryConfig {
@@ -157,6 +161,7 @@ impl Default for DiscoveryConfig {
             max_config_file_size: meshfed_registry::read::DEFAULT_MAX_FILE_SIZE,
             log_control: None,
             workload_entries: crate::autoregistration::Settings::default(),
+            status: None,
         }
     }
 }

@@ -27,6 +27,8 @@ pub(super) struct Registries {
     pub(super) lease_state: Arc<LeaseState>,
     /// The mesh ConfigMap's name and synced flag, when followed.
     pub(super) mesh_map_synced: Option<(String, Arc<AtomicBool>)>,
+    /// The optional duties (CA Secret, Lease, root ConfigMaps, status) and their state.
+    pub(super) duties: Arc<meshfed_kube::Duties>,
 }
 
 impl Registries {
@@ -106,6 +108,7 @@ pub(super) async fn start(
     }
     let kube = started.iter().find_map(|s| s.handle::<KubeCluster>());
     let lease_state = kube::lease_state(config);
+    let duties = Arc::new(meshfed_kube::Duties::default());
     let mut mesh_map_synced = None;
     if let (Some(settings), Some(cluster)) = (&config.kubernetes, &kube) {
         let platform = Platform {
@@ -113,6 +116,7 @@ pub(super) async fn start(
             kube: settings,
             cluster,
             shutdown,
+            duties: &duties,
         };
         mesh_map_synced = platform.start(
             core.config_stores.kube.as_ref(),
@@ -127,6 +131,7 @@ pub(super) async fn start(
         kube,
         lease_state,
         mesh_map_synced,
+        duties,
     })
 }
 

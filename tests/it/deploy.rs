@@ -339,7 +339,69 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "ClusterRole",
         "networking.istio.io",
         "workloadentries/status",
-        &["update"],
+        &["get", "update"],
+    ),
+    // registries/kube/src/status (--enableStatus): each Istio kind's status
+    // subresource, read and replaced by the leader.
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "virtualservices/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "destinationrules/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "gateways/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "serviceentries/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "sidecars/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "workloadgroups/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "security.istio.io",
+        "peerauthentications/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "security.istio.io",
+        "requestauthentications/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "security.istio.io",
+        "authorizationpolicies/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "telemetry.istio.io",
+        "telemetries/status",
+        &["get", "update"],
     ),
     // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
     // (and Namespaces for the config store's label selectors, crd/writer.rs, and for

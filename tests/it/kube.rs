@@ -620,3 +620,128 @@ async fn a_service_selects_workload_entries_of_its_namespace_into_its_endpoints(
     recv_addresses(&mut client, CLUSTER, &["10.1.0.1"]).await;
     server.shutdown().await;
 }
+
+/// A fresh cluster without `istio-system`: the CA Secret and the Lease cannot be
+/// written there, yet plaintext xDS serves, `/debug/duties` and the metrics say what
+/// is missing and what to do, and creating the namespace completes both duties (the
+/// secure port then serves certificates).
+#[tokio::test]
+async fn a_missing_system_namespace_is_reported_and_plaintext_serves_meanwhile() {
+    use meshfed::testing::{ClientTls, create_certificate, tls_channel};
+    let api = FakeApiServer::start().await.unwrap();
+    api.require_namespaces();
+    api.apply(&objects::namespace("default", &[]));
+    let client = api.client();
+    let server = FakeServer::builder()
+        .configure(move |c| crate::secure::kube_ca(c, client))
+        .start()
+        .await
+        .expect("a missing istio-system does not stop the start");
+    let http = server.bound().http;
+
+    // Plaintext xDS serves.
+    let mut ads = AdsClient::connect(
+        server.grpc_addr(),
+        node("sidecar~10.1.0.9~a.default~default.svc.cluster.local"),
+    )
+    .await
+    .unwrap();
+    ads.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    ads.recv_clusters().await.unwrap();
+
+    // What is missing, and what to do, per duty.
+    let duties = eventually("the CA and Lease duties to fail", || async move {
+        let (_, body) = http_get(http, "/debug/duties").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let failing = |duty: &str| {
+            v["duties"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|d| d["duty"] == duty && d["state"] == "failing")
+        };
+        (failing("ca-secret") && failing("leader-lease")).then_some(v)
+    })
+    .await;
+    let ca = duties["duties"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["duty"] == "ca-secret")
+        .unwrap();
+    let error = ca["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("creating Secret istio-system/istio-ca-secret: namespace istio-system does not exist: create it")
+            && error.contains("--systemNamespace")
+            && error.contains("the secure xDS port waits for the CA"),
+        "{error}"
+    );
+    let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
+    assert!(
+        metric(&metrics, "meshfed_unmet_duties").unwrap() >= 2.0,
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("meshfed_startup_duty_failures_total{duty=\"ca-secret\"}"),
+        "{metrics}"
+    );
+
+    // Once the namespace exists, the duties complete.
+    api.apply(&objects::namespace("istio-system", &[]));
+    eventually("the duties to complete", || async move {
+        let (_, body) = http_get(http, "/debug/duties").await;
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["duties"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["state"] == "done")
+            .then_some(())
+    })
+    .await;
+    let root = crate::secure::published_root(&api, "default").await;
+    assert!(
+        api.get::<objects::types::Secret>(Some("istio-system"), "istio-ca-secret")
+            .is_some()
+    );
+    let tls = ClientTls {
+        roots_pem: root.clone(),
+        identity: None,
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let channel = tls_channel(server.secure_grpc_addr(), &tls).await.unwrap();
+    let token = api.issue_token(
+        "default",
+        "app",
+        &["istio-ca"],
+        std::time::SystemTime::now() + std::time::Duration::from_secs(3600),
+        None,
+    );
+    let mut metadata = tonic::metadata::MetadataMap::new();
+    metadata.insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    let response = create_certificate(
+        channel,
+        metadata,
+        meshfed_api::auth::v1::IstioCertificateRequest {
+            csr,
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("the secure port serves once the CA loads");
+    assert_eq!(response.cert_chain.last().unwrap(), &root);
+    let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
+    assert_eq!(
+        metric(&metrics, "meshfed_unmet_duties"),
+        Some(0.0),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}

@@ -212,10 +212,26 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
             // A VM registers on the plaintext port (no identity to check).
             c.workload_entries.validate_identity = false;
             c.workload_entries.grace_period = Duration::from_millis(200);
+            // Config status: the leader reads and writes every kind's status.
+            c.status = Some(meshfed_kube::status::StatusSettings {
+                interval: Duration::from_millis(50),
+                ..Default::default()
+            });
         })
         .start()
         .await
         .unwrap();
+    // One object of every Istio kind (an empty spec: valid or rejected, each gets a
+    // status).
+    for kind in meshfed_registry::config::Kind::ALL {
+        c1.apply_custom(&objects::istio(
+            kind.versions()[0],
+            kind.as_str(),
+            "default",
+            "status-probe",
+            serde_json::json!({}),
+        ));
+    }
     let http = server.bound().http;
     let c1_ref = &c1;
     eventually("ready with c2 synced", || async move {

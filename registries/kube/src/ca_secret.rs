@@ -32,6 +32,8 @@ pub const CA_CERT: &str = "ca-cert.pem";
 pub const CA_KEY: &str = "ca-key.pem";
 pub const ROOT_CERT: &str = "root-cert.pem";
 pub const CERT_CHAIN: &str = "cert-chain.pem";
+/// Present, empty, in istiod's `istio-ca-secret` (the CA's own leaf key slot).
+pub const PRIVATE_KEY: &str = "key.pem";
 const ISTIO_KEYS: [&str; 4] = [CA_CERT, CA_KEY, ROOT_CERT, CERT_CHAIN];
 
 /// The `kubernetes.io/tls` layout's keys.
@@ -209,7 +211,9 @@ fn join_pems(first: &str, second: &str) -> String {
 /// The self-signed CA's certificate and key (PEM) from Secret `istio-ca-secret` in
 /// `namespace`. Without that Secret, `generate` makes them and they are stored (type
 /// `istio.io/ca-root`, keys `ca-cert.pem`, `ca-key.pem`, `root-cert.pem` = the
-/// certificate, empty `cert-chain.pem`). When another replica created the Secret in
+/// certificate, empty `cert-chain.pem` and `key.pem`, as istiod's `BuildSecret` writes
+/// it). A Secret istiod wrote is read as it is: its key is PKCS#1 RSA, which the CA
+/// reads. When another replica created the Secret in
 /// the meantime (`409 AlreadyExists`), its CA is read back and returned instead, so
 /// every replica signs with the same root.
 pub async fn load_or_create_self_signed<E: fmt::Display>(
@@ -236,6 +240,7 @@ pub async fn load_or_create_self_signed<E: fmt::Display>(
             (CA_KEY.to_string(), bytes(&key)),
             (ROOT_CERT.to_string(), bytes(&cert)),
             (CERT_CHAIN.to_string(), bytes("")),
+            (PRIVATE_KEY.to_string(), bytes("")),
         ])),
         ..Default::default()
     };

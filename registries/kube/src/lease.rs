@@ -39,6 +39,9 @@ pub struct LeaseConfig {
     pub duration: Duration,
     /// How often the holder renews, and others retry (client-go's `RetryPeriod`, 2 s).
     pub renew_every: Duration,
+    /// Where failures are reported (`/debug/duties`, logged once per reason); without
+    /// it every failed attempt is logged.
+    pub duties: Option<Arc<crate::duty::Duties>>,
 }
 
 impl LeaseConfig {
@@ -50,6 +53,7 @@ impl LeaseConfig {
             identity: identity.to_string(),
             duration: Duration::from_secs(15),
             renew_every: Duration::from_secs(2),
+            duties: None,
         }
     }
 }
@@ -230,11 +234,34 @@ pub async fn run_lease(
 ) {
     let api: Api<Lease> = Api::namespaced(client, &config.namespace);
     let mut shutdown = std::pin::pin!(shutdown);
+    let duty = crate::duty::Duty::LeaderLease;
+    if let Some(duties) = &config.duties {
+        duties.start(duty);
+    }
     loop {
         let held = match try_acquire_or_renew(&api, &config).await {
-            Ok(held) => held,
+            Ok(held) => {
+                if let Some(duties) = &config.duties {
+                    duties.done(duty);
+                }
+                held
+            }
             Err(err) => {
-                warn!(lease = %config.name, "leader election: {err}");
+                match &config.duties {
+                    Some(duties) => duties.failed(
+                        duty,
+                        &crate::duty::explain(
+                            &err,
+                            &format!(
+                                "leader election over Lease {}/{}",
+                                config.namespace, config.name
+                            ),
+                            &config.namespace,
+                        ),
+                        config.renew_every,
+                    ),
+                    None => warn!(lease = %config.name, "leader election: {err}"),
+                }
                 false
             }
         };

@@ -35,6 +35,7 @@ pub mod cli_client;
 pub mod config;
 pub mod config_map;
 pub mod convert;
+pub mod duty;
 #[cfg(feature = "test-support")]
 pub mod fake_api;
 pub mod go_yaml;
@@ -47,6 +48,7 @@ pub mod root_cert;
 pub mod secrets;
 pub mod source;
 mod state;
+pub mod status;
 pub mod token_review;
 pub mod vm_bootstrap;
 pub mod webhook_config;
@@ -61,6 +63,7 @@ pub use config::{
 /// The Kubernetes client type, re-exported so other crates need no kube dependency.
 pub use config_map::{ConfigMapUpdate, follow_config_map};
 pub use convert::{ConversionError, ExternalAddress, KubeAttributes, ServiceType, TargetPort};
+pub use duty::{Duties, Duty, DutyState};
 pub use kube::Client;
 pub use lease::{LeaseConfig, LeaseState, run_lease};
 pub use multicluster::{

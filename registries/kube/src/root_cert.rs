@@ -79,9 +79,19 @@ pub struct RootCertStats {
     created: AtomicU64,
     updated: AtomicU64,
     errors: AtomicU64,
+    /// Where failed writes are reported (`/debug/duties`), when set.
+    duties: std::sync::OnceLock<Arc<crate::duty::Duties>>,
 }
 
 impl RootCertStats {
+    /// Reports the publisher's failures and successes to `duties` (the
+    /// `root-configmaps` duty); the per-namespace warnings then become one line per
+    /// distinct reason.
+    pub fn report_to(&self, duties: Arc<crate::duty::Duties>) {
+        duties.start(crate::duty::Duty::RootConfigMaps);
+        let _ = self.duties.set(duties);
+    }
+
     /// ConfigMaps written with this result.
     pub fn writes(&self, result: WriteResult) -> u64 {
         self.counter(result).load(Ordering::Relaxed)
@@ -351,6 +361,19 @@ async fn publish(
             Ok(None) => {}
             Err(err) => {
                 stats.count(WriteResult::Error);
+                if let Some(duties) = stats.duties.get() {
+                    duties.failed(
+                        crate::duty::Duty::RootConfigMaps,
+                        &crate::duty::explain(
+                            &err,
+                            &format!("writing ConfigMap {namespace}/{ROOT_CERT_CONFIGMAP}"),
+                            &namespace,
+                        ),
+                        RETRY_AFTER,
+                    );
+                    failed.insert(namespace);
+                    continue;
+                }
                 match &err {
                     kube::Error::Api(status) if status.code == 403 => warn!(
                         namespace = %namespace, reason = %status.message,
@@ -361,6 +384,12 @@ async fn publish(
                 failed.insert(namespace);
             }
         }
+    }
+    if failed.is_empty()
+        && view.dirty.is_empty()
+        && let Some(duties) = stats.duties.get()
+    {
+        duties.done(crate::duty::Duty::RootConfigMaps);
     }
     failed
 }

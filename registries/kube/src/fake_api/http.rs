@@ -169,6 +169,20 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
     if create && path.collection == "/api/v1/secrets" {
         fill_token_secret(state, &namespace, &mut value);
     }
+    if create
+        && state.require_namespaces
+        && !namespace.is_empty()
+        && !state
+            .collections
+            .get("/api/v1/namespaces")
+            .is_some_and(|c| c.objects.contains_key(&(String::new(), namespace.clone())))
+    {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            format!("namespaces {namespace:?} not found"),
+        );
+    }
     let key = (namespace, name.clone());
     let existing = state
         .collections
@@ -216,11 +230,20 @@ fn write(state: &mut ApiState, path: &str, create: bool, body: &[u8]) -> Respons
                         }
                     }
                 }
+                // metadata.generation counts spec changes, as for CRDs with a status
+                // subresource.
+                let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
+                value["metadata"]["generation"] = json!(if value["spec"] == old["spec"] {
+                    generation
+                } else {
+                    generation + 1
+                });
             }
         }
         (true, None) => {
             if custom && let Some(map) = value.as_object_mut() {
                 map.remove("status");
+                value["metadata"]["generation"] = json!(1);
             }
         }
     }

@@ -146,6 +146,9 @@ struct ApiState {
     crds: Vec<CustomResource>,
     /// When set, requests it does not allow are answered `403 Forbidden`.
     policy: Option<RbacPolicy>,
+    /// When set, a create in a namespace that does not exist is `404 NotFound`
+    /// (`namespaces "<ns>" not found`), as a real API server answers.
+    require_namespaces: bool,
     /// Service-account tokens minted by the test.
     tokens: tokens::TokenTable,
     /// What `SubjectAccessReview`s allow, and the reviews asked.
@@ -163,6 +166,7 @@ impl Default for ApiState {
             requests: Vec::new(),
             crds: Vec::new(),
             policy: None,
+            require_namespaces: false,
             tokens: tokens::TokenTable::default(),
             access: access::AccessTable::default(),
         }
@@ -468,6 +472,19 @@ impl FakeApiServer {
         if crd.namespaced {
             value["metadata"]["namespace"] = json!(namespace);
         }
+        // metadata.generation: 1, then one more per spec change.
+        let old = state
+            .collections
+            .get(&collection)
+            .and_then(|c| c.objects.get(&(namespace.clone(), name.clone())));
+        let generation = match old {
+            Some(old) if old["spec"] == value["spec"] => {
+                old["metadata"]["generation"].as_i64().unwrap_or(1)
+            }
+            Some(old) => old["metadata"]["generation"].as_i64().unwrap_or(1) + 1,
+            None => 1,
+        };
+        value["metadata"]["generation"] = json!(generation);
         state.store(
             collection,
             (api_version.to_string(), kind.to_string()),
@@ -591,6 +608,13 @@ impl FakeApiServer {
     /// enforced before. Objects written through the Rust API are not affected.
     pub fn enforce(&self, policy: RbacPolicy) {
         self.lock().policy = Some(policy);
+    }
+
+    /// From now on, creates in a namespace that does not exist are refused with
+    /// `404 NotFound` (`namespaces "<ns>" not found`), as a real API server refuses
+    /// them. Off by default, so tests need not create every namespace they use.
+    pub fn require_namespaces(&self) {
+        self.lock().require_namespaces = true;
     }
 
     /// The enforced policy, if any.

@@ -1,0 +1,176 @@
+//! Config status (`--enableStatus`, Istio's `PILOT_ENABLE_STATUS`): what the leader
+//! writes on the Istio config objects read from Kubernetes, computed here from what
+//! the server knows and handed to [`meshfed_kube::status::run_status_writer`].
+//!
+//! - `Reconciled` (Istio's distribution reporting): `N/M proxies up to date.`, `True`
+//!   when N = M. M is the proxies connected to this replica; N those that have
+//!   acknowledged every response this replica sent them (nothing in flight, nothing
+//!   NACKed). An object rejected by validation is in no proxy's config: `0/M`. A
+//!   change still inside the debounce window is not yet in any response, so for that
+//!   moment a proxy that ACKed everything counts as up to date.
+//! - `validationMessages`: a rejected object gets Istio's `IST0106`
+//!   (`SchemaValidationError`, ERROR); analyzer messages per object are added from
+//!   the [`AnalysisMessages`] source when one is given.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use meshfed_kube::KubeConfigStore;
+use meshfed_kube::status::{DesiredStatus, DesiredStatuses, Level, Progress, ValidationMessage};
+use meshfed_registry::config::{ConfigObject, ConfigStore, Kind, ObjectId, RejectedConfig};
+use tokio::sync::watch;
+
+use crate::ads::Connections;
+
+/// Analyzer output per object (Istio's `IST0xxx` messages), read at each interval.
+pub type AnalysisMessages =
+    Arc<dyn Fn() -> BTreeMap<ObjectId, Vec<ValidationMessage>> + Send + Sync>;
+
+/// How many connected proxies have acknowledged everything sent to them.
+pub fn progress(connections: &Connections) -> Progress {
+    let all = connections.all();
+    let acked = all
+        .iter()
+        .filter(|c| {
+            let state = c.state.lock().expect("state poisoned");
+            state
+                .watches
+                .iter()
+                .all(|(_, w)| w.nonce_sent.is_none() || w.nonce_sent == w.nonce_acked)
+        })
+        .count();
+    Progress {
+        acked,
+        total: all.len(),
+    }
+}
+
+/// The status every object should carry: `objects` accepted (in force), `rejected`
+/// refused by validation, `analysis` messages by object.
+pub fn desired_statuses(
+    objects: &[Arc<ConfigObject>],
+    rejected: &[RejectedConfig],
+    progress: Progress,
+    analysis: &BTreeMap<ObjectId, Vec<ValidationMessage>>,
+) -> BTreeMap<ObjectId, DesiredStatus> {
+    let mut out = BTreeMap::new();
+    for obj in objects {
+        out.insert(
+            ObjectId::new(obj.kind, &obj.namespace, &obj.name),
+            DesiredStatus {
+                reconciled: Some(progress),
+                messages: Vec::new(),
+            },
+        );
+    }
+    for r in rejected {
+        let Some(kind) = Kind::from_name(&r.kind) else {
+            continue;
+        };
+        if r.name.is_empty() {
+            continue;
+        }
+        // Rejected now, even where an earlier version stays in force.
+        out.insert(
+            ObjectId::new(kind, &r.namespace, &r.name),
+            DesiredStatus {
+                reconciled: Some(Progress {
+                    acked: 0,
+                    total: progress.total,
+                }),
+                messages: vec![ValidationMessage::istio(
+                    "IST0106",
+                    "SchemaValidationError",
+                    Level::Error,
+                )],
+            },
+        );
+    }
+    for (id, messages) in analysis {
+        if let Some(status) = out.get_mut(id) {
+            status.messages.extend(messages.iter().cloned());
+        }
+    }
+    for status in out.values_mut() {
+        status.messages.sort();
+        status.messages.dedup();
+    }
+    out
+}
+
+/// Computes the desired statuses every `interval` into `tx` until `shutdown`.
+pub async fn run_status_source(
+    store: KubeConfigStore,
+    connections: Arc<Connections>,
+    analysis: Option<AnalysisMessages>,
+    interval: Duration,
+    tx: watch::Sender<DesiredStatuses>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut ticks = tokio::time::interval(interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            _ = ticks.tick() => {}
+        }
+        if !store.has_synced() {
+            continue;
+        }
+        let extra = analysis.as_ref().map(|f| f()).unwrap_or_default();
+        let desired = desired_statuses(
+            &store.all(),
+            &store.rejected(),
+            progress(&connections),
+            &extra,
+        );
+        tx.send_if_modified(|current| {
+            if **current == desired {
+                return false;
+            }
+            *current = Arc::new(desired);
+            true
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejected_objects_carry_ist0106_and_analysis_adds_to_accepted_ones() {
+        let rejected = RejectedConfig {
+            source: "kubernetes:c/default/bad".into(),
+            kind: "VirtualService".into(),
+            namespace: "default".into(),
+            name: "bad".into(),
+            errors: vec!["spec.http[0]: weights add up to 110".into()],
+        };
+        let good = ObjectId::new(Kind::VirtualService, "default", "good");
+        let analysis = BTreeMap::from([(
+            good.clone(),
+            vec![ValidationMessage::istio(
+                "IST0101",
+                "ReferencedResourceNotFound",
+                Level::Error,
+            )],
+        )]);
+        let progress = Progress { acked: 2, total: 3 };
+        let out = desired_statuses(&[], &[rejected], progress, &analysis);
+        let bad = &out[&ObjectId::new(Kind::VirtualService, "default", "bad")];
+        assert_eq!(bad.reconciled, Some(Progress { acked: 0, total: 3 }));
+        assert_eq!(bad.messages[0].code, "IST0106");
+        assert_eq!(
+            bad.messages[0].documentation_url,
+            "https://istio.io/latest/docs/reference/config/analysis/ist0106/"
+        );
+        assert!(
+            !out.contains_key(&good),
+            "analysis of an object not in the store is dropped"
+        );
+    }
+}
