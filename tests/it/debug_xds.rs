@@ -803,3 +803,27 @@ async fn debug_types_are_answered_on_delta_streams_too() {
     drop(tx);
     mesh.server.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_proxy_stream_may_ask_for_debug_types_too() {
+    // istiod answers debug types on any stream (its debug prefix bypasses the
+    // proxy's generator); the asking proxy stays connected and served.
+    let mesh = mesh().await;
+    let mut client = proxy(mesh.plaintext_channel().await).await;
+    client
+        .send(DiscoveryRequest {
+            type_url: SYNCZ.into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let answer = client.recv().await.unwrap();
+    assert_eq!(answer.type_url, SYNCZ);
+    assert_eq!(syncz_configs(&answer).len(), 1, "itself");
+    client.subscribe(TypeUrl::Route, &["80"]).await.unwrap();
+    assert_eq!(
+        client.recv().await.unwrap().type_url,
+        TypeUrl::Route.as_str()
+    );
+    mesh.server.shutdown().await;
+}
