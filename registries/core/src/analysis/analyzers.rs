@@ -468,12 +468,23 @@ pub(super) fn conflicting_mesh_gateway_hosts(inputs: &Inputs, out: &mut Vec<Mess
             }
         }
     }
-    for ((scope, host), list) in by_host {
-        if list.len() < 2 {
+    // A VirtualService exported to some namespaces also conflicts with one exported
+    // everywhere, there; only the former is reported for it (the latter is reported
+    // for conflicts in its own scope).
+    for ((scope, host), list) in &by_host {
+        let everywhere: &[&ConfigObject] = if scope == "*" {
+            &[]
+        } else {
+            by_host
+                .get(&("*".to_string(), host.clone()))
+                .map_or(&[], Vec::as_slice)
+        };
+        if list.len() + everywhere.len() < 2 {
             continue;
         }
         let names: Vec<String> = list
             .iter()
+            .chain(everywhere)
             .map(|o| format!("{}/{}", o.namespace, o.name))
             .collect();
         for obj in list {

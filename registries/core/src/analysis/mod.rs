@@ -214,19 +214,51 @@ impl Inputs {
     }
 }
 
+/// An analyzer: its name (Istio's, `virtualservice.DestinationHostAnalyzer`) and
+/// what it reports.
+pub type Analyzer = (&'static str, fn(&Inputs, &mut Vec<Message>));
+
+/// Every analyzer, by Istio's name. `sidecar.SelectorAnalyzer` and
+/// `telemetry.SelectorAnalyzer` also report what Istio's `DefaultSelectorAnalyzer`s
+/// report (namespace-wide objects in conflict).
+pub const ANALYZERS: &[Analyzer] = &[
+    ("schema.ValidationAnalyzer", analyzers::schema),
+    (
+        "virtualservice.DestinationHostAnalyzer",
+        analyzers::destination_hosts,
+    ),
+    (
+        "virtualservice.DestinationRuleAnalyzer",
+        analyzers::destination_subsets,
+    ),
+    ("virtualservice.GatewayAnalyzer", analyzers::gateways),
+    (
+        "virtualservice.ConflictingMeshGatewayHostsAnalyzer",
+        analyzers::conflicting_mesh_gateway_hosts,
+    ),
+    ("service.PortNameAnalyzer", analyzers::port_names),
+    ("sidecar.SelectorAnalyzer", selectors::sidecars),
+    ("telemetry.SelectorAnalyzer", selectors::telemetries),
+    ("auth.AuthorizationPoliciesAnalyzer", selectors::policies),
+    (
+        "gateway.IngressGatewayPortAnalyzer",
+        selectors::gateway_workloads,
+    ),
+];
+
 /// Runs every analyzer; messages in a stable order (object, then code).
 pub fn analyze(inputs: &Inputs) -> Vec<Message> {
+    analyze_with(inputs, |_| true)
+}
+
+/// Runs the analyzers whose name `wanted` accepts.
+pub fn analyze_with(inputs: &Inputs, wanted: impl Fn(&str) -> bool) -> Vec<Message> {
     let mut out = Vec::new();
-    analyzers::schema(inputs, &mut out);
-    analyzers::destination_hosts(inputs, &mut out);
-    analyzers::destination_subsets(inputs, &mut out);
-    analyzers::gateways(inputs, &mut out);
-    analyzers::conflicting_mesh_gateway_hosts(inputs, &mut out);
-    analyzers::port_names(inputs, &mut out);
-    selectors::sidecars(inputs, &mut out);
-    selectors::telemetries(inputs, &mut out);
-    selectors::policies(inputs, &mut out);
-    selectors::gateway_workloads(inputs, &mut out);
+    for (name, run) in ANALYZERS {
+        if wanted(name) {
+            run(inputs, &mut out);
+        }
+    }
     out.sort_by(|a, b| {
         (&a.object.kind, &a.object.namespace, &a.object.name, a.code).cmp(&(
             &b.object.kind,

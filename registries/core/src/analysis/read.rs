@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::{Inputs, ObjectRef, Pod, Service, ServicePort};
-use crate::config::{Decoded, decode, validate};
+use crate::config::spec_json::path_from;
+use crate::config::{Decoded, Kind, Segment, decode, validate};
 
 /// One document and where it was read (`path:line`, empty for a cluster).
 #[derive(Clone, Debug)]
@@ -116,7 +117,14 @@ impl InputBuilder {
                     self.inputs.configs.push((obj, Vec::new()));
                 }
             },
-            Decoded::Invalid(bad) => self.inputs.invalid.push((object, bad.errors)),
+            Decoded::Invalid(bad) => {
+                // Analyzed as the API server would keep it (unknown fields pruned), so
+                // that a typo does not hide the object from the other analyzers.
+                if let Some(Decoded::Object(obj)) = pruned(&value).map(|v| decode(&v, &source)) {
+                    self.inputs.configs.push((obj, Vec::new()));
+                }
+                self.inputs.invalid.push((object, bad.errors));
+            }
             Decoded::Skipped(_) | Decoded::Secret(_) => {}
         }
     }
@@ -127,6 +135,39 @@ impl InputBuilder {
         self.inputs.namespaces.dedup();
         self.inputs
     }
+}
+
+/// `value` without the spec fields its kind does not define, when it had some.
+fn pruned(value: &Value) -> Option<Value> {
+    let kind = Kind::from_name(value.get("kind")?.as_str()?)?;
+    let mut value = value.clone();
+    let spec = value.get_mut("spec")?;
+    let unknown = meshfed_api::unknown_fields::unknown_fields(&kind.message_name(), spec);
+    if unknown.is_empty() {
+        return None;
+    }
+    for path in unknown {
+        let segments = path_from(&path);
+        let Some((last, parents)) = segments.segments().split_last() else {
+            continue;
+        };
+        let pointer: String = parents
+            .iter()
+            .map(|segment| match segment {
+                Segment::Field(k) | Segment::Key(k) => {
+                    format!("/{}", k.replace('~', "~0").replace('/', "~1"))
+                }
+                Segment::Index(i) => format!("/{i}"),
+            })
+            .collect();
+        if let (Segment::Field(k) | Segment::Key(k), Some(map)) = (
+            last,
+            spec.pointer_mut(&pointer).and_then(Value::as_object_mut),
+        ) {
+            map.remove(k);
+        }
+    }
+    Some(value)
 }
 
 fn string_map(v: Option<&Value>) -> BTreeMap<String, String> {

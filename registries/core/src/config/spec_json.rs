@@ -101,7 +101,7 @@ pub fn unsupported_fields<T: Serialize>(full_name: &str, spec: &T) -> Vec<Warnin
 
 /// A path in the form [`meshfed_api::unknown_fields`] writes (`http[0].route`,
 /// `labels[app]`) as a [`FieldPath`].
-fn path_from(text: &str) -> FieldPath {
+pub(crate) fn path_from(text: &str) -> FieldPath {
     let mut segments = Vec::new();
     let mut rest = text;
     while !rest.is_empty() {
