@@ -312,18 +312,22 @@ fn origin(expected: &str) -> String {
     }
 }
 
-fn run(v: &Vector) -> (Vec<(String, String)>, Vec<(String, String)>) {
+/// (message type name, origin) pairs, sorted.
+type Found = Vec<(String, String)>;
+
+/// What the vector's analyzer reports, and what Istio expects.
+fn run(v: &Vector) -> (Found, Found) {
     let paths: Vec<PathBuf> = v.files.iter().map(|f| data(f)).collect();
     let mut builder = InputBuilder::new("default");
     for doc in read::read_paths(&paths).expect("vector files read") {
         builder.add(doc);
     }
     let inputs = builder.finish();
-    let mut got: Vec<(String, String)> = analysis::analyze_with(&inputs, |n| n == v.analyzer)
+    let mut got: Found = analysis::analyze_with(&inputs, |n| n == v.analyzer)
         .iter()
         .map(|m| (m.name.to_string(), m.object.friendly_name()))
         .collect();
-    let mut want: Vec<(String, String)> = v
+    let mut want: Found = v
         .expected
         .iter()
         .map(|(name, o)| (name.to_string(), origin(o)))
