@@ -504,3 +504,109 @@ fn a_typo_is_a_schema_error_and_the_object_is_still_analyzed() {
     );
     assert!(!out.status.success());
 }
+
+/// The server rejects an object with an unknown field as any invalid one, and lists the
+/// Istio fields it does not act on under `unsupportedFields` in `/debug/configz`.
+#[tokio::test]
+async fn the_server_rejects_unknown_fields_and_lists_ignored_ones() {
+    use meshfed::testing::FakeServer;
+
+    use crate::support::{get_json, ready_and_synced};
+
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("c.yaml"),
+        "apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: typo, namespace: default}\n\
+         spec: {host: reviews, trafficPolcy: {}}\n---\n\
+         apiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: warm, namespace: default}\n\
+         spec: {host: reviews, trafficPolicy: {loadBalancer: {simple: ROUND_ROBIN, warmup: {duration: 10s}}}}\n",
+    )
+    .unwrap();
+    let server = FakeServer::builder()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    let rejected = configz["rejected"].to_string();
+    assert!(
+        rejected.contains("typo") && rejected.contains("spec.trafficPolcy: unknown field"),
+        "{rejected}"
+    );
+    let names: Vec<&str> = configz["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["warm"]);
+    assert_eq!(
+        configz["unsupportedFields"],
+        serde_json::json!([{"kind": "DestinationRule", "namespace": "default", "name": "warm",
+            "source": format!("{}:6", dir.path().join("c.yaml").display()),
+            "field": "spec.trafficPolicy.loadBalancer.warmup",
+            "message": "not supported by meshfed; ignored"}])
+    );
+    server.shutdown().await;
+}
+
+/// `meshfed analyze --kubeconfig`: the cluster's objects of `-n` (all with `-A`).
+#[tokio::test]
+async fn a_cluster_is_analyzed_through_its_kubeconfig() {
+    use meshfed_kube::fake_api::{CustomResource, FakeApiServer, objects};
+    use serde_json::json;
+
+    let api = FakeApiServer::start().await.unwrap();
+    api.install_crd(CustomResource::new(
+        "networking.istio.io",
+        "VirtualService",
+        "virtualservices",
+        &["v1"],
+    ));
+    api.apply(&objects::namespace("default", &[]));
+    api.apply(&objects::service(
+        "default",
+        "reviews",
+        "10.0.0.1",
+        &[("http", 9080)],
+    ));
+    for (ns, host) in [("default", "reviews2"), ("other", "nosuch")] {
+        api.apply_custom(&json!({
+            "apiVersion": "networking.istio.io/v1", "kind": "VirtualService",
+            "metadata": {"name": "reviews", "namespace": ns},
+            "spec": {"hosts": ["reviews"], "http": [{"route": [{"destination": {"host": host}}]}]},
+        }));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(&kubeconfig, api.kubeconfig()).unwrap();
+    let run = |extra: &'static [&'static str]| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+                .arg("analyze")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args(extra)
+                .env_remove("KUBECONFIG")
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let out = run(&[]).await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "Error [IST0101] (VirtualService default/reviews) Referenced host not found: \"reviews2\"\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(79));
+    let out = run(&["-A"]).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("(VirtualService other/reviews) Referenced host not found: \"nosuch\""),
+        "{stdout}"
+    );
+}
