@@ -129,6 +129,70 @@ const VECTORS: &[Vector] = &[
         ],
     },
     Vector {
+        name: "virtualServiceConflictingMeshGatewayHostsWithExportTo",
+        files: &["virtualservice_conflictingmeshgatewayhosts_with_exportto.yaml"],
+        analyzer: "virtualservice.ConflictingMeshGatewayHostsAnalyzer",
+        expected: &[
+            (
+                "ConflictingMeshGatewayVirtualServiceHosts",
+                "VirtualService foo/productpage",
+            ),
+            (
+                "ConflictingMeshGatewayVirtualServiceHosts",
+                "VirtualService bar/productpage",
+            ),
+            (
+                "ConflictingMeshGatewayVirtualServiceHosts",
+                "VirtualService foo/productpage-c",
+            ),
+            (
+                "ConflictingMeshGatewayVirtualServiceHosts",
+                "VirtualService bar/productpage-c",
+            ),
+            (
+                "ConflictingMeshGatewayVirtualServiceHosts",
+                "VirtualService foo/productpage-d",
+            ),
+            (
+                "ConflictingMeshGatewayVirtualServiceHosts",
+                "VirtualService bar/productpage-d",
+            ),
+        ],
+    },
+    Vector {
+        name: "namedPort",
+        files: &["service-port-name.yaml"],
+        analyzer: "service.PortNameAnalyzer",
+        expected: &[],
+    },
+    Vector {
+        name: "unnamedPortInSystemNamespace",
+        files: &["service-no-port-name-system-namespace.yaml"],
+        analyzer: "service.PortNameAnalyzer",
+        expected: &[],
+    },
+    Vector {
+        name: "gatewayCorrectPort",
+        files: &["gateway-correct-port.yaml"],
+        analyzer: "gateway.IngressGatewayPortAnalyzer",
+        expected: &[],
+    },
+    Vector {
+        name: "telemetryDefaultSelector",
+        files: &["telemetry-default-selector.yaml"],
+        analyzer: "telemetry.DefaultSelectorAnalyzer",
+        expected: &[
+            (
+                "MultipleTelemetriesWithoutWorkloadSelectors",
+                "Telemetry ns2/has-conflict-2",
+            ),
+            (
+                "MultipleTelemetriesWithoutWorkloadSelectors",
+                "Telemetry ns2/has-conflict-1",
+            ),
+        ],
+    },
+    Vector {
         name: "sidecarSelector",
         files: &["sidecar-selector.yaml"],
         analyzer: "sidecar.SelectorAnalyzer",
@@ -289,6 +353,11 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
     (
         "sidecarDefaultSelector",
         "IneffectivePolicy (IST0167, Sidecars on ambient pods) is not implemented: meshfed serves no ambient data plane",
+    ),
+    (
+        "gatewayCorrectPort",
+        "Istio's test adds default resources (an ingress gateway pod and Service) this port does not load, \
+         so meshfed finds no pod for the selector",
     ),
     (
         "gatewayBadPort",

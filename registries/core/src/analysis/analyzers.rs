@@ -437,9 +437,12 @@ pub(super) fn gateways(inputs: &Inputs, out: &mut Vec<Message>) {
 }
 
 /// `virtualservice.ConflictingMeshGatewayHostsAnalyzer`: several VirtualServices of
-/// the mesh gateway defining one host in one scope (IST0109).
+/// the mesh gateway defining hosts that overlap where both are visible (IST0109): in
+/// one `exportTo` scope, or one scope and everywhere (`*`). One message per
+/// VirtualService, about the first conflict found.
 pub(super) fn conflicting_mesh_gateway_hosts(inputs: &Inputs, out: &mut Vec<Message>) {
-    let mut by_host: BTreeMap<(String, String), Vec<&ConfigObject>> = BTreeMap::new();
+    // (scope, host, object), in object order.
+    let mut entries: Vec<(String, String, &ConfigObject)> = Vec::new();
     for (obj, vs) in of_kind::<net::VirtualService>(inputs) {
         if !(vs.gateways.is_empty() || vs.gateways.iter().any(|g| g == "mesh")) {
             continue;
@@ -461,45 +464,43 @@ pub(super) fn conflicting_mesh_gateway_hosts(inputs: &Inputs, out: &mut Vec<Mess
             };
         for scope in scopes {
             for h in &vs.hosts {
-                by_host
-                    .entry((scope.clone(), fqdn(&obj.namespace, h, &inputs.domain)))
-                    .or_default()
-                    .push(obj);
+                entries.push((scope.clone(), fqdn(&obj.namespace, h, &inputs.domain), obj));
             }
         }
     }
-    // A VirtualService exported to some namespaces also conflicts with one exported
-    // everywhere, there; only the former is reported for it (the latter is reported
-    // for conflicts in its own scope).
-    for ((scope, host), list) in &by_host {
-        let everywhere: &[&ConfigObject] = if scope == "*" {
-            &[]
-        } else {
-            by_host
-                .get(&("*".to_string(), host.clone()))
-                .map_or(&[], Vec::as_slice)
-        };
-        if list.len() + everywhere.len() < 2 {
+    let same = |a: &ConfigObject, b: &ConfigObject| a.namespace == b.namespace && a.name == b.name;
+    let mut reported: Vec<&ConfigObject> = Vec::new();
+    for (scope, host, obj) in &entries {
+        if reported.iter().any(|r| same(r, obj)) {
             continue;
         }
-        let names: Vec<String> = list
-            .iter()
-            .chain(everywhere)
-            .map(|o| format!("{}/{}", o.namespace, o.name))
-            .collect();
-        for obj in list {
-            out.push(message(
-                CONFLICTING_MESH_GATEWAY_VS_HOSTS,
-                object_ref(obj),
-                format!(
-                    "The VirtualServices {} associated with mesh gateway define the same host {scope}/{host} \
-                     which can lead to undefined behavior. This can be fixed by merging the conflicting \
-                     VirtualServices into a single resource.",
-                    names.join(",")
-                ),
-                Some("metadata.name".to_string()),
-            ));
+        let mut names = vec![format!("{}/{}", obj.namespace, obj.name)];
+        for (other_scope, other_host, other) in &entries {
+            let visible = other_scope == scope || other_scope == "*" || scope == "*";
+            let name = format!("{}/{}", other.namespace, other.name);
+            if !same(obj, other)
+                && visible
+                && hosts_match(host, other_host)
+                && !names.contains(&name)
+            {
+                names.push(name);
+            }
         }
+        if names.len() < 2 {
+            continue;
+        }
+        reported.push(obj);
+        out.push(message(
+            CONFLICTING_MESH_GATEWAY_VS_HOSTS,
+            object_ref(obj),
+            format!(
+                "The VirtualServices {} associated with mesh gateway define the same host {scope}/{host} \
+                 which can lead to undefined behavior. This can be fixed by merging the conflicting \
+                 VirtualServices into a single resource.",
+                names.join(",")
+            ),
+            Some("metadata.name".to_string()),
+        ));
     }
 }
 

@@ -218,9 +218,8 @@ impl Inputs {
 /// what it reports.
 pub type Analyzer = (&'static str, fn(&Inputs, &mut Vec<Message>));
 
-/// Every analyzer, by Istio's name. `sidecar.SelectorAnalyzer` and
-/// `telemetry.SelectorAnalyzer` also report what Istio's `DefaultSelectorAnalyzer`s
-/// report (namespace-wide objects in conflict).
+/// Every analyzer, by Istio's name. `sidecar.SelectorAnalyzer` also reports
+/// namespace-wide Sidecars in conflict (IST0111), as Istio's does at HEAD.
 pub const ANALYZERS: &[Analyzer] = &[
     ("schema.ValidationAnalyzer", analyzers::schema),
     (
@@ -239,6 +238,10 @@ pub const ANALYZERS: &[Analyzer] = &[
     ("service.PortNameAnalyzer", analyzers::port_names),
     ("sidecar.SelectorAnalyzer", selectors::sidecars),
     ("telemetry.SelectorAnalyzer", selectors::telemetries),
+    (
+        "telemetry.DefaultSelectorAnalyzer",
+        selectors::telemetry_defaults,
+    ),
     ("auth.AuthorizationPoliciesAnalyzer", selectors::policies),
     (
         "gateway.IngressGatewayPortAnalyzer",

@@ -42,7 +42,22 @@ struct Family {
     multiple_text: &'static str,
 }
 
-fn selecting(inputs: &Inputs, items: Vec<Selecting<'_>>, family: &Family, out: &mut Vec<Message>) {
+/// Which findings of [`selecting`] are reported.
+#[derive(Clone, Copy)]
+struct Parts {
+    /// Selectors that select nothing, and pods selected twice.
+    selectors: bool,
+    /// Several namespace-wide objects in one namespace.
+    defaults: bool,
+}
+
+fn selecting(
+    inputs: &Inputs,
+    items: Vec<Selecting<'_>>,
+    family: &Family,
+    parts: Parts,
+    out: &mut Vec<Message>,
+) {
     let mut pods_to_objects: BTreeMap<(String, String), Vec<&ConfigObject>> = BTreeMap::new();
     let mut namespace_wide: BTreeMap<String, Vec<&ConfigObject>> = BTreeMap::new();
     for item in &items {
@@ -67,7 +82,7 @@ fn selecting(inputs: &Inputs, items: Vec<Selecting<'_>>, family: &Family, out: &
                     .push(item.obj);
             }
         }
-        if !found {
+        if !found && parts.selectors {
             out.push(message(
                 REFERENCED_RESOURCE_NOT_FOUND,
                 object_ref(item.obj),
@@ -80,7 +95,7 @@ fn selecting(inputs: &Inputs, items: Vec<Selecting<'_>>, family: &Family, out: &
         }
     }
     for ((ns, pod), objects) in pods_to_objects {
-        if objects.len() < 2 {
+        if objects.len() < 2 || !parts.selectors {
             continue;
         }
         let names: Vec<String> = objects.iter().map(|o| o.name.clone()).collect();
@@ -98,7 +113,7 @@ fn selecting(inputs: &Inputs, items: Vec<Selecting<'_>>, family: &Family, out: &
         }
     }
     for (ns, objects) in namespace_wide {
-        if objects.len() < 2 {
+        if objects.len() < 2 || !parts.defaults {
             continue;
         }
         let names: Vec<String> = objects.iter().map(|o| o.name.clone()).collect();
@@ -137,12 +152,33 @@ pub(super) fn sidecars(inputs: &Inputs, out: &mut Vec<Message>) {
         multiple: MULTIPLE_SIDECARS_WITHOUT_SELECTORS,
         multiple_text: "The Sidecars {names} in namespace {ns} have no workload selector, which can lead to undefined behavior.",
     };
-    selecting(inputs, items, &family, out);
+    let both = Parts {
+        selectors: true,
+        defaults: true,
+    };
+    selecting(inputs, items, &family, both, out);
 }
 
-/// `telemetry.SelectorAnalyzer` and `telemetry.DefaultSelectorAnalyzer`: IST0101,
-/// IST0159, IST0160. Telemetries attached by `targetRef(s)` are left out.
+/// `telemetry.SelectorAnalyzer`: IST0101, IST0159.
 pub(super) fn telemetries(inputs: &Inputs, out: &mut Vec<Message>) {
+    let parts = Parts {
+        selectors: true,
+        defaults: false,
+    };
+    telemetry_findings(inputs, parts, out);
+}
+
+/// `telemetry.DefaultSelectorAnalyzer`: IST0160.
+pub(super) fn telemetry_defaults(inputs: &Inputs, out: &mut Vec<Message>) {
+    let parts = Parts {
+        selectors: false,
+        defaults: true,
+    };
+    telemetry_findings(inputs, parts, out);
+}
+
+/// Telemetries attached by `targetRef(s)` are left out.
+fn telemetry_findings(inputs: &Inputs, parts: Parts, out: &mut Vec<Message>) {
     let items = of_kind::<tel::Telemetry>(inputs)
         .filter(|(_, t)| t.target_ref.is_none() && t.target_refs.is_empty())
         .map(|(obj, t)| Selecting {
@@ -161,7 +197,7 @@ pub(super) fn telemetries(inputs: &Inputs, out: &mut Vec<Message>) {
         multiple: MULTIPLE_TELEMETRIES_WITHOUT_SELECTORS,
         multiple_text: "The Telemetries {names} in namespace {ns} have no workload selector, which can lead to undefined behavior.",
     };
-    selecting(inputs, items, &family, out);
+    selecting(inputs, items, &family, parts, out);
 }
 
 fn pods_in<'a>(inputs: &'a Inputs, namespace: &'a str) -> impl Iterator<Item = &'a Pod> + 'a {
