@@ -51,6 +51,10 @@ enum Command {
     /// Print the Secret (kubeconfig for the reader service account) that lets meshfed
     /// in another cluster read this one, as `istioctl create-remote-secret` does.
     CreateRemoteSecret(meshfed::cli::remote_secret::RemoteSecretArgs),
+    /// Run Istio's config analyzers over files, directories or the cluster, as
+    /// `istioctl analyze` (codes IST0xxx; exit code 79 on issues at the failure
+    /// threshold).
+    Analyze(Box<meshfed::cli::analyze::AnalyzeArgs>),
 }
 
 /// `meshfed vm ...`.
@@ -855,5 +859,6 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         Command::Load(args) => load(args),
         Command::Vm(VmCommand::Bootstrap(args)) => meshfed::cli::vm::run(*args),
         Command::CreateRemoteSecret(args) => meshfed::cli::remote_secret::run(args),
+        Command::Analyze(args) => meshfed::cli::analyze::run(*args),
     }
 }

@@ -28,6 +28,107 @@ use crate::ads::Connections;
 pub type AnalysisMessages =
     Arc<dyn Fn() -> BTreeMap<ObjectId, Vec<ValidationMessage>> + Send + Sync>;
 
+/// The analyzers the server runs for `validationMessages`: the ones whose inputs it
+/// holds whole (the Istio config and every registry's services). Those that read
+/// pods or Kubernetes Service selectors, and the schema analyzer (a rejected object
+/// already carries IST0106), stay with `meshfed analyze`.
+pub const SERVER_ANALYZERS: &[&str] = &[
+    "virtualservice.DestinationHostAnalyzer",
+    "virtualservice.DestinationRuleAnalyzer",
+    "virtualservice.GatewayAnalyzer",
+    "virtualservice.ConflictingMeshGatewayHostsAnalyzer",
+];
+
+/// Analyzer messages for the objects `store` holds, with the services of the
+/// current snapshot as the hosts destinations may name. Recomputed only when the
+/// store's objects or the snapshot change.
+pub fn analysis_source(
+    store: KubeConfigStore,
+    snapshot: Arc<arc_swap::ArcSwap<crate::push::snapshot::Snapshot>>,
+    root_namespace: String,
+    domain: String,
+) -> AnalysisMessages {
+    type Memo = (
+        Vec<Arc<ConfigObject>>,
+        usize,
+        BTreeMap<ObjectId, Vec<ValidationMessage>>,
+    );
+    let memo: std::sync::Mutex<Option<Memo>> = std::sync::Mutex::new(None);
+    Arc::new(move || {
+        let objects = store.all();
+        let current = snapshot.load_full();
+        let services = current.services().all();
+        // The snapshot is identified by its service list's address and the store by
+        // its objects (shared `Arc`s, compared by pointer first).
+        let services_id = services.as_ptr() as usize;
+        let mut memo = memo.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, id, messages)) = memo.as_ref()
+            && *id == services_id
+            && seen.len() == objects.len()
+            && seen.iter().zip(&objects).all(|(a, b)| Arc::ptr_eq(a, b))
+        {
+            return messages.clone();
+        }
+        let messages = analyze_objects(&objects, services, &root_namespace, &domain);
+        *memo = Some((objects, services_id, messages.clone()));
+        messages
+    })
+}
+
+/// Runs [`SERVER_ANALYZERS`] over `objects`, destinations resolved against `services`.
+pub fn analyze_objects(
+    objects: &[Arc<ConfigObject>],
+    services: &[Arc<meshfed_registry::Service>],
+    root_namespace: &str,
+    domain: &str,
+) -> BTreeMap<ObjectId, Vec<ValidationMessage>> {
+    use meshfed_registry::analysis;
+    let mut inputs = analysis::Inputs::new();
+    inputs.root_namespace = root_namespace.to_string();
+    inputs.domain = domain.to_string();
+    inputs.configs = objects
+        .iter()
+        .map(|o| ((**o).clone(), Vec::new()))
+        .collect();
+    inputs.registry_hosts = services
+        .iter()
+        .map(|svc| analysis::RegistryHost {
+            hostname: svc.hostname.to_string(),
+            ports: svc.ports.iter().map(|p| u32::from(p.port.get())).collect(),
+            visible_in: if svc.export_to.0.is_empty() || svc.export_to.0.contains("*") {
+                vec!["*".to_string()]
+            } else {
+                svc.export_to
+                    .0
+                    .iter()
+                    .map(|e| {
+                        if e == "." {
+                            svc.namespace.to_string()
+                        } else {
+                            e.clone()
+                        }
+                    })
+                    .collect()
+            },
+        })
+        .collect();
+    let mut out: BTreeMap<ObjectId, Vec<ValidationMessage>> = BTreeMap::new();
+    for m in analysis::analyze_with(&inputs, |name| SERVER_ANALYZERS.contains(&name)) {
+        let Some(kind) = Kind::from_name(&m.object.kind) else {
+            continue;
+        };
+        let level = match m.level {
+            analysis::Level::Error => Level::Error,
+            analysis::Level::Warning => Level::Warning,
+            analysis::Level::Info => Level::Info,
+        };
+        out.entry(ObjectId::new(kind, &m.object.namespace, &m.object.name))
+            .or_default()
+            .push(ValidationMessage::istio(m.code, m.name, level));
+    }
+    out
+}
+
 /// How many connected proxies have acknowledged everything sent to them.
 pub fn progress(connections: &Connections) -> Progress {
     let all = connections.all();

@@ -41,65 +41,100 @@ fn index(scope: &str, message: DescriptorProto, out: &mut HashMap<String, Descri
 /// (`google.protobuf.*`: Struct, Any, wrappers, ...) are not looked into. An unknown
 /// `full_name` gives nothing.
 pub fn unknown_fields(full_name: &str, value: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    if let Some(message) = MESSAGES.get(full_name) {
-        walk(message, value, "", &mut out);
-    }
-    out
+    fields(full_name, value, &[]).0
 }
 
-fn walk(message: &DescriptorProto, value: &Value, path: &str, out: &mut Vec<String>) {
-    let Value::Object(fields) = value else {
-        return;
+/// The paths of the unknown keys in `value` (as [`unknown_fields`]) and of the keys
+/// that are fields listed in `listed` as `(message full name, field name)` (the
+/// field's proto name, `warmup_duration_secs`): fields a caller wants named wherever
+/// they are set (Istio fields it does not act on, say).
+pub fn fields(
+    full_name: &str,
+    value: &Value,
+    listed: &[(&str, &str)],
+) -> (Vec<String>, Vec<String>) {
+    let mut walk = Walk {
+        listed,
+        unknown: Vec::new(),
+        found: Vec::new(),
     };
-    for (key, v) in fields {
-        let here = if path.is_empty() {
-            key.clone()
-        } else {
-            format!("{path}.{key}")
+    if let Some(message) = MESSAGES.get(full_name) {
+        walk.walk(full_name, message, value, "");
+    }
+    (walk.unknown, walk.found)
+}
+
+struct Walk<'a> {
+    listed: &'a [(&'a str, &'a str)],
+    unknown: Vec<String>,
+    found: Vec<String>,
+}
+
+impl Walk<'_> {
+    fn walk(&mut self, name: &str, message: &DescriptorProto, value: &Value, path: &str) {
+        let Value::Object(fields) = value else {
+            return;
         };
-        let Some(field) = message
-            .field
-            .iter()
-            .find(|f| f.json_name.as_deref() == Some(key) || f.name.as_deref() == Some(key))
-        else {
-            out.push(here);
-            continue;
-        };
-        let Some(target) = message_type(field) else {
-            continue;
-        };
-        let repeated = field.label == Some(3);
-        if let Some(entry_value) = map_value(target) {
-            // A map: each entry's value is of the entry's value type.
-            if let (Some(value_message), Value::Object(entries)) = (entry_value, v) {
-                for (k, item) in entries {
-                    walk(value_message, item, &format!("{here}[{k}]"), out);
-                }
+        for (key, v) in fields {
+            let here = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            let Some(field) = message
+                .field
+                .iter()
+                .find(|f| f.json_name.as_deref() == Some(key) || f.name.as_deref() == Some(key))
+            else {
+                self.unknown.push(here);
+                continue;
+            };
+            let field_name = field.name.as_deref().unwrap_or_default();
+            if self
+                .listed
+                .iter()
+                .any(|&(m, f)| m == name && f == field_name)
+            {
+                self.found.push(here.clone());
             }
-        } else if repeated {
-            if let Value::Array(items) = v {
-                for (i, item) in items.iter().enumerate() {
-                    walk(target, item, &format!("{here}[{i}]"), out);
+            let Some((target_name, target)) = message_type(field) else {
+                continue;
+            };
+            let repeated = field.label == Some(3);
+            if let Some(entry_value) = map_value(target) {
+                // A map: each entry's value is of the entry's value type.
+                if let (Some((value_name, value_message)), Value::Object(entries)) =
+                    (entry_value, v)
+                {
+                    for (k, item) in entries {
+                        self.walk(value_name, value_message, item, &format!("{here}[{k}]"));
+                    }
                 }
+            } else if repeated {
+                if let Value::Array(items) = v {
+                    for (i, item) in items.iter().enumerate() {
+                        self.walk(target_name, target, item, &format!("{here}[{i}]"));
+                    }
+                }
+            } else {
+                self.walk(target_name, target, v, &here);
             }
-        } else {
-            walk(target, v, &here, out);
         }
     }
 }
 
-/// The message a field holds, unless it is a scalar, an enum or a well-known type.
-fn message_type(field: &FieldDescriptorProto) -> Option<&'static DescriptorProto> {
+/// The message a field holds (its full name and descriptor), unless it is a scalar,
+/// an enum or a well-known type.
+fn message_type(field: &FieldDescriptorProto) -> Option<(&'static str, &'static DescriptorProto)> {
     let name = field.type_name.as_deref()?.strip_prefix('.')?;
     if name.starts_with("google.protobuf.") {
         return None;
     }
-    MESSAGES.get(name)
+    MESSAGES.get_key_value(name).map(|(k, v)| (k.as_str(), v))
 }
 
 /// For a map entry message: `Some(the value's message, if it is one)`.
-fn map_value(entry: &DescriptorProto) -> Option<Option<&'static DescriptorProto>> {
+fn map_value(entry: &DescriptorProto) -> Option<Option<(&'static str, &'static DescriptorProto)>> {
     if !entry
         .options
         .as_ref()
@@ -156,6 +191,32 @@ mod tests {
         assert_eq!(
             unknown_fields("istio.networking.v1alpha3.DestinationRule", &typo),
             vec!["trafficPolcy"]
+        );
+    }
+}
+
+#[cfg(test)]
+mod listed_tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn listed_fields_are_named_wherever_they_are_set() {
+        let doc = json!({"host": "a", "trafficPolicy": {"loadBalancer": {"warmup": {}}, "portLevelSettings": [
+            {"port": {"number": 80}, "loadBalancer": {"warmup": {"duration": "1s"}}}]}, "bad": 1});
+        let (unknown, found) = fields(
+            "istio.networking.v1alpha3.DestinationRule",
+            &doc,
+            &[("istio.networking.v1alpha3.LoadBalancerSettings", "warmup")],
+        );
+        assert_eq!(unknown, ["bad"]);
+        assert_eq!(
+            found,
+            [
+                "trafficPolicy.loadBalancer.warmup",
+                "trafficPolicy.portLevelSettings[0].loadBalancer.warmup"
+            ]
         );
     }
 }

@@ -386,6 +386,16 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let all: Vec<_> = state.config_stores.iter().flat_map(|s| s.all()).collect();
     let unplaced =
         crate::networks::unplaced_workloads(all.iter().map(|o| &**o), snapshot.network_view());
+    // Fields of Istio's API set in objects that meshfed does not act on.
+    let unsupported: Vec<Value> = all
+        .iter()
+        .flat_map(|o| {
+            o.spec.unsupported_fields().into_iter().map(move |w| {
+                json!({"kind": o.kind.as_str(), "namespace": o.namespace, "name": o.name,
+                       "source": o.source, "field": w.field.to_string(), "message": w.message})
+            })
+        })
+        .collect();
     Ok(json!({
         "objects": objects,
         "rejected": rejected,
@@ -393,6 +403,7 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "selectingNoWorkload": selecting_nothing,
         "telemetryProviders": unknown_providers,
         "unplacedWorkloads": unplaced,
+        "unsupportedFields": unsupported,
     }))
 }
 

@@ -138,7 +138,12 @@ pub(super) fn start_status(
     tasks.spawn(crate::status::run_status_source(
         store.clone(),
         parts.connections,
-        None,
+        Some(crate::status::analysis_source(
+            store.clone(),
+            parts.snapshot,
+            parts.root_namespace,
+            config.domain.clone(),
+        )),
         settings.interval,
         tx,
         async move { stop.wait().await },
@@ -165,6 +170,10 @@ pub(super) fn start_status(
 /// What config status reads from the rest of the server.
 pub(super) struct StatusParts {
     pub(super) connections: Arc<crate::ads::Connections>,
+    /// Where the analyzers find the services destinations may name.
+    pub(super) snapshot: Arc<arc_swap::ArcSwap<crate::push::snapshot::Snapshot>>,
+    /// The mesh's root namespace, for the analyzers.
+    pub(super) root_namespace: String,
     pub(super) lease_state: Arc<LeaseState>,
     pub(super) duties: Arc<meshfed_kube::Duties>,
     pub(super) shutdown: Shutdown,

@@ -414,6 +414,8 @@ impl Wiring {
             self.registries.kube_client(),
             kube::StatusParts {
                 connections: self.core.connections.clone(),
+                snapshot: self.core.pipeline.snapshot().clone(),
+                root_namespace: self.core.mesh.load().config.root_namespace.clone(),
                 lease_state: self.registries.lease_state.clone(),
                 duties: self.registries.duties.clone(),
                 shutdown: self.shutdown.clone(),

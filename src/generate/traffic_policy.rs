@@ -539,6 +539,7 @@ mod tests {
                 name: "session".into(),
                 path: "/".into(),
                 ttl: Some(meshfed_api::Duration::new(60, 0)),
+                ..Default::default()
             })),
             P::Cookie(c) if c.name == "session" && c.path == "/" && c.ttl.unwrap().seconds == 60
         ));

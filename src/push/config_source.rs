@@ -73,6 +73,21 @@ pub fn config_source(
                         object.kind, object.namespace, object.name, object.source
                     ));
                 }
+                // Fields of Istio's API set in the object that meshfed does not act on.
+                let unsupported = object.spec.unsupported_fields();
+                if !unsupported.is_empty() {
+                    let fields: Vec<String> =
+                        unsupported.iter().map(|w| w.field.to_string()).collect();
+                    not_enforced.push(format!(
+                        "{} {}/{} ({}): {}: {}",
+                        object.kind,
+                        object.namespace,
+                        object.name,
+                        object.source,
+                        fields.join(", "),
+                        meshfed_registry::config::spec_json::NOT_ACTED_ON_MESSAGE
+                    ));
+                }
                 add_to_set(&mut set, &object);
             }
         }

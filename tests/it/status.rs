@@ -59,6 +59,37 @@ async fn the_leader_writes_reconciled_and_validation_messages_with_rbac_enforced
     ]));
     api.apply_custom(&virtual_service("good", (50, 50)));
     api.apply_custom(&virtual_service("bad", (60, 50)));
+    // What the good one names exists: the Service and the DestinationRule's subsets.
+    api.apply(&objects::service(
+        "default",
+        "reviews",
+        "10.96.0.20",
+        &[("http", 9080)],
+    ));
+    api.apply_custom(&objects::istio(
+        "v1",
+        "DestinationRule",
+        "default",
+        "reviews",
+        json!({
+            "host": "reviews",
+            "subsets": [
+                {"name": "v1", "labels": {"version": "v1"}},
+                {"name": "v2", "labels": {"version": "v2"}},
+            ],
+        }),
+    ));
+    // A valid object naming a host no registry has: the analyzers' IST0101.
+    api.apply_custom(&objects::istio(
+        "v1",
+        "VirtualService",
+        "default",
+        "dangling",
+        json!({
+            "hosts": ["dangling.example.com"],
+            "http": [{"route": [{"destination": {"host": "nowhere.default.svc.cluster.local"}}]}],
+        }),
+    ));
     let client = api.client();
     let server = FakeServer::builder()
         .configure(move |c| {
@@ -89,6 +120,21 @@ async fn the_leader_writes_reconciled_and_validation_messages_with_rbac_enforced
     assert!(good["conditions"][0]["lastProbeTime"].is_string());
     assert_eq!(good["observedGeneration"], "1");
     assert!(good.get("validationMessages").is_none(), "{good}");
+
+    let dangling = eventually("the dangling object's analysis", || async move {
+        let s = status_of(api, "dangling");
+        s["validationMessages"].is_array().then_some(s)
+    })
+    .await;
+    assert_eq!(
+        dangling["validationMessages"],
+        json!([{
+            "type": {"name": "ReferencedResourceNotFound", "code": "IST0101"},
+            "level": "ERROR",
+            "documentationUrl": "https://istio.io/latest/docs/reference/config/analysis/ist0101/",
+        }]),
+        "{dangling}"
+    );
 
     let bad = eventually("the rejected object's status", || async move {
         let s = status_of(api, "bad");
@@ -127,15 +173,20 @@ async fn the_leader_writes_reconciled_and_validation_messages_with_rbac_enforced
     assert_eq!(bad["conditions"][0]["status"], "False", "{bad}");
     assert_eq!(bad["conditions"][0]["message"], "0/1 proxies up to date.");
 
-    let text = http_get(server.bound().monitoring, "/metrics").await.1;
-    assert_eq!(
-        metric(
-            &text,
-            "meshfed_config_status_writes_total{result=\"written\"}"
-        ),
-        Some(status_puts(api) as f64),
-        "{text}"
-    );
+    // Every PUT the API server saw is counted once the writer has its answer.
+    let monitoring = server.bound().monitoring;
+    eventually(
+        "status writes counted as the API server saw them",
+        || async move {
+            let text = http_get(monitoring, "/metrics").await.1;
+            let written = metric(
+                &text,
+                "meshfed_config_status_writes_total{result=\"written\"}",
+            );
+            (written == Some(status_puts(api) as f64)).then_some(())
+        },
+    )
+    .await;
     server.shutdown().await;
 }
 

@@ -27,6 +27,7 @@
 //!   register the Prometheus metrics of the state they own.
 
 pub mod aggregate;
+pub mod analysis;
 pub mod config;
 pub mod endpoints;
 pub mod events;

@@ -1053,6 +1053,7 @@ mod tests {
                 per_try_timeout: Some(secs(2)),
                 retry_on: "5xx,503,gateway-error".into(),
                 retry_remote_localities: None,
+                ..Default::default()
             }),
             timeout: Some(secs(5)),
             fault: Some(HttpFaultInjection {

@@ -10,8 +10,9 @@
 //! into the time it first saw the object).
 //!
 //! Specs are read in proto3 JSON form through `serde_json::Value`: camelCase and
-//! snake_case field names, enums by name, durations such as `"5s"`; unknown fields are
-//! ignored, as in Istio. Errors name the field (`spec.http[0].timeout`).
+//! snake_case field names, enums by name, durations such as `"5s"`; an unknown field is
+//! an error, as in Istio's schema validation ([`crate::config::spec_json`]). Errors name
+//! the field (`spec.http[0].timeout`, `spec.trafficPolcy`).
 
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -162,7 +163,7 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
     let spec = match Spec::from_value(kind, map.get("spec").unwrap_or(&Value::Null)) {
         Ok(spec) => Some(spec),
         Err(e) => {
-            errors.push(e);
+            errors.extend(e);
             None
         }
     };

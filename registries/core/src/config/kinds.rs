@@ -224,6 +224,14 @@ macro_rules! declare_kinds {
         impl Kind {
             /// Every kind, in order.
             pub const ALL: [Kind; COUNT] = [$(Kind::$variant),*];
+
+            /// The full name of the spec's proto message
+            /// (`istio.networking.v1alpha3.VirtualService`).
+            pub fn message_name(self) -> String {
+                match self {
+                    $( Kind::$variant => <$spec as prost::Name>::full_name(), )*
+                }
+            }
         }
 
         impl ConfigKind {
@@ -253,10 +261,11 @@ macro_rules! declare_kinds {
                 }
             }
 
-            /// Reads the spec of a `kind` object from its proto3 JSON form. A missing
-            /// or null spec is the empty message. Errors name the field
-            /// (`spec.http[0].timeout`).
-            pub fn from_value(kind: Kind, value: &Value) -> Result<Spec, FieldError> {
+            /// Reads the spec of a `kind` object from its proto3 JSON form, strictly
+            /// (an unknown field is an error; see [`crate::config::spec_json`]). A
+            /// missing or null spec is the empty message. Errors name the field
+            /// (`spec.http[0].timeout`, `spec.trafficPolcy`).
+            pub fn from_value(kind: Kind, value: &Value) -> Result<Spec, Vec<FieldError>> {
                 let empty = Value::Object(serde_json::Map::new());
                 let value = if value.is_null() { &empty } else { value };
                 Ok(match kind {
@@ -272,6 +281,17 @@ macro_rules! declare_kinds {
                         let validate: fn(&str, &$spec) -> Validation = $validate;
                         validate(namespace, spec)
                     } )*
+                }
+            }
+
+            /// Warnings for the fields of Istio's API set in the spec that meshfed
+            /// does not act on ([`crate::config::spec_json::NOT_ACTED_ON`]).
+            pub fn unsupported_fields(&self) -> Vec<crate::config::validate::Warning> {
+                match self {
+                    $( Spec::$variant(spec) => crate::config::spec_json::unsupported_fields(
+                        &<$spec as prost::Name>::full_name(),
+                        spec,
+                    ), )*
                 }
             }
         }

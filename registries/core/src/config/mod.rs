@@ -33,7 +33,7 @@ pub mod validation;
 mod assembly;
 pub(crate) mod locate;
 mod references;
-pub(crate) mod spec_json;
+pub mod spec_json;
 mod time;
 pub use time::{format_rfc3339, parse_rfc3339};
 

@@ -26,6 +26,7 @@ pub fn validate(obj: &ConfigObject) -> Validation {
         );
     }
     findings.absorb(obj.spec.validate_spec(&obj.namespace));
+    findings.absorb(Ok(obj.spec.unsupported_fields()));
     if let Some(gap) = not_enforced(obj) {
         findings.warn(&FieldPath::spec(), gap);
     }

@@ -351,6 +351,25 @@ async fn an_invalid_object_is_rejected_alone_and_an_invalid_update_keeps_the_las
         typo.errors[0].starts_with("spec.trafficPolicy.loadBalancer.simple"),
         "{typo:?}"
     );
+    // An unknown field (a misspelt one) is rejected the same way, naming it.
+    s.api.apply_custom(&istio(
+        "v1",
+        "DestinationRule",
+        "ns",
+        "misspelt",
+        json!({"host": "reviews", "trafficPolcy": {}}),
+    ));
+    s.marker(Kind::DestinationRule, "ns").await;
+    let misspelt = s
+        .store
+        .rejected()
+        .into_iter()
+        .find(|r| r.name == "misspelt")
+        .expect("the DestinationRule with an unknown field is rejected");
+    assert!(
+        misspelt.errors[0].starts_with("spec.trafficPolcy: unknown field \"trafficPolcy\""),
+        "{misspelt:?}"
+    );
 
     // Fixing the good one applies it and clears its rejection; deleting the bad one
     // clears its rejection.
@@ -369,6 +388,8 @@ async fn an_invalid_object_is_rejected_alone_and_an_invalid_update_keeps_the_las
     .await;
     s.api.delete_custom(GROUP, "VirtualService", "ns", "bad");
     s.api.delete_custom(GROUP, "DestinationRule", "ns", "typo");
+    s.api
+        .delete_custom(GROUP, "DestinationRule", "ns", "misspelt");
     s.marker(Kind::VirtualService, "ns").await;
     s.marker(Kind::DestinationRule, "ns").await;
     assert!(s.store.rejected().is_empty(), "{:?}", s.store.rejected());

@@ -104,6 +104,13 @@ impl FieldPath {
         FieldPath(segments)
     }
 
+    /// This path followed by every step of `more`.
+    pub fn join(&self, more: &FieldPath) -> FieldPath {
+        let mut segments = self.0.clone();
+        segments.extend_from_slice(&more.0);
+        FieldPath(segments)
+    }
+
     fn with(&self, segment: Segment) -> FieldPath {
         let mut segments = Vec::with_capacity(self.0.len() + 1);
         segments.extend_from_slice(&self.0);
