@@ -95,21 +95,10 @@ pub fn analyze_objects(
         .map(|svc| analysis::RegistryHost {
             hostname: svc.hostname.to_string(),
             ports: svc.ports.iter().map(|p| u32::from(p.port.get())).collect(),
-            visible_in: if svc.export_to.0.is_empty() || svc.export_to.0.contains("*") {
-                vec!["*".to_string()]
-            } else {
-                svc.export_to
-                    .0
-                    .iter()
-                    .map(|e| {
-                        if e == "." {
-                            svc.namespace.to_string()
-                        } else {
-                            e.clone()
-                        }
-                    })
-                    .collect()
-            },
+            visible_in: analysis::export_scopes(
+                &svc.export_to.0.iter().cloned().collect::<Vec<_>>(),
+                &svc.namespace.to_string(),
+            ),
         })
         .collect();
     let mut out: BTreeMap<ObjectId, Vec<ValidationMessage>> = BTreeMap::new();

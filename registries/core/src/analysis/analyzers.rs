@@ -59,6 +59,24 @@ pub(super) fn of_kind<'a, T: crate::config::KindSpec + 'a>(
         .filter_map(|(obj, _)| obj.spec.get::<T>().map(|spec| (obj, spec)))
 }
 
+/// The namespaces an `exportTo` list makes an object visible in: `*` alone when it is
+/// empty or names `*`, each `.` read as the object's own `namespace`.
+pub fn export_scopes(export_to: &[String], namespace: &str) -> Vec<String> {
+    if export_to.is_empty() || export_to.iter().any(|e| e == "*") {
+        return vec!["*".to_string()];
+    }
+    export_to
+        .iter()
+        .map(|e| {
+            if e == "." {
+                namespace.to_string()
+            } else {
+                e.clone()
+            }
+        })
+        .collect()
+}
+
 /// Istio's `ConvertHostToFQDN`: a short name is qualified with the namespace.
 fn fqdn(namespace: &str, host: &str, domain: &str) -> String {
     if host.starts_with('*') || host.contains('.') {
@@ -84,16 +102,7 @@ fn known_hosts(inputs: &Inputs) -> HashMap<(String, String), Known> {
         };
         for h in &se.hosts {
             let host = fqdn(&obj.namespace, h, &inputs.domain);
-            if se.export_to.is_empty() || se.export_to.iter().any(|e| e == "*") {
-                out.insert(("*".to_string(), host), known.clone());
-                continue;
-            }
-            for e in &se.export_to {
-                let scope = if e == "." {
-                    obj.namespace.clone()
-                } else {
-                    e.clone()
-                };
+            for scope in export_scopes(&se.export_to, &obj.namespace) {
                 out.insert((scope, host.clone()), known.clone());
             }
         }
@@ -103,21 +112,7 @@ fn known_hosts(inputs: &Inputs) -> HashMap<(String, String), Known> {
         let known = Known {
             ports: svc.ports.iter().map(|p| p.port).collect(),
         };
-        let scopes: Vec<String> = if svc.export_to.is_empty() {
-            vec!["*".to_string()]
-        } else {
-            svc.export_to
-                .iter()
-                .map(|e| {
-                    if e == "." {
-                        svc.object.namespace.clone()
-                    } else {
-                        e.clone()
-                    }
-                })
-                .collect()
-        };
-        for scope in scopes {
+        for scope in export_scopes(&svc.export_to, &svc.object.namespace) {
             out.insert((scope, host.clone()), known.clone());
         }
     }
@@ -456,21 +451,9 @@ pub(super) fn conflicting_mesh_gateway_hosts(inputs: &Inputs, out: &mut Vec<Mess
         if !(vs.gateways.is_empty() || vs.gateways.iter().any(|g| g == "mesh")) {
             continue;
         }
-        let scopes: BTreeSet<String> =
-            if vs.export_to.is_empty() || vs.export_to.iter().any(|e| e == "*") {
-                ["*".to_string()].into()
-            } else {
-                vs.export_to
-                    .iter()
-                    .map(|e| {
-                        if e == "." {
-                            obj.namespace.clone()
-                        } else {
-                            e.clone()
-                        }
-                    })
-                    .collect()
-            };
+        let scopes: BTreeSet<String> = export_scopes(&vs.export_to, &obj.namespace)
+            .into_iter()
+            .collect();
         for scope in scopes {
             for h in &vs.hosts {
                 entries.push((scope.clone(), fqdn(&obj.namespace, h, &inputs.domain), obj));

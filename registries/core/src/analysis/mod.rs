@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use crate::config::{ConfigObject, FieldError, Warning};
 
+pub use analyzers::export_scopes;
 pub use read::{Document, InputBuilder};
 
 /// How serious a message is (Istio's `diag.Level`), least serious first.
