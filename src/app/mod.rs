@@ -398,6 +398,7 @@ impl Wiring {
             &self.config,
             webhook::WebhookParts {
                 ca: loaded.as_ref().map(|(ca, _)| ca),
+                ca_awaited: matches!(ca, secure::CaAtStart::Waiting(_)),
                 trust_domain: trust_domain.clone(),
                 kube_client: self.registries.kube_client(),
                 lease_state: &self.registries.lease_state,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use prometheus_client::registry::Registry;
 use tokio::task::JoinSet;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::DiscoveryConfig;
 use crate::ca::Ca;
@@ -16,6 +16,8 @@ use crate::drain::Shutdown;
 /// What the webhook needs from the rest of the server.
 pub(super) struct WebhookParts<'a> {
     pub(super) ca: Option<&'a Arc<Ca>>,
+    /// The CA is still awaited (its Secrets not reachable yet).
+    pub(super) ca_awaited: bool,
     pub(super) trust_domain: String,
     pub(super) kube_client: Option<&'a meshfed_kube::Client>,
     pub(super) lease_state: &'a Arc<meshfed_kube::LeaseState>,
@@ -43,6 +45,13 @@ pub(super) fn serve_webhook(
             &config.secure.namespace,
             &config.secure.revision,
         )),
+        None if parts.ca_awaited => {
+            warn!(
+                "validating webhook off: the mesh CA is not loaded yet (see /debug/duties); \
+                 it serves once meshfed is restarted with the CA in place, or with --tlsCertFile"
+            );
+            return Ok(None);
+        }
         None => {
             info!(
                 "validating webhook off: no mesh CA (--caDir, or Kubernetes) and no serving files (--tlsCertFile) to serve HTTPS with"
