@@ -116,7 +116,7 @@ impl LateCa {
     /// Retries loading the CA with backoff until it loads (`None` at shutdown). A
     /// failure of any kind is reported to the `ca-secret` duty and retried.
     async fn wait(self, shutdown: &Shutdown) -> Option<LoadedCa> {
-        let mut backoff = meshfed_kube::duty::Backoff::default();
+        let mut backoff = meshfed_kube::duty::retry_backoff();
         loop {
             let delay = backoff.next_delay();
             let mut stop = shutdown.clone();

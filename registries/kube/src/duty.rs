@@ -205,32 +205,9 @@ pub fn explain(err: &kube::Error, action: &str, namespace: &str) -> String {
     }
 }
 
-/// Exponential backoff for duty retries: 1 s doubling to 60 s.
-#[derive(Debug, Clone)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            next: Duration::from_secs(1),
-        }
-    }
-}
-
-impl Backoff {
-    /// The wait before the next attempt, doubling each time up to a minute.
-    pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(Duration::from_secs(60));
-        delay
-    }
-
-    /// Back to the shortest wait, after a success.
-    pub fn reset(&mut self) {
-        *self = Backoff::default();
-    }
+/// Retry delays of a duty: 1 s doubling to 60 s.
+pub fn retry_backoff() -> meshfed_registry::read::Backoff {
+    meshfed_registry::read::Backoff::new(Duration::from_secs(1), Duration::from_secs(60))
 }
 
 #[cfg(test)]
@@ -267,7 +244,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_to_a_minute() {
-        let mut b = Backoff::default();
+        let mut b = retry_backoff();
         let delays: Vec<u64> = (0..8).map(|_| b.next_delay().as_secs()).collect();
         assert_eq!(delays, [1, 2, 4, 8, 16, 32, 60, 60]);
     }

@@ -31,6 +31,7 @@ use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use meshfed_registry::read::Backoff;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
@@ -285,8 +286,8 @@ struct View {
     configs: BTreeMap<String, ValidatingWebhookConfiguration>,
     listing: Option<BTreeMap<String, ValidatingWebhookConfiguration>>,
     synced: bool,
-    /// Failed attempts in a row per configuration (the backoff's exponent).
-    attempts: BTreeMap<String, u32>,
+    /// Retry delays per configuration that failed, from the first failure in a row.
+    attempts: BTreeMap<String, Backoff>,
     /// The (configuration, reason) pairs already logged at warn.
     logged: BTreeSet<(String, String)>,
 }
@@ -317,10 +318,10 @@ impl View {
     }
 
     fn backoff(&mut self, name: &str) -> Duration {
-        let attempts = self.attempts.entry(name.to_string()).or_default();
-        *attempts = attempts.saturating_add(1);
-        let factor = 2u32.saturating_pow(attempts.saturating_sub(1).min(16));
-        BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
+        self.attempts
+            .entry(name.to_string())
+            .or_insert_with(|| Backoff::new(BACKOFF_BASE, BACKOFF_MAX))
+            .next_delay()
     }
 }
 
