@@ -98,6 +98,8 @@ pub struct SecureTls {
     ca: Option<Arc<Ca>>,
     trust_domain: String,
     min_version: TlsMinVersion,
+    /// The application protocols offered (ALPN).
+    alpn: Vec<Vec<u8>>,
     /// Failed TLS handshakes (`meshfed_xds_tls_handshake_errors_total`).
     pub handshake_errors: IstioCounter,
     /// Serving-file reloads that failed and kept the previous certificate.
@@ -202,6 +204,18 @@ impl SecureTls {
         trust_domain: &str,
         min_version: TlsMinVersion,
     ) -> Result<SecureTls, TlsError> {
+        Self::with_alpn(source, ca, trust_domain, min_version, &[b"h2"])
+    }
+
+    /// As [`SecureTls::new`], offering the application protocols `alpn` (gRPC's `h2`
+    /// for the secure xDS port; `h2` and `http/1.1` for an HTTPS port).
+    pub fn with_alpn(
+        source: &ServingSource,
+        ca: Option<Arc<Ca>>,
+        trust_domain: &str,
+        min_version: TlsMinVersion,
+        alpn: &[&[u8]],
+    ) -> Result<SecureTls, TlsError> {
         let mut tls = SecureTls {
             config: ArcSwap::from_pointee(
                 ServerConfig::builder_with_provider(provider())
@@ -213,6 +227,7 @@ impl SecureTls {
             ca,
             trust_domain: trust_domain.to_string(),
             min_version,
+            alpn: alpn.iter().map(|p| p.to_vec()).collect(),
             handshake_errors: IstioCounter::default(),
             reload_errors: IstioCounter::default(),
         };
@@ -256,7 +271,7 @@ impl SecureTls {
             .with_client_cert_verifier(verifier)
             .with_single_cert(material.chain, material.key)
             .map_err(|e| invalid("the serving certificate and key", e))?;
-        config.alpn_protocols = vec![b"h2".to_vec()];
+        config.alpn_protocols = self.alpn.clone();
         Ok(config)
     }
 

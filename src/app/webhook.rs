@@ -62,11 +62,12 @@ pub(super) fn serve_webhook(
     let listener = super::serve::listen(addr, "validating webhook", "--httpsAddr")?;
     let bound = listener.local_addr()?;
     let tls = Arc::new(
-        crate::tls::SecureTls::new(
+        crate::tls::SecureTls::with_alpn(
             &source,
             parts.ca.cloned(),
             &parts.trust_domain,
             config.secure.min_version,
+            &[b"h2", b"http/1.1"],
         )
         .context("setting up TLS of the validating webhook (--httpsAddr)")?,
     );

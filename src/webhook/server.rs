@@ -16,7 +16,6 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
@@ -26,7 +25,7 @@ use crate::ads::limit::LogLimiter;
 use crate::drain::Shutdown;
 use crate::tls::SecureTls;
 
-/// Connections held at once; more wait in the listen backlog.
+/// Connections held at once; one more is closed at accept.
 const MAX_CONNECTIONS: usize = 1024;
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,14 +127,10 @@ pub async fn serve(
     router: Router,
     mut shutdown: Shutdown,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let log = Arc::new(LogLimiter::new(5, Duration::from_secs(10)));
     let mut tasks = JoinSet::new();
     info!(addr = ?listener.local_addr().ok(), "validating webhook serving /validate");
     loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            break;
-        };
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
             () = shutdown.wait() => break,
@@ -151,15 +146,22 @@ pub async fn serve(
                 continue;
             }
         };
-        let mut config = (*tls.config()).clone();
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        // Accept is never gated: each connection is a task with its own handshake
+        // deadline, and one over the cap is closed at once.
+        while tasks.try_join_next().is_some() {}
+        if tasks.len() >= MAX_CONNECTIONS {
+            if let Some(suppressed) = log.allow() {
+                warn!(%peer, suppressed, "webhook connection closed at accept: {MAX_CONNECTIONS} connections open");
+            }
+            drop(tcp);
+            continue;
+        }
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
         let router = router.clone();
         let mut stop = shutdown.clone();
         let log = log.clone();
         let tls = tls.clone();
         tasks.spawn(async move {
-            let _slot = slot;
             let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(err)) => {
