@@ -255,34 +255,14 @@ pub fn documents(path: &Path, text: &str) -> Result<Vec<Document>, String> {
         }]);
     }
     let mut out = Vec::new();
-    let mut chunk = String::new();
-    let mut start = 1;
-    let lines: Vec<&str> = text.lines().collect();
-    for (i, line) in lines
-        .iter()
-        .enumerate()
-        .chain(std::iter::once((lines.len(), &"---")))
-    {
-        let separator = *line == "---" || line.starts_with("--- ");
-        if !separator {
-            chunk.push_str(line);
-            chunk.push('\n');
-            continue;
-        }
-        let value: Value =
-            serde_norway::from_str(&chunk).map_err(|e| format!("{shown}:{start}: {e}"))?;
+    for (line, parsed) in crate::config::source::yaml_documents(text) {
+        let value = parsed.map_err(|e| format!("{shown}:{}: {}", e.line, e.message))?;
         if !value.is_null() {
-            let first = chunk
-                .lines()
-                .position(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
-                .unwrap_or(0);
             out.push(Document {
                 value,
-                source: format!("{shown}:{}", start + first),
+                source: format!("{shown}:{line}"),
             });
         }
-        chunk.clear();
-        start = i + 2;
     }
     Ok(out)
 }

@@ -370,21 +370,57 @@ fn content_line(text: &str, first_line: usize) -> usize {
         .map_or(first_line, |i| first_line + i)
 }
 
-fn parse_yaml_chunk(file: &mut ParsedFile, chunk: &Chunk<'_>) {
+/// A YAML document that does not parse: the line of the error (or of the document)
+/// and the parser's message without its position.
+pub(crate) struct YamlError {
+    pub(crate) line: usize,
+    pub(crate) message: String,
+}
+
+/// The documents of one chunk as JSON values (merge keys applied), each with the
+/// line of its first node; parsing stops at the first document that does not parse.
+fn chunk_documents(chunk: &Chunk<'_>) -> Vec<(usize, Result<Value, YamlError>)> {
     let line = content_line(chunk.text, chunk.first_line);
+    let mut out = Vec::new();
     for document in serde_norway::Deserializer::from_str(chunk.text) {
         let parsed = serde_norway::Value::deserialize(document).and_then(|mut v| {
             v.apply_merge()?;
             Ok(v)
         });
         match parsed {
+            Ok(value) => out.push((line, Ok(yaml_to_json(value)))),
+            Err(e) => {
+                let at = e
+                    .location()
+                    .map_or(line, |l| l.line() + chunk.first_line - 1);
+                out.push((
+                    line,
+                    Err(YamlError {
+                        line: at,
+                        message: strip_position(&e.to_string()),
+                    }),
+                ));
+                // The parser cannot resume after an error.
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Every document of a YAML stream, as [`parse_text`] reads them: split at document
+/// markers, each with the line of its first node.
+pub(crate) fn yaml_documents(text: &str) -> Vec<(usize, Result<Value, YamlError>)> {
+    split_yaml(text).iter().flat_map(chunk_documents).collect()
+}
+
+fn parse_yaml_chunk(file: &mut ParsedFile, chunk: &Chunk<'_>) {
+    for (line, parsed) in chunk_documents(chunk) {
+        match parsed {
             Ok(value) => {
-                let value = yaml_to_json(value);
                 process_document(file, value, chunk.text, chunk.first_line, line);
             }
-            Err(e) => {
-                let at = e.location().map(|l| l.line() + chunk.first_line - 1);
-                let message = strip_position(&e.to_string());
+            Err(YamlError { line: at, message }) => {
                 file.broken_documents = true;
                 file.entries.push(Entry::Rejected(Rejection {
                     id: None,
@@ -395,12 +431,10 @@ fn parse_yaml_chunk(file: &mut ParsedFile, chunk: &Chunk<'_>) {
                     name: String::new(),
                     diagnostics: vec![file_diagnostic(
                         &file.path,
-                        at.or(Some(line)),
+                        Some(at),
                         format!("YAML syntax error, the document is ignored: {message}"),
                     )],
                 }));
-                // The parser cannot resume after an error.
-                break;
             }
         }
     }
