@@ -2,7 +2,7 @@
 //! (`pkg/webhooks/validation/server`) over meshfed's checks, with no IO.
 //!
 //! The object of a CREATE or UPDATE is checked exactly as `meshfed validate` checks a
-//! file ([`meshfed_registry::config::validate_text`]: decoding, object and spec rules,
+//! file ([`meshfed_registry::config::validate_value`]: decoding, object and spec rules,
 //! warnings); what istiod adds around it is kept: other operations are allowed,
 //! unknown kinds are denied as unrecognized, top-level fields other than `apiVersion`,
 //! `kind`, `metadata`, `spec` and `status` are denied, and the answer echoes the
@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use meshfed_registry::config::{Decoded, Diagnostic, Kind, decode, validate_text};
+use meshfed_registry::config::{Decoded, Diagnostic, Kind, decode, validate_value};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -311,7 +311,7 @@ pub fn admit(request: &AdmissionRequest) -> (AdmissionResponse, Verdict) {
         meta.insert("namespace".into(), Value::String(request.namespace.clone()));
     }
     let decoded_ok = !matches!(decode(&value, "admission"), Decoded::Invalid(_));
-    let report = validate_text(Path::new("admission.json"), &value.to_string());
+    let report = validate_value(Path::new("admission.json"), value);
     if !report.errors.is_empty() {
         let errors: Vec<String> = report.errors.iter().map(reason).collect();
         return if decoded_ok {

@@ -92,6 +92,12 @@ pub fn validate_text(path: &Path, text: &str) -> Report {
     reports(&parsed, None).remove(0)
 }
 
+/// [`validate_text`] for one object already parsed, reported as read from `path`.
+pub fn validate_value(path: &Path, value: serde_json::Value) -> Report {
+    let parsed = [crate::config::source::parse_value(path, value)];
+    reports(&parsed, None).remove(0)
+}
+
 fn reports(
     parsed: &[ParsedFile],
     mesh: Option<&meshfed_api::mesh::v1alpha1::MeshConfig>,

@@ -297,6 +297,19 @@ pub(crate) fn parse_text(path: &Path, text: &str) -> ParsedFile {
     file
 }
 
+/// One object already parsed (an admission request's object): read as a document of
+/// `path` would be, without lines to point at.
+pub(crate) fn parse_value(path: &Path, value: Value) -> ParsedFile {
+    let mut file = ParsedFile {
+        path: path.to_path_buf(),
+        entries: Vec::new(),
+        unusable: None,
+        broken_documents: false,
+    };
+    process_document(&mut file, value, "", 1, 1);
+    file
+}
+
 /// The text of one YAML document and where it starts.
 struct Chunk<'a> {
     text: &'a str,
