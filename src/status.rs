@@ -128,7 +128,7 @@ pub fn progress(connections: &Connections) -> Progress {
             state
                 .watches
                 .iter()
-                .all(|(_, w)| w.nonce_sent.is_none() || w.nonce_sent == w.nonce_acked)
+                .all(|(_, w)| w.nonce_sent.is_none() || w.acked())
         })
         .count();
     Progress {

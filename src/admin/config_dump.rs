@@ -212,10 +212,12 @@ impl SentState {
     fn of(connection: &ConnectionHandle, type_url: TypeUrl) -> Option<SentState> {
         let state = connection.state.lock().expect("state poisoned");
         let watch = state.watch(type_url)?;
-        let status = match &watch.nonce_sent {
-            Some(n) if watch.nonce_acked.as_ref() == Some(n) => ClientResourceStatus::Acked,
-            Some(n) if watch.nonce_nacked.as_ref() == Some(n) => ClientResourceStatus::Nacked,
-            _ => ClientResourceStatus::Unknown,
+        let status = if watch.acked() {
+            ClientResourceStatus::Acked
+        } else if watch.nacked() {
+            ClientResourceStatus::Nacked
+        } else {
+            ClientResourceStatus::Unknown
         };
         Some(SentState {
             wildcard: watch.wildcard,

@@ -287,7 +287,7 @@ fn syncz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
                         "lastSent": w.last_sent.map(humantime),
                         "lastError": clip_error(w.last_error.as_deref()),
                         "nonceNacked": w.nonce_nacked.as_deref().map(|n| clip(n, NODE_ID_LOG_MAX)),
-                        "synced": w.nonce_sent.is_some() && w.nonce_sent == w.nonce_acked,
+                        "synced": w.acked(),
                     }))
                 })
                 .collect();

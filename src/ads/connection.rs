@@ -151,6 +151,18 @@ pub struct Watch {
     pub held: Arc<HeldMap>,
 }
 
+impl Watch {
+    /// The last response sent was acknowledged.
+    pub fn acked(&self) -> bool {
+        self.nonce_sent.is_some() && self.nonce_sent == self.nonce_acked
+    }
+
+    /// The last response sent was rejected.
+    pub fn nacked(&self) -> bool {
+        self.nonce_sent.is_some() && self.nonce_sent == self.nonce_nacked
+    }
+}
+
 /// Longest NACK detail kept per watch (for the log and debug output): a proxy's
 /// `error_detail` can be a megabyte of its own config.
 pub const MAX_ERROR_DETAIL: usize = 4096;

@@ -293,9 +293,11 @@ pub fn type_status(watch: Option<&crate::ads::connection::Watch>) -> ConfigStatu
     let Some(watch) = watch else {
         return ConfigStatus::NotSent;
     };
-    match &watch.nonce_sent {
-        None => ConfigStatus::NotSent,
-        Some(sent) if watch.nonce_acked.as_ref() == Some(sent) => ConfigStatus::Synced,
-        Some(_) => ConfigStatus::Stale,
+    if watch.nonce_sent.is_none() {
+        ConfigStatus::NotSent
+    } else if watch.acked() {
+        ConfigStatus::Synced
+    } else {
+        ConfigStatus::Stale
     }
 }
