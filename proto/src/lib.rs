@@ -146,6 +146,24 @@ pub mod telemetry {
     }
 }
 
+/// `istio.mcp.v1alpha1`: the envelope of config served and read over
+/// MCP-over-xDS (`Resource`: metadata and the spec as an `Any`).
+pub mod mcp {
+    /// Generated from `istio/mcp/v1alpha1/resource.proto`.
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::nursery,
+        rustdoc::all,
+        deprecated
+    )]
+    pub mod v1alpha1 {
+        include!(concat!(env!("OUT_DIR"), "/istio.mcp.v1alpha1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/istio.mcp.v1alpha1.serde.rs"));
+    }
+}
+
 /// The encoded `google.protobuf.FileDescriptorSet` of every `.proto` file of
 /// this crate (with imports and source comments), for reflection-based
 /// tooling such as schema dumps or dynamic validation.
