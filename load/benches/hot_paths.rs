@@ -304,7 +304,7 @@ fn encode(version: &str, config: &[Vec<Resource>; 4], buf: &mut Vec<u8>) -> usiz
     for (type_url, resources) in ENVOY_TYPES.into_iter().zip(config) {
         let response = SotwResponse {
             version_info: version.to_string(),
-            resources: resources.iter().map(|r| r.body.clone()).collect(),
+            resources: resources.clone(),
             type_url: type_url.as_str().to_string(),
             nonce: "1".to_string(),
             control_plane: Default::default(),

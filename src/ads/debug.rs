@@ -5,6 +5,7 @@
 //! Debug types are answered once per request (a request that carries a nonce is an
 //! ACK of an earlier answer and gets none), never watched, never pushed.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use envoy_types::pb::envoy::service::status::v3::{ClientStatusRequest, ClientSta
 use prost::Message;
 
 use crate::xds::wire::SharedAny;
+use crate::xds::{EncodedResource, Resource};
 
 /// `istio.io/debug`: a debug page by path (`syncz`, `configz`, `config_dump?proxyID=`).
 pub const DEBUG_TYPE: &str = "istio.io/debug";
@@ -61,6 +63,16 @@ impl DebugResource {
                 value: value.into(),
             },
         }
+    }
+
+    /// As a response's resource, under the answer's `version`.
+    pub fn into_resource(self, version: &str) -> Resource {
+        Arc::new(EncodedResource {
+            name: self.name.into(),
+            body: self.any,
+            version: version.into(),
+            placeholder: false,
+        })
     }
 }
 

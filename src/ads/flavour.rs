@@ -11,7 +11,7 @@ use super::Flavour;
 use super::connection::{Action, ConnectionState};
 use super::debug::DebugResource;
 use super::frames::FrameEncode;
-use crate::xds::wire::{DeltaResource, DeltaResponse, SotwRequest, SotwResponse};
+use crate::xds::wire::{DeltaResponse, SotwRequest, SotwResponse};
 use crate::xds::{Resource, TypeUrl};
 
 /// The two ADS flavours differ only in message shapes and in how a response is
@@ -113,7 +113,10 @@ impl FlavourIo for Sotw {
     ) -> SotwResponse {
         SotwResponse {
             version_info: version.to_string(),
-            resources: resources.into_iter().map(|r| r.any).collect(),
+            resources: resources
+                .into_iter()
+                .map(|r| r.into_resource(version))
+                .collect(),
             type_url: type_url.to_string(),
             nonce,
             control_plane,
@@ -143,7 +146,7 @@ impl FlavourIo for Sotw {
         let nonce = state.record_sent(type_url, version, conn_id);
         Reply::Send(SotwResponse {
             version_info: version.to_string(),
-            resources: resources.iter().map(|r| r.body.clone()).collect(),
+            resources,
             type_url: type_url.as_str().to_string(),
             nonce,
             control_plane: Bytes::new(),
@@ -186,11 +189,7 @@ impl FlavourIo for Delta {
             system_version_info: version.to_string(),
             resources: resources
                 .into_iter()
-                .map(|r| DeltaResource {
-                    version: version.into(),
-                    resource: Some(r.any),
-                    name: r.name.into(),
-                })
+                .map(|r| r.into_resource(version))
                 .collect(),
             type_url: type_url.to_string(),
             nonce,
@@ -219,14 +218,7 @@ impl FlavourIo for Delta {
         let nonce = state.record_sent(type_url, version, conn_id);
         Reply::Send(DeltaResponse {
             system_version_info: version.to_string(),
-            resources: changed
-                .iter()
-                .map(|r| DeltaResource {
-                    version: r.version.clone(),
-                    resource: Some(r.body.clone()),
-                    name: r.name.clone(),
-                })
-                .collect(),
+            resources: changed,
             type_url: type_url.as_str().to_string(),
             nonce,
             removed_resources: removed,

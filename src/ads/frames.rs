@@ -32,7 +32,8 @@ use tonic::codegen::http::HeaderMap;
 use tonic::{Code, Status};
 
 use super::transport::ConnControl;
-use crate::xds::wire::{DeltaResource, DeltaResponse, SharedAny, SotwResponse};
+use crate::xds::EncodedResource;
+use crate::xds::wire::{DeltaResponse, SharedAny, SotwResponse, delta_resource_len};
 
 /// Resource bodies at least this long are spliced in by reference instead of copied.
 pub const SPLICE_MIN: usize = 1024;
@@ -203,7 +204,7 @@ impl FrameEncode for SotwResponse {
     }
 
     fn spliced_len(&self) -> usize {
-        self.resources.iter().map(spliced).sum()
+        self.resources.iter().map(|r| spliced(&r.body)).sum()
     }
 
     fn parts(&self) -> usize {
@@ -215,7 +216,7 @@ impl FrameEncode for SotwResponse {
     }
 
     fn write_part(&self, index: usize, out: &mut ChunkWriter) {
-        write_any(out, 2, &self.resources[index]);
+        write_any(out, 2, &self.resources[index].body);
     }
 
     fn write_tail(&self, out: &mut ChunkWriter) {
@@ -231,11 +232,7 @@ impl FrameEncode for DeltaResponse {
     }
 
     fn spliced_len(&self) -> usize {
-        self.resources
-            .iter()
-            .filter_map(|r| r.resource.as_ref())
-            .map(spliced)
-            .sum()
+        self.resources.iter().map(|r| spliced(&r.body)).sum()
     }
 
     fn parts(&self) -> usize {
@@ -262,12 +259,10 @@ impl FrameEncode for DeltaResponse {
     }
 }
 
-fn write_delta_resource(out: &mut ChunkWriter, resource: &DeltaResource) {
-    out.key(2, resource.encoded_len());
+fn write_delta_resource(out: &mut ChunkWriter, resource: &EncodedResource) {
+    out.key(2, delta_resource_len(resource));
     out.string(1, &resource.version);
-    if let Some(any) = &resource.resource {
-        write_any(out, 2, any);
-    }
+    write_any(out, 2, &resource.body);
     out.string(3, &resource.name);
 }
 
@@ -638,13 +633,18 @@ mod tests {
     use http_body_util::BodyExt;
 
     use super::*;
-    use crate::xds::TypeUrl;
+    use crate::xds::{Resource, TypeUrl};
 
-    fn any(len: usize, fill: u8) -> SharedAny {
-        SharedAny {
-            type_url: TypeUrl::Cluster.as_str(),
-            value: Bytes::from(vec![fill; len]),
-        }
+    fn any(len: usize, fill: u8) -> Resource {
+        Arc::new(EncodedResource {
+            name: format!("outbound|{len}||a{fill}.ns.svc.cluster.local").into(),
+            body: SharedAny {
+                type_url: TypeUrl::Cluster.as_str(),
+                value: Bytes::from(vec![fill; len]),
+            },
+            version: format!("v{fill}").into(),
+            placeholder: false,
+        })
     }
 
     fn framed<M: Message>(message: &M) -> Vec<u8> {
@@ -662,7 +662,7 @@ mod tests {
     #[test]
     fn sotw_chunks_are_the_prost_encoding() {
         // Sizes around the splice threshold, small ones enough to span several chunks.
-        let mut resources: Vec<SharedAny> = (0..200).map(|i| any(300 + i, i as u8)).collect();
+        let mut resources: Vec<Resource> = (0..200).map(|i| any(300 + i, i as u8)).collect();
         resources.push(any(SPLICE_MIN - 1, 1));
         resources.push(any(SPLICE_MIN, 2));
         resources.push(any(200_000, 3));
@@ -682,7 +682,7 @@ mod tests {
                 .iter()
                 .all(|c| c.len() <= CHUNK_MAX || c.len() == 200_000)
         );
-        let big = &response.resources[202].value;
+        let big = &response.resources[202].body.value;
         assert!(
             encoded.iter().any(|c| c.as_ptr() == big.as_ptr()),
             "large body was copied"
@@ -695,18 +695,7 @@ mod tests {
         assert_eq!(concat(&FrameCursor::collect(empty.clone())), framed(&empty));
         let delta = DeltaResponse {
             system_version_info: "v".into(),
-            resources: vec![
-                DeltaResource {
-                    version: "h1".into(),
-                    resource: Some(any(5000, 9)),
-                    name: "outbound|80||a.ns.svc.cluster.local".into(),
-                },
-                DeltaResource {
-                    version: "".into(),
-                    resource: None,
-                    name: "b".into(),
-                },
-            ],
+            resources: vec![any(5000, 9), any(0, 0), any(SPLICE_MIN, 3)],
             type_url: TypeUrl::Endpoint.as_str().into(),
             nonce: "n".into(),
             removed_resources: vec!["gone".into(), String::new()],
