@@ -286,16 +286,21 @@ pub struct ResponseBody<M> {
     current: Option<FrameCursor<M>>,
     pending: std::vec::IntoIter<Bytes>,
     done: bool,
+    /// The connection: the next chunk of a message is framed only while the socket
+    /// keeps up ([`ConnControl::poll_send_room`]).
+    control: Option<Arc<ConnControl>>,
 }
 
 impl<M> ResponseBody<M> {
-    /// A body reading from `rx`.
-    pub fn new(rx: mpsc::Receiver<Outbound<M>>) -> Self {
+    /// A body reading from `rx`, paced by the connection's socket when `control` is
+    /// given.
+    pub fn new(rx: mpsc::Receiver<Outbound<M>>, control: Option<Arc<ConnControl>>) -> Self {
         ResponseBody {
             rx,
             current: None,
             pending: Vec::new().into_iter(),
             done: false,
+            control,
         }
     }
 }
@@ -320,9 +325,16 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
         let this = &mut *self;
         loop {
             if let Some(chunk) = this.pending.next() {
+                if let Some(control) = &this.control {
+                    control.handed_over(chunk.len());
+                }
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
             if let Some(cursor) = &mut this.current {
+                if let Some(control) = &this.control {
+                    // The next chunks are copied only once the socket took the last.
+                    ready!(control.poll_send_room(cx));
+                }
                 match cursor.next_chunks() {
                     Some(chunks) => {
                         this.pending = chunks;
@@ -874,6 +886,73 @@ mod tests {
         assert_eq!(control.held(), 0, "a finished stream gives its bytes back");
     }
 
+    #[test]
+    fn a_body_frames_no_further_than_the_socket_keeps_up() {
+        use super::super::transport::SEND_BUDGET;
+        let control = Arc::new(ConnControl::new(64 * 1024));
+        // 600 small resources: ~370 KB of copied chunks, almost three budgets.
+        let response = SotwResponse {
+            nonce: "n".into(),
+            resources: (0..600).map(|i| any(600, i as u8)).collect(),
+            ..Default::default()
+        };
+        let expected = framed(&response);
+        let (tx, rx) = mpsc::channel(1);
+        tx.try_send(Outbound::Message(Box::new(response))).unwrap();
+        drop(tx);
+        let mut body = ResponseBody::new(rx, Some(control.clone()));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut got: Vec<u8> = Vec::new();
+        let mut stalls = 0;
+        loop {
+            match http_body::Body::poll_frame(Pin::new(&mut body), &mut cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        let data: Bytes = data;
+                        got.extend_from_slice(&data);
+                        // Never more than a budget and a chunk unwritten.
+                        assert!(control.unsent() <= SEND_BUDGET + CHUNK_MAX as u64);
+                    }
+                    Err(frame) => {
+                        assert_eq!(frame.trailers_ref().unwrap()["grpc-status"], "0");
+                        break;
+                    }
+                },
+                Poll::Pending => {
+                    assert!(
+                        control.unsent() >= SEND_BUDGET,
+                        "waits only on a full budget"
+                    );
+                    stalls += 1;
+                    // The socket takes half of it, then HTTP/2 flushes the rest.
+                    if stalls % 2 == 1 {
+                        control.wrote(usize::try_from(control.unsent() / 2).unwrap());
+                    } else {
+                        control.flushed();
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(
+            stalls >= 2,
+            "the message is larger than two budgets: {stalls}"
+        );
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn a_closed_connection_stops_pacing() {
+        let control = ConnControl::new(64);
+        control.handed_over(usize::try_from(super::super::transport::SEND_BUDGET).unwrap());
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(control.poll_send_room(&mut cx).is_pending());
+        control.close();
+        assert!(control.poll_send_room(&mut cx).is_ready());
+    }
+
     #[tokio::test]
     async fn body_yields_chunks_then_trailers() {
         let (tx, rx) = mpsc::channel(2);
@@ -888,7 +967,7 @@ mod tests {
         tx.send(Outbound::Close(Status::unavailable("bye")))
             .await
             .unwrap();
-        let collected = ResponseBody::new(rx).collect().await.unwrap();
+        let collected = ResponseBody::new(rx, None).collect().await.unwrap();
         let trailers = collected.trailers().cloned().unwrap();
         assert_eq!(trailers["grpc-status"], "14");
         assert_eq!(trailers["grpc-message"], "bye");
@@ -896,7 +975,7 @@ mod tests {
 
         let (tx, rx) = mpsc::channel(1);
         drop(tx);
-        let collected = ResponseBody::<SotwResponse>::new(rx)
+        let collected = ResponseBody::<SotwResponse>::new(rx, None)
             .collect()
             .await
             .unwrap();

@@ -177,8 +177,9 @@ where
     let inbound =
         RequestStream::<F::Req>::new(tonic::body::Body::new(req.into_body()), control.clone());
     let (tx, rx) = mpsc::channel(4);
+    let body = ResponseBody::new(rx, control.clone());
     tokio::spawn(run_stream::<F>(ctx, admission, inbound, tx, peer, control));
-    let mut response = http::Response::new(tonic::body::Body::new(ResponseBody::new(rx)));
+    let mut response = http::Response::new(tonic::body::Body::new(body));
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/grpc"),
