@@ -25,7 +25,7 @@ use meshfed::push::config_index::{ConfigIndex, ConfigSet};
 use meshfed::push::snapshot::Snapshot;
 use meshfed::testing::node_with;
 use meshfed::xds::deps::PushScope;
-use meshfed::xds::wire::SotwResponse;
+use meshfed::xds::response::SotwResponse;
 use meshfed::xds::{Resource, TypeUrl};
 use meshfed_api::mesh::v1alpha1::MeshNetworks;
 use meshfed_load::lite::ClusterLite;

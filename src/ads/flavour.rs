@@ -11,7 +11,8 @@ use super::Flavour;
 use super::connection::{Action, ConnectionState};
 use super::debug::DebugResource;
 use super::frames::FrameEncode;
-use crate::xds::wire::{DeltaResponse, SotwRequest, SotwResponse};
+use crate::xds::response::{DeltaResponse, SotwResponse};
+use crate::xds::wire::SotwRequest;
 use crate::xds::{Resource, TypeUrl};
 
 /// The two ADS flavours differ only in message shapes and in how a response is

@@ -33,7 +33,8 @@ use tonic::{Code, Status};
 
 use super::transport::ConnControl;
 use crate::xds::EncodedResource;
-use crate::xds::wire::{DeltaResponse, SharedAny, SotwResponse, delta_resource_len};
+use crate::xds::response::{DeltaResponse, SotwResponse, delta_resource_len};
+use crate::xds::wire::SharedAny;
 
 /// Resource bodies at least this long are spliced in by reference instead of copied.
 pub const SPLICE_MIN: usize = 1024;

@@ -480,7 +480,14 @@ pub(crate) mod tests {
                 .unwrap()
                 .clone();
             let port = svc.ports[0].clone();
-            let r = crate::generate::cds::cached_outbound(&snap, &client, &svc, &port, "").unwrap();
+            let r = crate::generate::cds::cached_outbound(
+                &snap,
+                &crate::generate::cds::ClientFacts::of(&client),
+                &svc,
+                &port,
+                "",
+            )
+            .unwrap();
             envoy_types::pb::envoy::config::cluster::v3::Cluster::decode(r.body.value.clone())
                 .unwrap()
         };

@@ -90,16 +90,13 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
     // As istiod: gateways get no passthrough cluster; sidecars also get their inbound
     // clusters and InboundPassthroughCluster.
     let sidecar = proxy.node_type == crate::model::NodeType::Sidecar;
+    let client = cds::ClientFacts::of(proxy);
     if sub.wildcard {
-        let mut out = Vec::new();
-        for service in snapshot.visible_services(&proxy.namespace, &proxy.labels) {
-            for port in &service.ports {
-                if port.protocol != meshfed_registry::Protocol::Udp {
-                    cds::cached_service_clusters(snapshot, proxy, service, port, &mut out);
-                }
-            }
-        }
-        out.extend(sni_dnat_clusters(snapshot, proxy));
+        let mut out: Vec<Resource> = snapshot
+            .cached(cds::OutboundClustersInput::new(snapshot, client.clone()))
+            .map(|list| list.to_vec())
+            .unwrap_or_default();
+        out.extend(sni_dnat_clusters(snapshot, proxy, &client));
         out.push(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE));
         if !proxy.is_router() {
             out.push(cds::cached_special(
@@ -147,7 +144,7 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
                 }
                 cds::cached_outbound_as(
                     snapshot,
-                    proxy,
+                    &client,
                     service,
                     port,
                     parsed.subset,
@@ -161,7 +158,11 @@ fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Re
 /// A gateway with AUTO_PASSTHROUGH servers gets the SNI-DNAT twin
 /// (`outbound_.<port>_.<subset>_.<host>`) of the clusters of every in-mesh service
 /// its passthrough hosts cover: the targets of its SNI filter chains.
-fn sni_dnat_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
+fn sni_dnat_clusters(
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    client: &cds::ClientFacts,
+) -> Vec<Resource> {
     if !proxy.is_router() {
         return Vec::new();
     }
@@ -176,7 +177,9 @@ fn sni_dnat_clusters(snapshot: &Snapshot, proxy: &Proxy) -> Vec<Resource> {
     let hosts: Vec<String> = merged.auto_passthrough_hosts.into_iter().collect();
     merged_gateway::passthrough_destinations(snapshot, &proxy.namespace, &proxy.labels, &hosts)
         .into_iter()
-        .filter_map(|d| cds::cached_outbound_as(snapshot, proxy, d.service, d.port, d.subset, true))
+        .filter_map(|d| {
+            cds::cached_outbound_as(snapshot, client, d.service, d.port, d.subset, true)
+        })
         .collect()
 }
 

@@ -288,6 +288,11 @@ impl Snapshot {
         &self.services
     }
 
+    /// The endpoint index itself: the same allocation as long as no endpoint changed.
+    pub fn endpoint_index(&self) -> &Arc<EndpointMap> {
+        &self.endpoints
+    }
+
     /// Endpoint shards of every service.
     pub fn endpoints(&self) -> &EndpointMap {
         &self.endpoints

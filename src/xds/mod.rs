@@ -9,6 +9,7 @@ pub mod names;
 #[cfg(any(test, feature = "testing"))]
 pub mod pgv;
 pub mod resource;
+pub mod response;
 pub mod wire;
 
 /// The encoded `FileDescriptorSet` of Envoy's `.proto` files that `build.rs` compiles

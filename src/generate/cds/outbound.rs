@@ -126,16 +126,55 @@ pub struct DnsClient {
     pub labels: BTreeMap<String, String>,
 }
 
+/// What a proxy's outbound clusters may read of it: the facts behind each
+/// [`ClusterClient`], the namespace that picks each service's DestinationRule, and the
+/// labels that pick its Sidecar. Proxies with equal facts get equal outbound clusters
+/// (see [`super::OutboundClustersInput`]).
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct ClientFacts {
+    pub namespace: String,
+    pub node_type: NodeType,
+    /// `cluster::DnsLookupFamily` from the proxy's IP families.
+    pub family: i32,
+    pub locality: Locality,
+    pub labels: BTreeMap<String, String>,
+    pub cluster_id: String,
+    pub network: String,
+}
+
+impl ClientFacts {
+    /// The facts of `proxy`.
+    pub fn of(proxy: &Proxy) -> ClientFacts {
+        ClientFacts {
+            namespace: proxy.namespace.clone(),
+            node_type: proxy.node_type,
+            family: dns_lookup_family(&proxy.ip_addresses) as i32,
+            locality: proxy.locality.clone(),
+            labels: proxy.labels.clone(),
+            cluster_id: proxy
+                .cluster_id
+                .as_ref()
+                .map_or_else(String::new, |c| c.as_str().to_string()),
+            network: proxy.network.as_str().to_string(),
+        }
+    }
+}
+
 impl ClusterClient {
     /// The facts of `proxy` that `service`'s clusters read, without a rule.
     pub fn for_proxy(proxy: &Proxy, service: &Service) -> ClusterClient {
-        ClusterClient::for_proxy_under(proxy, service, None, &MeshConfig::default())
+        ClusterClient::for_client_under(
+            &ClientFacts::of(proxy),
+            service,
+            None,
+            &MeshConfig::default(),
+        )
     }
 
-    /// The facts of `proxy` that `service`'s clusters read under `rule` (the label
+    /// The facts of `client` that `service`'s clusters read under `rule` (the label
     /// keys its failoverPriority settings, or the mesh's, name).
-    pub fn for_proxy_under(
-        proxy: &Proxy,
+    pub fn for_client_under(
+        client: &ClientFacts,
         service: &Service,
         rule: Option<&DestinationRule>,
         mesh: &MeshConfig,
@@ -150,23 +189,23 @@ impl ClusterClient {
                 BTreeMap::new()
             } else {
                 augment_labels(
-                    &proxy.labels,
-                    proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
-                    &proxy.locality,
-                    proxy.network.as_str(),
+                    &client.labels,
+                    &client.cluster_id,
+                    &client.locality,
+                    &client.network,
                 )
                 .into_iter()
                 .filter(|(k, _)| keys.contains(k.as_str()))
                 .collect()
             };
             DnsClient {
-                family: dns_lookup_family(&proxy.ip_addresses) as i32,
-                locality: proxy.locality.clone(),
+                family: client.family,
+                locality: client.locality.clone(),
                 labels,
             }
         });
         ClusterClient {
-            node_type: proxy.node_type,
+            node_type: client.node_type,
             dns,
         }
     }
