@@ -690,4 +690,62 @@ mod tests {
         assert_eq!(named.len(), 1);
         assert!(Arc::ptr_eq(&named[0], &a[3]));
     }
+
+    #[test]
+    fn sidecars_with_the_same_facts_share_one_list_of_outbound_clusters() {
+        let services: Vec<Service> = (0..30)
+            .map(|i| {
+                let mut s = Service::new(
+                    format!("s{i}.default.svc.cluster.local"),
+                    "default",
+                    ProviderId::Mock,
+                    "c1",
+                );
+                s.ports
+                    .push(Port::new("http", 8000 + i, Protocol::Http).unwrap());
+                s
+            })
+            .collect();
+        let snap = snapshot(services, ConfigSet::default(), default_mesh());
+        let all = BTreeSet::new();
+        let sub = || Subscription {
+            wildcard: true,
+            names: &all,
+        };
+        let sidecar = |ip: &str, app: &str| {
+            proxy(
+                &format!("sidecar~{ip}~a.default~default.svc.cluster.local"),
+                serde_json::json!({"app": app}),
+            )
+        };
+        let outbound = |list: &[Resource]| -> Vec<Resource> {
+            list.iter()
+                .filter(|r| r.name.starts_with("outbound|"))
+                .cloned()
+                .collect()
+        };
+        let a = clusters(&snap, &sidecar("10.1.0.1", "a"), sub());
+        assert_eq!(outbound(&a).len(), 30);
+        let before = snap.cache().stats();
+        let b = clusters(&snap, &sidecar("10.1.0.2", "a"), sub());
+        let after = snap.cache().stats();
+        // The list, the special and inbound clusters: not one look-up per service.
+        assert!(
+            after.hits - before.hits < 10,
+            "{} look-ups",
+            after.hits - before.hits
+        );
+        assert_eq!(after.misses, before.misses, "nothing generated again");
+        let (a, b) = (outbound(&a), outbound(&b));
+        assert!(a.iter().zip(&b).all(|(x, y)| Arc::ptr_eq(x, y)));
+        // Other labels are other facts: a list of its own, of the same clusters.
+        let before = snap.cache().stats();
+        let c = outbound(&clusters(&snap, &sidecar("10.1.0.3", "c"), sub()));
+        assert_eq!(
+            snap.cache().stats().misses - before.misses,
+            1,
+            "its list only"
+        );
+        assert!(a.iter().zip(&c).all(|(x, y)| Arc::ptr_eq(x, y)));
+    }
 }
