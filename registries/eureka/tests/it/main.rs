@@ -1,0 +1,1 @@
+//! The Eureka registry against the fake Eureka server.
