@@ -1,1 +1,6 @@
-//! The Eureka registry against the fake Eureka server.
+//! The Eureka registry against the fake Eureka server: full fetch, deltas and the
+//! reconcile hash code, outages, credentials, large catalogs.
+
+mod fetch;
+mod outage;
+mod support;
