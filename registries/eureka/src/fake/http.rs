@@ -173,6 +173,12 @@ fn applications(st: &State, apps: Vec<(String, Vec<Value>)>) -> Value {
     }})
 }
 
+pub(super) fn full_body_len(st: &State) -> usize {
+    serde_json::to_vec(&full_body(st))
+        .expect("JSON values serialise")
+        .len()
+}
+
 fn full_body(st: &State) -> Value {
     let apps = st
         .apps

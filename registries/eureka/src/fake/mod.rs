@@ -392,6 +392,11 @@ impl FakeEureka {
         self.shared.lock().hash_code()
     }
 
+    /// The size in bytes of the `apps` answer as it would be served now.
+    pub fn apps_body_len(&self) -> usize {
+        http::full_body_len(&self.shared.lock())
+    }
+
     /// Requires HTTP basic auth with these credentials (`None`: open).
     pub fn require_basic_auth(&self, credentials: Option<(&str, &str)>) {
         self.update(|st| {
