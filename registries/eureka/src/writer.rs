@@ -169,14 +169,6 @@ impl Writer {
         let full = self.client.applications().await?;
         self.registry.stats.count_full(reason);
         let (next, applied) = self.local.from_full(&full);
-        if !self.published.is_empty() && next.is_empty() {
-            // A server restarted with an empty registry looks exactly like this.
-            warn!(
-                shard = %self.shard,
-                "eureka: the registry lists no applications any more; withdrawing all {}",
-                self.published.len()
-            );
-        }
         if let Some(server_hash) = &full.apps_hashcode
             && *server_hash != next.hash_code()
         {
@@ -314,6 +306,14 @@ impl Writer {
         }
         if changed_services.is_empty() && changed_endpoints.is_empty() && deleted.is_empty() {
             return;
+        }
+        if self.published.is_empty() && !deleted.is_empty() {
+            // A server restarted with an empty registry looks exactly like this.
+            warn!(
+                shard = %self.shard,
+                "eureka: the registry lists no applications any more; withdrawing all {}",
+                deleted.len()
+            );
         }
         // Readers first, so whoever reacts to the push sees the new state.
         self.publish_view();

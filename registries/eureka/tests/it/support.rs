@@ -110,6 +110,12 @@ impl Harness {
                 RegistryEvent::Synced(shard) => {
                     assert_eq!(shard, self.registry.shard_key());
                     assert!(self.registry.has_synced());
+                    // The sync is sent from inside the first round: wait for its end,
+                    // so that `round` counts from there.
+                    self.until("the end of the first successful round", |h| {
+                        (h.registry.stats().rounds() > h.registry.stats().errors()).then_some(())
+                    })
+                    .await;
                     return pushes;
                 }
                 RegistryEvent::Push(p) => pushes.push(p),
