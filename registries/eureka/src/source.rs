@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use clap::parser::ValueSource;
 use clap::{Args, FromArgMatches};
 use meshfed_registry::Locality;
 use meshfed_registry::source::{
@@ -131,6 +132,21 @@ impl RegistryKind for EurekaKind {
     ) -> Result<Arc<dyn RegistrySource>, BoxError> {
         Ok(Arc::new(EurekaArgs::from_arg_matches(flags)?.settings()?))
     }
+
+    /// A `--eureka*` flag given while `--registries` leaves Eureka out is an error.
+    fn check_unselected(&self, flags: &clap::ArgMatches) -> Result<(), BoxError> {
+        let own = EurekaArgs::augment_args(clap::Command::new("eureka"));
+        for arg in own.get_arguments() {
+            if flags.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+                return Err(SourceError::msg(format!(
+                    "--{} needs the Eureka registry in --registries",
+                    arg.get_long().unwrap_or_default()
+                ))
+                .into());
+            }
+        }
+        Ok(())
+    }
 }
 
 impl RegistrySource for EurekaConfig {
@@ -163,7 +179,7 @@ impl RegistrySource for EurekaConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
+    use clap::{CommandFactory, Parser};
 
     #[derive(Parser, Debug)]
     struct Cli {
@@ -202,5 +218,19 @@ mod tests {
         );
         let cli = Cli::try_parse_from(["t", "--eurekaServerURL", "h:1"]).unwrap();
         assert!(cli.eureka.settings().is_err());
+    }
+
+    #[test]
+    fn eureka_flags_without_the_registry_are_refused() {
+        let matches = Cli::command()
+            .try_get_matches_from(["t", "--eurekaRegion", "east"])
+            .unwrap();
+        let err = EurekaKind.check_unselected(&matches).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--eurekaRegion needs the Eureka registry in --registries"
+        );
+        let defaults = Cli::command().try_get_matches_from(["t"]).unwrap();
+        assert!(EurekaKind.check_unselected(&defaults).is_ok());
     }
 }
