@@ -354,6 +354,13 @@ fn scalar_string<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<
 
 /// Decodes an `/apps` or `/apps/delta` body.
 pub fn decode_applications(body: &[u8]) -> std::result::Result<Applications, String> {
+    if body.trim_ascii_start().starts_with(b"<") {
+        return Err(
+            "an XML answer: the registry reads Eureka's JSON and asks for it with \
+             Accept: application/json (does a proxy in between drop that header?)"
+                .into(),
+        );
+    }
     serde_json::from_slice::<Envelope>(body)
         .map(|e| e.applications)
         .map_err(|e| e.to_string())
@@ -547,7 +554,9 @@ mod tests {
             decode_applications(br#"{"applications":{"versions__delta":"1","apps__hashcode":""}}"#)
                 .unwrap();
         assert!(empty.application.is_empty());
-        assert!(decode_applications(b"<applications/>").is_err());
+        let xml = decode_applications(b"  <applications/>").unwrap_err();
+        assert!(xml.contains("XML"), "{xml}");
+        assert!(decode_applications(b"{}").is_err());
     }
 
     #[test]
