@@ -18,6 +18,7 @@ const CRATES: &[(&str, &str)] = &[
     ("meshfed_registry", "registries/core/src"),
     ("meshfed_kube", "registries/kube/src"),
     ("meshfed_consul", "registries/consul/src"),
+    ("meshfed_eureka", "registries/eureka/src"),
     ("meshfed_api", "proto/src"),
     ("meshfed_load", "load/src"),
 ];

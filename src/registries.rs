@@ -10,6 +10,7 @@ pub static KINDS: &[&dyn RegistryKind] = &[
     &meshfed_kube::KubeKind,
     &meshfed_consul::ConsulKind,
     &meshfed_registry::source::MockKind,
+    &meshfed_eureka::EurekaKind,
 ];
 
 /// The kind `name` selects in `--registries` (its name as written, or in lower case).
@@ -29,6 +30,7 @@ mod tests {
         assert_eq!(kind("Kubernetes").map(|k| k.name()), Some("Kubernetes"));
         assert_eq!(kind("consul").map(|k| k.name()), Some("Consul"));
         assert_eq!(kind("mock").map(|k| k.name()), Some("Mock"));
+        assert_eq!(kind("eureka").map(|k| k.name()), Some("Eureka"));
         assert!(kind("MOCK").is_none());
         assert!(kind("Nacos").is_none());
     }

@@ -15,6 +15,7 @@ mod debug_xds;
 mod delta;
 mod deploy;
 mod drain;
+mod eureka;
 mod gateway_simulation;
 mod grpc_security;
 mod headless;
