@@ -150,7 +150,11 @@ impl ChunkWriter {
 
     fn flush(&mut self) {
         if !self.current.is_empty() {
-            self.chunks.push(std::mem::take(&mut self.current).freeze());
+            // The written bytes go out; the rest of the allocation stays for the next
+            // copied bytes. A few bytes of framing between two spliced bodies would
+            // otherwise pin a fresh 32 KiB allocation each while they wait in HTTP/2
+            // (1.2 GB of the heap with 20,000 sidecars reconnecting).
+            self.chunks.push(self.current.split().freeze());
         }
     }
 
@@ -700,6 +704,28 @@ mod tests {
             encoded.iter().any(|c| c.as_ptr() == big.as_ptr()),
             "large body was copied"
         );
+    }
+
+    #[test]
+    fn copied_bytes_between_spliced_bodies_share_one_allocation() {
+        // Small framing, a spliced body, small framing, ...: the framing pieces are
+        // consecutive slices of one buffer, not one allocation each.
+        let response = SotwResponse {
+            nonce: "n".into(),
+            resources: (0..8).map(|i| any(SPLICE_MIN + 10, i as u8)).collect(),
+            ..Default::default()
+        };
+        let chunks = FrameCursor::collect(response.clone());
+        assert_eq!(concat(&chunks), framed(&response));
+        let copied: Vec<&Bytes> = chunks.iter().filter(|c| c.len() < SPLICE_MIN).collect();
+        assert!(copied.len() >= 8, "{} copied chunks", copied.len());
+        for pair in copied.windows(2) {
+            assert_eq!(
+                pair[0].as_ptr().wrapping_add(pair[0].len()),
+                pair[1].as_ptr(),
+                "the next copied bytes continue the same buffer"
+            );
+        }
     }
 
     #[test]
