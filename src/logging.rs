@@ -444,7 +444,8 @@ mod tests {
         assert_eq!(
             scopes,
             [
-                "ads", "push", "model", "registry", "kube", "consul", "mesh", "admin", "app"
+                "ads", "push", "model", "registry", "kube", "consul", "nacos", "mesh", "admin",
+                "app"
             ]
         );
         assert!(translate("default:debug").unwrap().starts_with(

@@ -10,6 +10,7 @@ pub static KINDS: &[&dyn RegistryKind] = &[
     &meshfed_kube::KubeKind,
     &meshfed_consul::ConsulKind,
     &meshfed_registry::source::MockKind,
+    &meshfed_nacos::NacosKind,
 ];
 
 /// The kind `name` selects in `--registries` (its name as written, or in lower case).
@@ -30,7 +31,8 @@ mod tests {
         assert_eq!(kind("consul").map(|k| k.name()), Some("Consul"));
         assert_eq!(kind("mock").map(|k| k.name()), Some("Mock"));
         assert!(kind("MOCK").is_none());
-        assert!(kind("Nacos").is_none());
+        assert_eq!(kind("nacos").map(|k| k.name()), Some("Nacos"));
+        assert!(kind("Zookeeper").is_none());
     }
 
     #[test]
