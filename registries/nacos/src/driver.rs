@@ -218,8 +218,12 @@ pub(crate) async fn run(shared: Arc<Shared>, driven: Driven) {
                 SessionEnd::Unavailable(e) if e.is_denied() => Err(e),
                 SessionEnd::Unavailable(grpc_error) => {
                     debug!(namespace = %driven.namespace, "nacos: no gRPC session ({grpc_error}); reading the HTTP API");
-                    driven.transport(ActiveTransport::Http);
-                    http_round(&shared, base, &driven).await
+                    let round = http_round(&shared, base, &driven).await;
+                    // Only an HTTP API that answers is a fallback (else Nacos is down).
+                    if round.is_ok() {
+                        driven.transport(ActiveTransport::Http);
+                    }
+                    round
                 }
             },
         };

@@ -157,14 +157,31 @@ impl Connection {
     }
 }
 
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 type PayloadStream = Pin<Box<dyn futures::Stream<Item = Result<Payload, tonic::Status>> + Send>>;
 
 /// Runs one session against `server` until it fails.
 pub(crate) async fn session(shared: &Arc<Shared>, server: &str, driven: &Driven) -> SessionEnd {
-    let (connection, mut ended, setup) = match connect(shared, server, driven).await {
-        Ok(c) => c,
+    let Opened {
+        connection,
+        mut ended,
+        setup,
+        reader,
+    } = match connect(shared, server, driven).await {
+        Ok(opened) => opened,
         Err(e) => return SessionEnd::Unavailable(e),
     };
+    // The reader holds the stream (and so the connection) open: it goes with the
+    // session, whichever way the session ends.
+    let _reader = AbortOnDrop(reader);
     // Wait until the server registered the connection (requests before that are
     // refused as unregistered).
     let registered = tokio::select! {
@@ -247,20 +264,17 @@ async fn refresh(
     Ok(())
 }
 
-/// Connects, checks the server and opens the stream; returns the connection, the
-/// stream's end and the setup acknowledgement.
-async fn connect(
-    shared: &Arc<Shared>,
-    server: &str,
-    driven: &Driven,
-) -> Result<
-    (
-        Connection,
-        oneshot::Receiver<ApiError>,
-        Pin<Box<dyn Future<Output = Result<(), watch::error::RecvError>> + Send>>,
-    ),
-    ApiError,
-> {
+/// A connection set up: the unary client, the stream's end, the server's setup
+/// acknowledgement and the stream reader task.
+struct Opened {
+    connection: Connection,
+    ended: oneshot::Receiver<ApiError>,
+    setup: Pin<Box<dyn Future<Output = Result<(), watch::error::RecvError>> + Send>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+/// Connects, checks the server and opens the stream.
+async fn connect(shared: &Arc<Shared>, server: &str, driven: &Driven) -> Result<Opened, ApiError> {
     shared.auth.ensure(&shared.http, server).await?;
     let (host, port) = grpc_address(server, shared.config.grpc_port_offset)?;
     let endpoint = Endpoint::from_shared(format!("http://{host}:{port}"))
@@ -334,7 +348,7 @@ async fn connect(
         .boxed();
     let (acked_tx, mut acked_rx) = watch::channel(false);
     let (end_tx, end_rx) = oneshot::channel();
-    tokio::spawn(read_stream(
+    let reader = tokio::spawn(read_stream(
         inbound,
         out_tx,
         connection.client_ip.clone(),
@@ -352,7 +366,12 @@ async fn connect(
             Ok(())
         })
     };
-    Ok((connection, end_rx, setup))
+    Ok(Opened {
+        connection,
+        ended: end_rx,
+        setup,
+        reader,
+    })
 }
 
 /// Reads the server's requests until the stream ends, answering each as Nacos clients

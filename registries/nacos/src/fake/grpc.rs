@@ -57,6 +57,8 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // As Nacos's Netty servers do: no Nagle delay on small answers.
+                let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 let conn_id = shared.next();
                 connections.spawn(async move {

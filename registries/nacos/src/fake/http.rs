@@ -24,6 +24,8 @@ pub(super) async fn serve(listener: TcpListener, shared: Arc<Shared>) {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
+                // As Nacos's Netty servers do: no Nagle delay on small answers.
+                let _ = stream.set_nodelay(true);
                 let shared = shared.clone();
                 connections.spawn(async move {
                     let service = service_fn(move |req| handle(shared.clone(), req));

@@ -76,6 +76,11 @@ async fn logins_and_signatures_are_sent_and_refusals_counted_without_leaking() {
         registry.service(&revoked.key("db")).map(|_| ())
     })
     .await;
+    // The refused session's connection was closed, not left behind.
+    eventually("one registered connection", || async {
+        (nacos.connections() == 1).then_some(())
+    })
+    .await;
     revoked.stop().await;
 
     let text = logs.text();
