@@ -70,6 +70,11 @@ async fn grpc_subscriptions_follow_pushes() {
         registry.service(&nacos_registry.key("db")).map(|_| ())
     })
     .await;
+    // The connection is kept alive with HealthCheckRequest (every 500ms here).
+    eventually("a keepalive", || async {
+        (!nacos.requests_of("HealthCheckRequest").is_empty()).then_some(())
+    })
+    .await;
     nacos_registry.stop().await;
 }
 
@@ -107,5 +112,34 @@ async fn http_only_is_honoured_against_a_grpc_server() {
     nacos_registry.synced().await;
     assert_eq!(nacos_registry.addresses("web"), ["10.0.0.1"]);
     assert!(nacos.requests_of("ServerCheckRequest").is_empty());
+    nacos_registry.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_report_the_registrys_counters_under_their_names() {
+    let nacos = FakeNacos::start().await.unwrap();
+    nacos.register(Instance::new("web", "10.0.0.1", 8080).with_meta("bad key", "x"));
+    nacos.register(Instance::new("bad.name", "10.0.0.2", 8080));
+    let mut off = Instance::new("web", "10.0.0.3", 8080);
+    off.enabled = false;
+    nacos.register(off);
+    let mut nacos_registry = Running::start(config(&nacos));
+    nacos_registry.synced().await;
+    let mut registry = prometheus_client::registry::Registry::default();
+    nacos_registry.registry.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        "meshfed_nacos_skipped{kind=\"service\"} 1",
+        "meshfed_nacos_skipped{kind=\"label\"} ",
+        "meshfed_nacos_excluded_instances{registry=\"nacos\"} 1",
+        "meshfed_nacos_services{registry=\"nacos\"} 1",
+        "meshfed_nacos_transport{transport=\"grpc\"} 1",
+        "meshfed_nacos_transport{transport=\"http\"} 0",
+        "meshfed_nacos_auth_failures{transport=\"grpc\"} 0",
+        "meshfed_nacos_requests{result=\"error\"} 0",
+    ] {
+        assert!(text.contains(line), "{line:?} missing in\n{text}");
+    }
     nacos_registry.stop().await;
 }
