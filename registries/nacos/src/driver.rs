@@ -16,7 +16,7 @@ use std::sync::Arc;
 use futures::{StreamExt, TryStreamExt, stream};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::{ApiError, NacosHttp};
 use crate::auth::Auth;
@@ -208,13 +208,17 @@ pub(crate) async fn run(shared: Arc<Shared>, driven: Driven) {
         let result = match config.transport {
             Transport::Http => {
                 driven.transport(ActiveTransport::Http);
-                http_round(&shared, base, &driven).await
+                http_round(&shared, base, &driven)
+                    .await
+                    .map(|()| Next::Wait)
             }
             Transport::Grpc => match grpc::session(&shared, base, &driven).await {
                 SessionEnd::Unavailable(e) | SessionEnd::Failed(e) => Err(e),
+                SessionEnd::Reset => Ok(Next::Reconnect),
             },
             Transport::Auto => match grpc::session(&shared, base, &driven).await {
                 SessionEnd::Failed(e) => Err(e),
+                SessionEnd::Reset => Ok(Next::Reconnect),
                 SessionEnd::Unavailable(e) if e.is_denied() => Err(e),
                 SessionEnd::Unavailable(grpc_error) => {
                     debug!(namespace = %driven.namespace, "nacos: no gRPC session ({grpc_error}); reading the HTTP API");
@@ -223,14 +227,19 @@ pub(crate) async fn run(shared: Arc<Shared>, driven: Driven) {
                     if round.is_ok() {
                         driven.transport(ActiveTransport::Http);
                     }
-                    round
+                    round.map(|()| Next::Wait)
                 }
             },
         };
         match result {
-            Ok(()) => {
+            Ok(Next::Wait) => {
                 failures = 0;
                 tokio::time::sleep(config.refresh_interval).await;
+            }
+            Ok(Next::Reconnect) => {
+                failures = 0;
+                server += 1;
+                info!(namespace = %driven.namespace, "nacos: the server asked to reconnect; connecting again");
             }
             Err(err) => {
                 if err.is_denied() {
@@ -243,6 +252,14 @@ pub(crate) async fn run(shared: Arc<Shared>, driven: Driven) {
             }
         }
     }
+}
+
+/// What a loop does after a good round.
+enum Next {
+    /// Wait for the refresh interval (an HTTP round).
+    Wait,
+    /// Connect again at once (the server reset the gRPC connection).
+    Reconnect,
 }
 
 #[cfg(test)]

@@ -46,6 +46,9 @@ pub(crate) enum SessionEnd {
     Unavailable(ApiError),
     /// It ran and then failed.
     Failed(ApiError),
+    /// The server asked the client to reconnect (`ConnectResetRequest`, Nacos moving
+    /// clients between its servers): not a failure.
+    Reset,
 }
 
 /// The version sent in `ConnectionSetupRequest`.
@@ -206,8 +209,13 @@ pub(crate) async fn session(shared: &Arc<Shared>, server: &str, driven: &Driven)
         loop {
             tokio::select! {
                 reason = &mut ended => {
-                    let reason = reason.unwrap_or_else(|_| ApiError::Transport("the stream reader stopped".into()));
-                    return SessionEnd::Failed(reason);
+                    return match reason {
+                        Ok(None) => SessionEnd::Reset,
+                        Ok(Some(e)) => SessionEnd::Failed(e),
+                        Err(_) => SessionEnd::Failed(ApiError::Transport(
+                            "the stream reader stopped".into(),
+                        )),
+                    };
                 }
                 _ = tokio::time::sleep_until(next) => break,
                 _ = keepalive.tick() => {
@@ -268,7 +276,7 @@ async fn refresh(
 /// acknowledgement and the stream reader task.
 struct Opened {
     connection: Connection,
-    ended: oneshot::Receiver<ApiError>,
+    ended: oneshot::Receiver<Option<ApiError>>,
     setup: Pin<Box<dyn Future<Output = Result<(), watch::error::RecvError>> + Send>>,
     reader: tokio::task::JoinHandle<()>,
 }
@@ -375,14 +383,14 @@ async fn connect(shared: &Arc<Shared>, server: &str, driven: &Driven) -> Result<
 }
 
 /// Reads the server's requests until the stream ends, answering each as Nacos clients
-/// do; the reason it ended goes to `end`.
+/// do; the reason it ended goes to `end` (`None`: the server asked to reconnect).
 async fn read_stream(
     mut inbound: PayloadStream,
     out: mpsc::Sender<Payload>,
     client_ip: String,
     driven: Driven,
     acked: watch::Sender<bool>,
-    end: oneshot::Sender<ApiError>,
+    end: oneshot::Sender<Option<ApiError>>,
 ) {
     let reply = |kind: &str, request_id: &str| {
         wire::payload(
@@ -395,14 +403,17 @@ async fn read_stream(
     let reason = loop {
         let payload = tokio::select! {
             p = inbound.next() => p,
-            _ = out.closed() => break ApiError::Transport("the session ended".into()),
+            _ = out.closed() => break Some(ApiError::Transport("the session ended".into())),
         };
         let payload = match payload {
             Some(Ok(p)) => p,
             Some(Err(status)) => {
-                break ApiError::Transport(format!("the stream failed: {}", status.message()));
+                break Some(ApiError::Transport(format!(
+                    "the stream failed: {}",
+                    status.message()
+                )));
             }
-            None => break ApiError::Transport("the server closed the stream".into()),
+            None => break Some(ApiError::Transport("the server closed the stream".into())),
         };
         let (kind, body) = match wire::open(&payload) {
             Ok(x) => x,
@@ -424,9 +435,16 @@ async fn read_stream(
             }
             "ConnectResetRequest" => {
                 let _ = out.send(reply("ConnectResetResponse", &request_id)).await;
-                break ApiError::Transport(
-                    "the server asked to reconnect (ConnectResetRequest)".into(),
-                );
+                // Let the answer leave before the connection is dropped: the stream
+                // takes it off the queue, then a moment for the write.
+                let drained = async {
+                    while out.capacity() < out.max_capacity() {
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                };
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(1), drained).await;
+                break None;
             }
             other => {
                 debug!(kind = other, "nacos: no handler for a server request");
@@ -436,7 +454,7 @@ async fn read_stream(
         if let Some(kind) = answer
             && out.send(reply(kind, &request_id)).await.is_err()
         {
-            break ApiError::Transport("the session ended".into());
+            break Some(ApiError::Transport("the session ended".into()));
         }
     };
     let _ = end.send(reason);

@@ -260,6 +260,10 @@ impl tonic::server::StreamingService<Payload> for Bi {
                             let _ = out.send(Ok(payload("SetupAckRequest", &ack)));
                         }
                         "NotifySubscriberResponse" => st.pushes_acked += 1,
+                        "ConnectResetResponse" => {
+                            // The client goes to reconnect: this connection is done.
+                            st.conns.remove(&conn_id);
+                        }
                         _ => {}
                     }
                 }

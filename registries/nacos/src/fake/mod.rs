@@ -471,6 +471,18 @@ impl FakeNacos {
         (st.pushes, st.pushes_acked)
     }
 
+    /// Sends every registered connection a server request of `kind`
+    /// (`ClientDetectionRequest`, `ConnectResetRequest`) with no fields beyond the
+    /// common ones.
+    pub fn send_server_request(&self, kind: &str) {
+        let st = self.shared.lock();
+        for conn in st.conns.values() {
+            let body = json!({"headers": {}, "requestId": self.shared.next().to_string(),
+                              "module": "internal"});
+            let _ = conn.out.send(Ok(grpc::payload(kind, &body)));
+        }
+    }
+
     /// Registered gRPC connections.
     pub fn connections(&self) -> usize {
         self.shared.lock().conns.len()

@@ -62,3 +62,36 @@ async fn an_emptied_catalog_withdraws_the_services_with_a_warning() {
     );
     nacos_registry.stop().await;
 }
+
+#[tokio::test]
+async fn server_requests_are_answered_and_a_reset_reconnects() {
+    let nacos = FakeNacos::start().await.unwrap();
+    nacos.register(Instance::new("web", "10.0.0.1", 8080));
+    let mut nacos_registry = Running::start(config(&nacos));
+    nacos_registry.synced().await;
+
+    nacos.send_server_request("ClientDetectionRequest");
+    eventually("the detection answer", || async {
+        (!nacos.requests_of("ClientDetectionResponse").is_empty()).then_some(())
+    })
+    .await;
+
+    // Nacos rebalancing clients: answered, then a new connection set up and every
+    // service subscribed again, with changes still followed.
+    nacos.send_server_request("ConnectResetRequest");
+    eventually("a new connection", || async {
+        (nacos.requests_of("ConnectionSetupRequest").len() == 2 && nacos.connections() == 1)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(nacos.requests_of("ConnectResetResponse").len(), 1);
+    let registry = nacos_registry.registry.clone();
+    assert_eq!(registry.stats().errors(), 0, "a reset is not a failure");
+    nacos.register(Instance::new("web", "10.0.0.2", 8080));
+    eventually("the change after the reconnection", || async {
+        (nacos_registry.addresses("web").len() == 2).then_some(())
+    })
+    .await;
+    assert!(nacos.requests_of("SubscribeServiceRequest").len() >= 2);
+    nacos_registry.stop().await;
+}
