@@ -444,7 +444,7 @@ mod tests {
         assert_eq!(
             scopes,
             [
-                "ads", "push", "model", "registry", "kube", "consul", "eureka", "mesh", "admin",
+                "ads", "push", "model", "registry", "kube", "consul", "nacos", "eureka", "mesh", "admin",
                 "app"
             ]
         );

@@ -192,7 +192,7 @@ fn validate(args: ValidateArgs) -> anyhow::Result<std::process::ExitCode> {
 /// Flags keep pilot-discovery's names where they mean the same thing.
 #[derive(Args, Debug)]
 struct DiscoveryArgs {
-    /// Comma separated registries to read services from: Kubernetes, Consul, Mock. Default:
+    /// Comma separated registries to read services from: Kubernetes, Consul, Mock, Nacos. Default:
     /// Kubernetes when a kubeconfig (--kubeconfig, KUBECONFIG) or in-cluster config is
     /// present, else Mock (the bundled example).
     #[arg(long = "registries", value_delimiter = ',')]

@@ -10,6 +10,7 @@ pub static KINDS: &[&dyn RegistryKind] = &[
     &meshfed_kube::KubeKind,
     &meshfed_consul::ConsulKind,
     &meshfed_registry::source::MockKind,
+    &meshfed_nacos::NacosKind,
     &meshfed_eureka::EurekaKind,
 ];
 
@@ -32,7 +33,8 @@ mod tests {
         assert_eq!(kind("mock").map(|k| k.name()), Some("Mock"));
         assert_eq!(kind("eureka").map(|k| k.name()), Some("Eureka"));
         assert!(kind("MOCK").is_none());
-        assert!(kind("Nacos").is_none());
+        assert_eq!(kind("nacos").map(|k| k.name()), Some("Nacos"));
+        assert!(kind("Zookeeper").is_none());
     }
 
     #[test]

@@ -28,6 +28,7 @@ mod kube_instances;
 mod mesh;
 mod mock_file;
 mod multicluster;
+mod nacos;
 mod nds;
 mod pprof;
 mod rbac;
