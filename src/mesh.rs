@@ -253,6 +253,18 @@ fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
             return Err(format!("{field}: entries must not be empty"));
         }
     }
+    // configSources: addresses meshfed can read (see `config::config_sources`).
+    match meshfed_registry::config::validate_config_sources(m) {
+        Ok(warnings) => {
+            for w in warnings {
+                warn!("mesh config: {w}");
+            }
+        }
+        Err(errors) => {
+            let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Err(text.join("; "));
+        }
+    }
     // Istio's ValidateMeshConfig refuses a mesh config with a broken extension provider.
     if let Err(errors) = meshfed_registry::config::validate::validate_extension_providers(m) {
         let text: Vec<String> = errors.iter().map(ToString::to_string).collect();

@@ -123,7 +123,14 @@ impl Core {
         let (sink, events) = UpdateSink::new(index.clone());
         let aggregate = Arc::new(Aggregate::new(config.cluster_id.clone()));
         let connections = Arc::new(Connections::default());
-        let config_stores = ConfigStores::start(config, &sink, shutdown, tasks)?;
+        let config_stores = ConfigStores::start(
+            config,
+            &mesh_settings.load().config,
+            &sink,
+            metrics_registry,
+            shutdown,
+            tasks,
+        )?;
         // RequestAuthentication keys, fetched by the control plane and inlined.
         let (fetch_mode, unknown) = crate::generate::jwt::JwksFetchMode::parse(
             std::env::var(crate::jwks::REMOTE_JWKS_ENV).ok().as_deref(),
