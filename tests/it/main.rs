@@ -8,6 +8,7 @@ mod analyze;
 mod autoregistration;
 mod cli;
 mod config;
+mod config_sources;
 mod connections;
 mod consul;
 mod dashboard;
