@@ -41,7 +41,7 @@ pub fn start(
     let mut stores = Vec::new();
     for authority in authorities {
         let name = format!("xds://{authority}");
-        let store = SourceStore::new(&name, sink.clone());
+        let store = SourceStore::new(&name, sink.clone()).with_revision(&identity.revision);
         let client = SourceClient {
             authority: authority.clone(),
             identity: identity.clone(),

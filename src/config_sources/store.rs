@@ -20,7 +20,7 @@ use meshfed_registry::config::{ConfigObject, ConfigStore, Kind, ObjectId, Reject
 use prost::Message;
 use serde::Serialize;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// The type URL of the MCP envelope every resource of a response is wrapped in.
 pub const RESOURCE_TYPE_URL: &str = "type.googleapis.com/istio.mcp.v1alpha1.Resource";
@@ -86,6 +86,9 @@ pub struct SourceStatus {
 #[derive(Clone, Debug)]
 pub struct SourceStore {
     name: Arc<str>,
+    /// This server's revision: objects labelled `istio.io/rev` with another one are
+    /// not read (as istiod's `ObjectInRevision`). Empty reads every object.
+    revision: Arc<str>,
     core: Arc<StoreCore<State>>,
     status: Arc<Mutex<SourceStatus>>,
 }
@@ -105,12 +108,19 @@ impl SourceStore {
     pub fn new(name: &str, sink: UpdateSink) -> SourceStore {
         SourceStore {
             name: name.into(),
+            revision: "".into(),
             core: Arc::new(StoreCore::new(sink)),
             status: Arc::new(Mutex::new(SourceStatus {
                 address: name.to_string(),
                 ..SourceStatus::default()
             })),
         }
+    }
+
+    /// Reads only the objects of `revision` (and those of none), as istiod's client.
+    pub fn with_revision(mut self, revision: &str) -> SourceStore {
+        self.revision = revision.into();
+        self
     }
 
     /// The source's name (its address).
@@ -176,6 +186,9 @@ impl SourceStore {
         let mut rejected = Vec::new();
         for (type_url, value) in resources {
             match decode_resource(&self.name, kind, type_url, value) {
+                Ok(obj) if !in_revision(&obj, &self.revision) => {
+                    debug!(source = %self.name, "{} {}/{} belongs to another revision; not read", obj.kind, obj.namespace, obj.name);
+                }
                 Ok(obj) => match meshfed_registry::config::validate(&obj) {
                     Ok(_) => {
                         received.insert(obj.id(), Arc::new(obj));
@@ -265,6 +278,16 @@ impl SourceStore {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Istio's `ObjectInRevision`: an object without `istio.io/rev` belongs to every
+/// revision, and a server without a revision reads every object.
+fn in_revision(obj: &ConfigObject, revision: &str) -> bool {
+    revision.is_empty()
+        || obj
+            .labels
+            .get("istio.io/rev")
+            .is_none_or(|rev| rev == revision)
 }
 
 fn now_seconds() -> f64 {

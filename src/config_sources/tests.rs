@@ -190,6 +190,41 @@ fn bad_objects_are_rejected_alone_naming_source_object_and_field() {
     assert!(store.is_empty());
 }
 
+/// Istio's `ObjectInRevision`: objects of another `istio.io/rev` are not read.
+#[test]
+fn objects_of_another_revision_are_not_read() {
+    use prost::Message;
+    let labelled = |name: &str, rev: &str| {
+        let any = service_entry(name, &format!("{name}.example.com"), "10.0.0.1", "1");
+        let mut r = meshfed_api::mcp::v1alpha1::Resource::decode(any.value.as_slice()).unwrap();
+        if !rev.is_empty() {
+            let meta = r.metadata.as_mut().unwrap();
+            meta.labels.insert("istio.io/rev".into(), rev.into());
+        }
+        Any {
+            type_url: any.type_url,
+            value: r.encode_to_vec(),
+        }
+    };
+    let resources = [
+        labelled("a", ""),
+        labelled("b", "canary"),
+        labelled("c", "stable"),
+    ];
+    let canary = SourceStore::new("xds://mcp:1", sink()).with_revision("canary");
+    apply(&canary, Kind::ServiceEntry, &resources);
+    let names: Vec<String> = canary
+        .list(Kind::ServiceEntry)
+        .iter()
+        .map(|o| o.name.clone())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    assert!(canary.rejected().is_empty());
+    let any = SourceStore::new("xds://mcp:1", sink());
+    apply(&any, Kind::ServiceEntry, &resources);
+    assert_eq!(any.len(), 3);
+}
+
 #[test]
 fn type_urls_are_group_version_kind_of_the_proto_package() {
     assert_eq!(type_url(Kind::ServiceEntry), SE);
