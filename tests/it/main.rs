@@ -16,6 +16,7 @@ mod debug_xds;
 mod delta;
 mod deploy;
 mod drain;
+mod federation;
 mod gateway_simulation;
 mod grpc_security;
 mod headless;
