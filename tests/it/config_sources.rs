@@ -126,7 +126,7 @@ async fn objects_from_an_xds_source_reach_a_sidecar_and_outlive_the_source() {
     // Not ready before the source has sent every kind.
     let (status, body) = http_get(server.bound().http, "/ready").await;
     assert_eq!(status, 503, "{body}");
-    assert!(body.contains("config"), "{body}");
+    assert!(body.contains(&format!("config source {source}")), "{body}");
 
     let mut stream = mcp.stream().await;
     let bad = net::ServiceEntry {
