@@ -18,7 +18,6 @@
 //! store (an earlier valid version of the same object stays), it is listed by
 //! [`ConfigStore::rejected`] with the reason, and everything else still applies.
 
-pub mod config_sources;
 pub mod decode;
 pub mod file_store;
 pub mod ignored;
@@ -38,7 +37,6 @@ pub mod spec_json;
 mod time;
 pub use time::{format_rfc3339, parse_rfc3339};
 
-pub use config_sources::{ConfigSourceAddress, config_source_addresses, validate_config_sources};
 pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
 pub use file_store::{ConfigDirStatus, FileConfigStore, run_config_dir};
 pub use ignored::IgnoredConfig;
@@ -48,6 +46,9 @@ pub use report::{Report, validate_files, validate_files_in, validate_text, valid
 pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};
 pub use store::{ConfigStore, MemoryConfigStore, RejectedConfig};
+pub use validate::config_sources::{
+    ConfigSourceAddress, config_source_addresses, validate_config_sources,
+};
 pub use validate::{
     FieldError, FieldPath, Segment, Validation, Warning, validate_mesh_config,
     validate_mesh_networks,

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use meshfed_api::mesh::v1alpha1::{ConfigSource, MeshConfig};
 use meshfed_api::networking::v1alpha3::ClientTlsSettings;
 
-use crate::config::validate::{FieldPath, Findings, Validation};
+use super::{FieldPath, Findings, Validation};
 
 /// One config source, as its address names it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
