@@ -104,6 +104,55 @@ pub struct DiscoveryConfig {
     /// Kubernetes config store, the leader writes `status` on Istio config objects at
     /// this pace; `None` (the default) writes nothing.
     pub status: Option<meshfed_kube::status::StatusSettings>,
+    /// MCP-over-xDS serving (`--mcpExportRegistries`, `--mcpExportNamespaces`,
+    /// `--mcpAllowedIdentities`).
+    pub mcp: McpSettings,
+}
+
+/// What MCP-over-xDS exports and to whom (see `crate::ads::mcp`).
+#[derive(Clone, Debug, Default)]
+pub struct McpSettings {
+    /// Registries whose services are synthesized, by provider name; `None`: every
+    /// registry but Kubernetes (`--mcpExportRegistries`).
+    pub export_registries: Option<Vec<String>>,
+    /// Namespaces exported; empty: all (`--mcpExportNamespaces`).
+    pub export_namespaces: Vec<String>,
+    /// Identities allowed to read MCP on the secure port; `None`: every identity of
+    /// the system namespace (`--mcpAllowedIdentities`).
+    pub allowed_identities: Option<Vec<String>>,
+}
+
+impl McpSettings {
+    /// The serving state these settings describe, for a server of `cluster_id` in
+    /// `system_namespace`; an error names the bad entry.
+    pub fn serving(
+        &self,
+        cluster_id: &ClusterId,
+        system_namespace: &str,
+    ) -> anyhow::Result<crate::ads::mcp::McpServing> {
+        use crate::ads::mcp::{McpAllowList, McpServing};
+        let allowed = match &self.allowed_identities {
+            None => McpAllowList::system(system_namespace),
+            Some(entries) => McpAllowList::parse(entries).map_err(anyhow::Error::msg)?,
+        };
+        let export = crate::generate::mcp::McpExport {
+            registries: self.export_registries.as_ref().map(|names| {
+                names
+                    .iter()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect()
+            }),
+            namespaces: self
+                .export_namespaces
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            local_cluster: cluster_id.to_string(),
+        };
+        Ok(McpServing::new(export, allowed))
+    }
 }
 
 impl DiscoveryConfig {
@@ -162,6 +211,7 @@ impl Default for DiscoveryConfig {
             log_control: None,
             workload_entries: crate::autoregistration::Settings::default(),
             status: None,
+            mcp: McpSettings::default(),
         }
     }
 }

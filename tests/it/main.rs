@@ -24,6 +24,7 @@ mod jwt;
 mod kinds;
 mod kube;
 mod kube_instances;
+mod mcp;
 mod mesh;
 mod mock_file;
 mod multicluster;
