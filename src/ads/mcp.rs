@@ -143,9 +143,16 @@ pub struct McpServing {
     pub allowed: McpAllowList,
     /// Metrics.
     pub metrics: McpMetrics,
-    /// What was last reported of the synthesized objects (conflicts, skipped), so
-    /// that a change is logged once.
-    reported: Mutex<(Arc<[String]>, Arc<[String]>)>,
+    /// What was last reported of the synthesized objects, so that a change is
+    /// logged once.
+    reported: Mutex<Reported>,
+}
+
+/// The conflicts and left-out services last reported.
+#[derive(Debug, Default)]
+struct Reported {
+    conflicts: Arc<[String]>,
+    skipped: Arc<[String]>,
 }
 
 impl McpServing {
@@ -175,25 +182,29 @@ impl McpServing {
             return;
         }
         let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
-        if Arc::ptr_eq(&reported.0, &output.conflicts) && Arc::ptr_eq(&reported.1, &output.skipped)
+        if Arc::ptr_eq(&reported.conflicts, &output.conflicts)
+            && Arc::ptr_eq(&reported.skipped, &output.skipped)
         {
             return;
         }
         self.metrics.conflicts.set(output.conflicts.len() as i64);
         self.metrics.skipped.set(output.skipped.len() as i64);
-        if *reported.0 != *output.conflicts && !output.conflicts.is_empty() {
+        if *reported.conflicts != *output.conflicts && !output.conflicts.is_empty() {
             info!(
                 conflicts = %output.conflicts.join("; "),
                 "MCP: exported hostnames that another registry also has (the aggregate's merge policy picked the one served; see /debug/registryz)"
             );
         }
-        if *reported.1 != *output.skipped && !output.skipped.is_empty() {
+        if *reported.skipped != *output.skipped && !output.skipped.is_empty() {
             warn!(
                 skipped = %output.skipped.join("; "),
                 "MCP: exported services left out of the synthesized ServiceEntries"
             );
         }
-        *reported = (output.conflicts.clone(), output.skipped.clone());
+        *reported = Reported {
+            conflicts: output.conflicts.clone(),
+            skipped: output.skipped.clone(),
+        };
     }
 }
 

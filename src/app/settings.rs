@@ -135,6 +135,21 @@ impl McpSettings {
             None => McpAllowList::system(system_namespace),
             Some(entries) => McpAllowList::parse(entries).map_err(anyhow::Error::msg)?,
         };
+        if let Some(names) = &self.export_registries {
+            for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+                let known = crate::registries::KINDS
+                    .iter()
+                    .any(|k| k.name().eq_ignore_ascii_case(name));
+                if !known {
+                    let kinds: Vec<&str> =
+                        crate::registries::KINDS.iter().map(|k| k.name()).collect();
+                    anyhow::bail!(
+                        "--mcpExportRegistries: unknown registry {name:?} (known: {})",
+                        kinds.join(", ")
+                    );
+                }
+            }
+        }
         let export = crate::generate::mcp::McpExport {
             registries: self.export_registries.as_ref().map(|names| {
                 names
@@ -315,5 +330,48 @@ impl LeaseSettings {
         }
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcp_settings_reject_unknown_registries_and_identities() {
+        let cluster = ClusterId::new("Kubernetes");
+        let serving = McpSettings::default()
+            .serving(&cluster, "istio-system")
+            .unwrap();
+        assert!(serving.admits(
+            true,
+            Some("spiffe://cluster.local/ns/istio-system/sa/istiod")
+        ));
+        let listed = McpSettings {
+            export_registries: Some(vec!["consul".into(), " Mock".into()]),
+            ..McpSettings::default()
+        };
+        assert!(listed.serving(&cluster, "istio-system").is_ok());
+        let typo = McpSettings {
+            export_registries: Some(vec!["Consull".into()]),
+            ..McpSettings::default()
+        };
+        let err = typo
+            .serving(&cluster, "istio-system")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--mcpExportRegistries") && err.contains("Consull"),
+            "{err}"
+        );
+        let bad = McpSettings {
+            allowed_identities: Some(vec!["nobody".into()]),
+            ..McpSettings::default()
+        };
+        let err = bad
+            .serving(&cluster, "istio-system")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--mcpAllowedIdentities"), "{err}");
     }
 }
