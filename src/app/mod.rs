@@ -57,7 +57,7 @@ use sources::Registries;
 pub use meshfed_registry::source::{EMBEDDED_MOCK_REGISTRY, MockSource};
 pub use settings::{
     CaSource, ConsulSettings, DiscoveryConfig, KubeSettings, KubeSource, LeaseSettings,
-    RemoteSecretSettings, SecureSettings,
+    McpSettings, RemoteSecretSettings, SecureSettings,
 };
 pub use shutdown::ShutdownSignals;
 
@@ -221,6 +221,12 @@ impl Server {
         crate::metrics::ProcessMetrics::register(&mut metrics_registry);
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
+        let mcp = Arc::new(
+            config
+                .mcp
+                .serving(&config.cluster_id, &config.secure.namespace)?,
+        );
+        mcp.metrics.register(&mut metrics_registry);
         let mut tasks = JoinSet::new();
         let (core, events) = Core::start(
             &config,
@@ -259,6 +265,7 @@ impl Server {
         );
         let wiring = Wiring {
             config,
+            mcp,
             core,
             registries,
             metrics_registry,
@@ -342,6 +349,8 @@ impl Server {
 /// Everything started so far, for the steps that bind and serve.
 struct Wiring {
     config: DiscoveryConfig,
+    /// MCP-over-xDS serving (both ADS ports).
+    mcp: Arc<crate::ads::mcp::McpServing>,
     core: Core,
     registries: Registries,
     metrics_registry: Registry,
@@ -668,6 +677,7 @@ impl Wiring {
             workloads: workloads.map(|c| c as Arc<dyn crate::ads::WorkloadHooks>),
             control_plane: crate::ads::debug::ControlPlaneId::from_environment().encoded(),
             debug: std::sync::OnceLock::new(),
+            mcp: self.mcp.clone(),
         })
     }
 

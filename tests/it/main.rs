@@ -26,6 +26,7 @@ mod jwt;
 mod kinds;
 mod kube;
 mod kube_instances;
+mod mcp;
 mod mesh;
 mod mock_file;
 mod multicluster;
