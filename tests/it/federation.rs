@@ -52,7 +52,6 @@ async fn sidecar_view(server: std::net::SocketAddr, cluster: &str) -> Option<(bo
 }
 
 #[tokio::test]
-#[ignore = "needs MCP-over-xDS serving (GENERATOR=api), built on branch i32-mcp"]
 async fn a_second_meshfed_routes_to_consul_through_the_first_ones_mcp() {
     // The federating meshfed: Consul and a mock registry.
     let consul = FakeConsul::start().await.unwrap();
