@@ -357,6 +357,14 @@ async fn the_client_asks_as_istiods_config_source_client_and_acks_every_response
     assert!(requests.iter().all(|r| r.resource_names.is_empty()));
     let store = &r.stores[0];
     assert!(!store.has_synced());
+    // Istio's `stream-2-unnamed-resources` (TestADSC_Run): responses of types not
+    // asked for are acknowledged and change nothing.
+    for other in ["foo", "bar"] {
+        let nonce = stream.send(other, "", Vec::new());
+        let ack = stream.request().await;
+        assert_eq!((ack.type_url.as_str(), ack.response_nonce), (other, nonce));
+    }
+    assert!(store.is_empty() && !store.has_synced());
     send_all(
         &mut stream,
         "v1",
