@@ -273,10 +273,21 @@ impl<'a> PushScope<'a> {
                 .iter()
                 .any(|k| mcp_reads(t.kind, k.kind))
         };
-        if touched {
-            Touch::Everything
-        } else {
+        let synthesized = matches!(
+            t.kind,
+            McpKind::Config(
+                meshfed_registry::config::Kind::ServiceEntry
+                    | meshfed_registry::config::Kind::WorkloadEntry
+            )
+        );
+        if !touched {
             Touch::Nothing
+        } else if synthesized && self.only_services && !self.hosts.is_empty() {
+            // The objects of other services stand (their cache entries survive); the
+            // type is still sent whole.
+            Touch::Services(&self.hosts)
+        } else {
+            Touch::Everything
         }
     }
 
@@ -588,6 +599,16 @@ mod tests {
         let service = PushRequest::full(TriggerReason::Service, [ConfigKey::service(&key)]);
         assert!(touched(&service, t(Kind::ServiceEntry)));
         assert!(touched(&service, t(Kind::WorkloadEntry)));
+        // Only the changed service's synthesized objects are regenerated.
+        let scope = PushScope::new(&service);
+        assert!(matches!(
+            scope.touch(ProxyClass::Sidecar, t(Kind::WorkloadEntry)),
+            Touch::Services(hosts) if hosts.contains("web.service.consul")
+        ));
+        assert_eq!(
+            PushScope::new(&vs).touch(ProxyClass::Sidecar, t(Kind::VirtualService)),
+            Touch::Everything
+        );
         assert!(!touched(&service, t(Kind::VirtualService)));
         let mesh_change = PushRequest::full(
             TriggerReason::Global,

@@ -21,9 +21,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use meshfed_api::mcp::v1alpha1 as mcp;
+use meshfed_registry::Service;
 use meshfed_registry::config::{ConfigObject, Kind, Spec};
 use prost::Message;
 
+use crate::generate::cds::SharedShards;
 use crate::model::ProxyClass;
 use crate::push::cache::CacheInput;
 use crate::push::snapshot::Snapshot;
@@ -86,7 +88,7 @@ pub fn generate(t: McpType, snapshot: &Snapshot, export: &Arc<McpExport>) -> Mcp
         .unwrap_or_default()
 }
 
-fn build(kind: McpKind, snapshot: &Snapshot, export: &McpExport) -> McpOutput {
+fn build(kind: McpKind, snapshot: &Snapshot, export: &Arc<McpExport>) -> McpOutput {
     let kind = match kind {
         McpKind::MeshConfig => {
             let bytes = snapshot.mesh().config.encode_to_vec();
@@ -98,55 +100,134 @@ fn build(kind: McpKind, snapshot: &Snapshot, export: &McpExport) -> McpOutput {
         McpKind::Config(kind) => kind,
     };
     let objects = snapshot.config().objects_of(kind);
-    let mut taken: BTreeSet<(&str, &str)> = BTreeSet::new();
-    let mut resources: Vec<Resource> = Vec::with_capacity(objects.len());
-    for object in objects {
-        taken.insert((&object.namespace, &object.name));
-        resources.push(object_resource(object));
-    }
+    let mut resources: Vec<Resource> = objects.iter().map(|o| object_resource(o)).collect();
     let mut out = McpOutput::default();
     if matches!(kind, Kind::ServiceEntry | Kind::WorkloadEntry) {
+        let taken: BTreeSet<Arc<str>> = resources.iter().map(|r| r.name.clone()).collect();
         let services = snapshot.services();
-        let conflicts: Vec<_> = services
-            .conflicts()
-            .iter()
-            .map(|c| (c.service.clone(), c.winner.clone(), c.loser.clone()))
-            .collect();
-        let made = synth::synthesize(
-            services.all(),
-            |key| snapshot.shards(key).cloned(),
-            &conflicts,
-            export,
-        );
-        let mut skipped = made.skipped;
-        let mut add = |object: SyntheticObject<'_>| {
-            if taken.contains(&(object.namespace(), object.name())) {
-                skipped.push(format!(
-                    "{}/{}: a {kind} of that name exists; it is served instead",
-                    object.namespace(),
-                    object.name()
-                ));
+        let mut skipped = Vec::new();
+        for service in services.all().iter().filter(|s| export.exports_service(s)) {
+            let Some(made) = snapshot.cached(SynthInput {
+                service: SharedService(service.clone()),
+                shards: SharedShards(snapshot.shards(&service.key()).cloned()),
+                export: export.clone(),
+            }) else {
+                continue;
+            };
+            skipped.extend(made.skipped.iter().cloned());
+            let list = if kind == Kind::ServiceEntry {
+                made.service_entry.as_slice()
             } else {
-                resources.push(object.resource());
+                made.workload_entries.as_slice()
+            };
+            for resource in list {
+                if taken.contains(&resource.name) {
+                    skipped.push(format!(
+                        "{}: a {kind} of that name exists; it is served instead",
+                        resource.name
+                    ));
+                } else {
+                    resources.push(resource.clone());
+                }
             }
-        };
-        if kind == Kind::ServiceEntry {
-            made.service_entries
-                .iter()
-                .for_each(|s| add(SyntheticObject::Se(s)));
-        } else {
-            made.workload_entries
-                .iter()
-                .for_each(|w| add(SyntheticObject::We(w)));
         }
         resources.sort_by(|a, b| a.name.cmp(&b.name));
         if kind == Kind::ServiceEntry {
-            out.conflicts = made.conflicts.into();
+            let conflicts: Vec<_> = services
+                .conflicts()
+                .iter()
+                .map(|c| (c.service.clone(), c.winner.clone(), c.loser.clone()))
+                .collect();
+            out.conflicts = synth::conflict_lines(&conflicts, |k| {
+                services.get(k).is_some_and(|s| export.exports_service(s))
+            })
+            .into();
         }
         out.skipped = skipped.into();
     }
     out.resources = resources.into();
     out
+}
+
+/// A merged service in a cache key, compared by identity (a changed service is a new
+/// allocation, which the key holds).
+#[derive(Clone)]
+pub struct SharedService(pub Arc<Service>);
+
+impl PartialEq for SharedService {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedService {}
+
+impl std::hash::Hash for SharedService {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
+impl std::fmt::Debug for SharedService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.0.namespace, self.0.hostname)
+    }
+}
+
+/// The cache key of one exported service's synthesized objects: the service and its
+/// endpoint shards (by identity) and what is exported. Kept across snapshots unless a
+/// push changes that service (its hostname), so a change of one service re-encodes
+/// that service's objects only.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SynthInput {
+    /// The merged service.
+    pub service: SharedService,
+    /// Its endpoint shards.
+    pub shards: SharedShards,
+    /// What is exported.
+    pub export: Arc<McpExport>,
+}
+
+/// The encoded objects of one service.
+#[derive(Debug, Default)]
+pub struct SynthResources {
+    /// Its ServiceEntry.
+    pub service_entry: Option<Resource>,
+    /// Its WorkloadEntries.
+    pub workload_entries: Vec<Resource>,
+    /// Why it was left out, when it was.
+    pub skipped: Option<String>,
+}
+
+impl CacheInput<Snapshot> for SynthInput {
+    // WorkloadEntries are touched by both service and endpoint changes.
+    const TYPE: TypeUrl = TypeUrl::Mcp(McpType::preferred(McpKind::Config(Kind::WorkloadEntry)));
+    type Output = Arc<SynthResources>;
+
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+
+    fn service(&self) -> Option<&str> {
+        Some(self.service.0.hostname.as_str())
+    }
+
+    fn generate(&self, _: &Snapshot) -> Option<Arc<SynthResources>> {
+        let made =
+            synth::synthesize_service(&self.service.0, self.shards.0.as_deref(), &self.export);
+        Some(Arc::new(SynthResources {
+            service_entry: made
+                .service_entry
+                .as_ref()
+                .map(|s| SyntheticObject::Se(s).resource()),
+            workload_entries: made
+                .workload_entries
+                .iter()
+                .map(|w| SyntheticObject::We(w).resource())
+                .collect(),
+            skipped: made.skipped,
+        }))
+    }
 }
 
 /// A synthesized object of either kind.
@@ -156,23 +237,11 @@ enum SyntheticObject<'a> {
 }
 
 impl SyntheticObject<'_> {
-    fn namespace(&self) -> &str {
-        match self {
-            SyntheticObject::Se(s) => &s.namespace,
-            SyntheticObject::We(w) => &w.namespace,
-        }
-    }
-
-    fn name(&self) -> &str {
-        match self {
-            SyntheticObject::Se(s) => &s.name,
-            SyntheticObject::We(w) => &w.name,
-        }
-    }
-
     fn resource(&self) -> Resource {
-        let (body, message, labels, annotations, created) = match self {
+        let (namespace, name, body, message, labels, annotations, created) = match self {
             SyntheticObject::Se(s) => (
+                &s.namespace,
+                &s.name,
                 s.spec.encode_to_vec(),
                 Kind::ServiceEntry.message_name(),
                 &s.labels,
@@ -180,6 +249,8 @@ impl SyntheticObject<'_> {
                 s.creation_time,
             ),
             SyntheticObject::We(w) => (
+                &w.namespace,
+                &w.name,
                 w.spec.encode_to_vec(),
                 Kind::WorkloadEntry.message_name(),
                 &w.labels,
@@ -188,8 +259,8 @@ impl SyntheticObject<'_> {
             ),
         };
         envelope(
-            self.namespace(),
-            self.name(),
+            namespace,
+            name,
             "",
             labels,
             annotations,

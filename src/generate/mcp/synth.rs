@@ -80,6 +80,12 @@ impl McpExport {
         }
     }
 
+    /// Whether a merged `service` is exported: its registry and its namespace.
+    pub fn exports_service(&self, service: &Service) -> bool {
+        self.exports(&ShardKey::new(service.provider, service.cluster_id.clone()))
+            && self.exports_namespace(service.namespace.as_str())
+    }
+
     /// Whether objects of `namespace` are exported.
     pub fn exports_namespace(&self, namespace: &str) -> bool {
         self.namespaces.is_empty() || self.namespaces.contains(namespace)
@@ -127,130 +133,169 @@ pub fn synthesize(
     export: &McpExport,
 ) -> Synthesized {
     let mut out = Synthesized::default();
-    for service in services {
-        let shard = ShardKey::new(service.provider, service.cluster_id.clone());
-        if !export.exports(&shard) || !export.exports_namespace(service.namespace.as_str()) {
-            continue;
-        }
-        let key = service.key();
-        let resolution = match service.resolution {
-            Resolution::ClientSideLb => net::service_entry::Resolution::Static,
-            Resolution::DnsLb => net::service_entry::Resolution::Dns,
-            Resolution::DnsRoundRobinLb => net::service_entry::Resolution::DnsRoundRobin,
-            Resolution::Passthrough => net::service_entry::Resolution::None,
-            Resolution::Alias => {
-                out.skipped.push(format!(
-                    "{}/{}: an alias of another name has no ServiceEntry form",
-                    key.namespace, key.hostname
-                ));
-                continue;
-            }
-        };
-        if service.ports.is_empty() {
-            out.skipped.push(format!(
-                "{}/{}: no ports (a ServiceEntry needs at least one)",
-                key.namespace, key.hostname
-            ));
-            continue;
-        }
-        for (k, winner, loser) in conflicts {
-            if *k == key {
-                out.conflicts.push(format!(
-                    "{}/{}: served from {}/{}, also in {}/{}",
-                    key.namespace,
-                    key.hostname,
-                    winner.provider.as_str(),
-                    winner.cluster,
-                    loser.provider.as_str(),
-                    loser.cluster
-                ));
-            }
-        }
-        let name = object_name(&format!("synthetic-{}", key.hostname));
-        let selector = label_value(&name);
-        let registry = format!("{}/{}", service.provider.as_str(), service.cluster_id);
-        let annotations = BTreeMap::from([(REGISTRY_ANNOTATION.to_string(), registry.clone())]);
-        let mut addresses: BTreeSet<String> = service
-            .cluster_vips
-            .values()
-            .flatten()
-            .filter(|ip| !ip.is_unspecified())
-            .map(ToString::to_string)
-            .collect();
-        addresses.extend(service.cluster_cidrs.values().flatten().cloned());
-        let spec = net::ServiceEntry {
-            hosts: vec![key.hostname.to_string()],
-            addresses: addresses.into_iter().collect(),
-            ports: service
-                .ports
-                .iter()
-                .map(|p| net::ServicePort {
-                    number: u32::from(p.port.get()),
-                    protocol: protocol_name(p.protocol).to_string(),
-                    name: p.name.to_string(),
-                    target_port: 0,
-                })
-                .collect(),
-            location: match service.location {
-                MeshLocation::MeshInternal => net::service_entry::Location::MeshInternal,
-                MeshLocation::MeshExternal => net::service_entry::Location::MeshExternal,
-            } as i32,
-            resolution: resolution as i32,
-            endpoints: Vec::new(),
-            workload_selector: (resolution != net::service_entry::Resolution::None).then(|| {
-                net::WorkloadSelector {
-                    labels: BTreeMap::from([(SELECTOR_LABEL.to_string(), selector.clone())]),
-                }
-            }),
-            export_to: service.export_to.0.iter().cloned().collect(),
-            subject_alt_names: service.service_accounts.iter().cloned().collect(),
-        };
-        let port_names: BTreeSet<&str> = service.ports.iter().map(|p| &*p.name).collect();
-        if resolution != net::service_entry::Resolution::None
-            && let Some(shards) = shards(&key)
-        {
-            let mut seen = BTreeSet::new();
-            for (shard, endpoint) in shards.iter() {
-                if !export.exports(shard) || endpoint.health != HealthStatus::Healthy {
-                    continue;
-                }
-                let Some(we) = workload_entry(endpoint, &port_names, &service.namespace) else {
-                    continue;
-                };
-                let mut numbers: Vec<u32> = we.ports.values().copied().collect();
-                numbers.sort_unstable();
-                numbers.dedup();
-                let suffix: Vec<String> = numbers.iter().map(u32::to_string).collect();
-                let we_name = object_name(&format!("{name}-{}-{}", we.address, suffix.join("-")));
-                if !seen.insert(we_name.clone()) {
-                    continue;
-                }
-                let mut labels = we.labels.clone();
-                labels.insert(SELECTOR_LABEL.to_string(), selector.clone());
-                out.workload_entries.push(Synthetic {
-                    name: we_name,
-                    namespace: key.namespace.to_string(),
-                    labels: labels.clone(),
-                    annotations: BTreeMap::from([(
-                        REGISTRY_ANNOTATION.to_string(),
-                        format!("{}/{}", shard.provider.as_str(), shard.cluster),
-                    )]),
-                    creation_time: service.creation_time,
-                    spec: net::WorkloadEntry { labels, ..we },
-                });
-            }
-        }
-        out.service_entries.push(Synthetic {
-            name,
-            namespace: key.namespace.to_string(),
-            labels: BTreeMap::new(),
-            annotations,
-            creation_time: service.creation_time,
-            spec,
-        });
+    for service in services.iter().filter(|s| export.exports_service(s)) {
+        let objects = synthesize_service(service, shards(&service.key()).as_deref(), export);
+        out.skipped.extend(objects.skipped);
+        out.service_entries.extend(objects.service_entry);
+        out.workload_entries.extend(objects.workload_entries);
     }
+    out.conflicts = conflict_lines(conflicts, |k| {
+        services
+            .binary_search_by(|s| s.key().cmp(k))
+            .is_ok_and(|i| export.exports_service(&services[i]))
+    });
     out.service_entries
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out.workload_entries
+        .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    out
+}
+
+/// The exported services another registry also has: `<namespace>/<hostname>: served
+/// from <provider>/<cluster>, also in <provider>/<cluster>`; `exported` says whether
+/// a merged service is exported.
+pub fn conflict_lines(
+    conflicts: &[(ServiceKey, ShardKey, ShardKey)],
+    exported: impl Fn(&ServiceKey) -> bool,
+) -> Vec<String> {
+    conflicts
+        .iter()
+        .filter(|(key, _, _)| exported(key))
+        .map(|(key, winner, loser)| {
+            format!(
+                "{}/{}: served from {}/{}, also in {}/{}",
+                key.namespace,
+                key.hostname,
+                winner.provider.as_str(),
+                winner.cluster,
+                loser.provider.as_str(),
+                loser.cluster
+            )
+        })
+        .collect()
+}
+
+/// What one exported service comes to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ServiceObjects {
+    /// Its ServiceEntry, unless it has no ServiceEntry form.
+    pub service_entry: Option<Synthetic<net::ServiceEntry>>,
+    /// Its WorkloadEntries, by name.
+    pub workload_entries: Vec<Synthetic<net::WorkloadEntry>>,
+    /// Why it was left out, when it was.
+    pub skipped: Option<String>,
+}
+
+/// The objects of one exported `service` with endpoint `shards`.
+pub fn synthesize_service(
+    service: &Service,
+    shards: Option<&EndpointShards>,
+    export: &McpExport,
+) -> ServiceObjects {
+    let mut out = ServiceObjects::default();
+    let key = service.key();
+    let resolution = match service.resolution {
+        Resolution::ClientSideLb => net::service_entry::Resolution::Static,
+        Resolution::DnsLb => net::service_entry::Resolution::Dns,
+        Resolution::DnsRoundRobinLb => net::service_entry::Resolution::DnsRoundRobin,
+        Resolution::Passthrough => net::service_entry::Resolution::None,
+        Resolution::Alias => {
+            out.skipped = Some(format!(
+                "{}/{}: an alias of another name has no ServiceEntry form",
+                key.namespace, key.hostname
+            ));
+            return out;
+        }
+    };
+    if service.ports.is_empty() {
+        out.skipped = Some(format!(
+            "{}/{}: no ports (a ServiceEntry needs at least one)",
+            key.namespace, key.hostname
+        ));
+        return out;
+    }
+    let name = object_name(&format!("synthetic-{}", key.hostname));
+    let selector = label_value(&name);
+    let registry = format!("{}/{}", service.provider.as_str(), service.cluster_id);
+    let annotations = BTreeMap::from([(REGISTRY_ANNOTATION.to_string(), registry.clone())]);
+    let mut addresses: BTreeSet<String> = service
+        .cluster_vips
+        .values()
+        .flatten()
+        .filter(|ip| !ip.is_unspecified())
+        .map(ToString::to_string)
+        .collect();
+    addresses.extend(service.cluster_cidrs.values().flatten().cloned());
+    let spec = net::ServiceEntry {
+        hosts: vec![key.hostname.to_string()],
+        addresses: addresses.into_iter().collect(),
+        ports: service
+            .ports
+            .iter()
+            .map(|p| net::ServicePort {
+                number: u32::from(p.port.get()),
+                protocol: protocol_name(p.protocol).to_string(),
+                name: p.name.to_string(),
+                target_port: 0,
+            })
+            .collect(),
+        location: match service.location {
+            MeshLocation::MeshInternal => net::service_entry::Location::MeshInternal,
+            MeshLocation::MeshExternal => net::service_entry::Location::MeshExternal,
+        } as i32,
+        resolution: resolution as i32,
+        endpoints: Vec::new(),
+        workload_selector: (resolution != net::service_entry::Resolution::None).then(|| {
+            net::WorkloadSelector {
+                labels: BTreeMap::from([(SELECTOR_LABEL.to_string(), selector.clone())]),
+            }
+        }),
+        export_to: service.export_to.0.iter().cloned().collect(),
+        subject_alt_names: service.service_accounts.iter().cloned().collect(),
+    };
+    let port_names: BTreeSet<&str> = service.ports.iter().map(|p| &*p.name).collect();
+    if resolution != net::service_entry::Resolution::None
+        && let Some(shards) = shards
+    {
+        let mut seen = BTreeSet::new();
+        for (shard, endpoint) in shards.iter() {
+            if !export.exports(shard) || endpoint.health != HealthStatus::Healthy {
+                continue;
+            }
+            let Some(we) = workload_entry(endpoint, &port_names, &service.namespace) else {
+                continue;
+            };
+            let mut numbers: Vec<u32> = we.ports.values().copied().collect();
+            numbers.sort_unstable();
+            numbers.dedup();
+            let suffix: Vec<String> = numbers.iter().map(u32::to_string).collect();
+            let we_name = object_name(&format!("{name}-{}-{}", we.address, suffix.join("-")));
+            if !seen.insert(we_name.clone()) {
+                continue;
+            }
+            let mut labels = we.labels.clone();
+            labels.insert(SELECTOR_LABEL.to_string(), selector.clone());
+            out.workload_entries.push(Synthetic {
+                name: we_name,
+                namespace: key.namespace.to_string(),
+                labels: labels.clone(),
+                annotations: BTreeMap::from([(
+                    REGISTRY_ANNOTATION.to_string(),
+                    format!("{}/{}", shard.provider.as_str(), shard.cluster),
+                )]),
+                creation_time: service.creation_time,
+                spec: net::WorkloadEntry { labels, ..we },
+            });
+        }
+    }
+    out.service_entry = Some(Synthetic {
+        name,
+        namespace: key.namespace.to_string(),
+        labels: BTreeMap::new(),
+        annotations,
+        creation_time: service.creation_time,
+        spec,
+    });
     out.workload_entries
         .sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     out
