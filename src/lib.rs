@@ -13,6 +13,7 @@ pub mod autoregistration;
 pub mod ca;
 pub mod cert_service;
 pub mod cli;
+pub mod config_sources;
 pub mod debug_xds;
 pub mod drain;
 pub mod generate;

@@ -450,6 +450,21 @@ struct DiscoveryArgs {
     /// clean shutdown. `/ready` on httpAddr says when the registries have synced.
     #[arg(long = "readyFile")]
     ready_file: Option<PathBuf>,
+    /// MCP-over-xDS: comma separated registries whose services are served as
+    /// synthesized ServiceEntries and WorkloadEntries, by provider name (Consul, Mock,
+    /// Nacos, Eureka, Kubernetes = the remote clusters). Default: every registry but
+    /// Kubernetes. The local cluster is never exported.
+    #[arg(long = "mcpExportRegistries", value_delimiter = ',')]
+    mcp_export_registries: Option<Vec<String>>,
+    /// MCP-over-xDS: comma separated namespaces whose services are synthesized.
+    /// Default: all.
+    #[arg(long = "mcpExportNamespaces", value_delimiter = ',')]
+    mcp_export_namespaces: Vec<String>,
+    /// MCP-over-xDS on the secure port: comma separated identities allowed to read it,
+    /// SPIFFE ids or `<namespace>/<service account>` (`<namespace>/*` for any).
+    /// Default: `<systemNamespace>/*`. The plaintext port serves every client.
+    #[arg(long = "mcpAllowedIdentities", value_delimiter = ',')]
+    mcp_allowed_identities: Option<Vec<String>>,
 }
 
 /// The flags of every registry kind (`meshfed::registries::KINDS`), each kind's own
@@ -772,6 +787,11 @@ impl DiscoveryArgs {
                 ..Default::default()
             },
             status,
+            mcp: meshfed::app::McpSettings {
+                export_registries: self.mcp_export_registries,
+                export_namespaces: self.mcp_export_namespaces,
+                allowed_identities: self.mcp_allowed_identities,
+            },
             ..DiscoveryConfig::default()
         })
     }

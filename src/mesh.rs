@@ -217,7 +217,7 @@ pub fn mesh_config_warnings(path: &Path, text: &str) -> Vec<String> {
     let Ok(document) = serde_norway::from_str::<serde_json::Value>(text) else {
         return Vec::new();
     };
-    unsupported_fields(MESH_CONFIG, &document)
+    let mut warnings: Vec<String> = unsupported_fields(MESH_CONFIG, &document)
         .into_iter()
         .map(|field| {
             format!(
@@ -225,7 +225,18 @@ pub fn mesh_config_warnings(path: &Path, text: &str) -> Vec<String> {
                 path.display()
             )
         })
-        .collect()
+        .collect();
+    // What configSources sets that meshfed (like istiod) does not act on.
+    if let Ok(config) = serde_json::from_value::<MeshConfig>(document)
+        && let Ok(found) = meshfed_registry::config::validate_config_sources(&config)
+    {
+        warnings.extend(
+            found
+                .iter()
+                .map(|w| format!("warning: {}: {w}", path.display())),
+        );
+    }
+    warnings
 }
 
 fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
@@ -251,6 +262,18 @@ fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
     ] {
         if values.iter().any(|v| v.is_empty()) {
             return Err(format!("{field}: entries must not be empty"));
+        }
+    }
+    // configSources: addresses meshfed can read (see `config::config_sources`).
+    match meshfed_registry::config::validate_config_sources(m) {
+        Ok(warnings) => {
+            for w in warnings {
+                warn!("mesh config: {w}");
+            }
+        }
+        Err(errors) => {
+            let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            return Err(text.join("; "));
         }
     }
     // Istio's ValidateMeshConfig refuses a mesh config with a broken extension provider.
@@ -542,6 +565,11 @@ fn publish(
     if !config_changed && !networks_changed {
         return false;
     }
+    if next.config.config_sources != current.config.config_sources {
+        warn!(
+            "mesh config: configSources changed; the config stores are chosen at start, so this takes effect at the next start"
+        );
+    }
     settings.store(Arc::new(next));
     let reason = if config_changed {
         TriggerReason::Global
@@ -718,6 +746,40 @@ extensionProviders:
         assert_eq!(
             unsupported_fields(MESH_NETWORKS, &networks),
             vec!["networks[n1].gateways[0].weight"]
+        );
+    }
+
+    #[test]
+    fn config_sources_are_checked_naming_the_field() {
+        let text = "configSources:\n- address: xds://127.0.0.1:15010\n  subscribedResources: [SERVICE_REGISTRY]\n";
+        let config = parse_mesh_config(p(), text).unwrap();
+        assert_eq!(config.config_sources[0].address, "xds://127.0.0.1:15010");
+        let warnings = mesh_config_warnings(p(), text);
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.contains("configSources[0].subscribedResources")),
+            "{warnings:?}"
+        );
+        let err = parse_mesh_config(
+            p(),
+            "configSources: [{address: 'k8s://'}, {address: 'k8s://'}]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("configSources[1].address: a second k8s://"),
+            "{err}"
+        );
+        let err = parse_mesh_config(
+            p(),
+            "configSources: [{address: 'xds://a:1', tlsSettings: {mode: ISTIO_MUTUAL}}]",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("configSources[0].tlsSettings: not supported"),
+            "{err}"
         );
     }
 

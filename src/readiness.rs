@@ -154,7 +154,13 @@ impl Readiness {
             }
             pending.push(registry.shard_key().to_string());
         }
-        if self.stores.iter().any(|s| !s.has_synced()) {
+        let unsynced: Vec<_> = self.stores.iter().filter(|s| !s.has_synced()).collect();
+        // Config sources with an address of their own are named.
+        pending.extend(unsynced.iter().filter_map(|s| {
+            let status = s.source_status()?;
+            Some(format!("config source {}", status["address"].as_str()?))
+        }));
+        if unsynced.iter().any(|s| s.source_status().is_none()) {
             pending.push("config".to_string());
         }
         for (what, synced) in &self.others {

@@ -280,8 +280,8 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
                 wildcard: false,
                 names: &subs.rds,
             },
-            // Sidecars request no secrets from istiod.
-            TypeUrl::Secret => Subscription {
+            // Sidecars request no secrets from istiod, nor MCP types.
+            TypeUrl::Secret | TypeUrl::Mcp(_) => Subscription {
                 wildcard: false,
                 names: &none,
             },

@@ -736,7 +736,7 @@ fn received(recorder: &Recorder) -> BTreeMap<&'static str, Received> {
     let mut out = BTreeMap::new();
     let mut total = Received::default();
     for type_url in crate::proxy::FOLLOWED {
-        let t = &recorder.types[type_url as usize];
+        let t = &recorder.types[type_url.index()];
         let r = Received {
             responses: t.responses.load(Ordering::Relaxed),
             resources: t.resources.load(Ordering::Relaxed),

@@ -226,7 +226,7 @@ impl ProxyState {
 
     /// What it holds of `type_url`.
     pub fn table(&self, type_url: TypeUrl) -> &Arc<Table> {
-        &self.tables[type_url as usize]
+        &self.tables[type_url.index()]
     }
 
     /// Starts (or restarts, on a new stream) the conversation: forgets what it held
@@ -275,11 +275,11 @@ impl ProxyState {
             remove: Vec::new(),
         };
         self.apply(type_url, update, &mut step);
-        let sub = &mut self.subs[type_url as usize];
+        let sub = &mut self.subs[type_url.index()];
         sub.version = response.version_info;
         sub.nonce = response.nonce;
         self.follow(type_url, &mut step);
-        let request = self.subs[type_url as usize].sotw_request(type_url);
+        let request = self.subs[type_url.index()].sotw_request(type_url);
         step.requests.push(Outgoing::Sotw(request));
         step
     }
@@ -312,7 +312,7 @@ impl ProxyState {
             .iter()
             .map(|n| self.plan.intern(n))
             .collect();
-        let sub = &mut self.subs[type_url as usize];
+        let sub = &mut self.subs[type_url.index()];
         for e in &put {
             sub.gone.remove(&e.resource.name);
         }
@@ -343,7 +343,7 @@ impl ProxyState {
             message: message.clone(),
             details: vec![],
         });
-        let sub = &mut self.subs[type_url as usize];
+        let sub = &mut self.subs[type_url.index()];
         sub.nonce = nonce.to_string();
         step.requests.push(match self.flavour {
             Flavour::Delta => Outgoing::Delta(DeltaDiscoveryRequest {
@@ -406,13 +406,14 @@ impl ProxyState {
             },
             // A Secret's name is field 1, as a route configuration's.
             TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Facts::Other),
-            TypeUrl::NameTable => (intern(""), Facts::Other),
+            // Simulated proxies subscribe to no MCP type.
+            TypeUrl::NameTable | TypeUrl::Mcp(_) => (intern(""), Facts::Other),
         };
         Ok(Resource { name, facts })
     }
 
     fn holds(&self, type_url: TypeUrl, name: &str) -> bool {
-        self.tables[type_url as usize].contains(name)
+        self.tables[type_url.index()].contains(name)
     }
 
     /// Stores what a response carried and notes the changes it shows.
@@ -423,7 +424,7 @@ impl ProxyState {
             update.remove.clear();
             update.complete = false;
         }
-        let old = self.tables[type_url as usize].clone();
+        let old = self.tables[type_url.index()].clone();
         for e in &update.put {
             let name = &e.resource.name;
             if old.get(name).is_some_and(|held| held.hash == e.hash) {
@@ -494,8 +495,8 @@ impl ProxyState {
                 }
             }
         }
-        self.tables[type_url as usize] = self.plan.shared.update(type_url, &old, update);
-        let sub = &mut self.subs[type_url as usize];
+        self.tables[type_url.index()] = self.plan.shared.update(type_url, &old, update);
+        let sub = &mut self.subs[type_url.index()];
         sub.responses += 1;
         sub.answered = true;
     }
@@ -515,7 +516,7 @@ impl ProxyState {
     /// one, moves no subscription. The names a table makes the proxy subscribe to are
     /// worked out once per table ([`Table::derived`]), not per proxy.
     fn follow(&mut self, changed: TypeUrl, step: &mut Step) {
-        let responded = |s: &Self, t: TypeUrl| s.subs[t as usize].responses > 0;
+        let responded = |s: &Self, t: TypeUrl| s.subs[t.index()].responses > 0;
         match self.plan.mode {
             Mode::Sidecar => {
                 if changed == TypeUrl::Cluster {
@@ -525,7 +526,7 @@ impl ProxyState {
                 // Listeners once the clusters are warm, as Envoy does.
                 if matches!(changed, TypeUrl::Cluster | TypeUrl::Endpoint)
                     && responded(self, TypeUrl::Cluster)
-                    && !self.subs[TypeUrl::Listener as usize].started
+                    && !self.subs[TypeUrl::Listener.index()].started
                     && self.resolved(TypeUrl::Endpoint)
                 {
                     self.subscribe_wildcard(TypeUrl::Listener, step);
@@ -558,7 +559,7 @@ impl ProxyState {
     }
 
     fn subscribe_wildcard(&mut self, type_url: TypeUrl, step: &mut Step) {
-        let sub = &mut self.subs[type_url as usize];
+        let sub = &mut self.subs[type_url.index()];
         sub.started = true;
         sub.wildcard = true;
         step.requests.push(match self.flavour {
@@ -578,7 +579,7 @@ impl ProxyState {
 
     /// Subscribes `type_url` to exactly `names`, sending a request when they changed.
     fn resubscribe(&mut self, type_url: TypeUrl, names: Arc<NameSet>, step: &mut Step) {
-        let sub = &mut self.subs[type_url as usize];
+        let sub = &mut self.subs[type_url.index()];
         if sub.started && (Arc::ptr_eq(&sub.names, &names) || sub.names.set() == names.set()) {
             return;
         }
@@ -603,13 +604,13 @@ impl ProxyState {
         sub.names = names;
         // What is no longer subscribed is dropped (EDS and RDS hold by name).
         if matches!(type_url, TypeUrl::Endpoint | TypeUrl::Route) && !dropped.is_empty() {
-            let old = self.tables[type_url as usize].clone();
+            let old = self.tables[type_url.index()].clone();
             let remove = dropped
                 .iter()
                 .filter(|n| old.contains(n))
                 .cloned()
                 .collect();
-            self.tables[type_url as usize] = self.plan.shared.update(
+            self.tables[type_url.index()] = self.plan.shared.update(
                 type_url,
                 &old,
                 Update {
@@ -618,7 +619,7 @@ impl ProxyState {
                 },
             );
         }
-        let sub = &self.subs[type_url as usize];
+        let sub = &self.subs[type_url.index()];
         if first && sub.names.is_empty() {
             // Nothing to ask for yet; an empty non-wildcard request means nothing.
             return;
@@ -643,7 +644,7 @@ impl ProxyState {
     }
 
     fn unresolved(&self, type_url: TypeUrl) -> Option<String> {
-        let sub = &self.subs[type_url as usize];
+        let sub = &self.subs[type_url.index()];
         if !sub.started {
             return Some(format!("{} not requested yet", type_url.short()));
         }
@@ -753,7 +754,7 @@ impl ProxyState {
         FOLLOWED
             .into_iter()
             .flat_map(|t| {
-                let sub = &self.subs[t as usize];
+                let sub = &self.subs[t.index()];
                 sub.names
                     .set()
                     .iter()

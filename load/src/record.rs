@@ -143,7 +143,7 @@ impl Recorder {
     pub fn received(&self, type_url: TypeUrl, resources: usize, bytes: usize) {
         self.last_response_ns
             .fetch_max(self.since_base(Instant::now()), Ordering::Relaxed);
-        let t = &self.types[type_url as usize];
+        let t = &self.types[type_url.index()];
         t.responses.fetch_add(1, Ordering::Relaxed);
         t.resources.fetch_add(resources as u64, Ordering::Relaxed);
         t.bytes.fetch_add(bytes as u64, Ordering::Relaxed);

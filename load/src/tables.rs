@@ -297,7 +297,7 @@ impl Shared {
         resources: impl Iterator<Item = &'a [u8]>,
         mut decode: impl FnMut(&[u8]) -> Result<Resource, E>,
     ) -> Result<Vec<Entry>, E> {
-        let t = type_url as usize;
+        let t = type_url.index();
         let mut out = Vec::new();
         match self.decode {
             Decode::Full => {
@@ -370,7 +370,7 @@ impl Shared {
         if !touched || (fingerprint == old.fingerprint && len == old.len()) {
             return old.clone();
         }
-        let key = (type_url as usize, fingerprint, len);
+        let key = (type_url.index(), fingerprint, len);
         if self.decode == Decode::Lean
             && let Some(table) = self
                 .tables
@@ -418,7 +418,7 @@ impl Shared {
             derived: OnceLock::new(),
         });
         if self.decode == Decode::Lean {
-            let key = key.unwrap_or((type_url as usize, fingerprint, table.len()));
+            let key = key.unwrap_or((type_url.index(), fingerprint, table.len()));
             let mut interned = self.tables.lock().expect("table interner");
             interned.by_content.insert(key, Arc::downgrade(&table));
             if interned.by_content.len() > 2 * interned.swept.max(1024) {

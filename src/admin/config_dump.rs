@@ -328,7 +328,7 @@ impl TypeDump {
             // Never dumped (private keys); `/debug/sdsz` lists names and errors.
             TypeUrl::Secret => pack(&SecretsConfigDump::default()),
             // Not an Envoy type: `/debug/ndsz` shows it.
-            TypeUrl::NameTable => return None,
+            TypeUrl::NameTable | TypeUrl::Mcp(_) => return None,
         })
     }
 }

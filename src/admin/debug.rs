@@ -356,6 +356,12 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     let mut rejected: Vec<Value> = Vec::new();
     // Objects of kinds meshfed does not read (found in config files, not applied).
     let mut ignored: Vec<Value> = Vec::new();
+    // Config sources with a connection of their own (`xds://`): where objects come from.
+    let sources: Vec<Value> = state
+        .config_stores
+        .iter()
+        .filter_map(|s| s.source_status())
+        .collect();
     for store in &state.config_stores {
         ignored.extend(store.ignored().iter().map(to_json));
         for o in store.all() {
@@ -404,6 +410,7 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "telemetryProviders": unknown_providers,
         "unplacedWorkloads": unplaced,
         "unsupportedFields": unsupported,
+        "configSources": sources,
     }))
 }
 

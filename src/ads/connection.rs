@@ -523,8 +523,8 @@ mod tests {
     use super::*;
     use crate::xds::EncodedResource;
 
-    const CDS: &str = TypeUrl::Cluster.as_str();
-    const EDS: &str = TypeUrl::Endpoint.as_str();
+    const CDS: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+    const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
     fn req(type_url: &str, names: &[&str], version: &str, nonce: &str) -> SotwRequest {
         SotwRequest::from(DiscoveryRequest {

@@ -17,6 +17,7 @@ mod flavour;
 pub mod frames;
 pub mod intern;
 pub mod limit;
+pub mod mcp;
 pub mod metrics;
 pub mod rate;
 pub mod server;
@@ -40,6 +41,7 @@ use crate::push::watch::{ConnId, WatchIndex, Watched};
 use crate::push::{PUSHED_IDS, PushTargets, Queued};
 pub use crate::xds::TypeUrl;
 use crate::xds::deps::PushScope;
+use crate::xds::mcp::McpType;
 
 /// What the ADS server tells the WorkloadEntry controller
 /// ([`crate::autoregistration`]) about the streams of the secure and plaintext ports.
@@ -94,6 +96,9 @@ pub struct ConnectionHandle {
     /// What the connection watches, published by its stream task after each request
     /// changed it: the push fan-out reads it without taking `state`.
     subscriptions: ArcSwap<Subscriptions>,
+    /// The MCP types it watches (not in [`Subscriptions`]: few connections have
+    /// any), published as `subscriptions` is.
+    mcp: ArcSwap<Vec<McpType>>,
     pending: Mutex<Option<Pending>>,
     wake: Notify,
 }
@@ -167,6 +172,30 @@ impl ConnectionHandle {
         Some(now)
     }
 
+    /// The MCP types this connection watches, as last published.
+    pub fn watched_mcp(&self) -> Arc<Vec<McpType>> {
+        self.mcp.load_full()
+    }
+
+    /// Publishes the MCP types `state` watches; `Some(watching any)` when they
+    /// changed.
+    fn publish_mcp(&self, state: &ConnectionState) -> Option<bool> {
+        let now: Vec<McpType> = state
+            .watches
+            .iter()
+            .filter_map(|(t, _)| match t {
+                TypeUrl::Mcp(m) => Some(*m),
+                _ => None,
+            })
+            .collect();
+        if *self.mcp.load_full() == now {
+            return None;
+        }
+        let any = !now.is_empty();
+        self.mcp.store(Arc::new(now));
+        Some(any)
+    }
+
     /// Takes the merged pending push, if any.
     pub fn take_pending(&self) -> Option<Pending> {
         self.pending.lock().expect("pending poisoned").take()
@@ -183,6 +212,8 @@ impl ConnectionHandle {
 pub struct Connections {
     by_id: RwLock<BTreeMap<String, Arc<ConnectionHandle>>>,
     by_n: RwLock<std::collections::HashMap<ConnId, Arc<ConnectionHandle>>>,
+    /// The connections watching an MCP type.
+    mcp: RwLock<BTreeMap<ConnId, Arc<ConnectionHandle>>>,
     watches: WatchIndex,
     counter: AtomicU64,
 }
@@ -208,6 +239,7 @@ impl Connections {
             transport,
             state: Mutex::default(),
             subscriptions: ArcSwap::from_pointee(Default::default()),
+            mcp: ArcSwap::from_pointee(Vec::new()),
             pending: Mutex::default(),
             wake: Notify::new(),
         });
@@ -237,6 +269,10 @@ impl Connections {
             .write()
             .expect("connections poisoned")
             .remove(&handle.n);
+        self.mcp
+            .write()
+            .expect("connections poisoned")
+            .remove(&handle.n);
     }
 
     /// Applies a request to a connection's protocol state (`apply`, under its lock)
@@ -249,11 +285,37 @@ impl Connections {
         apply: impl FnOnce(&mut ConnectionState) -> T,
     ) -> T {
         let before = handle.watched();
-        let (result, after) = {
+        let (result, after, mcp) = {
             let mut state = handle.state.lock().expect("state poisoned");
             let result = apply(&mut state);
-            (result, handle.publish(&state, &before))
+            (
+                result,
+                handle.publish(&state, &before),
+                handle.publish_mcp(&state),
+            )
         };
+        if let Some(any) = mcp {
+            // The registered handle, looked up before the MCP map is locked (the
+            // fan-out takes the two locks the other way round).
+            let registered = any
+                .then(|| {
+                    self.by_n
+                        .read()
+                        .expect("connections poisoned")
+                        .get(&handle.n)
+                        .cloned()
+                })
+                .flatten();
+            let mut watchers = self.mcp.write().expect("connections poisoned");
+            match registered {
+                Some(c) => {
+                    watchers.insert(handle.n, c);
+                }
+                None => {
+                    watchers.remove(&handle.n);
+                }
+            }
+        }
         if let Some(after) = after {
             for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
                 self.watches.update(handle.n, t, &before[i], &after[i]);
@@ -346,6 +408,17 @@ impl PushTargets for Connections {
                     }
                 }
             }
+            // MCP clients watching a type the endpoints feed (WorkloadEntries).
+            let mcp = self.mcp.read().expect("connections poisoned");
+            for c in mcp.values() {
+                if !woken.iter().any(|w| w.n == c.n) && scope.touches_mcp(&c.watched_mcp()) {
+                    c.enqueue(Pending {
+                        request: request.clone(),
+                        eds_names: None,
+                    });
+                    woken.push(c);
+                }
+            }
             count = woken.len();
             woken.sort_by(|a, b| a.id.cmp(&b.id));
             let ids = woken
@@ -357,16 +430,23 @@ impl PushTargets for Connections {
         }
         let all = self.all();
         for c in &all {
-            if !scope.affects_proxy(c.class, c.proxy.namespace.as_str(), &c.proxy.labels) {
+            // MCP serves every namespace's config: a client is touched by the kinds it
+            // watches, whoever the changed objects concern.
+            let mcp_touched = scope.touches_mcp(&c.watched_mcp());
+            if !mcp_touched
+                && !scope.affects_proxy(c.class, c.proxy.namespace.as_str(), &c.proxy.labels)
+            {
                 continue;
             }
             let watched = c.watched();
-            let touched = TypeUrl::ALL.into_iter().zip(watched.iter()).any(|(t, w)| {
-                w.names.as_ref().is_some_and(|names| {
-                    scope.touch(c.class, t) != crate::xds::deps::Touch::Nothing
-                        && (t != TypeUrl::Secret || crate::sds::Sds::wants(scope, &c.proxy, names))
-                })
-            });
+            let touched = mcp_touched
+                || TypeUrl::ALL.into_iter().zip(watched.iter()).any(|(t, w)| {
+                    w.names.as_ref().is_some_and(|names| {
+                        scope.touch(c.class, t) != crate::xds::deps::Touch::Nothing
+                            && (t != TypeUrl::Secret
+                                || crate::sds::Sds::wants(scope, &c.proxy, names))
+                    })
+                });
             if touched {
                 c.enqueue(Pending {
                     request: request.clone(),

@@ -79,6 +79,8 @@ pub struct XdsContext {
     /// Answers Istio's debug types; set once the admin state exists (until then
     /// they are answered with no resources).
     pub debug: std::sync::OnceLock<Arc<dyn DebugSource>>,
+    /// MCP-over-xDS: what is exported, who may read it on the secure port.
+    pub mcp: Arc<super::mcp::McpServing>,
 }
 
 impl std::fmt::Debug for XdsContext {
@@ -310,6 +312,26 @@ async fn run_stream<F: FlavourIo>(
                 return;
             }
         }
+    }
+    if proxy.generator == Generator::Api
+        && caller.is_some()
+        && !ctx.mcp.admits(true, proxy.verified_identity.as_deref())
+    {
+        ctx.mcp.metrics.denied.inc();
+        let status = Status::permission_denied(format!(
+            "GENERATOR=api (MCP) is served on this port only to the identities of --mcpAllowedIdentities; {} is not one",
+            proxy.verified_identity.as_deref().unwrap_or("this caller")
+        ));
+        Box::pin(refuse::<F>(
+            &ctx,
+            &tx,
+            peer,
+            None,
+            "permission_denied",
+            status,
+        ))
+        .await;
+        return;
     }
     if proxy.generator == Generator::Event {
         // istioctl: answered, never registered as a proxy, never pushed.
@@ -557,6 +579,25 @@ async fn process_request<F: FlavourIo>(
             if type_url == TypeUrl::Secret {
                 prepare_secrets(ctx, handle).await;
             }
+            let identity = handle.proxy.verified_identity.as_deref();
+            if type_url.is_mcp() && !ctx.mcp.admits(identity.is_some(), identity) {
+                ctx.mcp.metrics.denied.inc();
+                let status = Status::permission_denied(format!(
+                    "{} (MCP) is served on this port only to the identities of --mcpAllowedIdentities; {} is not one",
+                    type_url.as_str(),
+                    identity.unwrap_or("this caller")
+                ));
+                Box::pin(refuse::<F>(
+                    ctx,
+                    tx,
+                    handle.peer,
+                    Some(&handle.id),
+                    "permission_denied",
+                    status,
+                ))
+                .await;
+                return Err(Closed);
+            }
             let room = reserve::<F>(ctx, handle, tx, type_url).await?;
             if let Some(response) = build::<F>(ctx, handle, type_url, Scope::All, Why::Answer) {
                 hand_over::<F>(ctx, room, response);
@@ -632,11 +673,13 @@ async fn push<F: FlavourIo>(
         prepare_secrets(ctx, handle).await;
     }
     let watched = handle.watched();
+    let mcp = handle.watched_mcp();
     let watched = TypeUrl::ALL
         .into_iter()
         .zip(watched.iter())
         .filter(|(_, w)| w.names.is_some())
-        .map(|(t, _)| t);
+        .map(|(t, _)| t)
+        .chain(mcp.iter().map(|t| TypeUrl::Mcp(*t)));
     let why = if request.forced {
         Why::ForcedPush
     } else {
@@ -708,22 +751,32 @@ fn build<F: FlavourIo>(
     // What the proxy watches, as the stream task itself last published it: the
     // state's lock is not held while generating, only while the response is formed.
     let watched = handle.watched();
-    let watch = &watched[type_url.index()];
-    let names = watch.names.as_ref()?;
-    let subscription = Subscription {
-        wildcard: watch.wildcard,
-        names,
-    };
-    let resources = match (&ctx.sds, type_url) {
-        (Some(sds), TypeUrl::Secret) => sds.generate(&handle.id, &snapshot, &handle.proxy, names),
-        _ => generate(
-            type_url,
-            &snapshot,
-            &handle.proxy,
-            subscription,
-            scope,
-            &ctx.options,
-        ),
+    let resources = if let TypeUrl::Mcp(t) = type_url {
+        // The same for every client, whatever names it asks for (istiod's
+        // APIGenerator).
+        let output = crate::generate::mcp::generate(t, &snapshot, &ctx.mcp.export);
+        ctx.mcp.record(t, &output);
+        output.resources.to_vec()
+    } else {
+        let watch = &watched[type_url.index()];
+        let names = watch.names.as_ref()?;
+        let subscription = Subscription {
+            wildcard: watch.wildcard,
+            names,
+        };
+        match (&ctx.sds, type_url) {
+            (Some(sds), TypeUrl::Secret) => {
+                sds.generate(&handle.id, &snapshot, &handle.proxy, names)
+            }
+            _ => generate(
+                type_url,
+                &snapshot,
+                &handle.proxy,
+                subscription,
+                scope,
+                &ctx.options,
+            ),
+        }
     };
     if resources.is_empty() && type_url.silent_when_empty() {
         return None;

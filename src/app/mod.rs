@@ -57,7 +57,7 @@ use sources::Registries;
 pub use meshfed_registry::source::{EMBEDDED_MOCK_REGISTRY, MockSource};
 pub use settings::{
     CaSource, ConsulSettings, DiscoveryConfig, KubeSettings, KubeSource, LeaseSettings,
-    RemoteSecretSettings, SecureSettings,
+    McpSettings, RemoteSecretSettings, SecureSettings,
 };
 pub use shutdown::ShutdownSignals;
 
@@ -123,7 +123,14 @@ impl Core {
         let (sink, events) = UpdateSink::new(index.clone());
         let aggregate = Arc::new(Aggregate::new(config.cluster_id.clone()));
         let connections = Arc::new(Connections::default());
-        let config_stores = ConfigStores::start(config, &sink, shutdown, tasks)?;
+        let config_stores = ConfigStores::start(
+            config,
+            &mesh_settings.load().config,
+            &sink,
+            metrics_registry,
+            shutdown,
+            tasks,
+        )?;
         // RequestAuthentication keys, fetched by the control plane and inlined.
         let (fetch_mode, unknown) = crate::generate::jwt::JwksFetchMode::parse(
             std::env::var(crate::jwks::REMOTE_JWKS_ENV).ok().as_deref(),
@@ -214,6 +221,12 @@ impl Server {
         crate::metrics::ProcessMetrics::register(&mut metrics_registry);
         let xds_metrics = Arc::new(XdsMetrics::new(&mut metrics_registry));
         let push_metrics = Arc::new(PushMetrics::new(&mut metrics_registry));
+        let mcp = Arc::new(
+            config
+                .mcp
+                .serving(&config.cluster_id, &config.secure.namespace)?,
+        );
+        mcp.metrics.register(&mut metrics_registry);
         let mut tasks = JoinSet::new();
         let (core, events) = Core::start(
             &config,
@@ -252,6 +265,7 @@ impl Server {
         );
         let wiring = Wiring {
             config,
+            mcp,
             core,
             registries,
             metrics_registry,
@@ -335,6 +349,8 @@ impl Server {
 /// Everything started so far, for the steps that bind and serve.
 struct Wiring {
     config: DiscoveryConfig,
+    /// MCP-over-xDS serving (both ADS ports).
+    mcp: Arc<crate::ads::mcp::McpServing>,
     core: Core,
     registries: Registries,
     metrics_registry: Registry,
@@ -661,6 +677,7 @@ impl Wiring {
             workloads: workloads.map(|c| c as Arc<dyn crate::ads::WorkloadHooks>),
             control_plane: crate::ads::debug::ControlPlaneId::from_environment().encoded(),
             debug: std::sync::OnceLock::new(),
+            mcp: self.mcp.clone(),
         })
     }
 

@@ -104,6 +104,70 @@ pub struct DiscoveryConfig {
     /// Kubernetes config store, the leader writes `status` on Istio config objects at
     /// this pace; `None` (the default) writes nothing.
     pub status: Option<meshfed_kube::status::StatusSettings>,
+    /// MCP-over-xDS serving (`--mcpExportRegistries`, `--mcpExportNamespaces`,
+    /// `--mcpAllowedIdentities`).
+    pub mcp: McpSettings,
+}
+
+/// What MCP-over-xDS exports and to whom (see `crate::ads::mcp`).
+#[derive(Clone, Debug, Default)]
+pub struct McpSettings {
+    /// Registries whose services are synthesized, by provider name; `None`: every
+    /// registry but Kubernetes (`--mcpExportRegistries`).
+    pub export_registries: Option<Vec<String>>,
+    /// Namespaces exported; empty: all (`--mcpExportNamespaces`).
+    pub export_namespaces: Vec<String>,
+    /// Identities allowed to read MCP on the secure port; `None`: every identity of
+    /// the system namespace (`--mcpAllowedIdentities`).
+    pub allowed_identities: Option<Vec<String>>,
+}
+
+impl McpSettings {
+    /// The serving state these settings describe, for a server of `cluster_id` in
+    /// `system_namespace`; an error names the bad entry.
+    pub fn serving(
+        &self,
+        cluster_id: &ClusterId,
+        system_namespace: &str,
+    ) -> anyhow::Result<crate::ads::mcp::McpServing> {
+        use crate::ads::mcp::{McpAllowList, McpServing};
+        let allowed = match &self.allowed_identities {
+            None => McpAllowList::system(system_namespace),
+            Some(entries) => McpAllowList::parse(entries).map_err(anyhow::Error::msg)?,
+        };
+        if let Some(names) = &self.export_registries {
+            for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+                let known = crate::registries::KINDS
+                    .iter()
+                    .any(|k| k.name().eq_ignore_ascii_case(name));
+                if !known {
+                    let kinds: Vec<&str> =
+                        crate::registries::KINDS.iter().map(|k| k.name()).collect();
+                    anyhow::bail!(
+                        "--mcpExportRegistries: unknown registry {name:?} (known: {})",
+                        kinds.join(", ")
+                    );
+                }
+            }
+        }
+        let export = crate::generate::mcp::McpExport {
+            registries: self.export_registries.as_ref().map(|names| {
+                names
+                    .iter()
+                    .map(|n| n.trim().to_string())
+                    .filter(|n| !n.is_empty())
+                    .collect()
+            }),
+            namespaces: self
+                .export_namespaces
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect(),
+            local_cluster: cluster_id.to_string(),
+        };
+        Ok(McpServing::new(export, allowed))
+    }
 }
 
 impl DiscoveryConfig {
@@ -162,6 +226,7 @@ impl Default for DiscoveryConfig {
             log_control: None,
             workload_entries: crate::autoregistration::Settings::default(),
             status: None,
+            mcp: McpSettings::default(),
         }
     }
 }
@@ -265,5 +330,48 @@ impl LeaseSettings {
         }
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mcp_settings_reject_unknown_registries_and_identities() {
+        let cluster = ClusterId::new("Kubernetes");
+        let serving = McpSettings::default()
+            .serving(&cluster, "istio-system")
+            .unwrap();
+        assert!(serving.admits(
+            true,
+            Some("spiffe://cluster.local/ns/istio-system/sa/istiod")
+        ));
+        let listed = McpSettings {
+            export_registries: Some(vec!["consul".into(), " Mock".into()]),
+            ..McpSettings::default()
+        };
+        assert!(listed.serving(&cluster, "istio-system").is_ok());
+        let typo = McpSettings {
+            export_registries: Some(vec!["Consull".into()]),
+            ..McpSettings::default()
+        };
+        let err = typo
+            .serving(&cluster, "istio-system")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--mcpExportRegistries") && err.contains("Consull"),
+            "{err}"
+        );
+        let bad = McpSettings {
+            allowed_identities: Some(vec!["nobody".into()]),
+            ..McpSettings::default()
+        };
+        let err = bad
+            .serving(&cluster, "istio-system")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--mcpAllowedIdentities"), "{err}");
     }
 }

@@ -20,6 +20,7 @@ pub mod instances;
 pub mod jwt;
 pub mod lds;
 pub mod locality_lb;
+pub mod mcp;
 pub mod merged_gateway;
 pub mod nds;
 pub mod proto;
@@ -61,8 +62,9 @@ pub fn generate(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
-    if type_url == TypeUrl::Secret {
+    if type_url == TypeUrl::Secret || type_url.is_mcp() {
         // Secrets are not derived from the snapshot alone: `crate::sds` serves them.
+        // MCP types are the same for every client: `mcp::generate`.
         return Vec::new();
     }
     if type_url == TypeUrl::Endpoint {
@@ -82,7 +84,7 @@ pub fn generate(
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
-        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable => Vec::new(), // answered above
+        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::Mcp(_) => Vec::new(), // answered above
     }
 }
 

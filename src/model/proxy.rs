@@ -48,6 +48,10 @@ pub enum Generator {
     /// istioctl's debug clients (`GENERATOR=event`, Istio's status generator): the
     /// stream asks for debug types only, is no proxy and is never pushed config.
     Event,
+    /// MCP-over-xDS clients (`GENERATOR=api`: an istiod reading config sources): Istio
+    /// config as `istio.mcp.v1alpha1.Resource`s for `<group>/<version>/<kind>` types,
+    /// the Envoy types from the default generators, as istiod's `APIGenerator`.
+    Api,
 }
 
 /// The kinds of proxy whose config is generated differently, and so reads different
@@ -423,6 +427,7 @@ impl Proxy {
             None => (Generator::Envoy, None),
             Some("grpc") => (Generator::Grpc, None),
             Some("event") => (Generator::Event, None),
+            Some("api") => (Generator::Api, None),
             Some(other) => (Generator::Envoy, Some(other.to_string())),
         };
         let locality = node
@@ -617,6 +622,14 @@ mod tests {
         .unwrap();
         assert_eq!(event.generator, Generator::Event);
         assert_eq!(event.generator_fallback, None);
+        let api = Proxy::from_node(Some(&node(
+            "sidecar~1.1.1.1~x~d",
+            serde_json::json!({"GENERATOR": "api"}),
+        )))
+        .unwrap();
+        assert_eq!(api.generator, Generator::Api);
+        assert_eq!(api.generator_fallback, None);
+        assert_eq!(api.class(), ProxyClass::Sidecar);
         let long = format!("sidecar~10.0.0.1~{}~d", "x".repeat(MAX_NODE_ID));
         let err = Proxy::from_node(Some(&node(&long, serde_json::json!({})))).unwrap_err();
         assert_eq!(err, NodeError::IdTooLong(long.len()));

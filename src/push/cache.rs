@@ -53,6 +53,12 @@ pub trait CacheInput<Cx: ?Sized>: Hash + Eq + Debug + Send + Sync + 'static {
     /// every class (it is then dropped when a push touches the type for any class).
     fn class(&self) -> Option<ProxyClass>;
 
+    /// The type of this input's value, when it depends on the input (one input type
+    /// serves every MCP type): [`CacheInput::TYPE`] by default.
+    fn type_url(&self) -> TypeUrl {
+        Self::TYPE
+    }
+
     /// The service (hostname) the resource is derived from, when it is derived from
     /// exactly one; a push that changes other services keeps it. None by default.
     fn service(&self) -> Option<&str> {
@@ -134,7 +140,7 @@ impl<K: CacheInput<Cx>, Cx: ?Sized + 'static> ErasedEntry for Typed<K, Cx> {
         self
     }
     fn type_url(&self) -> TypeUrl {
-        K::TYPE
+        self.input.type_url()
     }
     fn class(&self) -> Option<ProxyClass> {
         self.input.class()

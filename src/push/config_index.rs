@@ -11,6 +11,8 @@ use std::sync::Arc;
 use meshfed_api::networking::v1alpha3::{DestinationRule, Gateway, Sidecar, VirtualService};
 use meshfed_api::security::v1beta1 as sec;
 
+use meshfed_registry::config::{ConfigObject, Kind};
+
 use crate::mesh::MeshSettings;
 
 pub use super::config_object::Config;
@@ -37,6 +39,9 @@ pub struct ConfigIndex {
     default_dr_export: Vec<String>,
     /// JWKS documents fetched for the RequestAuthentications (see [`crate::jwks`]).
     jwks: Arc<crate::push::jwks_table::JwksTable>,
+    /// Every object of every declared kind as the stores hold it (by kind, namespace
+    /// and name; the first store holding a name wins): what MCP serves.
+    objects: Vec<Arc<ConfigObject>>,
 }
 
 /// Inputs to [`ConfigIndex::new`].
@@ -50,6 +55,8 @@ pub struct ConfigSet {
     pub request_authentications: Vec<Config<sec::RequestAuthentication>>,
     pub authorization_policies: Vec<Config<sec::AuthorizationPolicy>>,
     pub telemetries: Vec<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>,
+    /// Every object of every kind, as the stores hold it.
+    pub objects: Vec<Arc<ConfigObject>>,
 }
 
 impl ConfigIndex {
@@ -130,7 +137,26 @@ impl ConfigIndex {
             default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
             jwks: Arc::default(),
+            objects: {
+                let mut objects = set.objects;
+                // Stable: among objects of one name, the first store's stays first.
+                objects.sort_by(|a, b| {
+                    (a.kind, &a.namespace, &a.name).cmp(&(b.kind, &b.namespace, &b.name))
+                });
+                objects.dedup_by(|b, a| {
+                    (a.kind, &a.namespace, &a.name) == (b.kind, &b.namespace, &b.name)
+                });
+                objects
+            },
         }
+    }
+
+    /// The objects of `kind` as the stores hold them (specs as written, hosts not
+    /// made FQDNs), by namespace and name.
+    pub fn objects_of(&self, kind: Kind) -> &[Arc<ConfigObject>] {
+        let start = self.objects.partition_point(|o| o.kind < kind);
+        let end = self.objects.partition_point(|o| o.kind <= kind);
+        &self.objects[start..end]
     }
 
     /// The index with the JWKS documents fetched for its RequestAuthentications.

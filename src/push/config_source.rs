@@ -89,6 +89,7 @@ pub fn config_source(
                     ));
                 }
                 add_to_set(&mut set, &object);
+                set.objects.push(object);
             }
         }
         metrics.config_not_enforced.set(not_enforced.len() as i64);

@@ -23,9 +23,10 @@
 use std::collections::HashSet;
 
 use meshfed_registry::config::kinds::Reader;
-use meshfed_registry::{ConfigKind, PushRequest};
+use meshfed_registry::{ConfigKind, PushRequest, TriggerReason};
 
 use super::TypeUrl;
+use super::mcp::{McpKind, McpType};
 use crate::model::ProxyClass;
 
 /// Whether `type_url` resources of a `class` proxy may read config objects of `kind`.
@@ -52,6 +53,8 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
         TypeUrl::Route => Reader::Routes,
         TypeUrl::Secret => Reader::Secrets,
         TypeUrl::NameTable => Reader::NameTable,
+        // MCP types are answered by `mcp_reads`, for every class alike.
+        TypeUrl::Mcp(_) => return false,
     };
     match kind.object_kind() {
         Some(kind) => kind
@@ -114,6 +117,22 @@ pub fn depends_on(
             .flatten()
             .any(|selector| selector.iter().all(|(k, v)| labels.get(k) == Some(v))),
         _ => true,
+    }
+}
+
+/// Whether the MCP type serving `kind` reads changes of `changed`: a config kind its
+/// own objects; ServiceEntries also the services of every registry (synthesized
+/// ServiceEntries follow them), WorkloadEntries also services and endpoints
+/// (synthesized WorkloadEntries are the exported endpoints); the mesh config its own
+/// changes.
+pub fn mcp_reads(kind: McpKind, changed: ConfigKind) -> bool {
+    match kind {
+        McpKind::MeshConfig => changed == ConfigKind::MeshConfig,
+        McpKind::Config(k) => {
+            k.config_kind() == changed
+                || (k == meshfed_registry::config::Kind::WorkloadEntry
+                    && matches!(changed, ConfigKind::Endpoints | ConfigKind::ServiceEntry))
+        }
     }
 }
 
@@ -217,6 +236,9 @@ impl<'a> PushScope<'a> {
         if request.forced {
             return Touch::Everything;
         }
+        if let TypeUrl::Mcp(t) = type_url {
+            return self.touch_mcp(t);
+        }
         if request.is_endpoints_only() {
             return if type_url == TypeUrl::Endpoint {
                 Touch::Services(&self.hosts)
@@ -238,6 +260,44 @@ impl<'a> PushScope<'a> {
         Touch::Everything
     }
 
+    /// What this push changes of MCP type `t` (the same for every client): a request
+    /// naming nothing may change anything; otherwise the type is touched when it reads
+    /// one of the changed kinds ([`mcp_reads`]), and then whole.
+    fn touch_mcp(&self, t: McpType) -> Touch<'_> {
+        let request = self.request;
+        let touched = if request.configs_updated.is_empty() {
+            request.full
+        } else {
+            request
+                .configs_updated
+                .iter()
+                .any(|k| mcp_reads(t.kind, k.kind))
+        };
+        let synthesized = matches!(
+            t.kind,
+            McpKind::Config(
+                meshfed_registry::config::Kind::ServiceEntry
+                    | meshfed_registry::config::Kind::WorkloadEntry
+            )
+        );
+        if !touched {
+            Touch::Nothing
+        } else if synthesized && self.only_services && !self.hosts.is_empty() {
+            // The objects of other services stand (their cache entries survive); the
+            // type is still sent whole.
+            Touch::Services(&self.hosts)
+        } else {
+            Touch::Everything
+        }
+    }
+
+    /// Whether the push touches any MCP type: the MCP connections to wake.
+    pub fn touches_mcp(&self, types: &[McpType]) -> bool {
+        types
+            .iter()
+            .any(|t| self.touch(ProxyClass::Sidecar, TypeUrl::Mcp(*t)) != Touch::Nothing)
+    }
+
     /// Whether the push touches any of `types` for a `class` proxy.
     pub fn touches_any(&self, class: ProxyClass, types: impl IntoIterator<Item = TypeUrl>) -> bool {
         types
@@ -255,7 +315,16 @@ impl<'a> PushScope<'a> {
     /// Whether the snapshot re-reads the Istio config stores: any change other than
     /// services, endpoints and proxies' own workloads.
     pub fn rebuilds_config(&self) -> bool {
+        // A ServiceEntry object changed in a config store (not a registry's service):
+        // the index holds every object, which MCP serves.
+        let config_service_entry = self.request.reasons.contains_key(&TriggerReason::Config)
+            && self
+                .request
+                .configs_updated
+                .iter()
+                .any(|k| k.kind == ConfigKind::ServiceEntry);
         self.request.forced
+            || config_service_entry
             || self.request.configs_updated.iter().any(|k| {
                 !matches!(
                     k.kind,
@@ -500,6 +569,66 @@ mod tests {
         let forced = PushRequest::forced(TriggerReason::Global);
         let scope = PushScope::new(&forced).with_root_namespace("istio-system");
         assert!(scope.affects_proxy(ProxyClass::Sidecar, "bar", &none));
+    }
+
+    #[test]
+    fn mcp_types_are_touched_by_their_kind_and_synthesized_ones_by_the_registries() {
+        use meshfed_registry::config::Kind;
+        let t = |kind| TypeUrl::Mcp(McpType::preferred(McpKind::Config(kind)));
+        let mesh = TypeUrl::Mcp(McpType::preferred(McpKind::MeshConfig));
+        let touched = |request: &PushRequest, type_url| {
+            PushScope::new(request).touch(ProxyClass::Sidecar, type_url) != Touch::Nothing
+        };
+        let vs = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::VirtualService, "r", "ns")],
+        );
+        assert!(touched(&vs, t(Kind::VirtualService)));
+        for other in [
+            Kind::ServiceEntry,
+            Kind::WorkloadEntry,
+            Kind::DestinationRule,
+        ] {
+            assert!(!touched(&vs, t(other)), "{other}");
+        }
+        assert!(!touched(&vs, mesh));
+        let key = ServiceKey::new("web.service.consul", "shop");
+        let endpoints = PushRequest::endpoints(&key);
+        assert!(touched(&endpoints, t(Kind::WorkloadEntry)));
+        assert!(!touched(&endpoints, t(Kind::ServiceEntry)));
+        let service = PushRequest::full(TriggerReason::Service, [ConfigKey::service(&key)]);
+        assert!(touched(&service, t(Kind::ServiceEntry)));
+        assert!(touched(&service, t(Kind::WorkloadEntry)));
+        // Only the changed service's synthesized objects are regenerated.
+        let scope = PushScope::new(&service);
+        assert!(matches!(
+            scope.touch(ProxyClass::Sidecar, t(Kind::WorkloadEntry)),
+            Touch::Services(hosts) if hosts.contains("web.service.consul")
+        ));
+        assert_eq!(
+            PushScope::new(&vs).touch(ProxyClass::Sidecar, t(Kind::VirtualService)),
+            Touch::Everything
+        );
+        assert!(!touched(&service, t(Kind::VirtualService)));
+        let mesh_change = PushRequest::full(
+            TriggerReason::Global,
+            [ConfigKey::new(ConfigKind::MeshConfig, "", "")],
+        );
+        assert!(touched(&mesh_change, mesh));
+        assert!(touched(
+            &PushRequest::full(TriggerReason::Global, []),
+            t(Kind::Sidecar)
+        ));
+        // A ServiceEntry object edited in a store re-reads the config the index holds.
+        let object = PushRequest::full(
+            TriggerReason::Config,
+            [ConfigKey::new(ConfigKind::ServiceEntry, "se", "ns")],
+        );
+        assert!(PushScope::new(&object).rebuilds_config());
+        assert!(!PushScope::new(&service).rebuilds_config());
+        let scope = PushScope::new(&endpoints);
+        assert!(scope.touches_mcp(&[McpType::preferred(McpKind::Config(Kind::WorkloadEntry))]));
+        assert!(!scope.touches_mcp(&[McpType::preferred(McpKind::Config(Kind::Gateway))]));
     }
 
     #[test]

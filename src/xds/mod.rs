@@ -5,6 +5,7 @@
 //! the model.
 
 pub mod deps;
+pub mod mcp;
 pub mod names;
 #[cfg(any(test, feature = "testing"))]
 pub mod pgv;

@@ -11,11 +11,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::Serialize;
 
+use super::mcp::McpType;
 use super::wire::SharedAny;
 
 /// The resource types served over ADS, in push order (make-before-break: clusters
-/// before their endpoints, both before the listeners and routes that use them).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
+/// before their endpoints, both before the listeners and routes that use them), then
+/// the MCP types.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub enum TypeUrl {
     /// CDS.
     Cluster,
@@ -31,10 +33,29 @@ pub enum TypeUrl {
     /// `istio.networking.nds.v1.NameTable`; one resource, named `""`). Istio pushes
     /// it after the ordered types.
     NameTable,
+    /// An MCP-over-xDS type (`networking.istio.io/v1/ServiceEntry`, ...): Istio config
+    /// as `istio.mcp.v1alpha1.Resource`s (see [`super::mcp`]). Not in
+    /// [`TypeUrl::ALL`]: those are the Envoy types, which arrays are indexed by.
+    Mcp(McpType),
+}
+
+impl Serialize for TypeUrl {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            TypeUrl::Cluster => s.serialize_str("Cluster"),
+            TypeUrl::Endpoint => s.serialize_str("Endpoint"),
+            TypeUrl::Listener => s.serialize_str("Listener"),
+            TypeUrl::Route => s.serialize_str("Route"),
+            TypeUrl::Secret => s.serialize_str("Secret"),
+            TypeUrl::NameTable => s.serialize_str("NameTable"),
+            TypeUrl::Mcp(t) => s.serialize_str(t.as_str()),
+        }
+    }
 }
 
 impl TypeUrl {
-    /// Every type, in push order.
+    /// Every Envoy type, in push order (MCP types are not listed: see
+    /// [`TypeUrl::Mcp`]).
     pub const ALL: [TypeUrl; 6] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
@@ -44,13 +65,28 @@ impl TypeUrl {
         TypeUrl::NameTable,
     ];
 
-    /// The type's position in [`TypeUrl::ALL`] (arrays indexed by type).
+    /// The type's position in [`TypeUrl::ALL`] (arrays indexed by type). MCP types
+    /// are not in it: their index is `TypeUrl::ALL.len()`, one past the end, and an
+    /// array indexed by type holds nothing for them.
     pub const fn index(self) -> usize {
-        self as usize
+        match self {
+            TypeUrl::Cluster => 0,
+            TypeUrl::Endpoint => 1,
+            TypeUrl::Listener => 2,
+            TypeUrl::Route => 3,
+            TypeUrl::Secret => 4,
+            TypeUrl::NameTable => 5,
+            TypeUrl::Mcp(_) => TypeUrl::ALL.len(),
+        }
     }
 
-    /// The v3 type URL.
-    pub const fn as_str(self) -> &'static str {
+    /// Whether it is an MCP type.
+    pub const fn is_mcp(self) -> bool {
+        matches!(self, TypeUrl::Mcp(_))
+    }
+
+    /// The v3 type URL (for an MCP type, its `<group>/<version>/<kind>`).
+    pub fn as_str(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "type.googleapis.com/envoy.config.cluster.v3.Cluster",
             TypeUrl::Endpoint => {
@@ -62,16 +98,21 @@ impl TypeUrl {
                 "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
             }
             TypeUrl::NameTable => "type.googleapis.com/istio.networking.nds.v1.NameTable",
+            TypeUrl::Mcp(t) => t.as_str(),
         }
     }
 
-    /// Parses a type URL.
+    /// Parses a type URL: an Envoy type, or an MCP type this server serves.
     pub fn parse(s: &str) -> Option<TypeUrl> {
-        TypeUrl::ALL.into_iter().find(|t| t.as_str() == s)
+        TypeUrl::ALL
+            .into_iter()
+            .find(|t| t.as_str() == s)
+            .or_else(|| McpType::parse(s).map(TypeUrl::Mcp))
     }
 
-    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`).
-    pub const fn short(self) -> &'static str {
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`;
+    /// an MCP type is its type URL, as Istio labels the types it has no name for).
+    pub fn short(self) -> &'static str {
         match self {
             TypeUrl::Cluster => "cds",
             TypeUrl::Endpoint => "eds",
@@ -79,15 +120,17 @@ impl TypeUrl {
             TypeUrl::Route => "rds",
             TypeUrl::Secret => "sds",
             TypeUrl::NameTable => "nds",
+            TypeUrl::Mcp(t) => t.as_str(),
         }
     }
 
     /// Wildcard types: an empty subscription means "everything" (Istio's own types,
-    /// NDS among them, are wildcard).
+    /// NDS among them, are wildcard; so are the MCP types, whose generator ignores
+    /// resource names).
     pub const fn is_wildcard(self) -> bool {
         matches!(
             self,
-            TypeUrl::Cluster | TypeUrl::Listener | TypeUrl::NameTable
+            TypeUrl::Cluster | TypeUrl::Listener | TypeUrl::NameTable | TypeUrl::Mcp(_)
         )
     }
 
@@ -164,5 +207,17 @@ mod tests {
         for (i, t) in TypeUrl::ALL.into_iter().enumerate() {
             assert_eq!(t.index(), i, "{t:?}");
         }
+    }
+
+    #[test]
+    fn mcp_types_parse_outside_all() {
+        let t = TypeUrl::parse("networking.istio.io/v1alpha3/ServiceEntry").unwrap();
+        assert!(t.is_mcp() && t.is_wildcard() && !TypeUrl::ALL.contains(&t));
+        assert_eq!(t.as_str(), "networking.istio.io/v1alpha3/ServiceEntry");
+        assert_eq!(t.index(), TypeUrl::ALL.len());
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            "\"networking.istio.io/v1alpha3/ServiceEntry\""
+        );
     }
 }

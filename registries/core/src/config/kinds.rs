@@ -273,6 +273,14 @@ macro_rules! declare_kinds {
                 })
             }
 
+            /// Reads the spec of a `kind` object from its protobuf wire form (the
+            /// body of an MCP `Resource`).
+            pub fn decode_proto(kind: Kind, bytes: &[u8]) -> Result<Spec, prost::DecodeError> {
+                Ok(match kind {
+                    $( Kind::$variant => Spec::$variant(<$spec as prost::Message>::decode(bytes)?), )*
+                })
+            }
+
             /// Validates the spec with the rules of its kind; `namespace` is the
             /// object's.
             pub(crate) fn validate_spec(&self, namespace: &str) -> Validation {

@@ -46,6 +46,9 @@ pub use report::{Report, validate_files, validate_files_in, validate_text, valid
 pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};
 pub use store::{ConfigStore, MemoryConfigStore, RejectedConfig};
+pub use validate::config_sources::{
+    ConfigSourceAddress, config_source_addresses, validate_config_sources,
+};
 pub use validate::{
     FieldError, FieldPath, Segment, Validation, Warning, validate_mesh_config,
     validate_mesh_networks,

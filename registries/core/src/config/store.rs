@@ -47,6 +47,13 @@ pub trait ConfigStore: Send + Sync + fmt::Debug {
     /// True once the initial load is complete.
     fn has_synced(&self) -> bool;
 
+    /// The state of the store's connection to where its objects come from (a config
+    /// source's address, whether it is connected, stale, synced), for
+    /// `/debug/configz`. `None` for stores with nothing to report.
+    fn source_status(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// A generation counter that moves after every change the store applies and when
     /// it becomes synced: how consumers of the objects (the ServiceEntry registry)
     /// wait for changes. `None` for a store that cannot notify; it is then polled.

@@ -70,6 +70,7 @@ pub fn validate_mesh_networks(networks: &mesh::MeshNetworks) -> Validation {
 pub fn validate_mesh_config(config: &mesh::MeshConfig) -> Validation {
     let mut f = Findings::new();
     let root = FieldPath::root();
+    super::config_sources::check_into(&mut f, &config.config_sources);
     for (field, port) in [
         ("proxyListenPort", config.proxy_listen_port),
         ("proxyInboundListenPort", config.proxy_inbound_listen_port),

@@ -12,6 +12,7 @@
 //! Where Istio's rules and this module differ, the module doc of the kind says so.
 
 pub(crate) mod common;
+pub mod config_sources;
 mod http_route;
 mod mesh;
 pub mod regex;
