@@ -444,8 +444,8 @@ mod tests {
         assert_eq!(
             scopes,
             [
-                "ads", "push", "model", "registry", "kube", "consul", "nacos", "eureka", "mesh", "admin",
-                "app"
+                "ads", "push", "model", "registry", "kube", "consul", "nacos", "eureka", "mesh",
+                "admin", "app"
             ]
         );
         assert!(translate("default:debug").unwrap().starts_with(

@@ -134,9 +134,10 @@ pub struct ConnControl {
 /// How many response bytes a connection's streams may have handed to HTTP/2 that
 /// the socket has not taken yet. HTTP/2 takes a body's chunks as long as the peer's
 /// flow-control window allows (up to ~400 KB per stream), whether or not the socket
-/// is writable; when peers stop reading, every stream of every connection would
-/// otherwise hold that much of copied framing. With 20,000 sidecars reconnecting,
-/// those chunks were ~1.3 GB of the server's peak heap.
+/// is writable, so a connection whose peer stopped reading would hold that much per
+/// stream. The count is resynced at every flush (see [`ConnControl::flushed`]), so it
+/// bounds what accumulates while the socket is blocked, not what HTTP/2 had queued
+/// before it blocked.
 pub const SEND_BUDGET: u64 = 128 * 1024;
 
 impl ConnControl {
@@ -200,8 +201,10 @@ impl ConnControl {
         }
     }
 
-    /// HTTP/2 flushed: it wrote everything it could send, and what it still holds
-    /// waits for the peer's flow-control window, which bounds it already.
+    /// HTTP/2 flushed. It flushes whenever its write buffer fills, not only once its
+    /// queues are empty, so this forgets bytes still queued; without it, bytes HTTP/2
+    /// discards (a reset stream) would count forever and starve the connection's
+    /// other streams.
     pub(super) fn flushed(&self) {
         let produced = self.produced.load(Ordering::Acquire);
         self.written.fetch_max(produced, Ordering::AcqRel);
