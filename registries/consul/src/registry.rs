@@ -3,12 +3,10 @@
 //! A registry is started, with its writer task, by `ConsulRegistry::start` in the
 //! `writer` module.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwap;
 use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
     ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey,
@@ -20,11 +18,7 @@ use prometheus_client::registry::Registry;
 use crate::config::ConsulConfig;
 
 /// What readers see: the published services and their endpoints.
-#[derive(Debug, Default)]
-pub(crate) struct View {
-    pub(crate) services: BTreeMap<ServiceKey, Arc<Service>>,
-    pub(crate) endpoints: BTreeMap<ServiceKey, Arc<[Endpoint]>>,
-}
+pub(crate) use meshfed_registry::catalog::CatalogSnapshot as View;
 
 /// Counters the registry keeps, for metrics, debug output and tests. Monotonic unless
 /// named a gauge.
@@ -130,9 +124,7 @@ pub struct ConsulRegistry {
     pub(crate) datacenter: String,
     cluster: ClusterId,
     shard: ShardKey,
-    pub(crate) view: ArcSwap<View>,
-    pub(crate) synced: AtomicBool,
-    pub(crate) stale: AtomicBool,
+    pub(crate) view: meshfed_registry::catalog::CatalogView,
     pub(crate) stats: Arc<ConsulStats>,
 }
 
@@ -158,9 +150,7 @@ impl ConsulRegistry {
             datacenter,
             shard: ShardKey::new(ProviderId::Consul, cluster.clone()),
             cluster,
-            view: ArcSwap::default(),
-            synced: AtomicBool::new(false),
-            stale: AtomicBool::new(false),
+            view: Default::default(),
             stats: Arc::default(),
         }
     }
@@ -182,17 +172,12 @@ impl ConsulRegistry {
 
     /// One published service.
     pub fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
-        self.view.load().services.get(key).cloned()
+        self.view.service(key)
     }
 
     /// The published endpoints of a service (kept through outages).
     pub fn endpoints(&self, key: &ServiceKey) -> Vec<Endpoint> {
-        self.view
-            .load()
-            .endpoints
-            .get(key)
-            .map(|e| e.to_vec())
-            .unwrap_or_default()
+        self.view.endpoints(key)
     }
 
     /// The key of Consul service `name` in the mesh.
@@ -271,17 +256,17 @@ impl ServiceRegistry for ConsulRegistry {
     }
 
     fn services(&self) -> Vec<Arc<Service>> {
-        self.view.load().services.values().cloned().collect()
+        self.view.services()
     }
 
     fn has_synced(&self) -> bool {
-        self.synced.load(Ordering::SeqCst)
+        self.view.has_synced()
     }
 
     /// True while the last answer of any watch (the catalog or a service) was an
     /// error: the view is the last one Consul gave.
     fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::SeqCst)
+        self.view.is_stale()
     }
 }
 

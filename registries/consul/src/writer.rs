@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use meshfed_registry::{Endpoint, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink};
 use serde_json::Value;
@@ -239,7 +238,7 @@ impl Writer {
         let stale = self.catalog_failing || self.services.values().any(|w| w.failing);
         if stale != self.stale {
             self.stale = stale;
-            self.registry.stale.store(stale, Ordering::SeqCst);
+            self.registry.view.set_stale(stale);
             if stale {
                 warn!(shard = %self.shard, "consul registry stale: serving the last known services and endpoints");
             } else {
@@ -406,7 +405,7 @@ impl Writer {
             self.sink
                 .update_endpoints(&self.shard, &w.key, w.endpoints.to_vec());
         }
-        self.registry.synced.store(true, Ordering::SeqCst);
+        self.registry.view.set_synced();
         self.sink.synced(&self.shard);
         info!(
             shard = %self.shard,

@@ -28,6 +28,7 @@
 
 pub mod aggregate;
 pub mod analysis;
+pub mod catalog;
 pub mod config;
 pub mod endpoints;
 pub mod events;

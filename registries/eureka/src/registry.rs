@@ -3,12 +3,10 @@
 //! A registry is started, with its writer task, by `EurekaRegistry::start` in the
 //! `writer` module.
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwap;
 use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
     ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey,
@@ -22,11 +20,7 @@ use crate::config::EurekaConfig;
 use crate::convert::PROVIDER;
 
 /// What readers see: the published services and their endpoints.
-#[derive(Debug, Default)]
-pub(crate) struct View {
-    pub(crate) services: BTreeMap<ServiceKey, Arc<Service>>,
-    pub(crate) endpoints: BTreeMap<ServiceKey, Arc<[Endpoint]>>,
-}
+pub(crate) use meshfed_registry::catalog::CatalogSnapshot as View;
 
 /// Why a full fetch was made.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -178,9 +172,7 @@ pub struct EurekaRegistry {
     pub(crate) config: Arc<EurekaConfig>,
     cluster: ClusterId,
     shard: ShardKey,
-    pub(crate) view: ArcSwap<View>,
-    pub(crate) synced: AtomicBool,
-    pub(crate) stale: AtomicBool,
+    pub(crate) view: meshfed_registry::catalog::CatalogView,
     pub(crate) stats: Arc<EurekaStats>,
     pub(crate) fetch_now: Notify,
 }
@@ -204,9 +196,7 @@ impl EurekaRegistry {
             shard: ShardKey::new(PROVIDER, cluster.clone()),
             cluster,
             config: Arc::new(config),
-            view: ArcSwap::default(),
-            synced: AtomicBool::new(false),
-            stale: AtomicBool::new(false),
+            view: Default::default(),
             stats: Arc::default(),
             fetch_now: Notify::new(),
         }
@@ -230,17 +220,12 @@ impl EurekaRegistry {
 
     /// One published service.
     pub fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
-        self.view.load().services.get(key).cloned()
+        self.view.service(key)
     }
 
     /// The published endpoints of a service (kept through outages).
     pub fn endpoints(&self, key: &ServiceKey) -> Vec<Endpoint> {
-        self.view
-            .load()
-            .endpoints
-            .get(key)
-            .map(|e| e.to_vec())
-            .unwrap_or_default()
+        self.view.endpoints(key)
     }
 
     /// The key of Eureka application `app` in the mesh.
@@ -343,15 +328,15 @@ impl ServiceRegistry for EurekaRegistry {
     }
 
     fn services(&self) -> Vec<Arc<Service>> {
-        self.view.load().services.values().cloned().collect()
+        self.view.services()
     }
 
     fn has_synced(&self) -> bool {
-        self.synced.load(Ordering::SeqCst)
+        self.view.has_synced()
     }
 
     /// True while the last fetch round failed: the view is the last one Eureka gave.
     fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::SeqCst)
+        self.view.is_stale()
     }
 }

@@ -194,7 +194,7 @@ impl Writer {
             debug!(shard = %self.shard, failures = self.failures, "eureka fetch failed: {err}");
         }
         self.denied = denied;
-        if !self.registry.stale.swap(true, Ordering::SeqCst) {
+        if !self.registry.view.set_stale(true) {
             warn!(shard = %self.shard, "eureka registry stale: serving the last known services and endpoints");
         }
     }
@@ -204,7 +204,7 @@ impl Writer {
         if std::mem::take(&mut self.denied) {
             info!(shard = %self.shard, "eureka: the requests are accepted again");
         }
-        if self.registry.stale.swap(false, Ordering::SeqCst) {
+        if self.registry.view.set_stale(false) {
             info!(shard = %self.shard, "eureka registry fresh again");
         }
     }
@@ -294,7 +294,7 @@ impl Writer {
             for (key, endpoints) in changed_endpoints {
                 self.sink.update_endpoints(&self.shard, &key, endpoints);
             }
-            self.registry.synced.store(true, Ordering::SeqCst);
+            self.registry.view.set_synced();
             self.sink.synced(&self.shard);
             info!(
                 shard = %self.shard,

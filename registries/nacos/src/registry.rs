@@ -2,12 +2,10 @@
 //! debug code read, never waiting on the writer) and its counters ([`NacosStats`]).
 //! A registry is started, with its tasks, by `NacosRegistry::start` (`writer`).
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use arc_swap::ArcSwap;
 use meshfed_registry::metrics::encode_gauges;
 use meshfed_registry::{
     ClusterId, Endpoint, ProviderId, Service, ServiceKey, ServiceRegistry, ShardKey,
@@ -20,11 +18,7 @@ use crate::config::NacosConfig;
 use crate::convert::PROVIDER;
 
 /// What readers see: the published services and their endpoints.
-#[derive(Debug, Default)]
-pub(crate) struct View {
-    pub(crate) services: BTreeMap<ServiceKey, Arc<Service>>,
-    pub(crate) endpoints: BTreeMap<ServiceKey, Arc<[Endpoint]>>,
-}
+pub(crate) use meshfed_registry::catalog::CatalogSnapshot as View;
 
 /// The transport in use, for metrics and debugging.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -174,9 +168,7 @@ pub struct NacosRegistry {
     pub(crate) config: Arc<NacosConfig>,
     cluster: ClusterId,
     shard: ShardKey,
-    pub(crate) view: ArcSwap<View>,
-    pub(crate) synced: AtomicBool,
-    pub(crate) stale: AtomicBool,
+    pub(crate) view: meshfed_registry::catalog::CatalogView,
     pub(crate) stats: Arc<NacosStats>,
 }
 
@@ -199,9 +191,7 @@ impl NacosRegistry {
             shard: ShardKey::new(PROVIDER, cluster.clone()),
             cluster,
             config: Arc::new(config),
-            view: ArcSwap::default(),
-            synced: AtomicBool::new(false),
-            stale: AtomicBool::new(false),
+            view: Default::default(),
             stats: Arc::default(),
         }
     }
@@ -218,17 +208,12 @@ impl NacosRegistry {
 
     /// One published service.
     pub fn service(&self, key: &ServiceKey) -> Option<Arc<Service>> {
-        self.view.load().services.get(key).cloned()
+        self.view.service(key)
     }
 
     /// The published endpoints of a service (kept through outages).
     pub fn endpoints(&self, key: &ServiceKey) -> Vec<Endpoint> {
-        self.view
-            .load()
-            .endpoints
-            .get(key)
-            .map(|e| e.to_vec())
-            .unwrap_or_default()
+        self.view.endpoints(key)
     }
 
     /// The key of Nacos service `name` of `group` in `namespace`.
@@ -330,16 +315,16 @@ impl ServiceRegistry for NacosRegistry {
     }
 
     fn services(&self) -> Vec<Arc<Service>> {
-        self.view.load().services.values().cloned().collect()
+        self.view.services()
     }
 
     fn has_synced(&self) -> bool {
-        self.synced.load(Ordering::SeqCst)
+        self.view.has_synced()
     }
 
     /// True from a failed connection or request until Nacos answers again: the view
     /// is the last one Nacos gave.
     fn is_stale(&self) -> bool {
-        self.stale.load(Ordering::SeqCst)
+        self.view.is_stale()
     }
 }

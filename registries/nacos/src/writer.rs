@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use meshfed_registry::{Endpoint, Service, ServiceKey, ServiceRegistry, ShardKey, UpdateSink};
 use tokio::sync::mpsc;
@@ -215,7 +214,7 @@ impl Writer {
         let stale = self.loops.values().any(|l| l.failing);
         if stale != self.stale {
             self.stale = stale;
-            self.registry.stale.store(stale, Ordering::SeqCst);
+            self.registry.view.set_stale(stale);
             if stale {
                 warn!(shard = %self.shard, "nacos registry stale: serving the last known services and endpoints");
             } else {
@@ -396,7 +395,7 @@ impl Writer {
             self.sink
                 .update_endpoints(&self.shard, &w.key, w.endpoints.to_vec());
         }
-        self.registry.synced.store(true, Ordering::SeqCst);
+        self.registry.view.set_synced();
         self.sink.synced(&self.shard);
         info!(
             shard = %self.shard,
