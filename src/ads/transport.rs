@@ -20,11 +20,12 @@
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::Stream;
 use futures::task::AtomicWaker;
 use prometheus_client::metrics::counter::Counter;
@@ -123,22 +124,43 @@ pub struct ConnControl {
     started: AtomicBool,
     held: AtomicUsize,
     budget: usize,
-    /// Response bytes the connection's streams handed to HTTP/2, and how many of
-    /// them reached the socket: their difference is what HTTP/2 holds unwritten.
-    produced: AtomicU64,
-    written: AtomicU64,
-    /// Response bodies waiting for that difference to fall below [`SEND_BUDGET`].
+    /// Bytes of response chunks the connection's streams handed to HTTP/2 that it
+    /// still holds: each chunk is counted when handed over ([`ConnControl::track`])
+    /// and uncounted when HTTP/2 drops it, once the socket took all of it (or the
+    /// stream was reset).
+    in_flight: AtomicUsize,
+    /// True while some response body waits in [`ConnControl::poll_send_room`]: a
+    /// dropped chunk takes the lock only then.
+    waiting: AtomicBool,
+    /// Response bodies waiting for `in_flight` to fall below [`SEND_BUDGET`].
     send_waiters: Mutex<Vec<Waker>>,
 }
 
 /// How many response bytes a connection's streams may have handed to HTTP/2 that
 /// the socket has not taken yet. HTTP/2 takes a body's chunks as long as the peer's
 /// flow-control window allows (up to ~400 KB per stream), whether or not the socket
-/// is writable, so a connection whose peer stopped reading would hold that much per
-/// stream. The count is resynced at every flush (see [`ConnControl::flushed`]), so it
-/// bounds what accumulates while the socket is blocked, not what HTTP/2 had queued
-/// before it blocked.
-pub const SEND_BUDGET: u64 = 128 * 1024;
+/// is writable, so without this a connection whose peer reads slowly holds that much
+/// per stream, and 20,000 of them over a gigabyte. The count is exact: a chunk is
+/// counted until HTTP/2 frees it.
+pub const SEND_BUDGET: usize = 64 * 1024;
+
+/// A response chunk handed to HTTP/2: uncounts itself when HTTP/2 frees it.
+struct SentChunk {
+    bytes: Bytes,
+    control: Arc<ConnControl>,
+}
+
+impl AsRef<[u8]> for SentChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for SentChunk {
+    fn drop(&mut self) {
+        self.control.sent(self.bytes.len());
+    }
+}
 
 impl ConnControl {
     /// A connection that may hold `budget` bytes of unfinished requests.
@@ -149,32 +171,29 @@ impl ConnControl {
             started: AtomicBool::new(false),
             held: AtomicUsize::new(0),
             budget,
-            produced: AtomicU64::new(0),
-            written: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            waiting: AtomicBool::new(false),
             send_waiters: Mutex::new(Vec::new()),
         }
     }
 
-    /// Response bytes handed to HTTP/2 and not yet written to the socket (an estimate:
-    /// HTTP/2's own framing written meanwhile counts as progress).
-    pub fn unsent(&self) -> u64 {
-        let written = self.written.load(Ordering::Acquire);
-        self.produced
-            .load(Ordering::Acquire)
-            .saturating_sub(written)
+    /// Response bytes handed to HTTP/2 that it has not freed yet.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Acquire)
     }
 
     /// Ready when a response body of this connection may hand over its next chunk:
-    /// fewer than [`SEND_BUDGET`] bytes wait unwritten. Otherwise the task is woken
-    /// when the socket took enough, or the connection closes.
+    /// HTTP/2 holds fewer than [`SEND_BUDGET`] of its bytes. Otherwise the task is
+    /// woken when HTTP/2 freed enough, or the connection closes.
     pub fn poll_send_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.unsent() < SEND_BUDGET || self.is_closed() {
+        if self.in_flight() < SEND_BUDGET || self.is_closed() {
             return Poll::Ready(());
         }
         let mut waiters = self.send_waiters.lock().unwrap_or_else(|e| e.into_inner());
-        // Checked again under the lock: a write that woke the waiters in between
-        // would otherwise be missed.
-        if self.unsent() < SEND_BUDGET || self.is_closed() {
+        self.waiting.store(true, Ordering::Release);
+        // Checked again under the lock: a chunk freed in between would otherwise
+        // be missed.
+        if self.in_flight() < SEND_BUDGET || self.is_closed() {
             return Poll::Ready(());
         }
         if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
@@ -183,37 +202,27 @@ impl ConnControl {
         Poll::Pending
     }
 
-    /// A response body handed `n` bytes to HTTP/2.
-    pub fn handed_over(&self, n: usize) {
-        self.produced.fetch_add(n as u64, Ordering::AcqRel);
+    /// `chunk`, counted against the connection's send budget until HTTP/2 frees it.
+    pub fn track(self: &Arc<Self>, chunk: Bytes) -> Bytes {
+        self.in_flight.fetch_add(chunk.len(), Ordering::AcqRel);
+        Bytes::from_owner(SentChunk {
+            bytes: chunk,
+            control: Arc::clone(self),
+        })
     }
 
-    /// The socket took `n` bytes; never counted past what was handed over.
-    pub(super) fn wrote(&self, n: usize) {
-        let produced = self.produced.load(Ordering::Acquire);
-        let _ = self
-            .written
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                Some(w.saturating_add(n as u64).min(produced.max(w)))
-            });
-        if self.unsent() < SEND_BUDGET / 2 {
+    /// HTTP/2 freed a chunk of `n` bytes.
+    fn sent(&self, n: usize) {
+        let left = self.in_flight.fetch_sub(n, Ordering::AcqRel) - n;
+        if left < SEND_BUDGET / 2 && self.waiting.load(Ordering::Acquire) {
             self.wake_senders();
         }
-    }
-
-    /// HTTP/2 flushed. It flushes whenever its write buffer fills, not only once its
-    /// queues are empty, so this forgets bytes still queued; without it, bytes HTTP/2
-    /// discards (a reset stream) would count forever and starve the connection's
-    /// other streams.
-    pub(super) fn flushed(&self) {
-        let produced = self.produced.load(Ordering::Acquire);
-        self.written.fetch_max(produced, Ordering::AcqRel);
-        self.wake_senders();
     }
 
     fn wake_senders(&self) {
         let waiters = {
             let mut waiters = self.send_waiters.lock().unwrap_or_else(|e| e.into_inner());
+            self.waiting.store(false, Ordering::Release);
             if waiters.is_empty() {
                 return;
             }
@@ -374,9 +383,7 @@ impl AsyncWrite for GuardedStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        let written = ready!(Pin::new(&mut this.io).poll_write(cx, buf))?;
-        this.control.wrote(written);
-        Poll::Ready(Ok(written))
+        Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -386,9 +393,7 @@ impl AsyncWrite for GuardedStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        let written = ready!(Pin::new(&mut this.io).poll_write_vectored(cx, bufs))?;
-        this.control.wrote(written);
-        Poll::Ready(Ok(written))
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -398,9 +403,7 @@ impl AsyncWrite for GuardedStream {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        ready!(Pin::new(&mut this.io).poll_flush(cx))?;
-        this.control.flushed();
-        Poll::Ready(Ok(()))
+        Pin::new(&mut this.io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
