@@ -21,6 +21,7 @@
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -306,9 +307,11 @@ pub struct ResponseBody<M> {
     current: Option<FrameCursor<M>>,
     pending: std::vec::IntoIter<Bytes>,
     done: bool,
-    /// The connection: the next chunk of a message is framed only while the socket
+    /// The connection: the next chunk of a message is framed only while HTTP/2
     /// keeps up ([`ConnControl::poll_send_room`]).
     control: Option<Arc<ConnControl>>,
+    /// Bytes of this stream's chunks HTTP/2 holds.
+    in_flight: Arc<AtomicUsize>,
 }
 
 impl<M> ResponseBody<M> {
@@ -321,6 +324,7 @@ impl<M> ResponseBody<M> {
             pending: Vec::new().into_iter(),
             done: false,
             control,
+            in_flight: Arc::default(),
         }
     }
 }
@@ -346,7 +350,7 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
         loop {
             if let Some(chunk) = this.pending.next() {
                 let chunk = match &this.control {
-                    Some(control) => control.track(chunk),
+                    Some(control) => control.track(&this.in_flight, chunk),
                     None => chunk,
                 };
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
@@ -354,7 +358,7 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
             if let Some(cursor) = &mut this.current {
                 if let Some(control) = &this.control {
                     // The next chunks are copied only once the socket took the last.
-                    ready!(control.poll_send_room(cx));
+                    ready!(control.poll_send_room(&this.in_flight, cx));
                 }
                 match cursor.next_chunks() {
                     Some(chunks) => {
@@ -1027,27 +1031,48 @@ mod tests {
     #[test]
     fn a_closed_connection_stops_pacing() {
         let control = Arc::new(ConnControl::new(64));
-        let held = control.track(Bytes::from(vec![0u8; super::super::transport::SEND_BUDGET]));
+        let stream = Arc::new(AtomicUsize::new(0));
+        let held = control.track(
+            &stream,
+            Bytes::from(vec![0u8; super::super::transport::SEND_BUDGET]),
+        );
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
-        assert!(control.poll_send_room(&mut cx).is_pending());
+        assert!(control.poll_send_room(&stream, &mut cx).is_pending());
         control.close();
-        assert!(control.poll_send_room(&mut cx).is_ready());
+        assert!(control.poll_send_room(&stream, &mut cx).is_ready());
         drop(held);
         assert_eq!(control.in_flight(), 0);
     }
 
     #[test]
     fn a_freed_chunk_wakes_the_waiting_body() {
+        use std::sync::atomic::Ordering;
         let control = Arc::new(ConnControl::new(64));
-        let held = control.track(Bytes::from(vec![0u8; super::super::transport::SEND_BUDGET]));
+        let budget = super::super::transport::SEND_BUDGET;
+        let (stalled, waiting) = (Arc::default(), Arc::new(AtomicUsize::new(0)));
+        // One stream holds the whole budget, another a chunk: the second waits.
+        let stalled_chunk = control.track(&stalled, Bytes::from(vec![0u8; budget]));
+        let own_chunk = control.track(&waiting, Bytes::from(vec![0u8; 100]));
         let (waker, woken) = futures_test_waker();
         let mut cx = Context::from_waker(&waker);
-        assert!(control.poll_send_room(&mut cx).is_pending());
-        assert_eq!(woken.load(std::sync::atomic::Ordering::Acquire), 0);
-        drop(held);
-        assert_eq!(woken.load(std::sync::atomic::Ordering::Acquire), 1);
-        assert!(control.poll_send_room(&mut cx).is_ready());
+        assert!(control.poll_send_room(&waiting, &mut cx).is_pending());
+        assert_eq!(woken.load(Ordering::Acquire), 0);
+        // Once its own chunk is out, it may go on, however full the connection:
+        // a stream whose peer stopped reading does not stall the others.
+        drop(own_chunk);
+        assert_eq!(woken.load(Ordering::Acquire), 1);
+        assert!(control.poll_send_room(&waiting, &mut cx).is_ready());
+        let own_chunk = control.track(&waiting, Bytes::from(vec![0u8; 100]));
+        assert!(control.poll_send_room(&waiting, &mut cx).is_pending());
+        // The connection's budget freed: woken, and room.
+        drop(stalled_chunk);
+        assert_eq!(woken.load(Ordering::Acquire), 2);
+        assert!(control.poll_send_room(&waiting, &mut cx).is_ready());
+        assert!(control.poll_send_room(&stalled, &mut cx).is_ready());
+        drop(own_chunk);
+        assert_eq!(control.in_flight(), 0);
+        assert_eq!(waiting.load(Ordering::Acquire), 0);
     }
 
     /// A waker counting its wakes.

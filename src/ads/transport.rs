@@ -141,13 +141,15 @@ pub struct ConnControl {
 /// flow-control window allows (up to ~400 KB per stream), whether or not the socket
 /// is writable, so without this a connection whose peer reads slowly holds that much
 /// per stream, and 20,000 of them over a gigabyte. The count is exact: a chunk is
-/// counted until HTTP/2 frees it.
+/// counted until HTTP/2 frees it. A stream none of whose chunks HTTP/2 holds may
+/// always go on, so a connection holds at most this plus one framing step per stream.
 pub const SEND_BUDGET: usize = 64 * 1024;
 
 /// A response chunk handed to HTTP/2: uncounts itself when HTTP/2 frees it.
 struct SentChunk {
     bytes: Bytes,
     control: Arc<ConnControl>,
+    stream: Arc<AtomicUsize>,
 }
 
 impl AsRef<[u8]> for SentChunk {
@@ -158,7 +160,9 @@ impl AsRef<[u8]> for SentChunk {
 
 impl Drop for SentChunk {
     fn drop(&mut self) {
-        self.control.sent(self.bytes.len());
+        let n = self.bytes.len();
+        let stream_left = self.stream.fetch_sub(n, Ordering::AcqRel) - n;
+        self.control.sent(n, stream_left == 0);
     }
 }
 
@@ -183,17 +187,25 @@ impl ConnControl {
     }
 
     /// Ready when a response body of this connection may hand over its next chunk:
-    /// HTTP/2 holds fewer than [`SEND_BUDGET`] of its bytes. Otherwise the task is
-    /// woken when HTTP/2 freed enough, or the connection closes.
-    pub fn poll_send_room(&self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.in_flight() < SEND_BUDGET || self.is_closed() {
+    /// HTTP/2 holds fewer than [`SEND_BUDGET`] of the connection's bytes, or none of
+    /// this stream's (`stream`, the count its chunks were [tracked](Self::track)
+    /// with: a stream whose peer does not read cannot stall the connection's other
+    /// streams). Otherwise the task is woken when HTTP/2 freed enough, or the
+    /// connection closes.
+    pub fn poll_send_room(&self, stream: &AtomicUsize, cx: &mut Context<'_>) -> Poll<()> {
+        let room = || {
+            self.in_flight() < SEND_BUDGET
+                || stream.load(Ordering::Acquire) == 0
+                || self.is_closed()
+        };
+        if room() {
             return Poll::Ready(());
         }
         let mut waiters = self.send_waiters.lock().unwrap_or_else(|e| e.into_inner());
         self.waiting.store(true, Ordering::Release);
         // Checked again under the lock: a chunk freed in between would otherwise
         // be missed.
-        if self.in_flight() < SEND_BUDGET || self.is_closed() {
+        if room() {
             return Poll::Ready(());
         }
         if !waiters.iter().any(|w| w.will_wake(cx.waker())) {
@@ -202,19 +214,23 @@ impl ConnControl {
         Poll::Pending
     }
 
-    /// `chunk`, counted against the connection's send budget until HTTP/2 frees it.
-    pub fn track(self: &Arc<Self>, chunk: Bytes) -> Bytes {
+    /// `chunk`, counted against the connection's send budget and in `stream` (its
+    /// stream's count) until HTTP/2 frees it.
+    pub fn track(self: &Arc<Self>, stream: &Arc<AtomicUsize>, chunk: Bytes) -> Bytes {
         self.in_flight.fetch_add(chunk.len(), Ordering::AcqRel);
+        stream.fetch_add(chunk.len(), Ordering::AcqRel);
         Bytes::from_owner(SentChunk {
             bytes: chunk,
             control: Arc::clone(self),
+            stream: Arc::clone(stream),
         })
     }
 
-    /// HTTP/2 freed a chunk of `n` bytes.
-    fn sent(&self, n: usize) {
+    /// HTTP/2 freed a chunk of `n` bytes; `stream_done` when it was the last its
+    /// stream had handed over.
+    fn sent(&self, n: usize, stream_done: bool) {
         let left = self.in_flight.fetch_sub(n, Ordering::AcqRel) - n;
-        if left < SEND_BUDGET / 2 && self.waiting.load(Ordering::Acquire) {
+        if (left < SEND_BUDGET / 2 || stream_done) && self.waiting.load(Ordering::Acquire) {
             self.wake_senders();
         }
     }
