@@ -12,11 +12,10 @@ use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse,
 };
-use k8s_openapi::api::core::v1::Pod;
 use meshfed::testing::{ClientTls, FakeServer, node_with, tls_channel};
-use meshfed::xds::TypeUrl;
 use meshfed_api::workload::{Address, Workload, address};
-use meshfed_kube::fake_api::{FakeApiServer, objects};
+use meshfed_kube::fake_api::objects::types::Pod;
+use meshfed_kube::fake_api::{CustomResource, FakeApiServer, objects};
 use meshfed_registry::{Endpoint, Protocol, ServiceKey, WorkloadKind, WorkloadMeta};
 use prost::Message;
 use tokio::sync::mpsc;
@@ -164,6 +163,9 @@ fn in_an_hour() -> std::time::SystemTime {
 }
 
 async fn start(api: &FakeApiServer) -> FakeServer {
+    api.install_crds(CustomResource::istio_networking(&[
+        "v1", "v1beta1", "v1alpha3",
+    ]));
     for ns in ["default", "istio-system"] {
         api.apply(&objects::namespace(ns, &[]));
     }
@@ -270,10 +272,8 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
         Some(address::Type::Service(s)) => {
             assert_eq!(s.name, "app");
             assert_eq!(s.addresses[0].address, vec![10, 96, 0, 10]);
-            assert_eq!(
-                (s.ports[0].service_port, s.ports[0].target_port),
-                (80, 8080)
-            );
+            // The pods listen on 8080, the VM on 80: no common target port.
+            assert_eq!((s.ports[0].service_port, s.ports[0].target_port), (80, 0));
         }
         other => panic!("not a service: {other:?}"),
     }
