@@ -28,7 +28,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use meshfed_api::workload as wl;
 use meshfed_registry::{
@@ -69,19 +68,22 @@ pub struct BuildContext<'a> {
     pub vips: BTreeMap<(String, String), Vec<IpAddr>>,
 }
 
+/// One service with its endpoints, each with the shard it came from.
+pub type ServiceEndpoints<'a> = (&'a Service, Vec<(&'a ShardKey, &'a Endpoint)>);
+
 /// Builds the ambient model from a snapshot.
 pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
     let trust_domain = snapshot.mesh().config.trust_domain.clone();
-    let services: Vec<(Arc<Service>, Vec<(ShardKey, Endpoint)>)> = snapshot
+    let services: Vec<ServiceEndpoints<'_>> = snapshot
         .services()
         .all()
         .iter()
         .map(|s| {
             let eps = snapshot
                 .shards(&s.key())
-                .map(|sh| sh.iter().map(|(k, e)| (k.clone(), e.clone())).collect())
+                .map(|sh| sh.iter().collect())
                 .unwrap_or_default();
-            (s.clone(), eps)
+            (&**s, eps)
         })
         .collect();
     let networks = snapshot.network_view();
@@ -90,7 +92,7 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
 
 /// Builds the ambient model of `services`, each with its endpoints and their shards.
 pub fn build(
-    services: &[(Arc<Service>, Vec<(ShardKey, Endpoint)>)],
+    services: &[ServiceEndpoints<'_>],
     networks: &NetworkView,
     trust_domain: &str,
 ) -> AmbientModel {
@@ -201,7 +203,7 @@ fn cluster_domain(hostname: &str) -> Option<&str> {
 
 fn service_resource(
     service: &Service,
-    endpoints: &[(ShardKey, Endpoint)],
+    endpoints: &[(&ShardKey, &Endpoint)],
     ctx: &BuildContext<'_>,
 ) -> wl::Service {
     let hostname = service.hostname.to_string();

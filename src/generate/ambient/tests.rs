@@ -58,15 +58,16 @@ pub(super) fn model_of(
     gateways: &[NetworkGateway],
 ) -> AmbientModel {
     let view = NetworkView::new(&MeshNetworks::default(), gateways);
-    let input: Vec<_> = services
+    let owned: Vec<(Service, ShardKey, Vec<Endpoint>)> = services
         .into_iter()
         .map(|(s, eps)| {
             let shard = ShardKey::new(s.provider, s.cluster_id.clone());
-            (
-                Arc::new(s),
-                eps.into_iter().map(|e| (shard.clone(), e)).collect(),
-            )
+            (s, shard, eps)
         })
+        .collect();
+    let input: Vec<build::ServiceEndpoints<'_>> = owned
+        .iter()
+        .map(|(s, shard, eps)| (s, eps.iter().map(|e| (shard, e)).collect()))
         .collect();
     build::build(&input, &view, "cluster.local")
 }
