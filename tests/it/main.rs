@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod ambient;
 mod analyze;
 mod autoregistration;
 mod cli;
