@@ -33,6 +33,9 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
         Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
         Spec::Telemetry(t) => set.telemetries.push(Config::of(object, t)),
+        // The Gateway API kinds are read from `set.objects` by their translation
+        // (`meshfed_registry::config::gateway_api::convert`).
+        _ if object.kind.is_gateway_api() => {}
         #[allow(unreachable_patterns)]
         _ => debug_assert_ne!(
             object.kind.info().feeds,

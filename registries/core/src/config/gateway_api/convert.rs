@@ -1,0 +1,1 @@
+//! Translation to Istio config.
