@@ -57,11 +57,11 @@ pub const TELEMETRY: Group = Group {
     api_version: "telemetry.istio.io/v1",
 };
 
-/// `gateway.networking.k8s.io`, versions `v1`, `v1beta1`: the Kubernetes Gateway
-/// API's standard kinds.
+/// `gateway.networking.k8s.io`, versions `v1`, `v1beta1`, `v1alpha2`: the Kubernetes
+/// Gateway API's standard kinds (one schema; `v1alpha2` is read for old objects).
 pub const GATEWAY_API: Group = Group {
     name: "gateway.networking.k8s.io",
-    versions: &["v1", "v1beta1"],
+    versions: &["v1", "v1beta1", "v1alpha2"],
     api_version: "gateway.networking.k8s.io/v1",
 };
 
