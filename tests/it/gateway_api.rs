@@ -346,3 +346,55 @@ fn istio_golden_conversions_pass_or_are_known_gaps() {
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
+
+const ATTACHES_TO_NOTHING: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: infra}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    hostname: shop.example.com
+    tls: {certificateRefs: [{name: shop-cert, namespace: certs}]}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: apps}
+spec:
+  parentRefs: [{name: gw, namespace: infra}]
+  hostnames: [shop.example.com]
+  rules: [{backendRefs: [{name: web, port: 80}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: cross, namespace: infra}
+spec:
+  parentRefs: [{name: gw, sectionName: http}]
+  rules: [{backendRefs: [{name: api, namespace: apps, port: 80}]}]
+";
+
+#[test]
+fn validate_reports_routes_attached_to_nothing_and_refs_not_permitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(&file, ATTACHES_TO_NOTHING).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        // The certificate in another namespace without a ReferenceGrant.
+        "Gateway infra/gw: spec.listeners[0].tls.certificateRefs: ResolvedRefs RefNotPermitted: certificateRef certs/shop-cert not accessible to a Gateway in namespace \"infra\" (missing a ReferenceGrant?)",
+        // Same namespace only (the default), and the route is in another.
+        "HTTPRoute apps/web: spec.parentRefs[0]: Accepted NotAllowedByListeners",
+        // No listener of that name; and a backend in another namespace.
+        "HTTPRoute infra/cross: spec.parentRefs[0]: Accepted NoMatchingParent: sectionName \"http\" not found",
+        "HTTPRoute infra/cross: spec.rules: ResolvedRefs RefNotPermitted: backendRef api/apps not accessible to a HTTPRoute in namespace \"infra\" (missing a ReferenceGrant?)",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}

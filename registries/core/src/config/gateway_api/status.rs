@@ -69,13 +69,79 @@ impl ObjectStatus {
         }
     }
 
+    /// The problems the status reports, each with the spec field it is about
+    /// (`spec.parentRefs[0]`, `spec.listeners[1]`, `spec.rules` for backends), for
+    /// `meshfed validate`.
+    pub fn findings(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let bad = |c: &Value| {
+            let positive = !matches!(
+                c["type"].as_str(),
+                Some("Conflicted" | "InsecureFrontendValidationMode")
+            );
+            (c["status"] == "False") == positive
+        };
+        let text = |c: &Value| {
+            format!(
+                "{} {}: {}",
+                c["type"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default(),
+                c["message"].as_str().unwrap_or_default()
+            )
+        };
+        for (i, l) in self.status["listeners"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for c in l["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| bad(c))
+            {
+                let field = if c["type"] == "ResolvedRefs" {
+                    format!("spec.listeners[{i}].tls.certificateRefs")
+                } else {
+                    format!("spec.listeners[{i}]")
+                };
+                out.push((field, text(c)));
+            }
+        }
+        for (i, p) in self.status["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for c in p["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| bad(c))
+            {
+                let field = if c["type"] == "ResolvedRefs" {
+                    "spec.rules".to_string()
+                } else {
+                    format!("spec.parentRefs[{i}]")
+                };
+                out.push((field, text(c)));
+            }
+        }
+        out
+    }
+
     /// The problems the status reports (a `False` condition that should be `True`),
-    /// as `field: reason: message`, for `meshfed validate` and `/debug/configz`.
+    /// as `field: reason: message`, for `/debug/configz`.
     pub fn problems(&self) -> Vec<String> {
         let mut out = Vec::new();
         let mut check = |at: String, conditions: Option<&Value>| {
             for c in conditions.and_then(Value::as_array).into_iter().flatten() {
-                let positive = !matches!(c["type"].as_str(), Some("Conflicted"));
+                let positive = !matches!(
+                    c["type"].as_str(),
+                    Some("Conflicted" | "InsecureFrontendValidationMode")
+                );
                 if (c["status"] == "False") == positive {
                     out.push(format!(
                         "{at}: {} {}: {}",

@@ -237,13 +237,21 @@ impl<'a> Parents<'a> {
                 let allowed = match from {
                     "All" => true,
                     "Same" => route.namespace == gw.object.namespace,
-                    "Selector" => {
-                        let labels =
-                            (inputs.namespace_labels)(&route.namespace).unwrap_or_default();
-                        routes
+                    "Selector" => match (inputs.namespace_labels)(&route.namespace) {
+                        Some(labels) => routes
                             .and_then(|n| n.selector.as_ref())
-                            .is_some_and(|s| s.matches(&labels))
-                    }
+                            .is_some_and(|s| s.matches(&labels)),
+                        None => {
+                            failure.get_or_insert((
+                                "NotAllowedByListeners".to_string(),
+                                format!(
+                                    "the labels of namespace {:?} are not known to meshfed (allowedRoutes.namespaces.from: Selector)",
+                                    route.namespace
+                                ),
+                            ));
+                            continue;
+                        }
+                    },
                     _ => false,
                 };
                 let listener_host = l.spec.hostname.as_deref();
