@@ -146,7 +146,8 @@ pub fn desired_statuses(
     analysis: &BTreeMap<ObjectId, Vec<ValidationMessage>>,
 ) -> BTreeMap<ObjectId, DesiredStatus> {
     let mut out = BTreeMap::new();
-    for obj in objects {
+    // The Gateway API kinds carry the Gateway API's status, not Istio's.
+    for obj in objects.iter().filter(|o| !o.kind.is_gateway_api()) {
         out.insert(
             ObjectId::new(obj.kind, &obj.namespace, &obj.name),
             DesiredStatus {
@@ -156,7 +157,7 @@ pub fn desired_statuses(
         );
     }
     for r in rejected {
-        let Some(kind) = Kind::from_name(&r.kind) else {
+        let Some(kind) = Kind::from_name(&r.kind).filter(|k| !k.is_gateway_api()) else {
             continue;
         };
         if r.name.is_empty() {
