@@ -153,6 +153,7 @@ pub fn desired_statuses(
             DesiredStatus {
                 reconciled: Some(progress),
                 messages: Vec::new(),
+                ..Default::default()
             },
         );
     }
@@ -176,6 +177,7 @@ pub fn desired_statuses(
                     "SchemaValidationError",
                     Level::Error,
                 )],
+                ..Default::default()
             },
         );
     }
@@ -191,11 +193,46 @@ pub fn desired_statuses(
     out
 }
 
+/// The Gateway API status the translation computed, and the controller name owning
+/// its route parent entries: read at each interval.
+pub type GatewayApiStatus = Arc<
+    dyn Fn() -> (
+            Vec<meshfed_registry::config::gateway_api::status::ObjectStatus>,
+            String,
+        ) + Send
+        + Sync,
+>;
+
+/// Adds the Gateway API status of the objects among `objects` (those read from the
+/// cluster) to `out`: written in the Gateway API's shape, as istiod writes it.
+pub fn add_gateway_api_statuses(
+    out: &mut BTreeMap<ObjectId, meshfed_kube::status::DesiredStatus>,
+    objects: &[Arc<ConfigObject>],
+    statuses: &[meshfed_registry::config::gateway_api::status::ObjectStatus],
+    controller: &str,
+) {
+    for s in statuses {
+        let held = objects
+            .iter()
+            .any(|o| o.kind == s.kind && o.namespace == s.namespace && o.name == s.name);
+        if held {
+            out.insert(
+                ObjectId::new(s.kind, &s.namespace, &s.name),
+                meshfed_kube::status::DesiredStatus {
+                    gateway_api: Some((s.status.to_string(), controller.to_string())),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+}
+
 /// Computes the desired statuses every `interval` into `tx` until `shutdown`.
 pub async fn run_status_source(
     store: KubeConfigStore,
     connections: Arc<Connections>,
     analysis: Option<AnalysisMessages>,
+    gateway_api: Option<GatewayApiStatus>,
     interval: Duration,
     tx: watch::Sender<DesiredStatuses>,
     shutdown: impl Future<Output = ()>,
@@ -212,12 +249,13 @@ pub async fn run_status_source(
             continue;
         }
         let extra = analysis.as_ref().map(|f| f()).unwrap_or_default();
-        let desired = desired_statuses(
-            &store.all(),
-            &store.rejected(),
-            progress(&connections),
-            &extra,
-        );
+        let objects = store.all();
+        let mut desired =
+            desired_statuses(&objects, &store.rejected(), progress(&connections), &extra);
+        if let Some(source) = &gateway_api {
+            let (statuses, controller) = source();
+            add_gateway_api_statuses(&mut desired, &objects, &statuses, &controller);
+        }
         tx.send_if_modified(|current| {
             if **current == desired {
                 return false;

@@ -403,6 +403,42 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "telemetries/status",
         &["get", "update"],
     ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "gatewayclasses/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "gateways/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "httproutes/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "grpcroutes/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "tcproutes/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "tlsroutes/status",
+        &["get", "update"],
+    ),
     // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
     // (and Namespaces for the config store's label selectors, crd/writer.rs, and for
     // root-cert distribution, root_cert.rs).

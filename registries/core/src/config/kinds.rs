@@ -233,6 +233,9 @@ impl Readers {
 pub struct KindInfo {
     /// The Kubernetes kind name (`VirtualService`).
     pub kind: &'static str,
+    /// A name unique among the kinds (the [`Kind`] variant's: `KubernetesGateway` for
+    /// the Gateway API's `Gateway`), for metric labels.
+    pub label: &'static str,
     /// Its API group and versions.
     pub group: Group,
     /// The plural resource name (`virtualservices`): the CRD's collection.
@@ -287,6 +290,7 @@ macro_rules! declare_kinds {
         const KINDS: [KindInfo; COUNT] = [$(
             KindInfo {
                 kind: kind_name!($variant $($name)?),
+                label: stringify!($variant),
                 group: $group,
                 plural: $plural,
                 config_kind: ConfigKind::$variant,
@@ -636,6 +640,12 @@ impl Kind {
         self.info().kind
     }
 
+    /// A name unique among the kinds, for metric labels (`KubernetesGateway` for the
+    /// Gateway API's `Gateway`; the kind name otherwise).
+    pub fn label(self) -> &'static str {
+        self.info().label
+    }
+
     /// The plural resource name (`virtualservices`).
     pub fn plural(self) -> &'static str {
         self.info().plural
@@ -698,6 +708,7 @@ mod tests {
             let info = kind.info();
             assert_eq!(kind as usize, i);
             assert!(format!("{kind:?}").ends_with(info.kind), "{kind:?}");
+            assert_eq!(info.label, format!("{kind:?}"));
             assert_eq!(Kind::from_group_kind(kind.group(), info.kind), Some(kind));
             assert_eq!(info.config_kind.object_kind(), Some(kind));
             assert!(GROUPS.contains(&info.group), "{kind}");

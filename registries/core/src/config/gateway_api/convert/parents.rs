@@ -338,11 +338,13 @@ impl<'a> Parents<'a> {
                         })
                     })
                     .collect();
-                let ports: Vec<String> = g
+                let mut ports: Vec<String> = g
                     .services
                     .iter()
                     .flat_map(|s| g.listeners.iter().map(move |l| format!("{s}:{}", l.spec.port)))
                     .collect();
+                ports.sort();
+                ports.dedup();
                 let addresses: Vec<Value> = g
                     .services
                     .iter()
@@ -361,7 +363,7 @@ impl<'a> Parents<'a> {
                     "conditions": [
                         Condition::ok("Accepted", "Accepted", "Resource accepted").to_json(),
                         Condition::failed("InsecureFrontendValidationMode", "", "AllowInsecureFallback mode is disabled for frontend validation").to_json(),
-                        Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", ports.join(", "))).to_json(),
+                        Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", human_join(&ports))).to_json(),
                         if unresolved {
                             Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid").to_json()
                         } else {
@@ -374,6 +376,16 @@ impl<'a> Parents<'a> {
             .zip(&self.gateways)
             .map(|(status, g)| ObjectStatus::new(Kind::KubernetesGateway, g.object, status))
             .collect()
+    }
+}
+
+/// `a`, `a and b`, `a, b, and c`: how istiod lists services in a message.
+fn human_join(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [a, b] => format!("{a} and {b}"),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
     }
 }
 
@@ -396,7 +408,21 @@ fn listener(
     kinds.dedup();
     let mut not_accepted = None;
     let mut unresolved = None;
-    let host = format!("*/{}", l.hostname.as_deref().unwrap_or("*"));
+    // The namespaces whose VirtualServices may bind, as istiod scopes them: any for
+    // `All`, the Gateway's for `Same`; for `Selector` the matching namespaces are not
+    // known to the translation, so none (`~`, Istio's "no namespace").
+    let from = l
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.as_deref())
+        .unwrap_or("Same");
+    let scope = match from {
+        "All" => "*",
+        "Same" => gw.ns(),
+        _ => "~",
+    };
+    let host = format!("{scope}/{}", l.hostname.as_deref().unwrap_or("*"));
     let mut server = json!({
         "hosts": [host],
         "port": {"number": l.port, "name": l.name, "protocol": l.protocol},
