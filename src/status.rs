@@ -211,7 +211,8 @@ pub fn add_gateway_api_statuses(
     statuses: &[meshfed_registry::config::gateway_api::status::ObjectStatus],
     controller: &str,
 ) {
-    for s in statuses {
+    // A GatewayClass's (cluster-scoped) status is shown, not written.
+    for s in statuses.iter().filter(|s| s.kind != Kind::GatewayClass) {
         let held = objects
             .iter()
             .any(|o| o.kind == s.kind && o.namespace == s.namespace && o.name == s.name);

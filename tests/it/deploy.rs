@@ -406,12 +406,6 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
     (
         "ClusterRole",
         "gateway.networking.k8s.io",
-        "gatewayclasses/status",
-        &["get", "update"],
-    ),
-    (
-        "ClusterRole",
-        "gateway.networking.k8s.io",
         "gateways/status",
         &["get", "update"],
     ),

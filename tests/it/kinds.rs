@@ -176,8 +176,8 @@ async fn configz_lists_workload_groups_and_ignored_objects_and_counts_them() {
     assert_eq!(
         ignored,
         [
-            "networking.istio.io/v1alpha3 EnvoyFilter default/lua line 1",
             "gateway.networking.k8s.io/v1alpha3 BackendTLSPolicy apps/web line 6",
+            "networking.istio.io/v1alpha3 EnvoyFilter default/lua line 1",
             "extensions.istio.io/v1alpha1 WasmPlugin istio-system/mesh-default line 11",
         ],
         "{configz}"

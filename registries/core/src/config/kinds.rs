@@ -123,6 +123,57 @@ where
     }
 }
 
+/// The Gateway API specs are serde types, not protos: on the wire they are a
+/// `google.protobuf.Struct` (as istiod sends kinds that are not protos).
+/// The name of the message the Gateway API specs travel as.
+const STRUCT: &str = "google.protobuf.Struct";
+
+macro_rules! struct_specs {
+    ($($t:ty),* $(,)?) => {$(
+        impl SpecType for $t {
+            fn message_name() -> String {
+                STRUCT.to_string()
+            }
+
+            fn from_json(value: &Value) -> Result<Self, Vec<FieldError>> {
+                crate::config::spec_json::decode_typed(value).map_err(|e| vec![e])
+            }
+
+            // A Struct that decodes but is not a valid spec is reported as a decode
+            // error, the only error the wire path carries.
+            #[allow(deprecated)]
+            fn decode_proto(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
+                let body = <pbjson_types::Struct as prost::Message>::decode(bytes)?;
+                let value = serde_json::to_value(&body)
+                    .map_err(|e| prost::DecodeError::new(e.to_string()))?;
+                serde_json::from_value(value).map_err(|e| prost::DecodeError::new(e.to_string()))
+            }
+
+            fn encode_proto(&self) -> Vec<u8> {
+                let body = serde_json::to_value(self)
+                    .ok()
+                    .and_then(|v| serde_json::from_value::<pbjson_types::Struct>(v).ok())
+                    .unwrap_or_default();
+                prost::Message::encode_to_vec(&body)
+            }
+
+            fn unsupported_fields(&self) -> Vec<Warning> {
+                Vec::new()
+            }
+        }
+    )*};
+}
+
+struct_specs!(
+    gw::GatewayClassSpec,
+    gw::GatewaySpec,
+    gw::HttpRouteSpec,
+    gw::GrpcRouteSpec,
+    gw::ReferenceGrantSpec,
+    gw::TcpRouteSpec,
+    gw::TlsRouteSpec,
+);
+
 /// The kind name of a declaration: its own name when given, else the variant's.
 macro_rules! kind_name {
     ($variant:ident) => {
