@@ -252,6 +252,10 @@ struct DiscoveryArgs {
     /// DNS domain suffix of the cluster.
     #[arg(long = "domain", default_value = "cluster.local")]
     domain: String,
+    /// The GatewayClass controller name whose Gateway API Gateways meshfed serves;
+    /// default `$PILOT_GATEWAY_API_CONTROLLER_NAME`, else `istio.io/gateway-controller`.
+    #[arg(long = "gatewayControllerName")]
+    gateway_controller_name: Option<String>,
     /// Directory of Istio config files (VirtualService, DestinationRule, Gateway,
     /// Sidecar, ServiceEntry, WorkloadEntry; *.yaml/*.yml/*.json, recursively). Watched:
     /// changes apply live; an invalid object is rejected alone.
@@ -748,6 +752,14 @@ impl DiscoveryArgs {
                     .then_some(self.max_connection_age),
             },
             domain: self.domain,
+            gateway_controller_name: flag_or_env(
+                self.gateway_controller_name,
+                "PILOT_GATEWAY_API_CONTROLLER_NAME",
+                |s| Ok(s.to_string()),
+            )?
+            .unwrap_or_else(|| {
+                meshfed_registry::config::gateway_api::DEFAULT_CONTROLLER.to_string()
+            }),
             mesh_config: self.mesh_config,
             networks_config: self.networks_config,
             generator: GeneratorOptions {

@@ -146,17 +146,19 @@ pub fn desired_statuses(
     analysis: &BTreeMap<ObjectId, Vec<ValidationMessage>>,
 ) -> BTreeMap<ObjectId, DesiredStatus> {
     let mut out = BTreeMap::new();
-    for obj in objects {
+    // The Gateway API kinds carry the Gateway API's status, not Istio's.
+    for obj in objects.iter().filter(|o| !o.kind.is_gateway_api()) {
         out.insert(
             ObjectId::new(obj.kind, &obj.namespace, &obj.name),
             DesiredStatus {
                 reconciled: Some(progress),
                 messages: Vec::new(),
+                ..Default::default()
             },
         );
     }
     for r in rejected {
-        let Some(kind) = Kind::from_name(&r.kind) else {
+        let Some(kind) = Kind::from_name(&r.kind).filter(|k| !k.is_gateway_api()) else {
             continue;
         };
         if r.name.is_empty() {
@@ -175,6 +177,7 @@ pub fn desired_statuses(
                     "SchemaValidationError",
                     Level::Error,
                 )],
+                ..Default::default()
             },
         );
     }
@@ -190,11 +193,47 @@ pub fn desired_statuses(
     out
 }
 
+/// The Gateway API status the translation computed, and the controller name owning
+/// its route parent entries: read at each interval.
+pub type GatewayApiStatus = Arc<
+    dyn Fn() -> (
+            Vec<meshfed_registry::config::gateway_api::status::ObjectStatus>,
+            String,
+        ) + Send
+        + Sync,
+>;
+
+/// Adds the Gateway API status of the objects among `objects` (those read from the
+/// cluster) to `out`: written in the Gateway API's shape, as istiod writes it.
+pub fn add_gateway_api_statuses(
+    out: &mut BTreeMap<ObjectId, meshfed_kube::status::DesiredStatus>,
+    objects: &[Arc<ConfigObject>],
+    statuses: &[meshfed_registry::config::gateway_api::status::ObjectStatus],
+    controller: &str,
+) {
+    // A GatewayClass's (cluster-scoped) status is shown, not written.
+    for s in statuses.iter().filter(|s| s.kind != Kind::GatewayClass) {
+        let held = objects
+            .iter()
+            .any(|o| o.kind == s.kind && o.namespace == s.namespace && o.name == s.name);
+        if held {
+            out.insert(
+                ObjectId::new(s.kind, &s.namespace, &s.name),
+                meshfed_kube::status::DesiredStatus {
+                    gateway_api: Some((s.status.to_string(), controller.to_string())),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+}
+
 /// Computes the desired statuses every `interval` into `tx` until `shutdown`.
 pub async fn run_status_source(
     store: KubeConfigStore,
     connections: Arc<Connections>,
     analysis: Option<AnalysisMessages>,
+    gateway_api: Option<GatewayApiStatus>,
     interval: Duration,
     tx: watch::Sender<DesiredStatuses>,
     shutdown: impl Future<Output = ()>,
@@ -211,12 +250,13 @@ pub async fn run_status_source(
             continue;
         }
         let extra = analysis.as_ref().map(|f| f()).unwrap_or_default();
-        let desired = desired_statuses(
-            &store.all(),
-            &store.rejected(),
-            progress(&connections),
-            &extra,
-        );
+        let objects = store.all();
+        let mut desired =
+            desired_statuses(&objects, &store.rejected(), progress(&connections), &extra);
+        if let Some(source) = &gateway_api {
+            let (statuses, controller) = source();
+            add_gateway_api_statuses(&mut desired, &objects, &statuses, &controller);
+        }
         tx.send_if_modified(|current| {
             if **current == desired {
                 return false;

@@ -417,8 +417,32 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             })
         })
         .collect();
+    // The Gateway API objects' translation: the Istio objects generated, the status
+    // computed, and its failures (routes that attach to nothing, refs not permitted).
+    let gateway_api = {
+        let translated = snapshot.config().gateway_api();
+        let generated: Vec<Value> = translated
+            .objects
+            .iter()
+            .map(|o| {
+                json!({"kind": o.kind.as_str(), "namespace": o.namespace, "name": o.name,
+                            "annotations": o.annotations, "spec": to_json(&o.spec)})
+            })
+            .collect();
+        let problems: Vec<Value> = translated
+            .status
+            .iter()
+            .flat_map(|s| {
+                s.problems().into_iter().map(move |p| {
+                    json!({"kind": s.kind.as_str(), "namespace": s.namespace, "name": s.name, "problem": p})
+                })
+            })
+            .collect();
+        json!({"generated": generated, "status": to_json(&translated.status), "problems": problems})
+    };
     Ok(json!({
         "objects": objects,
+        "gatewayApi": gateway_api,
         "rejected": rejected,
         "ignored": ignored,
         "selectingNoWorkload": selecting_nothing,

@@ -135,6 +135,17 @@ pub(super) fn start_status(
     };
     let (tx, rx) = tokio::sync::watch::channel(Arc::default());
     let mut stop = parts.shutdown.clone();
+    let gateway_api: crate::status::GatewayApiStatus = {
+        let snapshot = parts.snapshot.clone();
+        let controller = config.gateway_controller_name.clone();
+        Arc::new(move || {
+            let current = snapshot.load();
+            (
+                current.config().gateway_api().status.clone(),
+                controller.clone(),
+            )
+        })
+    };
     tasks.spawn(crate::status::run_status_source(
         store.clone(),
         parts.connections,
@@ -144,6 +155,7 @@ pub(super) fn start_status(
             parts.root_namespace,
             config.domain.clone(),
         )),
+        Some(gateway_api),
         settings.interval,
         tx,
         async move { stop.wait().await },

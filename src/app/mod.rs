@@ -155,6 +155,7 @@ impl Core {
                 config_source(
                     config_stores.all(),
                     &config.domain,
+                    &config.gateway_controller_name,
                     push_metrics,
                     move |ra| jwks.table_for(ra),
                 )

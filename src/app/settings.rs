@@ -46,6 +46,10 @@ pub struct DiscoveryConfig {
     pub cluster_id: ClusterId,
     /// DNS domain suffix (`--domain`, default `cluster.local`).
     pub domain: String,
+    /// The GatewayClass controller name whose Gateway API Gateways are served
+    /// (`--gatewayControllerName`, Istio's `PILOT_GATEWAY_API_CONTROLLER_NAME`; default
+    /// `istio.io/gateway-controller`).
+    pub gateway_controller_name: String,
     /// Mock registry source.
     pub mock: MockSource,
     /// The Kubernetes registry, when enabled.
@@ -203,6 +207,8 @@ impl Default for DiscoveryConfig {
             admin_limits: crate::admin::AdminLimits::default(),
             cluster_id: ClusterId::new("Kubernetes"),
             domain: "cluster.local".into(),
+            gateway_controller_name: meshfed_registry::config::gateway_api::DEFAULT_CONTROLLER
+                .into(),
             mock: MockSource::Embedded,
             kubernetes: None,
             kube_config_store: true,

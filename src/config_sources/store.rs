@@ -29,9 +29,7 @@ pub const RESOURCE_TYPE_URL: &str = "type.googleapis.com/istio.mcp.v1alpha1.Reso
 /// the version being the one of the kind's proto package, as istiod's collections
 /// name them (`networking.istio.io/v1alpha3/ServiceEntry`).
 pub fn type_url(kind: Kind) -> String {
-    let message = kind.message_name();
-    let version = message.rsplit('.').nth(1).unwrap_or_default();
-    format!("{}/{version}/{}", kind.group(), kind.as_str())
+    format!("{}/{}/{}", kind.group(), kind.mcp_version(), kind.as_str())
 }
 
 /// The kind a type URL asks for, if it is one of [`type_url`]'s.

@@ -42,6 +42,8 @@ pub struct ConfigIndex {
     /// Every object of every declared kind as the stores hold it (by kind, namespace
     /// and name; the first store holding a name wins): what MCP serves.
     objects: Vec<Arc<ConfigObject>>,
+    /// What the Gateway API objects were translated to, and their status.
+    gateway_api: Arc<meshfed_registry::config::gateway_api::convert::Output>,
 }
 
 /// Inputs to [`ConfigIndex::new`].
@@ -57,6 +59,9 @@ pub struct ConfigSet {
     pub telemetries: Vec<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>,
     /// Every object of every kind, as the stores hold it.
     pub objects: Vec<Arc<ConfigObject>>,
+    /// The Gateway API objects' translation (its Istio objects are also in the
+    /// lists above) and status.
+    pub gateway_api: Arc<meshfed_registry::config::gateway_api::convert::Output>,
 }
 
 impl ConfigIndex {
@@ -137,6 +142,7 @@ impl ConfigIndex {
             default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
             jwks: Arc::default(),
+            gateway_api: set.gateway_api,
             objects: {
                 let mut objects = set.objects;
                 // Stable: among objects of one name, the first store's stays first.
@@ -149,6 +155,13 @@ impl ConfigIndex {
                 objects
             },
         }
+    }
+
+    /// The Istio Gateways and VirtualServices translated from the Gateway API
+    /// objects, and the status computed for those (`/debug/configz`, the status
+    /// writer).
+    pub fn gateway_api(&self) -> &meshfed_registry::config::gateway_api::convert::Output {
+        &self.gateway_api
     }
 
     /// The objects of `kind` as the stores hold them (specs as written, hosts not

@@ -33,6 +33,9 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
         Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
         Spec::Telemetry(t) => set.telemetries.push(Config::of(object, t)),
+        // The Gateway API kinds are read from `set.objects` by their translation
+        // (`meshfed_registry::config::gateway_api::convert`).
+        _ if object.kind.is_gateway_api() => {}
         #[allow(unreachable_patterns)]
         _ => debug_assert_ne!(
             object.kind.info().feeds,
@@ -51,10 +54,12 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
 pub fn config_source(
     stores: Vec<Arc<dyn ConfigStore>>,
     domain: &str,
+    gateway_controller: &str,
     metrics: Arc<PushMetrics>,
     jwks: impl Fn(&[Config<RequestAuthentication>]) -> Arc<JwksTable> + Send + Sync + 'static,
 ) -> ConfigSourceFn {
     let domain = domain.to_string();
+    let gateway_controller = gateway_controller.to_string();
     // The security objects last warned about, so a WARN goes out when they change.
     let warned: Arc<Mutex<Vec<String>>> = Arc::default();
     Arc::new(move |mesh| {
@@ -92,6 +97,7 @@ pub fn config_source(
                 set.objects.push(object);
             }
         }
+        translate_gateway_api(&mut set, &domain, &gateway_controller);
         metrics.config_not_enforced.set(not_enforced.len() as i64);
         not_enforced.sort();
         let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -107,6 +113,30 @@ pub fn config_source(
         let keys = jwks(&set.request_authentications);
         ConfigIndex::new(set, &domain, mesh).with_jwks(keys)
     })
+}
+
+/// Translates the set's Gateway API objects (Istio's `pilot/pkg/config/kube/gateway`)
+/// and puts the Istio Gateways and VirtualServices produced beside the user's, so the
+/// generators serve them like any other; the translation and status are kept for
+/// `/debug/configz` and the status writer. Backends are not checked against the
+/// service registry here (a missing Service is reported by `meshfed validate`).
+fn translate_gateway_api(set: &mut ConfigSet, domain: &str, controller: &str) {
+    use meshfed_registry::config::gateway_api::convert;
+    if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
+        return;
+    }
+    let output = convert::convert(&convert::Inputs {
+        objects: &set.objects,
+        domain,
+        controller,
+        service_exists: &|_| true,
+        namespace_labels: &|_| None,
+        service_addresses: &|_| Vec::new(),
+    });
+    for object in &output.objects {
+        add_to_set(set, object);
+    }
+    set.gateway_api = Arc::new(output);
 }
 
 /// `meshfed_config_ignored{kind}`: objects of kinds meshfed does not read that the
@@ -170,7 +200,9 @@ mod tests {
     #[test]
     fn every_kind_that_feeds_the_index_has_a_place() {
         let empty = serde_json::Value::Null;
-        for kind in Kind::ALL {
+        // The Gateway API kinds feed it through their translation (see
+        // `translate_gateway_api`), not a list of their own.
+        for kind in Kind::ALL.into_iter().filter(|k| !k.is_gateway_api()) {
             let spec = Spec::from_value(kind, &empty).unwrap();
             let mut set = ConfigSet::default();
             add_to_set(&mut set, &ConfigObject::new("ns", "n", spec));

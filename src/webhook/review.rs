@@ -282,7 +282,7 @@ pub fn admit(request: &AdmissionRequest) -> (AdmissionResponse, Verdict) {
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or_default();
-    let ours = Kind::from_name(kind_name).filter(|k| k.group() == group);
+    let ours = Kind::from_group_kind(group, kind_name);
     if ours.is_none() {
         if ISTIO_KINDS_NOT_READ.contains(&(group, kind_name)) {
             return (

@@ -403,6 +403,36 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "telemetries/status",
         &["get", "update"],
     ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "gateways/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "httproutes/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "grpcroutes/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "tcproutes/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "tlsroutes/status",
+        &["get", "update"],
+    ),
     // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
     // (and Namespaces for the config store's label selectors, crd/writer.rs, and for
     // root-cert distribution, root_cert.rs).
@@ -481,6 +511,49 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "ClusterRole",
         "telemetry.istio.io",
         "telemetries",
+        &["list", "watch"],
+    ),
+    // The Gateway API kinds, watched by the same store when their CRDs exist.
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "gatewayclasses",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "gateways",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "httproutes",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "grpcroutes",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "referencegrants",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "tcproutes",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "tlsroutes",
         &["list", "watch"],
     ),
     // registries/kube/src/token_review.rs: Kubernetes JWT authentication.
@@ -566,6 +639,14 @@ fn rbac_grants_only_what_the_code_reads_and_writes() {
                     (
                         meshfed_registry::config::kinds::TELEMETRY.name,
                         meshfed_registry::config::kinds::TELEMETRY.versions,
+                    ),
+                    (
+                        meshfed_registry::config::kinds::GATEWAY_API.name,
+                        meshfed_registry::config::kinds::GATEWAY_API.versions,
+                    ),
+                    (
+                        meshfed_registry::config::kinds::GATEWAY_API_ALPHA.name,
+                        meshfed_registry::config::kinds::GATEWAY_API_ALPHA.versions,
                     ),
                 ] {
                     expected.push(format!("/apis/{group}"));
@@ -776,7 +857,12 @@ fn the_validating_webhook_reaches_https_addr_as_istio_configures_it() {
             assert_eq!(rules.len(), 1);
             assert_eq!(strings(&rules[0]["operations"]), ["CREATE", "UPDATE"]);
             let groups: BTreeSet<String> = strings(&rules[0]["apiGroups"]).into_iter().collect();
-            for kind in meshfed_registry::config::Kind::ALL {
+            // The Gateway API kinds are validated by their CRDs' own rules in the
+            // API server, as with istiod.
+            for kind in meshfed_registry::config::Kind::ALL
+                .into_iter()
+                .filter(|k| !k.is_gateway_api())
+            {
                 assert!(groups.contains(kind.group()), "{kind:?} is validated");
             }
             assert!(groups.contains("extensions.istio.io"));

@@ -1,6 +1,6 @@
 //! Config kinds: a WorkloadGroup is read from the config directory and the Rust API,
 //! validated and listed; objects of kinds meshfed does not read (EnvoyFilter, Gateway
-//! API's HTTPRoute, WasmPlugin) are reported by `meshfed validate`, `/debug/configz` and
+//! API's BackendTLSPolicy, WasmPlugin) are reported by `meshfed validate`, `/debug/configz` and
 //! a metric, never dropped in silence.
 
 use meshfed::testing::FakeServer;
@@ -12,10 +12,10 @@ kind: EnvoyFilter
 metadata: {name: lua, namespace: default}
 spec: {configPatches: []}
 ---
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
+apiVersion: gateway.networking.k8s.io/v1alpha3
+kind: BackendTLSPolicy
 metadata: {name: web, namespace: apps}
-spec: {parentRefs: [{name: gw}]}
+spec: {targetRefs: [{group: core, kind: Service, name: web}]}
 ---
 apiVersion: extensions.istio.io/v1alpha1
 kind: WasmPlugin
@@ -59,7 +59,7 @@ fn validate_warns_about_each_ignored_object_and_fails_with_strict() {
         ),
         (
             6,
-            "HTTPRoute apps/web: skipped: gateway.networking.k8s.io/v1 HTTPRoute",
+            "BackendTLSPolicy apps/web: skipped: gateway.networking.k8s.io/v1alpha3 BackendTLSPolicy",
         ),
         (
             11,
@@ -176,15 +176,15 @@ async fn configz_lists_workload_groups_and_ignored_objects_and_counts_them() {
     assert_eq!(
         ignored,
         [
+            "gateway.networking.k8s.io/v1alpha3 BackendTLSPolicy apps/web line 6",
             "networking.istio.io/v1alpha3 EnvoyFilter default/lua line 1",
-            "gateway.networking.k8s.io/v1 HTTPRoute apps/web line 6",
             "extensions.istio.io/v1alpha1 WasmPlugin istio-system/mesh-default line 11",
         ],
         "{configz}"
     );
 
     let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
-    for kind in ["EnvoyFilter", "HTTPRoute", "WasmPlugin"] {
+    for kind in ["EnvoyFilter", "BackendTLSPolicy", "WasmPlugin"] {
         assert_eq!(
             metric(
                 &metrics,

@@ -19,6 +19,7 @@ mod deploy;
 mod drain;
 mod eureka;
 mod federation;
+mod gateway_api;
 mod gateway_simulation;
 mod grpc_security;
 mod headless;

@@ -223,7 +223,10 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
         .unwrap();
     // One object of every Istio kind (an empty spec: valid or rejected, each gets a
     // status).
-    for kind in meshfed_registry::config::Kind::ALL {
+    for kind in meshfed_registry::config::Kind::ALL
+        .into_iter()
+        .filter(|k| !k.is_gateway_api())
+    {
         c1.apply_custom(&objects::istio(
             kind.versions()[0],
             kind.as_str(),
@@ -231,6 +234,44 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
             "status-probe",
             serde_json::json!({}),
         ));
+    }
+    // The Gateway API kinds (their CRDs, GatewayClass cluster-scoped), one object each:
+    // watched, and their status written from the translation.
+    for kind in meshfed_registry::config::Kind::ALL
+        .into_iter()
+        .filter(|k| k.is_gateway_api())
+    {
+        let mut crd =
+            CustomResource::new(kind.group(), kind.as_str(), kind.plural(), kind.versions());
+        crd.namespaced = kind != meshfed_registry::config::Kind::GatewayClass;
+        c1.install_crd(crd);
+        let spec = match kind {
+            meshfed_registry::config::Kind::GatewayClass => {
+                serde_json::json!({"controllerName": "istio.io/gateway-controller"})
+            }
+            meshfed_registry::config::Kind::KubernetesGateway => serde_json::json!({
+                "gatewayClassName": "istio",
+                "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}],
+            }),
+            meshfed_registry::config::Kind::ReferenceGrant => serde_json::json!({
+                "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "other"}],
+                "to": [{"group": "", "kind": "Service"}],
+            }),
+            meshfed_registry::config::Kind::TCPRoute | meshfed_registry::config::Kind::TLSRoute => {
+                serde_json::json!({"parentRefs": [{"name": "status-probe"}], "rules": [{"backendRefs": [{"name": "svc", "port": 80}]}]})
+            }
+            _ => serde_json::json!({"parentRefs": [{"name": "status-probe"}]}),
+        };
+        let mut object = serde_json::json!({
+            "apiVersion": kind.api_version(),
+            "kind": kind.as_str(),
+            "metadata": {"name": "status-probe", "namespace": "default"},
+            "spec": spec,
+        });
+        if kind == meshfed_registry::config::Kind::GatewayClass {
+            object["metadata"] = serde_json::json!({"name": "istio"});
+        }
+        c1.apply_custom(&object);
     }
     let http = server.bound().http;
     let c1_ref = &c1;

@@ -228,6 +228,7 @@ async fn only_the_leader_writes_and_its_calls_are_rate_limited() {
                 DesiredStatus {
                     reconciled: Some(Progress { acked: 1, total: 1 }),
                     messages: vec![],
+                    ..Default::default()
                 },
             )
         })

@@ -46,6 +46,20 @@ pub enum ConfigKind {
     WorkloadGroup,
     /// Metrics, access logging and tracing of workloads.
     Telemetry,
+    /// A Gateway API GatewayClass.
+    GatewayClass,
+    /// A Gateway API Gateway.
+    KubernetesGateway,
+    /// A Gateway API HTTPRoute.
+    HTTPRoute,
+    /// A Gateway API GRPCRoute.
+    GRPCRoute,
+    /// A Gateway API ReferenceGrant.
+    ReferenceGrant,
+    /// A Gateway API TCPRoute.
+    TCPRoute,
+    /// A Gateway API TLSRoute.
+    TLSRoute,
     /// Only the endpoints of a service changed: EDS for that hostname only.
     Endpoints,
     /// The mesh-wide configuration.

@@ -304,7 +304,7 @@ impl Collector for KubeConfigMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
         let stats = self.0.stats();
         let per_kind = |f: fn(&KubeConfigStats, Kind) -> u64| {
-            Kind::ALL.map(|kind| (kind.as_str(), f(stats, kind) as i64))
+            Kind::ALL.map(|kind| (kind.label(), f(stats, kind) as i64))
         };
         encode_gauges(
             &mut encoder,
@@ -430,7 +430,14 @@ mod tests {
                 "requestauthentications",
                 "authorizationpolicies",
                 "workloadgroups",
-                "telemetries"
+                "telemetries",
+                "gatewayclasses",
+                "gateways",
+                "httproutes",
+                "grpcroutes",
+                "referencegrants",
+                "tcproutes",
+                "tlsroutes"
             ]
         );
         for kind in Kind::ALL {
@@ -502,7 +509,7 @@ mod metrics_tests {
             (
                 "meshfed_kube_config_objects",
                 "Valid Istio config objects read from the Kubernetes API server, by kind",
-                [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
             ),
             (
                 "meshfed_kube_config_watch_errors",
@@ -517,7 +524,7 @@ mod metrics_tests {
         ] {
             expected += &format!("# HELP {name} {help}\n# TYPE {name} gauge\n");
             for (kind, n) in Kind::ALL.iter().zip(rows) {
-                expected += &format!("{name}{{kind=\"{}\"}} {n}\n", kind.as_str());
+                expected += &format!("{name}{{kind=\"{}\"}} {n}\n", kind.label());
             }
         }
         expected += "# HELP meshfed_kube_config_rejections Invalid Istio config objects from the Kubernetes API server logged and rejected\n\

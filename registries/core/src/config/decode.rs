@@ -132,8 +132,8 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
         };
     }
     let group = api_version.split_once('/').map_or("", |(g, _)| g);
-    let kind = match Kind::from_name(kind_name) {
-        Some(kind) if group == kind.group() => kind,
+    let kind = match Kind::from_group_kind(group, kind_name) {
+        Some(kind) => kind,
         _ => {
             return Decoded::Skipped(SkippedObject {
                 api_version: api_version.to_string(),

@@ -2,7 +2,7 @@
 //!
 //! A config file may hold objects of other groups (`apps/v1 Deployment`) or of Istio
 //! kinds meshfed does not declare yet ([`crate::config::kinds`]: `EnvoyFilter`,
-//! `Telemetry`, Gateway API's `HTTPRoute`, ...). They are not applied. `meshfed
+//! Gateway API's `BackendTLSPolicy`, ...). They are not applied. `meshfed
 //! validate` warns about each one (and fails with `--strict`); a store fed from files
 //! lists them ([`ConfigStore::ignored`], shown under `ignored` in `/debug/configz` and
 //! counted by `meshfed_config_ignored{kind}`) and logs one WARN per kind the first time
@@ -128,12 +128,16 @@ mod tests {
         log.replace(vec![
             ignored("networking.istio.io/v1alpha3", "EnvoyFilter", "a"),
             ignored("networking.istio.io/v1alpha3", "EnvoyFilter", "b"),
-            ignored("gateway.networking.k8s.io/v1", "HTTPRoute", "r"),
+            ignored(
+                "gateway.networking.k8s.io/v1alpha3",
+                "BackendTLSPolicy",
+                "r",
+            ),
         ]);
         assert_eq!(
             log.warned(),
             [
-                "gateway.networking.k8s.io/HTTPRoute",
+                "gateway.networking.k8s.io/BackendTLSPolicy",
                 "networking.istio.io/EnvoyFilter"
             ]
         );

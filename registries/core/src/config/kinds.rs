@@ -20,8 +20,9 @@ use meshfed_api::telemetry::v1alpha1 as tel;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::config::gateway_api::{self as gw, validate as gwv};
 use crate::config::spec_json::decode_spec;
-use crate::config::validate::{self as v, FieldError, Validation};
+use crate::config::validate::{self as v, FieldError, Validation, Warning};
 use crate::events::ConfigKind;
 
 /// An API group and the versions of it that are read (one schema), preferred first.
@@ -56,8 +57,132 @@ pub const TELEMETRY: Group = Group {
     api_version: "telemetry.istio.io/v1",
 };
 
+/// `gateway.networking.k8s.io`, versions `v1`, `v1beta1`, `v1alpha2`: the Kubernetes
+/// Gateway API's standard kinds (one schema; `v1alpha2` is read for old objects).
+pub const GATEWAY_API: Group = Group {
+    name: "gateway.networking.k8s.io",
+    versions: &["v1", "v1beta1", "v1alpha2"],
+    api_version: "gateway.networking.k8s.io/v1",
+};
+
+/// `gateway.networking.k8s.io`, versions `v1alpha2`, `v1alpha3`: the Gateway API's
+/// experimental kinds (TCPRoute, TLSRoute).
+pub const GATEWAY_API_ALPHA: Group = Group {
+    name: "gateway.networking.k8s.io",
+    versions: &["v1alpha2", "v1alpha3"],
+    api_version: "gateway.networking.k8s.io/v1alpha2",
+};
+
 /// Every group some kind belongs to, in discovery order.
-pub const GROUPS: [Group; 3] = [NETWORKING, SECURITY, TELEMETRY];
+pub const GROUPS: [Group; 5] = [
+    NETWORKING,
+    SECURITY,
+    TELEMETRY,
+    GATEWAY_API,
+    GATEWAY_API_ALPHA,
+];
+
+/// How a spec type is read and written besides its serde form: the Istio kinds are
+/// protos; the Gateway API kinds are plain serde types that travel over MCP as a
+/// `google.protobuf.Struct` (as istiod sends kinds that are not protos).
+pub trait SpecType: Sized + Serialize {
+    /// The full name of the message the spec travels as on the wire.
+    fn message_name() -> String;
+    /// Reads the spec from its JSON form, strictly; errors name the field.
+    fn from_json(value: &Value) -> Result<Self, Vec<FieldError>>;
+    /// Reads the spec from its wire form.
+    fn decode_proto(bytes: &[u8]) -> Result<Self, prost::DecodeError>;
+    /// The spec in its wire form.
+    fn encode_proto(&self) -> Vec<u8>;
+    /// Warnings for the fields set that meshfed does not act on.
+    fn unsupported_fields(&self) -> Vec<Warning>;
+}
+
+impl<T> SpecType for T
+where
+    T: prost::Name + prost::Message + Default + serde::de::DeserializeOwned + Serialize,
+{
+    fn message_name() -> String {
+        T::full_name()
+    }
+
+    fn from_json(value: &Value) -> Result<Self, Vec<FieldError>> {
+        decode_spec(value)
+    }
+
+    fn decode_proto(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
+        T::decode(bytes)
+    }
+
+    fn encode_proto(&self) -> Vec<u8> {
+        self.encode_to_vec()
+    }
+
+    fn unsupported_fields(&self) -> Vec<Warning> {
+        crate::config::spec_json::unsupported_fields(&T::full_name(), self)
+    }
+}
+
+/// The Gateway API specs are serde types, not protos: on the wire they are a
+/// `google.protobuf.Struct` (as istiod sends kinds that are not protos).
+/// The name of the message the Gateway API specs travel as.
+const STRUCT: &str = "google.protobuf.Struct";
+
+macro_rules! struct_specs {
+    ($($t:ty),* $(,)?) => {$(
+        impl SpecType for $t {
+            fn message_name() -> String {
+                STRUCT.to_string()
+            }
+
+            fn from_json(value: &Value) -> Result<Self, Vec<FieldError>> {
+                crate::config::spec_json::decode_typed(value).map_err(|e| vec![e])
+            }
+
+            // A Struct that decodes but is not a valid spec is reported as a decode
+            // error, the only error the wire path carries.
+            #[allow(deprecated)]
+            fn decode_proto(bytes: &[u8]) -> Result<Self, prost::DecodeError> {
+                let body = <pbjson_types::Struct as prost::Message>::decode(bytes)?;
+                let value = serde_json::to_value(&body)
+                    .map_err(|e| prost::DecodeError::new(e.to_string()))?;
+                serde_json::from_value(value).map_err(|e| prost::DecodeError::new(e.to_string()))
+            }
+
+            fn encode_proto(&self) -> Vec<u8> {
+                let body = serde_json::to_value(self)
+                    .ok()
+                    .and_then(|v| serde_json::from_value::<pbjson_types::Struct>(v).ok())
+                    .unwrap_or_default();
+                prost::Message::encode_to_vec(&body)
+            }
+
+            fn unsupported_fields(&self) -> Vec<Warning> {
+                Vec::new()
+            }
+        }
+    )*};
+}
+
+struct_specs!(
+    gw::GatewayClassSpec,
+    gw::GatewaySpec,
+    gw::HttpRouteSpec,
+    gw::GrpcRouteSpec,
+    gw::ReferenceGrantSpec,
+    gw::TcpRouteSpec,
+    gw::TlsRouteSpec,
+);
+
+/// The kind name of a declaration: its own name when given, else the variant's.
+macro_rules! kind_name {
+    ($variant:ident) => {
+        stringify!($variant)
+    };
+    ($variant:ident $name:literal) => {
+        $name
+    };
+}
 
 /// What a kind's objects feed on the serving side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -159,6 +284,9 @@ impl Readers {
 pub struct KindInfo {
     /// The Kubernetes kind name (`VirtualService`).
     pub kind: &'static str,
+    /// A name unique among the kinds (the [`Kind`] variant's: `KubernetesGateway` for
+    /// the Gateway API's `Gateway`), for metric labels.
+    pub label: &'static str,
     /// Its API group and versions.
     pub group: Group,
     /// The plural resource name (`virtualservices`): the CRD's collection.
@@ -188,7 +316,7 @@ macro_rules! declare_kinds {
         kinds {
             $(
                 $(#[$doc:meta])*
-                $variant:ident {
+                $variant:ident $(as $name:literal)? {
                     spec: $spec:ty,
                     group: $group:expr,
                     plural: $plural:literal,
@@ -212,7 +340,8 @@ macro_rules! declare_kinds {
 
         const KINDS: [KindInfo; COUNT] = [$(
             KindInfo {
-                kind: stringify!($variant),
+                kind: kind_name!($variant $($name)?),
+                label: stringify!($variant),
                 group: $group,
                 plural: $plural,
                 config_kind: ConfigKind::$variant,
@@ -229,7 +358,7 @@ macro_rules! declare_kinds {
             /// (`istio.networking.v1alpha3.VirtualService`).
             pub fn message_name(self) -> String {
                 match self {
-                    $( Kind::$variant => <$spec as prost::Name>::full_name(), )*
+                    $( Kind::$variant => <$spec as SpecType>::message_name(), )*
                 }
             }
         }
@@ -269,7 +398,7 @@ macro_rules! declare_kinds {
                 let empty = Value::Object(serde_json::Map::new());
                 let value = if value.is_null() { &empty } else { value };
                 Ok(match kind {
-                    $( Kind::$variant => Spec::$variant(decode_spec(value)?), )*
+                    $( Kind::$variant => Spec::$variant(<$spec as SpecType>::from_json(value)?), )*
                 })
             }
 
@@ -277,8 +406,15 @@ macro_rules! declare_kinds {
             /// body of an MCP `Resource`).
             pub fn decode_proto(kind: Kind, bytes: &[u8]) -> Result<Spec, prost::DecodeError> {
                 Ok(match kind {
-                    $( Kind::$variant => Spec::$variant(<$spec as prost::Message>::decode(bytes)?), )*
+                    $( Kind::$variant => Spec::$variant(<$spec as SpecType>::decode_proto(bytes)?), )*
                 })
+            }
+
+            /// The spec in its wire form (the body of an MCP `Resource`).
+            pub fn encode_proto(&self) -> Vec<u8> {
+                match self {
+                    $( Spec::$variant(spec) => SpecType::encode_proto(spec), )*
+                }
             }
 
             /// Validates the spec with the rules of its kind; `namespace` is the
@@ -296,10 +432,7 @@ macro_rules! declare_kinds {
             /// does not act on ([`crate::config::spec_json::NOT_ACTED_ON`]).
             pub fn unsupported_fields(&self) -> Vec<crate::config::validate::Warning> {
                 match self {
-                    $( Spec::$variant(spec) => crate::config::spec_json::unsupported_fields(
-                        &<$spec as prost::Name>::full_name(),
-                        spec,
-                    ), )*
+                    $( Spec::$variant(spec) => SpecType::unsupported_fields(spec), )*
                 }
             }
         }
@@ -453,8 +586,79 @@ declare_kinds! {
             feeds: Feeds::ConfigIndex,
             readers: Readers::NONE.with(Reader::Listeners),
         },
+        /// A class of Gateway API Gateways and the controller that serves it.
+        GatewayClass {
+            spec: gw::GatewayClassSpec,
+            group: GATEWAY_API,
+            plural: "gatewayclasses",
+            validate: |_, s| gwv::validate_gateway_class(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
+        /// A Gateway API Gateway: translated to Istio Gateways
+        /// ([`crate::config::gateway_api::convert`]).
+        KubernetesGateway as "Gateway" {
+            spec: gw::GatewaySpec,
+            group: GATEWAY_API,
+            plural: "gateways",
+            validate: |_, s| gwv::validate_gateway(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
+        /// HTTP routes of Gateway API Gateways or of Services (mesh).
+        HTTPRoute {
+            spec: gw::HttpRouteSpec,
+            group: GATEWAY_API,
+            plural: "httproutes",
+            validate: |_, s| gwv::validate_http_route(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
+        /// gRPC routes of Gateway API Gateways or of Services (mesh).
+        GRPCRoute {
+            spec: gw::GrpcRouteSpec,
+            group: GATEWAY_API,
+            plural: "grpcroutes",
+            validate: |_, s| gwv::validate_grpc_route(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
+        /// Who may refer to objects of another namespace.
+        ReferenceGrant {
+            spec: gw::ReferenceGrantSpec,
+            group: GATEWAY_API,
+            plural: "referencegrants",
+            validate: |_, s| gwv::validate_reference_grant(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
+        /// TCP routes of Gateway API Gateways.
+        TCPRoute {
+            spec: gw::TcpRouteSpec,
+            group: GATEWAY_API_ALPHA,
+            plural: "tcproutes",
+            validate: |_, s| gwv::validate_tcp_route(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
+        /// TLS (SNI) routes of Gateway API Gateways.
+        TLSRoute {
+            spec: gw::TlsRouteSpec,
+            group: GATEWAY_API_ALPHA,
+            plural: "tlsroutes",
+            validate: |_, s| gwv::validate_tls_route(s),
+            feeds: Feeds::ConfigIndex,
+            readers: GATEWAY_API_READERS,
+        },
     }
 }
+
+/// The Gateway API kinds become Istio Gateways and VirtualServices (which every
+/// family but the name table reads) and authorize `kubernetes-gateway://` credential
+/// names (SDS).
+const GATEWAY_API_READERS: Readers = Readers::DEFAULT
+    .without(Reader::NameTable)
+    .with(Reader::Secrets);
 
 impl Kind {
     /// Everything declared about the kind.
@@ -487,14 +691,43 @@ impl Kind {
         self.info().kind
     }
 
+    /// A name unique among the kinds, for metric labels (`KubernetesGateway` for the
+    /// Gateway API's `Gateway`; the kind name otherwise).
+    pub fn label(self) -> &'static str {
+        self.info().label
+    }
+
     /// The plural resource name (`virtualservices`).
     pub fn plural(self) -> &'static str {
         self.info().plural
     }
 
-    /// The kind of a Kubernetes kind name (exact spelling).
+    /// The kind of a Kubernetes kind name (exact spelling). `Gateway` is Istio's; use
+    /// [`Kind::from_group_kind`] where the group is known.
     pub fn from_name(kind: &str) -> Option<Kind> {
         Kind::ALL.into_iter().find(|k| k.as_str() == kind)
+    }
+
+    /// The kind of a group and Kubernetes kind name (exact spelling).
+    pub fn from_group_kind(group: &str, kind: &str) -> Option<Kind> {
+        Kind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == kind && k.group() == group)
+    }
+
+    /// A `gateway.networking.k8s.io` kind.
+    pub fn is_gateway_api(self) -> bool {
+        self.group() == GATEWAY_API.name
+    }
+
+    /// The version named in MCP type URLs (`<group>/<version>/<kind>`): the one of the
+    /// kind's proto package, or the preferred version for the kinds that are not protos.
+    pub fn mcp_version(self) -> String {
+        if self.is_gateway_api() {
+            return self.versions()[0].to_string();
+        }
+        let message = self.message_name();
+        message.rsplit('.').nth(1).unwrap_or_default().to_string()
     }
 
     /// The [`ConfigKind`] of push keys for objects of this kind.
@@ -525,9 +758,10 @@ mod tests {
         for (i, kind) in Kind::ALL.into_iter().enumerate() {
             let info = kind.info();
             assert_eq!(kind as usize, i);
-            assert_eq!(info.kind, format!("{kind:?}"));
+            assert!(format!("{kind:?}").ends_with(info.kind), "{kind:?}");
+            assert_eq!(info.label, format!("{kind:?}"));
+            assert_eq!(Kind::from_group_kind(kind.group(), info.kind), Some(kind));
             assert_eq!(info.config_kind.object_kind(), Some(kind));
-            assert_eq!(Kind::from_name(info.kind), Some(kind));
             assert!(GROUPS.contains(&info.group), "{kind}");
             assert!(
                 info.plural.chars().all(|c| c.is_ascii_lowercase()),

@@ -20,6 +20,7 @@
 
 pub mod decode;
 pub mod file_store;
+pub mod gateway_api;
 pub mod ignored;
 pub mod kinds;
 pub mod model;

@@ -136,6 +136,8 @@ fn reports(
             .map(|p| (&*p.obj, p.file.as_path())),
     );
     assembly.warnings.extend(across);
+    let gateway_api = gateway_api_findings(&assembly);
+    assembly.warnings.extend(gateway_api);
     parsed
         .iter()
         .map(|file| {
@@ -185,6 +187,58 @@ fn reports(
             }
         })
         .collect()
+}
+
+/// What the Gateway API translation reports about the objects (routes that attach to
+/// nothing, refs not permitted, listeners that cannot be served), as warnings naming
+/// the object and field. Offline, every backend Service is taken to exist and no
+/// namespace's labels are known.
+fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Diagnostic> {
+    use crate::config::gateway_api::convert;
+    let objects: Vec<std::sync::Arc<crate::config::ConfigObject>> = assembly
+        .objects
+        .values()
+        .filter(|p| p.obj.kind.is_gateway_api())
+        .map(|p| p.obj.clone())
+        .collect();
+    if objects.is_empty() {
+        return Vec::new();
+    }
+    let output = convert::convert(&convert::Inputs {
+        objects: &objects,
+        domain: "cluster.local",
+        controller: crate::config::gateway_api::DEFAULT_CONTROLLER,
+        service_exists: &|_| true,
+        namespace_labels: &|_| None,
+        service_addresses: &|_| Vec::new(),
+    });
+    let mut out = Vec::new();
+    for status in &output.status {
+        let Some(placed) = assembly.objects.values().find(|p| {
+            p.obj.kind == status.kind
+                && p.obj.namespace == status.namespace
+                && p.obj.name == status.name
+        }) else {
+            continue;
+        };
+        for (field, message) in status.findings() {
+            out.push(Diagnostic {
+                severity: crate::config::source::Severity::Warning,
+                file: placed.file.clone(),
+                line: placed
+                    .obj
+                    .source
+                    .rsplit_once(':')
+                    .and_then(|(_, l)| l.parse().ok()),
+                kind: placed.obj.kind.as_str().to_string(),
+                namespace: placed.obj.namespace.clone(),
+                name: placed.obj.name.clone(),
+                field,
+                message,
+            });
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -124,7 +124,7 @@ pub(crate) fn path_from(text: &str) -> FieldPath {
 }
 
 /// Reads a spec message, naming the failing field on error.
-fn decode_typed<T: DeserializeOwned>(value: &Value) -> Result<T, FieldError> {
+pub(crate) fn decode_typed<T: DeserializeOwned>(value: &Value) -> Result<T, FieldError> {
     serde_path_to_error::deserialize::<_, T>(value).map_err(|e| {
         let mut segments = vec![Segment::Field("spec".to_string())];
         for segment in e.path().iter() {

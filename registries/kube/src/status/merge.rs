@@ -110,6 +110,7 @@ mod tests {
                 "SchemaValidationError",
                 Level::Error,
             )],
+            ..Default::default()
         }
     }
 
@@ -155,6 +156,7 @@ mod tests {
             &DesiredStatus {
                 reconciled: Some(Progress { acked: 0, total: 0 }),
                 messages: vec![],
+                ..Default::default()
             },
             Some(2),
             "t",

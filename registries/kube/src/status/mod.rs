@@ -24,6 +24,7 @@
 //!   observedGeneration: "2"
 //! ```
 
+mod gateway_api;
 mod merge;
 mod rate;
 mod writer;
@@ -34,6 +35,7 @@ use std::sync::Arc;
 use meshfed_registry::config::ObjectId;
 use serde::Serialize;
 
+pub use gateway_api::merged_gateway_status;
 pub use merge::merged_status;
 pub use rate::TokenBucket;
 pub use writer::{StatusSettings, StatusStats, StatusWriter, run_status_writer};
@@ -104,6 +106,10 @@ pub struct DesiredStatus {
     /// Every validation message, sorted (written as `validationMessages`; empty
     /// removes the field).
     pub messages: Vec<ValidationMessage>,
+    /// For a Gateway API object: the Gateway API status the translation computed (as
+    /// JSON text), written instead of Istio's shape (`reconciled` and `messages` are
+    /// then unused), with the controller name owning its route parent entries.
+    pub gateway_api: Option<(String, String)>,
 }
 
 /// The desired status of every object, as the server last computed it.

@@ -221,19 +221,36 @@ async fn write_one(
     let Some(resource) = api_resource(store, id.kind) else {
         return Ok(None);
     };
-    let api = Api::<DynamicObject>::namespaced_with(client.clone(), &id.namespace, &resource);
+    // GatewayClasses are cluster-scoped.
+    let api = if id.kind == Kind::GatewayClass {
+        Api::<DynamicObject>::all_with(client.clone(), &resource)
+    } else {
+        Api::<DynamicObject>::namespaced_with(client.clone(), &id.namespace, &resource)
+    };
     bucket.acquire().await;
     let mut object = api.get_status(&id.name).await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     let now = k8s_openapi::jiff::Timestamp::from_second(now.as_second())
         .unwrap_or(now)
         .to_string();
-    let Some(next) = merged_status(
-        object.data.get("status"),
-        status,
-        object.metadata.generation,
-        &now,
-    ) else {
+    let next = match &status.gateway_api {
+        Some((desired, controller)) => serde_json::from_str(desired).ok().and_then(|desired| {
+            super::merged_gateway_status(
+                object.data.get("status"),
+                &desired,
+                object.metadata.generation,
+                controller,
+                &now,
+            )
+        }),
+        None => merged_status(
+            object.data.get("status"),
+            status,
+            object.metadata.generation,
+            &now,
+        ),
+    };
+    let Some(next) = next else {
         return Ok(None);
     };
     object.data["status"] = next;

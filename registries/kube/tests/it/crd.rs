@@ -49,6 +49,21 @@ fn spec(kind: Kind, variant: u32) -> Value {
         Kind::Telemetry => {
             json!({"tracing": [{"randomSamplingPercentage": f64::from(variant % 100)}]})
         }
+        Kind::GatewayClass => json!({"controllerName": format!("example.com/c{variant}")}),
+        Kind::KubernetesGateway => json!({
+            "gatewayClassName": "istio",
+            "listeners": [{"name": "http", "port": 80 + variant, "protocol": "HTTP"}],
+        }),
+        Kind::HTTPRoute | Kind::GRPCRoute => {
+            json!({"parentRefs": [{"name": format!("gw{variant}")}]})
+        }
+        Kind::ReferenceGrant => json!({
+            "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": format!("ns{variant}")}],
+            "to": [{"group": "", "kind": "Service"}],
+        }),
+        Kind::TCPRoute | Kind::TLSRoute => {
+            json!({"rules": [{"backendRefs": [{"name": "svc", "port": 80 + variant}]}]})
+        }
     }
 }
 
@@ -176,6 +191,11 @@ fn key(kind: Kind, ns: &str, name: &str) -> String {
     ConfigKey::new(kind.config_kind(), name, ns).to_string()
 }
 
+/// The kinds of the Istio groups (the CRDs `CustomResource::istio` installs).
+fn istio_kinds() -> impl Iterator<Item = Kind> {
+    Kind::ALL.into_iter().filter(|k| !k.is_gateway_api())
+}
+
 async fn with_istio_crds(versions: &[&str]) -> FakeApiServer {
     let api = FakeApiServer::start().await.expect("fake API server");
     api.install_crds(CustomResource::istio(versions));
@@ -200,11 +220,11 @@ async fn every_kind_is_created_updated_and_deleted_through_the_api() {
         BTreeSet::from([key(Kind::VirtualService, "ns", "early")]),
         "the initial list is announced at sync"
     );
-    for kind in Kind::ALL {
+    for kind in istio_kinds() {
         assert_eq!(s.store.served_version(kind), Some("v1"), "{kind}");
     }
 
-    for kind in Kind::ALL {
+    for kind in istio_kinds() {
         let name = kind.as_str().to_lowercase();
         // ServiceEntries and WorkloadEntries push through their registry; kinds that
         // feed nothing yet (WorkloadGroup) do not push.
@@ -422,10 +442,10 @@ async fn a_410_relists_without_losing_changes() {
     s.pushed();
 
     // Bookmarks move the watchers' versions without changing anything.
-    s.watching(Kind::ALL.len()).await;
+    s.watching(istio_kinds().count()).await;
     assert_eq!(
         s.api.bookmark(),
-        Kind::ALL.len(),
+        istio_kinds().count(),
         "one bookmark-enabled watch per kind"
     );
 
@@ -516,7 +536,7 @@ async fn discovery_picks_v1beta1_when_only_that_and_older_are_served() {
         spec(Kind::DestinationRule, 1),
     ));
     let mut s = Running::synced(api).await;
-    for kind in Kind::ALL {
+    for kind in istio_kinds() {
         // telemetry.istio.io serves neither version: its kind is not served.
         let want = kind.versions().contains(&"v1beta1").then_some("v1beta1");
         assert_eq!(s.store.served_version(kind), want, "{kind}");
@@ -545,6 +565,70 @@ async fn discovery_picks_v1beta1_when_only_that_and_older_are_served() {
             .any(|p| p.starts_with("/apis/networking.istio.io/v1/")
                 || p.starts_with("/apis/networking.istio.io/v1alpha3/")),
         "only the preferred served version is read: {paths:?}"
+    );
+    s.stop().await;
+}
+
+/// The Gateway API kinds are watched once their CRDs are installed (rediscovery), in
+/// the version each kind is served in, beside the Istio kinds; the Gateway API's
+/// `Gateway` and Istio's do not meet.
+#[tokio::test]
+async fn gateway_api_kinds_are_watched_once_their_crds_are_installed() {
+    const GATEWAY_API: &str = "gateway.networking.k8s.io";
+    let api = with_istio_crds(&["v1"]).await;
+    let config = KubeConfigStoreConfig {
+        rediscover_every: Duration::from_millis(20),
+        ..KubeConfigStoreConfig::new("c1")
+    };
+    let mut s = Running::start(api, config).await;
+    assert!(
+        s.store.has_synced(),
+        "not blocked by the absent Gateway API CRDs"
+    );
+    assert_eq!(s.store.served_version(Kind::HTTPRoute), None);
+    s.api.apply_custom(&istio(
+        "v1",
+        "Gateway",
+        "ns",
+        "istio-gw",
+        spec(Kind::Gateway, 1),
+    ));
+
+    for (kind, plural, versions) in [
+        ("Gateway", "gateways", &["v1", "v1beta1"][..]),
+        ("HTTPRoute", "httproutes", &["v1", "v1beta1"][..]),
+        ("TCPRoute", "tcproutes", &["v1alpha2"][..]),
+    ] {
+        s.api
+            .install_crd(CustomResource::new(GATEWAY_API, kind, plural, versions));
+    }
+    for (kind, version, name) in [
+        (Kind::KubernetesGateway, "v1", "gw"),
+        (Kind::HTTPRoute, "v1", "web"),
+        (Kind::TCPRoute, "v1alpha2", "db"),
+    ] {
+        s.api.apply_custom(&json!({
+            "apiVersion": format!("{GATEWAY_API}/{version}"),
+            "kind": kind.as_str(),
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": spec(kind, 1),
+        }));
+        s.until(name, |st| st.get(kind, "ns", name)).await;
+        assert_eq!(s.store.served_version(kind), Some(version), "{kind:?}");
+    }
+    s.until("the Istio gateway", |st| {
+        st.get(Kind::Gateway, "ns", "istio-gw")
+    })
+    .await;
+    assert_eq!(
+        s.store.get(Kind::Gateway, "ns", "gw").map(|o| o.kind),
+        None,
+        "the Gateway API's gw is not an Istio Gateway"
+    );
+    assert_eq!(
+        s.store.served_version(Kind::GRPCRoute),
+        None,
+        "not installed"
     );
     s.stop().await;
 }

@@ -1,0 +1,560 @@
+//! Gateways, their listeners, and which listeners a route's `parentRefs` attach it
+//! to (istiod's `referenceAllowed`): `allowedRoutes` kinds and namespaces, section
+//! name and port, hostname intersection; a parentRef to a Service is mesh (GAMMA).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::super::GROUP;
+use super::super::status::{Condition, ObjectStatus};
+use super::super::types::*;
+use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, reference_allowed};
+use crate::config::{ConfigObject, Kind};
+
+/// One listener of a Gateway this controller serves.
+pub struct Listener {
+    /// The listener as written.
+    pub spec: crate::config::gateway_api::types::Listener,
+    /// `<namespace>/<istio gateway name>`: what VirtualServices bind to.
+    pub internal_name: String,
+    /// The route kinds it allows.
+    pub kinds: Vec<String>,
+    /// Routes attached.
+    pub attached: usize,
+    /// A `ResolvedRefs` failure (certificate refs): reason and message.
+    pub unresolved: Option<(String, String)>,
+    /// An `Accepted` failure (protocol): reason and message.
+    pub not_accepted: Option<(String, String)>,
+    /// The Istio server (proto3 JSON); `None` when the listener cannot be served.
+    server: Option<Value>,
+}
+
+/// A Gateway with its listeners.
+pub struct Gateway<'a> {
+    pub object: &'a ConfigObject,
+    pub spec: &'a GatewaySpec,
+    pub listeners: Vec<Listener>,
+    /// The hostnames of the services implementing it.
+    pub services: Vec<String>,
+}
+
+/// Where a route attached: a Gateway listener or a Service (mesh).
+#[derive(Clone, Debug)]
+pub struct RouteParent {
+    /// `<namespace>/<istio gateway name>`, or `mesh`.
+    pub internal_name: String,
+    /// The VirtualService hosts: the route's hostnames the listener accepts, or the
+    /// Service's hostname for mesh.
+    pub hosts: Vec<String>,
+    /// The port a mesh parentRef names.
+    pub port: Option<u32>,
+    /// Whether this is mesh (a Service parent).
+    pub mesh: bool,
+}
+
+/// Every Gateway this controller serves.
+pub struct Parents<'a> {
+    gateways: Vec<Gateway<'a>>,
+}
+
+fn default_kinds(protocol: &str) -> Vec<String> {
+    match protocol {
+        "HTTP" | "HTTPS" => vec!["HTTPRoute".into(), "GRPCRoute".into()],
+        "TLS" => vec!["TLSRoute".into()],
+        "TCP" => vec!["TCPRoute".into()],
+        _ => Vec::new(),
+    }
+}
+
+/// Whether `host` (a route hostname) and `listener` (a listener hostname) intersect:
+/// the more specific of the two, if so.
+fn intersect(host: &str, listener: Option<&str>) -> Option<String> {
+    let Some(listener) = listener else {
+        return Some(host.to_string());
+    };
+    let covers = |wild: &str, name: &str| {
+        wild.strip_prefix('*')
+            .is_some_and(|suffix| name.ends_with(suffix) && name.len() > suffix.len())
+    };
+    if host == listener || covers(listener, host) {
+        Some(host.to_string())
+    } else if covers(host, listener) || host == "*" {
+        Some(listener.to_string())
+    } else {
+        None
+    }
+}
+
+impl<'a> Parents<'a> {
+    pub fn new(
+        gateways: &[Obj<'a, GatewaySpec>],
+        grants: &[Obj<ReferenceGrantSpec>],
+        inputs: &Inputs,
+    ) -> Parents<'a> {
+        let gateways = gateways
+            .iter()
+            .map(|gw| {
+                let services: Vec<String> = {
+                    let named: Vec<String> = gw
+                        .spec
+                        .addresses
+                        .iter()
+                        .filter(|a| a.kind.as_deref() == Some("Hostname"))
+                        .map(|a| {
+                            if a.value.contains('.') {
+                                a.value.clone()
+                            } else {
+                                format!("{}.{}.svc.{}", a.value, gw.ns(), inputs.domain)
+                            }
+                        })
+                        .collect();
+                    if named.is_empty() {
+                        vec![format!(
+                            "{}-istio.{}.svc.{}",
+                            gw.name(),
+                            gw.ns(),
+                            inputs.domain
+                        )]
+                    } else {
+                        named
+                    }
+                };
+                let listeners = gw
+                    .spec
+                    .listeners
+                    .iter()
+                    .map(|l| listener(gw, l, grants))
+                    .collect();
+                Gateway {
+                    object: gw.object,
+                    spec: gw.spec,
+                    listeners,
+                    services,
+                }
+            })
+            .collect();
+        Parents { gateways }
+    }
+
+    /// Every Gateway and its listeners.
+    pub fn gateways(&self) -> impl Iterator<Item = (&Gateway<'a>, &[Listener])> {
+        self.gateways.iter().map(|g| (g, g.listeners.as_slice()))
+    }
+
+    /// Resolves a route's parentRefs: where it attaches, and per parentRef the
+    /// `Accepted` failure (reason, message) if any, with the parentRef as echoed.
+    pub fn attach(
+        &mut self,
+        kind: Kind,
+        route: &ConfigObject,
+        refs: &[ParentReference],
+        hostnames: &[String],
+        inputs: &Inputs,
+    ) -> Vec<(Value, Vec<RouteParent>, Option<(String, String)>)> {
+        let mut out = Vec::new();
+        for r in refs {
+            let group = r.group.clone().unwrap_or_else(|| GROUP.to_string());
+            let ref_kind = r.kind.clone().unwrap_or_else(|| "Gateway".to_string());
+            let ns = r
+                .namespace
+                .clone()
+                .unwrap_or_else(|| route.namespace.clone());
+            // Echoed as written (Istio's status names the fields the route set).
+            let mut echo = json!({"name": r.name});
+            if let Some(g) = &r.group {
+                echo["group"] = json!(g);
+            }
+            if let Some(k) = &r.kind {
+                echo["kind"] = json!(k);
+            }
+            if let Some(n) = &r.namespace {
+                echo["namespace"] = json!(n);
+            }
+            if let Some(s) = &r.section_name {
+                echo["sectionName"] = json!(s);
+            }
+            if let Some(p) = r.port {
+                echo["port"] = json!(p);
+            }
+            if (group.is_empty() || group == "core") && ref_kind == "Service" {
+                let host = format!("{}.{ns}.svc.{}", r.name, inputs.domain);
+                let parent = RouteParent {
+                    internal_name: "mesh".into(),
+                    hosts: vec![host],
+                    port: r.port,
+                    mesh: true,
+                };
+                out.push((echo, vec![parent], None));
+                continue;
+            }
+            if group != GROUP || ref_kind != "Gateway" {
+                out.push((
+                    echo,
+                    Vec::new(),
+                    Some((
+                        "InvalidKind".into(),
+                        format!("unsupported parentRef kind {group}/{ref_kind}"),
+                    )),
+                ));
+                continue;
+            }
+            let Some(gw) = self
+                .gateways
+                .iter_mut()
+                .find(|g| g.object.namespace == ns && g.object.name == r.name)
+            else {
+                out.push((
+                    echo,
+                    Vec::new(),
+                    Some(("NoMatchingParent".into(), "parent not found".into())),
+                ));
+                continue;
+            };
+            let mut attached = Vec::new();
+            let mut failure = None;
+            let mut any_section = false;
+            for l in gw.listeners.iter_mut() {
+                if r.section_name.as_ref().is_some_and(|s| *s != l.spec.name)
+                    || r.port.is_some_and(|p| p != l.spec.port)
+                {
+                    continue;
+                }
+                any_section = true;
+                if !l.kinds.iter().any(|k| k == kind.as_str()) {
+                    failure.get_or_insert((
+                        "NotAllowedByListeners".to_string(),
+                        format!("kind {}/{} is not allowed", GROUP, kind.as_str()),
+                    ));
+                    continue;
+                }
+                let routes = l
+                    .spec
+                    .allowed_routes
+                    .as_ref()
+                    .and_then(|a| a.namespaces.as_ref());
+                let from = routes.and_then(|n| n.from.as_deref()).unwrap_or("Same");
+                let allowed = match from {
+                    "All" => true,
+                    "Same" => route.namespace == gw.object.namespace,
+                    "Selector" => match (inputs.namespace_labels)(&route.namespace) {
+                        Some(labels) => routes
+                            .and_then(|n| n.selector.as_ref())
+                            .is_some_and(|s| s.matches(&labels)),
+                        None => {
+                            failure.get_or_insert((
+                                "NotAllowedByListeners".to_string(),
+                                format!(
+                                    "the labels of namespace {:?} are not known to meshfed (allowedRoutes.namespaces.from: Selector)",
+                                    route.namespace
+                                ),
+                            ));
+                            continue;
+                        }
+                    },
+                    _ => false,
+                };
+                let listener_host = l.spec.hostname.as_deref();
+                let hosts: Vec<String> = if hostnames.is_empty() {
+                    vec!["*".to_string()]
+                } else {
+                    hostnames
+                        .iter()
+                        .filter_map(|h| intersect(h, listener_host))
+                        .collect()
+                };
+                if !allowed {
+                    failure.get_or_insert((
+                        "NotAllowedByListeners".to_string(),
+                        format!(
+                            "hostnames matched parent hostname {:?}, but namespace {:?} is not allowed by the parent",
+                            listener_host.unwrap_or_default(),
+                            route.namespace
+                        ),
+                    ));
+                    continue;
+                }
+                if hosts.is_empty() {
+                    failure.get_or_insert((
+                        "NoMatchingListenerHostname".to_string(),
+                        format!(
+                            "no hostnames matched parent hostname {:?}",
+                            listener_host.unwrap_or_default()
+                        ),
+                    ));
+                    continue;
+                }
+                l.attached += 1;
+                attached.push(RouteParent {
+                    internal_name: l.internal_name.clone(),
+                    hosts,
+                    port: None,
+                    mesh: false,
+                });
+            }
+            if !any_section {
+                failure = Some((
+                    "NoMatchingParent".into(),
+                    match (&r.section_name, r.port) {
+                        (Some(s), _) => format!("sectionName {s:?} not found"),
+                        (None, Some(p)) => format!("port {p} not found"),
+                        _ => "parent has no listeners".into(),
+                    },
+                ));
+            }
+            let failure = if attached.is_empty() { failure } else { None };
+            out.push((echo, attached, failure));
+        }
+        out
+    }
+
+    /// The status of every Gateway.
+    pub fn status(&self, inputs: &Inputs) -> Vec<ObjectStatus> {
+        self.gateways
+            .iter()
+            .map(|g| {
+                let listeners: Vec<Value> = g
+                    .listeners
+                    .iter()
+                    .map(|l| {
+                        let accepted = match &l.not_accepted {
+                            None => Condition::ok("Accepted", "Accepted", "No errors found"),
+                            Some((r, m)) => Condition::failed("Accepted", r, m.clone()),
+                        };
+                        let conflicted = Condition::failed("Conflicted", "NoConflicts", "No errors found");
+                        let programmed = match (&l.not_accepted, &l.unresolved) {
+                            (None, None) => Condition::ok("Programmed", "Programmed", "No errors found"),
+                            _ => Condition::failed("Programmed", "Invalid", "Bad TLS configuration"),
+                        };
+                        let resolved = match &l.unresolved {
+                            None => Condition::ok("ResolvedRefs", "ResolvedRefs", "No errors found"),
+                            Some((r, m)) => Condition::failed("ResolvedRefs", r, m.clone()),
+                        };
+                        json!({
+                            "attachedRoutes": l.attached,
+                            "conditions": [accepted.to_json(), conflicted.to_json(), programmed.to_json(), resolved.to_json()],
+                            "name": l.spec.name,
+                            "supportedKinds": l.kinds.iter().map(|k| json!({"group": GROUP, "kind": k})).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                let mut ports: Vec<String> = g
+                    .services
+                    .iter()
+                    .flat_map(|s| g.listeners.iter().map(move |l| format!("{s}:{}", l.spec.port)))
+                    .collect();
+                ports.sort();
+                ports.dedup();
+                let addresses: Vec<Value> = g
+                    .services
+                    .iter()
+                    .flat_map(|s| {
+                        let ips = (inputs.service_addresses)(s);
+                        if ips.is_empty() {
+                            vec![json!({"type": "Hostname", "value": s})]
+                        } else {
+                            ips.into_iter().map(|ip| json!({"type": "IPAddress", "value": ip})).collect()
+                        }
+                    })
+                    .collect();
+                let unresolved = g.listeners.iter().any(|l| l.unresolved.is_some());
+                json!({
+                    "addresses": addresses,
+                    "conditions": [
+                        Condition::ok("Accepted", "Accepted", "Resource accepted").to_json(),
+                        Condition::failed("InsecureFrontendValidationMode", "", "AllowInsecureFallback mode is disabled for frontend validation").to_json(),
+                        Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", human_join(&ports))).to_json(),
+                        if unresolved {
+                            Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid").to_json()
+                        } else {
+                            Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved").to_json()
+                        },
+                    ],
+                    "listeners": listeners,
+                })
+            })
+            .zip(&self.gateways)
+            .map(|(status, g)| ObjectStatus::new(Kind::KubernetesGateway, g.object, status))
+            .collect()
+    }
+}
+
+/// `a`, `a and b`, `a, b, and c`: how istiod lists services in a message.
+fn human_join(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [a, b] => format!("{a} and {b}"),
+        [rest @ .., last] => format!("{}, and {last}", rest.join(", ")),
+    }
+}
+
+/// A listener: its allowed kinds, its TLS references checked, its Istio server.
+fn listener(
+    gw: &Obj<GatewaySpec>,
+    l: &crate::config::gateway_api::types::Listener,
+    grants: &[Obj<ReferenceGrantSpec>],
+) -> Listener {
+    let internal = format!("{}~{GENERATED}~{}", gw.name(), l.name);
+    let mut kinds: Vec<String> = match l.allowed_routes.as_ref().map(|a| &a.kinds) {
+        Some(k) if !k.is_empty() => k
+            .iter()
+            .filter(|k| k.group.as_deref().is_none_or(|g| g == GROUP))
+            .map(|k| k.kind.clone())
+            .filter(|k| default_kinds(&l.protocol).contains(k))
+            .collect(),
+        _ => default_kinds(&l.protocol),
+    };
+    kinds.dedup();
+    let mut not_accepted = None;
+    let mut unresolved = None;
+    // The namespaces whose VirtualServices may bind, as istiod scopes them: any for
+    // `All`, the Gateway's for `Same`; for `Selector` the matching namespaces are not
+    // known to the translation, so none (`~`, Istio's "no namespace").
+    let from = l
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+        .and_then(|n| n.from.as_deref())
+        .unwrap_or("Same");
+    let scope = match from {
+        "All" => "*",
+        "Same" => gw.ns(),
+        _ => "~",
+    };
+    let host = format!("{scope}/{}", l.hostname.as_deref().unwrap_or("*"));
+    let mut server = json!({
+        "hosts": [host],
+        "port": {"number": l.port, "name": l.name, "protocol": l.protocol},
+    });
+    match l.protocol.as_str() {
+        "HTTP" | "TCP" => {}
+        "HTTPS" | "TLS" => {
+            let tls = l.tls.clone().unwrap_or_default();
+            if tls.mode.as_deref() == Some("Passthrough") {
+                server["tls"] = json!({"mode": "PASSTHROUGH"});
+            } else {
+                let mut names = Vec::new();
+                for c in &tls.certificate_refs {
+                    let group = c.group.as_deref().unwrap_or("");
+                    let kind = c.kind.as_deref().unwrap_or("Secret");
+                    let ns = c.namespace.as_deref().unwrap_or(gw.ns());
+                    if !group.is_empty() || kind != "Secret" {
+                        unresolved = Some((
+                            "InvalidCertificateRef".to_string(),
+                            format!(
+                                "invalid certificate reference {group}/{kind}/{}, only secret is allowed",
+                                c.name
+                            ),
+                        ));
+                        continue;
+                    }
+                    if !reference_allowed(grants, "Gateway", gw.ns(), "", "Secret", ns, &c.name) {
+                        unresolved = Some((
+                            "RefNotPermitted".to_string(),
+                            format!(
+                                "certificateRef {ns}/{} not accessible to a Gateway in namespace {:?} (missing a ReferenceGrant?)",
+                                c.name,
+                                gw.ns()
+                            ),
+                        ));
+                        continue;
+                    }
+                    names.push(format!("kubernetes-gateway://{ns}/{}", c.name));
+                }
+                let mut t = json!({"mode": "SIMPLE"});
+                match names.len() {
+                    0 => {}
+                    1 => t["credentialName"] = json!(names[0]),
+                    _ => t["credentialNames"] = json!(names),
+                }
+                server["tls"] = t;
+            }
+        }
+        other => {
+            not_accepted = Some((
+                "UnsupportedProtocol".to_string(),
+                format!("protocol {other:?} is unsupported"),
+            ));
+        }
+    }
+    let serve = not_accepted.is_none() && unresolved.is_none();
+    Listener {
+        spec: l.clone(),
+        internal_name: format!("{}/{internal}", gw.ns()),
+        kinds,
+        attached: 0,
+        unresolved,
+        not_accepted,
+        server: serve.then_some(server),
+    }
+}
+
+impl Listener {
+    /// The Istio Gateway serving this listener, if it can be served.
+    pub fn istio_gateway(&self, gw: &Gateway, inputs: &Inputs) -> Option<ConfigObject> {
+        let server = self.server.as_ref()?;
+        let (_, name) = self.internal_name.split_once('/')?;
+        let mut annotations = BTreeMap::new();
+        annotations.insert(
+            "internal.istio.io/gateway-semantics".into(),
+            "gateway".into(),
+        );
+        annotations.insert(
+            "internal.istio.io/gateway-service".into(),
+            gw.services.join(","),
+        );
+        annotations.insert(
+            PARENTS_ANNOTATION.into(),
+            format!(
+                "Gateway/{}/{}.{}",
+                gw.object.name, self.spec.name, gw.object.namespace
+            ),
+        );
+        let manual = gw
+            .spec
+            .addresses
+            .iter()
+            .any(|a| a.kind.as_deref() == Some("Hostname"));
+        annotations.insert(
+            "internal.istio.io/service-account-name".into(),
+            if manual {
+                String::new()
+            } else {
+                format!("{}-istio", gw.object.name)
+            },
+        );
+        let _ = inputs;
+        generated(
+            Kind::Gateway,
+            &gw.object.namespace,
+            name,
+            annotations,
+            gw.object.creation_time,
+            &json!({"servers": [server]}),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::intersect;
+
+    #[test]
+    fn hostnames_intersect_to_the_more_specific() {
+        assert_eq!(
+            intersect("a.example", Some("*.example")).as_deref(),
+            Some("a.example")
+        );
+        assert_eq!(
+            intersect("*.example", Some("a.example")).as_deref(),
+            Some("a.example")
+        );
+        assert_eq!(intersect("a.other", Some("*.example")), None);
+        assert_eq!(intersect("a.other", None).as_deref(), Some("a.other"));
+        assert_eq!(
+            intersect("*.example", Some("*.example")).as_deref(),
+            Some("*.example")
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! The status istiod writes on Gateway API objects, computed as data by
+//! [`super::convert`]: GatewayClass `Accepted`; Gateway `Accepted`/`Programmed` with
+//! addresses, per-listener conditions and attached routes; a route's `parents[]` with
+//! `Accepted`/`ResolvedRefs` and Istio's reasons and messages. `/debug/configz` shows
+//! it, `meshfed validate` reports its failures, and the status writer (leader only,
+//! `--enableStatus`) writes it.
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::config::{ConfigObject, Kind};
+
+/// One condition (`lastTransitionTime` is set by the writer).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+impl Condition {
+    /// A `True` condition.
+    pub fn ok(kind: &str, reason: &str, message: &str) -> Condition {
+        Condition {
+            kind: kind.into(),
+            status: "True".into(),
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// A `False` condition.
+    pub fn failed(kind: &str, reason: &str, message: impl Into<String>) -> Condition {
+        Condition {
+            kind: kind.into(),
+            status: "False".into(),
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+
+    /// The Kubernetes form.
+    pub fn to_json(&self) -> Value {
+        json!({"type": self.kind, "status": self.status, "reason": self.reason, "message": self.message})
+    }
+}
+
+/// The computed status of one Gateway API object.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ObjectStatus {
+    /// `GatewayClass`, `KubernetesGateway` or a route kind.
+    pub kind: Kind,
+    pub namespace: String,
+    pub name: String,
+    /// The `status` field as istiod writes it.
+    pub status: Value,
+}
+
+impl ObjectStatus {
+    /// The status of `object`.
+    pub fn new(kind: Kind, object: &ConfigObject, status: Value) -> ObjectStatus {
+        ObjectStatus {
+            kind,
+            namespace: object.namespace.clone(),
+            name: object.name.clone(),
+            status,
+        }
+    }
+
+    /// The problems the status reports, each with the spec field it is about
+    /// (`spec.parentRefs[0]`, `spec.listeners[1]`, `spec.rules` for backends), for
+    /// `meshfed validate`.
+    pub fn findings(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        let bad = |c: &Value| {
+            let positive = !matches!(
+                c["type"].as_str(),
+                Some("Conflicted" | "InsecureFrontendValidationMode")
+            );
+            (c["status"] == "False") == positive
+        };
+        let text = |c: &Value| {
+            format!(
+                "{} {}: {}",
+                c["type"].as_str().unwrap_or_default(),
+                c["reason"].as_str().unwrap_or_default(),
+                c["message"].as_str().unwrap_or_default()
+            )
+        };
+        for (i, l) in self.status["listeners"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for c in l["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| bad(c))
+            {
+                let field = if c["type"] == "ResolvedRefs" {
+                    format!("spec.listeners[{i}].tls.certificateRefs")
+                } else {
+                    format!("spec.listeners[{i}]")
+                };
+                out.push((field, text(c)));
+            }
+        }
+        for (i, p) in self.status["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for c in p["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| bad(c))
+            {
+                let field = if c["type"] == "ResolvedRefs" {
+                    "spec.rules".to_string()
+                } else {
+                    format!("spec.parentRefs[{i}]")
+                };
+                out.push((field, text(c)));
+            }
+        }
+        out
+    }
+
+    /// The problems the status reports (a `False` condition that should be `True`),
+    /// as `field: reason: message`, for `/debug/configz`.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut check = |at: String, conditions: Option<&Value>| {
+            for c in conditions.and_then(Value::as_array).into_iter().flatten() {
+                let positive = !matches!(
+                    c["type"].as_str(),
+                    Some("Conflicted" | "InsecureFrontendValidationMode")
+                );
+                if (c["status"] == "False") == positive {
+                    out.push(format!(
+                        "{at}: {} {}: {}",
+                        c["type"].as_str().unwrap_or_default(),
+                        c["reason"].as_str().unwrap_or_default(),
+                        c["message"].as_str().unwrap_or_default()
+                    ));
+                }
+            }
+        };
+        check("status".into(), self.status.get("conditions"));
+        for (i, l) in self.status["listeners"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            check(format!("status.listeners[{i}]"), l.get("conditions"));
+        }
+        for (i, p) in self.status["parents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            check(format!("status.parents[{i}]"), p.get("conditions"));
+        }
+        out
+    }
+}
+
+/// One entry of a route's `status.parents`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteParentStatus {
+    /// The parentRef as Istio echoes it (group and kind filled in).
+    pub parent_ref: Value,
+    /// `Accepted` failure: reason and message.
+    pub not_accepted: Option<(String, String)>,
+    /// `ResolvedRefs` failure: reason and message.
+    pub unresolved: Option<(String, String)>,
+}
+
+/// A route's status: one parent entry per parentRef.
+pub fn route_status(
+    kind: Kind,
+    object: &ConfigObject,
+    controller: &str,
+    parents: &[RouteParentStatus],
+) -> ObjectStatus {
+    let parents: Vec<Value> = parents
+        .iter()
+        .map(|p| {
+            let accepted = match &p.not_accepted {
+                None => Condition::ok("Accepted", "Accepted", "Route was valid"),
+                Some((reason, message)) => Condition::failed("Accepted", reason, message.clone()),
+            };
+            let resolved = match &p.unresolved {
+                None => Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved"),
+                Some((reason, message)) => {
+                    Condition::failed("ResolvedRefs", reason, message.clone())
+                }
+            };
+            json!({
+                "conditions": [accepted.to_json(), resolved.to_json()],
+                "controllerName": controller,
+                "parentRef": p.parent_ref,
+            })
+        })
+        .collect();
+    ObjectStatus::new(kind, object, json!({ "parents": parents }))
+}
