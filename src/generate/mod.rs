@@ -9,6 +9,7 @@
 //! cannot read what the key leaves out, and proxies that would get the same bytes
 //! share them.
 
+pub mod ambient_authz;
 pub mod authn;
 pub mod authz;
 pub mod cds;
