@@ -1361,3 +1361,18 @@ pub mod auth {
         include!(concat!(env!("OUT_DIR"), "/istio.v1.auth.serde.rs"));
     }
 }
+
+/// `istio.workload`: the ambient-mode Address type (workloads and services) ztunnel
+/// reads over WDS.
+pub mod workload {
+    #![allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::nursery,
+        rustdoc::all,
+        deprecated
+    )]
+    include!(concat!(env!("OUT_DIR"), "/istio.workload.rs"));
+    include!(concat!(env!("OUT_DIR"), "/istio.workload.serde.rs"));
+}

@@ -327,8 +327,10 @@ impl TypeDump {
             }),
             // Never dumped (private keys); `/debug/sdsz` lists names and errors.
             TypeUrl::Secret => pack(&SecretsConfigDump::default()),
-            // Not an Envoy type: `/debug/ndsz` shows it.
-            TypeUrl::NameTable | TypeUrl::Mcp(_) => return None,
+            // Not Envoy types: `/debug/ndsz` and `/debug/ambientz` show them.
+            TypeUrl::NameTable | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
+                return None;
+            }
         })
     }
 }

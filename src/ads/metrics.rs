@@ -237,6 +237,8 @@ impl XdsMetrics {
             TypeUrl::Route => "rds_senderr",
             TypeUrl::Secret => "sds_senderr",
             TypeUrl::NameTable => "nds_senderr",
+            TypeUrl::Address => "wds_senderr",
+            TypeUrl::Authorization => "authorization_senderr",
             TypeUrl::Mcp(_) => "mcp_senderr",
         };
         self.pushes.get_or_create(&type_label(label)).inc();

@@ -408,6 +408,19 @@ impl PushTargets for Connections {
                     }
                 }
             }
+            // Ambient clients (ztunnel): workloads are endpoints, every change may
+            // concern them; Delta sends only what changed.
+            for c in by_n.values() {
+                if !woken.iter().any(|w| w.n == c.n)
+                    && c.watched()[TypeUrl::Address.index()].names.is_some()
+                {
+                    c.enqueue(Pending {
+                        request: request.clone(),
+                        eds_names: None,
+                    });
+                    woken.push(c);
+                }
+            }
             // MCP clients watching a type the endpoints feed (WorkloadEntries).
             let mcp = self.mcp.read().expect("connections poisoned");
             for c in mcp.values() {
@@ -433,7 +446,10 @@ impl PushTargets for Connections {
             // MCP serves every namespace's config: a client is touched by the kinds it
             // watches, whoever the changed objects concern.
             let mcp_touched = scope.touches_mcp(&c.watched_mcp());
+            // The ambient types hold the whole mesh: no namespace scoping.
+            let ambient = c.proxy.node_type == crate::model::NodeType::Ztunnel;
             if !mcp_touched
+                && !ambient
                 && !scope.affects_proxy(c.class, c.proxy.namespace.as_str(), &c.proxy.labels)
             {
                 continue;

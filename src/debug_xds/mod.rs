@@ -233,7 +233,9 @@ fn dump_type_url(type_url: TypeUrl) -> Option<&'static str> {
         TypeUrl::Route => "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
         TypeUrl::Endpoint => "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
         TypeUrl::Secret => "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
-        TypeUrl::NameTable | TypeUrl::Mcp(_) => return None,
+        TypeUrl::NameTable | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
+            return None;
+        }
     })
 }
 

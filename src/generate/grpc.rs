@@ -80,7 +80,12 @@ pub(super) fn generate(
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
-        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::Mcp(_) => Vec::new(),
+        TypeUrl::Endpoint
+        | TypeUrl::Secret
+        | TypeUrl::NameTable
+        | TypeUrl::Address
+        | TypeUrl::Authorization
+        | TypeUrl::Mcp(_) => Vec::new(),
     }
 }
 

@@ -9,6 +9,7 @@
 //! cannot read what the key leaves out, and proxies that would get the same bytes
 //! share them.
 
+pub mod ambient;
 pub mod ambient_authz;
 pub mod authn;
 pub mod authz;
@@ -76,6 +77,13 @@ pub fn generate(
     if type_url == TypeUrl::NameTable {
         return nds::resources(snapshot, proxy);
     }
+    // The ambient types are the same for every client.
+    if type_url == TypeUrl::Address {
+        return ambient::addresses(snapshot, subscription);
+    }
+    if type_url == TypeUrl::Authorization {
+        return ambient::authorizations(snapshot, subscription);
+    }
     let proxy = &*snapshot.proxy_view(proxy);
     // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.
     if proxy.generator == Generator::Grpc {
@@ -85,7 +93,12 @@ pub fn generate(
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
-        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::Mcp(_) => Vec::new(), // answered above
+        TypeUrl::Endpoint
+        | TypeUrl::Secret
+        | TypeUrl::NameTable
+        | TypeUrl::Address
+        | TypeUrl::Authorization
+        | TypeUrl::Mcp(_) => Vec::new(), // answered above
     }
 }
 

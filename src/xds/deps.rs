@@ -55,6 +55,8 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
         TypeUrl::NameTable => Reader::NameTable,
         // MCP types are answered by `mcp_reads`, for every class alike.
         TypeUrl::Mcp(_) => return false,
+        // The ambient types are built from every service, endpoint and policy.
+        TypeUrl::Address | TypeUrl::Authorization => return true,
     };
     match kind.object_kind() {
         Some(kind) => kind
@@ -240,10 +242,12 @@ impl<'a> PushScope<'a> {
             return self.touch_mcp(t);
         }
         if request.is_endpoints_only() {
-            return if type_url == TypeUrl::Endpoint {
-                Touch::Services(&self.hosts)
-            } else {
-                Touch::Nothing
+            return match type_url {
+                TypeUrl::Endpoint => Touch::Services(&self.hosts),
+                // Workloads are endpoints: the type is rebuilt, and Delta sends what
+                // changed.
+                TypeUrl::Address => Touch::Everything,
+                _ => Touch::Nothing,
             };
         }
         if !request.configs_updated.is_empty()

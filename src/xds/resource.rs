@@ -33,6 +33,13 @@ pub enum TypeUrl {
     /// `istio.networking.nds.v1.NameTable`; one resource, named `""`). Istio pushes
     /// it after the ordered types.
     NameTable,
+    /// Ambient WDS: workloads and services for ztunnel
+    /// (`istio.workload.Address`, `crate::generate::ambient`). Wildcard; also served
+    /// on demand by name (workload uid, `namespace/hostname`, or `network/IP`).
+    Address,
+    /// Ambient authorization policies for ztunnel (`istio.security.Authorization`).
+    /// Wildcard; served the same way as [`TypeUrl::Address`].
+    Authorization,
     /// An MCP-over-xDS type (`networking.istio.io/v1/ServiceEntry`, ...): Istio config
     /// as `istio.mcp.v1alpha1.Resource`s (see [`super::mcp`]). Not in
     /// [`TypeUrl::ALL`]: those are the Envoy types, which arrays are indexed by.
@@ -48,6 +55,8 @@ impl Serialize for TypeUrl {
             TypeUrl::Route => s.serialize_str("Route"),
             TypeUrl::Secret => s.serialize_str("Secret"),
             TypeUrl::NameTable => s.serialize_str("NameTable"),
+            TypeUrl::Address => s.serialize_str("Address"),
+            TypeUrl::Authorization => s.serialize_str("Authorization"),
             TypeUrl::Mcp(t) => s.serialize_str(t.as_str()),
         }
     }
@@ -56,13 +65,15 @@ impl Serialize for TypeUrl {
 impl TypeUrl {
     /// Every Envoy type, in push order (MCP types are not listed: see
     /// [`TypeUrl::Mcp`]).
-    pub const ALL: [TypeUrl; 6] = [
+    pub const ALL: [TypeUrl; 8] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
         TypeUrl::Listener,
         TypeUrl::Route,
         TypeUrl::Secret,
         TypeUrl::NameTable,
+        TypeUrl::Address,
+        TypeUrl::Authorization,
     ];
 
     /// The type's position in [`TypeUrl::ALL`] (arrays indexed by type). MCP types
@@ -76,6 +87,8 @@ impl TypeUrl {
             TypeUrl::Route => 3,
             TypeUrl::Secret => 4,
             TypeUrl::NameTable => 5,
+            TypeUrl::Address => 6,
+            TypeUrl::Authorization => 7,
             TypeUrl::Mcp(_) => TypeUrl::ALL.len(),
         }
     }
@@ -98,6 +111,8 @@ impl TypeUrl {
                 "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
             }
             TypeUrl::NameTable => "type.googleapis.com/istio.networking.nds.v1.NameTable",
+            TypeUrl::Address => "type.googleapis.com/istio.workload.Address",
+            TypeUrl::Authorization => "type.googleapis.com/istio.security.Authorization",
             TypeUrl::Mcp(t) => t.as_str(),
         }
     }
@@ -120,6 +135,8 @@ impl TypeUrl {
             TypeUrl::Route => "rds",
             TypeUrl::Secret => "sds",
             TypeUrl::NameTable => "nds",
+            TypeUrl::Address => "wds",
+            TypeUrl::Authorization => "authorization",
             TypeUrl::Mcp(t) => t.as_str(),
         }
     }
@@ -130,7 +147,12 @@ impl TypeUrl {
     pub const fn is_wildcard(self) -> bool {
         matches!(
             self,
-            TypeUrl::Cluster | TypeUrl::Listener | TypeUrl::NameTable | TypeUrl::Mcp(_)
+            TypeUrl::Cluster
+                | TypeUrl::Listener
+                | TypeUrl::NameTable
+                | TypeUrl::Address
+                | TypeUrl::Authorization
+                | TypeUrl::Mcp(_)
         )
     }
 

@@ -24,7 +24,7 @@ use std::time::SystemTime;
 
 use meshfed_registry::{
     ClusterId, Endpoint, HealthStatus, Locality, MeshLocation, NetworkId, Port, Protocol,
-    ProviderId, Resolution, Service, TlsMode,
+    ProviderId, Resolution, Service, TlsMode, WorkloadKind, WorkloadMeta,
 };
 use serde_json::Value;
 
@@ -237,6 +237,24 @@ pub fn convert_service(name: &str, entries: &[Value], ctx: &Context) -> Converte
             endpoint.health = health_of(&entry.checks, ctx.config.warning_health);
             endpoint.weight = svc.weights.map(|w| w.passing).unwrap_or(1).max(1);
             endpoint.cluster_id = ctx.cluster.clone();
+            let namespace = ctx.config.namespace.as_str();
+            endpoint.workload = Some(std::sync::Arc::new(WorkloadMeta {
+                kind: WorkloadKind::External,
+                name: svc.id.clone(),
+                namespace: namespace.to_string(),
+                uid: format!("{}/consul/{namespace}/{}/{}", ctx.cluster, name, svc.id),
+                node_name: entry.node.name.clone(),
+                workload_name: name.to_string(),
+                dataplane_mode: labels
+                    .get("istio.io/dataplane-mode")
+                    .cloned()
+                    .unwrap_or_default(),
+                use_waypoint: labels
+                    .get("istio.io/use-waypoint")
+                    .cloned()
+                    .unwrap_or_default(),
+                ..WorkloadMeta::default()
+            }));
             endpoint.labels = labels;
             endpoint
         })

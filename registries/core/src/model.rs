@@ -624,6 +624,74 @@ pub struct Endpoint {
     pub tls_mode: TlsMode,
     /// SPIFFE identity, if known.
     pub service_account: Option<String>,
+    /// The object the endpoint is (a pod, a WorkloadEntry, a ServiceEntry endpoint, a
+    /// Consul instance...), when its registry knows it: what ambient workloads and
+    /// certificate impersonation are built from. Not part of the endpoint's debug
+    /// output (`/debug/endpointz` and the like show the endpoint, not the object).
+    #[serde(skip)]
+    pub workload: Option<Arc<WorkloadMeta>>,
+}
+
+/// What kind of object a workload is.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, Serialize, PartialOrd, Ord)]
+pub enum WorkloadKind {
+    /// A Kubernetes pod.
+    #[default]
+    Pod,
+    /// A WorkloadEntry (selected by a ServiceEntry or a Kubernetes Service).
+    WorkloadEntry,
+    /// An endpoint written inline in a ServiceEntry.
+    ServiceEntry,
+    /// An instance from a registry outside Kubernetes and Istio config (Consul, the
+    /// mock registry file).
+    External,
+}
+
+/// The controller kind that owns a pod (Istio's `WorkloadType`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, Serialize)]
+pub enum WorkloadOwner {
+    /// No known controller: the workload is named after itself.
+    #[default]
+    Pod,
+    Deployment,
+    Job,
+    CronJob,
+}
+
+/// The identity of the object behind an endpoint, as its registry knows it. An
+/// object backing several services carries an equal record on each of its
+/// endpoints; the `uid` is unique across registries and clusters.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize)]
+pub struct WorkloadMeta {
+    /// What the object is.
+    pub kind: WorkloadKind,
+    /// Object name (pod name, WorkloadEntry name, ServiceEntry name, instance id).
+    pub name: String,
+    /// Namespace of the object (for registries without namespaces: the service's).
+    pub namespace: String,
+    /// Istio's workload uid: `<cluster>//Pod/<ns>/<name>`,
+    /// `<cluster>/networking.istio.io/WorkloadEntry/<ns>/<name>`,
+    /// `<cluster>/networking.istio.io/ServiceEntry/<ns>/<name>/<address>`; for other
+    /// registries `<cluster>/<registry>/<ns>/<name>`.
+    pub uid: String,
+    /// The node it runs on (pods: `spec.nodeName`), empty when unknown.
+    pub node_name: String,
+    /// The workload it belongs to (a pod's Deployment, Job or CronJob; else the
+    /// object's own name) and that workload's kind.
+    pub workload_name: String,
+    pub owner: WorkloadOwner,
+    /// `istio.io/dataplane-mode` of the object, else of its namespace (`ambient`,
+    /// `none`); empty when neither sets it.
+    pub dataplane_mode: String,
+    /// `istio.io/use-waypoint` of the object, else of its namespace; empty when unset.
+    pub use_waypoint: String,
+    /// `istio.io/use-waypoint-namespace` alongside the `use_waypoint` that was taken.
+    pub use_waypoint_namespace: String,
+    /// The `ambient.istio.io/redirection: enabled` annotation (set by istio-cni when
+    /// the pod's traffic is captured by ztunnel).
+    pub ambient_redirected: bool,
+    /// A pod on the host network (never an ambient workload).
+    pub host_network: bool,
 }
 
 impl Endpoint {
@@ -641,6 +709,7 @@ impl Endpoint {
             weight: 1,
             tls_mode: TlsMode::Disabled,
             service_account: None,
+            workload: None,
         }
     }
 

@@ -15,7 +15,7 @@ use crate::config::validate::Segment;
 use crate::memory::ServiceWithEndpoints;
 use crate::model::{
     ClusterId, Endpoint, ExportTo, HealthStatus, Locality, MeshLocation, NetworkId, Port, Protocol,
-    ProviderId, Resolution, Service, ServiceKey, TlsMode,
+    ProviderId, Resolution, Service, ServiceKey, TlsMode, WorkloadKind, WorkloadMeta,
 };
 use crate::read::{DEFAULT_MAX_FILE_SIZE, ReadError, read_watched_file_blocking};
 
@@ -157,6 +157,13 @@ struct EndpointSpec {
     tls_mode: Option<TlsModeSpec>,
     #[serde(default)]
     service_account: Option<String>,
+    /// The workload's name (default: the address); with `node`, what ambient
+    /// workloads and ztunnel certificates are keyed by.
+    #[serde(default)]
+    name: Option<String>,
+    /// The node the workload runs on.
+    #[serde(default)]
+    node: Option<String>,
 }
 
 #[derive(Deserialize, Default, Clone, Copy)]
@@ -483,6 +490,24 @@ fn convert_service(spec: ServiceSpec) -> Result<ServiceWithEndpoints, Fault> {
             },
         };
         endpoint.service_account = ep.service_account;
+        let name = ep.name.unwrap_or_else(|| ep.address.to_string());
+        let namespace = service.namespace.to_string();
+        let label = |k: &str| endpoint.labels.get(k).cloned().unwrap_or_default();
+        endpoint.workload = Some(Arc::new(WorkloadMeta {
+            kind: WorkloadKind::External,
+            uid: format!(
+                "{}/mock/{namespace}/{}/{name}",
+                service.cluster_id, service.hostname
+            ),
+            workload_name: name.clone(),
+            name,
+            namespace,
+            node_name: ep.node.unwrap_or_default(),
+            dataplane_mode: label("istio.io/dataplane-mode"),
+            use_waypoint: label("istio.io/use-waypoint"),
+            use_waypoint_namespace: label("istio.io/use-waypoint-namespace"),
+            ..WorkloadMeta::default()
+        }));
         endpoints.push(endpoint);
     }
     Ok(ServiceWithEndpoints { service, endpoints })

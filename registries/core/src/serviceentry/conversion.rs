@@ -2,7 +2,7 @@
 //! endpoints (the rules are in the module docs of [`super`]).
 
 use super::*;
-use crate::model::HealthStatus;
+use crate::model::{HealthStatus, WorkloadKind, WorkloadMeta};
 
 /// Converts ServiceEntries and WorkloadEntries (objects of other kinds are ignored)
 /// into services with their endpoints, one per `(hostname, namespace)`. Pure; see the
@@ -224,8 +224,18 @@ fn endpoints_for(
         return workloads
             .selected(namespace, &selector.labels)
             .filter_map(|(name, we, labels, health)| {
-                let ep = workload_endpoint(we, labels, namespace, &se.ports, dns, config)
-                    .map(|ep| Endpoint { health, ..ep });
+                let ep = workload_endpoint(we, labels, namespace, &se.ports, dns, config).map(
+                    |mut ep| {
+                        ep.workload = Some(Arc::new(entry_workload(
+                            WorkloadKind::WorkloadEntry,
+                            name,
+                            namespace,
+                            &ep.labels,
+                            config,
+                        )));
+                        Endpoint { health, ..ep }
+                    },
+                );
                 if ep.is_none() {
                     tracing::debug!(
                         "WorkloadEntry {namespace}/{name} (selected by ServiceEntry {namespace}/{}): address {:?} left out",
@@ -242,7 +252,21 @@ fn endpoints_for(
             .endpoints
             .iter()
             .filter_map(|we| {
-                workload_endpoint(we, we.labels.clone(), namespace, &se.ports, dns, config)
+                let mut ep =
+                    workload_endpoint(we, we.labels.clone(), namespace, &se.ports, dns, config)?;
+                // Istio names an inline endpoint after its ServiceEntry and address.
+                let name = format!("{}/{}", obj.name, we.address);
+                let mut meta = entry_workload(
+                    WorkloadKind::ServiceEntry,
+                    &name,
+                    namespace,
+                    &ep.labels,
+                    config,
+                );
+                meta.name = obj.name.to_string();
+                meta.workload_name = obj.name.to_string();
+                ep.workload = Some(Arc::new(meta));
+                Some(ep)
             })
             .collect();
     }
@@ -253,6 +277,35 @@ fn endpoints_for(
         return vec![ep];
     }
     Vec::new()
+}
+
+/// The workload record of a WorkloadEntry (selected or inline) named `name`.
+fn entry_workload(
+    kind: WorkloadKind,
+    name: &str,
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    config: &ServiceEntryConfig,
+) -> WorkloadMeta {
+    let group = match kind {
+        WorkloadKind::ServiceEntry => "ServiceEntry",
+        _ => "WorkloadEntry",
+    };
+    let label = |k: &str| labels.get(k).cloned().unwrap_or_default();
+    WorkloadMeta {
+        kind,
+        name: name.to_string(),
+        namespace: namespace.to_string(),
+        uid: format!(
+            "{}/networking.istio.io/{group}/{namespace}/{name}",
+            config.cluster_id
+        ),
+        workload_name: name.to_string(),
+        dataplane_mode: label("istio.io/dataplane-mode"),
+        use_waypoint: label("istio.io/use-waypoint"),
+        use_waypoint_namespace: label("istio.io/use-waypoint-namespace"),
+        ..WorkloadMeta::default()
+    }
 }
 
 /// Service port name -> the workload's port: the workload's own `ports[name]`, else

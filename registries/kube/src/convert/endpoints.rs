@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Namespace as KubeNamespace, Node, Pod};
 use k8s_openapi::api::discovery::v1::{EndpointConditions, EndpointSlice};
-use meshfed_registry::{HealthStatus, Locality};
+use meshfed_registry::{HealthStatus, Locality, WorkloadOwner};
 
 use super::{
     AddressFamily, ConversionError, LABEL_LEGACY_LOCALITY, LABEL_LOCALITY, LABEL_MCS_SERVICE_NAME,
@@ -145,6 +145,62 @@ pub struct PodInfo {
     pub node_name: Option<Arc<str>>,
     /// Named container ports (for named service target ports).
     pub named_ports: Vec<(Arc<str>, u16)>,
+    /// `metadata.name`.
+    pub name: Arc<str>,
+    /// `metadata.uid` (empty when unset).
+    pub uid: Arc<str>,
+    /// The workload the pod belongs to (its Deployment, Job or CronJob, else itself).
+    pub owner: (Arc<str>, WorkloadOwner),
+    /// The `ambient.istio.io/redirection: enabled` annotation.
+    pub ambient_redirected: bool,
+    /// `spec.hostNetwork`.
+    pub host_network: bool,
+}
+
+/// The annotation istio-cni sets on pods whose traffic it redirects to ztunnel.
+pub const ANNOTATION_AMBIENT_REDIRECTION: &str = "ambient.istio.io/redirection";
+
+/// The Deployment, Job or CronJob a pod belongs to, as Istio derives it from the
+/// controller reference: a ReplicaSet named `<deployment>-<pod-template-hash>` is a
+/// Deployment's; a Job named `<cronjob>-<8 to 10 digits>` a CronJob's. Anything else
+/// names the pod itself.
+fn pod_owner(pod: &Pod, name: &str) -> (Arc<str>, WorkloadOwner) {
+    let controller = pod
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true));
+    let labels = pod.metadata.labels.as_ref();
+    match controller {
+        Some(r) if r.kind == "ReplicaSet" => {
+            let hash = labels.and_then(|l| l.get("pod-template-hash"));
+            if let Some(deployment) = hash
+                .and_then(|h| r.name.strip_suffix(h.as_str()))
+                .and_then(|n| n.strip_suffix('-'))
+            {
+                return (Arc::from(deployment), WorkloadOwner::Deployment);
+            }
+        }
+        Some(r) if r.kind == "Job" => {
+            if let Some((cron, stamp)) = r.name.rsplit_once('-')
+                && (8..=10).contains(&stamp.len())
+                && stamp.bytes().all(|b| b.is_ascii_digit())
+                && !cron.is_empty()
+            {
+                return (Arc::from(cron), WorkloadOwner::CronJob);
+            }
+            return (Arc::from(r.name.as_str()), WorkloadOwner::Job);
+        }
+        Some(r) if r.kind == "Deployment" => {
+            return (Arc::from(r.name.as_str()), WorkloadOwner::Deployment);
+        }
+        Some(r) if r.kind == "CronJob" => {
+            return (Arc::from(r.name.as_str()), WorkloadOwner::CronJob);
+        }
+        _ => {}
+    }
+    (Arc::from(name), WorkloadOwner::Pod)
 }
 
 /// Pod -> compact pod. `Ok(None)` for Failed pods, which Istio does not watch.
@@ -186,7 +242,18 @@ pub fn convert_pod(pod: &Pod) -> Result<Option<PodInfo>, ConversionError> {
             }
         }
     }
+    let name = pod.metadata.name.as_deref().unwrap_or_default();
     Ok(Some(PodInfo {
+        name: Arc::from(name),
+        uid: Arc::from(pod.metadata.uid.as_deref().unwrap_or_default()),
+        owner: pod_owner(pod, name),
+        ambient_redirected: pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_AMBIENT_REDIRECTION))
+            .is_some_and(|v| v == "enabled"),
+        host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
         labels: pod.metadata.labels.clone().unwrap_or_default(),
         ips,
         service_account: spec

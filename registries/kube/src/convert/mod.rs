@@ -49,6 +49,13 @@ pub const LABEL_LOCALITY: &str = "topology.istio.io/locality";
 pub const LABEL_LEGACY_LOCALITY: &str = "istio-locality";
 /// Pod / namespace label naming the network.
 pub const LABEL_NETWORK: &str = "topology.istio.io/network";
+/// The label that puts a pod or namespace in the ambient mesh (`ambient`) or keeps it
+/// out (`none`).
+pub const LABEL_DATAPLANE_MODE: &str = "istio.io/dataplane-mode";
+/// The label that names the waypoint of a pod, namespace or service.
+pub const LABEL_USE_WAYPOINT: &str = "istio.io/use-waypoint";
+/// The namespace of the waypoint named by [`LABEL_USE_WAYPOINT`].
+pub const LABEL_USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
 /// Endpoint label naming the cluster.
 pub const LABEL_CLUSTER: &str = "topology.istio.io/cluster";
 /// Node / endpoint label: subzone.

@@ -205,8 +205,62 @@ impl ClusterState {
             node_name.map(|n| &**n),
             &endpoint.network,
         );
+        endpoint.workload = pod.map(|p| Arc::new(self.pod_workload(p, service, node_name)));
         endpoint.labels = labels;
         endpoint
+    }
+
+    /// The workload record of a pod in `service`'s namespace: its uid, node, owner and
+    /// the ambient labels of the pod, else of its namespace.
+    fn pod_workload(
+        &self,
+        pod: &PodInfo,
+        service: &ObjectKey,
+        node_name: Option<&Arc<str>>,
+    ) -> WorkloadMeta {
+        let namespace = service.namespace.as_str();
+        let ns_labels = self.namespaces.get(namespace).map(|n| &n.labels);
+        let label = |key: &str| -> String {
+            pod.labels
+                .get(key)
+                .or_else(|| ns_labels.and_then(|l| l.get(key)))
+                .cloned()
+                .unwrap_or_default()
+        };
+        // The waypoint namespace goes with the label that named the waypoint.
+        let (use_waypoint, use_waypoint_namespace) = match pod.labels.get(LABEL_USE_WAYPOINT) {
+            Some(w) => (
+                w.clone(),
+                pod.labels
+                    .get(LABEL_USE_WAYPOINT_NAMESPACE)
+                    .cloned()
+                    .unwrap_or_default(),
+            ),
+            None => match ns_labels.and_then(|l| l.get(LABEL_USE_WAYPOINT)) {
+                Some(w) => (
+                    w.clone(),
+                    ns_labels
+                        .and_then(|l| l.get(LABEL_USE_WAYPOINT_NAMESPACE))
+                        .cloned()
+                        .unwrap_or_default(),
+                ),
+                None => (String::new(), String::new()),
+            },
+        };
+        WorkloadMeta {
+            kind: WorkloadKind::Pod,
+            name: pod.name.to_string(),
+            namespace: namespace.to_string(),
+            uid: format!("{}//Pod/{namespace}/{}", self.config.cluster_id, pod.name),
+            node_name: node_name.map(|n| n.to_string()).unwrap_or_default(),
+            workload_name: pod.owner.0.to_string(),
+            owner: pod.owner.1,
+            dataplane_mode: label(LABEL_DATAPLANE_MODE),
+            use_waypoint,
+            use_waypoint_namespace,
+            ambient_redirected: pod.ambient_redirected,
+            host_network: pod.host_network,
+        }
     }
 
     /// The system namespace's network label: the network of workloads without one.

@@ -20,16 +20,17 @@ use std::sync::Arc;
 
 use meshfed_registry::{
     ClusterId, Endpoint, Locality, Namespace, NetworkId, Protocol, ServiceKey, ServiceTarget,
-    TlsMode, WorkloadInstance, WorkloadQuery,
+    TlsMode, WorkloadInstance, WorkloadKind, WorkloadMeta, WorkloadQuery,
 };
 
 use meshfed_registry::workload_instances::WorkloadEntrySet;
 
 use crate::config::KubeRegistryConfig;
 use crate::convert::{
-    ConvertedService, LABEL_CLUSTER, LABEL_HOSTNAME, LABEL_NETWORK, LABEL_REGION, LABEL_SUBZONE,
-    LABEL_TLS_MODE, LABEL_ZONE, NamespaceInfo, NodeInfo, ObjectKey, PodInfo, SliceEndpoint,
-    SliceInfo, TargetPort, health, pod_locality, service_hostname, spiffe_id,
+    ConvertedService, LABEL_CLUSTER, LABEL_DATAPLANE_MODE, LABEL_HOSTNAME, LABEL_NETWORK,
+    LABEL_REGION, LABEL_SUBZONE, LABEL_TLS_MODE, LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE,
+    LABEL_ZONE, NamespaceInfo, NodeInfo, ObjectKey, PodInfo, SliceEndpoint, SliceInfo, TargetPort,
+    health, pod_locality, service_hostname, spiffe_id,
 };
 use crate::resource_kind::ResourceKind;
 
@@ -522,6 +523,24 @@ impl ClusterState {
             // The cluster's default network changed: every endpoint may change.
             self.dirty_endpoints.extend(self.services.keys().cloned());
             self.pods_dirty = true;
+        }
+        let ambient = |info: Option<&NamespaceInfo>| {
+            [
+                LABEL_DATAPLANE_MODE,
+                LABEL_USE_WAYPOINT,
+                LABEL_USE_WAYPOINT_NAMESPACE,
+            ]
+            .map(|k| info.and_then(|n| n.labels.get(k)).cloned())
+        };
+        if ambient(old.as_ref()) != ambient(new) {
+            // Pods inherit these labels: their endpoints' workload records change.
+            let in_namespace: Vec<ObjectKey> = self
+                .services
+                .keys()
+                .filter(|k| k.namespace.as_str() == &*name)
+                .cloned()
+                .collect();
+            self.dirty_endpoints.extend(in_namespace);
         }
         // Selection may have changed: re-derive the namespace's services.
         // (Published services are a subset of `services` plus those already dirty.)

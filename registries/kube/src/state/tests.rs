@@ -371,3 +371,45 @@ fn pod_changes_publish_the_pod_view_and_name_the_pod() {
     // The earlier published view is untouched (copy on write).
     assert_eq!(published.pods.get(&ip).len(), 1);
 }
+
+#[test]
+fn pod_endpoints_carry_their_workload_and_follow_namespace_ambient_labels() {
+    let mut s = state();
+    add_service(&mut s, "a");
+    let mut p = pod("ns", "a-7d9f-x1", "app", "10.1.0.1", "n1");
+    p.metadata.uid = Some("u-1".into());
+    p.metadata.labels.as_mut().unwrap().extend([
+        ("pod-template-hash".to_string(), "7d9f".to_string()),
+        ("istio.io/use-waypoint".to_string(), "wp".to_string()),
+    ]);
+    p.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            kind: "ReplicaSet".into(),
+            name: "a-7d9f".into(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    s.apply(Update::Pod(k("ns", "a-7d9f-x1"), convert_pod(&p).unwrap()));
+    add_slice(&mut s, "a-1", "a", &[("10.1.0.1", "a-7d9f-x1")]);
+    let first = s.flush();
+    let ep = &first.endpoints[0].1[0];
+    let w = ep
+        .workload
+        .as_deref()
+        .expect("a pod endpoint names its pod");
+    assert_eq!(w.kind, WorkloadKind::Pod);
+    assert_eq!(w.uid, "c1//Pod/ns/a-7d9f-x1");
+    assert_eq!((w.name.as_str(), w.namespace.as_str()), ("a-7d9f-x1", "ns"));
+    assert_eq!(w.node_name, "n1");
+    assert_eq!(w.workload_name, "a");
+    assert_eq!(w.owner, meshfed_registry::WorkloadOwner::Deployment);
+    assert_eq!(w.use_waypoint, "wp");
+    assert_eq!(w.dataplane_mode, "");
+
+    let ns = namespace("ns", &[("istio.io/dataplane-mode", "ambient")]);
+    s.apply(Update::Namespace(k("", "ns"), Some(convert_namespace(&ns))));
+    let next = s.flush();
+    let ep = &next.endpoints[0].1[0];
+    assert_eq!(ep.workload.as_deref().unwrap().dataplane_mode, "ambient");
+}

@@ -132,6 +132,26 @@ impl ClusterState {
             None,
             &endpoint.network,
         );
+        endpoint.workload = Some(Arc::new(WorkloadMeta {
+            kind: WorkloadKind::WorkloadEntry,
+            name: entry.name.clone(),
+            namespace: namespace.to_string(),
+            uid: format!(
+                "{}/networking.istio.io/WorkloadEntry/{namespace}/{}",
+                config.cluster_id, entry.name
+            ),
+            workload_name: entry.name.clone(),
+            dataplane_mode: labels
+                .get(LABEL_DATAPLANE_MODE)
+                .cloned()
+                .unwrap_or_default(),
+            use_waypoint: labels.get(LABEL_USE_WAYPOINT).cloned().unwrap_or_default(),
+            use_waypoint_namespace: labels
+                .get(LABEL_USE_WAYPOINT_NAMESPACE)
+                .cloned()
+                .unwrap_or_default(),
+            ..WorkloadMeta::default()
+        }));
         endpoint.labels = labels;
     }
 }

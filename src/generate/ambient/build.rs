@@ -1,0 +1,459 @@
+//! Workloads and services of the ambient Address type, built from the registries'
+//! merged services and endpoint shards (Istio's `ambient/workloads.go`,
+//! `services.go`, `waypoints.go` (waypoints by name), `networks.go`,
+//! `sidecar_interop.go`).
+//!
+//! - A workload is the object behind one or more endpoints
+//!   ([`meshfed_registry::WorkloadMeta`]), keyed by its uid; its `services` map lists,
+//!   for every service it backs, the service ports and its target ports.
+//! - Addresses are the workload's IP (none for an entry without an address; a
+//!   hostname for DNS endpoints), on the network the split-horizon model gives it;
+//!   a workload on a network with gateways carries the first gateway (by address)
+//!   as its `network_gateway`, HBONE port 15008.
+//! - Tunnel protocol HBONE when the pod's traffic is redirected to ztunnel (the
+//!   `ambient.istio.io/redirection: enabled` annotation istio-cni sets) or the
+//!   workload speaks HBONE itself (`networking.istio.io/tunnel: http`, which also
+//!   sets `native_tunnel`); otherwise plain TCP (sidecar workloads included: ztunnel
+//!   reaches them over TCP and their sidecars do mTLS).
+//! - Identity: the SPIFFE service account split into trust domain (left empty when
+//!   it is `cluster.local`) and account name.
+//! - Canonical name and revision from `service.istio.io/canonical-name|revision`,
+//!   else `app.kubernetes.io/name|version`, else `app`/`version`, else the
+//!   workload name / `latest`.
+//! - Waypoints: `istio.io/use-waypoint` on the workload (else its namespace) or the
+//!   service names a waypoint; `none` opts out. The waypoint is addressed by its
+//!   service's VIP when meshfed knows the service, else by hostname; HBONE port
+//!   15008.
+//! - Host-network pods are not workloads (Istio skips them).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use meshfed_api::workload as wl;
+use meshfed_registry::{
+    ClusterId, Endpoint, HealthStatus, NetworkId, ProviderId, Service, ShardKey, WorkloadKind,
+    WorkloadMeta, WorkloadOwner,
+};
+
+use crate::networks::NetworkView;
+use crate::push::snapshot::Snapshot;
+
+/// The HBONE port of ztunnels, waypoints and east-west gateways.
+pub const HBONE_PORT: u32 = 15008;
+/// The label a workload that speaks HBONE itself carries (`http`).
+const LABEL_TUNNEL: &str = "networking.istio.io/tunnel";
+/// The label that names a waypoint (`none` opts out).
+const LABEL_USE_WAYPOINT: &str = "istio.io/use-waypoint";
+/// The namespace of the waypoint named by [`LABEL_USE_WAYPOINT`].
+const LABEL_USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
+
+/// Everything the Address type holds for one snapshot, by resource name.
+#[derive(Default, Debug)]
+pub struct AmbientModel {
+    /// Workload uid -> workload.
+    pub workloads: BTreeMap<String, wl::Workload>,
+    /// `namespace/hostname` -> service.
+    pub services: BTreeMap<String, wl::Service>,
+    /// `network/IP` -> the names of the resources at that address.
+    pub aliases: BTreeMap<String, Vec<String>>,
+}
+
+/// What building needs besides the registries' data.
+pub struct BuildContext<'a> {
+    /// Split-horizon networks and gateways.
+    pub networks: &'a NetworkView,
+    /// The mesh trust domain.
+    pub trust_domain: &'a str,
+    /// `namespace/hostname` of every known service -> its VIPs (waypoint look-up).
+    pub vips: BTreeMap<(String, String), Vec<IpAddr>>,
+}
+
+/// Builds the ambient model from a snapshot.
+pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
+    let trust_domain = snapshot.mesh().config.trust_domain.clone();
+    let services: Vec<(Arc<Service>, Vec<(ShardKey, Endpoint)>)> = snapshot
+        .services()
+        .all()
+        .iter()
+        .map(|s| {
+            let eps = snapshot
+                .shards(&s.key())
+                .map(|sh| sh.iter().map(|(k, e)| (k.clone(), e.clone())).collect())
+                .unwrap_or_default();
+            (s.clone(), eps)
+        })
+        .collect();
+    let networks = snapshot.network_view();
+    build(&services, networks, &trust_domain)
+}
+
+/// Builds the ambient model of `services`, each with its endpoints and their shards.
+pub fn build(
+    services: &[(Arc<Service>, Vec<(ShardKey, Endpoint)>)],
+    networks: &NetworkView,
+    trust_domain: &str,
+) -> AmbientModel {
+    let ctx = BuildContext {
+        networks,
+        trust_domain: if trust_domain.is_empty() {
+            "cluster.local"
+        } else {
+            trust_domain
+        },
+        vips: services
+            .iter()
+            .map(|(s, _)| {
+                (
+                    (s.namespace.to_string(), s.hostname.to_string()),
+                    s.cluster_vips.values().flatten().copied().collect(),
+                )
+            })
+            .collect(),
+    };
+    let mut model = AmbientModel::default();
+    for (service, endpoints) in services {
+        let svc = service_resource(service, endpoints, &ctx);
+        let name = format!("{}/{}", svc.namespace, svc.hostname);
+        for a in &svc.addresses {
+            if let Some(ip) = ip_of(&a.address) {
+                model
+                    .aliases
+                    .entry(format!("{}/{ip}", a.network))
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+        for (shard, ep) in endpoints {
+            let Some(meta) = ep.workload.as_deref() else {
+                continue;
+            };
+            if meta.host_network {
+                continue;
+            }
+            let workload = model
+                .workloads
+                .entry(meta.uid.clone())
+                .or_insert_with(|| workload_resource(meta, ep, shard, &ctx));
+            let ports = workload
+                .services
+                .entry(name.clone())
+                .or_insert_with(wl::PortList::default);
+            for port in &service.ports {
+                if let Some(target) = ep.ports.get(&port.name)
+                    && !ports
+                        .ports
+                        .iter()
+                        .any(|p| p.service_port == u32::from(port.port.get()))
+                {
+                    ports.ports.push(wl::Port {
+                        service_port: u32::from(port.port.get()),
+                        target_port: u32::from(*target),
+                    });
+                }
+            }
+        }
+        model.services.insert(name, svc);
+    }
+    for (uid, w) in &model.workloads {
+        for a in &w.addresses {
+            if let Some(ip) = ip_of(a) {
+                model
+                    .aliases
+                    .entry(format!("{}/{ip}", w.network))
+                    .or_default()
+                    .push(uid.clone());
+            }
+        }
+    }
+    model
+}
+
+/// The raw bytes of an IP, as the API carries addresses.
+pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// The IP of raw address bytes.
+pub fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
+/// The network of an address of `cluster` (VIPs: the cluster's network, else the
+/// meshNetworks CIDR holding it).
+fn network_of(networks: &NetworkView, ip: IpAddr, cluster: &ClusterId) -> NetworkId {
+    let mut probe = Endpoint::new(ip);
+    probe.cluster_id = cluster.clone();
+    networks.endpoint_network(&probe, &ShardKey::new(ProviderId::Mock, cluster.clone()))
+}
+
+/// The cluster domain of a Kubernetes service host (`<name>.<ns>.svc.<domain>`).
+fn cluster_domain(hostname: &str) -> Option<&str> {
+    hostname.split_once(".svc.").map(|(_, d)| d)
+}
+
+fn service_resource(
+    service: &Service,
+    endpoints: &[(ShardKey, Endpoint)],
+    ctx: &BuildContext<'_>,
+) -> wl::Service {
+    let hostname = service.hostname.to_string();
+    let namespace = service.namespace.to_string();
+    let name = match service.provider {
+        ProviderId::Kubernetes => hostname.split('.').next().unwrap_or_default().to_string(),
+        _ => hostname.clone(),
+    };
+    let mut addresses = Vec::new();
+    let mut v4 = false;
+    let mut v6 = false;
+    for (cluster, vips) in &service.cluster_vips {
+        for vip in vips {
+            v4 |= vip.is_ipv4();
+            v6 |= vip.is_ipv6();
+            let network = network_of(ctx.networks, *vip, cluster).to_string();
+            let address = wl::NetworkAddress {
+                network,
+                address: ip_bytes(*vip),
+            };
+            if !addresses.contains(&address) {
+                addresses.push(address);
+            }
+        }
+    }
+    let ports = service
+        .ports
+        .iter()
+        .map(|p| {
+            // The target port every endpoint agrees on, else 0 (per workload).
+            let mut targets = endpoints.iter().filter_map(|(_, e)| e.ports.get(&p.name));
+            let first = targets.next().copied();
+            let target = match first {
+                Some(t) if targets.all(|o| *o == t) => u32::from(t),
+                _ => 0,
+            };
+            wl::Port {
+                service_port: u32::from(p.port.get()),
+                target_port: target,
+            }
+        })
+        .collect();
+    let waypoint = waypoint_of(
+        service.labels.get(LABEL_USE_WAYPOINT).map(String::as_str),
+        service
+            .labels
+            .get(LABEL_USE_WAYPOINT_NAMESPACE)
+            .map(String::as_str),
+        &namespace,
+        &hostname,
+        ctx,
+    );
+    wl::Service {
+        name,
+        namespace,
+        hostname,
+        addresses,
+        ports,
+        subject_alt_names: Vec::new(),
+        waypoint,
+        load_balancing: None,
+        ip_families: match (v4, v6) {
+            (true, false) => wl::IpFamilies::Ipv4Only as i32,
+            (false, true) => wl::IpFamilies::Ipv6Only as i32,
+            (true, true) => wl::IpFamilies::Dual as i32,
+            (false, false) => wl::IpFamilies::Automatic as i32,
+        },
+        extensions: Vec::new(),
+        creation_timestamp: None,
+    }
+}
+
+/// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's VIP
+/// when known, else its hostname. `none` and no name give none.
+fn waypoint_of(
+    name: Option<&str>,
+    ns: Option<&str>,
+    own_ns: &str,
+    own_host: &str,
+    ctx: &BuildContext<'_>,
+) -> Option<wl::GatewayAddress> {
+    let name = name.filter(|n| !n.is_empty() && *n != "none")?;
+    let ns = ns.filter(|n| !n.is_empty()).unwrap_or(own_ns);
+    let domain = cluster_domain(own_host).unwrap_or("cluster.local");
+    let hostname = format!("{name}.{ns}.svc.{domain}");
+    let destination = match ctx
+        .vips
+        .get(&(ns.to_string(), hostname.clone()))
+        .and_then(|v| v.first())
+    {
+        Some(vip) => wl::gateway_address::Destination::Address(wl::NetworkAddress {
+            network: String::new(),
+            address: ip_bytes(*vip),
+        }),
+        None => wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
+            namespace: ns.to_string(),
+            hostname,
+        }),
+    };
+    Some(wl::GatewayAddress {
+        destination: Some(destination),
+        hbone_mtls_port: HBONE_PORT,
+    })
+}
+
+/// Istio's canonical service name and revision of a workload.
+pub fn canonical(labels: &BTreeMap<String, String>, workload_name: &str) -> (String, String) {
+    let first = |keys: &[&str]| {
+        keys.iter()
+            .find_map(|k| labels.get(*k).filter(|v| !v.is_empty()))
+            .cloned()
+    };
+    let name = first(&[
+        "service.istio.io/canonical-name",
+        "app.kubernetes.io/name",
+        "app",
+    ])
+    .unwrap_or_else(|| workload_name.to_string());
+    let revision = first(&[
+        "service.istio.io/canonical-revision",
+        "app.kubernetes.io/version",
+        "version",
+    ])
+    .unwrap_or_else(|| "latest".to_string());
+    (name, revision)
+}
+
+fn workload_resource(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    shard: &ShardKey,
+    ctx: &BuildContext<'_>,
+) -> wl::Workload {
+    let network = ctx.networks.endpoint_network(ep, shard);
+    let cluster = if ep.cluster_id.is_empty() {
+        &shard.cluster
+    } else {
+        &ep.cluster_id
+    };
+    let (trust_domain, service_account) = match ep.service_account.as_deref() {
+        Some(spiffe) => split_spiffe(spiffe),
+        None => (String::new(), String::new()),
+    };
+    let trust_domain = if trust_domain == "cluster.local" || trust_domain == ctx.trust_domain {
+        if ctx.trust_domain == "cluster.local" {
+            String::new()
+        } else {
+            ctx.trust_domain.to_string()
+        }
+    } else {
+        trust_domain
+    };
+    let (addresses, hostname) = match &ep.hostname {
+        Some(h) => (Vec::new(), h.to_string()),
+        None if ep.has_address() => (vec![ip_bytes(ep.address)], String::new()),
+        None => (Vec::new(), String::new()),
+    };
+    let native = ep.labels.get(LABEL_TUNNEL).is_some_and(|v| v == "http");
+    let tunnel = if meta.ambient_redirected || native {
+        wl::TunnelProtocol::Hbone
+    } else {
+        wl::TunnelProtocol::None
+    };
+    let workload_name = if meta.workload_name.is_empty() {
+        meta.name.clone()
+    } else {
+        meta.workload_name.clone()
+    };
+    let (canonical_name, canonical_revision) = canonical(&ep.labels, &workload_name);
+    let network_gateway = ctx
+        .networks
+        .gateways_for(&network, cluster)
+        .first()
+        .map(|g| wl::GatewayAddress {
+            destination: Some(wl::gateway_address::Destination::Address(
+                wl::NetworkAddress {
+                    network: g.network.to_string(),
+                    address: ip_bytes(g.address),
+                },
+            )),
+            hbone_mtls_port: HBONE_PORT,
+        });
+    let waypoint = if ep
+        .labels
+        .get("gateway.istio.io/managed")
+        .is_some_and(|v| v == "istio.io-mesh-controller")
+    {
+        None // a waypoint's own pods
+    } else {
+        waypoint_of(
+            Some(meta.use_waypoint.as_str()),
+            Some(meta.use_waypoint_namespace.as_str()),
+            &meta.namespace,
+            &format!("x.{}.svc.{}", meta.namespace, domain_hint(ep)),
+            ctx,
+        )
+    };
+    let locality = (!ep.locality.is_empty()).then(|| wl::Locality {
+        region: ep.locality.region.clone(),
+        zone: ep.locality.zone.clone(),
+        subzone: ep.locality.subzone.clone(),
+    });
+    wl::Workload {
+        uid: meta.uid.clone(),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        addresses,
+        hostname,
+        network: network.to_string(),
+        tunnel_protocol: tunnel as i32,
+        trust_domain,
+        service_account,
+        waypoint,
+        network_gateway,
+        node: meta.node_name.clone(),
+        canonical_name,
+        canonical_revision,
+        workload_type: match (meta.kind, meta.owner) {
+            (WorkloadKind::Pod, WorkloadOwner::Deployment) => wl::WorkloadType::Deployment,
+            (WorkloadKind::Pod, WorkloadOwner::Job) => wl::WorkloadType::Job,
+            (WorkloadKind::Pod, WorkloadOwner::CronJob) => wl::WorkloadType::Cronjob,
+            _ => wl::WorkloadType::Pod,
+        } as i32,
+        workload_name,
+        native_tunnel: native,
+        application_tunnel: None,
+        services: BTreeMap::new(),
+        authorization_policies: Vec::new(),
+        status: match ep.health {
+            HealthStatus::Healthy => wl::WorkloadStatus::Healthy,
+            _ => wl::WorkloadStatus::Unhealthy,
+        } as i32,
+        cluster_id: cluster.to_string(),
+        locality,
+        network_mode: wl::NetworkMode::Standard as i32,
+        extensions: Vec::new(),
+        capacity: None,
+    }
+}
+
+/// The cluster domain, for waypoint host names of workloads: `cluster.local` (the
+/// waypoint service's VIP is used whenever meshfed knows the service).
+fn domain_hint(_ep: &Endpoint) -> &'static str {
+    "cluster.local"
+}
+
+/// `spiffe://<td>/ns/<ns>/sa/<sa>` -> (td, sa).
+fn split_spiffe(id: &str) -> (String, String) {
+    let Some(rest) = id.strip_prefix("spiffe://") else {
+        return (String::new(), id.to_string());
+    };
+    let (td, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let sa = path.rsplit_once("/sa/").map(|(_, sa)| sa).unwrap_or("");
+    (td.to_string(), sa.to_string())
+}

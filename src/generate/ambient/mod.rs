@@ -1,0 +1,136 @@
+//! Ambient mode: the `istio.workload.Address` type ztunnel reads (WDS), and the place
+//! the `istio.security.Authorization` type is served from.
+//!
+//! Both types are the same for every ztunnel: they are built once per snapshot
+//! ([`Snapshot::derived`]), each resource encoded once, and every connection is
+//! sent the resources it subscribed to. Delta ADS compares content versions, so a
+//! push after one pod changed sends that pod's Workload alone, and a deleted pod's
+//! uid is reported removed (see `crate::ads::connection`'s `delta_diff`).
+//!
+//! Subscriptions, as ztunnel makes them: wildcard (`*` or an empty first request),
+//! and, with `XDS_ON_DEMAND`, names: a workload uid, a service `namespace/hostname`,
+//! or an alias `network/IP`, which is answered with the resources at that address
+//! under the alias name (Istio sends the primary name with the alias in
+//! `aliases`; the content is the same).
+
+pub mod build;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_istio;
+
+use std::collections::BTreeMap;
+
+use meshfed_api::workload as wl;
+use serde_json::json;
+
+use crate::push::snapshot::Snapshot;
+use crate::xds::{EncodedResource, Resource, TypeUrl};
+pub use build::AmbientModel;
+
+use super::Subscription;
+
+/// The Address resources of one snapshot.
+#[derive(Debug, Default)]
+pub struct AddressResources {
+    /// What they were built from.
+    pub model: AmbientModel,
+    /// Primary name (workload uid, `namespace/hostname`) -> encoded resource.
+    pub by_name: BTreeMap<String, Resource>,
+}
+
+impl AddressResources {
+    /// Encodes `model`.
+    pub fn new(model: AmbientModel) -> Self {
+        let mut by_name = BTreeMap::new();
+        for (uid, w) in &model.workloads {
+            let address = wl::Address {
+                r#type: Some(wl::address::Type::Workload(w.clone())),
+            };
+            by_name.insert(
+                uid.clone(),
+                EncodedResource::encode(TypeUrl::Address, uid.as_str(), &address),
+            );
+        }
+        for (name, s) in &model.services {
+            let address = wl::Address {
+                r#type: Some(wl::address::Type::Service(s.clone())),
+            };
+            by_name.insert(
+                name.clone(),
+                EncodedResource::encode(TypeUrl::Address, name.as_str(), &address),
+            );
+        }
+        AddressResources { model, by_name }
+    }
+
+    /// The resources a subscription asks for: all of them for a wildcard one, plus
+    /// each subscribed name (an alias answered under its own name).
+    pub fn select(&self, sub: Subscription<'_>) -> Vec<Resource> {
+        let mut out: Vec<Resource> = if sub.wildcard {
+            self.by_name.values().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        for name in sub.names {
+            if let Some(r) = self.by_name.get(name) {
+                if !sub.wildcard {
+                    out.push(r.clone());
+                }
+                continue;
+            }
+            // An alias: the first resource at that address (a service before the
+            // workloads behind the same IP is not possible; one name, one answer).
+            if let Some(r) = self
+                .model
+                .aliases
+                .get(name)
+                .and_then(|names| names.first())
+                .and_then(|n| self.by_name.get(n))
+            {
+                out.push(EncodedResource::encode(
+                    TypeUrl::Address,
+                    name.as_str(),
+                    &decode_address(r),
+                ));
+            }
+        }
+        out
+    }
+}
+
+fn decode_address(r: &Resource) -> wl::Address {
+    prost::Message::decode(r.body.value.clone()).unwrap_or_default()
+}
+
+/// The Address resources of `snapshot`, built on first use.
+pub fn address_resources(snapshot: &Snapshot) -> std::sync::Arc<AddressResources> {
+    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s)))
+}
+
+/// The Address resources `sub` asks for.
+pub fn addresses(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
+    address_resources(snapshot).select(sub)
+}
+
+/// The Authorization resources `sub` asks for. The policies' conversion plugs in
+/// here; until it does, the type is served as an empty set (a ztunnel's wildcard
+/// subscription is answered, with nothing).
+pub fn authorizations(_snapshot: &Snapshot, _sub: Subscription<'_>) -> Vec<Resource> {
+    Vec::new()
+}
+
+/// JSON of the Address type for `/debug/` views: every workload and service, as the
+/// proto3 JSON Istio's debug endpoints print.
+pub fn debug_json(snapshot: &Snapshot) -> serde_json::Value {
+    let r = address_resources(snapshot);
+    json!({
+        "workloads": r.model.workloads.values().collect::<Vec<_>>(),
+        "services": r.model.services.values().collect::<Vec<_>>(),
+    })
+}
+
+/// Decodes an Address resource for debug output (proto3 JSON).
+pub fn resource_json(r: &Resource) -> serde_json::Value {
+    serde_json::to_value(decode_address(r)).unwrap_or_default()
+}
