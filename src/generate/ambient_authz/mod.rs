@@ -37,9 +37,9 @@ pub use peer::{STATIC_STRICT_POLICY_NAME, convert_peer_authentication, static_st
 
 use crate::push::config_index::{Config, ConfigIndex};
 use crate::push::snapshot::Snapshot;
+use crate::xds::{EncodedResource, Resource, TypeUrl};
 
-/// The type URL ztunnel subscribes to for these resources.
-pub const AUTHORIZATION_TYPE_URL: &str = "type.googleapis.com/istio.security.Authorization";
+use super::Subscription;
 
 /// The resource name of a policy: `<namespace>/<name>`.
 pub fn resource_name(a: &Authorization) -> String {
@@ -52,6 +52,8 @@ pub fn resource_name(a: &Authorization) -> String {
 pub struct AmbientPolicies {
     /// Every served policy, by resource name.
     resources: BTreeMap<String, Authorization>,
+    /// The same, encoded once for every ztunnel.
+    encoded: BTreeMap<String, Resource>,
     /// The converted AuthorizationPolicies with a non-empty selector, by namespace:
     /// their `matchLabels` and resource name.
     selectable: BTreeMap<String, Vec<(BTreeMap<String, String>, String)>>,
@@ -101,7 +103,27 @@ impl AmbientPolicies {
         }
         out.findings.sort();
         log_findings(&out.findings);
+        out.encoded = out
+            .resources
+            .iter()
+            .map(|(name, a)| {
+                let r = EncodedResource::encode(TypeUrl::Authorization, name.as_str(), a);
+                (name.clone(), r)
+            })
+            .collect();
         out
+    }
+
+    /// The encoded resources `sub` asks for: every policy for a wildcard subscription,
+    /// else the named ones that exist.
+    pub fn select(&self, sub: Subscription<'_>) -> Vec<Resource> {
+        if sub.wildcard {
+            return self.encoded.values().cloned().collect();
+        }
+        sub.names
+            .iter()
+            .filter_map(|n| self.encoded.get(n).cloned())
+            .collect()
     }
 
     /// Every served policy, by resource name (`<namespace>/<name>`), sorted.
@@ -157,6 +179,12 @@ impl AmbientPolicies {
 /// The policies of `snapshot`, converted once per snapshot.
 pub fn ambient_policies(snapshot: &Snapshot) -> Arc<AmbientPolicies> {
     snapshot.derived(|s| AmbientPolicies::build(s.config()))
+}
+
+/// The `istio.security.Authorization` resources of `snapshot` that `sub` asks for
+/// (what the Delta server sends a ztunnel; removals follow from the Delta diff).
+pub fn resources(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
+    ambient_policies(snapshot).select(sub)
 }
 
 /// The `authorization_policies` of a workload of `namespace` with `labels` in
