@@ -396,6 +396,123 @@ impl NodeAuthorizer {
     }
 }
 
+/// [`NodeWorkloads`] over the current snapshot: the caller's pod from the registries'
+/// frozen workload views (by the connection's address, and the pod name its token is
+/// bound to), the workloads by node from the endpoints' workload records (pods with a
+/// node and an identity).
+#[derive(Debug)]
+pub struct SnapshotWorkloads {
+    snapshot: Arc<arc_swap::ArcSwap<crate::push::snapshot::Snapshot>>,
+    /// The cluster a caller that claims none is in.
+    local_cluster: meshfed_registry::ClusterId,
+}
+
+impl SnapshotWorkloads {
+    /// Reads `snapshot` (always the current one); callers that claim no cluster are
+    /// in `local_cluster`.
+    pub fn new(
+        snapshot: Arc<arc_swap::ArcSwap<crate::push::snapshot::Snapshot>>,
+        local_cluster: meshfed_registry::ClusterId,
+    ) -> Self {
+        SnapshotWorkloads {
+            snapshot,
+            local_cluster,
+        }
+    }
+}
+
+/// `(cluster, node, namespace, service account)` of every pod endpoint with a node
+/// and an identity, per snapshot.
+#[derive(Debug, Default)]
+struct NodeAccounts(BTreeSet<(String, String, String, String)>);
+
+impl NodeAccounts {
+    fn build(snapshot: &crate::push::snapshot::Snapshot) -> NodeAccounts {
+        let mut out = BTreeSet::new();
+        for service in snapshot.services().all() {
+            let Some(shards) = snapshot.shards(&service.key()) else {
+                continue;
+            };
+            for (shard, ep) in shards.iter() {
+                let (Some(meta), Some(id)) = (ep.workload.as_ref(), ep.service_account.as_deref())
+                else {
+                    continue;
+                };
+                if meta.kind != meshfed_registry::WorkloadKind::Pod || meta.node_name.is_empty() {
+                    continue;
+                }
+                if let Some((ns, sa)) = parse_spiffe(id) {
+                    out.insert((
+                        shard.cluster.to_string(),
+                        meta.node_name.clone(),
+                        ns.to_string(),
+                        sa.to_string(),
+                    ));
+                }
+            }
+        }
+        NodeAccounts(out)
+    }
+}
+
+impl NodeWorkloads for SnapshotWorkloads {
+    fn caller_pod(&self, caller: &KubeCaller, peer_ip: Option<IpAddr>) -> Option<CallerPodFacts> {
+        let ips = [peer_ip?];
+        let id = caller
+            .pod_name
+            .as_ref()
+            .map(|p| format!("{p}.{}", caller.namespace))
+            .unwrap_or_default();
+        let cluster = meshfed_registry::ClusterId::new(
+            caller
+                .cluster
+                .as_deref()
+                .unwrap_or(self.local_cluster.as_str()),
+        );
+        let found = self
+            .snapshot
+            .load()
+            .find_workload(&meshfed_registry::WorkloadQuery {
+                ips: &ips,
+                id: &id,
+                namespace: &caller.namespace,
+                cluster: Some(&cluster),
+            })?;
+        if found.namespace.as_str() != caller.namespace
+            || caller.pod_name.as_ref().is_some_and(|p| *p != found.name)
+        {
+            return None;
+        }
+        Some(CallerPodFacts {
+            node: found.labels.get("kubernetes.io/hostname")?.clone(),
+            uid: None,
+            service_account: found
+                .service_account
+                .as_deref()
+                .and_then(parse_spiffe)
+                .map(|(_, sa)| sa.to_string()),
+        })
+    }
+
+    fn service_account_on_node(
+        &self,
+        cluster: Option<&str>,
+        namespace: &str,
+        service_account: &str,
+        node: &str,
+    ) -> bool {
+        let snapshot = self.snapshot.load();
+        let accounts = snapshot.derived(NodeAccounts::build);
+        let cluster = cluster.unwrap_or(self.local_cluster.as_str());
+        accounts.0.contains(&(
+            cluster.to_string(),
+            node.to_string(),
+            namespace.to_string(),
+            service_account.to_string(),
+        ))
+    }
+}
+
 /// `spiffe://<trust domain>/ns/<namespace>/sa/<service account>` (Istio's
 /// `spiffe.ParseIdentity`): namespace and service account.
 fn parse_spiffe(id: &str) -> Option<(&str, &str)> {

@@ -2,12 +2,16 @@
 //! `ztunnel`, a wildcard subscription to `istio.security.Authorization`, ACKs that
 //! carry only the type and the nonce) gets the AuthorizationPolicies and
 //! PeerAuthentications converted as Istio converts them, then each change as a
-//! Delta update: a new policy alone, a deleted one as a removal.
+//! Delta update: a new policy alone, a deleted one as a removal. And ztunnel's
+//! certificates: `CreateCertificate` with `ImpersonatedIdentity` on the secure port,
+//! issued for a workload on the caller's node, refused for one on another node and for
+//! a caller that is not a trusted node account.
 
 use meshfed::ads::TypeUrl;
 use meshfed::testing::{DeltaClient, FakeServer, decode_delta, node};
 use meshfed_api::security as l4;
 use meshfed_api::security::v1beta1 as sec;
+use meshfed_kube::fake_api::{FakeApiServer, objects};
 use meshfed_registry::config::{ConfigObject, Kind};
 
 const ZTUNNEL: &str = "ztunnel~10.0.0.9~ztunnel-x.istio-system~istio-system.svc.cluster.local";
@@ -126,6 +130,128 @@ async fn ztunnel_receives_converted_policies_and_their_changes() {
     assert_eq!(
         update.removed_resources,
         ["istio-system/istio_converted_static_strict"]
+    );
+    server.shutdown().await;
+}
+
+fn impersonating(target: &str) -> meshfed_api::auth::v1::IstioCertificateRequest {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let csr = rcgen::CertificateParams::new(Vec::<String>::new())
+        .unwrap()
+        .serialize_request(&key)
+        .unwrap()
+        .pem()
+        .unwrap();
+    meshfed_api::auth::v1::IstioCertificateRequest {
+        csr,
+        metadata: Some(pbjson_types::Struct {
+            fields: [(
+                "ImpersonatedIdentity".to_string(),
+                pbjson_types::Value::from(target.to_string()),
+            )]
+            .into(),
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn ztunnel_gets_the_certificates_of_its_node_only() {
+    use meshfed::testing::{ClientTls, create_certificate, tls_channel};
+    let api = FakeApiServer::start().await.unwrap();
+    for ns in ["istio-system", "ns1", "ns2"] {
+        api.apply(&objects::namespace(ns, &[]));
+    }
+    api.apply(&objects::node("node-a", "r1", "z1"));
+    api.apply(&objects::node("node-b", "r1", "z1"));
+    // The test client connects from 127.0.0.1: that is ztunnel-a's pod address.
+    api.apply(&objects::pod(
+        "istio-system",
+        "ztunnel-a",
+        "ztunnel",
+        "127.0.0.1",
+        "node-a",
+    ));
+    for (ns, app, ip, node) in [
+        ("ns1", "app", "10.1.0.1", "node-a"),
+        ("ns2", "db", "10.1.0.2", "node-b"),
+    ] {
+        api.apply(&objects::pod(ns, &format!("{app}-1"), app, ip, node));
+        api.apply(&objects::service(ns, app, "10.96.0.1", &[("http", 80)]));
+        api.apply(&objects::slice(
+            ns,
+            &format!("{app}-abc"),
+            app,
+            &[("http", 8080)],
+            &[(ip, &format!("{app}-1"))],
+        ));
+    }
+    let server = crate::secure::kube_mesh(&api).await;
+    let root = crate::secure::published_root(&api, "istio-system").await;
+    let tls = ClientTls {
+        roots_pem: root,
+        identity: None,
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let in_an_hour = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    let bearer = |token: String| {
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert("authorization", format!("Bearer {token}").parse().unwrap());
+        md
+    };
+    let ztunnel = bearer(api.issue_token(
+        "istio-system",
+        "ztunnel",
+        &["istio-ca"],
+        in_an_hour,
+        Some(("ztunnel-a", "uid-ztunnel-a")),
+    ));
+    let app = "spiffe://cluster.local/ns/ns1/sa/app";
+    let addr = server.secure_grpc_addr();
+    let chain = crate::support::eventually("a certificate for app on node-a", || {
+        let (tls, md) = (tls.clone(), ztunnel.clone());
+        async move {
+            let channel = tls_channel(addr, &tls).await.ok()?;
+            create_certificate(channel, md, impersonating(app))
+                .await
+                .ok()
+        }
+    })
+    .await;
+    let leaf = pem::parse(&chain.cert_chain[0]).unwrap();
+    assert_eq!(meshfed::authn::uri_sans(leaf.contents()).unwrap(), [app]);
+
+    // db runs on node-b: refused.
+    let channel = tls_channel(addr, &tls).await.unwrap();
+    let status = create_certificate(
+        channel,
+        ztunnel.clone(),
+        impersonating("spiffe://cluster.local/ns/ns2/sa/db"),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(status.message().contains("caller's node"), "{status:?}");
+
+    // A caller that is not a trusted node account: refused.
+    let other = bearer(api.issue_token("ns1", "app", &["istio-ca"], in_an_hour, None));
+    let channel = tls_channel(addr, &tls).await.unwrap();
+    let status = create_certificate(channel, other, impersonating(app))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    assert!(
+        status.message().contains("trusted node account"),
+        "{status:?}"
+    );
+
+    let metrics = crate::support::http_get(server.bound().monitoring, "/metrics")
+        .await
+        .1;
+    assert!(
+        crate::support::metric(&metrics, "citadel_server_authentication_failure_count").unwrap()
+            >= 2.0,
+        "{metrics}"
     );
     server.shutdown().await;
 }
