@@ -3,6 +3,8 @@
 //!   `ambient/testdata`): one policy file in, the `Authorization` as YAML out;
 //! - `TestConvertAuthorizationPolicyStatus` (`authorization_test.go`): the condition a
 //!   policy gets;
+//! - `TestAmbientIndex_Policy` (`ambientindex_test.go`): a workload's
+//!   `authorization_policies` through a sequence of policy changes;
 //! and the selection rules of `buildWorkloadPolicies`.
 //!
 //! Every vector passes or is listed in [`KNOWN_GAPS`] with its reason; a listed vector
@@ -269,6 +271,214 @@ fn all_vectors() -> Vec<(String, Result<(), String>)> {
         out.push((
             format!("TestConvertAuthorizationPolicyStatus/{name}"),
             status_passes(spec, *want),
+        ));
+    }
+    out.extend(ambient_index_policy());
+    out
+}
+
+/// The config of one step of `TestAmbientIndex_Policy`: objects by (namespace, name).
+#[derive(Default)]
+struct World {
+    aps: BTreeMap<(String, String), String>,
+    pas: BTreeMap<(String, String), String>,
+}
+
+impl World {
+    fn ap(&mut self, ns: &str, name: &str, spec: &str) {
+        self.aps.insert((ns.into(), name.into()), spec.into());
+    }
+    fn pa(&mut self, ns: &str, name: &str, spec: &str) {
+        self.pas.insert((ns.into(), name.into()), spec.into());
+    }
+    fn policies(&self) -> AmbientPolicies {
+        let aps: Vec<(&str, &str, &str)> = self
+            .aps
+            .iter()
+            .map(|((ns, n), s)| (ns.as_str(), n.as_str(), s.as_str()))
+            .collect();
+        let pas: Vec<(&str, &str, &str, u64)> = self
+            .pas
+            .iter()
+            .map(|((ns, n), s)| (ns.as_str(), n.as_str(), s.as_str(), 0))
+            .collect();
+        AmbientPolicies::build(&index(&aps, &pas))
+    }
+}
+
+/// `TestAmbientIndex_Policy` (ambient `ambientindex_test.go`): policies added,
+/// changed and deleted one after the other, and after each step the
+/// `authorization_policies` of `pod1` (ns1, `app: a`; or another pod) or the served
+/// set. Istio's push events between the steps are not compared (meshfed rebuilds the
+/// type per snapshot and Delta sends what changed).
+fn ambient_index_policy() -> Vec<(String, Result<(), String>)> {
+    const S: &str = "istio-system/istio_converted_static_strict";
+    const W: &str = "ns1/converted_peer_authentication_selector";
+    const WS: &str = "ns1/converted_peer_authentication_selector-strict";
+    let a = labels(&[("app", "a")]);
+    let not_a = labels(&[("app", "not-a")]);
+    let mut out = Vec::new();
+    let mut w = World::default();
+    let mut step = 0;
+    let mut check = |w: &World, what: &str, labels: &BTreeMap<String, String>, want: &[&str]| {
+        step += 1;
+        let got = w.policies().workload_policies("ns1", labels);
+        let result = if got == want {
+            Ok(())
+        } else {
+            Err(format!("got {got:?}, want {want:?}"))
+        };
+        out.push((format!("TestAmbientIndex_Policy/{step:02} {what}"), result));
+    };
+    let sel = |mode: &str, ports: &str| {
+        format!(
+            "selector: {{matchLabels: {{app: a}}}}\nmtls: {{{mode}}}\nportLevelMtls: {{{ports}}}"
+        )
+    };
+    w.pa(ROOT, "global", "mtls: {mode: PERMISSIVE}");
+    let served = w.policies().get(S).is_some();
+    w.pa("ns1", "namespace", "mtls: {mode: STRICT}");
+    check(&w, "namespace STRICT", &a, &[S]);
+    w.pa("ns1", "selector", &sel("mode: STRICT", ""));
+    check(&w, "workload STRICT", &a, &[S]);
+    w.pa("ns1", "selector", &sel("mode: PERMISSIVE", ""));
+    check(&w, "workload PERMISSIVE", &a, &[]);
+    w.pa(
+        "ns1",
+        "selector",
+        &sel("mode: PERMISSIVE", "'9090': {mode: STRICT}"),
+    );
+    check(&w, "workload PERMISSIVE, port STRICT", &a, &[W]);
+    check(&w, "pod2 outside the selector", &not_a, &[S]);
+    check(&w, "pod2 relabelled into it", &a, &[W]);
+    w.pa(
+        ROOT,
+        "global-selector",
+        "selector: {matchLabels: {app: a}}\nmtls: {mode: STRICT}",
+    );
+    check(&w, "a root-namespace selector is ignored", &a, &[W]);
+    w.pas.remove(&(ROOT.into(), "global-selector".into()));
+    w.pa(
+        "ns1",
+        "selector",
+        &sel("mode: PERMISSIVE", "'9090': {mode: PERMISSIVE}"),
+    );
+    check(&w, "workload and port PERMISSIVE", &a, &[]);
+    w.pa("ns1", "namespace", "mtls: {mode: PERMISSIVE}");
+    check(&w, "namespace PERMISSIVE", &a, &[]);
+    w.pa("ns1", "selector", &sel("mode: STRICT", ""));
+    check(&w, "workload STRICT without ports", &a, &[S]);
+    w.pa(
+        "ns1",
+        "selector",
+        &sel("mode: STRICT", "'9090': {mode: PERMISSIVE}"),
+    );
+    check(&w, "workload STRICT, port PERMISSIVE", &a, &[W]);
+    w.pa("ns1", "selector", &sel("", "'9090': {mode: STRICT}"));
+    check(&w, "workload UNSET, port STRICT", &a, &[W]);
+    w.pa("ns1", "namespace", "mtls: {mode: STRICT}");
+    check(&w, "namespace STRICT again", &a, &[S]);
+    w.pa("ns1", "selector", &sel("", "'9090': {mode: PERMISSIVE}"));
+    check(&w, "workload UNSET, port PERMISSIVE", &a, &[W]);
+    w.pas.remove(&("ns1".into(), "selector".into()));
+    check(&w, "workload policy deleted", &a, &[S]);
+    w.pas.clear();
+    let removed = w.policies().get(S).is_none();
+    w.ap(ROOT, "global", "{}");
+    w.ap("ns1", "namespace", "{}");
+    check(&w, "global and namespace AuthorizationPolicies", &a, &[]);
+    w.ap("ns1", "selector", "selector: {matchLabels: {app: a}}");
+    check(&w, "selector AuthorizationPolicy", &a, &["ns1/selector"]);
+    check(&w, "pod3 outside it", &not_a, &[]);
+    check(&w, "pod3 relabelled into it", &a, &["ns1/selector"]);
+    w.ap(ROOT, "global-selector", "selector: {matchLabels: {app: a}}");
+    check(
+        &w,
+        "root-namespace selector AuthorizationPolicy",
+        &a,
+        &["istio-system/global-selector", "ns1/selector"],
+    );
+    w.ap(
+        ROOT,
+        "global-selector",
+        "selector: {matchLabels: {app: not-a}}",
+    );
+    check(&w, "it selects no more", &a, &["ns1/selector"]);
+    w.pa(ROOT, "strict", "mtls: {mode: STRICT}");
+    check(&w, "mesh STRICT", &a, &["ns1/selector", S]);
+    w.pa(
+        "ns1",
+        "selector-strict",
+        "selector: {matchLabels: {app: a}}\nmtls: {mode: STRICT}",
+    );
+    check(
+        &w,
+        "workload STRICT under mesh STRICT",
+        &a,
+        &["ns1/selector", S],
+    );
+    w.pa(
+        "ns1",
+        "selector-strict",
+        "selector: {matchLabels: {app: a}}\nmtls: {mode: PERMISSIVE}",
+    );
+    check(
+        &w,
+        "workload PERMISSIVE under mesh STRICT",
+        &a,
+        &["ns1/selector"],
+    );
+    w.pa(
+        "ns1",
+        "selector-strict",
+        "selector: {matchLabels: {app: a}}\nmtls: {mode: DISABLE}",
+    );
+    check(&w, "workload DISABLE", &a, &["ns1/selector"]);
+    w.pa(
+        "ns1",
+        "selector-strict",
+        "selector: {matchLabels: {app: a}}\nmtls: {mode: STRICT}\nportLevelMtls: {'9090': {mode: PERMISSIVE}}",
+    );
+    check(
+        &w,
+        "workload STRICT, port PERMISSIVE",
+        &a,
+        &["ns1/selector", WS],
+    );
+    w.ap(
+        "ns1",
+        "selector",
+        "selector: {matchLabels: {app: a}}\nrules: [{from: [{source: {principals: [cluster.local/ns/ns1/sa/sa1]}}]}]",
+    );
+    check(
+        &w,
+        "a rule added to the AuthorizationPolicy",
+        &a,
+        &["ns1/selector", WS],
+    );
+    w.aps.remove(&("ns1".into(), "selector".into()));
+    check(&w, "AuthorizationPolicy deleted", &a, &[WS]);
+    w.pas.remove(&("ns1".into(), "selector-strict".into()));
+    check(&w, "workload PeerAuthentication deleted", &a, &[S]);
+    w.pas.clear();
+    check(&w, "mesh PeerAuthentication deleted", &a, &[]);
+    w.ap(
+        "ns1",
+        "gateway-targeted",
+        "targetRef: {group: gateway.networking.k8s.io, kind: Gateway, name: dummy-waypoint}",
+    );
+    let targeted = w.policies().get("ns1/gateway-targeted").is_none();
+    for (what, ok) in [
+        (
+            "static STRICT policy served with a PeerAuthentication",
+            served,
+        ),
+        ("static STRICT policy removed with the last one", removed),
+        ("a Gateway-targeted policy is not served", targeted),
+    ] {
+        out.push((
+            format!("TestAmbientIndex_Policy/{what}"),
+            if ok { Ok(()) } else { Err("no".into()) },
         ));
     }
     out
