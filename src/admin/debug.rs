@@ -100,7 +100,22 @@ pub static DEBUG_ENDPOINTS: &[DebugEndpoint] = &[
         description: "The optional duties (CA Secret, leader Lease, root-cert ConfigMaps, config status): state (pending, done, failing), failed attempts and the last error with what to do",
         handler: duties,
     },
+    DebugEndpoint {
+        path: "ambientz",
+        description: "Ambient (ztunnel): per connection watching istio.workload.Address or istio.security.Authorization, its subscription and what it holds (name -> version); ?resources=true adds every workload and service",
+        handler: ambientz,
+    },
 ];
+
+fn ambientz(state: &AdminState, query: &BTreeMap<String, String>) -> Answer {
+    let snapshot = state.pipeline.snapshot().load_full();
+    let with = query.get("resources").is_some_and(|v| v == "true");
+    Ok(crate::generate::ambient::ambientz(
+        &state.connections,
+        &snapshot,
+        with,
+    ))
+}
 
 /// `/debug/list`.
 pub fn list() -> Value {

@@ -26,6 +26,28 @@ fn names(r: &envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRespo
     n
 }
 
+/// The next response of `type_url`, ACKed as ztunnel ACKs (type and nonce only);
+/// responses of the other type on the way are ACKed and skipped.
+async fn next_of(
+    ztunnel: &mut DeltaClient,
+    type_url: TypeUrl,
+) -> envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryResponse {
+    loop {
+        let r = ztunnel.recv().await.unwrap();
+        let t = if r.type_url == type_url.as_str() {
+            type_url
+        } else if r.type_url == TypeUrl::Address.as_str() {
+            TypeUrl::Address
+        } else {
+            TypeUrl::Authorization
+        };
+        ztunnel.ack_nonce(t, &r.nonce).await.unwrap();
+        if t == type_url {
+            return r;
+        }
+    }
+}
+
 #[tokio::test]
 async fn ztunnel_receives_converted_policies_and_their_changes() {
     let server = FakeServer::builder().start().await.unwrap();
@@ -50,6 +72,28 @@ async fn ztunnel_receives_converted_policies_and_their_changes() {
             spec::<sec::PeerAuthentication>(serde_json::json!({"mtls": {"mode": "STRICT"}})),
         ))
         .expect("valid policy");
+    // httpbin's workload (as a registry outside Kubernetes gives it) in ns1.
+    let mock = server.mock_registry("mock");
+    mock.add_service(crate::support::service(
+        "httpbin.mock",
+        "ns1",
+        &[("tcp", 8000, meshfed_registry::Protocol::Tcp)],
+    ));
+    let mut ep =
+        meshfed_registry::Endpoint::new("10.9.0.1".parse().unwrap()).with_port("tcp", 8000);
+    ep.labels.insert("app".into(), "httpbin".into());
+    ep.workload = Some(std::sync::Arc::new(meshfed_registry::WorkloadMeta {
+        kind: meshfed_registry::WorkloadKind::External,
+        name: "httpbin-1".into(),
+        namespace: "ns1".into(),
+        uid: "mock/mock/ns1/httpbin.mock/httpbin-1".into(),
+        workload_name: "httpbin".into(),
+        ..Default::default()
+    }));
+    mock.set_endpoints(
+        &meshfed_registry::ServiceKey::new("httpbin.mock", "ns1"),
+        vec![ep],
+    );
     server.sync().await;
 
     let mut ztunnel = DeltaClient::connect(server.grpc_addr(), node(ZTUNNEL))
@@ -93,6 +137,34 @@ async fn ztunnel_receives_converted_policies_and_their_changes() {
         .unwrap();
     assert_eq!(strict.action(), l4::Action::Deny);
 
+    // httpbin's Workload lists the policy selecting it and, its namespace being
+    // STRICT, the static STRICT policy.
+    ztunnel.subscribe(TypeUrl::Address, &[], &[]).await.unwrap();
+    let addresses = ztunnel.recv().await.unwrap();
+    assert_eq!(
+        addresses.type_url,
+        "type.googleapis.com/istio.workload.Address"
+    );
+    ztunnel
+        .ack_nonce(TypeUrl::Address, &addresses.nonce)
+        .await
+        .unwrap();
+    let workload = decode_delta::<meshfed_api::workload::Address>(&addresses)
+        .unwrap()
+        .into_iter()
+        .find_map(|a| match a.r#type {
+            Some(meshfed_api::workload::address::Type::Workload(w)) => Some(w),
+            _ => None,
+        })
+        .expect("httpbin's workload");
+    assert_eq!(
+        workload.authorization_policies,
+        [
+            "ns1/allow-sleep",
+            "istio-system/istio_converted_static_strict"
+        ]
+    );
+
     // A new namespace-wide DENY policy: sent alone.
     store
         .apply(ConfigObject::new(
@@ -104,11 +176,7 @@ async fn ztunnel_receives_converted_policies_and_their_changes() {
             })),
         ))
         .expect("valid policy");
-    let update = ztunnel.recv().await.unwrap();
-    ztunnel
-        .ack_nonce(TypeUrl::Authorization, &update.nonce)
-        .await
-        .unwrap();
+    let update = next_of(&mut ztunnel, TypeUrl::Authorization).await;
     assert_eq!(names(&update), ["ns1/deny-8080"]);
     assert!(update.removed_resources.is_empty(), "{update:?}");
     let deny: Vec<l4::Authorization> = decode_delta(&update).unwrap();
@@ -121,11 +189,7 @@ async fn ztunnel_receives_converted_policies_and_their_changes() {
 
     // The last PeerAuthentication goes: the static STRICT policy is removed.
     assert!(store.delete(Kind::PeerAuthentication, "ns1", "strict"));
-    let update = ztunnel.recv().await.unwrap();
-    ztunnel
-        .ack_nonce(TypeUrl::Authorization, &update.nonce)
-        .await
-        .unwrap();
+    let update = next_of(&mut ztunnel, TypeUrl::Authorization).await;
     assert!(update.resources.is_empty(), "{update:?}");
     assert_eq!(
         update.removed_resources,

@@ -4,6 +4,7 @@
 mod support;
 
 mod admin;
+mod ambient;
 mod ambient_authz;
 mod analyze;
 mod autoregistration;

@@ -28,12 +28,11 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use meshfed_api::workload as wl;
 use meshfed_registry::{
-    ClusterId, Endpoint, HealthStatus, NetworkId, ProviderId, Service, ShardKey, WorkloadKind,
-    WorkloadMeta, WorkloadOwner,
+    ClusterId, Endpoint, HealthStatus, NetworkId, ProviderId, Resolution, Service, ShardKey,
+    WorkloadKind, WorkloadMeta, WorkloadOwner,
 };
 
 use crate::networks::NetworkView;
@@ -69,28 +68,44 @@ pub struct BuildContext<'a> {
     pub vips: BTreeMap<(String, String), Vec<IpAddr>>,
 }
 
+/// One service with its endpoints, each with the shard it came from.
+pub type ServiceEndpoints<'a> = (&'a Service, Vec<(&'a ShardKey, &'a Endpoint)>);
+
 /// Builds the ambient model from a snapshot.
 pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
     let trust_domain = snapshot.mesh().config.trust_domain.clone();
-    let services: Vec<(Arc<Service>, Vec<(ShardKey, Endpoint)>)> = snapshot
+    let services: Vec<ServiceEndpoints<'_>> = snapshot
         .services()
         .all()
         .iter()
         .map(|s| {
             let eps = snapshot
                 .shards(&s.key())
-                .map(|sh| sh.iter().map(|(k, e)| (k.clone(), e.clone())).collect())
+                .map(|sh| sh.iter().collect())
                 .unwrap_or_default();
-            (s.clone(), eps)
+            (&**s, eps)
         })
         .collect();
     let networks = snapshot.network_view();
-    build(&services, networks, &trust_domain)
+    let mut model = build(&services, networks, &trust_domain);
+    // Each workload lists the policies that select it (`authorization_policies`).
+    let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
+    for (_, endpoints) in &services {
+        for (_, ep) in endpoints {
+            if let Some(meta) = ep.workload.as_deref()
+                && let Some(w) = model.workloads.get_mut(&meta.uid)
+                && w.authorization_policies.is_empty()
+            {
+                w.authorization_policies = policies.workload_policies(&meta.namespace, &ep.labels);
+            }
+        }
+    }
+    model
 }
 
 /// Builds the ambient model of `services`, each with its endpoints and their shards.
 pub fn build(
-    services: &[(Arc<Service>, Vec<(ShardKey, Endpoint)>)],
+    services: &[ServiceEndpoints<'_>],
     networks: &NetworkView,
     trust_domain: &str,
 ) -> AmbientModel {
@@ -201,7 +216,7 @@ fn cluster_domain(hostname: &str) -> Option<&str> {
 
 fn service_resource(
     service: &Service,
-    endpoints: &[(ShardKey, Endpoint)],
+    endpoints: &[(&ShardKey, &Endpoint)],
     ctx: &BuildContext<'_>,
 ) -> wl::Service {
     let hostname = service.hostname.to_string();
@@ -213,30 +228,49 @@ fn service_resource(
     let mut addresses = Vec::new();
     let mut v4 = false;
     let mut v6 = false;
-    for (cluster, vips) in &service.cluster_vips {
-        for vip in vips {
-            v4 |= vip.is_ipv4();
-            v6 |= vip.is_ipv6();
-            let network = network_of(ctx.networks, *vip, cluster).to_string();
-            let address = wl::NetworkAddress {
-                network,
-                address: ip_bytes(*vip),
-            };
-            if !addresses.contains(&address) {
-                addresses.push(address);
-            }
+    let mut vip_list: Vec<(ClusterId, IpAddr)> = service
+        .cluster_vips
+        .iter()
+        .flat_map(|(c, vips)| vips.iter().map(move |v| (c.clone(), *v)))
+        .collect();
+    // Auto-allocated addresses stand in when none is given (not for NONE resolution).
+    if vip_list.is_empty() && service.resolution != Resolution::Passthrough {
+        let auto = [
+            service.auto_allocated_ipv4.map(IpAddr::V4),
+            service.auto_allocated_ipv6.map(IpAddr::V6),
+        ];
+        vip_list.extend(
+            auto.into_iter()
+                .flatten()
+                .map(|ip| (service.cluster_id.clone(), ip)),
+        );
+    }
+    for (cluster, vip) in &vip_list {
+        v4 |= vip.is_ipv4();
+        v6 |= vip.is_ipv6();
+        let network = network_of(ctx.networks, *vip, cluster).to_string();
+        let address = wl::NetworkAddress {
+            network,
+            address: ip_bytes(*vip),
+        };
+        if !addresses.contains(&address) {
+            addresses.push(address);
         }
     }
     let ports = service
         .ports
         .iter()
         .map(|p| {
-            // The target port every endpoint agrees on, else 0 (per workload).
+            // The target port every endpoint agrees on, else 0 (per workload); a
+            // ServiceEntry's (or other registry's) port without endpoints targets
+            // itself.
             let mut targets = endpoints.iter().filter_map(|(_, e)| e.ports.get(&p.name));
             let first = targets.next().copied();
             let target = match first {
                 Some(t) if targets.all(|o| *o == t) => u32::from(t),
-                _ => 0,
+                Some(_) => 0,
+                None if service.provider == ProviderId::Kubernetes => 0,
+                None => u32::from(p.port.get()),
             };
             wl::Port {
                 service_port: u32::from(p.port.get()),
@@ -260,7 +294,11 @@ fn service_resource(
         hostname,
         addresses,
         ports,
-        subject_alt_names: Vec::new(),
+        // ServiceEntry `subjectAltNames` (Kubernetes Services carry none).
+        subject_alt_names: match service.provider {
+            ProviderId::External => service.service_accounts.iter().cloned().collect(),
+            _ => Vec::new(),
+        },
         waypoint,
         load_balancing: None,
         ip_families: match (v4, v6) {

@@ -133,3 +133,55 @@ pub fn debug_json(snapshot: &Snapshot) -> serde_json::Value {
 pub fn resource_json(r: &Resource) -> serde_json::Value {
     serde_json::to_value(decode_address(r)).unwrap_or_default()
 }
+
+/// `/debug/ambientz`: per connection watching an ambient type, its subscription and
+/// what it holds (name -> content version); the mesh-wide counts; with
+/// `?resources=true`, every workload and service as proto3 JSON.
+pub fn ambientz(
+    connections: &crate::ads::Connections,
+    snapshot: &Snapshot,
+    with_resources: bool,
+) -> serde_json::Value {
+    let clients: Vec<serde_json::Value> = connections
+        .all()
+        .iter()
+        .filter_map(|c| {
+            let st = c.state.lock().expect("state poisoned");
+            let types: BTreeMap<&str, serde_json::Value> =
+                [TypeUrl::Address, TypeUrl::Authorization]
+                    .into_iter()
+                    .filter_map(|t| {
+                        let w = st.watches.get(&t)?;
+                        Some((
+                            t.short(),
+                            json!({
+                                "wildcard": w.wildcard,
+                                "names": w.names,
+                                "held": w.held.len(),
+                                "resources": &*w.held,
+                                "acked": w.acked(),
+                            }),
+                        ))
+                    })
+                    .collect();
+            (!types.is_empty()).then(|| {
+                json!({
+                    "connectionId": c.id,
+                    "node": c.proxy.node_id,
+                    "type": c.proxy.node_type,
+                    "types": types,
+                })
+            })
+        })
+        .collect();
+    let r = address_resources(snapshot);
+    let mut out = json!({
+        "workloads": r.model.workloads.len(),
+        "services": r.model.services.len(),
+        "clients": clients,
+    });
+    if with_resources {
+        out["resources"] = debug_json(snapshot);
+    }
+    out
+}
