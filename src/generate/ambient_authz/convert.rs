@@ -317,7 +317,7 @@ fn addresses(values: &[String]) -> Vec<Address> {
                 IpAddr::V6(a) => (a.octets().to_vec(), 128),
             };
             (bits <= max).then_some(Address {
-                address: bytes.into(),
+                address: bytes,
                 length: bits,
             })
         })

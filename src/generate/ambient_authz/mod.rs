@@ -46,6 +46,9 @@ pub fn resource_name(a: &Authorization) -> String {
     format!("{}/{}", a.namespace, a.name)
 }
 
+/// A policy workloads list by selector: its `matchLabels` and resource name.
+type Selectable = (BTreeMap<String, String>, String);
+
 /// Everything ztunnel gets from one config index's AuthorizationPolicies and
 /// PeerAuthentications, and what a workload lists of it.
 #[derive(Debug, Default)]
@@ -54,9 +57,8 @@ pub struct AmbientPolicies {
     resources: BTreeMap<String, Authorization>,
     /// The same, encoded once for every ztunnel.
     encoded: BTreeMap<String, Resource>,
-    /// The converted AuthorizationPolicies with a non-empty selector, by namespace:
-    /// their `matchLabels` and resource name.
-    selectable: BTreeMap<String, Vec<(BTreeMap<String, String>, String)>>,
+    /// The converted AuthorizationPolicies with a non-empty selector, by namespace.
+    selectable: BTreeMap<String, Vec<Selectable>>,
     /// PeerAuthentications, oldest first (what workload selection reads).
     peer_authentications: Vec<Arc<Config<PeerAuthentication>>>,
     root_namespace: String,
