@@ -280,11 +280,13 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
                 wildcard: false,
                 names: &subs.rds,
             },
-            // Sidecars request no secrets from istiod, nor MCP types.
-            TypeUrl::Secret | TypeUrl::Mcp(_) => Subscription {
+            // Sidecars request no secrets from istiod, nor MCP or ambient types.
+            TypeUrl::Secret | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
+                Subscription {
                 wildcard: false,
                 names: &none,
-            },
+            }
+            }
         };
         generate(
             type_url,

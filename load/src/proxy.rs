@@ -406,8 +406,10 @@ impl ProxyState {
             },
             // A Secret's name is field 1, as a route configuration's.
             TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Facts::Other),
-            // Simulated proxies subscribe to no MCP type.
-            TypeUrl::NameTable | TypeUrl::Mcp(_) => (intern(""), Facts::Other),
+            // Simulated proxies subscribe to no MCP or ambient type.
+            TypeUrl::NameTable | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
+                (intern(""), Facts::Other)
+            }
         };
         Ok(Resource { name, facts })
     }

@@ -360,6 +360,45 @@ const VECTORS: &[Vector] = &[
             )
         },
     ),
+    ("networks_test.go", "LookupNetworkGatewayOrder", || {
+        // Eight gateways of nw1: the one a workload names is the same every time,
+        // the first in order.
+        let gateways: Vec<meshfed_registry::NetworkGateway> = (0..8)
+            .map(|i| meshfed_registry::NetworkGateway {
+                network: "nw1".into(),
+                cluster: CLUSTER.into(),
+                address: format!("10.0.0.{i}").parse().unwrap(),
+                port: 15443,
+                source: format!("istio-system/gw{i}"),
+            })
+            .collect();
+        let mut p = pod_app_foo(&[("http", 8080)]);
+        p.network = "nw1".into();
+        let first = one_workload(&model_of(
+            vec![(hostname_service(&[("http", 80)]), vec![p.clone()])],
+            &gateways,
+        ))
+        .and_then(|w| w.network_gateway);
+        let want = wl::GatewayAddress {
+            destination: Some(wl::gateway_address::Destination::Address(
+                wl::NetworkAddress {
+                    network: "nw1".into(),
+                    address: vec![10, 0, 0, 0],
+                },
+            )),
+            hbone_mtls_port: 15008,
+        };
+        check("first gateway", first.clone(), Some(want))?;
+        for _ in 0..100 {
+            let again = one_workload(&model_of(
+                vec![(hostname_service(&[("http", 80)]), vec![p.clone()])],
+                &gateways,
+            ))
+            .and_then(|w| w.network_gateway);
+            check("same gateway", again, first.clone())?;
+        }
+        Ok(())
+    }),
 ];
 
 /// Vectors meshfed does not pass, with the reason.
