@@ -283,9 +283,9 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
             // Sidecars request no secrets from istiod, nor MCP or ambient types.
             TypeUrl::Secret | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
                 Subscription {
-                wildcard: false,
-                names: &none,
-            }
+                    wildcard: false,
+                    names: &none,
+                }
             }
         };
         generate(

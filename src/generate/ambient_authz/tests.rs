@@ -5,6 +5,7 @@
 //!   policy gets;
 //! - `TestAmbientIndex_Policy` (`ambientindex_test.go`): a workload's
 //!   `authorization_policies` through a sequence of policy changes;
+//!
 //! and the selection rules of `buildWorkloadPolicies`.
 //!
 //! Every vector passes or is listed in [`KNOWN_GAPS`] with its reason; a listed vector
@@ -178,8 +179,15 @@ const RBAC_CONVERT: &[Golden] = &[
     },
 ];
 
-/// `TestConvertAuthorizationPolicyStatus`: policy spec, expected (reason, message).
-const STATUS: &[(&str, &str, Option<(&str, &str)>)] = &[
+/// A status vector: name, policy spec, expected (reason, message).
+type StatusVector = (
+    &'static str,
+    &'static str,
+    Option<(&'static str, &'static str)>,
+);
+
+/// `TestConvertAuthorizationPolicyStatus`.
+const STATUS: &[StatusVector] = &[
     (
         "no status - targetRef is not for ztunnel",
         "targetRef: {kind: Service, name: test-svc}\nrules: []",
