@@ -55,8 +55,30 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
         TypeUrl::NameTable => Reader::NameTable,
         // MCP types are answered by `mcp_reads`, for every class alike.
         TypeUrl::Mcp(_) => return false,
-        // The ambient types are built from every service, endpoint and policy.
-        TypeUrl::Address | TypeUrl::Authorization => return true,
+        // Ambient workloads and services: every service, endpoint and workload, the
+        // networks, and the names of the policies that select a workload.
+        TypeUrl::Address => {
+            return !matches!(
+                kind,
+                ConfigKind::Secret
+                    | ConfigKind::VirtualService
+                    | ConfigKind::DestinationRule
+                    | ConfigKind::Gateway
+                    | ConfigKind::Sidecar
+                    | ConfigKind::RequestAuthentication
+                    | ConfigKind::Telemetry
+            );
+        }
+        // Ambient policies: AuthorizationPolicies, PeerAuthentications and the mesh
+        // config's root namespace.
+        TypeUrl::Authorization => {
+            return matches!(
+                kind,
+                ConfigKind::AuthorizationPolicy
+                    | ConfigKind::PeerAuthentication
+                    | ConfigKind::MeshConfig
+            );
+        }
     };
     match kind.object_kind() {
         Some(kind) => kind
@@ -364,6 +386,22 @@ mod tests {
     /// The table as it was written before the kinds declared their readers.
     const fn reads_as_written(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
         match (class, type_url, kind) {
+            (_, TypeUrl::Address, kind) => !matches!(
+                kind,
+                ConfigKind::Secret
+                    | ConfigKind::VirtualService
+                    | ConfigKind::DestinationRule
+                    | ConfigKind::Gateway
+                    | ConfigKind::Sidecar
+                    | ConfigKind::RequestAuthentication
+                    | ConfigKind::Telemetry
+            ),
+            (_, TypeUrl::Authorization, kind) => matches!(
+                kind,
+                ConfigKind::AuthorizationPolicy
+                    | ConfigKind::PeerAuthentication
+                    | ConfigKind::MeshConfig
+            ),
             (_, TypeUrl::Secret, kind) => {
                 matches!(kind, ConfigKind::Secret | ConfigKind::Gateway)
             }
@@ -646,6 +684,9 @@ mod tests {
                         assert_eq!(t, TypeUrl::Endpoint);
                         assert!(hosts.contains("a.ns.svc.cluster.local") && hosts.len() == 1);
                     }
+                    // Workloads are endpoints: the Address type is rebuilt whole (Delta
+                    // sends what changed).
+                    Touch::Everything if t == TypeUrl::Address => {}
                     other => assert_eq!(other, Touch::Nothing, "{class:?} {t:?}"),
                 }
             }
@@ -667,7 +708,14 @@ mod tests {
         assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
-                let want = if t == TypeUrl::Secret || t == TypeUrl::NameTable {
+                // Neither ambient type reads VirtualServices.
+                let want = if matches!(
+                    t,
+                    TypeUrl::Secret
+                        | TypeUrl::NameTable
+                        | TypeUrl::Address
+                        | TypeUrl::Authorization
+                ) {
                     Touch::Nothing
                 } else {
                     Touch::Everything
