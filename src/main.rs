@@ -324,6 +324,12 @@ struct DiscoveryArgs {
         value_delimiter = ','
     )]
     token_audiences: Vec<String>,
+    /// Service accounts (`<namespace>/<name>`, comma separated) that may ask for the
+    /// certificates of the workloads on their node (ztunnel's ImpersonatedIdentity;
+    /// Istio's CA_TRUSTED_NODE_ACCOUNTS). Default $CA_TRUSTED_NODE_ACCOUNTS, else
+    /// istio-system/ztunnel; empty: no one.
+    #[arg(long = "caTrustedNodeAccounts")]
+    ca_trusted_node_accounts: Option<String>,
     /// Write the mesh root bundle (PEM, mode 0644) to this file, for workloads outside
     /// Kubernetes; with Kubernetes it is also published as the istio-ca-root-cert
     /// ConfigMap of every namespace.
@@ -616,6 +622,20 @@ impl DiscoveryArgs {
             jwt_rule,
             token_audiences: self.token_audiences.clone(),
             root_cert_file: self.root_cert_file.clone(),
+            trusted_node_accounts: {
+                let (value, source) = match &self.ca_trusted_node_accounts {
+                    Some(v) => (v.clone(), "--caTrustedNodeAccounts"),
+                    None => match std::env::var("CA_TRUSTED_NODE_ACCOUNTS") {
+                        Ok(v) => (v, "$CA_TRUSTED_NODE_ACCOUNTS"),
+                        Err(_) => (
+                            meshfed::cert_service::DEFAULT_TRUSTED_NODE_ACCOUNTS.to_string(),
+                            "the default",
+                        ),
+                    },
+                };
+                meshfed::cert_service::parse_trusted_node_accounts(&value)
+                    .map_err(|e| anyhow::anyhow!("{source}: {e}"))?
+            },
         })
     }
 

@@ -107,8 +107,20 @@ pub mod r#type {
 }
 
 /// `security.istio.io`: PeerAuthentication, RequestAuthentication,
-/// AuthorizationPolicy.
+/// AuthorizationPolicy; and `istio.security` itself: the layer-4 `Authorization`
+/// ztunnel enforces (from `istio/security/authorization.proto`).
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    clippy::nursery,
+    rustdoc::all,
+    deprecated
+)]
 pub mod security {
+    include!(concat!(env!("OUT_DIR"), "/istio.security.rs"));
+    include!(concat!(env!("OUT_DIR"), "/istio.security.serde.rs"));
+
     /// Generated from `istio/security/v1beta1/*.proto` (served as `v1` and
     /// `v1beta1`).
     #[allow(
@@ -251,6 +263,50 @@ mod tests {
         assert_eq!(rule.output_claim_to_headers[0].claim, "sub");
         assert!(rule.forward_original_token);
         assert_eq!(rule.timeout.as_ref().unwrap().seconds, 5);
+    }
+
+    #[test]
+    fn ambient_authorization_reads_istio_json_and_wire() {
+        use crate::security as l4;
+        use prost::Message;
+        // Shaped like istiod's golden output for a converted PeerAuthentication.
+        let a: l4::Authorization = from_json(json!({
+            "action": "DENY",
+            "groups": [{"rules": [
+                {"matches": [{"notPrincipals": [{"presence": {}}]}]},
+                {"matches": [{"notDestinationPorts": [9090], "serviceAccounts": [{"namespace": "ns", "serviceAccount": "sa"}]}]}
+            ]}],
+            "name": "converted_peer_authentication_x",
+            "scope": "WORKLOAD_SELECTOR"
+        }));
+        assert_eq!(a.action(), l4::Action::Deny);
+        assert_eq!(a.scope(), l4::Scope::WorkloadSelector);
+        let rules = &a.groups[0].rules;
+        assert_eq!(
+            rules[0].matches[0].not_principals[0].match_type,
+            Some(l4::string_match::MatchType::Presence(
+                pbjson_types::Empty {}
+            ))
+        );
+        assert_eq!(rules[1].matches[0].not_destination_ports, [9090]);
+        assert_eq!(
+            rules[1].matches[0].service_accounts[0].service_account,
+            "sa"
+        );
+        let out = serde_json::to_value(&a).expect("serializes");
+        assert_eq!(
+            out["groups"][0]["rules"][1]["matches"][0]["serviceAccounts"][0]["serviceAccount"],
+            "sa"
+        );
+        // Match.service_accounts is field 11 (tag 0x5a), Address.length field 2.
+        let m = l4::Match {
+            service_accounts: vec![l4::ServiceAccountMatch {
+                namespace: "n".into(),
+                service_account: "s".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(m.encode_to_vec(), [0x5a, 6, 0x0a, 1, b'n', 0x12, 1, b's']);
     }
 
     #[test]

@@ -321,7 +321,18 @@ pub(super) async fn serve_secure(
     );
     info!(authenticators = ?authenticators.names(), serving = ?source, "secure xDS port ready");
     let certificates = port.ca.map(|(ca, metrics)| {
-        CertificateService::new(ca.clone(), Some((*authenticators).clone()), metrics)
+        let service = CertificateService::new(ca.clone(), Some((*authenticators).clone()), metrics);
+        if config.secure.trusted_node_accounts.is_empty() {
+            return service;
+        }
+        let workloads = crate::cert_service::SnapshotWorkloads::new(
+            port.ctx.snapshot.clone(),
+            config.cluster_id.clone(),
+        );
+        service.with_node_authorizer(Arc::new(crate::cert_service::NodeAuthorizer::new(
+            config.secure.trusted_node_accounts.clone(),
+            Arc::new(workloads),
+        )))
     });
     let acceptor = Acceptor::new(listener, config.xds_limits.clone(), port.transport_metrics);
     let handshake = config

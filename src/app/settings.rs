@@ -259,6 +259,9 @@ pub struct SecureSettings {
     /// Where to write the root bundle for workloads outside Kubernetes
     /// (`--rootCertFile`).
     pub root_cert_file: Option<PathBuf>,
+    /// `(namespace, service account)` pairs that may impersonate the workloads of
+    /// their node (Istio's `CA_TRUSTED_NODE_ACCOUNTS`); empty refuses impersonation.
+    pub trusted_node_accounts: std::collections::BTreeSet<(String, String)>,
 }
 
 impl Default for SecureSettings {
@@ -272,6 +275,7 @@ impl Default for SecureSettings {
             jwt_rule: None,
             token_audiences: vec!["istio-ca".into()],
             root_cert_file: None,
+            trusted_node_accounts: [("istio-system".to_string(), "ztunnel".to_string())].into(),
         }
     }
 }

@@ -282,6 +282,7 @@ impl JwtAuthenticator {
                 service_account,
             )],
             source: "jwt",
+            kube: None,
         })
     }
 }

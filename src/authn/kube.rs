@@ -77,7 +77,8 @@ impl Authenticator for KubeJwtAuthenticator {
             let Some(token) = bearer_token(ctx.metadata) else {
                 return Ok(None);
             };
-            let client = self.client_for(claimed_cluster(ctx.metadata))?;
+            let claimed = claimed_cluster(ctx.metadata);
+            let client = self.client_for(claimed)?;
             let account = meshfed_kube::review_token(&client, token, &self.audiences)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -88,6 +89,15 @@ impl Authenticator for KubeJwtAuthenticator {
                     &account.service_account,
                 )],
                 source: "kube-jwt",
+                kube: Some(super::KubeCaller {
+                    cluster: claimed
+                        .filter(|c| *c != self.local_cluster.as_str())
+                        .map(str::to_string),
+                    namespace: account.namespace,
+                    service_account: account.service_account,
+                    pod_name: account.pod_name,
+                    pod_uid: account.pod_uid,
+                }),
             }))
         })
     }

@@ -23,6 +23,21 @@ pub struct Caller {
     pub identities: Vec<String>,
     /// Which authenticator named it (`client-cert`, `jwt`, `kube-jwt`).
     pub source: &'static str,
+    /// The Kubernetes service account and pod behind a reviewed token (Istio's
+    /// `KubernetesInfo`); what certificate impersonation checks.
+    pub kube: Option<KubeCaller>,
+}
+
+/// The Kubernetes side of a caller authenticated by its service-account token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KubeCaller {
+    /// The cluster it claimed (`clusterid`), `None` for the local one.
+    pub cluster: Option<String>,
+    pub namespace: String,
+    pub service_account: String,
+    /// The pod the token is bound to (`authentication.kubernetes.io/pod-name`, `-uid`).
+    pub pod_name: Option<String>,
+    pub pod_uid: Option<String>,
 }
 
 /// The TLS side of a connection on the secure port.
@@ -192,6 +207,7 @@ impl Authenticator for ClientCertAuthenticator {
             Ok(Some(Caller {
                 identities,
                 source: "client-cert",
+                kube: None,
             }))
         })
     }
@@ -286,6 +302,7 @@ mod tests {
         let who = Caller {
             identities: vec!["spiffe://td/ns/a/sa/b".into()],
             source: "fixed",
+            kube: None,
         };
         let chain = Authenticators::new(vec![
             Arc::new(Fixed(Err("bad token".into()))),

@@ -10,6 +10,7 @@
 //! share them.
 
 pub mod ambient;
+pub mod ambient_authz;
 pub mod authn;
 pub mod authz;
 pub mod cds;

@@ -637,6 +637,15 @@ impl Snapshot {
         self.workloads.get(proxy)
     }
 
+    /// The workload `query` describes in this snapshot's frozen registry views, asked
+    /// afresh (not kept): what the CA's node authorizer finds a caller's pod by.
+    pub fn find_workload(
+        &self,
+        query: &meshfed_registry::WorkloadQuery<'_>,
+    ) -> Option<WorkloadInstance> {
+        self.workloads.sources.find(query)
+    }
+
     /// `proxy` as generators see it in this snapshot: with its workload's labels and
     /// locality when a registry knows the workload ([`Proxy::with_workload`]), else as
     /// it connected.

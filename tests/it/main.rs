@@ -5,6 +5,7 @@ mod support;
 
 mod admin;
 mod ambient;
+mod ambient_authz;
 mod analyze;
 mod autoregistration;
 mod cli;

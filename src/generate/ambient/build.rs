@@ -87,7 +87,20 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
         })
         .collect();
     let networks = snapshot.network_view();
-    build(&services, networks, &trust_domain)
+    let mut model = build(&services, networks, &trust_domain);
+    // Each workload lists the policies that select it (`authorization_policies`).
+    let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
+    for (_, endpoints) in &services {
+        for (_, ep) in endpoints {
+            if let Some(meta) = ep.workload.as_deref()
+                && let Some(w) = model.workloads.get_mut(&meta.uid)
+                && w.authorization_policies.is_empty()
+            {
+                w.authorization_policies = policies.workload_policies(&meta.namespace, &ep.labels);
+            }
+        }
+    }
+    model
 }
 
 /// Builds the ambient model of `services`, each with its endpoints and their shards.

@@ -113,11 +113,10 @@ pub fn addresses(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
     address_resources(snapshot).select(sub)
 }
 
-/// The Authorization resources `sub` asks for. The policies' conversion plugs in
-/// here; until it does, the type is served as an empty set (a ztunnel's wildcard
-/// subscription is answered, with nothing).
-pub fn authorizations(_snapshot: &Snapshot, _sub: Subscription<'_>) -> Vec<Resource> {
-    Vec::new()
+/// The Authorization resources `sub` asks for: the converted policies of
+/// [`super::ambient_authz`].
+pub fn authorizations(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
+    super::ambient_authz::resources(snapshot, sub)
 }
 
 /// JSON of the Address type for `/debug/` views: every workload and service, as the
