@@ -64,6 +64,9 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/config/trace/v3/skywalking.proto",
     "envoy/config/trace/v3/opentelemetry.proto",
     "envoy/extensions/request_id/uuid/v3/uuid.proto",
+    // WasmPlugin: the extension configs (ECDS) of the HTTP and network Wasm filters.
+    "envoy/extensions/filters/http/wasm/v3/wasm.proto",
+    "envoy/extensions/filters/network/wasm/v3/wasm.proto",
 ];
 
 /// Import roots inside envoy-types' `proto/` directory.

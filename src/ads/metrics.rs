@@ -237,6 +237,7 @@ impl XdsMetrics {
             TypeUrl::Route => "rds_senderr",
             TypeUrl::Secret => "sds_senderr",
             TypeUrl::NameTable => "nds_senderr",
+            TypeUrl::ExtensionConfig => "ecds_senderr",
             TypeUrl::Mcp(_) => "mcp_senderr",
         };
         self.pushes.get_or_create(&type_label(label)).inc();

@@ -80,7 +80,11 @@ pub(super) fn generate(
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
-        TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::Mcp(_) => Vec::new(),
+        TypeUrl::Endpoint
+        | TypeUrl::Secret
+        | TypeUrl::NameTable
+        | TypeUrl::ExtensionConfig
+        | TypeUrl::Mcp(_) => Vec::new(),
     }
 }
 

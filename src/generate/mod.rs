@@ -31,6 +31,7 @@ pub mod subscription;
 pub mod telemetry;
 pub mod traffic_policy;
 pub mod upstream_tls;
+pub mod wasm;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -84,6 +85,7 @@ pub fn generate(
         TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
         TypeUrl::Listener => listeners(snapshot, proxy, subscription),
         TypeUrl::Route => routes(snapshot, proxy, subscription),
+        TypeUrl::ExtensionConfig => wasm::ecds_resources(snapshot, proxy, subscription),
         TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::Mcp(_) => Vec::new(), // answered above
     }
 }
@@ -397,6 +399,8 @@ impl ListenerInput {
         // Access logs, tracing, stats and metadata exchange, from the same input.
         telemetry::ProxyTelemetry::new(snapshot, &self.client)
             .apply_to_listeners(&mut listeners, self.client.is_router());
+        // WasmPlugins' filter references, at their phases' places.
+        wasm::apply_to_listeners(snapshot, &self.client, &mut listeners);
         (listeners, findings)
     }
 

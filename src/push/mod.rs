@@ -509,6 +509,7 @@ fn policy_selectors(
                 | ConfigKind::RequestAuthentication
                 | ConfigKind::AuthorizationPolicy
                 | ConfigKind::Telemetry
+                | ConfigKind::WasmPlugin
         )
     };
     // Only security policies and Telemetry have selectors that narrow a push (endpoint pushes name
@@ -539,6 +540,17 @@ fn policy_selectors(
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::WasmPlugin => {
+                    let plugin = config
+                        .objects_of(meshfed_registry::config::Kind::WasmPlugin)
+                        .iter()
+                        .find(|o| found(&o.namespace, &o.name))
+                        .and_then(|o| crate::generate::wasm::Plugin::of(o));
+                    if let Some(p) = plugin {
+                        versions.extend(crate::generate::wasm::push_selectors(&p));
+                    }
+                    None
+                }
                 _ => None,
             };
             versions.extend(selector);

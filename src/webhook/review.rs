@@ -22,7 +22,6 @@ pub const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 const ISTIO_KINDS_NOT_READ: &[(&str, &str)] = &[
     ("networking.istio.io", "EnvoyFilter"),
     ("networking.istio.io", "ProxyConfig"),
-    ("extensions.istio.io", "WasmPlugin"),
 ];
 
 /// Why a review was not passed (the `reason` label of `galley_validation_failed`,

@@ -53,6 +53,7 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
         TypeUrl::Route => Reader::Routes,
         TypeUrl::Secret => Reader::Secrets,
         TypeUrl::NameTable => Reader::NameTable,
+        TypeUrl::ExtensionConfig => Reader::ExtensionConfigs,
         // MCP types are answered by `mcp_reads`, for every class alike.
         TypeUrl::Mcp(_) => return false,
     };
@@ -61,6 +62,11 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
             .info()
             .readers
             .reads(matches!(class, ProxyClass::Sidecar), reader),
+        // Extension configs (WasmPlugins) read the mesh config (its root namespace)
+        // of the keys naming no object.
+        None if matches!(type_url, TypeUrl::ExtensionConfig) => {
+            matches!(kind, ConfigKind::MeshConfig)
+        }
         // Secrets are read by SDS alone; services, endpoints, the mesh, networks and
         // workloads by every other type.
         None => matches!(kind, ConfigKind::Secret) == matches!(type_url, TypeUrl::Secret),
@@ -101,7 +107,10 @@ pub fn depends_on(
             | ConfigKind::AuthorizationPolicy
             | ConfigKind::Telemetry
     );
-    let Some(root) = root_namespace.filter(|_| scoped_class && security) else {
+    // A WasmPlugin is scoped so for every class of proxy: gateways too carry only the
+    // plugins selecting them.
+    let wasm = key.kind == ConfigKind::WasmPlugin;
+    let Some(root) = root_namespace.filter(|_| (scoped_class && security) || wasm) else {
         return true;
     };
     let namespace_wide = selectors.is_none_or(|v| v.iter().any(Option::is_none));
@@ -360,6 +369,7 @@ mod tests {
     /// The table as it was written before the kinds declared their readers.
     const fn reads_as_written(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bool {
         match (class, type_url, kind) {
+            (_, TypeUrl::ExtensionConfig, kind) => matches!(kind, ConfigKind::MeshConfig),
             (_, TypeUrl::Secret, kind) => {
                 matches!(kind, ConfigKind::Secret | ConfigKind::Gateway)
             }
@@ -663,7 +673,11 @@ mod tests {
         assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
-                let want = if t == TypeUrl::Secret || t == TypeUrl::NameTable {
+                // Extension configs read WasmPlugins and the mesh config only.
+                let want = if matches!(
+                    t,
+                    TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::ExtensionConfig
+                ) {
                     Touch::Nothing
                 } else {
                     Touch::Everything

@@ -33,6 +33,10 @@ pub enum TypeUrl {
     /// `istio.networking.nds.v1.NameTable`; one resource, named `""`). Istio pushes
     /// it after the ordered types.
     NameTable,
+    /// ECDS: extension configs (`envoy.config.core.v3.TypedExtensionConfig`), the
+    /// WasmPlugins' filters that listeners reference by name (`config_discovery`).
+    /// Not among Istio's ordered types: pushed after them.
+    ExtensionConfig,
     /// An MCP-over-xDS type (`networking.istio.io/v1/ServiceEntry`, ...): Istio config
     /// as `istio.mcp.v1alpha1.Resource`s (see [`super::mcp`]). Not in
     /// [`TypeUrl::ALL`]: those are the Envoy types, which arrays are indexed by.
@@ -48,6 +52,7 @@ impl Serialize for TypeUrl {
             TypeUrl::Route => s.serialize_str("Route"),
             TypeUrl::Secret => s.serialize_str("Secret"),
             TypeUrl::NameTable => s.serialize_str("NameTable"),
+            TypeUrl::ExtensionConfig => s.serialize_str("ExtensionConfig"),
             TypeUrl::Mcp(t) => s.serialize_str(t.as_str()),
         }
     }
@@ -56,13 +61,14 @@ impl Serialize for TypeUrl {
 impl TypeUrl {
     /// Every Envoy type, in push order (MCP types are not listed: see
     /// [`TypeUrl::Mcp`]).
-    pub const ALL: [TypeUrl; 6] = [
+    pub const ALL: [TypeUrl; 7] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
         TypeUrl::Listener,
         TypeUrl::Route,
         TypeUrl::Secret,
         TypeUrl::NameTable,
+        TypeUrl::ExtensionConfig,
     ];
 
     /// The type's position in [`TypeUrl::ALL`] (arrays indexed by type). MCP types
@@ -76,6 +82,7 @@ impl TypeUrl {
             TypeUrl::Route => 3,
             TypeUrl::Secret => 4,
             TypeUrl::NameTable => 5,
+            TypeUrl::ExtensionConfig => 6,
             TypeUrl::Mcp(_) => TypeUrl::ALL.len(),
         }
     }
@@ -98,6 +105,9 @@ impl TypeUrl {
                 "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
             }
             TypeUrl::NameTable => "type.googleapis.com/istio.networking.nds.v1.NameTable",
+            TypeUrl::ExtensionConfig => {
+                "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+            }
             TypeUrl::Mcp(t) => t.as_str(),
         }
     }
@@ -110,7 +120,8 @@ impl TypeUrl {
             .or_else(|| McpType::parse(s).map(TypeUrl::Mcp))
     }
 
-    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`;
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`,
+    /// `ecds`;
     /// an MCP type is its type URL, as Istio labels the types it has no name for).
     pub fn short(self) -> &'static str {
         match self {
@@ -120,6 +131,7 @@ impl TypeUrl {
             TypeUrl::Route => "rds",
             TypeUrl::Secret => "sds",
             TypeUrl::NameTable => "nds",
+            TypeUrl::ExtensionConfig => "ecds",
             TypeUrl::Mcp(t) => t.as_str(),
         }
     }
@@ -132,6 +144,13 @@ impl TypeUrl {
             self,
             TypeUrl::Cluster | TypeUrl::Listener | TypeUrl::NameTable | TypeUrl::Mcp(_)
         )
+    }
+
+    /// Whether Delta responses name the resources a client holds that are gone. Not
+    /// for ECDS: Istio never removes extension configs (Envoy issue 32823: a removed
+    /// config a listener still references leaves the listener without its filter).
+    pub const fn sends_removals(self) -> bool {
+        !matches!(self, TypeUrl::ExtensionConfig)
     }
 
     /// Whether a generator that has nothing for the proxy sends nothing rather than an

@@ -1,6 +1,6 @@
 //! Config kinds: a WorkloadGroup is read from the config directory and the Rust API,
 //! validated and listed; objects of kinds meshfed does not read (EnvoyFilter, Gateway
-//! API's HTTPRoute, WasmPlugin) are reported by `meshfed validate`, `/debug/configz` and
+//! API's HTTPRoute, ProxyConfig) are reported by `meshfed validate`, `/debug/configz` and
 //! a metric, never dropped in silence.
 
 use meshfed::testing::FakeServer;
@@ -17,10 +17,10 @@ kind: HTTPRoute
 metadata: {name: web, namespace: apps}
 spec: {parentRefs: [{name: gw}]}
 ---
-apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
+apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
 metadata: {name: mesh-default, namespace: istio-system}
-spec: {url: oci://example.com/plugin:v1}
+spec: {concurrency: 2}
 ---
 apiVersion: networking.istio.io/v1
 kind: WorkloadGroup
@@ -63,7 +63,7 @@ fn validate_warns_about_each_ignored_object_and_fails_with_strict() {
         ),
         (
             11,
-            "WasmPlugin istio-system/mesh-default: skipped: extensions.istio.io/v1alpha1 WasmPlugin",
+            "ProxyConfig istio-system/mesh-default: skipped: networking.istio.io/v1beta1 ProxyConfig",
         ),
     ] {
         let expected = format!(
@@ -178,13 +178,13 @@ async fn configz_lists_workload_groups_and_ignored_objects_and_counts_them() {
         [
             "networking.istio.io/v1alpha3 EnvoyFilter default/lua line 1",
             "gateway.networking.k8s.io/v1 HTTPRoute apps/web line 6",
-            "extensions.istio.io/v1alpha1 WasmPlugin istio-system/mesh-default line 11",
+            "networking.istio.io/v1beta1 ProxyConfig istio-system/mesh-default line 11",
         ],
         "{configz}"
     );
 
     let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
-    for kind in ["EnvoyFilter", "HTTPRoute", "WasmPlugin"] {
+    for kind in ["EnvoyFilter", "HTTPRoute", "ProxyConfig"] {
         assert_eq!(
             metric(
                 &metrics,

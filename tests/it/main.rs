@@ -45,4 +45,5 @@ mod split_horizon;
 mod status;
 mod telemetry;
 mod vm_bridge;
+mod wasm;
 mod webhook;

@@ -46,6 +46,9 @@ pub enum ConfigKind {
     WorkloadGroup,
     /// Metrics, access logging and tracing of workloads.
     Telemetry,
+    /// A WebAssembly filter of the workloads it selects (ECDS and the filter lists of
+    /// their listeners).
+    WasmPlugin,
     /// Only the endpoints of a service changed: EDS for that hostname only.
     Endpoints,
     /// The mesh-wide configuration.

@@ -14,6 +14,7 @@
 //! Objects of kinds that are not declared here are not dropped in silence: the file
 //! sources report them as ignored (see [`crate::config::ignored`]).
 
+use meshfed_api::extensions::v1alpha1 as ext;
 use meshfed_api::networking::v1alpha3 as net;
 use meshfed_api::security::v1beta1 as sec;
 use meshfed_api::telemetry::v1alpha1 as tel;
@@ -56,8 +57,15 @@ pub const TELEMETRY: Group = Group {
     api_version: "telemetry.istio.io/v1",
 };
 
+/// `extensions.istio.io`, version `v1alpha1`.
+pub const EXTENSIONS: Group = Group {
+    name: "extensions.istio.io",
+    versions: &["v1alpha1"],
+    api_version: "extensions.istio.io/v1alpha1",
+};
+
 /// Every group some kind belongs to, in discovery order.
-pub const GROUPS: [Group; 3] = [NETWORKING, SECURITY, TELEMETRY];
+pub const GROUPS: [Group; 4] = [NETWORKING, SECURITY, TELEMETRY, EXTENSIONS];
 
 /// What a kind's objects feed on the serving side.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -85,6 +93,8 @@ pub enum Reader {
     NameTable,
     /// Gateway credentials (SDS).
     Secrets,
+    /// Extension configs (ECDS): the WasmPlugins' filters.
+    ExtensionConfigs,
 }
 
 impl Reader {
@@ -452,6 +462,18 @@ declare_kinds! {
             validate: |_, s| v::validate_telemetry(s),
             feeds: Feeds::ConfigIndex,
             readers: Readers::NONE.with(Reader::Listeners),
+        },
+        /// A WebAssembly filter of the workloads it selects: served as an extension
+        /// config (ECDS) that the listeners' filter lists reference by name.
+        WasmPlugin {
+            spec: ext::WasmPlugin,
+            group: EXTENSIONS,
+            plural: "wasmplugins",
+            validate: |_, s| v::validate_wasm_plugin(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::NONE
+                .with(Reader::Listeners)
+                .with(Reader::ExtensionConfigs),
         },
     }
 }

@@ -26,6 +26,7 @@ pub(crate) mod service_entry;
 pub(crate) mod sidecar;
 pub(crate) mod telemetry;
 pub(crate) mod virtual_service;
+pub(crate) mod wasm_plugin;
 
 use std::fmt;
 
@@ -44,6 +45,7 @@ pub use service_entry::{validate_service_entry, validate_workload_entry};
 pub use sidecar::validate_sidecar;
 pub use telemetry::{BUILTIN_PROVIDERS, unknown_providers, validate_telemetry};
 pub use virtual_service::validate_virtual_service;
+pub use wasm_plugin::validate_wasm_plugin;
 
 /// The outcome of a validation: warnings when the object may be used, every error
 /// otherwise.
