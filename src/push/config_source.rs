@@ -33,6 +33,7 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
         Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
         Spec::Telemetry(t) => set.telemetries.push(Config::of(object, t)),
+        Spec::EnvoyFilter(e) => set.envoy_filters.push(Config::of(object, e)),
         #[allow(unreachable_patterns)]
         _ => debug_assert_ne!(
             object.kind.info().feeds,

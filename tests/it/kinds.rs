@@ -1,5 +1,5 @@
 //! Config kinds: a WorkloadGroup is read from the config directory and the Rust API,
-//! validated and listed; objects of kinds meshfed does not read (EnvoyFilter, Gateway
+//! validated and listed; objects of kinds meshfed does not read (ProxyConfig, Gateway
 //! API's HTTPRoute, WasmPlugin) are reported by `meshfed validate`, `/debug/configz` and
 //! a metric, never dropped in silence.
 
@@ -7,10 +7,10 @@ use meshfed::testing::FakeServer;
 
 use crate::support::*;
 
-const MIXED: &str = "apiVersion: networking.istio.io/v1alpha3
-kind: EnvoyFilter
+const MIXED: &str = "apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
 metadata: {name: lua, namespace: default}
-spec: {configPatches: []}
+spec: {concurrency: 2}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -55,7 +55,7 @@ fn validate_warns_about_each_ignored_object_and_fails_with_strict() {
     for (line, what) in [
         (
             1,
-            "EnvoyFilter default/lua: skipped: networking.istio.io/v1alpha3 EnvoyFilter",
+            "ProxyConfig default/lua: skipped: networking.istio.io/v1beta1 ProxyConfig",
         ),
         (
             6,
@@ -176,15 +176,15 @@ async fn configz_lists_workload_groups_and_ignored_objects_and_counts_them() {
     assert_eq!(
         ignored,
         [
-            "networking.istio.io/v1alpha3 EnvoyFilter default/lua line 1",
             "gateway.networking.k8s.io/v1 HTTPRoute apps/web line 6",
+            "networking.istio.io/v1beta1 ProxyConfig default/lua line 1",
             "extensions.istio.io/v1alpha1 WasmPlugin istio-system/mesh-default line 11",
         ],
         "{configz}"
     );
 
     let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
-    for kind in ["EnvoyFilter", "HTTPRoute", "WasmPlugin"] {
+    for kind in ["ProxyConfig", "HTTPRoute", "WasmPlugin"] {
         assert_eq!(
             metric(
                 &metrics,

@@ -46,6 +46,8 @@ pub enum ConfigKind {
     WorkloadGroup,
     /// Metrics, access logging and tracing of workloads.
     Telemetry,
+    /// Patches to the generated Envoy configuration of the proxies it selects.
+    EnvoyFilter,
     /// Only the endpoints of a service changed: EDS for that hostname only.
     Endpoints,
     /// The mesh-wide configuration.
