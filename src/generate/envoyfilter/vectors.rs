@@ -22,7 +22,16 @@ use crate::model::proxy::json_to_struct;
 use crate::push::config_index::Config;
 
 /// Vectors that do not pass, and why.
-pub const KNOWN_GAPS: &[(&str, &str)] = &[];
+pub const KNOWN_GAPS: &[(&str, &str)] = &[
+    (
+        "Test_routeConfigurationMatch/http target port match",
+        "gateway route configurations are matched on their own port; Istio also maps it to the gateway service's ports (its GatewayPortMap)",
+    ),
+    (
+        "Test_routeConfigurationMatch/https.443.app1.gw1.ns1",
+        "gateway route configurations are matched on their own port; Istio also maps it to the gateway service's ports (its GatewayPortMap)",
+    ),
+];
 
 pub(super) fn ef(ns: &str, name: &str, created: u64, spec: Value) -> Arc<Config<EnvoyFilter>> {
     Arc::new(Config {
