@@ -15,6 +15,7 @@ pub mod cds;
 pub mod cluster_build;
 pub mod destination_rule;
 pub mod eds;
+pub mod envoyfilter;
 pub mod grpc;
 pub mod instances;
 pub mod jwt;
@@ -81,10 +82,12 @@ pub fn generate(
     if proxy.generator == Generator::Grpc {
         return grpc::generate(type_url, snapshot, proxy, subscription);
     }
+    // EnvoyFilter patches run on what the generators (and their caches) give.
+    let patch = |out| envoyfilter::apply(type_url, out, snapshot, proxy, subscription.wildcard);
     match type_url {
-        TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
-        TypeUrl::Listener => listeners(snapshot, proxy, subscription),
-        TypeUrl::Route => routes(snapshot, proxy, subscription),
+        TypeUrl::Cluster => patch(clusters(snapshot, proxy, subscription)),
+        TypeUrl::Listener => patch(listeners(snapshot, proxy, subscription)),
+        TypeUrl::Route => patch(routes(snapshot, proxy, subscription)),
         TypeUrl::ExtensionConfig => wasm::ecds_resources(snapshot, proxy, subscription),
         TypeUrl::Endpoint | TypeUrl::Secret | TypeUrl::NameTable | TypeUrl::Mcp(_) => Vec::new(), // answered above
     }

@@ -33,8 +33,8 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
         Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
         Spec::Telemetry(t) => set.telemetries.push(Config::of(object, t)),
-        // Read from the index's objects (`ConfigIndex::objects_of`) by `generate::wasm`.
-        Spec::WasmPlugin(_) => {}
+        Spec::EnvoyFilter(e) => set.envoy_filters.push(Config::of(object, e)),
+        Spec::WasmPlugin(w) => set.wasm_plugins.push(Config::of(object, w)),
         #[allow(unreachable_patterns)]
         _ => debug_assert_ne!(
             object.kind.info().feeds,

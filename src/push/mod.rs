@@ -541,13 +541,12 @@ fn policy_selectors(
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
                 ConfigKind::WasmPlugin => {
-                    let plugin = config
-                        .objects_of(meshfed_registry::config::Kind::WasmPlugin)
+                    if let Some(p) = config
+                        .wasm_plugins()
                         .iter()
-                        .find(|o| found(&o.namespace, &o.name))
-                        .and_then(|o| crate::generate::wasm::Plugin::of(o));
-                    if let Some(p) = plugin {
-                        versions.extend(crate::generate::wasm::push_selectors(&p));
+                        .find(|p| found(&p.namespace, &p.name))
+                    {
+                        versions.extend(crate::xds::deps::wasm_plugin_selectors(&p.spec));
                     }
                     None
                 }

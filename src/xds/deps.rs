@@ -129,6 +129,33 @@ pub fn depends_on(
     }
 }
 
+/// The workload selectors a change to a WasmPlugin narrows its push to (see
+/// [`depends_on`]): its `selector` (`None`: the whole namespace), or for `targetRefs`
+/// the `gateway.networking.k8s.io/gateway-name` label of each Gateway it names (other
+/// targets select no proxy meshfed serves).
+pub fn wasm_plugin_selectors(
+    spec: &meshfed_api::extensions::v1alpha1::WasmPlugin,
+) -> PolicySelectors {
+    let refs: Vec<_> = spec.target_ref.iter().chain(&spec.target_refs).collect();
+    if refs.is_empty() {
+        return vec![
+            spec.selector
+                .as_ref()
+                .map(|s| s.match_labels.clone())
+                .filter(|l| !l.is_empty()),
+        ];
+    }
+    refs.iter()
+        .filter(|r| r.group == "gateway.networking.k8s.io" && r.kind == "Gateway")
+        .map(|r| {
+            Some(std::collections::BTreeMap::from([(
+                "gateway.networking.k8s.io/gateway-name".to_string(),
+                r.name.clone(),
+            )]))
+        })
+        .collect()
+}
+
 /// Whether the MCP type serving `kind` reads changes of `changed`: a config kind its
 /// own objects; ServiceEntries also the services of every registry (synthesized
 /// ServiceEntries follow them), WorkloadEntries also services and endpoints

@@ -46,6 +46,8 @@ pub enum ConfigKind {
     WorkloadGroup,
     /// Metrics, access logging and tracing of workloads.
     Telemetry,
+    /// Patches to the generated Envoy configuration of the proxies it selects.
+    EnvoyFilter,
     /// A WebAssembly filter of the workloads it selects (ECDS and the filter lists of
     /// their listeners).
     WasmPlugin,

@@ -16,6 +16,7 @@
 //! gateways, `SERVER`: inbound, `UNDEFINED`/`CLIENT_AND_SERVER`: both) and port.
 
 pub mod ecds;
+pub mod extension_patch;
 pub mod filters;
 
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ use std::sync::Arc;
 
 use meshfed_api::extensions::v1alpha1 as ext;
 use meshfed_api::r#type::v1beta1::WorkloadMode;
-use meshfed_registry::config::{ConfigObject, Kind};
+use meshfed_registry::config::Kind;
 
 use crate::push::snapshot::Snapshot;
 
@@ -47,18 +48,6 @@ pub struct Plugin {
 }
 
 impl Plugin {
-    /// The plugin of a WasmPlugin object.
-    pub fn of(object: &ConfigObject) -> Option<Plugin> {
-        let spec = object.spec.get::<ext::WasmPlugin>()?;
-        Some(Plugin {
-            name: object.name.clone(),
-            namespace: object.namespace.clone(),
-            resource_version: object.resource_version.clone(),
-            creation_time: object.creation_time,
-            spec: spec.clone(),
-        })
-    }
-
     /// Its ECDS resource name, which its filter references name too.
     pub fn resource_name(&self) -> String {
         format!("{RESOURCE_PREFIX}{}.{}", self.namespace, self.name)
@@ -145,18 +134,31 @@ pub fn selects(
         .is_none_or(|s| s.match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
-/// The WasmPlugins of the snapshot, oldest first (then namespace and name).
+/// The WasmPlugins of the snapshot, oldest first (then namespace and name), with the
+/// resource version of their object.
 pub fn all_plugins(snapshot: &Snapshot) -> Vec<Arc<Plugin>> {
-    let mut out: Vec<Arc<Plugin>> = snapshot
-        .config()
-        .objects_of(Kind::WasmPlugin)
+    let config = snapshot.config();
+    let objects = config.objects_of(Kind::WasmPlugin);
+    config
+        .wasm_plugins()
         .iter()
-        .filter_map(|o| Plugin::of(o).map(Arc::new))
-        .collect();
-    out.sort_by(|a, b| {
-        (a.creation_time, &a.namespace, &a.name).cmp(&(b.creation_time, &b.namespace, &b.name))
-    });
-    out
+        .map(|c| {
+            let resource_version = objects
+                .binary_search_by(|o| {
+                    (o.namespace.as_str(), o.name.as_str())
+                        .cmp(&(c.namespace.as_str(), c.name.as_str()))
+                })
+                .map(|i| objects[i].resource_version.clone())
+                .unwrap_or_default();
+            Arc::new(Plugin {
+                name: c.name.clone(),
+                namespace: c.namespace.clone(),
+                resource_version,
+                creation_time: c.creation_time,
+                spec: c.spec.clone(),
+            })
+        })
+        .collect()
 }
 
 /// The plugins that apply to a proxy of `namespace` with `labels`, in Istio's order
@@ -227,9 +229,6 @@ pub fn ecds_resources(
     sub: crate::generate::Subscription<'_>,
 ) -> Vec<crate::xds::Resource> {
     let all = all_plugins(snapshot);
-    if all.is_empty() {
-        return Vec::new();
-    }
     let plugins = for_proxy(
         &all,
         &snapshot.config().root_namespace,
@@ -238,36 +237,18 @@ pub fn ecds_resources(
     );
     let names: Vec<String> = sub.names.iter().cloned().collect();
     let secrets = ecds::PullSecrets::new();
-    ecds::inserted_extension_configs(&plugins, &names, Plugin::resource_name, &secrets)
-        .iter()
-        .map(ecds::encode)
-        .collect()
-}
-
-/// The workload selectors a push of a change to `plugin` narrows to (see
-/// `xds::deps::depends_on`): its `selector` (`None`: the whole namespace), or for
-/// `targetRefs` the gateway-name label of each Gateway it names (targets of other kinds
-/// select no proxy meshfed serves).
-pub fn push_selectors(plugin: &Plugin) -> Vec<Option<BTreeMap<String, String>>> {
-    let spec = &plugin.spec;
-    let refs: Vec<_> = spec.target_ref.iter().chain(&spec.target_refs).collect();
-    if refs.is_empty() {
-        return vec![
-            spec.selector
-                .as_ref()
-                .map(|s| s.match_labels.clone())
-                .filter(|l| !l.is_empty()),
-        ];
-    }
-    refs.iter()
-        .filter(|r| r.group == "gateway.networking.k8s.io" && r.kind == "Gateway")
-        .map(|r| {
-            Some(BTreeMap::from([(
-                GATEWAY_NAME_LABEL.to_string(),
-                r.name.clone(),
-            )]))
-        })
-        .collect()
+    // EnvoyFilter ADD patches first, then the plugins, as istiod.
+    let mut configs = extension_patch::inserted_extension_configs(
+        crate::generate::envoyfilter::select(snapshot, proxy).as_ref(),
+        &names,
+    );
+    configs.extend(ecds::inserted_extension_configs(
+        &plugins,
+        &names,
+        Plugin::resource_name,
+        &secrets,
+    ));
+    configs.iter().map(ecds::encode).collect()
 }
 
 #[cfg(test)]

@@ -279,7 +279,7 @@ fn target_refs_select_the_named_gateway_only() {
     ));
     assert!(!selects(&p, "istio-system", "gw-ns", &labels(&[])));
     assert_eq!(
-        push_selectors(&p),
+        crate::xds::deps::wasm_plugin_selectors(&p.spec),
         vec![Some(labels(&[(GATEWAY_NAME_LABEL, "web")]))]
     );
 }

@@ -57,6 +57,15 @@ pub const TELEMETRY: Group = Group {
     api_version: "telemetry.istio.io/v1",
 };
 
+/// `networking.istio.io` version `v1alpha3` only: the kinds Istio serves in no
+/// other version (`EnvoyFilter`). Discovery finds them through [`NETWORKING`],
+/// whose versions include `v1alpha3`.
+pub const NETWORKING_V1ALPHA3: Group = Group {
+    name: "networking.istio.io",
+    versions: &["v1alpha3"],
+    api_version: "networking.istio.io/v1alpha3",
+};
+
 /// `extensions.istio.io`, version `v1alpha1`.
 pub const EXTENSIONS: Group = Group {
     name: "extensions.istio.io",
@@ -463,6 +472,20 @@ declare_kinds! {
             feeds: Feeds::ConfigIndex,
             readers: Readers::NONE.with(Reader::Listeners),
         },
+        /// Patches to the clusters, listeners and routes generated for the proxies it
+        /// selects (`meshfed::generate::envoyfilter`).
+        EnvoyFilter {
+            spec: net::EnvoyFilter,
+            group: NETWORKING_V1ALPHA3,
+            plural: "envoyfilters",
+            validate: |_, s| v::validate_envoy_filter(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::NONE
+                .with(Reader::Clusters)
+                .with(Reader::Listeners)
+                .with(Reader::Routes)
+                .with(Reader::ExtensionConfigs),
+        },
         /// A WebAssembly filter of the workloads it selects: served as an extension
         /// config (ECDS) that the listeners' filter lists reference by name.
         WasmPlugin {
@@ -550,7 +573,12 @@ mod tests {
             assert_eq!(info.kind, format!("{kind:?}"));
             assert_eq!(info.config_kind.object_kind(), Some(kind));
             assert_eq!(Kind::from_name(info.kind), Some(kind));
-            assert!(GROUPS.contains(&info.group), "{kind}");
+            // Discovery walks GROUPS: every kind's versions are among its group's.
+            assert!(
+                GROUPS.iter().any(|g| g.name == info.group.name
+                    && info.group.versions.iter().all(|v| g.versions.contains(v))),
+                "{kind}"
+            );
             assert!(
                 info.plural.chars().all(|c| c.is_ascii_lowercase()),
                 "{kind}"

@@ -20,6 +20,7 @@ mod route_common;
 // The per-kind validators: each kind's declaration (`crate::config::kinds`) names its
 // validator by path.
 pub(crate) mod destination_rule;
+pub mod envoy_filter;
 pub(crate) mod gateway;
 pub(crate) mod security;
 pub(crate) mod service_entry;
@@ -33,6 +34,7 @@ use std::fmt;
 use serde::Serialize;
 
 pub use destination_rule::validate_destination_rule;
+pub use envoy_filter::validate_envoy_filter;
 pub use gateway::validate_gateway;
 pub use http_route::{GRPC_STATUSES, grpc_status_code, jwt_routing_claim};
 pub use mesh::{
