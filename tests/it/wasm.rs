@@ -269,3 +269,101 @@ async fn a_plugin_change_pushes_only_the_proxies_it_selects() {
     assert!(record.proxies[0].starts_with("a-1.shop-"), "{record:?}");
     server.shutdown().await;
 }
+
+/// The worked example (`examples/wasmplugin`): served from the bundled mock registry,
+/// the gateway's connection manager references the AUTHN plugin before Istio's
+/// filters and the mesh-wide CLIENT plugin last before them, both found over ECDS; a
+/// sidecar's outbound connection managers get the mesh-wide one, its inbound ones not.
+#[tokio::test]
+async fn the_wasmplugin_example_is_served_on_the_gateway() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/wasmplugin");
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .config_dir(root.join("config"))
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    assert_eq!(configz["rejected"], serde_json::json!([]), "{configz}");
+
+    const OPENID: &str = "extensions.istio.io/wasmplugin/istio-system.openid-connect";
+    const HEADER: &str = "extensions.istio.io/wasmplugin/istio-system.add-header";
+    let gateway = "router~10.0.0.9~ingress-1.istio-system~istio-system.svc.cluster.local";
+    let mut gw = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            gateway,
+            serde_json::json!({"LABELS": {"istio": "ingressgateway"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    gw.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    let listeners: Vec<Listener> =
+        decode_all(&gw.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
+    let hcms = http_filter_names(&listeners);
+    assert_eq!(hcms.len(), 1, "{listeners:?}");
+    assert_eq!(
+        hcms[0],
+        [
+            "istio.metadata_exchange",
+            OPENID,
+            HEADER,
+            "envoy.filters.http.grpc_stats",
+            "istio.alpn",
+            "envoy.filters.http.fault",
+            "envoy.filters.http.cors",
+            "istio.stats",
+            "envoy.filters.http.router",
+        ]
+    );
+    gw.subscribe(TypeUrl::ExtensionConfig, &[OPENID, HEADER])
+        .await
+        .unwrap();
+    let configs: Vec<TypedExtensionConfig> =
+        decode_all(&gw.recv_type(TypeUrl::ExtensionConfig).await.unwrap()).unwrap();
+    let mut uris: Vec<(String, String)> = configs
+        .iter()
+        .map(|c| (c.name.clone(), remote_uri(c)))
+        .collect();
+    uris.sort();
+    assert_eq!(
+        uris,
+        [
+            (
+                HEADER.to_string(),
+                "https://plugins.example.com/add-header.wasm".to_string()
+            ),
+            (
+                OPENID.to_string(),
+                "oci://ghcr.io/example/openid-connect:1.0".to_string()
+            ),
+        ]
+    );
+
+    // A sidecar: the mesh-wide CLIENT plugin on outbound connection managers only.
+    let sidecar = "sidecar~127.0.0.1~echo-v1.default~default.svc.cluster.local";
+    let mut echo = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(sidecar, serde_json::json!({"LABELS": {"app": "echo"}})),
+    )
+    .await
+    .unwrap();
+    echo.subscribe(TypeUrl::Listener, &[]).await.unwrap();
+    let listeners: Vec<Listener> =
+        decode_all(&echo.recv_type(TypeUrl::Listener).await.unwrap()).unwrap();
+    for l in &listeners {
+        let inbound = l.name == "virtualInbound";
+        for filters in http_filter_names(std::slice::from_ref(l)) {
+            assert_eq!(
+                filters.iter().any(|f| f == HEADER),
+                !inbound,
+                "{}: {filters:?}",
+                l.name
+            );
+            assert!(!filters.iter().any(|f| f == OPENID), "{filters:?}");
+        }
+    }
+    server.shutdown().await;
+}
