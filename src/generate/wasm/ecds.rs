@@ -198,7 +198,6 @@ pub fn extension_config(
     } else {
         pack(&HttpWasm {
             config: Some(config),
-            ..Default::default()
         })
     };
     TypedExtensionConfig {

@@ -149,7 +149,6 @@ fn run(v: &Vector) -> Result<(), String> {
             } else {
                 pack(&HttpWasm {
                     config: Some(expected_config(name)),
-                    ..Default::default()
                 })
             }),
         })

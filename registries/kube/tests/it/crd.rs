@@ -53,6 +53,10 @@ fn spec(kind: Kind, variant: u32) -> Value {
             "applyTo": "CLUSTER",
             "patch": {"operation": "MERGE", "value": {"connect_timeout": format!("{variant}s")}},
         }]}),
+        Kind::WasmPlugin => json!({
+            "url": format!("oci://ghcr.io/example/plugin:{variant}"),
+            "priority": variant,
+        }),
     }
 }
 
