@@ -509,6 +509,7 @@ fn policy_selectors(
                 | ConfigKind::RequestAuthentication
                 | ConfigKind::AuthorizationPolicy
                 | ConfigKind::Telemetry
+                | ConfigKind::EnvoyFilter
         )
     };
     // Only security policies and Telemetry have selectors that narrow a push (endpoint pushes name
@@ -539,6 +540,17 @@ fn policy_selectors(
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::EnvoyFilter => config
+                    .envoy_filters()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| {
+                        p.spec
+                            .workload_selector
+                            .as_ref()
+                            .map(|s| s.labels.clone())
+                            .filter(|l| !l.is_empty())
+                    }),
                 _ => None,
             };
             versions.extend(selector);
