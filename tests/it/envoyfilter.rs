@@ -138,7 +138,6 @@ async fn the_envoyfilter_example_is_served() {
                 .find(|c| c.name == name)
                 .unwrap_or_else(|| panic!("{name}"))
                 .connect_timeout
-                .clone()
                 .unwrap()
         };
         assert_eq!(
