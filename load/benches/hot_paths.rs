@@ -280,8 +280,9 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
                 wildcard: false,
                 names: &subs.rds,
             },
-            // Sidecars request no secrets from istiod, nor MCP types.
-            TypeUrl::Secret | TypeUrl::Mcp(_) => Subscription {
+            // Sidecars request no secrets from istiod, nor MCP types; no WasmPlugin
+            // is in the scenario.
+            TypeUrl::Secret | TypeUrl::ExtensionConfig | TypeUrl::Mcp(_) => Subscription {
                 wildcard: false,
                 names: &none,
             },

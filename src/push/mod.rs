@@ -509,6 +509,7 @@ fn policy_selectors(
                 | ConfigKind::RequestAuthentication
                 | ConfigKind::AuthorizationPolicy
                 | ConfigKind::Telemetry
+                | ConfigKind::EnvoyFilter
                 | ConfigKind::WasmPlugin
         )
     };
@@ -540,6 +541,17 @@ fn policy_selectors(
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::EnvoyFilter => config
+                    .envoy_filters()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| {
+                        p.spec
+                            .workload_selector
+                            .as_ref()
+                            .map(|s| s.labels.clone())
+                            .filter(|l| !l.is_empty())
+                    }),
                 ConfigKind::WasmPlugin => {
                     if let Some(p) = config
                         .wasm_plugins()

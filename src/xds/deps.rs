@@ -88,7 +88,9 @@ pub type PolicySelectors = Vec<Option<std::collections::BTreeMap<String, String>
 /// or a namespace's) concerns every proxy: clients in any namespace infer the
 /// destination's mTLS mode from it (auto mTLS), where Istio would leave them to the
 /// next push. Gateways depend on everything, as in Istio; so does every proxy when
-/// the root namespace is not known, and on every other kind.
+/// the root namespace is not known, and on every other kind. An EnvoyFilter is
+/// scoped the same way for every proxy class, gateways included: it concerns the
+/// proxies either version selects.
 pub fn depends_on(
     class: ProxyClass,
     namespace: &str,
@@ -107,10 +109,11 @@ pub fn depends_on(
             | ConfigKind::AuthorizationPolicy
             | ConfigKind::Telemetry
     );
-    // A WasmPlugin is scoped so for every class of proxy: gateways too carry only the
-    // plugins selecting them.
-    let wasm = key.kind == ConfigKind::WasmPlugin;
-    let Some(root) = root_namespace.filter(|_| (scoped_class && security) || wasm) else {
+    // An EnvoyFilter is scoped for every proxy class: its patches reach only the
+    // proxies it selects (root namespace: all; else its namespace, by selector). So is
+    // a WasmPlugin: gateways too carry only the plugins selecting them.
+    let every_class = matches!(key.kind, ConfigKind::EnvoyFilter | ConfigKind::WasmPlugin);
+    let Some(root) = root_namespace.filter(|_| (scoped_class && security) || every_class) else {
         return true;
     };
     let namespace_wide = selectors.is_none_or(|v| v.iter().any(Option::is_none));
@@ -474,6 +477,28 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn an_envoy_filter_change_concerns_the_proxies_it_selects_gateways_included() {
+        let key = ConfigKey::new(ConfigKind::EnvoyFilter, "lua", "foo");
+        let request = PushRequest::full(TriggerReason::Config, [key.clone()]);
+        let scope = PushScope::new(&request)
+            .with_root_namespace("istio-system")
+            .with_policy_selectors([(key.clone(), vec![Some(labels(&[("app", "a")]))])].into());
+        let app = labels(&[("app", "a")]);
+        assert!(scope.affects_proxy(ProxyClass::Sidecar, "foo", &app));
+        assert!(!scope.affects_proxy(ProxyClass::Sidecar, "foo", &labels(&[("app", "b")])));
+        assert!(!scope.affects_proxy(ProxyClass::Sidecar, "bar", &app));
+        assert!(!scope.affects_proxy(ProxyClass::Router, "bar", &app));
+        assert!(scope.affects_proxy(ProxyClass::Router, "foo", &app));
+        // From the root namespace without selector: every proxy.
+        let root = ConfigKey::new(ConfigKind::EnvoyFilter, "mesh", "istio-system");
+        let request = PushRequest::full(TriggerReason::Config, [root.clone()]);
+        let scope = PushScope::new(&request)
+            .with_root_namespace("istio-system")
+            .with_policy_selectors([(root, vec![None])].into());
+        assert!(scope.affects_proxy(ProxyClass::Router, "bar", &app));
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod debug_xds;
 mod delta;
 mod deploy;
 mod drain;
+mod envoyfilter;
 mod eureka;
 mod federation;
 mod gateway_simulation;

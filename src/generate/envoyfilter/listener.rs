@@ -79,7 +79,7 @@ pub fn filter_chain_match(l: &Listener, fc: &FilterChain, p: &Patch) -> bool {
         return false;
     }
     if !c.transport_protocol.is_empty()
-        && !fcm.is_some_and(|f| f.transport_protocol == c.transport_protocol)
+        && fcm.is_none_or(|f| f.transport_protocol != c.transport_protocol)
     {
         return false;
     }
