@@ -96,6 +96,10 @@ impl CustomResource {
             meshfed_registry::config::kinds::TELEMETRY,
             versions,
         ));
+        out.extend(CustomResource::istio_group(
+            meshfed_registry::config::kinds::EXTENSIONS,
+            versions,
+        ));
         out
     }
 

@@ -421,7 +421,7 @@ async fn an_invalid_object_is_rejected_alone_and_an_invalid_update_keeps_the_las
 #[tokio::test]
 async fn a_410_relists_without_losing_changes() {
     // v1alpha3 for EnvoyFilter, which has no v1.
-    let api = with_istio_crds(&["v1", "v1alpha3"]).await;
+    let api = with_istio_crds(&["v1", "v1alpha3", "v1alpha1"]).await;
     for name in ["keep", "change", "drop"] {
         api.apply_custom(&istio(
             "v1",
