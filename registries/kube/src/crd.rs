@@ -431,7 +431,8 @@ mod tests {
                 "authorizationpolicies",
                 "workloadgroups",
                 "telemetries",
-                "envoyfilters"
+                "envoyfilters",
+                "wasmplugins"
             ]
         );
         for kind in Kind::ALL {
