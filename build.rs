@@ -64,6 +64,16 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/config/trace/v3/skywalking.proto",
     "envoy/config/trace/v3/opentelemetry.proto",
     "envoy/extensions/request_id/uuid/v3/uuid.proto",
+    // Types EnvoyFilter patch values commonly carry (`generate::envoyfilter` converts
+    // values through these descriptors; an unknown type rejects the patch).
+    "envoy/extensions/filters/http/lua/v3/lua.proto",
+    "envoy/extensions/filters/http/wasm/v3/wasm.proto",
+    "envoy/extensions/filters/network/wasm/v3/wasm.proto",
+    "envoy/extensions/filters/http/header_to_metadata/v3/header_to_metadata.proto",
+    "envoy/extensions/filters/http/compressor/v3/compressor.proto",
+    "envoy/extensions/filters/http/health_check/v3/health_check.proto",
+    "envoy/extensions/transport_sockets/alts/v3/alts.proto",
+    "envoy/extensions/filters/listener/proxy_protocol/v3/proxy_protocol.proto",
 ];
 
 /// Import roots inside envoy-types' `proto/` directory.

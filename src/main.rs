@@ -858,6 +858,9 @@ fn parse_go_bool(s: &str) -> Result<bool, String> {
 
 fn main() -> anyhow::Result<std::process::ExitCode> {
     let cli = Cli::parse();
+    // EnvoyFilter patch values are checked against Envoy's types wherever config is
+    // validated.
+    meshfed::generate::envoyfilter::install();
     match cli.command {
         Command::Validate(args) => validate(args),
         Command::Discovery(args) => {

@@ -280,13 +280,16 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
                 wildcard: false,
                 names: &subs.rds,
             },
-            // Sidecars request no secrets from istiod, nor MCP or ambient types.
-            TypeUrl::Secret | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
-                Subscription {
-                    wildcard: false,
-                    names: &none,
-                }
-            }
+            // Sidecars request no secrets from istiod, nor MCP or ambient types; no
+            // WasmPlugin is in the scenario.
+            TypeUrl::Secret
+            | TypeUrl::Address
+            | TypeUrl::Authorization
+            | TypeUrl::ExtensionConfig
+            | TypeUrl::Mcp(_) => Subscription {
+                wildcard: false,
+                names: &none,
+            },
         };
         generate(
             type_url,

@@ -404,8 +404,11 @@ impl ProxyState {
                     (intern(&r.name), Facts::Route(clusters, r.newest_marker()))
                 }
             },
-            // A Secret's name is field 1, as a route configuration's.
-            TypeUrl::Secret => (intern(&RouteNameLite::decode(bytes)?.name), Facts::Other),
+            // A Secret's name is field 1, as a route configuration's (and as a
+            // TypedExtensionConfig's).
+            TypeUrl::Secret | TypeUrl::ExtensionConfig => {
+                (intern(&RouteNameLite::decode(bytes)?.name), Facts::Other)
+            }
             // Simulated proxies subscribe to no MCP or ambient type.
             TypeUrl::NameTable | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
                 (intern(""), Facts::Other)

@@ -158,6 +158,26 @@ pub mod telemetry {
     }
 }
 
+/// `extensions.istio.io`: WasmPlugin.
+pub mod extensions {
+    /// Generated from `istio/extensions/v1alpha1/wasm.proto`.
+    #[allow(
+        missing_docs,
+        clippy::all,
+        clippy::pedantic,
+        clippy::nursery,
+        rustdoc::all,
+        deprecated
+    )]
+    pub mod v1alpha1 {
+        include!(concat!(env!("OUT_DIR"), "/istio.extensions.v1alpha1.rs"));
+        include!(concat!(
+            env!("OUT_DIR"),
+            "/istio.extensions.v1alpha1.serde.rs"
+        ));
+    }
+}
+
 /// `istio.mcp.v1alpha1`: the envelope of config served and read over
 /// MCP-over-xDS (`Resource`: metadata and the spec as an `Any`).
 pub mod mcp {

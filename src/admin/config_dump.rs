@@ -20,9 +20,9 @@ use std::time::SystemTime;
 
 use axum::http::StatusCode;
 use envoy_types::pb::envoy::admin::v3::{
-    ClientResourceStatus, ClustersConfigDump, EndpointsConfigDump, ListenersConfigDump,
-    RoutesConfigDump, SecretsConfigDump, clusters_config_dump, endpoints_config_dump,
-    listeners_config_dump, routes_config_dump,
+    ClientResourceStatus, ClustersConfigDump, EcdsConfigDump, EndpointsConfigDump,
+    ListenersConfigDump, RoutesConfigDump, SecretsConfigDump, clusters_config_dump,
+    ecds_config_dump, endpoints_config_dump, listeners_config_dump, routes_config_dump,
 };
 use envoy_types::pb::google::protobuf::{Any, Timestamp};
 use prost::{Message, Name};
@@ -327,6 +327,17 @@ impl TypeDump {
             }),
             // Never dumped (private keys); `/debug/sdsz` lists names and errors.
             TypeUrl::Secret => pack(&SecretsConfigDump::default()),
+            TypeUrl::ExtensionConfig => pack(&EcdsConfigDump {
+                ecds_filters: resources
+                    .map(|(_, ecds_filter)| ecds_config_dump::EcdsFilterConfig {
+                        version_info: version.clone(),
+                        ecds_filter: Some(ecds_filter),
+                        last_updated,
+                        client_status: status,
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
             // Not Envoy types: `/debug/ndsz` and `/debug/ambientz` show them.
             TypeUrl::NameTable | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
                 return None;

@@ -440,6 +440,17 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             .collect();
         json!({"generated": generated, "status": to_json(&translated.status), "problems": problems})
     };
+    // The status of the EnvoyFilters the stores hold (patches are compiled and
+    // applied when a proxy they select is generated for).
+    let held: std::collections::BTreeSet<String> = all
+        .iter()
+        .filter(|o| o.kind == meshfed_registry::config::Kind::EnvoyFilter)
+        .map(|o| format!("{}/{}", o.namespace, o.name))
+        .collect();
+    let envoy_filters: Vec<_> = crate::generate::envoyfilter::status::report()
+        .into_iter()
+        .filter(|s| held.contains(&s.name))
+        .collect();
     Ok(json!({
         "objects": objects,
         "gatewayApi": gateway_api,
@@ -447,6 +458,8 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "ignored": ignored,
         "selectingNoWorkload": selecting_nothing,
         "telemetryProviders": unknown_providers,
+        // EnvoyFilters by patch type: applied, matched nothing so far, rejected patches.
+        "envoyFilters": envoy_filters,
         "unplacedWorkloads": unplaced,
         "unsupportedFields": unsupported,
         "configSources": sources,

@@ -495,7 +495,7 @@ impl ConnectionState {
             .filter(|r| watch.held.contains_key(&*r.name) || watch.names.contains(&*r.name))
             .map(|r| r.name.to_string())
             .collect();
-        if !partial {
+        if !partial && type_url.sends_removals() {
             let present: BTreeSet<&str> = current.iter().map(|r| &*r.name).collect();
             // Names the client holds, or asked for by name, that no longer exist.
             for name in watch.held.keys().chain(watch.names.iter()) {

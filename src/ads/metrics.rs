@@ -239,6 +239,7 @@ impl XdsMetrics {
             TypeUrl::NameTable => "nds_senderr",
             TypeUrl::Address => "wds_senderr",
             TypeUrl::Authorization => "authorization_senderr",
+            TypeUrl::ExtensionConfig => "ecds_senderr",
             TypeUrl::Mcp(_) => "mcp_senderr",
         };
         self.pushes.get_or_create(&type_label(label)).inc();

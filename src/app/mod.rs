@@ -152,6 +152,10 @@ impl Core {
             mesh_settings.clone(),
             {
                 IgnoredMetrics::register(config_stores.all(), metrics_registry);
+                crate::generate::envoyfilter::install();
+                crate::generate::envoyfilter::status::EnvoyFilterMetrics::register(
+                    metrics_registry,
+                );
                 config_source(
                     config_stores.all(),
                     &config.domain,

@@ -233,6 +233,7 @@ fn dump_type_url(type_url: TypeUrl) -> Option<&'static str> {
         TypeUrl::Route => "type.googleapis.com/envoy.admin.v3.RoutesConfigDump",
         TypeUrl::Endpoint => "type.googleapis.com/envoy.admin.v3.EndpointsConfigDump",
         TypeUrl::Secret => "type.googleapis.com/envoy.admin.v3.SecretsConfigDump",
+        TypeUrl::ExtensionConfig => "type.googleapis.com/envoy.admin.v3.EcdsConfigDump",
         TypeUrl::NameTable | TypeUrl::Address | TypeUrl::Authorization | TypeUrl::Mcp(_) => {
             return None;
         }

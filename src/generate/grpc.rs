@@ -85,6 +85,7 @@ pub(super) fn generate(
         | TypeUrl::NameTable
         | TypeUrl::Address
         | TypeUrl::Authorization
+        | TypeUrl::ExtensionConfig
         | TypeUrl::Mcp(_) => Vec::new(),
     }
 }

@@ -17,6 +17,7 @@ pub mod cds;
 pub mod cluster_build;
 pub mod destination_rule;
 pub mod eds;
+pub mod envoyfilter;
 pub mod grpc;
 pub mod instances;
 pub mod jwt;
@@ -33,6 +34,7 @@ pub mod subscription;
 pub mod telemetry;
 pub mod traffic_policy;
 pub mod upstream_tls;
+pub mod wasm;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -89,10 +91,13 @@ pub fn generate(
     if proxy.generator == Generator::Grpc {
         return grpc::generate(type_url, snapshot, proxy, subscription);
     }
+    // EnvoyFilter patches run on what the generators (and their caches) give.
+    let patch = |out| envoyfilter::apply(type_url, out, snapshot, proxy, subscription.wildcard);
     match type_url {
-        TypeUrl::Cluster => clusters(snapshot, proxy, subscription),
-        TypeUrl::Listener => listeners(snapshot, proxy, subscription),
-        TypeUrl::Route => routes(snapshot, proxy, subscription),
+        TypeUrl::Cluster => patch(clusters(snapshot, proxy, subscription)),
+        TypeUrl::Listener => patch(listeners(snapshot, proxy, subscription)),
+        TypeUrl::Route => patch(routes(snapshot, proxy, subscription)),
+        TypeUrl::ExtensionConfig => wasm::ecds_resources(snapshot, proxy, subscription),
         TypeUrl::Endpoint
         | TypeUrl::Secret
         | TypeUrl::NameTable
@@ -411,6 +416,8 @@ impl ListenerInput {
         // Access logs, tracing, stats and metadata exchange, from the same input.
         telemetry::ProxyTelemetry::new(snapshot, &self.client)
             .apply_to_listeners(&mut listeners, self.client.is_router());
+        // WasmPlugins' filter references, at their phases' places.
+        wasm::apply_to_listeners(snapshot, &self.client, &mut listeners);
         (listeners, findings)
     }
 

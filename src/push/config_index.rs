@@ -35,6 +35,8 @@ pub struct ConfigIndex {
     request_authentications: Vec<Arc<Config<sec::RequestAuthentication>>>,
     authorization_policies: Vec<Arc<Config<sec::AuthorizationPolicy>>>,
     telemetries: Vec<Arc<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>>,
+    envoy_filters: Vec<Arc<Config<meshfed_api::networking::v1alpha3::EnvoyFilter>>>,
+    wasm_plugins: Vec<Arc<Config<meshfed_api::extensions::v1alpha1::WasmPlugin>>>,
     default_vs_export: Vec<String>,
     default_dr_export: Vec<String>,
     /// JWKS documents fetched for the RequestAuthentications (see [`crate::jwks`]).
@@ -57,6 +59,8 @@ pub struct ConfigSet {
     pub request_authentications: Vec<Config<sec::RequestAuthentication>>,
     pub authorization_policies: Vec<Config<sec::AuthorizationPolicy>>,
     pub telemetries: Vec<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>,
+    pub envoy_filters: Vec<Config<meshfed_api::networking::v1alpha3::EnvoyFilter>>,
+    pub wasm_plugins: Vec<Config<meshfed_api::extensions::v1alpha1::WasmPlugin>>,
     /// Every object of every kind, as the stores hold it.
     pub objects: Vec<Arc<ConfigObject>>,
     /// The Gateway API objects' translation (its Istio objects are also in the
@@ -139,6 +143,8 @@ impl ConfigIndex {
             request_authentications: order(set.request_authentications),
             authorization_policies: order(set.authorization_policies),
             telemetries: order(set.telemetries),
+            envoy_filters: order(set.envoy_filters),
+            wasm_plugins: order(set.wasm_plugins),
             default_vs_export: mesh.config.default_virtual_service_export_to.clone(),
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
             jwks: Arc::default(),
@@ -296,6 +302,18 @@ impl ConfigIndex {
     /// picks the first one of a scope in.
     pub fn telemetries(&self) -> &[Arc<Config<meshfed_api::telemetry::v1alpha1::Telemetry>>] {
         &self.telemetries
+    }
+
+    /// Every WasmPlugin, oldest first (then namespace and name); `generate::wasm`
+    /// orders them by namespace and priority for a proxy.
+    pub fn wasm_plugins(&self) -> &[Arc<Config<meshfed_api::extensions::v1alpha1::WasmPlugin>>] {
+        &self.wasm_plugins
+    }
+
+    /// EnvoyFilters, oldest first (then namespace, name); `generate::envoyfilter`
+    /// orders them by priority for a proxy.
+    pub fn envoy_filters(&self) -> &[Arc<Config<meshfed_api::networking::v1alpha3::EnvoyFilter>>] {
+        &self.envoy_filters
     }
 
     /// Every Gateway, oldest first (then namespace and name).

@@ -33,6 +33,8 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
         Spec::RequestAuthentication(ra) => set.request_authentications.push(Config::of(object, ra)),
         Spec::AuthorizationPolicy(ap) => set.authorization_policies.push(Config::of(object, ap)),
         Spec::Telemetry(t) => set.telemetries.push(Config::of(object, t)),
+        Spec::EnvoyFilter(e) => set.envoy_filters.push(Config::of(object, e)),
+        Spec::WasmPlugin(w) => set.wasm_plugins.push(Config::of(object, w)),
         // The Gateway API kinds are read from `set.objects` by their translation
         // (`meshfed_registry::config::gateway_api::convert`).
         _ if object.kind.is_gateway_api() => {}

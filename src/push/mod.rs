@@ -509,6 +509,8 @@ fn policy_selectors(
                 | ConfigKind::RequestAuthentication
                 | ConfigKind::AuthorizationPolicy
                 | ConfigKind::Telemetry
+                | ConfigKind::EnvoyFilter
+                | ConfigKind::WasmPlugin
         )
     };
     // Only security policies and Telemetry have selectors that narrow a push (endpoint pushes name
@@ -539,6 +541,27 @@ fn policy_selectors(
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
+                ConfigKind::EnvoyFilter => config
+                    .envoy_filters()
+                    .iter()
+                    .find(|p| found(&p.namespace, &p.name))
+                    .map(|p| {
+                        p.spec
+                            .workload_selector
+                            .as_ref()
+                            .map(|s| s.labels.clone())
+                            .filter(|l| !l.is_empty())
+                    }),
+                ConfigKind::WasmPlugin => {
+                    if let Some(p) = config
+                        .wasm_plugins()
+                        .iter()
+                        .find(|p| found(&p.namespace, &p.name))
+                    {
+                        versions.extend(crate::xds::deps::wasm_plugin_selectors(&p.spec));
+                    }
+                    None
+                }
                 _ => None,
             };
             versions.extend(selector);

@@ -19,11 +19,7 @@ pub const MAX_BODY_BYTES: usize = 6 * 1024 * 1024;
 
 /// Kinds istiod validates that meshfed does not read: allowed with a warning (istiod
 /// would check them; meshfed ignores them, so it cannot).
-const ISTIO_KINDS_NOT_READ: &[(&str, &str)] = &[
-    ("networking.istio.io", "EnvoyFilter"),
-    ("networking.istio.io", "ProxyConfig"),
-    ("extensions.istio.io", "WasmPlugin"),
-];
+const ISTIO_KINDS_NOT_READ: &[(&str, &str)] = &[("networking.istio.io", "ProxyConfig")];
 
 /// Why a review was not passed (the `reason` label of `galley_validation_failed`,
 /// istiod's values).
@@ -476,10 +472,10 @@ mod tests {
                 ..
             }
         ));
-        object["kind"] = json!("EnvoyFilter");
+        object["kind"] = json!("ProxyConfig");
         let (response, _) = admit(&request("CREATE", Some(object)));
         assert!(response.allowed);
-        assert!(response.warnings[0].contains("EnvoyFilter"), "{response:?}");
+        assert!(response.warnings[0].contains("ProxyConfig"), "{response:?}");
     }
 
     #[test]

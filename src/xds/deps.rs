@@ -53,6 +53,7 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
         TypeUrl::Route => Reader::Routes,
         TypeUrl::Secret => Reader::Secrets,
         TypeUrl::NameTable => Reader::NameTable,
+        TypeUrl::ExtensionConfig => Reader::ExtensionConfigs,
         // MCP types are answered by `mcp_reads`, for every class alike.
         TypeUrl::Mcp(_) => return false,
         // Ambient workloads and services: every service, endpoint and workload, the
@@ -85,6 +86,11 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
             .info()
             .readers
             .reads(matches!(class, ProxyClass::Sidecar), reader),
+        // Extension configs (WasmPlugins) read the mesh config (its root namespace)
+        // of the keys naming no object.
+        None if matches!(type_url, TypeUrl::ExtensionConfig) => {
+            matches!(kind, ConfigKind::MeshConfig)
+        }
         // Secrets are read by SDS alone; services, endpoints, the mesh, networks and
         // workloads by every other type.
         None => matches!(kind, ConfigKind::Secret) == matches!(type_url, TypeUrl::Secret),
@@ -106,7 +112,9 @@ pub type PolicySelectors = Vec<Option<std::collections::BTreeMap<String, String>
 /// or a namespace's) concerns every proxy: clients in any namespace infer the
 /// destination's mTLS mode from it (auto mTLS), where Istio would leave them to the
 /// next push. Gateways depend on everything, as in Istio; so does every proxy when
-/// the root namespace is not known, and on every other kind.
+/// the root namespace is not known, and on every other kind. An EnvoyFilter is
+/// scoped the same way for every proxy class, gateways included: it concerns the
+/// proxies either version selects.
 pub fn depends_on(
     class: ProxyClass,
     namespace: &str,
@@ -125,7 +133,11 @@ pub fn depends_on(
             | ConfigKind::AuthorizationPolicy
             | ConfigKind::Telemetry
     );
-    let Some(root) = root_namespace.filter(|_| scoped_class && security) else {
+    // An EnvoyFilter is scoped for every proxy class: its patches reach only the
+    // proxies it selects (root namespace: all; else its namespace, by selector). So is
+    // a WasmPlugin: gateways too carry only the plugins selecting them.
+    let every_class = matches!(key.kind, ConfigKind::EnvoyFilter | ConfigKind::WasmPlugin);
+    let Some(root) = root_namespace.filter(|_| (scoped_class && security) || every_class) else {
         return true;
     };
     let namespace_wide = selectors.is_none_or(|v| v.iter().any(Option::is_none));
@@ -142,6 +154,33 @@ pub fn depends_on(
             .any(|selector| selector.iter().all(|(k, v)| labels.get(k) == Some(v))),
         _ => true,
     }
+}
+
+/// The workload selectors a change to a WasmPlugin narrows its push to (see
+/// [`depends_on`]): its `selector` (`None`: the whole namespace), or for `targetRefs`
+/// the `gateway.networking.k8s.io/gateway-name` label of each Gateway it names (other
+/// targets select no proxy meshfed serves).
+pub fn wasm_plugin_selectors(
+    spec: &meshfed_api::extensions::v1alpha1::WasmPlugin,
+) -> PolicySelectors {
+    let refs: Vec<_> = spec.target_ref.iter().chain(&spec.target_refs).collect();
+    if refs.is_empty() {
+        return vec![
+            spec.selector
+                .as_ref()
+                .map(|s| s.match_labels.clone())
+                .filter(|l| !l.is_empty()),
+        ];
+    }
+    refs.iter()
+        .filter(|r| r.group == "gateway.networking.k8s.io" && r.kind == "Gateway")
+        .map(|r| {
+            Some(std::collections::BTreeMap::from([(
+                "gateway.networking.k8s.io/gateway-name".to_string(),
+                r.name.clone(),
+            )]))
+        })
+        .collect()
 }
 
 /// Whether the MCP type serving `kind` reads changes of `changed`: a config kind its
@@ -402,6 +441,7 @@ mod tests {
                     | ConfigKind::PeerAuthentication
                     | ConfigKind::MeshConfig
             ),
+            (_, TypeUrl::ExtensionConfig, kind) => matches!(kind, ConfigKind::MeshConfig),
             (_, TypeUrl::Secret, kind) => {
                 matches!(kind, ConfigKind::Secret | ConfigKind::Gateway)
             }
@@ -479,6 +519,28 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn an_envoy_filter_change_concerns_the_proxies_it_selects_gateways_included() {
+        let key = ConfigKey::new(ConfigKind::EnvoyFilter, "lua", "foo");
+        let request = PushRequest::full(TriggerReason::Config, [key.clone()]);
+        let scope = PushScope::new(&request)
+            .with_root_namespace("istio-system")
+            .with_policy_selectors([(key.clone(), vec![Some(labels(&[("app", "a")]))])].into());
+        let app = labels(&[("app", "a")]);
+        assert!(scope.affects_proxy(ProxyClass::Sidecar, "foo", &app));
+        assert!(!scope.affects_proxy(ProxyClass::Sidecar, "foo", &labels(&[("app", "b")])));
+        assert!(!scope.affects_proxy(ProxyClass::Sidecar, "bar", &app));
+        assert!(!scope.affects_proxy(ProxyClass::Router, "bar", &app));
+        assert!(scope.affects_proxy(ProxyClass::Router, "foo", &app));
+        // From the root namespace without selector: every proxy.
+        let root = ConfigKey::new(ConfigKind::EnvoyFilter, "mesh", "istio-system");
+        let request = PushRequest::full(TriggerReason::Config, [root.clone()]);
+        let scope = PushScope::new(&request)
+            .with_root_namespace("istio-system")
+            .with_policy_selectors([(root, vec![None])].into());
+        assert!(scope.affects_proxy(ProxyClass::Router, "bar", &app));
     }
 
     #[test]
@@ -708,13 +770,15 @@ mod tests {
         assert_eq!(touched, vec![TypeUrl::Listener, TypeUrl::Route]);
         for class in [ProxyClass::Router, ProxyClass::Grpc] {
             for t in TypeUrl::ALL {
-                // Neither ambient type reads VirtualServices.
+                // Neither ambient type reads VirtualServices; extension configs read
+                // WasmPlugins, EnvoyFilters and the mesh config only.
                 let want = if matches!(
                     t,
                     TypeUrl::Secret
                         | TypeUrl::NameTable
                         | TypeUrl::Address
                         | TypeUrl::Authorization
+                        | TypeUrl::ExtensionConfig
                 ) {
                     Touch::Nothing
                 } else {

@@ -138,6 +138,10 @@ mod tests {
                 Kind::PeerAuthentication,
             ),
             ("telemetry.istio.io/v1alpha1/Telemetry", Kind::Telemetry),
+            (
+                "networking.istio.io/v1alpha3/EnvoyFilter",
+                Kind::EnvoyFilter,
+            ),
         ] {
             let t = McpType::parse(url).unwrap_or_else(|| panic!("{url}"));
             assert_eq!(t.config_kind(), Some(kind), "{url}");
@@ -146,7 +150,8 @@ mod tests {
         let mesh = McpType::parse(MESH_CONFIG_TYPE).unwrap();
         assert_eq!(mesh.kind, McpKind::MeshConfig);
         for unknown in [
-            "networking.istio.io/v1alpha3/EnvoyFilter",
+            "networking.istio.io/v1beta1/ProxyConfig",
+            "networking.istio.io/v1/EnvoyFilter",
             "networking.istio.io/v2/ServiceEntry",
             "ServiceEntry",
             "type.googleapis.com/envoy.config.cluster.v3.Cluster",

@@ -33,6 +33,10 @@ pub enum TypeUrl {
     /// `istio.networking.nds.v1.NameTable`; one resource, named `""`). Istio pushes
     /// it after the ordered types.
     NameTable,
+    /// ECDS: extension configs (`envoy.config.core.v3.TypedExtensionConfig`), the
+    /// WasmPlugins' filters that listeners reference by name (`config_discovery`).
+    /// Not among Istio's ordered types: pushed after them.
+    ExtensionConfig,
     /// Ambient WDS: workloads and services for ztunnel
     /// (`istio.workload.Address`, `crate::generate::ambient`). Wildcard; also served
     /// on demand by name (workload uid, `namespace/hostname`, or `network/IP`).
@@ -55,6 +59,7 @@ impl Serialize for TypeUrl {
             TypeUrl::Route => s.serialize_str("Route"),
             TypeUrl::Secret => s.serialize_str("Secret"),
             TypeUrl::NameTable => s.serialize_str("NameTable"),
+            TypeUrl::ExtensionConfig => s.serialize_str("ExtensionConfig"),
             TypeUrl::Address => s.serialize_str("Address"),
             TypeUrl::Authorization => s.serialize_str("Authorization"),
             TypeUrl::Mcp(t) => s.serialize_str(t.as_str()),
@@ -63,15 +68,17 @@ impl Serialize for TypeUrl {
 }
 
 impl TypeUrl {
-    /// Every Envoy type, in push order (MCP types are not listed: see
+    /// Every xDS type served but the MCP ones (Envoy's, NDS, ECDS and ztunnel's), in
+    /// push order (MCP types are not listed: see
     /// [`TypeUrl::Mcp`]).
-    pub const ALL: [TypeUrl; 8] = [
+    pub const ALL: [TypeUrl; 9] = [
         TypeUrl::Cluster,
         TypeUrl::Endpoint,
         TypeUrl::Listener,
         TypeUrl::Route,
         TypeUrl::Secret,
         TypeUrl::NameTable,
+        TypeUrl::ExtensionConfig,
         TypeUrl::Address,
         TypeUrl::Authorization,
     ];
@@ -87,8 +94,9 @@ impl TypeUrl {
             TypeUrl::Route => 3,
             TypeUrl::Secret => 4,
             TypeUrl::NameTable => 5,
-            TypeUrl::Address => 6,
-            TypeUrl::Authorization => 7,
+            TypeUrl::ExtensionConfig => 6,
+            TypeUrl::Address => 7,
+            TypeUrl::Authorization => 8,
             TypeUrl::Mcp(_) => TypeUrl::ALL.len(),
         }
     }
@@ -111,6 +119,9 @@ impl TypeUrl {
                 "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret"
             }
             TypeUrl::NameTable => "type.googleapis.com/istio.networking.nds.v1.NameTable",
+            TypeUrl::ExtensionConfig => {
+                "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig"
+            }
             TypeUrl::Address => "type.googleapis.com/istio.workload.Address",
             TypeUrl::Authorization => "type.googleapis.com/istio.security.Authorization",
             TypeUrl::Mcp(t) => t.as_str(),
@@ -125,7 +136,8 @@ impl TypeUrl {
             .or_else(|| McpType::parse(s).map(TypeUrl::Mcp))
     }
 
-    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`;
+    /// Short name used in metrics and logs (`cds`, `eds`, `lds`, `rds`, `sds`, `nds`,
+    /// `ecds`;
     /// an MCP type is its type URL, as Istio labels the types it has no name for).
     pub fn short(self) -> &'static str {
         match self {
@@ -135,6 +147,7 @@ impl TypeUrl {
             TypeUrl::Route => "rds",
             TypeUrl::Secret => "sds",
             TypeUrl::NameTable => "nds",
+            TypeUrl::ExtensionConfig => "ecds",
             TypeUrl::Address => "wds",
             TypeUrl::Authorization => "authorization",
             TypeUrl::Mcp(t) => t.as_str(),
@@ -154,6 +167,13 @@ impl TypeUrl {
                 | TypeUrl::Authorization
                 | TypeUrl::Mcp(_)
         )
+    }
+
+    /// Whether Delta responses name the resources a client holds that are gone. Not
+    /// for ECDS: Istio never removes extension configs (Envoy issue 32823: a removed
+    /// config a listener still references leaves the listener without its filter).
+    pub const fn sends_removals(self) -> bool {
+        !matches!(self, TypeUrl::ExtensionConfig)
     }
 
     /// Whether a generator that has nothing for the proxy sends nothing rather than an

@@ -1,26 +1,27 @@
 //! Config kinds: a WorkloadGroup is read from the config directory and the Rust API,
-//! validated and listed; objects of kinds meshfed does not read (EnvoyFilter, Gateway
-//! API's BackendTLSPolicy, WasmPlugin) are reported by `meshfed validate`, `/debug/configz` and
+//! validated and listed; objects of kinds meshfed does not read (ProxyConfig, Gateway
+//! API's BackendTLSPolicy, an `apps/v1` Deployment) are reported by `meshfed validate`,
+//! `/debug/configz` and
 //! a metric, never dropped in silence.
 
 use meshfed::testing::FakeServer;
 
 use crate::support::*;
 
-const MIXED: &str = "apiVersion: networking.istio.io/v1alpha3
-kind: EnvoyFilter
+const MIXED: &str = "apiVersion: networking.istio.io/v1beta1
+kind: ProxyConfig
 metadata: {name: lua, namespace: default}
-spec: {configPatches: []}
+spec: {concurrency: 2}
 ---
 apiVersion: gateway.networking.k8s.io/v1alpha3
 kind: BackendTLSPolicy
 metadata: {name: web, namespace: apps}
 spec: {targetRefs: [{group: core, kind: Service, name: web}]}
 ---
-apiVersion: extensions.istio.io/v1alpha1
-kind: WasmPlugin
+apiVersion: apps/v1
+kind: Deployment
 metadata: {name: mesh-default, namespace: istio-system}
-spec: {url: oci://example.com/plugin:v1}
+spec: {replicas: 1}
 ---
 apiVersion: networking.istio.io/v1
 kind: WorkloadGroup
@@ -55,7 +56,7 @@ fn validate_warns_about_each_ignored_object_and_fails_with_strict() {
     for (line, what) in [
         (
             1,
-            "EnvoyFilter default/lua: skipped: networking.istio.io/v1alpha3 EnvoyFilter",
+            "ProxyConfig default/lua: skipped: networking.istio.io/v1beta1 ProxyConfig",
         ),
         (
             6,
@@ -63,7 +64,7 @@ fn validate_warns_about_each_ignored_object_and_fails_with_strict() {
         ),
         (
             11,
-            "WasmPlugin istio-system/mesh-default: skipped: extensions.istio.io/v1alpha1 WasmPlugin",
+            "Deployment istio-system/mesh-default: skipped: apps/v1 Deployment",
         ),
     ] {
         let expected = format!(
@@ -177,14 +178,14 @@ async fn configz_lists_workload_groups_and_ignored_objects_and_counts_them() {
         ignored,
         [
             "gateway.networking.k8s.io/v1alpha3 BackendTLSPolicy apps/web line 6",
-            "networking.istio.io/v1alpha3 EnvoyFilter default/lua line 1",
-            "extensions.istio.io/v1alpha1 WasmPlugin istio-system/mesh-default line 11",
+            "apps/v1 Deployment istio-system/mesh-default line 11",
+            "networking.istio.io/v1beta1 ProxyConfig default/lua line 1",
         ],
         "{configz}"
     );
 
     let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
-    for kind in ["EnvoyFilter", "BackendTLSPolicy", "WasmPlugin"] {
+    for kind in ["BackendTLSPolicy", "Deployment", "ProxyConfig"] {
         assert_eq!(
             metric(
                 &metrics,

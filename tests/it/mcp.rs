@@ -32,8 +32,9 @@ fn istiod_node(namespace: &str) -> envoy_types::pb::envoy::config::core::v3::Nod
 }
 
 /// What `adsc.ConfigInitialRequests()` asks at Istio HEAD: `gvk.MeshConfig`, then
-/// `collections.Pilot` (each kind's preferred version). EnvoyFilter, ProxyConfig and
-/// WasmPlugin are kinds meshfed does not hold: answered with no resources.
+/// `collections.Pilot` (each kind's preferred version). ProxyConfig and WasmPlugin
+/// are kinds meshfed does not hold, and this test holds no EnvoyFilter: answered with
+/// no resources.
 const ISTIOD_WATCHES: &[&str] = &[
     "core/v1alpha1/MeshConfig",
     "security.istio.io/v1/AuthorizationPolicy",

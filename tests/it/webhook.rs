@@ -261,6 +261,19 @@ fn kinds() -> Vec<(&'static str, &'static str, Value, Value)> {
             json!({"tracing": [{"randomSamplingPercentage": 10.0}]}),
             json!({"tracing": [{"randomSamplingPercentage": 200.0}]}),
         ),
+        (
+            "networking.istio.io/v1alpha3",
+            "EnvoyFilter",
+            json!({"configPatches": [{"applyTo": "CLUSTER",
+                "patch": {"operation": "MERGE", "value": {"connect_timeout": "1s"}}}]}),
+            json!({"configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "ADD"}}]}),
+        ),
+        (
+            "extensions.istio.io/v1alpha1",
+            "WasmPlugin",
+            json!({"url": "oci://ghcr.io/example/auth:1.0", "phase": "AUTHN"}),
+            json!({"url": "ftp://example.com/plugin.wasm"}),
+        ),
     ]
 }
 
@@ -435,10 +448,10 @@ async fn operations_dry_runs_unknown_kinds_and_versions_follow_istiod() {
     );
     // An Istio kind meshfed does not read: allowed, with a warning saying so.
     let filter = object(
-        "networking.istio.io/v1alpha3",
-        "EnvoyFilter",
+        "networking.istio.io/v1beta1",
+        "ProxyConfig",
         "f",
-        json!({"configPatches": []}),
+        json!({"concurrency": 2}),
     );
     let answer = wh
         .review(&admission_review(

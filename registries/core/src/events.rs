@@ -60,6 +60,11 @@ pub enum ConfigKind {
     TCPRoute,
     /// A Gateway API TLSRoute.
     TLSRoute,
+    /// Patches to the generated Envoy configuration of the proxies it selects.
+    EnvoyFilter,
+    /// A WebAssembly filter of the workloads it selects (ECDS and the filter lists of
+    /// their listeners).
+    WasmPlugin,
     /// Only the endpoints of a service changed: EDS for that hostname only.
     Endpoints,
     /// The mesh-wide configuration.

@@ -299,6 +299,8 @@ pub fn encode_spec(spec: &Spec) -> Vec<u8> {
         Spec::AuthorizationPolicy(s) => s.encode_to_vec(),
         Spec::WorkloadGroup(s) => s.encode_to_vec(),
         Spec::Telemetry(s) => s.encode_to_vec(),
+        Spec::EnvoyFilter(s) => s.encode_to_vec(),
+        Spec::WasmPlugin(s) => s.encode_to_vec(),
         // The Gateway API kinds are not protos: a `google.protobuf.Struct`.
         other => other.encode_proto(),
     }

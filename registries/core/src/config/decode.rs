@@ -479,7 +479,7 @@ mod tests {
             ("v1", "ConfigMap"),
             ("security.istio.io/v1", "VirtualService"),
             ("networking.istio.io/v1", "AuthorizationPolicy"),
-            ("networking.istio.io/v1", "EnvoyFilter"),
+            ("networking.istio.io/v1beta1", "ProxyConfig"),
             ("networking.k8s.io/v1", "Gateway"),
         ] {
             match decode(&object(api_version, kind, json!({})), "test") {

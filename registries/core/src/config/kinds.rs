@@ -14,6 +14,7 @@
 //! Objects of kinds that are not declared here are not dropped in silence: the file
 //! sources report them as ignored (see [`crate::config::ignored`]).
 
+use meshfed_api::extensions::v1alpha1 as ext;
 use meshfed_api::networking::v1alpha3 as net;
 use meshfed_api::security::v1beta1 as sec;
 use meshfed_api::telemetry::v1alpha1 as tel;
@@ -57,6 +58,22 @@ pub const TELEMETRY: Group = Group {
     api_version: "telemetry.istio.io/v1",
 };
 
+/// `networking.istio.io` version `v1alpha3` only: the kinds Istio serves in no
+/// other version (`EnvoyFilter`). Discovery finds them through [`NETWORKING`],
+/// whose versions include `v1alpha3`.
+pub const NETWORKING_V1ALPHA3: Group = Group {
+    name: "networking.istio.io",
+    versions: &["v1alpha3"],
+    api_version: "networking.istio.io/v1alpha3",
+};
+
+/// `extensions.istio.io`, version `v1alpha1`.
+pub const EXTENSIONS: Group = Group {
+    name: "extensions.istio.io",
+    versions: &["v1alpha1"],
+    api_version: "extensions.istio.io/v1alpha1",
+};
+
 /// `gateway.networking.k8s.io`, versions `v1`, `v1beta1`, `v1alpha2`: the Kubernetes
 /// Gateway API's standard kinds (one schema; `v1alpha2` is read for old objects).
 pub const GATEWAY_API: Group = Group {
@@ -74,10 +91,11 @@ pub const GATEWAY_API_ALPHA: Group = Group {
 };
 
 /// Every group some kind belongs to, in discovery order.
-pub const GROUPS: [Group; 5] = [
+pub const GROUPS: [Group; 6] = [
     NETWORKING,
     SECURITY,
     TELEMETRY,
+    EXTENSIONS,
     GATEWAY_API,
     GATEWAY_API_ALPHA,
 ];
@@ -210,6 +228,8 @@ pub enum Reader {
     NameTable,
     /// Gateway credentials (SDS).
     Secrets,
+    /// Extension configs (ECDS): the WasmPlugins' filters.
+    ExtensionConfigs,
 }
 
 impl Reader {
@@ -650,6 +670,32 @@ declare_kinds! {
             feeds: Feeds::ConfigIndex,
             readers: GATEWAY_API_READERS,
         },
+        /// Patches to the clusters, listeners and routes generated for the proxies it
+        /// selects (`meshfed::generate::envoyfilter`).
+        EnvoyFilter {
+            spec: net::EnvoyFilter,
+            group: NETWORKING_V1ALPHA3,
+            plural: "envoyfilters",
+            validate: |_, s| v::validate_envoy_filter(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::NONE
+                .with(Reader::Clusters)
+                .with(Reader::Listeners)
+                .with(Reader::Routes)
+                .with(Reader::ExtensionConfigs),
+        },
+        /// A WebAssembly filter of the workloads it selects: served as an extension
+        /// config (ECDS) that the listeners' filter lists reference by name.
+        WasmPlugin {
+            spec: ext::WasmPlugin,
+            group: EXTENSIONS,
+            plural: "wasmplugins",
+            validate: |_, s| v::validate_wasm_plugin(s),
+            feeds: Feeds::ConfigIndex,
+            readers: Readers::NONE
+                .with(Reader::Listeners)
+                .with(Reader::ExtensionConfigs),
+        },
     }
 }
 
@@ -762,7 +808,16 @@ mod tests {
             assert_eq!(info.label, format!("{kind:?}"));
             assert_eq!(Kind::from_group_kind(kind.group(), info.kind), Some(kind));
             assert_eq!(info.config_kind.object_kind(), Some(kind));
-            assert!(GROUPS.contains(&info.group), "{kind}");
+            assert_eq!(
+                Kind::from_group_kind(info.group.name, info.kind),
+                Some(kind)
+            );
+            // Discovery walks GROUPS: every kind's versions are among its group's.
+            assert!(
+                GROUPS.iter().any(|g| g.name == info.group.name
+                    && info.group.versions.iter().all(|v| g.versions.contains(v))),
+                "{kind}"
+            );
             assert!(
                 info.plural.chars().all(|c| c.is_ascii_lowercase()),
                 "{kind}"

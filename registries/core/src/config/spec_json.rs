@@ -219,6 +219,21 @@ mod tests {
     }
 
     #[test]
+    fn an_envoy_filter_patch_value_is_free_form() {
+        // `patch.value` is a `google.protobuf.Struct`: any keys, checked later against
+        // the Envoy type of the patch, never as unknown fields of the spec.
+        let spec = json!({"configPatches": [{"applyTo": "CLUSTER", "patch": {
+            "operation": "MERGE",
+            "value": {"connect_timeout": "1s", "anything": {"nested": [1, "x", null, true]}},
+        }}]});
+        let warnings = decoded(Kind::EnvoyFilter, spec).expect("a free-form value decodes");
+        assert!(
+            warnings.iter().all(|w| !w.contains("unknown")),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
     fn a_typo_is_rejected_in_every_kind_with_its_path() {
         let cases = [
             (
@@ -275,6 +290,11 @@ mod tests {
                 Kind::Telemetry,
                 json!({"accessLogging": [{"providers": [{"name": "envoy", "nmae": "x"}]}]}),
                 "spec.accessLogging[0].providers[0].nmae",
+            ),
+            (
+                Kind::EnvoyFilter,
+                json!({"configPatches": [{"applyTo": "CLUSTER", "pach": {}}]}),
+                "spec.configPatches[0].pach",
             ),
         ];
         for (kind, spec, path) in cases {

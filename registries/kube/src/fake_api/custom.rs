@@ -55,19 +55,20 @@ impl CustomResource {
     /// [`meshfed_registry::config::kinds`]), each served in those of `versions` the
     /// group has.
     fn istio_group(group: Group, versions: &[&str]) -> Vec<CustomResource> {
-        let versions: Vec<&str> = versions
-            .iter()
-            .copied()
-            .filter(|v| group.versions.contains(v))
-            .collect();
-        if versions.is_empty() {
-            return Vec::new();
-        }
+        // A kind may have fewer versions than its group (EnvoyFilter: v1alpha3 only).
         Kind::ALL
             .iter()
             .map(|kind| kind.info())
-            .filter(|info| info.group == group)
-            .map(|info| CustomResource::new(group.name, info.kind, info.plural, &versions))
+            .filter(|info| info.group.name == group.name)
+            .filter_map(|info| {
+                let served: Vec<&str> = versions
+                    .iter()
+                    .copied()
+                    .filter(|v| group.versions.contains(v) && info.group.versions.contains(v))
+                    .collect();
+                (!served.is_empty())
+                    .then(|| CustomResource::new(group.name, info.kind, info.plural, &served))
+            })
             .collect()
     }
 
@@ -93,6 +94,10 @@ impl CustomResource {
         out.extend(CustomResource::istio_security(versions));
         out.extend(CustomResource::istio_group(
             meshfed_registry::config::kinds::TELEMETRY,
+            versions,
+        ));
+        out.extend(CustomResource::istio_group(
+            meshfed_registry::config::kinds::EXTENSIONS,
             versions,
         ));
         out

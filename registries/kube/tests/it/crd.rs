@@ -64,6 +64,14 @@ fn spec(kind: Kind, variant: u32) -> Value {
         Kind::TCPRoute | Kind::TLSRoute => {
             json!({"rules": [{"backendRefs": [{"name": "svc", "port": 80 + variant}]}]})
         }
+        Kind::EnvoyFilter => json!({"priority": variant, "configPatches": [{
+            "applyTo": "CLUSTER",
+            "patch": {"operation": "MERGE", "value": {"connect_timeout": format!("{variant}s")}},
+        }]}),
+        Kind::WasmPlugin => json!({
+            "url": format!("oci://ghcr.io/example/plugin:{variant}"),
+            "priority": variant,
+        }),
     }
 }
 
@@ -221,7 +229,12 @@ async fn every_kind_is_created_updated_and_deleted_through_the_api() {
         "the initial list is announced at sync"
     );
     for kind in istio_kinds() {
-        assert_eq!(s.store.served_version(kind), Some("v1"), "{kind}");
+        // EnvoyFilter exists in v1alpha3 only.
+        assert_eq!(
+            s.store.served_version(kind),
+            Some(kind.versions()[0]),
+            "{kind}"
+        );
     }
 
     for kind in istio_kinds() {
@@ -230,8 +243,13 @@ async fn every_kind_is_created_updated_and_deleted_through_the_api() {
         // feed nothing yet (WorkloadGroup) do not push.
         let entry = kind.info().feeds == meshfed_registry::config::Feeds::ConfigIndex;
 
-        s.api
-            .apply_custom(&istio("v1", kind.as_str(), "ns", &name, spec(kind, 1)));
+        s.api.apply_custom(&istio(
+            kind.versions()[0],
+            kind.as_str(),
+            "ns",
+            &name,
+            spec(kind, 1),
+        ));
         let created = s.until("created", |st| st.get(kind, "ns", &name)).await;
         assert_eq!(
             created.source,
@@ -251,6 +269,8 @@ async fn every_kind_is_created_updated_and_deleted_through_the_api() {
         // An older version of the kind's group (telemetry.istio.io has no v1beta1).
         let older = if kind.versions().contains(&"v1beta1") {
             "v1beta1"
+        } else if kind.versions().len() == 1 {
+            kind.versions()[0]
         } else {
             "v1alpha1"
         };
@@ -420,7 +440,8 @@ async fn an_invalid_object_is_rejected_alone_and_an_invalid_update_keeps_the_las
 
 #[tokio::test]
 async fn a_410_relists_without_losing_changes() {
-    let api = with_istio_crds(&["v1"]).await;
+    // v1alpha3 for EnvoyFilter, which has no v1.
+    let api = with_istio_crds(&["v1", "v1alpha3", "v1alpha1"]).await;
     for name in ["keep", "change", "drop"] {
         api.apply_custom(&istio(
             "v1",
@@ -538,7 +559,10 @@ async fn discovery_picks_v1beta1_when_only_that_and_older_are_served() {
     let mut s = Running::synced(api).await;
     for kind in istio_kinds() {
         // telemetry.istio.io serves neither version: its kind is not served.
-        let want = kind.versions().contains(&"v1beta1").then_some("v1beta1");
+        // EnvoyFilter is served in v1alpha3, its only version.
+        let want = ["v1beta1", "v1alpha3"]
+            .into_iter()
+            .find(|v| kind.versions().contains(v));
         assert_eq!(s.store.served_version(kind), want, "{kind}");
     }
     assert_eq!(s.names(), ["DestinationRule ns/old"]);
@@ -563,7 +587,8 @@ async fn discovery_picks_v1beta1_when_only_that_and_older_are_served() {
         !paths
             .iter()
             .any(|p| p.starts_with("/apis/networking.istio.io/v1/")
-                || p.starts_with("/apis/networking.istio.io/v1alpha3/")),
+                || (p.starts_with("/apis/networking.istio.io/v1alpha3/")
+                    && !p.contains("envoyfilters"))),
         "only the preferred served version is read: {paths:?}"
     );
     s.stop().await;

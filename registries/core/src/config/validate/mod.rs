@@ -20,18 +20,21 @@ mod route_common;
 // The per-kind validators: each kind's declaration (`crate::config::kinds`) names its
 // validator by path.
 pub(crate) mod destination_rule;
+pub mod envoy_filter;
 pub(crate) mod gateway;
 pub(crate) mod security;
 pub(crate) mod service_entry;
 pub(crate) mod sidecar;
 pub(crate) mod telemetry;
 pub(crate) mod virtual_service;
+pub(crate) mod wasm_plugin;
 
 use std::fmt;
 
 use serde::Serialize;
 
 pub use destination_rule::validate_destination_rule;
+pub use envoy_filter::validate_envoy_filter;
 pub use gateway::validate_gateway;
 pub use http_route::{GRPC_STATUSES, grpc_status_code, jwt_routing_claim};
 pub use mesh::{
@@ -44,6 +47,7 @@ pub use service_entry::{validate_service_entry, validate_workload_entry};
 pub use sidecar::validate_sidecar;
 pub use telemetry::{BUILTIN_PROVIDERS, unknown_providers, validate_telemetry};
 pub use virtual_service::validate_virtual_service;
+pub use wasm_plugin::validate_wasm_plugin;
 
 /// The outcome of a validation: warnings when the object may be used, every error
 /// otherwise.

@@ -1,0 +1,330 @@
+//! EnvoyFilter: which EnvoyFilters apply to a proxy, and their patches applied to the
+//! clusters, listeners and route configurations generated for it, as Istio's
+//! `pilot/pkg/networking/core/envoyfilter` applies them.
+//!
+//! Selection ([`select`], Istio's `PushContext.EnvoyFilters`): the EnvoyFilters of the
+//! root namespace, then those of the proxy's own namespace, each without a
+//! `workloadSelector` or with one whose labels the proxy carries; an EnvoyFilter with
+//! `targetRefs` selects no proxy (as istiod, which applies those to waypoints only).
+//! They are ordered by `priority`, then root namespace first, then creation time, then
+//! `name.namespace`; their patches keep that order, and a patch whose `proxy` match
+//! (version regex, metadata) does not hold is left out.
+//!
+//! Application ([`apply`]): the cached, unpatched resources of a proxy with matching
+//! patches are decoded, patched ([`cluster`], [`listener`], [`route`]) and re-encoded;
+//! a resource no patch changed keeps its shared encoding. A patch whose value does not
+//! convert to its Envoy type is rejected alone ([`status`]).
+
+pub mod cluster;
+pub mod listener;
+pub mod route;
+pub mod status;
+pub mod value;
+#[cfg(test)]
+mod vectors;
+#[cfg(test)]
+mod vectors_listener;
+#[cfg(test)]
+mod vectors_model;
+#[cfg(test)]
+mod vectors_route;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, LazyLock, Mutex};
+
+use meshfed_api::networking::v1alpha3::EnvoyFilter;
+use meshfed_api::networking::v1alpha3::envoy_filter::{
+    ApplyTo, EnvoyConfigObjectMatch, PatchContext, patch::Operation,
+};
+use prost_reflect::DynamicMessage;
+
+use crate::model::Proxy;
+use crate::push::config_index::Config;
+use crate::push::snapshot::Snapshot;
+use crate::xds::{Resource, TypeUrl};
+
+/// Installs the check of patch values into config validation (`meshfed validate`,
+/// the webhook, the stores): a value that does not convert to its Envoy type is an
+/// error at `spec.configPatches[i].patch.value`, unknown fields a warning.
+pub fn install() {
+    meshfed_registry::config::validate::envoy_filter::install_value_checker(value::check);
+}
+
+/// One patch of an EnvoyFilter, ready to apply.
+#[derive(Debug)]
+pub struct Patch {
+    /// `namespace/name` of its EnvoyFilter.
+    pub key: Arc<str>,
+    /// What it applies to.
+    pub apply_to: ApplyTo,
+    /// The operation (`INSERT_*` become `ADD` where Istio makes them so).
+    pub operation: Operation,
+    /// The match (a match-all `ANY` one when the patch has none).
+    pub matcher: EnvoyConfigObjectMatch,
+    /// The value as its Envoy message; `None` for `REMOVE` without a value.
+    pub value: Option<DynamicMessage>,
+    /// Its encoding (what typed copies are decoded from).
+    pub bytes: Vec<u8>,
+    proxy_version: Option<regex::Regex>,
+}
+
+impl Patch {
+    /// The patch context holds: `ANY` or the same context.
+    pub fn context_matches(&self, ctx: PatchContext) -> bool {
+        self.matcher.context == PatchContext::Any as i32 || self.matcher.context == ctx as i32
+    }
+
+    /// The value as a typed message (a fresh copy).
+    pub fn typed<M: prost::Message + Default>(&self) -> Option<M> {
+        self.value.as_ref()?;
+        M::decode(self.bytes.as_slice()).ok()
+    }
+
+    fn proxy_matches(&self, proxy: &Proxy) -> bool {
+        let Some(pm) = &self.matcher.proxy else {
+            return true;
+        };
+        if let Some(re) = &self.proxy_version {
+            match proxy.istio_version.as_deref() {
+                Some(v) if !v.is_empty() && re.is_match(v) => {}
+                _ => return false,
+            }
+        }
+        pm.metadata
+            .iter()
+            .all(|(k, v)| proxy.metadata.get(k).and_then(|m| m.as_str()) == Some(v.as_str()))
+    }
+}
+
+/// One EnvoyFilter's patches.
+#[derive(Debug)]
+pub struct Compiled {
+    pub key: Arc<str>,
+    pub patches: Vec<Arc<Patch>>,
+}
+
+/// Compiles an EnvoyFilter: each patch's value converted to its Envoy type. A value
+/// that does not convert rejects that patch, reported through [`status`].
+pub fn compile(config: &Config<EnvoyFilter>) -> Compiled {
+    let key: Arc<str> = Arc::from(format!("{}/{}", config.namespace, config.name));
+    let mut patches = Vec::new();
+    for (i, cp) in config.spec.config_patches.iter().enumerate() {
+        let Some(p) = &cp.patch else { continue };
+        let apply_to = ApplyTo::try_from(cp.apply_to).unwrap_or(ApplyTo::Invalid);
+        let mut operation = Operation::try_from(p.operation).unwrap_or(Operation::Invalid);
+        if apply_to == ApplyTo::Invalid || operation == Operation::Invalid {
+            continue;
+        }
+        if matches!(
+            operation,
+            Operation::InsertAfter | Operation::InsertBefore | Operation::InsertFirst
+        ) && !matches!(
+            apply_to,
+            ApplyTo::HttpFilter
+                | ApplyTo::NetworkFilter
+                | ApplyTo::HttpRoute
+                | ApplyTo::ListenerFilter
+        ) {
+            operation = Operation::Add;
+        }
+        let value = match &p.value {
+            None => None,
+            Some(v) => {
+                let json = serde_json::to_value(v).unwrap_or_default();
+                match value::from_json(apply_to, &json, false) {
+                    Ok(m) => Some(m),
+                    Err(e) => {
+                        status::reject(&key, &format!("spec.configPatches[{i}].patch.value"), &e);
+                        continue;
+                    }
+                }
+            }
+        };
+        if value.is_none() && operation != Operation::Remove {
+            continue;
+        }
+        let matcher = cp.r#match.clone().unwrap_or_default();
+        let proxy_version = matcher
+            .proxy
+            .as_ref()
+            .filter(|p| !p.proxy_version.is_empty())
+            .and_then(|p| regex::Regex::new(&p.proxy_version).ok());
+        let bytes = value
+            .as_ref()
+            .map(prost::Message::encode_to_vec)
+            .unwrap_or_default();
+        patches.push(Arc::new(Patch {
+            key: key.clone(),
+            apply_to,
+            operation,
+            matcher,
+            value,
+            bytes,
+            proxy_version,
+        }));
+    }
+    Compiled { key, patches }
+}
+
+type CompiledCache = HashMap<(String, String), (Arc<Config<EnvoyFilter>>, Arc<Compiled>)>;
+
+/// Compiled EnvoyFilters by namespace and name, with the config object they were
+/// compiled from (recompiled when the object changes).
+static COMPILED: LazyLock<Mutex<CompiledCache>> = LazyLock::new(Mutex::default);
+
+fn compiled(config: &Arc<Config<EnvoyFilter>>) -> Arc<Compiled> {
+    let key = (config.namespace.clone(), config.name.clone());
+    let mut cache = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((c, out)) = cache.get(&key)
+        && Arc::ptr_eq(c, config)
+    {
+        return out.clone();
+    }
+    status::clear(&format!("{}/{}", config.namespace, config.name));
+    let out = Arc::new(compile(config));
+    cache.insert(key, (config.clone(), out.clone()));
+    out
+}
+
+/// The patches that apply to one proxy, by apply-to, in application order.
+#[derive(Debug, Default)]
+pub struct ProxyPatches {
+    by_apply_to: BTreeMap<i32, Vec<Arc<Patch>>>,
+    /// `namespace/name` of every EnvoyFilter selected.
+    pub keys: Vec<Arc<str>>,
+}
+
+impl ProxyPatches {
+    /// The patches of `apply_to`.
+    pub fn of(&self, apply_to: ApplyTo) -> &[Arc<Patch>] {
+        self.by_apply_to
+            .get(&(apply_to as i32))
+            .map_or(&[], Vec::as_slice)
+    }
+
+    fn any_of(&self, kinds: &[ApplyTo]) -> bool {
+        kinds.iter().any(|k| !self.of(*k).is_empty())
+    }
+}
+
+/// Whether an EnvoyFilter of `namespace` with `selector` selects a proxy of
+/// `proxy_namespace` with `labels`, under `root` (the root namespace).
+pub fn selects(
+    ef: &Config<EnvoyFilter>,
+    root: &str,
+    proxy_namespace: &str,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    if !ef.spec.target_refs.is_empty() {
+        return false;
+    }
+    if ef.namespace != root && ef.namespace != proxy_namespace {
+        return false;
+    }
+    ef.spec
+        .workload_selector
+        .as_ref()
+        .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// The EnvoyFilters selecting `proxy` and their patches that match it (see the module
+/// doc); `None` when there are none.
+pub fn select(snapshot: &Snapshot, proxy: &Proxy) -> Option<ProxyPatches> {
+    let config = snapshot.config();
+    patches_for(config.envoy_filters(), &config.root_namespace, proxy)
+}
+
+/// [`select`] over `efs` with root namespace `root`.
+pub fn patches_for(
+    efs: &[Arc<Config<EnvoyFilter>>],
+    root: &str,
+    proxy: &Proxy,
+) -> Option<ProxyPatches> {
+    let mut chosen: Vec<&Arc<Config<EnvoyFilter>>> = efs
+        .iter()
+        .filter(|ef| selects(ef, root, &proxy.namespace, &proxy.labels))
+        .collect();
+    if chosen.is_empty() {
+        return None;
+    }
+    order(&mut chosen, root);
+    let mut out = ProxyPatches::default();
+    for ef in chosen {
+        let c = compiled(ef);
+        out.keys.push(c.key.clone());
+        for p in &c.patches {
+            if p.proxy_matches(proxy) {
+                out.by_apply_to
+                    .entry(p.apply_to as i32)
+                    .or_default()
+                    .push(p.clone());
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Istio's order of the EnvoyFilters of a proxy: priority, root namespace first,
+/// creation time, then `name.namespace`.
+pub fn order(efs: &mut [&Arc<Config<EnvoyFilter>>], root: &str) {
+    efs.sort_by(|a, b| {
+        a.spec
+            .priority
+            .cmp(&b.spec.priority)
+            .then_with(|| (b.namespace == root).cmp(&(a.namespace == root)))
+            .then_with(|| a.creation_time.cmp(&b.creation_time))
+            .then_with(|| {
+                format!("{}.{}", a.name, a.namespace).cmp(&format!("{}.{}", b.name, b.namespace))
+            })
+    });
+}
+
+/// The patch context of a proxy's resource: `GATEWAY` for routers, else inbound or
+/// outbound by the resource.
+pub fn context(proxy: &Proxy, inbound: bool) -> PatchContext {
+    if proxy.is_router() {
+        PatchContext::Gateway
+    } else if inbound {
+        PatchContext::SidecarInbound
+    } else {
+        PatchContext::SidecarOutbound
+    }
+}
+
+/// `resources` of `type_url` for `proxy` with the patches of the EnvoyFilters that
+/// select it applied; `wildcard` (the whole list was asked for) lets `ADD` patches add
+/// clusters and listeners.
+pub fn apply(
+    type_url: TypeUrl,
+    resources: Vec<Resource>,
+    snapshot: &Snapshot,
+    proxy: &Proxy,
+    wildcard: bool,
+) -> Vec<Resource> {
+    let relevant: &[ApplyTo] = match type_url {
+        TypeUrl::Cluster => &[ApplyTo::Cluster],
+        TypeUrl::Listener => &[
+            ApplyTo::Listener,
+            ApplyTo::FilterChain,
+            ApplyTo::NetworkFilter,
+            ApplyTo::HttpFilter,
+            ApplyTo::ListenerFilter,
+        ],
+        TypeUrl::Route => &[
+            ApplyTo::RouteConfiguration,
+            ApplyTo::VirtualHost,
+            ApplyTo::HttpRoute,
+        ],
+        _ => return resources,
+    };
+    let Some(patches) = select(snapshot, proxy).filter(|p| p.any_of(relevant)) else {
+        return resources;
+    };
+    let out = match type_url {
+        TypeUrl::Cluster => cluster::apply(&patches, resources, proxy, wildcard),
+        TypeUrl::Listener => listener::apply(&patches, resources, proxy, wildcard),
+        _ => route::apply(&patches, resources, proxy),
+    };
+    status::publish();
+    out
+}

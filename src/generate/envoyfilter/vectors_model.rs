@@ -1,0 +1,176 @@
+//! `pilot/pkg/model/envoyfilter_test.go` (`TestEnvoyFilterMatch`: proxy version
+//! matching), ported, and the selection and ordering rules of Istio's
+//! `PushContext.EnvoyFilters` (root namespace, own namespace, selector, targetRefs,
+//! priority, root first, creation time, name) checked as meshfed tests.
+
+use serde_json::json;
+
+use super::patches_for;
+use super::vectors::{ef, proxy};
+use meshfed_api::networking::v1alpha3::envoy_filter::ApplyTo;
+
+const FILE: &str = "model/envoyfilter_test.go";
+
+type Outcome = (&'static str, String, Result<(), String>);
+
+fn version_case(regex: &str, versions: &[(&str, bool)]) -> Result<(), String> {
+    let e = ef(
+        "ns",
+        "v",
+        0,
+        json!({"configPatches": [{"applyTo": "CLUSTER", "match": {"proxy": {"proxyVersion": regex}},
+            "patch": {"operation": "REMOVE"}}]}),
+    );
+    let mut wrong = Vec::new();
+    for (v, want) in versions {
+        let p = proxy("sidecar", "ns", json!({"ISTIO_VERSION": v}));
+        let got = patches_for(std::slice::from_ref(&e), "istio-config", &p)
+            .is_some_and(|p| !p.of(ApplyTo::Cluster).is_empty());
+        if got != *want {
+            wrong.push(format!("{v}: got {got}"));
+        }
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join(", "))
+    }
+}
+
+pub(super) fn all() -> Vec<Outcome> {
+    vec![
+        (
+            FILE,
+            "TestEnvoyFilterMatch/version prefix match".into(),
+            version_case(
+                r"^1\.6.*",
+                &[
+                    ("1.6", true),
+                    ("1.6.0", true),
+                    ("1.6-dev.foo", true),
+                    ("1.5", false),
+                    ("11.6", false),
+                    ("foo1.6", false),
+                ],
+            ),
+        ),
+        (
+            FILE,
+            "TestEnvoyFilterMatch/version prefix mismatch".into(),
+            version_case(
+                r"1\.6.*",
+                &[
+                    ("1.6", true),
+                    ("1.6.0", true),
+                    ("1.6-dev.foo", true),
+                    ("1.5", false),
+                    ("11.6", true),
+                    ("foo1.6", true),
+                ],
+            ),
+        ),
+        (
+            FILE,
+            "TestEnvoyFilterMatch/non-numeric".into(),
+            version_case(
+                "foobar",
+                &[
+                    ("1.6", false),
+                    ("1.6.0", false),
+                    ("1.6-dev.foo", false),
+                    ("foobar", true),
+                ],
+            ),
+        ),
+    ]
+}
+
+fn names(
+    efs: &[std::sync::Arc<
+        crate::push::config_index::Config<meshfed_api::networking::v1alpha3::EnvoyFilter>,
+    >],
+    p: &crate::model::Proxy,
+) -> Vec<String> {
+    patches_for(efs, "istio-config", p)
+        .map(|p| p.keys.iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn selection_follows_namespace_selector_and_target_refs() {
+    let any = json!({"configPatches": []});
+    let efs = vec![
+        ef("istio-config", "mesh", 0, any.clone()),
+        ef("foo", "ns-wide", 0, any.clone()),
+        ef(
+            "foo",
+            "only-a",
+            0,
+            json!({"workloadSelector": {"labels": {"app": "a"}}}),
+        ),
+        ef(
+            "foo",
+            "targeted",
+            0,
+            json!({"targetRefs": [{"kind": "Service", "name": "a"}]}),
+        ),
+        ef("bar", "other-ns", 0, any),
+    ];
+    let a = proxy("sidecar", "foo", json!({"LABELS": {"app": "a"}}));
+    let b = proxy("sidecar", "foo", json!({"LABELS": {"app": "b"}}));
+    let gw = proxy("router", "baz", json!({}));
+    assert_eq!(
+        names(&efs, &a),
+        ["istio-config/mesh", "foo/ns-wide", "foo/only-a"]
+    );
+    assert_eq!(names(&efs, &b), ["istio-config/mesh", "foo/ns-wide"]);
+    assert_eq!(names(&efs, &gw), ["istio-config/mesh"]);
+}
+
+#[test]
+fn order_is_priority_then_root_then_creation_then_name() {
+    let any = json!({"configPatches": []});
+    let prio = |n: i32| json!({"priority": n, "configPatches": []});
+    let efs = vec![
+        ef("foo", "late", 20, any.clone()),
+        ef("foo", "b-same-time", 10, any.clone()),
+        ef("foo", "a-same-time", 10, any.clone()),
+        ef("istio-config", "root-late", 30, any),
+        ef("foo", "first", 99, prio(-5)),
+        ef("istio-config", "root-last", 0, prio(7)),
+    ];
+    let p = proxy("sidecar", "foo", json!({}));
+    assert_eq!(
+        names(&efs, &p),
+        [
+            "foo/first",
+            "istio-config/root-late",
+            "foo/a-same-time",
+            "foo/b-same-time",
+            "foo/late",
+            "istio-config/root-last",
+        ]
+    );
+}
+
+#[test]
+fn proxy_metadata_must_all_match() {
+    let e = ef(
+        "ns",
+        "m",
+        0,
+        json!({"configPatches": [{"applyTo": "CLUSTER", "match": {"proxy": {"metadata": {"A": "1", "B": "2"}}},
+            "patch": {"operation": "REMOVE"}}]}),
+    );
+    let has = |meta| {
+        patches_for(
+            std::slice::from_ref(&e),
+            "istio-config",
+            &proxy("sidecar", "ns", meta),
+        )
+        .is_some_and(|p| !p.of(ApplyTo::Cluster).is_empty())
+    };
+    assert!(has(json!({"A": "1", "B": "2"})));
+    assert!(!has(json!({"A": "1"})));
+    assert!(!has(json!({"A": "1", "B": "3"})));
+}

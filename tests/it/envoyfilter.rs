@@ -1,0 +1,270 @@
+//! The README's EnvoyFilter example (`examples/envoyfilter`) on the bundled mock
+//! registry: a Lua filter before the router on the reviews workload's inbound, echo's
+//! cluster connect timeout merged mesh-wide, a response header added on the ingress
+//! gateway's route configuration; their status in `/debug/configz` and
+//! `pilot_envoy_filter_status`; and an EnvoyFilter change pushing only the proxies it
+//! selects.
+
+use envoy_types::pb::envoy::config::listener::v3::{Listener, filter};
+use envoy_types::pb::envoy::extensions::filters::network::http_connection_manager::v3::HttpConnectionManager;
+use meshfed::testing::{AdsClient, FakeServer, ProxyConfig, node_with};
+use meshfed::xds::TypeUrl;
+use prost::Message;
+use serde_json::{Value, json};
+
+use crate::support::*;
+
+fn example() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/envoyfilter/config")
+}
+
+/// The HTTP filter names of each connection manager of listener `name`.
+fn http_filters(listeners: &[Listener], name: &str) -> Vec<Vec<String>> {
+    listeners
+        .iter()
+        .filter(|l| l.name == name)
+        .flat_map(|l| l.filter_chains.iter())
+        .flat_map(|c| c.filters.iter())
+        .filter(|f| f.name == "envoy.filters.network.http_connection_manager")
+        .filter_map(|f| match &f.config_type {
+            Some(filter::ConfigType::TypedConfig(a)) => {
+                HttpConnectionManager::decode(a.value.as_slice()).ok()
+            }
+            _ => None,
+        })
+        .map(|h| h.http_filters.into_iter().map(|f| f.name).collect())
+        .collect()
+}
+
+async fn config_of(server: &FakeServer, id: &str, labels: Value) -> ProxyConfig {
+    let mut client =
+        AdsClient::connect(server.grpc_addr(), node_with(id, json!({"LABELS": labels})))
+            .await
+            .unwrap();
+    client.fetch_config().await.unwrap()
+}
+
+const REVIEWS: &str = "sidecar~127.0.1.1~reviews-v1.bookinfo~bookinfo.svc.cluster.local";
+const ECHO: &str = "sidecar~127.0.0.1~echo-v1.default~default.svc.cluster.local";
+const INGRESS: &str = "router~127.0.2.1~ingress.istio-system~istio-system.svc.cluster.local";
+
+#[test]
+fn the_envoyfilter_example_validates() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(example())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("5 valid object(s), 0 error(s)"), "{text}");
+    // A value that is no Envoy type is refused with its field.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "apiVersion: networking.istio.io/v1alpha3
+kind: EnvoyFilter
+metadata: {name: bad, namespace: default}
+spec:
+  configPatches:
+  - applyTo: HTTP_FILTER
+    patch:
+      operation: ADD
+      value:
+        name: old
+        typed_config: {'@type': type.googleapis.com/envoy.config.filter.http.lua.v2.Lua}
+",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("spec.configPatches[0].patch.value") && text.contains("v3 XDS API"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_envoyfilter_example_is_served() {
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .config_dir(example())
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+
+    // reviews: Lua right before the router on its inbound connection managers only.
+    let reviews = config_of(&server, REVIEWS, json!({"app": "reviews", "version": "v1"})).await;
+    let inbound = http_filters(&reviews.listeners, "virtualInbound");
+    assert!(!inbound.is_empty());
+    for chain in &inbound {
+        let n = chain.len();
+        assert_eq!(
+            chain[n - 2..],
+            ["envoy.filters.http.lua", "envoy.filters.http.router"],
+            "{chain:?}"
+        );
+    }
+    for l in reviews
+        .listeners
+        .iter()
+        .filter(|l| l.name != "virtualInbound")
+    {
+        for chain in http_filters(&reviews.listeners, &l.name) {
+            assert!(
+                !chain.contains(&"envoy.filters.http.lua".to_string()),
+                "{}",
+                l.name
+            );
+        }
+    }
+    // echo (another workload): no Lua; both get the connect timeout of the root
+    // namespace's EnvoyFilter on echo's HTTP cluster, and only there.
+    let echo = config_of(&server, ECHO, json!({"app": "echo", "version": "v1"})).await;
+    for chain in http_filters(&echo.listeners, "virtualInbound") {
+        assert!(!chain.contains(&"envoy.filters.http.lua".to_string()));
+    }
+    for config in [&reviews, &echo] {
+        let timeout = |name: &str| {
+            config
+                .clusters
+                .iter()
+                .find(|c| c.name == name)
+                .unwrap_or_else(|| panic!("{name}"))
+                .connect_timeout
+                .unwrap()
+        };
+        assert_eq!(
+            timeout("outbound|8080||echo.default.svc.cluster.local").seconds,
+            3
+        );
+        assert_ne!(
+            timeout("outbound|7070||echo.default.svc.cluster.local").seconds,
+            3
+        );
+    }
+
+    // The gateway's route configuration carries the header.
+    let ingress = config_of(&server, INGRESS, json!({"istio": "ingressgateway"})).await;
+    let rc = ingress
+        .routes
+        .iter()
+        .find(|r| r.name == "http.80")
+        .unwrap_or_else(|| {
+            panic!(
+                "{:?}",
+                ingress.routes.iter().map(|r| &r.name).collect::<Vec<_>>()
+            )
+        });
+    let headers: Vec<_> = rc
+        .response_headers_to_add
+        .iter()
+        .filter_map(|h| h.header.as_ref())
+        .map(|h| (h.key.as_str(), h.value.as_str()))
+        .collect();
+    assert_eq!(headers, [("x-served-by", "meshfed")]);
+
+    // Status: applied per EnvoyFilter and patch type.
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    let status = configz["envoyFilters"].as_array().unwrap();
+    let applied = |name: &str, patch: &str| {
+        status.iter().any(|s| {
+            s["name"] == name && s["applied"].as_array().unwrap().iter().any(|p| p == patch)
+        })
+    };
+    assert!(applied("bookinfo/reviews-lua", "httpfilter"), "{configz}");
+    assert!(
+        applied("istio-system/echo-connect-timeout", "cluster"),
+        "{configz}"
+    );
+    assert!(applied("istio-system/gateway-header", "route"), "{configz}");
+    let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
+    assert_eq!(
+        metric(
+            &metrics,
+            "pilot_envoy_filter_status{name=\"bookinfo/reviews-lua\",patch=\"httpfilter\",result=\"applied\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    server.shutdown().await;
+}
+
+/// A change to an EnvoyFilter selecting one workload pushes only the proxies it
+/// selects; one of the root namespace pushes every proxy.
+#[tokio::test]
+async fn an_envoyfilter_change_pushes_only_the_proxies_it_selects() {
+    use meshfed_api::networking::v1alpha3::EnvoyFilter;
+    use meshfed_registry::config::ConfigObject;
+    let server = FakeServer::builder().start().await.unwrap();
+    server.sync().await;
+    let mut clients = Vec::new();
+    for (id, app) in [
+        ("sidecar~10.0.0.1~a.foo~foo.svc.cluster.local", "a"),
+        ("sidecar~10.0.0.2~b.foo~foo.svc.cluster.local", "b"),
+        ("sidecar~10.0.0.3~c.bar~bar.svc.cluster.local", "a"),
+        ("router~10.0.0.4~gw.bar~bar.svc.cluster.local", "gw"),
+    ] {
+        let mut c = AdsClient::connect(
+            server.grpc_addr(),
+            node_with(id, json!({"LABELS": {"app": app}})),
+        )
+        .await
+        .unwrap();
+        c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+        c.recv_type(TypeUrl::Cluster).await.unwrap();
+        clients.push(c);
+    }
+    let pushed = |change: &'static str| {
+        let server = &server;
+        async move {
+            let pushes = eventually(change, || async {
+                let p: Vec<_> = server
+                    .server()
+                    .pipeline()
+                    .history()
+                    .into_iter()
+                    .filter(|p| p.changes.iter().any(|c| c == change))
+                    .collect();
+                (!p.is_empty()).then_some(p)
+            })
+            .await;
+            let mut ids: Vec<String> = pushes[0]
+                .proxies
+                .iter()
+                .map(|p| p.split('-').next().unwrap().to_string())
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    let ef = |app: Option<&str>, timeout: &str| {
+        serde_json::from_value::<EnvoyFilter>(json!({
+            "workloadSelector": app.map(|a| json!({"labels": {"app": a}})),
+            "configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "MERGE",
+                "value": {"connect_timeout": timeout}}}],
+        }))
+        .unwrap()
+    };
+    server
+        .config_store()
+        .apply(ConfigObject::new("foo", "only-a", ef(Some("a"), "2s")))
+        .expect("valid EnvoyFilter");
+    assert_eq!(pushed("EnvoyFilter/foo/only-a").await, ["a.foo"]);
+    server
+        .config_store()
+        .apply(ConfigObject::new("istio-system", "mesh", ef(None, "4s")))
+        .expect("valid EnvoyFilter");
+    assert_eq!(
+        pushed("EnvoyFilter/istio-system/mesh").await,
+        ["a.foo", "b.foo", "c.bar", "gw.bar"]
+    );
+    drop(clients);
+    server.shutdown().await;
+}
