@@ -28,6 +28,8 @@ mod vectors_listener;
 mod vectors_model;
 #[cfg(test)]
 mod vectors_route;
+#[cfg(test)]
+mod vectors_support;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};

@@ -10,7 +10,7 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use meshfed_api::networking::v1alpha3::envoy_filter::PatchContext;
 use serde_json::{Value, json};
 
-use super::vectors::{ef, msg, proxy, render, valid};
+use super::vectors_support::{ef, msg, proxy, render, valid};
 use super::{listener, patches_for};
 
 const FILE: &str = "listener_patch_test.go";

@@ -6,7 +6,7 @@
 use serde_json::json;
 
 use super::patches_for;
-use super::vectors::{ef, proxy};
+use super::vectors_support::{ef, proxy};
 use meshfed_api::networking::v1alpha3::envoy_filter::ApplyTo;
 
 const FILE: &str = "model/envoyfilter_test.go";

@@ -11,7 +11,7 @@ use envoy_types::pb::envoy::config::route::v3::{Route, RouteConfiguration, Virtu
 use meshfed_api::networking::v1alpha3::envoy_filter::{ApplyTo, PatchContext};
 use serde_json::{Value, json};
 
-use super::vectors::{ef, msg, proxy, render};
+use super::vectors_support::{ef, msg, proxy, render};
 use super::{Patch, patches_for, route};
 
 const FILE: &str = "rc_patch_test.go";
