@@ -1011,7 +1011,7 @@ mod tests {
                     // HTTP/2 writes the older half of what it holds and frees it;
                     // a clone of a chunk (HTTP/2 splitting a frame) keeps it counted.
                     let keep = queued.split_off(queued.len() / 2);
-                    let clones: Vec<Bytes> = queued.iter().cloned().collect();
+                    let clones: Vec<Bytes> = queued.to_vec();
                     drop(std::mem::replace(&mut queued, keep));
                     assert!(control.in_flight() >= SEND_BUDGET, "clones still held");
                     drop(clones);

@@ -443,12 +443,12 @@ fn example() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/gateway-api")
 }
 
-/// The routes of the virtual hosts naming `domain`: per route, its header matchers'
-/// names and its clusters with their weights.
-fn routes_for(
-    configs: &[RouteConfiguration],
-    domain: &str,
-) -> Vec<(String, Vec<String>, Vec<(String, u32)>)> {
+/// A route as the example test reads it: its name, its header matchers' names and its
+/// clusters with their weights.
+type RouteSummary = (String, Vec<String>, Vec<(String, u32)>);
+
+/// The routes of the virtual hosts naming `domain`.
+fn routes_for(configs: &[RouteConfiguration], domain: &str) -> Vec<RouteSummary> {
     configs
         .iter()
         .flat_map(|c| &c.virtual_hosts)

@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use super::super::status::{ObjectStatus, RouteParentStatus, route_status};
 use super::super::types::*;
 use super::super::validate::parse_duration;
-use super::parents::{Parents, RouteParent};
+use super::parents::{Attached, Parents};
 use super::{
     GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, parent_name, reference_allowed,
 };
@@ -573,7 +573,7 @@ fn with_port(routes: &[Value], port: u32) -> Vec<Value> {
 /// The VirtualServices of a route's parents and its status.
 fn finish(
     r: &Route,
-    attached: Vec<(Value, Vec<RouteParent>, Option<(String, String)>)>,
+    attached: Vec<Attached>,
     mesh_routes: &[Value],
     gw_routes: &[Value],
     errors: RuleErrors,

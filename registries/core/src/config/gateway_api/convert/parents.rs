@@ -12,6 +12,11 @@ use super::super::types::*;
 use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, reference_allowed};
 use crate::config::{ConfigObject, Kind};
 
+/// One parentRef of a route as resolved: the parentRef as echoed in the status, the
+/// parents (gateway listeners or services) it attaches to, and the `Accepted`
+/// failure (reason, message) if it attaches to none.
+pub type Attached = (Value, Vec<RouteParent>, Option<(String, String)>);
+
 /// One listener of a Gateway this controller serves.
 pub struct Listener {
     /// The listener as written.
@@ -151,7 +156,7 @@ impl<'a> Parents<'a> {
         refs: &[ParentReference],
         hostnames: &[String],
         inputs: &Inputs,
-    ) -> Vec<(Value, Vec<RouteParent>, Option<(String, String)>)> {
+    ) -> Vec<Attached> {
         let mut out = Vec::new();
         for r in refs {
             let group = r.group.clone().unwrap_or_else(|| GROUP.to_string());
