@@ -35,16 +35,13 @@ use crate::xds::TypeUrl;
 /// `type.googleapis.com/envoy.service.status.v3.ClientConfig`.
 pub const CLIENT_CONFIG_URL: &str = "type.googleapis.com/envoy.service.status.v3.ClientConfig";
 const NODE_URL: &str = "type.googleapis.com/envoy.config.core.v3.Node";
-/// ECDS: listed by syncz as istiod lists it (never served here, so never sent).
-const EXTENSION_CONFIG_URL: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
-
 /// The types syncz reports, in istiod's order.
-const SYNCZ_TYPES: [Option<TypeUrl>; 5] = [
-    Some(TypeUrl::Listener),
-    Some(TypeUrl::Route),
-    Some(TypeUrl::Endpoint),
-    Some(TypeUrl::Cluster),
-    None,
+const SYNCZ_TYPES: [TypeUrl; 5] = [
+    TypeUrl::Listener,
+    TypeUrl::Route,
+    TypeUrl::Endpoint,
+    TypeUrl::Cluster,
+    TypeUrl::ExtensionConfig,
 ];
 
 /// The types of an xDS config dump (istiod's connection dump without endpoints).
@@ -266,12 +263,9 @@ pub fn sync_status(c: &ConnectionHandle) -> ClientConfig {
     let generic_xds_configs = SYNCZ_TYPES
         .iter()
         .map(|t| {
-            let (url, status) = match t {
-                Some(t) => (t.as_str(), type_status(state.watch(*t))),
-                None => (EXTENSION_CONFIG_URL, ConfigStatus::NotSent),
-            };
+            let status = type_status(state.watch(*t));
             GenericXdsConfig {
-                type_url: url.to_string(),
+                type_url: t.as_str().to_string(),
                 config_status: status as i32,
                 ..Default::default()
             }

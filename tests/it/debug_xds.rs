@@ -31,6 +31,8 @@ const DEBUG: &str = "istio.io/debug";
 const CONNECTIONS: &str = "istio.io/connections";
 const CLIENT_CONFIG: &str = "type.googleapis.com/envoy.service.status.v3.ClientConfig";
 const ECDS: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+/// RTDS: a type meshfed does not serve (nor istiod).
+const RTDS: &str = "type.googleapis.com/envoy.service.runtime.v3.Runtime";
 const SYSTEM_ID: &str = "spiffe://cluster.local/ns/istio-system/sa/default";
 const WORKLOAD_ID: &str = "spiffe://cluster.local/ns/default/sa/app";
 const PROXY_NODE: &str = "sidecar~10.0.0.1~app-1.default~default.svc.cluster.local";
@@ -142,7 +144,7 @@ async fn proxy(channel: tonic::transport::Channel) -> AdsClient {
     // A last request, answered, so the ACK above was read before any debug request.
     client
         .send(DiscoveryRequest {
-            type_url: ECDS.into(),
+            type_url: RTDS.into(),
             ..Default::default()
         })
         .await
@@ -527,21 +529,21 @@ async fn an_unserved_type_is_answered_and_counted() {
     .unwrap();
     client
         .send(DiscoveryRequest {
-            type_url: ECDS.into(),
+            type_url: RTDS.into(),
             resource_names: vec!["some-filter".into()],
             ..Default::default()
         })
         .await
         .unwrap();
     let answer = client.recv().await.unwrap();
-    assert_eq!(answer.type_url, ECDS);
+    assert_eq!(answer.type_url, RTDS);
     assert!(answer.resources.is_empty());
     assert!(!answer.nonce.is_empty());
     assert_control_plane(&answer);
     // Its ACK gets no answer; the stream goes on serving the proxy.
     client
         .send(DiscoveryRequest {
-            type_url: ECDS.into(),
+            type_url: RTDS.into(),
             resource_names: vec!["some-filter".into()],
             response_nonce: answer.nonce.clone(),
             ..Default::default()
@@ -658,7 +660,7 @@ async fn istio_debug_test_vectors() {
     for client in [&mut acked, &mut nacked] {
         client
             .send(DiscoveryRequest {
-                type_url: ECDS.into(),
+                type_url: RTDS.into(),
                 ..Default::default()
             })
             .await

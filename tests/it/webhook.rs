@@ -299,10 +299,16 @@ fn cli_findings(object: &Value) -> (Vec<String>, Vec<String>) {
 async fn every_kind_meshfed_reads_is_admitted_or_denied_as_meshfed_validate_says() {
     let wh = webhook().await;
     let all = kinds();
+    // The Gateway API kinds never reach the webhook: deploy/webhook.yaml's rules name
+    // Istio's groups only, as istiod's do (their CRDs' own schemas validate them).
+    let istio_kinds = meshfed_registry::config::Kind::ALL
+        .into_iter()
+        .filter(|k| !k.is_gateway_api())
+        .count();
     assert_eq!(
         all.len(),
-        meshfed_registry::config::Kind::ALL.len(),
-        "a good and a bad object of every kind meshfed reads"
+        istio_kinds,
+        "a good and a bad object of every Istio kind meshfed reads"
     );
     for (i, (api_version, kind, good, bad)) in all.into_iter().enumerate() {
         let name = kind.to_lowercase();
