@@ -405,6 +405,18 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
     ),
     (
         "ClusterRole",
+        "networking.istio.io",
+        "envoyfilters/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
+        "extensions.istio.io",
+        "wasmplugins/status",
+        &["get", "update"],
+    ),
+    (
+        "ClusterRole",
         "gateway.networking.k8s.io",
         "gateways/status",
         &["get", "update"],
@@ -511,6 +523,18 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "ClusterRole",
         "telemetry.istio.io",
         "telemetries",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "networking.istio.io",
+        "envoyfilters",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "extensions.istio.io",
+        "wasmplugins",
         &["list", "watch"],
     ),
     // The Gateway API kinds, watched by the same store when their CRDs exist.
@@ -639,6 +663,10 @@ fn rbac_grants_only_what_the_code_reads_and_writes() {
                     (
                         meshfed_registry::config::kinds::TELEMETRY.name,
                         meshfed_registry::config::kinds::TELEMETRY.versions,
+                    ),
+                    (
+                        meshfed_registry::config::kinds::EXTENSIONS.name,
+                        meshfed_registry::config::kinds::EXTENSIONS.versions,
                     ),
                     (
                         meshfed_registry::config::kinds::GATEWAY_API.name,
