@@ -409,10 +409,12 @@ impl PushTargets for Connections {
                 }
             }
             // Ambient clients (ztunnel): workloads are endpoints, every change may
-            // concern them; Delta sends only what changed.
+            // concern them; Delta sends only what changed. The node type is checked
+            // first: a push must not scan the woken list once per sidecar.
             for c in by_n.values() {
-                if !woken.iter().any(|w| w.n == c.n)
+                if c.proxy.node_type == crate::model::NodeType::Ztunnel
                     && c.watched()[TypeUrl::Address.index()].names.is_some()
+                    && !woken.iter().any(|w| w.n == c.n)
                 {
                     c.enqueue(Pending {
                         request: request.clone(),
