@@ -628,30 +628,16 @@ pub fn http_route(
     inputs: &Inputs,
     grants: &[Obj<ReferenceGrantSpec>],
 ) -> (Vec<Keyed>, ObjectStatus) {
-    let r = Route {
-        kind: Kind::HTTPRoute,
-        object: route.object,
+    let spec = &route.spec;
+    let target = (Kind::HTTPRoute, &spec.parent_refs[..], &spec.hostnames[..]);
+    convert_route(
+        route.object,
+        target,
+        parents,
         inputs,
         grants,
-    };
-    let attached = parents.attach(
-        Kind::HTTPRoute,
-        route.object,
-        &route.spec.parent_refs,
-        &route.spec.hostnames,
-        inputs,
-    );
-    let mut errors = RuleErrors::default();
-    let mut routes = Vec::new();
-    for (n, rule) in route.spec.rules.iter().enumerate() {
-        if rule.matches.is_empty() {
-            routes.push(http_rule(&r, rule, None, n, &mut errors));
-        }
-        for m in &rule.matches {
-            routes.push(http_rule(&r, rule, Some(m), n, &mut errors));
-        }
-    }
-    finish(&r, attached, &routes, &routes, errors)
+        |r, errors| rule_routes(&spec.rules, |rule| &rule.matches, http_rule, r, errors),
+    )
 }
 
 /// A GRPCRoute: its VirtualServices (before merging) and status.
@@ -661,30 +647,62 @@ pub fn grpc_route(
     inputs: &Inputs,
     grants: &[Obj<ReferenceGrantSpec>],
 ) -> (Vec<Keyed>, ObjectStatus) {
+    let spec = &route.spec;
+    let target = (Kind::GRPCRoute, &spec.parent_refs[..], &spec.hostnames[..]);
+    convert_route(
+        route.object,
+        target,
+        parents,
+        inputs,
+        grants,
+        |r, errors| rule_routes(&spec.rules, |rule| &rule.matches, grpc_rule, r, errors),
+    )
+}
+
+/// What an HTTP or gRPC route is and attaches to: its kind, parentRefs and hostnames.
+type RouteTarget<'s> = (Kind, &'s [ParentReference], &'s [String]);
+
+/// The conversion both HTTP-like route kinds share: the parentRefs resolved, the
+/// rules converted by `routes`, the VirtualServices and status assembled.
+fn convert_route(
+    object: &ConfigObject,
+    (kind, parent_refs, hostnames): RouteTarget<'_>,
+    parents: &mut Parents,
+    inputs: &Inputs,
+    grants: &[Obj<ReferenceGrantSpec>],
+    routes: impl FnOnce(&Route, &mut RuleErrors) -> Vec<Value>,
+) -> (Vec<Keyed>, ObjectStatus) {
     let r = Route {
-        kind: Kind::GRPCRoute,
-        object: route.object,
+        kind,
+        object,
         inputs,
         grants,
     };
-    let attached = parents.attach(
-        Kind::GRPCRoute,
-        route.object,
-        &route.spec.parent_refs,
-        &route.spec.hostnames,
-        inputs,
-    );
+    let attached = parents.attach(kind, object, parent_refs, hostnames, inputs);
     let mut errors = RuleErrors::default();
+    let routes = routes(&r, &mut errors);
+    finish(&r, attached, &routes, &routes, errors)
+}
+
+/// One Istio HTTP route per rule and match (a rule without matches gives one).
+fn rule_routes<R, M>(
+    rules: &[R],
+    matches: impl Fn(&R) -> &[M],
+    convert: impl Fn(&Route, &R, Option<&M>, usize, &mut RuleErrors) -> Value,
+    r: &Route,
+    errors: &mut RuleErrors,
+) -> Vec<Value> {
     let mut routes = Vec::new();
-    for (n, rule) in route.spec.rules.iter().enumerate() {
-        if rule.matches.is_empty() {
-            routes.push(grpc_rule(&r, rule, None, n, &mut errors));
+    for (n, rule) in rules.iter().enumerate() {
+        let matches = matches(rule);
+        if matches.is_empty() {
+            routes.push(convert(r, rule, None, n, errors));
         }
-        for m in &rule.matches {
-            routes.push(grpc_rule(&r, rule, Some(m), n, &mut errors));
+        for m in matches {
+            routes.push(convert(r, rule, Some(m), n, errors));
         }
     }
-    finish(&r, attached, &routes, &routes, errors)
+    routes
 }
 
 /// Merges the VirtualServices of one key (parent and host) across routes, oldest
