@@ -89,7 +89,7 @@ impl<M: FrameEncode> FrameCursor<M> {
     }
 
     /// The next chunks in order (at least one), or `None` once all are out.
-    pub fn next_chunks(&mut self) -> Option<std::vec::IntoIter<Bytes>> {
+    pub fn next_chunks(&mut self) -> Option<std::vec::IntoIter<Chunk>> {
         let parts = self.message.parts();
         while self.out.chunks.is_empty() && self.next <= parts + 1 {
             match self.next {
@@ -113,17 +113,26 @@ impl<M: FrameEncode> FrameCursor<M> {
         let mut cursor = FrameCursor::new(message);
         let mut all = Vec::new();
         while let Some(chunks) = cursor.next_chunks() {
-            all.extend(chunks);
+            all.extend(chunks.map(|c| c.bytes));
         }
         all
     }
+}
+
+/// One piece of a framed message.
+#[derive(Debug)]
+pub struct Chunk {
+    pub bytes: Bytes,
+    /// A resource body of the snapshot, spliced as it is: HTTP/2 holding it costs no
+    /// memory of its own, so it does not count against the send budget.
+    pub spliced: bool,
 }
 
 /// Collects a message as chunks: copied bytes in bounded chunks sized to what is left
 /// to copy, large shared bodies as they are.
 #[derive(Debug)]
 pub struct ChunkWriter {
-    chunks: Vec<Bytes>,
+    chunks: Vec<Chunk>,
     current: BytesMut,
     /// Copied bytes not yet written: bounds the next chunk's allocation.
     copy_left: usize,
@@ -170,7 +179,10 @@ impl ChunkWriter {
             // copied bytes. A few bytes of framing between two spliced bodies would
             // otherwise pin a fresh 32 KiB allocation each while they wait in HTTP/2
             // (1.2 GB of the heap with 20,000 sidecars reconnecting).
-            self.chunks.push(self.current.split().freeze());
+            self.chunks.push(Chunk {
+                bytes: self.current.split().freeze(),
+                spliced: false,
+            });
         }
     }
 
@@ -198,7 +210,10 @@ impl ChunkWriter {
         self.key(tag, value.len());
         if value.len() >= SPLICE_MIN {
             self.flush();
-            self.chunks.push(value.clone());
+            self.chunks.push(Chunk {
+                bytes: value.clone(),
+                spliced: true,
+            });
         } else {
             self.small(value.len()).put_slice(value);
         }
@@ -305,12 +320,12 @@ pub enum Outbound<M> {
 pub struct ResponseBody<M> {
     rx: mpsc::Receiver<Outbound<M>>,
     current: Option<FrameCursor<M>>,
-    pending: std::vec::IntoIter<Bytes>,
+    pending: std::vec::IntoIter<Chunk>,
     done: bool,
     /// The connection: the next chunk of a message is framed only while HTTP/2
     /// keeps up ([`ConnControl::poll_send_room`]).
     control: Option<Arc<ConnControl>>,
-    /// Bytes of this stream's chunks HTTP/2 holds.
+    /// Bytes of this stream's copied chunks HTTP/2 holds.
     in_flight: Arc<AtomicUsize>,
 }
 
@@ -348,10 +363,13 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         let this = &mut *self;
         loop {
-            if let Some(chunk) = this.pending.next() {
+            if let Some(Chunk { bytes, spliced }) = this.pending.next() {
+                // Only copied bytes count: a spliced body is the snapshot's, and
+                // counting it made a connection's streams take turns behind one
+                // large route table.
                 let chunk = match &this.control {
-                    Some(control) => control.track(&this.in_flight, chunk),
-                    None => chunk,
+                    Some(control) if !spliced => control.track(&this.in_flight, bytes),
+                    _ => bytes,
                 };
                 return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
@@ -1026,6 +1044,42 @@ mod tests {
         assert_eq!(got, expected);
         drop(queued);
         assert_eq!(control.in_flight(), 0, "every freed chunk is uncounted");
+    }
+
+    #[test]
+    fn spliced_bodies_do_not_count_against_the_send_budget() {
+        let control = Arc::new(ConnControl::new(64 * 1024));
+        // Ten 200 KB bodies (spliced): 2 MB, thirty budgets, and a few hundred copied
+        // bytes of framing between them.
+        let response = SotwResponse {
+            nonce: "n".into(),
+            resources: (0..10).map(|i| any(200_000, i as u8)).collect(),
+            ..Default::default()
+        };
+        let expected = framed(&response);
+        let (tx, rx) = mpsc::channel(1);
+        tx.try_send(Outbound::Message(Box::new(response))).unwrap();
+        drop(tx);
+        let mut body = ResponseBody::new(rx, Some(control.clone()));
+        let waker = futures::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut held: Vec<Bytes> = Vec::new();
+        loop {
+            match http_body::Body::poll_frame(Pin::new(&mut body), &mut cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => held.push(data),
+                    Err(_) => break,
+                },
+                other => panic!("a spliced body never waits for the budget: {other:?}"),
+            }
+        }
+        let got: Vec<u8> = held.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(got, expected);
+        let copied = got.len() - 10 * 200_000;
+        assert!(copied > 0 && copied < 4096, "framing only: {copied}");
+        assert_eq!(control.in_flight(), copied, "only copied bytes are counted");
+        drop(held);
+        assert_eq!(control.in_flight(), 0);
     }
 
     #[test]

@@ -140,8 +140,9 @@ pub struct ConnControl {
 /// the socket has not taken yet. HTTP/2 takes a body's chunks as long as the peer's
 /// flow-control window allows (up to ~400 KB per stream), whether or not the socket
 /// is writable, so without this a connection whose peer reads slowly holds that much
-/// per stream, and 20,000 of them over a gigabyte. The count is exact: a chunk is
-/// counted until HTTP/2 frees it. A stream none of whose chunks HTTP/2 holds may
+/// per stream, and 20,000 of them over a gigabyte. The count is exact: a copied chunk
+/// is counted until HTTP/2 frees it. Spliced resource bodies (the snapshot's bytes)
+/// are not counted: they cost no memory of their own. A stream none of whose chunks HTTP/2 holds may
 /// always go on, so a connection holds at most this plus one framing step per stream.
 pub const SEND_BUDGET: usize = 64 * 1024;
 
