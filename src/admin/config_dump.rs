@@ -106,6 +106,7 @@ pub fn type_dumps(
                     let subscription = Subscription {
                         wildcard: sent.wildcard,
                         names: &sent.names,
+                        interned: None,
                     };
                     generate(
                         type_url,

@@ -763,6 +763,7 @@ fn build<F: FlavourIo>(
         let subscription = Subscription {
             wildcard: watch.wildcard,
             names,
+            interned: Some(names),
         };
         match (&ctx.sds, type_url) {
             (Some(sds), TypeUrl::Secret) => {

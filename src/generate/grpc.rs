@@ -878,6 +878,7 @@ mod tests {
             Subscription {
                 wildcard: wanted.is_empty(),
                 names: &wanted,
+                interned: None,
             },
             Scope::All,
             &GeneratorOptions::default(),
@@ -1186,6 +1187,7 @@ mod tests {
             Subscription {
                 wildcard: false,
                 names: &wanted,
+                interned: None,
             },
             Scope::All,
             &GeneratorOptions::default(),

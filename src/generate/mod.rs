@@ -211,6 +211,19 @@ fn load_assignments(
     scope: Scope<'_>,
     options: &GeneratorOptions,
 ) -> Vec<Resource> {
+    // A whole subscription by name: one shared list per client facts and name set.
+    if let (Scope::All, false, Some(names)) = (scope, sub.wildcard, sub.interned) {
+        let proxy = &*snapshot.proxy_view(proxy);
+        let input = eds::EdsListInput {
+            client: eds::EdsClient::of(proxy),
+            names: eds::SharedNames(Arc::clone(names)),
+            options: options.eds,
+        };
+        return snapshot
+            .cached(input)
+            .map(|list| list.to_vec())
+            .unwrap_or_default();
+    }
     let wildcard_names: BTreeSet<String>;
     let names = if sub.wildcard {
         // Every EDS cluster: each service port, and each subset of the rule in force.
@@ -286,11 +299,12 @@ fn load_assignments(
         return Vec::new();
     }
     let proxy = &*snapshot.proxy_view(proxy);
+    let client = eds::EdsClient::of(proxy);
     in_scope
         .into_iter()
         .filter_map(|name| {
             let parsed = ClusterName::parse(name)?;
-            let input = EdsInput::for_proxy(snapshot, proxy, name, &parsed, options.eds);
+            let input = EdsInput::for_client(snapshot, &client, name, &parsed, options.eds);
             snapshot.cached(input)
         })
         .collect()
@@ -674,6 +688,7 @@ mod tests {
         let sub = || Subscription {
             wildcard: true,
             names: &all,
+            interned: None,
         };
         let first = proxy(
             "sidecar~10.1.0.1~a-1.default~default.svc.cluster.local",
@@ -708,6 +723,7 @@ mod tests {
             Subscription {
                 wildcard: false,
                 names: &one,
+                interned: None,
             },
         );
         assert_eq!(named.len(), 1);
@@ -734,6 +750,7 @@ mod tests {
         let sub = || Subscription {
             wildcard: true,
             names: &all,
+            interned: None,
         };
         let sidecar = |ip: &str, app: &str| {
             proxy(
@@ -770,5 +787,85 @@ mod tests {
             "its list only"
         );
         assert!(a.iter().zip(&c).all(|(x, y)| Arc::ptr_eq(x, y)));
+    }
+
+    #[test]
+    fn sidecars_asking_for_the_same_clusters_share_one_list_of_assignments() {
+        let services: Vec<Service> = (0..30)
+            .map(|i| {
+                let mut s = Service::new(
+                    format!("s{i}.default.svc.cluster.local"),
+                    "default",
+                    ProviderId::Mock,
+                    "c1",
+                );
+                s.ports
+                    .push(Port::new("http", 8000 + i, Protocol::Http).unwrap());
+                s
+            })
+            .collect();
+        let snap = snapshot(services, ConfigSet::default(), default_mesh());
+        let names: Arc<BTreeSet<String>> = Arc::new(
+            (0..30)
+                .map(|i| format!("outbound|{}||s{i}.default.svc.cluster.local", 8000 + i))
+                .chain(["outbound|80||unknown.default.svc.cluster.local".to_string()])
+                .collect(),
+        );
+        let interned = || Subscription {
+            wildcard: false,
+            names: &names,
+            interned: Some(&names),
+        };
+        let plain = || Subscription {
+            wildcard: false,
+            names: &names,
+            interned: None,
+        };
+        let sidecar = |ip: &str| {
+            proxy(
+                &format!("sidecar~{ip}~a.default~default.svc.cluster.local"),
+                serde_json::json!({"app": "a"}),
+            )
+        };
+        let opts = GeneratorOptions::default();
+        let eds = |p: &Proxy, sub: Subscription<'_>| {
+            generate(TypeUrl::Endpoint, &snap, p, sub, Scope::All, &opts)
+        };
+        // The per-name answer and the shared list are the same assignments, in order,
+        // the unknown cluster's placeholder included.
+        let one_by_one = eds(&sidecar("10.1.0.1"), plain());
+        assert_eq!(one_by_one.len(), 31);
+        let listed = eds(&sidecar("10.1.0.1"), interned());
+        assert!(
+            one_by_one
+                .iter()
+                .zip(&listed)
+                .all(|(x, y)| Arc::ptr_eq(x, y))
+        );
+        assert_eq!(listed.len(), 31);
+        // A second sidecar of the same facts: one look-up, nothing generated.
+        let before = snap.cache().stats();
+        let again = eds(&sidecar("10.1.0.2"), interned());
+        let after = snap.cache().stats();
+        assert_eq!(after.hits - before.hits, 1, "the list alone");
+        assert_eq!(after.misses, before.misses);
+        assert!(listed.iter().zip(&again).all(|(x, y)| Arc::ptr_eq(x, y)));
+        // Another name set is another list, of the same assignments.
+        let fewer: Arc<BTreeSet<String>> = Arc::new(names.iter().take(3).cloned().collect());
+        let before = snap.cache().stats();
+        let some = eds(
+            &sidecar("10.1.0.2"),
+            Subscription {
+                wildcard: false,
+                names: &fewer,
+                interned: Some(&fewer),
+            },
+        );
+        assert_eq!(
+            snap.cache().stats().misses - before.misses,
+            1,
+            "its list only"
+        );
+        assert!(some.iter().zip(&listed).all(|(x, y)| Arc::ptr_eq(x, y)));
     }
 }

@@ -2,6 +2,7 @@
 //! generation (`generate::generate`), shared with the proxyless gRPC generator.
 
 use std::collections::{BTreeSet, HashSet};
+use std::sync::Arc;
 
 /// What a connection subscribed to for one type.
 #[derive(Clone, Copy, Debug)]
@@ -10,6 +11,10 @@ pub struct Subscription<'a> {
     pub wildcard: bool,
     /// Explicitly named resources.
     pub names: &'a BTreeSet<String>,
+    /// `names` as the connection holds them, interned: connections subscribed to the
+    /// same names hold the same set, so a whole answer can be shared by its identity
+    /// (`None` where the names are not interned).
+    pub interned: Option<&'a Arc<BTreeSet<String>>>,
 }
 
 /// How much of a type a push needs.

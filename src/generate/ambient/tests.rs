@@ -220,6 +220,7 @@ fn subscriptions_select_by_name_and_alias() {
     let all = r.select(Subscription {
         wildcard: true,
         names: &none,
+        interned: None,
     });
     assert_eq!(all.len(), 2);
     let names: BTreeSet<String> = ["/10.1.0.1", "ns/a.ns.svc.cluster.local", "missing"]
@@ -228,6 +229,7 @@ fn subscriptions_select_by_name_and_alias() {
     let some = r.select(Subscription {
         wildcard: false,
         names: &names,
+        interned: None,
     });
     let got: Vec<&str> = some.iter().map(|r| &*r.name).collect();
     assert_eq!(got, vec!["/10.1.0.1", "ns/a.ns.svc.cluster.local"]);
@@ -240,6 +242,7 @@ fn subscriptions_select_by_name_and_alias() {
     let both = r.select(Subscription {
         wildcard: true,
         names: &names,
+        interned: None,
     });
     assert_eq!(both.len(), 3);
 }

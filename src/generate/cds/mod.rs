@@ -1557,6 +1557,7 @@ mod snapshot_tests {
             Subscription {
                 wildcard: names.is_empty(),
                 names: &names,
+                interned: None,
             },
             Scope::All,
             &GeneratorOptions::default(),

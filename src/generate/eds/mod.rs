@@ -324,6 +324,46 @@ fn locality_setting(
     .map(|s| (s, failover))
 }
 
+/// What a proxy's load assignments read of the proxy: its namespace (the service a
+/// hostname resolves to, the DestinationRule in force), its locality, labels, cluster
+/// and network (locality failover priorities, split horizon), its IP families (the
+/// gateways it can reach) and the networks it asked to see.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct EdsClient {
+    pub namespace: String,
+    pub labels: BTreeMap<String, String>,
+    pub cluster_id: String,
+    pub locality: Locality,
+    pub network: NetworkId,
+    /// The client reaches IPv4 gateways (a client without any IP reaches both).
+    pub ipv4: bool,
+    /// The client reaches IPv6 gateways.
+    pub ipv6: bool,
+    pub network_view: Option<Vec<NetworkId>>,
+}
+
+impl EdsClient {
+    /// The facts of `proxy`.
+    pub fn of(proxy: &Proxy) -> EdsClient {
+        let ipv4 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv4());
+        let ipv6 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv6());
+        let none = !ipv4 && !ipv6;
+        EdsClient {
+            namespace: proxy.namespace.clone(),
+            labels: proxy.labels.clone(),
+            cluster_id: proxy
+                .cluster_id
+                .as_ref()
+                .map_or_else(String::new, |c| c.as_str().to_string()),
+            locality: proxy.locality.clone(),
+            network: proxy.network.clone(),
+            ipv4: ipv4 || none,
+            ipv6: ipv6 || none,
+            network_view: proxy.requested_network_view(),
+        }
+    }
+}
+
 impl EdsInput {
     /// What `proxy`'s assignment of cluster `name` (parsed: `cluster`) depends on.
     pub fn for_proxy(
@@ -333,13 +373,24 @@ impl EdsInput {
         cluster: &ClusterName<'_>,
         options: EdsOptions,
     ) -> EdsInput {
+        EdsInput::for_client(snapshot, &EdsClient::of(proxy), name, cluster, options)
+    }
+
+    /// What `client`'s assignment of cluster `name` (parsed: `cluster`) depends on.
+    pub fn for_client(
+        snapshot: &Snapshot,
+        client: &EdsClient,
+        name: &str,
+        cluster: &ClusterName<'_>,
+        options: EdsOptions,
+    ) -> EdsInput {
         let service = snapshot
             .services()
-            .resolve(cluster.hostname, &proxy.namespace)
+            .resolve(cluster.hostname, &client.namespace)
             .filter(|s| s.port(cluster.port).is_some());
         let rule = service.and_then(|s| {
             snapshot.config().destination_rule(
-                &proxy.namespace,
+                &client.namespace,
                 s.namespace.as_str(),
                 s.hostname.as_str(),
             )
@@ -360,28 +411,25 @@ impl EdsInput {
                 && !setting.failover_priority.is_empty()
             {
                 augment_labels(
-                    &proxy.labels,
-                    proxy.cluster_id.as_ref().map_or("", |c| c.as_str()),
-                    &proxy.locality,
-                    proxy.network.as_str(),
+                    &client.labels,
+                    &client.cluster_id,
+                    &client.locality,
+                    client.network.as_str(),
                 )
             } else {
                 BTreeMap::new()
             };
-            Some((proxy.locality.clone(), labels))
+            Some((client.locality.clone(), labels))
         });
-        let networks = snapshot.network_view();
-        let network = (service.is_some() && networks.has_gateways()).then(|| {
-            let f = NetworkFilter::for_proxy(networks, proxy);
-            (proxy.network.clone(), f.ipv4, f.ipv6)
-        });
+        let network = (service.is_some() && snapshot.network_view().has_gateways())
+            .then(|| (client.network.clone(), client.ipv4, client.ipv6));
         let options = EdsOptions {
             mtls_only: cluster.sni_dnat,
             ..options
         };
         let peer_authn = (service.is_some() && (network.is_some() || options.mtls_only))
             .then(|| peer_authn_digest(snapshot));
-        let network_view = service.and_then(|_| proxy.requested_network_view());
+        let network_view = service.and_then(|_| client.network_view.clone());
         EdsInput {
             name: Arc::from(name),
             service: service.map(|s| s.key()),
@@ -394,6 +442,61 @@ impl EdsInput {
             network_view,
             options,
         }
+    }
+}
+
+/// A set of cluster names in a cache key, compared by identity: connections that ask
+/// for the same names share one interned set (held, so its address is never reused
+/// while the key lives).
+#[derive(Clone, Debug)]
+pub struct SharedNames(pub Arc<std::collections::BTreeSet<String>>);
+
+impl PartialEq for SharedNames {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for SharedNames {}
+
+impl std::hash::Hash for SharedNames {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        Arc::as_ptr(&self.0).hash(state);
+    }
+}
+
+/// Every load assignment a client asks for by name, in name order: the answer to a
+/// whole EDS subscription, built once per distinct client and name set. Sidecars of
+/// one namespace and labels that watch the same clusters (every unscoped sidecar of a
+/// deployment) then share one walk of the names instead of a cache look-up per
+/// cluster each. Each assignment still comes from its own [`EdsInput`], so an
+/// endpoint change regenerates only the assignments of the services it touched.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct EdsListInput {
+    pub client: EdsClient,
+    pub names: SharedNames,
+    pub options: EdsOptions,
+}
+
+impl CacheInput<Snapshot> for EdsListInput {
+    const TYPE: TypeUrl = TypeUrl::Endpoint;
+    type Output = Arc<[Resource]>;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<Arc<[Resource]>> {
+        let list: Vec<Resource> = self
+            .names
+            .0
+            .iter()
+            .filter_map(|name| {
+                let parsed = ClusterName::parse(name)?;
+                let input =
+                    EdsInput::for_client(snapshot, &self.client, name, &parsed, self.options);
+                snapshot.cached(input)
+            })
+            .collect();
+        Some(list.into())
     }
 }
 

@@ -304,6 +304,7 @@ mod tests {
                 Subscription {
                     wildcard: false,
                     names: &names,
+                    interned: None,
                 },
                 Scope::All,
                 &GeneratorOptions::default(),

@@ -103,6 +103,7 @@ fn fetch(snap: &Snapshot, p: &Proxy, type_url: TypeUrl, names: &[String]) -> Vec
         Subscription {
             wildcard: false,
             names: &names,
+            interned: None,
         },
         Scope::All,
         &GeneratorOptions::default(),

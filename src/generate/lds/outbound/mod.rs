@@ -1650,6 +1650,7 @@ pub(crate) mod tests {
             crate::generate::Subscription {
                 wildcard: true,
                 names: &everything,
+                interned: None,
             },
             crate::generate::Scope::All,
             &Default::default(),
