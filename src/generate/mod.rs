@@ -215,7 +215,7 @@ fn load_assignments(
     if let (Scope::All, false, Some(names)) = (scope, sub.wildcard, sub.interned) {
         let proxy = &*snapshot.proxy_view(proxy);
         let input = eds::EdsListInput {
-            client: eds::EdsClient::of(proxy),
+            client: eds::EdsClient::of(snapshot, proxy),
             names: eds::SharedNames(Arc::clone(names)),
             options: options.eds,
         };
@@ -299,7 +299,7 @@ fn load_assignments(
         return Vec::new();
     }
     let proxy = &*snapshot.proxy_view(proxy);
-    let client = eds::EdsClient::of(proxy);
+    let client = eds::EdsClient::of(snapshot, proxy);
     in_scope
         .into_iter()
         .filter_map(|name| {
@@ -847,7 +847,7 @@ mod tests {
         let before = snap.cache().stats();
         let again = eds(&sidecar("10.1.0.2"), interned());
         let after = snap.cache().stats();
-        assert_eq!(after.hits - before.hits, 1, "the list alone");
+        assert_eq!(after.hits - before.hits, 2, "the failover check and the list");
         assert_eq!(after.misses, before.misses);
         assert!(listed.iter().zip(&again).all(|(x, y)| Arc::ptr_eq(x, y)));
         // Another name set is another list, of the same assignments.
@@ -867,5 +867,84 @@ mod tests {
             "its list only"
         );
         assert!(some.iter().zip(&listed).all(|(x, y)| Arc::ptr_eq(x, y)));
+    }
+
+    #[test]
+    fn labels_split_the_shared_assignments_only_under_a_failover_priority() {
+        use meshfed_api::networking::v1alpha3::{
+            DestinationRule, LoadBalancerSettings, LocalityLoadBalancerSetting, TrafficPolicy,
+        };
+        let services: Vec<Service> = (0..3)
+            .map(|i| {
+                let mut s = Service::new(
+                    format!("s{i}.default.svc.cluster.local"),
+                    "default",
+                    ProviderId::Mock,
+                    "c1",
+                );
+                s.ports
+                    .push(Port::new("http", 8000 + i, Protocol::Http).unwrap());
+                s
+            })
+            .collect();
+        let names: Arc<BTreeSet<String>> = Arc::new(
+            (0..3)
+                .map(|i| format!("outbound|{}||s{i}.default.svc.cluster.local", 8000 + i))
+                .collect(),
+        );
+        let sidecar = |ip: &str, app: &str| {
+            proxy(
+                &format!("sidecar~{ip}~a.default~default.svc.cluster.local"),
+                serde_json::json!({ "app": app }),
+            )
+        };
+        // Lists generated for two sidecars of different deployments.
+        let lists_for_two = |set: ConfigSet| {
+            let snap = snapshot(services.clone(), set, default_mesh());
+            let opts = GeneratorOptions::default();
+            let sub = Subscription {
+                wildcard: false,
+                names: &names,
+                interned: Some(&names),
+            };
+            let before = snap.cache().stats();
+            for p in [sidecar("10.1.0.1", "a"), sidecar("10.1.0.2", "b")] {
+                generate(TypeUrl::Endpoint, &snap, &p, sub, Scope::All, &opts);
+            }
+            let after = snap.cache().stats();
+            // Misses: each list, each assignment, the failover check.
+            after.misses - before.misses
+        };
+        assert_eq!(lists_for_two(ConfigSet::default()), 1 + 3 + 1, "one list");
+        let rule = DestinationRule {
+            host: "s0.default.svc.cluster.local".into(),
+            subsets: vec![meshfed_api::networking::v1alpha3::Subset {
+                name: "v1".into(),
+                traffic_policy: Some(TrafficPolicy {
+                    load_balancer: Some(LoadBalancerSettings {
+                        locality_lb_setting: Some(LocalityLoadBalancerSetting {
+                            failover_priority: vec!["app".into()],
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let set = ConfigSet {
+            destination_rules: vec![crate::push::config_index::Config {
+                name: "s0".into(),
+                namespace: "default".into(),
+                labels: Default::default(),
+                annotations: Default::default(),
+                creation_time: std::time::UNIX_EPOCH,
+                spec: rule,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(lists_for_two(set), 2 + 3 + 1, "a list per deployment");
     }
 }

@@ -343,14 +343,22 @@ pub struct EdsClient {
 }
 
 impl EdsClient {
-    /// The facts of `proxy`.
-    pub fn of(proxy: &Proxy) -> EdsClient {
+    /// The facts of `proxy` in `snapshot`. Its labels count only where some locality
+    /// setting orders failover by labels (`failoverPriority`): elsewhere they change
+    /// nothing, and leaving them out lets the sidecars of every deployment share one
+    /// answer.
+    pub fn of(snapshot: &Snapshot, proxy: &Proxy) -> EdsClient {
+        let labels = if snapshot.cached(FailoverPriorityInUse).unwrap_or(true) {
+            proxy.labels.clone()
+        } else {
+            BTreeMap::new()
+        };
         let ipv4 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv4());
         let ipv6 = proxy.ip_addresses.iter().any(|ip| ip.is_ipv6());
         let none = !ipv4 && !ipv6;
         EdsClient {
             namespace: proxy.namespace.clone(),
-            labels: proxy.labels.clone(),
+            labels,
             cluster_id: proxy
                 .cluster_id
                 .as_ref()
@@ -373,7 +381,13 @@ impl EdsInput {
         cluster: &ClusterName<'_>,
         options: EdsOptions,
     ) -> EdsInput {
-        EdsInput::for_client(snapshot, &EdsClient::of(proxy), name, cluster, options)
+        EdsInput::for_client(
+            snapshot,
+            &EdsClient::of(snapshot, proxy),
+            name,
+            cluster,
+            options,
+        )
     }
 
     /// What `client`'s assignment of cluster `name` (parsed: `cluster`) depends on.
@@ -442,6 +456,42 @@ impl EdsInput {
             network_view,
             options,
         }
+    }
+}
+
+/// Whether the mesh's or any DestinationRule's locality setting (top level, per port,
+/// per subset) has `failoverPriority`: computed once per snapshot.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct FailoverPriorityInUse;
+
+impl CacheInput<Snapshot> for FailoverPriorityInUse {
+    const TYPE: TypeUrl = TypeUrl::Endpoint;
+    type Output = bool;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<bool> {
+        use meshfed_api::networking::v1alpha3::TrafficPolicy;
+        let by_priority = |s: Option<&LocalityLoadBalancerSetting>| {
+            s.is_some_and(|s| !s.failover_priority.is_empty())
+        };
+        let policy = |p: &TrafficPolicy| {
+            let lb = |lb: Option<&meshfed_api::networking::v1alpha3::LoadBalancerSettings>| {
+                by_priority(lb.and_then(|lb| lb.locality_lb_setting.as_ref()))
+            };
+            lb(p.load_balancer.as_ref())
+                || p.port_level_settings
+                    .iter()
+                    .any(|port| lb(port.load_balancer.as_ref()))
+        };
+        let in_rules = snapshot.config().all_destination_rules().iter().any(|r| {
+            r.spec.traffic_policy.as_ref().is_some_and(policy)
+                || r.spec
+                    .subsets
+                    .iter()
+                    .any(|s| s.traffic_policy.as_ref().is_some_and(policy))
+        });
+        Some(in_rules || by_priority(snapshot.mesh().config.locality_lb_setting.as_ref()))
     }
 }
 
