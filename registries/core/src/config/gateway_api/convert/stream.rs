@@ -89,8 +89,15 @@ fn build(
                 .map(|d| {
                     let route = if d.is_empty() { json!([]) } else { json!(d) };
                     let mut m = serde_json::Map::new();
+                    // A gateway's SNI match names every hostname the route and
+                    // listener share; a mesh route's, the one host it is for.
                     if tag == "tls" {
-                        m.insert("sniHosts".into(), json!([host]));
+                        let sni = if p.mesh {
+                            vec![host.clone()]
+                        } else {
+                            p.hosts.clone()
+                        };
+                        m.insert("sniHosts".into(), json!(sni));
                     }
                     if let Some(port) = p.port.filter(|_| p.mesh) {
                         m.insert("port".into(), json!(port));
