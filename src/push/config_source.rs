@@ -132,7 +132,7 @@ fn translate_gateway_api(set: &mut ConfigSet, domain: &str, controller: &str) {
         domain,
         controller,
         service_exists: &|_| true,
-        namespace_labels: &|_| None,
+        namespaces: None,
         service_addresses: &|_| Vec::new(),
     });
     for object in &output.objects {

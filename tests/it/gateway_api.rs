@@ -19,7 +19,180 @@ use serde_json::Value;
 
 /// The cases ported (`<case>.yaml` with `<case>.yaml.golden` and, where ported,
 /// `<case>.status.yaml.golden`).
-const CASES: &[&str] = &["http", "grpc", "zero"];
+const CASES: &[&str] = &[
+    "http",
+    "grpc",
+    "zero",
+    "http-grpc-same-host",
+    "tcp",
+    "empty-backend-refs",
+    "redirect-only",
+    "reference-grant-multiple-to",
+    "route-binding",
+    "mesh",
+    "serviceentry",
+    "route-precedence",
+    "tls",
+    "weighted",
+    "reference-policy-service",
+    "reference-policy-tcp",
+    "valid-invalid-parent-ref",
+    "tls-terminate",
+];
+
+/// Istio's other cases (`testdata/*.yaml` with a golden), and why they are not in
+/// [`CASES`].
+const NOT_PORTED: &[(&str, &str)] = &[
+    ("listenerset", "kinds meshfed does not read: XListenerSet"),
+    (
+        "listenerset-cross-namespace",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-same-name-different-ns",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-invalid",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-empty-listeners",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-hostname-conflict",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-https-missing-tls",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-overlapping-port",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "listenerset-protocol-conflict",
+        "kinds meshfed does not read: XListenerSet",
+    ),
+    (
+        "backend-tls-policy",
+        "kinds meshfed does not read: BackendTLSPolicy",
+    ),
+    (
+        "backend-tls-policy-ignored",
+        "kinds meshfed does not read: BackendTLSPolicy",
+    ),
+    (
+        "backend-tls-client-cert",
+        "kinds meshfed does not read: BackendTLSPolicy",
+    ),
+    (
+        "backend-tls-client-cert-refgrant",
+        "kinds meshfed does not read: BackendTLSPolicy",
+    ),
+    (
+        "mix-backend-policy",
+        "kinds meshfed does not read: BackendTLSPolicy",
+    ),
+    (
+        "backend-lb-policy",
+        "kinds meshfed does not read: XBackendTrafficPolicy / BackendPolicy",
+    ),
+    (
+        "backend-traffic-policy-ignored",
+        "kinds meshfed does not read: XBackendTrafficPolicy / BackendPolicy",
+    ),
+    (
+        "backendpolicy",
+        "kinds meshfed does not read: XBackendTrafficPolicy / BackendPolicy",
+    ),
+    (
+        "reference-policy-inferencepool",
+        "kinds meshfed does not read: InferencePool (inference.networking.k8s.io)",
+    ),
+    (
+        "inferencepool-weighted",
+        "kinds meshfed does not read: InferencePool (inference.networking.k8s.io)",
+    ),
+    (
+        "mcs",
+        "kinds meshfed does not read: ServiceImport (multi-cluster services)",
+    ),
+    (
+        "multicluster-service-status",
+        "kinds meshfed does not read: ServiceImport (multi-cluster services)",
+    ),
+    ("udp", "kinds meshfed does not read: UDPRoute"),
+    ("xbackend", "kinds meshfed does not read: XBackend"),
+    ("waypoint", "ambient waypoint: not served"),
+    ("foreign-waypoint", "ambient waypoint: not served"),
+    ("foreign-waypoint-canary", "ambient waypoint: not served"),
+    (
+        "eastwest",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "eastwest-tlsoption",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "eastwest-labelport",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "eastwest-remote",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "eastwest-namedport",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "east-west-ambient",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "eastwest-ambient",
+        "east-west gateway (ambient multi-network): not served",
+    ),
+    (
+        "alias",
+        "the stored golden is Istio 1.1x's (singular internal.istio.io/parent annotation, one VirtualService per route): nothing to compare by content; gateway.istio.io/alias-for is not read",
+    ),
+    (
+        "delegated",
+        "the stored golden is Istio 1.1x's (singular internal.istio.io/parent annotation, one VirtualService per route): nothing to compare by content",
+    ),
+    (
+        "multi-gateway",
+        "the stored golden is Istio 1.1x's (singular internal.istio.io/parent annotation, one VirtualService per route): nothing to compare by content",
+    ),
+    ("mismatch", "no golden stored"),
+    ("invalid", "not ported yet"),
+    (
+        "status",
+        "merging a route's status with the parents[] other controllers wrote is the status writer's (registries/kube), which the translation does not see: nothing here to compare",
+    ),
+    (
+        "reference-policy-tls",
+        "Gateway spec.tls.frontend (client certificate validation against ConfigMap CAs) is not read",
+    ),
+    (
+        "serviceentry-cross-namespace",
+        "kinds meshfed does not read: ListenerSet parents; and ServiceEntry exportTo visibility per gateway namespace",
+    ),
+    (
+        "http-match-order",
+        "the stored golden has one VirtualService per route (match-order-0-istio-autogenerated-k8s-gateway): nothing to compare by content",
+    ),
+    ("frontend-tls-invalid", "not ported yet"),
+    ("frontend-tls-refgrant", "not ported yet"),
+    ("gateway-invalid-parameters-ref", "not ported yet"),
+    ("simple", "not ported yet"),
+    ("isolation", "not ported yet"),
+];
 
 /// Golden objects meshfed does not reproduce, and why. Keys:
 /// `<case>:config:<Kind>/<namespace>/<name>`, `<case>:status:<Kind>/<namespace>/<name>`,
@@ -43,28 +216,12 @@ const GAPS: &[(&str, &str)] = &[
         "InferencePool backends (inference.networking.k8s.io) are not read",
     ),
     (
-        "grpc:config:Gateway/istio-system/gateway-istio-autogenerated-k8s-gateway-default",
-        "the stored golden predates Istio's current names (`<gateway>~istio-autogenerated-k8s-gateway~<listener>`), which meshfed generates",
+        "grpc:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~default",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
     ),
     (
-        "grpc:config:VirtualService/default/grpc-0-istio-autogenerated-k8s-gateway",
-        "the stored golden predates VirtualServices merged per listener and host (`<ns>~<gateway>~...~<host>`), which meshfed generates",
-    ),
-    (
-        "grpc:config:VirtualService/default/grpc-1-istio-autogenerated-k8s-gateway",
-        "the stored golden predates VirtualServices merged per listener and host (`<ns>~<gateway>~...~<host>`), which meshfed generates",
-    ),
-    (
-        "grpc:extra:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~default",
-        "the current name of the golden's gateway-istio-autogenerated-k8s-gateway-default",
-    ),
-    (
-        "grpc:extra:VirtualService/default/istio-system~gateway~istio-autogenerated-k8s-gateway~default~another.domain.example",
-        "the current name of the golden's grpc-1-istio-autogenerated-k8s-gateway",
-    ),
-    (
-        "grpc:extra:VirtualService/default/istio-system~gateway~istio-autogenerated-k8s-gateway~default~first.domain.example",
-        "the current name of the golden's grpc-0-istio-autogenerated-k8s-gateway",
+        "grpc:status:Gateway/istio-system/gateway",
+        "the stored status golden (istio/istio 176a8474) has an InsecureFrontendValidationMode condition with an empty reason, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) does not have and meshfed does not write",
     ),
     (
         "zero:config:Gateway/istio-system/gateway-istio-autogenerated-k8s-gateway-default",
@@ -92,7 +249,171 @@ const GAPS: &[(&str, &str)] = &[
     ),
     (
         "zero:status:Gateway/istio-system/gateway",
-        "the stored status golden predates the InsecureFrontendValidationMode and Gateway ResolvedRefs conditions (the newer grpc golden has them)",
+        "the stored status golden is older (no Gateway ResolvedRefs condition, which the newest stored status golden, serviceentry-cross-namespace at 33ab1827, has and meshfed writes)",
+    ),
+    (
+        "http-grpc-same-host:status:Gateway/istio-system/gateway",
+        "the stored status golden (istio/istio 176a8474) has an InsecureFrontendValidationMode condition with an empty reason, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) does not have and meshfed does not write",
+    ),
+    (
+        "tcp:config:Gateway/istio-system/gateway2~istio-autogenerated-k8s-gateway~default",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tcp:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~default",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "empty-backend-refs:status:Gateway/istio-system/gateway",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
+    ),
+    (
+        "redirect-only:status:Gateway/istio-system/default",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
+    ),
+    (
+        "reference-grant-multiple-to:status:Gateway/bookinfo-ingress/gateway",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~default",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~foobar",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~same-namespace",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~scope-route",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-combined-no",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-combined-yes",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-dne-no",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-dne-yes",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-exists-no",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-exists-yes",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-in-no",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-in-yes",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-notin-no",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-expr-notin-yes",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~slctr-labels",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "route-binding:status:Gateway/istio-system/gateway",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
+    ),
+    (
+        "mesh:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~default",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~passthrough",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~terminate",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~terminate-istio-builtin",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~terminate-istio-mtls",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~terminate-mtls",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~terminate-multi",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "tls:config:VirtualService/default/http-0-istio-autogenerated-k8s-gateway",
+        "the stored golden predates VirtualServices merged per listener and host (one VirtualService per route, `<route>-<n>-istio-autogenerated-k8s-gateway`), which meshfed generates",
+    ),
+    (
+        "tls:config:VirtualService/default/tls~tls~0~istio-autogenerated-k8s-gateway",
+        "the stored golden predates the input's second Gateway (gateway2): meshfed numbers the route's VirtualServices over both parents, gateway2's first",
+    ),
+    (
+        "tls:extra:Gateway/istio-system/gateway2~istio-autogenerated-k8s-gateway~passthrough",
+        "the stored golden predates the input's second Gateway (gateway2), which the newer stored input has",
+    ),
+    (
+        "tls:extra:VirtualService/default/istio-system~gateway~istio-autogenerated-k8s-gateway~terminate~domain.example",
+        "the current name of the golden's http-0-istio-autogenerated-k8s-gateway",
+    ),
+    (
+        "tls:extra:VirtualService/default/tls~tls~1~istio-autogenerated-k8s-gateway",
+        "the stored golden predates the input's second Gateway (gateway2), which the newer stored input has",
+    ),
+    (
+        "reference-policy-service:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~simple",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "reference-policy-service:status:Gateway/istio-system/gateway",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
+    ),
+    (
+        "reference-policy-tcp:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~echo",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "reference-policy-tcp:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~my-svc",
+        "the stored golden (istio/istio b4ec6ced) names the service account gateway-istio for a Gateway that names its Service in spec.addresses; the newer goldens (http-grpc-same-host, redirect-only, empty-backend-refs) leave it empty, as meshfed does",
+    ),
+    (
+        "reference-policy-tcp:status:Gateway/istio-system/gateway",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
+    ),
+    (
+        "valid-invalid-parent-ref:config:Gateway/istio-system/gateway~istio-autogenerated-k8s-gateway~default",
+        "the stored golden predates the internal.istio.io/service-account-name annotation (the newer goldens have it)",
+    ),
+    (
+        "valid-invalid-parent-ref:status:Gateway/istio-system/gateway",
+        "the stored status golden predates the Gateway ResolvedRefs condition, which the newest stored status golden (serviceentry-cross-namespace, 33ab1827) has and meshfed writes",
     ),
 ];
 
@@ -177,8 +498,30 @@ pub fn load(text: &str) -> Vec<Arc<ConfigObject>> {
         .collect()
 }
 
+/// The namespaces `conversion_test.go` creates: one per namespace of the input's
+/// objects, labelled `istio.io/test-name-part: <name up to its first '-'>`.
+pub fn namespaces(text: &str) -> BTreeMap<String, BTreeMap<String, String>> {
+    documents(text)
+        .iter()
+        .filter_map(|d| d["metadata"]["namespace"].as_str())
+        .filter(|ns| !ns.is_empty())
+        .map(|ns| {
+            let part = ns.split('-').next().unwrap_or_default().to_string();
+            // Kubernetes labels every namespace with its name.
+            let labels = BTreeMap::from([
+                ("istio.io/test-name-part".to_string(), part),
+                ("kubernetes.io/metadata.name".to_string(), ns.to_string()),
+            ]);
+            (ns.to_string(), labels)
+        })
+        .collect()
+}
+
 /// Translates `objects` as `conversion_test.go` sets the controller up.
-pub fn translate(objects: &[Arc<ConfigObject>]) -> Output {
+pub fn translate(
+    objects: &[Arc<ConfigObject>],
+    namespaces: &BTreeMap<String, BTreeMap<String, String>>,
+) -> Output {
     let known: BTreeSet<String> = SERVICES
         .iter()
         .map(|s| format!("{s}.svc.{DOMAIN}"))
@@ -189,7 +532,7 @@ pub fn translate(objects: &[Arc<ConfigObject>]) -> Output {
         domain: DOMAIN,
         controller: "istio.io/gateway-controller",
         service_exists: &|h| known.contains(h),
-        namespace_labels: &|_| None,
+        namespaces: Some(namespaces),
         service_addresses: &|h| {
             if h == "istio-ingressgateway.istio-system.svc.domain.suffix" {
                 vec!["1.2.3.4".to_string()]
@@ -252,6 +595,48 @@ fn without_times(mut v: Value) -> Value {
     v
 }
 
+/// A golden written before Istio's current object names
+/// (`<gateway>-istio-autogenerated-k8s-gateway-<listener>`,
+/// `<route>-tcp-<n>-istio-autogenerated-k8s-gateway`) with those names spelled the
+/// current way (`<gateway>~istio-autogenerated-k8s-gateway~<listener>`,
+/// `<route>~tcp~<n>~istio-autogenerated-k8s-gateway`), so its objects are compared
+/// with meshfed's by content. Goldens older still (one VirtualService per route, the
+/// singular `internal.istio.io/parent` annotation) are left as they are.
+fn current_names(golden: &str, objects: &[Arc<ConfigObject>]) -> String {
+    if golden.contains("internal.istio.io/parent:") {
+        return golden.to_string();
+    }
+    let mut renames: Vec<(String, String)> = Vec::new();
+    for o in objects {
+        if let Some(gw) = o
+            .spec
+            .get::<meshfed_registry::config::gateway_api::GatewaySpec>()
+        {
+            for l in &gw.listeners {
+                renames.push((
+                    format!("{}-istio-autogenerated-k8s-gateway-{}", o.name, l.name),
+                    format!("{}~istio-autogenerated-k8s-gateway~{}", o.name, l.name),
+                ));
+            }
+        }
+        for tag in ["tcp", "tls"] {
+            for n in 0..8 {
+                renames.push((
+                    format!("{}-{tag}-{n}-istio-autogenerated-k8s-gateway", o.name),
+                    format!("{}~{tag}~{n}~istio-autogenerated-k8s-gateway", o.name),
+                ));
+            }
+        }
+    }
+    // Longest first, so a listener whose name extends another's is renamed whole.
+    renames.sort_by_key(|(old, _)| std::cmp::Reverse(old.len()));
+    let mut text = golden.to_string();
+    for (old, new) in renames {
+        text = text.replace(&old, &new);
+    }
+    text
+}
+
 /// One compared object: its key and whether it matched (with the difference).
 pub struct Compared {
     pub key: String,
@@ -262,14 +647,17 @@ pub struct Compared {
 pub fn compare_case(case: &str) -> Vec<Compared> {
     let input = data(&format!("{case}.yaml")).expect("input");
     let objects = load(&input);
-    let output = translate(&objects);
+    let output = translate(&objects, &namespaces(&input));
     let mut out = Vec::new();
     let ours: BTreeMap<String, &ConfigObject> = output
         .objects
         .iter()
         .map(|o| (format!("{}/{}/{}", o.kind.as_str(), o.namespace, o.name), o))
         .collect();
-    let golden = golden_config(&data(&format!("{case}.yaml.golden")).expect("golden"));
+    let golden = golden_config(&current_names(
+        &data(&format!("{case}.yaml.golden")).expect("golden"),
+        &objects,
+    ));
     for (key, (annotations, spec)) in &golden {
         let result = match ours.get(key) {
             None => Err("not generated".to_string()),
@@ -372,12 +760,16 @@ fn istio_golden_conversions_pass_or_are_known_gaps() {
         }
         cases_passing += usize::from(case_ok);
     }
+    for (case, _) in NOT_PORTED.iter().filter(|(c, _)| CASES.contains(c)) {
+        failures.push(format!("{case}: both ported and listed in NOT_PORTED"));
+    }
     for key in gaps.keys().filter(|k| !seen.contains(**k)) {
         failures.push(format!("{key}: listed in GAPS but not compared"));
     }
     eprintln!(
-        "Istio gateway goldens: {} cases ported, {cases_passing} pass whole; {total} golden objects and statuses, {passed} match",
-        CASES.len()
+        "Istio gateway goldens: {} cases ported, {cases_passing} pass whole; {total} golden objects and statuses, {passed} match; {} cases not ported",
+        CASES.len(),
+        NOT_PORTED.len()
     );
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

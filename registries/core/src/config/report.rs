@@ -209,7 +209,7 @@ fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Dia
         domain: "cluster.local",
         controller: crate::config::gateway_api::DEFAULT_CONTROLLER,
         service_exists: &|_| true,
-        namespace_labels: &|_| None,
+        namespaces: None,
         service_addresses: &|_| Vec::new(),
     });
     let mut out = Vec::new();

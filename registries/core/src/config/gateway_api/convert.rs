@@ -32,6 +32,8 @@ use crate::config::{ConfigObject, Kind, Spec};
 mod http;
 mod parents;
 mod stream;
+#[cfg(test)]
+mod tests;
 
 pub use parents::RouteParent;
 
@@ -50,8 +52,10 @@ pub struct Inputs<'a> {
     pub controller: &'a str,
     /// Whether a service of this hostname is known (backend resolution).
     pub service_exists: &'a dyn Fn(&str) -> bool,
-    /// The labels of a namespace, if known (`allowedRoutes` selectors).
-    pub namespace_labels: &'a dyn Fn(&str) -> Option<BTreeMap<String, String>>,
+    /// Every namespace with its labels, if known (`allowedRoutes.namespaces.from:
+    /// Selector`); `None`: a Selector listener admits no route, and the routes it
+    /// turns away say why in their status.
+    pub namespaces: Option<&'a BTreeMap<String, BTreeMap<String, String>>>,
     /// The external addresses (load balancer IPs) of a service hostname, for a
     /// Gateway's `status.addresses`; none known: the hostname is reported.
     pub service_addresses: &'a dyn Fn(&str) -> Vec<String>,

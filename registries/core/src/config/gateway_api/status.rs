@@ -182,6 +182,8 @@ pub struct RouteParentStatus {
     pub not_accepted: Option<(String, String)>,
     /// `ResolvedRefs` failure: reason and message.
     pub unresolved: Option<(String, String)>,
+    /// How many parents (listeners) the parentRef bound to.
+    pub bound: usize,
 }
 
 /// A route's status: one parent entry per parentRef.
@@ -195,6 +197,11 @@ pub fn route_status(
         .iter()
         .map(|p| {
             let accepted = match &p.not_accepted {
+                None if p.bound > 1 => Condition::ok(
+                    "Accepted",
+                    "Accepted",
+                    &format!("Route was valid, bound to {} parents", p.bound),
+                ),
                 None => Condition::ok("Accepted", "Accepted", "Route was valid"),
                 Some((reason, message)) => Condition::failed("Accepted", reason, message.clone()),
             };
@@ -210,6 +217,25 @@ pub fn route_status(
                 "parentRef": p.parent_ref,
             })
         })
-        .collect();
+        .collect::<Vec<Value>>();
+    // In the order istiod writes them: by parentRef (group and kind with their
+    // defaults, name, namespace, section, port as text), last first.
+    let mut parents = parents;
+    parents.sort_by_cached_key(|p| {
+        let r = &p["parentRef"];
+        let field = |k: &str, default: &str| match &r[k] {
+            Value::String(s) => s.clone(),
+            Value::Null => default.to_string(),
+            other => other.to_string(),
+        };
+        std::cmp::Reverse((
+            field("group", super::GROUP),
+            field("kind", "Gateway"),
+            field("name", ""),
+            field("namespace", ""),
+            field("sectionName", ""),
+            field("port", ""),
+        ))
+    });
     ObjectStatus::new(kind, object, json!({ "parents": parents }))
 }

@@ -41,6 +41,9 @@ pub(super) struct RuleErrors {
 pub(super) struct Route<'a> {
     pub kind: Kind,
     pub object: &'a ConfigObject,
+    /// The route's parentRefs: a backend that is one of its parent Services is
+    /// reachable from any namespace (a consumer route, GAMMA).
+    pub parent_refs: &'a [ParentReference],
     pub inputs: &'a Inputs<'a>,
     pub grants: &'a [Obj<'a, ReferenceGrantSpec>],
 }
@@ -69,15 +72,23 @@ impl Route<'_> {
         let ns = b.namespace.as_deref().unwrap_or(self.ns());
         let host = match (group, kind) {
             ("" | "core", "Service") => {
-                if !reference_allowed(
-                    self.grants,
-                    self.kind.as_str(),
-                    self.ns(),
-                    "",
-                    "Service",
-                    ns,
-                    &b.name,
-                ) {
+                let parent_service = self.parent_refs.iter().any(|p| {
+                    matches!(p.group.as_deref(), Some("" | "core"))
+                        && p.kind.as_deref() == Some("Service")
+                        && p.name == b.name
+                        && p.namespace.as_deref().unwrap_or(self.ns()) == ns
+                });
+                if !parent_service
+                    && !reference_allowed(
+                        self.grants,
+                        self.kind.as_str(),
+                        self.ns(),
+                        "",
+                        "Service",
+                        ns,
+                        &b.name,
+                    )
+                {
                     errors.unresolved.get_or_insert((
                         "RefNotPermitted".into(),
                         format!(
@@ -127,14 +138,23 @@ impl Route<'_> {
     fn backends(&self, refs: &[BackendRef], errors: &mut RuleErrors) -> Option<Vec<Value>> {
         let mut out = Vec::new();
         let mut invalid = 0;
+        let mut valid = 0;
         for b in refs {
             let weight = b.weight.unwrap_or(1);
-            let Some(dest) = self.destination(b, errors) else {
-                invalid += 1;
-                continue;
+            // An invalid backend keeps its share of the traffic as an empty
+            // destination (which fails those requests), as istiod does.
+            let dest = match self.destination(b, errors) {
+                Some(dest) => dest,
+                None => {
+                    invalid += 1;
+                    json!({})
+                }
             };
             if weight == 0 {
                 continue;
+            }
+            if dest.as_object().is_some_and(|d| !d.is_empty()) {
+                valid += 1;
             }
             let mut entry = json!({"destination": dest});
             if refs.len() > 1 {
@@ -149,7 +169,8 @@ impl Route<'_> {
             }
             out.push(entry);
         }
-        if out.is_empty() && (invalid > 0 || !refs.is_empty()) {
+        // No valid backend with a weight: the rule answers 500.
+        if valid == 0 && (invalid > 0 || !refs.is_empty()) {
             return None;
         }
         Some(out)
@@ -274,6 +295,10 @@ fn apply_filters(
             let mut out = Map::new();
             if let Some(s) = &rd.scheme {
                 out.insert("scheme".into(), json!(s));
+                // A new scheme without a port redirects to the scheme's default port.
+                if rd.port.is_none() {
+                    out.insert("derivePort".into(), json!("FROM_PROTOCOL_DEFAULT"));
+                }
             }
             if let Some(h) = &rd.hostname {
                 out.insert("authority".into(), json!(h));
@@ -447,8 +472,9 @@ fn http_rule(
     Value::Object(route)
 }
 
-/// The destinations of a rule, or a 500 where none is valid (the API's rule for
-/// invalid backends), unless the rule redirects.
+/// The destinations of a rule, unless it redirects: a 404 where it names no backend
+/// (nothing routes there), a 500 where none of its backends is valid or weighted (the
+/// API's rule for invalid backends).
 fn finish_rule(
     r: &Route,
     refs: &[BackendRef],
@@ -456,6 +482,10 @@ fn finish_rule(
     errors: &mut RuleErrors,
 ) {
     if route.contains_key("redirect") {
+        return;
+    }
+    if refs.is_empty() {
+        route.insert("directResponse".into(), json!({"status": 404}));
         return;
     }
     match r.backends(refs, errors) {
@@ -581,6 +611,7 @@ fn finish(
     let mut out = Vec::new();
     let mut statuses = Vec::new();
     for (echo, parents, failure) in attached {
+        let bound = parents.len();
         let failure = failure.or_else(|| errors.not_accepted.clone());
         if failure.is_none() {
             for p in &parents {
@@ -613,6 +644,7 @@ fn finish(
             parent_ref: echo,
             not_accepted: failure,
             unresolved: errors.unresolved.clone(),
+            bound,
         });
     }
     (
@@ -675,6 +707,7 @@ fn convert_route(
     let r = Route {
         kind,
         object,
+        parent_refs,
         inputs,
         grants,
     };

@@ -31,6 +31,9 @@ pub struct Listener {
     pub unresolved: Option<(String, String)>,
     /// An `Accepted` failure (protocol): reason and message.
     pub not_accepted: Option<(String, String)>,
+    /// `allowedRoutes.kinds` names a kind the protocol cannot carry (reported in
+    /// `ResolvedRefs`; the listener still serves the kinds it can).
+    pub invalid_kinds: bool,
     /// The Istio server (proto3 JSON); `None` when the listener cannot be served.
     server: Option<Value>,
 }
@@ -129,7 +132,7 @@ impl<'a> Parents<'a> {
                     .spec
                     .listeners
                     .iter()
-                    .map(|l| listener(gw, l, grants))
+                    .map(|l| listener(gw, l, grants, inputs))
                     .collect();
                 Gateway {
                     object: gw.object,
@@ -184,6 +187,17 @@ impl<'a> Parents<'a> {
             }
             if (group.is_empty() || group == "core") && ref_kind == "Service" {
                 let host = format!("{}.{ns}.svc.{}", r.name, inputs.domain);
+                if !(inputs.service_exists)(&host) {
+                    out.push((
+                        echo,
+                        Vec::new(),
+                        Some((
+                            "NoMatchingParent".into(),
+                            format!("parent service: {:?} not found", r.name),
+                        )),
+                    ));
+                    continue;
+                }
                 let parent = RouteParent {
                     internal_name: "mesh".into(),
                     hosts: vec![host],
@@ -191,6 +205,35 @@ impl<'a> Parents<'a> {
                     mesh: true,
                 };
                 out.push((echo, vec![parent], None));
+                continue;
+            }
+            if group == "networking.istio.io" && ref_kind == "ServiceEntry" {
+                // Mesh routing for the hosts of a ServiceEntry.
+                let entry = inputs.objects.iter().find(|o| {
+                    o.kind == Kind::ServiceEntry && o.namespace == ns && o.name == r.name
+                });
+                let hosts: Vec<String> = entry
+                    .and_then(|o| {
+                        o.spec
+                            .get::<meshfed_api::networking::v1alpha3::ServiceEntry>()
+                    })
+                    .map(|se| se.hosts.clone())
+                    .unwrap_or_default();
+                if hosts.is_empty() {
+                    out.push((
+                        echo,
+                        Vec::new(),
+                        Some(("NoMatchingParent".into(), "parent not found".into())),
+                    ));
+                } else {
+                    let parent = RouteParent {
+                        internal_name: "mesh".into(),
+                        hosts,
+                        port: r.port,
+                        mesh: true,
+                    };
+                    out.push((echo, vec![parent], None));
+                }
                 continue;
             }
             if group != GROUP || ref_kind != "Gateway" {
@@ -229,7 +272,31 @@ impl<'a> Parents<'a> {
                 if !l.kinds.iter().any(|k| k == kind.as_str()) {
                     failure.get_or_insert((
                         "NotAllowedByListeners".to_string(),
-                        format!("kind {}/{} is not allowed", GROUP, kind.as_str()),
+                        format!(
+                            "kind {}/{} is not allowed",
+                            kind.api_version(),
+                            kind.as_str()
+                        ),
+                    ));
+                    continue;
+                }
+                // As istiod checks a listener: the hostnames first, then the namespace.
+                let listener_host = l.spec.hostname.as_deref();
+                let hosts: Vec<String> = if hostnames.is_empty() {
+                    vec!["*".to_string()]
+                } else {
+                    hostnames
+                        .iter()
+                        .filter_map(|h| intersect(h, listener_host))
+                        .collect()
+                };
+                if hosts.is_empty() {
+                    failure.get_or_insert((
+                        "NoMatchingListenerHostname".to_string(),
+                        format!(
+                            "no hostnames matched parent hostname {:?}",
+                            listener_host.unwrap_or_default()
+                        ),
                     ));
                     continue;
                 }
@@ -242,10 +309,11 @@ impl<'a> Parents<'a> {
                 let allowed = match from {
                     "All" => true,
                     "Same" => route.namespace == gw.object.namespace,
-                    "Selector" => match (inputs.namespace_labels)(&route.namespace) {
-                        Some(labels) => routes
-                            .and_then(|n| n.selector.as_ref())
-                            .is_some_and(|s| s.matches(&labels)),
+                    "Selector" => match inputs.namespaces {
+                        // A namespace not listed has no labels.
+                        Some(all) => routes.and_then(|n| n.selector.as_ref()).is_some_and(|s| {
+                            s.matches(&all.get(&route.namespace).cloned().unwrap_or_default())
+                        }),
                         None => {
                             failure.get_or_insert((
                                 "NotAllowedByListeners".to_string(),
@@ -259,15 +327,6 @@ impl<'a> Parents<'a> {
                     },
                     _ => false,
                 };
-                let listener_host = l.spec.hostname.as_deref();
-                let hosts: Vec<String> = if hostnames.is_empty() {
-                    vec!["*".to_string()]
-                } else {
-                    hostnames
-                        .iter()
-                        .filter_map(|h| intersect(h, listener_host))
-                        .collect()
-                };
                 if !allowed {
                     failure.get_or_insert((
                         "NotAllowedByListeners".to_string(),
@@ -275,16 +334,6 @@ impl<'a> Parents<'a> {
                             "hostnames matched parent hostname {:?}, but namespace {:?} is not allowed by the parent",
                             listener_host.unwrap_or_default(),
                             route.namespace
-                        ),
-                    ));
-                    continue;
-                }
-                if hosts.is_empty() {
-                    failure.get_or_insert((
-                        "NoMatchingListenerHostname".to_string(),
-                        format!(
-                            "no hostnames matched parent hostname {:?}",
-                            listener_host.unwrap_or_default()
                         ),
                     ));
                     continue;
@@ -332,6 +381,7 @@ impl<'a> Parents<'a> {
                             _ => Condition::failed("Programmed", "Invalid", "Bad TLS configuration"),
                         };
                         let resolved = match &l.unresolved {
+                            None if l.invalid_kinds => Condition::failed("ResolvedRefs", "InvalidRouteKinds", "Invalid route kinds"),
                             None => Condition::ok("ResolvedRefs", "ResolvedRefs", "No errors found"),
                             Some((r, m)) => Condition::failed("ResolvedRefs", r, m.clone()),
                         };
@@ -363,12 +413,24 @@ impl<'a> Parents<'a> {
                     })
                     .collect();
                 let unresolved = g.listeners.iter().any(|l| l.unresolved.is_some());
-                json!({
+                // A Gateway is not programmed when none of its services exists.
+                let missing: Vec<String> = g
+                    .services
+                    .iter()
+                    .filter(|s| !(inputs.service_exists)(s))
+                    .map(|s| format!("hostname {s:?} not found"))
+                    .collect();
+                let unusable = !missing.is_empty() && missing.len() == g.services.len();
+                let programmed = if unusable {
+                    Condition::failed("Programmed", "AddressNotUsable", format!("Failed to assign to any requested addresses: {}", missing.join("; ")))
+                } else {
+                    Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", human_join(&ports)))
+                };
+                let mut status = json!({
                     "addresses": addresses,
                     "conditions": [
                         Condition::ok("Accepted", "Accepted", "Resource accepted").to_json(),
-                        Condition::failed("InsecureFrontendValidationMode", "", "AllowInsecureFallback mode is disabled for frontend validation").to_json(),
-                        Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", human_join(&ports))).to_json(),
+                        programmed.to_json(),
                         if unresolved {
                             Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid").to_json()
                         } else {
@@ -376,7 +438,11 @@ impl<'a> Parents<'a> {
                         },
                     ],
                     "listeners": listeners,
-                })
+                });
+                if unusable {
+                    status.as_object_mut().map(|m| m.remove("addresses"));
+                }
+                status
             })
             .zip(&self.gateways)
             .map(|(status, g)| ObjectStatus::new(Kind::KubernetesGateway, g.object, status))
@@ -399,8 +465,15 @@ fn listener(
     gw: &Obj<GatewaySpec>,
     l: &crate::config::gateway_api::types::Listener,
     grants: &[Obj<ReferenceGrantSpec>],
+    inputs: &Inputs,
 ) -> Listener {
     let internal = format!("{}~{GENERATED}~{}", gw.name(), l.name);
+    let invalid_kinds = l.allowed_routes.as_ref().is_some_and(|a| {
+        a.kinds.iter().any(|k| {
+            k.group.as_deref().is_some_and(|g| g != GROUP)
+                || !default_kinds(&l.protocol).contains(&k.kind)
+        })
+    });
     let mut kinds: Vec<String> = match l.allowed_routes.as_ref().map(|a| &a.kinds) {
         Some(k) if !k.is_empty() => k
             .iter()
@@ -414,30 +487,58 @@ fn listener(
     let mut not_accepted = None;
     let mut unresolved = None;
     // The namespaces whose VirtualServices may bind, as istiod scopes them: any for
-    // `All`, the Gateway's for `Same`; for `Selector` the matching namespaces are not
-    // known to the translation, so none (`~`, Istio's "no namespace").
-    let from = l
+    // `All`, the Gateway's for `Same`, for `Selector` every known namespace the
+    // selector matches (in name order); none (`~`, Istio's "no namespace") when no
+    // namespace matches or the namespaces are not known.
+    let routes = l
         .allowed_routes
         .as_ref()
-        .and_then(|a| a.namespaces.as_ref())
-        .and_then(|n| n.from.as_deref())
-        .unwrap_or("Same");
-    let scope = match from {
-        "All" => "*",
-        "Same" => gw.ns(),
-        _ => "~",
+        .and_then(|a| a.namespaces.as_ref());
+    let from = routes.and_then(|n| n.from.as_deref()).unwrap_or("Same");
+    let scopes: Vec<String> = match from {
+        "All" => vec!["*".to_string()],
+        "Same" => vec![gw.ns().to_string()],
+        "Selector" => {
+            let selector = routes.and_then(|n| n.selector.clone()).unwrap_or_default();
+            let matching: Vec<String> = inputs
+                .namespaces
+                .into_iter()
+                .flatten()
+                .filter(|(_, labels)| selector.matches(labels))
+                .map(|(name, _)| name.clone())
+                .collect();
+            if matching.is_empty() {
+                vec!["~".to_string()]
+            } else {
+                matching
+            }
+        }
+        _ => vec!["~".to_string()],
     };
-    let host = format!("{scope}/{}", l.hostname.as_deref().unwrap_or("*"));
+    let hostname = l.hostname.as_deref().unwrap_or("*");
+    let hosts: Vec<String> = scopes.iter().map(|s| format!("{s}/{hostname}")).collect();
+    // Istio names every server's port `default` (one server per Istio Gateway).
     let mut server = json!({
-        "hosts": [host],
-        "port": {"number": l.port, "name": l.name, "protocol": l.protocol},
+        "hosts": hosts,
+        "port": {"number": l.port, "name": "default", "protocol": l.protocol},
     });
     match l.protocol.as_str() {
         "HTTP" | "TCP" => {}
         "HTTPS" | "TLS" => {
             let tls = l.tls.clone().unwrap_or_default();
+            // Istio's `gateway.istio.io/tls-terminate-mode` option: the mesh's own
+            // certificate (`ISTIO_SIMPLE`, `ISTIO_MUTUAL`) or client certificates
+            // checked against the Secret's `ca.crt` (`MUTUAL`).
+            let terminate_mode = tls
+                .options
+                .get("gateway.istio.io/tls-terminate-mode")
+                .map(String::as_str);
             if tls.mode.as_deref() == Some("Passthrough") {
                 server["tls"] = json!({"mode": "PASSTHROUGH"});
+            } else if terminate_mode == Some("ISTIO_MUTUAL") {
+                server["tls"] = json!({"mode": "ISTIO_MUTUAL"});
+            } else if terminate_mode == Some("ISTIO_SIMPLE") {
+                server["tls"] = json!({"mode": "SIMPLE", "credentialName": "builtin://"});
             } else {
                 let mut names = Vec::new();
                 for c in &tls.certificate_refs {
@@ -467,7 +568,12 @@ fn listener(
                     }
                     names.push(format!("kubernetes-gateway://{ns}/{}", c.name));
                 }
-                let mut t = json!({"mode": "SIMPLE"});
+                let mode = if terminate_mode == Some("MUTUAL") {
+                    "MUTUAL"
+                } else {
+                    "SIMPLE"
+                };
+                let mut t = json!({"mode": mode});
                 match names.len() {
                     0 => {}
                     1 => t["credentialName"] = json!(names[0]),
@@ -491,6 +597,7 @@ fn listener(
         attached: 0,
         unresolved,
         not_accepted,
+        invalid_kinds,
         server: serve.then_some(server),
     }
 }

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::super::status::{ObjectStatus, RouteParentStatus, route_status};
 use super::super::types::*;
 use super::http::{Route, RuleErrors};
-use super::parents::Parents;
+use super::parents::{Parents, RouteParent};
 use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, parent_name};
 use crate::config::{ConfigObject, Kind};
 
@@ -18,7 +18,9 @@ fn destinations(r: &Route, rule: &StreamRouteRule, errors: &mut RuleErrors) -> V
     rule.backend_refs
         .iter()
         .filter_map(|b| {
-            let dest = r.destination(b, errors)?;
+            // An invalid backend keeps its share as an empty destination (those
+            // connections fail), as istiod does.
+            let dest = r.destination(b, errors).unwrap_or_else(|| json!({}));
             let weight = b.weight.unwrap_or(1);
             (weight > 0).then(|| {
                 let mut e = json!({"destination": dest});
@@ -46,6 +48,7 @@ fn build(
     let r = Route {
         kind,
         object,
+        parent_refs: refs,
         inputs,
         grants,
     };
@@ -55,60 +58,74 @@ fn build(
         .iter()
         .map(|rule| destinations(&r, rule, &mut errors))
         .collect();
-    let mut out = Vec::new();
     let mut statuses = Vec::new();
-    let mut count = 0;
+    let mut accepted: Vec<RouteParent> = Vec::new();
     for (echo, targets, failure) in attached {
+        let bound = targets.len();
         if failure.is_none() {
-            for p in &targets {
-                for host in &p.hosts {
-                    let host = if !p.mesh && tag == "tcp" {
-                        "*".to_string()
-                    } else {
-                        host.clone()
-                    };
-                    let routes: Vec<Value> = dests
-                        .iter()
-                        .map(|d| {
-                            let route = if d.is_empty() { json!([]) } else { json!(d) };
-                            let mut m = serde_json::Map::new();
-                            if tag == "tls" {
-                                m.insert("sniHosts".into(), json!([host]));
-                            }
-                            if let Some(port) = p.port.filter(|_| p.mesh) {
-                                m.insert("port".into(), json!(port));
-                            }
-                            if m.is_empty() {
-                                json!({"route": route})
-                            } else {
-                                json!({"match": [m], "route": route})
-                            }
-                        })
-                        .collect();
-                    let mut annotations = BTreeMap::new();
-                    annotations.insert(PARENTS_ANNOTATION.to_string(), parent_name(kind, object));
-                    annotations.insert(
-                        "internal.istio.io/route-semantics".to_string(),
-                        "gateway".to_string(),
-                    );
-                    let name = format!("{}~{tag}~{count}~{GENERATED}", object.name);
-                    count += 1;
-                    out.extend(generated(
-                        Kind::VirtualService,
-                        &object.namespace,
-                        &name,
-                        annotations,
-                        object.creation_time,
-                        &json!({"hosts": [host], "gateways": [p.internal_name], tag: routes}),
-                    ));
-                }
-            }
+            accepted.extend(targets);
         }
         statuses.push(RouteParentStatus {
             parent_ref: echo,
             not_accepted: failure,
             unresolved: errors.unresolved.clone(),
+            bound,
         });
+    }
+    // Numbered over the accepted parents in the order of their internal names (as
+    // Istio's `filteredReferences` sorts them), not the order of `parentRefs`.
+    accepted.sort_by(|a, b| a.internal_name.cmp(&b.internal_name));
+    let mut out = Vec::new();
+    let mut count = 0;
+    for p in &accepted {
+        for host in &p.hosts {
+            let host = if !p.mesh && tag == "tcp" {
+                "*".to_string()
+            } else {
+                host.clone()
+            };
+            let routes: Vec<Value> = dests
+                .iter()
+                .map(|d| {
+                    let route = if d.is_empty() { json!([]) } else { json!(d) };
+                    let mut m = serde_json::Map::new();
+                    // A gateway's SNI match names every hostname the route and
+                    // listener share; a mesh route's, the one host it is for.
+                    if tag == "tls" {
+                        let sni = if p.mesh {
+                            vec![host.clone()]
+                        } else {
+                            p.hosts.clone()
+                        };
+                        m.insert("sniHosts".into(), json!(sni));
+                    }
+                    if let Some(port) = p.port.filter(|_| p.mesh) {
+                        m.insert("port".into(), json!(port));
+                    }
+                    if m.is_empty() {
+                        json!({"route": route})
+                    } else {
+                        json!({"match": [m], "route": route})
+                    }
+                })
+                .collect();
+            let mut annotations = BTreeMap::new();
+            annotations.insert(PARENTS_ANNOTATION.to_string(), parent_name(kind, object));
+            annotations.insert(
+                "internal.istio.io/route-semantics".to_string(),
+                "gateway".to_string(),
+            );
+            let name = format!("{}~{tag}~{count}~{GENERATED}", object.name);
+            count += 1;
+            out.extend(generated(
+                Kind::VirtualService,
+                &object.namespace,
+                &name,
+                annotations,
+                object.creation_time,
+                &json!({"hosts": [host], "gateways": [p.internal_name], tag: routes}),
+            ));
+        }
     }
     (
         out,
