@@ -27,8 +27,10 @@
 //! - Host-network pods are workloads in network mode `HOST_NETWORK` (their address
 //!   is the node's).
 //! - Kubernetes `ExternalName` Services (alias services) are not sent.
+//! - A WorkloadEntry with the address of a pod on the same network is not a workload
+//!   (the pod is).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use meshfed_api::workload as wl;
@@ -136,6 +138,20 @@ pub fn build(
         },
     };
     let mut model = AmbientModel::default();
+    // A WorkloadEntry at a pod's address (same network) is left out, as istiod does.
+    let pod_addresses: BTreeSet<(NetworkId, IpAddr)> = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter())
+        .filter(|(_, ep)| {
+            ep.hostname.is_none()
+                && ep.has_address()
+                && ep
+                    .workload
+                    .as_deref()
+                    .is_some_and(|m| m.kind == WorkloadKind::Pod)
+        })
+        .map(|(shard, ep)| (ctx.networks.endpoint_network(ep, shard), ep.address))
+        .collect();
     for (service, endpoints) in services {
         // Istio sends no Service for an `ExternalName` Service.
         if service.resolution == Resolution::Alias {
@@ -156,6 +172,13 @@ pub fn build(
             let Some(meta) = ep.workload.as_deref() else {
                 continue;
             };
+            if meta.kind == WorkloadKind::WorkloadEntry
+                && ep.hostname.is_none()
+                && !pod_addresses.is_empty()
+                && pod_addresses.contains(&(ctx.networks.endpoint_network(ep, shard), ep.address))
+            {
+                continue;
+            }
             let workload = model
                 .workloads
                 .entry(meta.uid.clone())

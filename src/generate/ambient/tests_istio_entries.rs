@@ -1120,10 +1120,6 @@ const NO_CONDITIONS: &str = "Service status conditions (WaypointBound) are not w
 
 /// Vectors meshfed does not pass, with the reason.
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "ServiceEntry/entry sharing a pod's address is dropped",
-        "a WorkloadEntry with a pod's IP is sent alongside the pod (Istio drops the entry)",
-    ),
     ("ServiceEntry/unselected workloads stay", NO_SERVICE),
     ("WorkloadEntries/base: service selection", NO_SERVICE),
     (
