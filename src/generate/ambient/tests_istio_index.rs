@@ -348,7 +348,7 @@ const VECTORS: &[Vector] = &[
             found
                 .first()
                 .and_then(Found::workload)
-                .and_then(|w| w.application_tunnel.clone()),
+                .and_then(|w| w.application_tunnel),
             Some(wl::ApplicationTunnel {
                 protocol: wl::application_tunnel::Protocol::Proxy as i32,
                 port: 15088,

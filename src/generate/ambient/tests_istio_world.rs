@@ -349,6 +349,7 @@ impl World {
 
 /// One answer of [`World::lookup`].
 #[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)] // test values, compared whole
 pub(super) enum Found {
     W(wl::Workload),
     S(wl::Service),
