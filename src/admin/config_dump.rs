@@ -821,6 +821,69 @@ mod tests {
     }
 
     #[test]
+    fn ambient_types_dump_after_envoys_as_one_client_config() {
+        assert_eq!(
+            parse_types("authorization,wds,cds").unwrap(),
+            [TypeUrl::Cluster, TypeUrl::Address, TypeUrl::Authorization]
+        );
+        let workload = meshfed_api::workload::Address {
+            r#type: Some(meshfed_api::workload::address::Type::Workload(
+                meshfed_api::workload::Workload {
+                    uid: "c//Pod/ns/p".into(),
+                    name: "p".into(),
+                    ..Default::default()
+                },
+            )),
+        };
+        let dump = |type_url, watched, resources: Vec<(String, Any)>| TypeDump {
+            type_url,
+            watched,
+            sent: SentState {
+                version: watched.then(|| "v7".to_string()),
+                status: ClientResourceStatus::Acked,
+                ..Default::default()
+            },
+            resources,
+        };
+        let dumps = [
+            dump(TypeUrl::Cluster, false, Vec::new()),
+            dump(
+                TypeUrl::Address,
+                true,
+                vec![(
+                    "c//Pod/ns/p".into(),
+                    Any {
+                        type_url: TypeUrl::Address.as_str().into(),
+                        value: workload.encode_to_vec(),
+                    },
+                )],
+            ),
+            dump(TypeUrl::Authorization, true, Vec::new()),
+        ];
+        let out = render_config_dump(renderer(), &dumps).unwrap();
+        let configs = out["configs"].as_array().unwrap();
+        assert_eq!(configs.len(), 2, "{out}");
+        assert_eq!(configs[1]["@type"], CLIENT_CONFIG_URL);
+        let items = configs[1]["generic_xds_configs"].as_array().unwrap();
+        assert_eq!(items.len(), 2, "{out}");
+        assert_eq!(items[0]["name"], "c//Pod/ns/p");
+        assert_eq!(items[0]["version_info"], "v7");
+        assert_eq!(items[0]["client_status"], "ACKED");
+        assert_eq!(items[0]["xds_config"]["@type"], TypeUrl::Address.as_str());
+        assert_eq!(items[0]["xds_config"]["workload"]["uid"], "c//Pod/ns/p");
+        // A type without resources: its status only.
+        assert_eq!(items[1]["type_url"], TypeUrl::Authorization.as_str());
+        assert!(items[1].get("name").is_none() && items[1].get("xds_config").is_none());
+        // A sidecar (neither type watched) gets no ambient entry.
+        let sidecar = [
+            dump(TypeUrl::Cluster, true, Vec::new()),
+            dump(TypeUrl::Address, false, Vec::new()),
+        ];
+        let out = render_config_dump(renderer(), &sidecar).unwrap();
+        assert_eq!(out["configs"].as_array().unwrap().len(), 1, "{out}");
+    }
+
+    #[test]
     fn a_missing_descriptor_set_explains_itself() {
         let err = Renderer::from_descriptor_set(&[]).unwrap_err();
         assert!(err.contains("unavailable"), "{err}");
