@@ -9,6 +9,14 @@
 //! `version_info` shown), these are the bytes the proxy got. A Delta connection shows
 //! only the names it holds. A type that was never answered shows no resources.
 //!
+//! A connection watching the ambient types (a ztunnel) gets one more entry after
+//! Envoy's: what it holds of `istio.workload.Address` and `istio.security.Authorization`
+//! as a CSDS `ClientConfig` (`envoy.service.status.v3`), one `generic_xds_configs` item
+//! per resource with its `type_url`, `name`, `version_info`, `last_updated`,
+//! `client_status` and the resource as `xds_config` (proto3 JSON with its `"@type"`).
+//! istiod's config dump has no ambient entry (a ztunnel's shows empty Envoy sections);
+//! this is the shape istiod's CSDS uses for types that are not Envoy's.
+//!
 //! Rendering goes through descriptors compiled from envoy-types' `.proto` sources by
 //! `build.rs`, so nested `Any`s (the connection manager in a filter chain, TLS
 //! transport sockets, per-route filter configs) are expanded with their `"@type"`. An
@@ -56,6 +64,12 @@ const DUMP_ORDER: [TypeUrl; 4] = [
     TypeUrl::Endpoint,
 ];
 
+/// The ambient types, dumped after Envoy's in one `ClientConfig` entry.
+const AMBIENT_TYPES: [TypeUrl; 2] = [TypeUrl::Address, TypeUrl::Authorization];
+
+/// The `"@type"` of the ambient entry.
+const CLIENT_CONFIG_URL: &str = "type.googleapis.com/envoy.service.status.v3.ClientConfig";
+
 type Answer = Result<Value, (StatusCode, String)>;
 
 /// The `/debug/config_dump` handler. `proxyID` names a connection id, a proxy id
@@ -74,7 +88,7 @@ pub(super) fn config_dump(state: &AdminState, query: &BTreeMap<String, String>) 
     };
     let types = match query.get("types") {
         Some(list) => parse_types(list).map_err(|m| error(StatusCode::BAD_REQUEST, &m, None))?,
-        None => DUMP_ORDER.to_vec(),
+        None => DUMP_ORDER.into_iter().chain(AMBIENT_TYPES).collect(),
     };
     let Some(connection) = find_connection(&state.connections, id) else {
         return Err(error(
@@ -158,16 +172,18 @@ fn parse_types(list: &str) -> Result<Vec<TypeUrl>, String> {
             // Secrets are never dumped (private keys): `sds` is not a dump type.
             DUMP_ORDER
                 .into_iter()
+                .chain(AMBIENT_TYPES)
                 .find(|t| t.short() == s)
                 .ok_or_else(|| {
                     format!(
-                        "unknown type {s:?} in ?types= (use cds, eds, lds, rds; NDS: /debug/ndsz)"
+                        "unknown type {s:?} in ?types= (use cds, eds, lds, rds, wds, authorization; NDS: /debug/ndsz)"
                     )
                 })
         })
         .collect::<Result<_, _>>()?;
     Ok(DUMP_ORDER
         .into_iter()
+        .chain(AMBIENT_TYPES)
         .filter(|t| wanted.contains(t))
         .collect())
 }
@@ -373,7 +389,66 @@ fn render_config_dump(renderer: &Renderer, dumps: &[TypeDump]) -> Result<Value, 
                 .map_err(|e| format!("rendering the {} dump: {e}", dump.type_url.short()))
         })
         .collect::<Result<Vec<Value>, String>>()?;
+    let mut configs = configs;
+    configs.extend(ambient_entry(renderer, dumps)?);
     Ok(json!({ "configs": configs }))
+}
+
+/// The ambient types the connection watches, as one CSDS `ClientConfig` (see the
+/// module docs); `None` when it watches neither.
+fn ambient_entry(renderer: &Renderer, dumps: &[TypeDump]) -> Result<Option<Value>, String> {
+    let mut items = Vec::new();
+    let mut watched = false;
+    for dump in dumps
+        .iter()
+        .filter(|d| AMBIENT_TYPES.contains(&d.type_url) && d.watched())
+    {
+        watched = true;
+        let mut base = serde_json::Map::new();
+        base.insert("type_url".into(), json!(dump.type_url.as_str()));
+        if let Some(version) = dump.version() {
+            base.insert("version_info".into(), json!(version));
+        }
+        if let Some(t) = dump.last_sent() {
+            let t = renderer.render_any(
+                "type.googleapis.com/google.protobuf.Timestamp",
+                &t.encode_to_vec(),
+            )?;
+            base.insert("last_updated".into(), t);
+        }
+        base.insert("client_status".into(), json!(dump.status().as_str_name()));
+        if dump.resources.is_empty() {
+            items.push(Value::Object(base));
+            continue;
+        }
+        for (name, any) in &dump.resources {
+            let mut item = base.clone();
+            item.insert("name".into(), json!(name));
+            item.insert("xds_config".into(), ambient_resource_json(any)?);
+            items.push(Value::Object(item));
+        }
+    }
+    Ok(watched.then(|| json!({ "@type": CLIENT_CONFIG_URL, "generic_xds_configs": items })))
+}
+
+/// An `Address` or `Authorization` resource as proto3 JSON with its `"@type"`.
+fn ambient_resource_json(any: &Any) -> Result<Value, String> {
+    let decoded = if any.type_url == TypeUrl::Address.as_str() {
+        meshfed_api::workload::Address::decode(any.value.as_slice())
+            .map_err(|e| e.to_string())
+            .and_then(|m| serde_json::to_value(m).map_err(|e| e.to_string()))
+    } else {
+        meshfed_api::security::Authorization::decode(any.value.as_slice())
+            .map_err(|e| e.to_string())
+            .and_then(|m| serde_json::to_value(m).map_err(|e| e.to_string()))
+    }
+    .map_err(|e| format!("decoding {}: {e}", any.type_url))?;
+    let mut out = serde_json::Map::new();
+    out.insert("@type".into(), json!(any.type_url));
+    if let Value::Object(fields) = decoded {
+        out.extend(fields);
+    }
+    Ok(Value::Object(out))
 }
 
 // === proto3 JSON rendering ===
@@ -744,6 +819,69 @@ mod tests {
             [TypeUrl::Cluster, TypeUrl::Route]
         );
         assert!(parse_types("cds,sds").unwrap_err().contains("\"sds\""));
+    }
+
+    #[test]
+    fn ambient_types_dump_after_envoys_as_one_client_config() {
+        assert_eq!(
+            parse_types("authorization,wds,cds").unwrap(),
+            [TypeUrl::Cluster, TypeUrl::Address, TypeUrl::Authorization]
+        );
+        let workload = meshfed_api::workload::Address {
+            r#type: Some(meshfed_api::workload::address::Type::Workload(
+                meshfed_api::workload::Workload {
+                    uid: "c//Pod/ns/p".into(),
+                    name: "p".into(),
+                    ..Default::default()
+                },
+            )),
+        };
+        let dump = |type_url, watched, resources: Vec<(String, Any)>| TypeDump {
+            type_url,
+            watched,
+            sent: SentState {
+                version: watched.then(|| "v7".to_string()),
+                status: ClientResourceStatus::Acked,
+                ..Default::default()
+            },
+            resources,
+        };
+        let dumps = [
+            dump(TypeUrl::Cluster, false, Vec::new()),
+            dump(
+                TypeUrl::Address,
+                true,
+                vec![(
+                    "c//Pod/ns/p".into(),
+                    Any {
+                        type_url: TypeUrl::Address.as_str().into(),
+                        value: workload.encode_to_vec(),
+                    },
+                )],
+            ),
+            dump(TypeUrl::Authorization, true, Vec::new()),
+        ];
+        let out = render_config_dump(renderer(), &dumps).unwrap();
+        let configs = out["configs"].as_array().unwrap();
+        assert_eq!(configs.len(), 2, "{out}");
+        assert_eq!(configs[1]["@type"], CLIENT_CONFIG_URL);
+        let items = configs[1]["generic_xds_configs"].as_array().unwrap();
+        assert_eq!(items.len(), 2, "{out}");
+        assert_eq!(items[0]["name"], "c//Pod/ns/p");
+        assert_eq!(items[0]["version_info"], "v7");
+        assert_eq!(items[0]["client_status"], "ACKED");
+        assert_eq!(items[0]["xds_config"]["@type"], TypeUrl::Address.as_str());
+        assert_eq!(items[0]["xds_config"]["workload"]["uid"], "c//Pod/ns/p");
+        // A type without resources: its status only.
+        assert_eq!(items[1]["type_url"], TypeUrl::Authorization.as_str());
+        assert!(items[1].get("name").is_none() && items[1].get("xds_config").is_none());
+        // A sidecar (neither type watched) gets no ambient entry.
+        let sidecar = [
+            dump(TypeUrl::Cluster, true, Vec::new()),
+            dump(TypeUrl::Address, false, Vec::new()),
+        ];
+        let out = render_config_dump(renderer(), &sidecar).unwrap();
+        assert_eq!(out["configs"].as_array().unwrap().len(), 1, "{out}");
     }
 
     #[test]

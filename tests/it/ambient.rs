@@ -321,5 +321,67 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
     let (status, body) = http_get(server.bound().http, "/debug/ambientz").await;
     assert_eq!(status, 200, "{body}");
     assert!(body.contains(pod1), "{body}");
+
+    // The config dump shows what the ztunnel holds after Envoy's (empty) sections: one
+    // CSDS `ClientConfig` with each Address and Authorization resource.
+    let http = server.bound().http;
+    let url = format!("/debug/config_dump?proxyID={ZTUNNEL_ID}");
+    let dump = crate::support::eventually("the ztunnel's ACK in its config dump", || {
+        let url = url.clone();
+        async move {
+            let (status, body) = http_get(http, &url).await;
+            assert_eq!(status, 200, "{body}");
+            let dump: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let acked = dump["configs"].as_array()?.last()?["generic_xds_configs"]
+                .as_array()?
+                .iter()
+                .any(|c| c["name"] == pod1 && c["client_status"] == "ACKED");
+            acked.then_some(dump)
+        }
+    })
+    .await;
+    let configs = dump["configs"].as_array().unwrap();
+    assert_eq!(
+        configs[0]["@type"],
+        "type.googleapis.com/envoy.admin.v3.ClustersConfigDump"
+    );
+    let entry = configs.last().unwrap();
+    assert_eq!(
+        entry["@type"],
+        "type.googleapis.com/envoy.service.status.v3.ClientConfig"
+    );
+    let items = entry["generic_xds_configs"].as_array().unwrap();
+    let item = items.iter().find(|c| c["name"] == pod1).unwrap();
+    assert_eq!(item["type_url"], ADDRESS);
+    assert_eq!(item["xds_config"]["@type"], ADDRESS);
+    assert_eq!(item["xds_config"]["workload"]["uid"], pod1);
+    assert_eq!(item["xds_config"]["workload"]["node"], "node-1");
+    assert!(item["version_info"].as_str().is_some_and(|v| !v.is_empty()));
+    assert!(
+        items
+            .iter()
+            .any(|c| c["name"] == "mesh/app.mesh.svc.cluster.local"
+                && c["xds_config"]["service"]["hostname"] == "app.mesh.svc.cluster.local")
+    );
+    // No policies: the Authorization type shows its status only.
+    assert!(
+        items
+            .iter()
+            .any(|c| c["type_url"] == AUTHORIZATION && c.get("name").is_none()),
+        "{entry}"
+    );
+    // `types=wds` limits the dump to the ambient entry of the Address type.
+    let (status, body) = http_get(http, &format!("{url}&types=wds")).await;
+    assert_eq!(status, 200, "{body}");
+    let only: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let configs = only["configs"].as_array().unwrap();
+    assert_eq!(configs.len(), 1, "{only}");
+    assert!(
+        configs[0]["generic_xds_configs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["type_url"] == ADDRESS)
+    );
     let _ = held;
 }

@@ -22,11 +22,15 @@
 //!   workload name / `latest`.
 //! - Waypoints: `istio.io/use-waypoint` on the workload (else its namespace) or the
 //!   service names a waypoint; `none` opts out. The waypoint is addressed by its
-//!   service's VIP when meshfed knows the service, else by hostname; HBONE port
-//!   15008.
-//! - Host-network pods are not workloads (Istio skips them).
+//!   service's host name `<name>.<namespace>.svc.<domain>` (what a waypoint Gateway
+//!   reports as its status address, which Istio prefers over IPs); HBONE port 15008.
+//! - Host-network pods are workloads in network mode `HOST_NETWORK` (their address
+//!   is the node's).
+//! - Kubernetes `ExternalName` Services (alias services) are not sent.
+//! - A WorkloadEntry with the address of a pod on the same network is not a workload
+//!   (the pod is).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use meshfed_api::workload as wl;
@@ -64,8 +68,8 @@ pub struct BuildContext<'a> {
     pub networks: &'a NetworkView,
     /// The mesh trust domain.
     pub trust_domain: &'a str,
-    /// `namespace/hostname` of every known service -> its VIPs (waypoint look-up).
-    pub vips: BTreeMap<(String, String), Vec<IpAddr>>,
+    /// The cluster DNS domain (`--domain`), for waypoint host names.
+    pub domain: &'a str,
 }
 
 /// One service with its endpoints, each with the shard it came from.
@@ -87,10 +91,20 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
         })
         .collect();
     let networks = snapshot.network_view();
-    let mut model = build(&services, networks, &trust_domain);
-    // Each workload lists the policies that select it (`authorization_policies`).
+    let domain = snapshot.config().domain.clone();
+    let mut model = build(&services, networks, &trust_domain, &domain);
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
-    for (_, endpoints) in &services {
+    attach_policies(&mut model, &services, &policies);
+    model
+}
+
+/// Lists on each workload the policies that select it (`authorization_policies`).
+pub fn attach_policies(
+    model: &mut AmbientModel,
+    services: &[ServiceEndpoints<'_>],
+    policies: &crate::generate::ambient_authz::AmbientPolicies,
+) {
+    for (_, endpoints) in services {
         for (_, ep) in endpoints {
             if let Some(meta) = ep.workload.as_deref()
                 && let Some(w) = model.workloads.get_mut(&meta.uid)
@@ -100,14 +114,15 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
             }
         }
     }
-    model
 }
 
-/// Builds the ambient model of `services`, each with its endpoints and their shards.
+/// Builds the ambient model of `services`, each with its endpoints and their shards;
+/// `domain` is the cluster DNS domain.
 pub fn build(
     services: &[ServiceEndpoints<'_>],
     networks: &NetworkView,
     trust_domain: &str,
+    domain: &str,
 ) -> AmbientModel {
     let ctx = BuildContext {
         networks,
@@ -116,18 +131,32 @@ pub fn build(
         } else {
             trust_domain
         },
-        vips: services
-            .iter()
-            .map(|(s, _)| {
-                (
-                    (s.namespace.to_string(), s.hostname.to_string()),
-                    s.cluster_vips.values().flatten().copied().collect(),
-                )
-            })
-            .collect(),
+        domain: if domain.is_empty() {
+            "cluster.local"
+        } else {
+            domain
+        },
     };
     let mut model = AmbientModel::default();
+    // A WorkloadEntry at a pod's address (same network) is left out, as istiod does.
+    let pod_addresses: BTreeSet<(NetworkId, IpAddr)> = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter())
+        .filter(|(_, ep)| {
+            ep.hostname.is_none()
+                && ep.has_address()
+                && ep
+                    .workload
+                    .as_deref()
+                    .is_some_and(|m| m.kind == WorkloadKind::Pod)
+        })
+        .map(|(shard, ep)| (ctx.networks.endpoint_network(ep, shard), ep.address))
+        .collect();
     for (service, endpoints) in services {
+        // Istio sends no Service for an `ExternalName` Service.
+        if service.resolution == Resolution::Alias {
+            continue;
+        }
         let svc = service_resource(service, endpoints, &ctx);
         let name = format!("{}/{}", svc.namespace, svc.hostname);
         for a in &svc.addresses {
@@ -143,7 +172,11 @@ pub fn build(
             let Some(meta) = ep.workload.as_deref() else {
                 continue;
             };
-            if meta.host_network {
+            if meta.kind == WorkloadKind::WorkloadEntry
+                && ep.hostname.is_none()
+                && !pod_addresses.is_empty()
+                && pod_addresses.contains(&(ctx.networks.endpoint_network(ep, shard), ep.address))
+            {
                 continue;
             }
             let workload = model
@@ -207,11 +240,6 @@ fn network_of(networks: &NetworkView, ip: IpAddr, cluster: &ClusterId) -> Networ
     let mut probe = Endpoint::new(ip);
     probe.cluster_id = cluster.clone();
     networks.endpoint_network(&probe, &ShardKey::new(ProviderId::Mock, cluster.clone()))
-}
-
-/// The cluster domain of a Kubernetes service host (`<name>.<ns>.svc.<domain>`).
-fn cluster_domain(hostname: &str) -> Option<&str> {
-    hostname.split_once(".svc.").map(|(_, d)| d)
 }
 
 fn service_resource(
@@ -285,7 +313,6 @@ fn service_resource(
             .get(LABEL_USE_WAYPOINT_NAMESPACE)
             .map(String::as_str),
         &namespace,
-        &hostname,
         ctx,
     );
     wl::Service {
@@ -312,35 +339,23 @@ fn service_resource(
     }
 }
 
-/// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's VIP
-/// when known, else its hostname. `none` and no name give none.
+/// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's
+/// host name in the cluster domain. `none` and no name give none.
 fn waypoint_of(
     name: Option<&str>,
     ns: Option<&str>,
     own_ns: &str,
-    own_host: &str,
     ctx: &BuildContext<'_>,
 ) -> Option<wl::GatewayAddress> {
     let name = name.filter(|n| !n.is_empty() && *n != "none")?;
     let ns = ns.filter(|n| !n.is_empty()).unwrap_or(own_ns);
-    let domain = cluster_domain(own_host).unwrap_or("cluster.local");
-    let hostname = format!("{name}.{ns}.svc.{domain}");
-    let destination = match ctx
-        .vips
-        .get(&(ns.to_string(), hostname.clone()))
-        .and_then(|v| v.first())
-    {
-        Some(vip) => wl::gateway_address::Destination::Address(wl::NetworkAddress {
-            network: String::new(),
-            address: ip_bytes(*vip),
-        }),
-        None => wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
-            namespace: ns.to_string(),
-            hostname,
-        }),
-    };
     Some(wl::GatewayAddress {
-        destination: Some(destination),
+        destination: Some(wl::gateway_address::Destination::Hostname(
+            wl::NamespacedHostname {
+                namespace: ns.to_string(),
+                hostname: format!("{name}.{ns}.svc.{}", ctx.domain),
+            },
+        )),
         hbone_mtls_port: HBONE_PORT,
     })
 }
@@ -433,7 +448,6 @@ fn workload_resource(
             Some(meta.use_waypoint.as_str()),
             Some(meta.use_waypoint_namespace.as_str()),
             &meta.namespace,
-            &format!("x.{}.svc.{}", meta.namespace, domain_hint(ep)),
             ctx,
         )
     };
@@ -474,16 +488,14 @@ fn workload_resource(
         } as i32,
         cluster_id: cluster.to_string(),
         locality,
-        network_mode: wl::NetworkMode::Standard as i32,
+        network_mode: if meta.host_network {
+            wl::NetworkMode::HostNetwork
+        } else {
+            wl::NetworkMode::Standard
+        } as i32,
         extensions: Vec::new(),
         capacity: None,
     }
-}
-
-/// The cluster domain, for waypoint host names of workloads: `cluster.local` (the
-/// waypoint service's VIP is used whenever meshfed knows the service).
-fn domain_hint(_ep: &Endpoint) -> &'static str {
-    "cluster.local"
 }
 
 /// `spiffe://<td>/ns/<ns>/sa/<sa>` -> (td, sa).

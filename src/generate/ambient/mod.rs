@@ -18,6 +18,12 @@ pub mod build;
 mod tests;
 #[cfg(test)]
 mod tests_istio;
+#[cfg(test)]
+mod tests_istio_entries;
+#[cfg(test)]
+mod tests_istio_index;
+#[cfg(test)]
+mod tests_istio_world;
 
 use std::collections::BTreeMap;
 

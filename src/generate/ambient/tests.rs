@@ -69,7 +69,7 @@ pub(super) fn model_of(
         .iter()
         .map(|(s, shard, eps)| (s, eps.iter().map(|e| (shard, e)).collect()))
         .collect();
-    build::build(&input, &view, "cluster.local")
+    build::build(&input, &view, "cluster.local", "cluster.local")
 }
 
 #[test]
@@ -178,16 +178,17 @@ fn a_workload_on_a_network_with_a_gateway_names_it_and_waypoints_are_named() {
         &w.waypoint.as_ref().unwrap().destination,
         Some(wl::gateway_address::Destination::Hostname(h)) if h.hostname == "other.wpns.svc.cluster.local"
     ));
-    // A known waypoint service: by its VIP.
+    // A known waypoint service: by its host name too (a waypoint Gateway's status
+    // host name, which Istio prefers over its IPs).
     let svc = &model.services["ns/a.ns.svc.cluster.local"];
     assert!(matches!(
         &svc.waypoint.as_ref().unwrap().destination,
-        Some(wl::gateway_address::Destination::Address(a)) if a.address == vec![10, 96, 0, 9]
+        Some(wl::gateway_address::Destination::Hostname(h)) if h.hostname == "wp.ns.svc.cluster.local" && h.namespace == "ns"
     ));
 }
 
 #[test]
-fn host_network_pods_and_endpoints_without_a_workload_are_not_workloads() {
+fn host_network_pods_are_host_network_workloads_and_bare_endpoints_are_not_workloads() {
     let s = service(
         "a.ns.svc.cluster.local",
         "ns",
@@ -201,7 +202,11 @@ fn host_network_pods_and_endpoints_without_a_workload_are_not_workloads() {
     host.workload = Some(Arc::new(meta));
     let bare = Endpoint::new("10.1.0.9".parse::<IpAddr>().unwrap()).with_port("http", 8080);
     let model = model_of(vec![(s, vec![host, bare])], &[]);
-    assert!(model.workloads.is_empty());
+    assert_eq!(model.workloads.len(), 1);
+    assert_eq!(
+        model.workloads["cluster0//Pod/ns/h"].network_mode,
+        wl::NetworkMode::HostNetwork as i32
+    );
     assert_eq!(model.services.len(), 1);
 }
 

@@ -23,7 +23,7 @@ pub mod convert;
 pub mod peer;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, LazyLock, Mutex};

@@ -527,7 +527,7 @@ fn known_gaps_still_fail() {
 
 // === Selection (`buildWorkloadPolicies`) and the served set ===
 
-fn index(aps: &[(&str, &str, &str)], pas: &[(&str, &str, &str, u64)]) -> ConfigIndex {
+pub(crate) fn index(aps: &[(&str, &str, &str)], pas: &[(&str, &str, &str, u64)]) -> ConfigIndex {
     let mut mesh = crate::mesh::MeshSettings::default();
     mesh.config.root_namespace = ROOT.to_string();
     let mut set = ConfigSet::default();

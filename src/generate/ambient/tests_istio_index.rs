@@ -1,0 +1,667 @@
+//! Istio's index vectors (`pilot/pkg/serviceregistry/kube/controller/ambient/`
+//! `ambientindex_test.go` but `TestAmbientIndex_Policy` and `TestRBACConvert`, which
+//! live with `ambient_authz`; `sidecar_interop_test.go`;
+//! `ambientindex_multicluster_test.go`), played in a [`World`] standing in for
+//! Istio's test server. Istio's push-event assertions become assertions on the
+//! state after each step (meshfed rebuilds the type per snapshot and Delta sends
+//! what changed). Each vector passes or is in [`KNOWN_GAPS`] with its reason.
+
+use meshfed_api::workload as wl;
+use meshfed_registry::ProviderId;
+
+use super::tests_istio::{Vector, check, run};
+use super::tests_istio_world::*;
+
+const INDEX: &str = "ambientindex_test.go";
+const INTEROP: &str = "sidecar_interop_test.go";
+const MULTI: &str = "ambientindex_multicluster_test.go";
+
+const USE_WAYPOINT: &str = "istio.io/use-waypoint";
+const MANAGED: (&str, &str) = ("gateway.istio.io/managed", "istio.io-mesh-controller");
+const GATEWAY_NAME: &str = "gateway.networking.k8s.io/gateway-name";
+
+/// `TestAmbientIndex_WaypointForWorkloadTraffic`: a `test-wp` waypoint for one
+/// traffic type, `pod1` and `svc1` both labelled to use it; whether each carries it.
+fn waypoint_for_traffic(pod_uses: bool, svc_uses: bool) -> Result<(), String> {
+    let mut w = World::new();
+    w.pod(
+        "127.0.0.1",
+        "pod1",
+        "sa1",
+        &[("app", "a"), (USE_WAYPOINT, "test-wp")],
+    )
+    .service(
+        "svc1",
+        &[(USE_WAYPOINT, "test-wp")],
+        &[80],
+        &[("app", "a")],
+        "10.0.0.1",
+    );
+    let host = "test-wp.ns1.svc.company.com";
+    check(
+        "pod1 waypoint",
+        workload_waypoint(&w, &pod_uid("pod1"))?,
+        if pod_uses { host } else { "" }.to_string(),
+    )?;
+    let m = w.model();
+    check(
+        "svc1 waypoint",
+        waypoint_host(m.services[&svc_key("svc1")].waypoint.as_ref()),
+        if svc_uses { host } else { "" }.to_string(),
+    )
+}
+
+/// `ServicesForWaypoint(key)`: the services whose waypoint is one of the key's
+/// host names or addresses.
+fn services_for_waypoint(w: &World, hostnames: &[&str], addresses: &[&str]) -> Vec<String> {
+    w.model()
+        .services
+        .values()
+        .filter(|s| {
+            let h = waypoint_host(s.waypoint.as_ref());
+            !h.is_empty() && (hostnames.contains(&h.as_str()) || addresses.contains(&h.as_str()))
+        })
+        .map(|s| s.name.clone())
+        .collect()
+}
+
+/// `TestAmbientIndex_ServicesForWaypoint`: `svc1` uses waypoint `wp`, whose
+/// Gateway reports a host name, an IP, or both.
+fn services_for_waypoint_case(wp_vip: &str) -> Result<(), String> {
+    let mut w = World::new();
+    w.service(
+        "svc1",
+        &[(USE_WAYPOINT, "wp")],
+        &[80],
+        &[("app", "app1")],
+        "11.0.0.1",
+    )
+    .service("wp", &[], &[80], &[("app", "waypoint")], wp_vip);
+    check(
+        "ServicesForWaypoint",
+        services_for_waypoint(&w, &["wp.ns1.svc.company.com"], &["10.0.0.1"]),
+        vec!["svc1".to_string()],
+    )
+}
+
+/// Pods `pod1..pod3` (app a, a+other, other) and `svc1` selecting `app: a`.
+fn three_pods_and_svc1() -> World {
+    let mut w = World::new();
+    w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+        .pod(
+            "127.0.0.2",
+            "pod2",
+            "sa1",
+            &[("app", "a"), ("other", "label")],
+        )
+        .pod("127.0.0.3", "pod3", "sa1", &[("app", "other")])
+        .service("svc1", &[], &[80], &[("app", "a")], "10.0.0.1");
+    w
+}
+
+/// The split-horizon workload Istio makes for a global service's endpoints behind
+/// a remote network's east-west gateway.
+fn split_horizon(network: &str, gateway: &str) -> String {
+    format!(
+        "{network}/SplitHorizonWorkload/ns1/east-west/{gateway}/{}",
+        svc_key("svc2")
+    )
+}
+
+fn multicluster_traffic() -> Result<(), String> {
+    // svc2 (`istio.io/global`) in cluster0 and c2 (same network) and c1 (network
+    // testnetwork-2 behind gateway 77.1.2.49): c1's pod is reached through a
+    // split-horizon workload.
+    let mut w = World::new();
+    w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]).service(
+        "svc2",
+        &[("istio.io/global", "true")],
+        &[80],
+        &[("app", "a")],
+        "10.0.0.1",
+    );
+    let m = w.model();
+    check(
+        "split-horizon workload",
+        m.workloads
+            .contains_key(&split_horizon("testnetwork-2", "77.1.2.49")),
+        true,
+    )
+}
+
+const VECTORS: &[Vector] = &[
+    (INDEX, "WaypointForWorkloadTraffic/service traffic", || {
+        waypoint_for_traffic(false, true)
+    }),
+    (INDEX, "WaypointForWorkloadTraffic/all traffic", || {
+        waypoint_for_traffic(true, true)
+    }),
+    (INDEX, "WaypointForWorkloadTraffic/workload traffic", || {
+        waypoint_for_traffic(true, false)
+    }),
+    (INDEX, "WaypointForWorkloadTraffic/no traffic", || {
+        waypoint_for_traffic(false, false)
+    }),
+    (INDEX, "NetworkAndClusterIDs/values unset", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]);
+        assert_addresses(&w, &addr("127.0.0.1"), &["pod1"])
+    }),
+    (INDEX, "NetworkAndClusterIDs/values set", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]);
+        assert_addresses(&w, &addr("127.0.0.1"), &["pod1"])
+    }),
+    (INDEX, "WorkloadNotFound", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]);
+        assert_addresses(&w, &addr("10.0.0.1"), &[])
+    }),
+    (INDEX, "LookupWorkloads", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .pod(
+                "127.0.0.2",
+                "pod2",
+                "sa1",
+                &[("app", "a"), ("other", "label")],
+            )
+            .pod("127.0.0.3", "pod3", "sa1", &[("app", "other")]);
+        assert_addresses(&w, "", &["pod1", "pod2", "pod3"])?;
+        assert_addresses(&w, &addr("127.0.0.1"), &["pod1"])?;
+        let want = wl::Workload {
+            name: "pod3".into(),
+            namespace: NS.into(),
+            addresses: vec![vec![127, 0, 0, 3]],
+            network: NW.into(),
+            service_account: "sa1".into(),
+            uid: pod_uid("pod3"),
+            node: "node1".into(),
+            canonical_name: "other".into(),
+            canonical_revision: "latest".into(),
+            workload_type: wl::WorkloadType::Pod as i32,
+            workload_name: "pod3".into(),
+            cluster_id: CLUSTER.into(),
+            status: wl::WorkloadStatus::Healthy as i32,
+            ..Default::default()
+        };
+        for key in [pod_uid("pod3"), addr("127.0.0.3")] {
+            check(&key, w.lookup(&key), vec![Found::W(want.clone())])?;
+        }
+        Ok(())
+    }),
+    (INDEX, "ServiceAttachedWaypoints", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]).service(
+            "svc1",
+            &[(USE_WAYPOINT, "test-wp")],
+            &[80],
+            &[("app", "a")],
+            "10.0.0.1",
+        );
+        let found = w.lookup(&addr("10.0.0.1"));
+        let Some(Found::S(s)) = found.first() else {
+            return Err(format!("no service first at 10.0.0.1: {found:?}"));
+        };
+        check(
+            "svc1 waypoint",
+            waypoint_host(s.waypoint.as_ref()),
+            "test-wp.ns1.svc.company.com".into(),
+        )
+    }),
+    (INDEX, "ServiceSelectsCorrectWorkloads", || {
+        let mut w = three_pods_and_svc1();
+        assert_addresses(&w, &addr("10.0.0.1"), &["pod1", "pod2", "svc1"])?;
+        w.pod("127.0.0.4", "pod4", "sa1", &[("app", "a")]);
+        assert_addresses(&w, &addr("10.0.0.1"), &["pod1", "pod2", "pod4", "svc1"])?;
+        w.delete(meshfed_registry::WorkloadKind::Pod, "pod4");
+        assert_addresses(&w, &addr("127.0.0.4"), &[])?;
+        assert_addresses(&w, &pod_uid("pod4"), &[])?;
+        w.service(
+            "svc1",
+            &[],
+            &[80],
+            &[("app", "a"), ("other", "label")],
+            "10.0.0.1",
+        );
+        assert_addresses(&w, &addr("10.0.0.1"), &["pod2", "svc1"])?;
+        w.pod(
+            "127.0.0.3",
+            "pod3",
+            "sa1",
+            &[("app", "a"), ("other", "label")],
+        );
+        assert_addresses(&w, &addr("10.0.0.1"), &["pod2", "pod3", "svc1"])?;
+        w.pod("127.0.0.3", "pod3", "sa1", &[("app", "a")]);
+        assert_addresses(&w, &addr("10.0.0.1"), &["pod2", "svc1"])?;
+        w.delete_service("svc1");
+        assert_addresses(&w, &addr("10.0.0.1"), &[])?;
+        // Every pod stays an address without the service.
+        assert_addresses(&w, "", &["pod1", "pod2", "pod3"])
+    }),
+    (INDEX, "WaypointConfiguredOnlyWhenReady", || {
+        // waypoint-sa1's Gateway has no address yet: pod1 gets no waypoint.
+        let mut w = World::new();
+        w.pod(
+            "127.0.0.1",
+            "pod1",
+            "sa1",
+            &[("app", "a"), (USE_WAYPOINT, "waypoint-sa1")],
+        )
+        .pod(
+            "127.0.0.2",
+            "pod2",
+            "sa2",
+            &[("app", "b"), (USE_WAYPOINT, "waypoint-sa2")],
+        );
+        check(
+            "pod1 waypoint",
+            workload_waypoint(&w, &addr("127.0.0.1"))?,
+            String::new(),
+        )?;
+        check(
+            "pod2 waypoint",
+            workload_waypoint(&w, &addr("127.0.0.2"))?,
+            "waypoint-sa2.ns1.svc.company.com".into(),
+        )
+    }),
+    (INDEX, "WaypointAddressAddedToWorkloads", || {
+        let mut w = World::new();
+        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")])
+            .pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .pod(
+                "127.0.0.2",
+                "pod2",
+                "sa1",
+                &[("app", "a"), ("other", "label")],
+            )
+            .pod("127.0.0.3", "pod3", "sa1", &[("app", "a")])
+            .pod(
+                "127.0.0.4",
+                "pod4",
+                "sa2",
+                &[("app", "b"), (USE_WAYPOINT, "waypoint-sa2")],
+            )
+            .pod(
+                "127.0.0.200",
+                "waypoint-ns-pod",
+                "namespace-wide",
+                &[MANAGED, (GATEWAY_NAME, "waypoint-ns")],
+            )
+            .service(
+                "waypoint-ns",
+                &[MANAGED],
+                &[80],
+                &[(GATEWAY_NAME, "waypoint-ns")],
+                "10.0.0.2",
+            )
+            .pod(
+                "127.0.0.250",
+                "waypoint-sa2-pod",
+                "service-account",
+                &[MANAGED, (GATEWAY_NAME, "waypoint-sa2")],
+            )
+            .service(
+                "waypoint-sa2",
+                &[MANAGED],
+                &[80],
+                &[(GATEWAY_NAME, "waypoint-sa2")],
+                "10.0.0.3",
+            )
+            .service("svc1", &[], &[80], &[("app", "a")], "10.0.0.1");
+        check(
+            "pod3 waypoint",
+            workload_waypoint(&w, &addr("127.0.0.3"))?,
+            "waypoint-ns.ns1.svc.company.com".into(),
+        )?;
+        // Waypoints have no waypoint; looking up the waypoint VIP gives the service
+        // and its pod.
+        check(
+            "waypoint pod's waypoint",
+            workload_waypoint(&w, &addr("127.0.0.200"))?,
+            String::new(),
+        )?;
+        assert_addresses(&w, &addr("10.0.0.2"), &["waypoint-ns", "waypoint-ns-pod"])?;
+        assert_addresses(
+            &w,
+            &svc_key("waypoint-ns"),
+            &["waypoint-ns", "waypoint-ns-pod"],
+        )?;
+        check(
+            "pod4 waypoint",
+            workload_waypoint(&w, &addr("127.0.0.4"))?,
+            "waypoint-sa2.ns1.svc.company.com".into(),
+        )
+    }),
+    (INDEX, "WaypointInboundBinding", || {
+        // The istio-waypoint GatewayClass annotates `PROXY/15088`.
+        let mut w = World::new();
+        w.pod(
+            "10.0.0.1",
+            "proxy-sandwich-instance",
+            "",
+            &[(GATEWAY_NAME, "proxy-sandwich")],
+        );
+        let found = w.lookup(&pod_uid("proxy-sandwich-instance"));
+        check(
+            "application tunnel",
+            found
+                .first()
+                .and_then(Found::workload)
+                .and_then(|w| w.application_tunnel),
+            Some(wl::ApplicationTunnel {
+                protocol: wl::application_tunnel::Protocol::Proxy as i32,
+                port: 15088,
+            }),
+        )
+    }),
+    (INDEX, "ServicesForWaypoint/hostname", || {
+        services_for_waypoint_case("10.0.0.2")
+    }),
+    (INDEX, "ServicesForWaypoint/ip", || {
+        services_for_waypoint_case("10.0.0.1")
+    }),
+    (INDEX, "ServicesForWaypoint/mixed", || {
+        services_for_waypoint_case("10.0.0.1")
+    }),
+    (INDEX, "DefaultAllowWaypointPolicy", || {
+        // DefaultAllowFromWaypoint: a policy allowing the waypoint's service
+        // accounts, attached to pod1.
+        let mut w = World::new();
+        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]).pod(
+            "127.0.0.1",
+            "pod1",
+            "sa1",
+            &[("app", "a")],
+        );
+        let found = w.lookup(&addr("127.0.0.1"));
+        check(
+            "pod1 policies",
+            found
+                .first()
+                .and_then(Found::workload)
+                .map(|w| w.authorization_policies.clone()),
+            Some(vec!["ns1/istio_allow_waypoint_ns1_waypoint-ns".to_string()]),
+        )
+    }),
+    (INDEX, "PodLifecycleWorkloadGates", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .pod(
+                "127.0.0.2",
+                "pod2",
+                "sa1",
+                &[("app", "a"), ("other", "label")],
+            )
+            .pod("127.0.0.3", "pod3", "sa1", &[("app", "other")]);
+        for o in w.objs.iter_mut().filter(|o| o.name != "pod1") {
+            o.ready = false;
+        }
+        assert_workloads(&w, "", wl::WorkloadStatus::Healthy, &["pod1"])?;
+        assert_workloads(&w, "", wl::WorkloadStatus::Unhealthy, &["pod2", "pod3"])
+    }),
+    (INDEX, "AddressInformation", || {
+        let w = three_pods_and_svc1();
+        let r = super::AddressResources::new(w.model());
+        let names: std::collections::BTreeSet<String> = [svc_key("svc1"), pod_uid("pod2")].into();
+        let got = r.select(super::super::Subscription {
+            wildcard: false,
+            names: &names,
+        });
+        let mut seen: Vec<&str> = got.iter().map(|r| &*r.name).collect();
+        let n = seen.len();
+        seen.dedup();
+        check("resources without duplicates", (n, seen.len()), (2, 2))
+    }),
+    (INDEX, "EmptyVIPsExcluded", || {
+        // No ClusterIP and an empty load-balancer ingress IP: the registry gives no
+        // VIP, so the service has no address.
+        let mut w = World::new();
+        w.service("svc", &[], &[80], &[("app", "a")], "10.0.0.1");
+        w.services[0].vips.clear();
+        check(
+            "addresses",
+            w.model().services[&svc_key("svc")].addresses.len(),
+            0,
+        )
+    }),
+    (INDEX, "UpdateWaypointForWorkload", || {
+        let mut w = World::new();
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]);
+        let wp = |w: &World| workload_waypoint(w, &pod_uid("pod1"));
+        check("no waypoint", wp(&w)?, String::new())?;
+        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]);
+        check(
+            "namespace",
+            wp(&w)?,
+            "waypoint-ns.ns1.svc.company.com".into(),
+        )?;
+        w.pod(
+            "127.0.0.1",
+            "pod1",
+            "sa1",
+            &[(USE_WAYPOINT, "waypoint-sa1")],
+        );
+        check(
+            "pod label",
+            wp(&w)?,
+            "waypoint-sa1.ns1.svc.company.com".into(),
+        )?;
+        w.pod("127.0.0.1", "pod1", "sa1", &[(USE_WAYPOINT, "none")]);
+        check("none", wp(&w)?, String::new())?;
+        w.pod("127.0.0.1", "pod1", "sa1", &[(USE_WAYPOINT, "~")]);
+        check("~", wp(&w)?, String::new())
+    }),
+    (INDEX, "WorkloadsForWaypoint", || {
+        let mut w = World::new();
+        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")])
+            .pod(
+                "127.0.0.1",
+                "pod1",
+                "sa1",
+                &[(USE_WAYPOINT, "waypoint-sa1")],
+            )
+            .pod("127.0.0.2", "pod2", "sa2", &[("app", "a")]);
+        check(
+            "pod2 waypoint",
+            workload_waypoint(&w, &pod_uid("pod2"))?,
+            "waypoint-ns.ns1.svc.company.com".into(),
+        )?;
+        check(
+            "pod1 waypoint",
+            workload_waypoint(&w, &pod_uid("pod1"))?,
+            "waypoint-sa1.ns1.svc.company.com".into(),
+        )
+    }),
+    (INDEX, "WorkloadsForWaypointOrder", || {
+        // Workloads of a waypoint in creation order: pod3, pod1, pod2.
+        let mut w = World::new();
+        for (ip, name) in [
+            ("127.0.0.3", "pod3"),
+            ("127.0.0.1", "pod1"),
+            ("127.0.0.2", "pod2"),
+        ] {
+            w.pod(ip, name, "sa", &[("app", "a"), (USE_WAYPOINT, "waypoint")]);
+        }
+        let m = w.model();
+        let order: Vec<String> = m
+            .workloads
+            .values()
+            .filter(|w| waypoint_host(w.waypoint.as_ref()) == "waypoint.ns1.svc.company.com")
+            .map(|w| w.name.clone())
+            .collect();
+        check(
+            "order",
+            order,
+            vec!["pod3".into(), "pod1".into(), "pod2".into()],
+        )
+    }),
+    (INDEX, "PolicyAfterPod", || {
+        let mut w = World::new();
+        w.service("svc1", &[], &[80], &[("app", "a")], "10.0.0.1")
+            .pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .policy(NS, "selector", "selector:\n  matchLabels:\n    app: a");
+        let found = w.lookup(&svc_key("svc1"));
+        check(
+            "pod1 policies via svc1",
+            found
+                .get(1)
+                .and_then(Found::workload)
+                .map(|w| w.authorization_policies.clone()),
+            Some(vec!["ns1/selector".to_string()]),
+        )
+    }),
+    (INTEROP, "IngressInterop", || {
+        // Before waypoint wp-svc exists, svc1 (`istio.io/ingress-use-waypoint`) has no
+        // waypoint to send ingress traffic through.
+        let mut w = World::new();
+        w.service(
+            "svc1",
+            &[
+                (USE_WAYPOINT, "wp-svc"),
+                ("istio.io/ingress-use-waypoint", "true"),
+            ],
+            &[80],
+            &[("app", "a")],
+            "10.0.0.2",
+        );
+        check(
+            "svc1 waypoint before wp-svc exists",
+            waypoint_host(w.model().services[&svc_key("svc1")].waypoint.as_ref()),
+            String::new(),
+        )
+    }),
+    (
+        MULTI,
+        "Multicluster WaypointForWorkloadTraffic/service traffic",
+        multicluster_traffic,
+    ),
+    (
+        MULTI,
+        "Multicluster WaypointForWorkloadTraffic/all traffic",
+        multicluster_traffic,
+    ),
+    (
+        MULTI,
+        "Multicluster WaypointForWorkloadTraffic/workload traffic",
+        multicluster_traffic,
+    ),
+    (
+        MULTI,
+        "Multicluster WaypointForWorkloadTraffic/no traffic",
+        multicluster_traffic,
+    ),
+    (
+        MULTI,
+        "Multicluster ServicesForWaypoint/hostname (multicluster but unused)",
+        || services_for_waypoint_case("10.0.0.2"),
+    ),
+    (
+        MULTI,
+        "Multicluster ServicesForWaypoint/ip (multicluster but unused)",
+        || services_for_waypoint_case("10.0.0.1"),
+    ),
+    (
+        MULTI,
+        "Multicluster ServicesForWaypoint/mixed (multicluster but unused)",
+        || services_for_waypoint_case("10.0.0.1"),
+    ),
+    (MULTI, "MulticlusterServiceMerging", || {
+        // svc2 in the local cluster (10.0.0.1) and a remote one (127.1.0.1), not
+        // `istio.io/global`: local scope, one address.
+        let mut s = super::tests::service(
+            "svc2.ns1.svc.company.com",
+            NS,
+            ProviderId::Kubernetes,
+            &["10.0.0.1"],
+            &[("80", 80)],
+        );
+        s.cluster_vips
+            .insert("remote-cluster".into(), vec!["127.1.0.1".parse().unwrap()]);
+        let m = super::tests::model_of(vec![(s, vec![])], &[]);
+        check(
+            "addresses",
+            m.services["ns1/svc2.ns1.svc.company.com"].addresses.len(),
+            1,
+        )
+    }),
+    (MULTI, "MulticlusterSplitHorizon", || {
+        let mut w = World::new();
+        w.pod("10.0.1.1", "pod1", "sa1", &[("app", "a")]).service(
+            "svc2",
+            &[("istio.io/global", "true")],
+            &[80],
+            &[("app", "a")],
+            "10.0.0.1",
+        );
+        check(
+            "split-horizon workload",
+            w.model()
+                .workloads
+                .contains_key(&split_horizon("remote-network", "172.0.1.2")),
+            true,
+        )
+    }),
+];
+
+const NO_SERVICE: &str = "workloads come from service endpoints: a pod or WorkloadEntry that backs no service is not sent";
+const NO_GATEWAY: &str = "waypoints are named by label only: the waypoint Gateway (its existence, readiness, `istio.io/waypoint-for` traffic type, status address, allowed routes) is not read";
+const NO_MULTINETWORK: &str = "ambient multi-network is not built: no `istio.io/global` service scope and no SplitHorizonWorkload (remote endpoints are sent as workloads with their network gateway)";
+
+/// Vectors meshfed does not pass, with the reason.
+const KNOWN_GAPS: &[(&str, &str)] = &[
+    ("WaypointForWorkloadTraffic/service traffic", NO_GATEWAY),
+    ("WaypointForWorkloadTraffic/workload traffic", NO_GATEWAY),
+    ("WaypointForWorkloadTraffic/no traffic", NO_GATEWAY),
+    ("NetworkAndClusterIDs/values unset", NO_SERVICE),
+    ("NetworkAndClusterIDs/values set", NO_SERVICE),
+    ("LookupWorkloads", NO_SERVICE),
+    ("ServiceSelectsCorrectWorkloads", NO_SERVICE),
+    (
+        "WaypointConfiguredOnlyWhenReady",
+        "the pods back no service (not sent); and the waypoint Gateway's readiness is not read",
+    ),
+    ("WaypointAddressAddedToWorkloads", NO_SERVICE),
+    (
+        "WaypointInboundBinding",
+        "the istio-waypoint GatewayClass's inbound-binding annotation is not read (no application_tunnel); and the waypoint pod backs no service",
+    ),
+    (
+        "DefaultAllowWaypointPolicy",
+        "DEFAULT_ALLOW_FROM_WAYPOINT (an allow policy for the waypoint's service accounts) is not implemented; and pod1 backs no service",
+    ),
+    ("PodLifecycleWorkloadGates", NO_SERVICE),
+    ("UpdateWaypointForWorkload", NO_SERVICE),
+    ("WorkloadsForWaypoint", NO_SERVICE),
+    ("WorkloadsForWaypointOrder", NO_SERVICE),
+    (
+        "IngressInterop",
+        "waypoints are named by label without reading their Gateway, and ingress/sidecar routing through waypoints (`istio.io/ingress-use-waypoint`) is not built",
+    ),
+    (
+        "Multicluster WaypointForWorkloadTraffic/service traffic",
+        NO_MULTINETWORK,
+    ),
+    (
+        "Multicluster WaypointForWorkloadTraffic/all traffic",
+        NO_MULTINETWORK,
+    ),
+    (
+        "Multicluster WaypointForWorkloadTraffic/workload traffic",
+        NO_MULTINETWORK,
+    ),
+    (
+        "Multicluster WaypointForWorkloadTraffic/no traffic",
+        NO_MULTINETWORK,
+    ),
+    (
+        "MulticlusterServiceMerging",
+        "a service's VIPs from every cluster are merged (as for sidecars): `istio.io/global` scoping is not read",
+    ),
+    ("MulticlusterSplitHorizon", NO_MULTINETWORK),
+];
+
+#[test]
+fn istio_ambient_index_vectors() {
+    run(VECTORS, KNOWN_GAPS);
+}
