@@ -235,7 +235,8 @@ async fn load(
     let all_converged_seconds = (converged >= scenario.proxies)
         .then(|| (recorder.last_converged() - ramp_start).as_secs_f64());
     // The pushes of the initial configs are over before the first change.
-    while recorder.quiet_for() < QUIET_BETWEEN_CHANGES {
+    let quiet_until = Instant::now() + scenario.change_timeout;
+    while recorder.quiet_for() < QUIET_BETWEEN_CHANGES && Instant::now() < quiet_until {
         tokio::time::sleep(POLL).await;
     }
     let after_convergence = sample("after convergence");

@@ -83,6 +83,10 @@ pub struct Step {
     pub observed: Vec<u32>,
     /// Why it was NACKed.
     pub rejected: Option<String>,
+    /// Resources it carried at the version already held.
+    pub redundant: u64,
+    /// Names it carried that the run never made (a few).
+    pub unexpected: Vec<String>,
 }
 
 /// What a simulated ztunnel holds (see the module docs).
@@ -263,12 +267,18 @@ impl ZtunnelState {
         for r in response.resources {
             let hash = version_hash(&r.version);
             let Some(id) = plan.id(&r.name) else {
+                if step.unexpected.len() < 3 {
+                    step.unexpected.push(r.name.clone());
+                }
                 self.unexpected.insert(r.name, hash);
                 continue;
             };
             match self.held.insert(id, hash) {
                 None if plan.is_initial(id) => self.initial_held += 1,
-                Some(old) if old == hash => self.redundant += 1,
+                Some(old) if old == hash => {
+                    self.redundant += 1;
+                    step.redundant += 1;
+                }
                 _ => {}
             }
             let changes = plan.changes_of(id);
@@ -343,7 +353,7 @@ impl Drop for Connected<'_> {
     }
 }
 
-/// What a run needs to know of a ztunnel at the end.
+/// What the ztunnels report besides the recorder's counters.
 #[derive(Debug, Default, Clone)]
 pub struct Leftover {
     /// Resources sent again at the version it held.
@@ -361,16 +371,15 @@ pub async fn run_ztunnel(mut config: ZtunnelConfig, leftovers: Arc<std::sync::Mu
     let mut converged_once = false;
     let mut backoff = Duration::from_millis(10);
     loop {
-        let result = stream(&mut config, &node, &mut state, started, &mut converged_once).await;
-        {
-            let mut l = leftovers.lock().expect("leftovers");
-            l.redundant += std::mem::take(&mut state.redundant);
-            for name in state.unexpected.keys().take(3) {
-                if l.unexpected.len() < 10 && !l.unexpected.contains(name) {
-                    l.unexpected.push(name.clone());
-                }
-            }
-        }
+        let result = stream(
+            &mut config,
+            &node,
+            &mut state,
+            started,
+            &mut converged_once,
+            &leftovers,
+        )
+        .await;
         let err = match result {
             Ok(()) => "stream ended by the server".to_string(),
             Err(err) => format!("{err:#}"),
@@ -390,6 +399,7 @@ async fn stream(
     state: &mut ZtunnelState,
     started: Instant,
     converged_once: &mut bool,
+    leftovers: &std::sync::Mutex<Leftover>,
 ) -> anyhow::Result<()> {
     let recorder = config.recorder.clone();
     let window = receive_window(config.ztunnels);
@@ -429,6 +439,15 @@ async fn stream(
         if let Some(reason) = &step.rejected {
             recorder.nacks.fetch_add(1, Ordering::Relaxed);
             recorder.error(format!("ztunnel {} NACKed: {reason}", config.index));
+        }
+        if step.redundant > 0 || !step.unexpected.is_empty() {
+            let mut l = leftovers.lock().expect("leftovers");
+            l.redundant += step.redundant;
+            for name in &step.unexpected {
+                if l.unexpected.len() < 10 && !l.unexpected.contains(name) {
+                    l.unexpected.push(name.clone());
+                }
+            }
         }
         tx.send(grpc_frame(&step.ack))
             .map_err(|_| anyhow::anyhow!("request stream closed"))?;
@@ -582,12 +601,9 @@ mod tests {
                 .observed,
             [0]
         );
-        assert!(
-            z.on_response(response(TypeUrl::Address, "e", &[shown], &[]))
-                .observed
-                .is_empty()
-        );
-        assert_eq!(z.redundant, 1);
+        let again = z.on_response(response(TypeUrl::Address, "e", &[shown], &[]));
+        assert!(again.observed.is_empty());
+        assert_eq!((again.redundant, z.redundant), (1, 1));
         // The added pod (1), then the second label change (2), seen once.
         let added = (plan.changes[1].name.as_str(), "v1", workload("v1"));
         assert_eq!(
@@ -665,6 +681,7 @@ mod tests {
             &[],
         ));
         assert!(step.rejected.is_none());
+        assert_eq!(step.unexpected, ["x/y"]);
         assert_eq!(z.unexpected.len(), 1, "a name the run never made");
     }
 }
