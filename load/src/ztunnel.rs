@@ -597,8 +597,13 @@ mod tests {
         let label = &plan.changes[0];
         let shown = (label.name.as_str(), "v2", workload("load-change-0"));
         assert_eq!(
-            z.on_response(response(TypeUrl::Address, "d", &[shown.clone()], &[]))
-                .observed,
+            z.on_response(response(
+                TypeUrl::Address,
+                "d",
+                std::slice::from_ref(&shown),
+                &[]
+            ))
+            .observed,
             [0]
         );
         let again = z.on_response(response(TypeUrl::Address, "e", &[shown], &[]));
