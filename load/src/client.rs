@@ -449,7 +449,7 @@ async fn stream<F: Flow>(
                 .map_err(|_| anyhow::anyhow!("request stream closed"))?;
         }
     }
-    let mut inbound = open_stream(channel, F::PATH, rx, config.gate.clone()).await?;
+    let mut inbound = open_stream(channel, F::PATH, rx, config.gate.clone(), None).await?;
     recorder.connected.fetch_add(1, Ordering::SeqCst);
     let _connected = Connected(&recorder);
     let mut watching: Option<Watching<'_>> = None;
@@ -533,7 +533,7 @@ async fn stream<F: Flow>(
 }
 
 /// A gRPC message frame: uncompressed flag, big-endian length, the message.
-fn grpc_frame(message: &impl Message) -> Bytes {
+pub(crate) fn grpc_frame(message: &impl Message) -> Bytes {
     let len = message.encoded_len();
     let mut buf = BytesMut::with_capacity(5 + len);
     buf.put_u8(0);
@@ -559,21 +559,26 @@ impl http_body::Body for RequestBody {
     }
 }
 
-/// Opens an ADS stream on `channel`: `path` with the requests `rx` gives.
-async fn open_stream(
+/// Opens an ADS stream on `channel`: `path` with the requests `rx` gives (and a
+/// `clusterid` header, as ztunnel sends, when given).
+pub(crate) async fn open_stream(
     mut channel: Channel,
     path: &'static str,
     rx: mpsc::UnboundedReceiver<Bytes>,
     gate: Arc<crate::gate::ConnectionGate>,
+    cluster_id: Option<&str>,
 ) -> anyhow::Result<Inbound> {
     use tonic::codegen::{Service as _, http};
     std::future::poll_fn(|cx| channel.poll_ready(cx)).await?;
-    let request = http::Request::builder()
+    let mut request = http::Request::builder()
         .method(http::Method::POST)
         .uri(path)
         .header(http::header::CONTENT_TYPE, "application/grpc")
-        .header(http::header::TE, "trailers")
-        .body(tonic::body::Body::new(RequestBody(rx)))?;
+        .header(http::header::TE, "trailers");
+    if let Some(id) = cluster_id {
+        request = request.header("clusterid", id);
+    }
+    let request = request.body(tonic::body::Body::new(RequestBody(rx)))?;
     let response = channel.call(request).await?;
     if let Some(status) = tonic::Status::from_header_map(response.headers())
         && status.code() != tonic::Code::Ok
@@ -598,7 +603,7 @@ async fn open_stream(
 /// largest response (a sidecar's ~1 MB CDS or RDS) per stream was most of the tool's
 /// memory per proxy. A message being received holds its connection's receiving slot
 /// ([`crate::gate`]).
-struct Inbound {
+pub(crate) struct Inbound {
     body: tonic::body::Body,
     buf: Arrived,
     ended: bool,
@@ -609,7 +614,7 @@ struct Inbound {
 
 impl Inbound {
     /// The next message; `None` once the stream ended with status OK. Cancel-safe.
-    async fn message(&mut self) -> anyhow::Result<Option<Bytes>> {
+    pub(crate) async fn message(&mut self) -> anyhow::Result<Option<Bytes>> {
         use http_body::Body as _;
         loop {
             if let Some(message) = self.take()? {

@@ -89,6 +89,9 @@ const ATTACHED_CONFIG_SETTLE: Duration = Duration::from_secs(2);
 pub async fn execute(options: RunOptions) -> anyhow::Result<Summary> {
     let scenario = &options.scenario;
     scenario.validate()?;
+    if scenario.mode == Mode::Ztunnel {
+        bail!("mode: ztunnel runs through `ambient_run::execute`, not the proxies' driver");
+    }
     if options.tls.is_some()
         && scenario.connections > 0
         && !scenario.connections.is_multiple_of(scenario.namespaces)
@@ -285,16 +288,16 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
 }
 
 /// What the progress line shows besides the recorder.
-struct Progress {
-    recorder: Arc<Recorder>,
-    pid: Option<u32>,
-    proxies: usize,
-    changes: usize,
-    started: Instant,
+pub(crate) struct Progress {
+    pub(crate) recorder: Arc<Recorder>,
+    pub(crate) pid: Option<u32>,
+    pub(crate) proxies: usize,
+    pub(crate) changes: usize,
+    pub(crate) started: Instant,
 }
 
 impl Progress {
-    async fn run(self) {
+    pub(crate) async fn run(self) {
         let tty = std::io::stderr().is_terminal();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.tick().await;
@@ -471,6 +474,7 @@ async fn load(
             (Mode::Grpc, ChangeKind::ServiceAdd | ChangeKind::ServiceRemove, _) => 0,
             (Mode::Grpc, _, Some(s)) => recorder.service_watchers[s].load(Ordering::SeqCst),
             (Mode::Grpc, _, None) => 0,
+            (Mode::Ztunnel, _, _) => unreachable!("ztunnel runs go through crate::ambient_run"),
         };
         last_write = Instant::now();
         recorder.change_written(index, watchers, last_write);
@@ -660,7 +664,7 @@ async fn storm(
 /// How long the proxies may take to drop their streams at a reconnect storm.
 const STORM_DROP_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn usage(
+pub(crate) fn usage(
     before_ramp: Option<ProcessSample>,
     after_convergence: Option<ProcessSample>,
     at_end: Option<ProcessSample>,
@@ -788,6 +792,7 @@ mod tests {
                 service_removes: 1,
                 config_changes: 1,
                 reconnect_storm: false,
+                ..Churn::default()
             },
             settle_timeout: Duration::from_secs(10),
             change_timeout: Duration::from_secs(5),

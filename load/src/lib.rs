@@ -65,6 +65,7 @@
 //! namespaces: 2              # services and proxies spread over load-0, load-1, ...
 //! proxies: 20                # simulated proxies
 //! mode: sidecar              # sidecar (Envoy) | grpc (proxyless, GENERATOR=grpc)
+//!                            # | ztunnel (ambient: see below, needs flavour: delta)
 //! grpcServicesPerClient: 10  # grpc mode: services each client watches
 //! sidecarScope: mesh         # mesh | namespace: one Sidecar per namespace (egress ./*)
 //!                            # in the server's config directory; sidecars import only
@@ -86,6 +87,7 @@
 //! settleTimeout: 60s         # ramp start -> every proxy complete
 //! changeTimeout: 30s         # a change's write -> every watcher ACKed
 //! seed: 1                    # which services and endpoints change
+//! nodes: 0                   # ztunnel mode: nodes the pods run on (0 = one per ztunnel)
 //! ```
 //!
 //! Every field is optional (defaults as above; `services: 10`, `proxies: 10`,
@@ -94,6 +96,15 @@
 //! are in `examples/scenarios/`. The rate should leave each change time to be pushed
 //! (debounce 100 ms + file watch 50 ms by default) or changes merge into one push;
 //! every merged change still counts as observed when its result arrives.
+//!
+//! # Ambient mode
+//!
+//! `mode: ztunnel` simulates ztunnels instead ([`ztunnel`], run by [`ambient_run`]):
+//! every endpoint of the registry is an ambient pod on one of `nodes` nodes
+//! ([`ambient`]), each ztunnel holds the Address and Authorization types over Delta
+//! ADS (plaintext), and the churn is `churn.podChanges` (a pod's `version` label),
+//! `podAdds` and `podRemoves`: write -> every ztunnel's ACK, and the bytes sent for
+//! each change.
 //!
 //! # What a proxy keeps
 //!
@@ -130,6 +141,8 @@
 //! soft open-files limit to the hard limit when needed (the server inherits it), and
 //! otherwise says how to raise it (`ulimit -n`).
 
+pub mod ambient;
+pub mod ambient_run;
 pub mod client;
 pub mod csr;
 pub mod driver;
@@ -146,6 +159,7 @@ pub mod scenario;
 pub mod server;
 pub mod tables;
 pub mod tls;
+pub mod ztunnel;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -373,6 +387,24 @@ async fn interrupted() -> &'static str {
 pub fn run(args: LoadArgs) -> anyhow::Result<()> {
     let options = args.options()?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    if options.scenario.mode == Mode::Ztunnel {
+        let summary = runtime.block_on(async {
+            tokio::select! {
+                summary = ambient_run::execute(options) => summary,
+                signal = interrupted() => bail!("interrupted by {signal}"),
+            }
+        })?;
+        print!("{}", summary.render());
+        if let Some(path) = &args.json {
+            let json = serde_json::to_string_pretty(&summary)?;
+            std::fs::write(path, json + "\n")
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        if !summary.passed {
+            bail!("{}", summary.verdict());
+        }
+        return Ok(());
+    }
     // On Ctrl-C or SIGTERM the run is dropped, which stops a server it started and
     // removes its scratch directory.
     let summary = runtime.block_on(async {

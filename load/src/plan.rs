@@ -285,6 +285,7 @@ mod tests {
                 service_removes: 2,
                 config_changes: 0,
                 reconnect_storm: false,
+                ..Churn::default()
             },
             ..Scenario::default()
         };

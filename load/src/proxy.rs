@@ -194,6 +194,9 @@ impl ProxyState {
         let watched = match plan.mode {
             Mode::Sidecar => Vec::new(),
             Mode::Grpc => plan.grpc_watch(index),
+            Mode::Ztunnel => {
+                unreachable!("ztunnels are simulated by crate::ztunnel, not as proxies")
+            }
         };
         let words = plan.changes.len().div_ceil(64);
         ProxyState {
@@ -244,6 +247,9 @@ impl ProxyState {
                     .map(|s| self.plan.listener_name(*s).clone())
                     .collect();
                 self.resubscribe(TypeUrl::Listener, Arc::new(NameSet::new(names)), &mut step);
+            }
+            Mode::Ztunnel => {
+                unreachable!("ztunnels are simulated by crate::ztunnel, not as proxies")
             }
         }
         step.requests
@@ -403,6 +409,9 @@ impl ProxyState {
                     let clusters = r.cluster_names().iter().map(|n| intern(n)).collect();
                     (intern(&r.name), Facts::Route(clusters, r.newest_marker()))
                 }
+                Mode::Ztunnel => {
+                    unreachable!("ztunnels are simulated by crate::ztunnel, not as proxies")
+                }
             },
             // A Secret's name is field 1, as a route configuration's (and as a
             // TypedExtensionConfig's).
@@ -560,6 +569,9 @@ impl ProxyState {
                     self.resubscribe(TypeUrl::Endpoint, eds, step);
                 }
             }
+            Mode::Ztunnel => {
+                unreachable!("ztunnels are simulated by crate::ztunnel, not as proxies")
+            }
         }
     }
 
@@ -700,6 +712,9 @@ impl ProxyState {
                     _ => None,
                 },
                 Mode::Grpc => Some(name.clone()),
+                Mode::Ztunnel => {
+                    unreachable!("ztunnels are simulated by crate::ztunnel, not as proxies")
+                }
             };
             let have = eds.and_then(|n| match assignments.get(&n).map(|e| &e.resource.facts) {
                 Some(Facts::Assignment(count, _)) => Some(*count),
@@ -746,6 +761,9 @@ impl ProxyState {
                 .watched
                 .iter()
                 .find_map(|s| short_assignment(self.plan.cluster_name(*s))),
+            Mode::Ztunnel => {
+                unreachable!("ztunnels are simulated by crate::ztunnel, not as proxies")
+            }
         }
     }
 

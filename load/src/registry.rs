@@ -328,7 +328,7 @@ impl Registry {
         );
         out.push_str("{\"services\": [");
         let (port_name, protocol) = match self.mode {
-            Mode::Sidecar => ("http", "HTTP"),
+            Mode::Sidecar | Mode::Ztunnel => ("http", "HTTP"),
             Mode::Grpc => ("grpc", "GRPC"),
         };
         let mut first = true;
@@ -472,6 +472,7 @@ mod tests {
                 service_removes: 2,
                 config_changes: 1,
                 reconnect_storm: false,
+                ..Churn::default()
             },
             ..Scenario::default()
         }

@@ -21,6 +21,9 @@ pub enum Mode {
     /// A proxyless gRPC client (`GENERATOR=grpc`): LDS for `host:port` names, then the
     /// RDS, CDS and EDS names it learns.
     Grpc,
+    /// A ztunnel (ambient mode): Delta ADS, wildcard subscriptions to the Address and
+    /// Authorization types, one per node ([`crate::ztunnel`]).
+    Ztunnel,
 }
 
 /// Which ADS flavour the proxies speak.
@@ -100,12 +103,30 @@ pub struct Churn {
     /// then all reconnect at once (a rollout, a control plane restart): the report
     /// gives the time until all have their config again and the failed connections.
     pub reconnect_storm: bool,
+    /// ztunnel mode: pod changes (one pod's `version` label gets a new value, so its
+    /// Workload's canonical revision changes).
+    pub pod_changes: usize,
+    /// ztunnel mode: pods added to a random service (a new Workload).
+    pub pod_adds: usize,
+    /// ztunnel mode: pods removed (added ones first, then original ones).
+    pub pod_removes: usize,
 }
 
 impl Churn {
     /// Every change of the run.
     pub fn total(&self) -> usize {
-        self.endpoint_changes + self.service_adds + self.service_removes + self.config_changes
+        self.endpoint_changes
+            + self.service_adds
+            + self.service_removes
+            + self.config_changes
+            + self.pod_changes
+            + self.pod_adds
+            + self.pod_removes
+    }
+
+    /// The pod changes of ztunnel mode, all kinds.
+    pub fn pod_total(&self) -> usize {
+        self.pod_changes + self.pod_adds + self.pod_removes
     }
 }
 
@@ -155,6 +176,9 @@ pub struct Scenario {
     pub change_timeout: Duration,
     /// Seed of the choice of changed services and endpoints.
     pub seed: u64,
+    /// ztunnel mode: the nodes pods are spread over (`node-<n>`, round robin); each
+    /// ztunnel `i` runs on `node-<i>`. 0 = one node per ztunnel (`proxies`).
+    pub nodes: usize,
 }
 
 impl Default for Scenario {
@@ -178,6 +202,7 @@ impl Default for Scenario {
             settle_timeout: Duration::from_secs(60),
             change_timeout: Duration::from_secs(30),
             seed: 1,
+            nodes: 0,
         }
     }
 }
@@ -249,6 +274,16 @@ impl Scenario {
         if self.churn.endpoint_changes > 0 && self.endpoints_per_service == 0 {
             bail!("churn.endpointChanges needs endpointsPerService >= 1");
         }
+        if self.mode == Mode::Ztunnel {
+            self.validate_ztunnel()?;
+        } else {
+            if self.churn.pod_total() > 0 {
+                bail!("churn.podChanges, podAdds and podRemoves are for mode: ztunnel");
+            }
+            if self.nodes > 0 {
+                bail!("nodes is for mode: ztunnel (the nodes pods run on)");
+            }
+        }
         if self.mode == Mode::Grpc {
             if self.sidecar_scope != SidecarScope::Mesh {
                 bail!("sidecarScope is for sidecars (mode: sidecar), not proxyless clients");
@@ -271,6 +306,59 @@ impl Scenario {
             }
         }
         Ok(())
+    }
+
+    /// The checks of `mode: ztunnel`: what the sidecar modes have that ztunnels do
+    /// not use is refused rather than ignored.
+    fn validate_ztunnel(&self) -> anyhow::Result<()> {
+        let c = &self.churn;
+        if c.endpoint_changes + c.service_adds + c.service_removes + c.config_changes > 0
+            || c.reconnect_storm
+        {
+            bail!(
+                "mode: ztunnel makes pod changes (churn.podChanges, podAdds, podRemoves), not \
+                 endpoint, service or config changes nor a reconnect storm"
+            );
+        }
+        if self.sidecar_scope != SidecarScope::Mesh || self.ports_per_service != 1 {
+            bail!("sidecarScope and portsPerService are for sidecars, not mode: ztunnel");
+        }
+        if self.connections > 0 || self.receiving_connections > 0 {
+            bail!(
+                "mode: ztunnel gives each ztunnel its own connection (connections and \
+                 receivingConnections are for sidecars)"
+            );
+        }
+        if self.flavour != Flavour::Delta {
+            bail!("mode: ztunnel speaks Delta ADS only: give flavour: delta");
+        }
+        if self.decode != Decode::Lean {
+            bail!("decode is for sidecars and proxyless clients, not mode: ztunnel");
+        }
+        if self.endpoints_per_service == 0 {
+            bail!("mode: ztunnel needs endpointsPerService >= 1 (the pods)");
+        }
+        let pods = self.services * self.endpoints_per_service;
+        if c.pod_removes > pods + c.pod_adds {
+            bail!(
+                "churn.podRemoves ({}) is more than the pods that can be removed ({})",
+                c.pod_removes,
+                pods + c.pod_adds
+            );
+        }
+        if c.pod_changes > 0 && c.pod_removes >= pods + c.pod_adds {
+            bail!("churn.podChanges needs a pod left after the removals");
+        }
+        Ok(())
+    }
+
+    /// ztunnel mode: the nodes pods run on.
+    pub fn node_count(&self) -> usize {
+        if self.nodes > 0 {
+            self.nodes
+        } else {
+            self.proxies
+        }
     }
 
     /// Whether the server needs a config directory: for config changes or Sidecars.
@@ -355,10 +443,14 @@ mod tests {
                     service_removes: 3,
                     config_changes: 1,
                     reconnect_storm: true,
+                    pod_changes: 0,
+                    pod_adds: 0,
+                    pod_removes: 0,
                 },
                 settle_timeout: Duration::from_secs(90),
                 change_timeout: Duration::from_secs(5),
                 seed: 9,
+                nodes: 0,
             }
         );
         assert_eq!(s.reserved_services(), 1);
@@ -453,6 +545,64 @@ mod tests {
     }
 
     #[test]
+    fn ztunnel_mode_has_nodes_and_pod_changes() {
+        let text = "mode: ztunnel\nflavour: delta\nservices: 1000\nendpointsPerService: 10\n\
+                    proxies: 100\nnodes: 50\nchurn: {podChanges: 20, podAdds: 2, podRemoves: 3}\n";
+        let s = Scenario::parse("t.yaml", text).unwrap();
+        assert_eq!(s.mode, Mode::Ztunnel);
+        assert_eq!(s.nodes, 50);
+        assert_eq!(s.node_count(), 50);
+        assert_eq!(
+            (s.churn.pod_changes, s.churn.pod_adds, s.churn.pod_removes),
+            (20, 2, 3)
+        );
+        assert_eq!((s.churn.pod_total(), s.churn.total()), (25, 25));
+        let one_per_ztunnel = Scenario::parse("t.yaml", "mode: ztunnel\nflavour: delta\n").unwrap();
+        assert_eq!(one_per_ztunnel.node_count(), one_per_ztunnel.proxies);
+        for (bad, says) in [
+            ("mode: ztunnel\n", "Delta ADS only"),
+            ("mode: ztunnel\nflavour: mixed\n", "Delta ADS only"),
+            (
+                "mode: ztunnel\nflavour: delta\nchurn: {endpointChanges: 1}\n",
+                "makes pod changes",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\nchurn: {reconnectStorm: true}\n",
+                "makes pod changes",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\nconnections: 2\n",
+                "its own connection",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\nportsPerService: 2\n",
+                "for sidecars",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\ndecode: full\n",
+                "decode is for",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\nendpointsPerService: 0\n",
+                "endpointsPerService >= 1",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\nservices: 1\nendpointsPerService: 2\nchurn: {podRemoves: 3}\n",
+                "podRemoves (3)",
+            ),
+            (
+                "mode: ztunnel\nflavour: delta\nservices: 1\nendpointsPerService: 2\nchurn: {podRemoves: 2, podChanges: 1}\n",
+                "a pod left",
+            ),
+            ("churn: {podChanges: 1}\n", "are for mode: ztunnel"),
+            ("nodes: 3\n", "nodes is for mode: ztunnel"),
+        ] {
+            let err = format!("{:#}", Scenario::parse("t.yaml", bad).unwrap_err());
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn sidecar_scope_needs_a_config_directory() {
         let s = Scenario::parse("t.yaml", "sidecarScope: namespace\n").unwrap();
         assert_eq!(s.sidecar_scope, SidecarScope::Namespace);
@@ -515,9 +665,28 @@ mod tests {
                 "scale-20000-scoped.yaml",
                 include_str!("../../examples/scenarios/scale-20000-scoped.yaml"),
             ),
+            (
+                "ambient-10k.yaml",
+                include_str!("../../examples/scenarios/ambient-10k.yaml"),
+            ),
         ] {
             Scenario::parse(name, text).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
+        let ambient = Scenario::parse(
+            "ambient-10k.yaml",
+            include_str!("../../examples/scenarios/ambient-10k.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                ambient.mode,
+                ambient.services * ambient.endpoints_per_service,
+                ambient.proxies,
+                ambient.node_count(),
+                ambient.churn.pod_changes
+            ),
+            (Mode::Ztunnel, 10_000, 100, 100, 30)
+        );
         let smoke = Scenario::parse(
             "smoke.yaml",
             include_str!("../../examples/scenarios/smoke.yaml"),
