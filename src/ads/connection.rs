@@ -54,6 +54,102 @@ fn update_held(held: &mut Arc<HeldMap>, removed: &BTreeSet<String>, sent: &[Reso
     });
 }
 
+/// One Delta difference, kept with its inputs (held, so their addresses cannot be
+/// reused while it stands).
+struct Diff {
+    type_url: TypeUrl,
+    partial: bool,
+    held: Arc<HeldMap>,
+    names: Arc<BTreeSet<String>>,
+    current: Vec<Resource>,
+    changed: Vec<Resource>,
+    removed: Vec<String>,
+    held_after: Arc<HeldMap>,
+}
+
+/// The last Delta differences, by a digest of the identity of their inputs, newest
+/// last. Connections of one shape hold the same interned map and names and get the
+/// very same resources in a push (every ztunnel gets every Address: 11,000 of them
+/// with 10,000 pods), so the difference (a map look-up and a version comparison per
+/// resource) is computed once per push, not once per connection.
+static DIFFS: LazyLock<Mutex<DiffMemo>> = LazyLock::new(Mutex::default);
+
+type DiffMemo = std::collections::VecDeque<(u64, Arc<Diff>)>;
+
+/// How many differences [`DIFFS`] keeps: one per distinct shape in a push.
+const DIFFS_KEPT: usize = 16;
+
+fn diff_digest(
+    type_url: TypeUrl,
+    partial: bool,
+    held: &Arc<HeldMap>,
+    names: &Arc<BTreeSet<String>>,
+    current: &[Resource],
+) -> u64 {
+    let mut h = foldhash::fast::FixedState::default().build_hasher();
+    h.write_usize(type_url.index());
+    h.write_u8(u8::from(partial));
+    h.write_usize(if held.is_empty() {
+        0
+    } else {
+        Arc::as_ptr(held) as usize
+    });
+    h.write_usize(if names.is_empty() {
+        0
+    } else {
+        Arc::as_ptr(names) as usize
+    });
+    for r in current {
+        h.write_usize(Arc::as_ptr(r) as usize);
+    }
+    h.finish()
+}
+
+fn remembered_diff(
+    digest: u64,
+    type_url: TypeUrl,
+    partial: bool,
+    held: &Arc<HeldMap>,
+    names: &Arc<BTreeSet<String>>,
+    current: &[Resource],
+) -> Option<Arc<Diff>> {
+    let kept = DIFFS.lock().expect("diff memo poisoned");
+    kept.iter()
+        .rev()
+        .find(|(d, diff)| {
+            *d == digest
+                && diff.type_url == type_url
+                && diff.partial == partial
+                // Empty maps and sets are equal whatever their address (a new
+                // connection's are its own).
+                && (Arc::ptr_eq(&diff.held, held) || diff.held.is_empty() && held.is_empty())
+                && (Arc::ptr_eq(&diff.names, names) || diff.names.is_empty() && names.is_empty())
+                && diff.current.len() == current.len()
+                && diff
+                    .current
+                    .iter()
+                    .zip(current)
+                    .all(|(a, b)| Arc::ptr_eq(a, b))
+        })
+        .map(|(_, diff)| diff.clone())
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Delta differences computed (not found in [`DIFFS`]) on this thread.
+    static DIFFS_COMPUTED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+fn remember_diff(digest: u64, diff: Diff) {
+    #[cfg(test)]
+    DIFFS_COMPUTED.with(|n| n.set(n.get() + 1));
+    let mut kept = DIFFS.lock().expect("diff memo poisoned");
+    kept.push_back((digest, Arc::new(diff)));
+    while kept.len() > DIFFS_KEPT {
+        kept.pop_front();
+    }
+}
+
 fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
     NAME_SETS.intern(names)
 }
@@ -487,6 +583,19 @@ impl ConnectionState {
         let Some(watch) = self.watches.get_mut(&type_url) else {
             return (Vec::new(), Vec::new());
         };
+        let digest = diff_digest(type_url, partial, &watch.held, &watch.names, &current);
+        if let Some(diff) = remembered_diff(
+            digest,
+            type_url,
+            partial,
+            &watch.held,
+            &watch.names,
+            &current,
+        ) {
+            watch.held = diff.held_after.clone();
+            return (diff.changed.clone(), diff.removed.clone());
+        }
+        let (held_before, names, all) = (watch.held.clone(), watch.names.clone(), current.clone());
         // Placeholders stand for resources that do not exist: in Delta they are removals.
         let (gone, current): (Vec<Resource>, Vec<Resource>) =
             current.into_iter().partition(|r| r.placeholder);
@@ -511,7 +620,21 @@ impl ConnectionState {
         if !removed.is_empty() || !changed.is_empty() {
             update_held(&mut watch.held, &removed, &changed);
         }
-        (changed, removed.into_iter().collect())
+        let removed: Vec<String> = removed.into_iter().collect();
+        remember_diff(
+            digest,
+            Diff {
+                type_url,
+                partial,
+                held: held_before,
+                names,
+                current: all,
+                changed: changed.clone(),
+                removed: removed.clone(),
+                held_after: watch.held.clone(),
+            },
+        );
+        (changed, removed)
     }
 }
 
@@ -668,6 +791,58 @@ mod tests {
         let held = |s: &ConnectionState| s.watch(TypeUrl::Cluster).unwrap().held.clone();
         assert!(Arc::ptr_eq(&held(&a), &held(&b)));
         assert_eq!(held(&a).len(), 1);
+    }
+
+    #[test]
+    fn connections_of_one_shape_share_one_difference_per_push() {
+        let first: Vec<Resource> = (0..50).map(|i| res(&format!("w{i}"), "1")).collect();
+        let mut second = first.clone();
+        second[7] = res("w7", "2");
+        second.pop();
+        let computed = || DIFFS_COMPUTED.with(|n| n.get());
+        let mut states: Vec<ConnectionState> = (0..5).map(|_| ConnectionState::default()).collect();
+        for s in &mut states {
+            s.on_delta_request(&DeltaDiscoveryRequest {
+                type_url: CDS.into(),
+                ..Default::default()
+            });
+        }
+        let start = computed();
+        for s in &mut states {
+            let (changed, removed) = s.delta_diff(TypeUrl::Cluster, first.clone(), false);
+            assert_eq!((changed.len(), removed.len()), (50, 0));
+        }
+        assert_eq!(
+            computed() - start,
+            1,
+            "the first push: one difference for all"
+        );
+        for s in &mut states {
+            let (changed, removed) = s.delta_diff(TypeUrl::Cluster, second.clone(), false);
+            assert_eq!(changed.len(), 1);
+            assert!(Arc::ptr_eq(&changed[0], &second[7]));
+            assert_eq!(removed, vec!["w49".to_string()]);
+        }
+        assert_eq!(computed() - start, 2, "the second push: one more");
+        let held = |s: &ConnectionState| s.watch(TypeUrl::Cluster).unwrap().held.clone();
+        assert!(
+            states
+                .iter()
+                .all(|s| Arc::ptr_eq(&held(s), &held(&states[0])))
+        );
+        assert_eq!(
+            held(&states[0]).get("w7").map(|v| &**v),
+            Some(&*second[7].version)
+        );
+        // A connection holding something else gets its own difference.
+        let mut other = ConnectionState::default();
+        other.on_delta_request(&DeltaDiscoveryRequest {
+            type_url: CDS.into(),
+            ..Default::default()
+        });
+        let (changed, _) = other.delta_diff(TypeUrl::Cluster, second.clone(), false);
+        assert_eq!(changed.len(), 49);
+        assert_eq!(computed() - start, 3);
     }
 
     #[test]

@@ -847,7 +847,11 @@ mod tests {
         let before = snap.cache().stats();
         let again = eds(&sidecar("10.1.0.2"), interned());
         let after = snap.cache().stats();
-        assert_eq!(after.hits - before.hits, 2, "the failover check and the list");
+        assert_eq!(
+            after.hits - before.hits,
+            2,
+            "the failover check and the list"
+        );
         assert_eq!(after.misses, before.misses);
         assert!(listed.iter().zip(&again).all(|(x, y)| Arc::ptr_eq(x, y)));
         // Another name set is another list, of the same assignments.

@@ -407,6 +407,7 @@ const VECTORS: &[Vector] = &[
         let got = r.select(super::super::Subscription {
             wildcard: false,
             names: &names,
+            interned: None,
         });
         let mut seen: Vec<&str> = got.iter().map(|r| &*r.name).collect();
         let n = seen.len();
