@@ -517,14 +517,14 @@ async fn load(
             // quiet span, or at the change timeout.
             let until = written + scenario.change_timeout;
             let last_response = |r: &Recorder| Instant::now() - r.quiet_for();
-            while !(last_response(&*recorder) > written
+            while !(last_response(&recorder) > written
                 && recorder.quiet_for() >= QUIET_BETWEEN_CHANGES)
                 && Instant::now() < until
             {
                 tokio::time::sleep(POLL).await;
             }
             let after = sample("after an EnvoyFilter change");
-            let last = last_response(&*recorder);
+            let last = last_response(&recorder);
             envoy_filter_changes.push(crate::envoyfilters::EnvoyFilterChange {
                 selected: crate::envoyfilters::selected_by(
                     &scenario.envoy_filters,
