@@ -187,7 +187,8 @@ fn sidecar(n: u8) -> Proxy {
 /// CDS and LDS wildcard, EDS for every EDS cluster, RDS for every route table its
 /// listeners name.
 struct Subscriptions {
-    eds: BTreeSet<String>,
+    /// Interned as the server holds a connection's names.
+    eds: Arc<BTreeSet<String>>,
     rds: BTreeSet<String>,
 }
 
@@ -197,6 +198,7 @@ impl Subscriptions {
         let wildcard = Subscription {
             wildcard: true,
             names: &none,
+            interned: None,
         };
         let options = GeneratorOptions::default();
         let eds = generate(
@@ -212,7 +214,8 @@ impl Subscriptions {
             let cluster = ClusterLite::decode(r.body.value.clone()).expect("cluster decodes");
             cluster.eds_name().map(str::to_string)
         })
-        .collect();
+        .collect::<BTreeSet<String>>()
+        .into();
         let rds = generate(
             TypeUrl::Listener,
             snapshot,
@@ -249,6 +252,7 @@ fn load_assignments(snapshot: &Snapshot, proxy: &Proxy, names: &BTreeSet<String>
         Subscription {
             wildcard: false,
             names,
+            interned: None,
         },
         Scope::All,
         &GeneratorOptions::default(),
@@ -271,14 +275,17 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
             TypeUrl::Cluster | TypeUrl::Listener => Subscription {
                 wildcard: true,
                 names: &none,
+                interned: None,
             },
             TypeUrl::Endpoint => Subscription {
                 wildcard: false,
                 names: &subs.eds,
+                interned: Some(&subs.eds),
             },
             TypeUrl::Route | TypeUrl::NameTable => Subscription {
                 wildcard: false,
                 names: &subs.rds,
+                interned: None,
             },
             // Sidecars request no secrets from istiod, nor MCP or ambient types; no
             // WasmPlugin is in the scenario.
@@ -289,6 +296,7 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
             | TypeUrl::Mcp(_) => Subscription {
                 wildcard: false,
                 names: &none,
+                interned: None,
             },
         };
         generate(

@@ -241,13 +241,19 @@ fn refused(err: &anyhow::Error) -> bool {
 pub async fn run_proxy(mut config: ProxyConfig) {
     let started = Instant::now();
     let service_account = config.tls.is_some().then_some(SERVICE_ACCOUNT);
-    let node = node(
+    let mut node = node(
         config.index,
         config.plan.mode,
         config.plan.namespaces,
         &config.cluster_id,
         service_account,
     );
+    if let Some(group) = crate::envoyfilters::group_of(&config.plan.envoy_filters, config.index)
+        && let Some(metadata) = &mut node.metadata
+    {
+        let labels = serde_json::json!({"LABELS": { crate::envoyfilters::GROUP_LABEL: group }});
+        metadata.fields.extend(json_to_struct(&labels).fields);
+    }
     let mut state = ProxyState::new(config.plan.clone(), config.flavour, config.index);
     let mut converged_once = false;
     let mut attempt = Attempt::default();
@@ -492,6 +498,7 @@ async fn stream<F: Flow>(
         let step = F::handle(state, response);
         if let Some((type_url, resources)) = step.received {
             recorder.received(type_url, resources, size);
+            recorder.proxy_received(config.index);
         }
         if let Some(reason) = &step.rejected {
             recorder.nacks.fetch_add(1, Ordering::Relaxed);

@@ -181,6 +181,8 @@ struct Files {
     sidecars: Option<PathBuf>,
     /// Where a spawned server writes its addresses (`--readyFile`).
     ready_file: Option<PathBuf>,
+    /// The EnvoyFilters of `envoyFilters`.
+    envoy_filters: Option<PathBuf>,
 }
 
 impl Files {
@@ -198,6 +200,10 @@ impl Files {
             sidecars: in_config_dir(
                 scenario.sidecar_scope == SidecarScope::Namespace,
                 SIDECAR_FILE,
+            ),
+            envoy_filters: in_config_dir(
+                scenario.envoy_filters.enabled(),
+                crate::envoyfilters::ENVOY_FILTER_FILE,
             ),
             config_dir,
             mock_file,
@@ -219,6 +225,13 @@ async fn run_with_files(options: &RunOptions, files: &Files) -> anyhow::Result<S
             .context("writing the initial VirtualService")?;
     }
     let mut sidecars_changed = false;
+    if let Some(path) = &files.envoy_filters {
+        let text = crate::envoyfilters::render(&scenario.envoy_filters, scenario.namespaces, 0);
+        if std::fs::read_to_string(path).ok().as_deref() != Some(&*text) {
+            write_atomically(path, text.as_bytes()).context("writing the EnvoyFilters")?;
+            sidecars_changed = true;
+        }
+    }
     if let Some(path) = &files.sidecars {
         let text = registry.sidecars();
         if std::fs::read_to_string(path).ok().as_deref() != Some(&*text) {
@@ -486,6 +499,51 @@ async fn load(
         tokio::time::sleep(POLL).await;
     }
 
+    // --- EnvoyFilter changes: each alone, the proxies that receive anything counted.
+    let mut envoy_filter_changes = Vec::new();
+    if let Some(path) = &files.envoy_filters {
+        for generation in 1..=scenario.envoy_filters.changes {
+            let quiet_until = Instant::now() + scenario.change_timeout;
+            while recorder.quiet_for() < QUIET_BETWEEN_CHANGES && Instant::now() < quiet_until {
+                tokio::time::sleep(POLL).await;
+            }
+            let before = sample("before an EnvoyFilter change");
+            recorder.count_pushes();
+            let written = Instant::now();
+            let text = crate::envoyfilters::render(
+                &scenario.envoy_filters,
+                scenario.namespaces,
+                generation,
+            );
+            write_atomically(path, text.as_bytes())
+                .with_context(|| format!("writing EnvoyFilter change {generation}"))?;
+            // Done once something arrived after the write and nothing since for the
+            // quiet span, or at the change timeout.
+            let until = written + scenario.change_timeout;
+            let last_response = |r: &Recorder| Instant::now() - r.quiet_for();
+            while !(last_response(&recorder) > written
+                && recorder.quiet_for() >= QUIET_BETWEEN_CHANGES)
+                && Instant::now() < until
+            {
+                tokio::time::sleep(POLL).await;
+            }
+            let after = sample("after an EnvoyFilter change");
+            let last = last_response(&recorder);
+            envoy_filter_changes.push(crate::envoyfilters::EnvoyFilterChange {
+                selected: crate::envoyfilters::selected_by(
+                    &scenario.envoy_filters,
+                    0,
+                    scenario.proxies,
+                ),
+                pushed: recorder.pushed_proxies(),
+                seconds: last.saturating_duration_since(written).as_secs_f64(),
+                server_cpu_seconds: before
+                    .zip(after)
+                    .map(|(b, a)| a.cpu_seconds - b.cpu_seconds),
+            });
+        }
+    }
+
     // --- Reconnect storm.
     let reconnect_storm = if scenario.churn.reconnect_storm {
         let before = sample("before the reconnect storm");
@@ -565,6 +623,7 @@ async fn load(
         nacks: recorder.nacks.load(Ordering::Relaxed),
         errors: recorder.errors(),
         passed: false,
+        envoy_filter_changes,
     };
     let passed = summary.convergence.converged == summary.convergence.proxies
         && summary.changes.complete + summary.changes.unwatched == summary.changes.written
@@ -1098,6 +1157,38 @@ mod tests {
         let config = &summary.changes.by_kind["config"];
         assert_eq!((config.written, config.complete), (1, 1), "{report}");
         assert_eq!(config.mean_watchers, 6.0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn envoy_filter_changes_push_only_the_sidecars_they_select() {
+        // 8 sidecars over 2 namespaces in 2 label groups; 5 mesh-wide EnvoyFilters (one
+        // of each patch kind) and one per group. Rewriting group 0's EnvoyFilter must
+        // reach its 4 sidecars and no other.
+        let scenario = Scenario {
+            name: "tiny-envoyfilter".into(),
+            services: 4,
+            endpoints_per_service: 2,
+            namespaces: 2,
+            proxies: 8,
+            settle_timeout: Duration::from_secs(10),
+            change_timeout: Duration::from_secs(5),
+            envoy_filters: crate::scenario::EnvoyFilters {
+                mesh_wide: 5,
+                selecting: 2,
+                groups: 0,
+                changes: 2,
+            },
+            ..Scenario::default()
+        };
+        let summary = run_tiny(scenario, true).await;
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert_eq!(summary.nacks, 0, "{report}");
+        assert_eq!(summary.envoy_filter_changes.len(), 2, "{report}");
+        for change in &summary.envoy_filter_changes {
+            assert_eq!((change.selected, change.pushed), (4, 4), "{report}");
+        }
+        assert!(report.contains("EnvoyFilter changes"), "{report}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -88,6 +88,16 @@
 //! changeTimeout: 30s         # a change's write -> every watcher ACKed
 //! seed: 1                    # which services and endpoints change
 //! nodes: 0                   # ztunnel mode: nodes the pods run on (0 = one per ztunnel)
+//! envoyFilters:              # EnvoyFilters in the server's config directory (sidecars)
+//!   meshWide: 10             # in istio-system: Lua before the router, cluster connect
+//!                            # timeout, route configuration / virtual host headers,
+//!                            # listener buffer limit (in turn)
+//!   selecting: 40            # each selecting one label group of sidecars (a Lua filter
+//!                            # and a connect timeout), in the group's namespace
+//!   groups: 0                # sidecar i carries load.meshfed.io/group: g<i % groups>
+//!                            # (0: as many as selecting; a multiple of namespaces)
+//!   changes: 3               # after the churn, the first selecting one rewritten, one
+//!                            # at a time: proxies that received anything, server CPU
 //! ```
 //!
 //! Every field is optional (defaults as above; `services: 10`, `proxies: 10`,
@@ -146,6 +156,7 @@ pub mod ambient_run;
 pub mod client;
 pub mod csr;
 pub mod driver;
+pub mod envoyfilters;
 pub mod gate;
 pub mod lite;
 pub mod marker;

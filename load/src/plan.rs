@@ -60,6 +60,8 @@ pub struct Plan {
     removed_by: Vec<Option<u32>>,
     /// The config changes, ascending.
     config_changes: Vec<u32>,
+    /// The scenario's EnvoyFilters (the label each sidecar carries).
+    pub envoy_filters: super::scenario::EnvoyFilters,
 }
 
 impl Plan {
@@ -141,6 +143,7 @@ impl Plan {
             added_by,
             removed_by,
             config_changes,
+            envoy_filters: scenario.envoy_filters.clone(),
         }
     }
 

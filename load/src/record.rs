@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -97,6 +97,10 @@ pub struct Recorder {
     missing: Mutex<Vec<String>>,
     /// First errors, for the report.
     errors: Mutex<Vec<String>>,
+    /// While set, the proxies that received a response are noted in `pushed`.
+    counting_pushes: AtomicBool,
+    /// Proxies (by index) that received a response while `counting_pushes`.
+    pushed: Mutex<BTreeSet<usize>>,
 }
 
 /// How many distinct messages of a kind the report keeps.
@@ -127,7 +131,29 @@ impl Recorder {
             unserved: Mutex::new(BTreeMap::new()),
             missing: Mutex::new(Vec::new()),
             errors: Mutex::new(Vec::new()),
+            counting_pushes: AtomicBool::new(false),
+            pushed: Mutex::new(BTreeSet::new()),
         }
+    }
+
+    /// Proxy `index` received a response (noted while pushes are counted).
+    pub fn proxy_received(&self, index: usize) {
+        if self.counting_pushes.load(Ordering::Relaxed) {
+            self.pushed.lock().expect("poisoned").insert(index);
+        }
+    }
+
+    /// Starts noting which proxies receive responses (forgetting earlier ones).
+    pub fn count_pushes(&self) {
+        self.pushed.lock().expect("poisoned").clear();
+        self.counting_pushes.store(true, Ordering::SeqCst);
+    }
+
+    /// Stops noting and returns how many proxies received a response since
+    /// [`Recorder::count_pushes`].
+    pub fn pushed_proxies(&self) -> usize {
+        self.counting_pushes.store(false, Ordering::SeqCst);
+        self.pushed.lock().expect("poisoned").len()
     }
 
     /// The instant every recorded time is relative to.

@@ -49,6 +49,8 @@ pub struct Summary {
     pub errors: Vec<String>,
     /// Every proxy converged and every written change reached all its watchers.
     pub passed: bool,
+    /// The EnvoyFilter changes after the churn (`envoyFilters.changes`).
+    pub envoy_filter_changes: Vec<crate::envoyfilters::EnvoyFilterChange>,
 }
 
 /// The server under load.
@@ -351,6 +353,7 @@ impl Summary {
             }
         }
 
+        crate::envoyfilters::render_changes(&self.envoy_filter_changes, &mut out);
         let _ = writeln!(out, "\nreceived by all proxies");
         let _ = writeln!(
             out,

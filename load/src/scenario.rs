@@ -179,6 +179,47 @@ pub struct Scenario {
     /// ztunnel mode: the nodes pods are spread over (`node-<n>`, round robin); each
     /// ztunnel `i` runs on `node-<i>`. 0 = one node per ztunnel (`proxies`).
     pub nodes: usize,
+    /// EnvoyFilters written into the server's config directory (see [`EnvoyFilters`]).
+    pub envoy_filters: EnvoyFilters,
+}
+
+/// EnvoyFilters of a run (`envoyFilters`): mesh-wide ones in the root namespace and
+/// ones selecting the sidecars of one label group each, written into the server's
+/// config directory before the ramp (see [`crate::envoyfilters`]).
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct EnvoyFilters {
+    /// EnvoyFilters in the root namespace without a workload selector: every
+    /// sidecar gets their patches.
+    pub mesh_wide: usize,
+    /// EnvoyFilters each selecting one label group of sidecars (`workloadSelector`),
+    /// in that group's namespace.
+    pub selecting: usize,
+    /// Label groups: sidecar `i` carries the label `load.meshfed.io/group: g<i %
+    /// groups>` (node metadata `LABELS`). 0: as many as `selecting`; a multiple of
+    /// `namespaces` (so each group lives in one namespace). Give it without
+    /// EnvoyFilters for the baseline of the same labelled sidecars.
+    pub groups: usize,
+    /// After the churn, one at a time: the first selecting EnvoyFilter is changed and
+    /// the proxies that received anything are counted (only its group should).
+    pub changes: usize,
+}
+
+impl EnvoyFilters {
+    /// Whether the scenario writes any or labels the sidecars.
+    pub fn enabled(&self) -> bool {
+        self.mesh_wide + self.selecting + self.groups + self.changes > 0
+    }
+
+    /// The label groups (see [`EnvoyFilters::groups`]); 0 when the sidecars carry no
+    /// label.
+    pub fn label_groups(&self) -> usize {
+        if self.groups > 0 {
+            self.groups
+        } else {
+            self.selecting
+        }
+    }
 }
 
 impl Default for Scenario {
@@ -203,6 +244,7 @@ impl Default for Scenario {
             change_timeout: Duration::from_secs(30),
             seed: 1,
             nodes: 0,
+            envoy_filters: EnvoyFilters::default(),
         }
     }
 }
@@ -284,6 +326,26 @@ impl Scenario {
                 bail!("nodes is for mode: ztunnel (the nodes pods run on)");
             }
         }
+        let ef = &self.envoy_filters;
+        if ef.enabled() {
+            if self.mode != Mode::Sidecar {
+                bail!("envoyFilters are for sidecars (mode: sidecar)");
+            }
+            let groups = ef.label_groups();
+            if ef.selecting > 0 && groups == 0 {
+                bail!("envoyFilters.groups must be at least 1");
+            }
+            if groups > 0 && !groups.is_multiple_of(self.namespaces) {
+                bail!(
+                    "envoyFilters.groups ({groups}) must be a multiple of namespaces ({}): each \
+                     group's sidecars share a namespace",
+                    self.namespaces
+                );
+            }
+            if ef.changes > 0 && ef.selecting == 0 {
+                bail!("envoyFilters.changes needs a selecting EnvoyFilter to change");
+            }
+        }
         if self.mode == Mode::Grpc {
             if self.sidecar_scope != SidecarScope::Mesh {
                 bail!("sidecarScope is for sidecars (mode: sidecar), not proxyless clients");
@@ -363,7 +425,9 @@ impl Scenario {
 
     /// Whether the server needs a config directory: for config changes or Sidecars.
     pub fn needs_config_dir(&self) -> bool {
-        self.churn.config_changes > 0 || self.sidecar_scope != SidecarScope::Mesh
+        self.churn.config_changes > 0
+            || self.sidecar_scope != SidecarScope::Mesh
+            || self.envoy_filters.enabled()
     }
 
     /// Original services set aside so that removals that outnumber additions have
@@ -451,6 +515,7 @@ mod tests {
                 change_timeout: Duration::from_secs(5),
                 seed: 9,
                 nodes: 0,
+                envoy_filters: EnvoyFilters::default(),
             }
         );
         assert_eq!(s.reserved_services(), 1);
@@ -611,6 +676,45 @@ mod tests {
     }
 
     #[test]
+    fn envoy_filters_label_groups_within_namespaces() {
+        let s = Scenario::parse(
+            "t.yaml",
+            "namespaces: 3\nenvoyFilters: {meshWide: 2, selecting: 6, groups: 3, changes: 1}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            s.envoy_filters,
+            EnvoyFilters {
+                mesh_wide: 2,
+                selecting: 6,
+                groups: 3,
+                changes: 1
+            }
+        );
+        assert!(s.needs_config_dir());
+        let s = Scenario::parse("t.yaml", "namespaces: 2\nenvoyFilters: {selecting: 4}\n").unwrap();
+        assert_eq!(
+            s.envoy_filters.label_groups(),
+            4,
+            "one group per selecting filter"
+        );
+        for (bad, wanted) in [
+            (
+                "namespaces: 3\nenvoyFilters: {selecting: 4}\n",
+                "multiple of namespaces",
+            ),
+            (
+                "envoyFilters: {meshWide: 1, changes: 1}\n",
+                "needs a selecting",
+            ),
+            ("mode: grpc\nenvoyFilters: {meshWide: 1}\n", "for sidecars"),
+        ] {
+            let err = format!("{:#}", Scenario::parse("t.yaml", bad).unwrap_err());
+            assert!(err.contains(wanted), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn bundled_scenarios_parse() {
         for (name, text) in [
             (
@@ -669,6 +773,10 @@ mod tests {
                 "ambient-10k.yaml",
                 include_str!("../../examples/scenarios/ambient-10k.yaml"),
             ),
+            (
+                "istio-reference-envoyfilter.yaml",
+                include_str!("../../examples/scenarios/istio-reference-envoyfilter.yaml"),
+            ),
         ] {
             Scenario::parse(name, text).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         }
@@ -700,6 +808,33 @@ mod tests {
                 smoke.churn.endpoint_changes
             ),
             (10, 3, 20, 20)
+        );
+        let with_filters = Scenario::parse(
+            "istio-reference-envoyfilter.yaml",
+            include_str!("../../examples/scenarios/istio-reference-envoyfilter.yaml"),
+        )
+        .unwrap();
+        let reference = Scenario::parse(
+            "istio-reference.yaml",
+            include_str!("../../examples/scenarios/istio-reference.yaml"),
+        )
+        .unwrap();
+        assert_eq!(
+            Scenario {
+                name: reference.name.clone(),
+                envoy_filters: EnvoyFilters::default(),
+                ..with_filters.clone()
+            },
+            reference,
+            "istio-reference with EnvoyFilters"
+        );
+        assert_eq!(
+            (
+                with_filters.envoy_filters.mesh_wide,
+                with_filters.envoy_filters.selecting,
+                with_filters.envoy_filters.label_groups()
+            ),
+            (10, 40, 40)
         );
         let scoped = Scenario::parse(
             "endpoint-churn-scoped.yaml",

@@ -240,12 +240,16 @@ pub async fn xds_counters(monitoring: SocketAddr) -> BTreeMap<String, f64> {
 
 fn parse_xds_counters(text: &str) -> BTreeMap<String, f64> {
     text.lines()
-        .filter(|line| line.starts_with("meshfed_xds_"))
+        .filter(|line| line.starts_with("meshfed_xds_") || line.starts_with("pilot_xds_push_time_"))
         .filter_map(|line| {
             let (name, value) = line.rsplit_once(' ')?;
             let metric = name.split('{').next()?;
             let value: f64 = value.parse().ok()?;
-            (metric.ends_with("_total") && value != 0.0).then(|| (name.to_string(), value))
+            // Also the generate + send time per response (sum and count, by type).
+            let kept = metric.ends_with("_total")
+                || metric.ends_with("push_time_sum")
+                || metric.ends_with("push_time_count");
+            (kept && value != 0.0).then(|| (name.to_string(), value))
         })
         .collect()
 }

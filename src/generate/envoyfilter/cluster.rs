@@ -149,6 +149,43 @@ pub fn inserted(patches: &ProxyPatches, ctx: PatchContext) -> Vec<Cluster> {
         .collect()
 }
 
+/// Whether `r` is an inbound cluster (inbound patch context).
+pub fn is_inbound(r: &Resource) -> bool {
+    r.name.as_ref() == INBOUND_PASSTHROUGH
+        || ClusterName::parse(&r.name).is_some_and(|n| n.direction == Direction::Inbound)
+}
+
+/// One cluster of `proxy` patched: `None` when a patch removed it; the same resource
+/// when nothing changed it.
+pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Option<Resource> {
+    let Ok(c) = Cluster::decode(r.body.value.as_ref()) else {
+        return Some(r.clone());
+    };
+    let ctx = context(proxy, is_inbound(r));
+    match patch_cluster(patches.of(ApplyTo::Cluster), ctx, c.clone(), &[])? {
+        p if p == c => Some(r.clone()),
+        p => Some(EncodedResource::encode(
+            TypeUrl::Cluster,
+            p.name.clone(),
+            &p,
+        )),
+    }
+}
+
+/// The clusters `ADD` patches give `proxy` (a whole list asked for); `inbound_seen`:
+/// the list has inbound clusters (inbound additions then count too).
+pub fn added(patches: &ProxyPatches, proxy: &Proxy, inbound_seen: bool) -> Vec<Resource> {
+    let mut contexts = vec![context(proxy, false)];
+    if !proxy.is_router() && inbound_seen {
+        contexts.push(PatchContext::SidecarInbound);
+    }
+    contexts
+        .into_iter()
+        .flat_map(|ctx| inserted(patches, ctx))
+        .map(|c| EncodedResource::encode(TypeUrl::Cluster, c.name.clone(), &c))
+        .collect()
+}
+
 /// Patches `clusters` of `proxy`.
 pub fn apply(
     patches: &ProxyPatches,
@@ -156,42 +193,13 @@ pub fn apply(
     proxy: &Proxy,
     wildcard: bool,
 ) -> Vec<Resource> {
-    let list = patches.of(ApplyTo::Cluster);
-    let mut out = Vec::with_capacity(clusters.len());
-    let mut inbound_seen = false;
-    for r in clusters {
-        let Ok(c) = Cluster::decode(r.body.value.as_ref()) else {
-            out.push(r);
-            continue;
-        };
-        let inbound = c.name == INBOUND_PASSTHROUGH
-            || ClusterName::parse(&c.name).is_some_and(|n| n.direction == Direction::Inbound);
-        inbound_seen |= inbound;
-        let ctx = context(proxy, inbound);
-        match patch_cluster(list, ctx, c.clone(), &[]) {
-            None => {}
-            Some(p) if p == c => out.push(r),
-            Some(p) => out.push(EncodedResource::encode(
-                TypeUrl::Cluster,
-                p.name.clone(),
-                &p,
-            )),
-        }
-    }
+    let inbound_seen = clusters.iter().any(is_inbound);
+    let mut out: Vec<Resource> = clusters
+        .iter()
+        .filter_map(|r| patch_one(patches, r, proxy))
+        .collect();
     if wildcard {
-        let mut contexts = vec![context(proxy, false)];
-        if !proxy.is_router() && inbound_seen {
-            contexts.push(PatchContext::SidecarInbound);
-        }
-        for ctx in contexts {
-            for c in inserted(patches, ctx) {
-                out.push(EncodedResource::encode(
-                    TypeUrl::Cluster,
-                    c.name.clone(),
-                    &c,
-                ));
-            }
-        }
+        out.extend(added(patches, proxy, inbound_seen));
     }
     out
 }

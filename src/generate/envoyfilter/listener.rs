@@ -496,49 +496,61 @@ pub(crate) fn patch_listener(
     Some(l)
 }
 
-/// Patches `listeners` of `proxy`.
+/// One listener of `proxy` patched: `None` when a patch removed it; the same resource
+/// when nothing changed it.
+pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Option<Resource> {
+    let Ok(l) = Listener::decode(r.body.value.as_ref()) else {
+        return Some(r.clone());
+    };
+    let ctx = context(proxy, l.name == VIRTUAL_INBOUND);
+    match patch_listener(patches, ctx, l.clone())? {
+        p if p == l => Some(r.clone()),
+        p => Some(EncodedResource::encode(
+            TypeUrl::Listener,
+            p.name.clone(),
+            &p,
+        )),
+    }
+}
+
+/// The listeners `ADD` patches give `proxy` (a whole list asked for).
+pub fn added(patches: &ProxyPatches, proxy: &Proxy) -> Vec<Resource> {
+    let ctx = context(proxy, false);
+    let mut out = Vec::new();
+    for p in patches.of(ApplyTo::Listener) {
+        if p.operation != Operation::Add {
+            continue;
+        }
+        if !p.context_matches(ctx) {
+            status::record(&p.key, "listener", false);
+            continue;
+        }
+        status::record(&p.key, "listener", true);
+        if let Some(l) = p.typed::<Listener>() {
+            out.push(EncodedResource::encode(
+                TypeUrl::Listener,
+                l.name.clone(),
+                &l,
+            ));
+        }
+    }
+    out
+}
+
+/// Patches the listeners of `proxy`; `wildcard`: the whole list was asked for (`ADD`
+/// patches add listeners).
 pub fn apply(
     patches: &ProxyPatches,
     listeners: Vec<Resource>,
     proxy: &Proxy,
     wildcard: bool,
 ) -> Vec<Resource> {
-    let mut out = Vec::with_capacity(listeners.len());
-    for r in listeners {
-        let Ok(l) = Listener::decode(r.body.value.as_ref()) else {
-            out.push(r);
-            continue;
-        };
-        let ctx = context(proxy, l.name == VIRTUAL_INBOUND);
-        match patch_listener(patches, ctx, l.clone()) {
-            None => {}
-            Some(p) if p == l => out.push(r),
-            Some(p) => out.push(EncodedResource::encode(
-                TypeUrl::Listener,
-                p.name.clone(),
-                &p,
-            )),
-        }
-    }
+    let mut out: Vec<Resource> = listeners
+        .iter()
+        .filter_map(|r| patch_one(patches, r, proxy))
+        .collect();
     if wildcard {
-        let ctx = context(proxy, false);
-        for p in patches.of(ApplyTo::Listener) {
-            if p.operation != Operation::Add {
-                continue;
-            }
-            if !p.context_matches(ctx) {
-                status::record(&p.key, "listener", false);
-                continue;
-            }
-            status::record(&p.key, "listener", true);
-            if let Some(l) = p.typed::<Listener>() {
-                out.push(EncodedResource::encode(
-                    TypeUrl::Listener,
-                    l.name.clone(),
-                    &l,
-                ));
-            }
-        }
+        out.extend(added(patches, proxy));
     }
     out
 }

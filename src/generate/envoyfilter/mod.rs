@@ -12,11 +12,13 @@
 //!
 //! Application ([`apply`]): the cached, unpatched resources of a proxy with matching
 //! patches are decoded, patched ([`cluster`], [`listener`], [`route`]) and re-encoded;
-//! a resource no patch changed keeps its shared encoding. A patch whose value does not
-//! convert to its Envoy type is rejected alone ([`status`]).
+//! a resource no patch changed keeps its shared encoding, and what a patch set makes of
+//! a resource is shared by every proxy with that patch set ([`memo`]). A patch whose
+//! value does not convert to its Envoy type is rejected alone ([`status`]).
 
 pub mod cluster;
 pub mod listener;
+pub mod memo;
 pub mod route;
 pub mod status;
 pub mod value;
@@ -24,6 +26,8 @@ pub mod value;
 mod vectors;
 #[cfg(test)]
 mod vectors_listener;
+#[cfg(test)]
+mod vectors_listener_apply;
 #[cfg(test)]
 mod vectors_model;
 #[cfg(test)]
@@ -67,8 +71,13 @@ pub struct Patch {
     pub value: Option<DynamicMessage>,
     /// Its encoding (what typed copies are decoded from).
     pub bytes: Vec<u8>,
+    /// Unique among every patch compiled by this process (see [`memo`]).
+    pub id: u64,
     proxy_version: Option<regex::Regex>,
 }
+
+/// The next [`Patch::id`].
+static NEXT_PATCH_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl Patch {
     /// The patch context holds: `ANY` or the same context.
@@ -162,6 +171,7 @@ pub fn compile(config: &Config<EnvoyFilter>) -> Compiled {
             matcher,
             value,
             bytes,
+            id: NEXT_PATCH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             proxy_version,
         }));
     }
@@ -322,10 +332,32 @@ pub fn apply(
     let Some(patches) = select(snapshot, proxy).filter(|p| p.any_of(relevant)) else {
         return resources;
     };
+    // Each resource is patched once per patch set and shared (see `memo`); the
+    // additions of `ADD` patches follow.
+    let set = memo::patch_set(&patches, relevant, proxy.is_router());
     let out = match type_url {
-        TypeUrl::Cluster => cluster::apply(&patches, resources, proxy, wildcard),
-        TypeUrl::Listener => listener::apply(&patches, resources, proxy, wildcard),
-        _ => route::apply(&patches, resources, proxy),
+        TypeUrl::Cluster => {
+            let inbound_seen = resources.iter().any(cluster::is_inbound);
+            let mut out = memo::patched(type_url, set, resources, |r| {
+                cluster::patch_one(&patches, r, proxy)
+            });
+            if wildcard {
+                out.extend(cluster::added(&patches, proxy, inbound_seen));
+            }
+            out
+        }
+        TypeUrl::Listener => {
+            let mut out = memo::patched(type_url, set, resources, |r| {
+                listener::patch_one(&patches, r, proxy)
+            });
+            if wildcard {
+                out.extend(listener::added(&patches, proxy));
+            }
+            out
+        }
+        _ => memo::patched(type_url, set, resources, |r| {
+            Some(route::patch_one(&patches, r, proxy))
+        }),
     };
     status::publish();
     out

@@ -265,21 +265,25 @@ pub(crate) fn patch_route_configuration(
     rc
 }
 
+/// One route configuration of `proxy` patched (the same resource when nothing
+/// changed it).
+pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Resource {
+    let Ok(rc) = RouteConfiguration::decode(r.body.value.as_ref()) else {
+        return r.clone();
+    };
+    let ctx = context(proxy, rc.name.starts_with("inbound"));
+    let patched = patch_route_configuration(patches, ctx, rc.clone());
+    if patched == rc {
+        r.clone()
+    } else {
+        EncodedResource::encode(TypeUrl::Route, patched.name.clone(), &patched)
+    }
+}
+
 /// Patches the route configurations of `proxy`.
 pub fn apply(patches: &ProxyPatches, routes: Vec<Resource>, proxy: &Proxy) -> Vec<Resource> {
     routes
-        .into_iter()
-        .map(|r| {
-            let Ok(rc) = RouteConfiguration::decode(r.body.value.as_ref()) else {
-                return r;
-            };
-            let ctx = context(proxy, rc.name.starts_with("inbound"));
-            let patched = patch_route_configuration(patches, ctx, rc.clone());
-            if patched == rc {
-                r
-            } else {
-                EncodedResource::encode(TypeUrl::Route, patched.name.clone(), &patched)
-            }
-        })
+        .iter()
+        .map(|r| patch_one(patches, r, proxy))
         .collect()
 }

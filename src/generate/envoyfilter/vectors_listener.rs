@@ -1,8 +1,6 @@
-//! `listener_patch_test.go`, ported in part (see `super::vectors`): of
-//! `TestApplyListenerPatches`, the "gateway lds with priority" case. Its "gateway lds",
-//! "sidecar outbound lds", "sidecar outbound lds - skip adds" and "sidecar inbound
-//! virtual" cases share one list of 30-odd patches and are not ported yet; the listener
-//! engine is exercised end to end by `tests/it/envoyfilter.rs`. Istio's connection
+//! `listener_patch_test.go` (see `super::vectors`): of `TestApplyListenerPatches`, the
+//! "gateway lds with priority" case here; the cases sharing Istio's list of 49 patches
+//! and the waypoint cases are in `super::vectors_listener_apply`. Istio's connection
 //! manager here has no route configuration, which Envoy requires: the port gives it an
 //! empty inline one (in input and output alike) so the output passes the checker.
 
@@ -87,9 +85,11 @@ fn gateway_lds_with_priority() -> Result<(), String> {
 }
 
 pub(super) fn all() -> Vec<Outcome> {
-    vec![(
+    let mut out = vec![(
         FILE,
         "TestApplyListenerPatches/gateway lds with priority".into(),
         gateway_lds_with_priority(),
-    )]
+    )];
+    out.extend(super::vectors_listener_apply::all());
+    out
 }
