@@ -359,6 +359,5 @@ pub fn apply(
             Some(route::patch_one(&patches, r, proxy))
         }),
     };
-    status::publish();
     out
 }

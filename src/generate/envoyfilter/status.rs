@@ -65,9 +65,6 @@ pub fn clear(key: &str) {
     s.errors.remove(key);
 }
 
-/// Called after a round of patching (nothing to flush: the state is read on demand).
-pub fn publish() {}
-
 /// One EnvoyFilter's status, for `/debug/configz`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
