@@ -335,7 +335,7 @@ pub fn apply(
     // Each resource is patched once per patch set and shared (see `memo`); the
     // additions of `ADD` patches follow.
     let set = memo::patch_set(&patches, relevant, proxy.is_router());
-    let out = match type_url {
+    match type_url {
         TypeUrl::Cluster => {
             let inbound_seen = resources.iter().any(cluster::is_inbound);
             let mut out = memo::patched(type_url, set, resources, |r| {
@@ -358,6 +358,5 @@ pub fn apply(
         _ => memo::patched(type_url, set, resources, |r| {
             Some(route::patch_one(&patches, r, proxy))
         }),
-    };
-    out
+    }
 }
