@@ -74,6 +74,20 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/extensions/filters/http/health_check/v3/health_check.proto",
     "envoy/extensions/transport_sockets/alts/v3/alts.proto",
     "envoy/extensions/filters/listener/proxy_protocol/v3/proxy_protocol.proto",
+    // Not compiled here: the HTTP local rate limit and rate limit, the network rate
+    // limit, dynamic forward proxy and Redis proxy. They name `common.<x>.v3` types
+    // relative to their package, which resolves to `envoy.extensions.filters.common`
+    // once other files of that package are compiled beside them.
+    "envoy/extensions/filters/network/local_ratelimit/v3/local_rate_limit.proto",
+    "envoy/extensions/filters/http/ext_proc/v3/ext_proc.proto",
+    "envoy/extensions/filters/http/jwt_authn/v3/config.proto",
+    "envoy/extensions/filters/http/header_mutation/v3/header_mutation.proto",
+    "envoy/extensions/filters/http/set_metadata/v3/set_metadata.proto",
+    "envoy/extensions/filters/http/csrf/v3/csrf.proto",
+    "envoy/extensions/filters/http/oauth2/v3/oauth.proto",
+    "envoy/extensions/filters/http/stateful_session/v3/stateful_session.proto",
+    "envoy/extensions/filters/http/gzip/v3/gzip.proto",
+    "envoy/extensions/compression/gzip/compressor/v3/gzip.proto",
 ];
 
 /// Import roots inside envoy-types' `proto/` directory.

@@ -730,9 +730,9 @@ mod tests {
         assert!(Arc::ptr_eq(&named[0], &a[3]));
     }
 
-    #[test]
-    fn sidecars_with_the_same_facts_share_one_list_of_outbound_clusters() {
-        let services: Vec<Service> = (0..30)
+    /// `n` services `s<i>.default.svc.cluster.local`, each with HTTP port `8000 + i`.
+    fn http_services(n: u16) -> Vec<Service> {
+        (0..n)
             .map(|i| {
                 let mut s = Service::new(
                     format!("s{i}.default.svc.cluster.local"),
@@ -744,7 +744,12 @@ mod tests {
                     .push(Port::new("http", 8000 + i, Protocol::Http).unwrap());
                 s
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn sidecars_with_the_same_facts_share_one_list_of_outbound_clusters() {
+        let services = http_services(30);
         let snap = snapshot(services, ConfigSet::default(), default_mesh());
         let all = BTreeSet::new();
         let sub = || Subscription {
@@ -791,19 +796,7 @@ mod tests {
 
     #[test]
     fn sidecars_asking_for_the_same_clusters_share_one_list_of_assignments() {
-        let services: Vec<Service> = (0..30)
-            .map(|i| {
-                let mut s = Service::new(
-                    format!("s{i}.default.svc.cluster.local"),
-                    "default",
-                    ProviderId::Mock,
-                    "c1",
-                );
-                s.ports
-                    .push(Port::new("http", 8000 + i, Protocol::Http).unwrap());
-                s
-            })
-            .collect();
+        let services = http_services(30);
         let snap = snapshot(services, ConfigSet::default(), default_mesh());
         let names: Arc<BTreeSet<String>> = Arc::new(
             (0..30)
@@ -878,19 +871,7 @@ mod tests {
         use meshfed_api::networking::v1alpha3::{
             DestinationRule, LoadBalancerSettings, LocalityLoadBalancerSetting, TrafficPolicy,
         };
-        let services: Vec<Service> = (0..3)
-            .map(|i| {
-                let mut s = Service::new(
-                    format!("s{i}.default.svc.cluster.local"),
-                    "default",
-                    ProviderId::Mock,
-                    "c1",
-                );
-                s.ports
-                    .push(Port::new("http", 8000 + i, Protocol::Http).unwrap());
-                s
-            })
-            .collect();
+        let services = http_services(3);
         let names: Arc<BTreeSet<String>> = Arc::new(
             (0..3)
                 .map(|i| format!("outbound|{}||s{i}.default.svc.cluster.local", 8000 + i))

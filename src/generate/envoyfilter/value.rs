@@ -205,4 +205,39 @@ mod tests {
         let w = check(ApplyTo::Cluster, &json!({"name": "a", "hosts": []})).unwrap();
         assert_eq!(w.len(), 1, "{w:?}");
     }
+
+    #[test]
+    fn filters_envoy_filters_commonly_carry_decode() {
+        let filter = |type_url: &str, config: serde_json::Value| {
+            let mut typed = config;
+            typed["@type"] = json!(format!("type.googleapis.com/{type_url}"));
+            json!({"name": "f", "typed_config": typed})
+        };
+        for (apply_to, type_url, config) in [
+            (
+                ApplyTo::HttpFilter,
+                "envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                json!({"grpc_service": {"envoy_grpc": {"cluster_name": "ext-proc"}}}),
+            ),
+            (
+                ApplyTo::HttpFilter,
+                "envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+                json!({}),
+            ),
+            (
+                ApplyTo::HttpFilter,
+                "envoy.extensions.filters.http.jwt_authn.v3.JwtAuthentication",
+                json!({"providers": {}}),
+            ),
+            (
+                ApplyTo::NetworkFilter,
+                "envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit",
+                json!({"stat_prefix": "rl", "token_bucket": {"max_tokens": 10, "fill_interval": "1s"}}),
+            ),
+        ] {
+            let warnings = check(apply_to, &filter(type_url, config))
+                .unwrap_or_else(|e| panic!("{type_url}: {e}"));
+            assert!(warnings.is_empty(), "{type_url}: {warnings:?}");
+        }
+    }
 }

@@ -102,8 +102,16 @@ pub fn validate_gateway_class(spec: &GatewayClassSpec) -> Validation {
     f.finish()
 }
 
+/// The GatewayClass of Istio's ambient waypoint proxies.
+pub const WAYPOINT_CLASS: &str = "istio-waypoint";
+
+/// What `meshfed validate` says of a waypoint Gateway.
+pub const WAYPOINT_WARNING: &str = "waypoint proxies are not served by meshfed yet: workloads \
+     and services that use this waypoint (istio.io/use-waypoint) name it to ztunnel, but the \
+     waypoint's own configuration (HBONE listeners, its routes and policies) is not generated";
+
 /// `Gateway`: listeners (unique names, ports, TLS as the protocol requires, hostnames)
-/// and addresses.
+/// and addresses; a waypoint Gateway (class `istio-waypoint`) is warned about.
 pub fn validate_gateway(spec: &GatewaySpec) -> Validation {
     let mut f = Findings::new();
     let root = FieldPath::spec();
@@ -112,6 +120,9 @@ pub fn validate_gateway(spec: &GatewaySpec) -> Validation {
             &root.field("gatewayClassName"),
             "gatewayClassName is required",
         );
+    }
+    if spec.gateway_class_name == WAYPOINT_CLASS {
+        f.warn(&root.field("gatewayClassName"), WAYPOINT_WARNING);
     }
     if spec.listeners.is_empty() || spec.listeners.len() > 64 {
         f.error(
@@ -654,6 +665,30 @@ pub fn validate_reference_grant(spec: &ReferenceGrantSpec) -> Validation {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waypoint_gateways_are_warned_about() {
+        let gateway = |class: &str| GatewaySpec {
+            gateway_class_name: class.into(),
+            listeners: vec![Listener {
+                name: "mesh".into(),
+                port: 15008,
+                protocol: "HBONE".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let warnings = validate_gateway(&gateway("istio-waypoint")).expect("valid");
+        assert!(
+            warnings
+                .iter()
+                .any(|w| w.field.to_string() == "spec.gatewayClassName"
+                    && w.message.contains("waypoint proxies")),
+            "{warnings:?}"
+        );
+        let plain = validate_gateway(&gateway("istio")).expect("valid");
+        assert!(!plain.iter().any(|w| w.message.contains("waypoint")));
+    }
 
     #[test]
     fn durations_follow_the_api() {
