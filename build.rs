@@ -74,11 +74,12 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/extensions/filters/http/health_check/v3/health_check.proto",
     "envoy/extensions/transport_sockets/alts/v3/alts.proto",
     "envoy/extensions/filters/listener/proxy_protocol/v3/proxy_protocol.proto",
-    // Not compiled here: the HTTP local rate limit and rate limit, the network rate
-    // limit, dynamic forward proxy and Redis proxy. They name `common.<x>.v3` types
-    // relative to their package, which resolves to `envoy.extensions.filters.common`
-    // once other files of that package are compiled beside them.
     "envoy/extensions/filters/network/local_ratelimit/v3/local_rate_limit.proto",
+    "envoy/extensions/filters/http/local_ratelimit/v3/local_rate_limit.proto",
+    "envoy/extensions/filters/http/ratelimit/v3/rate_limit.proto",
+    "envoy/extensions/filters/network/ratelimit/v3/rate_limit.proto",
+    "envoy/extensions/filters/http/dynamic_forward_proxy/v3/dynamic_forward_proxy.proto",
+    "envoy/extensions/filters/network/redis_proxy/v3/redis_proxy.proto",
     "envoy/extensions/filters/http/ext_proc/v3/ext_proc.proto",
     "envoy/extensions/filters/http/jwt_authn/v3/config.proto",
     "envoy/extensions/filters/http/header_mutation/v3/header_mutation.proto",
@@ -89,6 +90,22 @@ const ENTRY_FILES: &[&str] = &[
     "envoy/extensions/filters/http/gzip/v3/gzip.proto",
     "envoy/extensions/compression/gzip/compressor/v3/gzip.proto",
 ];
+
+/// Files that name `common.<x>.v3` types relative to their own package
+/// (`envoy.extensions.filters...`): compiled in one set with other files of
+/// `envoy.extensions.filters.common`, such a name resolves there and is not found.
+/// They are compiled from copies whose names are fully qualified
+/// (`.envoy.extensions.common.<x>.v3`), which is what they mean.
+const RELATIVE_COMMON: &[&str] = &[
+    "envoy/extensions/filters/http/local_ratelimit/v3/local_rate_limit.proto",
+    "envoy/extensions/filters/http/ratelimit/v3/rate_limit.proto",
+    "envoy/extensions/filters/network/ratelimit/v3/rate_limit.proto",
+    "envoy/extensions/filters/http/dynamic_forward_proxy/v3/dynamic_forward_proxy.proto",
+    "envoy/extensions/filters/network/redis_proxy/v3/redis_proxy.proto",
+];
+
+/// The `envoy.extensions.common` packages [`RELATIVE_COMMON`] files name relatively.
+const COMMON_PACKAGES: &[&str] = &["ratelimit", "dynamic_forward_proxy", "aws"];
 
 /// Import roots inside envoy-types' `proto/` directory.
 const INCLUDE_ROOTS: &[&str] = &[
@@ -324,11 +341,32 @@ fn compile(proto_dir: &Path, out_dir: &Path) -> Result<Vec<u8>, String> {
             .and_then(|()| fs::write(&path, text))
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
     }
-    let mut includes: Vec<PathBuf> = INCLUDE_ROOTS
-        .iter()
-        .map(|r| proto_dir.join(r))
-        .filter(|d| d.is_dir())
-        .collect();
+    // Qualified copies of the files in RELATIVE_COMMON, found before the originals.
+    let qualified = out_dir.join("config_dump_proto_qualified");
+    for name in RELATIVE_COMMON {
+        let from = proto_dir.join("data-plane-api").join(name);
+        let mut text =
+            fs::read_to_string(&from).map_err(|e| format!("reading {}: {e}", from.display()))?;
+        for package in COMMON_PACKAGES {
+            for lead in [" ", "\t"] {
+                text = text.replace(
+                    &format!("{lead}common.{package}.v3."),
+                    &format!("{lead}.envoy.extensions.common.{package}.v3."),
+                );
+            }
+        }
+        let to = qualified.join(name);
+        fs::create_dir_all(to.parent().expect("has a parent"))
+            .and_then(|()| fs::write(&to, text))
+            .map_err(|e| format!("writing {}: {e}", to.display()))?;
+    }
+    let mut includes: Vec<PathBuf> = vec![qualified];
+    includes.extend(
+        INCLUDE_ROOTS
+            .iter()
+            .map(|r| proto_dir.join(r))
+            .filter(|d| d.is_dir()),
+    );
     includes.push(local);
     let mut compiler = protox::Compiler::new(&includes).map_err(|e| format!("protox: {e}"))?;
     compiler.include_imports(true).include_source_info(false);

@@ -230,6 +230,28 @@ mod tests {
                 json!({"providers": {}}),
             ),
             (
+                ApplyTo::HttpFilter,
+                "envoy.extensions.filters.http.local_ratelimit.v3.LocalRateLimit",
+                json!({"stat_prefix": "http_local_rate_limiter",
+                    "token_bucket": {"max_tokens": 10, "tokens_per_fill": 10, "fill_interval": "60s"},
+                    "filter_enabled": {"runtime_key": "local_rate_limit_enabled",
+                        "default_value": {"numerator": 100, "denominator": "HUNDRED"}},
+                    "descriptors": [{"entries": [{"key": "path", "value": "/"}],
+                        "token_bucket": {"max_tokens": 5, "fill_interval": "60s"}}]}),
+            ),
+            (
+                ApplyTo::HttpFilter,
+                "envoy.extensions.filters.http.ratelimit.v3.RateLimit",
+                json!({"domain": "prod", "rate_limit_service": {"grpc_service":
+                    {"envoy_grpc": {"cluster_name": "rate-limit"}}, "transport_api_version": "V3"}}),
+            ),
+            (
+                ApplyTo::NetworkFilter,
+                "envoy.extensions.filters.network.redis_proxy.v3.RedisProxy",
+                json!({"stat_prefix": "redis", "settings": {"op_timeout": "5s"},
+                    "prefix_routes": {"catch_all_route": {"cluster": "redis"}}}),
+            ),
+            (
                 ApplyTo::NetworkFilter,
                 "envoy.extensions.filters.network.local_ratelimit.v3.LocalRateLimit",
                 json!({"stat_prefix": "rl", "token_bucket": {"max_tokens": 10, "fill_interval": "1s"}}),
