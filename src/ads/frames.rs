@@ -983,10 +983,10 @@ mod tests {
     fn a_body_frames_no_further_than_http2_frees() {
         use super::super::transport::SEND_BUDGET;
         let control = Arc::new(ConnControl::new(64 * 1024));
-        // 600 small resources: ~370 KB of copied chunks, several budgets.
+        // 2,400 small resources: ~1.5 MB of copied chunks, several budgets.
         let response = SotwResponse {
             nonce: "n".into(),
-            resources: (0..600).map(|i| any(600, i as u8)).collect(),
+            resources: (0..2400).map(|i| any(600, i as u8)).collect(),
             ..Default::default()
         };
         let expected = framed(&response);

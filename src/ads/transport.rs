@@ -144,7 +144,7 @@ pub struct ConnControl {
 /// is counted until HTTP/2 frees it. Spliced resource bodies (the snapshot's bytes)
 /// are not counted: they cost no memory of their own. A stream none of whose chunks HTTP/2 holds may
 /// always go on, so a connection holds at most this plus one framing step per stream.
-pub const SEND_BUDGET: usize = 64 * 1024;
+pub const SEND_BUDGET: usize = 256 * 1024;
 
 /// A response chunk handed to HTTP/2: uncounts itself when HTTP/2 frees it.
 struct SentChunk {
