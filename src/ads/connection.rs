@@ -99,10 +99,20 @@ fn diff_digest(
     } else {
         Arc::as_ptr(names) as usize
     });
-    for r in current {
+    hash_identities(&mut h, current);
+    h.finish()
+}
+
+/// Hashes `resources` by identity (their addresses), in order.
+fn hash_identities(h: &mut impl Hasher, resources: &[Resource]) {
+    for r in resources {
         h.write_usize(Arc::as_ptr(r) as usize);
     }
-    h.finish()
+}
+
+/// Whether `a` and `b` are the very same resources, in order.
+fn same_resources(a: &[Resource], b: &[Resource]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
 }
 
 fn remembered_diff(
@@ -124,12 +134,7 @@ fn remembered_diff(
                 // connection's are its own).
                 && (Arc::ptr_eq(&diff.held, held) || diff.held.is_empty() && held.is_empty())
                 && (Arc::ptr_eq(&diff.names, names) || diff.names.is_empty() && names.is_empty())
-                && diff.current.len() == current.len()
-                && diff
-                    .current
-                    .iter()
-                    .zip(current)
-                    .all(|(a, b)| Arc::ptr_eq(a, b))
+                && same_resources(&diff.current, current)
         })
         .map(|(_, diff)| diff.clone())
 }
@@ -177,17 +182,12 @@ const FULL_RESPONSES_KEPT: usize = 32;
 /// digest of its pointers more than building the map.
 fn held_after(resources: &[Resource]) -> Arc<HeldMap> {
     let mut h = foldhash::fast::FixedState::default().build_hasher();
-    for r in resources {
-        h.write_usize(Arc::as_ptr(r) as usize);
-    }
+    hash_identities(&mut h, resources);
     let digest = h.finish();
-    let same = |kept: &[Resource]| {
-        kept.len() == resources.len() && kept.iter().zip(resources).all(|(a, b)| Arc::ptr_eq(a, b))
-    };
     {
         let kept = FULL_RESPONSES.lock().expect("held memo poisoned");
         if let Some((r, held)) = kept.by_digest.get(&digest)
-            && same(r)
+            && same_resources(r, resources)
         {
             return held.clone();
         }
