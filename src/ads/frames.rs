@@ -32,10 +32,11 @@ use tokio::sync::mpsc;
 use tonic::codegen::http::HeaderMap;
 use tonic::{Code, Status};
 
+use super::segments::{self, SegmentMemo};
 use super::transport::ConnControl;
-use crate::xds::EncodedResource;
 use crate::xds::response::{DeltaResponse, SotwResponse, delta_resource_len};
 use crate::xds::wire::SharedAny;
+use crate::xds::{EncodedResource, Resource};
 
 /// Resource bodies at least this long are spliced in by reference instead of copied.
 pub const SPLICE_MIN: usize = 1024;
@@ -59,6 +60,13 @@ pub trait FrameEncode {
     fn write_part(&self, index: usize, out: &mut ChunkWriter);
     /// Writes the fields after the resources.
     fn write_tail(&self, out: &mut ChunkWriter);
+    /// The resources, in order: part `i` is `resources()[i]`.
+    fn resources(&self) -> &[Resource];
+    /// The encoded length of part `index`, with its key.
+    fn part_len(&self, index: usize) -> usize;
+    /// Which message the parts belong to: parts of different kinds are framed
+    /// differently.
+    const KIND: u8;
 }
 
 /// Writes one message out as gRPC-framed chunks, only as far as the reader asks:
@@ -70,11 +78,19 @@ pub struct FrameCursor<M> {
     out: ChunkWriter,
     /// 0 = prefix and head, 1..=parts = resources, parts + 1 = tail, then done.
     next: usize,
+    /// Where runs of resources framed for earlier responses are found.
+    segments: Option<Arc<SegmentMemo>>,
 }
 
 impl<M: FrameEncode> FrameCursor<M> {
-    /// A cursor at the start of `message`.
+    /// A cursor at the start of `message`, framing every resource itself.
     pub fn new(message: M) -> Self {
+        Self::with_segments(message, None)
+    }
+
+    /// A cursor at the start of `message` that splices runs of resources already
+    /// framed (see [`super::segments`]) from `segments`.
+    pub fn with_segments(message: M, segments: Option<Arc<SegmentMemo>>) -> Self {
         let len = message.message_len();
         let copied = PREFIX_LEN + len - message.spliced_len();
         let mut out = ChunkWriter::new(copied, message.parts());
@@ -85,7 +101,37 @@ impl<M: FrameEncode> FrameCursor<M> {
             message,
             out,
             next: 0,
+            segments,
         }
+    }
+
+    /// Writes the resources from part `start` on: one shared segment, or one part.
+    /// Returns the next part.
+    fn write_from(&mut self, start: usize) -> usize {
+        if let Some(memo) = &self.segments
+            && let Some(end) = segments::segment(self.message.resources(), start)
+        {
+            let message = &self.message;
+            let framed = memo.framed(M::KIND, &message.resources()[start..end], || {
+                let len = (start..end).map(|i| message.part_len(i)).sum();
+                let mut whole = ChunkWriter::whole(len);
+                for i in start..end {
+                    message.write_part(i, &mut whole);
+                }
+                whole.current.freeze()
+            });
+            match framed {
+                Some(bytes) => self.out.splice(bytes),
+                None => {
+                    for i in start..end {
+                        self.message.write_part(i, &mut self.out);
+                    }
+                }
+            }
+            return end;
+        }
+        self.message.write_part(start, &mut self.out);
+        start + 1
     }
 
     /// The next chunks in order (at least one), or `None` once all are out.
@@ -93,14 +139,17 @@ impl<M: FrameEncode> FrameCursor<M> {
         let parts = self.message.parts();
         while self.out.chunks.is_empty() && self.next <= parts + 1 {
             match self.next {
-                0 => self.message.write_head(&mut self.out),
-                n if n <= parts => self.message.write_part(n - 1, &mut self.out),
+                0 => {
+                    self.message.write_head(&mut self.out);
+                    self.next = 1;
+                }
+                n if n <= parts => self.next = self.write_from(n - 1) + 1,
                 _ => {
                     self.message.write_tail(&mut self.out);
                     self.out.flush();
+                    self.next += 1;
                 }
             }
-            self.next += 1;
         }
         if self.out.chunks.is_empty() {
             return None;
@@ -138,6 +187,8 @@ pub struct ChunkWriter {
     copy_left: usize,
     /// The size of a fresh buffer (see [`chunk_size`]).
     chunk_size: usize,
+    /// Copy large bodies too: everything goes into one buffer.
+    copy_all: bool,
 }
 
 /// The buffer size for a message of `copied` bytes to copy over `parts` resources:
@@ -159,7 +210,28 @@ impl ChunkWriter {
             current: BytesMut::new(),
             copy_left: copy_total,
             chunk_size: chunk_size(copy_total, parts),
+            copy_all: false,
         }
+    }
+
+    /// A writer copying everything, bodies included, into one buffer of `len` bytes.
+    fn whole(len: usize) -> Self {
+        ChunkWriter {
+            chunks: Vec::new(),
+            current: BytesMut::with_capacity(len),
+            copy_left: len,
+            chunk_size: len,
+            copy_all: true,
+        }
+    }
+
+    /// Shared bytes framed earlier, spliced as they are.
+    fn splice(&mut self, bytes: Bytes) {
+        self.flush();
+        self.chunks.push(Chunk {
+            bytes,
+            spliced: true,
+        });
     }
 
     /// A buffer with room for `n` contiguous copied bytes.
@@ -208,12 +280,8 @@ impl ChunkWriter {
             return;
         }
         self.key(tag, value.len());
-        if value.len() >= SPLICE_MIN {
-            self.flush();
-            self.chunks.push(Chunk {
-                bytes: value.clone(),
-                spliced: true,
-            });
+        if value.len() >= SPLICE_MIN && !self.copy_all {
+            self.splice(value.clone());
         } else {
             self.small(value.len()).put_slice(value);
         }
@@ -260,6 +328,16 @@ impl FrameEncode for SotwResponse {
         out.string(5, &self.nonce);
         out.shared(6, &self.control_plane);
     }
+
+    fn resources(&self) -> &[Resource] {
+        &self.resources
+    }
+
+    fn part_len(&self, index: usize) -> usize {
+        encoding::message::encoded_len(2, &self.resources[index].body)
+    }
+
+    const KIND: u8 = 1;
 }
 
 impl FrameEncode for DeltaResponse {
@@ -293,6 +371,17 @@ impl FrameEncode for DeltaResponse {
         }
         out.shared(7, &self.control_plane);
     }
+
+    fn resources(&self) -> &[Resource] {
+        &self.resources
+    }
+
+    fn part_len(&self, index: usize) -> usize {
+        let len = delta_resource_len(&self.resources[index]);
+        encoding::key_len(2) + encoding::encoded_len_varint(len as u64) + len
+    }
+
+    const KIND: u8 = 2;
 }
 
 fn write_delta_resource(out: &mut ChunkWriter, resource: &EncodedResource) {
@@ -391,7 +480,8 @@ impl<M: FrameEncode + Unpin> http_body::Body for ResponseBody<M> {
             }
             match ready!(this.rx.poll_recv(cx)) {
                 Some(Outbound::Message(message)) => {
-                    this.current = Some(FrameCursor::new(*message));
+                    let segments = this.control.as_ref().and_then(|c| c.segments());
+                    this.current = Some(FrameCursor::with_segments(*message, segments));
                 }
                 Some(Outbound::Close(status)) => {
                     this.done = true;
@@ -792,6 +882,76 @@ mod tests {
         assert_eq!(chunk_size(600 * 700, 600), 22_400);
         assert_eq!(chunk_size(200 * 60, 200), 1920);
         assert_eq!(chunk_size(5, 0), CHUNK_MAX);
+    }
+
+    fn chunks_with(message: impl FrameEncode, memo: &Arc<SegmentMemo>) -> Vec<Bytes> {
+        let mut cursor = FrameCursor::with_segments(message, Some(memo.clone()));
+        let mut all = Vec::new();
+        while let Some(chunks) = cursor.next_chunks() {
+            all.extend(chunks.map(|c| c.bytes));
+        }
+        all
+    }
+
+    #[test]
+    fn runs_framed_for_an_earlier_response_go_out_as_one_chunk_each() {
+        let memo = Arc::new(SegmentMemo::default());
+        // 2,000 clusters around the splice threshold: framed alone, one chunk or two
+        // per resource.
+        let clusters: Vec<Resource> = (0..2000).map(|i| any(900 + i % 300, i as u8)).collect();
+        let response = SotwResponse {
+            version_info: "v".into(),
+            resources: clusters.clone(),
+            nonce: "n".into(),
+            ..Default::default()
+        };
+        let first = chunks_with(response.clone(), &memo);
+        assert_eq!(concat(&first), framed(&response));
+        assert!(first.len() > 2000, "{} chunks the first time", first.len());
+        let second = chunks_with(response.clone(), &memo);
+        assert_eq!(concat(&second), framed(&response));
+        assert!(
+            second.len() < 200,
+            "{} chunks the second time",
+            second.len()
+        );
+        let third = chunks_with(response.clone(), &memo);
+        let shared = third
+            .iter()
+            .filter(|c| {
+                second
+                    .iter()
+                    .any(|s| s.as_ptr() == c.as_ptr() && c.len() > 10_000)
+            })
+            .count();
+        assert!(
+            shared * 2 > third.len(),
+            "{shared} of {} chunks shared",
+            third.len()
+        );
+
+        // Another proxy's list: its own resource among the shared ones. Only the
+        // segment around it is framed anew.
+        let mut own = clusters.clone();
+        own.insert(1000, any(950, 1));
+        let other = SotwResponse {
+            resources: own,
+            ..response.clone()
+        };
+        let theirs = chunks_with(other.clone(), &memo);
+        assert_eq!(concat(&theirs), framed(&other));
+        assert!(theirs.len() < 400, "{} chunks", theirs.len());
+
+        // Delta frames the same resources differently: its own segments.
+        let delta = DeltaResponse {
+            resources: clusters,
+            nonce: "d".into(),
+            ..Default::default()
+        };
+        for _ in 0..3 {
+            assert_eq!(concat(&chunks_with(delta.clone(), &memo)), framed(&delta));
+        }
+        assert!(chunks_with(delta, &memo).len() < 200);
     }
 
     #[test]

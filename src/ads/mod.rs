@@ -20,6 +20,7 @@ pub mod limit;
 pub mod mcp;
 pub mod metrics;
 pub mod rate;
+pub mod segments;
 pub mod server;
 pub mod transport;
 

@@ -38,6 +38,7 @@ use tonic::transport::server::Connected;
 use tracing::{debug, warn};
 
 use super::limit::LogLimiter;
+use super::segments::SegmentMemo;
 
 /// Limits of the xDS port (flags of `meshfed discovery`).
 #[derive(Clone, Debug)]
@@ -134,6 +135,8 @@ pub struct ConnControl {
     waiting: AtomicBool,
     /// Response bodies waiting for `in_flight` to fall below [`SEND_BUDGET`].
     send_waiters: Mutex<Vec<Waker>>,
+    /// The listener's framed segments, shared by all its connections.
+    segments: Option<Arc<SegmentMemo>>,
 }
 
 /// How many response bytes a connection's streams may have handed to HTTP/2 that
@@ -179,7 +182,21 @@ impl ConnControl {
             in_flight: AtomicUsize::new(0),
             waiting: AtomicBool::new(false),
             send_waiters: Mutex::new(Vec::new()),
+            segments: None,
         }
+    }
+
+    /// The same, whose responses splice the framed segments of `segments`.
+    pub fn with_segments(budget: usize, segments: Arc<SegmentMemo>) -> Self {
+        ConnControl {
+            segments: Some(segments),
+            ..ConnControl::new(budget)
+        }
+    }
+
+    /// Where this connection's responses find framed segments.
+    pub fn segments(&self) -> Option<Arc<SegmentMemo>> {
+        self.segments.clone()
     }
 
     /// Response bytes handed to HTTP/2 that it has not freed yet.
@@ -489,6 +506,7 @@ pub struct Acceptor {
     live: Arc<AtomicUsize>,
     backoff: AcceptBackoff,
     log: LogLimiter,
+    segments: Arc<SegmentMemo>,
 }
 
 impl Acceptor {
@@ -503,6 +521,7 @@ impl Acceptor {
             live: Arc::default(),
             backoff: AcceptBackoff::default(),
             log: LogLimiter::new(5, Duration::from_secs(10)),
+            segments: Arc::default(),
         }
     }
 
@@ -543,7 +562,10 @@ impl Acceptor {
                     return GuardedStream {
                         io,
                         peer: Some(peer),
-                        control: Arc::new(ConnControl::new(self.limits.connection_request_bytes)),
+                        control: Arc::new(ConnControl::with_segments(
+                            self.limits.connection_request_bytes,
+                            self.segments.clone(),
+                        )),
                         handshake,
                         metrics: self.metrics.clone(),
                         live: self.live.clone(),
