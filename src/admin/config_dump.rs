@@ -239,7 +239,7 @@ impl SentState {
         Some(SentState {
             wildcard: watch.wildcard,
             names: (*watch.names).clone(),
-            version: watch.version_sent.clone(),
+            version: watch.version_sent.as_deref().map(str::to_string),
             last_sent: watch.last_sent,
             status,
             held: (connection.flavour == Flavour::Delta)

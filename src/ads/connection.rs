@@ -227,19 +227,19 @@ pub struct Watch {
     /// Subscribed to everything of the type.
     pub wildcard: bool,
     /// Nonce of the last response sent.
-    pub nonce_sent: Option<String>,
+    pub nonce_sent: Option<Arc<str>>,
     /// Version of the last response sent.
-    pub version_sent: Option<String>,
+    pub version_sent: Option<Arc<str>>,
     /// When the last response was sent.
     pub last_sent: Option<SystemTime>,
     /// Nonce of the last response the proxy accepted.
-    pub nonce_acked: Option<String>,
+    pub nonce_acked: Option<Arc<str>>,
     /// Version the proxy last accepted.
-    pub version_acked: Option<String>,
+    pub version_acked: Option<Arc<str>>,
     /// Error of the last rejected response, cleared by the next ACK.
     pub last_error: Option<String>,
     /// Nonce of the last rejected response.
-    pub nonce_nacked: Option<String>,
+    pub nonce_nacked: Option<Arc<str>>,
     /// What the proxy holds, name -> content version, shared with every connection
     /// holding the same (see [`super::intern`]). Delta sends differences from it;
     /// state of the world skips a push that would resend exactly it.
@@ -248,6 +248,15 @@ pub struct Watch {
 }
 
 impl Watch {
+    /// `nonce` as held: the very string of the last response sent when it is that
+    /// one (an idle connection's watches then hold one copy of each nonce, not three).
+    fn shared_nonce(&self, nonce: &str) -> Arc<str> {
+        match &self.nonce_sent {
+            Some(sent) if **sent == *nonce => sent.clone(),
+            _ => Arc::from(nonce),
+        }
+    }
+
     /// The last response sent was acknowledged.
     pub fn acked(&self) -> bool {
         self.nonce_sent.is_some() && self.nonce_sent == self.nonce_acked
@@ -383,7 +392,7 @@ impl ConnectionState {
         if let Some(status) = &req.error_detail {
             let watch = self.watches.get_or_default(type_url);
             watch.last_error = Some(stored_error(&status.message));
-            watch.nonce_nacked = Some(req.response_nonce.clone());
+            watch.nonce_nacked = Some(watch.shared_nonce(&req.response_nonce));
             return Action::Nack(type_url, stored_error(&status.message));
         }
         let requested = &req.resource_names;
@@ -421,8 +430,11 @@ impl ConnectionState {
         if watch.nonce_sent.as_deref() != Some(req.response_nonce.as_str()) {
             return Action::Stale(type_url);
         }
-        watch.nonce_acked = Some(req.response_nonce.clone());
-        watch.version_acked = Some(req.version_info.clone());
+        watch.nonce_acked = watch.nonce_sent.clone();
+        watch.version_acked = Some(match &watch.version_sent {
+            Some(sent) if **sent == *req.version_info => sent.clone(),
+            _ => Arc::from(req.version_info.as_str()),
+        });
         watch.last_error = None;
         // The common ACK repeats the same names in the same order (an EDS ACK of a
         // large mesh carries thousands): the digest says so without a lookup.
@@ -457,7 +469,7 @@ impl ConnectionState {
         if let Some(status) = &req.error_detail {
             let watch = self.watches.get_or_default(type_url);
             watch.last_error = Some(stored_error(&status.message));
-            watch.nonce_nacked = Some(req.response_nonce.clone());
+            watch.nonce_nacked = Some(watch.shared_nonce(&req.response_nonce));
             return Action::Nack(type_url, stored_error(&status.message));
         }
         let first = !self.watches.contains_key(&type_url);
@@ -508,7 +520,7 @@ impl ConnectionState {
         }
         if !req.response_nonce.is_empty() {
             if watch.nonce_sent.as_deref() == Some(req.response_nonce.as_str()) {
-                watch.nonce_acked = Some(req.response_nonce.clone());
+                watch.nonce_acked = watch.nonce_sent.clone();
                 watch.version_acked = watch.version_sent.clone();
                 watch.last_error = None;
             } else if !added {
@@ -532,8 +544,8 @@ impl ConnectionState {
         self.responses += 1;
         let nonce = format!("{version}/{connection_id}/{}", self.responses);
         let watch = self.watches.get_or_default(type_url);
-        watch.nonce_sent = Some(nonce.clone());
-        watch.version_sent = Some(version.to_string());
+        watch.nonce_sent = Some(Arc::from(nonce.as_str()));
+        watch.version_sent = Some(Arc::from(version));
         watch.last_sent = Some(SystemTime::now());
         nonce
     }
@@ -861,6 +873,20 @@ mod tests {
         let w = s.watch(TypeUrl::Cluster).unwrap();
         assert_eq!(w.nonce_acked.as_deref(), Some(nonce.as_str()));
         assert_eq!(w.version_acked.as_deref(), Some("v1"));
+        // An idle connection holds one copy of its last nonce and version per type.
+        let (sent, acked) = (
+            w.nonce_sent.as_ref().unwrap(),
+            w.nonce_acked.as_ref().unwrap(),
+        );
+        assert!(
+            Arc::ptr_eq(sent, acked),
+            "the ACKed nonce is the sent one's string"
+        );
+        let (sent, acked) = (
+            w.version_sent.as_ref().unwrap(),
+            w.version_acked.as_ref().unwrap(),
+        );
+        assert!(Arc::ptr_eq(sent, acked));
         // A wildcard type answers any change of names, even a removal.
         assert_eq!(
             s.on_sotw_request(&req(CDS, &["a"], "v1", &nonce)),
