@@ -28,10 +28,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body::Frame;
 use prost::Message;
 use prost::encoding::{self, WireType};
-use tokio::sync::mpsc;
 use tonic::codegen::http::HeaderMap;
 use tonic::{Code, Status};
 
+use super::outbox;
 use super::segments::{self, SegmentMemo};
 use super::transport::ConnControl;
 use crate::xds::response::{DeltaResponse, SotwResponse, delta_resource_len};
@@ -407,7 +407,7 @@ pub enum Outbound<M> {
 /// trailers. When the task drops its sender, the stream ends with status OK.
 #[derive(Debug)]
 pub struct ResponseBody<M> {
-    rx: mpsc::Receiver<Outbound<M>>,
+    rx: outbox::Receiver<Outbound<M>>,
     current: Option<FrameCursor<M>>,
     pending: std::vec::IntoIter<Chunk>,
     done: bool,
@@ -421,7 +421,7 @@ pub struct ResponseBody<M> {
 impl<M> ResponseBody<M> {
     /// A body reading from `rx`, paced by the connection's socket when `control` is
     /// given.
-    pub fn new(rx: mpsc::Receiver<Outbound<M>>, control: Option<Arc<ConnControl>>) -> Self {
+    pub fn new(rx: outbox::Receiver<Outbound<M>>, control: Option<Arc<ConnControl>>) -> Self {
         ResponseBody {
             rx,
             current: None,
@@ -779,6 +779,7 @@ mod tests {
 
     use super::*;
     use crate::xds::{Resource, TypeUrl};
+    use tokio::sync::mpsc;
 
     fn any(len: usize, fill: u8) -> Resource {
         Arc::new(EncodedResource {
@@ -1150,8 +1151,10 @@ mod tests {
             ..Default::default()
         };
         let expected = framed(&response);
-        let (tx, rx) = mpsc::channel(1);
-        tx.try_send(Outbound::Message(Box::new(response))).unwrap();
+        let (tx, rx) = outbox::channel(1);
+        tx.try_reserve()
+            .unwrap()
+            .send(Outbound::Message(Box::new(response)));
         drop(tx);
         let mut body = ResponseBody::new(rx, Some(control.clone()));
         let waker = futures::task::noop_waker();
@@ -1217,8 +1220,10 @@ mod tests {
             ..Default::default()
         };
         let expected = framed(&response);
-        let (tx, rx) = mpsc::channel(1);
-        tx.try_send(Outbound::Message(Box::new(response))).unwrap();
+        let (tx, rx) = outbox::channel(1);
+        tx.try_reserve()
+            .unwrap()
+            .send(Outbound::Message(Box::new(response)));
         drop(tx);
         let mut body = ResponseBody::new(rx, Some(control.clone()));
         let waker = futures::task::noop_waker();
@@ -1303,7 +1308,7 @@ mod tests {
 
     #[tokio::test]
     async fn body_yields_chunks_then_trailers() {
-        let (tx, rx) = mpsc::channel(2);
+        let (tx, rx) = outbox::channel(2);
         let response = SotwResponse {
             nonce: "n".into(),
             resources: vec![any(4096, 7)],
@@ -1321,7 +1326,7 @@ mod tests {
         assert_eq!(trailers["grpc-message"], "bye");
         assert_eq!(collected.to_bytes().as_ref(), framed(&response).as_slice());
 
-        let (tx, rx) = mpsc::channel(1);
+        let (tx, rx) = outbox::channel(1);
         drop(tx);
         let collected = ResponseBody::<SotwResponse>::new(rx, None)
             .collect()

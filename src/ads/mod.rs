@@ -19,6 +19,7 @@ pub mod intern;
 pub mod limit;
 pub mod mcp;
 pub mod metrics;
+pub mod outbox;
 pub mod rate;
 pub mod segments;
 pub mod server;

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use meshfed_registry::PushRequest;
 use prost::Message;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::Semaphore;
+
+use super::outbox;
 use tonic::Status;
 use tonic::codegen::{Body, BoxFuture, Bytes, Context, Poll, Service, StdError, http};
 use tonic::server::NamedService;
@@ -180,7 +182,7 @@ where
     });
     let inbound =
         RequestStream::<F::Req>::new(tonic::body::Body::new(req.into_body()), control.clone());
-    let (tx, rx) = mpsc::channel(4);
+    let (tx, rx) = outbox::channel(4);
     let body = ResponseBody::new(rx, control.clone());
     tokio::spawn(run_stream::<F>(ctx, admission, inbound, tx, peer, control));
     let mut response = http::Response::new(tonic::body::Body::new(body));
@@ -191,7 +193,7 @@ where
     response
 }
 
-type Tx<F> = mpsc::Sender<Outbound<<F as FlavourIo>::Resp>>;
+type Tx<F> = outbox::Sender<Outbound<<F as FlavourIo>::Resp>>;
 
 /// The stream ended; why, for the log.
 struct Closed;
@@ -851,11 +853,11 @@ async fn reserve<'a, F: FlavourIo>(
     handle: &ConnectionHandle,
     tx: &'a Tx<F>,
     type_url: TypeUrl,
-) -> Result<mpsc::Permit<'a, Outbound<F::Resp>>, Closed> {
+) -> Result<outbox::Permit<'a, Outbound<F::Resp>>, Closed> {
     let reserved = match tx.try_reserve() {
         Ok(permit) => Ok(permit),
-        Err(mpsc::error::TrySendError::Closed(())) => Err(()),
-        Err(mpsc::error::TrySendError::Full(())) => match ctx.send_timeout {
+        Err(outbox::TryReserveError::Closed) => Err(()),
+        Err(outbox::TryReserveError::Full) => match ctx.send_timeout {
             None => tx.reserve().await.map_err(|_| ()),
             Some(limit) => match tokio::time::timeout(limit, tx.reserve()).await {
                 Ok(reserved) => reserved.map_err(|_| ()),
@@ -885,7 +887,7 @@ async fn reserve<'a, F: FlavourIo>(
 /// Hands one response to the peer's stream, in the room reserved for it.
 fn hand_over<F: FlavourIo>(
     ctx: &XdsContext,
-    room: mpsc::Permit<'_, Outbound<F::Resp>>,
+    room: outbox::Permit<'_, Outbound<F::Resp>>,
     built: Built<F::Resp>,
 ) {
     let Built {
