@@ -159,11 +159,30 @@ async fn selector_listeners_and_missing_backends_follow_the_registries() {
         route_condition(&configz, "team-a", "web", "ResolvedRefs"),
         pair("False", "BackendNotFound")
     );
-    let message = configz["gatewayApi"]["problems"].to_string();
-    assert!(
-        message.contains("backend(missing.team-a.svc.cluster.local) not found"),
-        "{message}"
-    );
+    // /debug/configz names the object and the spec field of each problem.
+    let problems: Vec<String> = configz["gatewayApi"]["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}/{}: {}",
+                p["kind"].as_str().unwrap(),
+                p["namespace"].as_str().unwrap(),
+                p["name"].as_str().unwrap(),
+                p["problem"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for expected in [
+        "HTTPRoute team-a/web: spec.rules: ResolvedRefs BackendNotFound: backend(missing.team-a.svc.cluster.local) not found",
+        "HTTPRoute team-b/web: spec.parentRefs[0]: Accepted NotAllowedByListeners",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.starts_with(expected)),
+            "missing {expected:?} in {problems:#?}"
+        );
+    }
 
     // The router: team-a's host is served, the missing backend answers 500, team-b's
     // host is not served.
