@@ -162,6 +162,17 @@ impl Core {
                     &config.gateway_controller_name,
                     push_metrics,
                     move |ra| jwks.table_for(ra),
+                    {
+                        let aggregate = aggregate.clone();
+                        move || {
+                            let registries = aggregate.registries();
+                            registries
+                                .iter()
+                                .flat_map(|r| r.services())
+                                .map(|s| s.hostname.to_string())
+                                .collect()
+                        }
+                    },
                 )
             },
         ));

@@ -190,7 +190,9 @@ impl ConfigIndex {
     }
 
     /// VirtualServices bound to `gateway` (`mesh` for sidecars, `ns/name` for a
-    /// Gateway) and visible from `proxy_ns`, oldest first.
+    /// Gateway) and visible from `proxy_ns`, oldest first; for sidecars, those
+    /// translated from Gateway API routes of `proxy_ns` come first (Istio's "consumer
+    /// override").
     pub fn virtual_services<'a, 'b>(
         &'a self,
         proxy_ns: &'b str,
@@ -199,7 +201,7 @@ impl ConfigIndex {
     where
         'a: 'b,
     {
-        self.virtual_services.iter().filter(move |vs| {
+        let visible = move |vs: &&'a Arc<Config<VirtualService>>| {
             let bound = if vs.spec.gateways.is_empty() {
                 gateway == MESH_GATEWAY
             } else {
@@ -208,13 +210,27 @@ impl ConfigIndex {
             // Gateways see every VirtualService bound to them; exportTo scopes sidecars.
             bound
                 && (gateway != MESH_GATEWAY
-                    || exported(
+                    || (exported(
                         &vs.spec.export_to,
                         &self.default_vs_export,
                         &vs.namespace,
                         proxy_ns,
-                    ))
-        })
+                    ) && gamma_visible(vs, proxy_ns)))
+        };
+        let consumer = move |vs: &&'a Arc<Config<VirtualService>>| {
+            gateway == MESH_GATEWAY && gateway_semantics(vs) && vs.namespace == proxy_ns
+        };
+        let first = self
+            .virtual_services
+            .iter()
+            .filter(visible)
+            .filter(consumer);
+        let rest = self
+            .virtual_services
+            .iter()
+            .filter(visible)
+            .filter(move |vs| !consumer(vs));
+        first.chain(rest)
     }
 
     /// The VirtualServices for `host` as seen by a sidecar in `proxy_ns`: the first
@@ -426,6 +442,30 @@ pub fn host_matches(pattern: &str, host: &str) -> bool {
         Some(suffix) => host.ends_with(suffix) && host.len() > suffix.len(),
         None => false,
     }
+}
+
+/// Whether `vs` was translated from a Gateway API route (Istio's gateway semantics).
+fn gateway_semantics(vs: &Config<VirtualService>) -> bool {
+    vs.annotations
+        .get("internal.istio.io/route-semantics")
+        .is_some_and(|s| s == "gateway")
+}
+
+/// Whether a sidecar in `proxy_ns` applies `vs` as Istio applies a route attached to
+/// a Service (GAMMA): a route in the Service's namespace (producer) applies to every
+/// client, a route in another namespace (consumer) only to clients of its own.
+fn gamma_visible(vs: &Config<VirtualService>, proxy_ns: &str) -> bool {
+    if !gateway_semantics(vs) || vs.namespace == proxy_ns {
+        return true;
+    }
+    // `<name>.<namespace>.svc.<domain>`: a Service's host and its namespace.
+    vs.spec.hosts.iter().all(|h| {
+        let mut labels = h.split('.');
+        match (labels.next(), labels.next(), labels.next()) {
+            (Some(_), Some(ns), Some("svc")) => ns == vs.namespace,
+            _ => true,
+        }
+    })
 }
 
 #[cfg(test)]

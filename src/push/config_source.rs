@@ -5,7 +5,7 @@
 //! fully applied (and warns when that changes); [`IgnoredMetrics`] counts the objects
 //! of kinds meshfed does not read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -52,13 +52,15 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
 /// kinds that feed it, the mesh config and `domain`; `jwks` gives the keys of the
 /// RequestAuthentications (fetched so far; new ones are fetched and push when they
 /// arrive). Sets `meshfed_config_rejected` and `meshfed_config_not_enforced` and logs
-/// a WARN whenever the objects not fully applied change.
+/// a WARN whenever the objects not fully applied change. `service_hosts` gives the
+/// registries' service hostnames (read only when there are Gateway API objects).
 pub fn config_source(
     stores: Vec<Arc<dyn ConfigStore>>,
     domain: &str,
     gateway_controller: &str,
     metrics: Arc<PushMetrics>,
     jwks: impl Fn(&[Config<RequestAuthentication>]) -> Arc<JwksTable> + Send + Sync + 'static,
+    service_hosts: impl Fn() -> HashSet<String> + Send + Sync + 'static,
 ) -> ConfigSourceFn {
     let domain = domain.to_string();
     let gateway_controller = gateway_controller.to_string();
@@ -99,7 +101,13 @@ pub fn config_source(
                 set.objects.push(object);
             }
         }
-        translate_gateway_api(&mut set, &domain, &gateway_controller);
+        translate_gateway_api(
+            &mut set,
+            &domain,
+            &gateway_controller,
+            &stores,
+            &service_hosts,
+        );
         metrics.config_not_enforced.set(not_enforced.len() as i64);
         not_enforced.sort();
         let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -120,19 +128,34 @@ pub fn config_source(
 /// Translates the set's Gateway API objects (Istio's `pilot/pkg/config/kube/gateway`)
 /// and puts the Istio Gateways and VirtualServices produced beside the user's, so the
 /// generators serve them like any other; the translation and status are kept for
-/// `/debug/configz` and the status writer. Backends are not checked against the
-/// service registry here (a missing Service is reported by `meshfed validate`).
-fn translate_gateway_api(set: &mut ConfigSet, domain: &str, controller: &str) {
+/// `/debug/configz` and the status writer. Backends and parent Services are looked
+/// up among `service_hosts` (the snapshot rebuilds the config when one of those looked
+/// up appears or goes: [`convert::Output::stale`]); namespace labels are the stores'.
+fn translate_gateway_api(
+    set: &mut ConfigSet,
+    domain: &str,
+    controller: &str,
+    stores: &[Arc<dyn ConfigStore>],
+    service_hosts: &dyn Fn() -> HashSet<String>,
+) {
     use meshfed_registry::config::gateway_api::convert;
     if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
         return;
+    }
+    let hosts = service_hosts();
+    let mut namespaces: Option<meshfed_registry::config::NamespaceLabels> = None;
+    for labels in stores.iter().filter_map(|s| s.namespace_labels()) {
+        let all = namespaces.get_or_insert_with(Default::default);
+        for (name, l) in labels {
+            all.entry(name).or_insert(l);
+        }
     }
     let output = convert::convert(&convert::Inputs {
         objects: &set.objects,
         domain,
         controller,
-        service_exists: &|_| true,
-        namespaces: None,
+        service_exists: &|h| hosts.contains(h),
+        namespaces: namespaces.as_ref(),
         service_addresses: &|_| Vec::new(),
     });
     for object in &output.objects {

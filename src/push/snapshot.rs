@@ -363,11 +363,6 @@ impl Snapshot {
         config: &dyn Fn(&MeshSettings) -> ConfigIndex,
         counter: u64,
     ) -> Snapshot {
-        let config = if scope.rebuilds_config() {
-            Arc::new(config(&mesh))
-        } else {
-            previous.config.clone()
-        };
         let (services, gateways) = if scope.remerges_services() {
             (
                 Arc::new(ServiceIndex::new(aggregate.merged())),
@@ -375,6 +370,19 @@ impl Snapshot {
             )
         } else {
             (previous.services.clone(), previous.gateways.clone())
+        };
+        // The Gateway API translation looks services up: a service it looked up that
+        // appeared or went rebuilds the config.
+        let config = if scope.rebuilds_config()
+            || (scope.remerges_services()
+                && previous
+                    .config
+                    .gateway_api()
+                    .stale(|h| !services.namespaces_of(h).is_empty()))
+        {
+            Arc::new(config(&mesh))
+        } else {
+            previous.config.clone()
         };
         let workloads = if scope.is_incremental() {
             previous

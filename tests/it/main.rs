@@ -22,6 +22,8 @@ mod envoyfilter;
 mod eureka;
 mod federation;
 mod gateway_api;
+mod gateway_api_serving;
+mod gateway_api_sidecar_routes;
 mod gateway_simulation;
 mod grpc_security;
 mod headless;

@@ -121,7 +121,8 @@ impl KubeConfigStoreConfig {
         Ok(())
     }
 
-    /// Whether label selectors decide, so that Namespace labels must be watched.
+    /// Whether label selectors decide, so that Namespace labels must be watched (the
+    /// Gateway API needs them too: see `Writer::watch_namespaces`).
     fn needs_namespace_labels(&self) -> bool {
         matches!(&self.namespaces, NamespaceFilter::Selectors(s) if !s.is_empty())
     }
@@ -184,6 +185,9 @@ struct StoreState {
     rejected: BTreeMap<ObjectId, RejectedConfig>,
     /// Per kind, the version watched; `None` while not served (or not discovered yet).
     versions: [Option<&'static str>; Kind::ALL.len()],
+    /// Namespace labels, once the Namespaces are listed (watched when label selectors
+    /// pick the namespaces or the Gateway API is served).
+    namespaces: Option<meshfed_registry::config::NamespaceLabels>,
 }
 
 impl Published for StoreState {
@@ -356,6 +360,10 @@ impl ConfigStore for KubeConfigStore {
 
     fn changes(&self) -> Option<watch::Receiver<u64>> {
         Some(self.inner.core.changes())
+    }
+
+    fn namespace_labels(&self) -> Option<meshfed_registry::config::NamespaceLabels> {
+        self.read().namespaces.clone()
     }
 }
 

@@ -308,6 +308,16 @@ pub(super) fn route_destination(
 ) -> Option<RouteAction> {
     let vs_ns = vs.namespace.as_str();
     let mut action = RouteAction::default();
+    // Istio's gateway semantics (a VirtualService translated from the Gateway API): a
+    // backend with no cluster (not found, not permitted) answers 500.
+    if vs
+        .annotations
+        .get("internal.istio.io/route-semantics")
+        .is_some_and(|s| s == "gateway")
+    {
+        action.cluster_not_found_response_code =
+            route_action::ClusterNotFoundResponseCode::InternalServerError as i32;
+    }
     set_timeout(
         &mut action,
         http.timeout.as_ref(),

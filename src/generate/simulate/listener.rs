@@ -323,6 +323,9 @@ fn simulate(
         request_path: None,
         outcome: RouteOutcome::DirectResponse(0),
     };
+    // The status a route answers with when its cluster was not served (Envoy's
+    // `cluster_not_found_response_code`; `None`: the default 503, `NC`).
+    let mut not_found_status = None;
     match terminal_filter(chain)? {
         Terminal::Hcm(hcm) => {
             if call.is_tls() && !terminates_tls {
@@ -364,6 +367,21 @@ fn simulate(
                 }
             };
             let m = resolve(&rc, &req)?;
+            not_found_status = m.route.and_then(|r| match &r.action {
+                Some(envoy_types::pb::envoy::config::route::v3::route::Action::Route(a))
+                    if a.cluster_not_found_response_code
+                        == envoy_types::pb::envoy::config::route::v3::route_action::ClusterNotFoundResponseCode::InternalServerError as i32 =>
+                {
+                    Some(500)
+                }
+                Some(envoy_types::pb::envoy::config::route::v3::route::Action::Route(a))
+                    if a.cluster_not_found_response_code
+                        == envoy_types::pb::envoy::config::route::v3::route_action::ClusterNotFoundResponseCode::NotFound as i32 =>
+                {
+                    Some(404)
+                }
+                _ => None,
+            });
             result.virtual_host = Some(m.virtual_host.name.clone());
             result.route = m.route.map(|r| r.name.clone());
             result.outcome = m.outcome;
@@ -392,6 +410,10 @@ fn simulate(
     };
     for c in named {
         if clusters.is_some_and(|clusters| !clusters.iter().any(|k| k.name == c)) {
+            if let Some(status) = not_found_status {
+                result.outcome = RouteOutcome::DirectResponse(status);
+                return Ok(result);
+            }
             return Err(SimError::ClusterNotFound(c.to_string()));
         }
     }

@@ -32,6 +32,8 @@ pub(crate) struct Assembly {
     pub(crate) ignored: Vec<IgnoredConfig>,
     /// The Secrets, by (namespace, name); the first definition wins.
     pub(crate) secrets: BTreeMap<(String, String), Arc<SecretObject>>,
+    /// The `v1` Namespaces' labels, by name; the first definition wins.
+    pub(crate) namespaces: crate::config::NamespaceLabels,
 }
 
 /// Puts files (in order; the first definition of an object wins) together, keeping
@@ -76,6 +78,11 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
                 Entry::Skipped(note, ignored) => {
                     out.skipped.push(note.clone());
                     out.ignored.push(ignored.clone());
+                }
+                Entry::Namespace(name, labels) => {
+                    out.namespaces
+                        .entry(name.clone())
+                        .or_insert_with(|| labels.clone());
                 }
                 Entry::Secret(secret) => {
                     let key = (secret.namespace.clone(), secret.name.clone());

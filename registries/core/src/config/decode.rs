@@ -52,6 +52,9 @@ pub struct SkippedObject {
     pub namespace: String,
     /// Its `metadata.name`, if any.
     pub name: String,
+    /// Its `metadata.labels` (a `v1` Namespace's are read: see
+    /// [`crate::config::NamespaceLabels`]).
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// An object that could not be read.
@@ -144,6 +147,15 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
                     .unwrap_or_default()
                     .to_string(),
                 name,
+                labels: metadata
+                    .and_then(|m| m.get("labels"))
+                    .and_then(Value::as_object)
+                    .map(|l| {
+                        l.iter()
+                            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             });
         }
     };

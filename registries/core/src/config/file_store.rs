@@ -136,6 +136,8 @@ struct FileState {
     rejected: Vec<RejectedConfig>,
     /// The `kind: Secret` objects (SDS credentials), by (namespace, name).
     secrets: BTreeMap<(String, String), Arc<SecretObject>>,
+    /// The `kind: Namespace` objects' labels, by name.
+    namespaces: crate::config::NamespaceLabels,
 }
 
 impl Published for FileState {
@@ -224,6 +226,10 @@ impl ConfigStore for FileConfigStore {
 
     fn changes(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         Some(self.inner.core.changes())
+    }
+
+    fn namespace_labels(&self) -> Option<crate::config::NamespaceLabels> {
+        Some(self.read().namespaces.clone()).filter(|n| !n.is_empty())
     }
 }
 
@@ -400,8 +406,18 @@ impl Reloader {
             .collect();
         let (keys, secrets_changed) = {
             let mut state = self.store.write();
-            let keys = changed_keys(&state.objects, &objects);
+            let mut keys = changed_keys(&state.objects, &objects);
             let secrets_changed = changed_secrets(&state.secrets, &assembly.secrets);
+            if state.namespaces != assembly.namespaces {
+                // The Gateway API objects read namespace labels: translate them again.
+                keys.extend(
+                    objects
+                        .keys()
+                        .filter(|id| id.kind.is_gateway_api())
+                        .map(ObjectId::key),
+                );
+                state.namespaces = std::mem::take(&mut assembly.namespaces);
+            }
             state.objects = objects;
             state.placed = assembly.objects;
             state.rejected = rejected.clone();

@@ -191,8 +191,8 @@ fn reports(
 
 /// What the Gateway API translation reports about the objects (routes that attach to
 /// nothing, refs not permitted, listeners that cannot be served), as warnings naming
-/// the object and field. Offline, every backend Service is taken to exist and no
-/// namespace's labels are known.
+/// the object and field. Offline, every backend Service is taken to exist; namespace
+/// labels are those of the `kind: Namespace` objects among the files.
 fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Diagnostic> {
     use crate::config::gateway_api::convert;
     let objects: Vec<std::sync::Arc<crate::config::ConfigObject>> = assembly
@@ -209,7 +209,7 @@ fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Dia
         domain: "cluster.local",
         controller: crate::config::gateway_api::DEFAULT_CONTROLLER,
         service_exists: &|_| true,
-        namespaces: None,
+        namespaces: Some(&assembly.namespaces).filter(|n| !n.is_empty()),
         service_addresses: &|_| Vec::new(),
     });
     let mut out = Vec::new();

@@ -17,7 +17,7 @@
 //! [`crate::config::report`] turns this into `meshfed validate -f FILE...`;
 //! [`crate::config::file_store`] into the live store.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -220,6 +220,9 @@ pub(crate) enum Entry {
     Skipped(Diagnostic, IgnoredConfig),
     /// A valid Secret (SDS credentials).
     Secret(SecretObject),
+    /// A `v1` Namespace: its name and labels (the Gateway API's
+    /// `allowedRoutes.namespaces.from: Selector` reads them).
+    Namespace(String, BTreeMap<String, String>),
 }
 
 /// A rejected object, document or file.
@@ -671,6 +674,9 @@ fn process_object(file: &mut ParsedFile, value: &Value, locator: &Locator<'_>) {
             }
         }
         Decoded::Secret(secret) => Entry::Secret(secret),
+        Decoded::Skipped(skipped) if skipped.api_version == "v1" && skipped.kind == "Namespace" => {
+            Entry::Namespace(skipped.name, skipped.labels)
+        }
         Decoded::Skipped(skipped) => Entry::Skipped(
             Diagnostic {
                 severity: Severity::Info,

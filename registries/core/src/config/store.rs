@@ -60,7 +60,18 @@ pub trait ConfigStore: Send + Sync + fmt::Debug {
     fn changes(&self) -> Option<watch::Receiver<u64>> {
         None
     }
+
+    /// The labels of every namespace the store knows (`kind: Namespace` objects of a
+    /// config directory, the Namespaces of a cluster when the store watches them),
+    /// for the Gateway API's `allowedRoutes.namespaces.from: Selector`. `None`: the
+    /// store knows no namespaces.
+    fn namespace_labels(&self) -> Option<NamespaceLabels> {
+        None
+    }
 }
+
+/// Namespace name -> its labels.
+pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
 
 /// Whether a change to an object with this key is pushed as config: only kinds that
 /// feed the config index are ([`Feeds`]). ServiceEntries and WorkloadEntries are not

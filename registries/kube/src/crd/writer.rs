@@ -94,10 +94,7 @@ pub async fn run_kube_config(
     let mut incoming: SelectAll<BoxStream<'static, Incoming>> = SelectAll::new();
     let mut writer = Writer::new(store.clone());
     writer.start_watches(&client, served, &mut incoming, true);
-    if store.inner.config.needs_namespace_labels() {
-        writer.namespaces_listed = false;
-        incoming.push(watch_namespaces(&client));
-    }
+    writer.watch_namespaces(&client, &mut incoming);
     writer.flush();
 
     let mut rediscover = tokio::time::interval(store.inner.config.rediscover_every);
@@ -108,7 +105,10 @@ pub async fn run_kube_config(
             () = &mut shutdown => break,
             _ = rediscover.tick(), if !writer.missing.is_empty() => {
                 match discover(&client).await {
-                    Ok(served) => writer.start_watches(&client, served, &mut incoming, false),
+                    Ok(served) => {
+                        writer.start_watches(&client, served, &mut incoming, false);
+                        writer.watch_namespaces(&client, &mut incoming);
+                    }
                     Err(err) => debug!(%cluster, "config store: rediscovery failed: {err}"),
                 }
             }
@@ -154,6 +154,8 @@ struct Writer {
     /// Per kind: its watcher completed a list, so the next one is a relist.
     watcher_listed: [bool; Kind::ALL.len()],
     namespaces_listed: bool,
+    /// The Namespace watch is running.
+    watching_namespaces: bool,
     /// Kinds the API server did not serve at the last discovery.
     missing: BTreeSet<Kind>,
     /// Keys changed and not yet announced (held back until synced).
@@ -173,6 +175,7 @@ impl Writer {
             listed: [false; Kind::ALL.len()],
             watcher_listed: [false; Kind::ALL.len()],
             namespaces_listed: true,
+            watching_namespaces: false,
             missing: BTreeSet::new(),
             pending: BTreeSet::new(),
             synced: false,
@@ -292,6 +295,33 @@ impl Writer {
         }
     }
 
+    /// Starts the Namespace watch when namespace labels matter and it is not running:
+    /// label selectors pick the namespaces, or a Gateway API kind is served (its
+    /// listeners' `allowedRoutes.namespaces.from: Selector` reads them; a kind whose
+    /// CRD is installed later starts it then).
+    fn watch_namespaces(
+        &mut self,
+        client: &kube::Client,
+        incoming: &mut SelectAll<BoxStream<'static, Incoming>>,
+    ) {
+        let gateway_api = {
+            let state = self.store.read();
+            Kind::ALL
+                .into_iter()
+                .any(|k| k.is_gateway_api() && state.versions[index(k)].is_some())
+        };
+        if self.watching_namespaces
+            || !(gateway_api || self.store.inner.config.needs_namespace_labels())
+        {
+            return;
+        }
+        self.watching_namespaces = true;
+        if !self.synced {
+            self.namespaces_listed = false;
+        }
+        incoming.push(watch_namespaces(client));
+    }
+
     fn on_namespace_event(&mut self, event: watcher::Result<Event<Namespace>>) {
         let event = match event {
             Ok(event) => event,
@@ -342,6 +372,20 @@ impl Writer {
             },
         };
         let changed: BTreeSet<&str> = changed.iter().map(String::as_str).collect();
+        self.store.write().namespaces = Some(
+            self.namespace_labels
+                .iter()
+                .map(|(n, l)| (n.clone(), l.clone()))
+                .collect(),
+        );
+        // The Gateway API objects of those namespaces read the labels: translate them
+        // again even though they did not change.
+        self.pending.extend(
+            self.held
+                .keys()
+                .filter(|id| id.kind.is_gateway_api() && changed.contains(&*id.namespace))
+                .map(ObjectId::key),
+        );
         let touched: BTreeSet<ObjectId> = self
             .held
             .keys()

@@ -658,6 +658,63 @@ async fn gateway_api_kinds_are_watched_once_their_crds_are_installed() {
     s.stop().await;
 }
 
+/// Namespace labels (the Gateway API's `allowedRoutes.namespaces.from: Selector`) are
+/// watched once a Gateway API kind is served, and a label change announces the
+/// Gateway API objects of that namespace (their translation reads the labels).
+#[tokio::test]
+async fn namespace_labels_are_watched_once_the_gateway_api_is_served() {
+    const GATEWAY_API: &str = "gateway.networking.k8s.io";
+    let api = with_istio_crds(&["v1"]).await;
+    api.apply(&namespace("team-a", &[("shared", "true")]));
+    api.apply(&namespace("team-b", &[]));
+    let config = KubeConfigStoreConfig {
+        rediscover_every: Duration::from_millis(20),
+        ..KubeConfigStoreConfig::new("c1")
+    };
+    let mut s = Running::start(api, config).await;
+    assert_eq!(
+        s.store.namespace_labels(),
+        None,
+        "not watched without the Gateway API"
+    );
+    s.api.install_crd(CustomResource::new(
+        GATEWAY_API,
+        "HTTPRoute",
+        "httproutes",
+        &["v1"],
+    ));
+    s.api.apply_custom(&json!({
+        "apiVersion": format!("{GATEWAY_API}/v1"),
+        "kind": "HTTPRoute",
+        "metadata": {"name": "web", "namespace": "team-a"},
+        "spec": spec(Kind::HTTPRoute, 1),
+    }));
+    s.until("the route", |st| st.get(Kind::HTTPRoute, "team-a", "web"))
+        .await;
+    let labels = s
+        .until("the namespace labels", |st| st.namespace_labels())
+        .await;
+    assert_eq!(
+        labels.get("team-a").map(|l| l.get("shared").cloned()),
+        Some(Some("true".to_string()))
+    );
+    assert_eq!(labels.get("team-b"), Some(&Default::default()));
+    s.pushed();
+
+    s.api.apply(&namespace("team-a", &[]));
+    s.until("team-a unlabelled", |st| {
+        st.namespace_labels()
+            .filter(|n| n.get("team-a").is_some_and(|l| l.is_empty()))
+    })
+    .await;
+    assert_eq!(
+        s.pushed(),
+        BTreeSet::from([key(Kind::HTTPRoute, "team-a", "web")]),
+        "the route is translated again"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn kinds_not_installed_count_as_synced_and_are_watched_once_installed() {
     // No Istio CRDs at all: the group is unknown to the API server.

@@ -68,6 +68,19 @@ pub struct Output {
     pub objects: Vec<ConfigObject>,
     /// The status of every Gateway API object this controller handles.
     pub status: Vec<ObjectStatus>,
+    /// Every service hostname the translation looked up (backends, parent Services,
+    /// gateway Services) and whether it existed: the translation is stale once one of
+    /// them appears or disappears ([`Output::stale`]).
+    pub looked_up: BTreeMap<String, bool>,
+}
+
+impl Output {
+    /// Whether a service hostname the translation looked up exists or not any more.
+    pub fn stale(&self, exists: impl Fn(&str) -> bool) -> bool {
+        self.looked_up
+            .iter()
+            .any(|(host, was)| exists(host) != *was)
+    }
 }
 
 /// A Gateway API object of kind `T`.
@@ -99,6 +112,22 @@ fn of_kind<'a, T: crate::config::KindSpec>(objects: &'a [Arc<ConfigObject>]) -> 
 
 /// Translates the Gateway API objects among `inputs.objects`.
 pub fn convert(inputs: &Inputs) -> Output {
+    let looked_up = std::cell::RefCell::new(BTreeMap::new());
+    let exists = |host: &str| {
+        let found = (inputs.service_exists)(host);
+        looked_up.borrow_mut().insert(host.to_string(), found);
+        found
+    };
+    let recording = Inputs {
+        service_exists: &exists,
+        ..*inputs
+    };
+    let mut out = convert_recorded(&recording);
+    out.looked_up = looked_up.take();
+    out
+}
+
+fn convert_recorded(inputs: &Inputs) -> Output {
     let mut out = Output::default();
     let classes = of_kind::<GatewayClassSpec>(inputs.objects);
     let grants = of_kind::<ReferenceGrantSpec>(inputs.objects);

@@ -133,42 +133,37 @@ impl ObjectStatus {
     }
 
     /// The problems the status reports (a `False` condition that should be `True`),
-    /// as `field: reason: message`, for `/debug/configz`.
+    /// as `field: type reason: message`, each naming the spec field it is about (as
+    /// [`ObjectStatus::findings`]; `spec` for the object as a whole), for
+    /// `/debug/configz`.
     pub fn problems(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let mut check = |at: String, conditions: Option<&Value>| {
-            for c in conditions.and_then(Value::as_array).into_iter().flatten() {
+        let mut out: Vec<String> = self
+            .status
+            .get("conditions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|c| {
                 let positive = !matches!(
                     c["type"].as_str(),
                     Some("Conflicted" | "InsecureFrontendValidationMode")
                 );
-                if (c["status"] == "False") == positive {
-                    out.push(format!(
-                        "{at}: {} {}: {}",
-                        c["type"].as_str().unwrap_or_default(),
-                        c["reason"].as_str().unwrap_or_default(),
-                        c["message"].as_str().unwrap_or_default()
-                    ));
-                }
-            }
-        };
-        check("status".into(), self.status.get("conditions"));
-        for (i, l) in self.status["listeners"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            check(format!("status.listeners[{i}]"), l.get("conditions"));
-        }
-        for (i, p) in self.status["parents"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            check(format!("status.parents[{i}]"), p.get("conditions"));
-        }
+                (c["status"] == "False") == positive
+            })
+            .map(|c| {
+                format!(
+                    "spec: {} {}: {}",
+                    c["type"].as_str().unwrap_or_default(),
+                    c["reason"].as_str().unwrap_or_default(),
+                    c["message"].as_str().unwrap_or_default()
+                )
+            })
+            .collect();
+        out.extend(
+            self.findings()
+                .into_iter()
+                .map(|(field, message)| format!("{field}: {message}")),
+        );
         out
     }
 }

@@ -626,7 +626,7 @@ fn finish(
                 if routes.is_empty() {
                     continue;
                 }
-                for h in &p.hosts {
+                for h in p.http_hosts.as_ref().unwrap_or(&p.hosts) {
                     out.push(Keyed {
                         key: format!("{key}/{h}"),
                         namespace: r.ns().to_string(),

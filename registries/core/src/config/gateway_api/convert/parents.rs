@@ -59,6 +59,11 @@ pub struct RouteParent {
     pub port: Option<u32>,
     /// Whether this is mesh (a Service parent).
     pub mesh: bool,
+    /// The HTTP VirtualService hosts on a Gateway listener, as istiod picks them: the
+    /// route's hostnames as written (`*` for none), less those a more specific
+    /// listener of the same port and protocol takes (hostname isolation); `None`:
+    /// [`RouteParent::hosts`].
+    pub http_hosts: Option<Vec<String>>,
 }
 
 /// Every Gateway this controller serves.
@@ -92,6 +97,41 @@ fn intersect(host: &str, listener: Option<&str>) -> Option<String> {
     } else {
         None
     }
+}
+
+/// Istio's `host.Name.Matches`: the two hostnames overlap (either may be a wildcard).
+fn overlaps(a: &str, b: &str) -> bool {
+    subset_of(a, b) || subset_of(b, a)
+}
+
+/// Istio's `host.Name.SubsetOf`: every name `a` matches, `b` matches too.
+fn subset_of(a: &str, b: &str) -> bool {
+    if a == b || b == "*" {
+        return true;
+    }
+    match (a.strip_prefix('*'), b.strip_prefix('*')) {
+        (Some(a_suffix), Some(b_suffix)) => a_suffix.ends_with(b_suffix),
+        (None, Some(b_suffix)) => a.ends_with(b_suffix),
+        _ => false,
+    }
+}
+
+/// Istio's hostname isolation (`hostnameAllowedByIsolation`): whether a route
+/// hostname as written stays on a listener of hostname `ours` given the hostnames of
+/// the gateway's other listeners of the same port and protocol (`banned`): a hostname
+/// a more specific listener matches belongs to that listener only. A listener with an
+/// exact hostname keeps every hostname (its Istio server filters them).
+fn allowed_by_isolation(route_host: &str, ours: &str, banned: &[&str]) -> bool {
+    if !ours.is_empty() && !ours.starts_with('*') {
+        return true;
+    }
+    if !ours.is_empty() && !overlaps(route_host, ours) {
+        return false;
+    }
+    banned
+        .iter()
+        .filter(|other| ours.len() <= other.len())
+        .all(|other| !subset_of(route_host, other))
 }
 
 impl<'a> Parents<'a> {
@@ -203,6 +243,7 @@ impl<'a> Parents<'a> {
                     hosts: vec![host],
                     port: r.port,
                     mesh: true,
+                    http_hosts: None,
                 };
                 out.push((echo, vec![parent], None));
                 continue;
@@ -231,6 +272,7 @@ impl<'a> Parents<'a> {
                         hosts,
                         port: r.port,
                         mesh: true,
+                        http_hosts: None,
                     };
                     out.push((echo, vec![parent], None));
                 }
@@ -262,6 +304,19 @@ impl<'a> Parents<'a> {
             let mut attached = Vec::new();
             let mut failure = None;
             let mut any_section = false;
+            // Every listener's (name, port, protocol, hostname), for hostname isolation.
+            let others: Vec<(String, u32, String, String)> = gw
+                .listeners
+                .iter()
+                .map(|l| {
+                    (
+                        l.spec.name.clone(),
+                        l.spec.port,
+                        l.spec.protocol.clone(),
+                        l.spec.hostname.clone().unwrap_or_default(),
+                    )
+                })
+                .collect();
             for l in gw.listeners.iter_mut() {
                 if r.section_name.as_ref().is_some_and(|s| *s != l.spec.name)
                     || r.port.is_some_and(|p| p != l.spec.port)
@@ -339,11 +394,32 @@ impl<'a> Parents<'a> {
                     continue;
                 }
                 l.attached += 1;
+                let ours = listener_host.unwrap_or_default();
+                let banned: Vec<&str> = others
+                    .iter()
+                    .filter(|(name, port, protocol, host)| {
+                        *name != l.spec.name
+                            && *port == l.spec.port
+                            && *protocol == l.spec.protocol
+                            && host != ours
+                    })
+                    .map(|(_, _, _, host)| host.as_str())
+                    .collect();
+                let written: Vec<String> = if hostnames.is_empty() {
+                    vec!["*".to_string()]
+                } else {
+                    hostnames.to_vec()
+                };
+                let http_hosts = written
+                    .into_iter()
+                    .filter(|h| allowed_by_isolation(h, ours, &banned))
+                    .collect();
                 attached.push(RouteParent {
                     internal_name: l.internal_name.clone(),
                     hosts,
                     port: None,
                     mesh: false,
+                    http_hosts: Some(http_hosts),
                 });
             }
             if !any_section {
@@ -426,10 +502,20 @@ impl<'a> Parents<'a> {
                 } else {
                     Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", human_join(&ports)))
                 };
+                // `spec.infrastructure.parametersRef`: istiod takes ConfigMaps only
+                // (meshfed reads none: a ConfigMap reference is taken as found).
+                let accepted = match g.spec.infrastructure.as_ref().and_then(|i| i.parameters_ref.as_ref()) {
+                    Some(p) if !(p.group.is_empty() && p.kind == "ConfigMap") => Condition::failed(
+                        "Accepted",
+                        "InvalidParameters",
+                        format!("Unsupported parametersRef group/kind {}/{}, only ConfigMap is supported", p.group, p.kind),
+                    ),
+                    _ => Condition::ok("Accepted", "Accepted", "Resource accepted"),
+                };
                 let mut status = json!({
                     "addresses": addresses,
                     "conditions": [
-                        Condition::ok("Accepted", "Accepted", "Resource accepted").to_json(),
+                        accepted.to_json(),
                         programmed.to_json(),
                         if unresolved {
                             Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid").to_json()

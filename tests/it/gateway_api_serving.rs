@@ -1,0 +1,248 @@
+//! The Gateway API served end to end with the registries' state: listeners admitting
+//! routes by namespace labels (`allowedRoutes.namespaces.from: Selector`, the labels of
+//! `kind: Namespace` objects in the config directory) and backends looked up among the
+//! registries' services (`BackendNotFound`, answered 500 by the router), both followed
+//! as they change.
+
+use meshfed::generate::simulate::{Call, CallMode, RouteOutcome, simulate_call};
+use meshfed::testing::{AdsClient, FakeServer, ProxyConfig, node_with};
+use meshfed_registry::{Endpoint, Protocol};
+use serde_json::Value;
+
+use crate::support::*;
+
+const NAMESPACES: &str = "\
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: team-a
+  labels: {shared-gateway-access: \"true\"}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: team-b
+";
+
+const GATEWAY_AND_ROUTES: &str = "\
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: infra}
+spec:
+  gatewayClassName: istio
+  listeners:
+  - name: http
+    hostname: \"*.example.com\"
+    port: 80
+    protocol: HTTP
+    allowedRoutes:
+      namespaces:
+        from: Selector
+        selector:
+          matchLabels: {shared-gateway-access: \"true\"}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: team-a}
+spec:
+  parentRefs: [{name: gw, namespace: infra}]
+  hostnames: [a.example.com]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /missing}}]
+    backendRefs: [{name: missing, port: 80}]
+  - backendRefs: [{name: web, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: team-b}
+spec:
+  parentRefs: [{name: gw, namespace: infra}]
+  hostnames: [b.example.com]
+  rules:
+  - backendRefs: [{name: web, port: 80}]
+";
+
+/// The `parents[0]` condition `kind` of route `ns/name` in `/debug/configz`:
+/// `(status, reason)`.
+fn route_condition(configz: &Value, ns: &str, name: &str, kind: &str) -> (String, String) {
+    let status = configz["gatewayApi"]["status"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["kind"] == "HTTPRoute" && s["namespace"] == ns && s["name"] == name)
+        .unwrap_or_else(|| panic!("no status of HTTPRoute {ns}/{name}: {configz}"));
+    let condition = status["status"]["parents"][0]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} condition in {status}"));
+    (
+        condition["status"].as_str().unwrap().to_string(),
+        condition["reason"].as_str().unwrap().to_string(),
+    )
+}
+
+fn pair(status: &str, reason: &str) -> (String, String) {
+    (status.to_string(), reason.to_string())
+}
+
+async fn router(server: &FakeServer) -> ProxyConfig {
+    let mut router = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "router~127.0.3.1~gw-istio-1.infra~infra.svc.cluster.local",
+            serde_json::json!({}),
+        ),
+    )
+    .await
+    .unwrap();
+    router.fetch_config().await.unwrap()
+}
+
+fn get(host: &str, path: &str) -> Call {
+    let mut call = Call::http(8080).to("127.0.3.1").host(host);
+    call.path = path.to_string();
+    call.mode = CallMode::Gateway;
+    call
+}
+
+#[tokio::test]
+async fn selector_listeners_and_missing_backends_follow_the_registries() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("namespaces.yaml"), NAMESPACES).unwrap();
+    std::fs::write(dir.path().join("gateway.yaml"), GATEWAY_AND_ROUTES).unwrap();
+    let server = FakeServer::builder()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    let reg = server.mock_registry("c1");
+    // The gateway's Service (Istio's generated `<gateway>-istio`) with the router as
+    // its endpoint, and `web` in both teams' namespaces.
+    let gw = service(
+        "gw-istio.infra.svc.cluster.local",
+        "infra",
+        &[("http", 80, Protocol::Http)],
+    );
+    reg.add_service(gw.clone());
+    reg.set_endpoints(
+        &gw.key(),
+        vec![Endpoint::new("127.0.3.1".parse().unwrap()).with_port("http", 8080)],
+    );
+    add_http_service(
+        &reg,
+        "web.team-a.svc.cluster.local",
+        "team-a",
+        &["127.0.3.10"],
+    );
+    add_http_service(
+        &reg,
+        "web.team-b.svc.cluster.local",
+        "team-b",
+        &["127.0.3.11"],
+    );
+    ready_and_synced(&server).await;
+
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    // team-a is labelled for the listener's selector, team-b is not.
+    assert_eq!(
+        route_condition(&configz, "team-a", "web", "Accepted"),
+        pair("True", "Accepted")
+    );
+    assert_eq!(
+        route_condition(&configz, "team-b", "web", "Accepted"),
+        pair("False", "NotAllowedByListeners")
+    );
+    // team-a's route names a Service no registry has.
+    assert_eq!(
+        route_condition(&configz, "team-a", "web", "ResolvedRefs"),
+        pair("False", "BackendNotFound")
+    );
+    // /debug/configz names the object and the spec field of each problem.
+    let problems: Vec<String> = configz["gatewayApi"]["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}/{}: {}",
+                p["kind"].as_str().unwrap(),
+                p["namespace"].as_str().unwrap(),
+                p["name"].as_str().unwrap(),
+                p["problem"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for expected in [
+        "HTTPRoute team-a/web: spec.rules: ResolvedRefs BackendNotFound: backend(missing.team-a.svc.cluster.local) not found",
+        "HTTPRoute team-b/web: spec.parentRefs[0]: Accepted NotAllowedByListeners",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.starts_with(expected)),
+            "missing {expected:?} in {problems:#?}"
+        );
+    }
+
+    // The router: team-a's host is served, the missing backend answers 500, team-b's
+    // host is not served.
+    let ProxyConfig {
+        listeners,
+        routes,
+        clusters,
+    } = router(&server).await;
+    let web = simulate_call(&listeners, &routes, &clusters, &get("a.example.com", "/")).unwrap();
+    assert_eq!(
+        web.outcome,
+        RouteOutcome::Cluster("outbound|80||web.team-a.svc.cluster.local".into())
+    );
+    let missing = simulate_call(
+        &listeners,
+        &routes,
+        &clusters,
+        &get("a.example.com", "/missing"),
+    )
+    .unwrap();
+    assert_eq!(missing.outcome, RouteOutcome::DirectResponse(500));
+    let refused = simulate_call(&listeners, &routes, &clusters, &get("b.example.com", "/"));
+    assert!(refused.is_err(), "{refused:?}");
+
+    // The missing Service appears: the route resolves without any config change.
+    add_http_service(
+        &reg,
+        "missing.team-a.svc.cluster.local",
+        "team-a",
+        &["127.0.3.12"],
+    );
+    server.sync().await;
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    assert_eq!(
+        route_condition(&configz, "team-a", "web", "ResolvedRefs"),
+        pair("True", "ResolvedRefs")
+    );
+
+    // team-b gets the label: its route is admitted; team-a loses it: refused.
+    std::fs::write(
+        dir.path().join("namespaces.yaml"),
+        NAMESPACES
+            .replace("  labels: {shared-gateway-access: \"true\"}\n", "")
+            .replace(
+                "  name: team-b\n",
+                "  name: team-b\n  labels: {shared-gateway-access: \"true\"}\n",
+            ),
+    )
+    .unwrap();
+    let http = server.bound().http;
+    eventually("team-b's route to be admitted", || async move {
+        let configz = get_json(http, "/debug/configz").await;
+        (route_condition(&configz, "team-b", "web", "Accepted") == pair("True", "Accepted"))
+            .then_some(())
+    })
+    .await;
+    server.sync().await;
+    let configz = get_json(http, "/debug/configz").await;
+    assert_eq!(
+        route_condition(&configz, "team-a", "web", "Accepted"),
+        pair("False", "NotAllowedByListeners")
+    );
+}
