@@ -385,3 +385,76 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
     );
     let _ = held;
 }
+
+#[tokio::test]
+async fn pods_and_workload_entries_no_service_selects_are_workloads_too() {
+    let api = FakeApiServer::start().await.unwrap();
+    let server = start(&api).await;
+    let root = published_root(&api, "default").await;
+    let tls = ClientTls {
+        roots_pem: root,
+        identity: None,
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let token = api.issue_token("istio-system", "ztunnel", &["istio-ca"], in_an_hour(), None);
+    let channel = tls_channel(server.secure_grpc_addr(), &tls).await.unwrap();
+    let mut zt = Ztunnel::connect(channel, &token, BTreeMap::new()).await;
+    zt.until("the first workloads", |z| {
+        z.workload("Kubernetes//Pod/mesh/app-1").is_some()
+    })
+    .await;
+
+    // A pod and a VM that no Service or ServiceEntry selects.
+    api.apply(&objects::pod(
+        "mesh", "lone-1", "lone", "10.1.0.7", "node-2",
+    ));
+    api.apply_custom(&objects::istio(
+        "v1",
+        "WorkloadEntry",
+        "mesh",
+        "lone-vm",
+        serde_json::json!({"address": "10.5.0.7", "labels": {"app": "lonevm"}}),
+    ));
+    let lone = "Kubernetes//Pod/mesh/lone-1";
+    let vm = "Kubernetes/networking.istio.io/WorkloadEntry/mesh/lone-vm";
+    zt.until("the lone pod and VM", |z| {
+        z.workload(lone).is_some() && z.workload(vm).is_some()
+    })
+    .await;
+    let w = zt.workload(lone).unwrap();
+    assert_eq!(w.addresses, vec![vec![10, 1, 0, 7]]);
+    assert_eq!(
+        (w.node.as_str(), w.canonical_name.as_str()),
+        ("node-2", "lone")
+    );
+    assert!(w.services.is_empty(), "backs no service");
+    assert_eq!(w.status, 0, "healthy: the pod is ready");
+    let v = zt.workload(vm).unwrap();
+    assert_eq!(v.addresses, vec![vec![10, 5, 0, 7]]);
+    assert!(v.services.is_empty());
+
+    // Its change reaches the ztunnel as that one Workload.
+    let mut changed = objects::pod("mesh", "lone-1", "lone", "10.1.0.7", "node-2");
+    changed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("version".into(), "v3".into());
+    api.apply(&changed);
+    let r = zt.next_address().await;
+    assert_eq!(
+        r.resources
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        vec![lone],
+        "one workload"
+    );
+    assert_eq!(zt.workload(lone).unwrap().canonical_revision, "v3");
+
+    // Deleted: removed.
+    api.delete::<Pod>(Some("mesh"), "lone-1");
+    zt.until("lone-1 removed", |z| z.workload(lone).is_none())
+        .await;
+}

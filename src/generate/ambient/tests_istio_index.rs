@@ -614,15 +614,10 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
     ("WaypointForWorkloadTraffic/service traffic", NO_GATEWAY),
     ("WaypointForWorkloadTraffic/workload traffic", NO_GATEWAY),
     ("WaypointForWorkloadTraffic/no traffic", NO_GATEWAY),
-    ("NetworkAndClusterIDs/values unset", NO_SERVICE),
-    ("NetworkAndClusterIDs/values set", NO_SERVICE),
-    ("LookupWorkloads", NO_SERVICE),
-    ("ServiceSelectsCorrectWorkloads", NO_SERVICE),
     (
         "WaypointConfiguredOnlyWhenReady",
         "the pods back no service (not sent); and the waypoint Gateway's readiness is not read",
     ),
-    ("WaypointAddressAddedToWorkloads", NO_SERVICE),
     (
         "WaypointInboundBinding",
         "the istio-waypoint GatewayClass's inbound-binding annotation is not read (no application_tunnel); and the waypoint pod backs no service",
@@ -631,9 +626,7 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
         "DefaultAllowWaypointPolicy",
         "DEFAULT_ALLOW_FROM_WAYPOINT (an allow policy for the waypoint's service accounts) is not implemented; and pod1 backs no service",
     ),
-    ("PodLifecycleWorkloadGates", NO_SERVICE),
     ("UpdateWaypointForWorkload", NO_SERVICE),
-    ("WorkloadsForWaypoint", NO_SERVICE),
     ("WorkloadsForWaypointOrder", NO_SERVICE),
     (
         "IngressInterop",
