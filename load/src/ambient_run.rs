@@ -75,6 +75,9 @@ pub struct AmbientSummary {
     pub server: String,
     /// Started by the tool.
     pub spawned: bool,
+    /// The ztunnels used the secure port (TLS, the ztunnel service account's
+    /// certificate).
+    pub tls: bool,
     /// Pods (Workloads) and services in the starting registry, nodes they run on.
     pub pods: usize,
     /// Services.
@@ -337,6 +340,7 @@ async fn load(
         load_average_at_end: procfs::load_average(),
         server: server.grpc.to_string(),
         spawned: server.spawned,
+        tls: tls.is_some(),
         pods: plan.initial_count - plan.services,
         services: plan.services,
         nodes: scenario.node_count(),
@@ -480,10 +484,15 @@ impl AmbientSummary {
         let s = &self.scenario;
         let _ = writeln!(
             out,
-            "\nmeshfed load: scenario {} ({} ztunnels (Delta ADS, plaintext), {} ambient pods \
+            "\nmeshfed load: scenario {} ({} ztunnels (Delta ADS, {}), {} ambient pods \
              = {} services x {} pods over {} nodes, {} namespaces)",
             s.name,
             s.proxies,
+            if self.tls {
+                "TLS, secure port"
+            } else {
+                "plaintext"
+            },
             self.pods,
             self.services,
             s.endpoints_per_service,
@@ -760,5 +769,9 @@ mod tests {
         let change = &summary.changes["pod_change"];
         assert_eq!((change.written, change.complete), (2, 2), "{report}");
         assert_eq!(change.resources_per_ztunnel, 1.0, "{report}");
+        assert!(
+            summary.tls && report.contains("TLS, secure port"),
+            "{report}"
+        );
     }
 }

@@ -377,14 +377,15 @@ fn service_resource(
 }
 
 /// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's
-/// host name in the cluster domain. `none` and no name give none.
+/// host name in the cluster domain. `none`, no name, and a name no Gateway can have
+/// (not a DNS-1123 subdomain: istiod finds no such waypoint) give none.
 fn waypoint_of(
     name: Option<&str>,
     ns: Option<&str>,
     own_ns: &str,
     ctx: &BuildContext<'_>,
 ) -> Option<wl::GatewayAddress> {
-    let name = name.filter(|n| !n.is_empty() && *n != "none")?;
+    let name = name.filter(|n| *n != "none" && is_dns1123_subdomain(n))?;
     let ns = ns.filter(|n| !n.is_empty()).unwrap_or(own_ns);
     Some(wl::GatewayAddress {
         destination: Some(wl::gateway_address::Destination::Hostname(
@@ -395,6 +396,17 @@ fn waypoint_of(
         )),
         hbone_mtls_port: HBONE_PORT,
     })
+}
+
+/// A Kubernetes object name: lowercase letters, digits, `-` and `.`, starting and
+/// ending with a letter or digit, at most 253 characters.
+fn is_dns1123_subdomain(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
 }
 
 /// Istio's canonical service name and revision of a workload.
