@@ -7,8 +7,11 @@
 //! from its write to the next change's, which with `rate: 0` is that change's push
 //! alone).
 //!
-//! The ztunnels use the plaintext port (ztunnel itself uses TLS with a token on
-//! 15012); what the server builds and sends is the same.
+//! The ztunnels use the plaintext port, or with `--tls-ca-dir` the secure port as
+//! ztunnel does (TLS 1.3, ALPN h2), authenticated by a client certificate of the
+//! ztunnel service account `spiffe://<trust domain>/ns/istio-system/sa/ztunnel`
+//! issued from the server's CA (ztunnel sends a Kubernetes token instead; the server
+//! reviews it once per connection, which a run without Kubernetes cannot simulate).
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
@@ -30,6 +33,7 @@ use super::registry::write_atomically;
 use super::report::{Convergence, ProcessUsage, Received, bytes};
 use super::scenario::Scenario;
 use super::server::{self, ServerUnderLoad};
+use super::tls::ClientTls;
 use super::ztunnel::{Leftover, TYPES, ZtunnelConfig, run_ztunnel};
 
 /// How often the driver looks at the recorder while it waits.
@@ -71,6 +75,9 @@ pub struct AmbientSummary {
     pub server: String,
     /// Started by the tool.
     pub spawned: bool,
+    /// The ztunnels used the secure port (TLS, the ztunnel service account's
+    /// certificate).
+    pub tls: bool,
     /// Pods (Workloads) and services in the starting registry, nodes they run on.
     pub pods: usize,
     /// Services.
@@ -111,12 +118,6 @@ pub struct AmbientSummary {
 pub async fn execute(options: RunOptions) -> anyhow::Result<AmbientSummary> {
     let scenario = &options.scenario;
     scenario.validate()?;
-    if options.tls.is_some() {
-        bail!(
-            "mode: ztunnel connects to the plaintext port (ztunnel's TLS and token \
-             authentication are not simulated): leave out --tls-ca-dir"
-        );
-    }
     procfs::ensure_open_files(scenario.proxies as u64 + 256)?;
     let mut registry = AmbientRegistry::new(scenario);
     let kinds = registry.plan(scenario);
@@ -149,11 +150,31 @@ pub async fn execute(options: RunOptions) -> anyhow::Result<AmbientSummary> {
             let ready = ready_file
                 .as_deref()
                 .context("a spawned server's ready file")?;
-            ServerUnderLoad::spawn(binary, &mock_file, None, ready, None, extra_args).await?
+            let ca_dir = options.tls.as_ref().map(|t| t.ca_dir.as_path());
+            ServerUnderLoad::spawn(binary, &mock_file, None, ready, ca_dir, extra_args).await?
         }
         Target::Attach { grpc, pid, .. } => ServerUnderLoad::attach(*grpc, *pid)?,
     };
-    let result = load(&options, plan, &mut registry, &kinds, &server, &mock_file).await;
+    let tls = match &options.tls {
+        None => None,
+        Some(tls) => match ClientTls::load(tls.clone()) {
+            Ok(tls) => Some(Arc::new(tls)),
+            Err(err) => {
+                server.stop().await;
+                return Err(err);
+            }
+        },
+    };
+    let result = load(
+        &options,
+        plan,
+        &mut registry,
+        &kinds,
+        &server,
+        &mock_file,
+        tls,
+    )
+    .await;
     server.stop().await;
     result
 }
@@ -176,6 +197,7 @@ async fn load(
     kinds: &[PodChangeKind],
     server: &ServerUnderLoad,
     mock_file: &std::path::Path,
+    tls: Option<Arc<ClientTls>>,
 ) -> anyhow::Result<AmbientSummary> {
     let scenario = &options.scenario;
     let recorder = Arc::new(Recorder::new(kinds.len(), 0, 1));
@@ -217,6 +239,7 @@ async fn load(
                 index,
                 plan: plan.clone(),
                 address: server.grpc,
+                tls: tls.clone(),
                 cluster_id: options.cluster_id.clone(),
                 recorder: recorder.clone(),
                 report: report_rx.clone(),
@@ -317,6 +340,7 @@ async fn load(
         load_average_at_end: procfs::load_average(),
         server: server.grpc.to_string(),
         spawned: server.spawned,
+        tls: tls.is_some(),
         pods: plan.initial_count - plan.services,
         services: plan.services,
         nodes: scenario.node_count(),
@@ -460,10 +484,15 @@ impl AmbientSummary {
         let s = &self.scenario;
         let _ = writeln!(
             out,
-            "\nmeshfed load: scenario {} ({} ztunnels (Delta ADS, plaintext), {} ambient pods \
+            "\nmeshfed load: scenario {} ({} ztunnels (Delta ADS, {}), {} ambient pods \
              = {} services x {} pods over {} nodes, {} namespaces)",
             s.name,
             s.proxies,
+            if self.tls {
+                "TLS, secure port"
+            } else {
+                "plaintext"
+            },
             self.pods,
             self.services,
             s.endpoints_per_service,
@@ -675,5 +704,74 @@ mod tests {
         assert!(summary.received["wds"].resources >= 2 * 24, "{report}");
         assert!(summary.received["authorization"].responses >= 2, "{report}");
         assert!(report.contains("ztunnels holding every workload and service  2 / 2"));
+    }
+
+    /// The same tiny run over TLS to the secure port of a server running its CA, the
+    /// ztunnels presenting the ztunnel service account's certificate.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ztunnels_converge_over_the_secure_port() {
+        use meshfed::app::CaSource;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("registry.json");
+        std::fs::write(&file, "services: []\n").unwrap();
+        let ca_dir = dir.path().join("ca");
+        let server = FakeServer::builder()
+            .mock_registry_file(&file)
+            .configure(|c| {
+                c.ca = Some(CaSource::Dir {
+                    cacerts: None,
+                    self_signed_dir: ca_dir.clone(),
+                });
+            })
+            .start()
+            .await
+            .unwrap();
+        let scenario = Scenario {
+            name: "tiny-ambient-tls".into(),
+            mode: Mode::Ztunnel,
+            flavour: Flavour::Delta,
+            services: 4,
+            endpoints_per_service: 5,
+            namespaces: 2,
+            proxies: 2,
+            churn: Churn {
+                pod_changes: 2,
+                ..Churn::default()
+            },
+            settle_timeout: Duration::from_secs(20),
+            change_timeout: Duration::from_secs(10),
+            ..Scenario::default()
+        };
+        let summary = execute(RunOptions {
+            scenario,
+            target: Target::Attach {
+                grpc: server.secure_grpc_addr(),
+                replicas: Vec::new(),
+                mock_file: file,
+                config_dir: None,
+                pid: None,
+            },
+            cluster_id: "Kubernetes".into(),
+            progress: false,
+            tls: Some(crate::tls::TlsOptions {
+                ca_dir,
+                server_name: crate::tls::DEFAULT_SERVER_NAME.into(),
+                trust_domain: "cluster.local".into(),
+            }),
+        })
+        .await
+        .unwrap();
+        server.shutdown().await;
+        let report = summary.render();
+        assert!(summary.passed, "{report}");
+        assert_eq!(summary.convergence.converged, 2, "{report}");
+        assert_eq!(summary.stream_failures, 0, "{report}");
+        let change = &summary.changes["pod_change"];
+        assert_eq!((change.written, change.complete), (2, 2), "{report}");
+        assert_eq!(change.resources_per_ztunnel, 1.0, "{report}");
+        assert!(
+            summary.tls && report.contains("TLS, secure port"),
+            "{report}"
+        );
     }
 }

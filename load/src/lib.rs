@@ -112,7 +112,8 @@
 //! `mode: ztunnel` simulates ztunnels instead ([`ztunnel`], run by [`ambient_run`]):
 //! every endpoint of the registry is an ambient pod on one of `nodes` nodes
 //! ([`ambient`]), each ztunnel holds the Address and Authorization types over Delta
-//! ADS (plaintext), and the churn is `churn.podChanges` (a pod's `version` label),
+//! ADS (plaintext, or with `--tls-ca-dir` the secure port, presenting the ztunnel
+//! service account's certificate), and the churn is `churn.podChanges` (a pod's `version` label),
 //! `podAdds` and `podRemoves`: write -> every ztunnel's ACK, and the bytes sent for
 //! each change.
 //!

@@ -1,5 +1,7 @@
 //! A simulated ztunnel (`mode: ztunnel`): one Delta ADS stream over its own HTTP/2
-//! connection to the plaintext port, as ztunnel opens it to istiod:
+//! connection to the plaintext port, or over TLS to the secure port presenting the
+//! certificate of the ztunnel service account (`istio-system/ztunnel`), as ztunnel opens it
+//! to istiod:
 //!
 //! - node id `ztunnel~<ip>~ztunnel-<i>.istio-system~istio-system.svc.cluster.local`,
 //!   metadata `NAME`, `NAMESPACE`, `INSTANCE_IPS` and `NODE_NAME` (`node-<i>`), a
@@ -316,6 +318,9 @@ fn canonical_revision(body: &Bytes) -> Result<Option<String>, prost::DecodeError
     })
 }
 
+/// The namespace ztunnel runs in (its node id's and its identity's).
+const ZTUNNEL_NAMESPACE: &str = "istio-system";
+
 /// Everything a simulated ztunnel needs.
 #[derive(Clone, Debug)]
 pub struct ZtunnelConfig {
@@ -323,8 +328,10 @@ pub struct ZtunnelConfig {
     pub index: usize,
     /// The run's expectations.
     pub plan: Arc<AmbientPlan>,
-    /// The server's plaintext ADS address.
+    /// The server's ADS address (the secure one with `tls`).
     pub address: SocketAddr,
+    /// TLS to the secure port, presenting the ztunnel service account.
+    pub tls: Option<Arc<crate::tls::ClientTls>>,
     /// The `clusterid` header.
     pub cluster_id: String,
     /// Where it reports.
@@ -403,7 +410,14 @@ async fn stream(
 ) -> anyhow::Result<()> {
     let recorder = config.recorder.clone();
     let window = receive_window(config.ztunnels);
-    let channel = endpoint(config.address, window)?.connect().await?;
+    let channel = match &config.tls {
+        None => endpoint(config.address, window)?.connect().await?,
+        Some(tls) => {
+            let identity = crate::tls::spiffe_id(tls.trust_domain(), ZTUNNEL_NAMESPACE, "ztunnel");
+            tls.connect(endpoint(config.address, window)?, config.address, &identity)
+                .await?
+        }
+    };
     let (tx, rx) = mpsc::unbounded_channel::<Bytes>();
     for request in state.start(node) {
         tx.send(grpc_frame(&request))

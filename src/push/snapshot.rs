@@ -654,6 +654,12 @@ impl Snapshot {
         self.workloads.sources.find(query)
     }
 
+    /// Every workload the registries know, behind a service or not, with the shard of
+    /// the registry that knows it (for the ambient Address type).
+    pub fn every_workload(&self) -> Vec<(ShardKey, meshfed_registry::Endpoint)> {
+        self.workloads.sources.every_workload()
+    }
+
     /// `proxy` as generators see it in this snapshot: with its workload's labels and
     /// locality when a registry knows the workload ([`Proxy::with_workload`]), else as
     /// it connected.

@@ -1,5 +1,6 @@
 //! Ambient mode: a ztunnel-shaped client on the secure port gets the workloads and
-//! services of pods, a WorkloadEntry VM and a mock-registry service over Delta ADS;
+//! services of pods, a WorkloadEntry VM, a Consul service (a fake Consul speaking its
+//! HTTP API) and a mock-registry service over Delta ADS;
 //! a pod change reaches it as one Workload; a deleted pod is removed; a reconnect
 //! with the versions it holds gets nothing it already has.
 
@@ -14,6 +15,7 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use meshfed::testing::{ClientTls, FakeServer, node_with, tls_channel};
 use meshfed_api::workload::{Address, Workload, address};
+use meshfed_consul::fake::{FakeConsul, Instance};
 use meshfed_kube::fake_api::objects::types::Pod;
 use meshfed_kube::fake_api::{CustomResource, FakeApiServer, objects};
 use meshfed_registry::{Endpoint, Protocol, ServiceKey, WorkloadKind, WorkloadMeta};
@@ -163,6 +165,11 @@ fn in_an_hour() -> std::time::SystemTime {
 }
 
 async fn start(api: &FakeApiServer) -> FakeServer {
+    start_with_consul(api, None).await
+}
+
+/// [`start`], with meshfed's Consul registry following `consul` when given.
+async fn start_with_consul(api: &FakeApiServer, consul: Option<&FakeConsul>) -> FakeServer {
     api.install_crds(CustomResource::istio_networking(&[
         "v1", "v1beta1", "v1alpha3",
     ]));
@@ -196,8 +203,16 @@ async fn start(api: &FakeApiServer) -> FakeServer {
         serde_json::json!({"address": "10.5.0.9", "labels": {"app": "app"}, "serviceAccount": "vm"}),
     ));
     let client = api.client();
+    let consul = consul.map(|consul| meshfed::app::ConsulSettings {
+        retry_interval: Duration::from_millis(20),
+        max_retry_interval: Duration::from_millis(200),
+        ..meshfed::app::ConsulSettings::new(consul.url())
+    });
     let server = FakeServer::builder()
-        .configure(move |c| kube_ca(c, client))
+        .configure(move |c| {
+            kube_ca(c, client);
+            c.consul = consul;
+        })
         .start()
         .await
         .unwrap();
@@ -227,7 +242,12 @@ async fn start(api: &FakeApiServer) -> FakeServer {
 #[tokio::test]
 async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
     let api = FakeApiServer::start().await.unwrap();
-    let server = start(&api).await;
+    let consul = FakeConsul::start().await.unwrap();
+    consul.register(
+        Instance::new("orders", "orders-1", "10.7.0.1", 9090)
+            .with_meta("istio.io/dataplane-mode", "ambient"),
+    );
+    let server = start_with_consul(&api, Some(&consul)).await;
     let root = published_root(&api, "default").await;
     let tls = ClientTls {
         roots_pem: root,
@@ -241,14 +261,26 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
     let pod1 = "Kubernetes//Pod/mesh/app-1";
     let vm = "Kubernetes/networking.istio.io/WorkloadEntry/mesh/app-vm";
     let db = "mock/mock/mesh/db.mock/db-1";
-    zt.until("pods, VM, mock workload and services", |z| {
+    // `<datacenter>/consul/<namespace>/<service>/<id>`.
+    let is_orders = |k: &String| k.ends_with("/consul/default/orders/orders-1");
+    zt.until("pods, VM, Consul and mock workloads and services", |z| {
         [pod1, "Kubernetes//Pod/mesh/app-2", vm, db]
             .iter()
             .all(|u| z.workload(u).is_some())
+            && z.held.keys().any(is_orders)
             && z.held.contains_key("mesh/app.mesh.svc.cluster.local")
             && z.held.contains_key("mesh/db.mock")
+            && z.held.keys().any(|k| k.ends_with("/orders.service.consul"))
     })
     .await;
+    let orders = zt.held.keys().find(|k| is_orders(k)).unwrap().clone();
+    let orders_w = zt.workload(&orders).unwrap();
+    assert_eq!(orders_w.addresses, vec![vec![10, 7, 0, 1]]);
+    assert_eq!(orders_w.services.len(), 1, "{orders_w:?}");
+    assert_eq!(
+        orders_w.services.values().next().unwrap().ports[0].target_port,
+        9090
+    );
     let w = zt.workload(pod1).unwrap();
     assert_eq!(w.addresses, vec![vec![10, 1, 0, 1]]);
     assert_eq!(w.node, "node-1");
@@ -384,4 +416,77 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
             .all(|c| c["type_url"] == ADDRESS)
     );
     let _ = held;
+}
+
+#[tokio::test]
+async fn pods_and_workload_entries_no_service_selects_are_workloads_too() {
+    let api = FakeApiServer::start().await.unwrap();
+    let server = start(&api).await;
+    let root = published_root(&api, "default").await;
+    let tls = ClientTls {
+        roots_pem: root,
+        identity: None,
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let token = api.issue_token("istio-system", "ztunnel", &["istio-ca"], in_an_hour(), None);
+    let channel = tls_channel(server.secure_grpc_addr(), &tls).await.unwrap();
+    let mut zt = Ztunnel::connect(channel, &token, BTreeMap::new()).await;
+    zt.until("the first workloads", |z| {
+        z.workload("Kubernetes//Pod/mesh/app-1").is_some()
+    })
+    .await;
+
+    // A pod and a VM that no Service or ServiceEntry selects.
+    api.apply(&objects::pod(
+        "mesh", "lone-1", "lone", "10.1.0.7", "node-2",
+    ));
+    api.apply_custom(&objects::istio(
+        "v1",
+        "WorkloadEntry",
+        "mesh",
+        "lone-vm",
+        serde_json::json!({"address": "10.5.0.7", "labels": {"app": "lonevm"}}),
+    ));
+    let lone = "Kubernetes//Pod/mesh/lone-1";
+    let vm = "Kubernetes/networking.istio.io/WorkloadEntry/mesh/lone-vm";
+    zt.until("the lone pod and VM", |z| {
+        z.workload(lone).is_some() && z.workload(vm).is_some()
+    })
+    .await;
+    let w = zt.workload(lone).unwrap();
+    assert_eq!(w.addresses, vec![vec![10, 1, 0, 7]]);
+    assert_eq!(
+        (w.node.as_str(), w.canonical_name.as_str()),
+        ("node-2", "lone")
+    );
+    assert!(w.services.is_empty(), "backs no service");
+    assert_eq!(w.status, 0, "healthy: the pod is ready");
+    let v = zt.workload(vm).unwrap();
+    assert_eq!(v.addresses, vec![vec![10, 5, 0, 7]]);
+    assert!(v.services.is_empty());
+
+    // Its change reaches the ztunnel as that one Workload.
+    let mut changed = objects::pod("mesh", "lone-1", "lone", "10.1.0.7", "node-2");
+    changed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("version".into(), "v3".into());
+    api.apply(&changed);
+    let r = zt.next_address().await;
+    assert_eq!(
+        r.resources
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
+        vec![lone],
+        "one workload"
+    );
+    assert_eq!(zt.workload(lone).unwrap().canonical_revision, "v3");
+
+    // Deleted: removed.
+    api.delete::<Pod>(Some("mesh"), "lone-1");
+    zt.until("lone-1 removed", |z| z.workload(lone).is_none())
+        .await;
 }

@@ -32,7 +32,9 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 
 use crate::metrics::encode_gauges;
-use crate::model::{ClusterId, ProviderId, Service, ServiceKey, ShardKey, WorkloadInstance};
+use crate::model::{
+    ClusterId, Endpoint, ProviderId, Service, ServiceKey, ShardKey, WorkloadInstance,
+};
 use crate::registry::{NetworkGateway, ServiceRegistry, WorkloadLookup, WorkloadQuery};
 
 /// Why a service lost to another with the same `(hostname, namespace)`.
@@ -188,7 +190,10 @@ impl Aggregate {
             )
         });
         WorkloadSources {
-            lookups: registries.iter().filter_map(|r| r.workloads()).collect(),
+            lookups: registries
+                .iter()
+                .filter_map(|r| Some((r.shard_key(), r.workloads()?)))
+                .collect(),
         }
     }
 
@@ -305,13 +310,22 @@ impl Aggregate {
 /// Nothing here reads a live registry.
 #[derive(Clone, Debug, Default)]
 pub struct WorkloadSources {
-    lookups: Vec<Arc<dyn WorkloadLookup>>,
+    lookups: Vec<(ShardKey, Arc<dyn WorkloadLookup>)>,
 }
 
 impl WorkloadSources {
     /// The workload the proxy described by `query` runs as, if any registry knows it.
     pub fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
-        self.lookups.iter().find_map(|l| l.find(query))
+        self.lookups.iter().find_map(|(_, l)| l.find(query))
+    }
+
+    /// Every registry's workloads ([`WorkloadLookup::every_workload`]), each with the
+    /// shard of the registry that knows it, in the look-up order.
+    pub fn every_workload(&self) -> Vec<(ShardKey, Endpoint)> {
+        self.lookups
+            .iter()
+            .flat_map(|(shard, l)| l.every_workload().into_iter().map(|e| (shard.clone(), e)))
+            .collect()
     }
 }
 

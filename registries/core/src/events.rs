@@ -207,6 +207,24 @@ impl PushRequest {
         }
     }
 
+    /// An endpoint-only push that names no service: workloads that back no service
+    /// changed in the registry of `shard` (pods, WorkloadEntries). The ambient Address
+    /// type, which holds every workload, is rebuilt; no service's EDS is touched (the
+    /// key names the endpoints of no hostname: `Endpoints/<shard>/workloads`).
+    pub fn workloads(shard: &ShardKey) -> Self {
+        PushRequest {
+            full: false,
+            forced: false,
+            configs_updated: BTreeSet::from([ConfigKey::new(
+                ConfigKind::Endpoints,
+                "workloads",
+                &shard.to_string(),
+            )]),
+            reasons: BTreeMap::from([(TriggerReason::Endpoint, 1)]),
+            start: Instant::now(),
+        }
+    }
+
     /// Folds a later request into this one: the union of changes, the earliest start.
     pub fn merge(&mut self, other: PushRequest) {
         self.full |= other.full;

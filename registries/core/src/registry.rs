@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::model::{ClusterId, NetworkId, ProviderId, Service, ShardKey, WorkloadInstance};
+use crate::model::{
+    ClusterId, Endpoint, NetworkId, ProviderId, Service, ShardKey, WorkloadInstance,
+};
 
 /// A gateway through which endpoints of `network` are reached from other networks.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, Serialize)]
@@ -87,4 +89,14 @@ pub trait WorkloadLookup: Send + Sync + fmt::Debug {
     /// behind `GetProxyServiceTargets` and `GetProxyWorkloadLabels`). `None` means
     /// "not mine" (another registry may know it).
     fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance>;
+
+    /// Every workload this registry knows (pods, WorkloadEntries), whether or not a
+    /// service selects it: each as an endpoint carrying its workload record
+    /// ([`Endpoint::workload`]) and no service ports, in the frozen state. What the
+    /// ambient Address type sends beside the workloads behind services (Istio sends
+    /// every pod and WorkloadEntry to ztunnel). Computed on call; callers take it once
+    /// per snapshot. Default: none (the registry's workloads are its endpoints).
+    fn every_workload(&self) -> Vec<Endpoint> {
+        Vec::new()
+    }
 }

@@ -75,10 +75,10 @@ use crate::model::{
     ClusterId, Endpoint, ExportTo, Locality, MeshLocation, NetworkId, Port, Protocol, ProviderId,
     Resolution, Service, ServiceKey, ShardKey, TlsMode,
 };
-use crate::registry::ServiceRegistry;
+use crate::registry::{ServiceRegistry, WorkloadLookup, WorkloadQuery};
 
 pub use crate::workload_instances::{ANNOTATION_HEALTH_CHECKS, workload_entry_health};
-pub use conversion::convert;
+pub use conversion::{convert, entry_workloads};
 
 /// The label that sets an endpoint's TLS mode (`istio` or `disabled`).
 pub const LABEL_TLS_MODE: &str = "security.istio.io/tlsMode";
@@ -142,6 +142,8 @@ struct Inner {
     shard: ShardKey,
     synced: AtomicBool,
     state: RwLock<Arc<Content>>,
+    /// Every WorkloadEntry as a workload ([`entry_workloads`]), selected or not.
+    entry_workloads: RwLock<Arc<Vec<Endpoint>>>,
     /// Serialises refreshes (the diff must see the state it replaces).
     refreshing: Mutex<()>,
     /// Where every refresh publishes the WorkloadEntries it read, for Kubernetes
@@ -186,6 +188,7 @@ impl ServiceEntryRegistry {
                 shard,
                 synced: AtomicBool::new(false),
                 state: RwLock::new(Arc::default()),
+                entry_workloads: RwLock::new(Arc::default()),
                 refreshing: Mutex::new(()),
                 workload_feed: feed,
             }),
@@ -271,6 +274,7 @@ impl ServiceEntryRegistry {
         }
         let next = convert(&service_entries, &workload_entries, &self.inner.config);
         let previous = self.read();
+        let entries_changed = self.store_entry_workloads(&workload_entries);
 
         let mut refresh = Refresh::default();
         let mut content = Content::new();
@@ -321,6 +325,12 @@ impl ServiceEntryRegistry {
         for key in &refresh.services_deleted {
             sink.service_deleted(&self.inner.shard, key);
         }
+        if entries_changed && refresh.is_empty() {
+            // WorkloadEntries that back no service change only the ambient workloads:
+            // an endpoint-only push naming them (no service's EDS is touched). Any
+            // other push of this refresh rebuilds them too.
+            sink.push(crate::events::PushRequest::workloads(&self.inner.shard));
+        }
         if !refresh.is_empty() {
             tracing::debug!(
                 services = content.len(),
@@ -331,6 +341,22 @@ impl ServiceEntryRegistry {
             );
         }
         refresh
+    }
+
+    /// Converts every WorkloadEntry into a workload and keeps the list; true when it
+    /// differs from the one kept before.
+    fn store_entry_workloads(&self, workload_entries: &[Arc<ConfigObject>]) -> bool {
+        let next = entry_workloads(workload_entries, &self.inner.config);
+        let mut kept = self
+            .inner
+            .entry_workloads
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if **kept == next {
+            return false;
+        }
+        *kept = Arc::new(next);
+        true
     }
 
     fn read(&self) -> Arc<Content> {
@@ -392,6 +418,32 @@ impl ServiceRegistry for ServiceEntryRegistry {
 
     fn has_synced(&self) -> bool {
         self.inner.synced.load(Ordering::SeqCst)
+    }
+
+    /// The WorkloadEntries as they are now, for [`WorkloadLookup::every_workload`];
+    /// proxies are not looked up here (`find` answers nothing).
+    fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
+        let entries = self
+            .inner
+            .entry_workloads
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Some(Arc::new(EntryWorkloads(entries)))
+    }
+}
+
+/// The WorkloadEntries of one moment, as workloads.
+#[derive(Debug)]
+struct EntryWorkloads(Arc<Vec<Endpoint>>);
+
+impl WorkloadLookup for EntryWorkloads {
+    fn find(&self, _: &WorkloadQuery<'_>) -> Option<crate::model::WorkloadInstance> {
+        None
+    }
+
+    fn every_workload(&self) -> Vec<Endpoint> {
+        (*self.0).clone()
     }
 }
 
@@ -981,6 +1033,74 @@ mod tests {
 
     fn key() -> ServiceKey {
         ServiceKey::new("vm.example.com", "vm")
+    }
+
+    #[test]
+    fn every_workload_entry_is_a_workload_selected_or_not() {
+        let Setup {
+            store,
+            registry,
+            mut rx,
+            ..
+        } = setup();
+        drain(&mut rx);
+        store.apply(vm_entry(SeResolution::Static)).unwrap();
+        store.apply(vm("a", "10.0.0.1", "vm")).unwrap();
+        store.apply(vm("lone", "10.0.0.2", "other")).unwrap();
+        registry.refresh();
+        let (pushes, _) = drain(&mut rx);
+        assert!(
+            !pushes
+                .iter()
+                .any(|(_, keys)| keys.iter().any(|k| k.ends_with("/workloads"))),
+            "the services' pushes carry the entries: {pushes:?}"
+        );
+        let frozen = registry.workloads().expect("entries as workloads");
+        let mut every: Vec<(String, String, usize)> = frozen
+            .every_workload()
+            .iter()
+            .map(|e| {
+                let w = e.workload.as_deref().unwrap();
+                (e.address.to_string(), w.uid.clone(), e.ports.len())
+            })
+            .collect();
+        every.sort();
+        assert_eq!(
+            every,
+            vec![
+                (
+                    "10.0.0.1".into(),
+                    "c1/networking.istio.io/WorkloadEntry/vm/a".into(),
+                    0
+                ),
+                (
+                    "10.0.0.2".into(),
+                    "c1/networking.istio.io/WorkloadEntry/vm/lone".into(),
+                    0
+                ),
+            ]
+        );
+        // Proxies are not looked up here.
+        assert!(
+            frozen
+                .find(&WorkloadQuery {
+                    ips: &["10.0.0.2".parse().unwrap()],
+                    id: "lone.vm",
+                    namespace: "vm",
+                    cluster: None,
+                })
+                .is_none()
+        );
+        // An entry no service selects changes: a push of its own.
+        store.apply(vm("lone", "10.0.0.3", "other")).unwrap();
+        registry.refresh();
+        assert_eq!(
+            drain(&mut rx).0,
+            vec![(false, vec!["Endpoints/External/c1/workloads".to_string()])]
+        );
+        // Nothing changed: no push.
+        registry.refresh();
+        assert!(drain(&mut rx).0.is_empty());
     }
 
     #[test]

@@ -152,6 +152,11 @@ pub struct KubeRegistryConfig {
     /// `PILOT_ENABLE_K8S_SELECT_WORKLOAD_ENTRIES`): the config cluster's registry gets
     /// the ServiceEntry registry's feed; remote clusters none.
     pub workload_entries: WorkloadEntryFeed,
+    /// Every pod is a workload of the ambient Address type, whether or not a Service
+    /// selects it: the registry's workloads list them all, and a change to pods that
+    /// touches no Service's endpoints is pushed on its own. The server's Kubernetes
+    /// source sets it; off, only the pods behind Services are workloads.
+    pub ambient_workloads: bool,
 }
 
 impl Default for KubeRegistryConfig {
@@ -164,6 +169,7 @@ impl Default for KubeRegistryConfig {
             namespaces: NamespaceFilter::All,
             mesh_gateways: MeshGateways::none(),
             workload_entries: WorkloadEntryFeed::none(),
+            ambient_workloads: false,
         }
     }
 }

@@ -225,6 +225,7 @@ impl KubeSettings {
             namespaces: self.namespaces.clone(),
             mesh_gateways,
             workload_entries: ctx.workload_entries.clone(),
+            ambient_workloads: true,
         };
         let (registry, writer) = KubeRegistry::start(
             client.clone(),

@@ -401,6 +401,13 @@ impl Writer {
         if let Some(view) = flush.view {
             self.registry.view.store(view);
         }
+        // Pods changed and no service's endpoints or definition did (whose pushes
+        // rebuild the ambient workloads too).
+        let only_pods = self.registry.config().ambient_workloads
+            && flush.pods.is_some()
+            && flush.endpoints.is_empty()
+            && flush.changed.is_empty()
+            && flush.deleted.is_empty();
         if let Some(pods) = flush.pods {
             self.registry.pods.store(pods);
         }
@@ -413,6 +420,11 @@ impl Writer {
         }
         if view_changed || flush.nodes_changed {
             self.announce_gateways();
+        }
+        // Every pod is an ambient workload, behind a Service or not: an endpoint-only
+        // push naming no service rebuilds the ambient Address type.
+        if only_pods {
+            self.sink.push(PushRequest::workloads(&self.shard));
         }
         // A proxy running as a changed pod gets new labels and inbound config (Istio
         // pushes to that proxy; the request names the pods).

@@ -5,7 +5,12 @@
 //!
 //! - A workload is the object behind one or more endpoints
 //!   ([`meshfed_registry::WorkloadMeta`]), keyed by its uid; its `services` map lists,
-//!   for every service it backs, the service ports and its target ports.
+//!   for every service it backs, the service ports and its target ports. Every pod and
+//!   WorkloadEntry is a workload, whether or not a service selects it: the registries
+//!   list them ([`meshfed_registry::WorkloadLookup::every_workload`], frozen with the
+//!   snapshot), and a change to them alone is pushed as an endpoint-only push that
+//!   names no service. Pods without an IP, completed pods and pods of namespaces the
+//!   registry does not select are none; a pod's status is its readiness.
 //! - Addresses are the workload's IP (none for an entry without an address; a
 //!   hostname for DNS endpoints), on the network the split-horizon model gives it;
 //!   a workload on a network with gateways carries the first gateway (by address)
@@ -75,7 +80,9 @@ pub struct BuildContext<'a> {
 /// One service with its endpoints, each with the shard it came from.
 pub type ServiceEndpoints<'a> = (&'a Service, Vec<(&'a ShardKey, &'a Endpoint)>);
 
-/// Builds the ambient model from a snapshot.
+/// Builds the ambient model from a snapshot: its services with their endpoints, and
+/// every workload the registries know ([`Snapshot::every_workload`]: pods and
+/// WorkloadEntries that back no service are workloads too).
 pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
     let trust_domain = snapshot.mesh().config.trust_domain.clone();
     let services: Vec<ServiceEndpoints<'_>> = snapshot
@@ -90,11 +97,13 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
             (&**s, eps)
         })
         .collect();
+    let every = snapshot.every_workload();
+    let standalone: Vec<(&ShardKey, &Endpoint)> = every.iter().map(|(s, e)| (s, e)).collect();
     let networks = snapshot.network_view();
     let domain = snapshot.config().domain.clone();
-    let mut model = build(&services, networks, &trust_domain, &domain);
+    let mut model = build(&services, &standalone, networks, &trust_domain, &domain);
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
-    attach_policies(&mut model, &services, &policies);
+    attach_policies(&mut model, &services, &standalone, &policies);
     model
 }
 
@@ -102,24 +111,30 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
 pub fn attach_policies(
     model: &mut AmbientModel,
     services: &[ServiceEndpoints<'_>],
+    standalone: &[(&ShardKey, &Endpoint)],
     policies: &crate::generate::ambient_authz::AmbientPolicies,
 ) {
-    for (_, endpoints) in services {
-        for (_, ep) in endpoints {
-            if let Some(meta) = ep.workload.as_deref()
-                && let Some(w) = model.workloads.get_mut(&meta.uid)
-                && w.authorization_policies.is_empty()
-            {
-                w.authorization_policies = policies.workload_policies(&meta.namespace, &ep.labels);
-            }
+    let endpoints = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter())
+        .chain(standalone);
+    for (_, ep) in endpoints {
+        if let Some(meta) = ep.workload.as_deref()
+            && let Some(w) = model.workloads.get_mut(&meta.uid)
+            && w.authorization_policies.is_empty()
+        {
+            w.authorization_policies = policies.workload_policies(&meta.namespace, &ep.labels);
         }
     }
 }
 
-/// Builds the ambient model of `services`, each with its endpoints and their shards;
+/// Builds the ambient model of `services`, each with its endpoints and their shards,
+/// and of `standalone`, every workload the registries know as an endpoint without
+/// service ports (those behind a service are among them too: one workload per uid);
 /// `domain` is the cluster DNS domain.
 pub fn build(
     services: &[ServiceEndpoints<'_>],
+    standalone: &[(&ShardKey, &Endpoint)],
     networks: &NetworkView,
     trust_domain: &str,
     domain: &str,
@@ -142,6 +157,7 @@ pub fn build(
     let pod_addresses: BTreeSet<(NetworkId, IpAddr)> = services
         .iter()
         .flat_map(|(_, eps)| eps.iter())
+        .chain(standalone)
         .filter(|(_, ep)| {
             ep.hostname.is_none()
                 && ep.has_address()
@@ -172,11 +188,7 @@ pub fn build(
             let Some(meta) = ep.workload.as_deref() else {
                 continue;
             };
-            if meta.kind == WorkloadKind::WorkloadEntry
-                && ep.hostname.is_none()
-                && !pod_addresses.is_empty()
-                && pod_addresses.contains(&(ctx.networks.endpoint_network(ep, shard), ep.address))
-            {
+            if shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
                 continue;
             }
             let workload = model
@@ -203,6 +215,17 @@ pub fn build(
         }
         model.services.insert(name, svc);
     }
+    for (shard, ep) in standalone {
+        let Some(meta) = ep.workload.as_deref() else {
+            continue;
+        };
+        if !shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
+            model
+                .workloads
+                .entry(meta.uid.clone())
+                .or_insert_with(|| workload_resource(meta, ep, shard, &ctx));
+        }
+    }
     for (uid, w) in &model.workloads {
         for a in &w.addresses {
             if let Some(ip) = ip_of(a) {
@@ -215,6 +238,20 @@ pub fn build(
         }
     }
     model
+}
+
+/// A WorkloadEntry at the address of a pod on the same network is not a workload.
+fn shadowed_by_pod(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    shard: &ShardKey,
+    pod_addresses: &BTreeSet<(NetworkId, IpAddr)>,
+    ctx: &BuildContext<'_>,
+) -> bool {
+    meta.kind == WorkloadKind::WorkloadEntry
+        && ep.hostname.is_none()
+        && !pod_addresses.is_empty()
+        && pod_addresses.contains(&(ctx.networks.endpoint_network(ep, shard), ep.address))
 }
 
 /// The raw bytes of an IP, as the API carries addresses.
@@ -340,14 +377,15 @@ fn service_resource(
 }
 
 /// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's
-/// host name in the cluster domain. `none` and no name give none.
+/// host name in the cluster domain. `none`, no name, and a name no Gateway can have
+/// (not a DNS-1123 subdomain: istiod finds no such waypoint) give none.
 fn waypoint_of(
     name: Option<&str>,
     ns: Option<&str>,
     own_ns: &str,
     ctx: &BuildContext<'_>,
 ) -> Option<wl::GatewayAddress> {
-    let name = name.filter(|n| !n.is_empty() && *n != "none")?;
+    let name = name.filter(|n| *n != "none" && is_dns1123_subdomain(n))?;
     let ns = ns.filter(|n| !n.is_empty()).unwrap_or(own_ns);
     Some(wl::GatewayAddress {
         destination: Some(wl::gateway_address::Destination::Hostname(
@@ -358,6 +396,17 @@ fn waypoint_of(
         )),
         hbone_mtls_port: HBONE_PORT,
     })
+}
+
+/// A Kubernetes object name: lowercase letters, digits, `-` and `.`, starting and
+/// ending with a letter or digit, at most 253 characters.
+fn is_dns1123_subdomain(name: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !name.is_empty()
+        && name.len() <= 253
+        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
+        && name.starts_with(alnum)
+        && name.ends_with(alnum)
 }
 
 /// Istio's canonical service name and revision of a workload.

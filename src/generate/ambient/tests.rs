@@ -57,6 +57,27 @@ pub(super) fn model_of(
     services: Vec<(Service, Vec<Endpoint>)>,
     gateways: &[NetworkGateway],
 ) -> AmbientModel {
+    model_with(services, vec![], gateways)
+}
+
+/// [`model_of`] with `standalone`: every workload the registries know beside the
+/// services' endpoints (pods in the Kubernetes shard, the others in the External one).
+pub(super) fn model_with(
+    services: Vec<(Service, Vec<Endpoint>)>,
+    standalone: Vec<Endpoint>,
+    gateways: &[NetworkGateway],
+) -> AmbientModel {
+    let every: Vec<(ShardKey, Endpoint)> = standalone
+        .into_iter()
+        .map(|e| {
+            let provider = match e.workload.as_deref().map(|m| m.kind) {
+                Some(WorkloadKind::Pod) => ProviderId::Kubernetes,
+                _ => ProviderId::External,
+            };
+            (ShardKey::new(provider, CLUSTER), e)
+        })
+        .collect();
+    let standalone: Vec<(&ShardKey, &Endpoint)> = every.iter().map(|(s, e)| (s, e)).collect();
     let view = NetworkView::new(&MeshNetworks::default(), gateways);
     let owned: Vec<(Service, ShardKey, Vec<Endpoint>)> = services
         .into_iter()
@@ -69,7 +90,7 @@ pub(super) fn model_of(
         .iter()
         .map(|(s, shard, eps)| (s, eps.iter().map(|e| (shard, e)).collect()))
         .collect();
-    build::build(&input, &view, "cluster.local", "cluster.local")
+    build::build(&input, &standalone, &view, "cluster.local", "cluster.local")
 }
 
 #[test]

@@ -2,13 +2,13 @@
 //! `workloads_test.go` TestPodWorkloads and TestWorkloadEntryWorkloads,
 //! `services_test.go` TestServiceEntryServices and TestServiceServices), each given
 //! to meshfed as its registries would present the Istio input (a service with its
-//! endpoints; a pod that backs no service is no endpoint). Each vector passes, or is
+//! endpoints; every pod and WorkloadEntry also as a workload of its own). Each vector passes, or is
 //! in [`KNOWN_GAPS`] with its reason, and the known-gaps test fails when a listed
 //! vector starts passing.
 
 use meshfed_registry::{Endpoint, HealthStatus, ProviderId, Resolution};
 
-use super::tests::{CLUSTER, model_of, pod, service};
+use super::tests::{CLUSTER, model_of, model_with, pod, service};
 use super::*;
 
 pub(super) type Vector = (&'static str, &'static str, fn() -> Result<(), String>);
@@ -86,20 +86,22 @@ const VECTORS: &[Vector] = &[
         "workloads_test.go",
         "simple pod not running but have podIP",
         || {
+            // Pending, no Ready condition: the registry gives it unhealthy.
             let mut p = pod("name", "ns", "1.2.3.4", &[]);
             p.health = HealthStatus::Unhealthy;
-            // Without a service the pod is no endpoint.
             check(
                 "workload",
-                one_workload(&model_of(vec![], &[])),
+                one_workload(&model_with(vec![], vec![p], &[])),
                 Some(expected_pod(wl::WorkloadStatus::Unhealthy, "name")),
             )
         },
     ),
     ("workloads_test.go", "simple pod not ready", || {
+        let mut p = pod("name", "ns", "1.2.3.4", &[]);
+        p.health = HealthStatus::Unhealthy;
         check(
             "workload",
-            one_workload(&model_of(vec![], &[])),
+            one_workload(&model_with(vec![], vec![p], &[])),
             Some(expected_pod(wl::WorkloadStatus::Unhealthy, "name")),
         )
     }),
@@ -140,9 +142,13 @@ const VECTORS: &[Vector] = &[
         )
     }),
     ("workloads_test.go", "simple pod with locality", || {
+        // The registry gives the pod its node's locality.
+        let mut p = pod("name", "ns", "1.2.3.4", &[]);
+        p.health = HealthStatus::Unhealthy;
+        p.locality = meshfed_registry::Locality::parse("region/zone");
         check(
             "workload",
-            one_workload(&model_of(vec![], &[])).map(|w| w.locality),
+            one_workload(&model_with(vec![], vec![p], &[])).map(|w| w.locality),
             Some(Some(wl::Locality {
                 region: "region".into(),
                 zone: "zone".into(),
@@ -151,13 +157,24 @@ const VECTORS: &[Vector] = &[
         )
     }),
     ("workloads_test.go", "pod with authz", || {
-        let model = model_of(
-            vec![(
-                hostname_service(&[("http", 80)]),
-                vec![pod_app_foo(&[("http", 8080)])],
-            )],
-            &[],
+        // Policies selecting `app: foo` in another namespace, the pod's and the root
+        // namespace, and one selecting other labels in the pod's namespace.
+        let selects =
+            |app: &str| format!("selector:\n  matchLabels:\n    app: {app}\nrules:\n- {{}}\n");
+        let (foo, not_foo) = (selects("foo"), selects("not-foo"));
+        let aps = [
+            ("not-ns", "wrong-ns", foo.as_str()),
+            ("ns", "local-ns", foo.as_str()),
+            ("ns", "local-ns-wrong-labels", not_foo.as_str()),
+            ("istio-system", "root-ns", foo.as_str()),
+        ];
+        let policies = crate::generate::ambient_authz::AmbientPolicies::build(
+            &crate::generate::ambient_authz::tests::index(&aps, &[]),
         );
+        let p = pod_app_foo(&[]);
+        let shard = meshfed_registry::ShardKey::new(ProviderId::Kubernetes, CLUSTER);
+        let mut model = model_with(vec![], vec![p.clone()], &[]);
+        build::attach_policies(&mut model, &[], &[(&shard, &p)], &policies);
         check(
             "authorization_policies",
             one_workload(&model).map(|w| w.authorization_policies),
@@ -407,22 +424,6 @@ const VECTORS: &[Vector] = &[
 
 /// Vectors meshfed does not pass, with the reason.
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "simple pod not running but have podIP",
-        "workloads come from service endpoints: a pod that backs no service is not sent",
-    ),
-    (
-        "simple pod not ready",
-        "workloads come from service endpoints: a pod that backs no service is not sent",
-    ),
-    (
-        "simple pod with locality",
-        "workloads come from service endpoints: a pod that backs no service is not sent",
-    ),
-    (
-        "pod with authz",
-        "authorization policy names on workloads come with the istio.security.Authorization type (not built here)",
-    ),
     (
         "ServiceEntryServices/DNS service entry with address",
         "a ServiceEntry's service is named after its host: the merged service model does not keep the ServiceEntry's object name",

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use meshfed_api::workload as wl;
 use meshfed_registry::{Endpoint, ProviderId, Resolution, WorkloadKind, WorkloadMeta};
 
-use super::tests::{CLUSTER as C0, model_of, service};
+use super::tests::{CLUSTER as C0, model_of, model_with, service};
 use super::tests_istio::{Vector, check, run};
 use super::tests_istio_world::*;
 
@@ -68,6 +68,7 @@ fn expected(uid: &str, name: &str, ns: &str, ip: &[u8], canonical: &str) -> wl::
 fn ep(kind: WorkloadKind, name: &str, ns: &str, ip: &str, ports: &[(&str, u16)]) -> Endpoint {
     let mut e = match ip.parse() {
         Ok(ip) => Endpoint::new(ip),
+        Err(_) if ip.is_empty() => Endpoint::without_address(),
         Err(_) => Endpoint::for_hostname(ip),
     };
     for (n, p) in ports {
@@ -462,11 +463,26 @@ const VECTORS: &[Vector] = &[
         entries_not_selected_by_services,
     ),
     (WORKLOADS, "PodWorkloads/pod from replicaset", || {
-        // No service selects the pod.
+        // Running, not ready; controlled by ReplicaSet `rs` (no pod-template-hash):
+        // the registry names the workload after its controller. No service selects it.
+        let mut p = ep(WorkloadKind::Pod, "rs-xvnqd", "ns", "1.2.3.4", &[]);
+        let mut meta = (**p.workload.as_ref().unwrap()).clone();
+        meta.workload_name = "rs".into();
+        p.workload = Some(Arc::new(meta));
+        p.health = meshfed_registry::HealthStatus::Unhealthy;
+        let mut want = expected(
+            "cluster0//Pod/ns/rs-xvnqd",
+            "rs-xvnqd",
+            "ns",
+            &[1, 2, 3, 4],
+            "rs",
+        );
+        want.workload_name = "rs".into();
+        want.status = wl::WorkloadStatus::Unhealthy as i32;
         check(
             "workload",
-            only_workload(&model_of(vec![], &[])).map(|w| w.name),
-            Some("rs-xvnqd".into()),
+            only_workload(&model_with(vec![], vec![p], &[])),
+            Some(want),
         )
     }),
     (
@@ -506,18 +522,47 @@ const VECTORS: &[Vector] = &[
         },
     ),
     (WORKLOADS, "PodWorkloads/pod with waypoint", || {
-        // No service selects the pod.
+        // `istio.io/use-waypoint: waypoint`; no service selects the pod. meshfed
+        // addresses the waypoint by its service's host name.
+        let mut p = with_labels(
+            ep(WorkloadKind::Pod, "name", "ns", "1.2.3.4", &[]),
+            &[("app", "foo"), ("istio.io/use-waypoint", "waypoint")],
+        );
+        let mut meta = (**p.workload.as_ref().unwrap()).clone();
+        meta.use_waypoint = "waypoint".into();
+        p.workload = Some(Arc::new(meta));
+        let mut want = expected("cluster0//Pod/ns/name", "name", "ns", &[1, 2, 3, 4], "foo");
+        want.waypoint = Some(wl::GatewayAddress {
+            destination: Some(wl::gateway_address::Destination::Hostname(
+                wl::NamespacedHostname {
+                    namespace: "ns".into(),
+                    hostname: "waypoint.ns.svc.cluster.local".into(),
+                },
+            )),
+            hbone_mtls_port: 15008,
+        });
         check(
             "workload",
-            only_workload(&model_of(vec![], &[])).is_some(),
-            true,
+            only_workload(&model_with(vec![], vec![p], &[])),
+            Some(want),
         )
     }),
     (WORKLOADS, "PodWorkloads/pod that is a waypoint", || {
+        // The waypoint's own pod: no waypoint of its own.
+        let p = with_labels(
+            ep(WorkloadKind::Pod, "waypoint", "ns", "1.2.3.4", &[]),
+            &[("gateway.networking.k8s.io/gateway-name", "waypoint")],
+        );
         check(
             "workload",
-            only_workload(&model_of(vec![], &[])).is_some(),
-            true,
+            only_workload(&model_with(vec![], vec![p], &[])),
+            Some(expected(
+                "cluster0//Pod/ns/waypoint",
+                "waypoint",
+                "ns",
+                &[1, 2, 3, 4],
+                "waypoint",
+            )),
         )
     }),
     (
@@ -561,7 +606,9 @@ const VECTORS: &[Vector] = &[
         WORKLOADS,
         "PodWorkloads/pod as part of selectorless service without targetRef",
         || {
-            // The slice's endpoint names no pod: the pod backs no service.
+            // The slice's endpoint names no pod. Istio leaves the pod out of the
+            // service (the endpoint is an EndpointSlice workload of its own); meshfed's
+            // Kubernetes registry finds the pod at the endpoint's IP (as for EDS).
             let s = service(
                 "svc.default.svc.domain.suffix",
                 "default",
@@ -569,13 +616,27 @@ const VECTORS: &[Vector] = &[
                 &[],
                 &[("80", 80)],
             );
-            let mut bare = Endpoint::new("1.2.3.4".parse().unwrap()).with_port("80", 80);
-            bare.network = NW.into();
-            let m = model_of(vec![(s, vec![bare])], &[]);
+            let p = with_labels(
+                ep(WorkloadKind::Pod, "pod-123", "default", "1.2.3.4", &[]),
+                &[("app", "foo")],
+            );
+            let by_ip = with_labels(
+                ep(
+                    WorkloadKind::Pod,
+                    "pod-123",
+                    "default",
+                    "1.2.3.4",
+                    &[("80", 80)],
+                ),
+                &[("app", "foo")],
+            );
+            let m = model_with(vec![(s, vec![by_ip])], vec![p], &[]);
             check(
                 "pod-123",
-                m.workloads.contains_key("cluster0//Pod/default/pod-123"),
-                true,
+                m.workloads
+                    .get("cluster0//Pod/default/pod-123")
+                    .map(|w| w.services.is_empty()),
+                Some(true),
             )
         },
     ),
@@ -619,11 +680,26 @@ const VECTORS: &[Vector] = &[
         WORKLOADS,
         "WorkloadEntryWorkloads/we without labels",
         || {
-            // The service selects `app: foo`; the entry has no labels.
+            // The service selects `app: foo`; the entry has no labels: a workload of
+            // its own, backing no service.
+            let s = service(
+                "hostname",
+                "ns",
+                ProviderId::Kubernetes,
+                &[],
+                &[("http", 80)],
+            );
+            let e = ep(WorkloadKind::WorkloadEntry, "name", "ns", "1.2.3.4", &[]);
             check(
                 "workload",
-                only_workload(&model_of(vec![], &[])).is_some(),
-                true,
+                only_workload(&model_with(vec![(s, vec![])], vec![e], &[])),
+                Some(expected(
+                    "cluster0/networking.istio.io/WorkloadEntry/ns/name",
+                    "name",
+                    "ns",
+                    &[1, 2, 3, 4],
+                    "name",
+                )),
             )
         },
     ),
@@ -772,29 +848,82 @@ const VECTORS: &[Vector] = &[
         },
     ),
     (WORKLOADS, "WorkloadEntryWorkloads/cross network we", || {
-        // No service selects the entry.
+        // No address, network `remote-network`, whose gateway is 9.9.9.9.
+        let mut e = Endpoint::without_address().with_port("80", 80);
+        let plain = ep(WorkloadKind::WorkloadEntry, "name", "ns", "1.2.3.4", &[]);
+        e.cluster_id = C0.into();
+        e.network = "remote-network".into();
+        e.workload = plain.workload;
+        let gateway = meshfed_registry::NetworkGateway {
+            network: "remote-network".into(),
+            cluster: C0.into(),
+            address: "9.9.9.9".parse().unwrap(),
+            port: 15443,
+            source: "test".into(),
+        };
+        let mut want = expected(
+            "cluster0/networking.istio.io/WorkloadEntry/ns/name",
+            "name",
+            "ns",
+            &[],
+            "name",
+        );
+        want.network = "remote-network".into();
+        want.network_gateway = Some(wl::GatewayAddress {
+            destination: Some(wl::gateway_address::Destination::Address(
+                wl::NetworkAddress {
+                    network: "remote-network".into(),
+                    address: vec![9, 9, 9, 9],
+                },
+            )),
+            hbone_mtls_port: 15008,
+        });
         check(
             "workload",
-            only_workload(&model_of(vec![], &[])).is_some(),
-            true,
+            only_workload(&model_with(vec![], vec![e], &[gateway])),
+            Some(want),
         )
     }),
     (
         WORKLOADS,
         "WorkloadEntryWorkloads/cross network we hostname gateway",
         || {
+            // The network's gateway is named by host name (`networkgateway.example.com`
+            // in `ns-gtw`); meshfed's gateways are IPs.
+            let mut e = Endpoint::without_address().with_port("80", 80);
+            let plain = ep(WorkloadKind::WorkloadEntry, "name", "ns", "1.2.3.4", &[]);
+            e.cluster_id = C0.into();
+            e.network = "remote-network-hostname".into();
+            e.workload = plain.workload;
             check(
-                "workload",
-                only_workload(&model_of(vec![], &[])).is_some(),
-                true,
+                "network_gateway",
+                only_workload(&model_with(vec![], vec![e], &[])).and_then(|w| w.network_gateway),
+                Some(wl::GatewayAddress {
+                    destination: Some(wl::gateway_address::Destination::Hostname(
+                        wl::NamespacedHostname {
+                            namespace: "ns-gtw".into(),
+                            hostname: "networkgateway.example.com".into(),
+                        },
+                    )),
+                    hbone_mtls_port: 15008,
+                }),
             )
         },
     ),
     (WORKLOADS, "WorkloadEntryWorkloads/waypoint binding", || {
+        // The entry is an instance of waypoint `waypoint`, whose class binds inbound
+        // traffic as PROXY on 15088.
+        let e = with_labels(
+            ep(WorkloadKind::WorkloadEntry, "name", "ns", "", &[]),
+            &[("gateway.networking.k8s.io/gateway-name", "waypoint")],
+        );
         check(
-            "workload",
-            only_workload(&model_of(vec![], &[])).is_some(),
-            true,
+            "application_tunnel",
+            only_workload(&model_with(vec![], vec![e], &[])).and_then(|w| w.application_tunnel),
+            Some(wl::ApplicationTunnel {
+                protocol: wl::application_tunnel::Protocol::Proxy as i32,
+                port: 15088,
+            }),
         )
     }),
     (
@@ -1111,7 +1240,6 @@ const VECTORS: &[Vector] = &[
     ),
 ];
 
-const NO_SERVICE: &str = "workloads come from service endpoints: a pod or WorkloadEntry that backs no service is not sent";
 const NO_GATEWAY: &str = "waypoints are named by label only: the waypoint Gateway (its status address, allowed routes) is not read; the address is `<name>.<namespace>.svc.<domain>`";
 const NO_SLICE_WORKLOADS: &str = "an endpoint with no pod or entry behind it (Istio's EndpointSlice workloads) is not a workload";
 const NO_NS_WAYPOINT: &str =
@@ -1120,54 +1248,22 @@ const NO_CONDITIONS: &str = "Service status conditions (WaypointBound) are not w
 
 /// Vectors meshfed does not pass, with the reason.
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    ("ServiceEntry/unselected workloads stay", NO_SERVICE),
-    ("WorkloadEntries/base: service selection", NO_SERVICE),
-    (
-        "WorkloadEntries/multicluster (enabled but unused): service selection",
-        NO_SERVICE,
-    ),
     ("WorkloadEntries/base: waypoint", NO_NS_WAYPOINT),
     (
         "WorkloadEntries/multicluster (enabled but unused): waypoint",
         NO_NS_WAYPOINT,
     ),
-    ("EmptyAddrWorkloadEntries/base", NO_SERVICE),
-    (
-        "EmptyAddrWorkloadEntries/multicluster (enabled but unused)",
-        NO_SERVICE,
-    ),
-    ("UpdateExistingWorkloadEntry/base", NO_SERVICE),
-    (
-        "UpdateExistingWorkloadEntry/multicluster (enabled but unused)",
-        NO_SERVICE,
-    ),
-    (
-        "WorkloadEntries_DisableK8SServiceSelectWorkloadEntries/base",
-        NO_SERVICE,
-    ),
-    (
-        "WorkloadEntries_DisableK8SServiceSelectWorkloadEntries/multicluster (enabled but unused)",
-        NO_SERVICE,
-    ),
-    ("PodWorkloads/pod from replicaset", NO_SERVICE),
-    ("PodWorkloads/pod with waypoint", NO_SERVICE),
-    ("PodWorkloads/pod that is a waypoint", NO_SERVICE),
     (
         "PodWorkloads/pod as part of selectorless service without targetRef",
-        NO_SERVICE,
-    ),
-    ("WorkloadEntryWorkloads/we without labels", NO_SERVICE),
-    (
-        "WorkloadEntryWorkloads/cross network we",
-        "the entry backs no service (not sent)",
+        "meshfed's Kubernetes registry joins a slice endpoint without targetRef to the pod at its IP (as EDS does), so the pod's workload lists the service; Istio's ambient index leaves the pod out and sends the endpoint as an EndpointSlice workload",
     ),
     (
         "WorkloadEntryWorkloads/cross network we hostname gateway",
-        "the entry backs no service (not sent); network gateways are IPs only",
+        "network gateways are IPs only (a gateway named by host name is not read)",
     ),
     (
         "WorkloadEntryWorkloads/waypoint binding",
-        "the entry backs no service (not sent); a waypoint's inbound binding (application_tunnel) is not read",
+        "a waypoint's inbound binding (application_tunnel) is not read",
     ),
     ("ServiceEntryWorkloads/static", NO_GATEWAY),
     ("EndpointSliceWorkloads/api server", NO_SLICE_WORKLOADS),

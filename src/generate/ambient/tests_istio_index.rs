@@ -605,7 +605,6 @@ const VECTORS: &[Vector] = &[
     }),
 ];
 
-const NO_SERVICE: &str = "workloads come from service endpoints: a pod or WorkloadEntry that backs no service is not sent";
 const NO_GATEWAY: &str = "waypoints are named by label only: the waypoint Gateway (its existence, readiness, `istio.io/waypoint-for` traffic type, status address, allowed routes) is not read";
 const NO_MULTINETWORK: &str = "ambient multi-network is not built: no `istio.io/global` service scope and no SplitHorizonWorkload (remote endpoints are sent as workloads with their network gateway)";
 
@@ -614,27 +613,22 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
     ("WaypointForWorkloadTraffic/service traffic", NO_GATEWAY),
     ("WaypointForWorkloadTraffic/workload traffic", NO_GATEWAY),
     ("WaypointForWorkloadTraffic/no traffic", NO_GATEWAY),
-    ("NetworkAndClusterIDs/values unset", NO_SERVICE),
-    ("NetworkAndClusterIDs/values set", NO_SERVICE),
-    ("LookupWorkloads", NO_SERVICE),
-    ("ServiceSelectsCorrectWorkloads", NO_SERVICE),
     (
         "WaypointConfiguredOnlyWhenReady",
-        "the pods back no service (not sent); and the waypoint Gateway's readiness is not read",
+        "the waypoint Gateway's readiness is not read: the label alone sets the waypoint",
     ),
-    ("WaypointAddressAddedToWorkloads", NO_SERVICE),
     (
         "WaypointInboundBinding",
-        "the istio-waypoint GatewayClass's inbound-binding annotation is not read (no application_tunnel); and the waypoint pod backs no service",
+        "the istio-waypoint GatewayClass's inbound-binding annotation is not read (no application_tunnel)",
     ),
     (
         "DefaultAllowWaypointPolicy",
-        "DEFAULT_ALLOW_FROM_WAYPOINT (an allow policy for the waypoint's service accounts) is not implemented; and pod1 backs no service",
+        "DEFAULT_ALLOW_FROM_WAYPOINT (an allow policy for the waypoint's service accounts) is not implemented",
     ),
-    ("PodLifecycleWorkloadGates", NO_SERVICE),
-    ("UpdateWaypointForWorkload", NO_SERVICE),
-    ("WorkloadsForWaypoint", NO_SERVICE),
-    ("WorkloadsForWaypointOrder", NO_SERVICE),
+    (
+        "WorkloadsForWaypointOrder",
+        "workloads carry no creation time: they are ordered by uid, not by age",
+    ),
     (
         "IngressInterop",
         "waypoints are named by label without reading their Gateway, and ingress/sidecar routing through waypoints (`istio.io/ingress-use-waypoint`) is not built",

@@ -200,13 +200,13 @@ impl World {
     }
 
     /// The endpoint the registry gives for `o` behind `svc`.
-    fn endpoint(&self, o: &Obj, svc: &Svc, port_override: Option<u16>) -> Endpoint {
+    fn endpoint(&self, o: &Obj, svc: Option<&Svc>, port_override: Option<u16>) -> Endpoint {
         let mut e = if o.ip.is_empty() {
             Endpoint::without_address()
         } else {
             Endpoint::new(o.ip.parse::<IpAddr>().unwrap())
         };
-        for (name, _, target) in &svc.ports {
+        for (name, _, target) in svc.iter().flat_map(|s| &s.ports) {
             e = e.with_port(name, port_override.unwrap_or(*target));
         }
         e.labels = o.labels.clone();
@@ -292,7 +292,7 @@ impl World {
                                 && kind_ok
                                 && sel.iter().all(|(k, v)| o.labels.get(k) == Some(v))
                             {
-                                eps.push(self.endpoint(o, s, None));
+                                eps.push(self.endpoint(o, Some(s), None));
                             }
                         }
                     }
@@ -307,11 +307,30 @@ impl World {
                                 labels: s.labels.clone(),
                                 ready: true,
                             };
-                            eps.push(self.endpoint(&o, s, *port));
+                            eps.push(self.endpoint(&o, Some(s), *port));
                         }
                     }
                 }
                 (svc, eps)
+            })
+            .collect()
+    }
+
+    /// Every pod and WorkloadEntry as its registry presents it beside the services
+    /// (no service ports), with its shard.
+    pub fn standalone(&self) -> Vec<(ShardKey, Endpoint)> {
+        self.objs
+            .iter()
+            .filter(|o| !o.ip.is_empty() || o.kind == WorkloadKind::WorkloadEntry)
+            .map(|o| {
+                let provider = match o.kind {
+                    WorkloadKind::Pod => ProviderId::Kubernetes,
+                    _ => ProviderId::External,
+                };
+                (
+                    ShardKey::new(provider, CLUSTER),
+                    self.endpoint(o, None, None),
+                )
             })
             .collect()
     }
@@ -333,7 +352,9 @@ impl World {
             .zip(&shards)
             .map(|((s, eps), shard)| (s, eps.iter().map(|e| (shard, e)).collect()))
             .collect();
-        let mut model = build::build(&refs, &view, "cluster.local", DOMAIN);
+        let every = self.standalone();
+        let standalone: Vec<(&ShardKey, &Endpoint)> = every.iter().map(|(s, e)| (s, e)).collect();
+        let mut model = build::build(&refs, &standalone, &view, "cluster.local", DOMAIN);
         let aps: Vec<(&str, &str, &str)> = self
             .aps
             .iter()
@@ -342,7 +363,7 @@ impl World {
         let policies = crate::generate::ambient_authz::AmbientPolicies::build(
             &crate::generate::ambient_authz::tests::index(&aps, &[]),
         );
-        build::attach_policies(&mut model, &refs, &policies);
+        build::attach_policies(&mut model, &refs, &standalone, &policies);
         model
     }
 }

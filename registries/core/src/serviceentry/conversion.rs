@@ -279,6 +279,36 @@ fn endpoints_for(
     Vec::new()
 }
 
+/// Every WorkloadEntry as a workload of its own, selected by a service or not: an
+/// endpoint with no service ports carrying its workload record (what the ambient
+/// Address type sends for it). Entries with a host-name or `unix://` address are left
+/// out; one with a host name is a workload of that host name.
+pub fn entry_workloads(
+    workload_entries: &[Arc<ConfigObject>],
+    config: &ServiceEntryConfig,
+) -> Vec<Endpoint> {
+    let workloads = Workloads::new(workload_entries);
+    let mut out = Vec::new();
+    for (namespace, entries) in &workloads.by_namespace {
+        for (name, we, labels, health) in entries {
+            let Some(mut ep) = workload_endpoint(we, labels.clone(), namespace, &[], true, config)
+            else {
+                continue;
+            };
+            ep.workload = Some(Arc::new(entry_workload(
+                WorkloadKind::WorkloadEntry,
+                name,
+                namespace,
+                &ep.labels,
+                config,
+            )));
+            ep.health = *health;
+            out.push(ep);
+        }
+    }
+    out
+}
+
 /// The workload record of a WorkloadEntry (selected or inline) named `name`.
 fn entry_workload(
     kind: WorkloadKind,

@@ -155,6 +155,10 @@ pub struct PodInfo {
     pub ambient_redirected: bool,
     /// `spec.hostNetwork`.
     pub host_network: bool,
+    /// The `Ready` condition is `True` (an ambient workload's status).
+    pub ready: bool,
+    /// `status.phase` is `Succeeded`: no longer a workload.
+    pub completed: bool,
 }
 
 /// The annotation istio-cni sets on pods whose traffic it redirects to ztunnel.
@@ -162,8 +166,8 @@ pub const ANNOTATION_AMBIENT_REDIRECTION: &str = "ambient.istio.io/redirection";
 
 /// The Deployment, Job or CronJob a pod belongs to, as Istio derives it from the
 /// controller reference: a ReplicaSet named `<deployment>-<pod-template-hash>` is a
-/// Deployment's; a Job named `<cronjob>-<8 to 10 digits>` a CronJob's. Anything else
-/// names the pod itself.
+/// Deployment's; a Job named `<cronjob>-<8 to 10 digits>` a CronJob's; any other
+/// controller names the workload (type POD); a pod without one names itself.
 fn pod_owner(pod: &Pod, name: &str) -> (Arc<str>, WorkloadOwner) {
     let controller = pod
         .metadata
@@ -200,7 +204,12 @@ fn pod_owner(pod: &Pod, name: &str) -> (Arc<str>, WorkloadOwner) {
         }
         _ => {}
     }
-    (Arc::from(name), WorkloadOwner::Pod)
+    // Any other controller (a StatefulSet, a DaemonSet, a ReplicaSet of no
+    // Deployment) names the workload; its type stays POD.
+    match controller {
+        Some(r) => (Arc::from(r.name.as_str()), WorkloadOwner::Pod),
+        None => (Arc::from(name), WorkloadOwner::Pod),
+    }
 }
 
 /// Pod -> compact pod. `Ok(None)` for Failed pods, which Istio does not watch.
@@ -254,6 +263,12 @@ pub fn convert_pod(pod: &Pod) -> Result<Option<PodInfo>, ConversionError> {
             .and_then(|a| a.get(ANNOTATION_AMBIENT_REDIRECTION))
             .is_some_and(|v| v == "enabled"),
         host_network: spec.and_then(|s| s.host_network).unwrap_or(false),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        completed: status.and_then(|s| s.phase.as_deref()) == Some("Succeeded"),
         labels: pod.metadata.labels.clone().unwrap_or_default(),
         ips,
         service_account: spec

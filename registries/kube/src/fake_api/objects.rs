@@ -192,6 +192,11 @@ pub fn pod(namespace: &str, name: &str, app: &str, ip: &str, node: &str) -> Pod 
             phase: Some("Running".into()),
             pod_ip: Some(ip.to_string()),
             pod_ips: Some(vec![PodIP { ip: ip.to_string() }]),
+            conditions: Some(vec![k8s_openapi::api::core::v1::PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
     }

@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use meshfed_registry::{
-    ClusterId, ConfigKey, ConfigKind, NetworkGateway, NetworkId, ProviderId, PushRequest, Service,
-    ServiceKey, ServiceRegistry, ShardKey, TriggerReason, UpdateSink, WorkloadInstance,
+    ClusterId, ConfigKey, ConfigKind, Endpoint, NetworkGateway, NetworkId, ProviderId, PushRequest,
+    Service, ServiceKey, ServiceRegistry, ShardKey, TriggerReason, UpdateSink, WorkloadInstance,
     WorkloadLookup, WorkloadQuery,
 };
 use tokio::sync::watch;
@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::config::KubeRegistryConfig;
 use crate::convert::{ExternalAddress, KubeAttributes, LABEL_NETWORK};
 pub use crate::resource_kind::ResourceKind;
-use crate::state::{PodChange, PodView, View, find_workload};
+use crate::state::{PodChange, PodView, View, find_workload, pod_workloads};
 
 /// Service label naming the mTLS port of a gateway labelled with
 /// `topology.istio.io/network` (default [`DEFAULT_GATEWAY_PORT`]).
@@ -356,6 +356,11 @@ impl fmt::Debug for FrozenWorkloads {
 }
 
 impl WorkloadLookup for FrozenWorkloads {
+    /// Every pod as a workload, from the frozen pod view.
+    fn every_workload(&self) -> Vec<Endpoint> {
+        pod_workloads(&self.config, &self.pods)
+    }
+
     fn find(&self, query: &WorkloadQuery<'_>) -> Option<WorkloadInstance> {
         if query.cluster.is_some_and(|c| *c != self.config.cluster_id) {
             return None;

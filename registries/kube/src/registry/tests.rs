@@ -599,3 +599,62 @@ async fn node_port_gateways_are_the_selected_nodes_external_ips() {
     .await;
     task.abort();
 }
+
+#[tokio::test]
+async fn with_ambient_workloads_a_pod_backing_no_service_is_pushed_and_listed() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.apply(&objects::pod("default", "lone", "a", "10.1.0.7", "n1"));
+    let (sink, mut events) = UpdateSink::new(Arc::new(EndpointIndex::new()));
+    let config = KubeRegistryConfig {
+        ambient_workloads: true,
+        ..KubeRegistryConfig::new("c1")
+    };
+    let (registry, task) = KubeRegistry::start(api.client(), config, sink, std::future::pending())
+        .await
+        .unwrap();
+    registry.wait_for(SyncPhase::Synced).await;
+    let listed = |registry: &KubeRegistry| -> Vec<(String, String)> {
+        registry
+            .workloads()
+            .unwrap()
+            .every_workload()
+            .iter()
+            .map(|e| {
+                let w = e.workload.as_deref().unwrap();
+                (w.uid.clone(), e.labels["app"].clone())
+            })
+            .collect()
+    };
+    assert_eq!(
+        listed(&registry),
+        vec![("c1//Pod/default/lone".to_string(), "a".to_string())]
+    );
+    while events.try_recv().is_ok() {}
+
+    // Relabelled: no Service's endpoints change, an endpoint-only push naming no
+    // service follows.
+    api.apply(&objects::pod("default", "lone", "b", "10.1.0.7", "n1"));
+    let request = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            if let Some(RegistryEvent::Push(r)) = events.recv().await {
+                return r;
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(request.is_endpoints_only());
+    assert_eq!(
+        request.configs_updated.iter().collect::<Vec<_>>(),
+        vec![&ConfigKey::new(
+            ConfigKind::Endpoints,
+            "workloads",
+            "Kubernetes/c1"
+        )]
+    );
+    assert_eq!(
+        listed(&registry),
+        vec![("c1//Pod/default/lone".to_string(), "b".to_string())]
+    );
+    task.abort();
+}

@@ -49,6 +49,7 @@ impl ClusterState {
                 pods: self.pods_by_ip.clone(),
                 nodes: self.nodes.clone(),
                 default_network: self.default_network().cloned(),
+                namespaces: self.namespaces.clone(),
             }));
         }
         // Taken, not drained: the initial sync fills it with every pod once.
@@ -164,8 +165,8 @@ impl ClusterState {
         (by_address.into_values().collect(), pending)
     }
 
-    /// The endpoint for one address, with metadata from its pod and node (reference
-    /// §2.4, §2.6, §2.7).
+    /// The endpoint for one address, with metadata from its pod and node
+    /// ([`PodContext::endpoint`]).
     pub(super) fn endpoint(
         &self,
         address: IpAddr,
@@ -173,7 +174,47 @@ impl ClusterState {
         pod: Option<&PodInfo>,
         slice_node: Option<&Arc<str>>,
     ) -> Endpoint {
-        let config = &self.config;
+        self.pod_context()
+            .endpoint(address, service.namespace.as_str(), pod, slice_node)
+    }
+
+    /// What endpoints are made from besides the pod.
+    pub(super) fn pod_context(&self) -> PodContext<'_> {
+        PodContext {
+            config: &self.config,
+            nodes: &self.nodes,
+            namespaces: &self.namespaces,
+        }
+    }
+
+    /// The system namespace's network label: the network of workloads without one.
+    pub(super) fn default_network(&self) -> Option<&String> {
+        self.namespaces
+            .get(self.config.system_namespace.as_str())
+            .and_then(|ns| ns.labels.get(LABEL_NETWORK))
+    }
+}
+
+/// What a pod's endpoint is made of besides the pod: the registry's settings, the
+/// nodes (locality) and the namespaces (default network, ambient labels). The writer's
+/// state and the published [`PodView`] both provide it.
+pub(crate) struct PodContext<'a> {
+    pub(crate) config: &'a KubeRegistryConfig,
+    pub(crate) nodes: &'a HashMap<Arc<str>, NodeInfo>,
+    pub(crate) namespaces: &'a HashMap<Arc<str>, NamespaceInfo>,
+}
+
+impl PodContext<'_> {
+    /// The endpoint for one address, with metadata from its pod and node (reference
+    /// §2.4, §2.6, §2.7).
+    pub(crate) fn endpoint(
+        &self,
+        address: IpAddr,
+        namespace: &str,
+        pod: Option<&PodInfo>,
+        slice_node: Option<&Arc<str>>,
+    ) -> Endpoint {
+        let config = self.config;
         let mut endpoint = Endpoint::new(address);
         endpoint.cluster_id = config.cluster_id.clone();
         let mut labels = pod.map(|p| p.labels.clone()).unwrap_or_default();
@@ -197,7 +238,7 @@ impl ClusterState {
         };
         endpoint.service_account = pod
             .and_then(|p| p.service_account.as_deref())
-            .map(|sa| spiffe_id(&config.trust_domain, service.namespace.as_str(), sa));
+            .map(|sa| spiffe_id(&config.trust_domain, namespace, sa));
         add_topology_labels(
             &mut labels,
             &endpoint.locality,
@@ -205,20 +246,19 @@ impl ClusterState {
             node_name.map(|n| &**n),
             &endpoint.network,
         );
-        endpoint.workload = pod.map(|p| Arc::new(self.pod_workload(p, service, node_name)));
+        endpoint.workload = pod.map(|p| Arc::new(self.pod_workload(p, namespace, node_name)));
         endpoint.labels = labels;
         endpoint
     }
 
-    /// The workload record of a pod in `service`'s namespace: its uid, node, owner and
-    /// the ambient labels of the pod, else of its namespace.
+    /// The workload record of a pod in `namespace`: its uid, node, owner and the
+    /// ambient labels of the pod, else of its namespace.
     fn pod_workload(
         &self,
         pod: &PodInfo,
-        service: &ObjectKey,
+        namespace: &str,
         node_name: Option<&Arc<str>>,
     ) -> WorkloadMeta {
-        let namespace = service.namespace.as_str();
         let ns_labels = self.namespaces.get(namespace).map(|n| &n.labels);
         let label = |key: &str| -> String {
             pod.labels

@@ -43,7 +43,7 @@ mod workload_entries;
 mod workload_entries_tests;
 
 use workload::add_topology_labels;
-pub(crate) use workload::find_workload;
+pub(crate) use workload::{find_workload, pod_workloads};
 
 /// One object's new compact state; `None` means it is gone (deleted, or no longer
 /// something the registry reads, such as a Failed pod).
@@ -135,6 +135,14 @@ impl PodsByIp {
         (hasher.finish() % POD_SHARDS as u64) as usize
     }
 
+    /// Every pod, once per IP it has, with that IP.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&IpAddr, &PodRef)> {
+        self.shards
+            .iter()
+            .flat_map(|shard| shard.iter())
+            .flat_map(|(ip, pods)| pods.iter().map(move |p| (ip, p)))
+    }
+
     /// The pods at `ip`.
     pub(crate) fn get(&self, ip: &IpAddr) -> &[PodRef] {
         self.shards[Self::shard(ip)]
@@ -173,6 +181,8 @@ pub(crate) struct PodView {
     /// The `topology.istio.io/network` label of the system namespace: the network of
     /// pods without a network label.
     pub(crate) default_network: Option<String>,
+    /// Namespaces (their ambient labels complete a pod's workload record).
+    pub(crate) namespaces: Arc<HashMap<Arc<str>, NamespaceInfo>>,
 }
 
 /// A pod whose compact form changed since the last flush.
@@ -230,7 +240,8 @@ pub(crate) struct ClusterState {
     slices_by_ip: HashMap<(Namespace, IpAddr), Vec<ObjectKey>>,
     /// Copied on write, since the published [`PodView`] shares it.
     nodes: Arc<HashMap<Arc<str>, NodeInfo>>,
-    namespaces: HashMap<Arc<str>, NamespaceInfo>,
+    /// Copied on write, since the published [`PodView`] shares it.
+    namespaces: Arc<HashMap<Arc<str>, NamespaceInfo>>,
     /// What readers see; only services in selected namespaces.
     published: Arc<View>,
     /// Services whose published form must be re-derived.
@@ -262,7 +273,7 @@ impl ClusterState {
             slices_by_pod: HashMap::new(),
             slices_by_ip: HashMap::new(),
             nodes: Arc::default(),
-            namespaces: HashMap::new(),
+            namespaces: Arc::default(),
             published: Arc::default(),
             dirty_services: BTreeSet::new(),
             dirty_endpoints: BTreeSet::new(),
@@ -512,10 +523,13 @@ impl ClusterState {
         if self.namespaces.get(&name) == next.as_ref() {
             return;
         }
+        let namespaces = Arc::make_mut(&mut self.namespaces);
         let old = match next {
-            Some(next) => self.namespaces.insert(name.clone(), next),
-            None => self.namespaces.remove(&name),
+            Some(next) => namespaces.insert(name.clone(), next),
+            None => namespaces.remove(&name),
         };
+        // The pod view carries the namespaces (pods' workload records read them).
+        self.pods_dirty = true;
         let network =
             |info: Option<&NamespaceInfo>| info.and_then(|n| n.labels.get(LABEL_NETWORK)).cloned();
         let new = self.namespaces.get(&name);

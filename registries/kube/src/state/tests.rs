@@ -211,6 +211,7 @@ fn find(s: &ClusterState, ips: &[&str], id: &str, ns: &str) -> Option<WorkloadIn
         pods: s.pods_by_ip.clone(),
         nodes: s.nodes.clone(),
         default_network: s.default_network().cloned(),
+        namespaces: s.namespaces.clone(),
     };
     find_workload(
         &s.config,
@@ -412,4 +413,84 @@ fn pod_endpoints_carry_their_workload_and_follow_namespace_ambient_labels() {
     let next = s.flush();
     let ep = &next.endpoints[0].1[0];
     assert_eq!(ep.workload.as_deref().unwrap().dataplane_mode, "ambient");
+}
+
+#[test]
+fn every_pod_is_a_workload_whether_or_not_a_service_selects_it() {
+    let mut s = ClusterState::new(Arc::new(KubeRegistryConfig {
+        ambient_workloads: true,
+        ..KubeRegistryConfig::new("c1")
+    }));
+    add_service(&mut s, "a");
+    // `a-1` backs service `a`; `lone` backs nothing; `done` has completed; `waiting`
+    // has no IP yet; `sts-0` belongs to a StatefulSet and is not ready.
+    add_pod(&mut s, "a-1", "10.1.0.1");
+    add_slice(&mut s, "a-1", "a", &[("10.1.0.1", "a-1")]);
+    add_pod(&mut s, "lone", "10.1.0.2");
+    let mut done = pod("ns", "done", "job", "10.1.0.3", "n1");
+    done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+    s.apply(Update::Pod(k("ns", "done"), convert_pod(&done).unwrap()));
+    let mut waiting = pod("ns", "waiting", "app", "", "n1");
+    let status = waiting.status.as_mut().unwrap();
+    (status.pod_ip, status.pod_ips) = (None, None);
+    s.apply(Update::Pod(
+        k("ns", "waiting"),
+        convert_pod(&waiting).unwrap(),
+    ));
+    let mut sts = pod("ns", "sts-0", "db", "10.1.0.4", "n1");
+    sts.status.as_mut().unwrap().conditions = None;
+    sts.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            kind: "StatefulSet".into(),
+            name: "sts".into(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    s.apply(Update::Pod(k("ns", "sts-0"), convert_pod(&sts).unwrap()));
+    let ns = namespace("ns", &[("istio.io/use-waypoint", "wp")]);
+    s.apply(Update::Namespace(k("", "ns"), Some(convert_namespace(&ns))));
+    let flush = s.flush();
+    let pods = flush.pods.expect("pods changed: the pod view is published");
+
+    let mut workloads = pod_workloads(&s.config, &pods);
+    workloads.sort_by_key(|e| e.address);
+    let summary: Vec<(String, String, HealthStatus, String, String)> = workloads
+        .iter()
+        .map(|e| {
+            let w = e.workload.as_deref().expect("a workload record");
+            (
+                e.address.to_string(),
+                w.uid.clone(),
+                e.health,
+                w.workload_name.clone(),
+                w.use_waypoint.clone(),
+            )
+        })
+        .collect();
+    let row = |ip: &str, name: &str, health, workload: &str| {
+        (
+            ip.to_string(),
+            format!("c1//Pod/ns/{name}"),
+            health,
+            workload.to_string(),
+            "wp".to_string(),
+        )
+    };
+    assert_eq!(
+        summary,
+        vec![
+            row("10.1.0.1", "a-1", HealthStatus::Healthy, "a-1"),
+            row("10.1.0.2", "lone", HealthStatus::Healthy, "lone"),
+            row("10.1.0.4", "sts-0", HealthStatus::Unhealthy, "sts"),
+        ]
+    );
+    assert_eq!(
+        workloads[0].service_account.as_deref(),
+        Some("spiffe://cluster.local/ns/ns/sa/app")
+    );
+    assert!(
+        workloads.iter().all(|e| e.ports.is_empty()),
+        "no service ports"
+    );
 }

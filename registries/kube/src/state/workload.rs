@@ -133,3 +133,39 @@ pub(super) fn names_pod(id: &str, pod: &ObjectKey) -> bool {
         .and_then(|rest| rest.strip_suffix('.'))
         == Some(&*pod.name)
 }
+
+/// Every pod of the selected namespaces as a workload, whether or not a Service
+/// selects it (the ambient Address type; Istio's `podWorkloadBuilder`): one endpoint
+/// per pod at its first IP, with no service ports, healthy when the pod is ready. Pods
+/// without an IP and completed pods are none. None at all unless the registry's
+/// `ambient_workloads` is set.
+pub(crate) fn pod_workloads(config: &KubeRegistryConfig, pods: &PodView) -> Vec<Endpoint> {
+    if !config.ambient_workloads {
+        return Vec::new();
+    }
+    let ctx = endpoints::PodContext {
+        config,
+        nodes: &pods.nodes,
+        namespaces: &pods.namespaces,
+    };
+    let mut out = Vec::new();
+    for (ip, (key, pod)) in pods.pods.iter() {
+        // A pod with several IPs is listed under each: take it at its first.
+        if pod.ips.first() != Some(ip) || pod.completed {
+            continue;
+        }
+        let namespace = key.namespace.as_str();
+        let ns_labels = pods.namespaces.get(namespace).map(|n| &n.labels);
+        if !config.namespaces.selects(namespace, ns_labels) {
+            continue;
+        }
+        let mut endpoint = ctx.endpoint(*ip, namespace, Some(pod), None);
+        endpoint.health = if pod.ready {
+            meshfed_registry::HealthStatus::Healthy
+        } else {
+            meshfed_registry::HealthStatus::Unhealthy
+        };
+        out.push(endpoint);
+    }
+    out
+}
