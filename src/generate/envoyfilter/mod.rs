@@ -5,7 +5,8 @@
 //! Selection ([`select`], Istio's `PushContext.EnvoyFilters`): the EnvoyFilters of the
 //! root namespace, then those of the proxy's own namespace, each without a
 //! `workloadSelector` or with one whose labels the proxy carries; an EnvoyFilter with
-//! `targetRefs` selects no proxy (as istiod, which applies those to waypoints only).
+//! `targetRefs` selects the proxies of the Gateway API gateways it names (waypoint
+//! targets are reported, see [`selects`]).
 //! They are ordered by `priority`, then root namespace first, then creation time, then
 //! `name.namespace`; their patches keep that order, and a patch whose `proxy` match
 //! (version regex, metadata) does not hold is left out.
@@ -220,23 +221,72 @@ impl ProxyPatches {
 }
 
 /// Whether an EnvoyFilter of `namespace` with `selector` selects a proxy of
-/// `proxy_namespace` with `labels`, under `root` (the root namespace).
+/// `proxy_namespace` with `labels`, under `root` (the root namespace), as Istio's
+/// `WorkloadPolicyMatcher.ShouldAttachPolicy` (for `PolicyMatcherForProxy`) decides:
+/// without `targetRefs`, by `workloadSelector` (Gateway API gateways included, Istio's
+/// default `ENABLE_SELECTOR_BASED_K8S_GATEWAY_POLICY`); with `targetRefs`, only the
+/// proxies of a Gateway API gateway (label `gateway.networking.k8s.io/gateway-name`)
+/// that a `kind: Gateway` reference of the EnvoyFilter's own namespace names. The
+/// other targets (`Service`, `ServiceEntry`, `GatewayClass istio-waypoint`) attach to
+/// waypoints, which meshfed does not serve ([`unserved_target_refs`]).
 pub fn selects(
     ef: &Config<EnvoyFilter>,
     root: &str,
     proxy_namespace: &str,
     labels: &BTreeMap<String, String>,
 ) -> bool {
-    if !ef.spec.target_refs.is_empty() {
-        return false;
-    }
     if ef.namespace != root && ef.namespace != proxy_namespace {
         return false;
+    }
+    if !ef.spec.target_refs.is_empty() {
+        let Some(gateway) = labels.get(GATEWAY_NAME_LABEL) else {
+            return false;
+        };
+        return ef.namespace == proxy_namespace
+            && ef.spec.target_refs.iter().any(|r| {
+                is_gateway_ref(r)
+                    && &r.name == gateway
+                    && (r.namespace.is_empty() || r.namespace == proxy_namespace)
+            });
     }
     ef.spec
         .workload_selector
         .as_ref()
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// The label Gateway API gateway deployments carry: the name of their Gateway.
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+
+/// A `targetRefs` entry naming a Gateway API `Gateway`.
+fn is_gateway_ref(r: &meshfed_api::r#type::v1beta1::PolicyTargetReference) -> bool {
+    r.group == "gateway.networking.k8s.io" && r.kind == "Gateway"
+}
+
+/// The `targetRefs` of an EnvoyFilter that select no proxy meshfed serves, each as
+/// `spec.targetRefs[i]: reason` (reported in `/debug/configz` and by `meshfed
+/// validate`): waypoint targets, and references to another namespace.
+pub fn unserved_target_refs(ef: &EnvoyFilter, namespace: &str) -> Vec<String> {
+    ef.target_refs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let why = if is_gateway_ref(r) {
+                if r.namespace.is_empty() || r.namespace == namespace {
+                    return None;
+                }
+                format!("names namespace {:?}; only the EnvoyFilter's own namespace is matched", r.namespace)
+            } else if matches!(r.kind.as_str(), "Service" | "ServiceEntry" | "GatewayClass") {
+                format!(
+                    "{} {:?} attaches the EnvoyFilter to waypoints, which meshfed does not serve: not applied",
+                    r.kind, r.name
+                )
+            } else {
+                format!("{}/{} {:?} selects no proxy: not applied", r.group, r.kind, r.name)
+            };
+            Some(format!("spec.targetRefs[{i}]: {why}"))
+        })
+        .collect()
 }
 
 /// The EnvoyFilters selecting `proxy` and their patches that match it (see the module

@@ -77,6 +77,9 @@ pub struct FilterStatus {
     pub matched_nothing: Vec<&'static str>,
     /// Rejected patches (`spec.configPatches[i].patch.value: reason`).
     pub errors: Vec<String>,
+    /// What selects nothing meshfed serves (`spec.targetRefs[i]: reason`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_applied: Vec<String>,
 }
 
 /// Every EnvoyFilter known to the patcher, by name.
@@ -104,6 +107,39 @@ pub fn report() -> Vec<FilterStatus> {
             .clone_from(errors);
     }
     out.into_values().collect()
+}
+
+/// [`report`] for the EnvoyFilters `held` (namespace, name, spec): those the stores
+/// hold, each with its `targetRefs` that select nothing meshfed serves (known whether
+/// or not a proxy was ever generated for).
+pub fn report_held(
+    held: &[(
+        String,
+        String,
+        &meshfed_api::networking::v1alpha3::EnvoyFilter,
+    )],
+) -> Vec<FilterStatus> {
+    let mut known: BTreeMap<String, FilterStatus> =
+        report().into_iter().map(|s| (s.name.clone(), s)).collect();
+    let mut out = Vec::new();
+    for (namespace, name, spec) in held {
+        let key = format!("{namespace}/{name}");
+        let mut status = known.remove(&key).unwrap_or_else(|| FilterStatus {
+            name: key.clone(),
+            ..FilterStatus::default()
+        });
+        status.not_applied = super::unserved_target_refs(spec, namespace);
+        if status
+            != (FilterStatus {
+                name: key,
+                ..FilterStatus::default()
+            })
+        {
+            out.push(status);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
 /// The `pilot_envoy_filter_status` collector.

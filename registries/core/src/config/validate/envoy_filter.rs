@@ -91,11 +91,30 @@ pub fn validate_envoy_filter(ef: &net::EnvoyFilter) -> Validation {
             );
         }
     }
-    if !ef.target_refs.is_empty() {
-        f.warn(
-            &spec.field("targetRefs"),
-            "an EnvoyFilter with targetRefs applies to no sidecar or gateway (as istiod)",
-        );
+    // As istiod, targetRefs attach to Gateway API gateways of the EnvoyFilter's
+    // namespace; the waypoint targets attach to proxies meshfed does not serve.
+    for (i, r) in ef.target_refs.iter().enumerate() {
+        let at = spec.field("targetRefs").index(i);
+        let gateway = r.group == "gateway.networking.k8s.io" && r.kind == "Gateway";
+        if gateway && !r.namespace.is_empty() {
+            f.warn(
+                &at.field("namespace"),
+                "a targetRef to another namespace matches nothing; only the EnvoyFilter's own namespace is matched",
+            );
+        } else if matches!(r.kind.as_str(), "Service" | "ServiceEntry" | "GatewayClass") {
+            f.warn(
+                &at,
+                format!(
+                    "{} {:?} attaches the EnvoyFilter to waypoints, which meshfed does not serve: not applied",
+                    r.kind, r.name
+                ),
+            );
+        } else if !gateway {
+            f.warn(
+                &at,
+                format!("{}/{} selects no proxy: not applied", r.group, r.kind),
+            );
+        }
     }
     for (i, cp) in ef.config_patches.iter().enumerate() {
         patch(&mut f, &spec.field("configPatches").index(i), ef, cp);
@@ -478,6 +497,25 @@ mod tests {
             "spec.targetRefs",
             "only one of targetRefs or workloadSelector",
         );
+        // A Gateway API Gateway is served; waypoint targets are reported.
+        let w = assert_ok(&check(
+            "targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: g}]\nconfigPatches: []",
+        ));
+        assert!(
+            !w.iter()
+                .any(|w| w.field.to_string().starts_with("spec.targetRefs")),
+            "{w:?}"
+        );
+        for kind in [
+            "{kind: Service, name: s}",
+            "{group: gateway.networking.k8s.io, kind: GatewayClass, name: istio-waypoint}",
+        ] {
+            assert_warning(
+                &check(&format!("targetRefs: [{kind}]\nconfigPatches: []")),
+                "spec.targetRefs[0]",
+                "waypoints, which meshfed does not serve",
+            );
+        }
     }
 
     #[test]
