@@ -401,7 +401,10 @@ pub fn apply(
                 listener::patch_one(&patches, r, proxy)
             });
             if wildcard {
-                out.extend(listener::added(&patches, proxy));
+                let mut present = out.iter().map(|r| r.name.to_string()).collect();
+                for ctx in listener::add_contexts(proxy) {
+                    out.extend(listener::added(&patches, *ctx, &mut present));
+                }
             }
             out
         }

@@ -26,10 +26,6 @@ pub const KNOWN_GAPS: &[(&str, &str)] = &[
         "meshfed's EnvoyFilter proto has no `match.waypoint` object (WaypointMatch: port, filter) and the WAYPOINT context matches no proxy: meshfed serves no waypoints, so the port is not compared",
     ),
     (
-        "TestApplyListenerPatches/sidecar inbound virtual",
-        "meshfed applies listener ADD patches once per LDS answer, both directions together, so patching the inbound listener alone also adds the SIDECAR_OUTBOUND listener `new-outbound-listener1`; Istio patches each direction's listeners on their own",
-    ),
-    (
         "TestApplyListenerPatches/waypoint match Service",
         "a `kind: Service` targetRef attaches only to a waypoint proxy serving that Service (Istio's IsWaypoint and the waypoint's services); meshfed serves no waypoints, so it selects no proxy (reported in /debug/configz envoyFilters[].notApplied and by meshfed validate)",
     ),

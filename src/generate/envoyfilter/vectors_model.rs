@@ -227,3 +227,29 @@ fn target_refs_select_the_named_gateway_api_gateway_of_the_same_namespace() {
         unserved(&efs[4])
     );
 }
+
+#[test]
+fn listener_adds_run_per_direction_for_sidecars_and_any_adds_once() {
+    let add = |ctx: &str, name: &str| {
+        json!({"applyTo": "LISTENER", "match": {"context": ctx},
+            "patch": {"operation": "ADD", "value": {"name": name,
+                "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9000}}}}})
+    };
+    let e = ef(
+        "ns",
+        "adds",
+        0,
+        json!({"configPatches": [add("SIDECAR_INBOUND", "in"), add("SIDECAR_OUTBOUND", "out"),
+            add("ANY", "any"), add("GATEWAY", "gw")]}),
+    );
+    let added = |kind: &str| {
+        let p = proxy(kind, "ns", json!({}));
+        let patches = patches_for(std::slice::from_ref(&e), "istio-config", &p).unwrap();
+        super::listener::apply(&patches, Vec::new(), &p, super::listener::add_contexts(&p))
+            .iter()
+            .map(|r| r.name.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(added("sidecar"), ["out", "any", "in"]);
+    assert_eq!(added("router"), ["any", "gw"]);
+}
