@@ -17,6 +17,8 @@
 //! a resource is shared by every proxy with that patch set ([`memo`]). A patch whose
 //! value does not convert to its Envoy type is rejected alone ([`status`]).
 
+#[cfg(test)]
+mod bench;
 pub mod cluster;
 pub mod listener;
 pub mod memo;
