@@ -76,6 +76,9 @@ pub struct Patch {
     pub bytes: Vec<u8>,
     /// Unique among every patch compiled by this process (see [`memo`]).
     pub id: u64,
+    /// A `CLUSTER` `MERGE` without a transport socket: the bytes that merge the value
+    /// into an encoded cluster ([`value::merge_bytes`]).
+    pub cluster_merge: Option<Vec<u8>>,
     proxy_version: Option<regex::Regex>,
 }
 
@@ -167,6 +170,14 @@ pub fn compile(config: &Config<EnvoyFilter>) -> Compiled {
             .as_ref()
             .map(prost::Message::encode_to_vec)
             .unwrap_or_default();
+        let cluster_merge = value
+            .as_ref()
+            .filter(|v| {
+                apply_to == ApplyTo::Cluster
+                    && operation == Operation::Merge
+                    && !v.has_field_by_name("transport_socket")
+            })
+            .map(value::merge_bytes);
         patches.push(Arc::new(Patch {
             key: key.clone(),
             apply_to,
@@ -175,29 +186,56 @@ pub fn compile(config: &Config<EnvoyFilter>) -> Compiled {
             value,
             bytes,
             id: NEXT_PATCH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cluster_merge,
             proxy_version,
         }));
     }
     Compiled { key, patches }
 }
 
-type CompiledCache = HashMap<(String, String), (Arc<Config<EnvoyFilter>>, Arc<Compiled>)>;
+/// Compiled EnvoyFilters, with the config objects they were compiled from.
+#[derive(Default)]
+struct CompiledCache {
+    /// By the address of the config object (held, so the address stays its own).
+    by_object: HashMap<usize, (Arc<Config<EnvoyFilter>>, Arc<Compiled>)>,
+    /// `(namespace, name)` -> the address of the last object compiled for it.
+    by_name: HashMap<(String, String), usize>,
+}
 
-/// Compiled EnvoyFilters by namespace and name, with the config object they were
-/// compiled from (recompiled when the object changes).
 static COMPILED: LazyLock<Mutex<CompiledCache>> = LazyLock::new(Mutex::default);
 
+/// The compiled patches of `config`. Every snapshot built after a config change holds
+/// new objects; one with the spec of the last object of its name keeps that object's
+/// compiled patches (their ids, so what [`memo`] holds for them stays valid, and their
+/// status). A changed spec is compiled anew.
 fn compiled(config: &Arc<Config<EnvoyFilter>>) -> Arc<Compiled> {
-    let key = (config.namespace.clone(), config.name.clone());
+    let address = Arc::as_ptr(config) as usize;
     let mut cache = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((c, out)) = cache.get(&key)
-        && Arc::ptr_eq(c, config)
-    {
+    if let Some((_, out)) = cache.by_object.get(&address) {
         return out.clone();
+    }
+    let name = (config.namespace.clone(), config.name.clone());
+    if let Some(previous) = cache.by_name.get(&name).copied() {
+        let reuse = cache
+            .by_object
+            .get(&previous)
+            .filter(|(old, _)| old.spec == config.spec)
+            .map(|(_, out)| out.clone());
+        cache.by_object.remove(&previous);
+        if let Some(out) = reuse {
+            cache
+                .by_object
+                .insert(address, (config.clone(), out.clone()));
+            cache.by_name.insert(name, address);
+            return out;
+        }
     }
     status::clear(&format!("{}/{}", config.namespace, config.name));
     let out = Arc::new(compile(config));
-    cache.insert(key, (config.clone(), out.clone()));
+    cache
+        .by_object
+        .insert(address, (config.clone(), out.clone()));
+    cache.by_name.insert(name, address);
     out
 }
 

@@ -22,8 +22,8 @@ use serde::Serialize;
 
 #[derive(Default)]
 struct State {
-    /// (EnvoyFilter, patch type) -> applied at least once.
-    applied: BTreeMap<(String, &'static str), bool>,
+    /// EnvoyFilter -> patch type -> applied at least once.
+    applied: BTreeMap<String, BTreeMap<&'static str, bool>>,
     /// EnvoyFilter -> rejected patches (`field: reason`).
     errors: BTreeMap<String, Vec<String>>,
 }
@@ -37,10 +37,12 @@ fn state() -> std::sync::MutexGuard<'static, State> {
 /// Records that a patch of `key` of `patch` type applied (or matched nothing).
 pub fn record(key: &str, patch: &'static str, applied: bool) {
     let mut s = state();
-    if let Some(v) = s.applied.get_mut(&(key.to_string(), patch)) {
-        *v |= applied;
+    // No allocation when the EnvoyFilter is known (every resource patched records).
+    if let Some(v) = s.applied.get_mut(key) {
+        *v.entry(patch).or_default() |= applied;
     } else {
-        s.applied.insert((key.to_string(), patch), applied);
+        s.applied
+            .insert(key.to_string(), BTreeMap::from([(patch, applied)]));
     }
 }
 
@@ -61,7 +63,7 @@ pub fn reject(key: &str, field: &str, reason: &str) {
 /// Forgets what is known of `key` (the EnvoyFilter changed).
 pub fn clear(key: &str) {
     let mut s = state();
-    s.applied.retain(|(k, _), _| k != key);
+    s.applied.remove(key);
     s.errors.remove(key);
 }
 
@@ -86,15 +88,17 @@ pub struct FilterStatus {
 pub fn report() -> Vec<FilterStatus> {
     let s = state();
     let mut out: BTreeMap<String, FilterStatus> = BTreeMap::new();
-    for ((key, patch), applied) in &s.applied {
+    for (key, patches) in &s.applied {
         let e = out.entry(key.clone()).or_insert_with(|| FilterStatus {
             name: key.clone(),
             ..FilterStatus::default()
         });
-        if *applied {
-            e.applied.push(patch);
-        } else {
-            e.matched_nothing.push(patch);
+        for (patch, applied) in patches {
+            if *applied {
+                e.applied.push(patch);
+            } else {
+                e.matched_nothing.push(patch);
+            }
         }
     }
     for (key, errors) in &s.errors {
@@ -160,7 +164,11 @@ impl Collector for EnvoyFilterMetrics {
             let mut rows: Vec<_> = s
                 .applied
                 .iter()
-                .map(|((k, p), a)| (k.clone(), *p, "applied", i64::from(*a)))
+                .flat_map(|(k, patches)| {
+                    patches
+                        .iter()
+                        .map(|(p, a)| (k.clone(), *p, "applied", i64::from(*a)))
+                })
                 .collect();
             rows.extend(s.errors.iter().map(|(k, e)| {
                 (
