@@ -877,16 +877,16 @@ impl Sds {
         name: &str,
     ) -> Result<Vec<u8>, PullSecretError> {
         let result = self.read_pull_secret(proxy, namespace, name);
-        if let Err(why) = &result {
-            if !matches!(why, PullSecretError::Pending { .. }) {
-                self.metrics
-                    .pull_withheld
-                    .get_or_create(&vec![("plugin".to_string(), plugin.to_string())])
-                    .inc();
-                self.warn_once(format!("pull {plugin} {why} {connection}"), |_| {
-                    warn!(%connection, %plugin, reason = %why, "ECDS: the WasmPlugin's imagePullSecret is not sent to the proxy")
-                });
-            }
+        if let Err(why) = &result
+            && !matches!(why, PullSecretError::Pending { .. })
+        {
+            self.metrics
+                .pull_withheld
+                .get_or_create(&vec![("plugin".to_string(), plugin.to_string())])
+                .inc();
+            self.warn_once(format!("pull {plugin} {why} {connection}"), |_| {
+                warn!(%connection, %plugin, reason = %why, "ECDS: the WasmPlugin's imagePullSecret is not sent to the proxy")
+            });
         }
         result
     }
