@@ -117,18 +117,13 @@ pub fn validate_envoy_filter(ef: &net::EnvoyFilter) -> Validation {
         }
     }
     for (i, cp) in ef.config_patches.iter().enumerate() {
-        patch(&mut f, &spec.field("configPatches").index(i), ef, cp);
+        patch(&mut f, &spec.field("configPatches").index(i), cp);
     }
     analyzer(&mut f, &spec, ef);
     f.finish()
 }
 
-fn patch(
-    f: &mut Findings,
-    at: &FieldPath,
-    ef: &net::EnvoyFilter,
-    cp: &net::envoy_filter::EnvoyConfigObjectPatch,
-) {
+fn patch(f: &mut Findings, at: &FieldPath, cp: &net::envoy_filter::EnvoyConfigObjectPatch) {
     let apply_to = ApplyTo::try_from(cp.apply_to).unwrap_or(ApplyTo::Invalid);
     if apply_to == ApplyTo::Invalid {
         f.error(&at.field("applyTo"), "Envoy filter: missing applyTo");
