@@ -731,7 +731,8 @@ async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
         .names
         .clone()
     {
-        crate::generate::wasm::pull::prepare(sds, &handle.id, &snapshot, &handle.proxy, &names)
+        let secrets = crate::generate::wasm::pull::referenced(&snapshot, &handle.proxy, &names);
+        sds.prepare_pull_secrets(&handle.id, &handle.proxy, &secrets)
             .await;
     }
     let Some(names) = handle.watched()[TypeUrl::Secret.index()].names.clone() else {
@@ -783,7 +784,8 @@ fn build<F: FlavourIo>(
                 &snapshot,
                 &handle.proxy,
                 subscription,
-                sds.as_deref(),
+                sds.as_deref()
+                    .map(|s| s as &dyn crate::generate::wasm::pull::PullSecretReader),
                 &handle.id,
             ),
             _ => generate(

@@ -948,6 +948,19 @@ impl Sds {
     }
 }
 
+impl crate::generate::wasm::pull::PullSecretReader for Sds {
+    fn pull_secret(
+        &self,
+        connection: &str,
+        plugin: &str,
+        proxy: &Proxy,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Vec<u8>> {
+        Sds::pull_secret(self, connection, plugin, proxy, namespace, name).ok()
+    }
+}
+
 fn unfollow_unwanted(state: &mut State) {
     let wanted: BTreeSet<&SecretKey> = state.wanted.values().flatten().collect();
     let unwanted: Vec<SecretKey> = state

@@ -240,7 +240,7 @@ pub fn ecds_for_connection(
     snapshot: &Snapshot,
     proxy: &crate::model::Proxy,
     sub: crate::generate::Subscription<'_>,
-    sds: Option<&crate::sds::Sds>,
+    sds: Option<&dyn pull::PullSecretReader>,
     connection: &str,
 ) -> Vec<crate::xds::Resource> {
     let proxy = snapshot.proxy_view(proxy);
@@ -251,7 +251,7 @@ fn ecds_with_secrets(
     snapshot: &Snapshot,
     proxy: &crate::model::Proxy,
     sub: crate::generate::Subscription<'_>,
-    sds: Option<&crate::sds::Sds>,
+    sds: Option<&dyn pull::PullSecretReader>,
     connection: &str,
 ) -> Vec<crate::xds::Resource> {
     let all = all_plugins(snapshot);

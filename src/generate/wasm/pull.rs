@@ -5,7 +5,7 @@
 //! the proxy's agent to pull the image with (the agent removes it before Envoy sees
 //! the config). It is sent only to a proxy with a verified identity whose service
 //! account may list the Secrets of that namespace (the SubjectAccessReview SDS makes
-//! for gateway credentials, [`crate::sds::Sds`]); otherwise the variable goes out
+//! for gateway credentials, through [`PullSecretReader`]); otherwise the variable goes out
 //! empty, with a warning naming the plugin and
 //! `meshfed_wasm_pull_secrets_withheld_total{plugin}`.
 
@@ -16,7 +16,20 @@ use super::Plugin;
 use super::ecds::{PullSecrets, pull_secret_name};
 use crate::model::Proxy;
 use crate::push::snapshot::Snapshot;
-use crate::sds::Sds;
+
+/// Reads image pull Secrets for authorized proxies (implemented by SDS).
+pub trait PullSecretReader {
+    /// The `.dockerconfigjson` of `namespace/name` for WasmPlugin `plugin` when
+    /// `proxy` may read it.
+    fn pull_secret(
+        &self,
+        connection: &str,
+        plugin: &str,
+        proxy: &Proxy,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Vec<u8>>;
+}
 
 /// The plugins selecting `proxy` (as the snapshot knows it) whose ECDS resource is
 /// among `names`.
@@ -63,24 +76,11 @@ fn secret_of(plugin: &Plugin) -> &str {
         .map_or(secret, |rest| rest.rsplit('/').next().unwrap_or(rest))
 }
 
-/// Before an ECDS answer: lets SDS review the proxy's access to, and follow, the
-/// pull Secrets of the plugins it watches.
-pub async fn prepare(
-    sds: &Sds,
-    connection: &str,
-    snapshot: &Snapshot,
-    proxy: &Proxy,
-    names: &BTreeSet<String>,
-) {
-    let secrets = referenced(snapshot, proxy, names);
-    sds.prepare_pull_secrets(connection, proxy, &secrets).await;
-}
-
 /// The pull Secrets `proxy` may be sent, by their resource name
 /// ([`pull_secret_name`]), for the plugins it watches; `None` for `sds` (no secure
 /// port) sends none.
 pub fn secrets_for(
-    sds: Option<&Sds>,
+    sds: Option<&dyn PullSecretReader>,
     connection: &str,
     plugins: &[Arc<Plugin>],
     proxy: &Proxy,
@@ -98,7 +98,7 @@ pub fn secrets_for(
             continue;
         };
         let id = format!("{}/{}", plugin.namespace, plugin.name);
-        if let Ok(content) =
+        if let Some(content) =
             sds.pull_secret(connection, &id, proxy, &plugin.namespace, secret_of(plugin))
         {
             out.insert(

@@ -532,13 +532,25 @@ async fn pull_secrets_are_withheld_without_an_authorized_identity_and_counted_by
     );
     let mut proxy = crate::model::Proxy::from_node(Some(&node)).unwrap();
     // No verified identity (the plaintext port): nothing, for either plugin.
-    let secrets = pull::secrets_for(Some(&sds), "conn-1", &plugins, &proxy, &names);
+    let secrets = pull::secrets_for(
+        Some(&sds as &dyn pull::PullSecretReader),
+        "conn-1",
+        &plugins,
+        &proxy,
+        &names,
+    );
     assert!(secrets.is_empty());
     assert_eq!(secret_env(&p, &secrets).as_deref(), Some(""));
     // Verified, but the root namespace's Secret is another namespace's (no API server
     // to review the access) and the own one does not exist.
     proxy.verified_identity = Some("spiffe://cluster.local/ns/shop/sa/default".into());
-    let secrets = pull::secrets_for(Some(&sds), "conn-1", &plugins, &proxy, &names);
+    let secrets = pull::secrets_for(
+        Some(&sds as &dyn pull::PullSecretReader),
+        "conn-1",
+        &plugins,
+        &proxy,
+        &names,
+    );
     assert!(secrets.is_empty());
     let why = sds
         .pull_secret(
@@ -574,7 +586,13 @@ async fn pull_secrets_are_withheld_without_an_authorized_identity_and_counted_by
         );
     }
     // A plugin the proxy does not watch is not looked at.
-    let secrets = pull::secrets_for(Some(&sds), "conn-1", &plugins, &proxy, &names[..0]);
+    let secrets = pull::secrets_for(
+        Some(&sds as &dyn pull::PullSecretReader),
+        "conn-1",
+        &plugins,
+        &proxy,
+        &names[..0],
+    );
     assert!(secrets.is_empty());
 }
 
