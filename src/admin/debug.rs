@@ -442,15 +442,16 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
     };
     // The status of the EnvoyFilters the stores hold (patches are compiled and
     // applied when a proxy they select is generated for).
-    let held: std::collections::BTreeSet<String> = all
+    let held: Vec<_> = all
         .iter()
-        .filter(|o| o.kind == meshfed_registry::config::Kind::EnvoyFilter)
-        .map(|o| format!("{}/{}", o.namespace, o.name))
+        .filter_map(|o| match &o.spec {
+            meshfed_registry::config::Spec::EnvoyFilter(ef) => {
+                Some((o.namespace.clone(), o.name.clone(), ef))
+            }
+            _ => None,
+        })
         .collect();
-    let envoy_filters: Vec<_> = crate::generate::envoyfilter::status::report()
-        .into_iter()
-        .filter(|s| held.contains(&s.name))
-        .collect();
+    let envoy_filters = crate::generate::envoyfilter::status::report_held(&held);
     Ok(json!({
         "objects": objects,
         "gatewayApi": gateway_api,
@@ -458,7 +459,8 @@ fn configz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
         "ignored": ignored,
         "selectingNoWorkload": selecting_nothing,
         "telemetryProviders": unknown_providers,
-        // EnvoyFilters by patch type: applied, matched nothing so far, rejected patches.
+        // EnvoyFilters by patch type: applied, matched nothing so far, rejected
+        // patches; targetRefs selecting nothing served.
         "envoyFilters": envoy_filters,
         "unplacedWorkloads": unplaced,
         "unsupportedFields": unsupported,

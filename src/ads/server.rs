@@ -612,7 +612,7 @@ async fn process_request<F: FlavourIo>(
         .apply_request(handle, |state| F::apply(state, &request));
     match action {
         Action::Respond(type_url) => {
-            if type_url == TypeUrl::Secret {
+            if matches!(type_url, TypeUrl::Secret | TypeUrl::ExtensionConfig) {
                 prepare_secrets(ctx, handle).await;
             }
             let identity = handle.proxy.verified_identity.as_deref();
@@ -705,7 +705,9 @@ async fn push<F: FlavourIo>(
     let push_scope = PushScope::new(request);
     // SDS may have to ask the API server (a SubjectAccessReview): done before taking a
     // push slot, so a slow API server holds back no other connection.
-    if push_scope.touch(handle.class, TypeUrl::Secret) != Touch::Nothing {
+    if push_scope.touch(handle.class, TypeUrl::Secret) != Touch::Nothing
+        || push_scope.touch(handle.class, TypeUrl::ExtensionConfig) != Touch::Nothing
+    {
         prepare_secrets(ctx, handle).await;
     }
     let watched = handle.watched();
@@ -759,10 +761,19 @@ async fn prepare_secrets(ctx: &XdsContext, handle: &ConnectionHandle) {
     let Some(sds) = &ctx.sds else {
         return;
     };
+    let snapshot = ctx.snapshot.load_full();
+    // WasmPlugins' image pull Secrets (ECDS).
+    if let Some(names) = handle.watched()[TypeUrl::ExtensionConfig.index()]
+        .names
+        .clone()
+    {
+        let secrets = crate::generate::wasm::pull::referenced(&snapshot, &handle.proxy, &names);
+        sds.prepare_pull_secrets(&handle.id, &handle.proxy, &secrets)
+            .await;
+    }
     let Some(names) = handle.watched()[TypeUrl::Secret.index()].names.clone() else {
         return;
     };
-    let snapshot = ctx.snapshot.load_full();
     sds.prepare(&handle.id, &snapshot, &handle.proxy, &names)
         .await;
 }
@@ -805,6 +816,14 @@ fn build<F: FlavourIo>(
             (Some(sds), TypeUrl::Secret) => {
                 sds.generate(&handle.id, &snapshot, &handle.proxy, names)
             }
+            (sds, TypeUrl::ExtensionConfig) => crate::generate::wasm::ecds_for_connection(
+                &snapshot,
+                &handle.proxy,
+                subscription,
+                sds.as_deref()
+                    .map(|s| s as &dyn crate::generate::wasm::pull::PullSecretReader),
+                &handle.id,
+            ),
             _ => generate(
                 type_url,
                 &snapshot,

@@ -34,6 +34,7 @@ use meshfed_kube::{SecretData, SecretUpdate};
 use meshfed_registry::config::FileConfigStore;
 use meshfed_registry::{ClusterId, ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -158,6 +159,9 @@ pub struct SdsMetrics {
     /// `meshfed_sds_expired_certificates_served_total`: certificates served past their
     /// `notAfter` (served all the same, as istiod).
     pub expired: Counter,
+    /// `meshfed_wasm_pull_secrets_withheld_total{plugin}`: ECDS answers whose
+    /// WasmPlugin pull Secret was sent empty (not authorized, missing or malformed).
+    pub pull_withheld: Family<Vec<(String, String)>, Counter>,
 }
 
 impl SdsMetrics {
@@ -173,6 +177,11 @@ impl SdsMetrics {
             "meshfed_sds_expired_certificates_served",
             "Certificates served over SDS although expired",
             m.expired.clone(),
+        );
+        registry.register(
+            "meshfed_wasm_pull_secrets_withheld",
+            "WasmPlugin image pull Secrets sent empty in ECDS (not authorized, missing or not a dockerconfigjson Secret)",
+            m.pull_withheld.clone(),
         );
         m
     }
@@ -704,6 +713,7 @@ impl Sds {
         let mut state = self.lock();
         state.proxies.remove(connection);
         state.wanted.remove(connection);
+        state.wanted.remove(&pull_connection(connection));
         unfollow_unwanted(&mut state);
         let prefix = format!(" {connection}");
         state.warned.retain(|w| !w.contains(&prefix));
@@ -755,6 +765,202 @@ fn fresh(allowed: bool, age: Duration) -> bool {
 }
 
 /// Stops following the Secrets no connection wants any more, and forgets them.
+/// The key of what a connection's ECDS pull Secrets follow in [`State::wanted`].
+fn pull_connection(connection: &str) -> String {
+    format!("{connection} (wasm pull secrets)")
+}
+
+/// Why a WasmPlugin's image pull Secret is not sent (its variable goes out empty).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum PullSecretError {
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    #[error("Secret {namespace}/{name} not found")]
+    NotFound { namespace: String, name: String },
+    #[error("Secret {namespace}/{name} not read yet")]
+    Pending { namespace: String, name: String },
+    #[error("Secret {namespace}/{name} is of type {found:?}, not kubernetes.io/dockerconfigjson")]
+    WrongType {
+        namespace: String,
+        name: String,
+        found: String,
+    },
+    #[error("Secret {namespace}/{name} has no .dockerconfigjson")]
+    NoDockerConfig { namespace: String, name: String },
+}
+
+/// The Secret type of image pull credentials.
+pub const DOCKER_CONFIG_JSON_TYPE: &str = "kubernetes.io/dockerconfigjson";
+/// The key of a [`DOCKER_CONFIG_JSON_TYPE`] Secret that holds them.
+pub const DOCKER_CONFIG_JSON_KEY: &str = ".dockerconfigjson";
+
+impl Sds {
+    /// ECDS: gets ready to read the image pull Secrets (`namespace`, `name`) of the
+    /// WasmPlugins `connection` (of `proxy`) watches: asks the API server whether the
+    /// proxy's service account may list the Secrets of each namespace, and follows
+    /// the Secrets of the namespaces it may read.
+    pub async fn prepare_pull_secrets(
+        &self,
+        connection: &str,
+        proxy: &Proxy,
+        secrets: &BTreeSet<(String, String)>,
+    ) {
+        let (Some((namespace, sa)), Some(kube)) = (identity(proxy), &self.kube) else {
+            return;
+        };
+        let user = format!("system:serviceaccount:{namespace}:{sa}");
+        let review_cluster = self.review_cluster(proxy);
+        let mut wanted = BTreeSet::new();
+        for (secret_namespace, name) in secrets {
+            self.review(kube, &review_cluster, &user, secret_namespace)
+                .await;
+            if self.authorize_namespace(proxy, secret_namespace).is_err() {
+                continue;
+            }
+            for cluster in self.clusters(Scheme::Kubernetes, proxy) {
+                let key = SecretKey {
+                    source: Source::Cluster(cluster),
+                    namespace: secret_namespace.clone(),
+                    name: name.clone(),
+                };
+                self.follow(kube, key.clone());
+                wanted.insert(key);
+            }
+        }
+        let mut state = self.lock();
+        state.wanted.insert(pull_connection(connection), wanted);
+        unfollow_unwanted(&mut state);
+    }
+
+    /// Whether `proxy` may read the Secrets of `secret_namespace`: a verified identity
+    /// and, with Kubernetes, an allowing review of its service account (learnt by
+    /// [`Sds::prepare_pull_secrets`]); without Kubernetes (the config directory alone)
+    /// only its own namespace.
+    fn authorize_namespace(&self, proxy: &Proxy, secret_namespace: &str) -> Result<(), Refusal> {
+        let Some((namespace, sa)) = identity(proxy) else {
+            return Err(Refusal::NoIdentity);
+        };
+        if self.kube.is_none() {
+            return if secret_namespace == namespace {
+                Ok(())
+            } else {
+                Err(Refusal::OtherNamespace {
+                    secret: secret_namespace.into(),
+                    proxy: namespace,
+                })
+            };
+        }
+        let user = format!("system:serviceaccount:{namespace}:{sa}");
+        let key = (
+            self.review_cluster(proxy),
+            user,
+            secret_namespace.to_string(),
+        );
+        let answer = self.lock().reviews.get(&key).map(|(allowed, _)| *allowed);
+        let (_, user, namespace) = key;
+        match answer {
+            Some(true) => Ok(()),
+            Some(false) => Err(Refusal::Denied { user, namespace }),
+            None => Err(Refusal::ReviewFailed),
+        }
+    }
+
+    /// The `.dockerconfigjson` of image pull Secret `namespace/name` of WasmPlugin
+    /// `plugin`, when `proxy` may read it; otherwise the reason, warned about once per
+    /// connection and plugin and counted per plugin.
+    pub fn pull_secret(
+        &self,
+        connection: &str,
+        plugin: &str,
+        proxy: &Proxy,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<u8>, PullSecretError> {
+        let result = self.read_pull_secret(proxy, namespace, name);
+        if let Err(why) = &result
+            && !matches!(why, PullSecretError::Pending { .. })
+        {
+            self.metrics
+                .pull_withheld
+                .get_or_create(&vec![("plugin".to_string(), plugin.to_string())])
+                .inc();
+            self.warn_once(format!("pull {plugin} {why} {connection}"), |_| {
+                warn!(%connection, %plugin, reason = %why, "ECDS: the WasmPlugin's imagePullSecret is not sent to the proxy")
+            });
+        }
+        result
+    }
+
+    fn read_pull_secret(
+        &self,
+        proxy: &Proxy,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Vec<u8>, PullSecretError> {
+        self.authorize_namespace(proxy, namespace)?;
+        let mut sources: Vec<Source> = if self.kube.is_some() {
+            self.clusters(Scheme::Kubernetes, proxy)
+                .into_iter()
+                .map(Source::Cluster)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        sources.push(Source::ConfigDir);
+        let state = self.lock();
+        let mut pending = false;
+        let found = sources.into_iter().find_map(|source| {
+            let key = SecretKey {
+                source,
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            };
+            let data = match &key.source {
+                Source::ConfigDir => self
+                    .config_dir
+                    .as_ref()
+                    .and_then(|d| d.secret(namespace, name))
+                    .map(|s| Arc::new(s.content.clone())),
+                Source::Cluster(_) => state.secrets.get(&key).cloned(),
+            };
+            pending |= data.is_none() && state.followed.get(&key).is_some_and(|f| !f.synced);
+            data
+        });
+        let (namespace, name) = (namespace.to_string(), name.to_string());
+        let Some(data) = found else {
+            return Err(if pending {
+                PullSecretError::Pending { namespace, name }
+            } else {
+                PullSecretError::NotFound { namespace, name }
+            });
+        };
+        if data.secret_type != DOCKER_CONFIG_JSON_TYPE {
+            return Err(PullSecretError::WrongType {
+                namespace,
+                name,
+                found: data.secret_type.clone(),
+            });
+        }
+        data.data
+            .get(DOCKER_CONFIG_JSON_KEY)
+            .cloned()
+            .ok_or(PullSecretError::NoDockerConfig { namespace, name })
+    }
+}
+
+impl crate::generate::wasm::pull::PullSecretReader for Sds {
+    fn pull_secret(
+        &self,
+        connection: &str,
+        plugin: &str,
+        proxy: &Proxy,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Vec<u8>> {
+        Sds::pull_secret(self, connection, plugin, proxy, namespace, name).ok()
+    }
+}
+
 fn unfollow_unwanted(state: &mut State) {
     let wanted: BTreeSet<&SecretKey> = state.wanted.values().flatten().collect();
     let unwanted: Vec<SecretKey> = state

@@ -12,7 +12,7 @@
 //! | Endpoint | all but AuthorizationPolicy, RequestAuthentication; sidecars: nor VirtualService | yes |
 //! | Listener | all                                           | no (every service)       |
 //! | Route    | all                                           | no (every service)       |
-//! | Secret   | Secret, Gateway only (no other type reads Secret) | no                   |
+//! | Secret   | Secret, Gateway only (Secrets are read by SDS and, for WasmPlugin pull Secrets, ECDS alone) | no |
 //! | NameTable| services, Sidecars, mesh config, networks, workloads | no (every service) |
 //!
 //! Endpoint-only changes reach EDS alone, for the changed services only. Clusters
@@ -87,9 +87,9 @@ pub const fn reads(class: ProxyClass, type_url: TypeUrl, kind: ConfigKind) -> bo
             .readers
             .reads(matches!(class, ProxyClass::Sidecar), reader),
         // Extension configs (WasmPlugins) read the mesh config (its root namespace)
-        // of the keys naming no object.
+        // and the plugins' image pull Secrets of the keys naming no object.
         None if matches!(type_url, TypeUrl::ExtensionConfig) => {
-            matches!(kind, ConfigKind::MeshConfig)
+            matches!(kind, ConfigKind::MeshConfig | ConfigKind::Secret)
         }
         // Secrets are read by SDS alone; services, endpoints, the mesh, networks and
         // workloads by every other type.
@@ -441,7 +441,9 @@ mod tests {
                     | ConfigKind::PeerAuthentication
                     | ConfigKind::MeshConfig
             ),
-            (_, TypeUrl::ExtensionConfig, kind) => matches!(kind, ConfigKind::MeshConfig),
+            (_, TypeUrl::ExtensionConfig, kind) => {
+                matches!(kind, ConfigKind::MeshConfig | ConfigKind::Secret)
+            }
             (_, TypeUrl::Secret, kind) => {
                 matches!(kind, ConfigKind::Secret | ConfigKind::Gateway)
             }
@@ -855,7 +857,7 @@ mod tests {
     }
 
     #[test]
-    fn a_secret_change_touches_sds_alone_and_rebuilds_nothing() {
+    fn a_secret_change_touches_sds_and_ecds_alone_and_rebuilds_nothing() {
         let request = PushRequest::full(
             TriggerReason::Secret,
             [ConfigKey::new(ConfigKind::Secret, "cert", "ns")],
@@ -863,7 +865,8 @@ mod tests {
         let scope = PushScope::new(&request);
         for class in CLASSES {
             for t in TypeUrl::ALL {
-                let expected = if t == TypeUrl::Secret {
+                // ECDS carries WasmPlugins' image pull Secrets.
+                let expected = if matches!(t, TypeUrl::Secret | TypeUrl::ExtensionConfig) {
                     Touch::Everything
                 } else {
                     Touch::Nothing

@@ -268,3 +268,102 @@ async fn an_envoyfilter_change_pushes_only_the_proxies_it_selects() {
     drop(clients);
     server.shutdown().await;
 }
+
+/// `targetRefs` of `kind: Gateway` patch the proxies of that Gateway API gateway
+/// (label `gateway.networking.k8s.io/gateway-name`) of the EnvoyFilter's namespace
+/// only; a waypoint target (a Service) patches nothing and shows in `/debug/configz`.
+#[tokio::test]
+async fn target_refs_patch_the_named_gateways_proxies_and_waypoint_targets_are_reported() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use meshfed::testing::decode_all;
+    use meshfed_api::networking::v1alpha3::EnvoyFilter;
+    use meshfed_registry::config::ConfigObject;
+    let server = FakeServer::builder().start().await.unwrap();
+    server.sync().await;
+    let ef = |target: Value| {
+        serde_json::from_value::<EnvoyFilter>(json!({
+            "targetRefs": [target],
+            "configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "MERGE",
+                "value": {"alt_stat_name": "patched"}}}],
+        }))
+        .unwrap()
+    };
+    let store = server.config_store();
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-public",
+            ef(json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "public"})),
+        ))
+        .expect("valid EnvoyFilter");
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-waypoint",
+            ef(json!({"kind": "Service", "name": "public"})),
+        ))
+        .expect("valid EnvoyFilter");
+    server.sync().await;
+    let patched = |id: &'static str, labels: Value| {
+        let server = &server;
+        async move {
+            let mut c =
+                AdsClient::connect(server.grpc_addr(), node_with(id, json!({"LABELS": labels})))
+                    .await
+                    .unwrap();
+            c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+            let clusters: Vec<Cluster> =
+                decode_all(&c.recv_type(TypeUrl::Cluster).await.unwrap()).unwrap();
+            assert!(!clusters.is_empty());
+            clusters.iter().all(|c| c.alt_stat_name == "patched")
+        }
+    };
+    let label = "gateway.networking.k8s.io/gateway-name";
+    assert!(
+        patched(
+            "router~10.0.0.1~public-1.gw~gw.svc.cluster.local",
+            json!({label: "public"})
+        )
+        .await
+    );
+    assert!(
+        !patched(
+            "router~10.0.0.2~private-1.gw~gw.svc.cluster.local",
+            json!({label: "private"})
+        )
+        .await
+    );
+    assert!(
+        !patched(
+            "router~10.0.0.3~classic-1.gw~gw.svc.cluster.local",
+            json!({"istio": "ingressgateway"})
+        )
+        .await
+    );
+    assert!(
+        !patched(
+            "sidecar~10.0.0.4~app-1.gw~gw.svc.cluster.local",
+            json!({"app": "public"})
+        )
+        .await
+    );
+    let configz = get_json(server.bound().http, "/debug/configz").await;
+    let statuses = configz["envoyFilters"].as_array().unwrap();
+    let waypoint = statuses
+        .iter()
+        .find(|s| s["name"] == "gw/to-waypoint")
+        .unwrap_or_else(|| panic!("{configz}"));
+    assert!(
+        waypoint["notApplied"][0]
+            .as_str()
+            .unwrap()
+            .contains("waypoints, which meshfed does not serve"),
+        "{waypoint}"
+    );
+    let public = statuses
+        .iter()
+        .find(|s| s["name"] == "gw/to-public")
+        .unwrap();
+    assert!(public.get("notApplied").is_none(), "{public}");
+    server.shutdown().await;
+}

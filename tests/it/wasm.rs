@@ -367,3 +367,170 @@ async fn the_wasmplugin_example_is_served_on_the_gateway() {
     }
     server.shutdown().await;
 }
+
+/// The image pull Secret variable of an HTTP Wasm extension config.
+fn pull_secret_env(config: &TypedExtensionConfig) -> Option<String> {
+    let wasm = Wasm::decode(config.typed_config.as_ref().unwrap().value.as_slice()).unwrap();
+    let Some(plugin_config::Vm::VmConfig(vm)) = wasm.config.unwrap().vm else {
+        panic!("no VM config");
+    };
+    vm.environment_variables
+        .unwrap()
+        .key_values
+        .get("ISTIO_META_WASM_IMAGE_PULL_SECRET")
+        .cloned()
+}
+
+/// A plugin's image pull Secret reaches a gateway (on the secure port) only from a
+/// `kubernetes.io/dockerconfigjson` Secret of a namespace its service account may list
+/// Secrets of (SubjectAccessReview, deploy/rbac.yaml enforced); otherwise the variable
+/// goes out empty and the plugin is counted.
+#[tokio::test]
+async fn image_pull_secrets_reach_only_proxies_authorized_for_their_namespace() {
+    use meshfed::app::{CaSource, KubeSettings, KubeSource};
+    use meshfed::testing::{ClientTls, tls_channel};
+    use meshfed_kube::fake_api::objects;
+
+    const NS: &str = "gwns";
+    const USER: &str = "system:serviceaccount:gwns:gw";
+    const DOCKER: &[u8] = br#"{"auths":{"ghcr.io":{"auth":"dXNlcjpwYXNz"}}}"#;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let api = EnforcedApi::start().await;
+    let client = api.client();
+    let ca = ca_dir.clone();
+    let server = FakeServer::builder()
+        .configure(move |c| {
+            c.ca = Some(CaSource::Dir {
+                cacerts: None,
+                self_signed_dir: ca,
+            });
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
+            });
+        })
+        .start()
+        .await
+        .unwrap();
+    let http = server.bound().http;
+    eventually("ready", || async move {
+        (http_get(http, "/ready").await.0 == 200).then_some(())
+    })
+    .await;
+    let dockerconfig = "kubernetes.io/dockerconfigjson";
+    api.apply(&objects::secret(
+        NS,
+        "pull",
+        dockerconfig,
+        &[(".dockerconfigjson", DOCKER)],
+    ));
+    api.apply(&objects::secret(
+        NS,
+        "tls",
+        "kubernetes.io/tls",
+        &[("tls.crt", b"x")],
+    ));
+    api.apply(&objects::secret(
+        "istio-system",
+        "pull",
+        dockerconfig,
+        &[(".dockerconfigjson", DOCKER)],
+    ));
+    api.grant_access(USER, "list", "secrets", NS);
+    let with_secret = |secret: &str| {
+        plugin(&format!(
+            "url: oci://ghcr.io/example/auth:1.0\nimagePullSecret: {secret}\n"
+        ))
+    };
+    let store = server.config_store();
+    store
+        .apply(ConfigObject::new(NS, "auth", with_secret("pull")))
+        .unwrap();
+    store
+        .apply(ConfigObject::new(NS, "wrongtype", with_secret("tls")))
+        .unwrap();
+    store
+        .apply(ConfigObject::new(
+            "istio-system",
+            "mesh",
+            with_secret("pull"),
+        ))
+        .unwrap();
+    server.sync().await;
+
+    let tls = ClientTls {
+        roots_pem: std::fs::read_to_string(ca_dir.join("root-cert.pem")).unwrap(),
+        identity: Some(crate::secure::issue(
+            &ca_dir,
+            &format!("spiffe://cluster.local/ns/{NS}/sa/gw"),
+        )),
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let channel = tls_channel(server.secure_grpc_addr(), &tls).await.unwrap();
+    let node = node_with(
+        &format!("router~10.0.0.9~gw-1.{NS}~{NS}.svc.cluster.local"),
+        serde_json::json!({"SERVICE_ACCOUNT": "gw", "LABELS": {"istio": "ingressgateway"}}),
+    );
+    let mut gw = AdsClient::over(channel, Default::default(), node)
+        .await
+        .unwrap();
+    let names = [
+        "extensions.istio.io/wasmplugin/gwns.auth",
+        "extensions.istio.io/wasmplugin/gwns.wrongtype",
+        "extensions.istio.io/wasmplugin/istio-system.mesh",
+    ];
+    gw.subscribe(TypeUrl::ExtensionConfig, &names)
+        .await
+        .unwrap();
+    // The first answer may come before the Secret is read; its arrival pushes ECDS.
+    let configs = loop {
+        let configs: Vec<TypedExtensionConfig> =
+            decode_all(&gw.recv_type(TypeUrl::ExtensionConfig).await.unwrap()).unwrap();
+        let auth = configs.iter().find(|c| c.name == names[0]).unwrap();
+        if pull_secret_env(auth).is_some_and(|s| !s.is_empty()) {
+            break configs;
+        }
+    };
+    let env =
+        |name: &str| pull_secret_env(configs.iter().find(|c| c.name == name).unwrap()).unwrap();
+    assert_eq!(env(names[0]).as_bytes(), DOCKER);
+    // Not a dockerconfigjson Secret; a namespace the gateway may not list: empty.
+    assert_eq!(env(names[1]), "");
+    assert_eq!(env(names[2]), "");
+    // Both reviews were asked of the API server.
+    let reviews = api.access_reviews();
+    for ns in [NS, "istio-system"] {
+        assert!(
+            reviews.contains(&(USER.into(), "list".into(), "secrets".into(), ns.into())),
+            "{reviews:?}"
+        );
+    }
+    // The Secret of the namespace it may not read is never fetched.
+    assert!(
+        !api.requests().iter().any(|r| {
+            r.path.contains("/namespaces/istio-system/secrets")
+                && r.query.values().any(|v| v.contains("pull"))
+        }),
+        "{}",
+        describe(&api.requests())
+    );
+    // Counted once the Secret is read (the wrong type) or reviewed (the namespace).
+    let monitoring = server.bound().monitoring;
+    let metrics = eventually("withheld pull secrets counted", || async move {
+        let metrics = http_get(monitoring, "/metrics").await.1;
+        ["gwns/wrongtype", "istio-system/mesh"]
+            .iter()
+            .all(|plugin| {
+                let sample =
+                    format!("meshfed_wasm_pull_secrets_withheld_total{{plugin=\"{plugin}\"}}");
+                metric(&metrics, &sample).is_some_and(|v| v >= 1.0)
+            })
+            .then_some(metrics)
+    })
+    .await;
+    assert!(!metrics.contains("plugin=\"gwns/auth\""));
+    server.shutdown().await;
+}

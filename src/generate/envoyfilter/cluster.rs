@@ -108,6 +108,15 @@ pub(crate) fn patch_cluster(
             status::record(&p.key, "cluster", false);
             continue;
         }
+        if let Some(bytes) = &p.cluster_merge {
+            // The value's encoding merged in: `value::merge` without the round trip.
+            if let Err(e) = c.merge(bytes.as_slice()) {
+                status::reject(&p.key, "cluster", &e.to_string());
+                continue;
+            }
+            status::record(&p.key, "cluster", true);
+            continue;
+        }
         let Some(v) = p.typed::<Cluster>() else {
             continue;
         };

@@ -513,9 +513,17 @@ pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Option<
     }
 }
 
-/// The listeners `ADD` patches give `proxy` (a whole list asked for).
-pub fn added(patches: &ProxyPatches, proxy: &Proxy) -> Vec<Resource> {
-    let ctx = context(proxy, false);
+/// The listeners the `ADD` patches of context `ctx` give (a whole list asked for),
+/// as Istio's `ApplyListenerPatches` for one direction: a router's with `GATEWAY`, a
+/// sidecar's once with `SIDECAR_OUTBOUND` (its outbound listeners) and once with
+/// `SIDECAR_INBOUND` (its inbound ones). Names in `present` are not added again (an
+/// `ANY` patch would otherwise add its listener once per direction, which Envoy
+/// refuses as a duplicate name).
+pub fn added(
+    patches: &ProxyPatches,
+    ctx: PatchContext,
+    present: &mut std::collections::HashSet<String>,
+) -> Vec<Resource> {
     let mut out = Vec::new();
     for p in patches.of(ApplyTo::Listener) {
         if p.operation != Operation::Add {
@@ -526,7 +534,9 @@ pub fn added(patches: &ProxyPatches, proxy: &Proxy) -> Vec<Resource> {
             continue;
         }
         status::record(&p.key, "listener", true);
-        if let Some(l) = p.typed::<Listener>() {
+        if let Some(l) = p.typed::<Listener>()
+            && present.insert(l.name.clone())
+        {
             out.push(EncodedResource::encode(
                 TypeUrl::Listener,
                 l.name.clone(),
@@ -537,20 +547,31 @@ pub fn added(patches: &ProxyPatches, proxy: &Proxy) -> Vec<Resource> {
     out
 }
 
-/// Patches the listeners of `proxy`; `wildcard`: the whole list was asked for (`ADD`
-/// patches add listeners).
+/// The contexts whose `ADD` patches add listeners to `proxy`'s list, in Istio's
+/// order (outbound, then inbound, for sidecars).
+pub fn add_contexts(proxy: &Proxy) -> &'static [PatchContext] {
+    if proxy.is_router() {
+        &[PatchContext::Gateway]
+    } else {
+        &[PatchContext::SidecarOutbound, PatchContext::SidecarInbound]
+    }
+}
+
+/// Patches the listeners of `proxy`; the `ADD` patches of `add` contexts add
+/// listeners (none: Istio's `skipAdds`).
 pub fn apply(
     patches: &ProxyPatches,
     listeners: Vec<Resource>,
     proxy: &Proxy,
-    wildcard: bool,
+    add: &[PatchContext],
 ) -> Vec<Resource> {
     let mut out: Vec<Resource> = listeners
         .iter()
         .filter_map(|r| patch_one(patches, r, proxy))
         .collect();
-    if wildcard {
-        out.extend(added(patches, proxy));
+    let mut present = out.iter().map(|r| r.name.to_string()).collect();
+    for ctx in add {
+        out.extend(added(patches, *ctx, &mut present));
     }
     out
 }

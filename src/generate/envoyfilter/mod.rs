@@ -5,7 +5,8 @@
 //! Selection ([`select`], Istio's `PushContext.EnvoyFilters`): the EnvoyFilters of the
 //! root namespace, then those of the proxy's own namespace, each without a
 //! `workloadSelector` or with one whose labels the proxy carries; an EnvoyFilter with
-//! `targetRefs` selects no proxy (as istiod, which applies those to waypoints only).
+//! `targetRefs` selects the proxies of the Gateway API gateways it names (waypoint
+//! targets are reported, see [`selects`]).
 //! They are ordered by `priority`, then root namespace first, then creation time, then
 //! `name.namespace`; their patches keep that order, and a patch whose `proxy` match
 //! (version regex, metadata) does not hold is left out.
@@ -16,6 +17,8 @@
 //! a resource is shared by every proxy with that patch set ([`memo`]). A patch whose
 //! value does not convert to its Envoy type is rejected alone ([`status`]).
 
+#[cfg(test)]
+mod bench;
 pub mod cluster;
 pub mod listener;
 pub mod memo;
@@ -73,6 +76,9 @@ pub struct Patch {
     pub bytes: Vec<u8>,
     /// Unique among every patch compiled by this process (see [`memo`]).
     pub id: u64,
+    /// A `CLUSTER` `MERGE` without a transport socket: the bytes that merge the value
+    /// into an encoded cluster ([`value::merge_bytes`]).
+    pub cluster_merge: Option<Vec<u8>>,
     proxy_version: Option<regex::Regex>,
 }
 
@@ -164,6 +170,14 @@ pub fn compile(config: &Config<EnvoyFilter>) -> Compiled {
             .as_ref()
             .map(prost::Message::encode_to_vec)
             .unwrap_or_default();
+        let cluster_merge = value
+            .as_ref()
+            .filter(|v| {
+                apply_to == ApplyTo::Cluster
+                    && operation == Operation::Merge
+                    && !v.has_field_by_name("transport_socket")
+            })
+            .map(value::merge_bytes);
         patches.push(Arc::new(Patch {
             key: key.clone(),
             apply_to,
@@ -172,29 +186,56 @@ pub fn compile(config: &Config<EnvoyFilter>) -> Compiled {
             value,
             bytes,
             id: NEXT_PATCH_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            cluster_merge,
             proxy_version,
         }));
     }
     Compiled { key, patches }
 }
 
-type CompiledCache = HashMap<(String, String), (Arc<Config<EnvoyFilter>>, Arc<Compiled>)>;
+/// Compiled EnvoyFilters, with the config objects they were compiled from.
+#[derive(Default)]
+struct CompiledCache {
+    /// By the address of the config object (held, so the address stays its own).
+    by_object: HashMap<usize, (Arc<Config<EnvoyFilter>>, Arc<Compiled>)>,
+    /// `(namespace, name)` -> the address of the last object compiled for it.
+    by_name: HashMap<(String, String), usize>,
+}
 
-/// Compiled EnvoyFilters by namespace and name, with the config object they were
-/// compiled from (recompiled when the object changes).
 static COMPILED: LazyLock<Mutex<CompiledCache>> = LazyLock::new(Mutex::default);
 
+/// The compiled patches of `config`. Every snapshot built after a config change holds
+/// new objects; one with the spec of the last object of its name keeps that object's
+/// compiled patches (their ids, so what [`memo`] holds for them stays valid, and their
+/// status). A changed spec is compiled anew.
 fn compiled(config: &Arc<Config<EnvoyFilter>>) -> Arc<Compiled> {
-    let key = (config.namespace.clone(), config.name.clone());
+    let address = Arc::as_ptr(config) as usize;
     let mut cache = COMPILED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((c, out)) = cache.get(&key)
-        && Arc::ptr_eq(c, config)
-    {
+    if let Some((_, out)) = cache.by_object.get(&address) {
         return out.clone();
+    }
+    let name = (config.namespace.clone(), config.name.clone());
+    if let Some(previous) = cache.by_name.get(&name).copied() {
+        let reuse = cache
+            .by_object
+            .get(&previous)
+            .filter(|(old, _)| old.spec == config.spec)
+            .map(|(_, out)| out.clone());
+        cache.by_object.remove(&previous);
+        if let Some(out) = reuse {
+            cache
+                .by_object
+                .insert(address, (config.clone(), out.clone()));
+            cache.by_name.insert(name, address);
+            return out;
+        }
     }
     status::clear(&format!("{}/{}", config.namespace, config.name));
     let out = Arc::new(compile(config));
-    cache.insert(key, (config.clone(), out.clone()));
+    cache
+        .by_object
+        .insert(address, (config.clone(), out.clone()));
+    cache.by_name.insert(name, address);
     out
 }
 
@@ -220,23 +261,72 @@ impl ProxyPatches {
 }
 
 /// Whether an EnvoyFilter of `namespace` with `selector` selects a proxy of
-/// `proxy_namespace` with `labels`, under `root` (the root namespace).
+/// `proxy_namespace` with `labels`, under `root` (the root namespace), as Istio's
+/// `WorkloadPolicyMatcher.ShouldAttachPolicy` (for `PolicyMatcherForProxy`) decides:
+/// without `targetRefs`, by `workloadSelector` (Gateway API gateways included, Istio's
+/// default `ENABLE_SELECTOR_BASED_K8S_GATEWAY_POLICY`); with `targetRefs`, only the
+/// proxies of a Gateway API gateway (label `gateway.networking.k8s.io/gateway-name`)
+/// that a `kind: Gateway` reference of the EnvoyFilter's own namespace names. The
+/// other targets (`Service`, `ServiceEntry`, `GatewayClass istio-waypoint`) attach to
+/// waypoints, which meshfed does not serve ([`unserved_target_refs`]).
 pub fn selects(
     ef: &Config<EnvoyFilter>,
     root: &str,
     proxy_namespace: &str,
     labels: &BTreeMap<String, String>,
 ) -> bool {
-    if !ef.spec.target_refs.is_empty() {
-        return false;
-    }
     if ef.namespace != root && ef.namespace != proxy_namespace {
         return false;
+    }
+    if !ef.spec.target_refs.is_empty() {
+        let Some(gateway) = labels.get(GATEWAY_NAME_LABEL) else {
+            return false;
+        };
+        return ef.namespace == proxy_namespace
+            && ef.spec.target_refs.iter().any(|r| {
+                is_gateway_ref(r)
+                    && &r.name == gateway
+                    && (r.namespace.is_empty() || r.namespace == proxy_namespace)
+            });
     }
     ef.spec
         .workload_selector
         .as_ref()
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
+}
+
+/// The label Gateway API gateway deployments carry: the name of their Gateway.
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+
+/// A `targetRefs` entry naming a Gateway API `Gateway`.
+fn is_gateway_ref(r: &meshfed_api::r#type::v1beta1::PolicyTargetReference) -> bool {
+    r.group == "gateway.networking.k8s.io" && r.kind == "Gateway"
+}
+
+/// The `targetRefs` of an EnvoyFilter that select no proxy meshfed serves, each as
+/// `spec.targetRefs[i]: reason` (reported in `/debug/configz` and by `meshfed
+/// validate`): waypoint targets, and references to another namespace.
+pub fn unserved_target_refs(ef: &EnvoyFilter, namespace: &str) -> Vec<String> {
+    ef.target_refs
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let why = if is_gateway_ref(r) {
+                if r.namespace.is_empty() || r.namespace == namespace {
+                    return None;
+                }
+                format!("names namespace {:?}; only the EnvoyFilter's own namespace is matched", r.namespace)
+            } else if matches!(r.kind.as_str(), "Service" | "ServiceEntry" | "GatewayClass") {
+                format!(
+                    "{} {:?} attaches the EnvoyFilter to waypoints, which meshfed does not serve: not applied",
+                    r.kind, r.name
+                )
+            } else {
+                format!("{}/{} {:?} selects no proxy: not applied", r.group, r.kind, r.name)
+            };
+            Some(format!("spec.targetRefs[{i}]: {why}"))
+        })
+        .collect()
 }
 
 /// The EnvoyFilters selecting `proxy` and their patches that match it (see the module
@@ -351,7 +441,10 @@ pub fn apply(
                 listener::patch_one(&patches, r, proxy)
             });
             if wildcard {
-                out.extend(listener::added(&patches, proxy));
+                let mut present = out.iter().map(|r| r.name.to_string()).collect();
+                for ctx in listener::add_contexts(proxy) {
+                    out.extend(listener::added(&patches, *ctx, &mut present));
+                }
             }
             out
         }

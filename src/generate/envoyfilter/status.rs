@@ -22,8 +22,8 @@ use serde::Serialize;
 
 #[derive(Default)]
 struct State {
-    /// (EnvoyFilter, patch type) -> applied at least once.
-    applied: BTreeMap<(String, &'static str), bool>,
+    /// EnvoyFilter -> patch type -> applied at least once.
+    applied: BTreeMap<String, BTreeMap<&'static str, bool>>,
     /// EnvoyFilter -> rejected patches (`field: reason`).
     errors: BTreeMap<String, Vec<String>>,
 }
@@ -37,10 +37,12 @@ fn state() -> std::sync::MutexGuard<'static, State> {
 /// Records that a patch of `key` of `patch` type applied (or matched nothing).
 pub fn record(key: &str, patch: &'static str, applied: bool) {
     let mut s = state();
-    if let Some(v) = s.applied.get_mut(&(key.to_string(), patch)) {
-        *v |= applied;
+    // No allocation when the EnvoyFilter is known (every resource patched records).
+    if let Some(v) = s.applied.get_mut(key) {
+        *v.entry(patch).or_default() |= applied;
     } else {
-        s.applied.insert((key.to_string(), patch), applied);
+        s.applied
+            .insert(key.to_string(), BTreeMap::from([(patch, applied)]));
     }
 }
 
@@ -61,7 +63,7 @@ pub fn reject(key: &str, field: &str, reason: &str) {
 /// Forgets what is known of `key` (the EnvoyFilter changed).
 pub fn clear(key: &str) {
     let mut s = state();
-    s.applied.retain(|(k, _), _| k != key);
+    s.applied.remove(key);
     s.errors.remove(key);
 }
 
@@ -77,21 +79,26 @@ pub struct FilterStatus {
     pub matched_nothing: Vec<&'static str>,
     /// Rejected patches (`spec.configPatches[i].patch.value: reason`).
     pub errors: Vec<String>,
+    /// What selects nothing meshfed serves (`spec.targetRefs[i]: reason`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_applied: Vec<String>,
 }
 
 /// Every EnvoyFilter known to the patcher, by name.
 pub fn report() -> Vec<FilterStatus> {
     let s = state();
     let mut out: BTreeMap<String, FilterStatus> = BTreeMap::new();
-    for ((key, patch), applied) in &s.applied {
+    for (key, patches) in &s.applied {
         let e = out.entry(key.clone()).or_insert_with(|| FilterStatus {
             name: key.clone(),
             ..FilterStatus::default()
         });
-        if *applied {
-            e.applied.push(patch);
-        } else {
-            e.matched_nothing.push(patch);
+        for (patch, applied) in patches {
+            if *applied {
+                e.applied.push(patch);
+            } else {
+                e.matched_nothing.push(patch);
+            }
         }
     }
     for (key, errors) in &s.errors {
@@ -104,6 +111,39 @@ pub fn report() -> Vec<FilterStatus> {
             .clone_from(errors);
     }
     out.into_values().collect()
+}
+
+/// [`report`] for the EnvoyFilters `held` (namespace, name, spec): those the stores
+/// hold, each with its `targetRefs` that select nothing meshfed serves (known whether
+/// or not a proxy was ever generated for).
+pub fn report_held(
+    held: &[(
+        String,
+        String,
+        &meshfed_api::networking::v1alpha3::EnvoyFilter,
+    )],
+) -> Vec<FilterStatus> {
+    let mut known: BTreeMap<String, FilterStatus> =
+        report().into_iter().map(|s| (s.name.clone(), s)).collect();
+    let mut out = Vec::new();
+    for (namespace, name, spec) in held {
+        let key = format!("{namespace}/{name}");
+        let mut status = known.remove(&key).unwrap_or_else(|| FilterStatus {
+            name: key.clone(),
+            ..FilterStatus::default()
+        });
+        status.not_applied = super::unserved_target_refs(spec, namespace);
+        if status
+            != (FilterStatus {
+                name: key,
+                ..FilterStatus::default()
+            })
+        {
+            out.push(status);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
 }
 
 /// The `pilot_envoy_filter_status` collector.
@@ -124,7 +164,11 @@ impl Collector for EnvoyFilterMetrics {
             let mut rows: Vec<_> = s
                 .applied
                 .iter()
-                .map(|((k, p), a)| (k.clone(), *p, "applied", i64::from(*a)))
+                .flat_map(|(k, patches)| {
+                    patches
+                        .iter()
+                        .map(|(p, a)| (k.clone(), *p, "applied", i64::from(*a)))
+                })
                 .collect();
             rows.extend(s.errors.iter().map(|(k, e)| {
                 (

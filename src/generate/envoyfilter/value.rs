@@ -116,6 +116,63 @@ pub fn merge(dst: &mut DynamicMessage, src: &DynamicMessage) {
     }
 }
 
+/// The bytes that, decoded onto the encoding of a message of the same type (protobuf
+/// merge: set scalars overwrite, lists append, map entries replace, messages merge
+/// recursively), merge `src` into it as [`merge`] does: `src`'s encoding followed by
+/// each `google.protobuf.Duration` of a singular path re-encoded with both its fields
+/// written, so it replaces the destination's whole instead of field by field.
+/// (Durations inside list items and map values come whole with their item.)
+///
+/// Merging these bytes into a typed message costs one decode; [`merge_into`] costs a
+/// round trip through the descriptors.
+pub fn merge_bytes(src: &DynamicMessage) -> Vec<u8> {
+    fn durations(m: &DynamicMessage, path: &mut Vec<u32>, out: &mut Vec<u8>) {
+        for (field, value) in m.fields() {
+            if field.is_list() || field.is_map() {
+                continue;
+            }
+            let (FieldKind::Message(desc), Some(inner)) = (field.kind(), value.as_message()) else {
+                continue;
+            };
+            path.push(field.number());
+            if desc.full_name() == "google.protobuf.Duration" {
+                let seconds = inner
+                    .get_field_by_number(1)
+                    .and_then(|v| v.as_i64())
+                    .unwrap_or(0);
+                let nanos = inner
+                    .get_field_by_number(2)
+                    .and_then(|v| v.as_i32())
+                    .unwrap_or(0);
+                // seconds = 1, nanos = 2, both varints, written even when zero.
+                let mut bytes = Vec::new();
+                prost::encoding::encode_key(1, prost::encoding::WireType::Varint, &mut bytes);
+                prost::encoding::encode_varint(seconds as u64, &mut bytes);
+                prost::encoding::encode_key(2, prost::encoding::WireType::Varint, &mut bytes);
+                prost::encoding::encode_varint(i64::from(nanos) as u64, &mut bytes);
+                for number in path.iter().rev() {
+                    let mut wrapped = Vec::with_capacity(bytes.len() + 6);
+                    prost::encoding::encode_key(
+                        *number,
+                        prost::encoding::WireType::LengthDelimited,
+                        &mut wrapped,
+                    );
+                    prost::encoding::encode_varint(bytes.len() as u64, &mut wrapped);
+                    wrapped.extend_from_slice(&bytes);
+                    bytes = wrapped;
+                }
+                out.extend_from_slice(&bytes);
+            } else {
+                durations(inner, path, out);
+            }
+            path.pop();
+        }
+    }
+    let mut out = src.encode_to_vec();
+    durations(src, &mut Vec::new(), &mut out);
+    out
+}
+
 /// A typed message as a dynamic one.
 pub fn to_dynamic<M: Message + prost::Name>(m: &M) -> Result<DynamicMessage, String> {
     let desc = descriptor(&M::full_name())?;
@@ -171,6 +228,33 @@ pub fn merge_any(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn merging_the_merge_bytes_is_merge() {
+        use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+        let dst = json!({"name": "a", "connect_timeout": "1.5s",
+            "common_lb_config": {"update_merge_window": "2.5s", "healthy_panic_threshold": {"value": 40}},
+            "dns_refresh_rate": "7s", "metadata": {"filter_metadata": {"x": {"a": 1}}},
+            "outlier_detection": {"interval": "3.25s", "consecutive_5xx": 4},
+            "load_assignment": {"cluster_name": "a", "endpoints": [{"lb_endpoints": []}]}});
+        for src in [
+            json!({"connect_timeout": "2s"}),
+            json!({"connect_timeout": "0.25s", "name": "b"}),
+            json!({"common_lb_config": {"update_merge_window": "4s"}}),
+            json!({"outlier_detection": {"interval": "1s"}, "dns_refresh_rate": "0s"}),
+            json!({"metadata": {"filter_metadata": {"y": {"b": 2}, "x": {"c": 3}}}}),
+            json!({"load_assignment": {"endpoints": [{"priority": 1}]}, "alt_stat_name": "s"}),
+            json!({"lb_policy": "RING_HASH", "round_robin_lb_config": {}}),
+        ] {
+            let d = from_json(ApplyTo::Cluster, &dst, true).unwrap();
+            let s = from_json(ApplyTo::Cluster, &src, true).unwrap();
+            let mut want: Cluster = from_dynamic(&d).unwrap();
+            merge_into(&mut want, &s).unwrap();
+            let mut got: Cluster = from_dynamic(&d).unwrap();
+            got.merge(merge_bytes(&s).as_slice()).unwrap();
+            assert_eq!(got, want, "{src}");
+        }
+    }
 
     #[test]
     fn durations_are_replaced_and_lists_appended() {

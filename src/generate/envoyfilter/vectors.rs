@@ -23,19 +23,15 @@ use crate::push::config_index::Config;
 pub const KNOWN_GAPS: &[(&str, &str)] = &[
     (
         "Test_clusterMatch/waypoint not match port",
-        "the `waypoint` object match of an EnvoyFilter (port, filter names) is not read: meshfed serves no waypoints",
-    ),
-    (
-        "TestApplyListenerPatches/sidecar inbound virtual",
-        "meshfed applies listener ADD patches once per LDS answer, both directions together, so patching the inbound listener alone also adds the SIDECAR_OUTBOUND listener `new-outbound-listener1`; Istio patches each direction's listeners on their own",
+        "meshfed's EnvoyFilter proto has no `match.waypoint` object (WaypointMatch: port, filter) and the WAYPOINT context matches no proxy: meshfed serves no waypoints, so the port is not compared",
     ),
     (
         "TestApplyListenerPatches/waypoint match Service",
-        "EnvoyFilters with targetRefs select no proxy: meshfed serves no waypoints",
+        "a `kind: Service` targetRef attaches only to a waypoint proxy serving that Service (Istio's IsWaypoint and the waypoint's services); meshfed serves no waypoints, so it selects no proxy (reported in /debug/configz envoyFilters[].notApplied and by meshfed validate)",
     ),
     (
         "TestApplyListenerPatches/waypoint match ServiceEntry",
-        "EnvoyFilters with targetRefs select no proxy: meshfed serves no waypoints",
+        "a `kind: ServiceEntry` targetRef attaches only to a waypoint proxy serving that ServiceEntry; meshfed serves no waypoints, so it selects no proxy (reported in /debug/configz envoyFilters[].notApplied and by meshfed validate)",
     ),
     (
         "Test_routeConfigurationMatch/http target port match",

@@ -5,7 +5,7 @@
 //! istiod orders them), and the two waypoint cases. The listeners go through the
 //! engine's LDS path ([`super::listener::apply`]: a router gets the gateway context, a
 //! sidecar the inbound one on `virtualInbound` and the outbound one elsewhere; `ADD`ed
-//! listeners only when the whole list is asked for, Istio's `skipAdds` otherwise).
+//! listeners of the contexts Istio's call adds for, none for its `skipAdds`).
 //!
 //! Where Istio's data would not pass Envoy's proto validation, the port completes it
 //! the same way in inputs, patch values and outputs: socket addresses get the address
@@ -18,11 +18,16 @@ use envoy_types::pb::envoy::config::listener::v3::Listener;
 use prost::Message;
 use serde_json::{Value, json};
 
+use meshfed_api::networking::v1alpha3::envoy_filter::PatchContext;
+
 use super::vectors_support::{ef, msg, proxy, render, valid};
 use super::{listener, patches_for};
 use crate::xds::{EncodedResource, TypeUrl};
 
 const FILE: &str = "listener_patch_test.go";
+/// Istio's calls of `ApplyListenerPatches` with adds: per direction for sidecars.
+const OUTBOUND: PatchContext = PatchContext::SidecarOutbound;
+const INBOUND: PatchContext = PatchContext::SidecarInbound;
 const HCM: &str = "envoy.filters.network.http_connection_manager";
 const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const REDIS: &str = "envoy.filters.network.redis_proxy";
@@ -768,10 +773,10 @@ fn run(
     target_refs: bool,
     input: Vec<Value>,
     want: Vec<Value>,
-    skip_adds: bool,
+    adds: &[PatchContext],
 ) -> Result<(), String> {
     catch_unwind(AssertUnwindSafe(|| {
-        run_unchecked(kind, patches, target_refs, input, want, skip_adds)
+        run_unchecked(kind, patches, target_refs, input, want, adds)
     }))
     .unwrap_or_else(|e| {
         Err(e
@@ -787,7 +792,7 @@ fn run_unchecked(
     target_refs: bool,
     input: Vec<Value>,
     want: Vec<Value>,
-    skip_adds: bool,
+    adds: &[PatchContext],
 ) -> Result<(), String> {
     let efs: Vec<_> = patches
         .into_iter()
@@ -817,7 +822,7 @@ fn run_unchecked(
         let Some(patches) = patches_for(&efs, "istio-config", &p) else {
             return Vec::new();
         };
-        listener::apply(&patches, resources, &p, !skip_adds)
+        listener::apply(&patches, resources, &p, adds)
     }))
     .map_err(|e| {
         e.downcast_ref::<String>()
@@ -855,25 +860,32 @@ pub(super) fn all() -> Vec<(&'static str, String, Result<(), String>)> {
     out.push((
         FILE,
         case("gateway lds"),
-        run("router", config_patches(), false, i, o, false),
+        run(
+            "router",
+            config_patches(),
+            false,
+            i,
+            o,
+            &[PatchContext::Gateway],
+        ),
     ));
     let (i, o) = sidecar_outbound();
     out.push((
         FILE,
         case("sidecar outbound lds"),
-        run("sidecar", config_patches(), false, i, o, false),
+        run("sidecar", config_patches(), false, i, o, &[OUTBOUND]),
     ));
     let (i, o) = sidecar_outbound_no_add();
     out.push((
         FILE,
         case("sidecar outbound lds - skip adds"),
-        run("sidecar", config_patches(), false, i, o, true),
+        run("sidecar", config_patches(), false, i, o, &[]),
     ));
     let (i, o) = sidecar_inbound_virtual();
     out.push((
         FILE,
         case("sidecar inbound virtual"),
-        run("sidecar", config_patches(), false, i, o, false),
+        run("sidecar", config_patches(), false, i, o, &[INBOUND]),
     ));
     for (name, host) in [
         (
@@ -891,7 +903,7 @@ pub(super) fn all() -> Vec<(&'static str, String, Result<(), String>)> {
                 true,
                 vec![waypoint_listener(host, false)],
                 vec![waypoint_listener(host, true)],
-                false,
+                &[OUTBOUND, INBOUND],
             ),
         ));
     }

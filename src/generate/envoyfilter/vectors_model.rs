@@ -174,3 +174,82 @@ fn proxy_metadata_must_all_match() {
     assert!(!has(json!({"A": "1"})));
     assert!(!has(json!({"A": "1", "B": "3"})));
 }
+
+#[test]
+fn target_refs_select_the_named_gateway_api_gateway_of_the_same_namespace() {
+    let gw_ref = |name: &str| json!({"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name}]});
+    let efs = vec![
+        ef("gw", "to-g1", 0, gw_ref("g1")),
+        ef("gw", "to-g2", 0, gw_ref("g2")),
+        ef("istio-config", "root-to-g1", 0, gw_ref("g1")),
+        ef(
+            "gw",
+            "other-ns-ref",
+            0,
+            json!({"targetRefs": [{"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "g1", "namespace": "x"}]}),
+        ),
+        ef(
+            "gw",
+            "waypoint",
+            0,
+            json!({"targetRefs": [{"kind": "Service", "name": "g1"}]}),
+        ),
+        ef(
+            "gw",
+            "selector",
+            0,
+            json!({"workloadSelector": {"labels": {"app": "g"}}}),
+        ),
+    ];
+    let label = "gateway.networking.k8s.io/gateway-name";
+    let g1 = proxy("router", "gw", json!({"LABELS": {label: "g1", "app": "g"}}));
+    // Istio: a root-namespace targetRef does not attach to another namespace's
+    // gateway; selectors still apply to Gateway API gateways.
+    assert_eq!(names(&efs, &g1), ["gw/selector", "gw/to-g1"]);
+    // A classic gateway or sidecar without the label: no targetRef applies.
+    let classic = proxy("router", "gw", json!({"LABELS": {"app": "g"}}));
+    assert_eq!(names(&efs, &classic), ["gw/selector"]);
+    let other = proxy("router", "other", json!({"LABELS": {label: "g1"}}));
+    assert!(names(&efs, &other).is_empty());
+    // The waypoint and cross-namespace targets are reported.
+    let unserved = |e: &crate::push::config_index::Config<
+        meshfed_api::networking::v1alpha3::EnvoyFilter,
+    >| { super::unserved_target_refs(&e.spec, &e.namespace) };
+    assert!(unserved(&efs[0]).is_empty());
+    assert!(
+        unserved(&efs[3])[0].contains("namespace \"x\""),
+        "{:?}",
+        unserved(&efs[3])
+    );
+    assert!(
+        unserved(&efs[4])[0].contains("waypoints"),
+        "{:?}",
+        unserved(&efs[4])
+    );
+}
+
+#[test]
+fn listener_adds_run_per_direction_for_sidecars_and_any_adds_once() {
+    let add = |ctx: &str, name: &str| {
+        json!({"applyTo": "LISTENER", "match": {"context": ctx},
+            "patch": {"operation": "ADD", "value": {"name": name,
+                "address": {"socket_address": {"address": "0.0.0.0", "port_value": 9000}}}}})
+    };
+    let e = ef(
+        "ns",
+        "adds",
+        0,
+        json!({"configPatches": [add("SIDECAR_INBOUND", "in"), add("SIDECAR_OUTBOUND", "out"),
+            add("ANY", "any"), add("GATEWAY", "gw")]}),
+    );
+    let added = |kind: &str| {
+        let p = proxy(kind, "ns", json!({}));
+        let patches = patches_for(std::slice::from_ref(&e), "istio-config", &p).unwrap();
+        super::listener::apply(&patches, Vec::new(), &p, super::listener::add_contexts(&p))
+            .iter()
+            .map(|r| r.name.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(added("sidecar"), ["out", "any", "in"]);
+    assert_eq!(added("router"), ["any", "gw"]);
+}

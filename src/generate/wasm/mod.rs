@@ -18,6 +18,7 @@
 pub mod ecds;
 pub mod extension_patch;
 pub mod filters;
+pub mod pull;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -222,11 +223,36 @@ pub fn apply_to_listeners(
 
 /// ECDS for `proxy`: the extension configs of the WasmPlugins selecting it that it
 /// subscribed to, in Istio's order. Names it asks for that no plugin of it has are
-/// left out (Istio sends nothing for them, and never removals).
+/// left out (Istio sends nothing for them, and never removals). No pull Secret is
+/// sent (see [`ecds_for_connection`]).
 pub fn ecds_resources(
     snapshot: &Snapshot,
     proxy: &crate::model::Proxy,
     sub: crate::generate::Subscription<'_>,
+) -> Vec<crate::xds::Resource> {
+    ecds_with_secrets(snapshot, proxy, sub, None, "")
+}
+
+/// [`ecds_resources`] for connection `connection` of `proxy` (not yet resolved by
+/// [`Snapshot::proxy_view`]), with the image pull Secrets SDS lets it read
+/// ([`pull`]).
+pub fn ecds_for_connection(
+    snapshot: &Snapshot,
+    proxy: &crate::model::Proxy,
+    sub: crate::generate::Subscription<'_>,
+    sds: Option<&dyn pull::PullSecretReader>,
+    connection: &str,
+) -> Vec<crate::xds::Resource> {
+    let proxy = snapshot.proxy_view(proxy);
+    ecds_with_secrets(snapshot, &proxy, sub, sds, connection)
+}
+
+fn ecds_with_secrets(
+    snapshot: &Snapshot,
+    proxy: &crate::model::Proxy,
+    sub: crate::generate::Subscription<'_>,
+    sds: Option<&dyn pull::PullSecretReader>,
+    connection: &str,
 ) -> Vec<crate::xds::Resource> {
     let all = all_plugins(snapshot);
     let plugins = for_proxy(
@@ -236,7 +262,7 @@ pub fn ecds_resources(
         &proxy.labels,
     );
     let names: Vec<String> = sub.names.iter().cloned().collect();
-    let secrets = ecds::PullSecrets::new();
+    let secrets = pull::secrets_for(sds, connection, &plugins, proxy, &names);
     // EnvoyFilter ADD patches first, then the plugins, as istiod.
     let mut configs = extension_patch::inserted_extension_configs(
         crate::generate::envoyfilter::select(snapshot, proxy).as_ref(),

@@ -499,3 +499,113 @@ fn plugin_config_carries_istios_environment_and_failure_policy() {
     ));
     let _ = ext::PluginPhase::Authn;
 }
+
+fn secret_env(plugin: &Plugin, secrets: &PullSecrets) -> Option<String> {
+    let config = super::ecds::plugin_config(plugin, secrets);
+    let Some(plugin_config::Vm::VmConfig(vm)) = config.vm else {
+        panic!("no VM config");
+    };
+    vm.environment_variables?
+        .key_values
+        .get(super::ecds::SECRET_ENV)
+        .cloned()
+}
+
+#[tokio::test]
+async fn pull_secrets_are_withheld_without_an_authorized_identity_and_counted_by_plugin() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = crate::sds::SdsMetrics::new(&mut registry);
+    let (sink, _rx) = meshfed_registry::UpdateSink::new(Arc::default());
+    let (_trigger, shutdown) = crate::drain::channel();
+    let sds = crate::sds::Sds::new("c1".into(), None, None, sink, shutdown, metrics);
+    let p = plugin("shop", "auth", "url: oci://x/y\nimagePullSecret: pull\n");
+    let root = plugin(
+        "istio-system",
+        "mesh",
+        "url: oci://x/y\nimagePullSecret: pull\n",
+    );
+    let plugins = vec![p.clone(), root.clone()];
+    let names = vec![p.resource_name(), root.resource_name()];
+    let node = crate::testing::node_with(
+        "sidecar~10.0.0.1~a-1.shop~shop.svc.cluster.local",
+        serde_json::json!({}),
+    );
+    let mut proxy = crate::model::Proxy::from_node(Some(&node)).unwrap();
+    // No verified identity (the plaintext port): nothing, for either plugin.
+    let secrets = pull::secrets_for(
+        Some(&sds as &dyn pull::PullSecretReader),
+        "conn-1",
+        &plugins,
+        &proxy,
+        &names,
+    );
+    assert!(secrets.is_empty());
+    assert_eq!(secret_env(&p, &secrets).as_deref(), Some(""));
+    // Verified, but the root namespace's Secret is another namespace's (no API server
+    // to review the access) and the own one does not exist.
+    proxy.verified_identity = Some("spiffe://cluster.local/ns/shop/sa/default".into());
+    let secrets = pull::secrets_for(
+        Some(&sds as &dyn pull::PullSecretReader),
+        "conn-1",
+        &plugins,
+        &proxy,
+        &names,
+    );
+    assert!(secrets.is_empty());
+    let why = sds
+        .pull_secret(
+            "conn-1",
+            "istio-system/mesh",
+            &proxy,
+            "istio-system",
+            "pull",
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            why,
+            crate::sds::PullSecretError::Refused(crate::sds::Refusal::OtherNamespace { .. })
+        ),
+        "{why}"
+    );
+    let why = sds
+        .pull_secret("conn-1", "shop/auth", &proxy, "shop", "pull")
+        .unwrap_err();
+    assert!(
+        matches!(why, crate::sds::PullSecretError::NotFound { .. }),
+        "{why}"
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for plugin in ["shop/auth", "istio-system/mesh"] {
+        assert!(
+            text.contains(&format!(
+                "meshfed_wasm_pull_secrets_withheld_total{{plugin=\"{plugin}\"}}"
+            )),
+            "{text}"
+        );
+    }
+    // A plugin the proxy does not watch is not looked at.
+    let secrets = pull::secrets_for(
+        Some(&sds as &dyn pull::PullSecretReader),
+        "conn-1",
+        &plugins,
+        &proxy,
+        &names[..0],
+    );
+    assert!(secrets.is_empty());
+}
+
+#[test]
+fn a_sent_pull_secret_is_the_dockerconfigjson_content() {
+    let p = plugin(
+        "shop",
+        "auth",
+        "url: oci://x/y\nimagePullSecret: kubernetes://other/pull\n",
+    );
+    // The namespace is always the plugin's.
+    let name = super::ecds::pull_secret_name(&p).unwrap();
+    assert_eq!(name, "kubernetes://shop/pull");
+    let secrets: PullSecrets = [(name, Arc::from("{\"auths\":{}}"))].into();
+    assert_eq!(secret_env(&p, &secrets).as_deref(), Some("{\"auths\":{}}"));
+}

@@ -91,24 +91,39 @@ pub fn validate_envoy_filter(ef: &net::EnvoyFilter) -> Validation {
             );
         }
     }
-    if !ef.target_refs.is_empty() {
-        f.warn(
-            &spec.field("targetRefs"),
-            "an EnvoyFilter with targetRefs applies to no sidecar or gateway (as istiod)",
-        );
+    // As istiod, targetRefs attach to Gateway API gateways of the EnvoyFilter's
+    // namespace; the waypoint targets attach to proxies meshfed does not serve.
+    for (i, r) in ef.target_refs.iter().enumerate() {
+        let at = spec.field("targetRefs").index(i);
+        let gateway = r.group == "gateway.networking.k8s.io" && r.kind == "Gateway";
+        if gateway && !r.namespace.is_empty() {
+            f.warn(
+                &at.field("namespace"),
+                "a targetRef to another namespace matches nothing; only the EnvoyFilter's own namespace is matched",
+            );
+        } else if matches!(r.kind.as_str(), "Service" | "ServiceEntry" | "GatewayClass") {
+            f.warn(
+                &at,
+                format!(
+                    "{} {:?} attaches the EnvoyFilter to waypoints, which meshfed does not serve: not applied",
+                    r.kind, r.name
+                ),
+            );
+        } else if !gateway {
+            f.warn(
+                &at,
+                format!("{}/{} selects no proxy: not applied", r.group, r.kind),
+            );
+        }
     }
     for (i, cp) in ef.config_patches.iter().enumerate() {
-        patch(&mut f, &spec.field("configPatches").index(i), ef, cp);
+        patch(&mut f, &spec.field("configPatches").index(i), cp);
     }
+    analyzer(&mut f, &spec, ef);
     f.finish()
 }
 
-fn patch(
-    f: &mut Findings,
-    at: &FieldPath,
-    ef: &net::EnvoyFilter,
-    cp: &net::envoy_filter::EnvoyConfigObjectPatch,
-) {
+fn patch(f: &mut Findings, at: &FieldPath, cp: &net::envoy_filter::EnvoyConfigObjectPatch) {
     let apply_to = ApplyTo::try_from(cp.apply_to).unwrap_or(ApplyTo::Invalid);
     if apply_to == ApplyTo::Invalid {
         f.error(&at.field("applyTo"), "Envoy filter: missing applyTo");
@@ -248,7 +263,6 @@ fn patch(
             Err(e) => f.error(&vat, e.to_string()),
         }
     }
-    analyzer(f, at, ef, apply_to, op, !proxy_version.is_empty());
 }
 
 fn deprecated_name(f: &mut Findings, at: &FieldPath, name: &str) {
@@ -263,81 +277,108 @@ fn deprecated_name(f: &mut Findings, at: &FieldPath, name: &str) {
     }
 }
 
-/// The analyzer's warnings (Istio's `envoyfilter` analyzer): relative operations
-/// without a priority, operations that the apply-to ignores.
-fn analyzer(
-    f: &mut Findings,
-    at: &FieldPath,
-    ef: &net::EnvoyFilter,
-    apply_to: ApplyTo,
-    op: Operation,
-    proxy_version: bool,
-) {
-    let op_at = at.field("patch").field("operation");
-    let relative = matches!(
-        op,
-        Operation::InsertBefore | Operation::InsertAfter | Operation::Replace
-    );
-    if ef.priority == 0 && relative {
-        if proxy_version {
-            f.warn(
-                &op_at,
-                "IST0155: This EnvoyFilter does not have a priority and has a relative patch \
-                 operation (INSERT_BEFORE/AFTER, REPLACE, MERGE, DELETE) and proxyVersion set \
-                 which can cause the EnvoyFilter not to be applied during an upgrade. Using the \
-                 INSERT_FIRST or ADD option or setting the priority may help in ensuring the \
-                 EnvoyFilter is applied correctly.",
-            );
-        } else {
-            f.warn(
-                &op_at,
-                "IST0151: This EnvoyFilter does not have a priority and has a relative patch \
-                 operation set which can cause the EnvoyFilter not to be applied. Using the \
-                 INSERT_FIRST or ADD option or setting the priority may help in ensuring the \
-                 EnvoyFilter is applied correctly.",
-            );
+const IST0151: &str = "IST0151: This EnvoyFilter does not have a priority and has a relative patch \
+     operation set which can cause the EnvoyFilter not to be applied. Using the \
+     INSERT_FIRST or ADD option or setting the priority may help in ensuring the \
+     EnvoyFilter is applied correctly.";
+const IST0155: &str = "IST0155: This EnvoyFilter does not have a priority and has a relative patch \
+     operation (INSERT_BEFORE/AFTER, REPLACE, MERGE, DELETE) and proxyVersion set \
+     which can cause the EnvoyFilter not to be applied during an upgrade. Using the \
+     INSERT_FIRST or ADD option or setting the priority may help in ensuring the \
+     EnvoyFilter is applied correctly.";
+
+/// The warnings of Istio's `envoyfilter.EnvoyPatchAnalyzer`, patch by patch: `ADD` on
+/// `ROUTE_CONFIGURATION`/`HTTP_ROUTE` (IST0153); `REMOVE` there (IST0154); `REPLACE` where
+/// it does nothing (IST0152); otherwise, for the relative operations (`MERGE`, `REMOVE`,
+/// `REPLACE`, `INSERT_BEFORE`, `INSERT_AFTER`) without a `priority`, IST0151, or IST0155
+/// when an earlier patch with a `proxyVersion` match names the same filter (the value's
+/// `name`, else the matched filter's). Istio relates patches across every EnvoyFilter
+/// it analyzes; a validation sees one object, so only its own earlier patches count.
+fn analyzer(f: &mut Findings, spec: &FieldPath, ef: &net::EnvoyFilter) {
+    // (from the value, name) of the patches with a proxyVersion so far.
+    let mut versioned: Vec<(bool, String)> = Vec::new();
+    for (i, cp) in ef.config_patches.iter().enumerate() {
+        let Some(p) = &cp.patch else { break };
+        let at = spec.field("configPatches").index(i);
+        let op_at = at.field("patch").field("operation");
+        let apply_to = ApplyTo::try_from(cp.apply_to).unwrap_or(ApplyTo::Invalid);
+        let op = Operation::try_from(p.operation).unwrap_or(Operation::Invalid);
+        let m = cp.r#match.as_ref();
+        let value_name = p
+            .value
+            .as_ref()
+            .and_then(|v| v.fields.get("name"))
+            .and_then(|v| serde_json::to_value(v).ok())
+            .map(|v| v.as_str().map_or_else(|| v.to_string(), str::to_string));
+        let name = match (&p.value, value_name) {
+            (_, Some(n)) => (true, n),
+            (Some(v), None) if !v.fields.is_empty() => (
+                false,
+                m.and_then(|m| match &m.object_types {
+                    Some(ObjectTypes::Listener(l)) => l.filter_chain.as_ref(),
+                    _ => None,
+                })
+                .and_then(|c| c.filter.as_ref())
+                .map(|f| f.name.clone())
+                .unwrap_or_default(),
+            ),
+            _ => (false, String::new()),
+        };
+        let route_class = matches!(apply_to, ApplyTo::RouteConfiguration | ApplyTo::HttpRoute);
+        let relative = match op {
+            Operation::Add => {
+                if route_class {
+                    f.warn(
+                        &op_at,
+                        "IST0153: The ADD operation will be ignored when applyTo is set to \
+                         ROUTE_CONFIGURATION, or HTTP_ROUTE.",
+                    );
+                }
+                false
+            }
+            Operation::Remove if route_class => {
+                f.warn(
+                    &op_at,
+                    "IST0154: The REMOVE operation will be ignored when applyTo is set to \
+                     ROUTE_CONFIGURATION, or HTTP_ROUTE.",
+                );
+                false
+            }
+            Operation::Replace
+                if !matches!(
+                    apply_to,
+                    ApplyTo::HttpFilter
+                        | ApplyTo::NetworkFilter
+                        | ApplyTo::ListenerFilter
+                        | ApplyTo::VirtualHost
+                        | ApplyTo::ExtensionConfig
+                ) =>
+            {
+                f.warn(
+                    &op_at,
+                    "IST0152: The REPLACE operation is only valid for HTTP_FILTER and NETWORK_FILTER.",
+                );
+                false
+            }
+            Operation::Remove
+            | Operation::Replace
+            | Operation::InsertBefore
+            | Operation::InsertAfter
+            | Operation::Merge => true,
+            _ => false,
+        };
+        if relative && ef.priority == 0 {
+            if versioned.contains(&name) {
+                f.warn(&op_at, IST0155);
+            } else {
+                f.warn(&op_at, IST0151);
+            }
         }
-    } else if ef.priority == 0
-        && proxy_version
-        && matches!(op, Operation::Merge | Operation::Remove)
-    {
-        f.warn(
-            &op_at,
-            "IST0155: This EnvoyFilter does not have a priority and has a relative patch \
-             operation (INSERT_BEFORE/AFTER, REPLACE, MERGE, DELETE) and proxyVersion set \
-             which can cause the EnvoyFilter not to be applied during an upgrade. Using the \
-             INSERT_FIRST or ADD option or setting the priority may help in ensuring the \
-             EnvoyFilter is applied correctly.",
-        );
-    }
-    let route_class = matches!(apply_to, ApplyTo::RouteConfiguration | ApplyTo::HttpRoute);
-    match op {
-        Operation::Replace
-            if !matches!(
-                apply_to,
-                ApplyTo::HttpFilter
-                    | ApplyTo::NetworkFilter
-                    | ApplyTo::ListenerFilter
-                    | ApplyTo::VirtualHost
-                    | ApplyTo::ExtensionConfig
-            ) =>
+        if m.and_then(|m| m.proxy.as_ref())
+            .is_some_and(|p| !p.proxy_version.is_empty())
         {
-            f.warn(
-                &op_at,
-                "IST0152: The REPLACE operation is only valid for HTTP_FILTER and NETWORK_FILTER.",
-            );
+            versioned.push(name);
         }
-        Operation::Add if route_class => f.warn(
-            &op_at,
-            "IST0153: The ADD operation will be ignored when applyTo is set to \
-             ROUTE_CONFIGURATION, or HTTP_ROUTE.",
-        ),
-        Operation::Remove if route_class && apply_to == ApplyTo::RouteConfiguration => f.warn(
-            &op_at,
-            "IST0154: The REMOVE operation will be ignored when applyTo is set to \
-             ROUTE_CONFIGURATION, or HTTP_ROUTE.",
-        ),
-        _ => {}
     }
 }
 
@@ -478,6 +519,25 @@ mod tests {
             "spec.targetRefs",
             "only one of targetRefs or workloadSelector",
         );
+        // A Gateway API Gateway is served; waypoint targets are reported.
+        let w = assert_ok(&check(
+            "targetRefs: [{group: gateway.networking.k8s.io, kind: Gateway, name: g}]\nconfigPatches: []",
+        ));
+        assert!(
+            !w.iter()
+                .any(|w| w.field.to_string().starts_with("spec.targetRefs")),
+            "{w:?}"
+        );
+        for kind in [
+            "{kind: Service, name: s}",
+            "{group: gateway.networking.k8s.io, kind: GatewayClass, name: istio-waypoint}",
+        ] {
+            assert_warning(
+                &check(&format!("targetRefs: [{kind}]\nconfigPatches: []")),
+                "spec.targetRefs[0]",
+                "waypoints, which meshfed does not serve",
+            );
+        }
     }
 
     #[test]
@@ -493,12 +553,39 @@ mod tests {
             "priority: 10\nconfigPatches: [{applyTo: HTTP_FILTER, patch: {operation: INSERT_BEFORE, value: {name: a}}}]",
         ));
         assert!(!w.iter().any(|w| w.message.contains("IST0151")), "{w:?}");
+        // As Istio's analyzer: IST0155 when an earlier patch with a proxyVersion names
+        // the same filter; a MERGE alone is relative (IST0151).
+        let versioned = check(
+            "configPatches: [{applyTo: HTTP_FILTER, match: {proxy: {proxyVersion: '^1\\.2.*'}}, patch: {operation: INSERT_BEFORE, value: {name: lua}}},
+              {applyTo: HTTP_FILTER, patch: {operation: INSERT_AFTER, value: {name: lua}}},
+              {applyTo: HTTP_FILTER, patch: {operation: INSERT_AFTER, value: {name: other}}}]",
+        );
+        assert_warning(
+            &versioned,
+            "spec.configPatches[0].patch.operation",
+            "IST0151",
+        );
+        assert_warning(
+            &versioned,
+            "spec.configPatches[1].patch.operation",
+            "IST0155",
+        );
+        assert_warning(
+            &versioned,
+            "spec.configPatches[2].patch.operation",
+            "IST0151",
+        );
         assert_warning(
             &check(
                 "configPatches: [{applyTo: CLUSTER, match: {proxy: {proxyVersion: '^1\\.2.*'}}, patch: {operation: MERGE, value: {}}}]",
             ),
             "spec.configPatches[0].patch.operation",
-            "IST0155",
+            "IST0151",
+        );
+        assert_warning(
+            &check("configPatches: [{applyTo: HTTP_ROUTE, patch: {operation: REMOVE}}]"),
+            "spec.configPatches[0].patch.operation",
+            "IST0154",
         );
         assert_warning(
             &check("configPatches: [{applyTo: CLUSTER, patch: {operation: REPLACE, value: {}}}]"),
