@@ -48,7 +48,7 @@ fn ends_after(resource: &Resource) -> bool {
     let address = Arc::as_ptr(resource) as usize as u64;
     // The low bits of an allocation's address are alignment; mix all of them.
     let mixed = (address >> 4).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    (mixed >> 58) as usize % BOUNDARY_ODDS == 0
+    mixed < u64::MAX / BOUNDARY_ODDS as u64
 }
 
 /// The end (exclusive) of the segment starting at `start`, or `None` when the

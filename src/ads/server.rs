@@ -332,7 +332,7 @@ async fn admit<F: FlavourIo>(
     }
     if proxy.generator == Generator::Event {
         // istioctl: answered, never registered as a proxy, never pushed.
-        return Admitted::Debug(proxy, caller.is_some(), first);
+        return Admitted::Debug(Box::new(proxy), caller.is_some(), first);
     }
     let handle = ctx.connections.register(proxy, F::FLAVOUR, peer, transport);
     if let Some(hooks) = &ctx.workloads
@@ -358,7 +358,7 @@ enum Admitted<F: FlavourIo> {
     /// A proxy, registered; its first request is still to be processed.
     Proxy(Arc<ConnectionHandle>, Box<F::Req>),
     /// istioctl's debug stream.
-    Debug(Proxy, bool, Box<F::Req>),
+    Debug(Box<Proxy>, bool, Box<F::Req>),
     /// Refused (the peer was told why) or gone.
     No,
 }
@@ -387,7 +387,7 @@ async fn run_stream<F: FlavourIo>(
         Admitted::Proxy(handle, first) => (handle, first),
         Admitted::Debug(proxy, secure, first) => {
             Box::pin(serve_debug::<F>(
-                &ctx, proxy, secure, inbound, tx, first, peer,
+                &ctx, *proxy, secure, inbound, tx, first, peer,
             ))
             .await;
             return;
