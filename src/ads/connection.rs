@@ -104,14 +104,14 @@ fn diff_digest(
 }
 
 /// Hashes `resources` by identity (their addresses), in order.
-fn hash_identities(h: &mut impl Hasher, resources: &[Resource]) {
+pub(super) fn hash_identities(h: &mut impl Hasher, resources: &[Resource]) {
     for r in resources {
         h.write_usize(Arc::as_ptr(r) as usize);
     }
 }
 
 /// Whether `a` and `b` are the very same resources, in order.
-fn same_resources(a: &[Resource], b: &[Resource]) -> bool {
+pub(super) fn same_resources(a: &[Resource], b: &[Resource]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
 }
 

@@ -1140,6 +1140,18 @@ mod tests {
         assert_eq!(control.held(), 0, "a finished stream gives its bytes back");
     }
 
+    /// The body of a stream whose task queued `response` and ended.
+    fn queued_body(
+        response: SotwResponse,
+        control: &Arc<ConnControl>,
+    ) -> ResponseBody<SotwResponse> {
+        let (tx, rx) = outbox::channel(1);
+        tx.try_reserve()
+            .unwrap()
+            .send(Outbound::Message(Box::new(response)));
+        ResponseBody::new(rx, Some(control.clone()))
+    }
+
     #[test]
     fn a_body_frames_no_further_than_http2_frees() {
         use super::super::transport::SEND_BUDGET;
@@ -1151,12 +1163,7 @@ mod tests {
             ..Default::default()
         };
         let expected = framed(&response);
-        let (tx, rx) = outbox::channel(1);
-        tx.try_reserve()
-            .unwrap()
-            .send(Outbound::Message(Box::new(response)));
-        drop(tx);
-        let mut body = ResponseBody::new(rx, Some(control.clone()));
+        let mut body = queued_body(response, &control);
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let mut got: Vec<u8> = Vec::new();
@@ -1220,12 +1227,7 @@ mod tests {
             ..Default::default()
         };
         let expected = framed(&response);
-        let (tx, rx) = outbox::channel(1);
-        tx.try_reserve()
-            .unwrap()
-            .send(Outbound::Message(Box::new(response)));
-        drop(tx);
-        let mut body = ResponseBody::new(rx, Some(control.clone()));
+        let mut body = queued_body(response, &control);
         let waker = futures::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         let mut held: Vec<Bytes> = Vec::new();

@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
+use super::connection::{hash_identities, same_resources};
 use crate::xds::Resource;
 
 /// Resource bodies at least this long are never part of a segment: each is already
@@ -124,7 +125,7 @@ impl SegmentMemo {
             inner.clock += 1;
             let now = inner.clock;
             if let Some(entry) = inner.entries.get_mut(&digest) {
-                if entry.kind == kind && same(&entry.resources, segment) {
+                if entry.kind == kind && same_resources(&entry.resources, segment) {
                     entry.used = now;
                     return Some(entry.framed.clone());
                 }
@@ -187,14 +188,8 @@ impl Inner {
 fn digest(kind: u8, segment: &[Resource]) -> u64 {
     let mut h = foldhash::fast::FixedState::default().build_hasher();
     h.write_u8(kind);
-    for r in segment {
-        h.write_usize(Arc::as_ptr(r) as usize);
-    }
+    hash_identities(&mut h, segment);
     h.finish()
-}
-
-fn same(a: &[Resource], b: &[Resource]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| Arc::ptr_eq(x, y))
 }
 
 #[cfg(test)]

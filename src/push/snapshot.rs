@@ -88,6 +88,13 @@ impl ServiceIndex {
         first
     }
 
+    /// Whether some namespace defines a service under `hostname`.
+    pub fn has_hostname(&self, hostname: &str) -> bool {
+        self.by_hostname
+            .get(hostname)
+            .is_some_and(|i| !i.is_empty())
+    }
+
     /// The namespaces defining a service under `hostname`, whatever their exportTo
     /// (Istio's `ServiceIndex.HostnameAndNamespace`).
     pub fn namespaces_of(&self, hostname: &str) -> Vec<String> {
@@ -378,7 +385,7 @@ impl Snapshot {
                 && previous
                     .config
                     .gateway_api()
-                    .stale(|h| !services.namespaces_of(h).is_empty()))
+                    .stale(|h| services.has_hostname(h)))
         {
             Arc::new(config(&mesh))
         } else {
