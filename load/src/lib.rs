@@ -83,7 +83,11 @@
 //!   configChanges: 0         # a VirtualService route of svc-0 renamed (needs --configDir)
 //!   reconnectStorm: false    # then every proxy drops its stream and connection at once
 //!                            # and all reconnect at once: time until all have their
-//!                            # config again, failed connections (resets, refused)
+//!                            # config again (every subscription answered on the new
+//!                            # stream), failed connections (resets, refused). As with
+//!                            # Envoy, a Delta proxy keeps what it holds and resumes with
+//!                            # its versions in initial_resource_versions; a SotW proxy
+//!                            # starts over
 //! settleTimeout: 60s         # ramp start -> every proxy complete
 //! changeTimeout: 30s         # a change's write -> every watcher ACKed
 //! seed: 1                    # which services and endpoints change

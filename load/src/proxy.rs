@@ -117,6 +117,8 @@ struct Subscription {
     answered: bool,
     /// Delta: subscribed names the server reported as removed (they do not exist).
     gone: HashSet<Arc<str>>,
+    /// Delta: re-stated on a new stream with what is held, and not answered on it yet.
+    resumed: bool,
 }
 
 impl Subscription {
@@ -232,9 +234,13 @@ impl ProxyState {
         &self.tables[type_url.index()]
     }
 
-    /// Starts (or restarts, on a new stream) the conversation: forgets what it held
-    /// and returns the first requests.
+    /// Starts (or restarts, on a new stream) the conversation and returns the first
+    /// requests. A state-of-the-world proxy forgets what it held (the server sends
+    /// everything again); a Delta proxy keeps it and resumes, as Envoy does.
     pub fn start(&mut self) -> Vec<Outgoing> {
+        if self.flavour == Flavour::Delta && self.subs.iter().any(|s| s.started) {
+            return self.resume();
+        }
         self.tables = std::array::from_fn(|_| self.plan.shared.empty());
         self.subs = Default::default();
         let mut step = Step::default();
@@ -253,6 +259,42 @@ impl ProxyState {
             }
         }
         step.requests
+    }
+
+    /// A Delta proxy's first requests on a new stream, as Envoy makes them: every
+    /// subscription re-stated (CDS, EDS, LDS, RDS in that order) with the versions of
+    /// what it holds in `initial_resource_versions`, so the server sends only what
+    /// changed. Each counts as resolved again once the server answered it.
+    fn resume(&mut self) -> Vec<Outgoing> {
+        let mut requests = Vec::new();
+        for type_url in FOLLOWED {
+            let table = self.tables[type_url.index()].clone();
+            let sub = &mut self.subs[type_url.index()];
+            if !sub.started || (!sub.wildcard && sub.names.is_empty()) {
+                continue;
+            }
+            sub.resumed = true;
+            sub.responses = 0;
+            sub.answered = false;
+            let initial_resource_versions = table
+                .entries()
+                .filter_map(|e| {
+                    let version = e.resource.version.get()?;
+                    Some((e.resource.name.to_string(), version.to_string()))
+                })
+                .collect();
+            let resource_names_subscribe = match sub.wildcard {
+                true => Vec::new(),
+                false => sub.names.names().map(String::from).collect(),
+            };
+            requests.push(Outgoing::Delta(DeltaDiscoveryRequest {
+                type_url: type_url.as_str().into(),
+                resource_names_subscribe,
+                initial_resource_versions,
+                ..Default::default()
+            }));
+        }
+        requests
     }
 
     /// Handles a state-of-the-world response.
@@ -313,6 +355,14 @@ impl ProxyState {
                 return step;
             }
         };
+        let carried = response.resources.iter().filter(|r| r.resource.is_some());
+        for (e, r) in put.iter().zip(carried) {
+            if !r.version.is_empty() {
+                e.resource
+                    .version
+                    .get_or_init(|| Arc::from(r.version.as_str()));
+            }
+        }
         let removed: Vec<Arc<str>> = response
             .removed_resources
             .iter()
@@ -423,7 +473,7 @@ impl ProxyState {
                 (intern(""), Facts::Other)
             }
         };
-        Ok(Resource { name, facts })
+        Ok(Resource::new(name, facts))
     }
 
     fn holds(&self, type_url: TypeUrl, name: &str) -> bool {
@@ -513,6 +563,7 @@ impl ProxyState {
         let sub = &mut self.subs[type_url.index()];
         sub.responses += 1;
         sub.answered = true;
+        sub.resumed = false;
     }
 
     fn note(&mut self, change: u32, step: &mut Step) {
@@ -664,6 +715,12 @@ impl ProxyState {
         let sub = &self.subs[type_url.index()];
         if !sub.started {
             return Some(format!("{} not requested yet", type_url.short()));
+        }
+        if sub.resumed {
+            return Some(format!(
+                "no {} response since the stream resumed",
+                type_url.short()
+            ));
         }
         if sub.wildcard || sub.names.is_empty() {
             return (sub.wildcard && sub.responses == 0)
@@ -1333,6 +1390,115 @@ mod tests {
             assert!(step.observed.is_empty());
             assert!(a.is_complete(false));
         }
+    }
+
+    #[test]
+    fn a_delta_sidecar_resumes_with_what_it_holds_and_converges_on_the_answers() {
+        let plan = plan(Mode::Sidecar);
+        let names: Vec<String> = (0..2)
+            .flat_map(|s| plan.cluster_names(s).iter().map(|n| n.to_string()))
+            .collect();
+        let delta = |t: TypeUrl, resources: Vec<(String, ResourceAny)>| DeltaResponseLite {
+            system_version_info: "v".into(),
+            resources: resources
+                .into_iter()
+                .map(|(name, r)| DeltaResourceLite {
+                    version: format!("ver-{name}"),
+                    resource: Some(r),
+                    name,
+                })
+                .collect(),
+            type_url: t.as_str().into(),
+            nonce: "n".into(),
+            removed_resources: vec![],
+        };
+        let mut p = ProxyState::new(plan.clone(), Flavour::Delta, 0);
+        p.start();
+        p.on_delta(delta(
+            TypeUrl::Cluster,
+            names.iter().map(|n| (n.clone(), cluster(n))).collect(),
+        ));
+        p.on_delta(delta(
+            TypeUrl::Endpoint,
+            names
+                .iter()
+                .map(|n| (n.clone(), assignment(n, &[9080, 9080])))
+                .collect(),
+        ));
+        p.on_delta(delta(
+            TypeUrl::Listener,
+            vec![("0.0.0.0_8080".into(), listener("0.0.0.0_8080", "8080"))],
+        ));
+        p.on_delta(delta(TypeUrl::Route, vec![]));
+        assert!(p.is_complete(true), "{:?}", p.gap(true));
+
+        // A new stream: every subscription re-stated with the versions held.
+        let requests = p.start();
+        let requests: Vec<&DeltaDiscoveryRequest> = requests
+            .iter()
+            .map(|r| match r {
+                Outgoing::Delta(r) => r,
+                Outgoing::Sotw(_) => panic!("a sotw request from a delta proxy"),
+            })
+            .collect();
+        let types: Vec<&str> = requests.iter().map(|r| r.type_url.as_str()).collect();
+        assert_eq!(
+            types,
+            [
+                TypeUrl::Cluster.as_str(),
+                TypeUrl::Endpoint.as_str(),
+                TypeUrl::Listener.as_str(),
+                TypeUrl::Route.as_str()
+            ]
+        );
+        let cds = requests[0];
+        assert!(
+            cds.resource_names_subscribe.is_empty(),
+            "CDS stays wildcard"
+        );
+        assert_eq!(cds.initial_resource_versions.len(), names.len());
+        for n in &names {
+            assert_eq!(cds.initial_resource_versions[n], format!("ver-{n}"));
+        }
+        let eds = requests[1];
+        let subscribed: BTreeSet<&str> = eds
+            .resource_names_subscribe
+            .iter()
+            .map(|n| n.as_str())
+            .collect();
+        let held: BTreeSet<&str> = eds
+            .initial_resource_versions
+            .keys()
+            .map(|n| n.as_str())
+            .collect();
+        assert_eq!(subscribed, held, "EDS re-subscribes what it holds");
+        assert_eq!(requests[3].resource_names_subscribe, ["8080"]);
+        assert!(
+            requests[3].initial_resource_versions.is_empty(),
+            "no route was held"
+        );
+
+        // Held, but not converged until the server answered each subscription.
+        assert_eq!(
+            p.gap(false).as_deref(),
+            Some("no cds response since the stream resumed")
+        );
+        for t in FOLLOWED {
+            assert!(!p.is_complete(false));
+            p.on_delta(delta(t, vec![]));
+        }
+        assert!(p.is_complete(true), "{:?}", p.gap(true));
+
+        // A state-of-the-world proxy starts over.
+        let mut s = ProxyState::new(plan, Flavour::Sotw, 0);
+        s.start();
+        s.on_sotw(sotw(
+            TypeUrl::Cluster,
+            "c",
+            names.iter().map(|n| cluster(n)).collect(),
+        ));
+        s.start();
+        assert!(s.table(TypeUrl::Cluster).is_empty());
     }
 
     #[test]

@@ -49,6 +49,20 @@ pub struct Resource {
     pub name: Arc<str>,
     /// What the checks read of it.
     pub facts: Facts,
+    /// The version a Delta response gave these bytes (the first one seen), which a
+    /// Delta proxy that reconnects names in `initial_resource_versions`.
+    pub version: OnceLock<Arc<str>>,
+}
+
+impl Resource {
+    /// `name` with `facts`, no version known yet.
+    pub fn new(name: Arc<str>, facts: Facts) -> Resource {
+        Resource {
+            name,
+            facts,
+            version: OnceLock::new(),
+        }
+    }
 }
 
 /// One held resource.
@@ -435,10 +449,7 @@ mod tests {
     use super::*;
 
     fn resource(name: &str, endpoints: usize, marker: Option<u32>) -> Resource {
-        Resource {
-            name: Arc::from(name),
-            facts: Facts::Assignment(endpoints, marker),
-        }
+        Resource::new(Arc::from(name), Facts::Assignment(endpoints, marker))
     }
 
     /// Resources as bytes: the name, then the endpoint count and marker.
