@@ -196,6 +196,39 @@ async fn the_envoyfilter_example_is_served() {
     server.shutdown().await;
 }
 
+/// The proxies (`name.namespace` of their node ids) of the first recorded push of
+/// `change` (`Kind/namespace/name`), sorted.
+async fn pushed(server: &FakeServer, change: &str) -> Vec<String> {
+    let pushes = eventually(change, || async {
+        let p: Vec<_> = server
+            .server()
+            .pipeline()
+            .history()
+            .into_iter()
+            .filter(|p| p.changes.iter().any(|c| c == change))
+            .collect();
+        (!p.is_empty()).then_some(p)
+    })
+    .await;
+    let mut ids: Vec<String> = pushes[0]
+        .proxies
+        .iter()
+        .map(|p| p.split('-').next().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Connects a proxy of node id `id` with `labels` and takes its first CDS answer.
+async fn connected(server: &FakeServer, id: &str, labels: Value) -> AdsClient {
+    let mut c = AdsClient::connect(server.grpc_addr(), node_with(id, json!({"LABELS": labels})))
+        .await
+        .unwrap();
+    c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    c.recv_type(TypeUrl::Cluster).await.unwrap();
+    c
+}
+
 /// A change to an EnvoyFilter selecting one workload pushes only the proxies it
 /// selects; one of the root namespace pushes every proxy.
 #[tokio::test]
@@ -211,39 +244,8 @@ async fn an_envoyfilter_change_pushes_only_the_proxies_it_selects() {
         ("sidecar~10.0.0.3~c.bar~bar.svc.cluster.local", "a"),
         ("router~10.0.0.4~gw.bar~bar.svc.cluster.local", "gw"),
     ] {
-        let mut c = AdsClient::connect(
-            server.grpc_addr(),
-            node_with(id, json!({"LABELS": {"app": app}})),
-        )
-        .await
-        .unwrap();
-        c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
-        c.recv_type(TypeUrl::Cluster).await.unwrap();
-        clients.push(c);
+        clients.push(connected(&server, id, json!({"app": app})).await);
     }
-    let pushed = |change: &'static str| {
-        let server = &server;
-        async move {
-            let pushes = eventually(change, || async {
-                let p: Vec<_> = server
-                    .server()
-                    .pipeline()
-                    .history()
-                    .into_iter()
-                    .filter(|p| p.changes.iter().any(|c| c == change))
-                    .collect();
-                (!p.is_empty()).then_some(p)
-            })
-            .await;
-            let mut ids: Vec<String> = pushes[0]
-                .proxies
-                .iter()
-                .map(|p| p.split('-').next().unwrap().to_string())
-                .collect();
-            ids.sort();
-            ids
-        }
-    };
     let ef = |app: Option<&str>, timeout: &str| {
         serde_json::from_value::<EnvoyFilter>(json!({
             "workloadSelector": app.map(|a| json!({"labels": {"app": a}})),
@@ -256,14 +258,113 @@ async fn an_envoyfilter_change_pushes_only_the_proxies_it_selects() {
         .config_store()
         .apply(ConfigObject::new("foo", "only-a", ef(Some("a"), "2s")))
         .expect("valid EnvoyFilter");
-    assert_eq!(pushed("EnvoyFilter/foo/only-a").await, ["a.foo"]);
+    assert_eq!(pushed(&server, "EnvoyFilter/foo/only-a").await, ["a.foo"]);
     server
         .config_store()
         .apply(ConfigObject::new("istio-system", "mesh", ef(None, "4s")))
         .expect("valid EnvoyFilter");
     assert_eq!(
-        pushed("EnvoyFilter/istio-system/mesh").await,
+        pushed(&server, "EnvoyFilter/istio-system/mesh").await,
         ["a.foo", "b.foo", "c.bar", "gw.bar"]
+    );
+    drop(clients);
+    server.shutdown().await;
+}
+
+/// A change to an EnvoyFilter with `targetRefs` pushes only the proxies of the
+/// Gateway API gateways it names in its namespace (before and after the change); one
+/// naming only a waypoint target (a Service) pushes none.
+#[tokio::test]
+async fn an_envoyfilter_change_with_target_refs_pushes_only_the_named_gateways_proxies() {
+    use meshfed_api::networking::v1alpha3::EnvoyFilter;
+    use meshfed_registry::config::ConfigObject;
+    let server = FakeServer::builder().start().await.unwrap();
+    server.sync().await;
+    let label = "gateway.networking.k8s.io/gateway-name";
+    let mut clients = Vec::new();
+    for (id, labels) in [
+        (
+            "router~10.0.0.1~public.gw~gw.svc.cluster.local",
+            json!({label: "public"}),
+        ),
+        (
+            "router~10.0.0.2~private.gw~gw.svc.cluster.local",
+            json!({label: "private"}),
+        ),
+        (
+            "router~10.0.0.3~public.other~other.svc.cluster.local",
+            json!({label: "public"}),
+        ),
+        (
+            "router~10.0.0.4~classic.gw~gw.svc.cluster.local",
+            json!({"istio": "ingressgateway"}),
+        ),
+        (
+            "sidecar~10.0.0.5~app.gw~gw.svc.cluster.local",
+            json!({"app": "public"}),
+        ),
+    ] {
+        clients.push(connected(&server, id, labels).await);
+    }
+    let ef = |targets: Value, timeout: &str| {
+        serde_json::from_value::<EnvoyFilter>(json!({
+            "targetRefs": targets,
+            "configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "MERGE",
+                "value": {"connect_timeout": timeout}}}],
+        }))
+        .unwrap()
+    };
+    let gateway =
+        |name: &str| json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name});
+    let store = server.config_store();
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-public",
+            ef(json!([gateway("public")]), "2s"),
+        ))
+        .expect("valid EnvoyFilter");
+    assert_eq!(
+        pushed(&server, "EnvoyFilter/gw/to-public").await,
+        ["public.gw"]
+    );
+    // Retargeted: the proxies of the old and of the new target.
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-public",
+            ef(json!([gateway("private")]), "2s"),
+        ))
+        .expect("valid EnvoyFilter");
+    let retargeted = eventually("the retargeting push", || async {
+        let p: Vec<_> = server
+            .server()
+            .pipeline()
+            .history()
+            .into_iter()
+            .filter(|p| p.changes.iter().any(|c| c == "EnvoyFilter/gw/to-public"))
+            .collect();
+        (p.len() >= 2).then(|| p[0].clone())
+    })
+    .await;
+    let mut ids: Vec<String> = retargeted
+        .proxies
+        .iter()
+        .map(|p| p.split('-').next().unwrap().to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["private.gw", "public.gw"]);
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-waypoint",
+            ef(json!([{"kind": "Service", "name": "public"}]), "3s"),
+        ))
+        .expect("valid EnvoyFilter");
+    assert!(
+        pushed(&server, "EnvoyFilter/gw/to-waypoint")
+            .await
+            .is_empty()
     );
     drop(clients);
     server.shutdown().await;

@@ -54,6 +54,18 @@ pub fn patch_set(patches: &ProxyPatches, kinds: &[ApplyTo], router: bool) -> u64
     h.finish()
 }
 
+/// A patch set `set` told apart by a router's gateway port map (see
+/// [`super::route::GatewayPortMap`]); an empty map leaves it as it is.
+pub fn with_port_map(set: u64, port_map: &super::route::GatewayPortMap) -> u64 {
+    if port_map.is_empty() {
+        return set;
+    }
+    let mut h = DefaultHasher::new();
+    set.hash(&mut h);
+    port_map.hash(&mut h);
+    h.finish()
+}
+
 /// `resources` patched one by one with `patch` (its result for one resource: `None`
 /// when removed), reusing what the same patch set `set` made of the same resources
 /// before.

@@ -37,6 +37,8 @@ mod vectors_model;
 mod vectors_route;
 #[cfg(test)]
 mod vectors_support;
+#[cfg(test)]
+mod vectors_util;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -295,6 +297,34 @@ pub fn selects(
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
+/// The workload selectors a change to `ef` narrows its push to (see
+/// [`crate::xds::deps::depends_on`], which also keeps it to the EnvoyFilter's namespace
+/// or, from the root namespace, to every namespace): its `workloadSelector` (`None`:
+/// the whole namespace), or for `targetRefs` the [`GATEWAY_NAME_LABEL`] of each
+/// Gateway of its own namespace it names, as [`selects`] decides. Other targets select
+/// no proxy meshfed serves, so they add none.
+pub fn push_selectors(ef: &Config<EnvoyFilter>) -> crate::xds::deps::PolicySelectors {
+    let spec = &ef.spec;
+    if spec.target_refs.is_empty() {
+        return vec![
+            spec.workload_selector
+                .as_ref()
+                .map(|s| s.labels.clone())
+                .filter(|l| !l.is_empty()),
+        ];
+    }
+    spec.target_refs
+        .iter()
+        .filter(|r| is_gateway_ref(r) && (r.namespace.is_empty() || r.namespace == ef.namespace))
+        .map(|r| {
+            Some(BTreeMap::from([(
+                GATEWAY_NAME_LABEL.to_string(),
+                r.name.clone(),
+            )]))
+        })
+        .collect()
+}
+
 /// The label Gateway API gateway deployments carry: the name of their Gateway.
 pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 
@@ -448,8 +478,19 @@ pub fn apply(
             }
             out
         }
-        _ => memo::patched(type_url, set, resources, |r| {
-            Some(route::patch_one(&patches, r, proxy))
-        }),
+        _ => {
+            // A router's route configurations are matched through its port map too
+            // (a `portNumber` naming a Gateway server port matches the route
+            // configuration of its target port), so the map is part of the patch set.
+            let port_map = if proxy.is_router() {
+                super::gateway_port_map(snapshot, proxy)
+            } else {
+                route::GatewayPortMap::new()
+            };
+            let set = memo::with_port_map(set, &port_map);
+            memo::patched(type_url, set, resources, |r| {
+                Some(route::patch_one(&patches, r, proxy, &port_map))
+            })
+        }
     }
 }
