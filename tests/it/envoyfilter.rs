@@ -468,3 +468,56 @@ async fn target_refs_patch_the_named_gateways_proxies_and_waypoint_targets_are_r
     assert!(public.get("notApplied").is_none(), "{public}");
     server.shutdown().await;
 }
+
+/// A gateway route configuration `portNumber` match names the Gateway server's port:
+/// through the router's port map it patches the route configuration of the port the
+/// gateway workload listens on (`http.8080` for a server on port 80 of a gateway
+/// service mapping 80 to target port 8080), as istiod's `GatewayPortMap`; a match on
+/// the target port still holds, another port's does not.
+#[tokio::test]
+async fn a_gateway_route_configuration_port_match_follows_the_service_port_map() {
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    let header_filter = |name: &str, port: u32| {
+        format!(
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata:\n  name: {name}\n  namespace: istio-system\nspec:\n  configPatches:\n  - applyTo: ROUTE_CONFIGURATION\n    match:\n      context: GATEWAY\n      routeConfiguration: {{portNumber: {port}}}\n    patch:\n      operation: MERGE\n      value:\n        response_headers_to_add:\n        - header: {{key: x-{name}, value: \"1\"}}\n---\n"
+        )
+    };
+    let config = "apiVersion: networking.istio.io/v1alpha3\nkind: Gateway\nmetadata:\n  name: gw\n  namespace: istio-system\nspec:\n  selector:\n    istio: ingressgateway\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: [\"example.com\"]\n---\napiVersion: networking.istio.io/v1alpha3\nkind: ServiceEntry\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  hosts: [\"ingress.example.com\"]\n  ports:\n  - {number: 80, targetPort: 8080, name: http, protocol: HTTP}\n  resolution: STATIC\n  location: MESH_INTERNAL\n  endpoints:\n  - address: 1.1.1.1\n    labels: {istio: ingressgateway}\n---\n".to_string()
+        + &header_filter("service-port", 80)
+        + &header_filter("target-port", 8080)
+        + &header_filter("other-port", 81);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("istio.yaml"), config).unwrap();
+    let server = FakeServer::builder()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "router~1.1.1.1~istio-ingressgateway.istio-system~istio-system.svc.cluster.local",
+            json!({"LABELS": {"istio": "ingressgateway"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let routes: Vec<RouteConfiguration> = client.fetch_config().await.unwrap().routes;
+    let rc = routes
+        .iter()
+        .find(|r| r.name == "http.8080")
+        .unwrap_or_else(|| {
+            panic!(
+                "{:?}",
+                routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>()
+            )
+        });
+    let headers: Vec<&str> = rc
+        .response_headers_to_add
+        .iter()
+        .filter_map(|h| h.header.as_ref().map(|h| h.key.as_str()))
+        .collect();
+    assert_eq!(headers, ["x-service-port", "x-target-port"]);
+    server.shutdown().await;
+}
