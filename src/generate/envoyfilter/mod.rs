@@ -482,7 +482,7 @@ pub fn apply(
             // A router's route configurations are matched through its port map too
             // (a `portNumber` naming a Gateway server port matches the route
             // configuration of its target port), so the map is part of the patch set.
-            let port_map = if proxy.is_router() {
+            let port_map = if proxy.is_router() && route::matches_ports(&patches) {
                 super::gateway_port_map(snapshot, proxy)
             } else {
                 route::GatewayPortMap::new()

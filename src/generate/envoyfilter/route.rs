@@ -56,6 +56,19 @@ fn listener_port_from_name(name: &str) -> u32 {
 /// route configuration of the target port too.
 pub type GatewayPortMap = std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>>;
 
+/// Whether some route patch of `patches` matches a `portNumber` (only those read a
+/// router's port map).
+pub fn matches_ports(patches: &ProxyPatches) -> bool {
+    [
+        ApplyTo::RouteConfiguration,
+        ApplyTo::VirtualHost,
+        ApplyTo::HttpRoute,
+    ]
+    .iter()
+    .flat_map(|k| patches.of(*k))
+    .any(|p| rmatch(p).is_some_and(|m| m.port_number != 0))
+}
+
 /// Whether a route configuration of port `number` is one of port `wanted`: the same
 /// port, or a server port `wanted` behind it by `port_map` (Istio's `anyPortMatches`).
 fn any_port_matches(port_map: &GatewayPortMap, number: u32, wanted: u32) -> bool {

@@ -483,3 +483,30 @@ fn listener_adds_run_per_direction_for_sidecars_and_any_adds_once() {
     assert_eq!(added("sidecar"), ["out", "any", "in"]);
     assert_eq!(added("router"), ["any", "gw"]);
 }
+
+#[test]
+fn push_selectors_follow_the_workload_selector_or_the_named_gateways() {
+    use std::collections::BTreeMap;
+    let label = |v: &str| {
+        Some(BTreeMap::from([(
+            super::GATEWAY_NAME_LABEL.to_string(),
+            v.to_string(),
+        )]))
+    };
+    let sel = |spec| super::push_selectors(&ef("gw", "e", 0, spec));
+    assert_eq!(sel(json!({"configPatches": []})), vec![None]);
+    assert_eq!(
+        sel(json!({"workloadSelector": {"labels": {"app": "a"}}})),
+        vec![Some(BTreeMap::from([("app".to_string(), "a".to_string())]))]
+    );
+    let gw = |name: &str, ns: &str| json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name, "namespace": ns});
+    assert_eq!(
+        sel(
+            json!({"targetRefs": [gw("public", ""), gw("private", "gw"), gw("elsewhere", "other"),
+            {"kind": "Service", "name": "public"}]})
+        ),
+        vec![label("public"), label("private")],
+        "gateways of its own namespace only; waypoint targets select none"
+    );
+    assert!(sel(json!({"targetRefs": [{"kind": "Service", "name": "a"}]})).is_empty());
+}
