@@ -298,11 +298,13 @@ pub fn selects(
 }
 
 /// The workload selectors a change to `ef` narrows its push to (see
-/// [`crate::xds::deps::depends_on`], which also keeps it to the EnvoyFilter's namespace
-/// or, from the root namespace, to every namespace): its `workloadSelector` (`None`:
+/// [`crate::xds::deps::depends_on`], which also keeps it to the EnvoyFilter's namespace,
+/// or every namespace for one of the root namespace): its `workloadSelector` (`None`:
 /// the whole namespace), or for `targetRefs` the [`GATEWAY_NAME_LABEL`] of each
 /// Gateway of its own namespace it names, as [`selects`] decides. Other targets select
-/// no proxy meshfed serves, so they add none.
+/// no proxy meshfed serves, so they add none. A root-namespace EnvoyFilter's targets
+/// also reach same-named gateways of other namespaces this way: more proxies than it
+/// patches, never fewer.
 pub fn push_selectors(ef: &Config<EnvoyFilter>) -> crate::xds::deps::PolicySelectors {
     let spec = &ef.spec;
     if spec.target_refs.is_empty() {
