@@ -521,3 +521,53 @@ async fn a_gateway_route_configuration_port_match_follows_the_service_port_map()
     assert_eq!(headers, ["x-service-port", "x-target-port"]);
     server.shutdown().await;
 }
+
+/// A `SIDECAR_INBOUND` cluster patch matching a `service` patches the inbound cluster of
+/// the port a sidecar serves that service on (Istio matches the services of the
+/// inbound cluster's workload, as the cluster name carries none); another service's
+/// match patches nothing there.
+#[tokio::test]
+async fn an_inbound_cluster_service_match_names_the_service_the_sidecar_serves() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    let filter = |name: &str, service: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata:\n  name: {name}\n  namespace: istio-system\nspec:\n  configPatches:\n  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_INBOUND\n      cluster: {{service: {service}}}\n    patch:\n      operation: MERGE\n      value: {{alt_stat_name: {name}}}\n---\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("istio.yaml"),
+        filter("reviews-inbound", "reviews.bookinfo.svc.cluster.local")
+            + &filter("echo-inbound", "echo.default.svc.cluster.local"),
+    )
+    .unwrap();
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+    let reviews = config_of(&server, REVIEWS, json!({"app": "reviews", "version": "v1"})).await;
+    let inbound: Vec<&Cluster> = reviews
+        .clusters
+        .iter()
+        .filter(|c| c.name.starts_with("inbound|19080|"))
+        .collect();
+    assert!(
+        !inbound.is_empty(),
+        "{:?}",
+        reviews.clusters.iter().map(|c| &c.name).collect::<Vec<_>>()
+    );
+    for c in inbound {
+        assert_eq!(c.alt_stat_name, "reviews-inbound", "{}", c.name);
+    }
+    for c in reviews
+        .clusters
+        .iter()
+        .filter(|c| !c.name.starts_with("inbound|"))
+    {
+        assert!(!c.alt_stat_name.ends_with("-inbound"), "{}", c.name);
+    }
+    server.shutdown().await;
+}

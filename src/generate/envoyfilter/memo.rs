@@ -54,15 +54,16 @@ pub fn patch_set(patches: &ProxyPatches, kinds: &[ApplyTo], router: bool) -> u64
     h.finish()
 }
 
-/// A patch set `set` told apart by a router's gateway port map (see
-/// [`super::route::GatewayPortMap`]); an empty map leaves it as it is.
-pub fn with_port_map(set: u64, port_map: &super::route::GatewayPortMap) -> u64 {
-    if port_map.is_empty() {
+/// A patch set `set` told apart by the per-proxy input its patches read besides the
+/// resource (a router's gateway port map, [`super::route::GatewayPortMap`]; a sidecar's
+/// inbound services, [`super::cluster::InboundHosts`]); an empty map leaves it as it is.
+pub fn with_input<K: Hash, V: Hash>(set: u64, input: &std::collections::BTreeMap<K, V>) -> u64 {
+    if input.is_empty() {
         return set;
     }
     let mut h = DefaultHasher::new();
     set.hash(&mut h);
-    port_map.hash(&mut h);
+    input.hash(&mut h);
     h.finish()
 }
 

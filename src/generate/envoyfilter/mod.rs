@@ -460,8 +460,16 @@ pub fn apply(
     match type_url {
         TypeUrl::Cluster => {
             let inbound_seen = resources.iter().any(cluster::is_inbound);
+            // A `service` match of an inbound cluster reads the services the sidecar
+            // serves on its port, so they are part of the patch set.
+            let inbound = if !proxy.is_router() && cluster::matches_services(&patches) {
+                cluster::inbound_hosts(snapshot, proxy)
+            } else {
+                cluster::InboundHosts::new()
+            };
+            let set = memo::with_input(set, &inbound);
             let mut out = memo::patched(type_url, set, resources, |r| {
-                cluster::patch_one(&patches, r, proxy)
+                cluster::patch_one(&patches, r, proxy, &inbound)
             });
             if wildcard {
                 out.extend(cluster::added(&patches, proxy, inbound_seen));
@@ -489,7 +497,7 @@ pub fn apply(
             } else {
                 route::GatewayPortMap::new()
             };
-            let set = memo::with_port_map(set, &port_map);
+            let set = memo::with_input(set, &port_map);
             memo::patched(type_url, set, resources, |r| {
                 Some(route::patch_one(&patches, r, proxy, &port_map))
             })
