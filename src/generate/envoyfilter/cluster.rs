@@ -163,11 +163,13 @@ pub fn inserted(patches: &ProxyPatches, ctx: PatchContext) -> Vec<Cluster> {
 /// for an inbound cluster, whose name carries no service.
 pub type InboundHosts = std::collections::BTreeMap<u32, Vec<String>>;
 
-/// Whether some `CLUSTER` patch of `patches` matches a `service` (only those read a
-/// sidecar's [`InboundHosts`]).
-pub fn matches_services(patches: &ProxyPatches) -> bool {
+/// Whether some `CLUSTER` patch of `patches` that can apply to inbound clusters
+/// (`ANY` or `SIDECAR_INBOUND`) matches a `service`: only those read a sidecar's
+/// [`InboundHosts`].
+pub fn matches_inbound_services(patches: &ProxyPatches) -> bool {
     patches.of(ApplyTo::Cluster).iter().any(|p| {
-        matches!(&p.matcher.object_types, Some(ObjectTypes::Cluster(m)) if !m.service.is_empty())
+        p.context_matches(PatchContext::SidecarInbound)
+            && matches!(&p.matcher.object_types, Some(ObjectTypes::Cluster(m)) if !m.service.is_empty())
     })
 }
 

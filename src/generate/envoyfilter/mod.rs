@@ -461,14 +461,21 @@ pub fn apply(
         TypeUrl::Cluster => {
             let inbound_seen = resources.iter().any(cluster::is_inbound);
             // A `service` match of an inbound cluster reads the services the sidecar
-            // serves on its port, so they are part of the patch set.
-            let inbound = if !proxy.is_router() && cluster::matches_services(&patches) {
+            // serves on its port, so they are part of an inbound cluster's patch set.
+            let inbound = if !proxy.is_router() && cluster::matches_inbound_services(&patches) {
                 cluster::inbound_hosts(snapshot, proxy)
             } else {
                 cluster::InboundHosts::new()
             };
-            let set = memo::with_input(set, &inbound);
-            let mut out = memo::patched(type_url, set, resources, |r| {
+            let inbound_set = memo::with_input(set, &inbound);
+            let set_of = |r: &Resource| {
+                if cluster::is_inbound(r) {
+                    inbound_set
+                } else {
+                    set
+                }
+            };
+            let mut out = memo::patched(type_url, set_of, resources, |r| {
                 cluster::patch_one(&patches, r, proxy, &inbound)
             });
             if wildcard {
@@ -477,9 +484,12 @@ pub fn apply(
             out
         }
         TypeUrl::Listener => {
-            let mut out = memo::patched(type_url, set, resources, |r| {
-                listener::patch_one(&patches, r, proxy)
-            });
+            let mut out = memo::patched(
+                type_url,
+                |_| set,
+                resources,
+                |r| listener::patch_one(&patches, r, proxy),
+            );
             if wildcard {
                 let mut present = out.iter().map(|r| r.name.to_string()).collect();
                 for ctx in listener::add_contexts(proxy) {
@@ -498,9 +508,12 @@ pub fn apply(
                 route::GatewayPortMap::new()
             };
             let set = memo::with_input(set, &port_map);
-            memo::patched(type_url, set, resources, |r| {
-                Some(route::patch_one(&patches, r, proxy, &port_map))
-            })
+            memo::patched(
+                type_url,
+                |_| set,
+                resources,
+                |r| Some(route::patch_one(&patches, r, proxy, &port_map)),
+            )
         }
     }
 }
