@@ -634,6 +634,28 @@ impl CacheInput<Snapshot> for MergedGatewayKey {
     }
 }
 
+/// A router's gateway port map (see [`envoyfilter::route::GatewayPortMap`]): the port
+/// of each gateway route configuration name of its merged Gateways, with the port
+/// numbers of the servers behind it. Read through the cache the router's route tables
+/// share ([`MergedGatewayKey`]).
+fn gateway_port_map(snapshot: &Snapshot, proxy: &Proxy) -> envoyfilter::route::GatewayPortMap {
+    let mut out = envoyfilter::route::GatewayPortMap::new();
+    let Some(merged) = snapshot.cached(MergedGatewayKey {
+        labels: proxy.labels.clone(),
+        targets: Arc::new(router_targets(snapshot, proxy)),
+    }) else {
+        return out;
+    };
+    for name in merged.by_route.keys() {
+        let (port, ..) = envoyfilter::route::parse_gateway_route_name(name);
+        let servers = out.entry(port).or_default();
+        for s in merged.route_servers(name) {
+            servers.extend(s.server().port.as_ref().map(|p| p.number));
+        }
+    }
+    out
+}
+
 /// RDS for Envoy: a sidecar's per-port tables (`"80"`) or a gateway's (`http.80`).
 /// Only requested names are answered (RDS is never wildcard).
 fn routes(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {

@@ -541,17 +541,16 @@ fn policy_selectors(
                     .iter()
                     .find(|p| found(&p.namespace, &p.name))
                     .map(|p| labels(p.spec.selector.as_ref())),
-                ConfigKind::EnvoyFilter => config
-                    .envoy_filters()
-                    .iter()
-                    .find(|p| found(&p.namespace, &p.name))
-                    .map(|p| {
-                        p.spec
-                            .workload_selector
-                            .as_ref()
-                            .map(|s| s.labels.clone())
-                            .filter(|l| !l.is_empty())
-                    }),
+                ConfigKind::EnvoyFilter => {
+                    if let Some(p) = config
+                        .envoy_filters()
+                        .iter()
+                        .find(|p| found(&p.namespace, &p.name))
+                    {
+                        versions.extend(crate::generate::envoyfilter::push_selectors(p));
+                    }
+                    None
+                }
                 ConfigKind::WasmPlugin => {
                     if let Some(p) = config
                         .wasm_plugins()

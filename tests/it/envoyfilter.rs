@@ -196,6 +196,39 @@ async fn the_envoyfilter_example_is_served() {
     server.shutdown().await;
 }
 
+/// The proxies (`name.namespace` of their node ids) of the first recorded push of
+/// `change` (`Kind/namespace/name`), sorted.
+async fn pushed(server: &FakeServer, change: &str) -> Vec<String> {
+    let pushes = eventually(change, || async {
+        let p: Vec<_> = server
+            .server()
+            .pipeline()
+            .history()
+            .into_iter()
+            .filter(|p| p.changes.iter().any(|c| c == change))
+            .collect();
+        (!p.is_empty()).then_some(p)
+    })
+    .await;
+    let mut ids: Vec<String> = pushes[0]
+        .proxies
+        .iter()
+        .map(|p| p.split('-').next().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// Connects a proxy of node id `id` with `labels` and takes its first CDS answer.
+async fn connected(server: &FakeServer, id: &str, labels: Value) -> AdsClient {
+    let mut c = AdsClient::connect(server.grpc_addr(), node_with(id, json!({"LABELS": labels})))
+        .await
+        .unwrap();
+    c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
+    c.recv_type(TypeUrl::Cluster).await.unwrap();
+    c
+}
+
 /// A change to an EnvoyFilter selecting one workload pushes only the proxies it
 /// selects; one of the root namespace pushes every proxy.
 #[tokio::test]
@@ -211,39 +244,8 @@ async fn an_envoyfilter_change_pushes_only_the_proxies_it_selects() {
         ("sidecar~10.0.0.3~c.bar~bar.svc.cluster.local", "a"),
         ("router~10.0.0.4~gw.bar~bar.svc.cluster.local", "gw"),
     ] {
-        let mut c = AdsClient::connect(
-            server.grpc_addr(),
-            node_with(id, json!({"LABELS": {"app": app}})),
-        )
-        .await
-        .unwrap();
-        c.subscribe(TypeUrl::Cluster, &[]).await.unwrap();
-        c.recv_type(TypeUrl::Cluster).await.unwrap();
-        clients.push(c);
+        clients.push(connected(&server, id, json!({"app": app})).await);
     }
-    let pushed = |change: &'static str| {
-        let server = &server;
-        async move {
-            let pushes = eventually(change, || async {
-                let p: Vec<_> = server
-                    .server()
-                    .pipeline()
-                    .history()
-                    .into_iter()
-                    .filter(|p| p.changes.iter().any(|c| c == change))
-                    .collect();
-                (!p.is_empty()).then_some(p)
-            })
-            .await;
-            let mut ids: Vec<String> = pushes[0]
-                .proxies
-                .iter()
-                .map(|p| p.split('-').next().unwrap().to_string())
-                .collect();
-            ids.sort();
-            ids
-        }
-    };
     let ef = |app: Option<&str>, timeout: &str| {
         serde_json::from_value::<EnvoyFilter>(json!({
             "workloadSelector": app.map(|a| json!({"labels": {"app": a}})),
@@ -256,14 +258,113 @@ async fn an_envoyfilter_change_pushes_only_the_proxies_it_selects() {
         .config_store()
         .apply(ConfigObject::new("foo", "only-a", ef(Some("a"), "2s")))
         .expect("valid EnvoyFilter");
-    assert_eq!(pushed("EnvoyFilter/foo/only-a").await, ["a.foo"]);
+    assert_eq!(pushed(&server, "EnvoyFilter/foo/only-a").await, ["a.foo"]);
     server
         .config_store()
         .apply(ConfigObject::new("istio-system", "mesh", ef(None, "4s")))
         .expect("valid EnvoyFilter");
     assert_eq!(
-        pushed("EnvoyFilter/istio-system/mesh").await,
+        pushed(&server, "EnvoyFilter/istio-system/mesh").await,
         ["a.foo", "b.foo", "c.bar", "gw.bar"]
+    );
+    drop(clients);
+    server.shutdown().await;
+}
+
+/// A change to an EnvoyFilter with `targetRefs` pushes only the proxies of the
+/// Gateway API gateways it names in its namespace (before and after the change); one
+/// naming only a waypoint target (a Service) pushes none.
+#[tokio::test]
+async fn an_envoyfilter_change_with_target_refs_pushes_only_the_named_gateways_proxies() {
+    use meshfed_api::networking::v1alpha3::EnvoyFilter;
+    use meshfed_registry::config::ConfigObject;
+    let server = FakeServer::builder().start().await.unwrap();
+    server.sync().await;
+    let label = "gateway.networking.k8s.io/gateway-name";
+    let mut clients = Vec::new();
+    for (id, labels) in [
+        (
+            "router~10.0.0.1~public.gw~gw.svc.cluster.local",
+            json!({label: "public"}),
+        ),
+        (
+            "router~10.0.0.2~private.gw~gw.svc.cluster.local",
+            json!({label: "private"}),
+        ),
+        (
+            "router~10.0.0.3~public.other~other.svc.cluster.local",
+            json!({label: "public"}),
+        ),
+        (
+            "router~10.0.0.4~classic.gw~gw.svc.cluster.local",
+            json!({"istio": "ingressgateway"}),
+        ),
+        (
+            "sidecar~10.0.0.5~app.gw~gw.svc.cluster.local",
+            json!({"app": "public"}),
+        ),
+    ] {
+        clients.push(connected(&server, id, labels).await);
+    }
+    let ef = |targets: Value, timeout: &str| {
+        serde_json::from_value::<EnvoyFilter>(json!({
+            "targetRefs": targets,
+            "configPatches": [{"applyTo": "CLUSTER", "patch": {"operation": "MERGE",
+                "value": {"connect_timeout": timeout}}}],
+        }))
+        .unwrap()
+    };
+    let gateway =
+        |name: &str| json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": name});
+    let store = server.config_store();
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-public",
+            ef(json!([gateway("public")]), "2s"),
+        ))
+        .expect("valid EnvoyFilter");
+    assert_eq!(
+        pushed(&server, "EnvoyFilter/gw/to-public").await,
+        ["public.gw"]
+    );
+    // Retargeted: the proxies of the old and of the new target.
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-public",
+            ef(json!([gateway("private")]), "2s"),
+        ))
+        .expect("valid EnvoyFilter");
+    let retargeted = eventually("the retargeting push", || async {
+        let p: Vec<_> = server
+            .server()
+            .pipeline()
+            .history()
+            .into_iter()
+            .filter(|p| p.changes.iter().any(|c| c == "EnvoyFilter/gw/to-public"))
+            .collect();
+        (p.len() >= 2).then(|| p[0].clone())
+    })
+    .await;
+    let mut ids: Vec<String> = retargeted
+        .proxies
+        .iter()
+        .map(|p| p.split('-').next().unwrap().to_string())
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["private.gw", "public.gw"]);
+    store
+        .apply(ConfigObject::new(
+            "gw",
+            "to-waypoint",
+            ef(json!([{"kind": "Service", "name": "public"}]), "3s"),
+        ))
+        .expect("valid EnvoyFilter");
+    assert!(
+        pushed(&server, "EnvoyFilter/gw/to-waypoint")
+            .await
+            .is_empty()
     );
     drop(clients);
     server.shutdown().await;
@@ -365,5 +466,108 @@ async fn target_refs_patch_the_named_gateways_proxies_and_waypoint_targets_are_r
         .find(|s| s["name"] == "gw/to-public")
         .unwrap();
     assert!(public.get("notApplied").is_none(), "{public}");
+    server.shutdown().await;
+}
+
+/// A gateway route configuration `portNumber` match names the Gateway server's port:
+/// through the router's port map it patches the route configuration of the port the
+/// gateway workload listens on (`http.8080` for a server on port 80 of a gateway
+/// service mapping 80 to target port 8080), as istiod's `GatewayPortMap`; a match on
+/// the target port still holds, another port's does not.
+#[tokio::test]
+async fn a_gateway_route_configuration_port_match_follows_the_service_port_map() {
+    use envoy_types::pb::envoy::config::route::v3::RouteConfiguration;
+    let header_filter = |name: &str, port: u32| {
+        format!(
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata:\n  name: {name}\n  namespace: istio-system\nspec:\n  configPatches:\n  - applyTo: ROUTE_CONFIGURATION\n    match:\n      context: GATEWAY\n      routeConfiguration: {{portNumber: {port}}}\n    patch:\n      operation: MERGE\n      value:\n        response_headers_to_add:\n        - header: {{key: x-{name}, value: \"1\"}}\n---\n"
+        )
+    };
+    let config = "apiVersion: networking.istio.io/v1alpha3\nkind: Gateway\nmetadata:\n  name: gw\n  namespace: istio-system\nspec:\n  selector:\n    istio: ingressgateway\n  servers:\n  - port: {number: 80, name: http, protocol: HTTP}\n    hosts: [\"example.com\"]\n---\napiVersion: networking.istio.io/v1alpha3\nkind: ServiceEntry\nmetadata:\n  name: ingress\n  namespace: istio-system\nspec:\n  hosts: [\"ingress.example.com\"]\n  ports:\n  - {number: 80, targetPort: 8080, name: http, protocol: HTTP}\n  resolution: STATIC\n  location: MESH_INTERNAL\n  endpoints:\n  - address: 1.1.1.1\n    labels: {istio: ingressgateway}\n---\n".to_string()
+        + &header_filter("service-port", 80)
+        + &header_filter("target-port", 8080)
+        + &header_filter("other-port", 81);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("istio.yaml"), config).unwrap();
+    let server = FakeServer::builder()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+    let mut client = AdsClient::connect(
+        server.grpc_addr(),
+        node_with(
+            "router~1.1.1.1~istio-ingressgateway.istio-system~istio-system.svc.cluster.local",
+            json!({"LABELS": {"istio": "ingressgateway"}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let routes: Vec<RouteConfiguration> = client.fetch_config().await.unwrap().routes;
+    let rc = routes
+        .iter()
+        .find(|r| r.name == "http.8080")
+        .unwrap_or_else(|| {
+            panic!(
+                "{:?}",
+                routes.iter().map(|r| r.name.as_str()).collect::<Vec<_>>()
+            )
+        });
+    let headers: Vec<&str> = rc
+        .response_headers_to_add
+        .iter()
+        .filter_map(|h| h.header.as_ref().map(|h| h.key.as_str()))
+        .collect();
+    assert_eq!(headers, ["x-service-port", "x-target-port"]);
+    server.shutdown().await;
+}
+
+/// A `SIDECAR_INBOUND` cluster patch matching a `service` patches the inbound cluster of
+/// the port a sidecar serves that service on (Istio matches the services of the
+/// inbound cluster's workload, as the cluster name carries none); another service's
+/// match patches nothing there.
+#[tokio::test]
+async fn an_inbound_cluster_service_match_names_the_service_the_sidecar_serves() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    let filter = |name: &str, service: &str| {
+        format!(
+            "apiVersion: networking.istio.io/v1alpha3\nkind: EnvoyFilter\nmetadata:\n  name: {name}\n  namespace: istio-system\nspec:\n  configPatches:\n  - applyTo: CLUSTER\n    match:\n      context: SIDECAR_INBOUND\n      cluster: {{service: {service}}}\n    patch:\n      operation: MERGE\n      value: {{alt_stat_name: {name}}}\n---\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("istio.yaml"),
+        filter("reviews-inbound", "reviews.bookinfo.svc.cluster.local")
+            + &filter("echo-inbound", "echo.default.svc.cluster.local"),
+    )
+    .unwrap();
+    let server = FakeServer::builder()
+        .embedded_mock_registry()
+        .config_dir(dir.path())
+        .start()
+        .await
+        .unwrap();
+    ready_and_synced(&server).await;
+    let reviews = config_of(&server, REVIEWS, json!({"app": "reviews", "version": "v1"})).await;
+    let inbound: Vec<&Cluster> = reviews
+        .clusters
+        .iter()
+        .filter(|c| c.name.starts_with("inbound|19080|"))
+        .collect();
+    assert!(
+        !inbound.is_empty(),
+        "{:?}",
+        reviews.clusters.iter().map(|c| &c.name).collect::<Vec<_>>()
+    );
+    for c in inbound {
+        assert_eq!(c.alt_stat_name, "reviews-inbound", "{}", c.name);
+    }
+    for c in reviews
+        .clusters
+        .iter()
+        .filter(|c| !c.name.starts_with("inbound|"))
+    {
+        assert!(!c.alt_stat_name.ends_with("-inbound"), "{}", c.name);
+    }
     server.shutdown().await;
 }

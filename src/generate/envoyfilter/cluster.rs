@@ -158,20 +158,63 @@ pub fn inserted(patches: &ProxyPatches, ctx: PatchContext) -> Vec<Cluster> {
         .collect()
 }
 
+/// The hostnames of the services a sidecar's inbound clusters serve, by the port of
+/// the cluster (the workload's target port): Istio matches a `service` against them
+/// for an inbound cluster, whose name carries no service.
+pub type InboundHosts = std::collections::BTreeMap<u32, Vec<String>>;
+
+/// Whether some `CLUSTER` patch of `patches` that can apply to inbound clusters
+/// (`ANY` or `SIDECAR_INBOUND`) matches a `service`: only those read a sidecar's
+/// [`InboundHosts`].
+pub fn matches_inbound_services(patches: &ProxyPatches) -> bool {
+    patches.of(ApplyTo::Cluster).iter().any(|p| {
+        p.context_matches(PatchContext::SidecarInbound)
+            && matches!(&p.matcher.object_types, Some(ObjectTypes::Cluster(m)) if !m.service.is_empty())
+    })
+}
+
+/// `proxy`'s [`InboundHosts`]: for each target port of its workload, the services it
+/// serves there (Istio's service targets of the inbound cluster).
+pub fn inbound_hosts(snapshot: &crate::push::snapshot::Snapshot, proxy: &Proxy) -> InboundHosts {
+    let mut out = InboundHosts::new();
+    for i in crate::generate::instances::proxy_instances(snapshot, proxy) {
+        let hosts = out.entry(u32::from(i.target_port)).or_default();
+        let host = i.service.hostname.as_str();
+        if !hosts.iter().any(|h| h == host) {
+            hosts.push(host.to_string());
+        }
+    }
+    out
+}
+
 /// Whether `r` is an inbound cluster (inbound patch context).
 pub fn is_inbound(r: &Resource) -> bool {
     r.name.as_ref() == INBOUND_PASSTHROUGH
         || ClusterName::parse(&r.name).is_some_and(|n| n.direction == Direction::Inbound)
 }
 
-/// One cluster of `proxy` patched: `None` when a patch removed it; the same resource
-/// when nothing changed it.
-pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Option<Resource> {
+/// One cluster of `proxy` (inbound clusters serving `inbound`) patched: `None` when a
+/// patch removed it; the same resource when nothing changed it.
+pub fn patch_one(
+    patches: &ProxyPatches,
+    r: &Resource,
+    proxy: &Proxy,
+    inbound: &InboundHosts,
+) -> Option<Resource> {
     let Ok(c) = Cluster::decode(r.body.value.as_ref()) else {
         return Some(r.clone());
     };
-    let ctx = context(proxy, is_inbound(r));
-    match patch_cluster(patches.of(ApplyTo::Cluster), ctx, c.clone(), &[])? {
+    let is_in = is_inbound(r);
+    let ctx = context(proxy, is_in);
+    let hosts: Vec<&str> = if is_in {
+        ClusterName::parse(&c.name)
+            .and_then(|n| inbound.get(&u32::from(n.port)))
+            .map(|h| h.iter().map(String::as_str).collect())
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    match patch_cluster(patches.of(ApplyTo::Cluster), ctx, c.clone(), &hosts)? {
         p if p == c => Some(r.clone()),
         p => Some(EncodedResource::encode(
             TypeUrl::Cluster,
@@ -195,17 +238,18 @@ pub fn added(patches: &ProxyPatches, proxy: &Proxy, inbound_seen: bool) -> Vec<R
         .collect()
 }
 
-/// Patches `clusters` of `proxy`.
+/// Patches `clusters` of `proxy` (inbound clusters serving `inbound`).
 pub fn apply(
     patches: &ProxyPatches,
     clusters: Vec<Resource>,
     proxy: &Proxy,
+    inbound: &InboundHosts,
     wildcard: bool,
 ) -> Vec<Resource> {
     let inbound_seen = clusters.iter().any(is_inbound);
     let mut out: Vec<Resource> = clusters
         .iter()
-        .filter_map(|r| patch_one(patches, r, proxy))
+        .filter_map(|r| patch_one(patches, r, proxy, inbound))
         .collect();
     if wildcard {
         out.extend(added(patches, proxy, inbound_seen));

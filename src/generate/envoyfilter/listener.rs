@@ -124,7 +124,7 @@ fn listener_filter_name(p: &Patch) -> Option<&str> {
 /// An ordered-list operation of Istio (`ADD`, `INSERT_FIRST`, `INSERT_BEFORE`,
 /// `INSERT_AFTER`, `REPLACE`, `REMOVE`) on `list`; `has_match` tells whether the patch
 /// names an element, `matches` which elements it names. Returns whether it applied.
-fn list_op<T: Clone>(
+pub(super) fn list_op<T: Clone>(
     list: &mut Vec<T>,
     op: Operation,
     value: Option<T>,

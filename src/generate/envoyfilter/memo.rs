@@ -54,12 +54,25 @@ pub fn patch_set(patches: &ProxyPatches, kinds: &[ApplyTo], router: bool) -> u64
     h.finish()
 }
 
+/// A patch set `set` told apart by the per-proxy input its patches read besides the
+/// resource (a router's gateway port map, [`super::route::GatewayPortMap`]; a sidecar's
+/// inbound services, [`super::cluster::InboundHosts`]); an empty map leaves it as it is.
+pub fn with_input<K: Hash, V: Hash>(set: u64, input: &std::collections::BTreeMap<K, V>) -> u64 {
+    if input.is_empty() {
+        return set;
+    }
+    let mut h = DefaultHasher::new();
+    set.hash(&mut h);
+    input.hash(&mut h);
+    h.finish()
+}
+
 /// `resources` patched one by one with `patch` (its result for one resource: `None`
-/// when removed), reusing what the same patch set `set` made of the same resources
-/// before.
+/// when removed), reusing what the same patch set (`set` of the resource) made of the
+/// same resources before.
 pub fn patched(
     type_url: TypeUrl,
-    set: u64,
+    set: impl Fn(&Resource) -> u64,
     resources: Vec<Resource>,
     mut patch: impl FnMut(&Resource) -> Option<Resource>,
 ) -> Vec<Resource> {
@@ -67,7 +80,7 @@ pub fn patched(
         return resources.iter().filter_map(&mut patch).collect();
     }
     let tag = type_tag(type_url);
-    let key = |r: &Resource| (tag, set, r.name.clone(), r.version.clone());
+    let key = |r: &Resource| (tag, set(r), r.name.clone(), r.version.clone());
     let known: Vec<Option<Option<Resource>>> = {
         let cache = PATCHED.lock().unwrap_or_else(|e| e.into_inner());
         resources
@@ -125,8 +138,8 @@ mod tests {
             calls.set(calls.get() + 1);
             (&*r.name != "memo-b").then(|| cluster(&r.name, "patched"))
         };
-        let first = patched(TypeUrl::Cluster, set, input.clone(), &mut patch);
-        let second = patched(TypeUrl::Cluster, set, input.clone(), &mut patch);
+        let first = patched(TypeUrl::Cluster, |_| set, input.clone(), &mut patch);
+        let second = patched(TypeUrl::Cluster, |_| set, input.clone(), &mut patch);
         assert_eq!(
             calls.get(),
             2,
@@ -134,10 +147,10 @@ mod tests {
         );
         assert_eq!(first.len(), 1, "memo-b removed");
         assert!(Arc::ptr_eq(&first[0], &second[0]), "one shared encoding");
-        patched(TypeUrl::Cluster, set + 1, input.clone(), &mut patch);
+        patched(TypeUrl::Cluster, |_| set + 1, input.clone(), &mut patch);
         assert_eq!(calls.get(), 4, "another patch set patches again");
         let changed = vec![cluster("memo-a", "new bytes")];
-        patched(TypeUrl::Cluster, set, changed, &mut patch);
+        patched(TypeUrl::Cluster, |_| set, changed, &mut patch);
         assert_eq!(calls.get(), 5, "changed bytes are patched again");
     }
 }

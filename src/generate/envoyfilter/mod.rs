@@ -37,6 +37,8 @@ mod vectors_model;
 mod vectors_route;
 #[cfg(test)]
 mod vectors_support;
+#[cfg(test)]
+mod vectors_util;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, LazyLock, Mutex};
@@ -295,6 +297,36 @@ pub fn selects(
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
 }
 
+/// The workload selectors a change to `ef` narrows its push to (see
+/// [`crate::xds::deps::depends_on`], which also keeps it to the EnvoyFilter's namespace,
+/// or every namespace for one of the root namespace): its `workloadSelector` (`None`:
+/// the whole namespace), or for `targetRefs` the [`GATEWAY_NAME_LABEL`] of each
+/// Gateway of its own namespace it names, as [`selects`] decides. Other targets select
+/// no proxy meshfed serves, so they add none. A root-namespace EnvoyFilter's targets
+/// also reach same-named gateways of other namespaces this way: more proxies than it
+/// patches, never fewer.
+pub fn push_selectors(ef: &Config<EnvoyFilter>) -> crate::xds::deps::PolicySelectors {
+    let spec = &ef.spec;
+    if spec.target_refs.is_empty() {
+        return vec![
+            spec.workload_selector
+                .as_ref()
+                .map(|s| s.labels.clone())
+                .filter(|l| !l.is_empty()),
+        ];
+    }
+    spec.target_refs
+        .iter()
+        .filter(|r| is_gateway_ref(r) && (r.namespace.is_empty() || r.namespace == ef.namespace))
+        .map(|r| {
+            Some(BTreeMap::from([(
+                GATEWAY_NAME_LABEL.to_string(),
+                r.name.clone(),
+            )]))
+        })
+        .collect()
+}
+
 /// The label Gateway API gateway deployments carry: the name of their Gateway.
 pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
 
@@ -428,8 +460,23 @@ pub fn apply(
     match type_url {
         TypeUrl::Cluster => {
             let inbound_seen = resources.iter().any(cluster::is_inbound);
-            let mut out = memo::patched(type_url, set, resources, |r| {
-                cluster::patch_one(&patches, r, proxy)
+            // A `service` match of an inbound cluster reads the services the sidecar
+            // serves on its port, so they are part of an inbound cluster's patch set.
+            let inbound = if !proxy.is_router() && cluster::matches_inbound_services(&patches) {
+                cluster::inbound_hosts(snapshot, proxy)
+            } else {
+                cluster::InboundHosts::new()
+            };
+            let inbound_set = memo::with_input(set, &inbound);
+            let set_of = |r: &Resource| {
+                if cluster::is_inbound(r) {
+                    inbound_set
+                } else {
+                    set
+                }
+            };
+            let mut out = memo::patched(type_url, set_of, resources, |r| {
+                cluster::patch_one(&patches, r, proxy, &inbound)
             });
             if wildcard {
                 out.extend(cluster::added(&patches, proxy, inbound_seen));
@@ -437,9 +484,12 @@ pub fn apply(
             out
         }
         TypeUrl::Listener => {
-            let mut out = memo::patched(type_url, set, resources, |r| {
-                listener::patch_one(&patches, r, proxy)
-            });
+            let mut out = memo::patched(
+                type_url,
+                |_| set,
+                resources,
+                |r| listener::patch_one(&patches, r, proxy),
+            );
             if wildcard {
                 let mut present = out.iter().map(|r| r.name.to_string()).collect();
                 for ctx in listener::add_contexts(proxy) {
@@ -448,8 +498,22 @@ pub fn apply(
             }
             out
         }
-        _ => memo::patched(type_url, set, resources, |r| {
-            Some(route::patch_one(&patches, r, proxy))
-        }),
+        _ => {
+            // A router's route configurations are matched through its port map too
+            // (a `portNumber` naming a Gateway server port matches the route
+            // configuration of its target port), so the map is part of the patch set.
+            let port_map = if proxy.is_router() && route::matches_ports(&patches) {
+                super::gateway_port_map(snapshot, proxy)
+            } else {
+                route::GatewayPortMap::new()
+            };
+            let set = memo::with_input(set, &port_map);
+            memo::patched(
+                type_url,
+                |_| set,
+                resources,
+                |r| Some(route::patch_one(&patches, r, proxy, &port_map)),
+            )
+        }
     }
 }

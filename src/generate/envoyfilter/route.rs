@@ -49,8 +49,39 @@ fn listener_port_from_name(name: &str) -> u32 {
     }
 }
 
-/// Istio's `routeConfigurationMatch`.
-pub fn route_configuration_match(ctx: PatchContext, rc: &RouteConfiguration, p: &Patch) -> bool {
+/// A router's gateway port map (Istio's `GatewayPortMap`): for the port of each of its
+/// gateway route configuration names (the resolved, target port of `http.<port>`),
+/// the port numbers of the Gateway servers behind it (the service ports). A
+/// `portNumber` match names the service port a Gateway declares, so it matches a
+/// route configuration of the target port too.
+pub type GatewayPortMap = std::collections::BTreeMap<u32, std::collections::BTreeSet<u32>>;
+
+/// Whether some route patch of `patches` matches a `portNumber` (only those read a
+/// router's port map).
+pub fn matches_ports(patches: &ProxyPatches) -> bool {
+    [
+        ApplyTo::RouteConfiguration,
+        ApplyTo::VirtualHost,
+        ApplyTo::HttpRoute,
+    ]
+    .iter()
+    .flat_map(|k| patches.of(*k))
+    .any(|p| rmatch(p).is_some_and(|m| m.port_number != 0))
+}
+
+/// Whether a route configuration of port `number` is one of port `wanted`: the same
+/// port, or a server port `wanted` behind it by `port_map` (Istio's `anyPortMatches`).
+fn any_port_matches(port_map: &GatewayPortMap, number: u32, wanted: u32) -> bool {
+    number == wanted || port_map.get(&number).is_some_and(|s| s.contains(&wanted))
+}
+
+/// Istio's `routeConfigurationMatch`; `port_map` is the router's (empty for sidecars).
+pub fn route_configuration_match(
+    ctx: PatchContext,
+    rc: &RouteConfiguration,
+    p: &Patch,
+    port_map: &GatewayPortMap,
+) -> bool {
     let Some(m) = rmatch(p) else { return true };
     if !m.name.is_empty() && m.name != rc.name {
         return false;
@@ -65,7 +96,7 @@ pub fn route_configuration_match(ctx: PatchContext, rc: &RouteConfiguration, p: 
     if !m.gateway.is_empty() && m.gateway != gateway {
         return false;
     }
-    m.port_number == 0 || m.port_number == port
+    m.port_number == 0 || any_port_matches(port_map, port, m.port_number)
 }
 
 /// Istio's `virtualHostMatch`.
@@ -117,6 +148,7 @@ fn patch_routes(
     ctx: PatchContext,
     rc: &RouteConfiguration,
     vh: &mut VirtualHost,
+    port_map: &GatewayPortMap,
 ) {
     let mut routes: Vec<Option<Route>> = std::mem::take(&mut vh.routes)
         .into_iter()
@@ -126,7 +158,7 @@ fn patch_routes(
         for p in list {
             let Some(r) = slot.as_mut() else { break };
             let applies = p.context_matches(ctx)
-                && route_configuration_match(ctx, rc, p)
+                && route_configuration_match(ctx, rc, p, port_map)
                 && virtual_host_match(vh, p)
                 && route_match(r, p);
             if applies {
@@ -152,7 +184,7 @@ fn patch_routes(
     let mut routes: Vec<Route> = routes.into_iter().flatten().collect();
     for p in list {
         if !p.context_matches(ctx)
-            || !route_configuration_match(ctx, rc, p)
+            || !route_configuration_match(ctx, rc, p, port_map)
             || !virtual_host_match(vh, p)
         {
             status::record(&p.key, "route", false);
@@ -199,12 +231,13 @@ pub(crate) fn patch_route_configuration(
     patches: &ProxyPatches,
     ctx: PatchContext,
     mut rc: RouteConfiguration,
+    port_map: &GatewayPortMap,
 ) -> RouteConfiguration {
     for p in patches.of(ApplyTo::RouteConfiguration) {
         if p.operation != Operation::Merge {
             continue;
         }
-        let applies = p.context_matches(ctx) && route_configuration_match(ctx, &rc, p);
+        let applies = p.context_matches(ctx) && route_configuration_match(ctx, &rc, p, port_map);
         if applies
             && let Some(src) = &p.value
             && let Err(e) = value::merge_into(&mut rc, src)
@@ -221,7 +254,7 @@ pub(crate) fn patch_route_configuration(
     'hosts: for mut vh in hosts {
         for p in vpatches {
             let applies = p.context_matches(ctx)
-                && route_configuration_match(ctx, &rc, p)
+                && route_configuration_match(ctx, &rc, p, port_map)
                 && virtual_host_match(&vh, p);
             if applies {
                 match p.operation {
@@ -247,7 +280,7 @@ pub(crate) fn patch_route_configuration(
             status::record(&p.key, "vhost", applies);
         }
         if !rpatches.is_empty() {
-            patch_routes(rpatches, ctx, &rc, &mut vh);
+            patch_routes(rpatches, ctx, &rc, &mut vh, port_map);
         }
         kept.push(vh);
     }
@@ -255,7 +288,7 @@ pub(crate) fn patch_route_configuration(
         if p.operation != Operation::Add {
             continue;
         }
-        let applies = p.context_matches(ctx) && route_configuration_match(ctx, &rc, p);
+        let applies = p.context_matches(ctx) && route_configuration_match(ctx, &rc, p, port_map);
         if applies {
             kept.extend(p.typed::<VirtualHost>());
         }
@@ -265,14 +298,19 @@ pub(crate) fn patch_route_configuration(
     rc
 }
 
-/// One route configuration of `proxy` patched (the same resource when nothing
-/// changed it).
-pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Resource {
+/// One route configuration of `proxy` (with gateway port map `port_map`) patched (the
+/// same resource when nothing changed it).
+pub fn patch_one(
+    patches: &ProxyPatches,
+    r: &Resource,
+    proxy: &Proxy,
+    port_map: &GatewayPortMap,
+) -> Resource {
     let Ok(rc) = RouteConfiguration::decode(r.body.value.as_ref()) else {
         return r.clone();
     };
     let ctx = context(proxy, rc.name.starts_with("inbound"));
-    let patched = patch_route_configuration(patches, ctx, rc.clone());
+    let patched = patch_route_configuration(patches, ctx, rc.clone(), port_map);
     if patched == rc {
         r.clone()
     } else {
@@ -280,10 +318,15 @@ pub fn patch_one(patches: &ProxyPatches, r: &Resource, proxy: &Proxy) -> Resourc
     }
 }
 
-/// Patches the route configurations of `proxy`.
-pub fn apply(patches: &ProxyPatches, routes: Vec<Resource>, proxy: &Proxy) -> Vec<Resource> {
+/// Patches the route configurations of `proxy` (gateway port map `port_map`).
+pub fn apply(
+    patches: &ProxyPatches,
+    routes: Vec<Resource>,
+    proxy: &Proxy,
+    port_map: &GatewayPortMap,
+) -> Vec<Resource> {
     routes
         .iter()
-        .map(|r| patch_one(patches, r, proxy))
+        .map(|r| patch_one(patches, r, proxy, port_map))
         .collect()
 }

@@ -99,7 +99,10 @@ fn apply_rc(
     want: Value,
 ) -> Result<(), String> {
     let p = patches_for(efs, "istio-config", &proxy(kind, "not-default", json!({}))).unwrap();
-    compare(&route::patch_route_configuration(&p, ctx, msg(rc)), want)
+    compare(
+        &route::patch_route_configuration(&p, ctx, msg(rc), &Default::default()),
+        want,
+    )
 }
 
 pub(super) fn all() -> Vec<Outcome> {
@@ -127,12 +130,19 @@ pub(super) fn all() -> Vec<Outcome> {
         ..Default::default()
     };
     let gw = json!({"portNumber": 443, "portName": "app1", "gateway": "ns1/gw1"});
-    for (name, ctx, m, rc_name, want) in [
+    let map = |pairs: &[(u32, &[u32])]| -> route::GatewayPortMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (*k, v.iter().copied().collect()))
+            .collect()
+    };
+    for (name, ctx, m, rc_name, port_map, want) in [
         (
             "nil route match",
             PatchContext::SidecarOutbound,
             json!({}),
             "",
+            map(&[]),
             true,
         ),
         (
@@ -140,6 +150,7 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::SidecarOutbound,
             rc_match(json!({"name": "scooby.80"})),
             "scooby.90",
+            map(&[]),
             false,
         ),
         (
@@ -147,6 +158,7 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::SidecarOutbound,
             rc_match(json!({"portNumber": 80})),
             "80",
+            map(&[]),
             true,
         ),
         (
@@ -154,6 +166,7 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::SidecarOutbound,
             rc_match(json!({"portNumber": 80})),
             "90",
+            map(&[]),
             false,
         ),
         (
@@ -161,6 +174,7 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::Gateway,
             rc_match(gw.clone()),
             "https.443.app1.gw1.ns1",
+            map(&[]),
             true,
         ),
         (
@@ -168,15 +182,15 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::Gateway,
             rc_match(gw),
             "http.80",
+            map(&[]),
             false,
         ),
-        // Istio maps the route's port 8080 to the service ports 80 and 81 of the
-        // gateway (its port map).
         (
             "http target port match",
             PatchContext::Gateway,
             rc_match(json!({"portNumber": 80})),
             "http.8080",
+            map(&[(8080, &[80, 81])]),
             true,
         ),
         (
@@ -184,6 +198,7 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::Gateway,
             rc_match(json!({"portNumber": 9090})),
             "http.9090",
+            map(&[(8080, &[80, 81])]),
             true,
         ),
         (
@@ -191,13 +206,14 @@ pub(super) fn all() -> Vec<Outcome> {
             PatchContext::Gateway,
             rc_match(json!({"portNumber": 443})),
             "http.8443",
+            map(&[(8443, &[443])]),
             true,
         ),
     ] {
         let p = one("ROUTE_CONFIGURATION", m);
         out.push(check(
             &format!("Test_routeConfigurationMatch/{name}"),
-            route::route_configuration_match(ctx, &rc(rc_name), &p) == want,
+            route::route_configuration_match(ctx, &rc(rc_name), &p, &port_map) == want,
         ));
     }
     // TestApplyRouteConfigurationPatches
