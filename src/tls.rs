@@ -25,7 +25,7 @@ use tonic::transport::server::Connected;
 use tracing::{debug, error, info, warn};
 
 use crate::ads::limit::LogLimiter;
-use crate::ads::transport::{Acceptor, GuardedStream, XdsConnectInfo};
+use crate::ads::transport::{Acceptor, FrameScan, GuardedStream, XdsConnectInfo};
 use crate::authn::{TlsPeer, parse_spiffe, uri_sans};
 use crate::ca::Ca;
 use crate::metrics::IstioCounter;
@@ -461,6 +461,9 @@ impl ClientCertVerifier for MeshClientVerifier {
 pub struct SecureStream {
     io: tokio_rustls::server::TlsStream<GuardedStream>,
     peer: Arc<TlsPeer>,
+    /// The client's decrypted HTTP/2 frames, followed until it opens a stream (its
+    /// connection's handshake deadline then ends).
+    scan: Option<FrameScan>,
 }
 
 impl fmt::Debug for SecureStream {
@@ -487,7 +490,16 @@ impl AsyncRead for SecureStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let read = Pin::new(&mut self.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = read
+            && let Some(scan) = &mut self.scan
+            && scan.feed(&buf.filled()[before..])
+        {
+            self.scan = None;
+            self.io.get_ref().0.control().stream_started();
+        }
+        read
     }
 }
 
@@ -557,13 +569,14 @@ pub fn incoming(
 /// One connection's TLS handshake, bounded by `timeout`; the connection goes to `tx`
 /// when it succeeds. Ends early when the server stops taking connections.
 async fn handshake(
-    conn: GuardedStream,
+    mut conn: GuardedStream,
     tls: Arc<SecureTls>,
     timeout: Duration,
     tx: mpsc::Sender<SecureStream>,
     log: Arc<LogLimiter>,
 ) {
     let peer = conn.connect_info().peer;
+    conn.frames_read_above();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
     let result = tokio::select! {
         result = tokio::time::timeout(timeout, acceptor.accept(conn)) => result,
@@ -593,6 +606,7 @@ async fn handshake(
     let stream = SecureStream {
         io,
         peer: Arc::new(TlsPeer { chain }),
+        scan: Some(FrameScan::default()),
     };
     let _ = tx.send(stream).await;
 }
