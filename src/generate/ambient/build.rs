@@ -41,9 +41,14 @@ use std::net::IpAddr;
 use meshfed_api::workload as wl;
 use meshfed_registry::{
     ClusterId, Endpoint, HealthStatus, NetworkId, ProviderId, Resolution, Service, ShardKey,
-    WorkloadKind, WorkloadMeta, WorkloadOwner,
+    TrafficDistribution, WorkloadKind, WorkloadMeta, WorkloadOwner,
 };
 
+use meshfed_registry::config::Kind;
+
+use super::waypoints::{
+    LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, WaypointInputs, Waypoints,
+};
 use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
 
@@ -51,10 +56,9 @@ use crate::push::snapshot::Snapshot;
 pub const HBONE_PORT: u32 = 15008;
 /// The label a workload that speaks HBONE itself carries (`http`).
 const LABEL_TUNNEL: &str = "networking.istio.io/tunnel";
-/// The label that names a waypoint (`none` opts out).
-const LABEL_USE_WAYPOINT: &str = "istio.io/use-waypoint";
-/// The namespace of the waypoint named by [`LABEL_USE_WAYPOINT`].
-const LABEL_USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
+/// The label (value [`MESH_CONTROLLER`]) of a waypoint's own pods and Service.
+const LABEL_MANAGED: &str = "gateway.istio.io/managed";
+const MESH_CONTROLLER: &str = "istio.io-mesh-controller";
 
 /// Everything the Address type holds for one snapshot, by resource name.
 #[derive(Default, Debug)]
@@ -65,7 +69,23 @@ pub struct AmbientModel {
     pub services: BTreeMap<String, wl::Service>,
     /// `network/IP` -> the names of the resources at that address.
     pub aliases: BTreeMap<String, Vec<String>>,
+    /// `namespace/hostname` -> the `WaypointBound` condition istiod writes to the
+    /// service's status (services naming a waypoint only; meshfed shows them in
+    /// `/debug/ambientz`).
+    pub service_conditions: BTreeMap<String, WaypointBound>,
 }
+
+/// A service's `WaypointBound` condition.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WaypointBound {
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The label with which a service asks gateways and sidecars to send through its
+/// waypoint (`true`).
+const LABEL_INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
 
 /// What building needs besides the registries' data.
 pub struct BuildContext<'a> {
@@ -73,8 +93,10 @@ pub struct BuildContext<'a> {
     pub networks: &'a NetworkView,
     /// The mesh trust domain.
     pub trust_domain: &'a str,
-    /// The cluster DNS domain (`--domain`), for waypoint host names.
+    /// The cluster DNS domain (`--domain`).
     pub domain: &'a str,
+    /// The ready waypoints and the namespace labels.
+    pub waypoints: &'a Waypoints,
 }
 
 /// One service with its endpoints, each with the shard it came from.
@@ -101,10 +123,55 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
     let standalone: Vec<(&ShardKey, &Endpoint)> = every.iter().map(|(s, e)| (s, e)).collect();
     let networks = snapshot.network_view();
     let domain = snapshot.config().domain.clone();
-    let mut model = build(&services, &standalone, networks, &trust_domain, &domain);
+    let waypoints = read_waypoints(snapshot, &services, networks, &domain);
+    let mut model = build(
+        &services,
+        &standalone,
+        networks,
+        &trust_domain,
+        &domain,
+        &waypoints,
+    );
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
     attach_policies(&mut model, &services, &standalone, &policies);
     model
+}
+
+/// The snapshot's ready waypoints (see [`Waypoints`]).
+fn read_waypoints(
+    snapshot: &Snapshot,
+    services: &[ServiceEndpoints<'_>],
+    networks: &NetworkView,
+    domain: &str,
+) -> Waypoints {
+    let config = snapshot.config();
+    let mut objects = config.objects_of(Kind::KubernetesGateway).to_vec();
+    objects.extend_from_slice(config.objects_of(Kind::GatewayClass));
+    let index = snapshot.services();
+    Waypoints::read(
+        &objects,
+        WaypointInputs {
+            domain,
+            service_exists: &|h| index.has_hostname(h),
+            network_of: &|ip| ip_network(networks, services, ip),
+            namespaces: config.namespace_labels_all(),
+        },
+    )
+}
+
+/// The network of a waypoint's IP: that of the cluster whose service has it as a
+/// VIP, else the meshNetworks CIDR holding it.
+pub fn ip_network(networks: &NetworkView, services: &[ServiceEndpoints<'_>], ip: IpAddr) -> String {
+    let cluster = services
+        .iter()
+        .find_map(|(s, _)| {
+            s.cluster_vips
+                .iter()
+                .find(|(_, vips)| vips.contains(&ip))
+                .map(|(c, _)| c.clone())
+        })
+        .unwrap_or_default();
+    network_of(networks, ip, &cluster).to_string()
 }
 
 /// Lists on each workload the policies that select it (`authorization_policies`).
@@ -131,13 +198,14 @@ pub fn attach_policies(
 /// Builds the ambient model of `services`, each with its endpoints and their shards,
 /// and of `standalone`, every workload the registries know as an endpoint without
 /// service ports (those behind a service are among them too: one workload per uid);
-/// `domain` is the cluster DNS domain.
+/// `domain` is the cluster DNS domain; `waypoints` the ready waypoints.
 pub fn build(
     services: &[ServiceEndpoints<'_>],
     standalone: &[(&ShardKey, &Endpoint)],
     networks: &NetworkView,
     trust_domain: &str,
     domain: &str,
+    waypoints: &Waypoints,
 ) -> AmbientModel {
     let ctx = BuildContext {
         networks,
@@ -151,6 +219,7 @@ pub fn build(
         } else {
             domain
         },
+        waypoints,
     };
     let mut model = AmbientModel::default();
     // A WorkloadEntry at a pod's address (same network) is left out, as istiod does.
@@ -173,8 +242,11 @@ pub fn build(
         if service.resolution == Resolution::Alias {
             continue;
         }
-        let svc = service_resource(service, endpoints, &ctx);
+        let (svc, condition) = service_resource(service, endpoints, &ctx);
         let name = format!("{}/{}", svc.namespace, svc.hostname);
+        if let Some(c) = condition {
+            model.service_conditions.insert(name.clone(), c);
+        }
         for a in &svc.addresses {
             if let Some(ip) = ip_of(&a.address) {
                 model
@@ -283,10 +355,11 @@ fn service_resource(
     service: &Service,
     endpoints: &[(&ShardKey, &Endpoint)],
     ctx: &BuildContext<'_>,
-) -> wl::Service {
+) -> (wl::Service, Option<WaypointBound>) {
     let hostname = service.hostname.to_string();
     let namespace = service.namespace.to_string();
     let name = match service.provider {
+        _ if !service.object_name.is_empty() => service.object_name.clone(),
         ProviderId::Kubernetes => hostname.split('.').next().unwrap_or_default().to_string(),
         _ => hostname.clone(),
     };
@@ -326,9 +399,16 @@ fn service_resource(
         .ports
         .iter()
         .map(|p| {
-            // The target port every endpoint agrees on, else 0 (per workload); a
+            // The number the service gives (0: a named target port); else the
+            // target port every endpoint agrees on, else 0 (per workload); a
             // ServiceEntry's (or other registry's) port without endpoints targets
             // itself.
+            if let Some(t) = service.target_ports.get(&p.port.get()) {
+                return wl::Port {
+                    service_port: u32::from(p.port.get()),
+                    target_port: u32::from(*t),
+                };
+            }
             let mut targets = endpoints.iter().filter_map(|(_, e)| e.ports.get(&p.name));
             let first = targets.next().copied();
             let target = match first {
@@ -343,16 +423,40 @@ fn service_resource(
             }
         })
         .collect();
-    let waypoint = waypoint_of(
-        service.labels.get(LABEL_USE_WAYPOINT).map(String::as_str),
-        service
-            .labels
-            .get(LABEL_USE_WAYPOINT_NAMESPACE)
-            .map(String::as_str),
-        &namespace,
-        ctx,
-    );
-    wl::Service {
+    // A waypoint's own Service has no waypoint.
+    let found = if service
+        .labels
+        .get(LABEL_MANAGED)
+        .is_some_and(|v| v == MESH_CONTROLLER)
+    {
+        Ok(None)
+    } else {
+        ctx.waypoints.for_service(&service.labels, &namespace)
+    };
+    let condition = match &found {
+        Ok(None) => None,
+        Ok(Some(w)) => {
+            let ingress = match service.labels.get(LABEL_INGRESS_USE_WAYPOINT) {
+                None => "",
+                Some(v) if v == "true" => ". Ingress traffic will traverse the waypoint",
+                Some(_) => {
+                    ". Ingress traffic is not using the waypoint, set the istio.io/ingress-use-waypoint label to true if desired."
+                }
+            };
+            Some(WaypointBound {
+                status: true,
+                reason: "WaypointAccepted".into(),
+                message: format!("Successfully attached to waypoint {}{ingress}", w.key()),
+            })
+        }
+        Err(e) => Some(WaypointBound {
+            status: false,
+            reason: e.reason().into(),
+            message: e.message(),
+        }),
+    };
+    let waypoint = found.ok().flatten().map(|w| w.address.clone());
+    let svc = wl::Service {
         name,
         namespace,
         hostname,
@@ -364,7 +468,7 @@ fn service_resource(
             _ => Vec::new(),
         },
         waypoint,
-        load_balancing: None,
+        load_balancing: load_balancing(service),
         ip_families: match (v4, v6) {
             (true, false) => wl::IpFamilies::Ipv4Only as i32,
             (false, true) => wl::IpFamilies::Ipv6Only as i32,
@@ -373,40 +477,41 @@ fn service_resource(
         },
         extensions: Vec::new(),
         creation_timestamp: None,
+    };
+    (svc, condition)
+}
+
+/// The service's load balancing: its traffic distribution as routing preferences
+/// (failing over), and `ALLOW_ALL` health for `publishNotReadyAddresses`.
+fn load_balancing(service: &Service) -> Option<wl::LoadBalancing> {
+    use wl::load_balancing::{HealthPolicy, Mode, Scope};
+    let scopes: &[Scope] = match service.traffic_distribution {
+        TrafficDistribution::Any => &[],
+        TrafficDistribution::PreferSameZone => &[Scope::Network, Scope::Region, Scope::Zone],
+        TrafficDistribution::PreferSameNode => &[
+            Scope::Network,
+            Scope::Region,
+            Scope::Zone,
+            Scope::Subzone,
+            Scope::Node,
+        ],
+    };
+    if scopes.is_empty() && !service.publish_not_ready {
+        return None;
     }
-}
-
-/// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's
-/// host name in the cluster domain. `none`, no name, and a name no Gateway can have
-/// (not a DNS-1123 subdomain: istiod finds no such waypoint) give none.
-fn waypoint_of(
-    name: Option<&str>,
-    ns: Option<&str>,
-    own_ns: &str,
-    ctx: &BuildContext<'_>,
-) -> Option<wl::GatewayAddress> {
-    let name = name.filter(|n| *n != "none" && is_dns1123_subdomain(n))?;
-    let ns = ns.filter(|n| !n.is_empty()).unwrap_or(own_ns);
-    Some(wl::GatewayAddress {
-        destination: Some(wl::gateway_address::Destination::Hostname(
-            wl::NamespacedHostname {
-                namespace: ns.to_string(),
-                hostname: format!("{name}.{ns}.svc.{}", ctx.domain),
-            },
-        )),
-        hbone_mtls_port: HBONE_PORT,
+    Some(wl::LoadBalancing {
+        routing_preference: scopes.iter().map(|s| *s as i32).collect(),
+        mode: if scopes.is_empty() {
+            Mode::UnspecifiedMode
+        } else {
+            Mode::Failover
+        } as i32,
+        health_policy: if service.publish_not_ready {
+            HealthPolicy::AllowAll
+        } else {
+            HealthPolicy::OnlyHealthy
+        } as i32,
     })
-}
-
-/// A Kubernetes object name: lowercase letters, digits, `-` and `.`, starting and
-/// ending with a letter or digit, at most 253 characters.
-fn is_dns1123_subdomain(name: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !name.is_empty()
-        && name.len() <= 253
-        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
-        && name.starts_with(alnum)
-        && name.ends_with(alnum)
 }
 
 /// Istio's canonical service name and revision of a workload.
@@ -488,18 +593,44 @@ fn workload_resource(
         });
     let waypoint = if ep
         .labels
-        .get("gateway.istio.io/managed")
-        .is_some_and(|v| v == "istio.io-mesh-controller")
+        .get(LABEL_MANAGED)
+        .is_some_and(|v| v == MESH_CONTROLLER)
     {
         None // a waypoint's own pods
+    } else if meta.use_waypoint.is_empty() {
+        // The registry gave no label of the object (or, for pods, of its
+        // namespace): the namespace's label.
+        let ns = ctx.waypoints.namespace_labels(&meta.namespace);
+        let label = |k: &str| {
+            ns.and_then(|l| l.get(k))
+                .map(String::as_str)
+                .unwrap_or_default()
+        };
+        ctx.waypoints
+            .for_workload(
+                label(LABEL_USE_WAYPOINT),
+                label(LABEL_USE_WAYPOINT_NAMESPACE),
+                &meta.namespace,
+            )
+            .ok()
+            .flatten()
+            .map(|w| w.address.clone())
     } else {
-        waypoint_of(
-            Some(meta.use_waypoint.as_str()),
-            Some(meta.use_waypoint_namespace.as_str()),
-            &meta.namespace,
-            ctx,
-        )
+        ctx.waypoints
+            .for_workload(
+                &meta.use_waypoint,
+                &meta.use_waypoint_namespace,
+                &meta.namespace,
+            )
+            .ok()
+            .flatten()
+            .map(|w| w.address.clone())
     };
+    // A waypoint's own instance carries the waypoint's inbound binding.
+    let application_tunnel = ctx
+        .waypoints
+        .instance_of(&meta.namespace, &ep.labels)
+        .and_then(|w| w.binding);
     let locality = (!ep.locality.is_empty()).then(|| wl::Locality {
         region: ep.locality.region.clone(),
         zone: ep.locality.zone.clone(),
@@ -528,7 +659,7 @@ fn workload_resource(
         } as i32,
         workload_name,
         native_tunnel: native,
-        application_tunnel: None,
+        application_tunnel,
         services: BTreeMap::new(),
         authorization_policies: Vec::new(),
         status: match ep.health {

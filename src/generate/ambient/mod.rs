@@ -24,6 +24,7 @@ mod tests_istio_entries;
 mod tests_istio_index;
 #[cfg(test)]
 mod tests_istio_world;
+pub mod waypoints;
 
 use std::collections::BTreeMap;
 
@@ -141,7 +142,8 @@ pub fn resource_json(r: &Resource) -> serde_json::Value {
 }
 
 /// `/debug/ambientz`: per connection watching an ambient type, its subscription and
-/// what it holds (name -> content version); the mesh-wide counts; with
+/// what it holds (name -> content version); the mesh-wide counts; the services'
+/// `WaypointBound` conditions; with
 /// `?resources=true`, every workload and service as proto3 JSON.
 pub fn ambientz(
     connections: &crate::ads::Connections,
@@ -185,6 +187,9 @@ pub fn ambientz(
         "workloads": r.model.workloads.len(),
         "services": r.model.services.len(),
         "clients": clients,
+        // The `WaypointBound` condition istiod writes to each Service naming a
+        // waypoint (meshfed writes no Service status).
+        "serviceConditions": &r.model.service_conditions,
     });
     if with_resources {
         out["resources"] = debug_json(snapshot);

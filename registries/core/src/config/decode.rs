@@ -191,6 +191,7 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
             source: source.to_string(),
             spec,
             conditions: read_conditions(map.get("status")),
+            status_addresses: read_status_addresses(map.get("status")),
         }),
         _ => invalid(meta.namespace, errors),
     }
@@ -218,6 +219,27 @@ fn read_conditions(status: Option<&Value>) -> Vec<crate::config::model::Conditio
                 message: text("message").to_string(),
                 last_probe_time: time("lastProbeTime"),
                 last_transition_time: time("lastTransitionTime"),
+            })
+        })
+        .collect()
+}
+
+/// `status.addresses` (a Gateway's): entries without a `value` are left out; the
+/// type defaults to `IPAddress`, as in the Gateway API.
+fn read_status_addresses(status: Option<&Value>) -> Vec<crate::config::model::StatusAddress> {
+    let Some(Value::Array(list)) = status.and_then(|s| s.get("addresses")) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|a| {
+            let value = a.get("value").and_then(Value::as_str).unwrap_or_default();
+            (!value.is_empty()).then(|| crate::config::model::StatusAddress {
+                kind: a
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("IPAddress")
+                    .to_string(),
+                value: value.to_string(),
             })
         })
         .collect()

@@ -125,6 +125,7 @@ fn service_for(
         ProviderId::External,
         config.cluster_id.clone(),
     );
+    service.object_name = obj.name.clone();
     service.ports = se
         .ports
         .iter()

@@ -207,6 +207,10 @@ pub enum ExternalAddress {
     Hostname(String),
 }
 
+/// Istio's annotation for a Service's traffic distribution (before Kubernetes had
+/// `spec.trafficDistribution`).
+pub const ANNOTATION_TRAFFIC_DISTRIBUTION: &str = "networking.istio.io/traffic-distribution";
+
 /// The annotation that makes a NodePort service a network gateway on the nodes it
 /// selects (Istio's `traffic.istio.io/nodeSelector`).
 pub const ANNOTATION_NODE_SELECTOR: &str = "traffic.istio.io/nodeSelector";
@@ -407,6 +411,17 @@ pub fn convert_service(
                 Err(_) => TargetPort::Name(s.clone()),
             },
         };
+        // The ambient Service's target port: a number as given, 0 for a name (none
+        // given: not recorded).
+        match &target {
+            _ if p.target_port.is_none() => {}
+            TargetPort::Number(t) => {
+                service.target_ports.insert(number, *t);
+            }
+            TargetPort::Name(_) => {
+                service.target_ports.insert(number, 0);
+            }
+        }
         if let Some(node_port) = p.node_port.filter(|n| *n != 0) {
             node_ports.insert(
                 number,
@@ -447,6 +462,11 @@ pub fn convert_service(
     if let Some(labels) = &meta.labels {
         service.labels = labels.clone();
     }
+    service.traffic_distribution = meshfed_registry::TrafficDistribution::parse(
+        spec.traffic_distribution.as_deref(),
+        annotation(ANNOTATION_TRAFFIC_DISTRIBUTION),
+    );
+    service.publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
     if let Some(export_to) = annotation(ANNOTATION_EXPORT_TO) {
         service.export_to = ExportTo(comma_list(export_to).map(str::to_string).collect());
     }
