@@ -304,8 +304,9 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
         Some(address::Type::Service(s)) => {
             assert_eq!(s.name, "app");
             assert_eq!(s.addresses[0].address, vec![10, 96, 0, 10]);
-            // The pods listen on 8080, the VM on 80: no common target port.
-            assert_eq!((s.ports[0].service_port, s.ports[0].target_port), (80, 0));
+            // The Service's own numeric targetPort, as istiod sends it (each
+            // workload's `services` map carries where it listens).
+            assert_eq!((s.ports[0].service_port, s.ports[0].target_port), (80, 80));
         }
         other => panic!("not a service: {other:?}"),
     }

@@ -453,11 +453,19 @@ pub struct Service {
     /// `spec.publishNotReadyAddresses`: endpoints are used whether ready or not.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub publish_not_ready: bool,
+    /// `spec.internalTrafficPolicy: Local`: clients use endpoints on their own node
+    /// only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub node_local: bool,
     /// The name of the object that declared the service when that is not the first
     /// label of its host name: a ServiceEntry's `metadata.name`. Empty otherwise.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub object_name: String,
 }
+
+/// Istio's annotation for a service's traffic distribution (on a Kubernetes Service
+/// before it had `spec.trafficDistribution`, and on a ServiceEntry).
+pub const TRAFFIC_DISTRIBUTION_ANNOTATION: &str = "networking.istio.io/traffic-distribution";
 
 /// A service's preference for nearby endpoints, as Istio reads Kubernetes'
 /// `spec.trafficDistribution`.
@@ -525,6 +533,7 @@ impl Service {
             target_ports: BTreeMap::new(),
             traffic_distribution: TrafficDistribution::Any,
             publish_not_ready: false,
+            node_local: false,
             object_name: String::new(),
         }
     }

@@ -481,31 +481,38 @@ fn service_resource(
     (svc, condition)
 }
 
-/// The service's load balancing: its traffic distribution as routing preferences
-/// (failing over), and `ALLOW_ALL` health for `publishNotReadyAddresses`.
+/// The service's load balancing as istiod sets it: the node only, strictly, for
+/// `internalTrafficPolicy: Local`, else its traffic distribution as routing
+/// preferences (failing over); `ALLOW_ALL` health for `publishNotReadyAddresses`.
 fn load_balancing(service: &Service) -> Option<wl::LoadBalancing> {
     use wl::load_balancing::{HealthPolicy, Mode, Scope};
-    let scopes: &[Scope] = match service.traffic_distribution {
-        TrafficDistribution::Any => &[],
-        TrafficDistribution::PreferSameZone => &[Scope::Network, Scope::Region, Scope::Zone],
-        TrafficDistribution::PreferSameNode => &[
-            Scope::Network,
-            Scope::Region,
-            Scope::Zone,
-            Scope::Subzone,
-            Scope::Node,
-        ],
+    let (scopes, mode): (&[Scope], Mode) = if service.node_local {
+        (&[Scope::Node], Mode::Strict)
+    } else {
+        match service.traffic_distribution {
+            TrafficDistribution::Any => (&[], Mode::UnspecifiedMode),
+            TrafficDistribution::PreferSameZone => (
+                &[Scope::Network, Scope::Region, Scope::Zone],
+                Mode::Failover,
+            ),
+            TrafficDistribution::PreferSameNode => (
+                &[
+                    Scope::Network,
+                    Scope::Region,
+                    Scope::Zone,
+                    Scope::Subzone,
+                    Scope::Node,
+                ],
+                Mode::Failover,
+            ),
+        }
     };
     if scopes.is_empty() && !service.publish_not_ready {
         return None;
     }
     Some(wl::LoadBalancing {
         routing_preference: scopes.iter().map(|s| *s as i32).collect(),
-        mode: if scopes.is_empty() {
-            Mode::UnspecifiedMode
-        } else {
-            Mode::Failover
-        } as i32,
+        mode: mode as i32,
         health_policy: if service.publish_not_ready {
             HealthPolicy::AllowAll
         } else {

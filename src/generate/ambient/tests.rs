@@ -349,3 +349,26 @@ fn canonical_names_follow_istios_label_order() {
         ("c".into(), "kv".into())
     );
 }
+
+#[test]
+fn internal_traffic_policy_local_keeps_to_the_node_over_traffic_distribution() {
+    let mut s = service(
+        "a.ns.svc.cluster.local",
+        "ns",
+        ProviderId::Kubernetes,
+        &["10.96.0.1"],
+        &[("http", 80)],
+    );
+    s.node_local = true;
+    s.traffic_distribution = meshfed_registry::TrafficDistribution::PreferSameZone;
+    s.publish_not_ready = true;
+    let model = model_of(vec![(s, vec![])], &[]);
+    assert_eq!(
+        model.services["ns/a.ns.svc.cluster.local"].load_balancing,
+        Some(wl::LoadBalancing {
+            routing_preference: vec![wl::load_balancing::Scope::Node as i32],
+            mode: wl::load_balancing::Mode::Strict as i32,
+            health_policy: wl::load_balancing::HealthPolicy::AllowAll as i32,
+        })
+    );
+}

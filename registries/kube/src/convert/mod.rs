@@ -207,10 +207,6 @@ pub enum ExternalAddress {
     Hostname(String),
 }
 
-/// Istio's annotation for a Service's traffic distribution (before Kubernetes had
-/// `spec.trafficDistribution`).
-pub const ANNOTATION_TRAFFIC_DISTRIBUTION: &str = "networking.istio.io/traffic-distribution";
-
 /// The annotation that makes a NodePort service a network gateway on the nodes it
 /// selects (Istio's `traffic.istio.io/nodeSelector`).
 pub const ANNOTATION_NODE_SELECTOR: &str = "traffic.istio.io/nodeSelector";
@@ -464,9 +460,10 @@ pub fn convert_service(
     }
     service.traffic_distribution = meshfed_registry::TrafficDistribution::parse(
         spec.traffic_distribution.as_deref(),
-        annotation(ANNOTATION_TRAFFIC_DISTRIBUTION),
+        annotation(meshfed_registry::TRAFFIC_DISTRIBUTION_ANNOTATION),
     );
     service.publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
+    service.node_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     if let Some(export_to) = annotation(ANNOTATION_EXPORT_TO) {
         service.export_to = ExportTo(comma_list(export_to).map(str::to_string).collect());
     }
@@ -740,5 +737,57 @@ mod tests {
             a.external_addresses,
             vec![ExternalAddress::Ip("192.0.2.7".parse().unwrap())]
         );
+    }
+
+    /// What the ambient Service is built from: numeric target ports (0 for a name,
+    /// none recorded when not given), traffic distribution (the spec before the
+    /// annotation), `publishNotReadyAddresses`, `internalTrafficPolicy: Local`.
+    #[test]
+    fn ambient_fields_carry_over() {
+        let config = KubeRegistryConfig::new("c1");
+        let mut svc = service(ServiceSpec {
+            ports: Some(vec![
+                ServicePort {
+                    target_port: Some(IntOrString::Int(8080)),
+                    ..port("http", 80)
+                },
+                ServicePort {
+                    target_port: Some(IntOrString::String("web".into())),
+                    ..port("web", 81)
+                },
+                port("plain", 82),
+            ]),
+            traffic_distribution: Some("PreferSameNode".into()),
+            publish_not_ready_addresses: Some(true),
+            internal_traffic_policy: Some("Local".into()),
+            ..Default::default()
+        });
+        svc.metadata.annotations = Some(BTreeMap::from([(
+            meshfed_registry::TRAFFIC_DISTRIBUTION_ANNOTATION.to_string(),
+            "PreferClose".to_string(),
+        )]));
+        let s = convert_service(&svc, &config).unwrap().service;
+        assert_eq!(s.target_ports, BTreeMap::from([(80, 8080), (81, 0)]));
+        assert_eq!(
+            s.traffic_distribution,
+            meshfed_registry::TrafficDistribution::PreferSameNode
+        );
+        assert!(s.publish_not_ready);
+        assert!(s.node_local);
+        // Without the spec field, the annotation (any case).
+        let mut svc = service(ServiceSpec {
+            ports: Some(vec![port("http", 80)]),
+            ..Default::default()
+        });
+        svc.metadata.annotations = Some(BTreeMap::from([(
+            meshfed_registry::TRAFFIC_DISTRIBUTION_ANNOTATION.to_string(),
+            "preferclose".to_string(),
+        )]));
+        let s = convert_service(&svc, &config).unwrap().service;
+        assert_eq!(
+            s.traffic_distribution,
+            meshfed_registry::TrafficDistribution::PreferSameZone
+        );
+        assert!(!s.publish_not_ready && !s.node_local);
     }
 }
