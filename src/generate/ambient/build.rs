@@ -47,7 +47,7 @@ use meshfed_registry::{
 use meshfed_registry::config::Kind;
 
 use super::waypoints::{
-    LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, WaypointInputs, Waypoints,
+    LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, Waypoint, WaypointInputs, Waypoints,
 };
 use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
@@ -69,6 +69,10 @@ pub struct AmbientModel {
     pub services: BTreeMap<String, wl::Service>,
     /// `network/IP` -> the names of the resources at that address.
     pub aliases: BTreeMap<String, Vec<String>>,
+    /// `DEFAULT_ALLOW_FROM_WAYPOINT`'s allow policies for the waypoints' service
+    /// accounts, by resource name (`<ns>/istio_allow_waypoint_<ns>_<name>`), served
+    /// with the Authorization type.
+    pub implicit_policies: BTreeMap<String, meshfed_api::security::Authorization>,
     /// `namespace/hostname` -> the `WaypointBound` condition istiod writes to the
     /// service's status (services naming a waypoint only; meshfed shows them in
     /// `/debug/ambientz`).
@@ -105,7 +109,7 @@ pub type ServiceEndpoints<'a> = (&'a Service, Vec<(&'a ShardKey, &'a Endpoint)>)
 /// Builds the ambient model from a snapshot: its services with their endpoints, and
 /// every workload the registries know ([`Snapshot::every_workload`]: pods and
 /// WorkloadEntries that back no service are workloads too).
-pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
+pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> AmbientModel {
     let trust_domain = snapshot.mesh().config.trust_domain.clone();
     let services: Vec<ServiceEndpoints<'_>> = snapshot
         .services()
@@ -134,6 +138,15 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
     );
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
     attach_policies(&mut model, &services, &standalone, &policies);
+    if options.default_allow_from_waypoint {
+        add_implicit_waypoint_policies(
+            &mut model,
+            &services,
+            &standalone,
+            &waypoints,
+            &trust_domain,
+        );
+    }
     model
 }
 
@@ -423,16 +436,7 @@ fn service_resource(
             }
         })
         .collect();
-    // A waypoint's own Service has no waypoint.
-    let found = if service
-        .labels
-        .get(LABEL_MANAGED)
-        .is_some_and(|v| v == MESH_CONTROLLER)
-    {
-        Ok(None)
-    } else {
-        ctx.waypoints.for_service(&service.labels, &namespace)
-    };
+    let found = service_waypoint(service, ctx.waypoints);
     let condition = match &found {
         Ok(None) => None,
         Ok(Some(w)) => {
@@ -598,41 +602,7 @@ fn workload_resource(
             )),
             hbone_mtls_port: HBONE_PORT,
         });
-    let waypoint = if ep
-        .labels
-        .get(LABEL_MANAGED)
-        .is_some_and(|v| v == MESH_CONTROLLER)
-    {
-        None // a waypoint's own pods
-    } else if meta.use_waypoint.is_empty() {
-        // The registry gave no label of the object (or, for pods, of its
-        // namespace): the namespace's label.
-        let ns = ctx.waypoints.namespace_labels(&meta.namespace);
-        let label = |k: &str| {
-            ns.and_then(|l| l.get(k))
-                .map(String::as_str)
-                .unwrap_or_default()
-        };
-        ctx.waypoints
-            .for_workload(
-                label(LABEL_USE_WAYPOINT),
-                label(LABEL_USE_WAYPOINT_NAMESPACE),
-                &meta.namespace,
-            )
-            .ok()
-            .flatten()
-            .map(|w| w.address.clone())
-    } else {
-        ctx.waypoints
-            .for_workload(
-                &meta.use_waypoint,
-                &meta.use_waypoint_namespace,
-                &meta.namespace,
-            )
-            .ok()
-            .flatten()
-            .map(|w| w.address.clone())
-    };
+    let waypoint = workload_waypoint(meta, ep, ctx.waypoints).map(|w| w.address.clone());
     // A waypoint's own instance carries the waypoint's inbound binding.
     let application_tunnel = ctx
         .waypoints
@@ -682,6 +652,178 @@ fn workload_resource(
         } as i32,
         extensions: Vec::new(),
         capacity: None,
+    }
+}
+
+/// The waypoint a workload uses: its own (or, when the registry gave none, its
+/// namespace's) `istio.io/use-waypoint`, if that waypoint takes workload traffic;
+/// none for a waypoint's own pods.
+fn workload_waypoint<'w>(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    waypoints: &'w Waypoints,
+) -> Option<&'w Waypoint> {
+    if ep
+        .labels
+        .get(LABEL_MANAGED)
+        .is_some_and(|v| v == MESH_CONTROLLER)
+    {
+        return None;
+    }
+    let found = if meta.use_waypoint.is_empty() {
+        let ns = waypoints.namespace_labels(&meta.namespace);
+        let label = |k: &str| {
+            ns.and_then(|l| l.get(k))
+                .map(String::as_str)
+                .unwrap_or_default()
+        };
+        waypoints.for_workload(
+            label(LABEL_USE_WAYPOINT),
+            label(LABEL_USE_WAYPOINT_NAMESPACE),
+            &meta.namespace,
+        )
+    } else {
+        waypoints.for_workload(
+            &meta.use_waypoint,
+            &meta.use_waypoint_namespace,
+            &meta.namespace,
+        )
+    };
+    found.ok().flatten()
+}
+
+/// The waypoint a service uses, or why its `istio.io/use-waypoint` gives none; a
+/// waypoint's own Service has none.
+fn service_waypoint<'w>(
+    service: &Service,
+    waypoints: &'w Waypoints,
+) -> Result<Option<&'w Waypoint>, super::waypoints::Unbound> {
+    if service
+        .labels
+        .get(LABEL_MANAGED)
+        .is_some_and(|v| v == MESH_CONTROLLER)
+    {
+        return Ok(None);
+    }
+    waypoints.for_service(&service.labels, service.namespace.as_str())
+}
+
+/// `DEFAULT_ALLOW_FROM_WAYPOINT`: for each waypoint with pods (its instances, labelled
+/// `gateway.networking.k8s.io/gateway-name`), an ALLOW policy
+/// `<ns>/istio_allow_waypoint_<ns>_<name>` for their service accounts, listed on
+/// every workload that uses the waypoint or backs a service that does (the
+/// services' waypoints first, then its own), after its other policies.
+pub fn add_implicit_waypoint_policies(
+    model: &mut AmbientModel,
+    services: &[ServiceEndpoints<'_>],
+    standalone: &[(&ShardKey, &Endpoint)],
+    waypoints: &Waypoints,
+    trust_domain: &str,
+) {
+    use meshfed_api::security as sec;
+    let trust_domain = if trust_domain.is_empty() {
+        "cluster.local"
+    } else {
+        trust_domain
+    };
+    let endpoints: Vec<&Endpoint> = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter().map(|(_, e)| *e))
+        .chain(standalone.iter().map(|(_, e)| *e))
+        .collect();
+    // Each waypoint's instances: pod uid -> service account.
+    let mut accounts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for ep in &endpoints {
+        let Some(meta) = ep
+            .workload
+            .as_deref()
+            .filter(|m| m.kind == WorkloadKind::Pod)
+        else {
+            continue;
+        };
+        if let Some(w) = waypoints.instance_of(&meta.namespace, &ep.labels) {
+            let sa = ep
+                .service_account
+                .as_deref()
+                .map(|id| split_spiffe(id).1)
+                .unwrap_or_default();
+            accounts
+                .entry(w.key())
+                .or_default()
+                .insert(meta.uid.clone(), sa);
+        }
+    }
+    let mut policy_of: BTreeMap<String, String> = BTreeMap::new();
+    for (key, pods) in &accounts {
+        let Some((ns, name)) = key.split_once('/') else {
+            continue;
+        };
+        let mut sas: Vec<&String> = pods.values().collect();
+        sas.sort();
+        let policy = sec::Authorization {
+            name: format!("istio_allow_waypoint_{ns}_{name}"),
+            namespace: ns.to_string(),
+            scope: sec::Scope::WorkloadSelector as i32,
+            action: sec::Action::Allow as i32,
+            groups: vec![sec::Group {
+                rules: vec![sec::Rules {
+                    matches: vec![sec::Match {
+                        principals: sas
+                            .iter()
+                            .map(|sa| sec::StringMatch {
+                                match_type: Some(sec::string_match::MatchType::Exact(format!(
+                                    "{trust_domain}/ns/{ns}/sa/{sa}"
+                                ))),
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }],
+                }],
+            }],
+        };
+        let resource = format!("{ns}/{}", policy.name);
+        policy_of.insert(key.clone(), resource.clone());
+        model.implicit_policies.insert(resource, policy);
+    }
+    if policy_of.is_empty() {
+        return;
+    }
+    let service_waypoints: BTreeMap<String, String> = services
+        .iter()
+        .filter_map(|(s, _)| {
+            let w = service_waypoint(s, waypoints).ok().flatten()?;
+            Some((format!("{}/{}", s.namespace, s.hostname), w.key()))
+        })
+        .collect();
+    let mut done = BTreeSet::new();
+    for ep in &endpoints {
+        let Some(meta) = ep.workload.as_deref() else {
+            continue;
+        };
+        if !done.insert(meta.uid.clone()) {
+            continue;
+        }
+        let Some(workload) = model.workloads.get_mut(&meta.uid) else {
+            continue;
+        };
+        let own = workload_waypoint(meta, ep, waypoints).map(Waypoint::key);
+        let mut keys: Vec<String> = workload
+            .services
+            .keys()
+            .filter_map(|s| service_waypoints.get(s))
+            .filter(|k| Some(*k) != own.as_ref())
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        keys.extend(own);
+        for key in keys {
+            if let Some(p) = policy_of.get(&key)
+                && !workload.authorization_policies.contains(p)
+            {
+                workload.authorization_policies.push(p.clone());
+            }
+        }
     }
 }
 

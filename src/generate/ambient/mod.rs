@@ -37,6 +37,15 @@ pub use build::AmbientModel;
 
 use super::Subscription;
 
+/// Ambient settings from flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AmbientOptions {
+    /// Istio's `DEFAULT_ALLOW_FROM_WAYPOINT`: each waypoint's workloads get an allow
+    /// policy for the waypoint's service accounts
+    /// ([`build::add_implicit_waypoint_policies`]).
+    pub default_allow_from_waypoint: bool,
+}
+
 /// The Address resources of one snapshot.
 #[derive(Debug, Default)]
 pub struct AddressResources {
@@ -44,6 +53,9 @@ pub struct AddressResources {
     pub model: AmbientModel,
     /// Primary name (workload uid, `namespace/hostname`) -> encoded resource.
     pub by_name: BTreeMap<String, Resource>,
+    /// The implicit waypoint policies (`model.implicit_policies`), encoded as
+    /// Authorization resources.
+    pub implicit_policies: BTreeMap<String, Resource>,
 }
 
 impl AddressResources {
@@ -68,7 +80,21 @@ impl AddressResources {
                 EncodedResource::encode(TypeUrl::Address, name.as_str(), &address),
             );
         }
-        AddressResources { model, by_name }
+        let implicit_policies = model
+            .implicit_policies
+            .iter()
+            .map(|(name, a)| {
+                (
+                    name.clone(),
+                    EncodedResource::encode(TypeUrl::Authorization, name.as_str(), a),
+                )
+            })
+            .collect();
+        AddressResources {
+            model,
+            by_name,
+            implicit_policies,
+        }
     }
 
     /// The resources a subscription asks for: all of them for a wildcard one, plus
@@ -110,26 +136,48 @@ fn decode_address(r: &Resource) -> wl::Address {
     prost::Message::decode(r.body.value.clone()).unwrap_or_default()
 }
 
-/// The Address resources of `snapshot`, built on first use.
-pub fn address_resources(snapshot: &Snapshot) -> std::sync::Arc<AddressResources> {
-    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s)))
+/// The Address resources of `snapshot`, built on first use (`options` are the
+/// server's, the same for every use).
+pub fn address_resources(
+    snapshot: &Snapshot,
+    options: &AmbientOptions,
+) -> std::sync::Arc<AddressResources> {
+    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s, options)))
 }
 
 /// The Address resources `sub` asks for.
-pub fn addresses(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
-    address_resources(snapshot).select(sub)
+pub fn addresses(
+    snapshot: &Snapshot,
+    sub: Subscription<'_>,
+    options: &AmbientOptions,
+) -> Vec<Resource> {
+    address_resources(snapshot, options).select(sub)
 }
 
 /// The Authorization resources `sub` asks for: the converted policies of
-/// [`super::ambient_authz`].
-pub fn authorizations(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
-    super::ambient_authz::resources(snapshot, sub)
+/// [`super::ambient_authz`], and the implicit waypoint policies.
+pub fn authorizations(
+    snapshot: &Snapshot,
+    sub: Subscription<'_>,
+    options: &AmbientOptions,
+) -> Vec<Resource> {
+    let mut out = super::ambient_authz::resources(snapshot, sub);
+    if options.default_allow_from_waypoint {
+        let r = address_resources(snapshot, options);
+        out.extend(
+            r.implicit_policies
+                .iter()
+                .filter(|(name, _)| sub.wildcard || sub.names.contains(*name))
+                .map(|(_, res)| res.clone()),
+        );
+    }
+    out
 }
 
 /// JSON of the Address type for `/debug/` views: every workload and service, as the
 /// proto3 JSON Istio's debug endpoints print.
-pub fn debug_json(snapshot: &Snapshot) -> serde_json::Value {
-    let r = address_resources(snapshot);
+pub fn debug_json(snapshot: &Snapshot, options: &AmbientOptions) -> serde_json::Value {
+    let r = address_resources(snapshot, options);
     json!({
         "workloads": r.model.workloads.values().collect::<Vec<_>>(),
         "services": r.model.services.values().collect::<Vec<_>>(),
@@ -149,6 +197,7 @@ pub fn ambientz(
     connections: &crate::ads::Connections,
     snapshot: &Snapshot,
     with_resources: bool,
+    options: &AmbientOptions,
 ) -> serde_json::Value {
     let clients: Vec<serde_json::Value> = connections
         .all()
@@ -182,7 +231,7 @@ pub fn ambientz(
             })
         })
         .collect();
-    let r = address_resources(snapshot);
+    let r = address_resources(snapshot, options);
     let mut out = json!({
         "workloads": r.model.workloads.len(),
         "services": r.model.services.len(),
@@ -192,7 +241,7 @@ pub fn ambientz(
         "serviceConditions": &r.model.service_conditions,
     });
     if with_resources {
-        out["resources"] = debug_json(snapshot);
+        out["resources"] = debug_json(snapshot, options);
     }
     out
 }

@@ -409,23 +409,59 @@ const VECTORS: &[Vector] = &[
         services_for_waypoint_case("10.0.0.1", "10.0.0.1", "wp.ns1.svc.company.com")
     }),
     (INDEX, "DefaultAllowWaypointPolicy", || {
-        // DefaultAllowFromWaypoint: a policy allowing the waypoint's service
-        // accounts, attached to pod1.
+        // `setupPolicyTest` with DEFAULT_ALLOW_FROM_WAYPOINT: the namespace's waypoint
+        // has two pods with different service accounts; pod1 uses it.
         let mut w = World::new();
-        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]).pod(
-            "127.0.0.1",
-            "pod1",
-            "sa1",
-            &[("app", "a")],
-        );
-        let found = w.lookup(&addr("127.0.0.1"));
+        w.default_allow_from_waypoint = true;
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .pod(
+                "127.0.0.200",
+                "waypoint-ns-pod",
+                "namespace-wide",
+                &[MANAGED, (GATEWAY_NAME, "waypoint-ns")],
+            )
+            .pod(
+                "127.0.0.201",
+                "waypoint2-sa",
+                "waypoint-sa",
+                &[MANAGED, (GATEWAY_NAME, "waypoint-ns")],
+            )
+            .waypoint("10.0.0.2", "waypoint-ns", "all", true)
+            .ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]);
+        let policy = "ns1/istio_allow_waypoint_ns1_waypoint-ns";
+        let m = w.model();
+        let principals: Vec<String> = m
+            .implicit_policies
+            .get(policy)
+            .map(|p| {
+                p.groups[0].rules[0].matches[0]
+                    .principals
+                    .iter()
+                    .filter_map(|sm| match &sm.match_type {
+                        Some(meshfed_api::security::string_match::MatchType::Exact(e)) => {
+                            Some(e.clone())
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         check(
-            "pod1 policies",
+            "policy with service accounts",
+            principals,
+            vec![
+                "cluster.local/ns/ns1/sa/namespace-wide".to_string(),
+                "cluster.local/ns/ns1/sa/waypoint-sa".to_string(),
+            ],
+        )?;
+        let found = lookup(&m, &addr("127.0.0.1"));
+        check(
+            "attach policy to workload",
             found
                 .first()
                 .and_then(Found::workload)
                 .map(|w| w.authorization_policies.clone()),
-            Some(vec!["ns1/istio_allow_waypoint_ns1_waypoint-ns".to_string()]),
+            Some(vec![policy.to_string()]),
         )
     }),
     (INDEX, "PodLifecycleWorkloadGates", || {
@@ -713,10 +749,6 @@ const NO_MULTINETWORK: &str = "ambient multi-network is not built: no `istio.io/
 
 /// Vectors meshfed does not pass, with the reason.
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "DefaultAllowWaypointPolicy",
-        "DEFAULT_ALLOW_FROM_WAYPOINT (an allow policy for the waypoint's service accounts) is not implemented",
-    ),
     (
         "WorkloadsForWaypointOrder",
         "workloads carry no creation time: they are ordered by uid, not by age",

@@ -81,6 +81,8 @@ pub(super) struct World {
     pub aps: Vec<(String, String, String)>,
     /// Gateway API Gateways (waypoints) and GatewayClasses.
     pub gateways: Vec<Arc<ConfigObject>>,
+    /// `DEFAULT_ALLOW_FROM_WAYPOINT`.
+    pub default_allow_from_waypoint: bool,
 }
 
 impl World {
@@ -461,6 +463,15 @@ impl World {
             &crate::generate::ambient_authz::tests::index(&aps, &[]),
         );
         build::attach_policies(&mut model, &refs, &standalone, &policies);
+        if self.default_allow_from_waypoint {
+            build::add_implicit_waypoint_policies(
+                &mut model,
+                &refs,
+                &standalone,
+                &waypoints,
+                "cluster.local",
+            );
+        }
         model
     }
 }
