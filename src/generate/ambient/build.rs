@@ -46,14 +46,14 @@ use meshfed_registry::{
 
 use meshfed_registry::config::Kind;
 
+pub use super::{HBONE_PORT, ip_bytes, ip_of};
+
 use super::waypoints::{
     LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, Waypoint, WaypointInputs, Waypoints,
 };
 use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
 
-/// The HBONE port of ztunnels, waypoints and east-west gateways.
-pub const HBONE_PORT: u32 = 15008;
 /// The label a workload that speaks HBONE itself carries (`http`).
 const LABEL_TUNNEL: &str = "networking.istio.io/tunnel";
 /// The label (value [`MESH_CONTROLLER`]) of a waypoint's own pods and Service.
@@ -337,23 +337,6 @@ fn shadowed_by_pod(
         && ep.hostname.is_none()
         && !pod_addresses.is_empty()
         && pod_addresses.contains(&(ctx.networks.endpoint_network(ep, shard), ep.address))
-}
-
-/// The raw bytes of an IP, as the API carries addresses.
-pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
-/// The IP of raw address bytes.
-pub fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
-    }
 }
 
 /// The network of an address of `cluster` (VIPs: the cluster's network, else the

@@ -27,6 +27,7 @@ mod tests_istio_world;
 pub mod waypoints;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use meshfed_api::workload as wl;
 use serde_json::json;
@@ -36,6 +37,26 @@ use crate::xds::{EncodedResource, Resource, TypeUrl};
 pub use build::AmbientModel;
 
 use super::Subscription;
+
+/// The HBONE port of ztunnels, waypoints and east-west gateways.
+pub const HBONE_PORT: u32 = 15008;
+
+/// The raw bytes of an IP, as the API carries addresses.
+pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// The IP of raw address bytes.
+pub fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
 
 /// Ambient settings from flags.
 #[derive(Clone, Copy, Debug, Default)]

@@ -33,7 +33,7 @@ use meshfed_registry::config::gateway_api::types::{
 };
 use meshfed_registry::config::{ConfigObject, NamespaceLabels};
 
-use super::build::{HBONE_PORT, ip_bytes};
+use super::{HBONE_PORT, ip_bytes};
 
 /// The label that names a waypoint (`none` opts out).
 pub const LABEL_USE_WAYPOINT: &str = "istio.io/use-waypoint";
@@ -464,7 +464,7 @@ mod tests {
         match &w.address.destination {
             Some(wl::gateway_address::Destination::Hostname(h)) => h.hostname.clone(),
             Some(wl::gateway_address::Destination::Address(a)) => {
-                format!("{}/{:?}", a.network, super::super::build::ip_of(&a.address))
+                format!("{}/{:?}", a.network, super::super::ip_of(&a.address))
             }
             None => String::new(),
         }
