@@ -1,7 +1,7 @@
 //! Workloads and services of the ambient Address type, built from the registries'
 //! merged services and endpoint shards (Istio's `ambient/workloads.go`,
-//! `services.go`, `waypoints.go` (waypoints by name), `networks.go`,
-//! `sidecar_interop.go`).
+//! `services.go`, `networks.go`, `sidecar_interop.go`; waypoints are read by
+//! [`super::waypoints`]).
 //!
 //! - A workload is the object behind one or more endpoints
 //!   ([`meshfed_registry::WorkloadMeta`]), keyed by its uid; its `services` map lists,
@@ -25,10 +25,15 @@
 //! - Canonical name and revision from `service.istio.io/canonical-name|revision`,
 //!   else `app.kubernetes.io/name|version`, else `app`/`version`, else the
 //!   workload name / `latest`.
-//! - Waypoints: `istio.io/use-waypoint` on the workload (else its namespace) or the
-//!   service names a waypoint; `none` opts out. The waypoint is addressed by its
-//!   service's host name `<name>.<namespace>.svc.<domain>` (what a waypoint Gateway
-//!   reports as its status address, which Istio prefers over IPs); HBONE port 15008.
+//! - Waypoints: `istio.io/use-waypoint` on the object (else its namespace) names a
+//!   waypoint, set when [`super::waypoints`] finds it ready, taking that traffic and
+//!   admitting the namespace (each service's `WaypointBound` condition says why not);
+//!   a waypoint's own pods and Service have none, its instances carry its inbound
+//!   binding as `application_tunnel`. With `DEFAULT_ALLOW_FROM_WAYPOINT` the
+//!   waypoints' implicit allow policies are listed on the workloads that use them.
+//! - Services: name (a ServiceEntry's object name), VIPs, ports with the target port
+//!   the service gives (else the one its endpoints agree on), and load balancing from
+//!   `internalTrafficPolicy`, traffic distribution and `publishNotReadyAddresses`.
 //! - Host-network pods are workloads in network mode `HOST_NETWORK` (their address
 //!   is the node's).
 //! - Kubernetes `ExternalName` Services (alias services) are not sent.
