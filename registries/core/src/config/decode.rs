@@ -441,6 +441,51 @@ mod tests {
         );
     }
 
+    /// A Gateway API Gateway's `status.addresses` are kept (the type defaulting to
+    /// `IPAddress`, entries without a value left out), count as content, and are
+    /// written back.
+    #[test]
+    fn gateway_status_addresses_are_read_and_written_back() {
+        let gateway = |status: Value| {
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": "wp", "namespace": "ns"},
+                "spec": {"gatewayClassName": "istio-waypoint", "listeners": [
+                    {"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+                "status": status,
+            })
+        };
+        let pending = decoded(&gateway(json!({})));
+        let ready = decoded(&gateway(json!({"addresses": [
+            {"value": "10.0.0.1"},
+            {"type": "Hostname", "value": "wp.ns.svc.cluster.local"},
+            {"type": "Hostname"},
+        ]})));
+        assert!(pending.status_addresses.is_empty());
+        assert_eq!(
+            ready.status_addresses,
+            vec![
+                crate::config::StatusAddress {
+                    kind: "IPAddress".into(),
+                    value: "10.0.0.1".into()
+                },
+                crate::config::StatusAddress {
+                    kind: "Hostname".into(),
+                    value: "wp.ns.svc.cluster.local".into()
+                },
+            ]
+        );
+        assert!(!ready.same_content(&pending));
+        assert_eq!(
+            serde_json::to_value(&ready).unwrap()["status"]["addresses"],
+            json!([
+                {"type": "IPAddress", "value": "10.0.0.1"},
+                {"type": "Hostname", "value": "wp.ns.svc.cluster.local"},
+            ])
+        );
+    }
+
     #[test]
     fn camel_case_and_snake_case_both_work() {
         let camel = decoded(&object(
