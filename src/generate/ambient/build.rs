@@ -78,6 +78,9 @@ pub struct AmbientModel {
     /// accounts, by resource name (`<ns>/istio_allow_waypoint_<ns>_<name>`), served
     /// with the Authorization type.
     pub implicit_policies: BTreeMap<String, meshfed_api::security::Authorization>,
+    /// Workload uid -> why the waypoint its `istio.io/use-waypoint` names gives it
+    /// none (istiod's reasons and messages; shown in `/debug/ambientz`).
+    pub workload_waypoint_problems: BTreeMap<String, WaypointBound>,
     /// `namespace/hostname` -> the `WaypointBound` condition istiod writes to the
     /// service's status (services naming a waypoint only; meshfed shows them in
     /// `/debug/ambientz`).
@@ -314,6 +317,27 @@ pub fn build(
                 .workloads
                 .entry(meta.uid.clone())
                 .or_insert_with(|| workload_resource(meta, ep, shard, &ctx));
+        }
+    }
+    // Why a workload's `istio.io/use-waypoint` gives it no waypoint.
+    let endpoints = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter())
+        .chain(standalone);
+    for (_, ep) in endpoints {
+        if let Some(meta) = ep.workload.as_deref()
+            && model.workloads.contains_key(&meta.uid)
+            && !model.workload_waypoint_problems.contains_key(&meta.uid)
+            && let Err(e) = workload_waypoint_or_why(meta, ep, ctx.waypoints)
+        {
+            model.workload_waypoint_problems.insert(
+                meta.uid.clone(),
+                WaypointBound {
+                    status: false,
+                    reason: e.reason().into(),
+                    message: e.message(),
+                },
+            );
         }
     }
     for (uid, w) in &model.workloads {
@@ -651,12 +675,21 @@ fn workload_waypoint<'w>(
     ep: &Endpoint,
     waypoints: &'w Waypoints,
 ) -> Option<&'w Waypoint> {
+    workload_waypoint_or_why(meta, ep, waypoints).ok().flatten()
+}
+
+/// [`workload_waypoint`], or why the waypoint named gives none.
+fn workload_waypoint_or_why<'w>(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    waypoints: &'w Waypoints,
+) -> Result<Option<&'w Waypoint>, super::waypoints::Unbound> {
     if ep
         .labels
         .get(LABEL_MANAGED)
         .is_some_and(|v| v == MESH_CONTROLLER)
     {
-        return None;
+        return Ok(None);
     }
     let found = if meta.use_waypoint.is_empty() {
         let ns = waypoints.namespace_labels(&meta.namespace);
@@ -677,7 +710,7 @@ fn workload_waypoint<'w>(
             &meta.namespace,
         )
     };
-    found.ok().flatten()
+    found
 }
 
 /// The waypoint a service uses, or why its `istio.io/use-waypoint` gives none; a

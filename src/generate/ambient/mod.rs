@@ -212,7 +212,7 @@ pub fn resource_json(r: &Resource) -> serde_json::Value {
 
 /// `/debug/ambientz`: per connection watching an ambient type, its subscription and
 /// what it holds (name -> content version); the mesh-wide counts; the services'
-/// `WaypointBound` conditions; with
+/// `WaypointBound` conditions and why workloads got no waypoint; with
 /// `?resources=true`, every workload and service as proto3 JSON.
 pub fn ambientz(
     connections: &crate::ads::Connections,
@@ -260,6 +260,9 @@ pub fn ambientz(
         // The `WaypointBound` condition istiod writes to each Service naming a
         // waypoint (meshfed writes no Service status).
         "serviceConditions": &r.model.service_conditions,
+        // Workloads whose `istio.io/use-waypoint` names a waypoint that gives them
+        // none, and why.
+        "workloadWaypointProblems": &r.model.workload_waypoint_problems,
     });
     if with_resources {
         out["resources"] = debug_json(snapshot, options);

@@ -272,6 +272,14 @@ const VECTORS: &[Vector] = &[
             String::new(),
         )?;
         check(
+            "why pod1 has none",
+            w.model()
+                .workload_waypoint_problems
+                .get(&pod_uid("pod1"))
+                .map(|p| p.message.clone()),
+            Some("waypoint \"ns1/waypoint-sa1\" is not ready".to_string()),
+        )?;
+        check(
             "pod2 waypoint",
             workload_waypoint(&w, &addr("127.0.0.2"))?,
             "waypoint-sa2.ns1.svc.company.com".into(),
