@@ -691,7 +691,7 @@ fn workload_waypoint_or_why<'w>(
     {
         return Ok(None);
     }
-    let found = if meta.use_waypoint.is_empty() {
+    if meta.use_waypoint.is_empty() {
         let ns = waypoints.namespace_labels(&meta.namespace);
         let label = |k: &str| {
             ns.and_then(|l| l.get(k))
@@ -709,8 +709,7 @@ fn workload_waypoint_or_why<'w>(
             &meta.use_waypoint_namespace,
             &meta.namespace,
         )
-    };
-    found
+    }
 }
 
 /// The waypoint a service uses, or why its `istio.io/use-waypoint` gives none; a
