@@ -433,6 +433,11 @@ struct DiscoveryArgs {
     /// PILOT_SEND_UNHEALTHY_ENDPOINTS).
     #[arg(long = "sendUnhealthyEndpoints", default_value_t = false, action = clap::ArgAction::Set)]
     send_unhealthy: bool,
+    /// Give the workloads of each waypoint an allow policy for the waypoint's service
+    /// accounts, sent to ztunnel (`<ns>/istio_allow_waypoint_<ns>_<name>`); default
+    /// `$DEFAULT_ALLOW_FROM_WAYPOINT`, else false.
+    #[arg(long = "defaultAllowFromWaypoint", action = clap::ArgAction::Set)]
+    default_allow_from_waypoint: Option<bool>,
     /// MeshConfig YAML (the `mesh` key of Istio's ConfigMap); Istio's defaults when
     /// absent. Watched: a change reloads and pushes to every proxy.
     #[arg(long = "meshConfig")]
@@ -786,6 +791,14 @@ impl DiscoveryArgs {
                 eds: EdsOptions {
                     send_unhealthy: self.send_unhealthy,
                     ..Default::default()
+                },
+                ambient: meshfed::generate::ambient::AmbientOptions {
+                    default_allow_from_waypoint: flag_or_env(
+                        self.default_allow_from_waypoint,
+                        "DEFAULT_ALLOW_FROM_WAYPOINT",
+                        parse_go_bool,
+                    )?
+                    .unwrap_or(false),
                 },
             },
             debug_open: self.debug_allow_remote,

@@ -114,6 +114,7 @@ fn ambientz(state: &AdminState, query: &BTreeMap<String, String>) -> Answer {
         &state.connections,
         &snapshot,
         with,
+        &state.generator.ambient,
     ))
 }
 

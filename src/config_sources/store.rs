@@ -370,6 +370,7 @@ pub fn decode_resource(
         source: source.to_string(),
         spec,
         conditions: Vec::new(),
+        status_addresses: Vec::new(),
     })
 }
 

@@ -53,6 +53,7 @@ pub use subscription::{Scope, Subscription};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct GeneratorOptions {
     pub eds: EdsOptions,
+    pub ambient: ambient::AmbientOptions,
 }
 
 /// Generates the resources of `type_url` that `proxy` subscribed to. Generators see
@@ -81,10 +82,10 @@ pub fn generate(
     }
     // The ambient types are the same for every client.
     if type_url == TypeUrl::Address {
-        return ambient::addresses(snapshot, subscription);
+        return ambient::addresses(snapshot, subscription, &options.ambient);
     }
     if type_url == TypeUrl::Authorization {
-        return ambient::authorizations(snapshot, subscription);
+        return ambient::authorizations(snapshot, subscription, &options.ambient);
     }
     let proxy = &*snapshot.proxy_view(proxy);
     // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.

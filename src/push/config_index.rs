@@ -46,6 +46,8 @@ pub struct ConfigIndex {
     objects: Vec<Arc<ConfigObject>>,
     /// What the Gateway API objects were translated to, and their status.
     gateway_api: Arc<meshfed_registry::config::gateway_api::convert::Output>,
+    /// Namespace labels the stores know (`None`: no store reads Namespaces).
+    namespaces: Option<Arc<meshfed_registry::config::NamespaceLabels>>,
 }
 
 /// Inputs to [`ConfigIndex::new`].
@@ -66,6 +68,8 @@ pub struct ConfigSet {
     /// The Gateway API objects' translation (its Istio objects are also in the
     /// lists above) and status.
     pub gateway_api: Arc<meshfed_registry::config::gateway_api::convert::Output>,
+    /// The namespace labels of the stores (the first store naming a namespace wins).
+    pub namespaces: Option<Arc<meshfed_registry::config::NamespaceLabels>>,
 }
 
 impl ConfigIndex {
@@ -149,6 +153,7 @@ impl ConfigIndex {
             default_dr_export: mesh.config.default_destination_rule_export_to.clone(),
             jwks: Arc::default(),
             gateway_api: set.gateway_api,
+            namespaces: set.namespaces,
             objects: {
                 let mut objects = set.objects;
                 // Stable: among objects of one name, the first store's stays first.
@@ -168,6 +173,16 @@ impl ConfigIndex {
     /// writer).
     pub fn gateway_api(&self) -> &meshfed_registry::config::gateway_api::convert::Output {
         &self.gateway_api
+    }
+
+    /// The labels of `namespace`, as the stores know them (none known: empty).
+    pub fn namespace_labels(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        self.namespaces.as_ref()?.get(namespace)
+    }
+
+    /// Every namespace's labels, as the stores know them.
+    pub fn namespace_labels_all(&self) -> Arc<meshfed_registry::config::NamespaceLabels> {
+        self.namespaces.clone().unwrap_or_default()
     }
 
     /// The objects of `kind` as the stores hold them (specs as written, hosts not

@@ -101,13 +101,8 @@ pub fn config_source(
                 set.objects.push(object);
             }
         }
-        translate_gateway_api(
-            &mut set,
-            &domain,
-            &gateway_controller,
-            &stores,
-            &service_hosts,
-        );
+        set.namespaces = namespace_labels(&stores).map(Arc::new);
+        translate_gateway_api(&mut set, &domain, &gateway_controller, &service_hosts);
         metrics.config_not_enforced.set(not_enforced.len() as i64);
         not_enforced.sort();
         let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -125,24 +120,11 @@ pub fn config_source(
     })
 }
 
-/// Translates the set's Gateway API objects (Istio's `pilot/pkg/config/kube/gateway`)
-/// and puts the Istio Gateways and VirtualServices produced beside the user's, so the
-/// generators serve them like any other; the translation and status are kept for
-/// `/debug/configz` and the status writer. Backends and parent Services are looked
-/// up among `service_hosts` (the snapshot rebuilds the config when one of those looked
-/// up appears or goes: [`convert::Output::stale`]); namespace labels are the stores'.
-fn translate_gateway_api(
-    set: &mut ConfigSet,
-    domain: &str,
-    controller: &str,
+/// The namespace labels the stores know (the first store naming a namespace wins);
+/// `None` when no store reads Namespaces.
+fn namespace_labels(
     stores: &[Arc<dyn ConfigStore>],
-    service_hosts: &dyn Fn() -> HashSet<String>,
-) {
-    use meshfed_registry::config::gateway_api::convert;
-    if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
-        return;
-    }
-    let hosts = service_hosts();
+) -> Option<meshfed_registry::config::NamespaceLabels> {
     let mut namespaces: Option<meshfed_registry::config::NamespaceLabels> = None;
     for labels in stores.iter().filter_map(|s| s.namespace_labels()) {
         let all = namespaces.get_or_insert_with(Default::default);
@@ -150,12 +132,33 @@ fn translate_gateway_api(
             all.entry(name).or_insert(l);
         }
     }
+    namespaces
+}
+
+/// Translates the set's Gateway API objects (Istio's `pilot/pkg/config/kube/gateway`)
+/// and puts the Istio Gateways and VirtualServices produced beside the user's, so the
+/// generators serve them like any other; the translation and status are kept for
+/// `/debug/configz` and the status writer. Backends and parent Services are looked
+/// up among `service_hosts` (the snapshot rebuilds the config when one of those looked
+/// up appears or goes: [`convert::Output::stale`]); namespace labels are the stores'
+/// (`set.namespaces`).
+fn translate_gateway_api(
+    set: &mut ConfigSet,
+    domain: &str,
+    controller: &str,
+    service_hosts: &dyn Fn() -> HashSet<String>,
+) {
+    use meshfed_registry::config::gateway_api::convert;
+    if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
+        return;
+    }
+    let hosts = service_hosts();
     let output = convert::convert(&convert::Inputs {
         objects: &set.objects,
         domain,
         controller,
         service_exists: &|h| hosts.contains(h),
-        namespaces: namespaces.as_ref(),
+        namespaces: set.namespaces.as_deref(),
         service_addresses: &|_| Vec::new(),
     });
     for object in &output.objects {

@@ -304,8 +304,9 @@ async fn a_ztunnel_gets_workloads_and_services_and_follows_pod_changes() {
         Some(address::Type::Service(s)) => {
             assert_eq!(s.name, "app");
             assert_eq!(s.addresses[0].address, vec![10, 96, 0, 10]);
-            // The pods listen on 8080, the VM on 80: no common target port.
-            assert_eq!((s.ports[0].service_port, s.ports[0].target_port), (80, 0));
+            // The Service's own numeric targetPort, as istiod sends it (each
+            // workload's `services` map carries where it listens).
+            assert_eq!((s.ports[0].service_port, s.ports[0].target_port), (80, 80));
         }
         other => panic!("not a service: {other:?}"),
     }
@@ -489,4 +490,81 @@ async fn pods_and_workload_entries_no_service_selects_are_workloads_too() {
     api.delete::<Pod>(Some("mesh"), "lone-1");
     zt.until("lone-1 removed", |z| z.workload(lone).is_none())
         .await;
+}
+
+/// A waypoint Gateway of the Kubernetes config store: a pod labelled to use it gets no
+/// waypoint until the Gateway reports an address, then that address; the status
+/// change alone reaches the ztunnel.
+#[tokio::test]
+async fn a_waypoint_is_named_once_its_gateway_reports_an_address() {
+    let api = FakeApiServer::start().await.unwrap();
+    api.install_crds([CustomResource::new(
+        "gateway.networking.k8s.io",
+        "Gateway",
+        "gateways",
+        &["v1"],
+    )]);
+    let server = start(&api).await;
+    let root = published_root(&api, "default").await;
+    let tls = ClientTls {
+        roots_pem: root,
+        identity: None,
+        server_name: "istiod.istio-system.svc".into(),
+    };
+    let token = api.issue_token("istio-system", "ztunnel", &["istio-ca"], in_an_hour(), None);
+    let channel = tls_channel(server.secure_grpc_addr(), &tls).await.unwrap();
+    let mut zt = Ztunnel::connect(channel, &token, BTreeMap::new()).await;
+    let app1 = "Kubernetes//Pod/mesh/app-1";
+    zt.until("app-1", |z| z.workload(app1).is_some()).await;
+
+    let gateway = |status: serde_json::Value| {
+        serde_json::json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "Gateway",
+            "metadata": {"name": "wp", "namespace": "mesh",
+                "labels": {"istio.io/waypoint-for": "workload"}},
+            "spec": {"gatewayClassName": "istio-waypoint", "listeners": [
+                {"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+            "status": status,
+        })
+    };
+    api.apply_custom(&gateway(serde_json::json!({})));
+    let mut labelled = ambient_pod("app-1", "10.1.0.1", "node-1");
+    labelled
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("istio.io/use-waypoint".into(), "wp".into());
+    api.apply(&labelled);
+    zt.until("app-1 labelled", |z| {
+        z.workload(app1)
+            .is_some_and(|w| w.canonical_name == "app" && w.waypoint.is_none())
+    })
+    .await;
+    server.sync().await;
+    assert!(
+        zt.workload(app1).unwrap().waypoint.is_none(),
+        "the Gateway reports no address yet"
+    );
+
+    api.apply_custom(&gateway(serde_json::json!({"addresses": [
+        {"type": "IPAddress", "value": "10.96.0.99"},
+        {"type": "Hostname", "value": "wp.mesh.svc.cluster.local"},
+    ]})));
+    zt.until("app-1's waypoint", |z| {
+        z.workload(app1).is_some_and(|w| w.waypoint.is_some())
+    })
+    .await;
+    let wp = zt.workload(app1).unwrap().waypoint.clone().unwrap();
+    assert_eq!(wp.hbone_mtls_port, 15008);
+    match wp.destination {
+        Some(meshfed_api::workload::gateway_address::Destination::Hostname(h)) => {
+            assert_eq!(
+                (h.namespace.as_str(), h.hostname.as_str()),
+                ("mesh", "wp.mesh.svc.cluster.local")
+            );
+        }
+        other => panic!("not a host name: {other:?}"),
+    }
 }

@@ -441,6 +441,67 @@ pub struct Service {
     /// `ExternalName` Service's `spec.externalName`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub alias_for: Option<Hostname>,
+    /// Per service port number, the target port its source gives as a number (`0`:
+    /// a named target port, resolved per workload): a Kubernetes Service's
+    /// `spec.ports[].targetPort`. Empty when the source does not say.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub target_ports: BTreeMap<u16, u16>,
+    /// How clients should prefer nearby endpoints (`spec.trafficDistribution`, else
+    /// the `networking.istio.io/traffic-distribution` annotation).
+    #[serde(skip_serializing_if = "TrafficDistribution::is_any")]
+    pub traffic_distribution: TrafficDistribution,
+    /// `spec.publishNotReadyAddresses`: endpoints are used whether ready or not.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub publish_not_ready: bool,
+    /// `spec.internalTrafficPolicy: Local`: clients use endpoints on their own node
+    /// only.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub node_local: bool,
+    /// The name of the object that declared the service when that is not the first
+    /// label of its host name: a ServiceEntry's `metadata.name`. Empty otherwise.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub object_name: String,
+}
+
+/// Istio's annotation for a service's traffic distribution (on a Kubernetes Service
+/// before it had `spec.trafficDistribution`, and on a ServiceEntry).
+pub const TRAFFIC_DISTRIBUTION_ANNOTATION: &str = "networking.istio.io/traffic-distribution";
+
+/// A service's preference for nearby endpoints, as Istio reads Kubernetes'
+/// `spec.trafficDistribution`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize)]
+pub enum TrafficDistribution {
+    /// Any endpoint.
+    #[default]
+    Any,
+    /// The same zone first, then region, then network (`PreferClose`,
+    /// `PreferSameZone`).
+    PreferSameZone,
+    /// The same node first, then subzone, zone, region and network
+    /// (`PreferSameNode`).
+    PreferSameNode,
+}
+
+impl TrafficDistribution {
+    /// `spec.trafficDistribution` when it names a preference, else the annotation's
+    /// value (case-insensitive), as Istio's `GetTrafficDistribution`.
+    pub fn parse(spec: Option<&str>, annotation: Option<&str>) -> TrafficDistribution {
+        match spec {
+            Some("PreferSameZone" | "PreferClose") => return TrafficDistribution::PreferSameZone,
+            Some("PreferSameNode") => return TrafficDistribution::PreferSameNode,
+            _ => {}
+        }
+        match annotation.map(str::to_ascii_lowercase).as_deref() {
+            Some("preferclose" | "prefersamezone") => TrafficDistribution::PreferSameZone,
+            Some("prefersamenode") => TrafficDistribution::PreferSameNode,
+            _ => TrafficDistribution::Any,
+        }
+    }
+
+    /// No preference.
+    pub fn is_any(&self) -> bool {
+        *self == TrafficDistribution::Any
+    }
 }
 
 impl Service {
@@ -469,6 +530,11 @@ impl Service {
             auto_allocated_ipv4: None,
             auto_allocated_ipv6: None,
             alias_for: None,
+            target_ports: BTreeMap::new(),
+            traffic_distribution: TrafficDistribution::Any,
+            publish_not_ready: false,
+            node_local: false,
+            object_name: String::new(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! Workloads and services of the ambient Address type, built from the registries'
 //! merged services and endpoint shards (Istio's `ambient/workloads.go`,
-//! `services.go`, `waypoints.go` (waypoints by name), `networks.go`,
-//! `sidecar_interop.go`).
+//! `services.go`, `networks.go`, `sidecar_interop.go`; waypoints are read by
+//! [`super::waypoints`]).
 //!
 //! - A workload is the object behind one or more endpoints
 //!   ([`meshfed_registry::WorkloadMeta`]), keyed by its uid; its `services` map lists,
@@ -25,10 +25,15 @@
 //! - Canonical name and revision from `service.istio.io/canonical-name|revision`,
 //!   else `app.kubernetes.io/name|version`, else `app`/`version`, else the
 //!   workload name / `latest`.
-//! - Waypoints: `istio.io/use-waypoint` on the workload (else its namespace) or the
-//!   service names a waypoint; `none` opts out. The waypoint is addressed by its
-//!   service's host name `<name>.<namespace>.svc.<domain>` (what a waypoint Gateway
-//!   reports as its status address, which Istio prefers over IPs); HBONE port 15008.
+//! - Waypoints: `istio.io/use-waypoint` on the object (else its namespace) names a
+//!   waypoint, set when [`super::waypoints`] finds it ready, taking that traffic and
+//!   admitting the namespace (each service's `WaypointBound` condition says why not);
+//!   a waypoint's own pods and Service have none, its instances carry its inbound
+//!   binding as `application_tunnel`. With `DEFAULT_ALLOW_FROM_WAYPOINT` the
+//!   waypoints' implicit allow policies are listed on the workloads that use them.
+//! - Services: name (a ServiceEntry's object name), VIPs, ports with the target port
+//!   the service gives (else the one its endpoints agree on), and load balancing from
+//!   `internalTrafficPolicy`, traffic distribution and `publishNotReadyAddresses`.
 //! - Host-network pods are workloads in network mode `HOST_NETWORK` (their address
 //!   is the node's).
 //! - Kubernetes `ExternalName` Services (alias services) are not sent.
@@ -41,20 +46,24 @@ use std::net::IpAddr;
 use meshfed_api::workload as wl;
 use meshfed_registry::{
     ClusterId, Endpoint, HealthStatus, NetworkId, ProviderId, Resolution, Service, ShardKey,
-    WorkloadKind, WorkloadMeta, WorkloadOwner,
+    TrafficDistribution, WorkloadKind, WorkloadMeta, WorkloadOwner,
 };
 
+use meshfed_registry::config::Kind;
+
+pub use super::{HBONE_PORT, ip_bytes, ip_of};
+
+use super::waypoints::{
+    LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, Waypoint, WaypointInputs, Waypoints,
+};
 use crate::networks::NetworkView;
 use crate::push::snapshot::Snapshot;
 
-/// The HBONE port of ztunnels, waypoints and east-west gateways.
-pub const HBONE_PORT: u32 = 15008;
 /// The label a workload that speaks HBONE itself carries (`http`).
 const LABEL_TUNNEL: &str = "networking.istio.io/tunnel";
-/// The label that names a waypoint (`none` opts out).
-const LABEL_USE_WAYPOINT: &str = "istio.io/use-waypoint";
-/// The namespace of the waypoint named by [`LABEL_USE_WAYPOINT`].
-const LABEL_USE_WAYPOINT_NAMESPACE: &str = "istio.io/use-waypoint-namespace";
+/// The label (value [`MESH_CONTROLLER`]) of a waypoint's own pods and Service.
+const LABEL_MANAGED: &str = "gateway.istio.io/managed";
+const MESH_CONTROLLER: &str = "istio.io-mesh-controller";
 
 /// Everything the Address type holds for one snapshot, by resource name.
 #[derive(Default, Debug)]
@@ -65,7 +74,30 @@ pub struct AmbientModel {
     pub services: BTreeMap<String, wl::Service>,
     /// `network/IP` -> the names of the resources at that address.
     pub aliases: BTreeMap<String, Vec<String>>,
+    /// `DEFAULT_ALLOW_FROM_WAYPOINT`'s allow policies for the waypoints' service
+    /// accounts, by resource name (`<ns>/istio_allow_waypoint_<ns>_<name>`), served
+    /// with the Authorization type.
+    pub implicit_policies: BTreeMap<String, meshfed_api::security::Authorization>,
+    /// Workload uid -> why the waypoint its `istio.io/use-waypoint` names gives it
+    /// none (istiod's reasons and messages; shown in `/debug/ambientz`).
+    pub workload_waypoint_problems: BTreeMap<String, WaypointBound>,
+    /// `namespace/hostname` -> the `WaypointBound` condition istiod writes to the
+    /// service's status (services naming a waypoint only; meshfed shows them in
+    /// `/debug/ambientz`).
+    pub service_conditions: BTreeMap<String, WaypointBound>,
 }
+
+/// A service's `WaypointBound` condition.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct WaypointBound {
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The label with which a service asks gateways and sidecars to send through its
+/// waypoint (`true`).
+const LABEL_INGRESS_USE_WAYPOINT: &str = "istio.io/ingress-use-waypoint";
 
 /// What building needs besides the registries' data.
 pub struct BuildContext<'a> {
@@ -73,8 +105,10 @@ pub struct BuildContext<'a> {
     pub networks: &'a NetworkView,
     /// The mesh trust domain.
     pub trust_domain: &'a str,
-    /// The cluster DNS domain (`--domain`), for waypoint host names.
+    /// The cluster DNS domain (`--domain`).
     pub domain: &'a str,
+    /// The ready waypoints and the namespace labels.
+    pub waypoints: &'a Waypoints,
 }
 
 /// One service with its endpoints, each with the shard it came from.
@@ -83,7 +117,7 @@ pub type ServiceEndpoints<'a> = (&'a Service, Vec<(&'a ShardKey, &'a Endpoint)>)
 /// Builds the ambient model from a snapshot: its services with their endpoints, and
 /// every workload the registries know ([`Snapshot::every_workload`]: pods and
 /// WorkloadEntries that back no service are workloads too).
-pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
+pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> AmbientModel {
     let trust_domain = snapshot.mesh().config.trust_domain.clone();
     let services: Vec<ServiceEndpoints<'_>> = snapshot
         .services()
@@ -101,10 +135,64 @@ pub fn from_snapshot(snapshot: &Snapshot) -> AmbientModel {
     let standalone: Vec<(&ShardKey, &Endpoint)> = every.iter().map(|(s, e)| (s, e)).collect();
     let networks = snapshot.network_view();
     let domain = snapshot.config().domain.clone();
-    let mut model = build(&services, &standalone, networks, &trust_domain, &domain);
+    let waypoints = read_waypoints(snapshot, &services, networks, &domain);
+    let mut model = build(
+        &services,
+        &standalone,
+        networks,
+        &trust_domain,
+        &domain,
+        &waypoints,
+    );
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
     attach_policies(&mut model, &services, &standalone, &policies);
+    if options.default_allow_from_waypoint {
+        add_implicit_waypoint_policies(
+            &mut model,
+            &services,
+            &standalone,
+            &waypoints,
+            &trust_domain,
+        );
+    }
     model
+}
+
+/// The snapshot's ready waypoints (see [`Waypoints`]).
+fn read_waypoints(
+    snapshot: &Snapshot,
+    services: &[ServiceEndpoints<'_>],
+    networks: &NetworkView,
+    domain: &str,
+) -> Waypoints {
+    let config = snapshot.config();
+    let mut objects = config.objects_of(Kind::KubernetesGateway).to_vec();
+    objects.extend_from_slice(config.objects_of(Kind::GatewayClass));
+    let index = snapshot.services();
+    Waypoints::read(
+        &objects,
+        WaypointInputs {
+            domain,
+            service_exists: &|h| index.has_hostname(h),
+            network_of: &|ip| ip_network(networks, services, ip),
+            namespaces: config.namespace_labels_all(),
+        },
+    )
+}
+
+/// The network of a waypoint's IP: that of the cluster whose service has it as a
+/// VIP, else the meshNetworks CIDR holding it.
+pub fn ip_network(networks: &NetworkView, services: &[ServiceEndpoints<'_>], ip: IpAddr) -> String {
+    let cluster = services
+        .iter()
+        .find_map(|(s, _)| {
+            s.cluster_vips
+                .iter()
+                .find(|(_, vips)| vips.contains(&ip))
+                .map(|(c, _)| c.clone())
+        })
+        .unwrap_or_default();
+    network_of(networks, ip, &cluster).to_string()
 }
 
 /// Lists on each workload the policies that select it (`authorization_policies`).
@@ -131,13 +219,14 @@ pub fn attach_policies(
 /// Builds the ambient model of `services`, each with its endpoints and their shards,
 /// and of `standalone`, every workload the registries know as an endpoint without
 /// service ports (those behind a service are among them too: one workload per uid);
-/// `domain` is the cluster DNS domain.
+/// `domain` is the cluster DNS domain; `waypoints` the ready waypoints.
 pub fn build(
     services: &[ServiceEndpoints<'_>],
     standalone: &[(&ShardKey, &Endpoint)],
     networks: &NetworkView,
     trust_domain: &str,
     domain: &str,
+    waypoints: &Waypoints,
 ) -> AmbientModel {
     let ctx = BuildContext {
         networks,
@@ -151,6 +240,7 @@ pub fn build(
         } else {
             domain
         },
+        waypoints,
     };
     let mut model = AmbientModel::default();
     // A WorkloadEntry at a pod's address (same network) is left out, as istiod does.
@@ -173,8 +263,11 @@ pub fn build(
         if service.resolution == Resolution::Alias {
             continue;
         }
-        let svc = service_resource(service, endpoints, &ctx);
+        let (svc, condition) = service_resource(service, endpoints, &ctx);
         let name = format!("{}/{}", svc.namespace, svc.hostname);
+        if let Some(c) = condition {
+            model.service_conditions.insert(name.clone(), c);
+        }
         for a in &svc.addresses {
             if let Some(ip) = ip_of(&a.address) {
                 model
@@ -226,6 +319,27 @@ pub fn build(
                 .or_insert_with(|| workload_resource(meta, ep, shard, &ctx));
         }
     }
+    // Why a workload's `istio.io/use-waypoint` gives it no waypoint.
+    let endpoints = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter())
+        .chain(standalone);
+    for (_, ep) in endpoints {
+        if let Some(meta) = ep.workload.as_deref()
+            && model.workloads.contains_key(&meta.uid)
+            && !model.workload_waypoint_problems.contains_key(&meta.uid)
+            && let Err(e) = workload_waypoint_or_why(meta, ep, ctx.waypoints)
+        {
+            model.workload_waypoint_problems.insert(
+                meta.uid.clone(),
+                WaypointBound {
+                    status: false,
+                    reason: e.reason().into(),
+                    message: e.message(),
+                },
+            );
+        }
+    }
     for (uid, w) in &model.workloads {
         for a in &w.addresses {
             if let Some(ip) = ip_of(a) {
@@ -254,23 +368,6 @@ fn shadowed_by_pod(
         && pod_addresses.contains(&(ctx.networks.endpoint_network(ep, shard), ep.address))
 }
 
-/// The raw bytes of an IP, as the API carries addresses.
-pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
-    match ip {
-        IpAddr::V4(v4) => v4.octets().to_vec(),
-        IpAddr::V6(v6) => v6.octets().to_vec(),
-    }
-}
-
-/// The IP of raw address bytes.
-pub fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
-    match bytes.len() {
-        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
-        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
-        _ => None,
-    }
-}
-
 /// The network of an address of `cluster` (VIPs: the cluster's network, else the
 /// meshNetworks CIDR holding it).
 fn network_of(networks: &NetworkView, ip: IpAddr, cluster: &ClusterId) -> NetworkId {
@@ -283,10 +380,11 @@ fn service_resource(
     service: &Service,
     endpoints: &[(&ShardKey, &Endpoint)],
     ctx: &BuildContext<'_>,
-) -> wl::Service {
+) -> (wl::Service, Option<WaypointBound>) {
     let hostname = service.hostname.to_string();
     let namespace = service.namespace.to_string();
     let name = match service.provider {
+        _ if !service.object_name.is_empty() => service.object_name.clone(),
         ProviderId::Kubernetes => hostname.split('.').next().unwrap_or_default().to_string(),
         _ => hostname.clone(),
     };
@@ -326,9 +424,16 @@ fn service_resource(
         .ports
         .iter()
         .map(|p| {
-            // The target port every endpoint agrees on, else 0 (per workload); a
+            // The number the service gives (0: a named target port); else the
+            // target port every endpoint agrees on, else 0 (per workload); a
             // ServiceEntry's (or other registry's) port without endpoints targets
             // itself.
+            if let Some(t) = service.target_ports.get(&p.port.get()) {
+                return wl::Port {
+                    service_port: u32::from(p.port.get()),
+                    target_port: u32::from(*t),
+                };
+            }
             let mut targets = endpoints.iter().filter_map(|(_, e)| e.ports.get(&p.name));
             let first = targets.next().copied();
             let target = match first {
@@ -343,16 +448,31 @@ fn service_resource(
             }
         })
         .collect();
-    let waypoint = waypoint_of(
-        service.labels.get(LABEL_USE_WAYPOINT).map(String::as_str),
-        service
-            .labels
-            .get(LABEL_USE_WAYPOINT_NAMESPACE)
-            .map(String::as_str),
-        &namespace,
-        ctx,
-    );
-    wl::Service {
+    let found = service_waypoint(service, ctx.waypoints);
+    let condition = match &found {
+        Ok(None) => None,
+        Ok(Some(w)) => {
+            let ingress = match service.labels.get(LABEL_INGRESS_USE_WAYPOINT) {
+                None => "",
+                Some(v) if v == "true" => ". Ingress traffic will traverse the waypoint",
+                Some(_) => {
+                    ". Ingress traffic is not using the waypoint, set the istio.io/ingress-use-waypoint label to true if desired."
+                }
+            };
+            Some(WaypointBound {
+                status: true,
+                reason: "WaypointAccepted".into(),
+                message: format!("Successfully attached to waypoint {}{ingress}", w.key()),
+            })
+        }
+        Err(e) => Some(WaypointBound {
+            status: false,
+            reason: e.reason().into(),
+            message: e.message(),
+        }),
+    };
+    let waypoint = found.ok().flatten().map(|w| w.address.clone());
+    let svc = wl::Service {
         name,
         namespace,
         hostname,
@@ -364,7 +484,7 @@ fn service_resource(
             _ => Vec::new(),
         },
         waypoint,
-        load_balancing: None,
+        load_balancing: load_balancing(service),
         ip_families: match (v4, v6) {
             (true, false) => wl::IpFamilies::Ipv4Only as i32,
             (false, true) => wl::IpFamilies::Ipv6Only as i32,
@@ -373,40 +493,48 @@ fn service_resource(
         },
         extensions: Vec::new(),
         creation_timestamp: None,
+    };
+    (svc, condition)
+}
+
+/// The service's load balancing as istiod sets it: the node only, strictly, for
+/// `internalTrafficPolicy: Local`, else its traffic distribution as routing
+/// preferences (failing over); `ALLOW_ALL` health for `publishNotReadyAddresses`.
+fn load_balancing(service: &Service) -> Option<wl::LoadBalancing> {
+    use wl::load_balancing::{HealthPolicy, Mode, Scope};
+    let (scopes, mode): (&[Scope], Mode) = if service.node_local {
+        (&[Scope::Node], Mode::Strict)
+    } else {
+        match service.traffic_distribution {
+            TrafficDistribution::Any => (&[], Mode::UnspecifiedMode),
+            TrafficDistribution::PreferSameZone => (
+                &[Scope::Network, Scope::Region, Scope::Zone],
+                Mode::Failover,
+            ),
+            TrafficDistribution::PreferSameNode => (
+                &[
+                    Scope::Network,
+                    Scope::Region,
+                    Scope::Zone,
+                    Scope::Subzone,
+                    Scope::Node,
+                ],
+                Mode::Failover,
+            ),
+        }
+    };
+    if scopes.is_empty() && !service.publish_not_ready {
+        return None;
     }
-}
-
-/// The waypoint named `name` (in `ns`, else `own_ns`), addressed by its service's
-/// host name in the cluster domain. `none`, no name, and a name no Gateway can have
-/// (not a DNS-1123 subdomain: istiod finds no such waypoint) give none.
-fn waypoint_of(
-    name: Option<&str>,
-    ns: Option<&str>,
-    own_ns: &str,
-    ctx: &BuildContext<'_>,
-) -> Option<wl::GatewayAddress> {
-    let name = name.filter(|n| *n != "none" && is_dns1123_subdomain(n))?;
-    let ns = ns.filter(|n| !n.is_empty()).unwrap_or(own_ns);
-    Some(wl::GatewayAddress {
-        destination: Some(wl::gateway_address::Destination::Hostname(
-            wl::NamespacedHostname {
-                namespace: ns.to_string(),
-                hostname: format!("{name}.{ns}.svc.{}", ctx.domain),
-            },
-        )),
-        hbone_mtls_port: HBONE_PORT,
+    Some(wl::LoadBalancing {
+        routing_preference: scopes.iter().map(|s| *s as i32).collect(),
+        mode: mode as i32,
+        health_policy: if service.publish_not_ready {
+            HealthPolicy::AllowAll
+        } else {
+            HealthPolicy::OnlyHealthy
+        } as i32,
     })
-}
-
-/// A Kubernetes object name: lowercase letters, digits, `-` and `.`, starting and
-/// ending with a letter or digit, at most 253 characters.
-fn is_dns1123_subdomain(name: &str) -> bool {
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
-    !name.is_empty()
-        && name.len() <= 253
-        && name.chars().all(|c| alnum(c) || c == '-' || c == '.')
-        && name.starts_with(alnum)
-        && name.ends_with(alnum)
 }
 
 /// Istio's canonical service name and revision of a workload.
@@ -486,20 +614,12 @@ fn workload_resource(
             )),
             hbone_mtls_port: HBONE_PORT,
         });
-    let waypoint = if ep
-        .labels
-        .get("gateway.istio.io/managed")
-        .is_some_and(|v| v == "istio.io-mesh-controller")
-    {
-        None // a waypoint's own pods
-    } else {
-        waypoint_of(
-            Some(meta.use_waypoint.as_str()),
-            Some(meta.use_waypoint_namespace.as_str()),
-            &meta.namespace,
-            ctx,
-        )
-    };
+    let waypoint = workload_waypoint(meta, ep, ctx.waypoints).map(|w| w.address.clone());
+    // A waypoint's own instance carries the waypoint's inbound binding.
+    let application_tunnel = ctx
+        .waypoints
+        .instance_of(&meta.namespace, &ep.labels)
+        .and_then(|w| w.binding);
     let locality = (!ep.locality.is_empty()).then(|| wl::Locality {
         region: ep.locality.region.clone(),
         zone: ep.locality.zone.clone(),
@@ -528,7 +648,7 @@ fn workload_resource(
         } as i32,
         workload_name,
         native_tunnel: native,
-        application_tunnel: None,
+        application_tunnel,
         services: BTreeMap::new(),
         authorization_policies: Vec::new(),
         status: match ep.health {
@@ -544,6 +664,186 @@ fn workload_resource(
         } as i32,
         extensions: Vec::new(),
         capacity: None,
+    }
+}
+
+/// The waypoint a workload uses: its own (or, when the registry gave none, its
+/// namespace's) `istio.io/use-waypoint`, if that waypoint takes workload traffic;
+/// none for a waypoint's own pods.
+fn workload_waypoint<'w>(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    waypoints: &'w Waypoints,
+) -> Option<&'w Waypoint> {
+    workload_waypoint_or_why(meta, ep, waypoints).ok().flatten()
+}
+
+/// [`workload_waypoint`], or why the waypoint named gives none.
+fn workload_waypoint_or_why<'w>(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    waypoints: &'w Waypoints,
+) -> Result<Option<&'w Waypoint>, super::waypoints::Unbound> {
+    if ep
+        .labels
+        .get(LABEL_MANAGED)
+        .is_some_and(|v| v == MESH_CONTROLLER)
+    {
+        return Ok(None);
+    }
+    if meta.use_waypoint.is_empty() {
+        let ns = waypoints.namespace_labels(&meta.namespace);
+        let label = |k: &str| {
+            ns.and_then(|l| l.get(k))
+                .map(String::as_str)
+                .unwrap_or_default()
+        };
+        waypoints.for_workload(
+            label(LABEL_USE_WAYPOINT),
+            label(LABEL_USE_WAYPOINT_NAMESPACE),
+            &meta.namespace,
+        )
+    } else {
+        waypoints.for_workload(
+            &meta.use_waypoint,
+            &meta.use_waypoint_namespace,
+            &meta.namespace,
+        )
+    }
+}
+
+/// The waypoint a service uses, or why its `istio.io/use-waypoint` gives none; a
+/// waypoint's own Service has none.
+fn service_waypoint<'w>(
+    service: &Service,
+    waypoints: &'w Waypoints,
+) -> Result<Option<&'w Waypoint>, super::waypoints::Unbound> {
+    if service
+        .labels
+        .get(LABEL_MANAGED)
+        .is_some_and(|v| v == MESH_CONTROLLER)
+    {
+        return Ok(None);
+    }
+    waypoints.for_service(&service.labels, service.namespace.as_str())
+}
+
+/// `DEFAULT_ALLOW_FROM_WAYPOINT`: for each waypoint with pods (its instances, labelled
+/// `gateway.networking.k8s.io/gateway-name`), an ALLOW policy
+/// `<ns>/istio_allow_waypoint_<ns>_<name>` for their service accounts, listed on
+/// every workload that uses the waypoint or backs a service that does (the
+/// services' waypoints first, then its own), after its other policies.
+pub fn add_implicit_waypoint_policies(
+    model: &mut AmbientModel,
+    services: &[ServiceEndpoints<'_>],
+    standalone: &[(&ShardKey, &Endpoint)],
+    waypoints: &Waypoints,
+    trust_domain: &str,
+) {
+    use meshfed_api::security as sec;
+    let trust_domain = if trust_domain.is_empty() {
+        "cluster.local"
+    } else {
+        trust_domain
+    };
+    let endpoints: Vec<&Endpoint> = services
+        .iter()
+        .flat_map(|(_, eps)| eps.iter().map(|(_, e)| *e))
+        .chain(standalone.iter().map(|(_, e)| *e))
+        .collect();
+    // Each waypoint's instances: pod uid -> service account.
+    let mut accounts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for ep in &endpoints {
+        let Some(meta) = ep
+            .workload
+            .as_deref()
+            .filter(|m| m.kind == WorkloadKind::Pod)
+        else {
+            continue;
+        };
+        if let Some(w) = waypoints.instance_of(&meta.namespace, &ep.labels) {
+            let sa = ep
+                .service_account
+                .as_deref()
+                .map(|id| split_spiffe(id).1)
+                .unwrap_or_default();
+            accounts
+                .entry(w.key())
+                .or_default()
+                .insert(meta.uid.clone(), sa);
+        }
+    }
+    let mut policy_of: BTreeMap<String, String> = BTreeMap::new();
+    for (key, pods) in &accounts {
+        let Some((ns, name)) = key.split_once('/') else {
+            continue;
+        };
+        let mut sas: Vec<&String> = pods.values().collect();
+        sas.sort();
+        let policy = sec::Authorization {
+            name: format!("istio_allow_waypoint_{ns}_{name}"),
+            namespace: ns.to_string(),
+            scope: sec::Scope::WorkloadSelector as i32,
+            action: sec::Action::Allow as i32,
+            groups: vec![sec::Group {
+                rules: vec![sec::Rules {
+                    matches: vec![sec::Match {
+                        principals: sas
+                            .iter()
+                            .map(|sa| sec::StringMatch {
+                                match_type: Some(sec::string_match::MatchType::Exact(format!(
+                                    "{trust_domain}/ns/{ns}/sa/{sa}"
+                                ))),
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }],
+                }],
+            }],
+        };
+        let resource = format!("{ns}/{}", policy.name);
+        policy_of.insert(key.clone(), resource.clone());
+        model.implicit_policies.insert(resource, policy);
+    }
+    if policy_of.is_empty() {
+        return;
+    }
+    let service_waypoints: BTreeMap<String, String> = services
+        .iter()
+        .filter_map(|(s, _)| {
+            let w = service_waypoint(s, waypoints).ok().flatten()?;
+            Some((format!("{}/{}", s.namespace, s.hostname), w.key()))
+        })
+        .collect();
+    let mut done = BTreeSet::new();
+    for ep in &endpoints {
+        let Some(meta) = ep.workload.as_deref() else {
+            continue;
+        };
+        if !done.insert(meta.uid.clone()) {
+            continue;
+        }
+        let Some(workload) = model.workloads.get_mut(&meta.uid) else {
+            continue;
+        };
+        let own = workload_waypoint(meta, ep, waypoints).map(Waypoint::key);
+        let mut keys: Vec<String> = workload
+            .services
+            .keys()
+            .filter_map(|s| service_waypoints.get(s))
+            .filter(|k| Some(*k) != own.as_ref())
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        keys.extend(own);
+        for key in keys {
+            if let Some(p) = policy_of.get(&key)
+                && !workload.authorization_policies.contains(p)
+            {
+                workload.authorization_policies.push(p.clone());
+            }
+        }
     }
 }
 

@@ -24,8 +24,10 @@ mod tests_istio_entries;
 mod tests_istio_index;
 #[cfg(test)]
 mod tests_istio_world;
+pub mod waypoints;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use meshfed_api::workload as wl;
 use serde_json::json;
@@ -36,6 +38,35 @@ pub use build::AmbientModel;
 
 use super::Subscription;
 
+/// The HBONE port of ztunnels, waypoints and east-west gateways.
+pub const HBONE_PORT: u32 = 15008;
+
+/// The raw bytes of an IP, as the API carries addresses.
+pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// The IP of raw address bytes.
+pub fn ip_of(bytes: &[u8]) -> Option<IpAddr> {
+    match bytes.len() {
+        4 => Some(IpAddr::from(<[u8; 4]>::try_from(bytes).ok()?)),
+        16 => Some(IpAddr::from(<[u8; 16]>::try_from(bytes).ok()?)),
+        _ => None,
+    }
+}
+
+/// Ambient settings from flags.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AmbientOptions {
+    /// Istio's `DEFAULT_ALLOW_FROM_WAYPOINT`: each waypoint's workloads get an allow
+    /// policy for the waypoint's service accounts
+    /// ([`build::add_implicit_waypoint_policies`]).
+    pub default_allow_from_waypoint: bool,
+}
+
 /// The Address resources of one snapshot.
 #[derive(Debug, Default)]
 pub struct AddressResources {
@@ -43,6 +74,9 @@ pub struct AddressResources {
     pub model: AmbientModel,
     /// Primary name (workload uid, `namespace/hostname`) -> encoded resource.
     pub by_name: BTreeMap<String, Resource>,
+    /// The implicit waypoint policies (`model.implicit_policies`), encoded as
+    /// Authorization resources.
+    pub implicit_policies: BTreeMap<String, Resource>,
 }
 
 impl AddressResources {
@@ -67,7 +101,21 @@ impl AddressResources {
                 EncodedResource::encode(TypeUrl::Address, name.as_str(), &address),
             );
         }
-        AddressResources { model, by_name }
+        let implicit_policies = model
+            .implicit_policies
+            .iter()
+            .map(|(name, a)| {
+                (
+                    name.clone(),
+                    EncodedResource::encode(TypeUrl::Authorization, name.as_str(), a),
+                )
+            })
+            .collect();
+        AddressResources {
+            model,
+            by_name,
+            implicit_policies,
+        }
     }
 
     /// The resources a subscription asks for: all of them for a wildcard one, plus
@@ -109,26 +157,48 @@ fn decode_address(r: &Resource) -> wl::Address {
     prost::Message::decode(r.body.value.clone()).unwrap_or_default()
 }
 
-/// The Address resources of `snapshot`, built on first use.
-pub fn address_resources(snapshot: &Snapshot) -> std::sync::Arc<AddressResources> {
-    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s)))
+/// The Address resources of `snapshot`, built on first use (`options` are the
+/// server's, the same for every use).
+pub fn address_resources(
+    snapshot: &Snapshot,
+    options: &AmbientOptions,
+) -> std::sync::Arc<AddressResources> {
+    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s, options)))
 }
 
 /// The Address resources `sub` asks for.
-pub fn addresses(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
-    address_resources(snapshot).select(sub)
+pub fn addresses(
+    snapshot: &Snapshot,
+    sub: Subscription<'_>,
+    options: &AmbientOptions,
+) -> Vec<Resource> {
+    address_resources(snapshot, options).select(sub)
 }
 
 /// The Authorization resources `sub` asks for: the converted policies of
-/// [`super::ambient_authz`].
-pub fn authorizations(snapshot: &Snapshot, sub: Subscription<'_>) -> Vec<Resource> {
-    super::ambient_authz::resources(snapshot, sub)
+/// [`super::ambient_authz`], and the implicit waypoint policies.
+pub fn authorizations(
+    snapshot: &Snapshot,
+    sub: Subscription<'_>,
+    options: &AmbientOptions,
+) -> Vec<Resource> {
+    let mut out = super::ambient_authz::resources(snapshot, sub);
+    if options.default_allow_from_waypoint {
+        let r = address_resources(snapshot, options);
+        out.extend(
+            r.implicit_policies
+                .iter()
+                .filter(|(name, _)| sub.wildcard || sub.names.contains(*name))
+                .map(|(_, res)| res.clone()),
+        );
+    }
+    out
 }
 
 /// JSON of the Address type for `/debug/` views: every workload and service, as the
 /// proto3 JSON Istio's debug endpoints print.
-pub fn debug_json(snapshot: &Snapshot) -> serde_json::Value {
-    let r = address_resources(snapshot);
+pub fn debug_json(snapshot: &Snapshot, options: &AmbientOptions) -> serde_json::Value {
+    let r = address_resources(snapshot, options);
     json!({
         "workloads": r.model.workloads.values().collect::<Vec<_>>(),
         "services": r.model.services.values().collect::<Vec<_>>(),
@@ -141,12 +211,14 @@ pub fn resource_json(r: &Resource) -> serde_json::Value {
 }
 
 /// `/debug/ambientz`: per connection watching an ambient type, its subscription and
-/// what it holds (name -> content version); the mesh-wide counts; with
+/// what it holds (name -> content version); the mesh-wide counts; the services'
+/// `WaypointBound` conditions and why workloads got no waypoint; with
 /// `?resources=true`, every workload and service as proto3 JSON.
 pub fn ambientz(
     connections: &crate::ads::Connections,
     snapshot: &Snapshot,
     with_resources: bool,
+    options: &AmbientOptions,
 ) -> serde_json::Value {
     let clients: Vec<serde_json::Value> = connections
         .all()
@@ -180,14 +252,20 @@ pub fn ambientz(
             })
         })
         .collect();
-    let r = address_resources(snapshot);
+    let r = address_resources(snapshot, options);
     let mut out = json!({
         "workloads": r.model.workloads.len(),
         "services": r.model.services.len(),
         "clients": clients,
+        // The `WaypointBound` condition istiod writes to each Service naming a
+        // waypoint (meshfed writes no Service status).
+        "serviceConditions": &r.model.service_conditions,
+        // Workloads whose `istio.io/use-waypoint` names a waypoint that gives them
+        // none, and why.
+        "workloadWaypointProblems": &r.model.workload_waypoint_problems,
     });
     if with_resources {
-        out["resources"] = debug_json(snapshot);
+        out["resources"] = debug_json(snapshot, options);
     }
     out
 }

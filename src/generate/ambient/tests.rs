@@ -11,6 +11,7 @@ use meshfed_registry::{
 };
 
 use super::build::{self, AmbientModel};
+use super::waypoints::{Allowed, Traffic, Waypoint, Waypoints};
 use super::*;
 use crate::networks::NetworkView;
 
@@ -67,6 +68,16 @@ pub(super) fn model_with(
     standalone: Vec<Endpoint>,
     gateways: &[NetworkGateway],
 ) -> AmbientModel {
+    model_with_waypoints(services, standalone, gateways, &Waypoints::default())
+}
+
+/// [`model_with`] with `waypoints`.
+pub(super) fn model_with_waypoints(
+    services: Vec<(Service, Vec<Endpoint>)>,
+    standalone: Vec<Endpoint>,
+    gateways: &[NetworkGateway],
+    waypoints: &Waypoints,
+) -> AmbientModel {
     let every: Vec<(ShardKey, Endpoint)> = standalone
         .into_iter()
         .map(|e| {
@@ -90,7 +101,14 @@ pub(super) fn model_with(
         .iter()
         .map(|(s, shard, eps)| (s, eps.iter().map(|e| (shard, e)).collect()))
         .collect();
-    build::build(&input, &standalone, &view, "cluster.local", "cluster.local")
+    build::build(
+        &input,
+        &standalone,
+        &view,
+        "cluster.local",
+        "cluster.local",
+        waypoints,
+    )
 }
 
 #[test]
@@ -184,7 +202,37 @@ fn a_workload_on_a_network_with_a_gateway_names_it_and_waypoints_are_named() {
         port: 15443,
         source: "test".into(),
     };
-    let model = model_of(vec![(s, vec![p]), (wp, vec![])], &[gw]);
+    let hostname = |name: &str, ns: &str| wl::GatewayAddress {
+        destination: Some(wl::gateway_address::Destination::Hostname(
+            wl::NamespacedHostname {
+                namespace: ns.into(),
+                hostname: format!("{name}.{ns}.svc.cluster.local"),
+            },
+        )),
+        hbone_mtls_port: 15008,
+    };
+    let waypoints = Waypoints::of(
+        [
+            Waypoint {
+                namespace: "wpns".into(),
+                name: "other".into(),
+                address: hostname("other", "wpns"),
+                binding: None,
+                traffic: Traffic::All,
+                allowed: Allowed::All,
+            },
+            Waypoint {
+                namespace: "ns".into(),
+                name: "wp".into(),
+                address: hostname("wp", "ns"),
+                binding: None,
+                traffic: Traffic::Service,
+                allowed: Allowed::Same,
+            },
+        ],
+        Default::default(),
+    );
+    let model = model_with_waypoints(vec![(s, vec![p]), (wp, vec![])], vec![], &[gw], &waypoints);
     let w = &model.workloads["cluster0//Pod/ns/p"];
     assert_eq!(w.network, "nw1");
     assert_eq!(w.status, wl::WorkloadStatus::Unhealthy as i32);
@@ -194,13 +242,12 @@ fn a_workload_on_a_network_with_a_gateway_names_it_and_waypoints_are_named() {
         &gw.destination,
         Some(wl::gateway_address::Destination::Address(a)) if a.address == vec![192, 0, 2, 1] && a.network == "nw1"
     ));
-    // Not a known service: by hostname.
+    // The waypoint of another namespace that admits all: its address.
     assert!(matches!(
         &w.waypoint.as_ref().unwrap().destination,
         Some(wl::gateway_address::Destination::Hostname(h)) if h.hostname == "other.wpns.svc.cluster.local"
     ));
-    // A known waypoint service: by its host name too (a waypoint Gateway's status
-    // host name, which Istio prefers over its IPs).
+    // A service waypoint of the service's namespace.
     let svc = &model.services["ns/a.ns.svc.cluster.local"];
     assert!(matches!(
         &svc.waypoint.as_ref().unwrap().destination,
@@ -300,5 +347,28 @@ fn canonical_names_follow_istios_label_order() {
             "w"
         ),
         ("c".into(), "kv".into())
+    );
+}
+
+#[test]
+fn internal_traffic_policy_local_keeps_to_the_node_over_traffic_distribution() {
+    let mut s = service(
+        "a.ns.svc.cluster.local",
+        "ns",
+        ProviderId::Kubernetes,
+        &["10.96.0.1"],
+        &[("http", 80)],
+    );
+    s.node_local = true;
+    s.traffic_distribution = meshfed_registry::TrafficDistribution::PreferSameZone;
+    s.publish_not_ready = true;
+    let model = model_of(vec![(s, vec![])], &[]);
+    assert_eq!(
+        model.services["ns/a.ns.svc.cluster.local"].load_balancing,
+        Some(wl::LoadBalancing {
+            routing_preference: vec![wl::load_balancing::Scope::Node as i32],
+            mode: wl::load_balancing::Mode::Strict as i32,
+            health_policy: wl::load_balancing::HealthPolicy::AllowAll as i32,
+        })
     );
 }

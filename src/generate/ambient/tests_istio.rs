@@ -208,6 +208,7 @@ const VECTORS: &[Vector] = &[
             );
             s.resolution = Resolution::DnsLb;
             s.service_accounts.insert("san1".into());
+            s.object_name = "name".into();
             let model = model_of(vec![(s, vec![])], &[]);
             let svc = &model.services["ns/a.example.com"];
             check("name", svc.name.as_str(), "name")?;
@@ -324,14 +325,15 @@ const VECTORS: &[Vector] = &[
         )
     }),
     ("services_test.go", "ServiceServices/target ports", || {
-        // Numeric targetPort 81: meshfed knows target ports from endpoints only.
-        let s = service(
+        // targetPort 81, and `something` (a name: 0).
+        let mut s = service(
             "name.ns.svc.domain.suffix",
             "ns",
             ProviderId::Kubernetes,
             &["1.2.3.4"],
             &[("http", 80), ("http-alt", 8080)],
         );
+        s.target_ports = [(80, 81), (8080, 0)].into();
         let model = model_of(vec![(s, vec![])], &[]);
         let svc = &model.services["ns/name.ns.svc.domain.suffix"];
         check(
@@ -362,24 +364,18 @@ const VECTORS: &[Vector] = &[
     }),
     (
         "services_test.go",
-        "ServiceServices/traffic distribution",
-        || {
-            let s = service(
-                "name.ns.svc.domain.suffix",
-                "ns",
-                ProviderId::Kubernetes,
-                &["1.2.3.4"],
-                &[("http", 80)],
-            );
-            let model = model_of(vec![(s, vec![])], &[]);
-            check(
-                "load_balancing",
-                model.services["ns/name.ns.svc.domain.suffix"]
-                    .load_balancing
-                    .is_some(),
-                true,
-            )
-        },
+        "ServiceServices/traffic distribution prefer close",
+        || traffic_distribution("PreferClose", PREFER_ZONE),
+    ),
+    (
+        "services_test.go",
+        "ServiceServices/traffic distribution prefer same zone",
+        || traffic_distribution("PreferSameZone", PREFER_ZONE),
+    ),
+    (
+        "services_test.go",
+        "ServiceServices/traffic distribution prefer same node",
+        || traffic_distribution("PreferSameNode", PREFER_NODE),
     ),
     ("networks_test.go", "LookupNetworkGatewayOrder", || {
         // Eight gateways of nw1: the one a workload names is the same every time,
@@ -422,21 +418,45 @@ const VECTORS: &[Vector] = &[
     }),
 ];
 
-/// Vectors meshfed does not pass, with the reason.
-const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "ServiceEntryServices/DNS service entry with address",
-        "a ServiceEntry's service is named after its host: the merged service model does not keep the ServiceEntry's object name",
-    ),
-    (
-        "ServiceServices/target ports",
-        "a Service's numeric targetPort is not in the merged service model; the target port is the one all endpoints agree on",
-    ),
-    (
-        "ServiceServices/traffic distribution",
-        "spec.trafficDistribution is not read: no load_balancing is sent",
-    ),
+const PREFER_ZONE: &[wl::load_balancing::Scope] = &[
+    wl::load_balancing::Scope::Network,
+    wl::load_balancing::Scope::Region,
+    wl::load_balancing::Scope::Zone,
 ];
+const PREFER_NODE: &[wl::load_balancing::Scope] = &[
+    wl::load_balancing::Scope::Network,
+    wl::load_balancing::Scope::Region,
+    wl::load_balancing::Scope::Zone,
+    wl::load_balancing::Scope::Subzone,
+    wl::load_balancing::Scope::Node,
+];
+
+/// `spec.trafficDistribution: <value>`: routing preferences `scopes`, failing over.
+fn traffic_distribution(value: &str, scopes: &[wl::load_balancing::Scope]) -> Result<(), String> {
+    let mut s = service(
+        "name.ns.svc.domain.suffix",
+        "ns",
+        ProviderId::Kubernetes,
+        &["1.2.3.4"],
+        &[("http", 80)],
+    );
+    s.traffic_distribution = meshfed_registry::TrafficDistribution::parse(Some(value), None);
+    let model = model_of(vec![(s, vec![])], &[]);
+    check(
+        "load_balancing",
+        model.services["ns/name.ns.svc.domain.suffix"]
+            .load_balancing
+            .clone(),
+        Some(wl::LoadBalancing {
+            routing_preference: scopes.iter().map(|s| *s as i32).collect(),
+            mode: wl::load_balancing::Mode::Failover as i32,
+            health_policy: wl::load_balancing::HealthPolicy::OnlyHealthy as i32,
+        }),
+    )
+}
+
+/// Vectors meshfed does not pass, with the reason.
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 #[test]
 fn istio_ambient_vectors() {

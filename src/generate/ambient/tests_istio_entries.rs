@@ -13,9 +13,12 @@ use std::sync::Arc;
 use meshfed_api::workload as wl;
 use meshfed_registry::{Endpoint, ProviderId, Resolution, WorkloadKind, WorkloadMeta};
 
-use super::tests::{CLUSTER as C0, model_of, model_with, service};
+use meshfed_registry::config::gateway_api::LabelSelector;
+
+use super::tests::{CLUSTER as C0, model_of, model_with, model_with_waypoints, service};
 use super::tests_istio::{Vector, check, run};
 use super::tests_istio_world::*;
+use super::waypoints::{Allowed, Traffic, Waypoint, Waypoints};
 
 const SE_FILE: &str = "ambientindex_serviceentry_test.go";
 const WE_FILE: &str = "ambientindex_workloadentry_test.go";
@@ -180,7 +183,8 @@ fn we_service_selection() -> Result<(), String> {
 
 fn we_waypoint() -> Result<(), String> {
     let mut w = we_world();
-    w.ns_label(NS, &[("istio.io/use-waypoint", "waypoint-ns")]);
+    w.waypoint("10.0.0.2", "waypoint-ns", "all", true)
+        .ns_label(NS, &[("istio.io/use-waypoint", "waypoint-ns")]);
     check(
         "name1 waypoint",
         workload_waypoint(&w, &addr("127.0.0.1"))?,
@@ -193,6 +197,7 @@ fn we_waypoint() -> Result<(), String> {
         "waypoint-ns.ns1.svc.company.com".into(),
     )?;
     w.delete(WorkloadKind::WorkloadEntry, "name6")
+        .delete_waypoint("waypoint-ns")
         .ns_label(NS, &[("istio.io/use-waypoint", "none")]);
     check(
         "opted out",
@@ -522,8 +527,8 @@ const VECTORS: &[Vector] = &[
         },
     ),
     (WORKLOADS, "PodWorkloads/pod with waypoint", || {
-        // `istio.io/use-waypoint: waypoint`; no service selects the pod. meshfed
-        // addresses the waypoint by its service's host name.
+        // `istio.io/use-waypoint: waypoint`, a waypoint for all traffic at
+        // `hostname.example`; no service selects the pod.
         let mut p = with_labels(
             ep(WorkloadKind::Pod, "name", "ns", "1.2.3.4", &[]),
             &[("app", "foo"), ("istio.io/use-waypoint", "waypoint")],
@@ -532,18 +537,11 @@ const VECTORS: &[Vector] = &[
         meta.use_waypoint = "waypoint".into();
         p.workload = Some(Arc::new(meta));
         let mut want = expected("cluster0//Pod/ns/name", "name", "ns", &[1, 2, 3, 4], "foo");
-        want.waypoint = Some(wl::GatewayAddress {
-            destination: Some(wl::gateway_address::Destination::Hostname(
-                wl::NamespacedHostname {
-                    namespace: "ns".into(),
-                    hostname: "waypoint.ns.svc.cluster.local".into(),
-                },
-            )),
-            hbone_mtls_port: 15008,
-        });
+        want.waypoint = Some(waypoint_addr("hostname.example", 15008));
+        let waypoints = waypoints(waypoint_all("hostname.example", 15008, None));
         check(
             "workload",
-            only_workload(&model_with(vec![], vec![p], &[])),
+            only_workload(&model_with_waypoints(vec![], vec![p], &[], &waypoints)),
             Some(want),
         )
     }),
@@ -553,9 +551,10 @@ const VECTORS: &[Vector] = &[
             ep(WorkloadKind::Pod, "waypoint", "ns", "1.2.3.4", &[]),
             &[("gateway.networking.k8s.io/gateway-name", "waypoint")],
         );
+        let waypoints = waypoints(waypoint_all("hostname.example", 15008, None));
         check(
             "workload",
-            only_workload(&model_with(vec![], vec![p], &[])),
+            only_workload(&model_with_waypoints(vec![], vec![p], &[], &waypoints)),
             Some(expected(
                 "cluster0//Pod/ns/waypoint",
                 "waypoint",
@@ -917,9 +916,18 @@ const VECTORS: &[Vector] = &[
             ep(WorkloadKind::WorkloadEntry, "name", "ns", "", &[]),
             &[("gateway.networking.k8s.io/gateway-name", "waypoint")],
         );
+        let waypoints = waypoints(waypoint_all(
+            "waypoint.example.com",
+            0,
+            Some(wl::ApplicationTunnel {
+                protocol: wl::application_tunnel::Protocol::Proxy as i32,
+                port: 15088,
+            }),
+        ));
         check(
             "application_tunnel",
-            only_workload(&model_with(vec![], vec![e], &[])).and_then(|w| w.application_tunnel),
+            only_workload(&model_with_waypoints(vec![], vec![e], &[], &waypoints))
+                .and_then(|w| w.application_tunnel),
             Some(wl::ApplicationTunnel {
                 protocol: wl::application_tunnel::Protocol::Proxy as i32,
                 port: 15088,
@@ -995,7 +1003,8 @@ const VECTORS: &[Vector] = &[
         let mut meta = (**b.workload.as_ref().unwrap()).clone();
         meta.use_waypoint = "waypoint".into();
         b.workload = Some(Arc::new(meta));
-        let m = model_of(vec![(s, vec![a, b])], &[]);
+        let waypoints = waypoints(waypoint_all("waypoint.example.com", 0, None));
+        let m = model_with_waypoints(vec![(s, vec![a, b])], vec![], &[], &waypoints);
         check(
             "waypoint",
             m.workloads
@@ -1070,6 +1079,7 @@ const VECTORS: &[Vector] = &[
                 ),
             ] {
                 let mut s = service(host, "ns", ProviderId::External, &[], &[("http", 80)]);
+                s.object_name = "multi-host-auto-assigned".into();
                 s.resolution = Resolution::DnsLb;
                 s.auto_allocated_ipv4 = Some(v4.parse().unwrap());
                 s.auto_allocated_ipv6 = Some(v6.parse().unwrap());
@@ -1162,13 +1172,14 @@ const VECTORS: &[Vector] = &[
         )
     }),
     (SERVICES, "ServiceServices/publishNotReadyAddresses", || {
-        let s = service(
+        let mut s = service(
             "name.ns.svc.domain.suffix",
             "ns",
             ProviderId::Kubernetes,
             &["1.2.3.4"],
             &[("http", 80)],
         );
+        s.publish_not_ready = true;
         let m = model_of(vec![(s, vec![])], &[]);
         check(
             "load_balancing",
@@ -1193,11 +1204,11 @@ const VECTORS: &[Vector] = &[
             ("istio.io/use-waypoint", "waypoint"),
             ("istio.io/use-waypoint-namespace", "waypoint-ns"),
         ]);
-        let m = model_of(vec![(s, vec![])], &[]);
+        let m = model_with_waypoints(vec![(s, vec![])], vec![], &[], &cross_namespace("ns"));
         check(
             "waypoint",
-            waypoint_host(m.services["ns/name.ns.svc.domain.suffix"].waypoint.as_ref()),
-            "hostname.example".into(),
+            m.services["ns/name.ns.svc.domain.suffix"].waypoint.clone(),
+            Some(waypoint_addr("hostname.example", 15008)),
         )
     }),
     (
@@ -1215,7 +1226,8 @@ const VECTORS: &[Vector] = &[
                 ("istio.io/use-waypoint", "waypoint"),
                 ("istio.io/use-waypoint-namespace", "waypoint-ns"),
             ]);
-            let m = model_of(vec![(s, vec![])], &[]);
+            let m =
+                model_with_waypoints(vec![(s, vec![])], vec![], &[], &cross_namespace("not-ns"));
             check(
                 "waypoint",
                 waypoint_host(m.services["ns/name.ns.svc.domain.suffix"].waypoint.as_ref()),
@@ -1226,33 +1238,117 @@ const VECTORS: &[Vector] = &[
     (
         SERVICES,
         "ServiceConditions/service bound to waypoint",
-        || Err("no WaypointBound condition is written".into()),
+        || service_condition(None, ""),
     ),
     (
         SERVICES,
         "ServiceConditions/service bound to waypoint and using waypoint for ingress",
-        || Err("no WaypointBound condition is written".into()),
+        || service_condition(Some("true"), ". Ingress traffic will traverse the waypoint"),
     ),
     (
         SERVICES,
         "ServiceConditions/service bound to waypoint and ingress label is malformed",
-        || Err("no WaypointBound condition is written".into()),
+        || {
+            service_condition(
+                Some("eurt"),
+                ". Ingress traffic is not using the waypoint, set the istio.io/ingress-use-waypoint label to true if desired.",
+            )
+        },
     ),
 ];
 
-const NO_GATEWAY: &str = "waypoints are named by label only: the waypoint Gateway (its status address, allowed routes) is not read; the address is `<name>.<namespace>.svc.<domain>`";
+/// `TestServiceConditions`: service `ns/name` bound to the cross-namespace
+/// waypoint, `istio.io/ingress-use-waypoint` as given; the condition's message ends
+/// with `suffix`.
+fn service_condition(ingress: Option<&str>, suffix: &str) -> Result<(), String> {
+    let mut s = service(
+        "name.ns.svc.domain.suffix",
+        "ns",
+        ProviderId::Kubernetes,
+        &["1.2.3.4"],
+        &[("http", 80)],
+    );
+    s.labels = labels(&[
+        ("istio.io/use-waypoint", "waypoint"),
+        ("istio.io/use-waypoint-namespace", "waypoint-ns"),
+    ]);
+    if let Some(v) = ingress {
+        s.labels
+            .insert("istio.io/ingress-use-waypoint".into(), v.into());
+    }
+    let m = model_with_waypoints(vec![(s, vec![])], vec![], &[], &cross_namespace("ns"));
+    check(
+        "WaypointBound",
+        m.service_conditions
+            .get("ns/name.ns.svc.domain.suffix")
+            .cloned(),
+        Some(super::build::WaypointBound {
+            status: true,
+            reason: "WaypointAccepted".into(),
+            message: format!("Successfully attached to waypoint waypoint-ns/waypoint{suffix}"),
+        }),
+    )
+}
+
+/// A waypoint address by host name (`namespace` ns).
+fn waypoint_addr(host: &str, port: u32) -> wl::GatewayAddress {
+    wl::GatewayAddress {
+        destination: Some(wl::gateway_address::Destination::Hostname(
+            wl::NamespacedHostname {
+                namespace: "ns".into(),
+                hostname: host.into(),
+            },
+        )),
+        hbone_mtls_port: port,
+    }
+}
+
+/// Waypoint `ns/waypoint` for all traffic at `host` (Istio's test `Waypoint`, its
+/// allowed routes unset: the same namespace).
+fn waypoint_all(host: &str, port: u32, binding: Option<wl::ApplicationTunnel>) -> Waypoint {
+    Waypoint {
+        namespace: "ns".into(),
+        name: "waypoint".into(),
+        address: waypoint_addr(host, port),
+        binding,
+        traffic: Traffic::All,
+        allowed: Allowed::Same,
+    }
+}
+
+fn waypoints(w: Waypoint) -> Waypoints {
+    Waypoints::of([w], Default::default())
+}
+
+/// `services_test.go`'s cross-namespace waypoint `waypoint-ns/waypoint`, admitting
+/// namespaces labelled `kubernetes.io/metadata.name: <admitted>`; namespace `ns`
+/// carries that label with its own name.
+fn cross_namespace(admitted: &str) -> Waypoints {
+    let selector: LabelSelector = serde_json::from_value(
+        serde_json::json!({"matchLabels": {"kubernetes.io/metadata.name": admitted}}),
+    )
+    .unwrap();
+    Waypoints::of(
+        [Waypoint {
+            namespace: "waypoint-ns".into(),
+            name: "waypoint".into(),
+            address: waypoint_addr("hostname.example", 15008),
+            binding: None,
+            traffic: Traffic::All,
+            allowed: Allowed::Selector(Some(selector)),
+        }],
+        [(
+            "ns".to_string(),
+            labels(&[("kubernetes.io/metadata.name", "ns")]),
+        )]
+        .into(),
+    )
+}
+
 const NO_SLICE_WORKLOADS: &str = "an endpoint with no pod or entry behind it (Istio's EndpointSlice workloads) is not a workload";
-const NO_NS_WAYPOINT: &str =
-    "a namespace's `istio.io/use-waypoint` label reaches its pods only, not its WorkloadEntries";
-const NO_CONDITIONS: &str = "Service status conditions (WaypointBound) are not written";
 
 /// Vectors meshfed does not pass, with the reason.
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    ("WorkloadEntries/base: waypoint", NO_NS_WAYPOINT),
-    (
-        "WorkloadEntries/multicluster (enabled but unused): waypoint",
-        NO_NS_WAYPOINT,
-    ),
     (
         "PodWorkloads/pod as part of selectorless service without targetRef",
         "meshfed's Kubernetes registry joins a slice endpoint without targetRef to the pod at its IP (as EDS does), so the pod's workload lists the service; Istio's ambient index leaves the pod out and sends the endpoint as an EndpointSlice workload",
@@ -1261,37 +1357,10 @@ const KNOWN_GAPS: &[(&str, &str)] = &[
         "WorkloadEntryWorkloads/cross network we hostname gateway",
         "network gateways are IPs only (a gateway named by host name is not read)",
     ),
-    (
-        "WorkloadEntryWorkloads/waypoint binding",
-        "a waypoint's inbound binding (application_tunnel) is not read",
-    ),
-    ("ServiceEntryWorkloads/static", NO_GATEWAY),
     ("EndpointSliceWorkloads/api server", NO_SLICE_WORKLOADS),
     (
         "EndpointSliceWorkloads/pod as part of selectorless service without targetRef",
         NO_SLICE_WORKLOADS,
-    ),
-    (
-        "ServiceEntryServices/Uses multiple auto-assigned addresses",
-        "a ServiceEntry's service is named after its host: the merged service model does not keep the ServiceEntry's object name",
-    ),
-    (
-        "ServiceServices/publishNotReadyAddresses",
-        "spec.publishNotReadyAddresses is not in the merged service model: no ALLOW_ALL health policy",
-    ),
-    ("ServiceServices/cross namespace waypoint", NO_GATEWAY),
-    (
-        "ServiceServices/cross namespace waypoint denied",
-        NO_GATEWAY,
-    ),
-    ("ServiceConditions/service bound to waypoint", NO_CONDITIONS),
-    (
-        "ServiceConditions/service bound to waypoint and using waypoint for ingress",
-        NO_CONDITIONS,
-    ),
-    (
-        "ServiceConditions/service bound to waypoint and ingress label is malformed",
-        NO_CONDITIONS,
     ),
 ];
 

@@ -22,21 +22,22 @@ const GATEWAY_NAME: &str = "gateway.networking.k8s.io/gateway-name";
 
 /// `TestAmbientIndex_WaypointForWorkloadTraffic`: a `test-wp` waypoint for one
 /// traffic type, `pod1` and `svc1` both labelled to use it; whether each carries it.
-fn waypoint_for_traffic(pod_uses: bool, svc_uses: bool) -> Result<(), String> {
+fn waypoint_for_traffic(traffic: &str, pod_uses: bool, svc_uses: bool) -> Result<(), String> {
     let mut w = World::new();
-    w.pod(
-        "127.0.0.1",
-        "pod1",
-        "sa1",
-        &[("app", "a"), (USE_WAYPOINT, "test-wp")],
-    )
-    .service(
-        "svc1",
-        &[(USE_WAYPOINT, "test-wp")],
-        &[80],
-        &[("app", "a")],
-        "10.0.0.1",
-    );
+    w.waypoint("10.0.0.10", "test-wp", traffic, true)
+        .pod(
+            "127.0.0.1",
+            "pod1",
+            "sa1",
+            &[("app", "a"), (USE_WAYPOINT, "test-wp")],
+        )
+        .service(
+            "svc1",
+            &[(USE_WAYPOINT, "test-wp")],
+            &[80],
+            &[("app", "a")],
+            "10.0.0.1",
+        );
     let host = "test-wp.ns1.svc.company.com";
     check(
         "pod1 waypoint",
@@ -66,17 +67,22 @@ fn services_for_waypoint(w: &World, hostnames: &[&str], addresses: &[&str]) -> V
 }
 
 /// `TestAmbientIndex_ServicesForWaypoint`: `svc1` uses waypoint `wp`, whose
-/// Gateway reports a host name, an IP, or both.
-fn services_for_waypoint_case(wp_vip: &str) -> Result<(), String> {
+/// Gateway reports the IP `status_ip` and/or the host name `status_host`.
+fn services_for_waypoint_case(
+    wp_vip: &str,
+    status_ip: &str,
+    status_host: &str,
+) -> Result<(), String> {
     let mut w = World::new();
-    w.service(
-        "svc1",
-        &[(USE_WAYPOINT, "wp")],
-        &[80],
-        &[("app", "app1")],
-        "11.0.0.1",
-    )
-    .service("wp", &[], &[80], &[("app", "waypoint")], wp_vip);
+    w.waypoint_at(status_ip, status_host, "wp", "all", true)
+        .service(
+            "svc1",
+            &[(USE_WAYPOINT, "wp")],
+            &[80],
+            &[("app", "app1")],
+            "11.0.0.1",
+        )
+        .service("wp", &[], &[80], &[("app", "waypoint")], wp_vip);
     check(
         "ServicesForWaypoint",
         services_for_waypoint(&w, &["wp.ns1.svc.company.com"], &["10.0.0.1"]),
@@ -131,16 +137,16 @@ fn multicluster_traffic() -> Result<(), String> {
 
 const VECTORS: &[Vector] = &[
     (INDEX, "WaypointForWorkloadTraffic/service traffic", || {
-        waypoint_for_traffic(false, true)
+        waypoint_for_traffic("service", false, true)
     }),
     (INDEX, "WaypointForWorkloadTraffic/all traffic", || {
-        waypoint_for_traffic(true, true)
+        waypoint_for_traffic("all", true, true)
     }),
     (INDEX, "WaypointForWorkloadTraffic/workload traffic", || {
-        waypoint_for_traffic(true, false)
+        waypoint_for_traffic("workload", true, false)
     }),
     (INDEX, "WaypointForWorkloadTraffic/no traffic", || {
-        waypoint_for_traffic(false, false)
+        waypoint_for_traffic("none", false, false)
     }),
     (INDEX, "NetworkAndClusterIDs/values unset", || {
         let mut w = World::new();
@@ -192,13 +198,16 @@ const VECTORS: &[Vector] = &[
     }),
     (INDEX, "ServiceAttachedWaypoints", || {
         let mut w = World::new();
-        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]).service(
-            "svc1",
-            &[(USE_WAYPOINT, "test-wp")],
-            &[80],
-            &[("app", "a")],
-            "10.0.0.1",
-        );
+        // "default" is no traffic type: the Gateway is labelled `service`.
+        w.waypoint("10.0.0.10", "test-wp", "default", true)
+            .pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .service(
+                "svc1",
+                &[(USE_WAYPOINT, "test-wp")],
+                &[80],
+                &[("app", "a")],
+                "10.0.0.1",
+            );
         let found = w.lookup(&addr("10.0.0.1"));
         let Some(Found::S(s)) = found.first() else {
             return Err(format!("no service first at 10.0.0.1: {found:?}"));
@@ -240,7 +249,8 @@ const VECTORS: &[Vector] = &[
         assert_addresses(&w, "", &["pod1", "pod2", "pod3"])
     }),
     (INDEX, "WaypointConfiguredOnlyWhenReady", || {
-        // waypoint-sa1's Gateway has no address yet: pod1 gets no waypoint.
+        // waypoint-sa1's Gateway has no address yet: pod1 gets no waypoint until
+        // it has.
         let mut w = World::new();
         w.pod(
             "127.0.0.1",
@@ -253,16 +263,32 @@ const VECTORS: &[Vector] = &[
             "pod2",
             "sa2",
             &[("app", "b"), (USE_WAYPOINT, "waypoint-sa2")],
-        );
+        )
+        .waypoint("10.0.0.1", "waypoint-sa1", "", false)
+        .waypoint("10.0.0.2", "waypoint-sa2", "workload", true);
         check(
             "pod1 waypoint",
             workload_waypoint(&w, &addr("127.0.0.1"))?,
             String::new(),
         )?;
         check(
+            "why pod1 has none",
+            w.model()
+                .workload_waypoint_problems
+                .get(&pod_uid("pod1"))
+                .map(|p| p.message.clone()),
+            Some("waypoint \"ns1/waypoint-sa1\" is not ready".to_string()),
+        )?;
+        check(
             "pod2 waypoint",
             workload_waypoint(&w, &addr("127.0.0.2"))?,
             "waypoint-sa2.ns1.svc.company.com".into(),
+        )?;
+        w.waypoint("10.0.0.1", "waypoint-sa1", "workload", true);
+        check(
+            "pod1 waypoint once ready",
+            workload_waypoint(&w, &addr("127.0.0.1"))?,
+            "waypoint-sa1.ns1.svc.company.com".into(),
         )
     }),
     (INDEX, "WaypointAddressAddedToWorkloads", || {
@@ -282,6 +308,7 @@ const VECTORS: &[Vector] = &[
                 "sa2",
                 &[("app", "b"), (USE_WAYPOINT, "waypoint-sa2")],
             )
+            .waypoint("10.0.0.2", "waypoint-ns", "all", true)
             .pod(
                 "127.0.0.200",
                 "waypoint-ns-pod",
@@ -295,6 +322,7 @@ const VECTORS: &[Vector] = &[
                 &[(GATEWAY_NAME, "waypoint-ns")],
                 "10.0.0.2",
             )
+            .waypoint("10.0.0.3", "waypoint-sa2", "all", true)
             .pod(
                 "127.0.0.250",
                 "waypoint-sa2-pod",
@@ -331,17 +359,41 @@ const VECTORS: &[Vector] = &[
             "pod4 waypoint",
             workload_waypoint(&w, &addr("127.0.0.4"))?,
             "waypoint-sa2.ns1.svc.company.com".into(),
+        )?;
+        // svc1's pods carry the namespace's waypoint; without the waypoint's
+        // Gateway they carry none.
+        let via_svc1 = |w: &World| {
+            w.lookup(&addr("10.0.0.1"))
+                .iter()
+                .find_map(Found::workload)
+                .map(|wl| waypoint_host(wl.waypoint.as_ref()))
+        };
+        check(
+            "pod via svc1",
+            via_svc1(&w),
+            Some("waypoint-ns.ns1.svc.company.com".into()),
+        )?;
+        w.delete_waypoint("waypoint-ns")
+            .delete_service("waypoint-ns")
+            .delete_waypoint("waypoint-sa2")
+            .delete_service("waypoint-sa2");
+        check(
+            "pod via svc1, waypoints gone",
+            via_svc1(&w),
+            Some(String::new()),
         )
     }),
     (INDEX, "WaypointInboundBinding", || {
         // The istio-waypoint GatewayClass annotates `PROXY/15088`.
         let mut w = World::new();
-        w.pod(
-            "10.0.0.1",
-            "proxy-sandwich-instance",
-            "",
-            &[(GATEWAY_NAME, "proxy-sandwich")],
-        );
+        w.waypoint_class(&[("ambient.istio.io/waypoint-inbound-binding", "PROXY/15088")])
+            .waypoint("1.2.3.4", "proxy-sandwich", "all", true)
+            .pod(
+                "10.0.0.1",
+                "proxy-sandwich-instance",
+                "",
+                &[(GATEWAY_NAME, "proxy-sandwich")],
+            );
         let found = w.lookup(&pod_uid("proxy-sandwich-instance"));
         check(
             "application tunnel",
@@ -356,32 +408,68 @@ const VECTORS: &[Vector] = &[
         )
     }),
     (INDEX, "ServicesForWaypoint/hostname", || {
-        services_for_waypoint_case("10.0.0.2")
+        services_for_waypoint_case("10.0.0.2", "", "wp.ns1.svc.company.com")
     }),
     (INDEX, "ServicesForWaypoint/ip", || {
-        services_for_waypoint_case("10.0.0.1")
+        services_for_waypoint_case("10.0.0.1", "10.0.0.1", "")
     }),
     (INDEX, "ServicesForWaypoint/mixed", || {
-        services_for_waypoint_case("10.0.0.1")
+        services_for_waypoint_case("10.0.0.1", "10.0.0.1", "wp.ns1.svc.company.com")
     }),
     (INDEX, "DefaultAllowWaypointPolicy", || {
-        // DefaultAllowFromWaypoint: a policy allowing the waypoint's service
-        // accounts, attached to pod1.
+        // `setupPolicyTest` with DEFAULT_ALLOW_FROM_WAYPOINT: the namespace's waypoint
+        // has two pods with different service accounts; pod1 uses it.
         let mut w = World::new();
-        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]).pod(
-            "127.0.0.1",
-            "pod1",
-            "sa1",
-            &[("app", "a")],
-        );
-        let found = w.lookup(&addr("127.0.0.1"));
+        w.default_allow_from_waypoint = true;
+        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")])
+            .pod(
+                "127.0.0.200",
+                "waypoint-ns-pod",
+                "namespace-wide",
+                &[MANAGED, (GATEWAY_NAME, "waypoint-ns")],
+            )
+            .pod(
+                "127.0.0.201",
+                "waypoint2-sa",
+                "waypoint-sa",
+                &[MANAGED, (GATEWAY_NAME, "waypoint-ns")],
+            )
+            .waypoint("10.0.0.2", "waypoint-ns", "all", true)
+            .ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]);
+        let policy = "ns1/istio_allow_waypoint_ns1_waypoint-ns";
+        let m = w.model();
+        let principals: Vec<String> = m
+            .implicit_policies
+            .get(policy)
+            .map(|p| {
+                p.groups[0].rules[0].matches[0]
+                    .principals
+                    .iter()
+                    .filter_map(|sm| match &sm.match_type {
+                        Some(meshfed_api::security::string_match::MatchType::Exact(e)) => {
+                            Some(e.clone())
+                        }
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         check(
-            "pod1 policies",
+            "policy with service accounts",
+            principals,
+            vec![
+                "cluster.local/ns/ns1/sa/namespace-wide".to_string(),
+                "cluster.local/ns/ns1/sa/waypoint-sa".to_string(),
+            ],
+        )?;
+        let found = lookup(&m, &addr("127.0.0.1"));
+        check(
+            "attach policy to workload",
             found
                 .first()
                 .and_then(Found::workload)
                 .map(|w| w.authorization_policies.clone()),
-            Some(vec!["ns1/istio_allow_waypoint_ns1_waypoint-ns".to_string()]),
+            Some(vec![policy.to_string()]),
         )
     }),
     (INDEX, "PodLifecycleWorkloadGates", || {
@@ -428,7 +516,9 @@ const VECTORS: &[Vector] = &[
     }),
     (INDEX, "UpdateWaypointForWorkload", || {
         let mut w = World::new();
-        w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]);
+        w.waypoint("10.0.0.2", "waypoint-sa1", "workload", true)
+            .waypoint("10.0.0.1", "waypoint-ns", "workload", true)
+            .pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]);
         let wp = |w: &World| workload_waypoint(w, &pod_uid("pod1"));
         check("no waypoint", wp(&w)?, String::new())?;
         w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]);
@@ -448,6 +538,26 @@ const VECTORS: &[Vector] = &[
             wp(&w)?,
             "waypoint-sa1.ns1.svc.company.com".into(),
         )?;
+        w.pod("127.0.0.1", "pod1", "sa1", &[]);
+        check(
+            "pod label removed",
+            wp(&w)?,
+            "waypoint-ns.ns1.svc.company.com".into(),
+        )?;
+        w.ns_label(NS, &[]);
+        check("namespace label removed", wp(&w)?, String::new())?;
+        w.pod(
+            "127.0.0.1",
+            "pod1",
+            "sa1",
+            &[(USE_WAYPOINT, "waypoint-sa1")],
+        )
+        .ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")]);
+        check(
+            "pod label over namespace",
+            wp(&w)?,
+            "waypoint-sa1.ns1.svc.company.com".into(),
+        )?;
         w.pod("127.0.0.1", "pod1", "sa1", &[(USE_WAYPOINT, "none")]);
         check("none", wp(&w)?, String::new())?;
         w.pod("127.0.0.1", "pod1", "sa1", &[(USE_WAYPOINT, "~")]);
@@ -455,7 +565,9 @@ const VECTORS: &[Vector] = &[
     }),
     (INDEX, "WorkloadsForWaypoint", || {
         let mut w = World::new();
-        w.ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")])
+        w.waypoint("10.0.0.1", "waypoint-ns", "workload", true)
+            .waypoint("10.0.0.2", "waypoint-sa1", "workload", true)
+            .ns_label(NS, &[(USE_WAYPOINT, "waypoint-ns")])
             .pod(
                 "127.0.0.1",
                 "pod1",
@@ -477,6 +589,7 @@ const VECTORS: &[Vector] = &[
     (INDEX, "WorkloadsForWaypointOrder", || {
         // Workloads of a waypoint in creation order: pod3, pod1, pod2.
         let mut w = World::new();
+        w.waypoint("10.0.0.1", "waypoint", "workload", true);
         for (ip, name) in [
             ("127.0.0.3", "pod3"),
             ("127.0.0.1", "pod1"),
@@ -513,8 +626,27 @@ const VECTORS: &[Vector] = &[
         )
     }),
     (INTEROP, "IngressInterop", || {
-        // Before waypoint wp-svc exists, svc1 (`istio.io/ingress-use-waypoint`) has no
-        // waypoint to send ingress traffic through.
+        // svc1 (`istio.io/ingress-use-waypoint`) and the waypoint it uses, as
+        // `ServicesWithWaypoint` reports it: the waypoint's service host name (an IP
+        // waypoint: the service at that VIP).
+        let services_with_waypoint = |w: &World| -> Vec<String> {
+            let m = w.model();
+            let Some(svc) = m.services.get(&svc_key("svc1")) else {
+                return Vec::new();
+            };
+            let host = waypoint_host(svc.waypoint.as_ref());
+            if host.is_empty() {
+                return Vec::new();
+            }
+            let waypoint = match lookup(&m, &addr(&host)).into_iter().find_map(|f| match f {
+                Found::S(s) => Some(s.hostname),
+                Found::W(_) => None,
+            }) {
+                Some(h) => h,
+                None => host,
+            };
+            vec![format!("{}/{waypoint}", svc.hostname)]
+        };
         let mut w = World::new();
         w.service(
             "svc1",
@@ -526,10 +658,26 @@ const VECTORS: &[Vector] = &[
             &[("app", "a")],
             "10.0.0.2",
         );
+        check("before wp-svc", services_with_waypoint(&w), vec![])?;
+        w.waypoint_at("10.0.0.1", "", "wp-svc", "all", true)
+            .service("wp-svc", &[], &[80], &[("app", "waypoint")], "10.0.0.1");
+        let want = vec!["svc1.ns1.svc.company.com/wp-svc.ns1.svc.company.com".to_string()];
+        check("IP waypoint", services_with_waypoint(&w), want.clone())?;
+        w.pod("127.0.0.4", "wp-pod1", "wp-sa", &[("app", "waypoint")])
+            .pod("127.0.0.5", "wp-pod2", "wp-sa", &[("app", "waypoint")]);
+        check("with instances", services_with_waypoint(&w), want)?;
+        w.service(
+            "svc1",
+            &[(USE_WAYPOINT, "wp-svc-host")],
+            &[80],
+            &[("app", "a")],
+            "10.0.0.2",
+        )
+        .waypoint_at("", "example.com", "wp-svc-host", "all", true);
         check(
-            "svc1 waypoint before wp-svc exists",
-            waypoint_host(w.model().services[&svc_key("svc1")].waypoint.as_ref()),
-            String::new(),
+            "host name waypoint",
+            services_with_waypoint(&w),
+            vec!["svc1.ns1.svc.company.com/example.com".to_string()],
         )
     }),
     (
@@ -555,17 +703,17 @@ const VECTORS: &[Vector] = &[
     (
         MULTI,
         "Multicluster ServicesForWaypoint/hostname (multicluster but unused)",
-        || services_for_waypoint_case("10.0.0.2"),
+        || services_for_waypoint_case("10.0.0.2", "", "wp.ns1.svc.company.com"),
     ),
     (
         MULTI,
         "Multicluster ServicesForWaypoint/ip (multicluster but unused)",
-        || services_for_waypoint_case("10.0.0.1"),
+        || services_for_waypoint_case("10.0.0.1", "10.0.0.1", ""),
     ),
     (
         MULTI,
         "Multicluster ServicesForWaypoint/mixed (multicluster but unused)",
-        || services_for_waypoint_case("10.0.0.1"),
+        || services_for_waypoint_case("10.0.0.1", "10.0.0.1", "wp.ns1.svc.company.com"),
     ),
     (MULTI, "MulticlusterServiceMerging", || {
         // svc2 in the local cluster (10.0.0.1) and a remote one (127.1.0.1), not
@@ -605,33 +753,13 @@ const VECTORS: &[Vector] = &[
     }),
 ];
 
-const NO_GATEWAY: &str = "waypoints are named by label only: the waypoint Gateway (its existence, readiness, `istio.io/waypoint-for` traffic type, status address, allowed routes) is not read";
 const NO_MULTINETWORK: &str = "ambient multi-network is not built: no `istio.io/global` service scope and no SplitHorizonWorkload (remote endpoints are sent as workloads with their network gateway)";
 
 /// Vectors meshfed does not pass, with the reason.
 const KNOWN_GAPS: &[(&str, &str)] = &[
-    ("WaypointForWorkloadTraffic/service traffic", NO_GATEWAY),
-    ("WaypointForWorkloadTraffic/workload traffic", NO_GATEWAY),
-    ("WaypointForWorkloadTraffic/no traffic", NO_GATEWAY),
-    (
-        "WaypointConfiguredOnlyWhenReady",
-        "the waypoint Gateway's readiness is not read: the label alone sets the waypoint",
-    ),
-    (
-        "WaypointInboundBinding",
-        "the istio-waypoint GatewayClass's inbound-binding annotation is not read (no application_tunnel)",
-    ),
-    (
-        "DefaultAllowWaypointPolicy",
-        "DEFAULT_ALLOW_FROM_WAYPOINT (an allow policy for the waypoint's service accounts) is not implemented",
-    ),
     (
         "WorkloadsForWaypointOrder",
         "workloads carry no creation time: they are ordered by uid, not by age",
-    ),
-    (
-        "IngressInterop",
-        "waypoints are named by label without reading their Gateway, and ingress/sidecar routing through waypoints (`istio.io/ingress-use-waypoint`) is not built",
     ),
     (
         "Multicluster WaypointForWorkloadTraffic/service traffic",

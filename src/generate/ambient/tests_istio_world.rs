@@ -19,7 +19,11 @@ use meshfed_registry::{
     WorkloadKind, WorkloadMeta,
 };
 
+use meshfed_registry::config::gateway_api::{GatewayClassSpec, GatewaySpec};
+use meshfed_registry::config::{ConfigObject, Kind, StatusAddress};
+
 use super::build::{self, AmbientModel};
+use super::waypoints::{WaypointInputs, Waypoints};
 use crate::networks::NetworkView;
 
 pub(super) const NS: &str = "ns1";
@@ -75,11 +79,19 @@ pub(super) struct World {
     pub services: Vec<Svc>,
     /// AuthorizationPolicies: (namespace, name, spec YAML).
     pub aps: Vec<(String, String, String)>,
+    /// Gateway API Gateways (waypoints) and GatewayClasses.
+    pub gateways: Vec<Arc<ConfigObject>>,
+    /// `DEFAULT_ALLOW_FROM_WAYPOINT`.
+    pub default_allow_from_waypoint: bool,
 }
 
 impl World {
+    /// An empty world with the `istio-waypoint` GatewayClass (the test server
+    /// installs it).
     pub fn new() -> World {
-        World::default()
+        let mut w = World::default();
+        w.waypoint_class(&[]);
+        w
     }
 
     fn upsert(&mut self, o: Obj) {
@@ -193,6 +205,76 @@ impl World {
         self
     }
 
+    /// `addWaypoint`: a waypoint Gateway `name` of class `istio-waypoint` with one
+    /// HBONE listener (routes from the same namespace), for `traffic` (an unknown
+    /// or empty value: `service`); when `ready`, reporting the IP `ip` and the host
+    /// name `<name>.ns1.svc.company.com`.
+    pub fn waypoint(&mut self, ip: &str, name: &str, traffic: &str, ready: bool) -> &mut Self {
+        let host = format!("{name}.{NS}.svc.{DOMAIN}");
+        self.waypoint_at(ip, &host, name, traffic, ready)
+    }
+
+    /// `addWaypointSpecificAddress`: [`World::waypoint`] with the status addresses
+    /// given (`""`: none of that type).
+    pub fn waypoint_at(
+        &mut self,
+        ip: &str,
+        hostname: &str,
+        name: &str,
+        traffic: &str,
+        ready: bool,
+    ) -> &mut Self {
+        let spec: GatewaySpec = serde_json::from_value(serde_json::json!({
+            "gatewayClassName": "istio-waypoint",
+            "listeners": [{"name": "mesh", "port": 15008, "protocol": "HBONE",
+                "allowedRoutes": {"namespaces": {"from": "Same"}}}],
+        }))
+        .unwrap();
+        let mut o = ConfigObject::new(NS, name, spec);
+        let traffic = match traffic {
+            "service" | "workload" | "all" | "none" => traffic,
+            _ => "service",
+        };
+        o.labels = labels(&[("istio.io/waypoint-for", traffic)]);
+        if ready {
+            for (kind, value) in [("IPAddress", ip), ("Hostname", hostname)] {
+                if !value.is_empty() {
+                    o.status_addresses.push(StatusAddress {
+                        kind: kind.into(),
+                        value: value.into(),
+                    });
+                }
+            }
+        }
+        self.gateway_object(o)
+    }
+
+    pub fn delete_waypoint(&mut self, name: &str) -> &mut Self {
+        self.gateways
+            .retain(|g| !(g.kind == Kind::KubernetesGateway && g.name == name));
+        self
+    }
+
+    /// A Gateway or GatewayClass object, replacing one of the same kind and name.
+    pub fn gateway_object(&mut self, o: ConfigObject) -> &mut Self {
+        self.gateways
+            .retain(|g| !(g.kind == o.kind && g.name == o.name && g.namespace == o.namespace));
+        self.gateways.push(Arc::new(o));
+        self
+    }
+
+    /// The `istio-waypoint` GatewayClass with `annotations` (the test server
+    /// installs it without).
+    pub fn waypoint_class(&mut self, annotations: &[(&str, &str)]) -> &mut Self {
+        let spec: GatewayClassSpec = serde_json::from_value(
+            serde_json::json!({"controllerName": "istio.io/mesh-controller"}),
+        )
+        .unwrap();
+        let mut o = ConfigObject::new("", "istio-waypoint", spec);
+        o.annotations = labels(annotations);
+        self.gateway_object(o)
+    }
+
     pub fn policy(&mut self, ns: &str, name: &str, spec: &str) -> &mut Self {
         self.aps.retain(|(n, m, _)| !(n == ns && m == name));
         self.aps.push((ns.into(), name.into(), spec.into()));
@@ -280,6 +362,7 @@ impl World {
                 svc.labels = s.labels.clone();
                 if s.provider == ProviderId::External {
                     svc.resolution = Resolution::ClientSideLb;
+                    svc.object_name = s.name.clone();
                 }
                 let mut eps = Vec::new();
                 match &s.selector {
@@ -354,7 +437,23 @@ impl World {
             .collect();
         let every = self.standalone();
         let standalone: Vec<(&ShardKey, &Endpoint)> = every.iter().map(|(s, e)| (s, e)).collect();
-        let mut model = build::build(&refs, &standalone, &view, "cluster.local", DOMAIN);
+        let waypoints = Waypoints::read(
+            &self.gateways,
+            WaypointInputs {
+                domain: DOMAIN,
+                service_exists: &|h| self.services.iter().any(|s| s.host == h),
+                network_of: &|ip| build::ip_network(&view, &refs, ip),
+                namespaces: Arc::new(self.ns_labels.clone()),
+            },
+        );
+        let mut model = build::build(
+            &refs,
+            &standalone,
+            &view,
+            "cluster.local",
+            DOMAIN,
+            &waypoints,
+        );
         let aps: Vec<(&str, &str, &str)> = self
             .aps
             .iter()
@@ -364,6 +463,15 @@ impl World {
             &crate::generate::ambient_authz::tests::index(&aps, &[]),
         );
         build::attach_policies(&mut model, &refs, &standalone, &policies);
+        if self.default_allow_from_waypoint {
+            build::add_implicit_waypoint_policies(
+                &mut model,
+                &refs,
+                &standalone,
+                &waypoints,
+                "cluster.local",
+            );
+        }
         model
     }
 }

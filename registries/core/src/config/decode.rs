@@ -191,6 +191,7 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
             source: source.to_string(),
             spec,
             conditions: read_conditions(map.get("status")),
+            status_addresses: read_status_addresses(map.get("status")),
         }),
         _ => invalid(meta.namespace, errors),
     }
@@ -218,6 +219,27 @@ fn read_conditions(status: Option<&Value>) -> Vec<crate::config::model::Conditio
                 message: text("message").to_string(),
                 last_probe_time: time("lastProbeTime"),
                 last_transition_time: time("lastTransitionTime"),
+            })
+        })
+        .collect()
+}
+
+/// `status.addresses` (a Gateway's): entries without a `value` are left out; the
+/// type defaults to `IPAddress`, as in the Gateway API.
+fn read_status_addresses(status: Option<&Value>) -> Vec<crate::config::model::StatusAddress> {
+    let Some(Value::Array(list)) = status.and_then(|s| s.get("addresses")) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|a| {
+            let value = a.get("value").and_then(Value::as_str).unwrap_or_default();
+            (!value.is_empty()).then(|| crate::config::model::StatusAddress {
+                kind: a
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("IPAddress")
+                    .to_string(),
+                value: value.to_string(),
             })
         })
         .collect()
@@ -416,6 +438,51 @@ mod tests {
         assert_eq!(
             se.key(),
             ConfigKey::new(ConfigKind::ServiceEntry, "x", "ns")
+        );
+    }
+
+    /// A Gateway API Gateway's `status.addresses` are kept (the type defaulting to
+    /// `IPAddress`, entries without a value left out), count as content, and are
+    /// written back.
+    #[test]
+    fn gateway_status_addresses_are_read_and_written_back() {
+        let gateway = |status: Value| {
+            json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": "wp", "namespace": "ns"},
+                "spec": {"gatewayClassName": "istio-waypoint", "listeners": [
+                    {"name": "mesh", "port": 15008, "protocol": "HBONE"}]},
+                "status": status,
+            })
+        };
+        let pending = decoded(&gateway(json!({})));
+        let ready = decoded(&gateway(json!({"addresses": [
+            {"value": "10.0.0.1"},
+            {"type": "Hostname", "value": "wp.ns.svc.cluster.local"},
+            {"type": "Hostname"},
+        ]})));
+        assert!(pending.status_addresses.is_empty());
+        assert_eq!(
+            ready.status_addresses,
+            vec![
+                crate::config::StatusAddress {
+                    kind: "IPAddress".into(),
+                    value: "10.0.0.1".into()
+                },
+                crate::config::StatusAddress {
+                    kind: "Hostname".into(),
+                    value: "wp.ns.svc.cluster.local".into()
+                },
+            ]
+        );
+        assert!(!ready.same_content(&pending));
+        assert_eq!(
+            serde_json::to_value(&ready).unwrap()["status"]["addresses"],
+            json!([
+                {"type": "IPAddress", "value": "10.0.0.1"},
+                {"type": "Hostname", "value": "wp.ns.svc.cluster.local"},
+            ])
         );
     }
 

@@ -42,7 +42,9 @@ pub use decode::{Decoded, InvalidObject, SkippedObject, decode};
 pub use file_store::{ConfigDirStatus, FileConfigStore, run_config_dir};
 pub use ignored::IgnoredConfig;
 pub use kinds::{Feeds, KindInfo, KindSpec};
-pub use model::{Condition, ConfigObject, Kind, ObjectId, Spec, supported_api_version};
+pub use model::{
+    Condition, ConfigObject, Kind, ObjectId, Spec, StatusAddress, supported_api_version,
+};
 pub use report::{Report, validate_files, validate_files_in, validate_text, validate_value};
 pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};

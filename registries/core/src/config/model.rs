@@ -96,6 +96,19 @@ pub struct ConfigObject {
     /// `status.conditions` (Istio's `IstioCondition`s; a WorkloadEntry's `Healthy`
     /// condition decides whether its endpoint is served). Empty when not given.
     pub conditions: Vec<Condition>,
+    /// `status.addresses` (a Gateway API Gateway's: what its controller reports the
+    /// gateway reachable at; a waypoint is configured once it has one). Empty when
+    /// not given.
+    pub status_addresses: Vec<StatusAddress>,
+}
+
+/// One entry of a Gateway's `status.addresses`.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct StatusAddress {
+    /// `type`: `IPAddress` (the default), `Hostname`, or an implementation's own.
+    pub kind: String,
+    /// `value`.
+    pub value: String,
 }
 
 /// One entry of `status.conditions`.
@@ -154,6 +167,7 @@ impl ConfigObject {
             source: "memory".to_string(),
             spec,
             conditions: Vec::new(),
+            status_addresses: Vec::new(),
         }
     }
 
@@ -179,13 +193,15 @@ impl ConfigObject {
 
     /// Whether a change from `other` to `self` needs a push: the spec, labels or
     /// annotations differ (as Istio's `NeedsPush`; the source, resource version and
-    /// creation time do not count), or its status conditions do (a WorkloadEntry's
-    /// health changes its endpoint).
+    /// creation time do not count), or its status conditions or addresses do (a
+    /// WorkloadEntry's health changes its endpoint; a waypoint Gateway's address
+    /// makes it ready).
     pub fn same_content(&self, other: &ConfigObject) -> bool {
         self.spec == other.spec
             && self.labels == other.labels
             && self.annotations == other.annotations
             && self.conditions == other.conditions
+            && self.status_addresses == other.status_addresses
     }
 }
 
@@ -230,10 +246,24 @@ impl Serialize for ConfigObject {
                 resource_version: &self.resource_version,
             },
             spec: &self.spec,
-            status: (!self.conditions.is_empty()).then(|| {
-                serde_json::json!({
-                    "conditions": self.conditions.iter().map(Condition::to_json).collect::<Vec<_>>()
-                })
+            status: (!self.conditions.is_empty() || !self.status_addresses.is_empty()).then(|| {
+                let mut status = serde_json::Map::new();
+                if !self.conditions.is_empty() {
+                    status.insert(
+                        "conditions".into(),
+                        self.conditions.iter().map(Condition::to_json).collect(),
+                    );
+                }
+                if !self.status_addresses.is_empty() {
+                    status.insert(
+                        "addresses".into(),
+                        self.status_addresses
+                            .iter()
+                            .map(|a| serde_json::json!({"type": a.kind, "value": a.value}))
+                            .collect(),
+                    );
+                }
+                serde_json::Value::Object(status)
             }),
         }
         .serialize(s)

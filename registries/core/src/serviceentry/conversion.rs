@@ -125,6 +125,26 @@ fn service_for(
         ProviderId::External,
         config.cluster_id.clone(),
     );
+    service.object_name = obj.name.clone();
+    // What ztunnel is told each port targets: its `targetPort`, else the port.
+    service.target_ports = se
+        .ports
+        .iter()
+        .filter_map(|p| {
+            let target = if p.target_port != 0 {
+                p.target_port
+            } else {
+                p.number
+            };
+            Some((u16::try_from(p.number).ok()?, u16::try_from(target).ok()?))
+        })
+        .collect();
+    service.traffic_distribution = crate::TrafficDistribution::parse(
+        None,
+        obj.annotations
+            .get(crate::TRAFFIC_DISTRIBUTION_ANNOTATION)
+            .map(String::as_str),
+    );
     service.ports = se
         .ports
         .iter()
@@ -488,6 +508,56 @@ mod health_tests {
             });
         }
         Arc::new(obj)
+    }
+
+    /// A ServiceEntry's services carry its object name, each port's target (its
+    /// `targetPort`, else the port) and the traffic-distribution annotation.
+    #[test]
+    fn services_carry_the_entry_name_target_ports_and_traffic_distribution() {
+        let mut obj = ConfigObject::new(
+            "ns",
+            "payments",
+            net::ServiceEntry {
+                hosts: vec!["a.example.com".into()],
+                ports: vec![
+                    net::ServicePort {
+                        number: 80,
+                        name: "http".into(),
+                        target_port: 8080,
+                        ..Default::default()
+                    },
+                    net::ServicePort {
+                        number: 443,
+                        name: "https".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            },
+        );
+        obj.annotations.insert(
+            crate::TRAFFIC_DISTRIBUTION_ANNOTATION.into(),
+            "PreferSameNode".into(),
+        );
+        let se = match &obj.spec {
+            crate::config::Spec::ServiceEntry(se) => se.clone(),
+            _ => unreachable!(),
+        };
+        let s = service_for(
+            &obj,
+            &se,
+            "a.example.com",
+            &ServiceEntryConfig {
+                cluster_id: "c1".into(),
+                trust_domain: "cluster.local".into(),
+            },
+        );
+        assert_eq!(s.object_name, "payments");
+        assert_eq!(s.target_ports, BTreeMap::from([(80, 8080), (443, 443)]));
+        assert_eq!(
+            s.traffic_distribution,
+            crate::TrafficDistribution::PreferSameNode
+        );
     }
 
     #[test]

@@ -407,6 +407,17 @@ pub fn convert_service(
                 Err(_) => TargetPort::Name(s.clone()),
             },
         };
+        // The ambient Service's target port: a number as given, 0 for a name (none
+        // given: not recorded).
+        match &target {
+            _ if p.target_port.is_none() => {}
+            TargetPort::Number(t) => {
+                service.target_ports.insert(number, *t);
+            }
+            TargetPort::Name(_) => {
+                service.target_ports.insert(number, 0);
+            }
+        }
         if let Some(node_port) = p.node_port.filter(|n| *n != 0) {
             node_ports.insert(
                 number,
@@ -447,6 +458,12 @@ pub fn convert_service(
     if let Some(labels) = &meta.labels {
         service.labels = labels.clone();
     }
+    service.traffic_distribution = meshfed_registry::TrafficDistribution::parse(
+        spec.traffic_distribution.as_deref(),
+        annotation(meshfed_registry::TRAFFIC_DISTRIBUTION_ANNOTATION),
+    );
+    service.publish_not_ready = spec.publish_not_ready_addresses.unwrap_or(false);
+    service.node_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     if let Some(export_to) = annotation(ANNOTATION_EXPORT_TO) {
         service.export_to = ExportTo(comma_list(export_to).map(str::to_string).collect());
     }
@@ -720,5 +737,57 @@ mod tests {
             a.external_addresses,
             vec![ExternalAddress::Ip("192.0.2.7".parse().unwrap())]
         );
+    }
+
+    /// What the ambient Service is built from: numeric target ports (0 for a name,
+    /// none recorded when not given), traffic distribution (the spec before the
+    /// annotation), `publishNotReadyAddresses`, `internalTrafficPolicy: Local`.
+    #[test]
+    fn ambient_fields_carry_over() {
+        let config = KubeRegistryConfig::new("c1");
+        let mut svc = service(ServiceSpec {
+            ports: Some(vec![
+                ServicePort {
+                    target_port: Some(IntOrString::Int(8080)),
+                    ..port("http", 80)
+                },
+                ServicePort {
+                    target_port: Some(IntOrString::String("web".into())),
+                    ..port("web", 81)
+                },
+                port("plain", 82),
+            ]),
+            traffic_distribution: Some("PreferSameNode".into()),
+            publish_not_ready_addresses: Some(true),
+            internal_traffic_policy: Some("Local".into()),
+            ..Default::default()
+        });
+        svc.metadata.annotations = Some(BTreeMap::from([(
+            meshfed_registry::TRAFFIC_DISTRIBUTION_ANNOTATION.to_string(),
+            "PreferClose".to_string(),
+        )]));
+        let s = convert_service(&svc, &config).unwrap().service;
+        assert_eq!(s.target_ports, BTreeMap::from([(80, 8080), (81, 0)]));
+        assert_eq!(
+            s.traffic_distribution,
+            meshfed_registry::TrafficDistribution::PreferSameNode
+        );
+        assert!(s.publish_not_ready);
+        assert!(s.node_local);
+        // Without the spec field, the annotation (any case).
+        let mut svc = service(ServiceSpec {
+            ports: Some(vec![port("http", 80)]),
+            ..Default::default()
+        });
+        svc.metadata.annotations = Some(BTreeMap::from([(
+            meshfed_registry::TRAFFIC_DISTRIBUTION_ANNOTATION.to_string(),
+            "preferclose".to_string(),
+        )]));
+        let s = convert_service(&svc, &config).unwrap().service;
+        assert_eq!(
+            s.traffic_distribution,
+            meshfed_registry::TrafficDistribution::PreferSameZone
+        );
+        assert!(!s.publish_not_ready && !s.node_local);
     }
 }

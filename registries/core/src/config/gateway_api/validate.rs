@@ -106,9 +106,10 @@ pub fn validate_gateway_class(spec: &GatewayClassSpec) -> Validation {
 pub const WAYPOINT_CLASS: &str = "istio-waypoint";
 
 /// What `meshfed validate` says of a waypoint Gateway.
-pub const WAYPOINT_WARNING: &str = "waypoint proxies are not served by meshfed yet: workloads \
-     and services that use this waypoint (istio.io/use-waypoint) name it to ztunnel, but the \
-     waypoint's own configuration (HBONE listeners, its routes and policies) is not generated";
+pub const WAYPOINT_WARNING: &str = "waypoint proxies are not served by meshfed yet: once this \
+     Gateway reports an address, workloads and services that use it (istio.io/use-waypoint) \
+     name it to ztunnel, but the waypoint's own configuration (HBONE listeners, its routes \
+     and policies) is not generated";
 
 /// `Gateway`: listeners (unique names, ports, TLS as the protocol requires, hostnames)
 /// and addresses; a waypoint Gateway (class `istio-waypoint`) is warned about.
