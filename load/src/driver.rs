@@ -1128,7 +1128,10 @@ mod tests {
                 // Converged means 8 service clusters each (`ProxyState::gap`), and
                 // their 8 assignments: the 3 SotW proxies receive them again after
                 // the storm, the 3 Delta ones resume with what they hold.
-                assert!(summary.received["eds"].resources >= (2 * 3 + 3) * 8, "{report}");
+                assert!(
+                    summary.received["eds"].resources >= (2 * 3 + 3) * 8,
+                    "{report}"
+                );
             }
         }
     }
