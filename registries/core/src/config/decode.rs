@@ -477,13 +477,19 @@ mod tests {
             ]
         );
         assert!(!ready.same_content(&pending));
+        let written = serde_json::to_value(&ready).unwrap();
         assert_eq!(
-            serde_json::to_value(&ready).unwrap()["status"]["addresses"],
+            written["status"]["addresses"],
             json!([
                 {"type": "IPAddress", "value": "10.0.0.1"},
                 {"type": "Hostname", "value": "wp.ns.svc.cluster.local"},
             ])
         );
+        // Written as the Gateway API's `Gateway`, it reads back as the same object.
+        assert_eq!(written["kind"], "Gateway");
+        let again = decoded(&written);
+        assert_eq!(again.kind, ready.kind);
+        assert!(again.same_content(&ready));
     }
 
     #[test]

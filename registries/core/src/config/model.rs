@@ -227,7 +227,7 @@ impl Serialize for ConfigObject {
         #[serde(rename_all = "camelCase")]
         struct Object<'a> {
             api_version: &'static str,
-            kind: Kind,
+            kind: &'static str,
             metadata: Metadata<'a>,
             spec: &'a Spec,
             #[serde(skip_serializing_if = "Option::is_none")]
@@ -235,7 +235,9 @@ impl Serialize for ConfigObject {
         }
         Object {
             api_version: self.kind.api_version(),
-            kind: self.kind,
+            // The Kubernetes kind name: `Gateway` for the Gateway API's, which its
+            // group tells from Istio's.
+            kind: self.kind.as_str(),
             metadata: Metadata {
                 name: &self.name,
                 namespace: &self.namespace,
