@@ -5,7 +5,7 @@
 //! fully applied (and warns when that changes); [`IgnoredMetrics`] counts the objects
 //! of kinds meshfed does not read.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -53,14 +53,14 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
 /// RequestAuthentications (fetched so far; new ones are fetched and push when they
 /// arrive). Sets `meshfed_config_rejected` and `meshfed_config_not_enforced` and logs
 /// a WARN whenever the objects not fully applied change. `service_hosts` gives the
-/// registries' service hostnames (read only when there are Gateway API objects).
+/// registries' service hostnames with their ports (name, number) (read only when there are Gateway API objects).
 pub fn config_source(
     stores: Vec<Arc<dyn ConfigStore>>,
     domain: &str,
     gateway_controller: &str,
     metrics: Arc<PushMetrics>,
     jwks: impl Fn(&[Config<RequestAuthentication>]) -> Arc<JwksTable> + Send + Sync + 'static,
-    service_hosts: impl Fn() -> HashSet<String> + Send + Sync + 'static,
+    service_hosts: impl Fn() -> HashMap<String, Vec<(String, u32)>> + Send + Sync + 'static,
 ) -> ConfigSourceFn {
     let domain = domain.to_string();
     let gateway_controller = gateway_controller.to_string();
@@ -136,7 +136,7 @@ fn translate_gateway_api(
     domain: &str,
     controller: &str,
     stores: &[Arc<dyn ConfigStore>],
-    service_hosts: &dyn Fn() -> HashSet<String>,
+    service_hosts: &dyn Fn() -> HashMap<String, Vec<(String, u32)>>,
 ) {
     use meshfed_registry::config::gateway_api::convert;
     if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
@@ -154,9 +154,11 @@ fn translate_gateway_api(
         objects: &set.objects,
         domain,
         controller,
-        service_exists: &|h| hosts.contains(h),
+        service_exists: &|h| hosts.contains_key(h),
         namespaces: namespaces.as_ref(),
         service_addresses: &|_| Vec::new(),
+        service_ports: &|h| hosts.get(h).cloned(),
+        config_maps: None,
     });
     for object in &output.objects {
         add_to_set(set, object);

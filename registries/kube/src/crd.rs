@@ -446,6 +446,7 @@ mod tests {
                 "referencegrants",
                 "tcproutes",
                 "tlsroutes",
+                "backendtlspolicies",
                 "envoyfilters",
                 "wasmplugins"
             ]

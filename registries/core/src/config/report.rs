@@ -211,6 +211,8 @@ fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Dia
         service_exists: &|_| true,
         namespaces: Some(&assembly.namespaces).filter(|n| !n.is_empty()),
         service_addresses: &|_| Vec::new(),
+        service_ports: &|_| None,
+        config_maps: None,
     });
     let mut out = Vec::new();
     for status in &output.status {

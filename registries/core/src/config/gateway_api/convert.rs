@@ -29,12 +29,14 @@ use super::status::{Condition, ObjectStatus};
 use super::types::*;
 use crate::config::{ConfigObject, Kind, Spec};
 
+mod backend_tls;
 mod http;
 mod parents;
 mod stream;
 #[cfg(test)]
 mod tests;
 
+pub use backend_tls::MESH_CONTROLLER;
 pub use parents::RouteParent;
 
 /// The name suffix of every object Istio generates from the Gateway API.
@@ -59,6 +61,13 @@ pub struct Inputs<'a> {
     /// The external addresses (load balancer IPs) of a service hostname, for a
     /// Gateway's `status.addresses`; none known: the hostname is reported.
     pub service_addresses: &'a dyn Fn(&str) -> Vec<String>,
+    /// The ports (name, number) of a service hostname (a BackendTLSPolicy's
+    /// `sectionName`); `None`: not known (every `sectionName` is taken to exist).
+    pub service_ports: &'a dyn Fn(&str) -> Option<Vec<(String, u32)>>,
+    /// ConfigMaps by `<namespace>/<name>` with their data, if known (a
+    /// BackendTLSPolicy's CA, a parametersRef); `None`: every ConfigMap is taken to
+    /// exist and be well-formed.
+    pub config_maps: Option<&'a BTreeMap<String, BTreeMap<String, String>>>,
 }
 
 /// What the translation produced.
@@ -98,7 +107,9 @@ impl<T> Obj<'_, T> {
     }
 }
 
-fn of_kind<'a, T: crate::config::KindSpec>(objects: &'a [Arc<ConfigObject>]) -> Vec<Obj<'a, T>> {
+pub(crate) fn of_kind<'a, T: crate::config::KindSpec>(
+    objects: &'a [Arc<ConfigObject>],
+) -> Vec<Obj<'a, T>> {
     let mut out: Vec<Obj<'a, T>> = objects
         .iter()
         .filter_map(|o| o.spec.get::<T>().map(|spec| Obj { object: o, spec }))
@@ -195,6 +206,9 @@ fn convert_recorded(inputs: &Inputs) -> Output {
         .collect();
     out.objects.extend(merged);
     out.objects.extend(stream_vs);
+    let (rules, policy_status) = backend_tls::backend_tls_policies(inputs);
+    out.objects.extend(rules);
+    out.status.extend(policy_status);
     out
 }
 

@@ -56,6 +56,10 @@ pub struct ObjectStatus {
     pub name: String,
     /// The `status` field as istiod writes it.
     pub status: Value,
+    /// What meshfed does not serve of the object although the status accepts it:
+    /// (spec field, message), reported with the status' own failures.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<(String, String)>,
 }
 
 impl ObjectStatus {
@@ -66,6 +70,7 @@ impl ObjectStatus {
             namespace: object.namespace.clone(),
             name: object.name.clone(),
             status,
+            notes: Vec::new(),
         }
     }
 
@@ -129,6 +134,33 @@ impl ObjectStatus {
                 out.push((field, text(c)));
             }
         }
+        // A policy's ancestors: one per targetRef first, then the Gateways.
+        for (i, a) in self.status["ancestors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for c in a["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| bad(c))
+            {
+                let field = if c["type"] == "ResolvedRefs" {
+                    "spec.validation.caCertificateRefs".to_string()
+                } else if a["ancestorRef"]["kind"] == "Gateway" {
+                    "spec".to_string()
+                } else {
+                    format!("spec.targetRefs[{i}]")
+                };
+                let finding = (field, text(c));
+                if !out.contains(&finding) {
+                    out.push(finding);
+                }
+            }
+        }
+        out.extend(self.notes.iter().cloned());
         out
     }
 
