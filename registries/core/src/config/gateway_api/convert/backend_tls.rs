@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use super::super::GROUP;
 use super::super::status::{Condition, ObjectStatus};
 use super::super::types::*;
-use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, of_kind};
+use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, Ports, generated, of_kind};
 use crate::config::{ConfigObject, Kind};
 
 /// The controller name of the mesh (Service) ancestors of a policy's status.
@@ -113,7 +113,7 @@ fn credential_name(
 }
 
 /// Whether a target exists, with its port names and numbers if known.
-fn target_ports(target: &Target, inputs: &Inputs) -> Option<Option<Vec<(String, u32)>>> {
+fn target_ports(target: &Target, inputs: &Inputs) -> Option<Option<Ports>> {
     match target {
         Target::Service(ns, name) => {
             let host = format!("{name}.{ns}.svc.{}", inputs.domain);
@@ -353,7 +353,8 @@ pub fn backend_tls_policies(inputs: &Inputs) -> (Vec<ConfigObject>, Vec<ObjectSt
     }
     let mut rules = Vec::new();
     for (target, applied) in &by_target {
-        let (ns, hosts, ports): (&str, Vec<(String, String)>, Vec<(String, u32)>) = match target {
+        // The namespace, each host with its rule's name, and the ports.
+        let (ns, hosts, ports): (&str, Vec<(String, String)>, Ports) = match target {
             Target::Service(ns, name) => {
                 let host = format!("{name}.{ns}.svc.{}", inputs.domain);
                 let ports = (inputs.service_ports)(&host).unwrap_or_default();
