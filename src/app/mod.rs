@@ -180,6 +180,10 @@ impl Core {
                                 .collect()
                         }
                     },
+                    {
+                        let aggregate = aggregate.clone();
+                        move |host: &str| aggregate.external_addresses(host)
+                    },
                 )
             },
         ));

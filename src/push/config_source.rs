@@ -53,7 +53,9 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
 /// RequestAuthentications (fetched so far; new ones are fetched and push when they
 /// arrive). Sets `meshfed_config_rejected` and `meshfed_config_not_enforced` and logs
 /// a WARN whenever the objects not fully applied change. `service_hosts` gives the
-/// registries' service hostnames with their ports (name, number) (read only when there are Gateway API objects).
+/// registries' service hostnames with their ports (name, number) and
+/// `service_addresses` a service's external addresses (a Gateway's
+/// `status.addresses`), read only when there are Gateway API objects.
 pub fn config_source(
     stores: Vec<Arc<dyn ConfigStore>>,
     domain: &str,
@@ -61,6 +63,7 @@ pub fn config_source(
     metrics: Arc<PushMetrics>,
     jwks: impl Fn(&[Config<RequestAuthentication>]) -> Arc<JwksTable> + Send + Sync + 'static,
     service_hosts: impl Fn() -> HashMap<String, Vec<(String, u32)>> + Send + Sync + 'static,
+    service_addresses: impl Fn(&str) -> Vec<String> + Send + Sync + 'static,
 ) -> ConfigSourceFn {
     let domain = domain.to_string();
     let gateway_controller = gateway_controller.to_string();
@@ -107,6 +110,7 @@ pub fn config_source(
             &gateway_controller,
             &stores,
             &service_hosts,
+            &service_addresses,
         );
         metrics.config_not_enforced.set(not_enforced.len() as i64);
         not_enforced.sort();
@@ -137,6 +141,7 @@ fn translate_gateway_api(
     controller: &str,
     stores: &[Arc<dyn ConfigStore>],
     service_hosts: &dyn Fn() -> HashMap<String, Vec<(String, u32)>>,
+    service_addresses: &dyn Fn(&str) -> Vec<String>,
 ) {
     use meshfed_registry::config::gateway_api::convert;
     if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
@@ -156,7 +161,7 @@ fn translate_gateway_api(
         controller,
         service_exists: &|h| hosts.contains_key(h),
         namespaces: namespaces.as_ref(),
-        service_addresses: &|_| Vec::new(),
+        service_addresses,
         service_ports: &|h| hosts.get(h).cloned(),
         config_maps: None,
     });

@@ -61,8 +61,9 @@ pub struct Inputs<'a> {
     /// Selector`); `None`: a Selector listener admits no route, and the routes it
     /// turns away say why in their status.
     pub namespaces: Option<&'a BTreeMap<String, BTreeMap<String, String>>>,
-    /// The external addresses (load balancer IPs) of a service hostname, for a
-    /// Gateway's `status.addresses`; none known: the hostname is reported.
+    /// The external addresses (load-balancer IPs or hostnames, external IPs) of a
+    /// service hostname, for a Gateway's `status.addresses` (an IP as `IPAddress`,
+    /// else `Hostname`); none known: the service's hostname is reported.
     pub service_addresses: &'a dyn Fn(&str) -> Vec<String>,
     /// The ports (name, number) of a service hostname (a BackendTLSPolicy's
     /// `sectionName`); `None`: not known (every `sectionName` is taken to exist).
@@ -84,14 +85,26 @@ pub struct Output {
     /// gateway Services) and whether it existed: the translation is stale once one of
     /// them appears or disappears ([`Output::stale`]).
     pub looked_up: BTreeMap<String, bool>,
+    /// Every gateway service hostname whose external addresses the translation read
+    /// (for `status.addresses`), with what it read.
+    pub addresses_looked_up: BTreeMap<String, Vec<String>>,
 }
 
 impl Output {
-    /// Whether a service hostname the translation looked up exists or not any more.
-    pub fn stale(&self, exists: impl Fn(&str) -> bool) -> bool {
+    /// Whether a service hostname the translation looked up exists or not any more, or
+    /// a gateway service's external addresses changed.
+    pub fn stale(
+        &self,
+        exists: impl Fn(&str) -> bool,
+        addresses: impl Fn(&str) -> Vec<String>,
+    ) -> bool {
         self.looked_up
             .iter()
             .any(|(host, was)| exists(host) != *was)
+            || self
+                .addresses_looked_up
+                .iter()
+                .any(|(host, were)| addresses(host) != *were)
     }
 }
 
@@ -132,12 +145,22 @@ pub fn convert(inputs: &Inputs) -> Output {
         looked_up.borrow_mut().insert(host.to_string(), found);
         found
     };
+    let addresses_looked_up = std::cell::RefCell::new(BTreeMap::new());
+    let addresses = |host: &str| {
+        let found = (inputs.service_addresses)(host);
+        addresses_looked_up
+            .borrow_mut()
+            .insert(host.to_string(), found.clone());
+        found
+    };
     let recording = Inputs {
         service_exists: &exists,
+        service_addresses: &addresses,
         ..*inputs
     };
     let mut out = convert_recorded(&recording);
     out.looked_up = looked_up.take();
+    out.addresses_looked_up = addresses_looked_up.take();
     out
 }
 

@@ -487,7 +487,12 @@ impl<'a> Parents<'a> {
                         if ips.is_empty() {
                             vec![json!({"type": "Hostname", "value": s})]
                         } else {
-                            ips.into_iter().map(|ip| json!({"type": "IPAddress", "value": ip})).collect()
+                            ips.into_iter()
+                                .map(|a| {
+                                    let kind = if a.parse::<std::net::IpAddr>().is_ok() { "IPAddress" } else { "Hostname" };
+                                    json!({"type": kind, "value": a})
+                                })
+                                .collect()
                         }
                     })
                     .collect();

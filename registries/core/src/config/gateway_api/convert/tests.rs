@@ -228,3 +228,38 @@ fn backend_tls_policies_become_destination_rules_and_say_what_is_not_served() {
         )]
     );
 }
+
+#[test]
+fn load_balancer_addresses_are_the_gateway_addresses_and_their_change_is_stale() {
+    let objects = objects(SELECTOR);
+    let service = "ingress.infra.svc.cluster.local";
+    let out = convert(&Inputs {
+        objects: &objects,
+        domain: "cluster.local",
+        controller: crate::config::gateway_api::DEFAULT_CONTROLLER,
+        service_exists: &|h| h == service,
+        namespaces: None,
+        service_addresses: &|h| {
+            if h == service {
+                vec!["203.0.113.5".into(), "lb.example.com".into()]
+            } else {
+                Vec::new()
+            }
+        },
+        service_ports: &|_| None,
+        config_maps: None,
+    });
+    assert_eq!(
+        status(&out, Kind::KubernetesGateway, "gw")["addresses"],
+        serde_json::json!([
+            {"type": "IPAddress", "value": "203.0.113.5"},
+            {"type": "Hostname", "value": "lb.example.com"},
+        ])
+    );
+    let exists = |h: &str| h == service;
+    assert!(!out.stale(exists, |_| vec![
+        "203.0.113.5".into(),
+        "lb.example.com".into()
+    ]));
+    assert!(out.stale(exists, |_| vec!["203.0.113.6".into()]));
+}
