@@ -134,7 +134,8 @@ pub fn config_source(
 /// generators serve them like any other; the translation and status are kept for
 /// `/debug/configz` and the status writer. Backends and parent Services are looked
 /// up among `service_hosts` (the snapshot rebuilds the config when one of those looked
-/// up appears or goes: [`convert::Output::stale`]); namespace labels are the stores'.
+/// up appears or goes: [`convert::Output::stale`]); namespace labels and ConfigMaps are
+/// the stores'.
 fn translate_gateway_api(
     set: &mut ConfigSet,
     domain: &str,
@@ -155,6 +156,13 @@ fn translate_gateway_api(
             all.entry(name).or_insert(l);
         }
     }
+    let mut config_maps: Option<meshfed_registry::config::ConfigMaps> = None;
+    for maps in stores.iter().filter_map(|s| s.config_maps()) {
+        let all = config_maps.get_or_insert_with(Default::default);
+        for (name, data) in maps {
+            all.entry(name).or_insert(data);
+        }
+    }
     let output = convert::convert(&convert::Inputs {
         objects: &set.objects,
         domain,
@@ -163,7 +171,7 @@ fn translate_gateway_api(
         namespaces: namespaces.as_ref(),
         service_addresses,
         service_ports: &|h| hosts.get(h).cloned(),
-        config_maps: None,
+        config_maps: config_maps.as_ref(),
     });
     for object in &output.objects {
         add_to_set(set, object);

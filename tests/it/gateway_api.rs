@@ -949,6 +949,58 @@ fn validate_reports_routes_attached_to_nothing_and_refs_not_permitted() {
     }
 }
 
+const CONFIG_MAPS_IN_FILES: &str = "apiVersion: v1
+kind: ConfigMap
+metadata: {name: gw-options, namespace: infra}
+data: {replicas: \"2\"}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: web-ca, namespace: apps}
+data: {not-ca.crt: hello}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: infra}
+spec:
+  gatewayClassName: istio
+  infrastructure: {parametersRef: {group: '', kind: ConfigMap, name: gw-settings}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: web-tls, namespace: apps}
+spec:
+  targetRefs: [{group: '', kind: Service, name: web}]
+  validation:
+    caCertificateRefs: [{group: '', kind: ConfigMap, name: web-ca}]
+    hostname: web.example.com
+";
+
+/// `kind: ConfigMap` objects among the files are what a Gateway's `parametersRef` and
+/// a BackendTLSPolicy's CA reference are checked against.
+#[test]
+fn validate_checks_config_map_references_against_the_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(&file, CONFIG_MAPS_IN_FILES).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for expected in [
+        "Gateway infra/gw: spec.infrastructure.parametersRef: Accepted InvalidParameters: parametersRef ConfigMap infra/gw-settings does not exist",
+        "BackendTLSPolicy apps/web-tls: spec.targetRefs[0]: Accepted Invalid: Certificate reference invalid: found secret, but didn't have expected keys cacert or ca.crt; found: not-ca.crt",
+        "BackendTLSPolicy apps/web-tls: spec.validation.caCertificateRefs: ResolvedRefs InvalidCACertificateRef",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+    // The ConfigMaps are read, not reported as a kind meshfed does not read.
+    assert!(!text.contains("ConfigMap infra/gw-options"), "{text}");
+}
+
 // === examples/gateway-api ===
 
 use envoy_types::pb::envoy::config::route::v3::{RouteConfiguration, route::Action, route_action};

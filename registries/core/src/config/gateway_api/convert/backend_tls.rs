@@ -77,15 +77,7 @@ fn credential_name(
         );
     }
     match inputs.config_maps {
-        None => {
-            notes.push((
-                "spec.validation.caCertificateRefs".into(),
-                format!(
-                    "ConfigMap {ns}/{}: CA certificates from ConfigMaps are not served over SDS yet; connections using this policy fail until they are (wellKnownCACertificates: System works)",
-                    first.name
-                ),
-            ));
-        }
+        None => {}
         Some(maps) => match maps.get(&format!("{ns}/{}", first.name)) {
             None => {
                 return fail(
@@ -109,6 +101,13 @@ fn credential_name(
             Some(_) => {}
         },
     }
+    notes.push((
+        "spec.validation.caCertificateRefs".into(),
+        format!(
+            "ConfigMap {ns}/{}: CA certificates from ConfigMaps are not served over SDS yet; connections using this policy fail until they are (wellKnownCACertificates: System works)",
+            first.name
+        ),
+    ));
     format!("configmap://{ns}/{}", first.name)
 }
 
