@@ -169,9 +169,20 @@ impl Core {
                             registries
                                 .iter()
                                 .flat_map(|r| r.services())
-                                .map(|s| s.hostname.to_string())
+                                .map(|s| {
+                                    let ports = s
+                                        .ports
+                                        .iter()
+                                        .map(|p| (p.name.to_string(), u32::from(p.port.get())))
+                                        .collect();
+                                    (s.hostname.to_string(), ports)
+                                })
                                 .collect()
                         }
+                    },
+                    {
+                        let aggregate = aggregate.clone();
+                        move |host: &str| aggregate.external_addresses(host)
                     },
                 )
             },

@@ -5,7 +5,7 @@
 //! fully applied (and warns when that changes); [`IgnoredMetrics`] counts the objects
 //! of kinds meshfed does not read.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -53,14 +53,17 @@ pub fn add_to_set(set: &mut ConfigSet, object: &ConfigObject) {
 /// RequestAuthentications (fetched so far; new ones are fetched and push when they
 /// arrive). Sets `meshfed_config_rejected` and `meshfed_config_not_enforced` and logs
 /// a WARN whenever the objects not fully applied change. `service_hosts` gives the
-/// registries' service hostnames (read only when there are Gateway API objects).
+/// registries' service hostnames with their ports (name, number) and
+/// `service_addresses` a service's external addresses (a Gateway's
+/// `status.addresses`), read only when there are Gateway API objects.
 pub fn config_source(
     stores: Vec<Arc<dyn ConfigStore>>,
     domain: &str,
     gateway_controller: &str,
     metrics: Arc<PushMetrics>,
     jwks: impl Fn(&[Config<RequestAuthentication>]) -> Arc<JwksTable> + Send + Sync + 'static,
-    service_hosts: impl Fn() -> HashSet<String> + Send + Sync + 'static,
+    service_hosts: impl Fn() -> HashMap<String, Vec<(String, u32)>> + Send + Sync + 'static,
+    service_addresses: impl Fn(&str) -> Vec<String> + Send + Sync + 'static,
 ) -> ConfigSourceFn {
     let domain = domain.to_string();
     let gateway_controller = gateway_controller.to_string();
@@ -102,7 +105,14 @@ pub fn config_source(
             }
         }
         set.namespaces = namespace_labels(&stores).map(Arc::new);
-        translate_gateway_api(&mut set, &domain, &gateway_controller, &service_hosts);
+        translate_gateway_api(
+            &mut set,
+            &domain,
+            &gateway_controller,
+            &stores,
+            &service_hosts,
+            &service_addresses,
+        );
         metrics.config_not_enforced.set(not_enforced.len() as i64);
         not_enforced.sort();
         let mut last = warned.lock().unwrap_or_else(|e| e.into_inner());
@@ -140,26 +150,37 @@ fn namespace_labels(
 /// generators serve them like any other; the translation and status are kept for
 /// `/debug/configz` and the status writer. Backends and parent Services are looked
 /// up among `service_hosts` (the snapshot rebuilds the config when one of those looked
-/// up appears or goes: [`convert::Output::stale`]); namespace labels are the stores'
-/// (`set.namespaces`).
+/// up appears or goes: [`convert::Output::stale`]); namespace labels
+/// (`set.namespaces`) and ConfigMaps are the stores'.
 fn translate_gateway_api(
     set: &mut ConfigSet,
     domain: &str,
     controller: &str,
-    service_hosts: &dyn Fn() -> HashSet<String>,
+    stores: &[Arc<dyn ConfigStore>],
+    service_hosts: &dyn Fn() -> HashMap<String, Vec<(String, u32)>>,
+    service_addresses: &dyn Fn(&str) -> Vec<String>,
 ) {
     use meshfed_registry::config::gateway_api::convert;
     if !set.objects.iter().any(|o| o.kind.is_gateway_api()) {
         return;
     }
     let hosts = service_hosts();
+    let mut config_maps: Option<meshfed_registry::config::ConfigMaps> = None;
+    for maps in stores.iter().filter_map(|s| s.config_maps()) {
+        let all = config_maps.get_or_insert_with(Default::default);
+        for (name, data) in maps {
+            all.entry(name).or_insert(data);
+        }
+    }
     let output = convert::convert(&convert::Inputs {
         objects: &set.objects,
         domain,
         controller,
-        service_exists: &|h| hosts.contains(h),
+        service_exists: &|h| hosts.contains_key(h),
         namespaces: set.namespaces.as_deref(),
-        service_addresses: &|_| Vec::new(),
+        service_addresses,
+        service_ports: &|h| hosts.get(h).cloned(),
+        config_maps: config_maps.as_ref(),
     });
     for object in &output.objects {
         add_to_set(set, object);

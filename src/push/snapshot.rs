@@ -379,14 +379,14 @@ impl Snapshot {
             (previous.services.clone(), previous.gateways.clone())
         };
         // The Gateway API translation looks services up: a service it looked up that
-        // appeared or went rebuilds the config.
+        // appeared or went, or a gateway service whose external addresses changed,
+        // rebuilds the config.
         let config = if scope.rebuilds_config()
             || (scope.remerges_services()
-                && previous
-                    .config
-                    .gateway_api()
-                    .stale(|h| services.has_hostname(h)))
-        {
+                && previous.config.gateway_api().stale(
+                    |h| services.has_hostname(h),
+                    |h| aggregate.external_addresses(h),
+                )) {
             Arc::new(config(&mesh))
         } else {
             previous.config.clone()

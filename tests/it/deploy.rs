@@ -445,6 +445,12 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "tlsroutes/status",
         &["get", "update"],
     ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "backendtlspolicies/status",
+        &["get", "update"],
+    ),
     // registries/kube/src/writer.rs `run`: the Kubernetes registry's five watchers
     // (and Namespaces for the config store's label selectors, crd/writer.rs, and for
     // root-cert distribution, root_cert.rs).
@@ -578,6 +584,12 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "ClusterRole",
         "gateway.networking.k8s.io",
         "tlsroutes",
+        &["list", "watch"],
+    ),
+    (
+        "ClusterRole",
+        "gateway.networking.k8s.io",
+        "backendtlspolicies",
         &["list", "watch"],
     ),
     // registries/kube/src/token_review.rs: Kubernetes JWT authentication.

@@ -1,6 +1,6 @@
 //! Config kinds: a WorkloadGroup is read from the config directory and the Rust API,
-//! validated and listed; objects of kinds meshfed does not read (ProxyConfig, Gateway
-//! API's BackendTLSPolicy, an `apps/v1` Deployment) are reported by `meshfed validate`,
+//! validated and listed; objects of kinds meshfed does not read (ProxyConfig, the
+//! Gateway API's experimental XBackendTrafficPolicy, an `apps/v1` Deployment) are reported by `meshfed validate`,
 //! `/debug/configz` and
 //! a metric, never dropped in silence.
 
@@ -13,8 +13,8 @@ kind: ProxyConfig
 metadata: {name: lua, namespace: default}
 spec: {concurrency: 2}
 ---
-apiVersion: gateway.networking.k8s.io/v1alpha3
-kind: BackendTLSPolicy
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
 metadata: {name: web, namespace: apps}
 spec: {targetRefs: [{group: core, kind: Service, name: web}]}
 ---
@@ -60,7 +60,7 @@ fn validate_warns_about_each_ignored_object_and_fails_with_strict() {
         ),
         (
             6,
-            "BackendTLSPolicy apps/web: skipped: gateway.networking.k8s.io/v1alpha3 BackendTLSPolicy",
+            "XBackendTrafficPolicy apps/web: skipped: gateway.networking.x-k8s.io/v1alpha1 XBackendTrafficPolicy",
         ),
         (
             11,
@@ -177,15 +177,15 @@ async fn configz_lists_workload_groups_and_ignored_objects_and_counts_them() {
     assert_eq!(
         ignored,
         [
-            "gateway.networking.k8s.io/v1alpha3 BackendTLSPolicy apps/web line 6",
             "apps/v1 Deployment istio-system/mesh-default line 11",
             "networking.istio.io/v1beta1 ProxyConfig default/lua line 1",
+            "gateway.networking.x-k8s.io/v1alpha1 XBackendTrafficPolicy apps/web line 6",
         ],
         "{configz}"
     );
 
     let metrics = http_get(server.bound().monitoring, "/metrics").await.1;
-    for kind in ["BackendTLSPolicy", "Deployment", "ProxyConfig"] {
+    for kind in ["XBackendTrafficPolicy", "Deployment", "ProxyConfig"] {
         assert_eq!(
             metric(
                 &metrics,

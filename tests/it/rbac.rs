@@ -257,6 +257,10 @@ async fn every_rule_of_deploy_rbac_is_used_and_nothing_meshfed_asks_is_refused()
                 "from": [{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "namespace": "other"}],
                 "to": [{"group": "", "kind": "Service"}],
             }),
+            meshfed_registry::config::Kind::BackendTLSPolicy => serde_json::json!({
+                "targetRefs": [{"group": "", "kind": "Service", "name": "svc"}],
+                "validation": {"wellKnownCACertificates": "System", "hostname": "svc.example.com"},
+            }),
             meshfed_registry::config::Kind::TCPRoute | meshfed_registry::config::Kind::TLSRoute => {
                 serde_json::json!({"parentRefs": [{"name": "status-probe"}], "rules": [{"backendRefs": [{"name": "svc", "port": 80}]}]})
             }

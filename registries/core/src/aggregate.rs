@@ -177,6 +177,22 @@ impl Aggregate {
         all
     }
 
+    /// Every registry's external addresses of the service `hostname`
+    /// ([`ServiceRegistry::external_addresses`]), in registry order, de-duplicated.
+    pub fn external_addresses(&self, hostname: &str) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for address in self
+            .registries()
+            .iter()
+            .flat_map(|r| r.external_addresses(hostname))
+        {
+            if !out.contains(&address) {
+                out.push(address);
+            }
+        }
+        out
+    }
+
     /// The registries' workloads as they are now, frozen, for looking up proxies' own
     /// workloads: later registry changes do not show through (a snapshot takes these
     /// when it is built).

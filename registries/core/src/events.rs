@@ -60,6 +60,8 @@ pub enum ConfigKind {
     TCPRoute,
     /// A Gateway API TLSRoute.
     TLSRoute,
+    /// A Gateway API BackendTLSPolicy.
+    BackendTLSPolicy,
     /// Patches to the generated Envoy configuration of the proxies it selects.
     EnvoyFilter,
     /// A WebAssembly filter of the workloads it selects (ECDS and the filter lists of

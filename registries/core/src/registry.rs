@@ -72,6 +72,13 @@ pub trait ServiceRegistry: Send + Sync + fmt::Debug {
         Vec::new()
     }
 
+    /// Where the service `hostname` is reachable from outside its cluster, as text
+    /// (load-balancer ingress IPs and hostnames, external IPs): what a Gateway API
+    /// Gateway's `status.addresses` reports. None by default.
+    fn external_addresses(&self, _hostname: &str) -> Vec<String> {
+        Vec::new()
+    }
+
     /// This registry's workloads as they are now, frozen: the returned lookup keeps
     /// answering from the state at this call however the registry changes later, so
     /// that config generated from a snapshot depends on the snapshot, not on when it is

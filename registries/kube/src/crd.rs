@@ -446,6 +446,7 @@ mod tests {
                 "referencegrants",
                 "tcproutes",
                 "tlsroutes",
+                "backendtlspolicies",
                 "envoyfilters",
                 "wasmplugins"
             ]
@@ -519,7 +520,9 @@ mod metrics_tests {
             (
                 "meshfed_kube_config_objects",
                 "Valid Istio config objects read from the Kubernetes API server, by kind",
-                [1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+                [
+                    1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                ],
             ),
             (
                 "meshfed_kube_config_watch_errors",

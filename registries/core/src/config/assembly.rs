@@ -34,6 +34,8 @@ pub(crate) struct Assembly {
     pub(crate) secrets: BTreeMap<(String, String), Arc<SecretObject>>,
     /// The `v1` Namespaces' labels, by name; the first definition wins.
     pub(crate) namespaces: crate::config::NamespaceLabels,
+    /// The `v1` ConfigMaps' data, by `<namespace>/<name>`; the first definition wins.
+    pub(crate) config_maps: crate::config::ConfigMaps,
 }
 
 /// Puts files (in order; the first definition of an object wins) together, keeping
@@ -83,6 +85,11 @@ pub(crate) fn assemble(files: &[ParsedFile], previous: &BTreeMap<ObjectId, Place
                     out.namespaces
                         .entry(name.clone())
                         .or_insert_with(|| labels.clone());
+                }
+                Entry::ConfigMap(name, data) => {
+                    out.config_maps
+                        .entry(name.clone())
+                        .or_insert_with(|| data.clone());
                 }
                 Entry::Secret(secret) => {
                     let key = (secret.namespace.clone(), secret.name.clone());

@@ -55,6 +55,9 @@ pub struct SkippedObject {
     /// Its `metadata.labels` (a `v1` Namespace's are read: see
     /// [`crate::config::NamespaceLabels`]).
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Its string `data` (a `v1` ConfigMap's are read: see
+    /// [`crate::config::ConfigMaps`]).
+    pub data: std::collections::BTreeMap<String, String>,
 }
 
 /// An object that could not be read.
@@ -152,6 +155,15 @@ pub fn decode(value: &Value, source: &str) -> Decoded {
                     .and_then(Value::as_object)
                     .map(|l| {
                         l.iter()
+                            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                data: map
+                    .get("data")
+                    .and_then(Value::as_object)
+                    .map(|d| {
+                        d.iter()
                             .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
                             .collect()
                     })

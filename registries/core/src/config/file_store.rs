@@ -138,6 +138,8 @@ struct FileState {
     secrets: BTreeMap<(String, String), Arc<SecretObject>>,
     /// The `kind: Namespace` objects' labels, by name.
     namespaces: crate::config::NamespaceLabels,
+    /// The `kind: ConfigMap` objects' data, by `<namespace>/<name>`.
+    config_maps: crate::config::ConfigMaps,
 }
 
 impl Published for FileState {
@@ -230,6 +232,10 @@ impl ConfigStore for FileConfigStore {
 
     fn namespace_labels(&self) -> Option<crate::config::NamespaceLabels> {
         Some(self.read().namespaces.clone()).filter(|n| !n.is_empty())
+    }
+
+    fn config_maps(&self) -> Option<crate::config::ConfigMaps> {
+        Some(self.read().config_maps.clone()).filter(|n| !n.is_empty())
     }
 }
 
@@ -408,8 +414,10 @@ impl Reloader {
             let mut state = self.store.write();
             let mut keys = changed_keys(&state.objects, &objects);
             let secrets_changed = changed_secrets(&state.secrets, &assembly.secrets);
-            if state.namespaces != assembly.namespaces {
-                // The Gateway API objects read namespace labels: translate them again.
+            if state.namespaces != assembly.namespaces || state.config_maps != assembly.config_maps
+            {
+                // The Gateway API objects read namespace labels and ConfigMaps:
+                // translate them again.
                 keys.extend(
                     objects
                         .keys()
@@ -417,6 +425,7 @@ impl Reloader {
                         .map(ObjectId::key),
                 );
                 state.namespaces = std::mem::take(&mut assembly.namespaces);
+                state.config_maps = std::mem::take(&mut assembly.config_maps);
             }
             state.objects = objects;
             state.placed = assembly.objects;

@@ -1,8 +1,8 @@
 //! Objects of kinds meshfed does not read: reported, never dropped in silence.
 //!
 //! A config file may hold objects of other groups (`apps/v1 Deployment`) or of Istio
-//! kinds meshfed does not declare yet ([`crate::config::kinds`]: `EnvoyFilter`,
-//! Gateway API's `BackendTLSPolicy`, ...). They are not applied. `meshfed
+//! kinds meshfed does not declare yet ([`crate::config::kinds`]: `ProxyConfig`, the
+//! Gateway API's `XBackendTrafficPolicy`, ...). They are not applied. `meshfed
 //! validate` warns about each one (and fails with `--strict`); a store fed from files
 //! lists them ([`ConfigStore::ignored`], shown under `ignored` in `/debug/configz` and
 //! counted by `meshfed_config_ignored{kind}`) and logs one WARN per kind the first time

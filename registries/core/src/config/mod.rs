@@ -48,7 +48,7 @@ pub use model::{
 pub use report::{Report, validate_files, validate_files_in, validate_text, validate_value};
 pub use secret::{SecretData, SecretObject};
 pub use source::{Diagnostic, Severity};
-pub use store::{ConfigStore, MemoryConfigStore, NamespaceLabels, RejectedConfig};
+pub use store::{ConfigMaps, ConfigStore, MemoryConfigStore, NamespaceLabels, RejectedConfig};
 pub use validate::config_sources::{
     ConfigSourceAddress, config_source_addresses, validate_config_sources,
 };

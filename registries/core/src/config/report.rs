@@ -192,7 +192,8 @@ fn reports(
 /// What the Gateway API translation reports about the objects (routes that attach to
 /// nothing, refs not permitted, listeners that cannot be served), as warnings naming
 /// the object and field. Offline, every backend Service is taken to exist; namespace
-/// labels are those of the `kind: Namespace` objects among the files.
+/// labels are those of the `kind: Namespace` objects among the files, ConfigMaps the
+/// `kind: ConfigMap` objects (when there are none, every ConfigMap is taken to exist).
 fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Diagnostic> {
     use crate::config::gateway_api::convert;
     let objects: Vec<std::sync::Arc<crate::config::ConfigObject>> = assembly
@@ -211,6 +212,8 @@ fn gateway_api_findings(assembly: &crate::config::assembly::Assembly) -> Vec<Dia
         service_exists: &|_| true,
         namespaces: Some(&assembly.namespaces).filter(|n| !n.is_empty()),
         service_addresses: &|_| Vec::new(),
+        service_ports: &|_| None,
+        config_maps: Some(&assembly.config_maps).filter(|m| !m.is_empty()),
     });
     let mut out = Vec::new();
     for status in &output.status {

@@ -223,6 +223,9 @@ pub(crate) enum Entry {
     /// A `v1` Namespace: its name and labels (the Gateway API's
     /// `allowedRoutes.namespaces.from: Selector` reads them).
     Namespace(String, BTreeMap<String, String>),
+    /// A `v1` ConfigMap: `<namespace>/<name>` and its data (the Gateway API's
+    /// `parametersRef` and BackendTLSPolicy CA references look them up).
+    ConfigMap(String, BTreeMap<String, String>),
 }
 
 /// A rejected object, document or file.
@@ -676,6 +679,14 @@ fn process_object(file: &mut ParsedFile, value: &Value, locator: &Locator<'_>) {
         Decoded::Secret(secret) => Entry::Secret(secret),
         Decoded::Skipped(skipped) if skipped.api_version == "v1" && skipped.kind == "Namespace" => {
             Entry::Namespace(skipped.name, skipped.labels)
+        }
+        Decoded::Skipped(skipped) if skipped.api_version == "v1" && skipped.kind == "ConfigMap" => {
+            let ns = if skipped.namespace.is_empty() {
+                "default"
+            } else {
+                skipped.namespace.as_str()
+            };
+            Entry::ConfigMap(format!("{ns}/{}", skipped.name), skipped.data)
         }
         Decoded::Skipped(skipped) => Entry::Skipped(
             Diagnostic {

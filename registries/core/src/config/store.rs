@@ -68,10 +68,20 @@ pub trait ConfigStore: Send + Sync + fmt::Debug {
     fn namespace_labels(&self) -> Option<NamespaceLabels> {
         None
     }
+
+    /// The ConfigMaps the store knows (`kind: ConfigMap` objects of a config
+    /// directory), for the Gateway API's `parametersRef` and BackendTLSPolicy CA
+    /// references. `None`: the store knows no ConfigMaps.
+    fn config_maps(&self) -> Option<ConfigMaps> {
+        None
+    }
 }
 
 /// Namespace name -> its labels.
 pub type NamespaceLabels = BTreeMap<String, BTreeMap<String, String>>;
+
+/// `<namespace>/<name>` of a ConfigMap -> its data.
+pub type ConfigMaps = BTreeMap<String, BTreeMap<String, String>>;
 
 /// Whether a change to an object with this key is pushed as config: only kinds that
 /// feed the config index are ([`Feeds`]). ServiceEntries and WorkloadEntries are not

@@ -48,6 +48,10 @@ impl ServiceRegistry for RemoteRegistry {
         self.inner.network_gateways()
     }
 
+    fn external_addresses(&self, hostname: &str) -> Vec<String> {
+        ServiceRegistry::external_addresses(&*self.inner, hostname)
+    }
+
     fn workloads(&self) -> Option<Arc<dyn WorkloadLookup>> {
         self.inner.workloads()
     }

@@ -426,6 +426,19 @@ impl ServiceRegistry for KubeRegistry {
     /// hostnames are not resolved, so they give no gateway. A NodePort service with the
     /// `traffic.istio.io/nodeSelector` annotation is reached instead at the
     /// `ExternalIP`s of the nodes it selects, its port mapped to the node port.
+    fn external_addresses(&self, hostname: &str) -> Vec<String> {
+        let view = self.view.load();
+        view.services
+            .iter()
+            .filter(|(key, _)| key.hostname.as_str() == hostname)
+            .flat_map(|(_, s)| s.attributes.external_addresses.iter())
+            .map(|a| match a {
+                ExternalAddress::Ip(ip) => ip.to_string(),
+                ExternalAddress::Hostname(h) => h.clone(),
+            })
+            .collect()
+    }
+
     fn network_gateways(&self) -> Vec<NetworkGateway> {
         let view = self.view.load();
         let pods = self.pods.load();

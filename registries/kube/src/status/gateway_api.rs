@@ -2,9 +2,13 @@
 //! translation (`meshfed_registry::config::gateway_api::status`) with every
 //! condition's `observedGeneration` set and its `lastTransitionTime` kept from the
 //! object's current condition of that type while the condition's status is unchanged
-//! (else `now`). A route's `parents` entries of other controllers stay as they are.
+//! (else `now`). A route's `parents` entries and a policy's `ancestors` entries of
+//! other controllers stay as they are.
 
 use serde_json::{Map, Value, json};
+
+/// The controller name of a policy's mesh (Service) ancestors.
+const MESH_CONTROLLER: &str = "istio.io/mesh-controller";
 
 /// The new `status` of a Gateway API object whose current status is `current`, or
 /// `None` when writing would change nothing. `desired` is the translation's status;
@@ -59,6 +63,34 @@ pub fn merged_gateway_status(
             .filter(|o| o["controllerName"] != controller)
             .cloned();
         parents.extend(others);
+    }
+    // A policy's ancestors: ours (the gateway controller's and the mesh controller's)
+    // stamped as above; other controllers' kept first, as istiod merges them.
+    if let Some(ancestors) = next.get_mut("ancestors").and_then(Value::as_array_mut) {
+        let ours = |c: &Value| c == controller || c == MESH_CONTROLLER;
+        for a in ancestors.iter_mut() {
+            let old = current["ancestors"].as_array().and_then(|xs| {
+                xs.iter().find(|o| {
+                    o["ancestorRef"] == a["ancestorRef"]
+                        && o["controllerName"] == a["controllerName"]
+                })
+            });
+            stamp(
+                a.get_mut("conditions"),
+                old.and_then(|o| o.get("conditions")),
+                generation,
+                now,
+            );
+        }
+        let mut merged: Vec<Value> = current["ancestors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|o| !ours(&o["controllerName"]))
+            .cloned()
+            .collect();
+        merged.append(ancestors);
+        *ancestors = merged;
     }
     // Fields the translation does not own (another writer's) are kept.
     if let (Some(next), Some(old)) = (next.as_object_mut(), current.as_object()) {
@@ -142,5 +174,40 @@ mod tests {
             .map(|p| p["controllerName"].as_str().unwrap())
             .collect();
         assert_eq!(names, [CONTROLLER, "example.com/other"]);
+    }
+    #[test]
+    fn a_policys_ancestors_of_other_controllers_are_kept_first() {
+        let ours = json!({"ancestors": [{
+            "ancestorRef": {"group": "", "kind": "Service", "name": "httpbin"},
+            "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "Configuration is valid"}],
+            "controllerName": MESH_CONTROLLER,
+        }]});
+        let current = json!({"ancestors": [
+            {"ancestorRef": {"group": "", "kind": "Service", "name": "httpbin"}, "controllerName": "example.com/other", "conditions": []},
+            {"ancestorRef": {"group": "", "kind": "Service", "name": "gone"}, "controllerName": MESH_CONTROLLER, "conditions": []},
+        ]});
+        let next = merged_gateway_status(Some(&current), &ours, Some(1), CONTROLLER, "t").unwrap();
+        let names: Vec<(&str, &str)> = next["ancestors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["controllerName"].as_str().unwrap(),
+                    a["ancestorRef"]["name"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("example.com/other", "httpbin"),
+                (MESH_CONTROLLER, "httpbin")
+            ]
+        );
+        assert_eq!(
+            next["ancestors"][1]["conditions"][0]["lastTransitionTime"],
+            "t"
+        );
     }
 }

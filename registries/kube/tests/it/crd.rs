@@ -64,6 +64,10 @@ fn spec(kind: Kind, variant: u32) -> Value {
         Kind::TCPRoute | Kind::TLSRoute => {
             json!({"rules": [{"backendRefs": [{"name": "svc", "port": 80 + variant}]}]})
         }
+        Kind::BackendTLSPolicy => json!({
+            "targetRefs": [{"group": "", "kind": "Service", "name": format!("svc{variant}")}],
+            "validation": {"wellKnownCACertificates": "System", "hostname": host},
+        }),
         Kind::EnvoyFilter => json!({"priority": variant, "configPatches": [{
             "applyTo": "CLUSTER",
             "patch": {"operation": "MERGE", "value": {"connect_timeout": format!("{variant}s")}},

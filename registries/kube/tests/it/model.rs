@@ -427,6 +427,14 @@ async fn service_kinds_and_annotations_convert() {
             ExternalAddress::Hostname("lb.example.com".into()),
         ]
     );
+    // The same by hostname, as text (a Gateway API Gateway's `status.addresses`).
+    assert_eq!(
+        meshfed_registry::ServiceRegistry::external_addresses(
+            &*h.registry,
+            "eastwest.istio-system.svc.cluster.local"
+        ),
+        ["203.0.113.5", "lb.example.com"]
+    );
     let ew_service = h.registry.service(&ew).unwrap();
     assert!(
         ew_service

@@ -56,6 +56,10 @@ pub struct ObjectStatus {
     pub name: String,
     /// The `status` field as istiod writes it.
     pub status: Value,
+    /// What meshfed does not serve of the object although the status accepts it:
+    /// (spec field, message), reported with the status' own failures.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<(String, String)>,
 }
 
 impl ObjectStatus {
@@ -66,6 +70,7 @@ impl ObjectStatus {
             namespace: object.namespace.clone(),
             name: object.name.clone(),
             status,
+            notes: Vec::new(),
         }
     }
 
@@ -73,7 +78,7 @@ impl ObjectStatus {
     /// (`spec.parentRefs[0]`, `spec.listeners[1]`, `spec.rules` for backends), for
     /// `meshfed validate`.
     pub fn findings(&self) -> Vec<(String, String)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(String, String)> = Vec::new();
         let bad = |c: &Value| {
             let positive = !matches!(
                 c["type"].as_str(),
@@ -89,6 +94,20 @@ impl ObjectStatus {
                 c["message"].as_str().unwrap_or_default()
             )
         };
+        // The object's own conditions (a Gateway's `Accepted`, `Programmed`, ...).
+        for c in self.status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| bad(c))
+        {
+            let field = if c["reason"] == "InvalidParameters" {
+                "spec.infrastructure.parametersRef"
+            } else {
+                "spec"
+            };
+            out.push((field.to_string(), text(c)));
+        }
         for (i, l) in self.status["listeners"]
             .as_array()
             .into_iter()
@@ -129,6 +148,33 @@ impl ObjectStatus {
                 out.push((field, text(c)));
             }
         }
+        // A policy's ancestors: one per targetRef first, then the Gateways.
+        for (i, a) in self.status["ancestors"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for c in a["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| bad(c))
+            {
+                let field = if c["type"] == "ResolvedRefs" {
+                    "spec.validation.caCertificateRefs".to_string()
+                } else if a["ancestorRef"]["kind"] == "Gateway" {
+                    "spec".to_string()
+                } else {
+                    format!("spec.targetRefs[{i}]")
+                };
+                let finding = (field, text(c));
+                if !out.contains(&finding) {
+                    out.push(finding);
+                }
+            }
+        }
+        out.extend(self.notes.iter().cloned());
         out
     }
 
@@ -137,34 +183,10 @@ impl ObjectStatus {
     /// [`ObjectStatus::findings`]; `spec` for the object as a whole), for
     /// `/debug/configz`.
     pub fn problems(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .status
-            .get("conditions")
-            .and_then(Value::as_array)
+        self.findings()
             .into_iter()
-            .flatten()
-            .filter(|c| {
-                let positive = !matches!(
-                    c["type"].as_str(),
-                    Some("Conflicted" | "InsecureFrontendValidationMode")
-                );
-                (c["status"] == "False") == positive
-            })
-            .map(|c| {
-                format!(
-                    "spec: {} {}: {}",
-                    c["type"].as_str().unwrap_or_default(),
-                    c["reason"].as_str().unwrap_or_default(),
-                    c["message"].as_str().unwrap_or_default()
-                )
-            })
-            .collect();
-        out.extend(
-            self.findings()
-                .into_iter()
-                .map(|(field, message)| format!("{field}: {message}")),
-        );
-        out
+            .map(|(field, message)| format!("{field}: {message}"))
+            .collect()
     }
 }
 

@@ -584,3 +584,72 @@ pub struct ReferenceGrantTo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
 }
+
+// === BackendTLSPolicy ===
+
+/// `BackendTLSPolicy.spec` (v1; v1alpha3 reads the same): how a gateway or sidecar
+/// connects to the Services (or Istio ServiceEntries) it targets over TLS.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTlsPolicySpec {
+    #[serde(default)]
+    pub target_refs: Vec<PolicyTargetReference>,
+    #[serde(default)]
+    pub validation: BackendTlsValidation,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+}
+
+/// `targetRefs[]`: a local object (`group`, `kind`, `name`) and optionally a port of it
+/// by name (`sectionName`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyTargetReference {
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+}
+
+/// `validation`: the certificate authorities, the SNI and the names to verify.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackendTlsValidation {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ca_certificate_refs: Vec<LocalObjectReference>,
+    /// `System`.
+    #[serde(
+        default,
+        rename = "wellKnownCACertificates",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub well_known_ca_certificates: Option<String>,
+    #[serde(default)]
+    pub hostname: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subject_alt_names: Vec<SubjectAltName>,
+}
+
+/// A reference to an object of the referrer's namespace.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct LocalObjectReference {
+    #[serde(default)]
+    pub group: String,
+    pub kind: String,
+    pub name: String,
+}
+
+/// `subjectAltNames[]`: `Hostname` with `hostname`, or `URI` with `uri`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SubjectAltName {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
+}

@@ -663,6 +663,99 @@ pub fn validate_reference_grant(spec: &ReferenceGrantSpec) -> Validation {
     f.finish()
 }
 
+/// `BackendTLSPolicy`: 1 to 16 distinct `targetRefs`; `validation.hostname` a precise
+/// hostname; exactly one of `caCertificateRefs` (at most 8) and
+/// `wellKnownCACertificates` (`System`); at most 5 `subjectAltNames`, each with the
+/// field its type names.
+pub fn validate_backend_tls_policy(spec: &BackendTlsPolicySpec) -> Validation {
+    let mut f = Findings::new();
+    let root = FieldPath::spec();
+    let targets = root.field("targetRefs");
+    if spec.target_refs.is_empty() || spec.target_refs.len() > 16 {
+        f.error(&targets, "between 1 and 16 targetRefs are required");
+    }
+    let mut seen = BTreeSet::new();
+    for (i, t) in spec.target_refs.iter().enumerate() {
+        if t.kind.is_empty() || t.name.is_empty() {
+            f.error(&targets.index(i), "kind and name are required");
+        }
+        let key = (&t.group, &t.kind, &t.name, t.section_name.as_deref());
+        if !seen.insert(key) {
+            f.error(
+                &targets.index(i),
+                "sectionName must be unique when targetRefs includes 2 or more references to the same target",
+            );
+        }
+    }
+    let validation = root.field("validation");
+    let v = &spec.validation;
+    if v.hostname.is_empty() {
+        f.error(&validation.field("hostname"), "hostname is required");
+    } else if v.hostname.starts_with('*') {
+        f.error(
+            &validation.field("hostname"),
+            format!(
+                "invalid hostname {:?}: a precise hostname, no wildcard",
+                v.hostname
+            ),
+        );
+    } else if let Err(e) = check_hostname(&v.hostname) {
+        f.error(&validation.field("hostname"), e);
+    }
+    match (
+        v.ca_certificate_refs.is_empty(),
+        &v.well_known_ca_certificates,
+    ) {
+        (false, Some(_)) => f.error(
+            &validation,
+            "must not contain both caCertificateRefs and wellKnownCACertificates",
+        ),
+        (true, None) => f.error(
+            &validation,
+            "must specify either caCertificateRefs or wellKnownCACertificates",
+        ),
+        _ => {}
+    }
+    if v.ca_certificate_refs.len() > 8 {
+        f.error(
+            &validation.field("caCertificateRefs"),
+            "at most 8 caCertificateRefs",
+        );
+    }
+    if let Some(wk) = &v.well_known_ca_certificates
+        && wk != "System"
+    {
+        f.error(
+            &validation.field("wellKnownCACertificates"),
+            format!("unsupported value {wk:?}: System"),
+        );
+    }
+    let sans = validation.field("subjectAltNames");
+    if v.subject_alt_names.len() > 5 {
+        f.error(&sans, "at most 5 subjectAltNames");
+    }
+    for (i, san) in v.subject_alt_names.iter().enumerate() {
+        let path = sans.index(i);
+        let filled = |o: &Option<String>| o.as_deref().is_some_and(|s| !s.is_empty());
+        match san.kind.as_str() {
+            "Hostname" if !filled(&san.hostname) || filled(&san.uri) => f.error(
+                &path,
+                "SubjectAltName element must contain Hostname, if Type is set to Hostname, and not URI",
+            ),
+            "URI" if !filled(&san.uri) || filled(&san.hostname) => f.error(
+                &path,
+                "SubjectAltName element must contain URI, if Type is set to URI, and not Hostname",
+            ),
+            "Hostname" | "URI" => {}
+            other => f.error(
+                &path.field("type"),
+                format!("unsupported value {other:?}: Hostname, URI"),
+            ),
+        }
+    }
+    f.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -763,5 +856,52 @@ mod tests {
                 .any(|e| e.contains("backendRequest timeout cannot be longer")),
             "{text:?}"
         );
+    }
+    #[test]
+    fn backend_tls_policies_are_held_to_the_api_rules() {
+        let policy = |validation: serde_json::Value| -> BackendTlsPolicySpec {
+            serde_json::from_value(serde_json::json!({
+                "targetRefs": [{"group": "", "kind": "Service", "name": "web"}],
+                "validation": validation,
+            }))
+            .unwrap()
+        };
+        let errors = |spec: &BackendTlsPolicySpec| -> Vec<String> {
+            validate_backend_tls_policy(spec)
+                .err()
+                .unwrap_or_default()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert!(
+            errors(&policy(
+                serde_json::json!({"hostname": "web.example.com", "wellKnownCACertificates": "System"})
+            ))
+            .is_empty()
+        );
+        let both = errors(&policy(serde_json::json!({
+            "hostname": "web.example.com",
+            "wellKnownCACertificates": "System",
+            "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "ca"}],
+        })));
+        assert!(both[0].contains("must not contain both"), "{both:?}");
+        let neither = errors(&policy(serde_json::json!({"hostname": "web.example.com"})));
+        assert!(neither[0].contains("must specify either"), "{neither:?}");
+        let wildcard = errors(&policy(
+            serde_json::json!({"hostname": "*.example.com", "wellKnownCACertificates": "System"}),
+        ));
+        assert!(wildcard[0].contains("validation.hostname"), "{wildcard:?}");
+        let san = errors(&policy(serde_json::json!({
+            "hostname": "web.example.com",
+            "wellKnownCACertificates": "System",
+            "subjectAltNames": [{"type": "URI", "hostname": "web"}],
+        })));
+        assert!(san[0].contains("subjectAltNames[0]"), "{san:?}");
+        let mut twice = policy(
+            serde_json::json!({"hostname": "web.example.com", "wellKnownCACertificates": "System"}),
+        );
+        twice.target_refs.push(twice.target_refs[0].clone());
+        assert!(errors(&twice)[0].contains("targetRefs[1]"));
     }
 }

@@ -117,6 +117,13 @@ impl Route<'_> {
                     ));
                     return None;
                 }
+                // A ServiceEntry (or any registry's) host, looked up like a Service.
+                if !(self.inputs.service_exists)(&b.name) {
+                    errors.unresolved.get_or_insert((
+                        "BackendNotFound".into(),
+                        format!("backend({}) not found", b.name),
+                    ));
+                }
                 b.name.clone()
             }
             _ => {
@@ -137,24 +144,13 @@ impl Route<'_> {
     /// The backends of a rule as an Istio route (weighted), with their own filters.
     fn backends(&self, refs: &[BackendRef], errors: &mut RuleErrors) -> Option<Vec<Value>> {
         let mut out = Vec::new();
-        let mut invalid = 0;
-        let mut valid = 0;
         for b in refs {
             let weight = b.weight.unwrap_or(1);
             // An invalid backend keeps its share of the traffic as an empty
             // destination (which fails those requests), as istiod does.
-            let dest = match self.destination(b, errors) {
-                Some(dest) => dest,
-                None => {
-                    invalid += 1;
-                    json!({})
-                }
-            };
+            let dest = self.destination(b, errors).unwrap_or_else(|| json!({}));
             if weight == 0 {
                 continue;
-            }
-            if dest.as_object().is_some_and(|d| !d.is_empty()) {
-                valid += 1;
             }
             let mut entry = json!({"destination": dest});
             if refs.len() > 1 {
@@ -169,8 +165,9 @@ impl Route<'_> {
             }
             out.push(entry);
         }
-        // No valid backend with a weight: the rule answers 500.
-        if valid == 0 && (invalid > 0 || !refs.is_empty()) {
+        // Every backend of weight 0: the rule answers 500. Invalid backends keep their
+        // empty destinations (those requests fail), as istiod's do.
+        if out.is_empty() && !refs.is_empty() {
             return None;
         }
         Some(out)
@@ -473,8 +470,8 @@ fn http_rule(
 }
 
 /// The destinations of a rule, unless it redirects: a 404 where it names no backend
-/// (nothing routes there), a 500 where none of its backends is valid or weighted (the
-/// API's rule for invalid backends).
+/// (nothing routes there), a 500 where every backend has weight 0; an invalid backend
+/// keeps its share as an empty destination.
 fn finish_rule(
     r: &Route,
     refs: &[BackendRef],

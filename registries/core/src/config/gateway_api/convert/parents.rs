@@ -45,6 +45,8 @@ pub struct Gateway<'a> {
     pub listeners: Vec<Listener>,
     /// The hostnames of the services implementing it.
     pub services: Vec<String>,
+    /// `spec.tls.backend.clientCertificateRef` checked ([`client_certificate`]).
+    client_cert: Option<Result<String, (String, String)>>,
 }
 
 /// Where a route attached: a Gateway listener or a Service (mesh).
@@ -179,6 +181,7 @@ impl<'a> Parents<'a> {
                     spec: gw.spec,
                     listeners,
                     services,
+                    client_cert: client_certificate(gw, grants),
                 }
             })
             .collect();
@@ -484,7 +487,12 @@ impl<'a> Parents<'a> {
                         if ips.is_empty() {
                             vec![json!({"type": "Hostname", "value": s})]
                         } else {
-                            ips.into_iter().map(|ip| json!({"type": "IPAddress", "value": ip})).collect()
+                            ips.into_iter()
+                                .map(|a| {
+                                    let kind = if a.parse::<std::net::IpAddr>().is_ok() { "IPAddress" } else { "Hostname" };
+                                    json!({"type": kind, "value": a})
+                                })
+                                .collect()
                         }
                     })
                     .collect();
@@ -502,27 +510,30 @@ impl<'a> Parents<'a> {
                 } else {
                     Condition::ok("Programmed", "Programmed", &format!("Resource programmed, assigned to service(s) {}", human_join(&ports)))
                 };
-                // `spec.infrastructure.parametersRef`: istiod takes ConfigMaps only
-                // (meshfed reads none: a ConfigMap reference is taken as found).
+                // `spec.infrastructure.parametersRef`: istiod takes ConfigMaps of the
+                // Gateway's namespace only (taken as found when ConfigMaps are not known).
+                let gw_ns = g.object.namespace.as_str();
                 let accepted = match g.spec.infrastructure.as_ref().and_then(|i| i.parameters_ref.as_ref()) {
                     Some(p) if !(p.group.is_empty() && p.kind == "ConfigMap") => Condition::failed(
                         "Accepted",
                         "InvalidParameters",
                         format!("Unsupported parametersRef group/kind {}/{}, only ConfigMap is supported", p.group, p.kind),
                     ),
+                    Some(p) if inputs.config_maps.is_some_and(|maps| !maps.contains_key(&format!("{gw_ns}/{}", p.name))) => Condition::failed(
+                        "Accepted",
+                        "InvalidParameters",
+                        format!("parametersRef ConfigMap {gw_ns}/{} does not exist", p.name),
+                    ),
                     _ => Condition::ok("Accepted", "Accepted", "Resource accepted"),
+                };
+                let resolved = match &g.client_cert {
+                    Some(Err((reason, message))) => Condition::failed("ResolvedRefs", reason, message.clone()),
+                    _ if unresolved => Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid"),
+                    _ => Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved"),
                 };
                 let mut status = json!({
                     "addresses": addresses,
-                    "conditions": [
-                        accepted.to_json(),
-                        programmed.to_json(),
-                        if unresolved {
-                            Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid").to_json()
-                        } else {
-                            Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved").to_json()
-                        },
-                    ],
+                    "conditions": [accepted.to_json(), programmed.to_json(), resolved.to_json()],
                     "listeners": listeners,
                 });
                 if unusable {
@@ -531,9 +542,59 @@ impl<'a> Parents<'a> {
                 status
             })
             .zip(&self.gateways)
-            .map(|(status, g)| ObjectStatus::new(Kind::KubernetesGateway, g.object, status))
+            .map(|(status, g)| {
+                let mut status = ObjectStatus::new(Kind::KubernetesGateway, g.object, status);
+                if let Some(Ok(name)) = &g.client_cert {
+                    status.notes.push((
+                        "spec.tls.backend.clientCertificateRef".into(),
+                        format!("Secret {name}: the client certificate is not presented to backends (not served)"),
+                    ));
+                }
+                status
+            })
             .collect()
     }
+}
+
+/// `spec.tls.backend.clientCertificateRef` of a Gateway, checked as istiod checks it
+/// (a ReferenceGrant first, then the kind): the Secret (`<namespace>/<name>`), or the
+/// `ResolvedRefs` failure (reason, message). The Secret's contents are not looked at.
+fn client_certificate(
+    g: &Obj<GatewaySpec>,
+    grants: &[Obj<ReferenceGrantSpec>],
+) -> Option<Result<String, (String, String)>> {
+    let r = g
+        .spec
+        .tls
+        .as_ref()?
+        .get("backend")?
+        .get("clientCertificateRef")?;
+    let field = |k: &str| r.get(k).and_then(Value::as_str);
+    let (group, kind, name) = (
+        field("group").unwrap_or(""),
+        field("kind").unwrap_or("Secret"),
+        field("name")?,
+    );
+    let gw_ns = g.ns();
+    let ns = field("namespace").unwrap_or(gw_ns);
+    if !reference_allowed(grants, "Gateway", gw_ns, group, kind, ns, name) {
+        return Some(Err((
+            "RefNotPermitted".into(),
+            format!(
+                "clientCertificateRef {name}/{ns} not accessible to a Gateway in namespace {gw_ns:?} (missing a ReferenceGrant?)"
+            ),
+        )));
+    }
+    if !matches!(group, "" | "core") || kind != "Secret" {
+        return Some(Err((
+            "InvalidClientCertificateRef".into(),
+            format!(
+                "invalid clientCertificateRef {group}/{kind}/{name}.{}, only secret is allowed",
+                field("namespace").unwrap_or("")
+            ),
+        )));
+    }
+    Some(Ok(format!("{ns}/{name}")))
 }
 
 /// `a`, `a and b`, `a, b, and c`: how istiod lists services in a message.
