@@ -547,7 +547,10 @@ fn policy_selectors(
                         .iter()
                         .find(|p| found(&p.namespace, &p.name))
                     {
-                        versions.extend(crate::generate::envoyfilter::push_selectors(p));
+                        versions.extend(crate::xds::deps::envoy_filter_selectors(
+                            &p.spec,
+                            &p.namespace,
+                        ));
                     }
                     None
                 }

@@ -156,10 +156,26 @@ pub fn depends_on(
     }
 }
 
+/// The label Gateway API gateway deployments carry: the name of their Gateway.
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+
+/// A `targetRefs` entry naming a Gateway API `Gateway`.
+pub fn is_gateway_ref(r: &meshfed_api::r#type::v1beta1::PolicyTargetReference) -> bool {
+    r.group == "gateway.networking.k8s.io" && r.kind == "Gateway"
+}
+
+/// The selector of the proxies of Gateway `name`.
+fn gateway_selector(name: &str) -> Option<std::collections::BTreeMap<String, String>> {
+    Some(std::collections::BTreeMap::from([(
+        GATEWAY_NAME_LABEL.to_string(),
+        name.to_string(),
+    )]))
+}
+
 /// The workload selectors a change to a WasmPlugin narrows its push to (see
 /// [`depends_on`]): its `selector` (`None`: the whole namespace), or for `targetRefs`
-/// the `gateway.networking.k8s.io/gateway-name` label of each Gateway it names (other
-/// targets select no proxy meshfed serves).
+/// the [`GATEWAY_NAME_LABEL`] of each Gateway it names (other targets select no proxy
+/// meshfed serves).
 pub fn wasm_plugin_selectors(
     spec: &meshfed_api::extensions::v1alpha1::WasmPlugin,
 ) -> PolicySelectors {
@@ -173,13 +189,35 @@ pub fn wasm_plugin_selectors(
         ];
     }
     refs.iter()
-        .filter(|r| r.group == "gateway.networking.k8s.io" && r.kind == "Gateway")
-        .map(|r| {
-            Some(std::collections::BTreeMap::from([(
-                "gateway.networking.k8s.io/gateway-name".to_string(),
-                r.name.clone(),
-            )]))
-        })
+        .filter(|r| is_gateway_ref(r))
+        .map(|r| gateway_selector(&r.name))
+        .collect()
+}
+
+/// The workload selectors a change to an EnvoyFilter of `namespace` narrows its push
+/// to (see [`depends_on`], which also keeps it to that namespace, or every namespace
+/// for one of the root namespace): its `workloadSelector` (`None`: the whole
+/// namespace), or for `targetRefs` the [`GATEWAY_NAME_LABEL`] of each Gateway of its own
+/// namespace it names, as `generate::envoyfilter` selects. Other targets select no
+/// proxy meshfed serves, so they add none. A root-namespace EnvoyFilter's targets also
+/// reach same-named gateways of other namespaces this way: more proxies than it
+/// patches, never fewer.
+pub fn envoy_filter_selectors(
+    spec: &meshfed_api::networking::v1alpha3::EnvoyFilter,
+    namespace: &str,
+) -> PolicySelectors {
+    if spec.target_refs.is_empty() {
+        return vec![
+            spec.workload_selector
+                .as_ref()
+                .map(|s| s.labels.clone())
+                .filter(|l| !l.is_empty()),
+        ];
+    }
+    spec.target_refs
+        .iter()
+        .filter(|r| is_gateway_ref(r) && (r.namespace.is_empty() || r.namespace == namespace))
+        .map(|r| gateway_selector(&r.name))
         .collect()
 }
 

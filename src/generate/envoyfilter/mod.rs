@@ -52,6 +52,7 @@ use prost_reflect::DynamicMessage;
 use crate::model::Proxy;
 use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
+use crate::xds::deps::{GATEWAY_NAME_LABEL, is_gateway_ref};
 use crate::xds::{Resource, TypeUrl};
 
 /// Installs the check of patch values into config validation (`meshfed validate`,
@@ -295,44 +296,6 @@ pub fn selects(
         .workload_selector
         .as_ref()
         .is_none_or(|s| s.labels.iter().all(|(k, v)| labels.get(k) == Some(v)))
-}
-
-/// The workload selectors a change to `ef` narrows its push to (see
-/// [`crate::xds::deps::depends_on`], which also keeps it to the EnvoyFilter's namespace,
-/// or every namespace for one of the root namespace): its `workloadSelector` (`None`:
-/// the whole namespace), or for `targetRefs` the [`GATEWAY_NAME_LABEL`] of each
-/// Gateway of its own namespace it names, as [`selects`] decides. Other targets select
-/// no proxy meshfed serves, so they add none. A root-namespace EnvoyFilter's targets
-/// also reach same-named gateways of other namespaces this way: more proxies than it
-/// patches, never fewer.
-pub fn push_selectors(ef: &Config<EnvoyFilter>) -> crate::xds::deps::PolicySelectors {
-    let spec = &ef.spec;
-    if spec.target_refs.is_empty() {
-        return vec![
-            spec.workload_selector
-                .as_ref()
-                .map(|s| s.labels.clone())
-                .filter(|l| !l.is_empty()),
-        ];
-    }
-    spec.target_refs
-        .iter()
-        .filter(|r| is_gateway_ref(r) && (r.namespace.is_empty() || r.namespace == ef.namespace))
-        .map(|r| {
-            Some(BTreeMap::from([(
-                GATEWAY_NAME_LABEL.to_string(),
-                r.name.clone(),
-            )]))
-        })
-        .collect()
-}
-
-/// The label Gateway API gateway deployments carry: the name of their Gateway.
-pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
-
-/// A `targetRefs` entry naming a Gateway API `Gateway`.
-fn is_gateway_ref(r: &meshfed_api::r#type::v1beta1::PolicyTargetReference) -> bool {
-    r.group == "gateway.networking.k8s.io" && r.kind == "Gateway"
 }
 
 /// The `targetRefs` of an EnvoyFilter that select no proxy meshfed serves, each as

@@ -493,7 +493,10 @@ fn push_selectors_follow_the_workload_selector_or_the_named_gateways() {
             v.to_string(),
         )]))
     };
-    let sel = |spec| super::push_selectors(&ef("gw", "e", 0, spec));
+    let sel = |spec| {
+        let ef = ef("gw", "e", 0, spec);
+        crate::xds::deps::envoy_filter_selectors(&ef.spec, &ef.namespace)
+    };
     assert_eq!(sel(json!({"configPatches": []})), vec![None]);
     assert_eq!(
         sel(json!({"workloadSelector": {"labels": {"app": "a"}}})),

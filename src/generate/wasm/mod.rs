@@ -33,8 +33,7 @@ use crate::push::snapshot::Snapshot;
 /// `WasmPluginResourceNamePrefix`): `extensions.istio.io/wasmplugin/<namespace>.<name>`.
 pub const RESOURCE_PREFIX: &str = "extensions.istio.io/wasmplugin/";
 
-/// The label Gateway API deployments carry: the name of their Gateway.
-pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+pub use crate::xds::deps::GATEWAY_NAME_LABEL;
 
 /// One WasmPlugin as the generators use it.
 #[derive(Clone, Debug, PartialEq)]
