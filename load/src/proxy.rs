@@ -957,6 +957,31 @@ mod tests {
         }
     }
 
+    /// A Delta sidecar's whole config for the clusters `names` (one listener with
+    /// route `8080`, no routes), each response made by `delta`.
+    fn delta_config(
+        p: &mut ProxyState,
+        names: &[String],
+        delta: impl Fn(TypeUrl, Vec<(String, ResourceAny)>) -> DeltaResponseLite,
+    ) {
+        p.on_delta(delta(
+            TypeUrl::Cluster,
+            names.iter().map(|n| (n.clone(), cluster(n))).collect(),
+        ));
+        p.on_delta(delta(
+            TypeUrl::Endpoint,
+            names
+                .iter()
+                .map(|n| (n.clone(), assignment(n, &[9080, 9080])))
+                .collect(),
+        ));
+        p.on_delta(delta(
+            TypeUrl::Listener,
+            vec![("0.0.0.0_8080".into(), listener("0.0.0.0_8080", "8080"))],
+        ));
+        p.on_delta(delta(TypeUrl::Route, vec![]));
+    }
+
     fn sotw(t: TypeUrl, nonce: &str, resources: Vec<ResourceAny>) -> SotwResponseLite {
         SotwResponseLite {
             version_info: format!("v-{nonce}"),
@@ -1342,22 +1367,7 @@ mod tests {
                 nonce: "n".into(),
                 removed_resources: vec![],
             };
-            b.on_delta(delta(
-                TypeUrl::Cluster,
-                names.iter().map(|n| (n.clone(), cluster(n))).collect(),
-            ));
-            b.on_delta(delta(
-                TypeUrl::Endpoint,
-                names
-                    .iter()
-                    .map(|n| (n.clone(), assignment(n, &[9080, 9080])))
-                    .collect(),
-            ));
-            b.on_delta(delta(
-                TypeUrl::Listener,
-                vec![("0.0.0.0_8080".into(), listener("0.0.0.0_8080", "8080"))],
-            ));
-            b.on_delta(delta(TypeUrl::Route, vec![]));
+            delta_config(&mut b, &names, delta);
             assert!(b.is_complete(true), "{:?}", b.gap(true));
             let shared = decode == crate::scenario::Decode::Lean;
             for t in [TypeUrl::Cluster, TypeUrl::Endpoint] {
@@ -1414,22 +1424,7 @@ mod tests {
         };
         let mut p = ProxyState::new(plan.clone(), Flavour::Delta, 0);
         p.start();
-        p.on_delta(delta(
-            TypeUrl::Cluster,
-            names.iter().map(|n| (n.clone(), cluster(n))).collect(),
-        ));
-        p.on_delta(delta(
-            TypeUrl::Endpoint,
-            names
-                .iter()
-                .map(|n| (n.clone(), assignment(n, &[9080, 9080])))
-                .collect(),
-        ));
-        p.on_delta(delta(
-            TypeUrl::Listener,
-            vec![("0.0.0.0_8080".into(), listener("0.0.0.0_8080", "8080"))],
-        ));
-        p.on_delta(delta(TypeUrl::Route, vec![]));
+        delta_config(&mut p, &names, delta);
         assert!(p.is_complete(true), "{:?}", p.gap(true));
 
         // A new stream: every subscription re-stated with the versions held.
