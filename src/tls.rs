@@ -463,7 +463,7 @@ pub struct SecureStream {
     peer: Arc<TlsPeer>,
     /// The client's decrypted HTTP/2 frames, followed until it opens a stream (its
     /// connection's handshake deadline then ends).
-    scan: Option<FrameScan>,
+    scan: Option<Box<FrameScan>>,
 }
 
 impl fmt::Debug for SecureStream {
@@ -606,7 +606,7 @@ async fn handshake(
     let stream = SecureStream {
         io,
         peer: Arc::new(TlsPeer { chain }),
-        scan: Some(FrameScan::default()),
+        scan: Some(Box::default()),
     };
     let _ = tx.send(stream).await;
 }

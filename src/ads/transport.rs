@@ -393,7 +393,8 @@ pub struct GuardedStream {
     handshake: Option<Pin<Box<Sleep>>>,
     /// The client's HTTP/2 frames, followed until it opens a stream (`None`: under
     /// TLS, where the secure stream follows the decrypted bytes, or once it did).
-    scan: Option<FrameScan>,
+    /// Boxed: held only until then, it need not widen every connection's future.
+    scan: Option<Box<FrameScan>>,
     metrics: TransportMetrics,
     live: Arc<AtomicUsize>,
 }
@@ -652,7 +653,7 @@ impl Acceptor {
                             self.segments.clone(),
                         )),
                         handshake,
-                        scan: Some(FrameScan::default()),
+                        scan: Some(Box::default()),
                         metrics: self.metrics.clone(),
                         live: self.live.clone(),
                     };
