@@ -486,18 +486,16 @@ impl Connected for SecureStream {
 
 impl AsyncRead for SecureStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
-        let read = Pin::new(&mut self.io).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = read
-            && let Some(scan) = &mut self.scan
-            && scan.feed(&buf.filled()[before..])
-        {
-            self.scan = None;
-            self.io.get_ref().0.control().stream_started();
+        let this = self.get_mut();
+        let read = Pin::new(&mut this.io).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = read {
+            let control = this.io.get_ref().0.control();
+            FrameScan::follow(&mut this.scan, &buf.filled()[before..], control);
         }
         read
     }

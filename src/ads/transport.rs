@@ -354,6 +354,17 @@ impl Default for FrameScan {
 const HEADERS: u8 = 0x1;
 
 impl FrameScan {
+    /// Follows `bytes` read from the client with `scan`, if still scanning; at the
+    /// first HEADERS frame, ends the scan and `control`'s handshake deadline.
+    pub fn follow(scan: &mut Option<Box<FrameScan>>, bytes: &[u8], control: &ConnControl) {
+        if let Some(s) = scan
+            && s.feed(bytes)
+        {
+            *scan = None;
+            control.stream_started();
+        }
+    }
+
     /// Follows `bytes` (the next ones the client sent); true once a HEADERS frame
     /// began.
     pub fn feed(&mut self, mut bytes: &[u8]) -> bool {
@@ -482,12 +493,7 @@ impl AsyncRead for GuardedStream {
                 Poll::Pending
             }
             Poll::Ready(Ok(())) => {
-                if let Some(scan) = &mut this.scan
-                    && scan.feed(&buf.filled()[before..])
-                {
-                    this.scan = None;
-                    this.control.stream_started();
-                }
+                FrameScan::follow(&mut this.scan, &buf.filled()[before..], &this.control);
                 Poll::Ready(Ok(()))
             }
             ready => ready,
