@@ -159,6 +159,57 @@ fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
     NAME_SETS.intern(names)
 }
 
+/// The last name lists that set a subscription, by digest, with the shared set each
+/// gave, oldest first. Every sidecar of one shape subscribes to the same thousands of
+/// EDS names in the same order: a list seen before is recognised by one comparison of
+/// its encoded bytes, not decoded, collected and interned again per connection.
+#[derive(Default)]
+struct RecentNameLists {
+    by_digest:
+        std::collections::HashMap<u64, (crate::xds::wire::ResourceNames, Arc<BTreeSet<String>>)>,
+    order: std::collections::VecDeque<u64>,
+}
+static RECENT_NAME_LISTS: LazyLock<Mutex<RecentNameLists>> = LazyLock::new(Mutex::default);
+
+/// How many distinct name lists [`names_of_request`] remembers (each keeps its
+/// request's bytes and its set alive).
+const RECENT_NAME_LISTS_KEPT: usize = 16;
+
+/// The shared set of `requested` (whose digest is `digest`).
+fn names_of_request(
+    requested: &crate::xds::wire::ResourceNames,
+    digest: u64,
+) -> Arc<BTreeSet<String>> {
+    {
+        let recent = RECENT_NAME_LISTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((list, names)) = recent.by_digest.get(&digest)
+            && list.same_as(requested)
+        {
+            return names.clone();
+        }
+    }
+    let names = shared_names(
+        requested
+            .iter()
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect(),
+    );
+    let mut recent = RECENT_NAME_LISTS.lock().unwrap_or_else(|e| e.into_inner());
+    if recent
+        .by_digest
+        .insert(digest, (requested.clone(), names.clone()))
+        .is_none()
+    {
+        recent.order.push_back(digest);
+    }
+    while recent.order.len() > RECENT_NAME_LISTS_KEPT {
+        if let Some(old) = recent.order.pop_front() {
+            recent.by_digest.remove(&old);
+        }
+    }
+    names
+}
+
 /// The last full responses' held maps, by a digest of the identity of their
 /// resources (see [`held_after`]), oldest first. Each entry keeps its resources alive,
 /// so their addresses cannot be reused while it stands.
@@ -401,19 +452,13 @@ impl ConnectionState {
             self.watches.remove(&type_url);
             return Action::Unsubscribed(type_url);
         }
-        let collect = || -> BTreeSet<String> {
-            requested
-                .iter()
-                .map(|n| String::from_utf8_lossy(n).into_owned())
-                .collect()
-        };
         let digest = requested.digest();
-        let shared = |names: BTreeSet<String>| shared_names(names);
+        let collect = || names_of_request(requested, digest);
         let Some(watch) = self.watches.get_mut(&type_url) else {
             self.watches.insert(
                 type_url,
                 Watch {
-                    names: shared(collect()),
+                    names: collect(),
                     names_digest: digest,
                     wildcard: requested.is_empty(),
                     ..Default::default()
@@ -423,7 +468,7 @@ impl ConnectionState {
         };
         if req.response_nonce.is_empty() {
             watch.wildcard = requested.is_empty();
-            watch.names = shared(collect());
+            watch.names = collect();
             watch.names_digest = digest;
             return Action::Respond(type_url);
         }
@@ -445,7 +490,7 @@ impl ConnectionState {
             let added = names.iter().any(|n| !watch.names.contains(n));
             let changed = added || names.len() != watch.names.len();
             if changed {
-                watch.names = shared(names);
+                watch.names = names;
             }
             watch.names_digest = digest;
             (added, changed)
@@ -731,6 +776,34 @@ mod tests {
         assert!(s.sotw_unchanged(t, std::slice::from_ref(&b1), false, false));
         // An unwatched type never counts as unchanged.
         assert!(!s.sotw_unchanged(TypeUrl::Route, &[], false, false));
+    }
+
+    #[test]
+    fn connections_asking_for_the_same_names_share_one_set() {
+        let names = |s: &ConnectionState| s.watch(TypeUrl::Endpoint).unwrap().names.clone();
+        let (mut x, mut y, mut z) = (
+            ConnectionState::default(),
+            ConnectionState::default(),
+            ConnectionState::default(),
+        );
+        x.on_sotw_request(&req(EDS, &["shared-b", "shared-a"], "", ""));
+        y.on_sotw_request(&req(EDS, &["shared-b", "shared-a"], "", ""));
+        assert!(Arc::ptr_eq(&names(&x), &names(&y)));
+        assert_eq!(
+            names(&x).iter().map(String::as_str).collect::<Vec<_>>(),
+            ["shared-a", "shared-b"]
+        );
+        // Another order is another list: the same set once collected and interned.
+        z.on_sotw_request(&req(EDS, &["shared-a", "shared-b"], "", ""));
+        assert!(Arc::ptr_eq(&names(&x), &names(&z)));
+        // Other names are never taken for a remembered list.
+        z.on_sotw_request(&req(EDS, &["shared-a", "shared-c"], "", ""));
+        assert_eq!(
+            names(&z).iter().map(String::as_str).collect::<Vec<_>>(),
+            ["shared-a", "shared-c"]
+        );
+        assert_eq!(names(&x).len(), 2);
+        assert!(names(&x).contains("shared-b"));
     }
 
     #[test]

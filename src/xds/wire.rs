@@ -115,6 +115,12 @@ impl ResourceNames {
     pub fn digest(&self) -> u64 {
         digest(&self.encoded)
     }
+
+    /// The same names in the same order as `other`: one comparison of the encoded
+    /// entries, no name decoded.
+    pub fn same_as(&self, other: &ResourceNames) -> bool {
+        self.count == other.count && self.encoded == other.encoded
+    }
 }
 
 /// A digest of bytes, computed a word at a time: every EDS ACK of a large mesh carries
