@@ -584,13 +584,18 @@ impl ConnectionState {
         self.watches.get(&type_url)
     }
 
-    /// Records a state-of-the-world response and returns its nonce.
-    pub fn record_sent(&mut self, type_url: TypeUrl, version: &str, connection_id: &str) -> String {
+    /// Records a response and returns its nonce: the version and a number unique for
+    /// the server's lifetime (Istio: the version and a random UUID). The version is
+    /// the snapshot's own string, shared by every connection sent it, and the nonce
+    /// stays short: an idle connection holds both for each type it watches.
+    pub fn record_sent(&mut self, type_url: TypeUrl, version: &Arc<str>) -> String {
+        static SENT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         self.responses += 1;
-        let nonce = format!("{version}/{connection_id}/{}", self.responses);
+        let n = SENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let nonce = format!("{version}/{n}");
         let watch = self.watches.get_or_default(type_url);
         watch.nonce_sent = Some(Arc::from(nonce.as_str()));
-        watch.version_sent = Some(Arc::from(version));
+        watch.version_sent = Some(version.clone());
         watch.last_sent = Some(SystemTime::now());
         nonce
     }
@@ -717,7 +722,7 @@ mod tests {
     }
 
     fn sent(state: &mut ConnectionState, t: TypeUrl) -> String {
-        state.record_sent(t, "v1", "c-1")
+        state.record_sent(t, &Arc::from("v1"))
     }
 
     #[test]
@@ -1106,7 +1111,7 @@ mod tests {
             s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1"), res("b", "1")], false);
         assert_eq!(send.len(), 2);
         assert!(removed.is_empty());
-        let n = s.record_sent(TypeUrl::Endpoint, "v1", "c");
+        let n = s.record_sent(TypeUrl::Endpoint, &Arc::from("v1"));
         // ACK: nothing new.
         assert_eq!(
             s.on_delta_request(&dreq(EDS, &[], &[], &n)),

@@ -2,6 +2,8 @@
 //! request moves the connection's state, and how a response is formed from generated
 //! resources, so the stream loop of [`super::server`] is written once.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
@@ -39,9 +41,8 @@ pub(super) trait FlavourIo: Send + Sync + 'static {
     /// Forms the response, if there is something to send.
     fn respond(
         state: &mut ConnectionState,
-        conn_id: &str,
         type_url: TypeUrl,
-        version: &str,
+        version: &Arc<str>,
         resources: Vec<Resource>,
         partial: bool,
         why: Why,
@@ -130,9 +131,8 @@ impl FlavourIo for Sotw {
 
     fn respond(
         state: &mut ConnectionState,
-        conn_id: &str,
         type_url: TypeUrl,
-        version: &str,
+        version: &Arc<str>,
         resources: Vec<Resource>,
         partial: bool,
         why: Why,
@@ -144,7 +144,7 @@ impl FlavourIo for Sotw {
         if state.sotw_unchanged(type_url, &resources, partial, why != Why::Push) {
             return Reply::Unchanged;
         }
-        let nonce = state.record_sent(type_url, version, conn_id);
+        let nonce = state.record_sent(type_url, version);
         Reply::Send(SotwResponse {
             version_info: version.to_string(),
             resources,
@@ -205,9 +205,8 @@ impl FlavourIo for Delta {
 
     fn respond(
         state: &mut ConnectionState,
-        conn_id: &str,
         type_url: TypeUrl,
-        version: &str,
+        version: &Arc<str>,
         resources: Vec<Resource>,
         partial: bool,
         why: Why,
@@ -216,7 +215,7 @@ impl FlavourIo for Delta {
         if changed.is_empty() && removed.is_empty() && why != Why::Answer {
             return Reply::Unchanged;
         }
-        let nonce = state.record_sent(type_url, version, conn_id);
+        let nonce = state.record_sent(type_url, version);
         Reply::Send(DeltaResponse {
             system_version_info: version.to_string(),
             resources: changed,

@@ -840,7 +840,6 @@ fn build<F: FlavourIo>(
     let partial = !matches!(scope, Scope::All);
     let mut response = F::respond(
         &mut handle.state.lock().expect("state poisoned"),
-        &handle.id,
         type_url,
         snapshot.version(),
         resources,
