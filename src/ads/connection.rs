@@ -522,11 +522,26 @@ impl ConnectionState {
         let mut added = false;
         let mut names: Option<BTreeSet<String>> = None;
         let mut held: Option<HeldMap> = None;
+        let bulk = watch.names.is_empty() && !req.resource_names_subscribe.is_empty();
+        if bulk {
+            // A new subscription (a sidecar resuming after a reconnect names thousands):
+            // built in one go from the sorted names, not name by name.
+            let fresh: BTreeSet<String> = req
+                .resource_names_subscribe
+                .iter()
+                .filter(|n| *n != "*")
+                .cloned()
+                .collect();
+            added |= !fresh.is_empty();
+            if !fresh.is_empty() {
+                names = Some(fresh);
+            }
+        }
         for name in &req.resource_names_subscribe {
             if name == "*" {
                 added |= !watch.wildcard;
                 watch.wildcard = true;
-            } else if !watch.names.contains(name) {
+            } else if !bulk && !watch.names.contains(name) {
                 added = true;
                 names
                     .get_or_insert_with(|| (*watch.names).clone())
