@@ -116,7 +116,7 @@ struct Subscription {
     /// A response arrived since names were last added.
     answered: bool,
     /// Delta: subscribed names the server reported as removed (they do not exist).
-    gone: HashSet<Arc<str>>,
+    gone: HashSet<Arc<str>, crate::tables::NameHasher>,
     /// Delta: re-stated on a new stream with what is held, and not answered on it yet.
     resumed: bool,
 }
@@ -729,20 +729,16 @@ impl ProxyState {
         if self.plan.mode == Mode::Sidecar && type_url == TypeUrl::Route && sub.answered {
             return None;
         }
-        let missing: Vec<&Arc<str>> = sub
-            .names
-            .set()
-            .iter()
-            .filter(|n| !self.holds(type_url, n) && !sub.gone.contains(*n))
-            .collect();
-        missing.first().map(|first| {
-            format!(
-                "{} of {} {} names not received (e.g. {first:?})",
-                missing.len(),
-                sub.names.len(),
-                type_url.short()
-            )
-        })
+        // Checked after every response until complete: the first missing name is
+        // found without collecting the others, counted only for the report.
+        let missing = |n: &&Arc<str>| !self.holds(type_url, n) && !sub.gone.contains(*n);
+        let first = sub.names.set().iter().find(missing)?;
+        let count = sub.names.set().iter().filter(missing).count();
+        Some(format!(
+            "{count} of {} {} names not received (e.g. {first:?})",
+            sub.names.len(),
+            type_url.short()
+        ))
     }
 
     /// Why the config is not complete yet; `None` once it is. With `consistent`, the
