@@ -654,28 +654,28 @@ impl ConnectionState {
     pub fn delta_diff(
         &mut self,
         type_url: TypeUrl,
-        current: Vec<Resource>,
+        current: &[Resource],
         partial: bool,
     ) -> (Vec<Resource>, Vec<String>) {
         let Some(watch) = self.watches.get_mut(&type_url) else {
             return (Vec::new(), Vec::new());
         };
-        let digest = diff_digest(type_url, partial, &watch.held, &watch.names, &current);
+        let digest = diff_digest(type_url, partial, &watch.held, &watch.names, current);
         if let Some(diff) = remembered_diff(
             digest,
             type_url,
             partial,
             &watch.held,
             &watch.names,
-            &current,
+            current,
         ) {
             watch.held = diff.held_after.clone();
             return (diff.changed.clone(), diff.removed.clone());
         }
-        let (held_before, names, all) = (watch.held.clone(), watch.names.clone(), current.clone());
+        let (held_before, names, all) = (watch.held.clone(), watch.names.clone(), current.to_vec());
         // Placeholders stand for resources that do not exist: in Delta they are removals.
         let (gone, current): (Vec<Resource>, Vec<Resource>) =
-            current.into_iter().partition(|r| r.placeholder);
+            current.iter().cloned().partition(|r| r.placeholder);
         let mut removed: BTreeSet<String> = gone
             .iter()
             .filter(|r| watch.held.contains_key(&*r.name) || watch.names.contains(&*r.name))
@@ -890,7 +890,7 @@ mod tests {
                 type_url: CDS.into(),
                 ..Default::default()
             });
-            let (changed, _) = s.delta_diff(TypeUrl::Cluster, resources.clone(), false);
+            let (changed, _) = s.delta_diff(TypeUrl::Cluster, &resources.clone(), false);
             assert_eq!(changed.len(), 1);
         }
         let held = |s: &ConnectionState| s.watch(TypeUrl::Cluster).unwrap().held.clone();
@@ -914,7 +914,7 @@ mod tests {
         }
         let start = computed();
         for s in &mut states {
-            let (changed, removed) = s.delta_diff(TypeUrl::Cluster, first.clone(), false);
+            let (changed, removed) = s.delta_diff(TypeUrl::Cluster, &first.clone(), false);
             assert_eq!((changed.len(), removed.len()), (50, 0));
         }
         assert_eq!(
@@ -923,7 +923,7 @@ mod tests {
             "the first push: one difference for all"
         );
         for s in &mut states {
-            let (changed, removed) = s.delta_diff(TypeUrl::Cluster, second.clone(), false);
+            let (changed, removed) = s.delta_diff(TypeUrl::Cluster, &second.clone(), false);
             assert_eq!(changed.len(), 1);
             assert!(Arc::ptr_eq(&changed[0], &second[7]));
             assert_eq!(removed, vec!["w49".to_string()]);
@@ -945,7 +945,7 @@ mod tests {
             type_url: CDS.into(),
             ..Default::default()
         });
-        let (changed, _) = other.delta_diff(TypeUrl::Cluster, second.clone(), false);
+        let (changed, _) = other.delta_diff(TypeUrl::Cluster, &second.clone(), false);
         assert_eq!(changed.len(), 49);
         assert_eq!(computed() - start, 3);
     }
@@ -1122,8 +1122,11 @@ mod tests {
             s.on_delta_request(&dreq(EDS, &["a", "b"], &[], "")),
             Action::Respond(TypeUrl::Endpoint)
         );
-        let (send, removed) =
-            s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1"), res("b", "1")], false);
+        let (send, removed) = s.delta_diff(
+            TypeUrl::Endpoint,
+            &vec![res("a", "1"), res("b", "1")],
+            false,
+        );
         assert_eq!(send.len(), 2);
         assert!(removed.is_empty());
         let n = s.record_sent(TypeUrl::Endpoint, &Arc::from("v1"));
@@ -1133,10 +1136,14 @@ mod tests {
             Action::Ack(TypeUrl::Endpoint)
         );
         // Unchanged content is not re-sent; a changed one is.
-        let (send, _) = s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1"), res("b", "2")], false);
+        let (send, _) = s.delta_diff(
+            TypeUrl::Endpoint,
+            &vec![res("a", "1"), res("b", "2")],
+            false,
+        );
         assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), vec!["b"]);
         // b disappears -> removed.
-        let (send, removed) = s.delta_diff(TypeUrl::Endpoint, vec![res("a", "1")], false);
+        let (send, removed) = s.delta_diff(TypeUrl::Endpoint, &vec![res("a", "1")], false);
         assert!(send.is_empty());
         assert_eq!(removed, vec!["b".to_string()]);
         // Subscribing c (even with an old nonce) answers; unsubscribing alone does not.
@@ -1167,17 +1174,17 @@ mod tests {
         );
         assert!(s.watch(TypeUrl::Cluster).unwrap().wildcard);
         let (send, removed) =
-            s.delta_diff(TypeUrl::Cluster, vec![res("a", "1"), res("b", "1")], false);
+            s.delta_diff(TypeUrl::Cluster, &vec![res("a", "1"), res("b", "1")], false);
         assert_eq!(
             send.iter().map(|r| &*r.name).collect::<Vec<_>>(),
             vec!["b"],
             "a is already held at that version"
         );
         assert!(removed.is_empty());
-        let (_, removed) = s.delta_diff(TypeUrl::Cluster, vec![res("b", "1")], false);
+        let (_, removed) = s.delta_diff(TypeUrl::Cluster, &vec![res("b", "1")], false);
         assert_eq!(removed, vec!["a".to_string()]);
         // Partial (incremental) pushes never remove.
-        let (send, removed) = s.delta_diff(TypeUrl::Cluster, vec![res("b", "2")], true);
+        let (send, removed) = s.delta_diff(TypeUrl::Cluster, &vec![res("b", "2")], true);
         assert_eq!((send.len(), removed.len()), (1, 0));
     }
 }

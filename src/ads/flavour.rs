@@ -15,7 +15,7 @@ use super::debug::DebugResource;
 use super::frames::FrameEncode;
 use crate::xds::response::{DeltaResponse, SotwResponse};
 use crate::xds::wire::SotwRequest;
-use crate::xds::{Resource, TypeUrl};
+use crate::xds::{ResourceList, TypeUrl};
 
 /// The two ADS flavours differ only in message shapes and in how a response is
 /// formed from generated resources.
@@ -43,7 +43,7 @@ pub(super) trait FlavourIo: Send + Sync + 'static {
         state: &mut ConnectionState,
         type_url: TypeUrl,
         version: &Arc<str>,
-        resources: Vec<Resource>,
+        resources: ResourceList,
         partial: bool,
         why: Why,
     ) -> Reply<Self::Resp>;
@@ -133,7 +133,7 @@ impl FlavourIo for Sotw {
         state: &mut ConnectionState,
         type_url: TypeUrl,
         version: &Arc<str>,
-        resources: Vec<Resource>,
+        resources: ResourceList,
         partial: bool,
         why: Why,
     ) -> Reply<SotwResponse> {
@@ -207,11 +207,11 @@ impl FlavourIo for Delta {
         state: &mut ConnectionState,
         type_url: TypeUrl,
         version: &Arc<str>,
-        resources: Vec<Resource>,
+        resources: ResourceList,
         partial: bool,
         why: Why,
     ) -> Reply<DeltaResponse> {
-        let (changed, removed) = state.delta_diff(type_url, resources, partial);
+        let (changed, removed) = state.delta_diff(type_url, &resources, partial);
         if changed.is_empty() && removed.is_empty() && why != Why::Answer {
             return Reply::Unchanged;
         }

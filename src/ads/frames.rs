@@ -815,7 +815,7 @@ mod tests {
         resources.push(any(0, 0));
         let response = SotwResponse {
             version_info: "2026-11-22T00:00:00Z/7".into(),
-            resources,
+            resources: resources.into(),
             type_url: TypeUrl::Cluster.as_str().into(),
             nonce: "n-1".into(),
             control_plane: Bytes::from_static(b"\n\x07meshfed"),
@@ -902,7 +902,7 @@ mod tests {
         let clusters: Vec<Resource> = (0..2000).map(|i| any(900 + i % 300, i as u8)).collect();
         let response = SotwResponse {
             version_info: "v".into(),
-            resources: clusters.clone(),
+            resources: clusters.clone().into(),
             nonce: "n".into(),
             ..Default::default()
         };
@@ -936,7 +936,7 @@ mod tests {
         let mut own = clusters.clone();
         own.insert(1000, any(950, 1));
         let other = SotwResponse {
-            resources: own,
+            resources: own.into(),
             ..response.clone()
         };
         let theirs = chunks_with(other.clone(), &memo);
@@ -1313,7 +1313,7 @@ mod tests {
         let (tx, rx) = outbox::channel(2);
         let response = SotwResponse {
             nonce: "n".into(),
-            resources: vec![any(4096, 7)],
+            resources: vec![any(4096, 7)].into(),
             ..Default::default()
         };
         tx.send(Outbound::Message(Box::new(response.clone())))

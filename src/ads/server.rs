@@ -33,8 +33,8 @@ use crate::generate::{GeneratorOptions, Scope, Subscription, generate};
 use crate::logging::{ERROR_DETAIL_LOG_MAX, NODE_ID_LOG_MAX, clip};
 use crate::model::{Generator, Proxy};
 use crate::push::snapshot::Snapshot;
-use crate::xds::TypeUrl;
 use crate::xds::deps::{PushScope, Touch};
+use crate::xds::{ResourceList, TypeUrl};
 
 const SOTW_PATH: &str =
     "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
@@ -803,7 +803,7 @@ fn build<F: FlavourIo>(
         // APIGenerator).
         let output = crate::generate::mcp::generate(t, &snapshot, &ctx.mcp.export);
         ctx.mcp.record(t, &output);
-        output.resources.to_vec()
+        ResourceList::Shared(output.resources.clone())
     } else {
         let watch = &watched[type_url.index()];
         let names = watch.names.as_ref()?;
@@ -813,9 +813,9 @@ fn build<F: FlavourIo>(
             interned: Some(names),
         };
         match (&ctx.sds, type_url) {
-            (Some(sds), TypeUrl::Secret) => {
-                sds.generate(&handle.id, &snapshot, &handle.proxy, names)
-            }
+            (Some(sds), TypeUrl::Secret) => sds
+                .generate(&handle.id, &snapshot, &handle.proxy, names)
+                .into(),
             (sds, TypeUrl::ExtensionConfig) => crate::generate::wasm::ecds_for_connection(
                 &snapshot,
                 &handle.proxy,
@@ -823,7 +823,8 @@ fn build<F: FlavourIo>(
                 sds.as_deref()
                     .map(|s| s as &dyn crate::generate::wasm::pull::PullSecretReader),
                 &handle.id,
-            ),
+            )
+            .into(),
             _ => generate(
                 type_url,
                 &snapshot,

@@ -883,6 +883,7 @@ mod tests {
             Scope::All,
             &GeneratorOptions::default(),
         )
+        .into_vec()
     }
 
     fn decode<M: Message + Default>(r: &Resource) -> M {

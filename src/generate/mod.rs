@@ -20,6 +20,7 @@ pub mod eds;
 pub mod envoyfilter;
 pub mod grpc;
 pub mod instances;
+pub mod joined;
 pub mod jwt;
 pub mod lds;
 pub mod locality_lb;
@@ -45,7 +46,7 @@ use crate::model::{ClientView, Generator, Proxy, ProxyClass};
 use crate::push::cache::{CacheInput, Findings};
 use crate::push::snapshot::Snapshot;
 use crate::xds::names::{ClusterName, Direction};
-use crate::xds::{EncodedResource, Resource, TypeUrl};
+use crate::xds::{EncodedResource, Resource, ResourceList, TypeUrl};
 use eds::{EdsInput, EdsOptions};
 pub use subscription::{Scope, Subscription};
 
@@ -66,11 +67,11 @@ pub fn generate(
     subscription: Subscription<'_>,
     scope: Scope<'_>,
     options: &GeneratorOptions,
-) -> Vec<Resource> {
+) -> ResourceList {
     if type_url == TypeUrl::Secret || type_url.is_mcp() {
         // Secrets are not derived from the snapshot alone: `crate::sds` serves them.
         // MCP types are the same for every client: `mcp::generate`.
-        return Vec::new();
+        return ResourceList::default();
     }
     if type_url == TypeUrl::Endpoint {
         // Incremental EDS reaches connections that may watch none of the changed
@@ -78,58 +79,59 @@ pub fn generate(
         return load_assignments(snapshot, proxy, subscription, scope, options);
     }
     if type_url == TypeUrl::NameTable {
-        return nds::resources(snapshot, proxy);
+        return nds::resources(snapshot, proxy).into();
     }
     // The ambient types are the same for every client.
     if type_url == TypeUrl::Address {
-        return ambient::addresses(snapshot, subscription, &options.ambient);
+        return ambient::addresses(snapshot, subscription, &options.ambient).into();
     }
     if type_url == TypeUrl::Authorization {
-        return ambient::authorizations(snapshot, subscription, &options.ambient);
+        return ambient::authorizations(snapshot, subscription, &options.ambient).into();
     }
     let proxy = &*snapshot.proxy_view(proxy);
     // Proxyless gRPC gets its own listeners, routes and clusters; endpoints are shared.
     if proxy.generator == Generator::Grpc {
-        return grpc::generate(type_url, snapshot, proxy, subscription);
+        return grpc::generate(type_url, snapshot, proxy, subscription).into();
     }
     // EnvoyFilter patches run on what the generators (and their caches) give.
-    let patch = |out| envoyfilter::apply(type_url, out, snapshot, proxy, subscription.wildcard);
+    let patch = |out: ResourceList| {
+        envoyfilter::apply(type_url, out, snapshot, proxy, subscription.wildcard)
+    };
     match type_url {
         TypeUrl::Cluster => patch(clusters(snapshot, proxy, subscription)),
-        TypeUrl::Listener => patch(listeners(snapshot, proxy, subscription)),
-        TypeUrl::Route => patch(routes(snapshot, proxy, subscription)),
-        TypeUrl::ExtensionConfig => wasm::ecds_resources(snapshot, proxy, subscription),
+        TypeUrl::Listener => patch(listeners(snapshot, proxy, subscription).into()),
+        TypeUrl::Route => patch(routes(snapshot, proxy, subscription).into()),
+        TypeUrl::ExtensionConfig => wasm::ecds_resources(snapshot, proxy, subscription).into(),
         TypeUrl::Endpoint
         | TypeUrl::Secret
         | TypeUrl::NameTable
         | TypeUrl::Address
         | TypeUrl::Authorization
-        | TypeUrl::Mcp(_) => Vec::new(), // answered above
+        | TypeUrl::Mcp(_) => ResourceList::default(), // answered above
     }
 }
 
-fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> Vec<Resource> {
+fn clusters(snapshot: &Snapshot, proxy: &Proxy, sub: Subscription<'_>) -> ResourceList {
     // As istiod: gateways get no passthrough cluster; sidecars also get their inbound
     // clusters and InboundPassthroughCluster.
     let sidecar = proxy.node_type == crate::model::NodeType::Sidecar;
     let client = cds::ClientFacts::of(proxy);
     if sub.wildcard {
-        let mut out: Vec<Resource> = snapshot
+        let outbound: Arc<[Resource]> = snapshot
             .cached(cds::OutboundClustersInput::new(snapshot, client.clone()))
-            .map(|list| list.to_vec())
-            .unwrap_or_default();
-        out.extend(sni_dnat_clusters(snapshot, proxy, &client));
-        out.push(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE));
+            .unwrap_or_else(|| Arc::from(Vec::new()));
+        let mut own = sni_dnat_clusters(snapshot, proxy, &client);
+        own.push(cds::cached_special(snapshot, crate::xds::names::BLACK_HOLE));
         if !proxy.is_router() {
-            out.push(cds::cached_special(
+            own.push(cds::cached_special(
                 snapshot,
                 crate::xds::names::PASSTHROUGH,
             ));
         }
         if sidecar {
-            out.extend(cds::cached_inbound(snapshot, proxy));
+            own.extend(cds::cached_inbound(snapshot, proxy));
         }
-        return out;
+        return joined::joined(&outbound, own).into();
     }
     let mut inbound: Option<Vec<Resource>> = None;
     sub.names
@@ -211,7 +213,7 @@ fn load_assignments(
     sub: Subscription<'_>,
     scope: Scope<'_>,
     options: &GeneratorOptions,
-) -> Vec<Resource> {
+) -> ResourceList {
     // A whole subscription by name: one shared list per client facts and name set.
     if let (Scope::All, false, Some(names)) = (scope, sub.wildcard, sub.interned) {
         let proxy = &*snapshot.proxy_view(proxy);
@@ -222,7 +224,7 @@ fn load_assignments(
         };
         return snapshot
             .cached(input)
-            .map(|list| list.to_vec())
+            .map(ResourceList::Shared)
             .unwrap_or_default();
     }
     let wildcard_names: BTreeSet<String>;
@@ -297,7 +299,7 @@ fn load_assignments(
         Scope::All => in_scope.extend(names.iter().map(String::as_str)),
     }
     if in_scope.is_empty() {
-        return Vec::new();
+        return ResourceList::default();
     }
     let proxy = &*snapshot.proxy_view(proxy);
     let client = eds::EdsClient::of(snapshot, proxy);

@@ -20,4 +20,4 @@ pub mod wire;
 pub static ENVOY_DESCRIPTORS: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/config_dump_descriptors.bin"));
 
-pub use resource::{EncodedResource, Resource, TypeUrl};
+pub use resource::{EncodedResource, Resource, ResourceList, TypeUrl};

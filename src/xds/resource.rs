@@ -202,6 +202,105 @@ pub struct EncodedResource {
 /// A shared encoded resource.
 pub type Resource = Arc<EncodedResource>;
 
+/// The resources of one response: the proxy's own list, or a cached list shared by
+/// every proxy of one shape, held by one reference rather than copied per proxy (a
+/// copy raises and then lowers thousands of shared reference counts, contended
+/// between cores: 8 % of the server's CPU for the initial configs of 2,000
+/// sidecars of a 2,000-cluster mesh).
+#[derive(Clone, Debug)]
+pub enum ResourceList {
+    Owned(Vec<Resource>),
+    Shared(Arc<[Resource]>),
+}
+
+impl Default for ResourceList {
+    fn default() -> Self {
+        ResourceList::Owned(Vec::new())
+    }
+}
+
+impl std::ops::Deref for ResourceList {
+    type Target = [Resource];
+    fn deref(&self) -> &[Resource] {
+        match self {
+            ResourceList::Owned(v) => v,
+            ResourceList::Shared(s) => s,
+        }
+    }
+}
+
+impl ResourceList {
+    /// The list as a vector of its own (a copy of a shared one).
+    pub fn into_vec(self) -> Vec<Resource> {
+        match self {
+            ResourceList::Owned(v) => v,
+            ResourceList::Shared(s) => s.to_vec(),
+        }
+    }
+
+    /// The list, to change (a shared one is copied first).
+    pub fn to_mut(&mut self) -> &mut Vec<Resource> {
+        if let ResourceList::Shared(s) = self {
+            *self = ResourceList::Owned(s.to_vec());
+        }
+        match self {
+            ResourceList::Owned(v) => v,
+            ResourceList::Shared(_) => unreachable!("made owned above"),
+        }
+    }
+
+    /// Appends a resource.
+    pub fn push(&mut self, resource: Resource) {
+        self.to_mut().push(resource);
+    }
+}
+
+impl From<Vec<Resource>> for ResourceList {
+    fn from(v: Vec<Resource>) -> Self {
+        ResourceList::Owned(v)
+    }
+}
+
+impl From<Arc<[Resource]>> for ResourceList {
+    fn from(s: Arc<[Resource]>) -> Self {
+        ResourceList::Shared(s)
+    }
+}
+
+impl FromIterator<Resource> for ResourceList {
+    fn from_iter<I: IntoIterator<Item = Resource>>(iter: I) -> Self {
+        ResourceList::Owned(iter.into_iter().collect())
+    }
+}
+
+impl Extend<Resource> for ResourceList {
+    fn extend<I: IntoIterator<Item = Resource>>(&mut self, iter: I) {
+        self.to_mut().extend(iter);
+    }
+}
+
+impl IntoIterator for ResourceList {
+    type Item = Resource;
+    type IntoIter = std::vec::IntoIter<Resource>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.into_vec().into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a ResourceList {
+    type Item = &'a Resource;
+    type IntoIter = std::slice::Iter<'a, Resource>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
+}
+
+impl PartialEq for ResourceList {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
 impl EncodedResource {
     /// Encodes `message` of type `type_url` under `name`.
     pub fn encode<M: prost::Message>(

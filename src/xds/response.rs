@@ -6,7 +6,7 @@ use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
 
-use super::resource::{EncodedResource, Resource};
+use super::resource::{EncodedResource, Resource, ResourceList};
 use super::wire::{put_string, string_len};
 
 /// `envoy.service.discovery.v3.DiscoveryResponse` as the server writes it: each
@@ -19,7 +19,7 @@ use super::wire::{put_string, string_len};
 pub struct SotwResponse {
     pub version_info: String,
     /// Field 2: each resource's `body`.
-    pub resources: Vec<Resource>,
+    pub resources: ResourceList,
     pub type_url: String,
     pub nonce: String,
     /// `control_plane` (an encoded `envoy.config.core.v3.ControlPlane`, computed
@@ -171,7 +171,7 @@ mod tests {
         );
         let sotw = SotwResponse {
             version_info: "v1".into(),
-            resources: vec![resource.clone()],
+            resources: vec![resource.clone()].into(),
             type_url: crate::xds::TypeUrl::Cluster.as_str().into(),
             nonce: "n1".into(),
             control_plane: Bytes::from_static(b"\n\x02cp"),

@@ -1562,6 +1562,7 @@ mod snapshot_tests {
             Scope::All,
             &GeneratorOptions::default(),
         )
+        .into_vec()
     }
 
     fn clusters(snapshot: &Snapshot, proxy: &Proxy, wanted: &[&str]) -> Vec<Cluster> {

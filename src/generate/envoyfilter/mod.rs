@@ -53,7 +53,7 @@ use crate::model::Proxy;
 use crate::push::config_index::Config;
 use crate::push::snapshot::Snapshot;
 use crate::xds::deps::{GATEWAY_NAME_LABEL, is_gateway_ref};
-use crate::xds::{Resource, TypeUrl};
+use crate::xds::{Resource, ResourceList, TypeUrl};
 
 /// Installs the check of patch values into config validation (`meshfed validate`,
 /// the webhook, the stores): a value that does not convert to its Envoy type is an
@@ -393,11 +393,11 @@ pub fn context(proxy: &Proxy, inbound: bool) -> PatchContext {
 /// clusters and listeners.
 pub fn apply(
     type_url: TypeUrl,
-    resources: Vec<Resource>,
+    resources: ResourceList,
     snapshot: &Snapshot,
     proxy: &Proxy,
     wildcard: bool,
-) -> Vec<Resource> {
+) -> ResourceList {
     let relevant: &[ApplyTo] = match type_url {
         TypeUrl::Cluster => &[ApplyTo::Cluster],
         TypeUrl::Listener => &[
@@ -420,7 +420,7 @@ pub fn apply(
     // Each resource is patched once per patch set and shared (see `memo`); the
     // additions of `ADD` patches follow.
     let set = memo::patch_set(&patches, relevant, proxy.is_router());
-    match type_url {
+    let out: Vec<Resource> = match type_url {
         TypeUrl::Cluster => {
             let inbound_seen = resources.iter().any(cluster::is_inbound);
             // A `service` match of an inbound cluster reads the services the sidecar
@@ -438,7 +438,7 @@ pub fn apply(
                     set
                 }
             };
-            let mut out = memo::patched(type_url, set_of, resources, |r| {
+            let mut out = memo::patched(type_url, set_of, resources.into_vec(), |r| {
                 cluster::patch_one(&patches, r, proxy, &inbound)
             });
             if wildcard {
@@ -450,7 +450,7 @@ pub fn apply(
             let mut out = memo::patched(
                 type_url,
                 |_| set,
-                resources,
+                resources.into_vec(),
                 |r| listener::patch_one(&patches, r, proxy),
             );
             if wildcard {
@@ -474,9 +474,10 @@ pub fn apply(
             memo::patched(
                 type_url,
                 |_| set,
-                resources,
+                resources.into_vec(),
                 |r| Some(route::patch_one(&patches, r, proxy, &port_map)),
             )
         }
-    }
+    };
+    out.into()
 }

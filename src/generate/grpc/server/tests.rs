@@ -108,6 +108,7 @@ fn fetch(snap: &Snapshot, p: &Proxy, type_url: TypeUrl, names: &[String]) -> Vec
         Scope::All,
         &GeneratorOptions::default(),
     )
+    .into_vec()
 }
 
 fn server_name(port: u16) -> String {
