@@ -1122,11 +1122,8 @@ mod tests {
             s.on_delta_request(&dreq(EDS, &["a", "b"], &[], "")),
             Action::Respond(TypeUrl::Endpoint)
         );
-        let (send, removed) = s.delta_diff(
-            TypeUrl::Endpoint,
-            &vec![res("a", "1"), res("b", "1")],
-            false,
-        );
+        let (send, removed) =
+            s.delta_diff(TypeUrl::Endpoint, &[res("a", "1"), res("b", "1")], false);
         assert_eq!(send.len(), 2);
         assert!(removed.is_empty());
         let n = s.record_sent(TypeUrl::Endpoint, &Arc::from("v1"));
@@ -1136,14 +1133,10 @@ mod tests {
             Action::Ack(TypeUrl::Endpoint)
         );
         // Unchanged content is not re-sent; a changed one is.
-        let (send, _) = s.delta_diff(
-            TypeUrl::Endpoint,
-            &vec![res("a", "1"), res("b", "2")],
-            false,
-        );
+        let (send, _) = s.delta_diff(TypeUrl::Endpoint, &[res("a", "1"), res("b", "2")], false);
         assert_eq!(send.iter().map(|r| &*r.name).collect::<Vec<_>>(), vec!["b"]);
         // b disappears -> removed.
-        let (send, removed) = s.delta_diff(TypeUrl::Endpoint, &vec![res("a", "1")], false);
+        let (send, removed) = s.delta_diff(TypeUrl::Endpoint, &[res("a", "1")], false);
         assert!(send.is_empty());
         assert_eq!(removed, vec!["b".to_string()]);
         // Subscribing c (even with an old nonce) answers; unsubscribing alone does not.
@@ -1174,17 +1167,17 @@ mod tests {
         );
         assert!(s.watch(TypeUrl::Cluster).unwrap().wildcard);
         let (send, removed) =
-            s.delta_diff(TypeUrl::Cluster, &vec![res("a", "1"), res("b", "1")], false);
+            s.delta_diff(TypeUrl::Cluster, &[res("a", "1"), res("b", "1")], false);
         assert_eq!(
             send.iter().map(|r| &*r.name).collect::<Vec<_>>(),
             vec!["b"],
             "a is already held at that version"
         );
         assert!(removed.is_empty());
-        let (_, removed) = s.delta_diff(TypeUrl::Cluster, &vec![res("b", "1")], false);
+        let (_, removed) = s.delta_diff(TypeUrl::Cluster, &[res("b", "1")], false);
         assert_eq!(removed, vec!["a".to_string()]);
         // Partial (incremental) pushes never remove.
-        let (send, removed) = s.delta_diff(TypeUrl::Cluster, &vec![res("b", "2")], true);
+        let (send, removed) = s.delta_diff(TypeUrl::Cluster, &[res("b", "2")], true);
         assert_eq!((send.len(), removed.len()), (1, 0));
     }
 }
