@@ -203,15 +203,47 @@ pub struct RouteParentStatus {
     pub bound: usize,
 }
 
-/// A route's status: one parent entry per parentRef.
+/// The `Accepted` failure message of a parentRef naming no Gateway this controller
+/// serves (none of that name, or one of another class). istiod leaves such a parent
+/// out of the route's status (it may be another controller's), so [`route_status`]
+/// reports it as a note only.
+pub const NO_GATEWAY: &str = "no Gateway of this controller's classes has that name";
+
+/// A route's status: one parent entry per parentRef, except a Gateway parentRef that
+/// names no Gateway of this controller (left out as istiod leaves it out, and noted
+/// for `meshfed validate` and `/debug/configz`).
 pub fn route_status(
     kind: Kind,
     object: &ConfigObject,
     controller: &str,
     parents: &[RouteParentStatus],
 ) -> ObjectStatus {
+    let unknown = |p: &RouteParentStatus| {
+        p.not_accepted
+            .as_ref()
+            .is_some_and(|(_, m)| m == NO_GATEWAY)
+    };
+    let notes: Vec<(String, String)> = parents
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| unknown(p))
+        .map(|(i, p)| {
+            (
+                format!("spec.parentRefs[{i}]"),
+                format!(
+                    "Gateway {}/{}: {} (the route does not attach there; no status is written for it)",
+                    p.parent_ref["namespace"]
+                        .as_str()
+                        .unwrap_or(&object.namespace),
+                    p.parent_ref["name"].as_str().unwrap_or_default(),
+                    NO_GATEWAY
+                ),
+            )
+        })
+        .collect();
     let parents: Vec<Value> = parents
         .iter()
+        .filter(|p| !unknown(p))
         .map(|p| {
             let accepted = match &p.not_accepted {
                 None if p.bound > 1 => Condition::ok(
@@ -254,5 +286,7 @@ pub fn route_status(
             field("port", ""),
         ))
     });
-    ObjectStatus::new(kind, object, json!({ "parents": parents }))
+    let mut status = ObjectStatus::new(kind, object, json!({ "parents": parents }));
+    status.notes = notes;
+    status
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::super::GROUP;
-use super::super::status::{Condition, ObjectStatus};
+use super::super::status::{Condition, NO_GATEWAY, ObjectStatus};
 use super::super::types::*;
 use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, reference_allowed};
 use crate::config::{ConfigObject, Kind};
@@ -297,10 +297,11 @@ impl<'a> Parents<'a> {
                 .iter_mut()
                 .find(|g| g.object.namespace == ns && g.object.name == r.name)
             else {
+                // Maybe another controller's: istiod writes no status for it.
                 out.push((
                     echo,
                     Vec::new(),
-                    Some(("NoMatchingParent".into(), "parent not found".into())),
+                    Some(("NoMatchingParent".into(), NO_GATEWAY.into())),
                 ));
                 continue;
             };
