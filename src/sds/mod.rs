@@ -445,17 +445,13 @@ impl Sds {
             Holder::Secret => {
                 meshfed_kube::follow_secret(client, &key.namespace, &key.name).boxed()
             }
-            Holder::ConfigMap => {
-                meshfed_kube::follow_config_map(client, &key.namespace, &key.name)
-                    .map(|update| match update {
-                        ConfigMapUpdate::Data(data) => {
-                            SecretUpdate::Present(config_map_data(&data))
-                        }
-                        ConfigMapUpdate::Absent => SecretUpdate::Absent,
-                        ConfigMapUpdate::Error(error) => SecretUpdate::Error(error),
-                    })
-                    .boxed()
-            }
+            Holder::ConfigMap => meshfed_kube::follow_config_map(client, &key.namespace, &key.name)
+                .map(|update| match update {
+                    ConfigMapUpdate::Data(data) => SecretUpdate::Present(config_map_data(&data)),
+                    ConfigMapUpdate::Absent => SecretUpdate::Absent,
+                    ConfigMapUpdate::Error(error) => SecretUpdate::Error(error),
+                })
+                .boxed(),
         };
         let mut shutdown = self.shutdown.clone();
         let state = self.state.clone();

@@ -841,7 +841,12 @@ async fn config_map_cas_are_served_from_any_namespace_and_follow_their_changes()
     // Not a Secret: no review is asked for.
     assert!(mesh.api().access_reviews().is_empty());
     let sdsz = mesh.sdsz().await;
-    let conn = sdsz["proxies"].as_object().unwrap().values().next().unwrap();
+    let conn = sdsz["proxies"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
     let errors = &conn["errors"];
     assert!(
         errors["configmap://apps/missing-cacert"]

@@ -771,13 +771,9 @@ async fn referenced_config_maps_are_followed_by_name() {
         ])
     );
     // A ConfigMap nothing references is never read.
-    assert!(
-        !s.api
-            .requests()
-            .iter()
-            .any(|r| r.path.contains("/configmaps")
-                && r.query.values().any(|v| v.contains("unrelated"))),
-    );
+    assert!(!s.api.requests().iter().any(
+        |r| r.path.contains("/configmaps") && r.query.values().any(|v| v.contains("unrelated"))
+    ),);
     // No longer referenced: forgotten.
     s.api
         .delete_custom(GATEWAY_API, "BackendTLSPolicy", "apps", "pay-tls");

@@ -154,7 +154,10 @@ pub fn config_map_refs<'a>(
                 out.insert((o.namespace.clone(), r.name.clone()));
             }
         } else if let Some(g) = o.spec.get::<GatewaySpec>()
-            && let Some(r) = g.infrastructure.as_ref().and_then(|i| i.parameters_ref.as_ref())
+            && let Some(r) = g
+                .infrastructure
+                .as_ref()
+                .and_then(|i| i.parameters_ref.as_ref())
             && r.group.is_empty()
             && r.kind == "ConfigMap"
         {

@@ -633,7 +633,9 @@ subsets:
             "Expected namespace and name",
         );
         assert_error(
-            &policy("{portLevelSettings: [{port: {number: 443}, tls: {mode: SIMPLE, credentialName: 'configmap://other/ca'}}]}"),
+            &policy(
+                "{portLevelSettings: [{port: {number: 443}, tls: {mode: SIMPLE, credentialName: 'configmap://other/ca'}}]}",
+            ),
             "spec.trafficPolicy.portLevelSettings[0].tls.credentialName",
             "namespace must match",
         );
