@@ -109,10 +109,14 @@ pub struct SecretKey {
 
 impl fmt::Display for SecretKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.holder == Holder::ConfigMap {
-            f.write_str("ConfigMap ")?;
-        }
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.source)
+        write!(
+            f,
+            "{} {}/{} ({})",
+            self.holder.as_str(),
+            self.namespace,
+            self.name,
+            self.source
+        )
     }
 }
 
@@ -151,8 +155,8 @@ pub enum ServeError {
         namespace: String,
         names: String,
     },
-    /// The Secret's content cannot be served.
-    #[error("Secret {key}: {error}")]
+    /// The Secret's (or ConfigMap's) content cannot be served.
+    #[error("{key}: {error}")]
     Format {
         key: SecretKey,
         error: format::FormatError,
@@ -440,7 +444,7 @@ impl Sds {
         if followed.followed.contains_key(&key) {
             return;
         }
-        debug!(secret = %key, "SDS: following Secret");
+        debug!(secret = %key, "SDS: following");
         let updates = match key.holder {
             Holder::Secret => {
                 meshfed_kube::follow_secret(client, &key.namespace, &key.name).boxed()
@@ -466,7 +470,7 @@ impl Sds {
                     SecretUpdate::Present(data) => Some(data),
                     SecretUpdate::Absent => None,
                     SecretUpdate::Error(error) => {
-                        debug!(secret = %key, %error, "SDS: Secret watch error; retrying");
+                        debug!(secret = %key, %error, "SDS: watch error; retrying");
                         continue;
                     }
                 };
@@ -759,7 +763,7 @@ impl Sds {
                 state.errors.insert(key.clone(), reason.clone());
                 drop(state);
                 if fresh {
-                    warn!(namespace = %key.namespace, name = %key.name, source = %key.source, reason = %reason, "SDS: Secret cannot be served; not sent");
+                    warn!(kind = key.holder.as_str(), namespace = %key.namespace, name = %key.name, source = %key.source, reason = %reason, "SDS: credential cannot be served; not sent");
                 }
                 Err(ServeError::Format { key, error: err })
             }
@@ -1031,7 +1035,7 @@ fn unfollow_unwanted(state: &mut State) {
         .cloned()
         .collect();
     for key in unwanted {
-        debug!(secret = %key, "SDS: no longer following Secret");
+        debug!(secret = %key, "SDS: no longer following");
         if let Some(followed) = state.followed.remove(&key) {
             followed.task.abort();
         }
