@@ -408,6 +408,8 @@ impl Writer {
             },
         };
         let changed: BTreeSet<&str> = changed.iter().map(String::as_str).collect();
+        // The selected namespaces may have changed: so may the ConfigMaps to follow.
+        self.refs_dirty = true;
         self.store.write().namespaces = Some(
             self.namespace_labels
                 .iter()
@@ -627,7 +629,13 @@ impl Writer {
         if !std::mem::take(&mut self.refs_dirty) {
             return;
         }
-        let wanted = config_map_refs(self.held.values().map(|o| &**o));
+        // Only the objects the store publishes (in selected namespaces).
+        let wanted = config_map_refs(
+            self.held
+                .iter()
+                .filter(|(id, _)| self.selects(&id.namespace))
+                .map(|(_, o)| &**o),
+        );
         let unwanted: Vec<(String, String)> = self
             .followed_maps
             .keys()
