@@ -971,7 +971,7 @@ fn validate_reports_routes_attached_to_nothing_and_refs_not_permitted() {
     let text = String::from_utf8_lossy(&out.stdout);
     for expected in [
         // The certificate in another namespace without a ReferenceGrant.
-        "Gateway infra/gw: spec.listeners[0].tls.certificateRefs: ResolvedRefs RefNotPermitted: certificateRef certs/shop-cert not accessible to a Gateway in namespace \"infra\" (missing a ReferenceGrant?)",
+        "Gateway infra/gw: spec.listeners[0].tls.certificateRefs: ResolvedRefs RefNotPermitted: certificateRef shop-cert/certs not accessible to a Gateway in namespace \"infra\" (missing a ReferenceGrant?)",
         // Same namespace only (the default), and the route is in another.
         "HTTPRoute apps/web: spec.parentRefs[0]: Accepted NotAllowedByListeners",
         // No listener of that name; and a backend in another namespace.

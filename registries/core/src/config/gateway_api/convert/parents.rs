@@ -497,7 +497,6 @@ impl<'a> Parents<'a> {
                         }
                     })
                     .collect();
-                let unresolved = g.listeners.iter().any(|l| l.unresolved.is_some());
                 // A Gateway is not programmed when none of its services exists.
                 let missing: Vec<String> = g
                     .services
@@ -529,7 +528,6 @@ impl<'a> Parents<'a> {
                 };
                 let resolved = match &g.client_cert {
                     Some(Err((reason, message))) => Condition::failed("ResolvedRefs", reason, message.clone()),
-                    _ if unresolved => Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid"),
                     _ => Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved"),
                 };
                 let mut status = json!({
@@ -707,7 +705,7 @@ fn listener(
                         unresolved = Some((
                             "RefNotPermitted".to_string(),
                             format!(
-                                "certificateRef {ns}/{} not accessible to a Gateway in namespace {:?} (missing a ReferenceGrant?)",
+                                "certificateRef {}/{ns} not accessible to a Gateway in namespace {:?} (missing a ReferenceGrant?)",
                                 c.name,
                                 gw.ns()
                             ),
