@@ -140,7 +140,9 @@ pub(crate) fn of_kind<'a, T: crate::config::KindSpec>(
 /// The ConfigMaps (namespace, name) the translation reads from `objects`: the first
 /// `caCertificateRefs` of each BackendTLSPolicy and each Gateway's
 /// `infrastructure.parametersRef`, when they are of kind ConfigMap (both in the
-/// object's namespace). A store that cannot hold every ConfigMap follows these.
+/// object's namespace), and the ConfigMap `caCertificateRefs` of each Gateway's
+/// `spec.tls.frontend` (in the namespace they name). A store that cannot hold every
+/// ConfigMap follows these.
 pub fn config_map_refs<'a>(
     objects: impl IntoIterator<Item = &'a ConfigObject>,
 ) -> BTreeSet<(String, String)> {
@@ -153,15 +155,44 @@ pub fn config_map_refs<'a>(
             {
                 out.insert((o.namespace.clone(), r.name.clone()));
             }
-        } else if let Some(g) = o.spec.get::<GatewaySpec>()
-            && let Some(r) = g
+        } else if let Some(g) = o.spec.get::<GatewaySpec>() {
+            if let Some(r) = g
                 .infrastructure
                 .as_ref()
                 .and_then(|i| i.parameters_ref.as_ref())
-            && r.group.is_empty()
-            && r.kind == "ConfigMap"
-        {
-            out.insert((o.namespace.clone(), r.name.clone()));
+                && r.group.is_empty()
+                && r.kind == "ConfigMap"
+            {
+                out.insert((o.namespace.clone(), r.name.clone()));
+            }
+            // `spec.tls.frontend` CAs (`default` and `perPort`), checked for the
+            // listeners' status.
+            let frontend = g.tls.as_ref().and_then(|t| t.get("frontend"));
+            let validations = frontend
+                .and_then(|f| f.get("default"))
+                .into_iter()
+                .chain(
+                    frontend
+                        .and_then(|f| f.get("perPort"))
+                        .and_then(serde_json::Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p.get("tls")),
+                )
+                .filter_map(|t| t.get("validation"));
+            for r in validations
+                .filter_map(|v| v.get("caCertificateRefs"))
+                .filter_map(serde_json::Value::as_array)
+                .flatten()
+            {
+                let field = |k: &str| r.get(k).and_then(serde_json::Value::as_str);
+                if core(field("group").unwrap_or(""), field("kind").unwrap_or(""))
+                    && let Some(name) = field("name")
+                {
+                    let ns = field("namespace").unwrap_or(&o.namespace);
+                    out.insert((ns.to_string(), name.to_string()));
+                }
+            }
         }
     }
     out

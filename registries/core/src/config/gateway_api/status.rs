@@ -120,7 +120,17 @@ impl ObjectStatus {
                 .flatten()
                 .filter(|c| bad(c))
             {
-                let field = if c["type"] == "ResolvedRefs" {
+                let message = c["message"].as_str().unwrap_or_default();
+                let frontend = matches!(
+                    c["reason"].as_str(),
+                    Some("NoValidCACertificate" | "InvalidCACertificateRef" | "InvalidCACertificateKind")
+                ) || message.starts_with("caCertificateRef ")
+                    || message.starts_with("spec.tls.frontend");
+                let field = if frontend {
+                    "spec.tls.frontend".to_string()
+                } else if message.starts_with("tls.frontendValidation") {
+                    format!("spec.listeners[{i}].tls.frontendValidation")
+                } else if c["type"] == "ResolvedRefs" {
                     format!("spec.listeners[{i}].tls.certificateRefs")
                 } else {
                     format!("spec.listeners[{i}]")

@@ -714,6 +714,22 @@ fn listener(
                     }
                     names.push(format!("kubernetes-gateway://{ns}/{}", c.name));
                 }
+                if unresolved.is_none()
+                    && let Some(problem) = frontend_validation(gw, l, grants, inputs)
+                {
+                    match problem {
+                        Frontend::NotPermitted(m) => {
+                            unresolved = Some(("RefNotPermitted".to_string(), m));
+                        }
+                        Frontend::Invalid(reason, m) => {
+                            not_accepted = Some(("NoValidCACertificate".to_string(), m.clone()));
+                            unresolved = Some((reason.to_string(), m));
+                        }
+                        Frontend::NotServed(m) => {
+                            not_accepted = Some(("UnsupportedValue".to_string(), m));
+                        }
+                    }
+                }
                 let mode = if terminate_mode == Some("MUTUAL") {
                     "MUTUAL"
                 } else {
@@ -746,6 +762,109 @@ fn listener(
         invalid_kinds,
         server: serve.then_some(server),
     }
+}
+
+/// Why a terminating listener's client certificate validation (`spec.tls.frontend`,
+/// or the listener's own `tls.frontendValidation`) keeps it from being served.
+enum Frontend {
+    /// A CA reference to another namespace without a ReferenceGrant (`ResolvedRefs`
+    /// `RefNotPermitted`; istiod checks the grant before looking the object up).
+    NotPermitted(String),
+    /// A CA reference of another kind or to a missing or malformed ConfigMap
+    /// (`ResolvedRefs` with this reason, `Accepted` `NoValidCACertificate`).
+    Invalid(&'static str, String),
+    /// Valid, but meshfed does not validate client certificates for Gateway API
+    /// listeners: the listener is not served rather than served without validation.
+    NotServed(String),
+}
+
+/// The validation `spec.tls.frontend` gives a listener's port (istiod's
+/// `resolveGatewayTLS`: a `perPort` entry of the port, else `default`).
+fn frontend_for_port(gw: &GatewaySpec, port: u32) -> Option<&Value> {
+    let frontend = gw.tls.as_ref()?.get("frontend")?;
+    let per_port = frontend
+        .get("perPort")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|p| p.get("port").and_then(Value::as_u64) == Some(u64::from(port)));
+    let tls = match per_port {
+        Some(p) => p.get("tls")?,
+        None => frontend.get("default")?,
+    };
+    tls.get("validation").filter(|v| !v.is_null())
+}
+
+/// Checks the client certificate validation of a terminating listener as istiod
+/// checks its `caCertificateRefs` (grant, kind, then the ConfigMap); `None` when it
+/// has none.
+fn frontend_validation(
+    gw: &Obj<GatewaySpec>,
+    l: &crate::config::gateway_api::types::Listener,
+    grants: &[Obj<ReferenceGrantSpec>],
+    inputs: &Inputs,
+) -> Option<Frontend> {
+    if l.tls.as_ref().is_some_and(|t| t.frontend_validation.is_some()) {
+        return Some(Frontend::NotServed(format!(
+            "tls.frontendValidation of listener {:?}: client certificate validation is not supported by meshfed; the listener is not served",
+            l.name
+        )));
+    }
+    let validation = frontend_for_port(gw.spec, l.port)?;
+    let gw_ns = gw.ns();
+    let refs = validation
+        .get("caCertificateRefs")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for r in &refs {
+        let field = |k: &str| r.get(k).and_then(Value::as_str);
+        let (group, kind, name) = (
+            field("group").unwrap_or(""),
+            field("kind").unwrap_or(""),
+            field("name").unwrap_or(""),
+        );
+        let written_ns = field("namespace").unwrap_or("");
+        let ns = field("namespace").unwrap_or(gw_ns);
+        let reference = format!("{group}/{kind}/{name}.{written_ns}");
+        if ns != gw_ns && !reference_allowed(grants, "Gateway", gw_ns, group, kind, ns, name) {
+            return Some(Frontend::NotPermitted(format!(
+                "caCertificateRef {ns}/{name} not accessible to a Gateway in namespace {gw_ns:?} (missing a ReferenceGrant?)"
+            )));
+        }
+        let core = matches!(group, "" | "core");
+        match kind {
+            "ConfigMap" if core => match inputs.config_maps.map(|m| m.get(&format!("{ns}/{name}"))) {
+                Some(None) => {
+                    return Some(Frontend::Invalid(
+                        "InvalidCACertificateRef",
+                        format!("invalid CA certificate reference {reference}, configmap {ns}/{name} not found"),
+                    ));
+                }
+                Some(Some(data)) if !data.contains_key("ca.crt") => {
+                    return Some(Frontend::Invalid(
+                        "InvalidCACertificateRef",
+                        format!("invalid CA certificate reference {reference}, found no ca.crt"),
+                    ));
+                }
+                _ => {}
+            },
+            "Secret" if core => {}
+            _ => {
+                return Some(Frontend::Invalid(
+                    "InvalidCACertificateKind",
+                    format!("invalid CA certificate reference {reference}, only secret and configmap are allowed"),
+                ));
+            }
+        }
+    }
+    if refs.is_empty() {
+        return None;
+    }
+    Some(Frontend::NotServed(format!(
+        "spec.tls.frontend: client certificate validation of port {} is not supported by meshfed; the listener is not served",
+        l.port
+    )))
 }
 
 impl Listener {
