@@ -103,6 +103,8 @@ impl ObjectStatus {
         {
             let field = if c["reason"] == "InvalidParameters" {
                 "spec.infrastructure.parametersRef"
+            } else if c["type"] == "AttachedListenerSets" {
+                "spec.allowedListeners"
             } else {
                 "spec"
             };

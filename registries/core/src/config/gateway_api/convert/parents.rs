@@ -530,9 +530,23 @@ impl<'a> Parents<'a> {
                     Some(Err((reason, message))) => Condition::failed("ResolvedRefs", reason, message.clone()),
                     _ => Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved"),
                 };
+                let mut conditions = vec![accepted.to_json()];
+                // `spec.allowedListeners`: istiod reports ListenerSets not enabled unless
+                // its alpha API is on; meshfed does not read ListenerSets at all.
+                if g.spec.allowed_listeners.is_some() {
+                    conditions.push(
+                        Condition::failed(
+                            "AttachedListenerSets",
+                            "Unsupported",
+                            "AllowedListeners is configured, but ListenerSets are not supported",
+                        )
+                        .to_json(),
+                    );
+                }
+                conditions.extend([programmed.to_json(), resolved.to_json()]);
                 let mut status = json!({
                     "addresses": addresses,
-                    "conditions": [accepted.to_json(), programmed.to_json(), resolved.to_json()],
+                    "conditions": conditions,
                     "listeners": listeners,
                 });
                 if unusable {
@@ -543,6 +557,12 @@ impl<'a> Parents<'a> {
             .zip(&self.gateways)
             .map(|(status, g)| {
                 let mut status = ObjectStatus::new(Kind::KubernetesGateway, g.object, status);
+                if g.spec.backend_tls.is_some() {
+                    status.notes.push((
+                        "spec.backendTLS".into(),
+                        "not read (Gateway API v1.3's field; istiod and meshfed read spec.tls.backend)".into(),
+                    ));
+                }
                 if let Some(Ok(name)) = &g.client_cert {
                     status.notes.push((
                         "spec.tls.backend.clientCertificateRef".into(),

@@ -321,3 +321,28 @@ fn frontend_client_certificate_validation_is_refused_loudly_not_dropped() {
     assert!(refs.contains(&("infra".to_string(), "client-ca".to_string())));
     assert!(refs.contains(&("certs".to_string(), "other-ca".to_string())));
 }
+
+#[test]
+fn gateway_fields_meshfed_does_not_read_are_reported() {
+    let yaml = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: infra}
+spec:
+  gatewayClassName: istio
+  addresses: [{type: Hostname, value: ingress}]
+  allowedListeners: {namespaces: {from: Same}}
+  backendTLS: {clientCertificateRef: {name: client}}
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+";
+    let out = translate(yaml, None, &["ingress.infra.svc.cluster.local"]);
+    let s = out
+        .status
+        .iter()
+        .find(|s| s.kind == Kind::KubernetesGateway)
+        .unwrap();
+    assert_eq!(s.status["conditions"][1]["type"], "AttachedListenerSets");
+    assert_eq!(s.status["conditions"][1]["status"], "False");
+    let fields: Vec<String> = s.findings().into_iter().map(|(f, _)| f).collect();
+    assert!(fields.contains(&"spec.allowedListeners".to_string()), "{fields:?}");
+    assert!(fields.contains(&"spec.backendTLS".to_string()), "{fields:?}");
+}
