@@ -1003,6 +1003,45 @@ fn validate_reports_routes_attached_to_nothing_and_refs_not_permitted() {
     }
 }
 
+/// A Gateway asking for client certificate validation, which meshfed does not do.
+const FRONTEND_VALIDATION: &str = "apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: infra}
+spec:
+  gatewayClassName: istio
+  addresses: [{type: Hostname, value: ingress}]
+  tls:
+    frontend:
+      default:
+        validation:
+          caCertificateRefs: [{group: '', kind: ConfigMap, name: client-ca}]
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    tls: {certificateRefs: [{name: cert}]}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: client-ca, namespace: infra}
+data: {ca.crt: x}
+";
+
+#[test]
+fn validate_reports_frontend_client_certificate_validation_as_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("gw.yaml");
+    std::fs::write(&file, FRONTEND_VALIDATION).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_meshfed"))
+        .args(["validate", "-f"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let expected = "Gateway infra/gw: spec.tls.frontend: Accepted UnsupportedValue: spec.tls.frontend: client certificate validation of port 443 is not supported by meshfed; the listener is not served";
+    assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+}
+
 const CONFIG_MAPS_IN_FILES: &str = "apiVersion: v1
 kind: ConfigMap
 metadata: {name: gw-options, namespace: infra}
