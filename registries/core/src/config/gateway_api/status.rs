@@ -125,7 +125,11 @@ impl ObjectStatus {
                 let message = c["message"].as_str().unwrap_or_default();
                 let frontend = matches!(
                     c["reason"].as_str(),
-                    Some("NoValidCACertificate" | "InvalidCACertificateRef" | "InvalidCACertificateKind")
+                    Some(
+                        "NoValidCACertificate"
+                            | "InvalidCACertificateRef"
+                            | "InvalidCACertificateKind"
+                    )
                 ) || message.starts_with("caCertificateRef ")
                     || message.starts_with("spec.tls.frontend");
                 let field = if frontend {

@@ -824,7 +824,10 @@ fn frontend_validation(
     grants: &[Obj<ReferenceGrantSpec>],
     inputs: &Inputs,
 ) -> Option<Frontend> {
-    if l.tls.as_ref().is_some_and(|t| t.frontend_validation.is_some()) {
+    if l.tls
+        .as_ref()
+        .is_some_and(|t| t.frontend_validation.is_some())
+    {
         return Some(Frontend::NotServed(format!(
             "tls.frontendValidation of listener {:?}: client certificate validation is not supported by meshfed; the listener is not served",
             l.name
@@ -854,11 +857,14 @@ fn frontend_validation(
         }
         let core = matches!(group, "" | "core");
         match kind {
-            "ConfigMap" if core => match inputs.config_maps.map(|m| m.get(&format!("{ns}/{name}"))) {
+            "ConfigMap" if core => match inputs.config_maps.map(|m| m.get(&format!("{ns}/{name}")))
+            {
                 Some(None) => {
                     return Some(Frontend::Invalid(
                         "InvalidCACertificateRef",
-                        format!("invalid CA certificate reference {reference}, configmap {ns}/{name} not found"),
+                        format!(
+                            "invalid CA certificate reference {reference}, configmap {ns}/{name} not found"
+                        ),
                     ));
                 }
                 Some(Some(data)) if !data.contains_key("ca.crt") => {
@@ -873,7 +879,9 @@ fn frontend_validation(
             _ => {
                 return Some(Frontend::Invalid(
                     "InvalidCACertificateKind",
-                    format!("invalid CA certificate reference {reference}, only secret and configmap are allowed"),
+                    format!(
+                        "invalid CA certificate reference {reference}, only secret and configmap are allowed"
+                    ),
                 ));
             }
         }

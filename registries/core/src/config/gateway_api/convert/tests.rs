@@ -343,6 +343,12 @@ spec:
     assert_eq!(s.status["conditions"][1]["type"], "AttachedListenerSets");
     assert_eq!(s.status["conditions"][1]["status"], "False");
     let fields: Vec<String> = s.findings().into_iter().map(|(f, _)| f).collect();
-    assert!(fields.contains(&"spec.allowedListeners".to_string()), "{fields:?}");
-    assert!(fields.contains(&"spec.backendTLS".to_string()), "{fields:?}");
+    assert!(
+        fields.contains(&"spec.allowedListeners".to_string()),
+        "{fields:?}"
+    );
+    assert!(
+        fields.contains(&"spec.backendTLS".to_string()),
+        "{fields:?}"
+    );
 }
