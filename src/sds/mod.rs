@@ -7,6 +7,9 @@
 //!   remote cluster through the multicluster controller) and the config cluster, and
 //!   `kind: Secret` objects of the config directory
 //!   ([`meshfed_registry::config::secret`], read from the [`FileConfigStore`]).
+//!   `configmap://` CAs come from ConfigMaps: in the config cluster only, each followed
+//!   by name ([`meshfed_kube::follow_config_map`]), and `kind: ConfigMap` objects of
+//!   the config directory; their `cacert` or `ca.crt` key is the CA, as a Secret's.
 //! - Authorization: [`Sds::prepare`] runs before each SDS answer or push; it asks the
 //!   API server (`SubjectAccessReview`, cached 5 min when allowed, 1 min when denied)
 //!   whether the proxy's service account may list the Secrets of its namespace, and
@@ -16,7 +19,8 @@
 //! - Formats: [`format`]; a Secret that is not sendable is skipped, warned about once
 //!   and shown in `/debug/sdsz`.
 //! - Pushes: a change of Secret `ns/name` is a push request naming it
-//!   ([`ConfigKind::Secret`]); [`crate::xds::deps`] confines it to SDS and
+//!   ([`ConfigKind::Secret`]; a followed CA ConfigMap's change is announced the same
+//!   way, under its namespace and name); [`crate::xds::deps`] confines it to SDS and
 //!   [`Sds::wants`] to the connections that requested it or its `-cacert` twin.
 
 pub mod format;
@@ -30,7 +34,7 @@ use std::time::{Duration, Instant, SystemTime};
 use envoy_types::pb::envoy::config::core::v3::{DataSource, data_source};
 use envoy_types::pb::envoy::extensions::transport_sockets::tls::v3 as tls;
 use futures::StreamExt;
-use meshfed_kube::{SecretData, SecretUpdate};
+use meshfed_kube::{ConfigMapUpdate, SecretData, SecretUpdate};
 use meshfed_registry::config::FileConfigStore;
 use meshfed_registry::{ClusterId, ConfigKey, ConfigKind, PushRequest, TriggerReason, UpdateSink};
 use prometheus_client::metrics::counter::Counter;
@@ -70,9 +74,34 @@ impl fmt::Display for Source {
     }
 }
 
-/// One Secret of one source.
+/// Which kind of object holds a credential.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Holder {
+    Secret,
+    /// A CA-only ConfigMap (`configmap://`).
+    ConfigMap,
+}
+
+impl Holder {
+    fn of(scheme: Scheme) -> Holder {
+        match scheme {
+            Scheme::ConfigMap => Holder::ConfigMap,
+            Scheme::Kubernetes | Scheme::KubernetesGateway => Holder::Secret,
+        }
+    }
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Holder::Secret => "Secret",
+            Holder::ConfigMap => "ConfigMap",
+        }
+    }
+}
+
+/// One Secret (or CA ConfigMap) of one source.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct SecretKey {
+    pub holder: Holder,
     pub source: Source,
     pub namespace: String,
     pub name: String,
@@ -80,7 +109,14 @@ pub struct SecretKey {
 
 impl fmt::Display for SecretKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.source)
+        write!(
+            f,
+            "{} {}/{} ({})",
+            self.holder.as_str(),
+            self.namespace,
+            self.name,
+            self.source
+        )
     }
 }
 
@@ -112,11 +148,15 @@ pub enum ServeError {
     /// Not a name istiod serves.
     #[error(transparent)]
     Name(#[from] name::NameError),
-    /// No source has the Secret.
-    #[error("Secret {namespace}/{names} not found")]
-    NotFound { namespace: String, names: String },
-    /// The Secret's content cannot be served.
-    #[error("Secret {key}: {error}")]
+    /// No source has the Secret (or ConfigMap: `holder`).
+    #[error("{holder} {namespace}/{names} not found")]
+    NotFound {
+        holder: &'static str,
+        namespace: String,
+        names: String,
+    },
+    /// The Secret's (or ConfigMap's) content cannot be served.
+    #[error("{key}: {error}")]
     Format {
         key: SecretKey,
         error: format::FormatError,
@@ -349,6 +389,7 @@ impl Sds {
             for cluster in self.clusters(name.scheme, proxy) {
                 for candidate in name.candidates() {
                     let key = SecretKey {
+                        holder: Holder::of(name.scheme),
                         source: Source::Cluster(cluster.clone()),
                         namespace: name.namespace.clone(),
                         name: candidate,
@@ -403,8 +444,19 @@ impl Sds {
         if followed.followed.contains_key(&key) {
             return;
         }
-        debug!(secret = %key, "SDS: following Secret");
-        let updates = meshfed_kube::follow_secret(client, &key.namespace, &key.name);
+        debug!(secret = %key, "SDS: following");
+        let updates = match key.holder {
+            Holder::Secret => {
+                meshfed_kube::follow_secret(client, &key.namespace, &key.name).boxed()
+            }
+            Holder::ConfigMap => meshfed_kube::follow_config_map(client, &key.namespace, &key.name)
+                .map(|update| match update {
+                    ConfigMapUpdate::Data(data) => SecretUpdate::Present(config_map_data(&data)),
+                    ConfigMapUpdate::Absent => SecretUpdate::Absent,
+                    ConfigMapUpdate::Error(error) => SecretUpdate::Error(error),
+                })
+                .boxed(),
+        };
         let mut shutdown = self.shutdown.clone();
         let state = self.state.clone();
         let sink = self.sink.clone();
@@ -418,7 +470,7 @@ impl Sds {
                     SecretUpdate::Present(data) => Some(data),
                     SecretUpdate::Absent => None,
                     SecretUpdate::Error(error) => {
-                        debug!(secret = %key, %error, "SDS: Secret watch error; retrying");
+                        debug!(secret = %key, %error, "SDS: watch error; retrying");
                         continue;
                     }
                 };
@@ -479,6 +531,9 @@ impl Sds {
                 }
             }
             Scheme::KubernetesGateway => Err(Refusal::NotReferenced),
+            // A CA is public; the ConfigMap is the server's, in another namespace than
+            // the client's as a rule (istiod allows every ConfigMap alike).
+            Scheme::ConfigMap => Ok(()),
         }
     }
 
@@ -627,17 +682,23 @@ impl Sds {
             'search: for source in &sources {
                 for candidate in name.candidates() {
                     let key = SecretKey {
+                        holder: Holder::of(name.scheme),
                         source: source.clone(),
                         namespace: name.namespace.clone(),
                         name: candidate,
                     };
-                    let data = match &key.source {
-                        Source::ConfigDir => self
+                    let data = match (&key.source, key.holder) {
+                        (Source::ConfigDir, Holder::Secret) => self
                             .config_dir
                             .as_ref()
                             .and_then(|d| d.secret(&key.namespace, &key.name))
                             .map(|s| Arc::new(s.content.clone())),
-                        Source::Cluster(_) => state.secrets.get(&key).cloned(),
+                        (Source::ConfigDir, Holder::ConfigMap) => self
+                            .config_dir
+                            .as_ref()
+                            .and_then(|d| d.config_map(&key.namespace, &key.name))
+                            .map(|data| Arc::new(config_map_data(&data))),
+                        (Source::Cluster(_), _) => state.secrets.get(&key).cloned(),
                     };
                     // istiod never reads these types (the Kubernetes watch filters
                     // them out already).
@@ -657,6 +718,7 @@ impl Sds {
                 None if pending => return Ok(None),
                 None => {
                     return Err(ServeError::NotFound {
+                        holder: Holder::of(name.scheme).as_str(),
                         namespace: name.namespace.clone(),
                         names: name.candidates().join(" or "),
                     });
@@ -701,7 +763,7 @@ impl Sds {
                 state.errors.insert(key.clone(), reason.clone());
                 drop(state);
                 if fresh {
-                    warn!(namespace = %key.namespace, name = %key.name, source = %key.source, reason = %reason, "SDS: Secret cannot be served; not sent");
+                    warn!(kind = key.holder.as_str(), namespace = %key.namespace, name = %key.name, source = %key.source, reason = %reason, "SDS: credential cannot be served; not sent");
                 }
                 Err(ServeError::Format { key, error: err })
             }
@@ -727,7 +789,7 @@ impl Sds {
             .errors
             .iter()
             .map(|(k, e)| {
-                json!({"source": k.source.to_string(), "namespace": k.namespace, "name": k.name, "error": e})
+                json!({"kind": k.holder.as_str(), "source": k.source.to_string(), "namespace": k.namespace, "name": k.name, "error": e})
             })
             .collect();
         let followed: Vec<Value> = state
@@ -735,6 +797,7 @@ impl Sds {
             .iter()
             .map(|(k, followed)| {
                 json!({
+                    "kind": k.holder.as_str(),
                     "source": k.source.to_string(),
                     "namespace": k.namespace,
                     "name": k.name,
@@ -819,6 +882,7 @@ impl Sds {
             }
             for cluster in self.clusters(Scheme::Kubernetes, proxy) {
                 let key = SecretKey {
+                    holder: Holder::Secret,
                     source: Source::Cluster(cluster),
                     namespace: secret_namespace.clone(),
                     name: name.clone(),
@@ -911,6 +975,7 @@ impl Sds {
         let mut pending = false;
         let found = sources.into_iter().find_map(|source| {
             let key = SecretKey {
+                holder: Holder::Secret,
                 source,
                 namespace: namespace.to_string(),
                 name: name.to_string(),
@@ -970,12 +1035,23 @@ fn unfollow_unwanted(state: &mut State) {
         .cloned()
         .collect();
     for key in unwanted {
-        debug!(secret = %key, "SDS: no longer following Secret");
+        debug!(secret = %key, "SDS: no longer following");
         if let Some(followed) = state.followed.remove(&key) {
             followed.task.abort();
         }
         state.secrets.remove(&key);
         state.errors.remove(&key);
+    }
+}
+
+/// A ConfigMap's data as a Secret's (the CA keys are the same).
+fn config_map_data(data: &BTreeMap<String, String>) -> SecretData {
+    SecretData {
+        secret_type: String::new(),
+        data: data
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_bytes().to_vec()))
+            .collect(),
     }
 }
 

@@ -1,12 +1,14 @@
 //! SDS resource names istiod serves (reference §2): `kubernetes://name`,
 //! `kubernetes://ns/name` and `kubernetes-gateway://ns/name`, each with an optional
-//! `-cacert` suffix asking for the CA only.
+//! `-cacert` suffix asking for the CA only, and `configmap://ns/name` (a CA read from
+//! a ConfigMap's `cacert` or `ca.crt` key; a `-cacert` suffix is dropped).
 
 /// The suffix of a CA-only request.
 pub const CA_SUFFIX: &str = "-cacert";
 
 const KUBERNETES: &str = "kubernetes://";
 const KUBERNETES_GATEWAY: &str = "kubernetes-gateway://";
+const CONFIG_MAP: &str = "configmap://";
 
 /// Which scheme a name used.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -17,6 +19,10 @@ pub enum Scheme {
     /// `kubernetes-gateway://`: namespace required; the config cluster; allowed only
     /// when a Gateway of the proxy references it.
     KubernetesGateway,
+    /// `configmap://`: a CA from a ConfigMap; namespace required; the config cluster;
+    /// any proxy with a verified identity may read it (a CA is public, and the
+    /// ConfigMap is usually in the namespace of the server, not of the client).
+    ConfigMap,
 }
 
 /// A parsed resource name.
@@ -25,9 +31,9 @@ pub struct SecretName {
     pub scheme: Scheme,
     /// The Secret's namespace.
     pub namespace: String,
-    /// The Secret's name without the `-cacert` suffix.
+    /// The Secret's (or ConfigMap's) name without the `-cacert` suffix.
     pub name: String,
-    /// Only the CA is asked for (the name ended in `-cacert`).
+    /// Only the CA is asked for (the name ended in `-cacert`, or a ConfigMap).
     pub ca_only: bool,
 }
 
@@ -37,14 +43,14 @@ pub enum NameError {
     /// Not a scheme istiod serves over ADS (`default`, `ROOTCA`, `file-cert:` come
     /// from the proxy's own agent).
     #[error(
-        "unsupported SDS resource name {0:?} (expected kubernetes:// or kubernetes-gateway://)"
+        "unsupported SDS resource name {0:?} (expected kubernetes://, kubernetes-gateway:// or configmap://)"
     )]
     Scheme(String),
     /// The part after the scheme is not `name` or `ns/name`.
     #[error("malformed SDS resource name {0:?} (expected <scheme>[<namespace>/]<name>)")]
     Malformed(String),
-    /// `kubernetes-gateway://` without a namespace.
-    #[error("SDS resource name {0:?} needs a namespace (kubernetes-gateway://<namespace>/<name>)")]
+    /// `kubernetes-gateway://` or `configmap://` without a namespace.
+    #[error("SDS resource name {0:?} needs a namespace (<scheme><namespace>/<name>)")]
     NoNamespace(String),
 }
 
@@ -56,6 +62,8 @@ impl SecretName {
             (Scheme::Kubernetes, rest)
         } else if let Some(rest) = resource.strip_prefix(KUBERNETES_GATEWAY) {
             (Scheme::KubernetesGateway, rest)
+        } else if let Some(rest) = resource.strip_prefix(CONFIG_MAP) {
+            (Scheme::ConfigMap, rest)
         } else {
             return Err(NameError::Scheme(resource.to_string()));
         };
@@ -67,7 +75,7 @@ impl SecretName {
         };
         let (name, ca_only) = match name.strip_suffix(CA_SUFFIX) {
             Some(base) => (base, true),
-            None => (name, false),
+            None => (name, scheme == Scheme::ConfigMap),
         };
         if name.is_empty() || namespace.is_empty() {
             return Err(NameError::Malformed(resource.to_string()));
@@ -81,9 +89,9 @@ impl SecretName {
     }
 
     /// The Secrets to read, in order: for a CA-only request the one literally named
-    /// `<name>-cacert`, then `<name>`; else `<name>`.
+    /// `<name>-cacert`, then `<name>`; else `<name>`. A ConfigMap: `<name>`.
     pub fn candidates(&self) -> Vec<String> {
-        if self.ca_only {
+        if self.ca_only && self.scheme != Scheme::ConfigMap {
             vec![format!("{}{CA_SUFFIX}", self.name), self.name.clone()]
         } else {
             vec![self.name.clone()]
@@ -155,14 +163,30 @@ mod tests {
     }
 
     #[test]
+    fn config_map_names_need_a_namespace_and_always_ask_for_a_ca() {
+        for resource in ["configmap://ns/root", "configmap://ns/root-cacert"] {
+            let n = parse(resource).unwrap();
+            assert_eq!(
+                (n.scheme, n.namespace.as_str(), n.name.as_str(), n.ca_only),
+                (Scheme::ConfigMap, "ns", "root", true),
+                "{resource}"
+            );
+            assert_eq!(n.candidates(), vec!["root"]);
+            assert!(n.reads("ns", "root") && !n.reads("proxy-ns", "root"));
+        }
+        assert!(matches!(
+            parse("configmap://root"),
+            Err(NameError::NoNamespace(_))
+        ));
+        assert!(matches!(
+            parse("configmap:///root"),
+            Err(NameError::Malformed(_))
+        ));
+    }
+
+    #[test]
     fn other_and_malformed_names_are_errors() {
-        for name in [
-            "default",
-            "ROOTCA",
-            "file-cert:a~b",
-            "configmap://ns/x",
-            "sds://x",
-        ] {
+        for name in ["default", "ROOTCA", "file-cert:a~b", "sds://x"] {
             assert!(matches!(parse(name), Err(NameError::Scheme(_))), "{name}");
         }
         for name in [

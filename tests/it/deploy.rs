@@ -609,7 +609,9 @@ const GRANTS: &[(&str, &str, &str, &[&str])] = &[
         "subjectaccessreviews",
         &["create"],
     ),
-    // registries/kube/src/root_cert.rs: istio-ca-root-cert in every namespace.
+    // registries/kube/src/root_cert.rs: istio-ca-root-cert in every namespace;
+    // crd/writer.rs: the ConfigMaps Gateway API objects reference, and src/sds: the
+    // `configmap://` CAs, each followed by name (list and watch).
     (
         "ClusterRole",
         "",

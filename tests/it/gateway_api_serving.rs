@@ -336,3 +336,90 @@ async fn a_backend_tls_policy_originates_tls_on_the_port_it_names() {
         "port 80 is not named by the policy"
     );
 }
+
+/// In Kubernetes (deploy/rbac.yaml enforced), the ConfigMap a BackendTLSPolicy names
+/// as its CA is followed by name: missing, the policy's status says so as istiod's
+/// does and the credential fails closed (`invalid://`); created later, it is picked
+/// up and the policy points at it (`configmap://`, served over SDS).
+#[tokio::test]
+async fn a_kubernetes_ca_config_map_created_later_is_picked_up() {
+    use meshfed::app::{KubeSettings, KubeSource};
+    use meshfed_kube::fake_api::{CustomResource, objects};
+
+    let api = EnforcedApi::start().await;
+    api.apply(&objects::namespace("istio-system", &[]));
+    api.apply(&objects::namespace("apps", &[]));
+    api.install_crds(CustomResource::istio(&["v1"]));
+    api.install_crd(CustomResource::new(
+        "gateway.networking.k8s.io",
+        "BackendTLSPolicy",
+        "backendtlspolicies",
+        &["v1"],
+    ));
+    api.apply(&objects::service(
+        "apps",
+        "web",
+        "10.96.0.30",
+        &[("https", 443)],
+    ));
+    api.apply_custom(&serde_json::json!({
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "BackendTLSPolicy",
+        "metadata": {"name": "web-tls", "namespace": "apps"},
+        "spec": {
+            "targetRefs": [{"group": "", "kind": "Service", "name": "web"}],
+            "validation": {
+                "caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": "web-ca"}],
+                "hostname": "web.example.com",
+            },
+        },
+    }));
+    let client = api.client();
+    let server = FakeServer::builder()
+        .configure(move |c| {
+            c.kubernetes = Some(KubeSettings {
+                source: KubeSource::Client(client),
+                namespaces: meshfed_kube::NamespaceFilter::All,
+                system_namespace: "istio-system".into(),
+                remote_secrets: Default::default(),
+            });
+        })
+        .start()
+        .await
+        .unwrap();
+    let http = server.bound().http;
+    let credential = |configz: &Value| {
+        configz["gatewayApi"]["generated"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|o| o["kind"] == "DestinationRule")
+            .map(|o| o["spec"]["trafficPolicy"]["tls"]["credentialName"].clone())
+    };
+    let configz = eventually("the policy translated", || async move {
+        let c = get_json(http, "/debug/configz").await;
+        credential(&c).is_some().then_some(c)
+    })
+    .await;
+    assert_eq!(credential(&configz).unwrap(), "invalid://");
+    let problems = configz["gatewayApi"]["problems"].to_string();
+    assert!(
+        problems.contains(
+            "Certificate reference invalid: reference apps/web-ca (of kind ConfigMap) not found"
+        ),
+        "{problems}"
+    );
+
+    api.apply(&objects::config_map(
+        "apps",
+        "web-ca",
+        &[("ca.crt", "-----BEGIN CERTIFICATE-----")],
+    ));
+    let configz = eventually("the ConfigMap picked up", || async move {
+        let c = get_json(http, "/debug/configz").await;
+        (credential(&c)? == "configmap://apps/web-ca").then_some(c)
+    })
+    .await;
+    assert_eq!(configz["gatewayApi"]["problems"], serde_json::json!([]));
+    server.shutdown().await;
+}

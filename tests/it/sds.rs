@@ -781,3 +781,160 @@ async fn secrets_no_longer_requested_are_no_longer_followed() {
     .await;
     mesh.server.shutdown().await;
 }
+
+fn validation_of(secret: &Secret) -> (&[u8], Option<&[u8]>) {
+    match &secret.r#type {
+        Some(secret::Type::ValidationContext(v)) => (
+            bytes(&v.trusted_ca),
+            v.crl.as_ref().map(|c| match c.specifier.as_ref() {
+                Some(data_source::Specifier::InlineBytes(b)) => &b[..],
+                other => panic!("not inline bytes: {other:?}"),
+            }),
+        ),
+        other => panic!("{}: not a validation context: {other:?}", secret.name),
+    }
+}
+
+/// `configmap://<ns>/<name>` (a BackendTLSPolicy's CA, or a DestinationRule's
+/// `credentialName`): the CA of a ConfigMap of the config cluster, in any namespace,
+/// to any proxy with an identity and without a review; followed by name, and pushed
+/// when it changes.
+#[tokio::test]
+async fn config_map_cas_are_served_from_any_namespace_and_follow_their_changes() {
+    let mesh = mesh(true, None).await;
+    let (ca, _) = cert("ca.example.com");
+    let ca = String::from_utf8(ca).unwrap();
+    mesh.api()
+        .apply(&objects::config_map("apps", "web-ca", &[("ca.crt", &ca)]));
+    mesh.api().apply(&objects::config_map(
+        "apps",
+        "generic-ca",
+        &[("cacert", &ca), ("crl", "CRL")],
+    ));
+    mesh.api()
+        .apply(&objects::config_map("apps", "no-ca", &[("other", "x")]));
+    let mut gw = mesh.gateway("gw-1").await;
+    gw.subscribe(
+        TypeUrl::Secret,
+        &[
+            "configmap://apps/web-ca-cacert",
+            "configmap://apps/generic-ca",
+            "configmap://apps/no-ca-cacert",
+            "configmap://apps/missing-cacert",
+            "configmap://no-namespace",
+        ],
+    )
+    .await
+    .unwrap();
+    let secrets = recv_secrets(&mut gw, |s| s.len() == 2).await;
+    assert_eq!(
+        names(&secrets),
+        [
+            "configmap://apps/generic-ca",
+            "configmap://apps/web-ca-cacert"
+        ]
+    );
+    for s in &secrets {
+        let crl = (s.name == "configmap://apps/generic-ca").then_some(&b"CRL"[..]);
+        assert_eq!(validation_of(s), (ca.as_bytes(), crl), "{}", s.name);
+    }
+    // Not a Secret: no review is asked for.
+    assert!(mesh.api().access_reviews().is_empty());
+    let sdsz = mesh.sdsz().await;
+    let conn = sdsz["proxies"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
+    let errors = &conn["errors"];
+    assert!(
+        errors["configmap://apps/missing-cacert"]
+            .as_str()
+            .unwrap()
+            .contains("ConfigMap apps/missing not found"),
+        "{sdsz}"
+    );
+    assert!(
+        errors["configmap://apps/no-ca-cacert"]
+            .as_str()
+            .unwrap()
+            .contains("ca.crt"),
+        "{sdsz}"
+    );
+    assert!(
+        errors["configmap://no-namespace"]
+            .as_str()
+            .unwrap()
+            .contains("needs a namespace"),
+        "{sdsz}"
+    );
+    // Only the ConfigMaps asked for are followed, each by name.
+    let mut followed = followed(&mesh).await;
+    followed.sort();
+    assert_eq!(followed, ["generic-ca", "missing", "no-ca", "web-ca"]);
+    // A change is pushed; a ConfigMap created later is picked up.
+    let (ca2, _) = cert("ca2.example.com");
+    let ca2 = String::from_utf8(ca2).unwrap();
+    mesh.api()
+        .apply(&objects::config_map("apps", "web-ca", &[("ca.crt", &ca2)]));
+    mesh.api()
+        .apply(&objects::config_map("apps", "missing", &[("ca.crt", &ca2)]));
+    let secrets = recv_secrets(&mut gw, |s| {
+        s.iter()
+            .filter(|s| validation_of(s).0 == ca2.as_bytes())
+            .count()
+            == 2
+    })
+    .await;
+    assert_eq!(
+        names(&secrets),
+        [
+            "configmap://apps/generic-ca",
+            "configmap://apps/missing-cacert",
+            "configmap://apps/web-ca-cacert"
+        ]
+    );
+    mesh.server.shutdown().await;
+}
+
+#[tokio::test]
+async fn config_dir_config_map_cas_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, _) = cert("ca.example.com");
+    let indented: String = String::from_utf8(ca.clone())
+        .unwrap()
+        .lines()
+        .map(|l| format!("    {l}\n"))
+        .collect();
+    std::fs::write(
+        dir.path().join("ca.yaml"),
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-ca\n  namespace: apps\ndata:\n  ca.crt: |\n{indented}"),
+    )
+    .unwrap();
+    let mesh = mesh(false, Some(dir.path().to_path_buf())).await;
+    let mut gw = mesh.gateway("gw-1").await;
+    gw.subscribe(TypeUrl::Secret, &["configmap://apps/web-ca-cacert"])
+        .await
+        .unwrap();
+    let secrets = recv_secrets(&mut gw, |s| !s.is_empty()).await;
+    assert_eq!(names(&secrets), ["configmap://apps/web-ca-cacert"]);
+    assert_eq!(validation_of(&secrets[0]), (&ca[..], None));
+    // An edit of the file is pushed.
+    let (ca2, _) = cert("ca2.example.com");
+    let indented: String = String::from_utf8(ca2.clone())
+        .unwrap()
+        .lines()
+        .map(|l| format!("    {l}\n"))
+        .collect();
+    std::fs::write(
+        dir.path().join("ca.yaml"),
+        format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: web-ca\n  namespace: apps\ndata:\n  ca.crt: |\n{indented}"),
+    )
+    .unwrap();
+    recv_secrets(&mut gw, |s| {
+        s.len() == 1 && validation_of(&s[0]).0 == &ca2[..]
+    })
+    .await;
+    mesh.server.shutdown().await;
+}

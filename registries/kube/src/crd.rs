@@ -188,6 +188,9 @@ struct StoreState {
     /// Namespace labels, once the Namespaces are listed (watched when label selectors
     /// pick the namespaces or the Gateway API is served).
     namespaces: Option<meshfed_registry::config::NamespaceLabels>,
+    /// The ConfigMaps the Gateway API objects reference that exist, once the writer
+    /// follows them (see [`writer`]).
+    config_maps: Option<meshfed_registry::config::ConfigMaps>,
 }
 
 impl Published for StoreState {
@@ -364,6 +367,10 @@ impl ConfigStore for KubeConfigStore {
 
     fn namespace_labels(&self) -> Option<meshfed_registry::config::NamespaceLabels> {
         self.read().namespaces.clone()
+    }
+
+    fn config_maps(&self) -> Option<meshfed_registry::config::ConfigMaps> {
+        self.read().config_maps.clone()
     }
 }
 

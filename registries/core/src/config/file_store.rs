@@ -191,6 +191,14 @@ impl FileConfigStore {
             .cloned()
     }
 
+    /// The data of ConfigMap `namespace/name` of the directory, if there is one.
+    pub fn config_map(&self, namespace: &str, name: &str) -> Option<BTreeMap<String, String>> {
+        self.read()
+            .config_maps
+            .get(&format!("{namespace}/{name}"))
+            .cloned()
+    }
+
     /// Every Secret of the directory, by namespace and name.
     pub fn secrets(&self) -> Vec<Arc<SecretObject>> {
         self.read().secrets.values().cloned().collect()
@@ -413,7 +421,13 @@ impl Reloader {
         let (keys, secrets_changed) = {
             let mut state = self.store.write();
             let mut keys = changed_keys(&state.objects, &objects);
-            let secrets_changed = changed_secrets(&state.secrets, &assembly.secrets);
+            let mut secrets_changed = changed_secrets(&state.secrets, &assembly.secrets);
+            // A ConfigMap can be a CA served over SDS (`configmap://`): its change is
+            // announced as a credential's.
+            secrets_changed.extend(changed_config_maps(
+                &state.config_maps,
+                &assembly.config_maps,
+            ));
             if state.namespaces != assembly.namespaces || state.config_maps != assembly.config_maps
             {
                 // The Gateway API objects read namespace labels and ConfigMaps:
@@ -485,6 +499,20 @@ fn changed_secrets(
     let keys: BTreeSet<&(String, String)> = before.keys().chain(after.keys()).collect();
     keys.into_iter()
         .filter(|k| before.get(*k).map(|s| &s.content) != after.get(*k).map(|s| &s.content))
+        .map(|(namespace, name)| ConfigKey::new(ConfigKind::Secret, name, namespace))
+        .collect()
+}
+
+/// The ConfigMaps added, changed or removed between two reads, as credential push
+/// keys.
+fn changed_config_maps(
+    before: &crate::config::ConfigMaps,
+    after: &crate::config::ConfigMaps,
+) -> Vec<ConfigKey> {
+    let keys: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    keys.into_iter()
+        .filter(|k| before.get(*k) != after.get(*k))
+        .filter_map(|k| k.split_once('/'))
         .map(|(namespace, name)| ConfigKey::new(ConfigKind::Secret, name, namespace))
         .collect()
 }

@@ -1,5 +1,11 @@
 //! The writer of a [`KubeConfigStore`]: discovery, one watcher per served kind (and
 //! Namespaces for label selectors), conversion, and what gets published and announced.
+//!
+//! The ConfigMaps the Gateway API translation reads (BackendTLSPolicy CAs, Gateway
+//! `parametersRef`s: [`config_map_refs`]) are followed by name, each with its own
+//! watch, while something references them: a missing one is reported as istiod reports
+//! it, one created later is picked up, and the store is not synced before the
+//! ConfigMaps its first lists reference are listed too.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
@@ -7,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::stream::{BoxStream, SelectAll, StreamExt};
+use futures::stream::{AbortHandle, BoxStream, SelectAll, StreamExt};
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
@@ -15,6 +21,7 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 
+use meshfed_registry::config::gateway_api::convert::config_map_refs;
 use meshfed_registry::config::store::Objects;
 use meshfed_registry::config::{
     ConfigObject, Decoded, FieldError, FieldPath, Kind, ObjectId, RejectedConfig, decode, validate,
@@ -24,12 +31,15 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use super::{KubeConfigStore, Served, discover, index, plural};
+use crate::config_map::{ConfigMapUpdate, follow_config_map};
 use crate::registry::EventType;
 
 /// One item from any watcher (boxed: objects can be large).
 enum Incoming {
     Config(Kind, Box<watcher::Result<Event<DynamicObject>>>),
     Namespace(Box<watcher::Result<Event<Namespace>>>),
+    /// A followed ConfigMap (namespace, name).
+    ConfigMap(String, String, ConfigMapUpdate),
 }
 
 fn watch_kind(client: &kube::Client, kind: Kind, version: &str) -> BoxStream<'static, Incoming> {
@@ -92,10 +102,11 @@ pub async fn run_kube_config(
     };
 
     let mut incoming: SelectAll<BoxStream<'static, Incoming>> = SelectAll::new();
-    let mut writer = Writer::new(store.clone());
+    let mut writer = Writer::new(store.clone(), client.clone());
     writer.start_watches(&client, served, &mut incoming, true);
     writer.watch_namespaces(&client, &mut incoming);
     writer.flush();
+    incoming.extend(writer.started.drain(..));
 
     let mut rediscover = tokio::time::interval(store.inner.config.rediscover_every);
     rediscover.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -112,11 +123,17 @@ pub async fn run_kube_config(
                     Err(err) => debug!(%cluster, "config store: rediscovery failed: {err}"),
                 }
             }
-            item = incoming.next(), if !incoming.is_empty() => match item {
-                Some(Incoming::Config(kind, event)) => writer.on_config_event(kind, *event),
-                Some(Incoming::Namespace(event)) => writer.on_namespace_event(*event),
-                None => {}
-            },
+            item = incoming.next(), if !incoming.is_empty() => {
+                match item {
+                    Some(Incoming::Config(kind, event)) => writer.on_config_event(kind, *event),
+                    Some(Incoming::Namespace(event)) => writer.on_namespace_event(*event),
+                    Some(Incoming::ConfigMap(namespace, name, update)) => {
+                        writer.on_config_map(namespace, name, update);
+                    }
+                    None => {}
+                }
+                incoming.extend(writer.started.drain(..));
+            }
         }
     }
     debug!(%cluster, "config store: stopped");
@@ -161,10 +178,23 @@ struct Writer {
     /// Keys changed and not yet announced (held back until synced).
     pending: BTreeSet<ConfigKey>,
     synced: bool,
+    /// The client the ConfigMap watches use.
+    client: kube::Client,
+    /// A Gateway or BackendTLSPolicy changed since the ConfigMap references were
+    /// last computed.
+    refs_dirty: bool,
+    /// The followed ConfigMaps (namespace, name), each with what stops its watch.
+    followed_maps: BTreeMap<(String, String), AbortHandle>,
+    /// Followed ConfigMaps whose initial list is not in yet.
+    maps_pending: BTreeSet<(String, String)>,
+    /// The data of the followed ConfigMaps that exist, by `<namespace>/<name>`.
+    config_maps: BTreeMap<String, BTreeMap<String, String>>,
+    /// Watches started and not yet handed to the run loop.
+    started: Vec<BoxStream<'static, Incoming>>,
 }
 
 impl Writer {
-    fn new(store: KubeConfigStore) -> Writer {
+    fn new(store: KubeConfigStore, client: kube::Client) -> Writer {
         Writer {
             store,
             held: Objects::new(),
@@ -179,6 +209,12 @@ impl Writer {
             missing: BTreeSet::new(),
             pending: BTreeSet::new(),
             synced: false,
+            client,
+            refs_dirty: false,
+            followed_maps: BTreeMap::new(),
+            maps_pending: BTreeSet::new(),
+            config_maps: BTreeMap::new(),
+            started: Vec::new(),
         }
     }
 
@@ -372,6 +408,8 @@ impl Writer {
             },
         };
         let changed: BTreeSet<&str> = changed.iter().map(String::as_str).collect();
+        // The selected namespaces may have changed: so may the ConfigMaps to follow.
+        self.refs_dirty = true;
         self.store.write().namespaces = Some(
             self.namespace_labels
                 .iter()
@@ -458,6 +496,7 @@ impl Writer {
     /// when new) and leaves the last valid version in force.
     fn apply(&mut self, converted: Converted) {
         let Converted { id, outcome } = converted;
+        self.refs_dirty |= reads_config_maps(id.kind);
         let stats = &self.store.inner.stats;
         match outcome {
             Ok(object) => {
@@ -494,6 +533,7 @@ impl Writer {
 
     /// Forgets an object: its valid version and its rejection.
     fn remove(&mut self, id: &ObjectId) {
+        self.refs_dirty |= reads_config_maps(id.kind);
         if self.held.remove(id).is_some() {
             self.store.inner.stats.events[index(id.kind)][EventType::Delete as usize]
                 .fetch_add(1, Ordering::Relaxed);
@@ -553,8 +593,12 @@ impl Writer {
     /// Announces what changed: nothing before every initial list is in; at that point
     /// the store becomes synced and everything is announced; afterwards each change.
     fn flush(&mut self) {
+        self.follow_config_maps();
         if !self.synced {
-            if !(self.namespaces_listed && self.listed.iter().all(|l| *l)) {
+            if !(self.namespaces_listed
+                && self.listed.iter().all(|l| *l)
+                && self.maps_pending.is_empty())
+            {
                 return;
             }
             self.synced = true;
@@ -570,6 +614,104 @@ impl Writer {
             let keys = std::mem::take(&mut self.pending);
             self.store.inner.core.announce(keys);
         }
+    }
+}
+
+/// Whether objects of `kind` can reference ConfigMaps the translation reads.
+fn reads_config_maps(kind: Kind) -> bool {
+    matches!(kind, Kind::KubernetesGateway | Kind::BackendTLSPolicy)
+}
+
+impl Writer {
+    /// Follows the ConfigMaps the held objects reference and no longer follows the
+    /// others (after a Gateway or BackendTLSPolicy changed).
+    fn follow_config_maps(&mut self) {
+        if !std::mem::take(&mut self.refs_dirty) {
+            return;
+        }
+        // Only the objects the store publishes (in selected namespaces).
+        let wanted = config_map_refs(
+            self.held
+                .iter()
+                .filter(|(id, _)| self.selects(&id.namespace))
+                .map(|(_, o)| &**o),
+        );
+        let unwanted: Vec<(String, String)> = self
+            .followed_maps
+            .keys()
+            .filter(|k| !wanted.contains(*k))
+            .cloned()
+            .collect();
+        for key in unwanted {
+            debug!(cluster = %self.cluster(), namespace = %key.0, name = %key.1, "config store: no longer following ConfigMap");
+            if let Some(handle) = self.followed_maps.remove(&key) {
+                handle.abort();
+            }
+            self.maps_pending.remove(&key);
+            self.config_maps.remove(&format!("{}/{}", key.0, key.1));
+        }
+        for key in wanted {
+            if self.followed_maps.contains_key(&key) {
+                continue;
+            }
+            debug!(cluster = %self.cluster(), namespace = %key.0, name = %key.1, "config store: following ConfigMap");
+            let (namespace, name) = key.clone();
+            let (stream, handle) = futures::stream::abortable(follow_config_map(
+                self.client.clone(),
+                &namespace,
+                &name,
+            ));
+            self.started.push(
+                stream
+                    .map(move |update| Incoming::ConfigMap(namespace.clone(), name.clone(), update))
+                    .boxed(),
+            );
+            self.followed_maps.insert(key.clone(), handle);
+            self.maps_pending.insert(key);
+        }
+        self.publish_config_maps();
+    }
+
+    fn publish_config_maps(&self) {
+        self.store.write().config_maps = Some(self.config_maps.clone());
+    }
+
+    fn on_config_map(&mut self, namespace: String, name: String, update: ConfigMapUpdate) {
+        let key = (namespace, name);
+        if !self.followed_maps.contains_key(&key) {
+            return;
+        }
+        let path = format!("{}/{}", key.0, key.1);
+        let data = match update {
+            ConfigMapUpdate::Error(err) => {
+                warn!(cluster = %self.cluster(), configmap = %path, "config store: ConfigMap watch: {err}");
+                return;
+            }
+            ConfigMapUpdate::Data(data) => Some(data),
+            ConfigMapUpdate::Absent => None,
+        };
+        let first = self.maps_pending.remove(&key);
+        let changed = self.config_maps.get(&path) != data.as_ref();
+        match data {
+            Some(data) => self.config_maps.insert(path, data),
+            None => self.config_maps.remove(&path),
+        };
+        if !(first || changed) {
+            return;
+        }
+        self.publish_config_maps();
+        // The objects of that namespace that read ConfigMaps are translated again.
+        if changed {
+            let readers: Vec<ConfigKey> = self
+                .held
+                .keys()
+                .filter(|id| reads_config_maps(id.kind) && *id.namespace == *key.0)
+                .filter(|id| self.selects(&id.namespace))
+                .map(ObjectId::key)
+                .collect();
+            self.pending.extend(readers);
+        }
+        self.flush();
     }
 }
 

@@ -3,7 +3,7 @@
 //! condition's `observedGeneration` set and its `lastTransitionTime` kept from the
 //! object's current condition of that type while the condition's status is unchanged
 //! (else `now`). A route's `parents` entries and a policy's `ancestors` entries of
-//! other controllers stay as they are.
+//! other controllers stay as they are, first (as istiod orders them).
 
 use serde_json::{Map, Value, json};
 
@@ -56,13 +56,16 @@ pub fn merged_gateway_status(
                 now,
             );
         }
-        let others = current["parents"]
+        // Other controllers' entries kept first, as istiod merges them.
+        let mut merged: Vec<Value> = current["parents"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|o| o["controllerName"] != controller)
-            .cloned();
-        parents.extend(others);
+            .cloned()
+            .collect();
+        merged.append(parents);
+        *parents = merged;
     }
     // A policy's ancestors: ours (the gateway controller's and the mesh controller's)
     // stamped as above; other controllers' kept first, as istiod merges them.
@@ -163,7 +166,7 @@ mod tests {
     }
 
     #[test]
-    fn other_controllers_parents_stay() {
+    fn other_controllers_parents_stay_first() {
         let current = json!({"parents": [{"controllerName": "example.com/other", "parentRef": {"name": "x"}, "conditions": []}]});
         let next =
             merged_gateway_status(Some(&current), &route("True"), None, CONTROLLER, "t").unwrap();
@@ -173,7 +176,8 @@ mod tests {
             .iter()
             .map(|p| p["controllerName"].as_str().unwrap())
             .collect();
-        assert_eq!(names, [CONTROLLER, "example.com/other"]);
+        // Istio's `status` golden: other controllers' entries first, then ours.
+        assert_eq!(names, ["example.com/other", CONTROLLER]);
     }
     #[test]
     fn a_policys_ancestors_of_other_controllers_are_kept_first() {

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use meshfed_kube::fake_api::objects::{istio, namespace};
+use meshfed_kube::fake_api::objects::{config_map, istio, namespace};
 use meshfed_kube::fake_api::{CustomResource, FakeApiServer};
 use meshfed_kube::{EventType, KubeConfigStore, KubeConfigStoreConfig, NamespaceFilter};
 use meshfed_registry::config::{ConfigStore, Kind};
@@ -716,6 +716,74 @@ async fn namespace_labels_are_watched_once_the_gateway_api_is_served() {
         BTreeSet::from([key(Kind::HTTPRoute, "team-a", "web")]),
         "the route is translated again"
     );
+    s.stop().await;
+}
+
+/// The ConfigMaps a BackendTLSPolicy or a Gateway references are followed by name:
+/// known before the store is synced, absent ones left out (the translation reports
+/// them missing, as istiod), one created later picked up and its readers announced,
+/// one no longer referenced forgotten.
+#[tokio::test]
+async fn referenced_config_maps_are_followed_by_name() {
+    const GATEWAY_API: &str = "gateway.networking.k8s.io";
+    let api = with_istio_crds(&["v1"]).await;
+    api.install_crd(CustomResource::new(
+        GATEWAY_API,
+        "BackendTLSPolicy",
+        "backendtlspolicies",
+        &["v1"],
+    ));
+    api.apply(&config_map("apps", "web-ca", &[("ca.crt", "PEM")]));
+    api.apply(&config_map("apps", "unrelated", &[("x", "y")]));
+    let policy = |name: &str, ca: &str| {
+        json!({
+            "apiVersion": format!("{GATEWAY_API}/v1"),
+            "kind": "BackendTLSPolicy",
+            "metadata": {"name": name, "namespace": "apps"},
+            "spec": {
+                "targetRefs": [{"group": "", "kind": "Service", "name": "web"}],
+                "validation": {"caCertificateRefs": [{"group": "", "kind": "ConfigMap", "name": ca}], "hostname": "web"},
+            },
+        })
+    };
+    api.apply_custom(&policy("web-tls", "web-ca"));
+    api.apply_custom(&policy("pay-tls", "pay-ca"));
+    let mut s = Running::synced(api).await;
+    // Both references are listed before the store reports synced.
+    let known = |st: &KubeConfigStore| {
+        st.config_maps()
+            .map(|m| m.keys().cloned().collect::<Vec<_>>())
+    };
+    assert_eq!(known(&s.store), Some(vec!["apps/web-ca".to_string()]));
+    s.pushed();
+    // Created later: picked up, and the policy reading it is translated again.
+    s.api
+        .apply(&config_map("apps", "pay-ca", &[("ca.crt", "PEM")]));
+    s.until("pay-ca", |st| {
+        known(st).filter(|k| k.contains(&"apps/pay-ca".to_string()))
+    })
+    .await;
+    assert_eq!(
+        s.pushed(),
+        BTreeSet::from([
+            key(Kind::BackendTLSPolicy, "apps", "pay-tls"),
+            key(Kind::BackendTLSPolicy, "apps", "web-tls"),
+        ])
+    );
+    // A ConfigMap nothing references is never read.
+    assert!(!s.api.requests().iter().any(
+        |r| r.path.contains("/configmaps") && r.query.values().any(|v| v.contains("unrelated"))
+    ),);
+    // No longer referenced: forgotten.
+    s.api
+        .delete_custom(GATEWAY_API, "BackendTLSPolicy", "apps", "pay-tls");
+    s.until("pay-tls gone", |st| {
+        st.get(Kind::BackendTLSPolicy, "apps", "pay-tls")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(known(&s.store), Some(vec!["apps/web-ca".to_string()]));
     s.stop().await;
 }
 

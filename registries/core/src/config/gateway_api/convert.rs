@@ -19,7 +19,7 @@
 //!   VirtualService per route, parent and host (`<route>~tcp~<n>~...`).
 //! - The status of every object is computed as data ([`super::status`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -134,6 +134,67 @@ pub(crate) fn of_kind<'a, T: crate::config::KindSpec>(
     out.sort_by(|a, b| {
         (a.object.creation_time, a.ns(), a.name()).cmp(&(b.object.creation_time, b.ns(), b.name()))
     });
+    out
+}
+
+/// The ConfigMaps (namespace, name) the translation reads from `objects`: the first
+/// `caCertificateRefs` of each BackendTLSPolicy and each Gateway's
+/// `infrastructure.parametersRef`, when they are of kind ConfigMap (both in the
+/// object's namespace), and the ConfigMap `caCertificateRefs` of each Gateway's
+/// `spec.tls.frontend` (in the namespace they name). A store that cannot hold every
+/// ConfigMap follows these.
+pub fn config_map_refs<'a>(
+    objects: impl IntoIterator<Item = &'a ConfigObject>,
+) -> BTreeSet<(String, String)> {
+    let core = |group: &str, kind: &str| matches!(group, "" | "core") && kind == "ConfigMap";
+    let mut out = BTreeSet::new();
+    for o in objects {
+        if let Some(p) = o.spec.get::<BackendTlsPolicySpec>() {
+            if let Some(r) = p.validation.ca_certificate_refs.first()
+                && core(&r.group, &r.kind)
+            {
+                out.insert((o.namespace.clone(), r.name.clone()));
+            }
+        } else if let Some(g) = o.spec.get::<GatewaySpec>() {
+            if let Some(r) = g
+                .infrastructure
+                .as_ref()
+                .and_then(|i| i.parameters_ref.as_ref())
+                && r.group.is_empty()
+                && r.kind == "ConfigMap"
+            {
+                out.insert((o.namespace.clone(), r.name.clone()));
+            }
+            // `spec.tls.frontend` CAs (`default` and `perPort`), checked for the
+            // listeners' status.
+            let frontend = g.tls.as_ref().and_then(|t| t.get("frontend"));
+            let validations = frontend
+                .and_then(|f| f.get("default"))
+                .into_iter()
+                .chain(
+                    frontend
+                        .and_then(|f| f.get("perPort"))
+                        .and_then(serde_json::Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p.get("tls")),
+                )
+                .filter_map(|t| t.get("validation"));
+            for r in validations
+                .filter_map(|v| v.get("caCertificateRefs"))
+                .filter_map(serde_json::Value::as_array)
+                .flatten()
+            {
+                let field = |k: &str| r.get(k).and_then(serde_json::Value::as_str);
+                if core(field("group").unwrap_or(""), field("kind").unwrap_or(""))
+                    && let Some(name) = field("name")
+                {
+                    let ns = field("namespace").unwrap_or(&o.namespace);
+                    out.insert((ns.to_string(), name.to_string()));
+                }
+            }
+        }
+    }
     out
 }
 

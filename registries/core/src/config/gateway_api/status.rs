@@ -103,6 +103,8 @@ impl ObjectStatus {
         {
             let field = if c["reason"] == "InvalidParameters" {
                 "spec.infrastructure.parametersRef"
+            } else if c["type"] == "AttachedListenerSets" {
+                "spec.allowedListeners"
             } else {
                 "spec"
             };
@@ -120,7 +122,21 @@ impl ObjectStatus {
                 .flatten()
                 .filter(|c| bad(c))
             {
-                let field = if c["type"] == "ResolvedRefs" {
+                let message = c["message"].as_str().unwrap_or_default();
+                let frontend = matches!(
+                    c["reason"].as_str(),
+                    Some(
+                        "NoValidCACertificate"
+                            | "InvalidCACertificateRef"
+                            | "InvalidCACertificateKind"
+                    )
+                ) || message.starts_with("caCertificateRef ")
+                    || message.starts_with("spec.tls.frontend");
+                let field = if frontend {
+                    "spec.tls.frontend".to_string()
+                } else if message.starts_with("tls.frontendValidation") {
+                    format!("spec.listeners[{i}].tls.frontendValidation")
+                } else if c["type"] == "ResolvedRefs" {
                     format!("spec.listeners[{i}].tls.certificateRefs")
                 } else {
                     format!("spec.listeners[{i}]")
@@ -203,15 +219,47 @@ pub struct RouteParentStatus {
     pub bound: usize,
 }
 
-/// A route's status: one parent entry per parentRef.
+/// The `Accepted` failure message of a parentRef naming no Gateway this controller
+/// serves (none of that name, or one of another class). istiod leaves such a parent
+/// out of the route's status (it may be another controller's), so [`route_status`]
+/// reports it as a note only.
+pub const NO_GATEWAY: &str = "no Gateway of this controller's classes has that name";
+
+/// A route's status: one parent entry per parentRef, except a Gateway parentRef that
+/// names no Gateway of this controller (left out as istiod leaves it out, and noted
+/// for `meshfed validate` and `/debug/configz`).
 pub fn route_status(
     kind: Kind,
     object: &ConfigObject,
     controller: &str,
     parents: &[RouteParentStatus],
 ) -> ObjectStatus {
+    let unknown = |p: &RouteParentStatus| {
+        p.not_accepted
+            .as_ref()
+            .is_some_and(|(_, m)| m == NO_GATEWAY)
+    };
+    let notes: Vec<(String, String)> = parents
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| unknown(p))
+        .map(|(i, p)| {
+            (
+                format!("spec.parentRefs[{i}]"),
+                format!(
+                    "Gateway {}/{}: {} (the route does not attach there; no status is written for it)",
+                    p.parent_ref["namespace"]
+                        .as_str()
+                        .unwrap_or(&object.namespace),
+                    p.parent_ref["name"].as_str().unwrap_or_default(),
+                    NO_GATEWAY
+                ),
+            )
+        })
+        .collect();
     let parents: Vec<Value> = parents
         .iter()
+        .filter(|p| !unknown(p))
         .map(|p| {
             let accepted = match &p.not_accepted {
                 None if p.bound > 1 => Condition::ok(
@@ -254,5 +302,7 @@ pub fn route_status(
             field("port", ""),
         ))
     });
-    ObjectStatus::new(kind, object, json!({ "parents": parents }))
+    let mut status = ObjectStatus::new(kind, object, json!({ "parents": parents }));
+    status.notes = notes;
+    status
 }

@@ -88,7 +88,13 @@ pub struct GatewaySpec {
     pub infrastructure: Option<GatewayInfrastructure>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_listeners: Option<serde_json::Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Gateway API v1.3's `spec.backendTLS` (v1.4 moved it to `spec.tls.backend`):
+    /// accepted, reported as not read.
+    #[serde(
+        default,
+        rename = "backendTLS",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub backend_tls: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<serde_json::Value>,

@@ -27,7 +27,7 @@ pub fn validate_destination_rule(namespace: &str, dr: &net::DestinationRule) -> 
     let spec = FieldPath::spec();
     f.check(&spec.field("host"), validate_wildcard_domain(&dr.host));
     if let Some(policy) = &dr.traffic_policy {
-        validate_traffic_policy(&mut f, &spec.field("trafficPolicy"), policy);
+        validate_traffic_policy(&mut f, &spec.field("trafficPolicy"), namespace, policy);
     }
     let mut names = BTreeSet::new();
     for (i, subset) in dr.subsets.iter().enumerate() {
@@ -48,7 +48,7 @@ pub fn validate_destination_rule(namespace: &str, dr: &net::DestinationRule) -> 
         }
         validate_labels(&mut f, &at.field("labels"), &subset.labels);
         if let Some(policy) = &subset.traffic_policy {
-            validate_traffic_policy(&mut f, &at.field("trafficPolicy"), policy);
+            validate_traffic_policy(&mut f, &at.field("trafficPolicy"), namespace, policy);
         }
     }
     validate_export_to(
@@ -81,7 +81,12 @@ pub fn validate_destination_rule(namespace: &str, dr: &net::DestinationRule) -> 
     f.finish()
 }
 
-fn validate_traffic_policy(f: &mut Findings, at: &FieldPath, policy: &net::TrafficPolicy) {
+fn validate_traffic_policy(
+    f: &mut Findings,
+    at: &FieldPath,
+    namespace: &str,
+    policy: &net::TrafficPolicy,
+) {
     if policy.outlier_detection.is_none()
         && policy.connection_pool.is_none()
         && policy.load_balancer.is_none()
@@ -111,10 +116,15 @@ fn validate_traffic_policy(f: &mut Findings, at: &FieldPath, policy: &net::Traff
         );
     }
     if let Some(tls) = &policy.tls {
-        validate_client_tls(f, &at.field("tls"), tls);
+        validate_client_tls(f, &at.field("tls"), namespace, tls);
     }
     for (i, port_policy) in policy.port_level_settings.iter().enumerate() {
-        validate_port_traffic_policy(f, &at.field("portLevelSettings").index(i), port_policy);
+        validate_port_traffic_policy(
+            f,
+            &at.field("portLevelSettings").index(i),
+            namespace,
+            port_policy,
+        );
     }
     if let Some(tunnel) = &policy.tunnel {
         let here = at.field("tunnel");
@@ -141,6 +151,7 @@ fn validate_traffic_policy(f: &mut Findings, at: &FieldPath, policy: &net::Traff
 fn validate_port_traffic_policy(
     f: &mut Findings,
     at: &FieldPath,
+    namespace: &str,
     policy: &net::traffic_policy::PortTrafficPolicy,
 ) {
     match &policy.port {
@@ -173,7 +184,7 @@ fn validate_port_traffic_policy(
         );
     }
     if let Some(tls) = &policy.tls {
-        validate_client_tls(f, &at.field("tls"), tls);
+        validate_client_tls(f, &at.field("tls"), namespace, tls);
     }
 }
 
@@ -487,8 +498,34 @@ fn validate_localities<'a>(localities: impl Iterator<Item = &'a str>) -> Result<
     Ok(())
 }
 
-/// Client TLS settings (Istio's `agent.ValidateTLS`).
-fn validate_client_tls(f: &mut Findings, at: &FieldPath, tls: &net::ClientTlsSettings) {
+/// Client TLS settings (Istio's `agent.ValidateTLS`) of a rule in `namespace`: a
+/// `configmap://` credential names a ConfigMap of that namespace (SDS serves such a CA
+/// to every proxy, so a rule may not point at another namespace's).
+fn validate_client_tls(
+    f: &mut Findings,
+    at: &FieldPath,
+    namespace: &str,
+    tls: &net::ClientTlsSettings,
+) {
+    if let Some(rest) = tls.credential_name.strip_prefix("configmap://") {
+        match rest.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() => {
+                if ns != namespace || namespace.is_empty() {
+                    f.error(
+                        &at.field("credentialName"),
+                        format!("invalid configmap:// credentialName: namespace must match the configuration namespace {namespace:?}"),
+                    );
+                }
+            }
+            _ => f.error(
+                &at.field("credentialName"),
+                format!(
+                    "invalid configmap:// credentialName: invalid resource name {:?}. Expected namespace and name",
+                    tls.credential_name
+                ),
+            ),
+        }
+    }
     let mode = tls.mode();
     if tls.insecure_skip_verify.is_some_and(|v| v.value) {
         if mode == TlSmode::Simple
@@ -578,6 +615,30 @@ subsets:
 "#,
         ));
         assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn config_map_credentials_name_a_config_map_of_the_rule_namespace() {
+        assert_ok(&policy(
+            "{tls: {mode: SIMPLE, credentialName: 'configmap://default/ca'}}",
+        ));
+        assert_error(
+            &policy("{tls: {mode: SIMPLE, credentialName: 'configmap://other/ca'}}"),
+            "spec.trafficPolicy.tls.credentialName",
+            "namespace must match the configuration namespace \"default\"",
+        );
+        assert_error(
+            &policy("{tls: {mode: SIMPLE, credentialName: 'configmap://ca'}}"),
+            "spec.trafficPolicy.tls.credentialName",
+            "Expected namespace and name",
+        );
+        assert_error(
+            &policy(
+                "{portLevelSettings: [{port: {number: 443}, tls: {mode: SIMPLE, credentialName: 'configmap://other/ca'}}]}",
+            ),
+            "spec.trafficPolicy.portLevelSettings[0].tls.credentialName",
+            "namespace must match",
+        );
     }
 
     #[test]

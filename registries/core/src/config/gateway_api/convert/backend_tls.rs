@@ -51,7 +51,6 @@ fn credential_name(
     inputs: &Inputs,
     accepted: &mut Condition,
     resolved: &mut Condition,
-    notes: &mut Vec<(String, String)>,
 ) -> String {
     if v.well_known_ca_certificates.is_some() {
         // `System` is the default trust; the API allows no other value.
@@ -101,13 +100,6 @@ fn credential_name(
             Some(_) => {}
         },
     }
-    notes.push((
-        "spec.validation.caCertificateRefs".into(),
-        format!(
-            "ConfigMap {ns}/{}: CA certificates from ConfigMaps are not served over SDS yet; connections using this policy fail until they are (wellKnownCACertificates: System works)",
-            first.name
-        ),
-    ));
     format!("configmap://{ns}/{}", first.name)
 }
 
@@ -247,8 +239,7 @@ pub fn backend_tls_policies(inputs: &Inputs) -> (Vec<ConfigObject>, Vec<ObjectSt
         let v = &p.spec.validation;
         let mut accepted = Condition::ok("Accepted", "Accepted", "Configuration is valid");
         let mut resolved = Condition::ok("ResolvedRefs", "ResolvedRefs", "Configuration is valid");
-        let mut notes = Vec::new();
-        let credential = credential_name(v, ns, inputs, &mut accepted, &mut resolved, &mut notes);
+        let credential = credential_name(v, ns, inputs, &mut accepted, &mut resolved);
         let mut tls = json!({"mode": "SIMPLE", "sni": v.hostname});
         if !credential.is_empty() {
             tls["credentialName"] = json!(credential);
@@ -342,12 +333,11 @@ pub fn backend_tls_policies(inputs: &Inputs) -> (Vec<ConfigObject>, Vec<ObjectSt
                 inputs.controller,
             ));
         }
-        let mut status = ObjectStatus::new(
+        let status = ObjectStatus::new(
             Kind::BackendTLSPolicy,
             p.object,
             json!({ "ancestors": ancestors }),
         );
-        status.notes = notes;
         statuses.push(status);
     }
     let mut rules = Vec::new();

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use super::super::GROUP;
-use super::super::status::{Condition, ObjectStatus};
+use super::super::status::{Condition, NO_GATEWAY, ObjectStatus};
 use super::super::types::*;
 use super::{GENERATED, Inputs, Obj, PARENTS_ANNOTATION, generated, reference_allowed};
 use crate::config::{ConfigObject, Kind};
@@ -297,10 +297,11 @@ impl<'a> Parents<'a> {
                 .iter_mut()
                 .find(|g| g.object.namespace == ns && g.object.name == r.name)
             else {
+                // Maybe another controller's: istiod writes no status for it.
                 out.push((
                     echo,
                     Vec::new(),
-                    Some(("NoMatchingParent".into(), "parent not found".into())),
+                    Some(("NoMatchingParent".into(), NO_GATEWAY.into())),
                 ));
                 continue;
             };
@@ -496,7 +497,6 @@ impl<'a> Parents<'a> {
                         }
                     })
                     .collect();
-                let unresolved = g.listeners.iter().any(|l| l.unresolved.is_some());
                 // A Gateway is not programmed when none of its services exists.
                 let missing: Vec<String> = g
                     .services
@@ -528,12 +528,25 @@ impl<'a> Parents<'a> {
                 };
                 let resolved = match &g.client_cert {
                     Some(Err((reason, message))) => Condition::failed("ResolvedRefs", reason, message.clone()),
-                    _ if unresolved => Condition::failed("ResolvedRefs", "RefNotPermitted", "A listener references a certificate it may not use or that is invalid"),
                     _ => Condition::ok("ResolvedRefs", "ResolvedRefs", "All references resolved"),
                 };
+                let mut conditions = vec![accepted.to_json()];
+                // `spec.allowedListeners`: istiod reports ListenerSets not enabled unless
+                // its alpha API is on; meshfed does not read ListenerSets at all.
+                if g.spec.allowed_listeners.is_some() {
+                    conditions.push(
+                        Condition::failed(
+                            "AttachedListenerSets",
+                            "Unsupported",
+                            "AllowedListeners is configured, but ListenerSets are not supported",
+                        )
+                        .to_json(),
+                    );
+                }
+                conditions.extend([programmed.to_json(), resolved.to_json()]);
                 let mut status = json!({
                     "addresses": addresses,
-                    "conditions": [accepted.to_json(), programmed.to_json(), resolved.to_json()],
+                    "conditions": conditions,
                     "listeners": listeners,
                 });
                 if unusable {
@@ -544,6 +557,12 @@ impl<'a> Parents<'a> {
             .zip(&self.gateways)
             .map(|(status, g)| {
                 let mut status = ObjectStatus::new(Kind::KubernetesGateway, g.object, status);
+                if g.spec.backend_tls.is_some() {
+                    status.notes.push((
+                        "spec.backendTLS".into(),
+                        "not read (Gateway API v1.3's field; istiod and meshfed read spec.tls.backend)".into(),
+                    ));
+                }
                 if let Some(Ok(name)) = &g.client_cert {
                     status.notes.push((
                         "spec.tls.backend.clientCertificateRef".into(),
@@ -706,7 +725,7 @@ fn listener(
                         unresolved = Some((
                             "RefNotPermitted".to_string(),
                             format!(
-                                "certificateRef {ns}/{} not accessible to a Gateway in namespace {:?} (missing a ReferenceGrant?)",
+                                "certificateRef {}/{ns} not accessible to a Gateway in namespace {:?} (missing a ReferenceGrant?)",
                                 c.name,
                                 gw.ns()
                             ),
@@ -714,6 +733,22 @@ fn listener(
                         continue;
                     }
                     names.push(format!("kubernetes-gateway://{ns}/{}", c.name));
+                }
+                if unresolved.is_none()
+                    && let Some(problem) = frontend_validation(gw, l, grants, inputs)
+                {
+                    match problem {
+                        Frontend::NotPermitted(m) => {
+                            unresolved = Some(("RefNotPermitted".to_string(), m));
+                        }
+                        Frontend::Invalid(reason, m) => {
+                            not_accepted = Some(("NoValidCACertificate".to_string(), m.clone()));
+                            unresolved = Some((reason.to_string(), m));
+                        }
+                        Frontend::NotServed(m) => {
+                            not_accepted = Some(("UnsupportedValue".to_string(), m));
+                        }
+                    }
                 }
                 let mode = if terminate_mode == Some("MUTUAL") {
                     "MUTUAL"
@@ -747,6 +782,117 @@ fn listener(
         invalid_kinds,
         server: serve.then_some(server),
     }
+}
+
+/// Why a terminating listener's client certificate validation (`spec.tls.frontend`,
+/// or the listener's own `tls.frontendValidation`) keeps it from being served.
+enum Frontend {
+    /// A CA reference to another namespace without a ReferenceGrant (`ResolvedRefs`
+    /// `RefNotPermitted`; istiod checks the grant before looking the object up).
+    NotPermitted(String),
+    /// A CA reference of another kind or to a missing or malformed ConfigMap
+    /// (`ResolvedRefs` with this reason, `Accepted` `NoValidCACertificate`).
+    Invalid(&'static str, String),
+    /// Valid, but meshfed does not validate client certificates for Gateway API
+    /// listeners: the listener is not served rather than served without validation.
+    NotServed(String),
+}
+
+/// The validation `spec.tls.frontend` gives a listener's port (istiod's
+/// `resolveGatewayTLS`: a `perPort` entry of the port, else `default`).
+fn frontend_for_port(gw: &GatewaySpec, port: u32) -> Option<&Value> {
+    let frontend = gw.tls.as_ref()?.get("frontend")?;
+    let per_port = frontend
+        .get("perPort")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .find(|p| p.get("port").and_then(Value::as_u64) == Some(u64::from(port)));
+    let tls = match per_port {
+        Some(p) => p.get("tls")?,
+        None => frontend.get("default")?,
+    };
+    tls.get("validation").filter(|v| !v.is_null())
+}
+
+/// Checks the client certificate validation of a terminating listener as istiod
+/// checks its `caCertificateRefs` (grant, kind, then the ConfigMap); `None` when it
+/// has none.
+fn frontend_validation(
+    gw: &Obj<GatewaySpec>,
+    l: &crate::config::gateway_api::types::Listener,
+    grants: &[Obj<ReferenceGrantSpec>],
+    inputs: &Inputs,
+) -> Option<Frontend> {
+    if l.tls
+        .as_ref()
+        .is_some_and(|t| t.frontend_validation.is_some())
+    {
+        return Some(Frontend::NotServed(format!(
+            "tls.frontendValidation of listener {:?}: client certificate validation is not supported by meshfed; the listener is not served",
+            l.name
+        )));
+    }
+    let validation = frontend_for_port(gw.spec, l.port)?;
+    let gw_ns = gw.ns();
+    let refs = validation
+        .get("caCertificateRefs")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    for r in &refs {
+        let field = |k: &str| r.get(k).and_then(Value::as_str);
+        let (group, kind, name) = (
+            field("group").unwrap_or(""),
+            field("kind").unwrap_or(""),
+            field("name").unwrap_or(""),
+        );
+        let written_ns = field("namespace").unwrap_or("");
+        let ns = field("namespace").unwrap_or(gw_ns);
+        let reference = format!("{group}/{kind}/{name}.{written_ns}");
+        if ns != gw_ns && !reference_allowed(grants, "Gateway", gw_ns, group, kind, ns, name) {
+            return Some(Frontend::NotPermitted(format!(
+                "caCertificateRef {ns}/{name} not accessible to a Gateway in namespace {gw_ns:?} (missing a ReferenceGrant?)"
+            )));
+        }
+        let core = matches!(group, "" | "core");
+        match kind {
+            "ConfigMap" if core => match inputs.config_maps.map(|m| m.get(&format!("{ns}/{name}")))
+            {
+                Some(None) => {
+                    return Some(Frontend::Invalid(
+                        "InvalidCACertificateRef",
+                        format!(
+                            "invalid CA certificate reference {reference}, configmap {ns}/{name} not found"
+                        ),
+                    ));
+                }
+                Some(Some(data)) if !data.contains_key("ca.crt") => {
+                    return Some(Frontend::Invalid(
+                        "InvalidCACertificateRef",
+                        format!("invalid CA certificate reference {reference}, found no ca.crt"),
+                    ));
+                }
+                _ => {}
+            },
+            "Secret" if core => {}
+            _ => {
+                return Some(Frontend::Invalid(
+                    "InvalidCACertificateKind",
+                    format!(
+                        "invalid CA certificate reference {reference}, only secret and configmap are allowed"
+                    ),
+                ));
+            }
+        }
+    }
+    if refs.is_empty() {
+        return None;
+    }
+    Some(Frontend::NotServed(format!(
+        "spec.tls.frontend: client certificate validation of port {} is not supported by meshfed; the listener is not served",
+        l.port
+    )))
 }
 
 impl Listener {
