@@ -53,6 +53,7 @@ use meshfed_registry::config::Kind;
 
 pub use super::{HBONE_PORT, ip_bytes, ip_of};
 
+use super::multinetwork::{self, MultiNetwork};
 use super::waypoints::{
     LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, Waypoint, WaypointInputs, Waypoints,
 };
@@ -136,6 +137,19 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
     let networks = snapshot.network_view();
     let domain = snapshot.config().domain.clone();
     let waypoints = read_waypoints(snapshot, &services, networks, &domain);
+    let local_cluster = ClusterId::new(options.local_cluster);
+    let namespaces = snapshot.config().namespace_labels_all();
+    let local_network = local_network(
+        networks,
+        &local_cluster,
+        namespaces.get(&snapshot.mesh().config.root_namespace),
+    );
+    let multi = options.multi_network.then(|| MultiNetwork {
+        local_cluster: &local_cluster,
+        local_network: &local_network,
+        scopes: &snapshot.mesh().config.service_scope_configs,
+        namespaces: &namespaces,
+    });
     let mut model = build(
         &services,
         &standalone,
@@ -143,6 +157,7 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
         &trust_domain,
         &domain,
         &waypoints,
+        multi.as_ref(),
     );
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
     attach_policies(&mut model, &services, &standalone, &policies);
@@ -156,6 +171,19 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
         );
     }
     model
+}
+
+/// The network of the local cluster: its system namespace's
+/// `topology.istio.io/network` label, else meshNetworks `fromRegistry`.
+fn local_network(
+    networks: &NetworkView,
+    cluster: &ClusterId,
+    system_namespace: Option<&BTreeMap<String, String>>,
+) -> NetworkId {
+    match system_namespace.and_then(|l| l.get("topology.istio.io/network")) {
+        Some(n) if !n.is_empty() => NetworkId::new(n),
+        _ => network_of(networks, IpAddr::from([0, 0, 0, 0]), cluster),
+    }
 }
 
 /// The snapshot's ready waypoints (see [`Waypoints`]).
@@ -227,6 +255,7 @@ pub fn build(
     trust_domain: &str,
     domain: &str,
     waypoints: &Waypoints,
+    multi: Option<&MultiNetwork<'_>>,
 ) -> AmbientModel {
     let ctx = BuildContext {
         networks,
@@ -258,11 +287,26 @@ pub fn build(
         })
         .map(|(shard, ep)| (ctx.networks.endpoint_network(ep, shard), ep.address))
         .collect();
+    // Endpoints of global services on other networks: (service name, network) ->
+    // how many, and their identities.
+    let mut remote: BTreeMap<(String, NetworkId), (u32, BTreeSet<String>)> = BTreeMap::new();
     for (service, endpoints) in services {
         // Istio sends no Service for an `ExternalName` Service.
         if service.resolution == Resolution::Alias {
             continue;
         }
+        let scoped;
+        let (service, endpoints): (&Service, &[(&ShardKey, &Endpoint)]) = match multi {
+            None => (service, endpoints),
+            Some(m) => match scope_service(m, service, endpoints) {
+                Some(s) => {
+                    scoped = s;
+                    (&scoped.0, &scoped.1)
+                }
+                None => continue,
+            },
+        };
+        let global = multi.is_some_and(|m| m.is_global(service));
         let (svc, condition) = service_resource(service, endpoints, &ctx);
         let name = format!("{}/{}", svc.namespace, svc.hostname);
         if let Some(c) = condition {
@@ -283,6 +327,17 @@ pub fn build(
             };
             if shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
                 continue;
+            }
+            if let Some(m) = multi {
+                let network = ctx.networks.endpoint_network(ep, shard);
+                if network != *m.local_network {
+                    if global {
+                        let entry = remote.entry((name.clone(), network)).or_default();
+                        entry.0 += 1;
+                        entry.1.extend(ep.service_account.iter().cloned());
+                    }
+                    continue;
+                }
             }
             let workload = model
                 .workloads
@@ -312,12 +367,17 @@ pub fn build(
         let Some(meta) = ep.workload.as_deref() else {
             continue;
         };
-        if !shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
+        let elsewhere =
+            multi.is_some_and(|m| ctx.networks.endpoint_network(ep, shard) != *m.local_network);
+        if !elsewhere && !shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
             model
                 .workloads
                 .entry(meta.uid.clone())
                 .or_insert_with(|| workload_resource(meta, ep, shard, &ctx));
         }
+    }
+    if let Some(m) = multi {
+        add_split_horizon(&mut model, m, remote, &ctx);
     }
     // Why a workload's `istio.io/use-waypoint` gives it no waypoint.
     let endpoints = services
@@ -352,6 +412,79 @@ pub fn build(
         }
     }
     model
+}
+
+/// The part of `service` (and of its endpoints) the local control plane shares
+/// under multi-network ([`super::multinetwork`]): all of a global service, the local
+/// cluster's part of a local one; `None` when nothing is left.
+fn scope_service<'a>(
+    m: &MultiNetwork<'_>,
+    service: &Service,
+    endpoints: &[(&'a ShardKey, &'a Endpoint)],
+) -> Option<(Service, Vec<(&'a ShardKey, &'a Endpoint)>)> {
+    if service.provider != ProviderId::Kubernetes || m.is_global(service) {
+        return Some((service.clone(), endpoints.to_vec()));
+    }
+    if !m.is_in_local_cluster(service) {
+        return None;
+    }
+    let mut local = service.clone();
+    local.cluster_vips.retain(|c, _| c == m.local_cluster);
+    let endpoints = endpoints
+        .iter()
+        .filter(|(shard, ep)| {
+            let cluster = if ep.cluster_id.is_empty() {
+                &shard.cluster
+            } else {
+                &ep.cluster_id
+            };
+            cluster == m.local_cluster
+        })
+        .copied()
+        .collect();
+    Some((local, endpoints))
+}
+
+/// The split-horizon workloads of the global services' endpoints on other networks
+/// (one per service and network with a gateway), the identities of those endpoints
+/// added to their services' subject alt names, and a workload per gateway into
+/// another network.
+fn add_split_horizon(
+    model: &mut AmbientModel,
+    m: &MultiNetwork<'_>,
+    remote: BTreeMap<(String, NetworkId), (u32, BTreeSet<String>)>,
+    ctx: &BuildContext<'_>,
+) {
+    for ((name, network), (count, identities)) in remote {
+        let Some(service) = model.services.get_mut(&name) else {
+            continue;
+        };
+        let Some(gateway) = ctx.networks.network_gateways(&network).first() else {
+            continue;
+        };
+        let mut sans: BTreeSet<String> = service.subject_alt_names.drain(..).collect();
+        sans.extend(identities);
+        service.subject_alt_names = sans.into_iter().collect();
+        let gateway_name = multinetwork::gateway_resource_name(ctx.networks, gateway);
+        let w = multinetwork::split_horizon_workload(
+            &name,
+            service,
+            gateway,
+            &gateway_name,
+            count,
+            ctx.trust_domain,
+        );
+        model.workloads.insert(w.uid.clone(), w);
+    }
+    for entry in ctx.networks.entries() {
+        let gateway = &entry.gateway;
+        if gateway.network == *m.local_network {
+            continue;
+        }
+        let gateway_name = multinetwork::gateway_resource_name(ctx.networks, gateway);
+        let w = multinetwork::gateway_workload(gateway, &gateway_name, ctx.trust_domain);
+        model.workloads.entry(w.uid.clone()).or_insert(w);
+    }
 }
 
 /// A WorkloadEntry at the address of a pod on the same network is not a workload.

@@ -14,6 +14,7 @@
 //! `aliases`; the content is the same).
 
 pub mod build;
+pub mod multinetwork;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -22,6 +23,8 @@ mod tests_istio;
 mod tests_istio_entries;
 #[cfg(test)]
 mod tests_istio_index;
+#[cfg(test)]
+mod tests_istio_multi;
 #[cfg(test)]
 mod tests_istio_world;
 pub mod waypoints;
@@ -65,6 +68,12 @@ pub struct AmbientOptions {
     /// policy for the waypoint's service accounts
     /// ([`build::add_implicit_waypoint_policies`]).
     pub default_allow_from_waypoint: bool,
+    /// Istio's `AMBIENT_ENABLE_MULTI_NETWORK`: services are scoped by MeshConfig
+    /// `serviceScopeConfigs` and other networks' workloads are sent split-horizon
+    /// ([`multinetwork`]), as seen from `local_cluster`.
+    pub multi_network: bool,
+    /// This control plane's cluster (`--clusterID`).
+    pub local_cluster: &'static str,
 }
 
 /// The Address resources of one snapshot.

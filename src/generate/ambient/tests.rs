@@ -108,6 +108,7 @@ pub(super) fn model_with_waypoints(
         "cluster.local",
         "cluster.local",
         waypoints,
+        None,
     )
 }
 

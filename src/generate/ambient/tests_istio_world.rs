@@ -453,6 +453,7 @@ impl World {
             "cluster.local",
             DOMAIN,
             &waypoints,
+            None,
         );
         let aps: Vec<(&str, &str, &str)> = self
             .aps
