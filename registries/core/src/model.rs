@@ -711,6 +711,9 @@ pub enum WorkloadKind {
     /// An instance from a registry outside Kubernetes and Istio config (Consul, the
     /// mock registry file).
     External,
+    /// An EndpointSlice endpoint that names no pod (`targetRef` absent or not a Pod):
+    /// the object is the slice (Istio's EndpointSlice workloads).
+    EndpointSlice,
 }
 
 /// The controller kind that owns a pod (Istio's `WorkloadType`).

@@ -34,6 +34,9 @@
 //! - Services: name (a ServiceEntry's object name), VIPs, ports with the target port
 //!   the service gives (else the one its endpoints agree on), and load balancing from
 //!   `internalTrafficPolicy`, traffic distribution and `publishNotReadyAddresses`.
+//! - An EndpointSlice endpoint that names no pod is a workload of its own
+//!   ([`WorkloadKind::EndpointSlice`]): host network, the slice's health, the
+//!   service's ports, nothing else known.
 //! - Host-network pods are workloads in network mode `HOST_NETWORK` (their address
 //!   is the node's).
 //! - Kubernetes `ExternalName` Services (alias services) are not sent.
@@ -236,6 +239,7 @@ pub fn attach_policies(
         .chain(standalone);
     for (_, ep) in endpoints {
         if let Some(meta) = ep.workload.as_deref()
+            && meta.kind != WorkloadKind::EndpointSlice
             && let Some(w) = model.workloads.get_mut(&meta.uid)
             && w.authorization_policies.is_empty()
         {
@@ -704,6 +708,9 @@ fn workload_resource(
     } else {
         &ep.cluster_id
     };
+    if meta.kind == WorkloadKind::EndpointSlice {
+        return endpoint_slice_workload(meta, ep, &network, cluster, ctx);
+    }
     let (trust_domain, service_account) = match ep.service_account.as_deref() {
         Some(spiffe) => split_spiffe(spiffe),
         None => (String::new(), String::new()),
@@ -800,6 +807,37 @@ fn workload_resource(
     }
 }
 
+/// An EndpointSlice endpoint that names no pod, as istiod sends it: its address on
+/// the host network (it may share it with anything), the slice's health, and nothing
+/// else known (no identity, waypoint, locality or policies).
+fn endpoint_slice_workload(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    network: &NetworkId,
+    cluster: &ClusterId,
+    ctx: &BuildContext<'_>,
+) -> wl::Workload {
+    wl::Workload {
+        uid: meta.uid.clone(),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        addresses: vec![ip_bytes(ep.address)],
+        network: network.to_string(),
+        trust_domain: if ctx.trust_domain == "cluster.local" {
+            String::new()
+        } else {
+            ctx.trust_domain.to_string()
+        },
+        status: match ep.health {
+            HealthStatus::Healthy => wl::WorkloadStatus::Healthy,
+            _ => wl::WorkloadStatus::Unhealthy,
+        } as i32,
+        cluster_id: cluster.to_string(),
+        network_mode: wl::NetworkMode::HostNetwork as i32,
+        ..Default::default()
+    }
+}
+
 /// The waypoint a workload uses: its own (or, when the registry gave none, its
 /// namespace's) `istio.io/use-waypoint`, if that waypoint takes workload traffic;
 /// none for a waypoint's own pods.
@@ -817,10 +855,11 @@ fn workload_waypoint_or_why<'w>(
     ep: &Endpoint,
     waypoints: &'w Waypoints,
 ) -> Result<Option<&'w Waypoint>, super::waypoints::Unbound> {
-    if ep
-        .labels
-        .get(LABEL_MANAGED)
-        .is_some_and(|v| v == MESH_CONTROLLER)
+    if meta.kind == WorkloadKind::EndpointSlice
+        || ep
+            .labels
+            .get(LABEL_MANAGED)
+            .is_some_and(|v| v == MESH_CONTROLLER)
     {
         return Ok(None);
     }
@@ -950,7 +989,11 @@ pub fn add_implicit_waypoint_policies(
         .collect();
     let mut done = BTreeSet::new();
     for ep in &endpoints {
-        let Some(meta) = ep.workload.as_deref() else {
+        let Some(meta) = ep
+            .workload
+            .as_deref()
+            .filter(|m| m.kind != WorkloadKind::EndpointSlice)
+        else {
             continue;
         };
         if !done.insert(meta.uid.clone()) {
