@@ -741,6 +741,8 @@ fn workload_resource(
         meta.workload_name.clone()
     };
     let (canonical_name, canonical_revision) = canonical(&ep.labels, &workload_name);
+    // The network's gateways from meshNetworks and the registries, else those the
+    // `istio-remote` Gateways declare (which may be host names).
     let network_gateway = ctx
         .networks
         .gateways_for(&network, cluster)
@@ -753,6 +755,11 @@ fn workload_resource(
                 },
             )),
             hbone_mtls_port: HBONE_PORT,
+        })
+        .or_else(|| {
+            (!network.is_empty())
+                .then(|| ctx.waypoints.network_gateway(network.as_str()).cloned())
+                .flatten()
         });
     let waypoint = workload_waypoint(meta, ep, ctx.waypoints).map(|w| w.address.clone());
     // A waypoint's own instance carries the waypoint's inbound binding.

@@ -913,16 +913,47 @@ const VECTORS: &[Vector] = &[
         WORKLOADS,
         "WorkloadEntryWorkloads/cross network we hostname gateway",
         || {
-            // The network's gateway is named by host name (`networkgateway.example.com`
-            // in `ns-gtw`); meshfed's gateways are IPs.
+            // The network's gateway is the `istio-remote` Gateway
+            // `ns-gtw/remote-network-hostname`, reporting a host name.
             let mut e = Endpoint::without_address().with_port("80", 80);
             let plain = ep(WorkloadKind::WorkloadEntry, "name", "ns", "1.2.3.4", &[]);
             e.cluster_id = C0.into();
             e.network = "remote-network-hostname".into();
             e.workload = plain.workload;
+            let spec: meshfed_registry::config::gateway_api::GatewaySpec =
+                serde_json::from_value(serde_json::json!({
+                    "gatewayClassName": "istio-remote",
+                    "listeners": [{"name": "cross-network", "port": 15008, "protocol": "HBONE"}],
+                }))
+                .unwrap();
+            let mut gw = meshfed_registry::config::ConfigObject::new(
+                "ns-gtw",
+                "remote-network-hostname",
+                spec,
+            );
+            gw.labels = [(
+                "topology.istio.io/network".to_string(),
+                "remote-network-hostname".to_string(),
+            )]
+            .into();
+            gw.status_addresses
+                .push(meshfed_registry::config::StatusAddress {
+                    kind: "Hostname".into(),
+                    value: "networkgateway.example.com".into(),
+                });
+            let waypoints = Waypoints::read(
+                &[Arc::new(gw)],
+                super::waypoints::WaypointInputs {
+                    domain: "domain.suffix",
+                    service_exists: &|_| false,
+                    network_of: &|_| String::new(),
+                    namespaces: Default::default(),
+                },
+            );
             check(
                 "network_gateway",
-                only_workload(&model_with(vec![], vec![e], &[])).and_then(|w| w.network_gateway),
+                only_workload(&model_with_waypoints(vec![], vec![e], &[], &waypoints))
+                    .and_then(|w| w.network_gateway),
                 Some(wl::GatewayAddress {
                     destination: Some(wl::gateway_address::Destination::Hostname(
                         wl::NamespacedHostname {
@@ -1378,10 +1409,7 @@ fn cross_namespace(admitted: &str) -> Waypoints {
 }
 
 /// Vectors meshfed does not pass, with the reason.
-const KNOWN_GAPS: &[(&str, &str)] = &[(
-    "WorkloadEntryWorkloads/cross network we hostname gateway",
-    "network gateways are IPs only (a gateway named by host name is not read)",
-)];
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 #[test]
 fn istio_ambient_entry_vectors() {
