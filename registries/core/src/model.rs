@@ -761,6 +761,10 @@ pub struct WorkloadMeta {
     pub ambient_redirected: bool,
     /// A pod on the host network (never an ambient workload).
     pub host_network: bool,
+    /// When the object was created, when its registry knows (a pod's or
+    /// WorkloadEntry's `metadata.creationTimestamp`): the order of a waypoint's
+    /// workloads.
+    pub creation_time: Option<std::time::SystemTime>,
 }
 
 impl Endpoint {

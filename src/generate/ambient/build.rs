@@ -89,6 +89,10 @@ pub struct AmbientModel {
     /// service's status (services naming a waypoint only; meshfed shows them in
     /// `/debug/ambientz`).
     pub service_conditions: BTreeMap<String, WaypointBound>,
+    /// Waypoint `namespace/name` -> the uids of the workloads that use it, oldest
+    /// first (then by uid; a workload whose registry gives no creation time counts
+    /// as oldest), as istiod's `WorkloadsForWaypoint` orders them.
+    pub waypoint_workloads: BTreeMap<String, Vec<String>>,
 }
 
 /// A service's `WaypointBound` condition.
@@ -388,22 +392,39 @@ pub fn build(
         .iter()
         .flat_map(|(_, eps)| eps.iter())
         .chain(standalone);
+    let mut by_waypoint: BTreeMap<String, BTreeSet<(Option<std::time::SystemTime>, String)>> =
+        BTreeMap::new();
     for (_, ep) in endpoints {
-        if let Some(meta) = ep.workload.as_deref()
-            && model.workloads.contains_key(&meta.uid)
-            && !model.workload_waypoint_problems.contains_key(&meta.uid)
-            && let Err(e) = workload_waypoint_or_why(meta, ep, ctx.waypoints)
-        {
-            model.workload_waypoint_problems.insert(
-                meta.uid.clone(),
-                WaypointBound {
-                    status: false,
-                    reason: e.reason().into(),
-                    message: e.message(),
-                },
-            );
+        let Some(meta) = ep.workload.as_deref() else {
+            continue;
+        };
+        if !model.workloads.contains_key(&meta.uid) {
+            continue;
+        }
+        match workload_waypoint_or_why(meta, ep, ctx.waypoints) {
+            Ok(Some(w)) => {
+                by_waypoint
+                    .entry(w.key())
+                    .or_default()
+                    .insert((meta.creation_time, meta.uid.clone()));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                model
+                    .workload_waypoint_problems
+                    .entry(meta.uid.clone())
+                    .or_insert_with(|| WaypointBound {
+                        status: false,
+                        reason: e.reason().into(),
+                        message: e.message(),
+                    });
+            }
         }
     }
+    model.waypoint_workloads = by_waypoint
+        .into_iter()
+        .map(|(k, set)| (k, set.into_iter().map(|(_, uid)| uid).collect()))
+        .collect();
     for (uid, w) in &model.workloads {
         for a in &w.addresses {
             if let Some(ip) = ip_of(a) {

@@ -272,6 +272,8 @@ pub fn ambientz(
         // Workloads whose `istio.io/use-waypoint` names a waypoint that gives them
         // none, and why.
         "workloadWaypointProblems": &r.model.workload_waypoint_problems,
+        // Each waypoint's workloads, oldest first (istiod's `WorkloadsForWaypoint`).
+        "waypointWorkloads": &r.model.waypoint_workloads,
     });
     if with_resources {
         out["resources"] = debug_json(snapshot, options);

@@ -315,6 +315,7 @@ impl PodContext<'_> {
             use_waypoint,
             use_waypoint_namespace,
             ambient_redirected: pod.ambient_redirected,
+            creation_time: pod.creation_time,
             host_network: pod.host_network,
         }
     }
