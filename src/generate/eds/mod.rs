@@ -357,7 +357,7 @@ fn locality_setting(
 
 /// The locality setting a service's traffic distribution stands for (none for
 /// `Any`).
-fn traffic_distribution_setting(
+pub fn traffic_distribution_setting(
     distribution: meshfed_registry::TrafficDistribution,
 ) -> Option<LocalityLoadBalancerSetting> {
     use meshfed_registry::TrafficDistribution as T;
