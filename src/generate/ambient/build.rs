@@ -93,6 +93,11 @@ pub struct AmbientModel {
     /// first (then by uid; a workload whose registry gives no creation time counts
     /// as oldest), as istiod's `WorkloadsForWaypoint` orders them.
     pub waypoint_workloads: BTreeMap<String, Vec<String>>,
+    /// `namespace/hostname` -> the waypoint (`namespace/name`) of each service that
+    /// asks gateways to send through its waypoint (`istio.io/ingress-use-waypoint:
+    /// "true"` on the Service, else its namespace), which meshfed's gateways do not do
+    /// (shown in `/debug/ambientz` and logged, so the label is not ignored silently).
+    pub ingress_use_waypoint_not_routed: BTreeMap<String, String>,
 }
 
 /// A service's `WaypointBound` condition.
@@ -317,6 +322,13 @@ pub fn build(
         let global = multi.is_some_and(|m| m.is_global(service));
         let (svc, condition) = service_resource(service, endpoints, &ctx);
         let name = format!("{}/{}", svc.namespace, svc.hostname);
+        if let Ok(Some(w)) = service_waypoint(service, ctx.waypoints)
+            && ingress_use_waypoint(service, ctx.waypoints)
+        {
+            model
+                .ingress_use_waypoint_not_routed
+                .insert(name.clone(), w.key());
+        }
         if let Some(c) = condition {
             model.service_conditions.insert(name.clone(), c);
         }
@@ -437,6 +449,17 @@ pub fn build(
         }
     }
     model
+}
+
+/// Whether `istio.io/ingress-use-waypoint` is `true` on the service, else (when the
+/// service does not set it) on its namespace, as istiod reads it.
+fn ingress_use_waypoint(service: &Service, waypoints: &Waypoints) -> bool {
+    let value = service.labels.get(LABEL_INGRESS_USE_WAYPOINT).or_else(|| {
+        waypoints
+            .namespace_labels(service.namespace.as_str())
+            .and_then(|l| l.get(LABEL_INGRESS_USE_WAYPOINT))
+    });
+    value.is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
 /// The part of `service` (and of its endpoints) the local control plane shares

@@ -172,7 +172,17 @@ pub fn address_resources(
     snapshot: &Snapshot,
     options: &AmbientOptions,
 ) -> std::sync::Arc<AddressResources> {
-    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s, options)))
+    snapshot.derived(|s| {
+        let model = build::from_snapshot(s, options);
+        for (service, waypoint) in &model.ingress_use_waypoint_not_routed {
+            tracing::warn!(
+                service,
+                waypoint,
+                "istio.io/ingress-use-waypoint: gateways do not send through the waypoint (not supported by meshfed); ztunnel still does"
+            );
+        }
+        AddressResources::new(model)
+    })
 }
 
 /// The Address resources `sub` asks for.
@@ -274,6 +284,9 @@ pub fn ambientz(
         "workloadWaypointProblems": &r.model.workload_waypoint_problems,
         // Each waypoint's workloads, oldest first (istiod's `WorkloadsForWaypoint`).
         "waypointWorkloads": &r.model.waypoint_workloads,
+        // Services whose `istio.io/ingress-use-waypoint` asks gateways to go through
+        // their waypoint, which meshfed's gateways do not do.
+        "ingressUseWaypointNotRouted": &r.model.ingress_use_waypoint_not_routed,
     });
     if with_resources {
         out["resources"] = debug_json(snapshot, options);
