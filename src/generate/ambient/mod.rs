@@ -174,15 +174,27 @@ pub fn address_resources(
 ) -> std::sync::Arc<AddressResources> {
     snapshot.derived(|s| {
         let model = build::from_snapshot(s, options);
-        for (service, waypoint) in &model.ingress_use_waypoint_not_routed {
+        warn_ingress_use_waypoint(&model.ingress_use_waypoint_not_routed);
+        AddressResources::new(model)
+    })
+}
+
+/// Logs each service newly asking gateways to send through its waypoint (once, not
+/// per snapshot).
+fn warn_ingress_use_waypoint(services: &BTreeMap<String, String>) {
+    static LOGGED: std::sync::Mutex<BTreeMap<String, String>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    for (service, waypoint) in services {
+        if logged.get(service) != Some(waypoint) {
             tracing::warn!(
                 service,
                 waypoint,
                 "istio.io/ingress-use-waypoint: gateways do not send through the waypoint (not supported by meshfed); ztunnel still does"
             );
         }
-        AddressResources::new(model)
-    })
+    }
+    *logged = services.clone();
 }
 
 /// The Address resources `sub` asks for.
