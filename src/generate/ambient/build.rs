@@ -187,7 +187,7 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
 
 /// The network of the local cluster: its system namespace's
 /// `topology.istio.io/network` label, else meshNetworks `fromRegistry`.
-fn local_network(
+pub(crate) fn local_network(
     networks: &NetworkView,
     cluster: &ClusterId,
     system_namespace: Option<&BTreeMap<String, String>>,

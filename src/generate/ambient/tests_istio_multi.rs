@@ -609,3 +609,34 @@ fn a_mesh_config_scope_selector_decides_global() {
     assert!(warnings[0].contains("sidecars and gateways ignore it"));
     assert!(warnings[1].starts_with("serviceScopeConfigs[1].servicesSelector"));
 }
+
+#[test]
+fn the_mesh_config_file_carries_service_scopes_and_says_who_reads_them() {
+    let path = std::path::Path::new("mesh.yaml");
+    let text = "serviceScopeConfigs:\n- servicesSelector:\n    matchExpressions: [{key: istio.io/global, operator: Exists}]\n  scope: GLOBAL\n";
+    let config = crate::mesh::parse_mesh_config(path, text).unwrap();
+    assert_eq!(config.service_scope_configs.len(), 1);
+    assert_eq!(
+        config.service_scope_configs[0].scope(),
+        meshfed_api::mesh::v1alpha1::mesh_config::service_scope_configs::Scope::Global
+    );
+    let warnings = crate::mesh::mesh_config_warnings(path, text);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("--ambientMultiNetwork"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn the_local_network_is_the_system_namespace_label_else_the_clusters_mesh_network() {
+    let networks: MeshNetworks = serde_json::from_value(serde_json::json!({
+        "networks": {"n1": {"endpoints": [{"fromRegistry": CLUSTER}], "gateways": []}}
+    }))
+    .unwrap();
+    let view = NetworkView::new(&networks, &[]);
+    let c = ClusterId::new(CLUSTER);
+    assert_eq!(build::local_network(&view, &c, None).as_str(), "n1");
+    let label = labels(&[("topology.istio.io/network", "n2")]);
+    assert_eq!(build::local_network(&view, &c, Some(&label)).as_str(), "n2");
+}
