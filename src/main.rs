@@ -438,6 +438,11 @@ struct DiscoveryArgs {
     /// `$DEFAULT_ALLOW_FROM_WAYPOINT`, else false.
     #[arg(long = "defaultAllowFromWaypoint", action = clap::ArgAction::Set)]
     default_allow_from_waypoint: Option<bool>,
+    /// Ambient multi-network: scope services by MeshConfig `serviceScopeConfigs` and
+    /// send other networks' workloads to ztunnel through their gateways
+    /// (split horizon); default `$AMBIENT_ENABLE_MULTI_NETWORK`, else false.
+    #[arg(long = "ambientMultiNetwork", action = clap::ArgAction::Set)]
+    ambient_multi_network: Option<bool>,
     /// MeshConfig YAML (the `mesh` key of Istio's ConfigMap); Istio's defaults when
     /// absent. Watched: a change reloads and pushes to every proxy.
     #[arg(long = "meshConfig")]
@@ -799,6 +804,14 @@ impl DiscoveryArgs {
                         parse_go_bool,
                     )?
                     .unwrap_or(false),
+                    multi_network: flag_or_env(
+                        self.ambient_multi_network,
+                        "AMBIENT_ENABLE_MULTI_NETWORK",
+                        parse_go_bool,
+                    )?
+                    .unwrap_or(false),
+                    // Read for the life of the process.
+                    local_cluster: Box::leak(self.cluster_id.clone().into_boxed_str()),
                 },
             },
             debug_open: self.debug_allow_remote,

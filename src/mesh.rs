@@ -231,12 +231,79 @@ pub fn mesh_config_warnings(path: &Path, text: &str) -> Vec<String> {
         && let Ok(found) = meshfed_registry::config::validate_config_sources(&config)
     {
         warnings.extend(
+            service_scope_warnings(&config)
+                .iter()
+                .map(|w| format!("warning: {}: {w}", path.display())),
+        );
+        warnings.extend(
             found
                 .iter()
                 .map(|w| format!("warning: {}: {w}", path.display())),
         );
     }
     warnings
+}
+
+/// Kubernetes label selector semantics; `None` when the selector is invalid (an
+/// unknown operator, `In`/`NotIn` without values). An unset selector matches
+/// everything, as Istio treats the empty selector.
+pub fn selector_matches(
+    selector: Option<&meshfed_api::mesh::v1alpha1::LabelSelector>,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<bool> {
+    let Some(selector) = selector else {
+        return Some(true);
+    };
+    let mut ok = selector
+        .match_labels
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    for r in &selector.match_expressions {
+        let value = labels.get(&r.key);
+        let holds = match r.operator.as_str() {
+            "In" if !r.values.is_empty() => value.is_some_and(|v| r.values.contains(v)),
+            "NotIn" if !r.values.is_empty() => value.is_none_or(|v| !r.values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => return None,
+        };
+        ok &= holds;
+    }
+    Some(ok)
+}
+
+/// Why a `serviceScopeConfigs` entry is skipped, if it is (for warnings).
+fn invalid_scope_config(config: &mesh_config::ServiceScopeConfigs) -> Option<String> {
+    let empty = std::collections::BTreeMap::new();
+    for (field, selector) in [
+        ("namespaceSelector", config.namespace_selector.as_ref()),
+        ("servicesSelector", config.services_selector.as_ref()),
+    ] {
+        if selector_matches(selector, &empty).is_none() {
+            return Some(format!(
+                "{field}: an operator is not In, NotIn, Exists or DoesNotExist, or In/NotIn has no values; the entry is skipped"
+            ));
+        }
+    }
+    None
+}
+
+/// What meshfed says about MeshConfig `serviceScopeConfigs`: that only ambient
+/// multi-network reads it (sidecars do not, in istiod either), and which entries
+/// are skipped for an invalid selector.
+pub fn service_scope_warnings(m: &MeshConfig) -> Vec<String> {
+    if m.service_scope_configs.is_empty() {
+        return Vec::new();
+    }
+    let mut out = vec![
+        "serviceScopeConfigs: read for ztunnel's services with --ambientMultiNetwork (AMBIENT_ENABLE_MULTI_NETWORK) only; sidecars and gateways ignore it, as istiod's do".to_string(),
+    ];
+    for (i, c) in m.service_scope_configs.iter().enumerate() {
+        if let Some(why) = invalid_scope_config(c) {
+            out.push(format!("serviceScopeConfigs[{i}].{why}"));
+        }
+    }
+    out
 }
 
 fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
@@ -263,6 +330,9 @@ fn validate_mesh_config(m: &MeshConfig) -> Result<(), String> {
         if values.iter().any(|v| v.is_empty()) {
             return Err(format!("{field}: entries must not be empty"));
         }
+    }
+    for w in service_scope_warnings(m) {
+        warn!("mesh config: {w}");
     }
     // configSources: addresses meshfed can read (see `config::config_sources`).
     match meshfed_registry::config::validate_config_sources(m) {

@@ -211,6 +211,11 @@ impl NetworkView {
         self.by_network.get(network).map_or(&[], Vec::as_slice)
     }
 
+    /// Every gateway into `network`, sorted by (address, port).
+    pub fn network_gateways(&self, network: &NetworkId) -> &[Gateway] {
+        self.by_network.get(network).map_or(&[], Vec::as_slice)
+    }
+
     /// The network an endpoint is on: its own (pod / namespace label, WorkloadEntry),
     /// else meshNetworks `fromRegistry` for its cluster, else the first `fromCidr`
     /// holding its address, else none.

@@ -153,6 +153,9 @@ pub struct PolicyContext<'a> {
     /// The labels of each endpoint of the inline load assignment, per locality group
     /// (failoverPriority compares them with `proxy_labels`); `None` for EDS clusters.
     pub endpoint_labels: Option<&'a [Vec<BTreeMap<String, String>>]>,
+    /// The service's traffic distribution (outbound): a locality setting when the
+    /// rule gives none.
+    pub traffic_distribution: meshfed_registry::TrafficDistribution,
 }
 
 /// Whether the cluster forwards to the original destination.

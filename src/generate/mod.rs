@@ -867,8 +867,8 @@ mod tests {
         let after = snap.cache().stats();
         assert_eq!(
             after.hits - before.hits,
-            2,
-            "the failover check and the list"
+            3,
+            "the failover and node checks and the list"
         );
         assert_eq!(after.misses, before.misses);
         assert!(listed.iter().zip(&again).all(|(x, y)| Arc::ptr_eq(x, y)));
@@ -922,10 +922,10 @@ mod tests {
                 generate(TypeUrl::Endpoint, &snap, &p, sub, Scope::All, &opts);
             }
             let after = snap.cache().stats();
-            // Misses: each list, each assignment, the failover check.
+            // Misses: each list, each assignment, the failover and node checks.
             after.misses - before.misses
         };
-        assert_eq!(lists_for_two(ConfigSet::default()), 1 + 3 + 1, "one list");
+        assert_eq!(lists_for_two(ConfigSet::default()), 1 + 3 + 2, "one list");
         let rule = DestinationRule {
             host: "s0.default.svc.cluster.local".into(),
             subsets: vec![meshfed_api::networking::v1alpha3::Subset {
@@ -955,6 +955,66 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(lists_for_two(set), 2 + 3 + 1, "a list per deployment");
+        assert_eq!(lists_for_two(set), 2 + 3 + 2, "a list per deployment");
+    }
+
+    #[test]
+    fn a_node_local_service_sends_each_sidecar_the_endpoints_of_its_node() {
+        use crate::generate::lds::outbound::tests::snapshot_with_endpoints;
+        use crate::generate::lds::tests::proxy_with;
+        use meshfed_registry::{Endpoint, WorkloadMeta};
+        let mut svc = Service::new(
+            "a.default.svc.cluster.local",
+            "default",
+            ProviderId::Kubernetes,
+            "c1",
+        );
+        svc.cluster_vips
+            .insert("c1".into(), vec!["10.0.0.1".parse().unwrap()]);
+        svc.ports
+            .push(Port::new("http", 80, Protocol::Http).unwrap());
+        svc.node_local = true;
+        let on = |ip: &str, node: &str| {
+            let mut e = Endpoint::new(ip.parse().unwrap()).with_port("http", 8080);
+            e.workload = Some(Arc::new(WorkloadMeta {
+                node_name: node.into(),
+                ..Default::default()
+            }));
+            e
+        };
+        let snap = snapshot_with_endpoints(vec![(
+            ProviderId::Kubernetes,
+            vec![(svc, vec![on("10.1.0.1", "n1"), on("10.1.0.2", "n2")])],
+        )]);
+        let names: BTreeSet<String> =
+            ["outbound|80||a.default.svc.cluster.local".to_string()].into();
+        let sub = Subscription {
+            wildcard: false,
+            names: &names,
+            interned: None,
+        };
+        let endpoints_for = |node: &str| {
+            let p = proxy_with(
+                "sidecar~10.2.0.1~c.default~default.svc.cluster.local",
+                serde_json::json!({"NODE_NAME": node}),
+            );
+            let out = generate(
+                TypeUrl::Endpoint,
+                &snap,
+                &p,
+                sub,
+                Scope::All,
+                &GeneratorOptions::default(),
+            );
+            let cla: envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment =
+                prost::Message::decode(out[0].body.value.clone()).unwrap();
+            cla.endpoints
+                .iter()
+                .map(|g| g.lb_endpoints.len())
+                .sum::<usize>()
+        };
+        assert_eq!(endpoints_for("n1"), 1);
+        assert_eq!(endpoints_for("n2"), 1);
+        assert_eq!(endpoints_for("n3"), 0);
     }
 }

@@ -283,8 +283,17 @@ fn apply_load_balancer(
     lb: Option<&LoadBalancerSettings>,
     ctx: &PolicyContext<'_>,
 ) {
-    let locality = locality_lb_setting(ctx.mesh, lb);
-    apply_locality_config(&mut c.cluster, locality.as_ref(), ctx);
+    // Without a locality setting in the rule, the service's traffic distribution
+    // stands for one, with failover applied even without outlier detection (istiod's
+    // `GetLocalityLbSetting`).
+    let by_distribution = lb
+        .and_then(|lb| lb.locality_lb_setting.as_ref())
+        .is_none()
+        .then(|| super::eds::traffic_distribution_setting(ctx.traffic_distribution))
+        .flatten();
+    let forced = by_distribution.is_some();
+    let locality = by_distribution.or_else(|| locality_lb_setting(ctx.mesh, lb));
+    apply_locality_config(&mut c.cluster, locality.as_ref(), ctx, forced);
     if is_original_dst(&c.cluster) {
         c.cluster.lb_policy = cluster::LbPolicy::ClusterProvided as i32;
         return;
@@ -378,8 +387,9 @@ fn apply_locality_config(
     c: &mut Cluster,
     setting: Option<&LocalityLoadBalancerSetting>,
     ctx: &PolicyContext<'_>,
+    forced_failover: bool,
 ) {
-    let failover = c.outlier_detection.is_some();
+    let failover = forced_failover || c.outlier_detection.is_some();
     let common = c.common_lb_config.get_or_insert_with(Default::default);
     if let Some(s) = setting
         && (!s.distribute.is_empty()

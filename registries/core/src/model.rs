@@ -711,6 +711,9 @@ pub enum WorkloadKind {
     /// An instance from a registry outside Kubernetes and Istio config (Consul, the
     /// mock registry file).
     External,
+    /// An EndpointSlice endpoint that names no pod (`targetRef` absent or not a Pod):
+    /// the object is the slice (Istio's EndpointSlice workloads).
+    EndpointSlice,
 }
 
 /// The controller kind that owns a pod (Istio's `WorkloadType`).
@@ -758,6 +761,10 @@ pub struct WorkloadMeta {
     pub ambient_redirected: bool,
     /// A pod on the host network (never an ambient workload).
     pub host_network: bool,
+    /// When the object was created, when its registry knows (a pod's or
+    /// WorkloadEntry's `metadata.creationTimestamp`): the order of a waypoint's
+    /// workloads.
+    pub creation_time: Option<std::time::SystemTime>,
 }
 
 impl Endpoint {

@@ -70,6 +70,8 @@ pub struct WorkloadEntryInstance {
     /// Unhealthy while a health-checked entry's `Healthy` condition is not `True`
     /// ([`workload_entry_health`]).
     pub health: HealthStatus,
+    /// `metadata.creationTimestamp`.
+    pub creation_time: std::time::SystemTime,
 }
 
 impl WorkloadEntryInstance {
@@ -108,6 +110,7 @@ impl WorkloadEntryInstance {
             locality,
             weight: we.weight,
             service_account: we.service_account.clone(),
+            creation_time: obj.creation_time,
             tls_mode,
             health: workload_entry_health(obj),
         })

@@ -34,6 +34,9 @@
 //! - Services: name (a ServiceEntry's object name), VIPs, ports with the target port
 //!   the service gives (else the one its endpoints agree on), and load balancing from
 //!   `internalTrafficPolicy`, traffic distribution and `publishNotReadyAddresses`.
+//! - An EndpointSlice endpoint that names no pod is a workload of its own
+//!   ([`WorkloadKind::EndpointSlice`]): host network, the slice's health, the
+//!   service's ports, nothing else known.
 //! - Host-network pods are workloads in network mode `HOST_NETWORK` (their address
 //!   is the node's).
 //! - Kubernetes `ExternalName` Services (alias services) are not sent.
@@ -53,6 +56,7 @@ use meshfed_registry::config::Kind;
 
 pub use super::{HBONE_PORT, ip_bytes, ip_of};
 
+use super::multinetwork::{self, MultiNetwork};
 use super::waypoints::{
     LABEL_USE_WAYPOINT, LABEL_USE_WAYPOINT_NAMESPACE, Waypoint, WaypointInputs, Waypoints,
 };
@@ -85,6 +89,15 @@ pub struct AmbientModel {
     /// service's status (services naming a waypoint only; meshfed shows them in
     /// `/debug/ambientz`).
     pub service_conditions: BTreeMap<String, WaypointBound>,
+    /// Waypoint `namespace/name` -> the uids of the workloads that use it, oldest
+    /// first (then by uid; a workload whose registry gives no creation time counts
+    /// as oldest), as istiod's `WorkloadsForWaypoint` orders them.
+    pub waypoint_workloads: BTreeMap<String, Vec<String>>,
+    /// `namespace/hostname` -> the waypoint (`namespace/name`) of each service that
+    /// asks gateways to send through its waypoint (`istio.io/ingress-use-waypoint:
+    /// "true"` on the Service, else its namespace), which meshfed's gateways do not do
+    /// (shown in `/debug/ambientz` and logged, so the label is not ignored silently).
+    pub ingress_use_waypoint_not_routed: BTreeMap<String, String>,
 }
 
 /// A service's `WaypointBound` condition.
@@ -136,6 +149,19 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
     let networks = snapshot.network_view();
     let domain = snapshot.config().domain.clone();
     let waypoints = read_waypoints(snapshot, &services, networks, &domain);
+    let local_cluster = ClusterId::new(options.local_cluster);
+    let namespaces = snapshot.config().namespace_labels_all();
+    let local_network = local_network(
+        networks,
+        &local_cluster,
+        namespaces.get(&snapshot.mesh().config.root_namespace),
+    );
+    let multi = options.multi_network.then(|| MultiNetwork {
+        local_cluster: &local_cluster,
+        local_network: &local_network,
+        scopes: &snapshot.mesh().config.service_scope_configs,
+        namespaces: &namespaces,
+    });
     let mut model = build(
         &services,
         &standalone,
@@ -143,6 +169,7 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
         &trust_domain,
         &domain,
         &waypoints,
+        multi.as_ref(),
     );
     let policies = crate::generate::ambient_authz::ambient_policies(snapshot);
     attach_policies(&mut model, &services, &standalone, &policies);
@@ -156,6 +183,19 @@ pub fn from_snapshot(snapshot: &Snapshot, options: &super::AmbientOptions) -> Am
         );
     }
     model
+}
+
+/// The network of the local cluster: its system namespace's
+/// `topology.istio.io/network` label, else meshNetworks `fromRegistry`.
+pub(crate) fn local_network(
+    networks: &NetworkView,
+    cluster: &ClusterId,
+    system_namespace: Option<&BTreeMap<String, String>>,
+) -> NetworkId {
+    match system_namespace.and_then(|l| l.get("topology.istio.io/network")) {
+        Some(n) if !n.is_empty() => NetworkId::new(n),
+        _ => network_of(networks, IpAddr::from([0, 0, 0, 0]), cluster),
+    }
 }
 
 /// The snapshot's ready waypoints (see [`Waypoints`]).
@@ -208,6 +248,7 @@ pub fn attach_policies(
         .chain(standalone);
     for (_, ep) in endpoints {
         if let Some(meta) = ep.workload.as_deref()
+            && meta.kind != WorkloadKind::EndpointSlice
             && let Some(w) = model.workloads.get_mut(&meta.uid)
             && w.authorization_policies.is_empty()
         {
@@ -227,6 +268,7 @@ pub fn build(
     trust_domain: &str,
     domain: &str,
     waypoints: &Waypoints,
+    multi: Option<&MultiNetwork<'_>>,
 ) -> AmbientModel {
     let ctx = BuildContext {
         networks,
@@ -258,13 +300,35 @@ pub fn build(
         })
         .map(|(shard, ep)| (ctx.networks.endpoint_network(ep, shard), ep.address))
         .collect();
+    // Endpoints of global services on other networks: (service name, network) ->
+    // how many, and their identities.
+    let mut remote: BTreeMap<(String, NetworkId), (u32, BTreeSet<String>)> = BTreeMap::new();
     for (service, endpoints) in services {
         // Istio sends no Service for an `ExternalName` Service.
         if service.resolution == Resolution::Alias {
             continue;
         }
+        let scoped;
+        let (service, endpoints): (&Service, &[(&ShardKey, &Endpoint)]) = match multi {
+            None => (service, endpoints),
+            Some(m) => match scope_service(m, service, endpoints) {
+                Some(s) => {
+                    scoped = s;
+                    (&scoped.0, &scoped.1)
+                }
+                None => continue,
+            },
+        };
+        let global = multi.is_some_and(|m| m.is_global(service));
         let (svc, condition) = service_resource(service, endpoints, &ctx);
         let name = format!("{}/{}", svc.namespace, svc.hostname);
+        if let Ok(Some(w)) = service_waypoint(service, ctx.waypoints)
+            && ingress_use_waypoint(service, ctx.waypoints)
+        {
+            model
+                .ingress_use_waypoint_not_routed
+                .insert(name.clone(), w.key());
+        }
         if let Some(c) = condition {
             model.service_conditions.insert(name.clone(), c);
         }
@@ -283,6 +347,17 @@ pub fn build(
             };
             if shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
                 continue;
+            }
+            if let Some(m) = multi {
+                let network = ctx.networks.endpoint_network(ep, shard);
+                if network != *m.local_network {
+                    if global {
+                        let entry = remote.entry((name.clone(), network)).or_default();
+                        entry.0 += 1;
+                        entry.1.extend(ep.service_account.iter().cloned());
+                    }
+                    continue;
+                }
             }
             let workload = model
                 .workloads
@@ -312,34 +387,56 @@ pub fn build(
         let Some(meta) = ep.workload.as_deref() else {
             continue;
         };
-        if !shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
+        let elsewhere =
+            multi.is_some_and(|m| ctx.networks.endpoint_network(ep, shard) != *m.local_network);
+        if !elsewhere && !shadowed_by_pod(meta, ep, shard, &pod_addresses, &ctx) {
             model
                 .workloads
                 .entry(meta.uid.clone())
                 .or_insert_with(|| workload_resource(meta, ep, shard, &ctx));
         }
     }
+    if let Some(m) = multi {
+        add_split_horizon(&mut model, m, remote, &ctx);
+    }
     // Why a workload's `istio.io/use-waypoint` gives it no waypoint.
     let endpoints = services
         .iter()
         .flat_map(|(_, eps)| eps.iter())
         .chain(standalone);
+    let mut by_waypoint: BTreeMap<String, BTreeSet<(Option<std::time::SystemTime>, String)>> =
+        BTreeMap::new();
     for (_, ep) in endpoints {
-        if let Some(meta) = ep.workload.as_deref()
-            && model.workloads.contains_key(&meta.uid)
-            && !model.workload_waypoint_problems.contains_key(&meta.uid)
-            && let Err(e) = workload_waypoint_or_why(meta, ep, ctx.waypoints)
-        {
-            model.workload_waypoint_problems.insert(
-                meta.uid.clone(),
-                WaypointBound {
-                    status: false,
-                    reason: e.reason().into(),
-                    message: e.message(),
-                },
-            );
+        let Some(meta) = ep.workload.as_deref() else {
+            continue;
+        };
+        if !model.workloads.contains_key(&meta.uid) {
+            continue;
+        }
+        match workload_waypoint_or_why(meta, ep, ctx.waypoints) {
+            Ok(Some(w)) => {
+                by_waypoint
+                    .entry(w.key())
+                    .or_default()
+                    .insert((meta.creation_time, meta.uid.clone()));
+            }
+            Ok(None) => {}
+            Err(e) => {
+                model
+                    .workload_waypoint_problems
+                    .entry(meta.uid.clone())
+                    .or_insert_with(|| WaypointBound {
+                        status: false,
+                        reason: e.reason().into(),
+                        message: e.message(),
+                    });
+            }
         }
     }
+    model.waypoint_workloads = by_waypoint
+        .into_iter()
+        .map(|(k, set)| (k, set.into_iter().map(|(_, uid)| uid).collect()))
+        .collect();
     for (uid, w) in &model.workloads {
         for a in &w.addresses {
             if let Some(ip) = ip_of(a) {
@@ -352,6 +449,90 @@ pub fn build(
         }
     }
     model
+}
+
+/// Whether `istio.io/ingress-use-waypoint` is `true` on the service, else (when the
+/// service does not set it) on its namespace, as istiod reads it.
+fn ingress_use_waypoint(service: &Service, waypoints: &Waypoints) -> bool {
+    let value = service.labels.get(LABEL_INGRESS_USE_WAYPOINT).or_else(|| {
+        waypoints
+            .namespace_labels(service.namespace.as_str())
+            .and_then(|l| l.get(LABEL_INGRESS_USE_WAYPOINT))
+    });
+    value.is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
+/// The part of `service` (and of its endpoints) the local control plane shares
+/// under multi-network ([`super::multinetwork`]): all of a global service, the local
+/// cluster's part of a local one; `None` when nothing is left.
+fn scope_service<'a>(
+    m: &MultiNetwork<'_>,
+    service: &Service,
+    endpoints: &[(&'a ShardKey, &'a Endpoint)],
+) -> Option<(Service, Vec<(&'a ShardKey, &'a Endpoint)>)> {
+    if service.provider != ProviderId::Kubernetes || m.is_global(service) {
+        return Some((service.clone(), endpoints.to_vec()));
+    }
+    if !m.is_in_local_cluster(service) {
+        return None;
+    }
+    let mut local = service.clone();
+    local.cluster_vips.retain(|c, _| c == m.local_cluster);
+    let endpoints = endpoints
+        .iter()
+        .filter(|(shard, ep)| {
+            let cluster = if ep.cluster_id.is_empty() {
+                &shard.cluster
+            } else {
+                &ep.cluster_id
+            };
+            cluster == m.local_cluster
+        })
+        .copied()
+        .collect();
+    Some((local, endpoints))
+}
+
+/// The split-horizon workloads of the global services' endpoints on other networks
+/// (one per service and network with a gateway), the identities of those endpoints
+/// added to their services' subject alt names, and a workload per gateway into
+/// another network.
+fn add_split_horizon(
+    model: &mut AmbientModel,
+    m: &MultiNetwork<'_>,
+    remote: BTreeMap<(String, NetworkId), (u32, BTreeSet<String>)>,
+    ctx: &BuildContext<'_>,
+) {
+    for ((name, network), (count, identities)) in remote {
+        let Some(service) = model.services.get_mut(&name) else {
+            continue;
+        };
+        let Some(gateway) = ctx.networks.network_gateways(&network).first() else {
+            continue;
+        };
+        let mut sans: BTreeSet<String> = service.subject_alt_names.drain(..).collect();
+        sans.extend(identities);
+        service.subject_alt_names = sans.into_iter().collect();
+        let gateway_name = multinetwork::gateway_resource_name(ctx.networks, gateway);
+        let w = multinetwork::split_horizon_workload(
+            &name,
+            service,
+            gateway,
+            &gateway_name,
+            count,
+            ctx.trust_domain,
+        );
+        model.workloads.insert(w.uid.clone(), w);
+    }
+    for entry in ctx.networks.entries() {
+        let gateway = &entry.gateway;
+        if gateway.network == *m.local_network {
+            continue;
+        }
+        let gateway_name = multinetwork::gateway_resource_name(ctx.networks, gateway);
+        let w = multinetwork::gateway_workload(gateway, &gateway_name, ctx.trust_domain);
+        model.workloads.entry(w.uid.clone()).or_insert(w);
+    }
 }
 
 /// A WorkloadEntry at the address of a pod on the same network is not a workload.
@@ -571,6 +752,9 @@ fn workload_resource(
     } else {
         &ep.cluster_id
     };
+    if meta.kind == WorkloadKind::EndpointSlice {
+        return endpoint_slice_workload(meta, ep, &network, cluster, ctx);
+    }
     let (trust_domain, service_account) = match ep.service_account.as_deref() {
         Some(spiffe) => split_spiffe(spiffe),
         None => (String::new(), String::new()),
@@ -601,6 +785,8 @@ fn workload_resource(
         meta.workload_name.clone()
     };
     let (canonical_name, canonical_revision) = canonical(&ep.labels, &workload_name);
+    // The network's gateways from meshNetworks and the registries, else those the
+    // `istio-remote` Gateways declare (which may be host names).
     let network_gateway = ctx
         .networks
         .gateways_for(&network, cluster)
@@ -613,6 +799,11 @@ fn workload_resource(
                 },
             )),
             hbone_mtls_port: HBONE_PORT,
+        })
+        .or_else(|| {
+            (!network.is_empty())
+                .then(|| ctx.waypoints.network_gateway(network.as_str()).cloned())
+                .flatten()
         });
     let waypoint = workload_waypoint(meta, ep, ctx.waypoints).map(|w| w.address.clone());
     // A waypoint's own instance carries the waypoint's inbound binding.
@@ -667,6 +858,37 @@ fn workload_resource(
     }
 }
 
+/// An EndpointSlice endpoint that names no pod, as istiod sends it: its address on
+/// the host network (it may share it with anything), the slice's health, and nothing
+/// else known (no identity, waypoint, locality or policies).
+fn endpoint_slice_workload(
+    meta: &WorkloadMeta,
+    ep: &Endpoint,
+    network: &NetworkId,
+    cluster: &ClusterId,
+    ctx: &BuildContext<'_>,
+) -> wl::Workload {
+    wl::Workload {
+        uid: meta.uid.clone(),
+        name: meta.name.clone(),
+        namespace: meta.namespace.clone(),
+        addresses: vec![ip_bytes(ep.address)],
+        network: network.to_string(),
+        trust_domain: if ctx.trust_domain == "cluster.local" {
+            String::new()
+        } else {
+            ctx.trust_domain.to_string()
+        },
+        status: match ep.health {
+            HealthStatus::Healthy => wl::WorkloadStatus::Healthy,
+            _ => wl::WorkloadStatus::Unhealthy,
+        } as i32,
+        cluster_id: cluster.to_string(),
+        network_mode: wl::NetworkMode::HostNetwork as i32,
+        ..Default::default()
+    }
+}
+
 /// The waypoint a workload uses: its own (or, when the registry gave none, its
 /// namespace's) `istio.io/use-waypoint`, if that waypoint takes workload traffic;
 /// none for a waypoint's own pods.
@@ -684,10 +906,11 @@ fn workload_waypoint_or_why<'w>(
     ep: &Endpoint,
     waypoints: &'w Waypoints,
 ) -> Result<Option<&'w Waypoint>, super::waypoints::Unbound> {
-    if ep
-        .labels
-        .get(LABEL_MANAGED)
-        .is_some_and(|v| v == MESH_CONTROLLER)
+    if meta.kind == WorkloadKind::EndpointSlice
+        || ep
+            .labels
+            .get(LABEL_MANAGED)
+            .is_some_and(|v| v == MESH_CONTROLLER)
     {
         return Ok(None);
     }
@@ -817,7 +1040,11 @@ pub fn add_implicit_waypoint_policies(
         .collect();
     let mut done = BTreeSet::new();
     for ep in &endpoints {
-        let Some(meta) = ep.workload.as_deref() else {
+        let Some(meta) = ep
+            .workload
+            .as_deref()
+            .filter(|m| m.kind != WorkloadKind::EndpointSlice)
+        else {
             continue;
         };
         if !done.insert(meta.uid.clone()) {

@@ -14,6 +14,7 @@
 //! `aliases`; the content is the same).
 
 pub mod build;
+pub mod multinetwork;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -22,6 +23,8 @@ mod tests_istio;
 mod tests_istio_entries;
 #[cfg(test)]
 mod tests_istio_index;
+#[cfg(test)]
+mod tests_istio_multi;
 #[cfg(test)]
 mod tests_istio_world;
 pub mod waypoints;
@@ -65,6 +68,12 @@ pub struct AmbientOptions {
     /// policy for the waypoint's service accounts
     /// ([`build::add_implicit_waypoint_policies`]).
     pub default_allow_from_waypoint: bool,
+    /// Istio's `AMBIENT_ENABLE_MULTI_NETWORK`: services are scoped by MeshConfig
+    /// `serviceScopeConfigs` and other networks' workloads are sent split-horizon
+    /// ([`multinetwork`]), as seen from `local_cluster`.
+    pub multi_network: bool,
+    /// This control plane's cluster (`--clusterID`).
+    pub local_cluster: &'static str,
 }
 
 /// The Address resources of one snapshot.
@@ -163,7 +172,29 @@ pub fn address_resources(
     snapshot: &Snapshot,
     options: &AmbientOptions,
 ) -> std::sync::Arc<AddressResources> {
-    snapshot.derived(|s| AddressResources::new(build::from_snapshot(s, options)))
+    snapshot.derived(|s| {
+        let model = build::from_snapshot(s, options);
+        warn_ingress_use_waypoint(&model.ingress_use_waypoint_not_routed);
+        AddressResources::new(model)
+    })
+}
+
+/// Logs each service newly asking gateways to send through its waypoint (once, not
+/// per snapshot).
+fn warn_ingress_use_waypoint(services: &BTreeMap<String, String>) {
+    static LOGGED: std::sync::Mutex<BTreeMap<String, String>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut logged = LOGGED.lock().unwrap_or_else(|e| e.into_inner());
+    for (service, waypoint) in services {
+        if logged.get(service) != Some(waypoint) {
+            tracing::warn!(
+                service,
+                waypoint,
+                "istio.io/ingress-use-waypoint: gateways do not send through the waypoint (not supported by meshfed); ztunnel still does"
+            );
+        }
+    }
+    *logged = services.clone();
 }
 
 /// The Address resources `sub` asks for.
@@ -263,6 +294,11 @@ pub fn ambientz(
         // Workloads whose `istio.io/use-waypoint` names a waypoint that gives them
         // none, and why.
         "workloadWaypointProblems": &r.model.workload_waypoint_problems,
+        // Each waypoint's workloads, oldest first (istiod's `WorkloadsForWaypoint`).
+        "waypointWorkloads": &r.model.waypoint_workloads,
+        // Services whose `istio.io/ingress-use-waypoint` asks gateways to go through
+        // their waypoint, which meshfed's gateways do not do.
+        "ingressUseWaypointNotRouted": &r.model.ingress_use_waypoint_not_routed,
     });
     if with_resources {
         out["resources"] = debug_json(snapshot, options);

@@ -108,6 +108,7 @@ pub(super) fn model_with_waypoints(
         "cluster.local",
         "cluster.local",
         waypoints,
+        None,
     )
 }
 
@@ -371,4 +372,45 @@ fn internal_traffic_policy_local_keeps_to_the_node_over_traffic_distribution() {
             health_policy: wl::load_balancing::HealthPolicy::AllowAll as i32,
         })
     );
+}
+
+#[test]
+fn ingress_use_waypoint_is_listed_as_not_routed_by_gateways() {
+    use super::tests_istio_world::World;
+    let mut w = World::new();
+    w.waypoint_at("10.0.0.1", "", "wp", "all", true)
+        .service("wp", &[], &[80], &[("app", "waypoint")], "10.0.0.1")
+        .service(
+            "svc1",
+            &[
+                ("istio.io/use-waypoint", "wp"),
+                ("istio.io/ingress-use-waypoint", "true"),
+            ],
+            &[80],
+            &[("app", "a")],
+            "10.0.0.2",
+        )
+        .service(
+            "svc2",
+            &[("istio.io/use-waypoint", "wp")],
+            &[80],
+            &[("app", "b")],
+            "10.0.0.3",
+        );
+    let listed = |w: &World| {
+        w.model()
+            .ingress_use_waypoint_not_routed
+            .into_iter()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed(&w),
+        vec![(
+            "ns1/svc1.ns1.svc.company.com".to_string(),
+            "ns1/wp".to_string()
+        )]
+    );
+    // The namespace's label counts for services that do not set it.
+    w.ns_label("ns1", &[("istio.io/ingress-use-waypoint", "true")]);
+    assert_eq!(listed(&w).len(), 2);
 }

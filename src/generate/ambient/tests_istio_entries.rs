@@ -308,6 +308,39 @@ fn entries_not_selected_by_services() -> Result<(), String> {
     assert_workloads(&w, "", HEALTHY, &["name1", "name2", "name3", "pod1"])
 }
 
+/// The endpoint meshfed's Kubernetes registry gives for an EndpointSlice endpoint
+/// that names no pod: the slice is its object.
+fn slice_endpoint(slice: &str, ns: &str, ip: &str, port: (&str, u16)) -> Endpoint {
+    let mut e = Endpoint::new(ip.parse().unwrap()).with_port(port.0, port.1);
+    e.cluster_id = C0.into();
+    e.network = NW.into();
+    e.workload = Some(Arc::new(WorkloadMeta {
+        kind: WorkloadKind::EndpointSlice,
+        name: slice.into(),
+        namespace: ns.into(),
+        uid: format!("{C0}/discovery.k8s.io/EndpointSlice/{ns}/{slice}/{ip}"),
+        ..WorkloadMeta::default()
+    }));
+    e
+}
+
+/// An EndpointSlice workload as Istio's vectors expect it.
+fn slice_workload(slice: &str, ip: &str, service: &str, port: (u32, u32)) -> wl::Workload {
+    let ip: std::net::IpAddr = ip.parse().unwrap();
+    wl::Workload {
+        uid: format!("{C0}/discovery.k8s.io/EndpointSlice/default/{slice}/{ip}"),
+        name: slice.into(),
+        namespace: "default".into(),
+        addresses: vec![super::ip_bytes(ip)],
+        network: NW.into(),
+        status: HEALTHY as i32,
+        network_mode: wl::NetworkMode::HostNetwork as i32,
+        cluster_id: C0.into(),
+        services: ports(service, &[port]),
+        ..Default::default()
+    }
+}
+
 const VECTORS: &[Vector] = &[
     (SE_FILE, "ServiceEntry/inlined endpoint", || {
         let mut w = World::new();
@@ -605,9 +638,8 @@ const VECTORS: &[Vector] = &[
         WORKLOADS,
         "PodWorkloads/pod as part of selectorless service without targetRef",
         || {
-            // The slice's endpoint names no pod. Istio leaves the pod out of the
-            // service (the endpoint is an EndpointSlice workload of its own); meshfed's
-            // Kubernetes registry finds the pod at the endpoint's IP (as for EDS).
+            // The slice's endpoint names no pod: the pod does not back the service
+            // (the endpoint is an EndpointSlice workload of its own).
             let s = service(
                 "svc.default.svc.domain.suffix",
                 "default",
@@ -619,16 +651,10 @@ const VECTORS: &[Vector] = &[
                 ep(WorkloadKind::Pod, "pod-123", "default", "1.2.3.4", &[]),
                 &[("app", "foo")],
             );
-            let by_ip = with_labels(
-                ep(
-                    WorkloadKind::Pod,
-                    "pod-123",
-                    "default",
-                    "1.2.3.4",
-                    &[("80", 80)],
-                ),
-                &[("app", "foo")],
-            );
+            // The registry joins the slice's endpoint to the pod at its IP for its
+            // labels, but the object behind it is the slice.
+            let mut by_ip = slice_endpoint("svc-123", "default", "1.2.3.4", ("80", 80));
+            by_ip.labels = p.labels.clone();
             let m = model_with(vec![(s, vec![by_ip])], vec![p], &[]);
             check(
                 "pod-123",
@@ -887,16 +913,47 @@ const VECTORS: &[Vector] = &[
         WORKLOADS,
         "WorkloadEntryWorkloads/cross network we hostname gateway",
         || {
-            // The network's gateway is named by host name (`networkgateway.example.com`
-            // in `ns-gtw`); meshfed's gateways are IPs.
+            // The network's gateway is the `istio-remote` Gateway
+            // `ns-gtw/remote-network-hostname`, reporting a host name.
             let mut e = Endpoint::without_address().with_port("80", 80);
             let plain = ep(WorkloadKind::WorkloadEntry, "name", "ns", "1.2.3.4", &[]);
             e.cluster_id = C0.into();
             e.network = "remote-network-hostname".into();
             e.workload = plain.workload;
+            let spec: meshfed_registry::config::gateway_api::GatewaySpec =
+                serde_json::from_value(serde_json::json!({
+                    "gatewayClassName": "istio-remote",
+                    "listeners": [{"name": "cross-network", "port": 15008, "protocol": "HBONE"}],
+                }))
+                .unwrap();
+            let mut gw = meshfed_registry::config::ConfigObject::new(
+                "ns-gtw",
+                "remote-network-hostname",
+                spec,
+            );
+            gw.labels = [(
+                "topology.istio.io/network".to_string(),
+                "remote-network-hostname".to_string(),
+            )]
+            .into();
+            gw.status_addresses
+                .push(meshfed_registry::config::StatusAddress {
+                    kind: "Hostname".into(),
+                    value: "networkgateway.example.com".into(),
+                });
+            let waypoints = Waypoints::read(
+                &[Arc::new(gw)],
+                super::waypoints::WaypointInputs {
+                    domain: "domain.suffix",
+                    service_exists: &|_| false,
+                    network_of: &|_| String::new(),
+                    namespaces: Default::default(),
+                },
+            );
             check(
                 "network_gateway",
-                only_workload(&model_with(vec![], vec![e], &[])).and_then(|w| w.network_gateway),
+                only_workload(&model_with_waypoints(vec![], vec![e], &[], &waypoints))
+                    .and_then(|w| w.network_gateway),
                 Some(wl::GatewayAddress {
                     destination: Some(wl::gateway_address::Destination::Hostname(
                         wl::NamespacedHostname {
@@ -1029,14 +1086,17 @@ const VECTORS: &[Vector] = &[
             &["1.2.3.4"],
             &[("https", 443)],
         );
-        let bare = Endpoint::new("172.18.0.5".parse().unwrap()).with_port("https", 6443);
-        let m = model_of(vec![(s, vec![bare])], &[]);
+        let e = slice_endpoint("kubernetes", "default", "172.18.0.5", ("https", 6443));
+        let m = model_of(vec![(s, vec![e])], &[]);
         check(
             "workload",
-            m.workloads.contains_key(
-                "cluster0/discovery.k8s.io/EndpointSlice/default/kubernetes/172.18.0.5",
-            ),
-            true,
+            only_workload(&m),
+            Some(slice_workload(
+                "kubernetes",
+                "172.18.0.5",
+                "default/kubernetes.default.svc.domain.suffix",
+                (443, 6443),
+            )),
         )
     }),
     (
@@ -1050,14 +1110,17 @@ const VECTORS: &[Vector] = &[
                 &[],
                 &[("http", 80)],
             );
-            let bare = Endpoint::new("1.2.3.4".parse().unwrap()).with_port("http", 80);
-            let m = model_of(vec![(s, vec![bare])], &[]);
+            let e = slice_endpoint("svc-123", "default", "1.2.3.4", ("http", 80));
+            let m = model_of(vec![(s, vec![e])], &[]);
             check(
                 "workload",
-                m.workloads.contains_key(
-                    "cluster0/discovery.k8s.io/EndpointSlice/default/svc-123/1.2.3.4",
-                ),
-                true,
+                only_workload(&m),
+                Some(slice_workload(
+                    "svc-123",
+                    "1.2.3.4",
+                    "default/svc.default.svc.domain.suffix",
+                    (80, 80),
+                )),
             )
         },
     ),
@@ -1345,24 +1408,8 @@ fn cross_namespace(admitted: &str) -> Waypoints {
     )
 }
 
-const NO_SLICE_WORKLOADS: &str = "an endpoint with no pod or entry behind it (Istio's EndpointSlice workloads) is not a workload";
-
 /// Vectors meshfed does not pass, with the reason.
-const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "PodWorkloads/pod as part of selectorless service without targetRef",
-        "meshfed's Kubernetes registry joins a slice endpoint without targetRef to the pod at its IP (as EDS does), so the pod's workload lists the service; Istio's ambient index leaves the pod out and sends the endpoint as an EndpointSlice workload",
-    ),
-    (
-        "WorkloadEntryWorkloads/cross network we hostname gateway",
-        "network gateways are IPs only (a gateway named by host name is not read)",
-    ),
-    ("EndpointSliceWorkloads/api server", NO_SLICE_WORKLOADS),
-    (
-        "EndpointSliceWorkloads/pod as part of selectorless service without targetRef",
-        NO_SLICE_WORKLOADS,
-    ),
-];
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 #[test]
 fn istio_ambient_entry_vectors() {

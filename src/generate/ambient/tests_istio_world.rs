@@ -49,6 +49,8 @@ pub(super) struct Obj {
     pub sa: String,
     pub labels: BTreeMap<String, String>,
     pub ready: bool,
+    /// Creation order (kept when the object is updated).
+    pub created: u64,
 }
 
 /// A Kubernetes Service or a ServiceEntry host.
@@ -94,9 +96,13 @@ impl World {
         w
     }
 
-    fn upsert(&mut self, o: Obj) {
-        self.objs
-            .retain(|x| !(x.kind == o.kind && x.name == o.name && x.ns == o.ns));
+    fn upsert(&mut self, mut o: Obj) {
+        let same = |x: &Obj| x.kind == o.kind && x.name == o.name && x.ns == o.ns;
+        o.created = match self.objs.iter().find(|x| same(x)) {
+            Some(old) => old.created,
+            None => self.objs.iter().map(|x| x.created + 1).max().unwrap_or(1),
+        };
+        self.objs.retain(|x| !same(x));
         self.objs.push(o);
     }
 
@@ -110,6 +116,7 @@ impl World {
             sa: sa.into(),
             labels: labels(l),
             ready: true,
+            created: 0,
         });
         self
     }
@@ -124,6 +131,7 @@ impl World {
             sa: sa.into(),
             labels: labels(l),
             ready: true,
+            created: 0,
         });
         self
     }
@@ -340,6 +348,8 @@ impl World {
             workload_name: o.name.clone(),
             use_waypoint: from("istio.io/use-waypoint"),
             use_waypoint_namespace: from("istio.io/use-waypoint-namespace"),
+            creation_time: (o.created > 0)
+                .then(|| std::time::UNIX_EPOCH + std::time::Duration::from_secs(o.created)),
             ..WorkloadMeta::default()
         }));
         e
@@ -389,6 +399,7 @@ impl World {
                                 sa: String::new(),
                                 labels: s.labels.clone(),
                                 ready: true,
+                                created: 0,
                             };
                             eps.push(self.endpoint(&o, Some(s), *port));
                         }
@@ -453,6 +464,7 @@ impl World {
             "cluster.local",
             DOMAIN,
             &waypoints,
+            None,
         );
         let aps: Vec<(&str, &str, &str)> = self
             .aps

@@ -99,11 +99,89 @@ pub struct Waypoint {
     pub allowed: Allowed,
 }
 
-/// Every ready waypoint, by `(namespace, name)`, with the namespace labels.
+/// Every ready waypoint, by `(namespace, name)`, with the namespace labels; and the
+/// network gateways the same Gateway objects declare.
 #[derive(Clone, Debug, Default)]
 pub struct Waypoints {
     by_name: BTreeMap<(String, String), Waypoint>,
     namespaces: Arc<NamespaceLabels>,
+    /// Network -> the gateways into it declared by Gateways of class `istio-remote`
+    /// ([`network_gateways`]), by Gateway namespace and name.
+    network_gateways: BTreeMap<String, Vec<wl::GatewayAddress>>,
+}
+
+/// The class of the Gateways that declare another network's gateway.
+pub const REMOTE_GATEWAY_CLASS: &str = "istio-remote";
+/// The label naming a network.
+const LABEL_NETWORK: &str = "topology.istio.io/network";
+
+/// The network gateways among `objects`, as istiod's ambient index reads them
+/// (`ambient/networks.go`): Gateways of class `istio-remote` labelled
+/// `topology.istio.io/network`, at each of their `IPAddress` and `Hostname` addresses
+/// (`status.addresses`, else `spec.addresses`), on the port of their first `HBONE`
+/// listener. A host name is namespaced by the Gateway.
+pub fn network_gateways(
+    objects: &[Arc<ConfigObject>],
+) -> BTreeMap<String, Vec<wl::GatewayAddress>> {
+    let mut out: BTreeMap<String, Vec<wl::GatewayAddress>> = BTreeMap::new();
+    let mut sorted: Vec<&Arc<ConfigObject>> = objects.iter().collect();
+    sorted.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    for o in sorted {
+        let Some(spec) = o.spec.get::<GatewaySpec>() else {
+            continue;
+        };
+        let Some(network) = o.labels.get(LABEL_NETWORK).filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if spec.gateway_class_name != REMOTE_GATEWAY_CLASS {
+            continue;
+        }
+        let Some(port) = spec
+            .listeners
+            .iter()
+            .find(|l| l.protocol == "HBONE")
+            .map(|l| l.port)
+            .filter(|p| *p != 0)
+        else {
+            continue;
+        };
+        let addresses: Vec<(&str, &str)> = if o.status_addresses.is_empty() {
+            spec.addresses
+                .iter()
+                .filter_map(|a| Some((a.kind.as_deref()?, a.value.as_str())))
+                .collect()
+        } else {
+            o.status_addresses
+                .iter()
+                .map(|a| (a.kind.as_str(), a.value.as_str()))
+                .collect()
+        };
+        for (kind, value) in addresses {
+            let destination = match kind {
+                "IPAddress" => {
+                    let Ok(ip) = value.parse::<IpAddr>() else {
+                        continue;
+                    };
+                    wl::gateway_address::Destination::Address(wl::NetworkAddress {
+                        network: network.clone(),
+                        address: ip_bytes(ip),
+                    })
+                }
+                "Hostname" => wl::gateway_address::Destination::Hostname(wl::NamespacedHostname {
+                    namespace: o.namespace.clone(),
+                    hostname: value.to_string(),
+                }),
+                _ => continue,
+            };
+            out.entry(network.clone())
+                .or_default()
+                .push(wl::GatewayAddress {
+                    destination: Some(destination),
+                    hbone_mtls_port: port,
+                });
+        }
+    }
+    out
 }
 
 /// What reading the waypoints needs beside the Gateways.
@@ -163,7 +241,13 @@ impl Waypoints {
         Waypoints {
             by_name,
             namespaces: inputs.namespaces,
+            network_gateways: network_gateways(objects),
         }
+    }
+
+    /// The first gateway into `network` a Gateway of class `istio-remote` declares.
+    pub fn network_gateway(&self, network: &str) -> Option<&wl::GatewayAddress> {
+        self.network_gateways.get(network)?.first()
     }
 
     /// Waypoints given whole, with the namespace labels (the builders' tests).
@@ -175,6 +259,7 @@ impl Waypoints {
                 .map(|w| ((w.namespace.clone(), w.name.clone()), w))
                 .collect(),
             namespaces: Arc::new(namespaces),
+            network_gateways: BTreeMap::new(),
         }
     }
 

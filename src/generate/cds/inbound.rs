@@ -201,6 +201,7 @@ pub fn inbound_cluster(req: &InboundRequest<'_>) -> Cluster {
         proxy_locality: &no_locality,
         proxy_labels: &no_labels,
         endpoint_labels: None,
+        traffic_distribution: Default::default(),
     };
     traffic_policy::apply_traffic_policy(&mut build, req.policy, &ctx);
     let mut c = build.build();

@@ -194,6 +194,37 @@ mod tests {
         }
     }
 
+    #[test]
+    fn traffic_distribution_turns_on_locality_weighted_balancing_unless_the_rule_sets_locality() {
+        let locality_weighted = |c: &Cluster| {
+            c.common_lb_config
+                .as_ref()
+                .and_then(|l| l.locality_config_specifier.as_ref())
+                .is_some()
+        };
+        let mut case = Case::new(None);
+        assert!(!locality_weighted(&case.cluster()));
+        case.service.traffic_distribution = meshfed_registry::TrafficDistribution::PreferSameZone;
+        assert!(
+            locality_weighted(&case.cluster()),
+            "failover priorities apply without outlier detection"
+        );
+        // A rule's own locality setting wins: here one without failover or
+        // outlier detection.
+        let mut case = Case::new(Some(TrafficPolicy {
+            load_balancer: Some(LoadBalancerSettings {
+                locality_lb_setting: Some(LocalityLoadBalancerSetting {
+                    enabled: Some(true.into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }));
+        case.service.traffic_distribution = meshfed_registry::TrafficDistribution::PreferSameZone;
+        assert!(!locality_weighted(&case.cluster()));
+    }
+
     fn lb(policy: LbPolicy) -> TrafficPolicy {
         TrafficPolicy {
             load_balancer: Some(LoadBalancerSettings {

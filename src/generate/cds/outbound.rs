@@ -184,7 +184,22 @@ impl ClusterClient {
             Resolution::DnsLb | Resolution::DnsRoundRobinLb
         )
         .then(|| {
-            let keys = failover_priority_keys(rule, mesh);
+            let mut keys = failover_priority_keys(rule, mesh);
+            // The topology labels a traffic distribution orders by (the client's
+            // node is not among its facts).
+            {
+                use super::super::locality_lb::{
+                    LABEL_NETWORK, LABEL_REGION, LABEL_SUBZONE, LABEL_ZONE,
+                };
+                use meshfed_registry::TrafficDistribution as T;
+                keys.extend(match service.traffic_distribution {
+                    T::Any => &[][..],
+                    T::PreferSameZone => &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE][..],
+                    T::PreferSameNode => {
+                        &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE, LABEL_SUBZONE][..]
+                    }
+                });
+            }
             let labels = if keys.is_empty() {
                 BTreeMap::new()
             } else {
@@ -361,6 +376,7 @@ pub fn outbound_cluster_for(req: &OutboundRequest<'_>) -> Option<Cluster> {
         proxy_locality,
         proxy_labels,
         endpoint_labels: endpoint_labels.as_deref(),
+        traffic_distribution: service.traffic_distribution,
     };
     traffic_policy::apply_traffic_policy(&mut build, traffic_policy.as_ref(), &ctx);
     let mut c = build.build();

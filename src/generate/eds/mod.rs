@@ -71,7 +71,23 @@ pub struct EndpointSelection<'a> {
     /// Leave out endpoints that carry a hostname instead of an IP (an EDS cluster:
     /// only DNS clusters resolve names).
     pub ips_only: bool,
+    /// Keep only the endpoints on this node (a service with `internalTrafficPolicy:
+    /// Local`, for a client on that node; Istio's `NodeLocal`).
+    pub node: Option<&'a str>,
 }
+
+/// The node an endpoint runs on: its pod's, else its `kubernetes.io/hostname` label.
+fn endpoint_node(ep: &Endpoint) -> &str {
+    ep.workload
+        .as_deref()
+        .map(|w| w.node_name.as_str())
+        .filter(|n| !n.is_empty())
+        .or_else(|| ep.labels.get(LABEL_HOSTNAME).map(String::as_str))
+        .unwrap_or_default()
+}
+
+/// The label Istio gives an endpoint for its node.
+const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 
 /// The load assignment for `cluster_name` of `service` port `port`.
 pub fn load_assignment(
@@ -151,6 +167,9 @@ fn grouped_assignment(
             continue;
         }
         if selection.ips_only && ep.hostname.is_some() {
+            continue;
+        }
+        if selection.node.is_some_and(|node| endpoint_node(ep) != node) {
             continue;
         }
         if selection.visibility.is_some_and(|v| !v.shows(ep, shard)) {
@@ -299,29 +318,65 @@ pub struct EdsInput {
     pub peer_authn: Option<u64>,
     /// The networks the proxy asked to see (sorted, deduplicated), when it named any.
     pub network_view: Option<Vec<NetworkId>>,
+    /// The proxy's node, when the service keeps to the client's node
+    /// (`internalTrafficPolicy: Local`).
+    pub node: Option<String>,
     pub options: EdsOptions,
 }
 
 /// The locality setting in force for `port` and `subset` under `rule`, and whether
 /// failover applies (outlier detection is set); only when it changes anything.
+///
+/// Without a locality setting in the rule, a service's traffic distribution
+/// (`PreferClose`/`PreferSameZone`, `PreferSameNode`) stands for one, as istiod's
+/// `GetLocalityLbSetting`: failover by network, region and zone (then subzone and
+/// node), applied even without outlier detection.
 fn locality_setting(
     mesh: &MeshConfig,
     rule: Option<&DestinationRule>,
     port: u16,
     subset: &str,
+    service: &meshfed_registry::Service,
 ) -> Option<(LocalityLoadBalancerSetting, bool)> {
     let traffic_policy = rule.and_then(|r| destination_rule::destination_policy(r, port, subset));
     let failover = traffic_policy
         .as_ref()
         .is_some_and(|p| p.outlier_detection.is_some());
-    destination_rule::locality_lb_setting(
-        mesh,
-        traffic_policy
-            .as_ref()
-            .and_then(|p| p.load_balancer.as_ref()),
-    )
-    .filter(|s| !s.distribute.is_empty() || failover)
-    .map(|s| (s, failover))
+    let lb = traffic_policy
+        .as_ref()
+        .and_then(|p| p.load_balancer.as_ref());
+    if lb.and_then(|lb| lb.locality_lb_setting.as_ref()).is_none()
+        && let Some(setting) = traffic_distribution_setting(service.traffic_distribution)
+    {
+        return Some((setting, true));
+    }
+    destination_rule::locality_lb_setting(mesh, lb)
+        .filter(|s| !s.distribute.is_empty() || failover)
+        .map(|s| (s, failover))
+}
+
+/// The locality setting a service's traffic distribution stands for (none for
+/// `Any`).
+pub fn traffic_distribution_setting(
+    distribution: meshfed_registry::TrafficDistribution,
+) -> Option<LocalityLoadBalancerSetting> {
+    use meshfed_registry::TrafficDistribution as T;
+    let labels: &[&str] = match distribution {
+        T::Any => return None,
+        T::PreferSameZone => &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE],
+        T::PreferSameNode => &[
+            LABEL_NETWORK,
+            LABEL_REGION,
+            LABEL_ZONE,
+            LABEL_SUBZONE,
+            LABEL_HOSTNAME,
+        ],
+    };
+    Some(LocalityLoadBalancerSetting {
+        enabled: Some(true.into()),
+        failover_priority: labels.iter().map(|l| l.to_string()).collect(),
+        ..Default::default()
+    })
 }
 
 /// What a proxy's load assignments read of the proxy: its namespace (the service a
@@ -340,6 +395,9 @@ pub struct EdsClient {
     /// The client reaches IPv6 gateways.
     pub ipv6: bool,
     pub network_view: Option<Vec<NetworkId>>,
+    /// The proxy's node (metadata `NODE_NAME`), when some service keeps to or
+    /// prefers the client's node ([`NodeLocalInUse`]): elsewhere it changes nothing.
+    pub node: Option<String>,
 }
 
 impl EdsClient {
@@ -368,7 +426,34 @@ impl EdsClient {
             ipv4: ipv4 || none,
             ipv6: ipv6 || none,
             network_view: proxy.requested_network_view(),
+            node: snapshot.cached(NodeLocalInUse).unwrap_or(true).then(|| {
+                proxy
+                    .metadata
+                    .get("NODE_NAME")
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            }),
         }
+    }
+}
+
+/// Whether some service keeps to the client's node (`internalTrafficPolicy:
+/// Local`) or prefers it (`PreferSameNode`): computed once per snapshot.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct NodeLocalInUse;
+
+impl CacheInput<Snapshot> for NodeLocalInUse {
+    const TYPE: TypeUrl = TypeUrl::Endpoint;
+    type Output = bool;
+    fn class(&self) -> Option<ProxyClass> {
+        None
+    }
+    fn generate(&self, snapshot: &Snapshot) -> Option<bool> {
+        Some(snapshot.services().all().iter().any(|s| {
+            s.node_local
+                || s.traffic_distribution == meshfed_registry::TrafficDistribution::PreferSameNode
+        }))
     }
 }
 
@@ -413,23 +498,31 @@ impl EdsInput {
         let subset_ok = cluster.subset.is_empty()
             || rule.is_some_and(|r| destination_rule::subset(&r.spec, cluster.subset).is_some());
         let service = service.filter(|_| subset_ok);
-        let locality = service.and_then(|_| {
+        let locality = service.and_then(|service| {
             let (setting, failover) = locality_setting(
                 &snapshot.mesh().config,
                 rule.map(|r| &r.spec),
                 cluster.port,
                 cluster.subset,
+                service,
             )?;
             let labels = if failover
                 && setting.distribute.is_empty()
                 && !setting.failover_priority.is_empty()
             {
-                augment_labels(
+                let mut labels = augment_labels(
                     &client.labels,
                     &client.cluster_id,
                     &client.locality,
                     client.network.as_str(),
-                )
+                );
+                // Istio's proxy labels carry the proxy's node (`PreferSameNode`).
+                if let Some(node) = client.node.as_ref().filter(|n| !n.is_empty()) {
+                    labels
+                        .entry(LABEL_HOSTNAME.to_string())
+                        .or_insert_with(|| node.clone());
+                }
+                labels
             } else {
                 BTreeMap::new()
             };
@@ -444,6 +537,9 @@ impl EdsInput {
         let peer_authn = (service.is_some() && (network.is_some() || options.mtls_only))
             .then(|| peer_authn_digest(snapshot));
         let network_view = service.and_then(|_| client.network_view.clone());
+        let node = service
+            .filter(|s| s.node_local)
+            .map(|_| client.node.clone().unwrap_or_default());
         EdsInput {
             name: Arc::from(name),
             service: service.map(|s| s.key()),
@@ -454,6 +550,7 @@ impl EdsInput {
             network,
             peer_authn,
             network_view,
+            node,
             options,
         }
     }
@@ -491,7 +588,16 @@ impl CacheInput<Snapshot> for FailoverPriorityInUse {
                     .iter()
                     .any(|s| s.traffic_policy.as_ref().is_some_and(policy))
         });
-        Some(in_rules || by_priority(snapshot.mesh().config.locality_lb_setting.as_ref()))
+        let by_distribution = snapshot
+            .services()
+            .all()
+            .iter()
+            .any(|s| !s.traffic_distribution.is_any());
+        Some(
+            in_rules
+                || by_distribution
+                || by_priority(snapshot.mesh().config.locality_lb_setting.as_ref()),
+        )
     }
 }
 
@@ -587,6 +693,7 @@ impl CacheInput<Snapshot> for EdsInput {
                         rule.map(|r| &r.spec),
                         cluster.port,
                         cluster.subset,
+                        service,
                     )?;
                     Some((setting, failover, locality.clone(), labels.clone()))
                 }),
@@ -597,6 +704,7 @@ impl CacheInput<Snapshot> for EdsInput {
                 networks: snapshot.network_view().clone(),
                 visible: self.network_view.clone(),
                 mtls_rule: rule.and_then(|r| rule_tls_mode(&r.spec, cluster.subset, cluster.port)),
+                node: self.node.clone(),
             };
             Some((service, port, view))
         });
@@ -663,6 +771,8 @@ struct AssignmentView {
     /// The TLS mode the DestinationRule sets for the cluster (`Some(true)`: Istio
     /// mTLS).
     mtls_rule: Option<bool>,
+    /// The client's node, for a node-local service.
+    node: Option<String>,
 }
 
 impl AssignmentView {
@@ -698,6 +808,7 @@ impl AssignmentView {
             }),
             mtls,
             ips_only: true,
+            node: self.node.as_deref(),
         }
     }
 }
@@ -1402,6 +1513,147 @@ mod tests {
                 row("1.1.1.1:15443", 1, "istio")
             ],
             "c1's endpoint has no network: direct; c2's is in N2 by fromRegistry"
+        );
+    }
+
+    fn addresses(cla: &ClusterLoadAssignment) -> Vec<(u32, Vec<String>)> {
+        cla.endpoints
+            .iter()
+            .map(|g| {
+                let mut ips: Vec<String> = g
+                    .lb_endpoints
+                    .iter()
+                    .map(|e| match &e.host_identifier {
+                        Some(lb_endpoint::HostIdentifier::Endpoint(ep)) => {
+                            match &ep.address.as_ref().unwrap().address {
+                                Some(address::Address::SocketAddress(a)) => a.address.clone(),
+                                _ => unreachable!(),
+                            }
+                        }
+                        _ => unreachable!(),
+                    })
+                    .collect();
+                ips.sort();
+                (g.priority, ips)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn traffic_distribution_stands_for_a_locality_failover_setting() {
+        use meshfed_registry::TrafficDistribution;
+        let mesh = crate::mesh::default_mesh_config();
+        let mut svc = meshfed_registry::Service::new(
+            "a.ns.svc.cluster.local",
+            "ns",
+            ProviderId::Kubernetes,
+            "c1",
+        );
+        // Without traffic distribution or outlier detection: nothing to apply.
+        assert_eq!(locality_setting(&mesh, None, 80, "", &svc), None);
+        svc.traffic_distribution = TrafficDistribution::PreferSameZone;
+        let (setting, failover) = locality_setting(&mesh, None, 80, "", &svc).unwrap();
+        assert!(failover, "failover applies without outlier detection");
+        assert_eq!(
+            setting.failover_priority,
+            [LABEL_NETWORK, LABEL_REGION, LABEL_ZONE]
+        );
+        svc.traffic_distribution = TrafficDistribution::PreferSameNode;
+        let (setting, _) = locality_setting(&mesh, None, 80, "", &svc).unwrap();
+        assert_eq!(
+            setting.failover_priority,
+            [
+                LABEL_NETWORK,
+                LABEL_REGION,
+                LABEL_ZONE,
+                LABEL_SUBZONE,
+                LABEL_HOSTNAME
+            ]
+        );
+        // A DestinationRule's locality setting wins (here: turned off).
+        let rule: DestinationRule = serde_json::from_value(serde_json::json!({
+            "host": "a.ns.svc.cluster.local",
+            "trafficPolicy": {"loadBalancer": {"localityLbSetting": {"enabled": false}}},
+        }))
+        .unwrap();
+        assert_eq!(locality_setting(&mesh, Some(&rule), 80, "", &svc), None);
+
+        // PreferSameZone for a client in n1 r1/z1: its zone first, then its region,
+        // then its network, then the rest.
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let mk = |ip: &str, locality: &str, network: &str| {
+            let mut e = ep(ip, locality, 1);
+            e.network = network.into();
+            e
+        };
+        let s = shards(
+            vec![
+                mk("10.0.0.1", "r1/z1", "n1"),
+                mk("10.0.0.2", "r1/z2", "n1"),
+                mk("10.0.0.3", "r2/z1", "n1"),
+                mk("10.0.0.4", "r1/z1", "n2"),
+            ],
+            vec![],
+        );
+        let setting = traffic_distribution_setting(TrafficDistribution::PreferSameZone).unwrap();
+        let client = Locality::parse("r1/z1");
+        let client_labels = augment_labels(&BTreeMap::new(), "c1", &client, "n1");
+        let sel = EndpointSelection {
+            locality_lb: Some(LocalityLb {
+                setting: &setting,
+                proxy_locality: &client,
+                proxy_labels: &client_labels,
+                failover: true,
+            }),
+            ..Default::default()
+        };
+        let mut got = addresses(&load_assignment_for("c", &port, Some(&s), &sel));
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                (0, vec!["10.0.0.1".to_string()]),
+                (1, vec!["10.0.0.2".to_string()]),
+                (2, vec!["10.0.0.3".to_string()]),
+                (3, vec!["10.0.0.4".to_string()]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_node_local_service_keeps_the_clients_node_only() {
+        let port = Port::new("http", 80, Protocol::Http).unwrap();
+        let on = |ip: &str, node: &str| {
+            let mut e = ep(ip, "r1/z1", 1);
+            e.workload = Some(Arc::new(meshfed_registry::WorkloadMeta {
+                node_name: node.into(),
+                ..Default::default()
+            }));
+            e
+        };
+        let mut by_label = ep("10.0.0.3", "r1/z1", 1);
+        by_label.labels.insert(LABEL_HOSTNAME.into(), "n1".into());
+        let s = shards(
+            vec![on("10.0.0.1", "n1"), on("10.0.0.2", "n2"), by_label],
+            vec![],
+        );
+        let sel = EndpointSelection {
+            node: Some("n1"),
+            ..Default::default()
+        };
+        assert_eq!(
+            addresses(&load_assignment_for("c", &port, Some(&s), &sel)),
+            vec![(0, vec!["10.0.0.1".to_string(), "10.0.0.3".to_string()])]
+        );
+        // A client whose node is unknown gets none.
+        let sel = EndpointSelection {
+            node: Some(""),
+            ..Default::default()
+        };
+        assert!(
+            load_assignment_for("c", &port, Some(&s), &sel)
+                .endpoints
+                .is_empty()
         );
     }
 }

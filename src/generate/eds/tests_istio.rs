@@ -191,6 +191,7 @@ impl<'a> Client<'a> {
                 .map(|networks| NetworkVisibility { view, networks }),
             mtls: self.mtls,
             ips_only: true,
+            node: None,
         };
         groups(&load_assignment_for("c", port, Some(shards), &selection))
     }

@@ -159,6 +159,8 @@ pub struct PodInfo {
     pub ready: bool,
     /// `status.phase` is `Succeeded`: no longer a workload.
     pub completed: bool,
+    /// `metadata.creationTimestamp` (`None` when unset).
+    pub creation_time: Option<std::time::SystemTime>,
 }
 
 /// The annotation istio-cni sets on pods whose traffic it redirects to ztunnel.
@@ -269,6 +271,11 @@ pub fn convert_pod(pod: &Pod) -> Result<Option<PodInfo>, ConversionError> {
             .flatten()
             .any(|c| c.type_ == "Ready" && c.status == "True"),
         completed: status.and_then(|s| s.phase.as_deref()) == Some("Succeeded"),
+        creation_time: pod
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| std::time::SystemTime::from(t.0)),
         labels: pod.metadata.labels.clone().unwrap_or_default(),
         ips,
         service_account: spec

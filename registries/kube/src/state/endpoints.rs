@@ -117,6 +117,7 @@ impl ClusterState {
                 continue;
             }
             for e in &slice.endpoints {
+                let named_pod = e.pod.is_some();
                 let pod = match &e.pod {
                     Some(name) => {
                         let pod_key = ObjectKey {
@@ -154,6 +155,21 @@ impl ClusterState {
                         Entry::Vacant(slot) => {
                             let mut endpoint =
                                 self.endpoint(*address, key, pod, e.node_name.as_ref());
+                            if !named_pod {
+                                // The object is the slice, whatever pod has its
+                                // address (the pod's labels and identity stay for
+                                // EDS); ambient sends it as a workload of its own.
+                                endpoint.workload = Some(Arc::new(WorkloadMeta {
+                                    kind: WorkloadKind::EndpointSlice,
+                                    name: slice_name.to_string(),
+                                    namespace: key.namespace.to_string(),
+                                    uid: format!(
+                                        "{}/discovery.k8s.io/EndpointSlice/{}/{slice_name}/{address}",
+                                        self.config.cluster_id, key.namespace
+                                    ),
+                                    ..WorkloadMeta::default()
+                                }));
+                            }
                             endpoint.health = health;
                             endpoint.ports = slice.ports.iter().cloned().collect();
                             slot.insert(endpoint);
@@ -299,6 +315,7 @@ impl PodContext<'_> {
             use_waypoint,
             use_waypoint_namespace,
             ambient_redirected: pod.ambient_redirected,
+            creation_time: pod.creation_time,
             host_network: pod.host_network,
         }
     }

@@ -107,6 +107,25 @@ fn slices_merge_by_address_and_only_the_service_family_counts() {
     assert_eq!(first.ports.get("http"), Some(&80));
     assert_eq!(first.ports.get("grpc"), Some(&90), "ports of both slices");
     assert_eq!(eps[2].health, HealthStatus::Terminating);
+    // An endpoint naming no pod is the slice's (Istio's EndpointSlice workload); one
+    // naming a pod is the pod's.
+    let slice_meta = eps[2].workload.as_deref().expect("slice object");
+    assert_eq!(
+        slice_meta.kind,
+        meshfed_registry::WorkloadKind::EndpointSlice
+    );
+    assert_eq!(
+        slice_meta.uid,
+        format!(
+            "{}/discovery.k8s.io/EndpointSlice/ns/a-y/10.1.0.3",
+            s.config.cluster_id
+        )
+    );
+    assert_eq!(slice_meta.name, "a-y");
+    assert_eq!(
+        eps[1].workload.as_deref().map(|m| m.kind),
+        Some(meshfed_registry::WorkloadKind::Pod)
+    );
 }
 
 #[test]

@@ -150,6 +150,7 @@ impl ClusterState {
                 .get(LABEL_USE_WAYPOINT_NAMESPACE)
                 .cloned()
                 .unwrap_or_default(),
+            creation_time: Some(entry.creation_time),
             ..WorkloadMeta::default()
         }));
         endpoint.labels = labels;
