@@ -26,7 +26,7 @@ use meshfed::push::snapshot::Snapshot;
 use meshfed::testing::node_with;
 use meshfed::xds::deps::PushScope;
 use meshfed::xds::response::SotwResponse;
-use meshfed::xds::{Resource, TypeUrl};
+use meshfed::xds::{ResourceList, TypeUrl};
 use meshfed_api::mesh::v1alpha1::MeshNetworks;
 use meshfed_load::lite::ClusterLite;
 use meshfed_load::registry::Registry as LoadRegistry;
@@ -244,7 +244,7 @@ static SPLIT_SUBS: LazyLock<Subscriptions> =
     LazyLock::new(|| Subscriptions::of(&SPLIT.fresh(), &sidecar(1)));
 
 /// Every load assignment the proxy watches.
-fn load_assignments(snapshot: &Snapshot, proxy: &Proxy, names: &BTreeSet<String>) -> Vec<Resource> {
+fn load_assignments(snapshot: &Snapshot, proxy: &Proxy, names: &BTreeSet<String>) -> ResourceList {
     generate(
         TypeUrl::Endpoint,
         snapshot,
@@ -268,7 +268,7 @@ const ENVOY_TYPES: [TypeUrl; 4] = [
 ];
 
 /// A sidecar's whole config, CDS, EDS, LDS and RDS in push order.
-fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [Vec<Resource>; 4] {
+fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [ResourceList; 4] {
     let none = BTreeSet::new();
     ENVOY_TYPES.map(|type_url| {
         let subscription = match type_url {
@@ -312,7 +312,7 @@ fn sidecar_config(snapshot: &Snapshot, proxy: &Proxy, subs: &Subscriptions) -> [
 
 /// The four SotW responses of a config, encoded into one reused buffer as the gRPC
 /// codec does; returns the bytes written.
-fn encode(version: &str, config: &[Vec<Resource>; 4], buf: &mut Vec<u8>) -> usize {
+fn encode(version: &str, config: &[ResourceList; 4], buf: &mut Vec<u8>) -> usize {
     let mut total = 0;
     for (type_url, resources) in ENVOY_TYPES.into_iter().zip(config) {
         let response = SotwResponse {
