@@ -126,6 +126,23 @@ pub fn labels_match(
 
 /// The locality setting in force: the rule's (unless it says `enabled: false`), else the
 /// mesh's (unless disabled). The mesh default is Istio's `{enabled: true}`.
+/// The locality setting in force for a service whose rule has `lb`: the rule's own
+/// when it sets one; else the one the service's traffic distribution stands for, with
+/// `true` (failover applies even without outlier detection: istiod's
+/// `GetLocalityLbSetting`); else the mesh's ([`locality_lb_setting`]).
+pub fn locality_lb_setting_for(
+    mesh: &MeshConfig,
+    lb: Option<&LoadBalancerSettings>,
+    distribution: meshfed_registry::TrafficDistribution,
+) -> (Option<LocalityLoadBalancerSetting>, bool) {
+    if lb.and_then(|lb| lb.locality_lb_setting.as_ref()).is_none()
+        && let Some(setting) = super::locality_lb::traffic_distribution_setting(distribution)
+    {
+        return (Some(setting), true);
+    }
+    (locality_lb_setting(mesh, lb), false)
+}
+
 pub fn locality_lb_setting(
     mesh: &MeshConfig,
     lb: Option<&LoadBalancerSettings>,

@@ -37,6 +37,40 @@ pub const LABEL_SUBZONE: &str = "topology.istio.io/subzone";
 pub const LABEL_NETWORK: &str = "topology.istio.io/network";
 /// Cluster label.
 pub const LABEL_CLUSTER: &str = "topology.istio.io/cluster";
+/// The label Istio gives an endpoint (and a proxy) for its node.
+pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
+
+/// The topology labels a service's traffic distribution orders endpoints by, most
+/// significant first (none for `Any`).
+pub fn traffic_distribution_labels(
+    distribution: meshfed_registry::TrafficDistribution,
+) -> &'static [&'static str] {
+    use meshfed_registry::TrafficDistribution as T;
+    match distribution {
+        T::Any => &[],
+        T::PreferSameZone => &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE],
+        T::PreferSameNode => &[
+            LABEL_NETWORK,
+            LABEL_REGION,
+            LABEL_ZONE,
+            LABEL_SUBZONE,
+            LABEL_HOSTNAME,
+        ],
+    }
+}
+
+/// The locality setting a service's traffic distribution stands for (none for
+/// `Any`): failover by its labels.
+pub fn traffic_distribution_setting(
+    distribution: meshfed_registry::TrafficDistribution,
+) -> Option<LocalityLoadBalancerSetting> {
+    let labels = traffic_distribution_labels(distribution);
+    (!labels.is_empty()).then(|| LocalityLoadBalancerSetting {
+        enabled: Some(true.into()),
+        failover_priority: labels.iter().map(|l| l.to_string()).collect(),
+        ..Default::default()
+    })
+}
 
 /// Labels with Istio's topology labels added where missing (AugmentLabels): cluster,
 /// region, zone, subzone, network.

@@ -283,16 +283,7 @@ fn apply_load_balancer(
     lb: Option<&LoadBalancerSettings>,
     ctx: &PolicyContext<'_>,
 ) {
-    // Without a locality setting in the rule, the service's traffic distribution
-    // stands for one, with failover applied even without outlier detection (istiod's
-    // `GetLocalityLbSetting`).
-    let by_distribution = lb
-        .and_then(|lb| lb.locality_lb_setting.as_ref())
-        .is_none()
-        .then(|| super::eds::traffic_distribution_setting(ctx.traffic_distribution))
-        .flatten();
-    let forced = by_distribution.is_some();
-    let locality = by_distribution.or_else(|| locality_lb_setting(ctx.mesh, lb));
+    let (locality, forced) = locality_lb_setting_for(ctx.mesh, lb, ctx.traffic_distribution);
     apply_locality_config(&mut c.cluster, locality.as_ref(), ctx, forced);
     if is_original_dst(&c.cluster) {
         c.cluster.lb_policy = cluster::LbPolicy::ClusterProvided as i32;

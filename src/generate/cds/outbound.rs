@@ -20,7 +20,7 @@ use meshfed_registry::{
 
 use super::super::cluster_build::{self, ClusterBuild, PolicyContext};
 use super::super::eds::{self, EdsOptions, EndpointSelection};
-use super::super::locality_lb::augment_labels;
+use super::super::locality_lb::{self, augment_labels};
 use super::super::{destination_rule, proto, traffic_policy};
 use super::base::*;
 use crate::model::proxy::{NodeType, Proxy};
@@ -187,19 +187,11 @@ impl ClusterClient {
             let mut keys = failover_priority_keys(rule, mesh);
             // The topology labels a traffic distribution orders by (the client's
             // node is not among its facts).
-            {
-                use super::super::locality_lb::{
-                    LABEL_NETWORK, LABEL_REGION, LABEL_SUBZONE, LABEL_ZONE,
-                };
-                use meshfed_registry::TrafficDistribution as T;
-                keys.extend(match service.traffic_distribution {
-                    T::Any => &[][..],
-                    T::PreferSameZone => &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE][..],
-                    T::PreferSameNode => {
-                        &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE, LABEL_SUBZONE][..]
-                    }
-                });
-            }
+            keys.extend(
+                locality_lb::traffic_distribution_labels(service.traffic_distribution)
+                    .iter()
+                    .filter(|l| **l != locality_lb::LABEL_HOSTNAME),
+            );
             let labels = if keys.is_empty() {
                 BTreeMap::new()
             } else {

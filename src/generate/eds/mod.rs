@@ -86,9 +86,6 @@ fn endpoint_node(ep: &Endpoint) -> &str {
         .unwrap_or_default()
 }
 
-/// The label Istio gives an endpoint for its node.
-const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
-
 /// The load assignment for `cluster_name` of `service` port `port`.
 pub fn load_assignment(
     cluster_name: &str,
@@ -345,38 +342,12 @@ fn locality_setting(
     let lb = traffic_policy
         .as_ref()
         .and_then(|p| p.load_balancer.as_ref());
-    if lb.and_then(|lb| lb.locality_lb_setting.as_ref()).is_none()
-        && let Some(setting) = traffic_distribution_setting(service.traffic_distribution)
-    {
-        return Some((setting, true));
+    match destination_rule::locality_lb_setting_for(mesh, lb, service.traffic_distribution) {
+        (setting, true) => setting.map(|s| (s, true)),
+        (setting, false) => setting
+            .filter(|s| !s.distribute.is_empty() || failover)
+            .map(|s| (s, failover)),
     }
-    destination_rule::locality_lb_setting(mesh, lb)
-        .filter(|s| !s.distribute.is_empty() || failover)
-        .map(|s| (s, failover))
-}
-
-/// The locality setting a service's traffic distribution stands for (none for
-/// `Any`).
-pub fn traffic_distribution_setting(
-    distribution: meshfed_registry::TrafficDistribution,
-) -> Option<LocalityLoadBalancerSetting> {
-    use meshfed_registry::TrafficDistribution as T;
-    let labels: &[&str] = match distribution {
-        T::Any => return None,
-        T::PreferSameZone => &[LABEL_NETWORK, LABEL_REGION, LABEL_ZONE],
-        T::PreferSameNode => &[
-            LABEL_NETWORK,
-            LABEL_REGION,
-            LABEL_ZONE,
-            LABEL_SUBZONE,
-            LABEL_HOSTNAME,
-        ],
-    };
-    Some(LocalityLoadBalancerSetting {
-        enabled: Some(true.into()),
-        failover_priority: labels.iter().map(|l| l.to_string()).collect(),
-        ..Default::default()
-    })
 }
 
 /// What a proxy's load assignments read of the proxy: its namespace (the service a
