@@ -48,8 +48,8 @@ use std::net::IpAddr;
 
 use meshfed_api::workload as wl;
 use meshfed_registry::{
-    ClusterId, Endpoint, HealthStatus, NetworkId, ProviderId, Resolution, Service, ShardKey,
-    TrafficDistribution, WorkloadKind, WorkloadMeta, WorkloadOwner,
+    ClusterId, Endpoint, NetworkId, ProviderId, Resolution, Service, ShardKey, TrafficDistribution,
+    WorkloadKind, WorkloadMeta, WorkloadOwner,
 };
 
 use meshfed_registry::config::Kind;
@@ -760,11 +760,7 @@ fn workload_resource(
         None => (String::new(), String::new()),
     };
     let trust_domain = if trust_domain == "cluster.local" || trust_domain == ctx.trust_domain {
-        if ctx.trust_domain == "cluster.local" {
-            String::new()
-        } else {
-            ctx.trust_domain.to_string()
-        }
+        super::trust_domain_field(ctx.trust_domain)
     } else {
         trust_domain
     };
@@ -842,10 +838,7 @@ fn workload_resource(
         application_tunnel,
         services: BTreeMap::new(),
         authorization_policies: Vec::new(),
-        status: match ep.health {
-            HealthStatus::Healthy => wl::WorkloadStatus::Healthy,
-            _ => wl::WorkloadStatus::Unhealthy,
-        } as i32,
+        status: super::workload_status(ep.health) as i32,
         cluster_id: cluster.to_string(),
         locality,
         network_mode: if meta.host_network {
@@ -874,15 +867,8 @@ fn endpoint_slice_workload(
         namespace: meta.namespace.clone(),
         addresses: vec![ip_bytes(ep.address)],
         network: network.to_string(),
-        trust_domain: if ctx.trust_domain == "cluster.local" {
-            String::new()
-        } else {
-            ctx.trust_domain.to_string()
-        },
-        status: match ep.health {
-            HealthStatus::Healthy => wl::WorkloadStatus::Healthy,
-            _ => wl::WorkloadStatus::Unhealthy,
-        } as i32,
+        trust_domain: super::trust_domain_field(ctx.trust_domain),
+        status: super::workload_status(ep.health) as i32,
         cluster_id: cluster.to_string(),
         network_mode: wl::NetworkMode::HostNetwork as i32,
         ..Default::default()

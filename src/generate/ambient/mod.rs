@@ -44,6 +44,24 @@ use super::Subscription;
 /// The HBONE port of ztunnels, waypoints and east-west gateways.
 pub const HBONE_PORT: u32 = 15008;
 
+/// The mesh trust domain as a workload carries it: empty for the default
+/// `cluster.local`.
+pub fn trust_domain_field(trust_domain: &str) -> String {
+    if trust_domain == "cluster.local" {
+        String::new()
+    } else {
+        trust_domain.to_string()
+    }
+}
+
+/// A registry health as a workload's status.
+pub fn workload_status(health: meshfed_registry::HealthStatus) -> wl::WorkloadStatus {
+    match health {
+        meshfed_registry::HealthStatus::Healthy => wl::WorkloadStatus::Healthy,
+        _ => wl::WorkloadStatus::Unhealthy,
+    }
+}
+
 /// The raw bytes of an IP, as the API carries addresses.
 pub fn ip_bytes(ip: IpAddr) -> Vec<u8> {
     match ip {

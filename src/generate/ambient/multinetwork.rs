@@ -26,7 +26,7 @@ use meshfed_api::workload as wl;
 use meshfed_registry::config::NamespaceLabels;
 use meshfed_registry::{ClusterId, NetworkId, ProviderId, Service};
 
-use super::{HBONE_PORT, ip_bytes};
+use super::{HBONE_PORT, ip_bytes, trust_domain_field};
 use crate::networks::{Gateway, NetworkView};
 
 /// The view of one control plane in a multi-network mesh: its own cluster and
@@ -102,15 +102,6 @@ fn gateway_object(source: &str) -> Option<(String, String)> {
     let name = labels.next()?;
     let ns = labels.next()?;
     Some((ns.to_string(), name.to_string()))
-}
-
-/// The mesh trust domain as workloads carry it (empty for `cluster.local`).
-fn trust_domain_field(trust_domain: &str) -> String {
-    if trust_domain == "cluster.local" {
-        String::new()
-    } else {
-        trust_domain.to_string()
-    }
 }
 
 fn gateway_address(gateway: &Gateway) -> wl::GatewayAddress {
