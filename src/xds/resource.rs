@@ -237,22 +237,6 @@ impl ResourceList {
             ResourceList::Shared(s) => s.to_vec(),
         }
     }
-
-    /// The list, to change (a shared one is copied first).
-    pub fn to_mut(&mut self) -> &mut Vec<Resource> {
-        if let ResourceList::Shared(s) = self {
-            *self = ResourceList::Owned(s.to_vec());
-        }
-        match self {
-            ResourceList::Owned(v) => v,
-            ResourceList::Shared(_) => unreachable!("made owned above"),
-        }
-    }
-
-    /// Appends a resource.
-    pub fn push(&mut self, resource: Resource) {
-        self.to_mut().push(resource);
-    }
 }
 
 impl From<Vec<Resource>> for ResourceList {
@@ -270,12 +254,6 @@ impl From<Arc<[Resource]>> for ResourceList {
 impl FromIterator<Resource> for ResourceList {
     fn from_iter<I: IntoIterator<Item = Resource>>(iter: I) -> Self {
         ResourceList::Owned(iter.into_iter().collect())
-    }
-}
-
-impl Extend<Resource> for ResourceList {
-    fn extend<I: IntoIterator<Item = Resource>>(&mut self, iter: I) {
-        self.to_mut().extend(iter);
     }
 }
 
