@@ -23,7 +23,7 @@ use std::time::SystemTime;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use serde::Serialize;
 
-use super::intern::Interner;
+use super::intern::{Interner, Recent};
 use crate::xds::wire::SotwRequest;
 use crate::xds::{Resource, TypeUrl};
 
@@ -160,33 +160,25 @@ fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
 }
 
 /// The last name lists that set a subscription, by digest, with the shared set each
-/// gave, oldest first. Every sidecar of one shape subscribes to the same thousands of
-/// EDS names in the same order: a list seen before is recognised by one comparison of
-/// its encoded bytes, not decoded, collected and interned again per connection.
-#[derive(Default)]
-struct RecentNameLists {
-    by_digest:
-        std::collections::HashMap<u64, (crate::xds::wire::ResourceNames, Arc<BTreeSet<String>>)>,
-    order: std::collections::VecDeque<u64>,
-}
-static RECENT_NAME_LISTS: LazyLock<Mutex<RecentNameLists>> = LazyLock::new(Mutex::default);
-
-/// How many distinct name lists [`names_of_request`] remembers (each keeps its
-/// request's bytes and its set alive).
-const RECENT_NAME_LISTS_KEPT: usize = 16;
+/// gave. Every sidecar of one shape subscribes to the same thousands of EDS names in
+/// the same order: a list seen before is recognised by one comparison of its encoded
+/// bytes, not decoded, collected and interned again per connection. Each entry keeps
+/// its request's bytes and its set alive.
+type NameListEntry = (crate::xds::wire::ResourceNames, Arc<BTreeSet<String>>);
+static RECENT_NAME_LISTS: LazyLock<Mutex<Recent<NameListEntry>>> =
+    LazyLock::new(|| Mutex::new(Recent::new(16)));
 
 /// The shared set of `requested` (whose digest is `digest`).
 fn names_of_request(
     requested: &crate::xds::wire::ResourceNames,
     digest: u64,
 ) -> Arc<BTreeSet<String>> {
+    if let Some((_, names)) = RECENT_NAME_LISTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .find(digest, |(list, _)| list.same_as(requested))
     {
-        let recent = RECENT_NAME_LISTS.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((list, names)) = recent.by_digest.get(&digest)
-            && list.same_as(requested)
-        {
-            return names.clone();
-        }
+        return names.clone();
     }
     let names = shared_names(
         requested
@@ -194,35 +186,20 @@ fn names_of_request(
             .map(|n| String::from_utf8_lossy(n).into_owned())
             .collect(),
     );
-    let mut recent = RECENT_NAME_LISTS.lock().unwrap_or_else(|e| e.into_inner());
-    if recent
-        .by_digest
-        .insert(digest, (requested.clone(), names.clone()))
-        .is_none()
-    {
-        recent.order.push_back(digest);
-    }
-    while recent.order.len() > RECENT_NAME_LISTS_KEPT {
-        if let Some(old) = recent.order.pop_front() {
-            recent.by_digest.remove(&old);
-        }
-    }
+    RECENT_NAME_LISTS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(digest, (requested.clone(), names.clone()));
     names
 }
 
 /// The last full responses' held maps, by a digest of the identity of their
-/// resources (see [`held_after`]), oldest first. Each entry keeps its resources alive,
-/// so their addresses cannot be reused while it stands.
-#[derive(Default)]
-struct FullResponses {
-    by_digest: std::collections::HashMap<u64, (Vec<Resource>, Arc<HeldMap>)>,
-    order: std::collections::VecDeque<u64>,
-}
-static FULL_RESPONSES: LazyLock<Mutex<FullResponses>> = LazyLock::new(Mutex::default);
-
-/// How many distinct full responses [`held_after`] remembers: a push sends one per
+/// resources (see [`held_after`]). Each entry keeps its resources alive, so their
+/// addresses cannot be reused while it stands. A push sends one full response per
 /// distinct config (namespaces, Sidecar scopes), the rest are repeats.
-const FULL_RESPONSES_KEPT: usize = 32;
+type FullResponseEntry = (Vec<Resource>, Arc<HeldMap>);
+static FULL_RESPONSES: LazyLock<Mutex<Recent<FullResponseEntry>>> =
+    LazyLock::new(|| Mutex::new(Recent::new(32)));
 
 /// The shared held map of a client that accepts exactly `resources`. The same
 /// response goes to every proxy of one shape (2,000 sidecars of one mesh get the very
@@ -235,13 +212,12 @@ fn held_after(resources: &[Resource]) -> Arc<HeldMap> {
     let mut h = foldhash::fast::FixedState::default().build_hasher();
     hash_identities(&mut h, resources);
     let digest = h.finish();
+    if let Some((_, held)) = FULL_RESPONSES
+        .lock()
+        .expect("held memo poisoned")
+        .find(digest, |(r, _)| same_resources(r, resources))
     {
-        let kept = FULL_RESPONSES.lock().expect("held memo poisoned");
-        if let Some((r, held)) = kept.by_digest.get(&digest)
-            && same_resources(r, resources)
-        {
-            return held.clone();
-        }
+        return held.clone();
     }
     let held = HELD_MAPS.intern(
         resources
@@ -249,19 +225,10 @@ fn held_after(resources: &[Resource]) -> Arc<HeldMap> {
             .map(|r| (r.name.to_string(), r.version.clone()))
             .collect(),
     );
-    let mut kept = FULL_RESPONSES.lock().expect("held memo poisoned");
-    if kept
-        .by_digest
-        .insert(digest, (resources.to_vec(), held.clone()))
-        .is_none()
-    {
-        kept.order.push_back(digest);
-    }
-    while kept.order.len() > FULL_RESPONSES_KEPT {
-        if let Some(oldest) = kept.order.pop_front() {
-            kept.by_digest.remove(&oldest);
-        }
-    }
+    FULL_RESPONSES
+        .lock()
+        .expect("held memo poisoned")
+        .insert(digest, (resources.to_vec(), held.clone()));
     held
 }
 

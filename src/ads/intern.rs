@@ -133,6 +133,45 @@ impl<T> Table<T> {
     }
 }
 
+/// The last `capacity` values found by a digest, oldest first: a memo of what
+/// connections of one shape compute alike (each value keeps what it was computed
+/// from, so a hit is confirmed by comparing with that, not by the digest alone).
+#[derive(Debug)]
+pub struct Recent<V> {
+    by_digest: HashMap<u64, V>,
+    order: std::collections::VecDeque<u64>,
+    capacity: usize,
+}
+
+impl<V> Recent<V> {
+    /// A memo of at most `capacity` values.
+    pub fn new(capacity: usize) -> Self {
+        Recent {
+            by_digest: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// The value under `digest`, if `confirm` accepts it.
+    pub fn find(&self, digest: u64, confirm: impl FnOnce(&V) -> bool) -> Option<&V> {
+        self.by_digest.get(&digest).filter(|v| confirm(v))
+    }
+
+    /// Keeps `value` under `digest` (replacing one there), forgetting the oldest
+    /// beyond the capacity.
+    pub fn insert(&mut self, digest: u64, value: V) {
+        if self.by_digest.insert(digest, value).is_none() {
+            self.order.push_back(digest);
+        }
+        while self.order.len() > self.capacity {
+            if let Some(oldest) = self.order.pop_front() {
+                self.by_digest.remove(&oldest);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
