@@ -167,19 +167,7 @@ pub fn config_map_refs<'a>(
             }
             // `spec.tls.frontend` CAs (`default` and `perPort`), checked for the
             // listeners' status.
-            let frontend = g.tls.as_ref().and_then(|t| t.get("frontend"));
-            let validations = frontend
-                .and_then(|f| f.get("default"))
-                .into_iter()
-                .chain(
-                    frontend
-                        .and_then(|f| f.get("perPort"))
-                        .and_then(serde_json::Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|p| p.get("tls")),
-                )
-                .filter_map(|t| t.get("validation"));
+            let validations = parents::frontend_validations(g);
             for r in validations
                 .filter_map(|v| v.get("caCertificateRefs"))
                 .filter_map(serde_json::Value::as_array)

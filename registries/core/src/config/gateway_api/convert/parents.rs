@@ -798,15 +798,37 @@ enum Frontend {
     NotServed(String),
 }
 
-/// The validation `spec.tls.frontend` gives a listener's port (istiod's
-/// `resolveGatewayTLS`: a `perPort` entry of the port, else `default`).
-fn frontend_for_port(gw: &GatewaySpec, port: u32) -> Option<&Value> {
-    let frontend = gw.tls.as_ref()?.get("frontend")?;
-    let per_port = frontend
+/// The `perPort` entries of a Gateway's `spec.tls.frontend`.
+fn frontend_per_port(frontend: &Value) -> impl Iterator<Item = &Value> {
+    frontend
         .get("perPort")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
+}
+
+/// Every client certificate validation of a Gateway's `spec.tls.frontend`: the
+/// `default` one and each `perPort` one.
+pub(crate) fn frontend_validations(gw: &GatewaySpec) -> impl Iterator<Item = &Value> {
+    let frontend = gw.tls.as_ref().and_then(|t| t.get("frontend"));
+    frontend
+        .and_then(|f| f.get("default"))
+        .into_iter()
+        .chain(
+            frontend
+                .into_iter()
+                .flat_map(frontend_per_port)
+                .filter_map(|p| p.get("tls")),
+        )
+        .filter_map(|t| t.get("validation"))
+        .filter(|v| !v.is_null())
+}
+
+/// The validation `spec.tls.frontend` gives a listener's port (istiod's
+/// `resolveGatewayTLS`: a `perPort` entry of the port, else `default`).
+fn frontend_for_port(gw: &GatewaySpec, port: u32) -> Option<&Value> {
+    let frontend = gw.tls.as_ref()?.get("frontend")?;
+    let per_port = frontend_per_port(frontend)
         .find(|p| p.get("port").and_then(Value::as_u64) == Some(u64::from(port)));
     let tls = match per_port {
         Some(p) => p.get("tls")?,
