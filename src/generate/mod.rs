@@ -867,8 +867,8 @@ mod tests {
         let after = snap.cache().stats();
         assert_eq!(
             after.hits - before.hits,
-            3,
-            "the failover and node checks and the list"
+            2,
+            "the client facts check and the list"
         );
         assert_eq!(after.misses, before.misses);
         assert!(listed.iter().zip(&again).all(|(x, y)| Arc::ptr_eq(x, y)));
@@ -922,10 +922,10 @@ mod tests {
                 generate(TypeUrl::Endpoint, &snap, &p, sub, Scope::All, &opts);
             }
             let after = snap.cache().stats();
-            // Misses: each list, each assignment, the failover and node checks.
+            // Misses: each list, each assignment, the client facts check.
             after.misses - before.misses
         };
-        assert_eq!(lists_for_two(ConfigSet::default()), 1 + 3 + 2, "one list");
+        assert_eq!(lists_for_two(ConfigSet::default()), 1 + 3 + 1, "one list");
         let rule = DestinationRule {
             host: "s0.default.svc.cluster.local".into(),
             subsets: vec![meshfed_api::networking::v1alpha3::Subset {
@@ -955,7 +955,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(lists_for_two(set), 2 + 3 + 2, "a list per deployment");
+        assert_eq!(lists_for_two(set), 2 + 3 + 1, "a list per deployment");
     }
 
     #[test]

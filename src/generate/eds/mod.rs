@@ -367,7 +367,7 @@ pub struct EdsClient {
     pub ipv6: bool,
     pub network_view: Option<Vec<NetworkId>>,
     /// The proxy's node (metadata `NODE_NAME`), when some service keeps to or
-    /// prefers the client's node ([`NodeLocalInUse`]): elsewhere it changes nothing.
+    /// prefers the client's node ([`ClientFactsInUse`]): elsewhere it changes nothing.
     pub node: Option<String>,
 }
 
@@ -377,7 +377,11 @@ impl EdsClient {
     /// nothing, and leaving them out lets the sidecars of every deployment share one
     /// answer.
     pub fn of(snapshot: &Snapshot, proxy: &Proxy) -> EdsClient {
-        let labels = if snapshot.cached(FailoverPriorityInUse).unwrap_or(true) {
+        let in_use = snapshot.cached(ClientFactsInUse).unwrap_or(FactsInUse {
+            labels: true,
+            node: true,
+        });
+        let labels = if in_use.labels {
             proxy.labels.clone()
         } else {
             BTreeMap::new()
@@ -397,7 +401,7 @@ impl EdsClient {
             ipv4: ipv4 || none,
             ipv6: ipv6 || none,
             network_view: proxy.requested_network_view(),
-            node: snapshot.cached(NodeLocalInUse).unwrap_or(true).then(|| {
+            node: in_use.node.then(|| {
                 proxy
                     .metadata
                     .get("NODE_NAME")
@@ -406,25 +410,6 @@ impl EdsClient {
                     .to_string()
             }),
         }
-    }
-}
-
-/// Whether some service keeps to the client's node (`internalTrafficPolicy:
-/// Local`) or prefers it (`PreferSameNode`): computed once per snapshot.
-#[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct NodeLocalInUse;
-
-impl CacheInput<Snapshot> for NodeLocalInUse {
-    const TYPE: TypeUrl = TypeUrl::Endpoint;
-    type Output = bool;
-    fn class(&self) -> Option<ProxyClass> {
-        None
-    }
-    fn generate(&self, snapshot: &Snapshot) -> Option<bool> {
-        Some(snapshot.services().all().iter().any(|s| {
-            s.node_local
-                || s.traffic_distribution == meshfed_registry::TrafficDistribution::PreferSameNode
-        }))
     }
 }
 
@@ -527,18 +512,29 @@ impl EdsInput {
     }
 }
 
-/// Whether the mesh's or any DestinationRule's locality setting (top level, per port,
-/// per subset) has `failoverPriority`: computed once per snapshot.
+/// Which of a client's facts any load assignment of the snapshot reads, computed once
+/// per snapshot: its labels only where some locality setting orders failover by
+/// labels (`failoverPriority` in the mesh's or any DestinationRule's setting, top
+/// level, per port, per subset, or a service's traffic distribution); its node only
+/// where some service keeps to (`internalTrafficPolicy: Local`) or prefers
+/// (`PreferSameNode`) the client's node.
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
-pub struct FailoverPriorityInUse;
+pub struct ClientFactsInUse;
 
-impl CacheInput<Snapshot> for FailoverPriorityInUse {
+/// What [`ClientFactsInUse`] finds.
+#[derive(Clone, Copy, Debug)]
+pub struct FactsInUse {
+    pub labels: bool,
+    pub node: bool,
+}
+
+impl CacheInput<Snapshot> for ClientFactsInUse {
     const TYPE: TypeUrl = TypeUrl::Endpoint;
-    type Output = bool;
+    type Output = FactsInUse;
     fn class(&self) -> Option<ProxyClass> {
         None
     }
-    fn generate(&self, snapshot: &Snapshot) -> Option<bool> {
+    fn generate(&self, snapshot: &Snapshot) -> Option<FactsInUse> {
         use meshfed_api::networking::v1alpha3::TrafficPolicy;
         let by_priority = |s: Option<&LocalityLoadBalancerSetting>| {
             s.is_some_and(|s| !s.failover_priority.is_empty())
@@ -559,16 +555,18 @@ impl CacheInput<Snapshot> for FailoverPriorityInUse {
                     .iter()
                     .any(|s| s.traffic_policy.as_ref().is_some_and(policy))
         });
-        let by_distribution = snapshot
-            .services()
-            .all()
-            .iter()
-            .any(|s| !s.traffic_distribution.is_any());
-        Some(
-            in_rules
+        let services = snapshot.services().all();
+        let by_distribution = services.iter().any(|s| !s.traffic_distribution.is_any());
+        Some(FactsInUse {
+            labels: in_rules
                 || by_distribution
                 || by_priority(snapshot.mesh().config.locality_lb_setting.as_ref()),
-        )
+            node: services.iter().any(|s| {
+                s.node_local
+                    || s.traffic_distribution
+                        == meshfed_registry::TrafficDistribution::PreferSameNode
+            }),
+        })
     }
 }
 
