@@ -729,11 +729,14 @@ impl ProxyState {
         if self.plan.mode == Mode::Sidecar && type_url == TypeUrl::Route && sub.answered {
             return None;
         }
-        // Checked after every response until complete: the first missing name is
-        // found without collecting the others, counted only for the report.
-        let missing = |n: &&Arc<str>| !self.holds(type_url, n) && !sub.gone.contains(*n);
-        let first = sub.names.set().iter().find(missing)?;
-        let count = sub.names.set().iter().filter(missing).count();
+        // Checked after every response until complete: one pass, nothing collected.
+        let mut missing = sub
+            .names
+            .set()
+            .iter()
+            .filter(|n| !self.holds(type_url, n) && !sub.gone.contains(*n));
+        let first = missing.next()?;
+        let count = 1 + missing.count();
         Some(format!(
             "{count} of {} {} names not received (e.g. {first:?})",
             sub.names.len(),
