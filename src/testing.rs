@@ -48,6 +48,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Streaming;
 use tonic::metadata::MetadataMap;
 
+use crate::ads::coalesce::Gathered;
 use crate::app::{Bound, DiscoveryConfig, MockSource, Server};
 use crate::model::proxy::json_to_struct;
 use crate::push::debounce::DebounceConfig;
@@ -314,10 +315,47 @@ pub async fn tls_connect(
                 let tcp = tokio::net::TcpStream::connect(addr).await?;
                 tcp.set_nodelay(true)?;
                 let io = connector.connect(name, tcp).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+                // Gathered above TLS, once its handshake is done.
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(Gathered::new(io)))
             }
         }))
         .await
+}
+
+/// Connects `endpoint` to `addr` over TCP, the client's writes gathered into fewer
+/// system calls as Envoy's are ([`crate::ads::coalesce`]).
+pub async fn plain_connect(
+    endpoint: tonic::transport::Endpoint,
+    addr: SocketAddr,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    endpoint.connect_with_connector(plain_connector(addr)).await
+}
+
+/// [`plain_connect`], connecting on first use.
+pub fn plain_connect_lazy(
+    endpoint: tonic::transport::Endpoint,
+    addr: SocketAddr,
+) -> tonic::transport::Channel {
+    endpoint.connect_with_connector_lazy(plain_connector(addr))
+}
+
+fn plain_connector(
+    addr: SocketAddr,
+) -> impl tower::Service<
+    tonic::codegen::http::Uri,
+    Response = hyper_util::rt::TokioIo<Gathered<tokio::net::TcpStream>>,
+    Error = std::io::Error,
+    Future = impl Future<
+        Output = std::io::Result<hyper_util::rt::TokioIo<Gathered<tokio::net::TcpStream>>>,
+    > + Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |_: tonic::codegen::http::Uri| async move {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tcp.set_nodelay(true)?;
+        Ok(hyper_util::rt::TokioIo::new(Gathered::new(tcp)))
+    })
 }
 
 /// A gRPC channel to `addr` over TLS as `tls` says.

@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 use tonic::transport::server::Connected;
 use tracing::{debug, error, info, warn};
 
+use crate::ads::coalesce::WriteBuffer;
 use crate::ads::limit::LogLimiter;
 use crate::ads::transport::{Acceptor, FrameScan, GuardedStream, XdsConnectInfo};
 use crate::authn::{TlsPeer, parse_spiffe, uri_sans};
@@ -464,6 +465,8 @@ pub struct SecureStream {
     /// The client's decrypted HTTP/2 frames, followed until it opens a stream (its
     /// connection's handshake deadline then ends).
     scan: Option<Box<FrameScan>>,
+    /// Frames written and not yet encrypted, gathered into fewer records and calls.
+    writes: WriteBuffer,
 }
 
 impl fmt::Debug for SecureStream {
@@ -503,31 +506,36 @@ impl AsyncRead for SecureStream {
 
 impl AsyncWrite for SecureStream {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = self.get_mut();
+        this.writes
+            .poll_write_vectored(&mut this.io, cx, &[io::IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        this.writes.poll_write_vectored(&mut this.io, cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        true
     }
 
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.writes.poll_flush(&mut this.io, cx)
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.writes.poll_shutdown(&mut this.io, cx)
     }
 }
 
@@ -575,6 +583,7 @@ async fn handshake(
 ) {
     let peer = conn.connect_info().peer;
     conn.frames_read_above();
+    conn.writes_gathered_above();
     let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
     let result = tokio::select! {
         result = tokio::time::timeout(timeout, acceptor.accept(conn)) => result,
@@ -605,6 +614,7 @@ async fn handshake(
         io,
         peer: Arc::new(TlsPeer { chain }),
         scan: Some(Box::default()),
+        writes: WriteBuffer::default(),
     };
     let _ = tx.send(stream).await;
 }

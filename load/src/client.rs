@@ -424,7 +424,9 @@ async fn stream<F: Flow>(
         Connection::Own(addresses) => {
             let addr = addresses[(config.index + attempt.failures as usize) % addresses.len()];
             let channel = match &config.tls {
-                None => endpoint(addr, config.window)?.connect().await?,
+                None => {
+                    meshfed::testing::plain_connect(endpoint(addr, config.window)?, addr).await?
+                }
                 Some(tls) => {
                     let id = identity(tls, config.index, config.plan.namespaces);
                     tls.connect(endpoint(addr, config.window)?, addr, &id)

@@ -652,8 +652,10 @@ async fn connect_shared(
         let namespaces = plan.namespaces;
         connecting.spawn(async move {
             let channel = match &tls {
-                None if lazy => Ok(endpoint.connect_lazy()),
-                None => endpoint.connect().await.map_err(anyhow::Error::from),
+                None if lazy => Ok(meshfed::testing::plain_connect_lazy(endpoint, address)),
+                None => meshfed::testing::plain_connect(endpoint, address)
+                    .await
+                    .map_err(anyhow::Error::from),
                 // Proxy i uses connection i % k, and k is a multiple of the
                 // namespaces: connection c carries the proxies of namespace c % n.
                 Some(tls) => {

@@ -411,7 +411,10 @@ async fn stream(
     let recorder = config.recorder.clone();
     let window = receive_window(config.ztunnels);
     let channel = match &config.tls {
-        None => endpoint(config.address, window)?.connect().await?,
+        None => {
+            meshfed::testing::plain_connect(endpoint(config.address, window)?, config.address)
+                .await?
+        }
         Some(tls) => {
             let identity = crate::tls::spiffe_id(tls.trust_domain(), ZTUNNEL_NAMESPACE, "ztunnel");
             tls.connect(endpoint(config.address, window)?, config.address, &identity)

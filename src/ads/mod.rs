@@ -10,6 +10,7 @@
 //! merges requests that arrive while its stream is busy, so each connection has at
 //! most one push in flight and never misses a change.
 
+pub mod coalesce;
 pub mod connection;
 pub mod csds;
 pub mod debug;

@@ -37,6 +37,7 @@ use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 use tracing::{debug, warn};
 
+use super::coalesce::WriteBuffer;
 use super::limit::LogLimiter;
 use super::segments::SegmentMemo;
 
@@ -408,6 +409,9 @@ pub struct GuardedStream {
     scan: Option<Box<FrameScan>>,
     metrics: TransportMetrics,
     live: Arc<AtomicUsize>,
+    /// Frames written and not yet sent, gathered into fewer system calls (`None`:
+    /// under TLS, where the secure stream gathers them before they are encrypted).
+    writes: Option<WriteBuffer>,
 }
 
 impl Drop for GuardedStream {
@@ -439,6 +443,12 @@ impl GuardedStream {
     /// here are encrypted).
     pub fn frames_read_above(&mut self) {
         self.scan = None;
+    }
+
+    /// Leaves gathering writes to the layer above (TLS: the handshake flushes and
+    /// waits for an answer, and records are better gathered before encryption).
+    pub fn writes_gathered_above(&mut self) {
+        self.writes = None;
     }
 
     /// Fails once the connection was closed from above; registers the task to hear of
@@ -509,7 +519,10 @@ impl AsyncWrite for GuardedStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        Pin::new(&mut this.io).poll_write(cx, buf)
+        match &mut this.writes {
+            Some(writes) => writes.poll_write_vectored(&mut this.io, cx, &[io::IoSlice::new(buf)]),
+            None => Pin::new(&mut this.io).poll_write(cx, buf),
+        }
     }
 
     fn poll_write_vectored(
@@ -519,21 +532,31 @@ impl AsyncWrite for GuardedStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+        match &mut this.writes {
+            Some(writes) => writes.poll_write_vectored(&mut this.io, cx, bufs),
+            None => Pin::new(&mut this.io).poll_write_vectored(cx, bufs),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        self.writes.is_some() || self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        Pin::new(&mut this.io).poll_flush(cx)
+        match &mut this.writes {
+            Some(writes) => writes.poll_flush(&mut this.io, cx),
+            None => Pin::new(&mut this.io).poll_flush(cx),
+        }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+        let this = self.get_mut();
+        match &mut this.writes {
+            Some(writes) => writes.poll_shutdown(&mut this.io, cx),
+            None => Pin::new(&mut this.io).poll_shutdown(cx),
+        }
     }
 }
 
@@ -662,6 +685,7 @@ impl Acceptor {
                         scan: Some(Box::default()),
                         metrics: self.metrics.clone(),
                         live: self.live.clone(),
+                        writes: Some(WriteBuffer::default()),
                     };
                 }
                 Err(err) if is_per_connection(&err) => continue,
