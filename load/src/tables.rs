@@ -118,7 +118,7 @@ pub fn content_hash(bytes: &[u8]) -> u64 {
 #[derive(Debug, Default, PartialEq)]
 pub struct NameSet {
     names: BTreeSet<Arc<str>>,
-    encoded: Vec<u8>,
+    encoded: bytes::Bytes,
 }
 
 impl NameSet {
@@ -134,7 +134,10 @@ impl NameSet {
             prost::encoding::encode_varint(name.len() as u64, &mut encoded);
             encoded.extend_from_slice(name.as_bytes());
         }
-        NameSet { names, encoded }
+        NameSet {
+            names,
+            encoded: encoded.into(),
+        }
     }
 
     /// The names, in request order.
@@ -165,6 +168,11 @@ impl NameSet {
     /// The names as `DiscoveryRequest.resource_names` fields.
     pub fn encoded(&self) -> &[u8] {
         &self.encoded
+    }
+
+    /// [`NameSet::encoded`], shared: a request sends them as they are.
+    pub fn encoded_bytes(&self) -> bytes::Bytes {
+        self.encoded.clone()
     }
 }
 

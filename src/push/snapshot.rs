@@ -137,9 +137,12 @@ impl ServiceIndex {
 pub struct ProxyWorkloads {
     sources: WorkloadSources,
     /// Node id -> the answer and the rest of the query it answered; shared with the
-    /// endpoint-only snapshots that follow.
-    seen: Arc<Mutex<HashMap<String, SeenWorkload>>>,
+    /// endpoint-only snapshots that follow. Asked once per proxy per push: foldhash,
+    /// not SipHash, over the ~60-byte node ids.
+    seen: Arc<Mutex<SeenWorkloads>>,
 }
+
+type SeenWorkloads = HashMap<String, SeenWorkload, foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 struct SeenWorkload {
@@ -176,7 +179,7 @@ impl ProxyWorkloads {
 
     /// The workload `proxy` runs as, if a registry knows it.
     pub fn get(&self, proxy: &Proxy) -> Option<Arc<WorkloadInstance>> {
-        let seen = |map: &HashMap<String, SeenWorkload>| {
+        let seen = |map: &SeenWorkloads| {
             map.get(&proxy.node_id)
                 .filter(|s| s.answers(proxy))
                 .map(|s| s.workload.clone())
