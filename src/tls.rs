@@ -495,6 +495,7 @@ impl AsyncRead for SecureStream {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = self.get_mut();
+        this.writes.saw_read();
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = read {
             let control = this.io.get_ref().0.control();

@@ -26,7 +26,9 @@
 //!    `sidecarScope: namespace` go into the server's config directory (`--configDir`;
 //!    `--config-dir` for a running server).
 //! 2. Connects N simulated proxies at the ramp rate, each with its own ADS stream over
-//!    its own HTTP/2 connection (or over `connections` shared ones), node id
+//!    its own HTTP/2 connection (or over `connections` shared ones; a connection
+//!    gathers the frames it writes into fewer system calls, as Envoy's write buffer
+//!    does), node id
 //!    `sidecar~10.x.y.z~load-<i>.<ns>~<ns>.svc.cluster.local` and metadata `NAMESPACE`,
 //!    `CLUSTER_ID` (plus `GENERATOR=grpc` for proxyless clients). A sidecar subscribes
 //!    like Envoy: CDS wildcard, EDS for every EDS cluster, then LDS wildcard and RDS for

@@ -11,10 +11,13 @@
 //!
 //! - a write that fits in [`GATHER`] bytes with what is held is copied and reported
 //!   written; a larger one goes out in one vectored call together with what is held;
-//! - the first flush after new writes is deferred: the task is woken so that it runs
-//!   again, and the frames it queues meanwhile (the rest of a response, other streams'
+//! - a flush after new writes is deferred: the task is woken so that it runs again,
+//!   and the frames it queues meanwhile (the rest of a response, other streams'
 //!   responses) join the same write. The next flush with nothing new written writes
-//!   everything out, as does a shutdown;
+//!   everything out, as does a shutdown. A deferral lasts one turn of the task at
+//!   most: once the task has read again (HTTP/2 reads first on each turn), the next
+//!   flush writes, new writes or not, so a connection that writes a little on every
+//!   turn is not held back for ever;
 //! - an emptied buffer is freed: an idle connection holds none;
 //! - at most [`GATHER_BUDGET`] bytes of buffers exist in the process at once: a push
 //!   to 20,000 connections whose tasks all wait for their next turn would otherwise
@@ -61,6 +64,10 @@ pub struct WriteBuffer {
     start: usize,
     /// Written to since the last flush was asked for.
     fresh: bool,
+    /// A flush was deferred and nothing written out since.
+    deferred: bool,
+    /// The task read since the flush was deferred (a later turn of it).
+    read_since: bool,
 }
 
 impl WriteBuffer {
@@ -121,18 +128,26 @@ impl WriteBuffer {
     }
 
     /// Writes out what is held, unless this is the first flush since new writes came
-    /// (see the module's comment).
+    /// in this turn of the task (see the module's comment).
     pub fn poll_flush<W: AsyncWrite + Unpin>(
         &mut self,
         io: &mut W,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
-        if self.held() > 0 && std::mem::take(&mut self.fresh) {
+        let fresh = std::mem::take(&mut self.fresh);
+        if self.held() > 0 && fresh && !(self.deferred && self.read_since) {
+            self.deferred = true;
+            self.read_since = false;
             cx.waker().wake_by_ref();
             return Poll::Ready(Ok(()));
         }
         ready!(self.poll_drain(io, cx))?;
         Pin::new(io).poll_flush(cx)
+    }
+
+    /// Notes that the task is reading: a deferred flush waits no longer.
+    pub fn saw_read(&mut self) {
+        self.read_since = true;
     }
 
     /// Writes out what is held, then shuts the writing side.
@@ -159,6 +174,7 @@ impl WriteBuffer {
         }
         self.release();
         self.fresh = false;
+        self.deferred = false;
         Poll::Ready(Ok(()))
     }
 
@@ -181,8 +197,8 @@ impl Drop for WriteBuffer {
     }
 }
 
-/// An I/O object whose writes are gathered by a [`WriteBuffer`] (a client's socket;
-/// the server's accepted sockets hold their buffer themselves).
+/// A client's I/O object whose writes are gathered by a [`WriteBuffer`] (the
+/// server's accepted sockets hold theirs themselves).
 #[derive(Debug)]
 pub struct Gathered<T> {
     io: T,
@@ -210,7 +226,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Gathered<T> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let this = self.get_mut();
+        this.writes.saw_read();
+        Pin::new(&mut this.io).poll_read(cx, buf)
     }
 }
 
@@ -323,6 +341,9 @@ mod tests {
         }
     }
 
+    /// A DATA frame's worth.
+    const FRAME: usize = 4096;
+
     fn gathered() -> Gathered<Recorder> {
         Gathered::new(Recorder {
             room: usize::MAX,
@@ -344,9 +365,9 @@ mod tests {
         let waker = wakes.clone().into();
         let mut cx = Context::from_waker(&waker);
         let mut g = gathered();
-        // As HTTP/2 writes: a frame, a flush, the next frame, a flush...
+        // As HTTP/2 writes: a DATA frame, a flush, the next frame, a flush...
         for i in 0..3u8 {
-            assert_eq!(write(&mut g, &mut cx, &[i; 100]), Poll::Ready(100));
+            assert_eq!(write(&mut g, &mut cx, &[i; FRAME]), Poll::Ready(FRAME));
             assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         }
         assert!(
@@ -357,16 +378,36 @@ mod tests {
             wakes.0.load(Ordering::SeqCst) >= 1,
             "the task will run again"
         );
-        // The task runs again and has nothing more: the flush writes everything.
+        // It has nothing more: the flush writes everything.
         assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         assert_eq!(g.io.calls.len(), 1);
-        let expected: Vec<u8> = (0..3u8).flat_map(|i| [i; 100]).collect();
+        let expected: Vec<u8> = (0..3u8).flat_map(|i| [i; FRAME]).collect();
         assert_eq!(g.io.calls[0], expected);
         assert_eq!(
             g.io.flushed, 1,
             "the socket is flushed once its bytes are out"
         );
         assert_eq!(g.writes.buf.capacity(), 0, "an emptied buffer is freed");
+    }
+
+    #[test]
+    fn a_flush_waits_one_turn_of_the_task_at_most() {
+        let waker = Arc::new(Wakes(AtomicUsize::new(0))).into();
+        let mut cx = Context::from_waker(&waker);
+        let mut g = gathered();
+        // Each turn reads, then writes a frame and flushes.
+        let (one, two) = (vec![1u8; FRAME], vec![2u8; FRAME]);
+        assert_eq!(write(&mut g, &mut cx, &one), Poll::Ready(FRAME));
+        assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
+        assert!(g.io.calls.is_empty(), "deferred to the next turn");
+        g.writes.saw_read();
+        assert_eq!(write(&mut g, &mut cx, &two), Poll::Ready(FRAME));
+        assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
+        assert_eq!(
+            g.io.calls,
+            vec![[one, two].concat()],
+            "written on the next turn"
+        );
     }
 
     #[test]
@@ -445,11 +486,12 @@ mod tests {
         let waker = Arc::new(Wakes(AtomicUsize::new(0))).into();
         let mut cx = Context::from_waker(&waker);
         let mut g = gathered();
-        assert_eq!(write(&mut g, &mut cx, b"goaway"), Poll::Ready(6));
+        let data = vec![5u8; FRAME];
+        assert_eq!(write(&mut g, &mut cx, &data), Poll::Ready(FRAME));
         assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         assert!(g.io.calls.is_empty());
         assert!(Pin::new(&mut g).poll_shutdown(&mut cx).is_ready());
-        assert_eq!(g.io.calls, vec![b"goaway".to_vec()]);
+        assert_eq!(g.io.calls, vec![data]);
         assert!(g.io.shut);
     }
 }

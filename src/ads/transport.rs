@@ -497,6 +497,9 @@ impl AsyncRead for GuardedStream {
         let this = self.get_mut();
         this.check_closed(cx)?;
         let before = buf.filled().len();
+        if let Some(writes) = &mut this.writes {
+            writes.saw_read();
+        }
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Pending => {
                 this.check_deadline(cx)?;
