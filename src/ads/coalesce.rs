@@ -109,6 +109,9 @@ pub struct WriteBuffer {
     deferred: bool,
     /// The task read since the flush was deferred (a later turn of it).
     read_since: bool,
+    /// Writes go straight through (a TLS connection's socket: its stream gathers
+    /// above the encryption).
+    through: bool,
 }
 
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
@@ -200,6 +203,9 @@ impl WriteBuffer {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.through {
+            return Pin::new(&mut *io).poll_write_vectored(cx, bufs);
+        }
         let n: usize = bufs.iter().map(|b| b.len()).sum();
         loop {
             let held = self.held();
@@ -255,6 +261,9 @@ impl WriteBuffer {
         io: &mut W,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
+        if self.through {
+            return Pin::new(io).poll_flush(cx);
+        }
         let fresh = std::mem::take(&mut self.fresh);
         if self.held() > 0 && fresh && !self.urgent && !(self.deferred && self.read_since) {
             self.deferred = true;
@@ -320,7 +329,7 @@ impl Drop for WriteBuffer {
 }
 
 /// An I/O object whose writes are gathered by a [`WriteBuffer`]: a client's, or a
-/// server's TLS stream (the server's plaintext sockets hold their buffer themselves).
+/// server's accepted socket or TLS stream.
 #[derive(Debug)]
 pub struct Gathered<T> {
     io: T,
@@ -342,6 +351,13 @@ impl<T> Gathered<T> {
             io,
             writes: WriteBuffer::client(),
         }
+    }
+
+    /// Leaves gathering to the layer above: writes go straight through from now on
+    /// (before any was made).
+    pub fn write_through(&mut self) {
+        debug_assert_eq!(self.writes.held(), 0);
+        self.writes.through = true;
     }
 
     /// The wrapped object.
@@ -383,7 +399,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gathered<T> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        true
+        !self.writes.through || self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -600,6 +616,19 @@ mod tests {
         );
         assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         assert_eq!(g.io.calls.len(), 3, "HEADERS does not");
+    }
+
+    #[test]
+    fn a_socket_under_tls_writes_straight_through() {
+        let waker = Arc::new(Wakes(AtomicUsize::new(0))).into();
+        let mut cx = Context::from_waker(&waker);
+        let mut g = gathered();
+        g.write_through();
+        let record = vec![3u8; FRAME];
+        assert_eq!(write(&mut g, &mut cx, &record), Poll::Ready(FRAME));
+        assert_eq!(g.io.calls, vec![record], "written at once, nothing held");
+        assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
+        assert_eq!(g.io.flushed, 1);
     }
 
     #[test]

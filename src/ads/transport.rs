@@ -37,7 +37,7 @@ use tokio::time::Sleep;
 use tonic::transport::server::Connected;
 use tracing::{debug, warn};
 
-use super::coalesce::WriteBuffer;
+use super::coalesce::Gathered;
 use super::limit::LogLimiter;
 use super::segments::SegmentMemo;
 
@@ -399,7 +399,9 @@ impl FrameScan {
 /// An accepted socket of the xDS port.
 #[derive(Debug)]
 pub struct GuardedStream {
-    io: TcpStream,
+    /// The socket, its writes gathered into fewer system calls (straight through under
+    /// TLS, where the secure stream gathers them before they are encrypted).
+    io: Gathered<TcpStream>,
     peer: Option<SocketAddr>,
     control: Arc<ConnControl>,
     handshake: Option<Pin<Box<Sleep>>>,
@@ -409,9 +411,6 @@ pub struct GuardedStream {
     scan: Option<Box<FrameScan>>,
     metrics: TransportMetrics,
     live: Arc<AtomicUsize>,
-    /// Frames written and not yet sent, gathered into fewer system calls (`None`:
-    /// under TLS, where the secure stream gathers them before they are encrypted).
-    writes: Option<WriteBuffer>,
 }
 
 impl Drop for GuardedStream {
@@ -448,7 +447,7 @@ impl GuardedStream {
     /// Leaves gathering writes to the layer above (TLS: the handshake flushes and
     /// waits for an answer, and records are better gathered before encryption).
     pub fn writes_gathered_above(&mut self) {
-        self.writes = None;
+        self.io.write_through();
     }
 
     /// Fails once the connection was closed from above; registers the task to hear of
@@ -497,9 +496,6 @@ impl AsyncRead for GuardedStream {
         let this = self.get_mut();
         this.check_closed(cx)?;
         let before = buf.filled().len();
-        if let Some(writes) = &mut this.writes {
-            writes.saw_read();
-        }
         match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Pending => {
                 this.check_deadline(cx)?;
@@ -522,10 +518,7 @@ impl AsyncWrite for GuardedStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        match &mut this.writes {
-            Some(writes) => writes.poll_write_vectored(&mut this.io, cx, &[io::IoSlice::new(buf)]),
-            None => Pin::new(&mut this.io).poll_write(cx, buf),
-        }
+        Pin::new(&mut this.io).poll_write(cx, buf)
     }
 
     fn poll_write_vectored(
@@ -535,31 +528,21 @@ impl AsyncWrite for GuardedStream {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        match &mut this.writes {
-            Some(writes) => writes.poll_write_vectored(&mut this.io, cx, bufs),
-            None => Pin::new(&mut this.io).poll_write_vectored(cx, bufs),
-        }
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.writes.is_some() || self.io.is_write_vectored()
+        self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         this.check_closed(cx)?;
-        match &mut this.writes {
-            Some(writes) => writes.poll_flush(&mut this.io, cx),
-            None => Pin::new(&mut this.io).poll_flush(cx),
-        }
+        Pin::new(&mut this.io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        match &mut this.writes {
-            Some(writes) => writes.poll_shutdown(&mut this.io, cx),
-            None => Pin::new(&mut this.io).poll_shutdown(cx),
-        }
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }
 
@@ -678,7 +661,7 @@ impl Acceptor {
                         .handshake_timeout
                         .map(|t| Box::pin(tokio::time::sleep(t)));
                     return GuardedStream {
-                        io,
+                        io: Gathered::server(io),
                         peer: Some(peer),
                         control: Arc::new(ConnControl::with_segments(
                             self.limits.connection_request_bytes,
@@ -688,7 +671,6 @@ impl Acceptor {
                         scan: Some(Box::default()),
                         metrics: self.metrics.clone(),
                         live: self.live.clone(),
-                        writes: Some(WriteBuffer::default()),
                     };
                 }
                 Err(err) if is_per_connection(&err) => continue,
@@ -793,7 +775,7 @@ mod tests {
         let _client = TcpStream::connect(addr).await.unwrap();
         let conn = acceptor.accept().await;
         assert!(
-            conn.io.nodelay().unwrap(),
+            conn.io.get_ref().nodelay().unwrap(),
             "TCP_NODELAY on accepted sockets"
         );
     }
