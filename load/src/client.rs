@@ -374,12 +374,8 @@ impl Flow for Sotw {
     /// an endpoint change.
     fn framed(request: &SotwOut) -> (Bytes, Option<Bytes>) {
         let names = request.names.encoded_bytes();
-        let len = request.request.encoded_len() + names.len();
-        let mut head = BytesMut::with_capacity(5 + request.request.encoded_len());
-        head.put_u8(0);
-        head.put_u32(u32::try_from(len).expect("an ADS request is far below 4 GiB"));
-        request.request.encode_raw(&mut head);
-        (head.freeze(), (!names.is_empty()).then_some(names))
+        let head = grpc_head(&request.request, names.len());
+        (head, (!names.is_empty()).then_some(names))
     }
 
     fn set_node(request: &mut SotwOut, node: Node) {
@@ -562,10 +558,16 @@ async fn stream<F: Flow>(
 
 /// A gRPC message frame: uncompressed flag, big-endian length, the message.
 pub(crate) fn grpc_frame(message: &impl Message) -> Bytes {
+    grpc_head(message, 0)
+}
+
+/// The start of a gRPC message frame whose message is `message` followed by `rest`
+/// more bytes: the prefix counts them, the caller sends them.
+fn grpc_head(message: &impl Message, rest: usize) -> Bytes {
     let len = message.encoded_len();
     let mut buf = BytesMut::with_capacity(5 + len);
     buf.put_u8(0);
-    buf.put_u32(u32::try_from(len).expect("an ADS request is far below 4 GiB"));
+    buf.put_u32(u32::try_from(len + rest).expect("an ADS request is far below 4 GiB"));
     message.encode_raw(&mut buf);
     buf.freeze()
 }
