@@ -68,21 +68,27 @@ fn take_budget_of(counter: &AtomicUsize) -> bool {
 /// from the allocator left its pages behind, freed but resident until the allocator
 /// purged them (8 KB more RSS per idle connection just after 4,000 connected, 70 MiB
 /// more with 10,000 proxyless clients); pooled, the same few pages are reused.
-static POOL: std::sync::Mutex<Vec<Vec<u8>>> = std::sync::Mutex::new(Vec::new());
+static POOL: std::sync::Mutex<Vec<Box<Held>>> = std::sync::Mutex::new(Vec::new());
 
 /// Most buffers kept in [`POOL`] (8 MiB of them).
 const POOLED: usize = 128;
 
 /// A buffer of [`GATHER`] bytes' capacity, from the pool if it has one.
-fn pooled() -> Vec<u8> {
+fn pooled() -> Box<Held> {
     let reused = POOL.lock().unwrap_or_else(|e| e.into_inner()).pop();
-    reused.unwrap_or_else(|| Vec::with_capacity(GATHER))
+    reused.unwrap_or_else(|| {
+        Box::new(Held {
+            bytes: Vec::with_capacity(GATHER),
+            start: 0,
+        })
+    })
 }
 
 /// Gives an emptied buffer back to the pool (or to the allocator when it is full).
-fn unpool(mut buf: Vec<u8>) {
-    buf.clear();
-    if buf.capacity() != GATHER {
+fn unpool(mut buf: Box<Held>) {
+    buf.bytes.clear();
+    buf.start = 0;
+    if buf.bytes.capacity() != GATHER {
         return;
     }
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
@@ -94,9 +100,9 @@ fn unpool(mut buf: Vec<u8>) {
 /// Bytes written by the layer above and not yet handed to the socket.
 #[derive(Debug, Default)]
 pub struct WriteBuffer {
-    buf: Vec<u8>,
-    /// How much of `buf` was written already.
-    start: usize,
+    /// What is held, if anything (boxed with its cursor: every connection's future
+    /// holds a `WriteBuffer`, and most of them hold nothing most of the time).
+    held: Option<Box<Held>>,
     /// A client's: the frames written, followed to tell which may wait (boxed: a
     /// server's connections, by the thousand, have none).
     frames: Option<Box<FrameCursor>>,
@@ -112,6 +118,19 @@ pub struct WriteBuffer {
     /// Writes go straight through (a TLS connection's socket: its stream gathers
     /// above the encryption).
     through: bool,
+}
+
+/// A gathering buffer and how much of it was written out already.
+#[derive(Debug)]
+struct Held {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl Held {
+    fn unwritten(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
 }
 
 /// The HTTP/2 client connection preface (RFC 9113, section 3.4).
@@ -192,7 +211,7 @@ impl WriteBuffer {
     }
 
     fn held(&self) -> usize {
-        self.buf.len() - self.start
+        self.held.as_ref().map_or(0, |h| h.unwritten().len())
     }
 
     /// Takes `bufs` (all of them, or a part once a write of what is held with them
@@ -212,16 +231,15 @@ impl WriteBuffer {
             if n == 0 {
                 return Poll::Ready(Ok(0));
             }
-            if held + n <= GATHER && (self.buf.capacity() > 0 || take_budget()) {
-                if self.buf.capacity() == 0 {
-                    self.buf = pooled();
-                } else if self.start > 0 {
+            if held + n <= GATHER && (self.held.is_some() || take_budget()) {
+                let h = self.held.get_or_insert_with(pooled);
+                if h.start > 0 {
                     // Part of it went out in a short write: keep the rest at the front.
-                    self.buf.drain(..self.start);
-                    self.start = 0;
+                    h.bytes.drain(..h.start);
+                    h.start = 0;
                 }
                 for b in bufs {
-                    self.buf.extend_from_slice(b);
+                    h.bytes.extend_from_slice(b);
                 }
                 self.fresh = true;
                 self.taken(bufs, n);
@@ -233,20 +251,21 @@ impl WriteBuffer {
                 self.taken(bufs, written);
                 return Poll::Ready(Ok(written));
             }
+            let h = self.held.as_mut().expect("bytes are held");
             let mut slices = Vec::with_capacity(bufs.len() + 1);
-            slices.push(IoSlice::new(&self.buf[self.start..]));
+            slices.push(IoSlice::new(h.unwritten()));
             slices.extend(bufs.iter().map(|b| IoSlice::new(b)));
             let written = ready!(Pin::new(&mut *io).poll_write_vectored(cx, &slices))?;
             if written == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
             if written < held {
-                self.start += written;
+                h.start += written;
                 continue;
             }
             // What was held is out; the allocation stays for the rest of the burst.
-            self.buf.clear();
-            self.start = 0;
+            h.bytes.clear();
+            h.start = 0;
             if written > held {
                 self.taken(bufs, written - held);
                 return Poll::Ready(Ok(written - held));
@@ -295,12 +314,12 @@ impl WriteBuffer {
         io: &mut W,
         cx: &mut Context<'_>,
     ) -> Poll<io::Result<()>> {
-        while self.held() > 0 {
-            let written = ready!(Pin::new(&mut *io).poll_write(cx, &self.buf[self.start..]))?;
+        while let Some(h) = self.held.as_mut().filter(|h| !h.unwritten().is_empty()) {
+            let written = ready!(Pin::new(&mut *io).poll_write(cx, h.unwritten()))?;
             if written == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }
-            self.start += written;
+            h.start += written;
         }
         self.release();
         self.fresh = false;
@@ -312,9 +331,8 @@ impl WriteBuffer {
     /// Frees the (empty) buffer and gives its budget back.
     fn release(&mut self) {
         debug_assert_eq!(self.held(), 0);
-        if self.buf.capacity() > 0 {
-            unpool(std::mem::take(&mut self.buf));
-            self.start = 0;
+        if let Some(held) = self.held.take() {
+            unpool(held);
             GATHERING.fetch_sub(GATHER, Ordering::AcqRel);
         }
     }
@@ -322,7 +340,7 @@ impl WriteBuffer {
 
 impl Drop for WriteBuffer {
     fn drop(&mut self) {
-        if self.buf.capacity() > 0 {
+        if self.held.is_some() {
             GATHERING.fetch_sub(GATHER, Ordering::AcqRel);
         }
     }
@@ -537,7 +555,7 @@ mod tests {
             g.io.flushed, 1,
             "the socket is flushed once its bytes are out"
         );
-        assert_eq!(g.writes.buf.capacity(), 0, "an emptied buffer is freed");
+        assert!(g.writes.held.is_none(), "an emptied buffer is given back");
     }
 
     #[test]
@@ -668,7 +686,13 @@ mod tests {
         // held goes first until the new bytes fit.
         assert_eq!(write(&mut g, &mut cx, &second), Poll::Ready(second.len()));
         assert_eq!(g.io.calls.len(), 5);
-        assert!(g.writes.buf.capacity() <= GATHER, "the buffer did not grow");
+        assert!(
+            g.writes
+                .held
+                .as_ref()
+                .is_none_or(|h| h.bytes.capacity() <= GATHER),
+            "the buffer did not grow"
+        );
         g.io.full = true;
         assert_eq!(write(&mut g, &mut cx, &third), Poll::Pending);
         assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()), "deferred once");
@@ -691,6 +715,13 @@ mod tests {
         let all: Vec<u8> = g.io.calls.concat();
         let expected: Vec<u8> = [&first[..], &second, &third].concat();
         assert_eq!(all, expected, "every byte once, in order");
+    }
+
+    #[test]
+    fn a_buffer_holding_nothing_is_three_words() {
+        // Inside every connection's future, by the ten thousand: the bytes and their
+        // cursor are boxed, and a client's frame cursor too.
+        assert!(std::mem::size_of::<WriteBuffer>() <= 3 * std::mem::size_of::<usize>());
     }
 
     #[test]

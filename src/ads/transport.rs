@@ -409,14 +409,22 @@ pub struct GuardedStream {
     /// TLS, where the secure stream follows the decrypted bytes, or once it did).
     /// Boxed: held only until then, it need not widen every connection's future.
     scan: Option<Box<FrameScan>>,
+    shared: Arc<ListenerShared>,
+}
+
+/// What a listener's connections share with it: one reference per connection rather
+/// than one per metric (every connection's future holds a [`GuardedStream`]).
+#[derive(Debug)]
+struct ListenerShared {
     metrics: TransportMetrics,
-    live: Arc<AtomicUsize>,
+    /// Connections accepted and not yet dropped.
+    live: AtomicUsize,
 }
 
 impl Drop for GuardedStream {
     fn drop(&mut self) {
-        self.live.fetch_sub(1, Ordering::AcqRel);
-        self.metrics.open.dec();
+        self.shared.live.fetch_sub(1, Ordering::AcqRel);
+        self.shared.metrics.open.dec();
     }
 }
 
@@ -474,7 +482,7 @@ impl GuardedStream {
                 self.handshake = None;
             } else if deadline.as_mut().poll(cx).is_ready() {
                 self.handshake = None;
-                self.metrics.handshake_timeouts.inc();
+                self.shared.metrics.handshake_timeouts.inc();
                 debug!(peer = ?self.peer, "closing an xDS connection that opened no stream in time");
                 self.control.close();
                 return Err(io::Error::new(
@@ -603,8 +611,7 @@ impl Default for AcceptBackoff {
 pub struct Acceptor {
     listener: TcpListener,
     limits: XdsLimits,
-    metrics: TransportMetrics,
-    live: Arc<AtomicUsize>,
+    shared: Arc<ListenerShared>,
     backoff: AcceptBackoff,
     log: LogLimiter,
     segments: Arc<SegmentMemo>,
@@ -618,8 +625,10 @@ impl Acceptor {
         Acceptor {
             listener,
             limits,
-            metrics,
-            live: Arc::default(),
+            shared: Arc::new(ListenerShared {
+                metrics,
+                live: AtomicUsize::new(0),
+            }),
             backoff: AcceptBackoff::default(),
             log: LogLimiter::new(5, Duration::from_secs(10)),
             segments: Arc::default(),
@@ -640,9 +649,9 @@ impl Acceptor {
                         debug!(%peer, "TCP_NODELAY not set: {err}");
                     }
                     self.backoff.reset();
-                    let live = self.live.load(Ordering::Acquire);
+                    let live = self.shared.live.load(Ordering::Acquire);
                     if self.limits.max_connections > 0 && live >= self.limits.max_connections {
-                        self.metrics.refused.inc();
+                        self.shared.metrics.refused.inc();
                         if let Some(suppressed) = self.log.allow() {
                             warn!(
                                 %peer,
@@ -654,8 +663,8 @@ impl Acceptor {
                         drop(io);
                         continue;
                     }
-                    self.live.fetch_add(1, Ordering::AcqRel);
-                    self.metrics.open.inc();
+                    self.shared.live.fetch_add(1, Ordering::AcqRel);
+                    self.shared.metrics.open.inc();
                     let handshake = self
                         .limits
                         .handshake_timeout
@@ -669,13 +678,12 @@ impl Acceptor {
                         )),
                         handshake,
                         scan: Some(Box::default()),
-                        metrics: self.metrics.clone(),
-                        live: self.live.clone(),
+                        shared: self.shared.clone(),
                     };
                 }
                 Err(err) if is_per_connection(&err) => continue,
                 Err(err) => {
-                    self.metrics.accept_errors.inc();
+                    self.shared.metrics.accept_errors.inc();
                     if let Some(suppressed) = self.log.allow() {
                         warn!(error = %err, retry_in = ?self.backoff.current(), suppressed, "accepting an xDS connection failed");
                     }
@@ -792,7 +800,7 @@ mod tests {
         let mut buf = [0u8; 8];
         let err = conn.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert_eq!(acceptor.metrics.handshake_timeouts.get(), 1);
+        assert_eq!(acceptor.shared.metrics.handshake_timeouts.get(), 1);
 
         // Bytes that were waiting when a late poll comes after the deadline are read;
         // only a connection with nothing to read is cut.
@@ -802,10 +810,10 @@ mod tests {
         tokio::time::advance(Duration::from_secs(11)).await;
         let n = conn.read(&mut buf).await.unwrap();
         assert_eq!(&buf[..n], b"PRI");
-        assert_eq!(acceptor.metrics.handshake_timeouts.get(), 1);
+        assert_eq!(acceptor.shared.metrics.handshake_timeouts.get(), 1);
         let err = conn.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert_eq!(acceptor.metrics.handshake_timeouts.get(), 2);
+        assert_eq!(acceptor.shared.metrics.handshake_timeouts.get(), 2);
 
         // A connection whose stream started is not cut.
         let mut client = TcpStream::connect(addr).await.unwrap();
@@ -875,7 +883,7 @@ mod tests {
         let mut buf = [0u8; 4];
         conn.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"more");
-        assert_eq!(acceptor.metrics.handshake_timeouts.get(), 0);
+        assert_eq!(acceptor.shared.metrics.handshake_timeouts.get(), 0);
 
         // Settings and pings alone open no stream: cut at the deadline.
         let mut client = TcpStream::connect(addr).await.unwrap();
@@ -887,7 +895,7 @@ mod tests {
         tokio::time::advance(Duration::from_secs(11)).await;
         let err = conn.read(&mut buf).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::TimedOut);
-        assert_eq!(acceptor.metrics.handshake_timeouts.get(), 1);
+        assert_eq!(acceptor.shared.metrics.handshake_timeouts.get(), 1);
     }
 
     #[tokio::test]
@@ -929,8 +937,8 @@ mod tests {
         drop(third);
         let mut fourth = TcpStream::connect(addr).await.unwrap();
         let (acceptor, _conn) = accept.await.unwrap();
-        assert!(acceptor.metrics.refused.get() >= 1);
-        assert_eq!(acceptor.live.load(Ordering::Acquire), 1);
+        assert!(acceptor.shared.metrics.refused.get() >= 1);
+        assert_eq!(acceptor.shared.live.load(Ordering::Acquire), 1);
         fourth.write_all(b"x").await.unwrap();
     }
 
