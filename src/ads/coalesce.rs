@@ -68,6 +68,8 @@ fn take_budget_of(counter: &AtomicUsize) -> bool {
 /// from the allocator left its pages behind, freed but resident until the allocator
 /// purged them (8 KB more RSS per idle connection just after 4,000 connected, 70 MiB
 /// more with 10,000 proxyless clients); pooled, the same few pages are reused.
+// Boxed: a buffer moves between the pool and connections' `WriteBuffer`s as is.
+#[allow(clippy::vec_box)]
 static POOL: std::sync::Mutex<Vec<Box<Held>>> = std::sync::Mutex::new(Vec::new());
 
 /// Most buffers kept in [`POOL`] (8 MiB of them).
