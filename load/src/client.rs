@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::{BufMut as _, Bytes, BytesMut};
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
-use meshfed::ads::frames::{Arrived, Chunks, PREFIX_LEN};
+use meshfed::ads::frames::{Arrived, PREFIX_LEN};
 use prost::Message;
 use tokio::sync::{mpsc, watch};
 use tonic::transport::{Channel, Endpoint};
@@ -510,7 +510,7 @@ async fn stream<F: Flow>(
         // A refusal comes as the stream's status, after its headers: the stream was
         // accepted once the server has sent a response.
         attempt.accepted = true;
-        let size = bytes::Buf::remaining(&response);
+        let size = response.len();
         let response = match F::Resp::decode(response) {
             Ok(response) => response,
             Err(err) => anyhow::bail!("a response that is not a {}: {err}", F::RESPONSE),
@@ -644,10 +644,7 @@ pub(crate) struct Inbound {
 
 impl Inbound {
     /// The next message; `None` once the stream ended with status OK. Cancel-safe.
-    /// The message is its frames ([`Chunks`]), decoded without assembling them: a
-    /// 650 KB route table copied whole for every proxy cost the tool more than any
-    /// other copy in a VirtualService change.
-    pub(crate) async fn message(&mut self) -> anyhow::Result<Option<Chunks>> {
+    pub(crate) async fn message(&mut self) -> anyhow::Result<Option<Bytes>> {
         use http_body::Body as _;
         loop {
             if let Some(message) = self.take()? {
@@ -688,7 +685,7 @@ impl Inbound {
     /// A whole message from what arrived, if one is there. What arrived grows with the
     /// frames, not to the announced length: 20,000 streams each 1 KiB into a 1 MiB
     /// response would otherwise hold 20 GiB.
-    fn take(&mut self) -> anyhow::Result<Option<Chunks>> {
+    fn take(&mut self) -> anyhow::Result<Option<Bytes>> {
         let Some(prefix) = self.buf.prefix() else {
             return Ok(None);
         };
@@ -700,7 +697,7 @@ impl Inbound {
             return Ok(None);
         }
         self.buf.take(PREFIX_LEN);
-        Ok(Some(self.buf.take_chunks(len)))
+        Ok(Some(self.buf.take(len)))
     }
 }
 

@@ -4,12 +4,11 @@
 //! numbers are those of the Envoy v3 protos.
 
 use prost::Message;
-use prost::encoding::{self, WireType};
 
 use super::marker::{marker_change, route_marker_change};
 
 /// `envoy.service.discovery.v3.DiscoveryResponse`, with each resource's bytes kept
-/// as they arrived ([`Pieces`]: slices of the HTTP/2 frames, not copies).
+/// as they arrived (`Bytes` fields decode without copying from tonic's buffer).
 #[derive(Clone, PartialEq, Message)]
 pub struct SotwResponseLite {
     #[prost(string, tag = "1")]
@@ -49,130 +48,10 @@ pub struct DeltaResourceLite {
 }
 
 /// A top-level `google.protobuf.Any` of a response (the type URL is the response's).
-#[derive(Clone, PartialEq, Default, Debug)]
+#[derive(Clone, PartialEq, Message)]
 pub struct ResourceAny {
-    pub value: Pieces,
-}
-
-/// Bytes as the frames that carried them: each piece a slice of its frame when the
-/// message is read from [`meshfed::ads::frames::Chunks`]. A 650 KB route table spans
-/// forty 16 KB frames; hashed piece by piece ([`crate::tables::content_hash`]), it is
-/// copied whole only the first time the tool decodes it.
-#[derive(Clone, PartialEq, Default, Debug)]
-pub struct Pieces {
-    first: bytes::Bytes,
-    /// The pieces after the first (none when one frame carried them all).
-    rest: Vec<bytes::Bytes>,
-}
-
-impl Pieces {
-    /// The bytes in order, piece by piece.
-    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        std::iter::once(&self.first[..])
-            .chain(self.rest.iter().map(|p| &p[..]))
-            .filter(|p| !p.is_empty())
-    }
-
-    /// How many bytes.
-    pub fn len(&self) -> usize {
-        self.first.len() + self.rest.iter().map(|p| p.len()).sum::<usize>()
-    }
-
-    /// No bytes at all.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The bytes in one slice: borrowed when one piece holds them, else copied.
-    pub fn contiguous(&self) -> std::borrow::Cow<'_, [u8]> {
-        if self.rest.is_empty() {
-            std::borrow::Cow::Borrowed(&self.first[..])
-        } else {
-            std::borrow::Cow::Owned(self.iter().flatten().copied().collect())
-        }
-    }
-
-    /// Takes `len` bytes of `buf`, a piece per chunk of it.
-    fn take_from(buf: &mut impl bytes::Buf, mut len: usize) -> Pieces {
-        let mut pieces = Pieces::default();
-        while len > 0 {
-            let n = buf.chunk().len().min(len);
-            let piece = buf.copy_to_bytes(n);
-            len -= n;
-            if pieces.first.is_empty() {
-                pieces.first = piece;
-            } else {
-                pieces.rest.push(piece);
-            }
-        }
-        pieces
-    }
-}
-
-impl From<bytes::Bytes> for Pieces {
-    fn from(first: bytes::Bytes) -> Pieces {
-        Pieces {
-            first,
-            rest: Vec::new(),
-        }
-    }
-}
-
-impl From<Vec<u8>> for Pieces {
-    fn from(bytes: Vec<u8>) -> Pieces {
-        bytes::Bytes::from(bytes).into()
-    }
-}
-
-impl Message for ResourceAny {
-    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
-        let len = self.value.len();
-        if len > 0 {
-            encoding::encode_key(2, WireType::LengthDelimited, buf);
-            encoding::encode_varint(len as u64, buf);
-            for piece in self.value.iter() {
-                buf.put_slice(piece);
-            }
-        }
-    }
-
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl bytes::Buf,
-        ctx: encoding::DecodeContext,
-    ) -> Result<(), prost::DecodeError> {
-        if tag != 2 {
-            return encoding::skip_field(wire_type, tag, buf, ctx);
-        }
-        encoding::check_wire_type(WireType::LengthDelimited, wire_type)?;
-        let len = encoding::decode_varint(buf)?;
-        let Some(len) = usize::try_from(len)
-            .ok()
-            .filter(|len| *len <= buf.remaining())
-        else {
-            // prost's own error for a length past the end; it has no other
-            // constructor for a decode error.
-            #[allow(deprecated)]
-            return Err(prost::DecodeError::new("buffer underflow"));
-        };
-        self.value = Pieces::take_from(buf, len);
-        Ok(())
-    }
-
-    fn encoded_len(&self) -> usize {
-        let len = self.value.len();
-        if len == 0 {
-            0
-        } else {
-            encoding::key_len(2) + encoding::encoded_len_varint(len as u64) + len
-        }
-    }
-
-    fn clear(&mut self) {
-        self.value = Pieces::default();
-    }
+    #[prost(bytes = "bytes", tag = "2")]
+    pub value: bytes::Bytes,
 }
 
 /// `envoy.config.cluster.v3.Cluster`.
@@ -691,95 +570,5 @@ mod tests {
         let lite = ClaLite::decode(cla.encode_to_vec().as_slice()).unwrap();
         assert_eq!(lite.cluster_name, "outbound|80||a");
         assert_eq!(lite.markers().collect::<Vec<_>>(), vec![5]);
-    }
-
-    #[test]
-    fn resources_read_from_frames_are_slices_of_them_and_hash_as_if_whole() {
-        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
-        use meshfed::ads::frames::Arrived;
-
-        use crate::tables::content_hash;
-        // A route table of 40 KB and three small clusters, as a server sends them.
-        let big: Vec<u8> = (0..40_000u32).map(|i| (i * 7) as u8).collect();
-        let smalls: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 300]).collect();
-        let response = DiscoveryResponse {
-            version_info: "v1".into(),
-            resources: std::iter::once(&big)
-                .chain(&smalls)
-                .map(|value| Any {
-                    type_url: String::new(),
-                    value: value.clone(),
-                })
-                .collect(),
-            nonce: "n".into(),
-            ..Default::default()
-        };
-        let wire = bytes::Bytes::from(response.encode_to_vec());
-        let whole = SotwResponseLite::decode(wire.clone()).unwrap();
-        for cut in [16_384, 5_000, 1_024] {
-            let mut arrived = Arrived::default();
-            let frames: Vec<bytes::Bytes> = wire
-                .chunks(cut)
-                .map(bytes::Bytes::copy_from_slice)
-                .collect();
-            for f in &frames {
-                arrived.push(f.clone());
-            }
-            let lite = SotwResponseLite::decode(arrived.take_chunks(wire.len())).unwrap();
-            assert_eq!(lite.nonce, "n");
-            assert_eq!(lite.resources.len(), 4);
-            let route = &lite.resources[0].value;
-            assert!(
-                route.iter().count() > 1,
-                "the table spans frames (cut {cut})"
-            );
-            // Each piece points into a frame: nothing was copied (frames under 4 KB
-            // are copied as they arrive, so as not to pin their buffers).
-            let first = route.iter().next().unwrap();
-            assert_eq!(
-                frames
-                    .iter()
-                    .any(|f| f.as_ptr_range().contains(&first.as_ptr())),
-                cut >= 4096,
-                "cut {cut}"
-            );
-            assert_eq!(route.contiguous(), &big[..]);
-            assert_eq!(content_hash(route.iter()), content_hash([&big[..]]));
-            assert_eq!(
-                content_hash(route.iter()),
-                content_hash(whole.resources[0].value.iter())
-            );
-            for (r, small) in lite.resources[1..].iter().zip(&smalls) {
-                assert_eq!(r.value.contiguous(), &small[..]);
-            }
-        }
-    }
-
-    #[test]
-    fn content_hashes_do_not_depend_on_where_the_bytes_are_cut() {
-        use crate::tables::content_hash;
-        let bytes: Vec<u8> = (0..5_000u32).map(|i| (i * 31 + i / 7) as u8).collect();
-        let whole = content_hash([&bytes[..]]);
-        for cuts in [
-            vec![1],
-            vec![1023, 1024, 1025],
-            vec![512, 3000],
-            vec![2048, 2049, 4999],
-            vec![10, 20, 30, 40],
-        ] {
-            let mut pieces = Vec::new();
-            let mut at = 0;
-            for c in cuts.iter().copied().chain([bytes.len()]) {
-                pieces.push(&bytes[at..c]);
-                at = c;
-            }
-            assert_eq!(content_hash(pieces), whole, "cuts {cuts:?}");
-        }
-        // Different bytes, or the same bytes and one more, hash apart.
-        let mut other = bytes.clone();
-        other[4_500] ^= 1;
-        assert_ne!(content_hash([&other[..]]), whole);
-        assert_ne!(content_hash([&bytes[..], &[0u8][..]]), whole);
-        assert_ne!(content_hash([&bytes[..4_999]]), whole);
     }
 }

@@ -306,7 +306,7 @@ impl ProxyState {
         step.received = Some((type_url, response.resources.len()));
         let put = self.plan.shared.entries(
             type_url,
-            response.resources.iter().map(|r| &r.value),
+            response.resources.iter().map(|r| &r.value[..]),
             |bytes| self.decode(type_url, bytes),
         );
         let put = match put {
@@ -345,7 +345,7 @@ impl ProxyState {
                 .resources
                 .iter()
                 .filter_map(|r| r.resource.as_ref())
-                .map(|any| &any.value),
+                .map(|any| &any.value[..]),
             |bytes| self.decode(type_url, bytes),
         );
         let put = match put {

@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use meshfed::xds::TypeUrl;
 
-use super::lite::Pieces;
 use super::scenario::Decode;
 
 /// What the checks read of one resource.
@@ -107,45 +106,10 @@ const BYTES: foldhash::fast::FixedState =
 /// adversary, so a fast unkeyed hash is enough.
 pub type NameHasher = foldhash::fast::RandomState;
 
-/// The hash of a resource's bytes, given in pieces (the frames that carried them):
-/// the same whatever the cut. The bytes are hashed in blocks of [`HASH_BLOCK`] at
-/// fixed offsets, so only a block that spans two pieces is copied (into a block
-/// buffer).
-pub fn content_hash<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> u64 {
-    use std::hash::Hasher;
-    let mut hasher = BYTES.build_hasher();
-    let mut block = [0u8; HASH_BLOCK];
-    let mut held = 0;
-    let mut total = 0;
-    for mut piece in pieces {
-        total += piece.len();
-        if held > 0 {
-            let n = (HASH_BLOCK - held).min(piece.len());
-            block[held..held + n].copy_from_slice(&piece[..n]);
-            held += n;
-            piece = &piece[n..];
-            if held < HASH_BLOCK {
-                continue;
-            }
-            hasher.write(&block);
-        }
-        let mut blocks = piece.chunks_exact(HASH_BLOCK);
-        for b in &mut blocks {
-            hasher.write(b);
-        }
-        let rest = blocks.remainder();
-        block[..rest.len()].copy_from_slice(rest);
-        held = rest.len();
-    }
-    hasher.write(&block[..held]);
-    hasher.write_usize(total);
-    hasher.finish()
+/// The hash of a resource's bytes.
+pub fn content_hash(bytes: &[u8]) -> u64 {
+    BYTES.hash_one(bytes)
 }
-
-/// The block [`content_hash`] hashes at a time: small enough that the blocks copied
-/// across piece boundaries (one per 16 KB frame) cost little, large enough that the
-/// hasher's cost per call does not show.
-const HASH_BLOCK: usize = 1024;
 
 /// A subscription's names, and the same names as every SotW request of the type
 /// repeats them, encoded once as field 3 of `DiscoveryRequest`. A sidecar ACKs each
@@ -358,7 +322,7 @@ impl Shared {
     pub fn entries<'a, E>(
         &self,
         type_url: TypeUrl,
-        resources: impl Iterator<Item = &'a Pieces>,
+        resources: impl Iterator<Item = &'a [u8]>,
         mut decode: impl FnMut(&[u8]) -> Result<Resource, E>,
     ) -> Result<Vec<Entry>, E> {
         let t = type_url.index();
@@ -367,20 +331,20 @@ impl Shared {
             Decode::Full => {
                 for bytes in resources {
                     out.push(Entry {
-                        hash: content_hash(bytes.iter()),
-                        resource: Arc::new(decode(&bytes.contiguous())?),
+                        hash: content_hash(bytes),
+                        resource: Arc::new(decode(bytes)?),
                     });
                 }
             }
             Decode::Lean => {
                 let mut cache = self.facts.lock().expect("facts cache");
                 for bytes in resources {
-                    let hash = content_hash(bytes.iter());
+                    let hash = content_hash(bytes);
                     let key = (t, hash, bytes.len());
                     let resource = match cache.get(&key) {
                         Some(r) => r.clone(),
                         None => {
-                            let r = Arc::new(decode(&bytes.contiguous())?);
+                            let r = Arc::new(decode(bytes)?);
                             if cache.len() < MAX_CACHED_FACTS {
                                 cache.insert(key, r.clone());
                             }
@@ -529,9 +493,8 @@ mod tests {
     }
 
     fn entries(shared: &Shared, rs: &[Vec<u8>], decoded: &mut usize) -> Vec<Entry> {
-        let rs: Vec<Pieces> = rs.iter().map(|b| b.clone().into()).collect();
         shared
-            .entries(TypeUrl::Endpoint, rs.iter(), |b| {
+            .entries(TypeUrl::Endpoint, rs.iter().map(|b| b.as_slice()), |b| {
                 *decoded += 1;
                 parse(b)
             })
@@ -674,11 +637,7 @@ mod tests {
     fn undecodable_resources_fail_the_update() {
         let shared = Shared::new(Decode::Lean);
         let err = shared
-            .entries(
-                TypeUrl::Endpoint,
-                [Pieces::from(b"c0".to_vec())].iter(),
-                parse,
-            )
+            .entries(TypeUrl::Endpoint, [b"c0".as_slice()].into_iter(), parse)
             .unwrap_err();
         assert_eq!(err, "no count");
     }

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::ambient::{AmbientPlan, Expect};
 use super::client::{endpoint, grpc_frame, open_stream, receive_window};
-use super::lite::{DeltaResponseLite, Pieces};
+use super::lite::DeltaResponseLite;
 use super::record::Recorder;
 
 /// The Delta ADS method.
@@ -311,8 +311,8 @@ impl ZtunnelState {
 }
 
 /// The canonical revision of an Address body that is a Workload.
-fn canonical_revision(body: &Pieces) -> Result<Option<String>, prost::DecodeError> {
-    Ok(match Address::decode(&body.contiguous()[..])?.r#type {
+fn canonical_revision(body: &Bytes) -> Result<Option<String>, prost::DecodeError> {
+    Ok(match Address::decode(body.clone())?.r#type {
         Some(address::Type::Workload(w)) => Some(w.canonical_revision),
         _ => None,
     })
@@ -446,7 +446,7 @@ async fn stream(
         let Some(bytes) = message else {
             return Ok(());
         };
-        let size = bytes::Buf::remaining(&bytes);
+        let size = bytes.len();
         let response = DeltaResponseLite::decode(bytes)
             .map_err(|e| anyhow::anyhow!("a response that is not a DeltaDiscoveryResponse: {e}"))?;
         let step = state.on_response(response);
@@ -547,7 +547,7 @@ mod tests {
                     name: name.to_string(),
                     version: version.to_string(),
                     resource: Some(ResourceAny {
-                        value: body.clone().into(),
+                        value: body.clone(),
                     }),
                 })
                 .collect(),

@@ -747,38 +747,6 @@ impl Arrived {
             }
             out.freeze()
         };
-        self.settle_front();
-        out
-    }
-
-    /// Takes the first `n` bytes (at most `len()`) as the frames that carry them, the
-    /// last one cut where the `n` bytes end: no byte copied. A message read through
-    /// [`Chunks`] costs a copy only of the fields that span frames, where [`take`]
-    /// copies every message larger than a frame whole.
-    ///
-    /// [`take`]: Arrived::take
-    pub fn take_chunks(&mut self, n: usize) -> Chunks {
-        debug_assert!(n <= self.len);
-        self.len -= n;
-        let mut out = Chunks::default();
-        let mut left = n;
-        while left > 0 {
-            let first = self.frames.front_mut().expect("n bytes arrived");
-            if first.len() <= left {
-                left -= first.len();
-                out.push(self.frames.pop_front().expect("a first frame"));
-            } else {
-                out.push(first.split_to(left));
-                left = 0;
-            }
-        }
-        self.settle_front();
-        out
-    }
-
-    /// After a take: drops an emptied first frame, copies a small rest of a kept one,
-    /// frees the list between messages.
-    fn settle_front(&mut self) {
         match self.frames.front() {
             Some(first) if first.is_empty() => {
                 self.frames.pop_front();
@@ -794,6 +762,7 @@ impl Arrived {
             // Between messages a stream keeps no allocation at all.
             self.frames = Default::default();
         }
+        out
     }
 
     /// What the kept frames pin: the capacity of the frame list and the frames' bytes.
@@ -801,81 +770,6 @@ impl Arrived {
     fn capacity(&self) -> usize {
         self.frames.capacity() * std::mem::size_of::<Bytes>()
             + self.frames.iter().map(Bytes::len).sum::<usize>()
-    }
-}
-
-/// The bytes of one message as the frames that carried them, read through [`Buf`]:
-/// [`Buf::copy_to_bytes`] of bytes within one frame is a slice of it, so a decoded
-/// `bytes` field is a copy only when it spans frames.
-#[derive(Debug, Default, Clone)]
-pub struct Chunks {
-    /// Never an empty one.
-    frames: std::collections::VecDeque<Bytes>,
-    len: usize,
-}
-
-impl Chunks {
-    fn push(&mut self, frame: Bytes) {
-        if !frame.is_empty() {
-            self.len += frame.len();
-            self.frames.push_back(frame);
-        }
-    }
-
-    /// How many frames carry the bytes.
-    pub fn frames(&self) -> usize {
-        self.frames.len()
-    }
-}
-
-impl From<Bytes> for Chunks {
-    fn from(bytes: Bytes) -> Chunks {
-        let mut chunks = Chunks::default();
-        chunks.push(bytes);
-        chunks
-    }
-}
-
-impl Buf for Chunks {
-    fn remaining(&self) -> usize {
-        self.len
-    }
-
-    fn chunk(&self) -> &[u8] {
-        self.frames.front().map_or(&[], |f| &f[..])
-    }
-
-    fn advance(&mut self, mut cnt: usize) {
-        assert!(cnt <= self.len, "advance past the end of the chunks");
-        self.len -= cnt;
-        while cnt > 0 {
-            let first = self.frames.front_mut().expect("cnt bytes remain");
-            if cnt < first.len() {
-                first.advance(cnt);
-                return;
-            }
-            cnt -= first.len();
-            self.frames.pop_front();
-        }
-    }
-
-    fn copy_to_bytes(&mut self, n: usize) -> Bytes {
-        assert!(n <= self.len, "copy_to_bytes past the end of the chunks");
-        match self.frames.front_mut() {
-            Some(first) if first.len() >= n => {
-                self.len -= n;
-                let out = first.split_to(n);
-                if first.is_empty() {
-                    self.frames.pop_front();
-                }
-                out
-            }
-            _ => {
-                let mut out = BytesMut::with_capacity(n);
-                out.put((&mut *self).take(n));
-                out.freeze()
-            }
-        }
     }
 }
 
@@ -1138,65 +1032,6 @@ mod tests {
         arrived.push(tiny.clone());
         assert_ne!(arrived.frames[0].as_ptr(), tiny.as_ptr());
         assert_eq!(arrived.prefix(), Some([0, 1, 2, 3, 4]));
-    }
-
-    #[test]
-    fn chunks_hand_out_slices_of_their_frames_and_copy_only_across_them() {
-        let a = Bytes::from((0..20_000u32).map(|i| i as u8).collect::<Vec<_>>());
-        let b = Bytes::from(vec![7u8; 9_000]);
-        let mut arrived = Arrived::default();
-        arrived.push(a.clone());
-        arrived.push(b.clone());
-        let mut chunks = arrived.take_chunks(25_000);
-        assert_eq!(chunks.frames(), 2);
-        assert_eq!(chunks.remaining(), 25_000);
-        // What is left arrived after: the rest of the second frame, copied (small).
-        assert_eq!(arrived.len(), 4_000);
-        assert_eq!(&arrived.take(4_000)[..], &[7u8; 4_000][..]);
-        // Within the first frame: a slice of it.
-        let head = chunks.copy_to_bytes(19_000);
-        assert_eq!(head.as_ptr(), a.as_ptr());
-        // Spanning both: a copy of exactly those bytes.
-        let across = chunks.copy_to_bytes(2_000);
-        assert_eq!(&across[..1_000], &a[19_000..]);
-        assert_eq!(&across[1_000..], &[7u8; 1_000][..]);
-        // The rest of the second frame, a slice of it again.
-        assert_eq!(chunks.chunk().as_ptr(), b[1_000..].as_ptr());
-        chunks.advance(3_999);
-        assert_eq!(chunks.remaining(), 1);
-        assert_eq!(chunks.get_u8(), 7);
-        assert_eq!(chunks.chunk(), &[] as &[u8]);
-    }
-
-    #[test]
-    fn a_message_decodes_the_same_from_its_frames_as_from_one_buffer() {
-        use envoy_types::pb::envoy::service::discovery::v3::DiscoveryResponse;
-        use envoy_types::pb::google::protobuf::Any;
-        let response = DiscoveryResponse {
-            version_info: "v1".into(),
-            resources: (0..40)
-                .map(|i| Any {
-                    type_url: TypeUrl::Cluster.as_str().into(),
-                    value: vec![i as u8; 1_000 + 37 * i],
-                })
-                .collect(),
-            type_url: TypeUrl::Cluster.as_str().into(),
-            nonce: "n1".into(),
-            ..Default::default()
-        };
-        let wire = Bytes::from(response.encode_to_vec());
-        for cut in [4096, 5000, 16_384] {
-            let mut arrived = Arrived::default();
-            for frame in wire.chunks(cut) {
-                arrived.push(Bytes::copy_from_slice(frame));
-            }
-            let chunks = arrived.take_chunks(wire.len());
-            assert_eq!(
-                DiscoveryResponse::decode(chunks).unwrap(),
-                response,
-                "cut {cut}"
-            );
-        }
     }
 
     #[tokio::test]
