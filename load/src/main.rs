@@ -40,6 +40,7 @@ struct CsrCli {
 }
 
 fn main() -> anyhow::Result<()> {
+    meshfed_load::stop_heap_sampling();
     let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     if args.get(1).is_some_and(|a| a == "csr") {
         args.remove(1);
