@@ -255,7 +255,7 @@ fn adsz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
             let watches: BTreeMap<&str, Value> = st
                 .watches
                 .iter()
-                .map(|(t, w)| (t.short(), json!({"wildcard": w.wildcard, "names": w.names, "lastError": clip_error(w.last_error.as_deref())})))
+                .map(|(t, w)| (t.short(), json!({"wildcard": w.wildcard, "names": w.names, "lastError": clip_error(w.last_error())})))
                 .collect();
             json!({
                 "connectionId": clip(&c.id, NODE_ID_LOG_MAX),
@@ -297,14 +297,17 @@ fn syncz(state: &AdminState, _: &BTreeMap<String, String>) -> Answer {
                 .watches
                 .iter()
                 .map(|(t, w)| {
-                    (t.short(), json!({
-                        "nonceSent": w.nonce_sent, "versionSent": w.version_sent,
-                        "nonceAcked": w.nonce_acked, "versionAcked": w.version_acked,
-                        "lastSent": w.last_sent.map(humantime),
-                        "lastError": clip_error(w.last_error.as_deref()),
-                        "nonceNacked": w.nonce_nacked.as_deref().map(|n| clip(n, NODE_ID_LOG_MAX)),
-                        "synced": w.acked(),
-                    }))
+                    (
+                        t.short(),
+                        json!({
+                            "nonceSent": w.nonce_sent, "versionSent": w.version_sent,
+                            "nonceAcked": w.nonce_acked, "versionAcked": w.version_acked,
+                            "lastSent": w.last_sent.map(humantime),
+                            "lastError": clip_error(w.last_error()),
+                            "nonceNacked": w.nonce_nacked().map(|n| clip(n, NODE_ID_LOG_MAX)),
+                            "synced": w.acked(),
+                        }),
+                    )
                 })
                 .collect();
             json!({
