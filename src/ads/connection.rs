@@ -265,8 +265,8 @@ pub struct Watch {
 }
 
 /// A watch's last rejection, boxed: most watches never see one, and every
-/// connection holds four or five watches (two words less each put a sidecar's four in
-/// a smaller allocation).
+/// connection holds four or five watches (four words less each: a sidecar's four fit
+/// in 512 bytes, not 640).
 #[derive(Clone, Debug, Default)]
 struct Rejection(Option<Box<Rejected>>);
 
