@@ -529,6 +529,18 @@ mod tests {
         Pin::new(g).poll_flush(cx).map(|r| r.unwrap())
     }
 
+    /// Writes `data` in two writes cut at `at`, each taken whole, then flushes.
+    fn write_cut_then_flush(
+        g: &mut Gathered<Recorder>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+        at: usize,
+    ) -> Poll<()> {
+        assert_eq!(write(g, cx, &data[..at]), Poll::Ready(at));
+        assert_eq!(write(g, cx, &data[at..]), Poll::Ready(data.len() - at));
+        flush(g, cx)
+    }
+
     #[test]
     fn frames_flushed_one_by_one_go_out_in_one_write() {
         let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
@@ -622,19 +634,15 @@ mod tests {
         assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         assert_eq!(g.io.calls[1], [&data[..], &window, &headers].concat());
         // Frames split over writes are followed all the same.
-        assert_eq!(write(&mut g, &mut cx, &data[..5]), Poll::Ready(5));
         assert_eq!(
-            write(&mut g, &mut cx, &data[5..]),
-            Poll::Ready(data.len() - 5)
+            write_cut_then_flush(&mut g, &mut cx, &data, 5),
+            Poll::Ready(())
         );
-        assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         assert_eq!(g.io.calls.len(), 2, "DATA waits");
-        assert_eq!(write(&mut g, &mut cx, &headers[..4]), Poll::Ready(4));
         assert_eq!(
-            write(&mut g, &mut cx, &headers[4..]),
-            Poll::Ready(headers.len() - 4)
+            write_cut_then_flush(&mut g, &mut cx, &headers, 4),
+            Poll::Ready(())
         );
-        assert_eq!(flush(&mut g, &mut cx), Poll::Ready(()));
         assert_eq!(g.io.calls.len(), 3, "HEADERS does not");
     }
 
