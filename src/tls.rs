@@ -25,8 +25,9 @@ use tonic::transport::server::Connected;
 use tracing::{debug, error, info, warn};
 
 use crate::ads::coalesce::Gathered;
+use crate::ads::h2scan::FrameScan;
 use crate::ads::limit::LogLimiter;
-use crate::ads::transport::{Acceptor, FrameScan, GuardedStream, XdsConnectInfo};
+use crate::ads::transport::{Acceptor, GuardedStream, XdsConnectInfo};
 use crate::authn::{TlsPeer, parse_spiffe, uri_sans};
 use crate::ca::Ca;
 use crate::metrics::IstioCounter;
@@ -497,7 +498,9 @@ impl AsyncRead for SecureStream {
         let read = Pin::new(&mut this.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = read {
             let control = this.io.get_ref().get_ref().0.control();
-            FrameScan::follow(&mut this.scan, &buf.filled()[before..], control);
+            FrameScan::follow(&mut this.scan, &buf.filled()[before..], || {
+                control.stream_started()
+            });
         }
         read
     }

@@ -41,6 +41,8 @@ use std::task::{Context, Poll, ready};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+use super::h2scan::FrameScan;
+
 /// Most bytes held before they are written: the size of one TCP segment on loopback
 /// (and of a TSO segment), and four of Envoy's 16 KB frames.
 pub const GATHER: usize = 64 * 1024;
@@ -107,7 +109,7 @@ pub struct WriteBuffer {
     held: Option<Box<Held>>,
     /// A client's: the frames written, followed to tell which may wait (boxed: a
     /// server's connections, by the thousand, have none).
-    frames: Option<Box<FrameCursor>>,
+    frames: Option<Box<FrameScan>>,
     /// A frame that should not wait for another turn was written since the last
     /// write-out (client only).
     urgent: bool,
@@ -135,65 +137,12 @@ impl Held {
     }
 }
 
-/// The HTTP/2 client connection preface (RFC 9113, section 3.4).
-const PREFACE_LEN: usize = 24;
-
-/// Where the frames a client writes stand (it writes the connection preface first).
-#[derive(Debug, Default)]
-struct FrameCursor {
-    preface_left: usize,
-    header: [u8; 9],
-    header_got: usize,
-    payload_left: usize,
-}
-
-impl FrameCursor {
-    fn client() -> FrameCursor {
-        FrameCursor {
-            preface_left: PREFACE_LEN,
-            ..FrameCursor::default()
-        }
-    }
-
-    /// Follows `bytes`: whether they hold the preface or the start of a frame other
-    /// than DATA, PING or WINDOW_UPDATE.
-    fn follow(&mut self, mut bytes: &[u8]) -> bool {
-        let mut urgent = false;
-        while !bytes.is_empty() {
-            if self.preface_left > 0 {
-                let n = self.preface_left.min(bytes.len());
-                self.preface_left -= n;
-                bytes = &bytes[n..];
-                urgent = true;
-            } else if self.payload_left > 0 {
-                let n = self.payload_left.min(bytes.len());
-                self.payload_left -= n;
-                bytes = &bytes[n..];
-            } else {
-                let n = (self.header.len() - self.header_got).min(bytes.len());
-                self.header[self.header_got..self.header_got + n].copy_from_slice(&bytes[..n]);
-                self.header_got += n;
-                bytes = &bytes[n..];
-                if self.header_got == self.header.len() {
-                    self.header_got = 0;
-                    let h = self.header;
-                    self.payload_left =
-                        (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
-                    // DATA, PING, WINDOW_UPDATE may wait; anything else may not.
-                    urgent |= !matches!(h[3], 0x0 | 0x6 | 0x8);
-                }
-            }
-        }
-        urgent
-    }
-}
-
 impl WriteBuffer {
     /// A client's buffer: as a server's, but a turn that wrote a frame other than
     /// data is written out at its end (see the module's comment).
     pub fn client() -> WriteBuffer {
         let mut writes = WriteBuffer::default();
-        writes.frames = Some(Box::new(FrameCursor::client()));
+        writes.frames = Some(Box::default());
         writes
     }
 
@@ -204,7 +153,9 @@ impl WriteBuffer {
         };
         for b in bufs {
             let k = n.min(b.len());
-            self.urgent |= frames.follow(&b[..k]);
+            // The preface and any frame but DATA, PING and WINDOW_UPDATE may not wait.
+            self.urgent |= (frames.in_preface() && k > 0)
+                | frames.walk(&b[..k], |kind| !matches!(kind, 0x0 | 0x6 | 0x8));
             n -= k;
             if n == 0 {
                 break;

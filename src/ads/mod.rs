@@ -16,6 +16,7 @@ pub mod csds;
 pub mod debug;
 mod flavour;
 pub mod frames;
+pub mod h2scan;
 pub mod intern;
 pub mod limit;
 pub mod mcp;

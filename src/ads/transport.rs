@@ -38,6 +38,7 @@ use tonic::transport::server::Connected;
 use tracing::{debug, warn};
 
 use super::coalesce::Gathered;
+use super::h2scan::FrameScan;
 use super::limit::LogLimiter;
 use super::segments::SegmentMemo;
 
@@ -324,78 +325,6 @@ pub struct XdsConnectInfo {
     pub tls: Option<Arc<crate::authn::TlsPeer>>,
 }
 
-/// Watches the HTTP/2 bytes a client sends until its first HEADERS frame: the moment
-/// it opened a stream. Counted where the bytes are read, not where the gRPC service
-/// is first called: on a saturated server the stream's task may wait seconds to run,
-/// and a deadline that waited for it cut clients whose stream had long arrived (290
-/// connection resets in a 20,000-sidecar reconnect storm).
-#[derive(Debug)]
-pub struct FrameScan {
-    /// Bytes of the client preface (`PRI * HTTP/2.0...`, 24 bytes) still to come.
-    preface: usize,
-    /// The frame header being read (9 bytes) and how much of it has come.
-    header: [u8; 9],
-    have: usize,
-    /// Payload bytes of the current frame still to skip.
-    skip: usize,
-}
-
-impl Default for FrameScan {
-    fn default() -> FrameScan {
-        FrameScan {
-            preface: 24,
-            header: [0; 9],
-            have: 0,
-            skip: 0,
-        }
-    }
-}
-
-/// HTTP/2's HEADERS frame type.
-const HEADERS: u8 = 0x1;
-
-impl FrameScan {
-    /// Follows `bytes` read from the client with `scan`, if still scanning; at the
-    /// first HEADERS frame, ends the scan and `control`'s handshake deadline.
-    pub fn follow(scan: &mut Option<Box<FrameScan>>, bytes: &[u8], control: &ConnControl) {
-        if let Some(s) = scan
-            && s.feed(bytes)
-        {
-            *scan = None;
-            control.stream_started();
-        }
-    }
-
-    /// Follows `bytes` (the next ones the client sent); true once a HEADERS frame
-    /// began.
-    pub fn feed(&mut self, mut bytes: &[u8]) -> bool {
-        let preface = self.preface.min(bytes.len());
-        self.preface -= preface;
-        bytes = &bytes[preface..];
-        while !bytes.is_empty() {
-            if self.skip > 0 {
-                let n = self.skip.min(bytes.len());
-                self.skip -= n;
-                bytes = &bytes[n..];
-                continue;
-            }
-            let n = (9 - self.have).min(bytes.len());
-            self.header[self.have..self.have + n].copy_from_slice(&bytes[..n]);
-            self.have += n;
-            bytes = &bytes[n..];
-            if self.have == 9 {
-                if self.header[3] == HEADERS {
-                    return true;
-                }
-                let [a, b, c, ..] = self.header;
-                self.skip = usize::from(a) << 16 | usize::from(b) << 8 | usize::from(c);
-                self.have = 0;
-            }
-        }
-        false
-    }
-}
-
 /// An accepted socket of the xDS port.
 #[derive(Debug)]
 pub struct GuardedStream {
@@ -510,7 +439,9 @@ impl AsyncRead for GuardedStream {
                 Poll::Pending
             }
             Poll::Ready(Ok(())) => {
-                FrameScan::follow(&mut this.scan, &buf.filled()[before..], &this.control);
+                FrameScan::follow(&mut this.scan, &buf.filled()[before..], || {
+                    this.control.stream_started()
+                });
                 Poll::Ready(Ok(()))
             }
             ready => ready,
@@ -756,6 +687,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
+    use crate::ads::h2scan::HEADERS;
 
     #[test]
     fn the_request_budget_is_shared_and_never_exceeded() {
