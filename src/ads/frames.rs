@@ -932,7 +932,11 @@ mod tests {
         );
 
         // Another proxy's list: its own resource among the shared ones. Only the
-        // segment around it is framed anew.
+        // segments around it are framed anew: 33-170 chunks in most runs, but when it
+        // lands in a run cut by `SEGMENT_MAX` (no boundary by address), the cuts after
+        // it shift until the next boundary by address, so the count depends on where
+        // the allocator put the resources (up to 413 seen). Framing all of it again
+        // would take as many chunks as the first time (over 2,000).
         let mut own = clusters.clone();
         own.insert(1000, any(950, 1));
         let other = SotwResponse {
@@ -941,7 +945,12 @@ mod tests {
         };
         let theirs = chunks_with(other.clone(), &memo);
         assert_eq!(concat(&theirs), framed(&other));
-        assert!(theirs.len() < 400, "{} chunks", theirs.len());
+        assert!(
+            theirs.len() * 3 < first.len(),
+            "{} chunks of {}",
+            theirs.len(),
+            first.len()
+        );
 
         // Delta frames the same resources differently: its own segments.
         let delta = DeltaResponse {
