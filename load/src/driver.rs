@@ -746,6 +746,7 @@ fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {
     #[derive(Default)]
     struct Acc {
         figures: KindFigures,
+        first: Vec<Duration>,
         last: Vec<Duration>,
         every: Vec<Duration>,
         watchers: usize,
@@ -779,6 +780,9 @@ fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {
             entry.figures.complete += 1;
         }
         entry.watchers += outcome.watchers;
+        if let Some(first) = outcome.first_ack() {
+            entry.first.push(first);
+        }
         if let Some(last) = outcome.last_ack() {
             entry.last.push(last);
         }
@@ -789,6 +793,7 @@ fn changes(recorder: &Recorder, plan: &Plan, kinds: &[ChangeKind]) -> Changes {
         .map(|(key, acc)| {
             let mut figures = acc.figures;
             figures.mean_watchers = acc.watchers as f64 / figures.written.max(1) as f64;
+            figures.first_ack = Percentiles::of(&acc.first);
             figures.last_ack = Percentiles::of(&acc.last);
             figures.every_ack = Percentiles::of(&acc.every);
             (key, figures)
@@ -1065,6 +1070,12 @@ mod tests {
         let endpoint = &changes.by_kind["endpoint"];
         assert_eq!((endpoint.written, endpoint.complete), (4, 4), "{report}");
         assert_eq!(endpoint.last_ack.count, 4);
+        assert_eq!(endpoint.first_ack.count, 4);
+        assert!(
+            endpoint.first_ack.max_ms <= endpoint.last_ack.max_ms,
+            "{report}"
+        );
+        assert!(report.contains("first ACK p50"), "{report}");
         for t in ["cds", "eds", "lds"] {
             assert!(summary.received[t].bytes > 0, "{t}: {report}");
         }

@@ -336,6 +336,14 @@ impl ChangeOutcome {
         self.written && self.observed >= self.watchers
     }
 
+    /// Write -> the first watcher's ACK, when any watcher observed it: how long the
+    /// server took to react (registry, debounce, snapshot) before its fan-out began.
+    pub fn first_ack(&self) -> Option<Duration> {
+        (self.written && self.watchers > 0)
+            .then(|| self.latencies.first().copied())
+            .flatten()
+    }
+
     /// Write -> the last watcher's ACK, when complete and watched.
     pub fn last_ack(&self) -> Option<Duration> {
         (self.complete() && self.watchers > 0)
@@ -430,9 +438,11 @@ mod tests {
         r.observe(0, t0 + Duration::from_millis(250));
         assert!(r.change_done(0));
         let outcome = r.change_outcome(0);
+        assert_eq!(outcome.first_ack(), Some(Duration::from_millis(150)));
         assert_eq!(outcome.last_ack(), Some(Duration::from_millis(250)));
         r.change_skipped(1);
         assert!(r.change_done(1));
+        assert_eq!(r.change_outcome(1).first_ack(), None);
         assert_eq!(r.change_progress(), (2, 2));
     }
 }
