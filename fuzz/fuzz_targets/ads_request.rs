@@ -11,7 +11,7 @@ use bytes::Bytes;
 use envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest;
 use http_body::Frame;
 use libfuzzer_sys::fuzz_target;
-use meshfed::ads::frames::RequestStream;
+use meshfed::ads::frames::{RequestMessage, RequestStream};
 use meshfed::ads::transport::ConnControl;
 use meshfed::xds::wire::SotwRequest;
 
@@ -24,7 +24,7 @@ fn frames(data: &[u8]) -> Vec<Bytes> {
     rest.chunks(step).map(Bytes::copy_from_slice).collect()
 }
 
-fn read_all<M: prost::Message + Default>(data: &[u8]) {
+fn read_all<M: RequestMessage>(data: &[u8]) {
     let chunks = frames(data);
     let body = http_body_util::StreamBody::new(futures::stream::iter(
         chunks
@@ -44,10 +44,25 @@ fuzz_target!(|data: &[u8]| {
     read_all::<SotwRequest>(data);
     read_all::<DeltaDiscoveryRequest>(data);
     // The decoder alone, on the whole input, and its names and digest.
-    if let Ok(request) = <SotwRequest as prost::Message>::decode(data) {
+    let whole = <SotwRequest as prost::Message>::decode(data);
+    if let Ok(request) = &whole {
         let _ = request.resource_names.digest();
         for name in request.resource_names.iter() {
             let _ = name.len();
         }
+    }
+    // The same bytes in pieces read the same: the same request, names and digest, or
+    // an error both ways.
+    let pieces = SotwRequest::decode_pieces(frames(data));
+    let whole = data.split_first().map(|(_, rest)| <SotwRequest as prost::Message>::decode(rest));
+    match (whole, pieces) {
+        (Some(Ok(whole)), Ok(pieces)) => {
+            assert_eq!(pieces, whole);
+            assert_eq!(pieces.resource_names.digest(), whole.resource_names.digest());
+            assert!(pieces.resource_names.iter().eq(whole.resource_names.iter()));
+        }
+        (Some(Err(_)), Err(_)) => {}
+        (None, Ok(pieces)) => assert_eq!(pieces, SotwRequest::default()),
+        (whole, pieces) => panic!("whole {whole:?}, in pieces {pieces:?}"),
     }
 });

@@ -183,7 +183,7 @@ fn names_of_request(
     let names = shared_names(
         requested
             .iter()
-            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .map(|n| String::from_utf8_lossy(&n).into_owned())
             .collect(),
     );
     RECENT_NAME_LISTS

@@ -20,7 +20,7 @@ use crate::xds::{ResourceList, TypeUrl};
 /// The two ADS flavours differ only in message shapes and in how a response is
 /// formed from generated resources.
 pub(super) trait FlavourIo: Send + Sync + 'static {
-    type Req: Message + Default + Send + 'static;
+    type Req: super::frames::RequestMessage + Send + 'static;
     type Resp: Message + Default + FrameEncode + Unpin + Send + 'static;
     const FLAVOUR: Flavour;
     fn node(req: &Self::Req) -> Option<&Node>;
@@ -100,7 +100,7 @@ impl FlavourIo for Sotw {
             names: req
                 .resource_names
                 .iter()
-                .map(|n| String::from_utf8_lossy(n).into_owned())
+                .map(|n| String::from_utf8_lossy(&n).into_owned())
                 .collect(),
             nonce: req.response_nonce.clone(),
         }

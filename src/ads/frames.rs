@@ -549,7 +549,32 @@ impl<M> Drop for RequestStream<M> {
     }
 }
 
-impl<M: Message + Default> RequestStream<M> {
+/// A request message, decoded from the data frames it arrived in.
+pub trait RequestMessage: Message + Default {
+    /// Decodes the message whose bytes are `pieces`, in order (more than one when it
+    /// spanned frames). By default from one copy of the whole.
+    fn decode_pieces(pieces: Vec<Bytes>) -> Result<Self, prost::DecodeError> {
+        if pieces.len() <= 1 {
+            return Self::decode(pieces.into_iter().next().unwrap_or_default());
+        }
+        let mut whole = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
+        for piece in &pieces {
+            whole.extend_from_slice(piece);
+        }
+        Self::decode(whole.freeze())
+    }
+}
+
+impl RequestMessage for envoy_types::pb::envoy::service::discovery::v3::DeltaDiscoveryRequest {}
+
+impl RequestMessage for crate::xds::wire::SotwRequest {
+    /// The names stay slices of the frames (see [`crate::xds::wire::ResourceNames`]).
+    fn decode_pieces(pieces: Vec<Bytes>) -> Result<Self, prost::DecodeError> {
+        crate::xds::wire::SotwRequest::decode_pieces(pieces)
+    }
+}
+
+impl<M: RequestMessage> RequestStream<M> {
     /// Reads messages of type `M` from `body`; unfinished messages count against the
     /// connection's budget when `control` is given.
     pub fn new(body: tonic::body::Body, control: Option<Arc<ConnControl>>) -> Self {
@@ -653,14 +678,16 @@ impl<M: Message + Default> RequestStream<M> {
             return Ok(None);
         }
         self.buf.take(PREFIX_LEN);
-        let body = self.buf.take(len);
+        let body = self.buf.take_pieces(len);
         self.settle();
-        M::decode(body).map(|m| Some(Box::new(m))).map_err(|e| {
-            RequestError::protocol(
-                "malformed",
-                Status::invalid_argument(format!("malformed request message: {e}")),
-            )
-        })
+        M::decode_pieces(body)
+            .map(|m| Some(Box::new(m)))
+            .map_err(|e| {
+                RequestError::protocol(
+                    "malformed",
+                    Status::invalid_argument(format!("malformed request message: {e}")),
+                )
+            })
     }
 }
 
@@ -721,6 +748,31 @@ impl Arrived {
         Some(prefix)
     }
 
+    /// Takes the first `n` bytes (at most `len()`) as they arrived: slices of the
+    /// frames that hold them, in order, none copied.
+    pub fn take_pieces(&mut self, n: usize) -> Vec<Bytes> {
+        debug_assert!(n <= self.len);
+        match self.frames.front() {
+            Some(first) if first.len() >= n => return vec![self.take(n)],
+            _ => {}
+        }
+        self.len -= n;
+        let mut pieces = Vec::with_capacity(4);
+        let mut left = n;
+        while left > 0 {
+            let frame = self.frames.front_mut().expect("n bytes arrived");
+            if frame.len() <= left {
+                left -= frame.len();
+                pieces.push(self.frames.pop_front().expect("a frame"));
+            } else {
+                pieces.push(frame.split_to(left));
+                left = 0;
+            }
+        }
+        self.tidy();
+        pieces
+    }
+
     /// Takes the first `n` bytes (at most `len()`): a slice of the first frame when it
     /// holds them all, else one copy of exactly `n` bytes.
     pub fn take(&mut self, n: usize) -> Bytes {
@@ -747,6 +799,12 @@ impl Arrived {
             }
             out.freeze()
         };
+        self.tidy();
+        out
+    }
+
+    /// After a take: no empty frame first, and no small leftover pinning a frame.
+    fn tidy(&mut self) {
         match self.frames.front() {
             Some(first) if first.is_empty() => {
                 self.frames.pop_front();
@@ -762,7 +820,6 @@ impl Arrived {
             // Between messages a stream keeps no allocation at all.
             self.frames = Default::default();
         }
-        out
     }
 
     /// What the kept frames pin: the capacity of the frame list and the frames' bytes.
@@ -1041,6 +1098,38 @@ mod tests {
         arrived.push(tiny.clone());
         assert_ne!(arrived.frames[0].as_ptr(), tiny.as_ptr());
         assert_eq!(arrived.prefix(), Some([0, 1, 2, 3, 4]));
+    }
+
+    #[test]
+    fn arrived_pieces_are_slices_of_the_frames() {
+        let a = Bytes::from(vec![1u8; 16_384]);
+        let b = Bytes::from(vec![2u8; 16_384]);
+        let c = Bytes::from(vec![3u8; 16_384]);
+        let mut arrived = Arrived::default();
+        for frame in [&a, &b, &c] {
+            arrived.push(frame.clone());
+        }
+        // Within one frame: that slice alone.
+        let head = arrived.take_pieces(100);
+        assert_eq!((head.len(), head[0].as_ptr()), (1, a.as_ptr()));
+        // Across three frames: a slice of each, in order, nothing copied.
+        let body = arrived.take_pieces(16_284 + 16_384 + 10_000);
+        let spans: Vec<(usize, usize)> = body
+            .iter()
+            .map(|p| (p.as_ptr() as usize, p.len()))
+            .collect();
+        assert_eq!(
+            spans,
+            [
+                (a.as_ptr() as usize + 100, 16_284),
+                (b.as_ptr() as usize, 16_384),
+                (c.as_ptr() as usize, 10_000)
+            ]
+        );
+        assert_eq!(arrived.len(), 6_384);
+        assert_eq!(arrived.take_pieces(6_384).concat(), vec![3u8; 6_384]);
+        assert_eq!(arrived.capacity(), 0, "nothing kept between messages");
+        assert!(arrived.take_pieces(0).iter().all(Bytes::is_empty));
     }
 
     #[tokio::test]

@@ -7,6 +7,8 @@
 //! resource cache produced once. A SotW request is read by [`SotwRequest`], which keeps
 //! the resource names as the bytes they arrived in; Delta requests use envoy-types'.
 
+use std::borrow::Cow;
+
 use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
 use prost::{DecodeError, Message};
@@ -73,12 +75,24 @@ pub struct SotwRequest {
 
 /// `resource_names` (field 3) of a request, as its encoded entries: key, length and
 /// name, one after the other. Senders write the repeated field in one run, so decoding
-/// from [`Bytes`] keeps a slice of the received message; entries interleaved with other
-/// fields (legal, unusual) are copied into a run of their own.
-#[derive(Clone, PartialEq, Default, Debug)]
+/// from [`Bytes`] keeps a slice of the received message, and decoding a message that
+/// spanned HTTP/2 frames keeps a slice of each frame the run covers (an EDS ACK of a
+/// large mesh is ~45 KB, three 16 KB frames, on every endpoint change: copying it
+/// whole was 5 % of the server's CPU there). Entries interleaved with other fields
+/// (legal, unusual) are copied into a run of their own.
+#[derive(Clone, Default, Debug)]
 pub struct ResourceNames {
+    /// The entries' bytes, or the first piece of them when they span frames.
     encoded: Bytes,
+    /// The pieces that follow `encoded`, in order (none unless they span frames).
+    more: Vec<Bytes>,
     count: usize,
+}
+
+impl PartialEq for ResourceNames {
+    fn eq(&self, other: &ResourceNames) -> bool {
+        self.same_as(other)
+    }
 }
 
 /// Key of field 3, length-delimited.
@@ -95,31 +109,91 @@ impl ResourceNames {
         self.count == 0
     }
 
-    /// The names, in request order, as bytes (not checked to be UTF-8).
-    pub fn iter(&self) -> impl Iterator<Item = &[u8]> + '_ {
-        let mut rest = &self.encoded[..];
-        std::iter::from_fn(move || {
-            // Only well-formed entries are ever stored (see `decode`).
-            let (&key, after_key) = rest.split_first()?;
-            debug_assert_eq!(key, NAME_KEY);
-            let mut cursor = after_key;
-            let len = encoding::decode_varint(&mut cursor).ok()? as usize;
-            let (name, after) = cursor.split_at(len);
-            rest = after;
-            Some(name)
-        })
+    /// The names, in request order, as bytes (not checked to be UTF-8): slices of the
+    /// request when its names arrived in one piece, copies otherwise.
+    pub fn iter(&self) -> impl Iterator<Item = Cow<'_, [u8]>> + '_ {
+        let names: Vec<Cow<'_, [u8]>> = if self.more.is_empty() {
+            entries(&self.encoded).map(Cow::Borrowed).collect()
+        } else {
+            let whole = self.contiguous();
+            entries(&whole).map(|n| Cow::Owned(n.to_vec())).collect()
+        };
+        names.into_iter()
+    }
+
+    /// The pieces of the encoded entries, in order.
+    fn pieces(&self) -> impl Iterator<Item = &Bytes> + '_ {
+        std::iter::once(&self.encoded).chain(&self.more)
+    }
+
+    /// The encoded entries' length in bytes.
+    fn byte_len(&self) -> usize {
+        self.pieces().map(Bytes::len).sum()
+    }
+
+    /// The encoded entries in one buffer.
+    fn contiguous(&self) -> Vec<u8> {
+        let mut whole = Vec::with_capacity(self.byte_len());
+        for piece in self.pieces() {
+            whole.extend_from_slice(piece);
+        }
+        whole
     }
 
     /// A digest of the names in order, for telling an unchanged list apart without
-    /// looking at the names one by one (see [`digest`]).
+    /// looking at the names one by one (see [`digest`]); the same however the bytes
+    /// were split.
     pub fn digest(&self) -> u64 {
-        digest(&self.encoded)
+        let mut d = Digest::default();
+        for piece in self.pieces() {
+            d.update(piece);
+        }
+        d.finish()
     }
 
     /// The same names in the same order as `other`: one comparison of the encoded
     /// entries, no name decoded.
     pub fn same_as(&self, other: &ResourceNames) -> bool {
-        self.count == other.count && self.encoded == other.encoded
+        self.count == other.count
+            && self.byte_len() == other.byte_len()
+            && same_bytes(self.pieces(), other.pieces())
+    }
+}
+
+/// The entries of a run of encoded names, each name's bytes.
+fn entries(mut rest: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        // Only well-formed entries are ever stored (see `decode`).
+        let (&key, after_key) = rest.split_first()?;
+        debug_assert_eq!(key, NAME_KEY);
+        let mut cursor = after_key;
+        let len = encoding::decode_varint(&mut cursor).ok()? as usize;
+        let (name, after) = cursor.split_at(len);
+        rest = after;
+        Some(name)
+    })
+}
+
+/// Whether two sequences of pieces hold the same bytes, wherever each is split (the
+/// caller has checked that the totals are equal).
+fn same_bytes<'a>(a: impl Iterator<Item = &'a Bytes>, b: impl Iterator<Item = &'a Bytes>) -> bool {
+    let (mut a, mut b) = (a.map(|p| &p[..]), b.map(|p| &p[..]));
+    let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
+    loop {
+        if x.is_empty() {
+            x = a.next().unwrap_or_default();
+        }
+        if y.is_empty() {
+            y = b.next().unwrap_or_default();
+        }
+        if x.is_empty() || y.is_empty() {
+            return x.is_empty() && y.is_empty();
+        }
+        let n = x.len().min(y.len());
+        if x[..n] != y[..n] {
+            return false;
+        }
+        (x, y) = (&x[n..], &y[n..]);
     }
 }
 
@@ -131,29 +205,88 @@ impl ResourceNames {
 /// collisions; a crafted list could only confuse the subscription of the proxy that
 /// sent it.
 pub fn digest(bytes: &[u8]) -> u64 {
-    const K: u64 = 0x517c_c1b7_2722_0a95;
-    let step = |h: u64, word: u64| (h.rotate_left(5) ^ word).wrapping_mul(K);
-    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-    // Four independent lanes over 32-byte blocks, so the multiplies overlap.
-    let mut lanes = [0u64, 1, 2, 3];
-    let mut blocks = bytes.chunks_exact(32);
-    for block in &mut blocks {
-        for (lane, w) in lanes.iter_mut().zip(block.chunks_exact(8)) {
-            *lane = step(*lane, word(w));
+    let mut d = Digest::default();
+    d.update(bytes);
+    d.finish()
+}
+
+/// [`digest`] over bytes that come in pieces: the same value for the same bytes,
+/// however they are split (blocks are counted from the first byte, a block cut by a
+/// piece's end waits for the next piece).
+struct Digest {
+    /// Four independent lanes over 32-byte blocks, so the multiplies overlap.
+    lanes: [u64; 4],
+    /// The start of a block, cut by the end of a piece.
+    carry: [u8; 32],
+    carried: usize,
+    len: u64,
+}
+
+impl Default for Digest {
+    fn default() -> Digest {
+        Digest {
+            lanes: [0, 1, 2, 3],
+            carry: [0; 32],
+            carried: 0,
+            len: 0,
         }
     }
-    let mut h = lanes.into_iter().fold(0, step);
-    let mut words = blocks.remainder().chunks_exact(8);
-    for w in &mut words {
-        h = step(h, word(w));
+}
+
+impl Digest {
+    const K: u64 = 0x517c_c1b7_2722_0a95;
+
+    fn step(h: u64, word: u64) -> u64 {
+        (h.rotate_left(5) ^ word).wrapping_mul(Self::K)
     }
-    let rest = words.remainder();
-    if !rest.is_empty() {
-        let mut last = [0u8; 8];
-        last[..rest.len()].copy_from_slice(rest);
-        h = step(h, u64::from_le_bytes(last));
+
+    fn word(b: &[u8]) -> u64 {
+        u64::from_le_bytes(b.try_into().expect("8 bytes"))
     }
-    step(h, bytes.len() as u64)
+
+    fn block(&mut self, block: &[u8]) {
+        for (lane, w) in self.lanes.iter_mut().zip(block.chunks_exact(8)) {
+            *lane = Self::step(*lane, Self::word(w));
+        }
+    }
+
+    fn update(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len() as u64;
+        if self.carried > 0 {
+            let n = (32 - self.carried).min(bytes.len());
+            self.carry[self.carried..self.carried + n].copy_from_slice(&bytes[..n]);
+            self.carried += n;
+            bytes = &bytes[n..];
+            if self.carried < 32 {
+                return;
+            }
+            let block = self.carry;
+            self.block(&block);
+            self.carried = 0;
+        }
+        let mut blocks = bytes.chunks_exact(32);
+        for block in &mut blocks {
+            self.block(block);
+        }
+        let rest = blocks.remainder();
+        self.carry[..rest.len()].copy_from_slice(rest);
+        self.carried = rest.len();
+    }
+
+    fn finish(self) -> u64 {
+        let mut h = self.lanes.into_iter().fold(0, Self::step);
+        let mut words = self.carry[..self.carried].chunks_exact(8);
+        for w in &mut words {
+            h = Self::step(h, Self::word(w));
+        }
+        let rest = words.remainder();
+        if !rest.is_empty() {
+            let mut last = [0u8; 8];
+            last[..rest.len()].copy_from_slice(rest);
+            h = Self::step(h, u64::from_le_bytes(last));
+        }
+        Self::step(h, self.len)
+    }
 }
 
 /// The length in bytes and the number of the well-formed entries `NAME_KEY`, length,
@@ -221,6 +354,189 @@ impl SotwRequest {
     }
 }
 
+impl SotwRequest {
+    /// Decodes a request that arrived in `pieces` (in order), as [`Message::decode`]
+    /// does the same bytes in one: the run of names is kept as slices of the pieces
+    /// it covers, and only the other fields (a few hundred bytes) are copied into one
+    /// buffer to be decoded. Anything unusual (names in more than one run, a name key
+    /// written long, groups, malformed bytes) is decoded from one copy of the whole,
+    /// so that results and errors are the same as from the bytes in one piece.
+    pub fn decode_pieces(pieces: Vec<Bytes>) -> Result<SotwRequest, DecodeError> {
+        if pieces.len() <= 1 {
+            return SotwRequest::decode(pieces.into_iter().next().unwrap_or_default());
+        }
+        match Self::split_pieces(&pieces) {
+            Some((others, names, count)) => {
+                let mut request = SotwRequest::decode(Bytes::from(others))?;
+                let mut names = names.into_iter();
+                request.resource_names = ResourceNames {
+                    encoded: names.next().unwrap_or_default(),
+                    more: names.collect(),
+                    count,
+                };
+                Ok(request)
+            }
+            None => {
+                let mut whole = Vec::with_capacity(pieces.iter().map(Bytes::len).sum());
+                for piece in &pieces {
+                    whole.extend_from_slice(piece);
+                }
+                SotwRequest::decode(Bytes::from(whole))
+            }
+        }
+    }
+
+    /// The fields other than the names (copied), the one run of names (as slices of
+    /// `pieces`) and how many names it holds; `None` when the request is not that
+    /// simple.
+    fn split_pieces(pieces: &[Bytes]) -> Option<(Vec<u8>, Vec<Bytes>, usize)> {
+        let mut cursor = Pieces::new(pieces);
+        let mut others = Vec::new();
+        let mut run: Option<(Spot, Spot)> = None;
+        let mut count = 0;
+        while !cursor.at_end() {
+            let start = cursor.spot();
+            if cursor.peek() == Some(NAME_KEY) {
+                if run.is_some() {
+                    return None;
+                }
+                loop {
+                    let (consumed, n) = name_run(cursor.piece_rest());
+                    cursor.advance(consumed)?;
+                    count += n;
+                    if cursor.at_end() || cursor.peek() != Some(NAME_KEY) {
+                        break;
+                    }
+                    if cursor.at_piece_start() && consumed > 0 {
+                        // The run went on to the end of the piece: go on in the next.
+                        continue;
+                    }
+                    // An entry cut by the end of a piece.
+                    cursor.advance(1)?;
+                    let len = cursor.varint()?;
+                    cursor.advance(usize::try_from(len).ok()?)?;
+                    count += 1;
+                }
+                run = Some((start, cursor.spot()));
+                continue;
+            }
+            let key = cursor.varint()?;
+            let wire_type = WireType::try_from(key & 7).ok()?;
+            if key >> 3 == 3 {
+                return None;
+            }
+            match wire_type {
+                WireType::Varint => {
+                    cursor.varint()?;
+                }
+                WireType::SixtyFourBit => cursor.advance(8)?,
+                WireType::ThirtyTwoBit => cursor.advance(4)?,
+                WireType::LengthDelimited => {
+                    let len = cursor.varint()?;
+                    cursor.advance(usize::try_from(len).ok()?)?;
+                }
+                WireType::StartGroup | WireType::EndGroup => return None,
+            }
+            cursor.copy(start, cursor.spot(), &mut others);
+        }
+        let names = match run {
+            Some((start, end)) => cursor.slices(start, end),
+            None => Vec::new(),
+        };
+        Some((others, names, count))
+    }
+}
+
+/// A place in a sequence of pieces: piece index and offset in it.
+type Spot = (usize, usize);
+
+/// A read position over pieces of bytes, always at a byte when not at the end (never
+/// at the end of a piece that has a successor).
+struct Pieces<'a> {
+    pieces: &'a [Bytes],
+    at: Spot,
+}
+
+impl<'a> Pieces<'a> {
+    fn new(pieces: &'a [Bytes]) -> Pieces<'a> {
+        let mut p = Pieces { pieces, at: (0, 0) };
+        p.settle();
+        p
+    }
+
+    fn settle(&mut self) {
+        while self.at.0 < self.pieces.len() && self.at.1 == self.pieces[self.at.0].len() {
+            self.at = (self.at.0 + 1, 0);
+        }
+    }
+
+    fn spot(&self) -> Spot {
+        self.at
+    }
+
+    fn at_end(&self) -> bool {
+        self.at.0 == self.pieces.len()
+    }
+
+    fn at_piece_start(&self) -> bool {
+        self.at.1 == 0
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.pieces.get(self.at.0).map(|p| p[self.at.1])
+    }
+
+    /// What is left of the current piece.
+    fn piece_rest(&self) -> &'a [u8] {
+        self.pieces.get(self.at.0).map_or(&[], |p| &p[self.at.1..])
+    }
+
+    /// Moves `n` bytes on; `None` if fewer are left.
+    fn advance(&mut self, mut n: usize) -> Option<()> {
+        while n > 0 {
+            let piece = self.pieces.get(self.at.0)?;
+            let k = n.min(piece.len() - self.at.1);
+            self.at.1 += k;
+            n -= k;
+            self.settle();
+        }
+        Some(())
+    }
+
+    /// Reads a varint that may be cut by the end of a piece.
+    fn varint(&mut self) -> Option<u64> {
+        let mut value = 0u64;
+        for i in 0..10 {
+            let byte = self.peek()?;
+            self.advance(1)?;
+            value |= u64::from(byte & 0x7f) << (7 * i);
+            if byte < 0x80 {
+                return Some(value);
+            }
+        }
+        None
+    }
+
+    /// Appends the bytes from `from` to `to` to `out`.
+    fn copy(&self, from: Spot, to: Spot, out: &mut Vec<u8>) {
+        for piece in self.slices(from, to) {
+            out.extend_from_slice(&piece);
+        }
+    }
+
+    /// The bytes from `from` to `to`, as slices of the pieces.
+    fn slices(&self, from: Spot, to: Spot) -> Vec<Bytes> {
+        (from.0..=to.0.min(self.pieces.len().saturating_sub(1)))
+            .filter_map(|i| {
+                let piece = &self.pieces[i];
+                let start = if i == from.0 { from.1 } else { 0 };
+                let end = if i == to.0 { to.1 } else { piece.len() };
+                (start < end).then(|| piece.slice(start..end))
+            })
+            .collect()
+    }
+}
+
 impl Message for SotwRequest {
     fn encode_raw(&self, buf: &mut impl BufMut) {
         if !self.version_info.is_empty() {
@@ -229,7 +545,9 @@ impl Message for SotwRequest {
         if let Some(node) = &self.node {
             encoding::message::encode(2, node, buf);
         }
-        buf.put_slice(&self.resource_names.encoded);
+        for piece in self.resource_names.pieces() {
+            buf.put_slice(piece);
+        }
         if !self.type_url.is_empty() {
             encoding::string::encode(4, &self.type_url, buf);
         }
@@ -255,9 +573,10 @@ impl Message for SotwRequest {
         // the name is appended to an owned copy of the entries.
         let mut name = Vec::new();
         encoding::bytes::merge(wire_type, &mut name, buf, ctx)?;
-        let mut entries = Vec::from(std::mem::take(&mut self.resource_names.encoded));
+        let mut entries = self.resource_names.contiguous();
         encoding::bytes::encode(3, &name, &mut entries);
         self.resource_names.encoded = entries.into();
+        self.resource_names.more = Vec::new();
         self.resource_names.count += 1;
         Ok(())
     }
@@ -328,7 +647,7 @@ impl Message for SotwRequest {
                 .node
                 .as_ref()
                 .map_or(0, |n| encoding::message::encoded_len(2, n))
-            + self.resource_names.encoded.len()
+            + self.resource_names.byte_len()
             + string_len(4, &self.type_url)
             + string_len(5, &self.response_nonce)
             + self
@@ -398,7 +717,7 @@ mod tests {
         assert_eq!(read.response_nonce, "n1");
         assert_eq!(read.error_detail, request.error_detail);
         assert_eq!(read.resource_names.len(), 2);
-        let names: Vec<&[u8]> = read.resource_names.iter().collect();
+        let names: Vec<Cow<[u8]>> = read.resource_names.iter().collect();
         assert_eq!(names, [&b"outbound|80||a.ns.svc.cluster.local"[..], b"b"]);
         // Decoding from Bytes shares the received buffer instead of copying names.
         let start = wire.as_ptr() as usize;
@@ -411,7 +730,7 @@ mod tests {
     #[test]
     fn names_split_by_other_fields_or_written_long_read_the_same() {
         let names = |r: &SotwRequest| -> Vec<Vec<u8>> {
-            r.resource_names.iter().map(<[u8]>::to_vec).collect()
+            r.resource_names.iter().map(Cow::into_owned).collect()
         };
         let expected = vec![b"a".to_vec(), b"bb".to_vec(), b"c".to_vec()];
         // Names on both sides of the type URL: two runs.
@@ -470,7 +789,7 @@ mod tests {
         }
         .encode_to_vec();
         let read = SotwRequest::decode(Bytes::from(wire)).unwrap();
-        let got: Vec<&[u8]> = read.resource_names.iter().collect();
+        let got: Vec<Cow<[u8]>> = read.resource_names.iter().collect();
         let want: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
         assert_eq!(got, want);
         assert_eq!(read.resource_names.len(), names.len());
@@ -484,6 +803,145 @@ mod tests {
         for wire in [&[0x1a, 5, b'a'][..], &[0x18, 1][..]] {
             assert!(SotwRequest::decode(Bytes::copy_from_slice(wire)).is_err());
         }
+    }
+
+    #[test]
+    fn a_digest_over_pieces_is_the_digest_of_the_whole() {
+        let bytes: Vec<u8> = (0..200u32).map(|i| (i * 37 % 251) as u8).collect();
+        let whole = digest(&bytes);
+        for a in 0..bytes.len() {
+            for b in (a..bytes.len()).step_by(7) {
+                let mut d = Digest::default();
+                for piece in [&bytes[..a], &bytes[a..b], &bytes[b..]] {
+                    d.update(piece);
+                }
+                assert_eq!(d.finish(), whole, "cut at {a} and {b}");
+            }
+        }
+    }
+
+    /// `wire` cut at `cuts` (ascending offsets).
+    fn cut(wire: &[u8], cuts: &[usize]) -> Vec<Bytes> {
+        let mut at = 0;
+        let mut pieces = Vec::new();
+        for &c in cuts.iter().chain([&wire.len()]) {
+            pieces.push(Bytes::copy_from_slice(&wire[at..c]));
+            at = c;
+        }
+        pieces
+    }
+
+    #[test]
+    fn a_request_in_pieces_reads_as_the_request_whole() {
+        let names: Vec<String> = [3, 40, 127, 128, 300, 1, 45]
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{i}{}", "x".repeat(*n)))
+            .collect();
+        let request = DiscoveryRequest {
+            version_info: "2026-11-28T17:00:00Z/42".into(),
+            node: Some(Node {
+                id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local".into(),
+                cluster: "a.ns".into(),
+                ..Default::default()
+            }),
+            resource_names: names.clone(),
+            type_url: crate::xds::TypeUrl::Endpoint.as_str().into(),
+            response_nonce: "2026-11-28T17:00:00Z/42/7".into(),
+            error_detail: Some(envoy_types::pb::google::rpc::Status {
+                code: 3,
+                message: "bad".into(),
+                details: vec![],
+            }),
+            ..Default::default()
+        };
+        let wire = request.encode_to_vec();
+        let whole = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
+        // Every cut in two and, around the names, in three: through keys, lengths
+        // and names.
+        let mut cutsets: Vec<Vec<usize>> = (1..wire.len()).map(|a| vec![a]).collect();
+        for a in (1..wire.len()).step_by(5) {
+            for b in (a + 1..wire.len()).step_by(11) {
+                cutsets.push(vec![a, b]);
+            }
+        }
+        for cuts in cutsets {
+            let pieces = cut(&wire, &cuts);
+            let read = SotwRequest::decode_pieces(pieces.clone()).unwrap();
+            assert_eq!(read, whole, "cuts {cuts:?}");
+            assert_eq!(read.resource_names.len(), names.len(), "cuts {cuts:?}");
+            assert_eq!(
+                read.resource_names.digest(),
+                whole.resource_names.digest(),
+                "cuts {cuts:?}"
+            );
+            let got: Vec<Vec<u8>> = read.resource_names.iter().map(Cow::into_owned).collect();
+            let want: Vec<Vec<u8>> = names.iter().map(|n| n.as_bytes().to_vec()).collect();
+            assert_eq!(got, want, "cuts {cuts:?}");
+            assert_eq!(read.encode_to_vec(), wire, "cuts {cuts:?}");
+            assert_eq!(read.encoded_len(), wire.len(), "cuts {cuts:?}");
+        }
+        // The names stay in the pieces they arrived in: none copied.
+        let pieces = cut(&wire, &[wire.len() / 2]);
+        let read = SotwRequest::decode_pieces(pieces.clone()).unwrap();
+        let kept: Vec<usize> = read
+            .resource_names
+            .pieces()
+            .map(|p| p.as_ptr() as usize)
+            .collect();
+        assert_eq!(kept.len(), 2);
+        for (kept, piece) in kept.iter().zip(&pieces) {
+            let start = piece.as_ptr() as usize;
+            assert!((start..start + piece.len()).contains(kept));
+        }
+    }
+
+    #[test]
+    fn unusual_requests_in_pieces_read_as_whole() {
+        // Names in two runs and a name key written long: read from one copy, as whole.
+        let mut split = Vec::new();
+        encoding::string::encode(3, &"a".to_string(), &mut split);
+        encoding::string::encode(4, &"t".to_string(), &mut split);
+        encoding::string::encode(3, &"bb".to_string(), &mut split);
+        let long = vec![
+            0x9a, 0x00, 1, b'a', 0x1a, 2, b'b', b'b', 0x9a, 0x00, 1, b'c',
+        ];
+        for wire in [split, long] {
+            let whole = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
+            for a in 1..wire.len() {
+                let read = SotwRequest::decode_pieces(cut(&wire, &[a])).unwrap();
+                assert_eq!(read, whole, "cut at {a}");
+                assert_eq!(read.resource_names.len(), whole.resource_names.len());
+            }
+        }
+        // Malformed bytes are errors in pieces as whole: a name longer than the
+        // message, a truncated type URL.
+        for wire in [&[0x1a, 5, b'a', b'b'][..], &[0x22, 9, b't', b'y'][..]] {
+            assert!(SotwRequest::decode(Bytes::copy_from_slice(wire)).is_err());
+            for a in 1..wire.len() {
+                assert!(SotwRequest::decode_pieces(cut(wire, &[a])).is_err(), "{a}");
+            }
+        }
+    }
+
+    #[test]
+    fn names_compare_equal_however_they_were_cut() {
+        let wire = DiscoveryRequest {
+            resource_names: (0..50).map(|i| format!("outbound|80||s{i}.ns")).collect(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let a = SotwRequest::decode_pieces(cut(&wire, &[100, 700])).unwrap();
+        let b = SotwRequest::decode_pieces(cut(&wire, &[333])).unwrap();
+        let c = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
+        assert!(a.resource_names.same_as(&b.resource_names));
+        assert!(b.resource_names.same_as(&c.resource_names));
+        let mut other = wire.clone();
+        let last = other.len() - 1;
+        other[last] ^= 1;
+        let d = SotwRequest::decode_pieces(cut(&other, &[100, 700])).unwrap();
+        assert!(!d.resource_names.same_as(&c.resource_names));
+        assert!(!c.resource_names.same_as(&d.resource_names));
     }
 
     use super::*;
