@@ -691,24 +691,30 @@ mod tests {
     use envoy_types::pb::envoy::config::core::v3::Node;
     use envoy_types::pb::envoy::service::discovery::v3::DiscoveryRequest;
 
-    #[test]
-    fn reads_envoy_requests_with_names_as_slices() {
-        let request = DiscoveryRequest {
-            version_info: "v1".into(),
+    /// An EDS request with every field Envoy may set, rejection included.
+    fn full_request(names: Vec<String>, version: &str, nonce: &str) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: version.into(),
             node: Some(Node {
                 id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local".into(),
                 ..Default::default()
             }),
-            resource_names: vec!["outbound|80||a.ns.svc.cluster.local".into(), "b".into()],
+            resource_names: names,
             type_url: crate::xds::TypeUrl::Endpoint.as_str().into(),
-            response_nonce: "n1".into(),
+            response_nonce: nonce.into(),
             error_detail: Some(envoy_types::pb::google::rpc::Status {
                 code: 3,
                 message: "bad".into(),
                 details: vec![],
             }),
             ..Default::default()
-        };
+        }
+    }
+
+    #[test]
+    fn reads_envoy_requests_with_names_as_slices() {
+        let names = vec!["outbound|80||a.ns.svc.cluster.local".into(), "b".into()];
+        let request = full_request(names, "v1", "n1");
         let wire = Bytes::from(request.encode_to_vec());
         let read = SotwRequest::decode(wire.clone()).unwrap();
         assert_eq!(read.version_info, "v1");
@@ -838,23 +844,11 @@ mod tests {
             .enumerate()
             .map(|(i, n)| format!("{i}{}", "x".repeat(*n)))
             .collect();
-        let request = DiscoveryRequest {
-            version_info: "2026-11-28T17:00:00Z/42".into(),
-            node: Some(Node {
-                id: "sidecar~10.0.0.1~a.ns~ns.svc.cluster.local".into(),
-                cluster: "a.ns".into(),
-                ..Default::default()
-            }),
-            resource_names: names.clone(),
-            type_url: crate::xds::TypeUrl::Endpoint.as_str().into(),
-            response_nonce: "2026-11-28T17:00:00Z/42/7".into(),
-            error_detail: Some(envoy_types::pb::google::rpc::Status {
-                code: 3,
-                message: "bad".into(),
-                details: vec![],
-            }),
-            ..Default::default()
-        };
+        let request = full_request(
+            names.clone(),
+            "2026-11-28T17:00:00Z/42",
+            "2026-11-28T17:00:00Z/42/7",
+        );
         let wire = request.encode_to_vec();
         let whole = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
         // Every cut in two and, around the names, in three: through keys, lengths
