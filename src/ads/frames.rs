@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use http_body::Frame;
 use prost::Message;
 use prost::encoding::{self, WireType};
@@ -554,14 +554,7 @@ pub trait RequestMessage: Message + Default {
     /// Decodes the message whose bytes are `pieces`, in order (more than one when it
     /// spanned frames). By default from one copy of the whole.
     fn decode_pieces(pieces: Vec<Bytes>) -> Result<Self, prost::DecodeError> {
-        if pieces.len() <= 1 {
-            return Self::decode(pieces.into_iter().next().unwrap_or_default());
-        }
-        let mut whole = BytesMut::with_capacity(pieces.iter().map(Bytes::len).sum());
-        for piece in &pieces {
-            whole.extend_from_slice(piece);
-        }
-        Self::decode(whole.freeze())
+        Self::decode(crate::xds::wire::joined(pieces.iter()))
     }
 }
 
@@ -678,16 +671,20 @@ impl<M: RequestMessage> RequestStream<M> {
             return Ok(None);
         }
         self.buf.take(PREFIX_LEN);
-        let body = self.buf.take_pieces(len);
+        // A message in one frame (most of them) is a slice of it; one that spanned
+        // frames keeps its pieces.
+        let decoded = if self.buf.in_one_frame(len) {
+            M::decode(self.buf.take(len))
+        } else {
+            M::decode_pieces(self.buf.take_pieces(len))
+        };
         self.settle();
-        M::decode_pieces(body)
-            .map(|m| Some(Box::new(m)))
-            .map_err(|e| {
-                RequestError::protocol(
-                    "malformed",
-                    Status::invalid_argument(format!("malformed request message: {e}")),
-                )
-            })
+        decoded.map(|m| Some(Box::new(m))).map_err(|e| {
+            RequestError::protocol(
+                "malformed",
+                Status::invalid_argument(format!("malformed request message: {e}")),
+            )
+        })
     }
 }
 
@@ -752,12 +749,8 @@ impl Arrived {
     /// frames that hold them, in order, none copied.
     pub fn take_pieces(&mut self, n: usize) -> Vec<Bytes> {
         debug_assert!(n <= self.len);
-        match self.frames.front() {
-            Some(first) if first.len() >= n => return vec![self.take(n)],
-            _ => {}
-        }
         self.len -= n;
-        let mut pieces = Vec::with_capacity(4);
+        let mut pieces = Vec::new();
         let mut left = n;
         while left > 0 {
             let frame = self.frames.front_mut().expect("n bytes arrived");
@@ -773,34 +766,23 @@ impl Arrived {
         pieces
     }
 
+    /// Whether the first `n` bytes are all in the first frame kept.
+    pub fn in_one_frame(&self, n: usize) -> bool {
+        self.frames.front().is_some_and(|f| f.len() >= n)
+    }
+
     /// Takes the first `n` bytes (at most `len()`): a slice of the first frame when it
-    /// holds them all, else one copy of exactly `n` bytes.
+    /// holds them all, else one copy of exactly `n` bytes. An empty message (a valid
+    /// encoding of a request with every field unset) may follow a prefix that used up
+    /// the last frame.
     pub fn take(&mut self, n: usize) -> Bytes {
-        debug_assert!(n <= self.len);
-        if n == 0 {
-            // An empty message (a valid encoding of a request with every field unset)
-            // may follow a prefix that used up the last frame.
-            return Bytes::new();
+        if n > 0 && self.in_one_frame(n) {
+            self.len -= n;
+            let out = self.frames.front_mut().expect("a frame").split_to(n);
+            self.tidy();
+            return out;
         }
-        self.len -= n;
-        let first = self.frames.front_mut().expect("n bytes arrived");
-        let out = if first.len() >= n {
-            first.split_to(n)
-        } else {
-            let mut out = BytesMut::with_capacity(n);
-            while out.len() < n {
-                let frame = self.frames.front_mut().expect("n bytes arrived");
-                let k = frame.len().min(n - out.len());
-                out.extend_from_slice(&frame[..k]);
-                frame.advance(k);
-                if frame.is_empty() {
-                    self.frames.pop_front();
-                }
-            }
-            out.freeze()
-        };
-        self.tidy();
-        out
+        crate::xds::wire::joined(self.take_pieces(n).iter())
     }
 
     /// After a take: no empty frame first, and no small leftover pinning a frame.

@@ -122,7 +122,7 @@ impl ResourceNames {
     }
 
     /// The pieces of the encoded entries, in order.
-    fn pieces(&self) -> impl Iterator<Item = &Bytes> + '_ {
+    fn pieces(&self) -> impl Iterator<Item = &Bytes> + Clone + '_ {
         std::iter::once(&self.encoded).chain(&self.more)
     }
 
@@ -132,12 +132,8 @@ impl ResourceNames {
     }
 
     /// The encoded entries in one buffer.
-    fn contiguous(&self) -> Vec<u8> {
-        let mut whole = Vec::with_capacity(self.byte_len());
-        for piece in self.pieces() {
-            whole.extend_from_slice(piece);
-        }
-        whole
+    fn contiguous(&self) -> Bytes {
+        joined(self.pieces())
     }
 
     /// A digest of the names in order, for telling an unchanged list apart without
@@ -157,6 +153,22 @@ impl ResourceNames {
         self.count == other.count
             && self.byte_len() == other.byte_len()
             && same_bytes(self.pieces(), other.pieces())
+    }
+}
+
+/// `pieces` in one buffer: the piece itself when there is one, else one copy.
+pub fn joined<'a>(pieces: impl Iterator<Item = &'a Bytes> + Clone) -> Bytes {
+    let mut rest = pieces.clone();
+    match (rest.next(), rest.next()) {
+        (None, _) => Bytes::new(),
+        (Some(one), None) => one.clone(),
+        _ => {
+            let mut whole = Vec::with_capacity(pieces.clone().map(Bytes::len).sum());
+            for piece in pieces {
+                whole.extend_from_slice(piece);
+            }
+            whole.into()
+        }
     }
 }
 
@@ -362,28 +374,22 @@ impl SotwRequest {
     /// written long, groups, malformed bytes) is decoded from one copy of the whole,
     /// so that results and errors are the same as from the bytes in one piece.
     pub fn decode_pieces(pieces: Vec<Bytes>) -> Result<SotwRequest, DecodeError> {
-        if pieces.len() <= 1 {
-            return SotwRequest::decode(pieces.into_iter().next().unwrap_or_default());
-        }
-        match Self::split_pieces(&pieces) {
-            Some((others, names, count)) => {
-                let mut request = SotwRequest::decode(Bytes::from(others))?;
-                let mut names = names.into_iter();
-                request.resource_names = ResourceNames {
-                    encoded: names.next().unwrap_or_default(),
-                    more: names.collect(),
-                    count,
-                };
-                Ok(request)
-            }
-            None => {
-                let mut whole = Vec::with_capacity(pieces.iter().map(Bytes::len).sum());
-                for piece in &pieces {
-                    whole.extend_from_slice(piece);
-                }
-                SotwRequest::decode(Bytes::from(whole))
-            }
-        }
+        let split = if pieces.len() > 1 {
+            Self::split_pieces(&pieces)
+        } else {
+            None
+        };
+        let Some((others, names, count)) = split else {
+            return SotwRequest::decode(joined(pieces.iter()));
+        };
+        let mut request = SotwRequest::decode(Bytes::from(others))?;
+        let mut names = names.into_iter();
+        request.resource_names = ResourceNames {
+            encoded: names.next().unwrap_or_default(),
+            more: names.collect(),
+            count,
+        };
+        Ok(request)
     }
 
     /// The fields other than the names (copied), the one run of names (as slices of
@@ -573,7 +579,7 @@ impl Message for SotwRequest {
         // the name is appended to an owned copy of the entries.
         let mut name = Vec::new();
         encoding::bytes::merge(wire_type, &mut name, buf, ctx)?;
-        let mut entries = self.resource_names.contiguous();
+        let mut entries = Vec::from(self.resource_names.contiguous());
         encoding::bytes::encode(3, &name, &mut entries);
         self.resource_names.encoded = entries.into();
         self.resource_names.more = Vec::new();
