@@ -55,14 +55,48 @@ fuzz_target!(|data: &[u8]| {
     // an error both ways.
     let pieces = SotwRequest::decode_pieces(frames(data));
     let whole = data.split_first().map(|(_, rest)| <SotwRequest as prost::Message>::decode(rest));
-    match (whole, pieces) {
-        (Some(Ok(whole)), Ok(pieces)) => {
-            assert_eq!(pieces, whole);
-            assert_eq!(pieces.resource_names.digest(), whole.resource_names.digest());
-            assert!(pieces.resource_names.iter().eq(whole.resource_names.iter()));
-        }
+    match (&whole, &pieces) {
+        (Some(Ok(whole)), Ok(pieces)) => same(pieces, whole),
         (Some(Err(_)), Err(_)) => {}
-        (None, Ok(pieces)) => assert_eq!(pieces, SotwRequest::default()),
+        (None, Ok(pieces)) => assert_eq!(*pieces, SotwRequest::default()),
         (whole, pieces) => panic!("whole {whole:?}, in pieces {pieces:?}"),
     }
+    // With recalled name lists (its own names, and those of the input one byte
+    // shorter), whole and in pieces read as without.
+    let Some((_, rest)) = data.split_first() else {
+        return;
+    };
+    let shorter = <SotwRequest as prost::Message>::decode(&rest[..rest.len().saturating_sub(1)]);
+    let lists: Vec<_> = [whole.and_then(Result::ok), shorter.ok()]
+        .into_iter()
+        .flatten()
+        .filter(|r| !r.resource_names.is_empty())
+        .map(|r| r.resource_names.kept())
+        .collect();
+    if lists.is_empty() {
+        return;
+    }
+    meshfed::xds::wire::recall(lists);
+    let again = <SotwRequest as prost::Message>::decode(rest);
+    let again_pieces = SotwRequest::decode_pieces(frames(data));
+    meshfed::xds::wire::recall(Vec::new());
+    let before = <SotwRequest as prost::Message>::decode(rest);
+    match (before, again, again_pieces) {
+        (Ok(before), Ok(again), Ok(again_pieces)) => {
+            same(&again, &before);
+            same(&again_pieces, &before);
+        }
+        (Err(_), Err(_), Err(_)) => {}
+        (before, again, again_pieces) => {
+            panic!("before {before:?}, recalled {again:?}, recalled in pieces {again_pieces:?}")
+        }
+    }
 });
+
+/// The same request, names and digest.
+fn same(a: &SotwRequest, b: &SotwRequest) {
+    assert_eq!(a, b);
+    assert_eq!(a.resource_names.len(), b.resource_names.len());
+    assert_eq!(a.resource_names.digest(), b.resource_names.digest());
+    assert!(a.resource_names.iter().eq(b.resource_names.iter()));
+}

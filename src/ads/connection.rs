@@ -163,7 +163,9 @@ fn shared_names(names: BTreeSet<String>) -> Arc<BTreeSet<String>> {
 /// gave. Every sidecar of one shape subscribes to the same thousands of EDS names in
 /// the same order: a list seen before is recognised by one comparison of its encoded
 /// bytes, not decoded, collected and interned again per connection. Each entry keeps
-/// its request's bytes and its set alive.
+/// a copy of the list's bytes and its set alive; the lists are also what requests are
+/// decoded against first (`xds::wire::recall`), so that a repeated list is neither
+/// walked nor hashed again.
 type NameListEntry = (crate::xds::wire::ResourceNames, Arc<BTreeSet<String>>);
 static RECENT_NAME_LISTS: LazyLock<Mutex<Recent<NameListEntry>>> =
     LazyLock::new(|| Mutex::new(Recent::new(16)));
@@ -186,10 +188,14 @@ fn names_of_request(
             .map(|n| String::from_utf8_lossy(&n).into_owned())
             .collect(),
     );
-    RECENT_NAME_LISTS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(digest, (requested.clone(), names.clone()));
+    let mut recent = RECENT_NAME_LISTS.lock().unwrap_or_else(|e| e.into_inner());
+    recent.insert(digest, (requested.kept(), names.clone()));
+    crate::xds::wire::recall(
+        recent
+            .newest_first()
+            .map(|(list, _)| list.clone())
+            .collect(),
+    );
     names
 }
 
@@ -777,6 +783,52 @@ mod tests {
         };
         assert!(matches!(s.on_delta_request(&delta), Action::Health(None)));
         assert!(TypeUrl::ALL.iter().all(|t| s.watch(*t).is_none()));
+    }
+
+    #[test]
+    fn the_list_that_set_a_subscription_is_what_its_acks_are_read_as() {
+        use prost::Message;
+        let names: Vec<String> = (0..200)
+            .map(|i| format!("outbound|80||conn-recall{i}.ns"))
+            .collect();
+        let wire = bytes::Bytes::from(
+            DiscoveryRequest {
+                type_url: EDS.into(),
+                resource_names: names.clone(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        let in_wire = |name: &[u8]| {
+            let start = wire.as_ptr() as usize;
+            (start..start + wire.len()).contains(&(name.as_ptr() as usize))
+        };
+        let mut s = ConnectionState::default();
+        let first = SotwRequest::decode(wire.clone()).unwrap();
+        assert!(in_wire(&first.resource_names.iter().next().unwrap()));
+        assert!(matches!(
+            s.on_sotw_request(&first),
+            Action::Respond(TypeUrl::Endpoint)
+        ));
+        let nonce = sent(&mut s, TypeUrl::Endpoint);
+        // The ACK repeats the names: they are read as the list kept when the
+        // subscription was set, not from the ACK's own bytes, and change nothing.
+        let mut ack = DiscoveryRequest::decode(wire.clone()).unwrap();
+        ack.version_info = "v1".into();
+        ack.response_nonce = nonce;
+        let ack = SotwRequest::decode(bytes::Bytes::from(ack.encode_to_vec())).unwrap();
+        let read: Vec<String> = ack
+            .resource_names
+            .iter()
+            .map(|n| String::from_utf8(n.into_owned()).unwrap())
+            .collect();
+        assert_eq!(read, names);
+        assert!(!in_wire(&ack.resource_names.iter().next().unwrap()));
+        assert!(matches!(
+            s.on_sotw_request(&ack),
+            Action::Ack(TypeUrl::Endpoint)
+        ));
+        assert_eq!(s.watch(TypeUrl::Endpoint).unwrap().names.len(), 200);
     }
 
     #[test]

@@ -158,6 +158,14 @@ impl<V> Recent<V> {
         self.by_digest.get(&digest).filter(|v| confirm(v))
     }
 
+    /// The values kept, newest first.
+    pub fn newest_first(&self) -> impl Iterator<Item = &V> {
+        self.order
+            .iter()
+            .rev()
+            .filter_map(|d| self.by_digest.get(d))
+    }
+
     /// Keeps `value` under `digest` (replacing one there), forgetting the oldest
     /// beyond the capacity.
     pub fn insert(&mut self, digest: u64, value: V) {

@@ -29,7 +29,7 @@ pub mod transport;
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::SystemTime;
 
@@ -215,7 +215,13 @@ impl ConnectionHandle {
 #[derive(Debug, Default)]
 pub struct Connections {
     by_id: RwLock<BTreeMap<String, Arc<ConnectionHandle>>>,
-    by_n: RwLock<std::collections::HashMap<ConnId, Arc<ConnectionHandle>>>,
+    /// By number, with a fast hasher: an endpoint push looks up every watcher here.
+    by_n: RwLock<
+        std::collections::HashMap<ConnId, Arc<ConnectionHandle>, foldhash::fast::RandomState>,
+    >,
+    /// How many registered connections are ztunnels (a push looks for them only when
+    /// there are some).
+    ztunnels: AtomicUsize,
     /// The connections watching an MCP type.
     mcp: RwLock<BTreeMap<ConnId, Arc<ConnectionHandle>>>,
     watches: WatchIndex,
@@ -255,6 +261,9 @@ impl Connections {
             .write()
             .expect("connections poisoned")
             .insert(n, handle.clone());
+        if handle.proxy.node_type == crate::model::NodeType::Ztunnel {
+            self.ztunnels.fetch_add(1, Ordering::Relaxed);
+        }
         handle
     }
 
@@ -269,10 +278,14 @@ impl Connections {
             .write()
             .expect("connections poisoned")
             .remove(&handle.id);
-        self.by_n
+        let removed = self
+            .by_n
             .write()
             .expect("connections poisoned")
             .remove(&handle.n);
+        if removed.is_some() && handle.proxy.node_type == crate::model::NodeType::Ztunnel {
+            self.ztunnels.fetch_sub(1, Ordering::Relaxed);
+        }
         self.mcp
             .write()
             .expect("connections poisoned")
@@ -379,8 +392,13 @@ impl PushTargets for Connections {
             }
             // Wildcard watchers not already woken for a name: whatever the request
             // touches.
-            let named: std::collections::HashSet<ConnId> = woken.iter().map(|c| c.n).collect();
-            for n in watchers.wildcard.difference(&named) {
+            let named: std::collections::HashSet<ConnId, foldhash::fast::RandomState> =
+                if watchers.wildcard.is_empty() {
+                    Default::default()
+                } else {
+                    woken.iter().map(|c| c.n).collect()
+                };
+            for n in watchers.wildcard.iter().filter(|n| !named.contains(n)) {
                 if let Some(c) = by_n.get(n) {
                     c.enqueue(Pending {
                         request: request.clone(),
@@ -415,7 +433,12 @@ impl PushTargets for Connections {
             // Ambient clients (ztunnel): workloads are endpoints, every change may
             // concern them; Delta sends only what changed. The node type is checked
             // first: a push must not scan the woken list once per sidecar.
-            for c in by_n.values() {
+            let ztunnels = if self.ztunnels.load(Ordering::Relaxed) == 0 {
+                None
+            } else {
+                Some(by_n.values())
+            };
+            for c in ztunnels.into_iter().flatten() {
                 if c.proxy.node_type == crate::model::NodeType::Ztunnel
                     && c.watched()[TypeUrl::Address.index()].names.is_some()
                     && !woken.iter().any(|w| w.n == c.n)
@@ -439,6 +462,11 @@ impl PushTargets for Connections {
                 }
             }
             count = woken.len();
+            // Only the first ids (by id) are reported: selected, then sorted.
+            if woken.len() > PUSHED_IDS {
+                woken.select_nth_unstable_by(PUSHED_IDS, |a, b| a.id.cmp(&b.id));
+                woken.truncate(PUSHED_IDS);
+            }
             woken.sort_by(|a, b| a.id.cmp(&b.id));
             let ids = woken
                 .iter()

@@ -412,6 +412,13 @@ async fn run_stream<F: FlavourIo>(
         tokio::time::sleep(drain_at).await;
     };
     tokio::pin!(drained);
+    // Kept across turns of the loop, not made anew each turn: each would register
+    // with its notifier when first polled and unregister when dropped, on every
+    // request and push of every stream.
+    let stop = shutdown.wait();
+    tokio::pin!(stop);
+    let woken = handle.woken();
+    tokio::pin!(woken);
     let mut next = Some(first);
     let mut nack_log = LogLimiter::new(NACK_LOG_BURST, NACK_LOG_WINDOW);
     let reason = loop {
@@ -432,7 +439,7 @@ async fn run_stream<F: FlavourIo>(
         }
         tokio::select! {
             biased;
-            () = shutdown.wait() => {
+            () = &mut stop => {
                 let _ = tx.send(Outbound::Close(Status::unavailable("meshfed is shutting down"))).await;
                 break "server shutdown";
             }
@@ -454,7 +461,8 @@ async fn run_stream<F: FlavourIo>(
                     break "protocol error";
                 }
             },
-            () = handle.woken() => {
+            () = &mut woken => {
+                woken.set(handle.woken());
                 if let Some(pending) = handle.take_pending()
                     && Box::pin(push::<F>(&ctx, &handle, &tx, pending)).await.is_err()
                 {

@@ -358,4 +358,21 @@ mod tests {
         // No CLUSTER_ID and no pod at the IP: endpoints as before.
         assert!(proxy_instances(&snap, &proxy("10.1.0.6", None)).is_empty());
     }
+
+    #[test]
+    fn a_proxy_asks_again_where_the_answers_are_not_shared() {
+        let sidecar = proxy("10.1.0.5", None);
+        // Asked where no registry knows the pod: no workload, remembered so...
+        let empty = Snapshot::empty();
+        assert!(empty.workload(&sidecar).is_none());
+        assert!(empty.proxy_view(&sidecar).labels.is_empty());
+        // ...for those answers only: a snapshot with answers of its own finds the pod,
+        // and that is remembered in turn.
+        let snap = pod_snapshot();
+        assert_eq!(snap.proxy_view(&sidecar).labels["app"], "reviews");
+        assert!(empty.workload(&sidecar).is_none());
+        assert!(snap.workload(&sidecar).is_some());
+        // A copy of the proxy remembers nothing.
+        assert!(sidecar.clone().workload_memo.get(0).is_none());
+    }
 }

@@ -4,4 +4,6 @@
 
 pub mod proxy;
 
-pub use proxy::{ClientView, GatewayTopology, Generator, NodeType, Proxy, ProxyClass};
+pub use proxy::{
+    ClientView, GatewayTopology, Generator, NodeType, Proxy, ProxyClass, WorkloadMemo,
+};

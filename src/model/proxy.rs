@@ -234,6 +234,45 @@ pub struct Proxy {
     /// The identity the secure port authenticated and matched to the node (Istio's
     /// `VerifiedIdentity`); `None` on the plaintext port.
     pub verified_identity: Option<String>,
+    /// The registry's answer for this proxy's workload, remembered by the snapshots
+    /// that share it (see [`WorkloadMemo`]).
+    #[serde(skip)]
+    pub workload_memo: WorkloadMemo,
+}
+
+/// The workload a proxy runs as, remembered with the generation of the answers it
+/// came from (`push::snapshot::ProxyWorkloads`): endpoint-only snapshots share their
+/// predecessor's answers, so each push to every proxy would otherwise look the same
+/// answer up again in a map shared by all proxies. Not part of what the proxy is: a
+/// copy starts empty.
+#[derive(Default)]
+pub struct WorkloadMemo(std::sync::Mutex<Option<(u64, Option<Arc<WorkloadInstance>>)>>);
+
+impl WorkloadMemo {
+    /// The answer remembered for `generation`.
+    pub fn get(&self, generation: u64) -> Option<Option<Arc<WorkloadInstance>>> {
+        let memo = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        memo.as_ref()
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, w)| w.clone())
+    }
+
+    /// Remembers `answer` for `generation`.
+    pub fn set(&self, generation: u64, answer: Option<Arc<WorkloadInstance>>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((generation, answer));
+    }
+}
+
+impl Clone for WorkloadMemo {
+    fn clone(&self) -> Self {
+        WorkloadMemo::default()
+    }
+}
+
+impl std::fmt::Debug for WorkloadMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WorkloadMemo")
+    }
 }
 
 impl Proxy {
@@ -456,6 +495,7 @@ impl Proxy {
             user_agent: node.user_agent_name.clone(),
             metadata: Arc::new(metadata),
             verified_identity: None,
+            workload_memo: WorkloadMemo::default(),
         })
     }
 }

@@ -140,7 +140,13 @@ pub struct ProxyWorkloads {
     /// endpoint-only snapshots that follow. Asked once per proxy per push: foldhash,
     /// not SipHash, over the ~60-byte node ids.
     seen: Arc<Mutex<SeenWorkloads>>,
+    /// Names `seen` for the proxies' own memo of their answer
+    /// ([`crate::model::WorkloadMemo`]): the same for snapshots that keep answers.
+    generation: u64,
 }
+
+/// Numbers the answer sets ([`ProxyWorkloads::generation`]).
+static WORKLOAD_GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 type SeenWorkloads = HashMap<String, SeenWorkload, foldhash::fast::RandomState>;
 
@@ -166,6 +172,7 @@ impl ProxyWorkloads {
         ProxyWorkloads {
             sources,
             seen: Arc::default(),
+            generation: WORKLOAD_GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -174,11 +181,22 @@ impl ProxyWorkloads {
         ProxyWorkloads {
             sources,
             seen: self.seen.clone(),
+            generation: self.generation,
         }
     }
 
     /// The workload `proxy` runs as, if a registry knows it.
     pub fn get(&self, proxy: &Proxy) -> Option<Arc<WorkloadInstance>> {
+        if let Some(answer) = proxy.workload_memo.get(self.generation) {
+            return answer;
+        }
+        let workload = self.look_up(proxy);
+        proxy.workload_memo.set(self.generation, workload.clone());
+        workload
+    }
+
+    /// [`ProxyWorkloads::get`] in the answers shared by the snapshots, or asked.
+    fn look_up(&self, proxy: &Proxy) -> Option<Arc<WorkloadInstance>> {
         let seen = |map: &SeenWorkloads| {
             map.get(&proxy.node_id)
                 .filter(|s| s.answers(proxy))

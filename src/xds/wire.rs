@@ -8,6 +8,7 @@
 //! the resource names as the bytes they arrived in; Delta requests use envoy-types'.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes};
 use prost::encoding::{self, DecodeContext, WireType};
@@ -87,6 +88,9 @@ pub struct ResourceNames {
     /// The pieces that follow `encoded`, in order (none unless they span frames).
     more: Vec<Bytes>,
     count: usize,
+    /// [`ResourceNames::digest`], when known: a recalled list carries it (see
+    /// [`recall`]).
+    known_digest: Option<u64>,
 }
 
 impl PartialEq for ResourceNames {
@@ -140,6 +144,9 @@ impl ResourceNames {
     /// looking at the names one by one (see [`digest`]); the same however the bytes
     /// were split.
     pub fn digest(&self) -> u64 {
+        if let Some(digest) = self.known_digest {
+            return digest;
+        }
         let mut d = Digest::default();
         for piece in self.pieces() {
             d.update(piece);
@@ -150,10 +157,91 @@ impl ResourceNames {
     /// The same names in the same order as `other`: one comparison of the encoded
     /// entries, no name decoded.
     pub fn same_as(&self, other: &ResourceNames) -> bool {
+        let one_buffer = self.more.is_empty()
+            && other.more.is_empty()
+            && self.encoded.as_ptr() == other.encoded.as_ptr()
+            && self.encoded.len() == other.encoded.len();
         self.count == other.count
             && self.byte_len() == other.byte_len()
-            && same_bytes(self.pieces(), other.pieces())
+            && (one_buffer || same_bytes(self.pieces(), other.pieces()))
     }
+
+    /// The same names in one buffer of their own, with their digest: what
+    /// [`recall`] keeps (a copy, so that no request's frames stay pinned).
+    pub fn kept(&self) -> ResourceNames {
+        let encoded = if self.more.is_empty() {
+            Bytes::copy_from_slice(&self.encoded)
+        } else {
+            self.contiguous()
+        };
+        ResourceNames {
+            encoded,
+            more: Vec::new(),
+            count: self.count,
+            known_digest: Some(self.digest()),
+        }
+    }
+
+    /// Whether `rest`, the remaining bytes of a message in order, starts with exactly
+    /// these entries and no further entry follows them: decoding `rest` would then
+    /// give a run of names equal to these.
+    fn begins<'a>(&self, rest: impl Iterator<Item = &'a [u8]>) -> bool {
+        let mut rest = rest.filter(|piece| !piece.is_empty());
+        let mut x: &[u8] = &[];
+        for piece in self.pieces() {
+            let mut y = &piece[..];
+            while !y.is_empty() {
+                if x.is_empty() {
+                    let Some(next) = rest.next() else {
+                        return false;
+                    };
+                    x = next;
+                }
+                let n = x.len().min(y.len());
+                if x[..n] != y[..n] {
+                    return false;
+                }
+                (x, y) = (&x[n..], &y[n..]);
+            }
+        }
+        let after = x.first().or_else(|| rest.next().and_then(|p| p.first()));
+        after != Some(&NAME_KEY)
+    }
+}
+
+/// The name lists that set subscriptions recently (published by the connections'
+/// cache of them). Every sidecar of a shape repeats the same thousands of EDS names
+/// in each ACK; a run of names that begins with one of these, byte for byte, is
+/// decoded as it (its bytes, count and digest shared), without walking or hashing the
+/// request's own copy, which arrived cold in its frames. Per thread in unit tests, so
+/// that a test sees only the lists it recalled.
+#[cfg(not(test))]
+static RECALLED: std::sync::LazyLock<arc_swap::ArcSwap<Vec<ResourceNames>>> =
+    std::sync::LazyLock::new(arc_swap::ArcSwap::default);
+#[cfg(test)]
+thread_local! {
+    static RECALLED: std::cell::RefCell<Arc<Vec<ResourceNames>>> = std::cell::RefCell::default();
+}
+
+/// Publishes the lists requests are first compared with (see [`RECALLED`]); each is
+/// stored as [`ResourceNames::kept`] gives it.
+pub fn recall(lists: Vec<ResourceNames>) {
+    #[cfg(not(test))]
+    RECALLED.store(Arc::new(lists));
+    #[cfg(test)]
+    RECALLED.with(|r| *r.borrow_mut() = Arc::new(lists));
+}
+
+/// The recalled list that `rest` begins with, if any (see [`ResourceNames::begins`]).
+fn recalled<'a>(rest: impl Iterator<Item = &'a [u8]> + Clone) -> Option<ResourceNames> {
+    #[cfg(not(test))]
+    let lists = RECALLED.load();
+    #[cfg(test)]
+    let lists = RECALLED.with(|r| r.borrow().clone());
+    lists
+        .iter()
+        .find(|list| !list.is_empty() && list.begins(rest.clone()))
+        .cloned()
 }
 
 /// `pieces` in one buffer: the piece itself when there is one, else one copy.
@@ -379,32 +467,33 @@ impl SotwRequest {
         } else {
             None
         };
-        let Some((others, names, count)) = split else {
+        let Some((others, names)) = split else {
             return SotwRequest::decode(joined(pieces.iter()));
         };
         let mut request = SotwRequest::decode(Bytes::from(others))?;
-        let mut names = names.into_iter();
-        request.resource_names = ResourceNames {
-            encoded: names.next().unwrap_or_default(),
-            more: names.collect(),
-            count,
-        };
+        request.resource_names = names;
         Ok(request)
     }
 
-    /// The fields other than the names (copied), the one run of names (as slices of
-    /// `pieces`) and how many names it holds; `None` when the request is not that
-    /// simple.
-    fn split_pieces(pieces: &[Bytes]) -> Option<(Vec<u8>, Vec<Bytes>, usize)> {
+    /// The fields other than the names (copied) and the one run of names (a recalled
+    /// list, or slices of `pieces`); `None` when the request is not that simple.
+    fn split_pieces(pieces: &[Bytes]) -> Option<(Vec<u8>, ResourceNames)> {
         let mut cursor = Pieces::new(pieces);
         let mut others = Vec::new();
         let mut run: Option<(Spot, Spot)> = None;
         let mut count = 0;
+        let mut known: Option<ResourceNames> = None;
         while !cursor.at_end() {
             let start = cursor.spot();
             if cursor.peek() == Some(NAME_KEY) {
                 if run.is_some() {
                     return None;
+                }
+                if let Some(list) = recalled(cursor.rest()) {
+                    cursor.advance(list.byte_len())?;
+                    run = Some((start, cursor.spot()));
+                    known = Some(list);
+                    continue;
                 }
                 loop {
                     let (consumed, n) = name_run(cursor.piece_rest());
@@ -445,11 +534,20 @@ impl SotwRequest {
             }
             cursor.copy(start, cursor.spot(), &mut others);
         }
-        let names = match run {
-            Some((start, end)) => cursor.slices(start, end),
-            None => Vec::new(),
+        let names = match (known, run) {
+            (Some(list), _) => list,
+            (None, Some((start, end))) => {
+                let mut slices = cursor.slices(start, end).into_iter();
+                ResourceNames {
+                    encoded: slices.next().unwrap_or_default(),
+                    more: slices.collect(),
+                    count,
+                    known_digest: None,
+                }
+            }
+            (None, None) => ResourceNames::default(),
         };
-        Some((others, names, count))
+        Some((others, names))
     }
 }
 
@@ -495,6 +593,12 @@ impl<'a> Pieces<'a> {
     /// What is left of the current piece.
     fn piece_rest(&self) -> &'a [u8] {
         self.pieces.get(self.at.0).map_or(&[], |p| &p[self.at.1..])
+    }
+
+    /// Everything left, in pieces.
+    fn rest(&self) -> impl Iterator<Item = &'a [u8]> + Clone + 'a {
+        let following = self.pieces.get(self.at.0 + 1..).unwrap_or_default();
+        std::iter::once(self.piece_rest()).chain(following.iter().map(|p| &p[..]))
     }
 
     /// Moves `n` bytes on; `None` if fewer are left.
@@ -584,6 +688,7 @@ impl Message for SotwRequest {
         self.resource_names.encoded = entries.into();
         self.resource_names.more = Vec::new();
         self.resource_names.count += 1;
+        self.resource_names.known_digest = None;
         Ok(())
     }
 
@@ -597,8 +702,20 @@ impl Message for SotwRequest {
         // second run starts.
         let mut run: Option<(usize, usize)> = None;
         let mut owned: Option<Vec<u8>> = None;
+        // The run, when it is a recalled list (see `RECALLED`).
+        let mut known: Option<ResourceNames> = None;
         while !cursor.is_empty() {
             let start = body.len() - cursor.len();
+            if run.is_none()
+                && cursor[0] == NAME_KEY
+                && let Some(list) = recalled(std::iter::once(cursor))
+            {
+                cursor = &cursor[list.byte_len()..];
+                request.resource_names.count = list.count;
+                run = Some((start, start + list.byte_len()));
+                known = Some(list);
+                continue;
+            }
             // The common case, a run of short-keyed names, in a tight loop.
             if owned.is_none() && cursor[0] == NAME_KEY && run.is_none_or(|(_, e)| e == start) {
                 let (consumed, count) = name_run(cursor);
@@ -639,11 +756,14 @@ impl Message for SotwRequest {
                 }
             }
         }
-        request.resource_names.encoded = match (owned, run) {
-            (Some(owned), _) => owned.into(),
-            (None, Some((start, end))) => body.slice(start..end),
-            (None, None) => Bytes::new(),
-        };
+        match (owned, known, run) {
+            (Some(owned), _, _) => request.resource_names.encoded = owned.into(),
+            (None, Some(list), _) => request.resource_names = list,
+            (None, None, Some((start, end))) => {
+                request.resource_names.encoded = body.slice(start..end)
+            }
+            (None, None, None) => {}
+        }
         Ok(request)
     }
 
@@ -922,6 +1042,85 @@ mod tests {
                 assert!(SotwRequest::decode_pieces(cut(wire, &[a])).is_err(), "{a}");
             }
         }
+    }
+
+    /// An EDS request of `n` names that no other test uses (the recalled lists are
+    /// per thread in tests, but the bytes say what they are for).
+    fn recall_wire(n: usize) -> (Vec<String>, Vec<u8>) {
+        let names: Vec<String> = (0..n)
+            .map(|i| format!("outbound|80||recalled{i}.ns.svc.cluster.local"))
+            .collect();
+        let wire = full_request(names.clone(), "v1", "n1").encode_to_vec();
+        (names, wire)
+    }
+
+    #[test]
+    fn a_run_that_repeats_a_recalled_list_is_read_as_it() {
+        let (_, wire) = recall_wire(300);
+        recall(Vec::new());
+        let plain = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
+        let kept = plain.resource_names.kept();
+        assert_eq!(kept.known_digest, Some(plain.resource_names.digest()));
+        recall(vec![kept.clone()]);
+        let recalled = |read: &SotwRequest| {
+            assert_eq!(*read, plain);
+            assert_eq!(read.resource_names.len(), 300);
+            assert_eq!(read.resource_names.digest(), plain.resource_names.digest());
+            // The list's own bytes, not the request's.
+            assert!(read.resource_names.more.is_empty());
+            read.resource_names.encoded.as_ptr() == kept.encoded.as_ptr()
+        };
+        assert!(recalled(
+            &SotwRequest::decode(Bytes::from(wire.clone())).unwrap()
+        ));
+        // Cut anywhere, through the fields before the names, the names and after.
+        for a in 1..wire.len() {
+            let read = SotwRequest::decode_pieces(cut(&wire, &[a])).unwrap();
+            assert!(recalled(&read), "cut at {a}");
+        }
+        for a in (1..wire.len()).step_by(97) {
+            for b in (a + 1..wire.len()).step_by(89) {
+                let read = SotwRequest::decode_pieces(cut(&wire, &[a, b])).unwrap();
+                assert!(recalled(&read), "cuts at {a}, {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn runs_that_differ_from_a_recalled_list_are_read_for_themselves() {
+        let (names, wire) = recall_wire(300);
+        recall(Vec::new());
+        let kept = SotwRequest::decode(Bytes::from(wire))
+            .unwrap()
+            .resource_names
+            .kept();
+        let one_more = [names.clone(), vec!["outbound|80||z.ns".into()]].concat();
+        let one_less = names[..299].to_vec();
+        let mut last_changed = names.clone();
+        last_changed[299].push('x');
+        let requests = [one_more, one_less, last_changed]
+            .map(|names| full_request(names, "v1", "n1").encode_to_vec());
+        // Names on both sides of the type URL: the recalled run, then another.
+        let mut two_runs = recall_wire(300).1;
+        encoding::string::encode(4, &"t".to_string(), &mut two_runs);
+        encoding::string::encode(3, &"z".to_string(), &mut two_runs);
+        for wire in requests.iter().chain([&two_runs]) {
+            recall(Vec::new());
+            let plain = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
+            recall(vec![kept.clone()]);
+            let read = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
+            assert_eq!(read, plain);
+            assert_eq!(read.resource_names.len(), plain.resource_names.len());
+            assert_eq!(read.resource_names.digest(), plain.resource_names.digest());
+            assert_ne!(read.resource_names.encoded.as_ptr(), kept.encoded.as_ptr());
+            for a in (1..wire.len()).step_by(13) {
+                let read = SotwRequest::decode_pieces(cut(wire, &[a])).unwrap();
+                assert_eq!(read, plain, "cut at {a}");
+                assert_eq!(read.resource_names.len(), plain.resource_names.len());
+                assert_ne!(read.resource_names.encoded.as_ptr(), kept.encoded.as_ptr());
+            }
+        }
+        recall(Vec::new());
     }
 
     #[test]
