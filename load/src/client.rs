@@ -481,23 +481,31 @@ async fn stream<F: Flow>(
     let mut watching: Option<Watching<'_>> = None;
     let mut report_open = true;
     let mut storm_open = true;
+    // Made once, not per response: each would register with its channel (one for
+    // every proxy) when polled and unregister when dropped.
+    let mut storm_phase = config.storm.clone();
+    let storm = async move { storm_phase.wait_for(|phase| phase % 2 == 1).await.is_ok() };
+    tokio::pin!(storm);
+    let mut report = next_change(config.report.clone());
     loop {
         let response = tokio::select! {
             message = inbound.message() => match message? {
                 Some(bytes) => bytes,
                 None => return Ok(Ended::ByServer),
             },
-            dropped = config.storm.wait_for(|phase| phase % 2 == 1), if storm_open => {
-                if let Ok(phase) = dropped {
-                    drop(phase);
+            dropped = &mut storm, if storm_open => {
+                if dropped {
                     return Ok(Ended::Storm);
                 }
                 // No storm will come (the driver is gone).
                 storm_open = false;
                 continue;
             }
-            changed = config.report.changed(), if report_open => {
-                report_open = changed.is_ok();
+            (changed, receiver) = &mut report, if report_open => {
+                report = next_change(receiver);
+                report_open = changed;
+                // Seen by this proxy, as the stream after a reconnect must know.
+                config.report.mark_unchanged();
                 if report_open
                     && watching.is_none()
                     && let Some(gap) = state.gap(!*converged_once)
@@ -554,6 +562,13 @@ async fn stream<F: Flow>(
             });
         }
     }
+}
+
+/// The next change of `receiver` (`false`: its sender is gone), handing it back.
+fn next_change(
+    mut receiver: watch::Receiver<u64>,
+) -> Pin<Box<dyn Future<Output = (bool, watch::Receiver<u64>)> + Send>> {
+    Box::pin(async move { (receiver.changed().await.is_ok(), receiver) })
 }
 
 /// A gRPC message frame: uncompressed flag, big-endian length, the message.
