@@ -61,13 +61,21 @@ fuzz_target!(|data: &[u8]| {
         (None, Ok(pieces)) => assert_eq!(*pieces, SotwRequest::default()),
         (whole, pieces) => panic!("whole {whole:?}, in pieces {pieces:?}"),
     }
-    // With recalled name lists (its own names, and those of the input one byte
-    // shorter), whole and in pieces read as without.
+    // With recalled name lists (its own names, those without the first, and those of
+    // the input one byte shorter), whole and in pieces read as without.
     let Some((_, rest)) = data.split_first() else {
         return;
     };
     let shorter = <SotwRequest as prost::Message>::decode(&rest[..rest.len().saturating_sub(1)]);
-    let lists: Vec<_> = [whole.and_then(Result::ok), shorter.ok()]
+    let whole = whole.and_then(Result::ok);
+    let but_first = whole.as_ref().and_then(|w| {
+        let mut names = Vec::new();
+        for name in w.resource_names.iter().skip(1) {
+            prost::encoding::bytes::encode(3, &name.into_owned(), &mut names);
+        }
+        <SotwRequest as prost::Message>::decode(names.as_slice()).ok()
+    });
+    let lists: Vec<_> = [whole, but_first, shorter.ok()]
         .into_iter()
         .flatten()
         .filter(|r| !r.resource_names.is_empty())

@@ -707,6 +707,7 @@ impl Message for SotwRequest {
         while !cursor.is_empty() {
             let start = body.len() - cursor.len();
             if run.is_none()
+                && owned.is_none()
                 && cursor[0] == NAME_KEY
                 && let Some(list) = recalled(std::iter::once(cursor))
             {
@@ -1104,7 +1105,10 @@ mod tests {
         let mut two_runs = recall_wire(300).1;
         encoding::string::encode(4, &"t".to_string(), &mut two_runs);
         encoding::string::encode(3, &"z".to_string(), &mut two_runs);
-        for wire in requests.iter().chain([&two_runs]) {
+        // A name whose key is written long (two bytes), then the recalled run.
+        let mut long_key_first = vec![0x9a, 0x00, 1, b'z'];
+        long_key_first.extend(recall_wire(300).1);
+        for wire in requests.iter().chain([&two_runs, &long_key_first]) {
             recall(Vec::new());
             let plain = SotwRequest::decode(Bytes::from(wire.clone())).unwrap();
             recall(vec![kept.clone()]);
