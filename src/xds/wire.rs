@@ -186,26 +186,8 @@ impl ResourceNames {
     /// these entries and no further entry follows them: decoding `rest` would then
     /// give a run of names equal to these.
     fn begins<'a>(&self, rest: impl Iterator<Item = &'a [u8]>) -> bool {
-        let mut rest = rest.filter(|piece| !piece.is_empty());
-        let mut x: &[u8] = &[];
-        for piece in self.pieces() {
-            let mut y = &piece[..];
-            while !y.is_empty() {
-                if x.is_empty() {
-                    let Some(next) = rest.next() else {
-                        return false;
-                    };
-                    x = next;
-                }
-                let n = x.len().min(y.len());
-                if x[..n] != y[..n] {
-                    return false;
-                }
-                (x, y) = (&x[n..], &y[n..]);
-            }
-        }
-        let after = x.first().or_else(|| rest.next().and_then(|p| p.first()));
-        after != Some(&NAME_KEY)
+        let prefix = self.pieces().map(|p| &p[..]);
+        after_prefix(rest, prefix).is_some_and(|after| after != Some(NAME_KEY))
     }
 }
 
@@ -277,24 +259,34 @@ fn entries(mut rest: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// Whether two sequences of pieces hold the same bytes, wherever each is split (the
 /// caller has checked that the totals are equal).
 fn same_bytes<'a>(a: impl Iterator<Item = &'a Bytes>, b: impl Iterator<Item = &'a Bytes>) -> bool {
-    let (mut a, mut b) = (a.map(|p| &p[..]), b.map(|p| &p[..]));
-    let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
-    loop {
-        if x.is_empty() {
-            x = a.next().unwrap_or_default();
+    after_prefix(a.map(|p| &p[..]), b.map(|p| &p[..])).is_some()
+}
+
+/// Whether `bytes` begin with `prefix`, both in pieces split anywhere: `None` if not,
+/// else the byte that follows the prefix (`None` at the end).
+fn after_prefix<'a, 'b>(
+    bytes: impl Iterator<Item = &'a [u8]>,
+    prefix: impl Iterator<Item = &'b [u8]>,
+) -> Option<Option<u8>> {
+    let mut bytes = bytes.filter(|piece| !piece.is_empty());
+    let mut x: &[u8] = &[];
+    for mut y in prefix {
+        while !y.is_empty() {
+            if x.is_empty() {
+                x = bytes.next()?;
+            }
+            let n = x.len().min(y.len());
+            if x[..n] != y[..n] {
+                return None;
+            }
+            (x, y) = (&x[n..], &y[n..]);
         }
-        if y.is_empty() {
-            y = b.next().unwrap_or_default();
-        }
-        if x.is_empty() || y.is_empty() {
-            return x.is_empty() && y.is_empty();
-        }
-        let n = x.len().min(y.len());
-        if x[..n] != y[..n] {
-            return false;
-        }
-        (x, y) = (&x[n..], &y[n..]);
     }
+    Some(
+        x.first()
+            .or_else(|| bytes.next().and_then(|p| p.first()))
+            .copied(),
+    )
 }
 
 /// A digest of bytes, computed a word at a time: every EDS ACK of a large mesh carries
